@@ -1,0 +1,379 @@
+"""Configuration: defaults < config.yaml < environment < command-line flags.
+
+``config.yaml``'s top level is the default profile; ``profiles:`` maps a name to overrides of
+any key.  Everything is validated once into an immutable :class:`Config`; an unknown key, a
+wrong type or a bad value raises :class:`ConfigError` naming the source, the key and the
+expected form.  :meth:`Config.explain` says where every effective value came from.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from .home import Home
+
+ENV_PREFIX = "BATCHGRADER_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or out of range."""
+
+
+# --- key catalogue ---------------------------------------------------------------------------
+# Each key: default, validator (returns the normalised value or raises ValueError with the
+# expected form), one-line description (used by docs and `config show`).
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("a non-empty string")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ValueError("a string or null")
+    return v or None
+
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+                v = int(v)
+            else:
+                raise ValueError(f"an integer >= {minimum}")
+        if v < minimum:
+            raise ValueError(f"an integer >= {minimum}")
+        return v
+
+    return check
+
+
+def _opt_int(minimum: int) -> Callable[[Any], int | None]:
+    inner = _int(minimum)
+
+    def check(v: Any) -> int | None:
+        if v is None or v == "":
+            return None
+        try:
+            return inner(v)
+        except ValueError:
+            raise ValueError(f"an integer >= {minimum}, or null") from None
+
+    return check
+
+
+def _opt_float(minimum: float, maximum: float | None = None) -> Callable[[Any], float | None]:
+    form = f"a number >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "") + ", or null"
+
+    def check(v: Any) -> float | None:
+        if v is None or v == "":
+            return None
+        if isinstance(v, bool):
+            raise ValueError(form)
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(form) from None
+        if f < minimum or (maximum is not None and f > maximum):
+            raise ValueError(form)
+        return f
+
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("true or false")
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in options:
+            raise ValueError("one of " + ", ".join(repr(o) for o in options))
+        return v
+
+    return check
+
+
+def _response_format(v: Any) -> dict | None:
+    if v is None or v == "":
+        return None
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            raise ValueError("a JSON schema object (mapping), or null") from None
+    if not isinstance(v, Mapping):
+        raise ValueError("a JSON schema object (mapping), or null")
+    v = json.loads(json.dumps(v))  # plain dicts, JSON-serialisable
+    if v.get("type") in ("json_schema", "json_object", "text"):
+        return v  # already an API response_format object
+    if "properties" not in v and v.get("type") != "object":
+        raise ValueError("a JSON schema with 'type: object' and 'properties'")
+    return {"type": "json_schema", "json_schema": {"name": "grade", "strict": True, "schema": v}}
+
+
+def _int_map(v: Any) -> dict[str, int]:
+    if v is None or v == "":
+        return {}
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            raise ValueError("a mapping of model name to integer") from None
+    if not isinstance(v, Mapping):
+        raise ValueError("a mapping of model name to integer")
+    out = {}
+    for k, n in v.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError("a mapping of model name to a positive integer")
+        out[str(k)] = n
+    return out
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    check: Callable[[Any], Any]
+    help: str
+
+
+KEYS: dict[str, Key] = {
+    # what to ask
+    "model": Key("gpt-4o-mini", _str, "Model for every request of the job (one model per batch)."),
+    "response_field": Key("response", _str, "Input column holding the text being graded."),
+    "output_column": Key("grade", _str, "Column added to the result file with the model's answer."),
+    "id_column": Key(None, _opt_str, "Input column whose values become the requests' custom_id (must be unique); default: derived from the file's content hash and row number."),
+    "system_prompt": Key(
+        "You are a careful grader. Read the text and give a short, fair assessment.",
+        _opt_str,
+        "System prompt text; '{examples}' is replaced by the examples file's content.",
+    ),
+    "system_prompt_name": Key(None, _opt_str, "Name of a prompt in prompts.yaml to use as the system prompt (overrides system_prompt)."),
+    "user_prompt": Key(None, _opt_str, "User message template; {column} placeholders take the row's fields. Default: 'Please evaluate the following text: {<response_field>}'."),
+    "examples_file": Key(None, _opt_str, "Text file inserted where the system prompt says {examples} (relative paths are under the home)."),
+    "max_completion_tokens": Key(1000, _int(1), "Upper bound on output tokens per request (also bounds the cost estimate)."),
+    "token_param": Key("auto", _choice("auto", "max_completion_tokens", "max_tokens"), "Request field carrying the output bound; 'auto' uses max_tokens only for models that need it."),
+    "temperature": Key(None, _opt_float(0.0, 2.0), "Sampling temperature, or null to leave the model's default."),
+    "response_format": Key(None, _response_format, "A JSON schema (object) for structured answers; its fields become their own result columns."),
+    "default_encoding": Key("o200k_base", _choice("o200k_base", "cl100k_base"), "tiktoken encoding for models tiktoken does not know (a warning is shown)."),
+    "context_window": Key(None, _opt_int(1), "Context window of the model in tokens; default: from the pricing table, else unchecked."),
+    # splitting
+    "split_token_limit": Key(500000, _int(1), "Maximum input tokens per batch."),
+    "split_row_limit": Key(None, _opt_int(1), "Maximum requests per batch (the API's hard cap applies anyway)."),
+    "force_chunk_count": Key(None, _opt_int(1), "Split into at least this many batches of near-equal size."),
+    "max_requests_per_batch": Key(50000, _int(1), "Provider hard cap on requests in one batch."),
+    "max_batch_bytes": Key(200_000_000, _int(1024), "Provider hard cap on the JSONL bytes of one batch input file."),
+    # running
+    "max_simultaneous_batches": Key(2, _int(1), "Batches in flight at once across all jobs."),
+    "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
+    "poll_interval_seconds": Key(60.0, _opt_float(0.01), "Longest wait between polls of a running batch (polling starts quicker and backs off to this)."),
+    "max_row_retries": Key(2, _int(0), "Times a failed row is resubmitted automatically."),
+    "enqueued_token_limit": Key({}, _int_map, "Per-model cap on input tokens in flight (model -> tokens); a chunk waits for capacity."),
+    "max_cost_per_job_usd": Key(None, _opt_float(0.0), "Hold a job whose estimated cost exceeds this."),
+    "daily_cost_limit_usd": Key(None, _opt_float(0.0), "Hold new submissions once today's spend plus their estimate would exceed this."),
+    "daily_token_limit": Key(None, _opt_int(1), "Hold new submissions once today's tokens plus theirs would exceed this."),
+    "completion_window": Key("24h", _str, "Batch completion window sent to the provider."),
+    "delete_provider_files": Key(True, _bool, "Delete uploaded and result files at the provider once results are stored."),
+    "csv_formula_guard": Key(True, _bool, "Prefix ' to CSV cells starting with = + - @ tab or CR in result files."),
+    "pricing_file": Key(None, _opt_str, "CSV of prices merged over the shipped table (default: pricing.csv in the home, if present)."),
+    # provider
+    "base_url": Key(None, _opt_str, "OpenAI-compatible API base URL (env OPENAI_BASE_URL)."),
+    "api_key": Key(None, _opt_str, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
+    "request_timeout_seconds": Key(120.0, _opt_float(0.1), "Timeout of one HTTP request to the provider."),
+    # housekeeping
+    "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
+    "stable_seconds": Key(1.0, _opt_float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."),
+    "log_level": Key("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "Daemon log level."),
+}
+
+# Keys that make no sense inside a profile (they configure the daemon, not a job).
+GLOBAL_ONLY = {
+    "max_simultaneous_batches", "poll_interval_seconds", "enqueued_token_limit", "daily_cost_limit_usd",
+    "daily_token_limit", "base_url", "api_key", "request_timeout_seconds", "rescan_interval_seconds",
+    "stable_seconds", "log_level", "pricing_file", "delete_provider_files",
+}
+
+SDK_ENV = {"OPENAI_API_KEY": "api_key", "OPENAI_BASE_URL": "base_url"}
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+def mask_secret(value: str | None) -> str | None:
+    if not value:
+        return value
+    if len(value) <= 8:
+        return "****"
+    return f"{value[:3]}…{value[-4:]}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The effective settings of one profile (immutable)."""
+
+    name: str
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]
+
+    def __getattr__(self, item: str) -> Any:
+        try:
+            return self.values[item]
+        except KeyError:
+            raise AttributeError(item) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def as_dict(self, mask: bool = True) -> dict[str, Any]:
+        out = copy.deepcopy(dict(self.values))
+        if mask:
+            out["api_key"] = mask_secret(out.get("api_key"))
+        return out
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Profile({self.name!r}, model={self.values.get('model')!r}, api_key={mask_secret(self.values.get('api_key'))!r})"
+
+
+@dataclass(frozen=True)
+class Config:
+    home: Home
+    default: Profile
+    profiles: Mapping[str, Profile] = field(default_factory=dict)
+
+    def profile(self, name: str | None) -> Profile:
+        if not name or name == "default":
+            return self.default
+        try:
+            return self.profiles[name]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles)) or "none defined"
+            raise ConfigError(f"unknown profile {name!r} (profiles in {self.home.config_file}: {known})") from None
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.default, item)
+
+    def explain(self, profile: str | None = None) -> list[dict[str, Any]]:
+        p = self.profile(profile)
+        rows = []
+        for key in KEYS:
+            v = p.values[key]
+            if key == "api_key":
+                v = mask_secret(v)
+            rows.append({"key": key, "value": v, "source": p.sources[key]})
+        return rows
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    return data
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and k != "response_format":
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _apply(values: dict, sources: dict, raw: Mapping[str, Any], source: str, where: str, allow_global: bool = True) -> None:
+    for key, v in raw.items():
+        if key not in KEYS:
+            hint = _suggest(key)
+            raise ConfigError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+        if not allow_global and key in GLOBAL_ONLY:
+            raise ConfigError(f"{where}: key {key!r} configures the daemon and cannot be set in a profile")
+        try:
+            values[key] = KEYS[key].check(v)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: key {key!r} must be {exc}; got {v!r}") from None
+        sources[key] = source
+
+
+def _suggest(key: str) -> str | None:
+    import difflib
+
+    m = difflib.get_close_matches(key, list(KEYS), n=1)
+    return m[0] if m else None
+
+
+def load_config(
+    home: Home,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the effective configuration. Reads config.yaml (if any); no other I/O."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {k: copy.deepcopy(spec.default) for k, spec in KEYS.items()}
+    sources: dict[str, str] = {k: "default" for k in KEYS}
+
+    file_data = _read_yaml(home.config_file)
+    profiles_raw = file_data.pop("profiles", None) or {}
+    if not isinstance(profiles_raw, Mapping):
+        raise ConfigError(f"{home.config_file}: key 'profiles' must be a mapping of profile name to overrides")
+    _apply(values, sources, file_data, "config.yaml", str(home.config_file))
+
+    env_raw: dict[str, Any] = {}
+    env_src: dict[str, str] = {}
+    for name, key in SDK_ENV.items():
+        if env.get(name):
+            env_raw[key], env_src[key] = env[name], f"env {name}"
+    for key in KEYS:
+        n = env_name(key)
+        if n in env:
+            env_raw[key], env_src[key] = env[n], f"env {n}"
+    for key, v in env_raw.items():
+        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}")
+
+    for key, v in (flags or {}).items():
+        if v is not None:
+            _apply(values, sources, {key: v}, f"flag --{key.replace('_', '-')}", f"command-line flag --{key.replace('_', '-')}")
+
+    default = Profile("default", MappingProxyType(values), MappingProxyType(sources))
+    profiles: dict[str, Profile] = {}
+    for pname, overrides in profiles_raw.items():
+        where = f"{home.config_file}: profiles.{pname}"
+        if not isinstance(pname, str) or not pname.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"{home.config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
+        if not isinstance(overrides, Mapping):
+            raise ConfigError(f"{where} must be a mapping of keys to values")
+        pv, ps = dict(values), dict(sources)
+        _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False)
+        # flags still win over profile values
+        for key, v in (flags or {}).items():
+            if v is not None:
+                pv[key], ps[key] = values[key], sources[key]
+        profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
+    return Config(home=home, default=default, profiles=MappingProxyType(profiles))

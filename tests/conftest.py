@@ -1,0 +1,21 @@
+"""Shared fixtures. The one state-root fixture relocates every test to a fresh home."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from batchgrader.home import Home
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Home:
+    """A fresh BATCHGRADER_HOME for every test; no OPENAI_* or BATCHGRADER_* leaks in."""
+    for name in list(os.environ):
+        if name.startswith(("BATCHGRADER_", "OPENAI_")):
+            monkeypatch.delenv(name, raising=False)
+    root = tmp_path / "bghome"
+    monkeypatch.setenv("BATCHGRADER_HOME", str(root))
+    return Home.resolve(root).ensure()
