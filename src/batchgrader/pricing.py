@@ -1,0 +1,282 @@
+"""Batch API prices: the shipped table, user overrides, cost estimates and billed cost.
+
+Prices are USD per 1,000,000 tokens at *Batch* rates.  The package ships ``data/pricing.csv``;
+a user CSV with the same columns (normally ``pricing.csv`` in the home) is merged over it: a
+user row replaces the shipped row of the same model as a whole, or adds a model.
+
+Columns: ``model,input_per_1m,cached_input_per_1m,output_per_1m,context_window,taken_on,source``.
+``model``, ``input_per_1m`` and ``output_per_1m`` are required in every row; the other columns
+may be left out of a user file or left empty (an empty cached price means cached input is billed
+at the input price; an empty context window means unknown).
+
+Arithmetic is done in :class:`~decimal.Decimal` on the prices' decimal text, so
+``1,000,000 x $0.075`` is exactly ``0.075``; results are returned as ``float`` (round them only
+for display).  Prices are looked up before anything is submitted: an unknown model raises
+:class:`PricingError` so no money is spent on a job whose cost cannot be estimated.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+
+__all__ = [
+    "COLUMNS",
+    "PricingError",
+    "Price",
+    "PriceTable",
+    "Estimate",
+    "load_pricing",
+    "estimate",
+    "billed_cost",
+]
+
+COLUMNS = ("model", "input_per_1m", "cached_input_per_1m", "output_per_1m", "context_window", "taken_on", "source")
+REQUIRED = ("model", "input_per_1m", "output_per_1m")
+SHIPPED = "shipped"
+
+_MILLION = Decimal(1_000_000)
+_DATED = re.compile(r"^(?P<base>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
+
+
+class PricingError(ValueError):
+    """A price table is malformed, or a model has no price."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """One model's Batch prices in USD per 1M tokens.
+
+    ``cached_input_per_1m=None`` means no separate cached rate: cached input tokens are billed at
+    ``input_per_1m``.  ``origin`` is ``"shipped"`` or the path of the user file the row came from.
+    """
+
+    model: str
+    input_per_1m: float
+    cached_input_per_1m: float | None
+    output_per_1m: float
+    context_window: int | None = None
+    taken_on: str | None = None
+    source: str | None = None
+    origin: str = SHIPPED
+
+    @property
+    def effective_cached_per_1m(self) -> float:
+        return self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Cost of a batch before it runs: input exact, output an upper bound (every request uses its
+    whole ``max_completion_tokens``)."""
+
+    input_usd: float
+    max_output_usd: float
+    max_total_usd: float
+
+
+def _d(x: float) -> Decimal:
+    # repr gives the shortest text that round-trips, i.e. the decimal the CSV said.
+    return Decimal(repr(x))
+
+
+def _count(name: str, v: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def estimate(price: Price, input_tokens: int, requests: int, max_completion_tokens: int) -> Estimate:
+    """Input cost (exact, uncached) plus the worst-case output cost ``requests x max_completion_tokens``."""
+    _count("input_tokens", input_tokens)
+    _count("requests", requests)
+    _count("max_completion_tokens", max_completion_tokens)
+    inp = Decimal(input_tokens) * _d(price.input_per_1m) / _MILLION
+    out = Decimal(requests) * Decimal(max_completion_tokens) * _d(price.output_per_1m) / _MILLION
+    return Estimate(input_usd=float(inp), max_output_usd=float(out), max_total_usd=float(inp + out))
+
+
+def billed_cost(price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+    """What the provider bills for reported usage.
+
+    ``prompt_tokens`` includes ``cached_tokens`` (as in the API's ``usage``); the uncached part is
+    billed at the input price, the cached part at the cached price (or the input price when the
+    model has none).  ``completion_tokens`` includes reasoning tokens and is billed at the output
+    price.
+    """
+    _count("prompt_tokens", prompt_tokens)
+    _count("cached_tokens", cached_tokens)
+    _count("completion_tokens", completion_tokens)
+    if cached_tokens > prompt_tokens:
+        raise ValueError(f"cached_tokens ({cached_tokens}) cannot exceed prompt_tokens ({prompt_tokens})")
+    total = (
+        Decimal(prompt_tokens - cached_tokens) * _d(price.input_per_1m)
+        + Decimal(cached_tokens) * _d(price.effective_cached_per_1m)
+        + Decimal(completion_tokens) * _d(price.output_per_1m)
+    ) / _MILLION
+    return float(total)
+
+
+class PriceTable(Mapping[str, Price]):
+    """Prices by model name (keys are lower-case).  Use :meth:`get` to look a model up."""
+
+    def __init__(self, prices: Mapping[str, Price], user_file: Path | None = None):
+        self._prices = {k.lower(): v for k, v in prices.items()}
+        self.user_file = user_file
+
+    def __getitem__(self, model: str) -> Price:
+        return self._prices[model.strip().lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._prices)
+
+    def __len__(self) -> int:
+        return len(self._prices)
+
+    def __contains__(self, model: object) -> bool:
+        return isinstance(model, str) and self.find(model) is not None
+
+    def find(self, model: str) -> Price | None:
+        """Like :meth:`get` but returns ``None`` for an unknown model."""
+        key = model.strip().lower()
+        price = self._prices.get(key)
+        if price is None:
+            m = _DATED.match(key)
+            if m and _is_date(m.group("date")):
+                price = self._prices.get(m.group("base"))
+        return price
+
+    def get(self, model: str) -> Price:  # type: ignore[override]  # raises instead of returning a default
+        """The price of ``model``: an exact (case-insensitive) match, else for a dated snapshot
+        ``<base>-YYYY-MM-DD`` the price of ``<base>``.  Unknown models raise :class:`PricingError`."""
+        price = self.find(model)
+        if price is not None:
+            return price
+        where = str(self.user_file) if self.user_file else "pricing.csv in the BatchGrader home (or the file named by the pricing_file setting)"
+        raise PricingError(
+            f"no price for model {model!r}, so its cost cannot be estimated and nothing is submitted. "
+            f"Add a row for it to {where} with the columns {','.join(COLUMNS)} "
+            f"(Batch prices in USD per 1M tokens; cached price, context window, date and source may be empty), e.g.\n"
+            f"  {model},0.50,,2.00,,{date.today().isoformat()},https://developers.openai.com/api/docs/pricing"
+        )
+
+
+def _is_date(text: str) -> bool:
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _price_value(text: str, where: str, column: str, required: bool) -> float | None:
+    text = text.strip().lstrip("$").strip()
+    if not text:
+        if required:
+            raise PricingError(f"{where}, column {column!r}: a price is required (USD per 1M tokens)")
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise PricingError(f"{where}, column {column!r}: {text!r} is not a number (USD per 1M tokens, e.g. 0.075)") from None
+    if not math.isfinite(value) or value < 0:
+        raise PricingError(f"{where}, column {column!r}: {text!r} must be a finite price >= 0")
+    return value
+
+
+def _parse(text: str, name: str, origin: str) -> dict[str, Price]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = reader.fieldnames
+    if not header:
+        raise PricingError(f"{name}: empty file; expected a header line with the columns {','.join(COLUMNS)}")
+    header = [h.strip() if h is not None else "" for h in header]
+    reader.fieldnames = header
+    missing = [c for c in REQUIRED if c not in header]
+    unknown = [h for h in header if h not in COLUMNS]
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing column(s) {', '.join(missing)}")
+        if unknown:
+            parts.append(f"unknown column(s) {', '.join(repr(u) for u in unknown)}")
+        raise PricingError(f"{name}, line 1 (header): {'; '.join(parts)}; the columns are {','.join(COLUMNS)}")
+    dupes = {h for h in header if header.count(h) > 1}
+    if dupes:
+        raise PricingError(f"{name}, line 1 (header): column(s) {', '.join(sorted(dupes))} appear more than once")
+
+    out: dict[str, Price] = {}
+    first_line: dict[str, int] = {}
+    for row in reader:
+        line = reader.line_num
+        where = f"{name}, line {line}"
+        if None in row:
+            raise PricingError(f"{where}: more fields than the {len(header)} columns of the header")
+        cells = {k: (v or "") for k, v in row.items()}
+        model = cells["model"].strip()
+        if not model:
+            if not any(v.strip() for v in cells.values()):
+                continue  # a line of empty cells
+            raise PricingError(f"{where}, column 'model': the model name is empty")
+        key = model.lower()
+        if key in first_line:
+            raise PricingError(f"{where}, column 'model': {model!r} is already listed on line {first_line[key]}")
+        first_line[key] = line
+        inp = _price_value(cells["input_per_1m"], where, "input_per_1m", True)
+        cached = _price_value(cells.get("cached_input_per_1m", ""), where, "cached_input_per_1m", False)
+        outp = _price_value(cells["output_per_1m"], where, "output_per_1m", True)
+        cw_text = cells.get("context_window", "").strip().replace(",", "").replace("_", "")
+        cw: int | None = None
+        if cw_text:
+            if not cw_text.isdigit() or int(cw_text) < 1:
+                raise PricingError(f"{where}, column 'context_window': {cw_text!r} must be a whole number of tokens >= 1, or empty")
+            cw = int(cw_text)
+        taken = cells.get("taken_on", "").strip() or None
+        if taken is not None and not _is_date(taken):
+            raise PricingError(f"{where}, column 'taken_on': {taken!r} must be a date YYYY-MM-DD, or empty")
+        out[key] = Price(
+            model=model,
+            input_per_1m=inp,  # type: ignore[arg-type]  # required: never None
+            cached_input_per_1m=cached,
+            output_per_1m=outp,  # type: ignore[arg-type]
+            context_window=cw,
+            taken_on=taken,
+            source=cells.get("source", "").strip() or None,
+            origin=origin,
+        )
+    return out
+
+
+def shipped_prices() -> dict[str, Price]:
+    """The table shipped with the package."""
+    text = resources.files("batchgrader").joinpath("data/pricing.csv").read_text(encoding="utf-8-sig")
+    return _parse(text, "shipped pricing.csv", SHIPPED)
+
+
+def load_pricing(user_file: str | Path | None = None) -> PriceTable:
+    """The shipped prices with ``user_file`` (if given) merged over them by model name.
+
+    A given ``user_file`` must exist.  Any problem in it raises :class:`PricingError` naming the
+    file, the line and the column.
+    """
+    prices = shipped_prices()
+    path: Path | None = None
+    if user_file is not None:
+        path = Path(user_file)
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except FileNotFoundError:
+            raise PricingError(f"{path}: pricing file not found") from None
+        except UnicodeDecodeError as exc:
+            raise PricingError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise PricingError(f"{path}: cannot read pricing file ({exc.strerror or exc})") from None
+        prices.update(_parse(text, str(path), str(path)))
+    return PriceTable(prices, user_file=path)

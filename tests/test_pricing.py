@@ -1,0 +1,231 @@
+"""Price table: shipped CSV, user overrides, lookups, estimates and billed cost."""
+
+from __future__ import annotations
+
+import csv
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgrader.pricing import (
+    COLUMNS,
+    Estimate,
+    Price,
+    PricingError,
+    billed_cost,
+    estimate,
+    load_pricing,
+)
+
+HEADER = ",".join(COLUMNS) + "\n"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- the shipped table --------------------------------------------------------------------------
+
+def test_shipped_table_has_the_reference_batch_prices():
+    table = load_pricing()
+    expected = {  # model: (input, cached, output) per 1M tokens, Batch API (reference §7)
+        "gpt-4o": (1.25, None, 5.00),
+        "gpt-4o-2024-05-13": (2.50, None, 7.50),
+        "gpt-4o-mini": (0.075, None, 0.30),
+        "gpt-4.1": (1.00, None, 4.00),
+        "gpt-4.1-mini": (0.20, None, 0.80),
+        "gpt-4.1-nano": (0.05, None, 0.20),
+        "o3": (1.00, None, 4.00),
+        "o4-mini": (0.55, None, 2.20),
+        "o3-mini": (0.55, None, 2.20),
+        "o1": (7.50, None, 30.00),
+        "o3-pro": (10.00, None, 40.00),
+        "gpt-5": (0.625, 0.0625, 5.00),
+        "gpt-5-mini": (0.125, 0.0125, 1.00),
+        "gpt-5-nano": (0.025, 0.0025, 0.20),
+        "gpt-5.1": (0.625, 0.0625, 5.00),
+        "gpt-5.2": (0.875, 0.0875, 7.00),
+        "gpt-5.4": (1.25, 0.13, 7.50),
+        "gpt-5.4-mini": (0.375, 0.0375, 2.25),
+        "gpt-5.4-nano": (0.10, 0.01, 0.625),
+        "gpt-5.5": (2.50, 0.25, 15.00),
+        "gpt-5-pro": (7.50, None, 60.00),
+        "gpt-3.5-turbo-0125": (0.25, None, 0.75),
+        "gpt-3.5-turbo-1106": (1.00, None, 2.00),
+    }
+    assert set(table) == set(expected)
+    for model, (inp, cached, out) in expected.items():
+        p = table.get(model)
+        assert (p.model, p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (model, inp, cached, out)
+        assert p.taken_on == "2026-09-26"
+        assert p.source == "https://developers.openai.com/api/docs/pricing"
+        assert p.origin == "shipped"
+    assert table.get("gpt-4o-mini").context_window == 128_000
+    assert table.get("gpt-4.1-nano").context_window == 1_047_576
+    assert table.get("o4-mini").context_window == 200_000
+    assert table.get("gpt-5-mini").context_window == 400_000
+    assert table.get("gpt-3.5-turbo-0125").context_window == 16_385
+    assert table.get("gpt-5.4").context_window is None  # not known for sure: left empty
+
+
+def test_shipped_csv_has_exactly_the_documented_columns():
+    text = resources.files("batchgrader").joinpath("data/pricing.csv").read_text(encoding="utf-8")
+    rows = list(csv.reader(text.splitlines()))
+    assert tuple(rows[0]) == COLUMNS
+    assert all(len(r) == len(COLUMNS) for r in rows[1:])
+
+
+# --- arithmetic ---------------------------------------------------------------------------------
+
+def test_exact_figures_for_known_models():
+    t = load_pricing()
+    mini = t.get("gpt-4o-mini")
+    assert estimate(mini, 1_000_000, 0, 0) == Estimate(0.075, 0.0, 0.075)
+    # 2,000 requests x 1,000 output tokens = 2M output tokens at $0.30 = $0.60
+    e = estimate(mini, 1_000_000, 2_000, 1_000)
+    assert (e.input_usd, e.max_output_usd, e.max_total_usd) == (0.075, 0.6, 0.675)
+    assert estimate(t.get("gpt-4.1"), 500_000, 1, 1) == Estimate(0.5, 0.000004, 0.500004)
+    assert billed_cost(mini, 1_000_000, 0, 1_000_000) == 0.375
+    # gpt-5: cached input has its own rate
+    g5 = t.get("gpt-5")
+    assert billed_cost(g5, 1_000_000, 400_000, 100_000) == 0.6 * 0.625 + 0.4 * 0.0625 + 0.5  # 0.9
+    assert billed_cost(g5, 1_000_000, 400_000, 100_000) == 0.9
+    # gpt-4o has no cached batch price: cached tokens are billed at the input price
+    assert billed_cost(t.get("gpt-4o"), 1_000_000, 1_000_000, 0) == 1.25
+    # decimal arithmetic: 3 tokens of gpt-4o-mini is exactly 2.25e-7, not a float-sum artefact
+    assert billed_cost(mini, 3, 0, 0) == 2.25e-07
+    assert billed_cost(mini, 0, 0, 0) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**9))
+def test_billed_cost_never_exceeds_the_uncached_price_and_is_monotone(prompt, cached, completion):
+    cached = min(cached, prompt)
+    p = load_pricing().get("gpt-5-mini")
+    cost = billed_cost(p, prompt, cached, completion)
+    worst = estimate(p, prompt, 1, completion).max_total_usd
+    assert 0 <= cost <= worst * (1 + 1e-12)
+    assert billed_cost(p, prompt, cached, completion + 1) >= cost
+
+
+def test_bad_counts_are_rejected():
+    p = load_pricing().get("gpt-4o-mini")
+    with pytest.raises(ValueError, match="cached_tokens"):
+        billed_cost(p, 10, 11, 0)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        billed_cost(p, -1, 0, 0)
+    with pytest.raises(ValueError, match="requests"):
+        estimate(p, 1, -1, 1)
+
+
+# --- lookups ------------------------------------------------------------------------------------
+
+def test_dated_snapshot_falls_back_to_its_base_model():
+    t = load_pricing()
+    assert t.get("gpt-4.1-mini-2025-04-14").model == "gpt-4.1-mini"
+    assert t.get("gpt-4o-mini-2024-07-18") == t.get("gpt-4o-mini")
+    # a listed snapshot keeps its own price
+    assert t.get("gpt-4o-2024-05-13").input_per_1m == 2.50
+    assert t.get("gpt-4o-2024-08-06").input_per_1m == 1.25
+    # case and surrounding spaces do not matter
+    assert t.get(" GPT-4o-Mini ").model == "gpt-4o-mini"
+    assert "gpt-5-2025-08-07" in t and "nope" not in t
+
+
+@pytest.mark.parametrize("model", ["gpt-4.1-mini-preview", "gpt-4.1-mini-0414", "gpt-4.1-mini-2025-13-45", "gpt-4o-mini-2024-07", "ft:gpt-4o-mini:acme::abc"])
+def test_only_a_real_date_suffix_falls_back(model):
+    with pytest.raises(PricingError):
+        load_pricing().get(model)
+
+
+def test_unknown_model_error_says_how_to_fix_it(home):
+    with pytest.raises(PricingError) as exc:
+        load_pricing().get("acme-large")
+    msg = str(exc.value)
+    assert "'acme-large'" in msg and "nothing is submitted" in msg
+    assert "pricing.csv" in msg and ",".join(COLUMNS) in msg
+    assert "\n  acme-large,0.50,," in msg  # an example row to copy
+    # with a user file, the message names that file
+    user = write(home.pricing_file, HEADER)
+    with pytest.raises(PricingError, match=str(user)):
+        load_pricing(user).get("acme-large")
+    assert load_pricing(user).find("acme-large") is None
+
+
+# --- user files ---------------------------------------------------------------------------------
+
+def test_user_file_overrides_and_extends(home):
+    user = write(
+        home.pricing_file,
+        HEADER
+        + "gpt-4o-mini,0.05,0.01,0.20,,2026-10-01,my contract\n"
+        + "acme-large,$1.50,,6,32000,,\n",
+    )
+    t = load_pricing(user)
+    mini = t.get("gpt-4o-mini")
+    # a user row replaces the shipped row as a whole
+    assert (mini.input_per_1m, mini.cached_input_per_1m, mini.output_per_1m, mini.context_window) == (0.05, 0.01, 0.20, None)
+    assert (mini.taken_on, mini.source, mini.origin) == ("2026-10-01", "my contract", str(user))
+    assert estimate(mini, 1_000_000, 0, 0).input_usd == 0.05
+    acme = t.get("acme-large")
+    assert (acme.input_per_1m, acme.output_per_1m, acme.context_window, acme.taken_on, acme.source) == (1.5, 6.0, 32_000, None, None)
+    assert t.get("acme-large-2026-01-02") == acme
+    # untouched shipped rows remain
+    assert t.get("gpt-4o").origin == "shipped"
+    assert len(t) == len(load_pricing()) + 1
+
+
+def test_user_file_may_leave_out_optional_columns_and_have_a_bom(home):
+    user = home.pricing_file
+    user.write_bytes("\ufeffmodel,output_per_1m,input_per_1m\nGPT-4O,4,1\n\n".encode())
+    p = load_pricing(user).get("gpt-4o")
+    assert (p.model, p.input_per_1m, p.output_per_1m, p.cached_input_per_1m) == ("GPT-4O", 1.0, 4.0, None)
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("model,input_per_1m\nx,1\n", "line 1 (header): missing column(s) output_per_1m"),
+        ("model,input_per_1m,output_per_1m,cached_input\nx,1,2,3\n", "line 1 (header): unknown column(s) 'cached_input'"),
+        ("model,input_per_1m,output_per_1m,input_per_1m\nx,1,2,3\n", "appear more than once"),
+        ("", "empty file"),
+        (HEADER + "gpt-4o,1,,2,,,\nx,abc,,2,,,\n", "line 3, column 'input_per_1m': 'abc' is not a number"),
+        (HEADER + "x,1,,-2,,,\n", "line 2, column 'output_per_1m': '-2' must be a finite price >= 0"),
+        (HEADER + "x,1,,nan,,,\n", "line 2, column 'output_per_1m': 'nan' must be a finite price"),
+        (HEADER + "x,1,oops,2,,,\n", "line 2, column 'cached_input_per_1m': 'oops' is not a number"),
+        (HEADER + "x,,,2,,,\n", "line 2, column 'input_per_1m': a price is required"),
+        (HEADER + "x,1,,2,big,,\n", "line 2, column 'context_window': 'big' must be a whole number"),
+        (HEADER + "x,1,,2,0,,\n", "line 2, column 'context_window': '0' must be a whole number"),
+        (HEADER + "x,1,,2,,26/09/2026,\n", "line 2, column 'taken_on': '26/09/2026' must be a date"),
+        (HEADER + ",1,,2,,,\n", "line 2, column 'model': the model name is empty"),
+        (HEADER + "x,1,,2,,,\nX,1,,2,,,\n", "line 3, column 'model': 'X' is already listed on line 2"),
+        (HEADER + "x,1,,2,,,,extra\n", "line 2: more fields than the 7 columns"),
+        (HEADER + 'x,1,,2,,,"a\nb"\ny,1,,z,,,\n', "line 4, column 'output_per_1m'"),  # physical line numbers
+    ],
+)
+def test_bad_user_file_names_file_line_and_column(home, text, where):
+    user = write(home.pricing_file, text)
+    with pytest.raises(PricingError) as exc:
+        load_pricing(user)
+    assert str(exc.value).startswith(str(user))
+    assert where in str(exc.value)
+
+
+def test_missing_or_unreadable_user_file(home):
+    with pytest.raises(PricingError, match="not found"):
+        load_pricing(home.root / "nope.csv")
+    bad = home.root / "latin1.csv"
+    bad.write_bytes(HEADER.encode() + b"caf\xe9,1,,2,,,\n")
+    with pytest.raises(PricingError, match="not UTF-8"):
+        load_pricing(bad)
+
+
+def test_price_is_immutable():
+    p = Price("m", 1.0, None, 2.0)
+    with pytest.raises(AttributeError):
+        p.input_per_1m = 0  # type: ignore[misc]
+    assert p.effective_cached_per_1m == 1.0
