@@ -1,0 +1,292 @@
+"""Request preparation: one chat request per row, exact token counts, the chunk plan.
+
+The file is streamed once: rows are read in blocks, each block's requests are built,
+counted with tiktoken's batch encoder on all cores, serialised to their JSONL line, and only
+two integers per request (tokens, bytes) are kept in memory.  Row position ``i`` is data row
+``i + 1``; every row keeps its position even when its request cannot be sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .config import Profile
+from .home import Home
+from .pricing import PriceTable, PricingError, estimate
+from .prompts import PromptSpec, resolve_prompts
+from .splitting import Chunk, Limits, Oversized, plan_chunks, write_chunk_files
+from .tables import InputError, open_table, text_of
+from .tokens import ChatTokenCounter, ModelTokenizer
+
+ENDPOINT = "/v1/chat/completions"
+BLOCK_ROWS = 4096
+
+# Models that take `max_tokens` instead of `max_completion_tokens` (token_param: auto).
+_LEGACY_MAX_TOKENS_PREFIXES = ("gpt-3.5", "gpt-35")
+_LEGACY_MAX_TOKENS_EXACT = {"gpt-4", "gpt-4-0613", "gpt-4-0314", "gpt-4-32k", "gpt-4-turbo", "gpt-4-turbo-preview"}
+
+
+def token_param_for(model: str, setting: str = "auto") -> str:
+    if setting != "auto":
+        return setting
+    if model in _LEGACY_MAX_TOKENS_EXACT or model.startswith(_LEGACY_MAX_TOKENS_PREFIXES):
+        return "max_tokens"
+    return "max_completion_tokens"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_custom_id(file_hash: str, row_number: int) -> str:
+    """Deterministic: the same file always yields the same ids."""
+    return f"bg-{file_hash[:16]}-{row_number}"
+
+
+def row_number_of(custom_id: str) -> int | None:
+    """Inverse of :func:`default_custom_id` (None for ids from an id column)."""
+    if custom_id.startswith("bg-"):
+        tail = custom_id.rsplit("-", 1)[-1]
+        if tail.isdigit():
+            return int(tail)
+    return None
+
+
+def dumps_line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    row: int
+    line: int | None
+    custom_id: str | None
+    code: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "line": self.line, "custom_id": self.custom_id, "code": self.code, "message": self.message}
+
+
+@dataclass
+class Preparation:
+    path: Path
+    fmt: str
+    sha256: str
+    profile: str
+    model: str
+    tokenizer: ModelTokenizer
+    columns: list[str]
+    rows: int = 0
+    tokens: array = field(default_factory=lambda: array("Q"))
+    sizes: array = field(default_factory=lambda: array("Q"))
+    chunks: list[Chunk] = field(default_factory=list)
+    problems: list[RowProblem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    max_completion_tokens: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(c.requests for c in self.chunks)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(c.input_tokens for c in self.chunks)
+
+    @property
+    def max_request_tokens(self) -> int:
+        return max(self.tokens, default=0)
+
+    def summary(self, prices: PriceTable | None) -> dict[str, Any]:
+        requests, tokens = self.requests, self.input_tokens
+        out: dict[str, Any] = {
+            "file": str(self.path),
+            "format": self.fmt,
+            "sha256": self.sha256,
+            "profile": self.profile,
+            "model": self.model,
+            "encoding": self.tokenizer.encoding,
+            "rows": self.rows,
+            "requests": requests,
+            "input_tokens": tokens,
+            "mean_request_tokens": round(tokens / requests, 1) if requests else 0,
+            "max_request_tokens": self.max_request_tokens,
+            "chunks": [
+                {"index": c.index, "requests": c.requests, "input_tokens": c.input_tokens, "bytes": c.bytes}
+                for c in self.chunks
+            ],
+            "row_errors": [p.as_dict() for p in self.problems],
+            "warnings": list(self.warnings),
+            "estimated_cost_usd": None,
+            "pricing_error": None,
+        }
+        if prices is not None:
+            try:
+                price = prices.get(self.model)
+            except PricingError as exc:
+                out["pricing_error"] = str(exc)
+            else:
+                est = estimate(price, tokens, requests, self.max_completion_tokens)
+                out["estimated_cost_usd"] = {
+                    "input": float(est.input_usd),
+                    "max_output": float(est.max_output_usd),
+                    "max_total": float(est.max_total_usd),
+                }
+        return out
+
+
+def limits_for(profile: Profile, context_window: int | None) -> Limits:
+    return Limits.from_settings(profile, context_window)
+
+
+class RequestBuilder:
+    """Builds the batch line for each row of one file under one profile."""
+
+    def __init__(self, profile: Profile, home: Home, file_hash: str, spec: PromptSpec | None = None):
+        self.profile = profile
+        self.spec = spec or resolve_prompts(profile, home)
+        self.file_hash = file_hash
+        self.token_param = token_param_for(profile.model, profile.token_param)
+        self.id_column = profile.id_column
+
+    def required_columns(self) -> list[str]:
+        cols = [self.profile.response_field, *self.spec.user_fields]
+        if self.id_column:
+            cols.append(self.id_column)
+        return list(dict.fromkeys(cols))
+
+    def custom_id(self, row) -> str:
+        if self.id_column:
+            return text_of(row.values[self.id_column])
+        return default_custom_id(self.file_hash, row.number)
+
+    def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
+        messages = self.spec.messages(row.values, text_of)
+        body: dict[str, Any] = {"model": self.profile.model, "messages": messages, self.token_param: self.profile.max_completion_tokens}
+        if self.profile.temperature is not None:
+            body["temperature"] = self.profile.temperature
+        if self.profile.response_format is not None:
+            body["response_format"] = self.profile.response_format
+        cid = self.custom_id(row)
+        return cid, messages, {"custom_id": cid, "method": "POST", "url": ENDPOINT, "body": body}
+
+
+def prepare(
+    path: Path,
+    profile: Profile,
+    home: Home,
+    *,
+    requests_out: IO[bytes] | None = None,
+    prices: PriceTable | None = None,
+    file_hash: str | None = None,
+    limits: Limits | None = None,
+) -> Preparation:
+    """Stream ``path`` once; count every request exactly; plan the chunks.
+
+    When ``requests_out`` is given every request's JSONL line is written to it, in row order
+    (including rows that turn out oversized: positions must line up with the plan).
+    Raises :class:`InputError` for malformed input and :class:`ConfigError` for bad prompts.
+    """
+    path = Path(path)
+    file_hash = file_hash or file_sha256(path)
+    builder = RequestBuilder(profile, home, file_hash)
+    counter = ChatTokenCounter(profile.model, profile.default_encoding)
+    for s in ("system", "user") + ((builder.spec.system,) if builder.spec.system else ()):
+        counter.remember(s)
+
+    context_window = profile.context_window
+    if context_window is None and prices is not None:
+        try:
+            context_window = prices.get(profile.model).context_window
+        except PricingError:
+            context_window = None
+
+    with open_table(path, required_columns=builder.required_columns()) as reader:
+        prep = Preparation(
+            path=path, fmt=reader.fmt, sha256=file_hash, profile=profile.name, model=profile.model,
+            tokenizer=counter.tokenizer, columns=list(reader.columns), max_completion_tokens=profile.max_completion_tokens,
+        )
+        if not counter.tokenizer.known:
+            prep.warnings.append(
+                f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
+                f"{counter.tokenizer.encoding} (counts may differ from what the provider bills)"
+            )
+        seen_ids: set[str] | None = set() if builder.id_column else None
+        first_line_of_id: dict[str, int] = {}
+        block: list[tuple[Any, str, list, dict]] = []
+
+        def flush() -> None:
+            counts = counter.count_many([b[2] for b in block])
+            for (row, cid, _m, obj), n in zip(block, counts):
+                data = dumps_line(obj)
+                prep.tokens.append(n)
+                prep.sizes.append(len(data))
+                if requests_out is not None:
+                    requests_out.write(data)
+            block.clear()
+
+        for row in reader:
+            cid, messages, obj = builder.line(row)
+            if seen_ids is not None:
+                if not cid:
+                    raise InputError(path, f"id column {builder.id_column!r} is empty in row {row.number}", line=row.line, column=builder.id_column)
+                if cid in seen_ids:
+                    raise InputError(
+                        path, f"id column {builder.id_column!r} value {cid!r} repeats (first seen in row {first_line_of_id[cid]}); ids must be unique",
+                        line=row.line, column=builder.id_column,
+                    )
+                seen_ids.add(cid)
+                first_line_of_id[cid] = row.number
+            block.append((row, cid, messages, obj))
+            prep.rows += 1
+            if len(block) >= BLOCK_ROWS:
+                flush()
+        if block:
+            flush()
+
+    chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window))
+    prep.chunks = chunks
+    prep.problems = [
+        RowProblem(row=o.position + 1, line=None, custom_id=None, code="request_too_large", message=o.reason)
+        for o in oversized
+    ]
+    if builder.id_column is None:
+        prep.problems = [
+            RowProblem(p.row, p.line, default_custom_id(file_hash, p.row), p.code, p.message) for p in prep.problems
+        ]
+    return prep
+
+
+def iter_lines(requests_file: Path) -> Iterator[bytes]:
+    with open(requests_file, "rb") as f:
+        yield from f
+
+
+def oversized_positions(prep: Preparation) -> set[int]:
+    return {p.row - 1 for p in prep.problems if p.code == "request_too_large"}
+
+
+def split_file(path: Path, profile: Profile, home: Home, out_dir: Path, prices: PriceTable | None = None) -> tuple[Preparation, list[Path]]:
+    """`bgctl split`: prepare, then write batch-ready chunk files into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{path.name}.requests.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            prep = prepare(path, profile, home, requests_out=f, prices=prices)
+        files = write_chunk_files(iter_lines(tmp), prep.chunks, oversized_positions(prep), out_dir, Path(path).stem)
+    finally:
+        if tmp.exists():
+            os.unlink(tmp)
+    return prep, files

@@ -1,0 +1,133 @@
+"""Prompt templates: named system prompts, the examples file, `{column}` placeholders.
+
+Placeholders are replaced by plain text substitution, never ``str.format``: user data and
+examples files may contain braces (JSON examples made the old tool crash with a KeyError).
+``{{`` and ``}}`` stand for literal braces in templates.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import ConfigError, Profile
+from .home import Home
+
+_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+EXAMPLES_PLACEHOLDER = "examples"
+
+
+class TemplateError(ValueError):
+    pass
+
+
+def placeholders(template: str) -> list[str]:
+    """Names of the `{...}` placeholders in a template, in order of first use."""
+    seen: dict[str, None] = {}
+    for m in _TOKEN.finditer(template):
+        if m.group(1) is not None:
+            name = m.group(1)
+            if not name.strip():
+                raise TemplateError(f"empty placeholder '{{}}' in template {template[:60]!r}")
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def render(template: str, lookup: Callable[[str], str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        whole = m.group(0)
+        if whole == "{{":
+            return "{"
+        if whole == "}}":
+            return "}"
+        return lookup(m.group(1))
+
+    return _TOKEN.sub(sub, template)
+
+
+def load_named_prompts(home: Home) -> dict[str, str]:
+    path = home.prompts_file
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid YAML text: {exc}") from None
+    prompts = data.get("prompts", data) if isinstance(data, dict) else None
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ConfigError(f"{path}: expected a mapping 'prompts:' of prompt name to prompt text")
+    return prompts
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Everything needed to build each row's messages; resolved once per job."""
+
+    system: str | None  # final system prompt text (examples inserted), constant for the job
+    user_template: str
+    user_fields: tuple[str, ...]  # columns the user template reads
+
+    def user_message(self, values: Mapping[str, Any], text_of: Callable[[Any], str]) -> str:
+        return render(self.user_template, lambda name: text_of(values[name]))
+
+    def messages(self, values: Mapping[str, Any], text_of: Callable[[Any], str]) -> list[dict[str, str]]:
+        msgs = []
+        if self.system:
+            msgs.append({"role": "system", "content": self.system})
+        msgs.append({"role": "user", "content": self.user_message(values, text_of)})
+        return msgs
+
+
+def resolve_prompts(profile: Profile, home: Home) -> PromptSpec:
+    """Resolve the system prompt (named or literal, with examples) and the user template."""
+    system = profile.system_prompt
+    if profile.system_prompt_name:
+        named = load_named_prompts(home)
+        if profile.system_prompt_name not in named:
+            known = ", ".join(sorted(named)) or "none"
+            raise ConfigError(
+                f"system_prompt_name {profile.system_prompt_name!r} is not in {home.prompts_file} (prompts there: {known})"
+            )
+        system = named[profile.system_prompt_name]
+
+    examples_text: str | None = None
+    if profile.examples_file:
+        path = Path(profile.examples_file).expanduser()
+        if not path.is_absolute():
+            path = home.root / path
+        try:
+            examples_text = path.read_text(encoding="utf-8-sig")
+        except FileNotFoundError:
+            raise ConfigError(f"examples_file {str(path)!r} does not exist") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"examples_file {str(path)!r} is not UTF-8 text ({exc})") from None
+
+    if system is not None:
+        names = placeholders(system)
+        unknown = [n for n in names if n != EXAMPLES_PLACEHOLDER]
+        if unknown:
+            raise ConfigError(
+                f"system prompt has placeholder(s) {', '.join('{' + n + '}' for n in unknown)}; only {{examples}} is "
+                "allowed there (row fields go in user_prompt; write {{ and }} for literal braces)"
+            )
+        if EXAMPLES_PLACEHOLDER in names and examples_text is None:
+            raise ConfigError("system prompt uses {examples} but no examples_file is configured")
+        system = render(system, lambda _n: examples_text or "")
+        if examples_text is not None and EXAMPLES_PLACEHOLDER not in names:
+            system = system.rstrip() + "\n\n" + examples_text
+    elif examples_text is not None:
+        system = examples_text
+
+    template = profile.user_prompt or f"Please evaluate the following text: {{{profile.response_field}}}"
+    try:
+        fields = tuple(placeholders(template))
+    except TemplateError as exc:
+        raise ConfigError(f"user_prompt: {exc}") from None
+    if not fields:
+        raise ConfigError(f"user_prompt has no {{column}} placeholder, so every request would be identical: {template!r}")
+    return PromptSpec(system=system or None, user_template=template, user_fields=fields)

@@ -1,0 +1,107 @@
+"""Configuration layering, validation and provenance."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from batchgrader.cli import cli
+from batchgrader.config import KEYS, ConfigError, load_config
+
+
+def write(home, text):
+    home.config_file.write_text(text, encoding="utf-8")
+
+
+def test_defaults(home):
+    cfg = load_config(home, environ={})
+    assert cfg.split_token_limit == 500000 and cfg.max_simultaneous_batches == 2
+    assert cfg.default.sources["model"] == "default"
+
+
+def test_precedence_defaults_file_env_flags(home):
+    write(home, "model: gpt-4.1-mini\nsplit_token_limit: 1000\ntemperature: 0.5\n")
+    env = {"BATCHGRADER_SPLIT_TOKEN_LIMIT": "2000", "OPENAI_API_KEY": "sk-test-1234567890abcdef", "OPENAI_BASE_URL": "http://x/v1"}
+    cfg = load_config(home, environ=env, flags={"temperature": 0.1})
+    p = cfg.default
+    assert (p.model, p.split_token_limit, p.temperature) == ("gpt-4.1-mini", 2000, 0.1)
+    assert p.sources["model"] == "config.yaml"
+    assert p.sources["split_token_limit"] == "env BATCHGRADER_SPLIT_TOKEN_LIMIT"
+    assert p.sources["temperature"] == "flag --temperature"
+    assert (p.api_key, p.sources["api_key"]) == ("sk-test-1234567890abcdef", "env OPENAI_API_KEY")
+    assert p.base_url == "http://x/v1"
+
+
+def test_profiles_override_and_inherit(home):
+    write(home, "model: gpt-4o\nprofiles:\n  cheap:\n    model: gpt-4o-mini\n    max_completion_tokens: 5\n")
+    cfg = load_config(home, environ={})
+    cheap = cfg.profile("cheap")
+    assert (cheap.model, cheap.max_completion_tokens, cheap.split_token_limit) == ("gpt-4o-mini", 5, 500000)
+    assert cheap.sources["model"] == "config.yaml profiles.cheap"
+    assert cfg.profile(None).model == "gpt-4o"
+    with pytest.raises(ConfigError, match="unknown profile 'nope'.*cheap"):
+        cfg.profile("nope")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("modle: gpt-4o\n", "unknown key 'modle' (did you mean 'model'?)"),
+    ("split_token_limit: lots\n", "key 'split_token_limit' must be an integer >= 1; got 'lots'"),
+    ("temperature: 7\n", "key 'temperature' must be a number >= 0.0 and <= 2.0"),
+    ("halt_on_chunk_failure: maybe\n", "key 'halt_on_chunk_failure' must be true or false"),
+    ("response_format: [1, 2]\n", "key 'response_format' must be a JSON schema object"),
+    ("profiles:\n  p:\n    base_url: http://x\n", "cannot be set in a profile"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("model: [unclosed\n", "not valid YAML"),
+])
+def test_bad_values_name_file_key_and_form(home, text, needle):
+    write(home, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(home, environ={})
+    assert needle in str(err.value)
+    assert str(home.config_file) in str(err.value)
+
+
+def test_yaml_error_never_quotes_the_line(home):
+    write(home, "api_key: 'sk-secret-abcdefghijkl\nmodel: gpt-4o\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(home, environ={})
+    assert "line" in str(err.value) and "sk-secret" not in str(err.value)
+
+
+def test_bad_env_value_names_the_variable(home):
+    with pytest.raises(ConfigError, match="environment variable BATCHGRADER_MAX_ROW_RETRIES: key 'max_row_retries' must be an integer >= 0"):
+        load_config(home, environ={"BATCHGRADER_MAX_ROW_RETRIES": "-1"})
+
+
+def test_config_is_immutable(home):
+    cfg = load_config(home, environ={})
+    with pytest.raises(TypeError):
+        cfg.default.values["model"] = "x"
+
+
+def test_response_format_schema_is_wrapped_for_the_api(home):
+    write(home, "response_format:\n  type: object\n  properties:\n    score: {type: integer}\n  required: [score]\n  additionalProperties: false\n")
+    rf = load_config(home, environ={}).response_format
+    assert rf["type"] == "json_schema" and rf["json_schema"]["schema"]["properties"]["score"] == {"type": "integer"}
+
+
+def test_config_show_json_masks_key_and_gives_sources(home, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-SECRET-abcdefghijklmnop")
+    write(home, "model: gpt-4.1\n")
+    res = CliRunner().invoke(cli, ["config", "show", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "SECRET" not in res.output
+    rows = {r["key"]: r for r in json.loads(res.output)["settings"]}
+    assert rows["model"] == {"key": "model", "value": "gpt-4.1", "source": "config.yaml"}
+    assert rows["api_key"]["value"].startswith("sk-") and rows["api_key"]["source"] == "env OPENAI_API_KEY"
+    assert set(rows) == set(KEYS)
+
+
+def test_home_flag_relocates_everything(tmp_path):
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "config.yaml").write_text("model: gpt-5-mini\n")
+    res = CliRunner().invoke(cli, ["--home", str(other), "config", "show", "--json"])
+    data = json.loads(res.output)
+    assert data["home"] == str(other)
+    assert {r["key"]: r["value"] for r in data["settings"]}["model"] == "gpt-5-mini"
