@@ -1,0 +1,277 @@
+"""Streaming parsers for Batch API output and error files, usage sums, and what is left to do.
+
+A line is a success **only** when ``response.status_code == 200`` (never "because ``error`` is
+null": HTTP-level failures carry ``error: null`` and a 4xx/5xx response).  Every other line —
+``response: null`` with a top-level ``error`` (e.g. ``batch_expired``), or a 4xx/5xx response
+whose body is ``{"error": {...}}`` — becomes a per-row error with a code and a message.
+Output order is not input order: everything is keyed by ``custom_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+#: Error codes that mean "the request never ran" — it should be sent again.
+NOT_RUN_ERROR_CODES = frozenset({"batch_expired", "batch_cancelled"})
+
+
+class ResultsFormatError(ValueError):
+    """A line of a result file cannot be attributed to a row (not JSON, no custom_id)."""
+
+    def __init__(self, source: str, line: int, reason: str):
+        self.source = source
+        self.line = line
+        self.reason = reason
+        super().__init__(f"{source}:{line}: {reason}")
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    custom_id: str
+    ok: bool
+    content: str | None = None
+    status_code: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    finish_reason: str | None = None
+    refusal: str | None = None
+    request_id: str | None = None
+    line_id: str | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def retryable(self) -> bool:
+        """The request did not run (expired/cancelled) or failed on the server side (5xx, 429)."""
+        if self.ok:
+            return False
+        if self.error_code in NOT_RUN_ERROR_CODES:
+            return True
+        return self.status_code is not None and (self.status_code >= 500 or self.status_code == 429)
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    rows: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def _int(v: Any) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
+def _usage(body: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(prompt, cached, completion, reasoning) from a chat.completion or a response body."""
+    u = body.get("usage")
+    if not isinstance(u, dict):
+        return 0, 0, 0, 0
+    if "prompt_tokens" in u or "completion_tokens" in u:  # chat completions
+        pd = u.get("prompt_tokens_details") or {}
+        cd = u.get("completion_tokens_details") or {}
+        return _int(u.get("prompt_tokens")), _int(pd.get("cached_tokens")), _int(u.get("completion_tokens")), _int(cd.get("reasoning_tokens"))
+    pd = u.get("input_tokens_details") or {}  # /v1/responses
+    cd = u.get("output_tokens_details") or {}
+    return _int(u.get("input_tokens")), _int(pd.get("cached_tokens")), _int(u.get("output_tokens")), _int(cd.get("reasoning_tokens"))
+
+
+def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """(content, finish_reason, refusal) from a chat.completion or a /v1/responses body."""
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices:
+        c0 = choices[0] if isinstance(choices[0], dict) else {}
+        msg = c0.get("message") if isinstance(c0.get("message"), dict) else {}
+        content = msg.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return (content if isinstance(content, str) else None), c0.get("finish_reason"), msg.get("refusal")
+    output = body.get("output")
+    if isinstance(output, list):
+        texts: list[str] = []
+        refusal = None
+        for item in output:
+            if not isinstance(item, dict):
+                continue
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                elif isinstance(part, dict) and part.get("type") == "refusal":
+                    refusal = part.get("refusal")
+        finish = body.get("status")
+        inc = body.get("incomplete_details")
+        if isinstance(inc, dict) and inc.get("reason"):
+            finish = inc["reason"]
+        return ("".join(texts) if texts else None), finish, refusal
+    return None, None, None
+
+
+def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome:
+    """One decoded output/error line → :class:`RowOutcome`."""
+    if not isinstance(obj, dict):
+        raise ResultsFormatError(source, line, "line is not a JSON object")
+    cid = obj.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        raise ResultsFormatError(source, line, "line has no custom_id")
+    line_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    resp = obj.get("response")
+    err = obj.get("error")
+    if isinstance(resp, dict):
+        status = resp.get("status_code")
+        status = status if isinstance(status, int) and not isinstance(status, bool) else None
+        body = resp.get("body") if isinstance(resp.get("body"), dict) else {}
+        request_id = resp.get("request_id") if isinstance(resp.get("request_id"), str) else None
+        if status == 200:
+            content, finish, refusal = _content(body)
+            p, c, o, r = _usage(body)
+            return RowOutcome(cid, True, content, 200, None, None, p, c, o, r, finish, refusal, request_id, line_id)
+        e = body.get("error") if isinstance(body.get("error"), dict) else {}
+        if not e and isinstance(err, dict):
+            e = err
+        code = e.get("code") or e.get("type") or (f"http_{status}" if status is not None else "unknown_error")
+        message = e.get("message") or (f"HTTP {status}" if status is not None else "request failed without a message")
+        p, c, o, r = _usage(body)
+        return RowOutcome(cid, False, None, status, str(code), str(message), p, c, o, r, None, None, request_id, line_id)
+    if isinstance(err, dict):
+        return RowOutcome(
+            cid, False, None, None, str(err.get("code") or "unknown_error"), str(err.get("message") or "request failed without a message"), line_id=line_id
+        )
+    return RowOutcome(cid, False, None, None, "malformed_result", "line has neither a response nor an error", line_id=line_id)
+
+
+def iter_outcomes(
+    source: str | os.PathLike[str] | Iterable[bytes | str],
+    *,
+    on_malformed: Literal["raise", "skip"] = "raise",
+    malformed: list[ResultsFormatError] | None = None,
+) -> Iterator[RowOutcome]:
+    """Stream a JSONL output or error file (a path, or any iterable of lines) one row at a
+    time. Blank lines are skipped. A line that cannot be attributed raises
+    :class:`ResultsFormatError` (or, with ``on_malformed="skip"``, is appended to ``malformed``)."""
+    if isinstance(source, (str, os.PathLike)):
+        name = str(source)
+        with open(source, "rb") as fh:
+            yield from _iter_lines(fh, name, on_malformed, malformed)
+    else:
+        yield from _iter_lines(source, "<lines>", on_malformed, malformed)
+
+
+def _iter_lines(lines: Iterable[bytes | str], name: str, on_malformed: str, malformed: list[ResultsFormatError] | None) -> Iterator[RowOutcome]:
+    for lineno, raw in enumerate(lines, start=1):
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                problem = ResultsFormatError(name, lineno, "line is not valid UTF-8")
+                if on_malformed == "raise":
+                    raise problem from None
+                if malformed is not None:
+                    malformed.append(problem)
+                continue
+        if not raw.strip():
+            continue
+        try:
+            yield parse_line(json.loads(raw), source=name, line=lineno)
+        except ValueError as exc:
+            problem = exc if isinstance(exc, ResultsFormatError) else ResultsFormatError(name, lineno, f"line is not valid JSON ({exc})")
+            if on_malformed == "raise":
+                raise problem from None
+            if malformed is not None:
+                malformed.append(problem)
+
+
+def collect_outcomes(*sources: str | os.PathLike[str] | Iterable[bytes | str] | None) -> dict[str, RowOutcome]:
+    """Outcomes of several files (output, error; None entries ignored) keyed by custom_id.
+    If a custom_id appears twice, a success wins over an error; otherwise the first seen wins."""
+    out: dict[str, RowOutcome] = {}
+    for src in sources:
+        if src is None:
+            continue
+        for o in iter_outcomes(src):
+            prev = out.get(o.custom_id)
+            if prev is None or (o.ok and not prev.ok):
+                out[o.custom_id] = o
+    return out
+
+
+def sum_usage(outcomes: Iterable[RowOutcome]) -> UsageTotals:
+    """Token and row totals of one batch's outcomes (error rows count their usage, if any)."""
+    rows = ok = p = c = o = r = 0
+    for x in outcomes:
+        rows += 1
+        ok += x.ok
+        p += x.prompt_tokens
+        c += x.cached_tokens
+        o += x.completion_tokens
+        r += x.reasoning_tokens
+    return UsageTotals(rows, ok, rows - ok, p, c, o, r)
+
+
+def remaining_custom_ids(
+    submitted: Iterable[str],
+    outcomes: Iterable[RowOutcome] | dict[str, RowOutcome],
+    *,
+    retry_server_errors: bool = False,
+    retry_error_codes: Iterable[str] = NOT_RUN_ERROR_CODES,
+) -> list[str]:
+    """custom_ids (in submission order) still to do: those missing from both files (expired or
+    cancelled batches leave rows out), those whose error code is in ``retry_error_codes``
+    (``batch_expired``, ``batch_cancelled``), and — with ``retry_server_errors`` — 5xx/429 rows.
+    A 4xx row is final: sending the same request again would fail the same way."""
+    seen = outcomes if isinstance(outcomes, dict) else {}
+    if not isinstance(outcomes, dict):
+        for o in outcomes:
+            prev = seen.get(o.custom_id)
+            if prev is None or (o.ok and not prev.ok):
+                seen[o.custom_id] = o
+    codes = frozenset(retry_error_codes)
+    todo: list[str] = []
+    done: set[str] = set()
+    for cid in submitted:
+        if cid in done:
+            continue
+        done.add(cid)
+        o = seen.get(cid)
+        if o is None:
+            todo.append(cid)
+        elif o.ok:
+            continue
+        elif o.error_code in codes:
+            todo.append(cid)
+        elif retry_server_errors and o.status_code is not None and (o.status_code >= 500 or o.status_code == 429):
+            todo.append(cid)
+    return todo
+
+
+def unexpected_custom_ids(submitted: Iterable[str], outcomes: Iterable[RowOutcome]) -> list[str]:
+    """custom_ids present in the results but never submitted (a sign of a mixed-up file)."""
+    sub = set(submitted)
+    return sorted({o.custom_id for o in outcomes if o.custom_id not in sub})
+
+
+def read_custom_ids(input_path: str | os.PathLike[str]) -> list[str]:
+    """The custom_ids of a batch input JSONL file, in order (streamed)."""
+    out: list[str] = []
+    with open(Path(input_path), "rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                out.append(json.loads(raw)["custom_id"])
+    return out

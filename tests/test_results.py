@@ -1,0 +1,262 @@
+"""Result-file parsing: unit cases from the documented line formats, then real emulator files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgrader.emulator import EXPIRE_AFTER_METADATA_KEY
+from batchgrader.provider import OpenAIProvider
+from batchgrader.results import (
+    ResultsFormatError,
+    RowOutcome,
+    collect_outcomes,
+    iter_outcomes,
+    parse_line,
+    read_custom_ids,
+    remaining_custom_ids,
+    sum_usage,
+    unexpected_custom_ids,
+)
+from emulator_fixtures import (  # noqa: F401 - fixtures
+    CHAT,
+    chat_line,
+    clock,
+    emu,
+    emu_factory,
+    jsonl,
+    make_provider,
+    provider,
+    simple_input,
+    sleeper,
+    write_input,
+)
+
+# The guide's success example, verbatim.
+GUIDE_SUCCESS = (
+    '{"id": "batch_req_123", "custom_id": "request-2", "response": {"status_code": 200, "request_id": "req_123", '
+    '"body": {"id": "chatcmpl-123", "object": "chat.completion", "created": 1711652795, "model": "gpt-3.5-turbo-0125", '
+    '"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello."}, "logprobs": null, "finish_reason": "stop"}], '
+    '"usage": {"prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24}, "system_fingerprint": "fp_123"}}, "error": null}'
+)
+GUIDE_EXPIRED = (
+    '{"id": "batch_req_123", "custom_id": "request-3", "response": null, "error": {"code": "batch_expired", '
+    '"message": "This request could not be executed before the completion window expired."}}'
+)
+HTTP_400 = json.dumps({
+    "id": "batch_req_9",
+    "custom_id": "bad",
+    "response": {"status_code": 400, "request_id": "req_9", "body": {"error": {"message": "max_tokens is too large", "type": "invalid_request_error", "param": "max_tokens", "code": None}}},
+    "error": None,
+})
+HTTP_500 = json.dumps({
+    "custom_id": "boom",
+    "response": {"status_code": 500, "request_id": "req_5", "body": {"error": {"message": "The server had an error", "type": "server_error", "param": None, "code": None}}},
+    "error": None,
+})
+
+
+def one(line: str) -> RowOutcome:
+    (o,) = list(iter_outcomes([line]))
+    return o
+
+
+def test_success_line_from_the_guide():
+    o = one(GUIDE_SUCCESS)
+    assert o.ok and o.custom_id == "request-2" and o.content == "Hello." and o.status_code == 200
+    assert (o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens, o.total_tokens) == (22, 2, 0, 0, 24)
+    assert o.finish_reason == "stop" and o.request_id == "req_123" and o.line_id == "batch_req_123"
+    assert o.error_code is None and o.error_message is None and not o.retryable
+
+
+def test_expired_line_from_the_guide():
+    o = one(GUIDE_EXPIRED)
+    assert not o.ok and o.status_code is None and o.error_code == "batch_expired"
+    assert o.error_message == "This request could not be executed before the completion window expired."
+    assert o.retryable
+
+
+def test_http_level_failures_are_errors_even_though_error_is_null():
+    bad = one(HTTP_400)
+    assert not bad.ok and bad.status_code == 400 and bad.error_code == "invalid_request_error" and bad.error_message == "max_tokens is too large"
+    assert not bad.retryable
+    boom = one(HTTP_500)
+    assert not boom.ok and boom.status_code == 500 and boom.error_code == "server_error" and boom.retryable
+
+
+def test_success_is_decided_by_status_code_only():
+    weird_ok = json.loads(GUIDE_SUCCESS)
+    weird_ok["error"] = {"code": "something", "message": "ignored"}
+    assert parse_line(weird_ok).ok
+    no_body = {"custom_id": "x", "response": {"status_code": 503, "body": "upstream connect error"}, "error": None}
+    o = parse_line(no_body)
+    assert not o.ok and o.error_code == "http_503" and o.error_message == "HTTP 503"
+    neither = parse_line({"custom_id": "y", "response": None, "error": None})
+    assert not neither.ok and neither.error_code == "malformed_result"
+
+
+def test_reasoning_cached_and_length_fields():
+    line = {
+        "custom_id": "r",
+        "response": {"status_code": 200, "body": {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "partial", "refusal": None}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 2000, "completion_tokens": 60, "total_tokens": 2060,
+                      "prompt_tokens_details": {"cached_tokens": 1920}, "completion_tokens_details": {"reasoning_tokens": 50}},
+        }},
+        "error": None,
+    }
+    o = parse_line(line)
+    assert (o.cached_tokens, o.reasoning_tokens, o.finish_reason) == (1920, 50, "length")
+
+
+def test_responses_api_bodies():
+    line = {
+        "custom_id": "resp",
+        "response": {"status_code": 200, "body": {
+            "object": "response", "status": "completed",
+            "output": [{"type": "reasoning", "content": []}, {"type": "message", "content": [{"type": "output_text", "text": "Hi"}, {"type": "output_text", "text": "!"}]}],
+            "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 15},
+        }},
+        "error": None,
+    }
+    o = parse_line(line)
+    assert o.ok and o.content == "Hi!" and (o.prompt_tokens, o.completion_tokens, o.reasoning_tokens) == (10, 5, 3) and o.finish_reason == "completed"
+
+
+def test_malformed_lines_name_their_line_number(tmp_path: Path):
+    p = tmp_path / "out.jsonl"
+    p.write_bytes(GUIDE_SUCCESS.encode() + b"\n\n" + b'{"id": "x", "response": null}\n' + b'{"custom_id": "tr')
+    with pytest.raises(ResultsFormatError) as ei:
+        list(iter_outcomes(p))
+    assert ei.value.line == 3 and "custom_id" in ei.value.reason and str(p) in str(ei.value)
+    problems: list[ResultsFormatError] = []
+    rows = list(iter_outcomes(p, on_malformed="skip", malformed=problems))
+    assert [r.custom_id for r in rows] == ["request-2"]
+    assert [e.line for e in problems] == [3, 4]
+    with pytest.raises(ResultsFormatError, match="UTF-8"):
+        list(iter_outcomes([b"\xff\xfe\n"]))
+
+
+def test_parsing_is_streamed_line_by_line():
+    def lines():
+        yield GUIDE_SUCCESS.encode()
+        raise RuntimeError("the parser read ahead")
+
+    it = iter_outcomes(lines())
+    assert next(it).custom_id == "request-2"  # the first row arrives before the second is read
+
+
+def test_sum_usage():
+    totals = sum_usage(iter_outcomes([GUIDE_SUCCESS, GUIDE_EXPIRED, HTTP_400]))
+    assert (totals.rows, totals.succeeded, totals.failed) == (3, 1, 2)
+    assert (totals.prompt_tokens, totals.completion_tokens, totals.total_tokens) == (22, 2, 24)
+
+
+def test_remaining_custom_ids():
+    outcomes = list(iter_outcomes([GUIDE_SUCCESS, GUIDE_EXPIRED, HTTP_400, HTTP_500]))
+    submitted = ["request-1", "request-2", "request-3", "bad", "boom", "request-2"]
+    assert remaining_custom_ids(submitted, outcomes) == ["request-1", "request-3"]
+    assert remaining_custom_ids(submitted, outcomes, retry_server_errors=True) == ["request-1", "request-3", "boom"]
+    assert remaining_custom_ids(submitted, {o.custom_id: o for o in outcomes}) == ["request-1", "request-3"]
+    assert unexpected_custom_ids(["request-2"], outcomes) == ["bad", "boom", "request-3"]
+
+
+def test_collect_outcomes_prefers_success(tmp_path: Path):
+    err = tmp_path / "err.jsonl"
+    out = tmp_path / "out.jsonl"
+    err.write_text(json.dumps({"custom_id": "request-2", "response": None, "error": {"code": "batch_expired", "message": "m"}}) + "\n")
+    out.write_text(GUIDE_SUCCESS + "\n")
+    merged = collect_outcomes(err, None, out)
+    assert merged["request-2"].ok
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["ok", "expired", "400", "500", "missing"]), min_size=0, max_size=30))
+def test_remaining_matches_a_simple_model(kinds):
+    submitted = [f"id-{i}" for i in range(len(kinds))]
+    lines = []
+    for cid, k in zip(submitted, kinds):
+        if k == "ok":
+            lines.append(json.dumps({"custom_id": cid, "response": {"status_code": 200, "body": {}}, "error": None}))
+        elif k == "expired":
+            lines.append(json.dumps({"custom_id": cid, "response": None, "error": {"code": "batch_expired", "message": "m"}}))
+        elif k in ("400", "500"):
+            lines.append(json.dumps({"custom_id": cid, "response": {"status_code": int(k), "body": {"error": {"message": "x", "type": "t"}}}, "error": None}))
+    lines.reverse()  # output order never matters
+    outcomes = list(iter_outcomes(lines))
+    expected = [c for c, k in zip(submitted, kinds) if k in ("expired", "missing")]
+    assert remaining_custom_ids(submitted, outcomes) == expected
+    expected_5xx = [c for c, k in zip(submitted, kinds) if k in ("expired", "missing", "500")]
+    assert remaining_custom_ids(submitted, outcomes, retry_server_errors=True) == expected_5xx
+
+
+# --- against real emulator output -------------------------------------------------------------
+
+
+def run(provider: OpenAIProvider, clock, path: Path, **meta: str):
+    f = provider.upload(path, path.name)
+    b = provider.create_batch(f.id, CHAT, "24h", meta or None)
+    for _ in range(200):
+        b = provider.retrieve(b.id)
+        if b.is_terminal:
+            return b
+        clock.advance(0.05)
+    raise AssertionError("not terminal")
+
+
+def download_outcomes(provider, b, tmp_path: Path):
+    paths = []
+    for fid, name in ((b.output_file_id, "out.jsonl"), (b.error_file_id, "err.jsonl")):
+        if fid:
+            provider.download(fid, tmp_path / name)
+            paths.append(tmp_path / name)
+    return collect_outcomes(*paths)
+
+
+def test_expired_batch_partial_output_and_remaining(provider, clock, tmp_path):
+    path = write_input(tmp_path, simple_input(8), "in.jsonl")
+    b = run(provider, clock, path, **{EXPIRE_AFTER_METADATA_KEY: "5"})
+    assert b.status == "expired"
+    outcomes = download_outcomes(provider, b, tmp_path)
+    submitted = read_custom_ids(path)
+    assert remaining_custom_ids(submitted, outcomes) == [f"row-{i}" for i in range(5, 8)]
+    assert all(outcomes[f"row-{i}"].error_code == "batch_expired" for i in range(5, 8))
+    totals = sum_usage(outcomes.values())
+    assert totals.succeeded == 5 == b.request_counts.completed
+    assert totals.prompt_tokens == b.usage.input_tokens and totals.completion_tokens == b.usage.output_tokens
+    assert totals.total_tokens == b.usage.total_tokens
+
+
+def test_cancelled_batch_rows_missing_from_both_files_are_remaining(emu_factory, sleeper, clock, tmp_path):
+    e = emu_factory(in_progress_s=1.0)
+    p = make_provider(e, sleeper)
+    path = write_input(tmp_path, simple_input(10), "in.jsonl")
+    f = p.upload(path, path.name)
+    b = p.create_batch(f.id)
+    clock.advance(0.05 + 0.35)  # 3 of 10 done
+    p.cancel(b.id)
+    clock.advance(1)
+    b = p.retrieve(b.id)
+    assert b.status == "cancelled"
+    outcomes = download_outcomes(p, b, tmp_path)
+    assert sorted(outcomes) == ["row-0", "row-1", "row-2"]
+    assert remaining_custom_ids(read_custom_ids(path), outcomes) == [f"row-{i}" for i in range(3, 10)]
+
+
+def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock, tmp_path):
+    rows = [chat_line(f"q{i}", f"question {i}" + (" __FAIL_400__" if i % 4 == 1 else "") + (" __FAIL_500__" if i % 4 == 2 else "")) for i in range(12)]
+    path = write_input(tmp_path, jsonl(rows), "in.jsonl")
+    b = run(provider, clock, path)
+    outcomes = download_outcomes(provider, b, tmp_path)
+    raw_order = [json.loads(l)["custom_id"] for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert raw_order != sorted(raw_order, key=lambda c: int(c[1:]))
+    assert {c for c, o in outcomes.items() if o.ok} == {f"q{i}" for i in range(12) if i % 4 in (0, 3)}
+    assert {c for c, o in outcomes.items() if o.status_code == 400} == {f"q{i}" for i in range(12) if i % 4 == 1}
+    assert {c for c, o in outcomes.items() if o.status_code == 500} == {f"q{i}" for i in range(12) if i % 4 == 2}
+    assert remaining_custom_ids(read_custom_ids(path), outcomes) == []
+    assert remaining_custom_ids(read_custom_ids(path), outcomes, retry_server_errors=True) == [f"q{i}" for i in range(12) if i % 4 == 2]
+    assert sum_usage(outcomes.values()).prompt_tokens == b.usage.input_tokens
