@@ -1,0 +1,449 @@
+"""Read models of the event log for ``bgctl``: ``job_status``, ``usage`` and ``projection_state``.
+
+The daemon attaches :func:`projectors` to its store (``EventStore(db, projectors=projectors())``);
+the store applies them to every append *inside the append transaction*, so the tables are never
+ahead of or behind the log.  ``projection_state.last_seq`` records the last event reflected in the
+tables (the tracking record): a reader compares it with ``MAX(events.seq)`` to know the tables are
+current.
+
+Design: for each append the :class:`StatusProjector` applies the new events to the folded state
+of their job (kept in memory for unfinished jobs, else folded from that job's events) and rewrites
+the job's row from :class:`~batchgrader.state.JobState` with :func:`job_row` - so a job's
+``state`` column is exactly what the fold says.  ``usage`` gets one row per ``TokensUsed`` event
+(billed figures, never re-estimated).
+
+The read-side tables are created and changed only by the migrations below (sqlite-utils
+``Migrations``, recorded in ``_sqlite_migrations`` under the set ``batchgrader.readmodels``); the
+``events`` table is never touched.  :func:`rebuild` drops them and recreates them from the log.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from .store import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
+
+PROJECTION = "status"
+MIGRATION_SET = "batchgrader.readmodels"
+MIGRATIONS_TABLE = "_sqlite_migrations"
+READ_TABLES = ("job_status", "usage", "projection_state")
+
+# Column -> SQLite type.  The order is the INSERT order; migrations create exactly these.
+JOB_STATUS_COLUMNS: dict[str, type] = {
+    "job_id": str,
+    "file": str,
+    "profile": str,
+    "model": str,
+    "state": str,
+    "sandbox": int,  # 1: results are SIMULATED by the emulator
+    "rows": int,
+    "requests": int,
+    "chunks_total": int,
+    "chunks_done": int,
+    "input_tokens": int,  # exact prompt tokens estimated at preparation (planned chunks)
+    "prompt_tokens": int,  # billed
+    "cached_tokens": int,  # billed, part of prompt_tokens
+    "output_tokens": int,  # billed completion tokens (reasoning included)
+    "reasoning_tokens": int,
+    "cost_usd": float,  # billed
+    "estimate_usd": float,  # max_total estimate at preparation (None before)
+    "succeeded": int,
+    "failed": int,
+    "error_code": str,
+    "error": str,
+    "error_stage": str,
+    "error_hint": str,
+    "last_error": str,
+    "held_code": str,
+    "held_reason": str,
+    "cancel_requested": int,
+    "result_path": str,
+    "error_path": str,
+    "archived_path": str,
+    "created_ts": str,
+    "updated_ts": str,
+    "version": int,  # job_seq of the last event of the job
+    "chunks": str,  # JSON list of {chunk, status, batch_id, request_counts}, see chunk_row()
+}
+
+USAGE_COLUMNS: dict[str, type] = {
+    "seq": int,  # the TokensUsed event
+    "job_id": str,
+    "chunk": int,
+    "batch_id": str,
+    "model": str,
+    "day": str,  # UTC day YYYY-MM-DD
+    "ts": str,
+    "prompt_tokens": int,
+    "cached_tokens": int,
+    "completion_tokens": int,
+    "reasoning_tokens": int,
+    "cost_usd": float,
+    "sandbox": int,  # 1: SIMULATED (sandbox job), not real spend
+}
+
+
+# --- migrations (read side only) ----------------------------------------------------------------
+
+def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl start-up time)
+    from sqlite_utils.migrations import Migrations
+
+    m = Migrations(MIGRATION_SET)
+
+    @m(name="0001_job_status_usage")
+    def _m0001(db) -> None:  # noqa: ANN001
+        db["job_status"].create(dict(JOB_STATUS_COLUMNS), pk="job_id")
+        db["job_status"].create_index(["created_ts"])
+        db["usage"].create(dict(USAGE_COLUMNS), pk="seq")
+        db["usage"].create_index(["day"])
+        db["usage"].create_index(["job_id"])
+        db["projection_state"].create({"name": str, "last_seq": int}, pk="name")
+
+    return m
+
+
+MIGRATION_NAMES = ("0001_job_status_usage",)
+
+
+def _database(conn: sqlite3.Connection):  # noqa: ANN202
+    from sqlite_utils import Database
+
+    # The store owns the connection and its settings: no plugins, no PRAGMA changes.
+    return Database(conn, recursive_triggers=False, execute_plugins=False)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Create or upgrade the read-side tables (inside the caller's transaction: savepoints).
+
+    If some read-side table is missing although its migration is recorded (dropped by hand), the
+    read side is dropped and created again; the projector then refills it from the log.
+    """
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if MIGRATIONS_TABLE in names and any(t not in names for t in READ_TABLES):
+        for t in READ_TABLES:
+            conn.execute(f"DROP TABLE IF EXISTS {t}")
+        conn.execute(f"DELETE FROM {MIGRATIONS_TABLE} WHERE migration_set = ?", (MIGRATION_SET,))
+    _migrations().apply(_database(conn))
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+def chunk_label(c: ChunkState) -> str:
+    """One word for where a chunk is (for display; the job label is :attr:`JobState.state`)."""
+    if c.done:
+        return "failed" if c.failure else "done"
+    if c.failure and c.failure.get("retryable"):
+        return "waiting"  # resubmitted later (token limit)
+    if c.create == "done" and c.status:
+        return "downloading" if c.status in TERMINAL_BATCH else c.status
+    if c.create == "requested":
+        return "submitting"
+    if c.upload == "started":
+        return "uploading"
+    if c.upload == "done":
+        return "uploaded"
+    if c.upload == "failed":
+        return "upload_failed"
+    return "pending"
+
+
+def chunk_row(c: ChunkState) -> dict[str, Any]:
+    """A chunk in ``job_status.chunks`` (and ``bgctl status``'s ``batches``): kept small, since
+    ``bgctl status`` decodes it for every job."""
+    return {"chunk": c.index, "status": chunk_label(c), "batch_id": c.batch_id, "request_counts": dict(c.request_counts)}
+
+
+def chunk_detail(c: ChunkState) -> dict[str, Any]:
+    """A chunk in full, for ``bgctl status JOB``."""
+    return {
+        "index": c.index,
+        "status": chunk_label(c),
+        "batch_id": c.batch_id,
+        "batch_status": c.status,
+        "request_counts": dict(c.request_counts),
+        "requests": c.requests,
+        "input_tokens": c.input_tokens,
+        "attempt": c.attempt,
+        "retry": c.custom_ids is not None,
+        "succeeded": c.succeeded,
+        "failed": c.failed,
+        "error": c.last_error,
+    }
+
+
+def job_row(job: JobState) -> dict[str, Any]:
+    """The ``job_status`` row of a job: a pure function of its folded state."""
+    err = job.error or {}
+    held = job.held or {}
+    return {
+        "job_id": job.job_id,
+        "file": job.file,
+        "profile": job.profile,
+        "model": job.model,
+        "state": job.state,
+        "sandbox": int(job.sandbox),
+        "rows": job.rows,
+        "requests": job.requests,
+        "chunks_total": job.chunks_total,
+        "chunks_done": job.chunks_done,
+        # JobPrepared.input_tokens is the sum over the planned chunks (retry chunks come later)
+        "input_tokens": sum(c.input_tokens for c in job.chunks.values() if c.custom_ids is None),
+        "prompt_tokens": job.prompt_tokens,
+        "cached_tokens": job.cached_tokens,
+        "output_tokens": job.completion_tokens,
+        "reasoning_tokens": job.reasoning_tokens,
+        "cost_usd": job.cost_usd,
+        "estimate_usd": (job.estimate or {}).get("max_total"),
+        "succeeded": job.succeeded_rows,
+        "failed": len(job.failed_rows) + len(job.row_errors),
+        "error_code": err.get("code"),
+        "error": err.get("error"),
+        "error_stage": err.get("stage"),
+        "error_hint": err.get("hint"),
+        "last_error": job.last_error,
+        "held_code": held.get("code"),
+        "held_reason": held.get("reason"),
+        "cancel_requested": int(job.cancel_requested),
+        "result_path": job.result_path,
+        "error_path": job.error_path,
+        "archived_path": job.archived_path,
+        "created_ts": job.created_ts,
+        "updated_ts": job.updated_ts,
+        "version": job.version,
+        "chunks": json.dumps([chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
+                             ensure_ascii=False, sort_keys=True, separators=(",", ":")),
+    }
+
+
+def usage_row(e: Event, sandbox: bool) -> dict[str, Any]:
+    """The ``usage`` row of a ``TokensUsed`` event (the day rule is the fold's)."""
+    p = e.payload
+    return {
+        "seq": e.seq,
+        "job_id": e.job_id,
+        "chunk": p.get("chunk"),
+        "batch_id": p.get("batch_id"),
+        "model": p.get("model"),
+        "day": p.get("day") or e.ts[:10],
+        "ts": e.ts,
+        "prompt_tokens": int(p.get("prompt_tokens", 0) or 0),
+        "cached_tokens": int(p.get("cached_tokens", 0) or 0),
+        "completion_tokens": int(p.get("completion_tokens", 0) or 0),
+        "reasoning_tokens": int(p.get("reasoning_tokens", 0) or 0),
+        "cost_usd": float(p.get("cost_usd") or 0.0),
+        "sandbox": int(sandbox),
+    }
+
+
+_JOB_SQL = f"INSERT OR REPLACE INTO job_status ({', '.join(JOB_STATUS_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_STATUS_COLUMNS))})"
+_USAGE_SQL = f"INSERT OR REPLACE INTO usage ({', '.join(USAGE_COLUMNS)}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})"
+
+
+def _write_jobs(conn: sqlite3.Connection, jobs: Iterable[JobState]) -> None:
+    conn.executemany(_JOB_SQL, (tuple(job_row(j).values()) for j in jobs))
+
+
+def _write_usage(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]]) -> None:
+    conn.executemany(_USAGE_SQL, (tuple(r.values()) for r in rows))
+
+
+def _set_last_seq(conn: sqlite3.Connection, seq: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO projection_state (name, last_seq) VALUES (?, ?)", (PROJECTION, seq))
+
+
+# --- reading the log on a raw connection ----------------------------------------------------------
+
+def iter_events(conn: sqlite3.Connection, after: int = 0, until: int | None = None, job_id: str | None = None) -> Iterator[Event]:
+    """Events with ``after < seq [<= until]`` in order, upcast (same as :meth:`EventStore.read`)."""
+    return read_events(conn, after=after, job_id=job_id, until=until)
+
+
+def fold_connection(conn: sqlite3.Connection, job_id: str | None = None) -> State:
+    """The fold of the whole log (or of one job's events) read through ``conn``."""
+    return fold(iter_events(conn, job_id=job_id))
+
+
+def log_last_seq(conn: sqlite3.Connection) -> int:
+    (n,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+    return n
+
+
+def projection_last_seq(conn: sqlite3.Connection) -> int | None:
+    """``projection_state.last_seq`` of the status projection, None when there is none."""
+    try:
+        row = conn.execute("SELECT last_seq FROM projection_state WHERE name = ?", (PROJECTION,)).fetchone()
+    except sqlite3.OperationalError:  # no such table
+        return None
+    return None if row is None else row[0]
+
+
+def read_model_problem(conn: sqlite3.Connection, log_last: int | None = None) -> str | None:
+    """Why the read-side tables cannot answer for the current log, or None when they can."""
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = [t for t in READ_TABLES if t not in names]
+    if missing:
+        return f"the read-model tables are missing ({', '.join(missing)})"
+    applied = set()
+    if MIGRATIONS_TABLE in names:
+        applied = {r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE} WHERE migration_set = ?", (MIGRATION_SET,))}
+    if not set(MIGRATION_NAMES) <= applied:
+        return "the read-model tables are from an older version (the daemon migrates them when it starts)"
+    last = projection_last_seq(conn)
+    log_last = log_last_seq(conn) if log_last is None else log_last
+    if last is None:
+        return "the read model has not been built"
+    if last < log_last:
+        return f"the read model is {log_last - last} event(s) behind the log"
+    if last > log_last:
+        return f"the read model (seq {last}) is ahead of the log (seq {log_last})"
+    return None
+
+
+# --- the projector --------------------------------------------------------------------------------
+
+class StatusProjector:
+    """Maintains ``job_status``, ``usage`` and ``projection_state`` (see the module docstring).
+
+    It keeps in memory the folded state of the unfinished jobs it has written since it was set
+    up (one :class:`State` per job, folded from that job's events on first use), so neither
+    set-up nor an append folds the whole log: when the tables are current at start-up there is
+    nothing to read.  ``projection_state.last_seq`` is the truth; whenever it is not the seq just
+    before the events being applied (another writer appended, or an append this projector had
+    applied was rolled back), the projector catches up from the log instead.
+    """
+
+    name = PROJECTION
+    BULK_CATCH_UP = 200  # more jobs to catch up than this: one fold of the whole log
+
+    def __init__(self) -> None:
+        self.last_seq: int | None = None  # the last event applied (None: not set up)
+        self.jobs: dict[str, State] = {}  # job_id -> the fold of that job's events
+
+    def setup(self, conn: sqlite3.Connection) -> None:
+        """Called by :class:`EventStore` inside its set-up write transaction."""
+        migrate(conn)
+        self._catch_up(conn)
+
+    def apply(self, conn: sqlite3.Connection, events: Sequence[Event]) -> None:
+        """Called by :meth:`EventStore.append` inside the append transaction, after the inserts."""
+        if not events:
+            return
+        last = projection_last_seq(conn)
+        if self.last_seq is None or last != self.last_seq or events[0].seq != last + 1:
+            if self.last_seq is None or last is None or self.last_seq > last:
+                self.jobs.clear()  # memory ran ahead of the log (a rolled-back append), or tables gone
+            if last is None:
+                migrate(conn)  # the tables were dropped under us
+            self._catch_up(conn)  # the new events are in the log already
+            return
+        touched: dict[str, State] = {}
+        for e in events:
+            st = touched.get(e.job_id) or self._job(conn, e)
+            st.apply(e)
+            touched[e.job_id] = st
+        try:
+            _write_jobs(conn, (st.jobs[j] for j, st in touched.items()))
+            _write_usage(conn, (usage_row(e, touched[e.job_id].jobs[e.job_id].sandbox) for e in events if e.type == "TokensUsed"))
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            self.jobs.clear()  # a read-side table was dropped under us: recreate and refill it
+            migrate(conn)
+            self._catch_up(conn)
+            return
+        _set_last_seq(conn, events[-1].seq)
+        self.last_seq = events[-1].seq
+        for j, st in touched.items():
+            if st.jobs[j].terminal:
+                self.jobs.pop(j, None)  # finished: folded again if it is ever reopened
+            else:
+                self.jobs[j] = st
+
+    def _job(self, conn: sqlite3.Connection, e: Event) -> State:
+        """The fold of ``e``'s job up to just before ``e``."""
+        st = self.jobs.get(e.job_id)
+        if st is None or st.jobs[e.job_id].version != e.job_seq - 1:
+            st = fold(iter_events(conn, job_id=e.job_id, until=e.seq - 1))
+        return st
+
+    def _catch_up(self, conn: sqlite3.Connection) -> None:
+        """Bring the tables from ``projection_state.last_seq`` up to the log as ``conn`` sees it."""
+        log_last = log_last_seq(conn)
+        last = projection_last_seq(conn)
+        if last is not None and last > log_last:  # tables from some other log: start again
+            conn.execute("DELETE FROM job_status")
+            conn.execute("DELETE FROM usage")
+            last = None
+        start = last or 0
+        if last is None or start < log_last:
+            touched = [r[0] for r in conn.execute("SELECT DISTINCT job_id FROM events WHERE seq > ?", (start,))]
+            if len(touched) > self.BULK_CATCH_UP:
+                everything = fold(iter_events(conn))
+                jobs = {j: everything.jobs[j] for j in touched}
+            else:
+                jobs = {j: fold(iter_events(conn, job_id=j)).jobs[j] for j in touched}
+            _write_jobs(conn, jobs.values())
+            _write_usage(conn, (usage_row(e, jobs[e.job_id].sandbox) for e in _tokens_used(conn, start)))
+            _set_last_seq(conn, log_last)
+            for j in touched:
+                self.jobs.pop(j, None)
+        self.last_seq = log_last
+
+
+def _tokens_used(conn: sqlite3.Connection, after: int) -> list[Event]:
+    rows = conn.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type = 'TokensUsed' ORDER BY seq", (after,)).fetchall()
+    return events_from_rows(rows)
+
+
+def projectors() -> list[Projector]:
+    """The read models the daemon maintains: ``EventStore(db, projectors=projectors())``."""
+    return [StatusProjector()]
+
+
+# --- rebuild --------------------------------------------------------------------------------------
+
+def rebuild(db_path: str | Path) -> dict[str, int]:
+    """Drop the read-side tables and recreate them from the log alone (``bgctl rebuild``).
+
+    The log is folded in a read transaction (no lock: a running daemon goes on), then one
+    ``BEGIN IMMEDIATE`` transaction replaces the tables and catches up with whatever the daemon
+    appended meanwhile; readers see the old tables or the new ones.  Returns counts.
+    """
+    path = Path(db_path)
+    if not path.exists():
+        raise FileNotFoundError(f"no database at {path} (has the daemon run yet?)")
+    with EventStore(path) as store:
+        conn = store.conn
+        tokens_used: list[Event] = []
+
+        def log() -> Iterator[Event]:
+            for e in iter_events(conn):
+                if e.type == "TokensUsed":
+                    tokens_used.append(e)
+                yield e
+
+        conn.execute("BEGIN")  # a read snapshot
+        try:
+            state = fold(log())
+        finally:
+            conn.execute("COMMIT")
+        with store.write() as conn:
+            for t in READ_TABLES:
+                conn.execute(f"DROP TABLE IF EXISTS {t}")
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MIGRATIONS_TABLE,)).fetchone():
+                conn.execute(f"DELETE FROM {MIGRATIONS_TABLE} WHERE migration_set = ?", (MIGRATION_SET,))
+            migrate(conn)
+            _write_jobs(conn, state.jobs.values())
+            _write_usage(conn, (usage_row(e, state.jobs[e.job_id].sandbox) for e in tokens_used))
+            _set_last_seq(conn, state.last_seq)
+            projector = StatusProjector()
+            projector.setup(conn)  # the events appended since the snapshot, if any
+            (jobs,) = conn.execute("SELECT COUNT(*) FROM job_status").fetchone()
+            (usage,) = conn.execute("SELECT COUNT(*) FROM usage").fetchone()
+            last = projector.last_seq or 0
+    return {"last_seq": last, "jobs": jobs, "usage_rows": usage}

@@ -1,0 +1,335 @@
+"""Rich rendering of ``bgctl status``, ``events`` and ``costs``.  Pure presentation: the numbers
+come from :mod:`batchgrader.queries`; nothing here computes a state or a cost."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+SIMULATED = "SIMULATED"
+
+STATE_STYLE = {
+    "queued": "white",
+    "preparing": "cyan",
+    "submitting": "cyan",
+    "running": "bold cyan",
+    "downloading": "cyan",
+    "held": "bold magenta",
+    "completed": "green",
+    "completed_with_errors": "yellow",
+    "failed": "bold red",
+    "cancelled": "dim",
+}
+FINISHED = ("completed", "completed_with_errors", "failed", "cancelled")
+CHUNK_STYLE = {"done": "green", "failed": "red", "waiting": "magenta", "pending": "dim"}
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+# --- small formatters ------------------------------------------------------------------------------
+
+def money(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v == 0:
+        return "$0"
+    if abs(v) < 0.01:
+        return f"${v:.6f}".rstrip("0")
+    return f"${v:,.4f}"
+
+
+def count(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def short_ts(ts: str | None) -> str:
+    return "-" if not ts else ts[:19].replace("T", " ")
+
+
+def state_text(state: str, sandbox: bool = False, newline: bool = False) -> Text:
+    t = Text(state, style=STATE_STYLE.get(state, ""))
+    if sandbox:
+        t.append("\n" if newline else " ")
+        t.append(SIMULATED, style="bold black on yellow")
+    return t
+
+
+def _cells(*values: Any) -> list[Text]:
+    """Table cells as Text: file names, errors and ids are data, never rich markup ("[x]" stays)."""
+    return [v if isinstance(v, Text) else Text("-" if v is None else str(v)) for v in values]
+
+
+def _console(console: Console | None) -> Console:
+    return console if console is not None else Console()
+
+
+def _note(note: str | None, console: Console) -> None:
+    if note:
+        console.print(Text(f"note: {note}", style="yellow"))
+
+
+# --- status ----------------------------------------------------------------------------------------
+
+def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None, max_finished: int | None = 30) -> None:
+    """The job list of ``bgctl status``: every unfinished job and the ``max_finished`` most recent
+    finished ones (None: all; a terminal table of thousands of rows helps nobody), then a line
+    counting the finished jobs left out."""
+    console = _console(console)
+    if not rows:
+        console.print("No jobs yet: drop a .csv, .json or .jsonl file into the inbox.")
+        return
+    all_rows = rows
+    finished = [i for i, r in enumerate(rows) if r["state"] in FINISHED]
+    hidden: set[int] = set()
+    if max_finished is not None and len(finished) > max_finished:
+        hidden = set(finished[: len(finished) - max_finished])
+        rows = [r for i, r in enumerate(rows) if i not in hidden]
+    show_profile = any((r.get("profile") or "default") != "default" for r in rows)
+    t = Table(title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
+    t.add_column("job / file", no_wrap=True, min_width=12, max_width=28)
+    if show_profile:
+        t.add_column("profile", no_wrap=True, max_width=16)
+    t.add_column("state", no_wrap=True)
+    t.add_column("chunks", justify="right", no_wrap=True)
+    t.add_column("rows", justify="right", no_wrap=True)
+    t.add_column("tokens", justify="right", no_wrap=True)
+    t.add_column("cost", justify="right", no_wrap=True)
+    t.add_column("age", justify="right", no_wrap=True)
+    for r in rows:
+        sandbox = bool(r.get("sandbox"))
+        job = Text(r["job_id"][:12], style="bold")
+        job.append("\n" + (r.get("file") or "-"), style="dim")
+        cells: list[Any] = [job]
+        if show_profile:
+            cells.append(r.get("profile") or "-")
+        cells += [
+            state_text(r["state"], sandbox, newline=True),
+            f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}",
+            f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}" + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else ""),
+            f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out",
+            Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""),
+            duration(r.get("age_seconds")),
+        ]
+        t.add_row(*_cells(*cells))
+    if any(r.get("sandbox") for r in rows):
+        t.caption = f"{SIMULATED}: sandbox jobs, answered by the local emulator; their costs are not real."
+        t.caption_justify = "left"
+    console.print(t)
+    if hidden:
+        by_state: dict[str, int] = {}
+        for i in sorted(hidden):
+            by_state[all_rows[i]["state"]] = by_state.get(all_rows[i]["state"], 0) + 1
+        parts = ", ".join(f"{n:,} {st}" for st, n in sorted(by_state.items(), key=lambda kv: -kv[1]))
+        console.print(Text(f"... and {len(hidden):,} older finished jobs not shown ({parts}); "
+                           f"`bgctl status --json` lists every job.", style="dim"))
+    for r in rows:
+        if r.get("held_reason") and r["state"] == "held":
+            console.print(Text(f"{r['job_id'][:12]} held: {r['held_reason']}", style="magenta"))
+        elif r.get("error") and r["state"] == "failed":
+            hint = f" - {r['error_hint']}" if r.get("error_hint") else ""
+            console.print(Text(f"{r['job_id'][:12]} failed: {r['error']}{hint}", style="red"))
+    _note(rows[0].get("note"), console)
+
+
+def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
+    """One job in full (``bgctl status JOB``)."""
+    console = _console(console)
+    d = detail
+    head = Text()
+    head.append(f"Job {d['job_id']}  ", style="bold")
+    head.append_text(state_text(d["state"], bool(d.get("sandbox"))))
+    console.print(head)
+    if d.get("sandbox"):
+        console.print(Text(f"{SIMULATED}: the results of this job were produced by the local emulator, not by OpenAI.", style="yellow"))
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="dim")
+    info.add_column(overflow="fold")
+    pairs = [
+        ("file", d.get("file")),
+        ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
+        ("rows", f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"),
+        ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
+        ("input tokens (estimated)", count(d.get("input_tokens"))),
+        ("billed tokens", f"{count(d.get('prompt_tokens'))} prompt ({count(d.get('cached_tokens'))} cached), "
+                          f"{count(d.get('output_tokens'))} output ({count(d.get('reasoning_tokens'))} reasoning)"),
+        ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
+        ("estimate (max)", money(d.get("estimate_usd"))),
+        ("created / updated", f"{short_ts(d.get('created_ts'))} / {short_ts(d.get('updated_ts'))} "
+                              f"(age {duration(d.get('age_seconds'))})"),
+        ("held", d.get("held_reason")),
+        ("error", (f"[{d.get('error_code')}] {d.get('error')}" if d.get("error") else None)),
+        ("hint", d.get("error_hint")),
+        ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
+        ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
+        ("result", d.get("result_path")),
+        ("error report", d.get("error_path")),
+        ("input", d.get("archived_path") or d.get("input_path")),
+    ]
+    for k, v in pairs:
+        if v not in (None, ""):
+            info.add_row(*_cells(k, v))
+    console.print(info)
+    for w in d.get("warnings") or []:
+        console.print(Text(f"warning: {w}", style="yellow"))
+
+    chunks = d.get("chunks") or []
+    if chunks:
+        retries = any((c.get("attempt") or 0) > 1 for c in chunks)
+        errors = any(c.get("error") for c in chunks)
+        t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("#", justify="right", no_wrap=True, min_width=2)
+        t.add_column("status", no_wrap=True)
+        t.add_column("batch", no_wrap=True)
+        t.add_column("ok/err/all", justify="right", no_wrap=True)
+        t.add_column("tokens", justify="right", no_wrap=True)
+        if retries:
+            t.add_column("attempt", justify="right", no_wrap=True)
+        if errors:
+            t.add_column("error", overflow="fold", min_width=12)
+        for c in chunks:
+            rc = c.get("request_counts") or {}
+            counts = f"{rc.get('completed', 0)}/{rc.get('failed', 0)}/{rc.get('total', 0)}" if rc else "-"
+            label = c["status"] + (" (retry)" if c.get("retry") else "")
+            cells: list[Any] = [str(c["index"]), Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")), c.get("batch_id") or "-",
+                                counts, count(c.get("input_tokens"))]
+            if retries:
+                cells.append(str(c.get("attempt") or "-"))
+            if errors:
+                cells.append(c.get("error") or "")
+            t.add_row(*_cells(*cells))
+        console.print(t)
+
+    failed = d.get("failed_rows") or []
+    if failed:
+        t = Table(title=f"Failed rows ({d.get('failed_rows_total', len(failed))}, first {len(failed)})", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("custom_id")
+        t.add_column("chunk", justify="right")
+        t.add_column("code")
+        t.add_column("message", overflow="fold")
+        for f in failed:
+            t.add_row(*_cells(f.get("custom_id"), f.get("chunk", "-"), f.get("code") or "-", f.get("message") or ""))
+        console.print(t)
+    row_errors = d.get("row_errors") or []
+    if row_errors:
+        console.print(Text(f"{d.get('row_errors_total', len(row_errors))} row(s) could not be sent, e.g.:", style="yellow"))
+        for r in row_errors:
+            console.print(f"  row {r.get('row', '?')}: [{r.get('code')}] {r.get('message')}", markup=False)
+    recent = d.get("recent_events") or []
+    if recent:
+        console.print(Text(f"Recent events ({len(recent)} of {d.get('events_total', len(recent))}):", style="bold"))
+        render_events(recent, console, show_job=False)
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+def _brief(payload: dict[str, Any], width: int = 160) -> str:
+    parts = []
+    for k, v in payload.items():
+        if isinstance(v, list):
+            parts.append(f"{k}=[{len(v)}]")
+        elif isinstance(v, dict):
+            parts.append(f"{k}={json.dumps(v, ensure_ascii=False, sort_keys=True)}")
+        elif v is None:
+            continue
+        else:
+            parts.append(f"{k}={v}")
+    s = " ".join(parts)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def render_events(events: Sequence[dict[str, Any]], console: Console | None = None, show_job: bool = True) -> None:
+    """One line per event (suits ``--follow``: call it with each new event)."""
+    console = _console(console)
+    for e in events:
+        line = Text()
+        line.append(f"{e['seq']:>7} ", style="dim")
+        line.append(short_ts(e.get("ts")) + " ", style="dim")
+        if show_job:
+            line.append(f"{e['job_id'][:12]:<12} ", style="bold")
+        style = "red" if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected") else (
+            "green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
+        line.append(f"{e['type']:<22}", style=style)
+        line.append(_brief(e.get("payload") or {}))
+        console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+
+
+# --- costs -----------------------------------------------------------------------------------------
+
+def bar(value: float, maximum: float, width: int) -> str:
+    """A horizontal bar of unicode eighth blocks, ``value/maximum`` of ``width`` cells."""
+    if maximum <= 0 or value <= 0:
+        return ""
+    eighths = max(1, round(value / maximum * width * 8))
+    full, rest = divmod(eighths, 8)
+    return "█" * full + (BLOCKS[rest] if rest else "")
+
+
+def render_costs(result: dict[str, Any], console: Console | None = None, chart_width: int = 40) -> None:
+    """The ``bgctl costs`` table and a bar chart of spend per day."""
+    console = _console(console)
+    rows = result.get("rows") or []
+    by = result.get("by", "day")
+    span = f"{result.get('since') or 'start'} .. {result.get('until') or 'today'} (UTC)"
+    if not rows:
+        console.print(f"No billed usage {span}.")
+        _note(result.get("note"), console)
+        return
+    simulated = any(r.get("simulated_usd") for r in rows)
+    t = Table(title=f"Billed usage by {by}, {span}", title_justify="left", show_footer=True, box=box.SIMPLE_HEAD, pad_edge=False)
+    tot = result["totals"]
+    t.add_column(by, footer="total", style="bold", no_wrap=True)
+    if by == "job":
+        t.add_column("file", no_wrap=True, max_width=20)
+    t.add_column("batches", justify="right", footer=count(tot["batches"]), no_wrap=True)
+    if by != "job":
+        t.add_column("jobs", justify="right", footer=count(tot["jobs"]), no_wrap=True)
+    t.add_column("prompt", justify="right", footer=count(tot["prompt_tokens"]), no_wrap=True)
+    t.add_column("cached", justify="right", footer=count(tot["cached_tokens"]), no_wrap=True)
+    t.add_column("output", justify="right", footer=count(tot["completion_tokens"]), no_wrap=True)
+    t.add_column("cost", justify="right", footer=money(tot["cost_usd"]), no_wrap=True)
+    if simulated:
+        t.add_column(SIMULATED, justify="right", style="yellow", footer=money(tot["simulated_usd"]), no_wrap=True)
+    for r in rows:
+        cells = [str(r["key"])[:12] if by == "job" else str(r["key"])]
+        if by == "job":
+            cells.append(r.get("file") or "-")
+        cells.append(count(r["batches"]))
+        if by != "job":
+            cells.append(count(r["jobs"]))
+        cells += [count(r["prompt_tokens"]), count(r["cached_tokens"]), count(r["completion_tokens"]), money(r["cost_usd"])]
+        if simulated:
+            cells.append(money(r["simulated_usd"]))
+        t.add_row(*_cells(*cells))
+    console.print(t)
+
+    daily = result.get("daily") or []
+    if daily:
+        key = "cost_usd" if any(d["cost_usd"] for d in daily) else "simulated_usd"
+        top = max(d[key] for d in daily)
+        title = "Spend per day" + (f" ({SIMULATED})" if key == "simulated_usd" else "")
+        console.print(Text(title, style="bold"))
+        for d in daily:
+            line = Text(f"{d['day']} ")
+            line.append(f"{bar(d[key], top, chart_width):<{chart_width}}", style="yellow" if key == "simulated_usd" else "green")
+            line.append(f" {money(d[key])}")
+            console.print(line)
+    _note(result.get("note"), console)

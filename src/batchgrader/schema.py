@@ -1,0 +1,131 @@
+"""The event catalogue and the SQL schema of the event log.
+
+Events are immutable, past-tense facts.  Each type has a version; a payload written by an
+older version is upcast when read (:func:`upcast`), the stored row is never rewritten.
+``docs/events.md`` documents every event; ``tests/test_readmodels.py`` keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    version: int
+    step: str  # which step emits it
+    fields: Mapping[str, str]  # payload field -> description
+    intent_for: str | None = None  # for intents: the outcome event(s) that close them
+
+
+def _t(name: str, version: int, step: str, fields: dict[str, str], intent_for: str | None = None) -> EventType:
+    return EventType(name, version, step, fields, intent_for)
+
+
+EVENTS: dict[str, EventType] = {
+    e.name: e
+    for e in [
+        # --- intake ------------------------------------------------------------------------
+        _t("FileRejected", 1, "inbox", {
+            "file": "original file name", "path": "where the file was found (left in place when it is not a regular file)",
+            "reason": "human-readable reason", "code": "machine code (not_regular_file, unsupported_format, ...)",
+            "fingerprint": "inode/size/mtime key so the same file is not reported twice",
+        }),
+        _t("JobAccepted", 1, "inbox", {
+            "file": "original file name", "source": "path in the inbox it came from", "profile": "profile name",
+            "sha256": "content hash", "bytes": "file size", "input_path": "its path in the work area",
+            "result_name": "outbox file name for the result", "sandbox": "true when results are simulated by the emulator",
+        }),
+        _t("JobPrepared", 1, "prepare", {
+            "format": "csv/json/jsonl", "model": "model", "encoding": "tiktoken encoding", "rows": "data rows",
+            "requests": "requests in chunks", "input_tokens": "exact prompt tokens of those requests",
+            "max_request_tokens": "largest single request", "chunks": "list of {index, start, end, requests, input_tokens, bytes, path}",
+            "row_errors": "rows that cannot be sent: list of {row, custom_id, code, message}",
+            "estimate_usd": "{input, max_output, max_total} or null", "warnings": "list of strings",
+            "requests_path": "JSONL of every row's request, kept for retries",
+            "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard), fixed at preparation",
+        }),
+        _t("JobHeld", 1, "budget", {"code": "budget key that holds it", "reason": "human-readable reason and what to do"}),
+        _t("JobReleased", 1, "budget / bgctl retry", {"reason": "why it may go on", "override": "true when the user chose to submit despite the budget"}),
+        # --- per chunk: upload ---------------------------------------------------------------
+        _t("UploadStarted", 1, "upload (intent)", {
+            "chunk": "chunk index", "attempt": "attempt number of this chunk (1-based)", "filename": "deterministic upload name",
+            "bytes": "size of the chunk file",
+        }, intent_for="FileUploaded|UploadFailed"),
+        _t("FileUploaded", 1, "upload (outcome)", {"chunk": "chunk index", "attempt": "attempt", "file_id": "provider file id", "reconciled": "found by listing after an ambiguous outcome"}),
+        _t("UploadFailed", 1, "upload (outcome)", {"chunk": "chunk index", "attempt": "attempt", "error": "message", "definite": "true when the provider rejected it"}),
+        # --- per chunk: batch ----------------------------------------------------------------
+        _t("BatchCreateRequested", 1, "submit (intent)", {
+            "chunk": "chunk index", "attempt": "attempt", "input_file_id": "uploaded file", "metadata": "metadata tags sent with the batch",
+        }, intent_for="BatchCreated|BatchCreateFailed"),
+        _t("BatchCreated", 1, "submit (outcome)", {"chunk": "chunk index", "attempt": "attempt", "batch_id": "provider batch id", "status": "initial status", "reconciled": "found by listing after an ambiguous outcome"}),
+        _t("BatchCreateFailed", 1, "submit (outcome)", {"chunk": "chunk index", "attempt": "attempt", "error": "message", "definite": "true when the provider rejected it or listing proved it absent"}),
+        _t("BatchStatusChanged", 1, "poll", {
+            "chunk": "chunk index", "batch_id": "batch", "status": "new status", "request_counts": "{total, completed, failed}",
+            "output_file_id": "or null", "error_file_id": "or null", "errors": "batch-level errors [{code, message, line}]",
+        }),
+        _t("OutputDownloadStarted", 1, "download (intent)", {"chunk": "chunk index", "batch_id": "batch", "file_id": "provider file", "kind": "output or error"}, intent_for="OutputDownloaded"),
+        _t("OutputDownloaded", 1, "download (outcome)", {"chunk": "chunk index", "batch_id": "batch", "file_id": "provider file", "kind": "output or error", "path": "local path", "bytes": "size"}),
+        _t("TokensUsed", 1, "merge", {
+            "chunk": "chunk index", "batch_id": "batch", "model": "model", "prompt_tokens": "billed prompt tokens",
+            "cached_tokens": "of which cached", "completion_tokens": "billed completion tokens (reasoning included)",
+            "reasoning_tokens": "reasoning tokens", "cost_usd": "billed cost from the pricing table", "day": "UTC day (YYYY-MM-DD) of the fact",
+        }),
+        _t("RowsFailed", 1, "merge", {"chunk": "chunk index", "batch_id": "batch or null", "rows": "list of {custom_id, code, message}"}),
+        _t("ChunkCompleted", 1, "merge", {
+            "chunk": "chunk index", "batch_id": "batch", "status": "final batch status", "succeeded": "rows answered",
+            "failed": "rows failed", "results_path": "local per-row results file",
+        }),
+        _t("ChunkFailed", 1, "poll / submit", {"chunk": "chunk index", "batch_id": "batch or null", "code": "error code", "error": "message", "retryable": "true when it will be resubmitted later (token_limit_exceeded)"}),
+        _t("RetryPlanned", 1, "retry", {
+            "chunk": "new chunk index", "source_chunks": "chunks whose rows are retried", "custom_ids": "rows to resubmit",
+            "requests": "count", "input_tokens": "exact tokens", "bytes": "size", "path": "chunk file", "manual": "true for bgctl retry",
+        }),
+        # --- job end -------------------------------------------------------------------------
+        _t("OutboxWriteStarted", 1, "outbox (intent)", {"path": "final result path", "error_path": "error report path or null"}, intent_for="ResultWritten"),
+        _t("ResultWritten", 1, "outbox (outcome)", {"path": "result file", "rows": "rows written", "succeeded": "rows with an answer", "failed": "rows with an error", "error_path": "error report or null"}),
+        _t("InputArchived", 1, "outbox", {"path": "where the original input now lives (archive/ or failed/)"}),
+        _t("ProviderFilesDeleted", 1, "cleanup", {"file_ids": "provider files deleted"}),
+        _t("JobCompleted", 1, "finish", {"state": "completed or completed_with_errors", "succeeded": "rows", "failed": "rows"}),
+        _t("JobFailed", 1, "any", {"code": "machine code", "error": "specific message", "stage": "step that failed", "hint": "what to do"}),
+        _t("CancelRequested", 1, "bgctl cancel", {"reason": "why"}),
+        _t("JobCancelled", 1, "cancel", {"succeeded": "rows answered before the cancel", "failed": "rows without an answer"}),
+        _t("RetryRequested", 1, "bgctl retry", {"reason": "why"}),
+        _t("InputRestored", 1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"}),
+    ]
+}
+
+# Upcasters: (type, from_version) -> function(payload) -> payload of from_version + 1.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def upcast(type_: str, version: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Bring a stored payload to the current version of its type."""
+    current = EVENTS[type_].version if type_ in EVENTS else version
+    while version < current:
+        payload = UPCASTERS[(type_, version)](payload)
+        version += 1
+    return payload
+
+
+SCHEMA_VERSION = 1
+
+EVENTS_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS events (
+        seq      INTEGER PRIMARY KEY AUTOINCREMENT,  -- global order (the notification log)
+        job_id   TEXT    NOT NULL,
+        job_seq  INTEGER NOT NULL,                   -- per-job order, 1, 2, 3...
+        type     TEXT    NOT NULL,
+        version  INTEGER NOT NULL,
+        ts       TEXT    NOT NULL,                   -- UTC ISO-8601 when recorded
+        payload  TEXT    NOT NULL,                   -- JSON
+        UNIQUE (job_id, job_seq)
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are immutable'); END""",
+    """CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are append-only'); END""",
+)
