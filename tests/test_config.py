@@ -105,3 +105,19 @@ def test_home_flag_relocates_everything(tmp_path):
     data = json.loads(res.output)
     assert data["home"] == str(other)
     assert {r["key"]: r["value"] for r in data["settings"]}["model"] == "gpt-5-mini"
+
+
+def test_environment_beats_profile_values_too(home):
+    write(home, "profiles:\n  cheap:\n    model: gpt-4o-mini\n")
+    cfg = load_config(home, environ={"BATCHGRADER_MODEL": "gpt-4.1"})
+    cheap = cfg.profile("cheap")
+    assert (cheap.model, cheap.sources["model"]) == ("gpt-4.1", "env BATCHGRADER_MODEL")
+
+
+def test_relative_pricing_file_is_under_the_home(home):
+    write(home, "pricing_file: prices/mine.csv\n")
+    assert load_config(home, environ={}).pricing_path() == home.root / "prices" / "mine.csv"
+    write(home, "")
+    assert load_config(home, environ={}).pricing_path() is None
+    home.pricing_file.write_text("model,input_per_1m,output_per_1m\nx,1,2\n")
+    assert load_config(home, environ={}).pricing_path() == home.pricing_file

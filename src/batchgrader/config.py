@@ -192,8 +192,8 @@ KEYS: dict[str, Key] = {
     "daily_token_limit": Key(None, _opt_int(1), "Hold new submissions once today's tokens plus theirs would exceed this."),
     "completion_window": Key("24h", _str, "Batch completion window sent to the provider."),
     "delete_provider_files": Key(True, _bool, "Delete uploaded and result files at the provider once results are stored."),
-    "csv_formula_guard": Key(True, _bool, "Prefix ' to CSV cells starting with = + - @ tab or CR in result files."),
-    "pricing_file": Key(None, _opt_str, "CSV of prices merged over the shipped table (default: pricing.csv in the home, if present)."),
+    "csv_formula_guard": Key(True, _bool, "In CSV results, prefix ' to cells the model wrote (the added columns) that start with = + - @ tab or CR; input cells are never changed."),
+    "pricing_file": Key(None, _opt_str, "CSV of prices merged over the shipped table; relative paths are under the home (default: pricing.csv in the home, if present)."),
     # provider
     "base_url": Key(None, _opt_str, "OpenAI-compatible API base URL (env OPENAI_BASE_URL)."),
     "api_key": Key(None, _opt_str, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
@@ -208,7 +208,7 @@ KEYS: dict[str, Key] = {
 GLOBAL_ONLY = {
     "max_simultaneous_batches", "poll_interval_seconds", "enqueued_token_limit", "daily_cost_limit_usd",
     "daily_token_limit", "base_url", "api_key", "request_timeout_seconds", "rescan_interval_seconds",
-    "stable_seconds", "log_level", "pricing_file", "delete_provider_files",
+    "stable_seconds", "log_level", "pricing_file", "delete_provider_files", "completion_window",
 }
 
 SDK_ENV = {"OPENAI_API_KEY": "api_key", "OPENAI_BASE_URL": "base_url"}
@@ -270,6 +270,13 @@ class Config:
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.default, item)
+
+    def pricing_path(self) -> Path | None:
+        """The user's pricing overrides file, if any (relative paths are under the home)."""
+        if self.default.pricing_file:
+            p = Path(self.default.pricing_file).expanduser()
+            return p if p.is_absolute() else self.home.root / p
+        return self.home.pricing_file if self.home.pricing_file.exists() else None
 
     def explain(self, profile: str | None = None) -> list[dict[str, Any]]:
         p = self.profile(profile)
@@ -375,7 +382,9 @@ def load_config(
             raise ConfigError(f"{where} must be a mapping of keys to values")
         pv, ps = dict(values), dict(sources)
         _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False)
-        # flags still win over profile values
+        # a profile is part of config.yaml: the environment and flags still win over it
+        for key in env_raw:
+            pv[key], ps[key] = values[key], sources[key]
         for key, v in (flags or {}).items():
             if v is not None:
                 pv[key], ps[key] = values[key], sources[key]

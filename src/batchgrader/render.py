@@ -27,3 +27,105 @@ def render_config(rows: list[dict[str, Any]], home, profile: str | None) -> None
     for r in rows:
         t.add_row(r["key"], _fmt(r["value"]), r["source"])
     console.print(t)
+
+
+def _usd(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if 0 < abs(v) < 0.01:
+        return f"${v:.6f}".rstrip("0")
+    return f"${v:,.4f}"
+
+
+def _chunk_table(summary: dict[str, Any], with_path: bool = False) -> Table:
+    t = Table(title="Chunk plan")
+    t.add_column("chunk", justify="right")
+    t.add_column("requests", justify="right")
+    t.add_column("input tokens", justify="right")
+    t.add_column("bytes", justify="right")
+    if with_path:
+        t.add_column("file", overflow="fold")
+    for c in summary["chunks"]:
+        cells = [str(c["index"]), f"{c['requests']:,}", f"{c['input_tokens']:,}", f"{c['bytes']:,}"]
+        if with_path:
+            cells.append(c.get("path", ""))
+        t.add_row(*cells)
+    return t
+
+
+def render_count(summary: dict[str, Any]) -> None:
+    t = Table(title=f"{summary['file']} — {summary['model']} ({summary['encoding']}), profile {summary['profile']}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("", justify="right")
+    t.add_row("rows", f"{summary['rows']:,}")
+    t.add_row("requests", f"{summary['requests']:,}")
+    t.add_row("input tokens (exact)", f"{summary['input_tokens']:,}")
+    t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
+    t.add_row("chunks", str(len(summary["chunks"])))
+    est = summary.get("estimated_cost_usd")
+    if est:
+        t.add_row("estimated cost: input (exact)", _usd(est["input"]))
+        t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
+    else:
+        t.add_row("estimated cost", "[red]unknown[/red]")
+    console.print(t)
+    console.print(_chunk_table(summary))
+    _problems(summary)
+
+
+def render_split(summary: dict[str, Any]) -> None:
+    console.print(_chunk_table(summary, with_path=True))
+    console.print(f"{summary['requests']:,} requests, {summary['input_tokens']:,} input tokens in {len(summary['chunks'])} files")
+    _problems(summary)
+
+
+def _problems(summary: dict[str, Any]) -> None:
+    if summary.get("pricing_error"):
+        console.print(f"[red]pricing:[/red] {summary['pricing_error']}")
+    for w in summary.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    errs = summary.get("row_errors", [])
+    for e in errs[:20]:
+        console.print(f"[red]row {e['row']}:[/red] {e['message']}")
+    if len(errs) > 20:
+        console.print(f"[red]... and {len(errs) - 20} more rows that cannot be sent[/red]")
+
+
+def sandbox_banner() -> None:
+    console.print("[bold black on yellow] SANDBOX [/] results are SIMULATED by the built-in Batch API emulator: "
+                  "no API key, no cost, and the answers are not real model output.")
+
+
+def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN001
+    t = Table(title=title + (" — SANDBOX: simulated results" if sandbox else ""))
+    for col, just in (("job", "left"), ("file", "left"), ("state", "left"), ("rows", "right"), ("chunks", "right"),
+                      ("batches", "left"), ("cost", "right"), ("error", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    for j in sorted(state.jobs.values(), key=lambda j: j.created_ts):
+        batches = ", ".join(f"{c.index}:{c.status or c.create}" for c in sorted(j.chunks.values(), key=lambda c: c.index))
+        err = (j.error or {}).get("error") or (j.held or {}).get("reason") or ""
+        t.add_row(j.job_id, j.file, j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", batches, _usd(j.cost_usd), err[:120])
+    return t
+
+
+def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
+    console.print(jobs_table(state, sandbox, "Summary"))
+
+
+class LiveView:
+    """A rich live table of jobs and chunks while the daemon runs in a terminal."""
+
+    def __init__(self, sandbox: bool):
+        from rich.live import Live
+
+        self.sandbox = sandbox
+        self.live = Live(Table(), console=console, refresh_per_second=2, transient=False)
+
+    def start(self) -> None:
+        self.live.start()
+
+    def update(self, state) -> None:  # noqa: ANN001
+        self.live.update(jobs_table(state, self.sandbox, "bgctl daemon"))
+
+    def stop(self) -> None:
+        self.live.stop()

@@ -1,0 +1,806 @@
+"""The reconciler: from the folded state, take each job one step further.
+
+``Engine.tick(now)`` is the whole daemon logic; the process around it (locks, signals,
+scheduling, the inbox watcher, the screen) lives in :mod:`batchgrader.daemon`.  Every external
+action is an intent event, then the call, then an outcome event.  After a crash an intent
+without an outcome is reconciled against the provider (listing files and batches and matching
+them by name, input file and metadata) before anything is sent again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import inbox as inbox_mod
+from .config import Config, ConfigError, Profile
+from .home import Home
+from .outbox import (
+    AddedColumns, added_columns, atomic_write, atomic_write_bytes, error_name, error_report, free_path,
+    move_no_clobber, remove_stale_temp_files, result_name, result_values,
+)
+from .prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
+from .pricing import PriceTable, PricingError, billed_cost
+from .provider import OutcomeUnknown, Provider, ProviderError, ProviderRejected
+from .results import iter_outcomes
+from .splitting import Limits, plan_chunks, write_chunk_files
+from .state import IN_FLIGHT, TERMINAL_BATCH, ChunkState, JobState, State, fold
+from .store import EventStore, NewEvent
+from .tables import InputError, TableWriter, defuse_formula, open_table, text_of
+
+log = logging.getLogger("batchgrader.engine")
+
+FIRST_POLL_DELAY = 0.5
+POLL_BACKOFF = 1.6
+
+
+def resubmit_delay(poll_interval: float) -> float:
+    """How long a chunk refused for the enqueued-token limit waits before it is sent again."""
+    return min(max(2 * poll_interval, 1.0), 600.0)
+
+
+def _e(type_: str, **payload: Any) -> NewEvent:
+    return NewEvent(type_, payload)
+
+
+def utc_day(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d")
+
+
+def stamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+@dataclass
+class Engine:
+    home: Home
+    config: Config
+    store: EventStore
+    provider: Provider | None
+    prices: PriceTable
+    sandbox: bool = False
+    state: State = field(default_factory=State)
+    _next_poll: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    _not_before: dict[tuple[str, int], float] = field(default_factory=dict)
+    _cancel_sent: set[str] = field(default_factory=set)
+    _scanner: inbox_mod.InboxScanner | None = None
+    idle: bool = False
+    scan_requested: bool = True  # set by the daemon when the watcher saw a change
+    _last_scan: float = float("-inf")
+    should_stop: Callable[[], bool] = lambda: False  # set by the daemon: SIGTERM finishes the current step
+    on_progress: Callable[[], None] = lambda: None  # heartbeat for long steps (systemd watchdog)
+
+    def __post_init__(self) -> None:
+        self.state = fold(self.store.read())
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def emit(self, job_id: str, *events: NewEvent) -> None:
+        job = self.state.jobs.get(job_id)
+        stored = self.store.append(job_id, events, expected_version=job.version if job else 0)
+        for ev in stored:
+            self.state.apply(ev)
+            log.info("event %s %s %s", job_id, ev.type, _short(ev.payload))
+
+    def profile_of(self, job: JobState) -> Profile:
+        return self.config.profile(job.profile)
+
+    def reload(self, config: Config, prices: PriceTable) -> None:
+        self.config, self.prices = config, prices
+        if self._scanner is not None:
+            self._scanner.profiles = set(config.profiles)
+            self._scanner.stable_seconds = config.default.stable_seconds
+        self.scan_requested = True
+
+    @property
+    def settings(self) -> Profile:
+        return self.config.default
+
+    def inbox_pending(self) -> bool:
+        """Files seen in the inbox but not yet taken (waiting to be stable)."""
+        return self._scanner is not None and self._scanner.pending()
+
+    def busy(self) -> bool:
+        """True while a job can still make progress on its own (held jobs wait for the user)."""
+        return any(not j.held for j in self.state.active_jobs())
+
+    # --- the tick -------------------------------------------------------------------------------
+    def startup(self, now: float) -> None:
+        """Recover after a crash: our temp files, claimed-but-unrecorded inputs."""
+        remove_stale_temp_files(self.home.outbox)
+        for job_dir in sorted(self.home.work.glob("*")) if self.home.work.is_dir() else []:
+            remove_stale_temp_files(job_dir, recursive=True)
+            if job_dir.name in self.state.jobs or not job_dir.is_dir():
+                continue
+            record = inbox_mod.read_claim(job_dir)
+            if record is None:
+                continue
+            src = Path(record["source"])
+            input_path = inbox_mod.claimed_input(job_dir)
+            if input_path is None:
+                continue  # the rename never happened: the file is still in the inbox
+            self._accept(job_dir.name, record, input_path)
+        self.intake(now)
+
+    def tick(self, now: float) -> None:
+        """One pass over every job. Sets ``idle`` when, at the end of the pass, no job is active
+        and no inbox file is waiting (decided here, not by another thread, to avoid races)."""
+        self.idle = False
+        self.intake(now)
+        self._advance_all(now)
+        self.idle = not self.busy() and not self.inbox_pending()
+
+    def _advance_all(self, now: float) -> None:
+        for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
+            if self.should_stop():
+                return
+            self.on_progress()
+            try:
+                self.advance(job, now)
+            except (ProviderError, OSError) as exc:
+                log.warning("job %s: %s (will retry)", job.job_id, exc)
+            except Exception as exc:  # one job's problem must not stop the others
+                log.exception("job %s: unexpected error (will retry): %s", job.job_id, exc)
+
+    # --- intake ---------------------------------------------------------------------------------
+    def intake(self, now: float) -> None:
+        """Scan the inbox when woken by the watcher, while a file waits to become stable, and
+        every rescan_interval_seconds regardless (file events can be lost)."""
+        if self._scanner is None:
+            self._scanner = inbox_mod.InboxScanner(self.home, set(self.config.profiles), self.settings.stable_seconds)
+        due = now - self._last_scan >= self.settings.rescan_interval_seconds
+        if not (self.scan_requested or self._scanner.pending() or due):
+            return
+        self.scan_requested = False
+        self._last_scan = now
+        ready, rejected = self._scanner.scan(now)
+        for r in rejected:
+            if r.fingerprint in self.state.rejected:
+                continue
+            self._reject(r, now)
+        for cand in ready:
+            self._scanner.forget(cand.path)
+            try:
+                sha = file_sha256(cand.path)
+            except FileNotFoundError:
+                continue
+            job_id = self._new_job_id(sha)
+            record = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
+            try:
+                input_path = inbox_mod.claim(self.home.job_dir(job_id), cand, record)
+            except FileNotFoundError:
+                continue
+            self._accept(job_id, record, input_path, sha)
+
+    def _new_job_id(self, sha: str) -> str:
+        base = sha[:12]
+        n, job_id = 1, base
+        while job_id in self.state.jobs or self.home.job_dir(job_id).exists():
+            n += 1
+            job_id = f"{base}-{n}"
+        return job_id
+
+    def _accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
+        sha = sha or file_sha256(input_path)
+        self.emit(job_id, _e(
+            "JobAccepted", file=record["file"], source=record["source"], profile=record["profile"], sha256=sha,
+            bytes=input_path.stat().st_size, input_path=str(input_path), result_name=result_name(record["file"]),
+            sandbox=self.sandbox,
+        ))
+
+    def _reject(self, r: inbox_mod.Rejection, now: float) -> None:
+        job_id = "x-" + hashlib.sha256(r.fingerprint.encode()).hexdigest()[:12]
+        if job_id in self.state.jobs:
+            return
+        err_path = free_path(self.home.outbox, error_name(r.path.name), stamp(now))
+        self.emit(job_id, _e("FileRejected", file=r.path.name, path=str(r.path), reason=r.reason, code=r.code, fingerprint=r.fingerprint))
+        hint = ("Copy the real file (not a link or special file) into the inbox." if r.code == "not_regular_file" else
+                "Save the data as .csv, .json or .jsonl and drop it in the inbox again." if r.code == "unsupported_format" else
+                "Define the profile in config.yaml, or move the file to a profile folder that exists.")
+        self._write_error(job_id, r.path.name, err_path, r.reason, hint)
+        if r.movable and r.path.exists():
+            dest = move_no_clobber(r.path, self.home.failed, r.path.name, stamp(now))
+            self.emit(job_id, _e("InputArchived", path=str(dest)))
+
+    def _write_error(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
+        self.emit(job_id, _e("OutboxWriteStarted", path=None, error_path=str(path)))
+        if not path.exists():
+            atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
+        self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
+
+    # --- per job ------------------------------------------------------------------------------
+    def advance(self, job: JobState, now: float) -> None:
+        if job.ended:
+            self._finish_effects(job, now)
+            return
+        if job.archived_path and not Path(job.input_path).exists() and Path(job.archived_path).exists():
+            # reopened by `bgctl retry`: bring the input back into the work area
+            os.rename(job.archived_path, job.input_path)
+            self.emit(job.job_id, _e("InputRestored", path=job.input_path))
+            job = self.state.jobs[job.job_id]
+        if not job.prepared:
+            self._prepare(job, now)
+            return
+        if job.cancel_requested:
+            self._cancel(job, now)
+        elif job.held:
+            self._maybe_release(job, now)
+            if job.held:
+                return
+        for c in list(job.chunks.values()):
+            if c.open_intent:
+                self._reconcile_intent(job, c, now)
+        for c in list(job.chunks.values()):
+            if c.in_flight:
+                self._poll(job, c, now)
+        for c in list(job.chunks.values()):
+            if c.create == "done" and c.status in TERMINAL_BATCH and not c.done and not c.failure:
+                self._collect(job, c, now)
+        if job.cancel_requested:
+            self._cancel_unstarted(job)
+        else:
+            self._halt_if_needed(job)
+            self._submit(job, now)
+        if all(c.done for c in job.chunks.values()):
+            if not job.cancel_requested and self._plan_retries(job):
+                return
+            self._finish(job, now)
+
+    # --- prepare ------------------------------------------------------------------------------
+    def _prepare(self, job: JobState, now: float) -> None:
+        job_dir = self.home.job_dir(job.job_id)
+        try:
+            profile = self.profile_of(job)
+        except ConfigError as exc:
+            return self._fail(job, "unknown_profile", str(exc), "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`.", "prepare", now)
+        try:
+            price = self.prices.get(profile.model)
+        except PricingError as exc:
+            return self._fail(job, "missing_pricing", str(exc), "Add the model to pricing.csv in the home (or fix `model`), then `bgctl retry " + job.job_id + "`.", "prepare", now)
+        requests_path = job_dir / "requests.jsonl"
+        try:
+            with open(requests_path, "wb") as f:
+                prep = prepare(Path(job.input_path), profile, self.home, requests_out=f, prices=self.prices, file_hash=job.sha256,
+                               limits=self._limits(profile))
+                f.flush()
+                os.fsync(f.fileno())
+        except InputError as exc:
+            return self._fail(job, "bad_input", str(exc).replace(str(job.input_path), job.file), "Fix the file and drop it in the inbox again.", "prepare", now)
+        except ConfigError as exc:
+            return self._fail(job, "bad_config", str(exc), "Fix the configuration (bgctl config show), then `bgctl retry " + job.job_id + "`.", "prepare", now)
+        except UnicodeError as exc:
+            return self._fail(job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again.", "prepare", now)
+        sizes_path = job_dir / "tokens.bin"
+        atomic_write(sizes_path, lambda f: (prep.tokens.tofile(f), prep.sizes.tofile(f)))
+        chunk_dir = job_dir / "chunks"
+        paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
+        summary = prep.summary(self.prices)
+        chunks = [
+            {"index": c.index, "start": c.start, "end": c.end, "requests": c.requests, "input_tokens": c.input_tokens,
+             "bytes": c.bytes, "path": str(p)}
+            for c, p in zip(prep.chunks, paths)
+        ]
+        if not chunks and not prep.problems:
+            return self._fail(job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now)
+        del price
+        self.emit(job.job_id, _e(
+            "JobPrepared", format=prep.fmt, model=prep.model, encoding=prep.tokenizer.encoding, rows=prep.rows,
+            requests=prep.requests, input_tokens=prep.input_tokens, max_request_tokens=prep.max_request_tokens,
+            chunks=chunks, row_errors=[p.as_dict() for p in prep.problems], estimate_usd=summary["estimated_cost_usd"],
+            warnings=prep.warnings, requests_path=str(requests_path), settings=result_settings(profile),
+        ))
+
+    def _limits(self, profile: Profile) -> Limits | None:
+        """The split limits, tightened to the model's enqueued-token cap when one is configured."""
+        cap = self.settings.enqueued_token_limit.get(profile.model)
+        if cap is None or cap >= profile.split_token_limit:
+            return None
+        price = self.prices.find(profile.model)
+        limits = Limits.from_settings(profile, price.context_window if price else None)
+        return dataclasses.replace(limits, token_limit=cap, token_limit_name="enqueued_token_limit")
+
+    # --- budget ---------------------------------------------------------------------------------
+    def _budget_problem(self, job: JobState, now: float) -> tuple[str, str] | None:
+        if job.override_budget:
+            return None
+        profile = self.profile_of(job)
+        est = (job.estimate or {}).get("max_total") or 0.0
+        if profile.max_cost_per_job_usd is not None and est > profile.max_cost_per_job_usd:
+            return ("max_cost_per_job_usd",
+                    f"estimated cost up to ${est:.4f} exceeds max_cost_per_job_usd ${profile.max_cost_per_job_usd:.4f}; "
+                    f"raise the limit in config.yaml (then SIGHUP the daemon) or run `bgctl retry {job.job_id}` to submit anyway")
+        day = utc_day(now)
+        if self.settings.daily_cost_limit_usd is not None:
+            spent = self.state.spend_by_day.get(day, 0.0) + self._committed_cost(exclude=job.job_id)
+            if spent + est > self.settings.daily_cost_limit_usd:
+                return ("daily_cost_limit_usd",
+                        f"today's spend ${spent:.4f} plus this job's estimate ${est:.4f} would exceed daily_cost_limit_usd "
+                        f"${self.settings.daily_cost_limit_usd:.4f}; it will be submitted when the limit allows (UTC day) or with `bgctl retry {job.job_id}`")
+        if self.settings.daily_token_limit is not None:
+            tokens = job_tokens_bound(job, profile)
+            used = self.state.tokens_by_day.get(day, 0)
+            if used + tokens > self.settings.daily_token_limit:
+                return ("daily_token_limit",
+                        f"today's {used:,} tokens plus this job's up to {tokens:,} would exceed daily_token_limit "
+                        f"{self.settings.daily_token_limit:,}; it will be submitted when the limit allows or with `bgctl retry {job.job_id}`")
+        return None
+
+    def _committed_cost(self, exclude: str) -> float:
+        total = 0.0
+        for j in self.state.active_jobs():
+            if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
+                total += max(0.0, ((j.estimate or {}).get("max_total") or 0.0) - j.cost_usd)
+        return total
+
+    def _maybe_release(self, job: JobState, now: float) -> None:
+        if job.override_budget or self._budget_problem(job, now) is None:
+            self.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False))
+
+    # --- submit ---------------------------------------------------------------------------------
+    def _capacity(self) -> int:
+        used = 0
+        for j in self.state.active_jobs():
+            for c in j.chunks.values():
+                if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and not c.done):
+                    used += 1
+        return self.settings.max_simultaneous_batches - used
+
+    def _enqueued(self, model: str) -> int:
+        total = 0
+        for j in self.state.active_jobs():
+            if j.model == model:
+                total += sum(c.input_tokens for c in j.chunks.values() if c.in_flight or c.open_intent)
+        return total
+
+    def _submit(self, job: JobState, now: float) -> None:
+        pending = [c for c in job.chunks.values() if not c.done and not c.in_flight and not c.open_intent
+                   and (not (c.create == "done" and c.status in TERMINAL_BATCH)
+                        or (c.failure is not None and c.failure.get("retryable")))]
+        if not pending:
+            return
+        if not any(c.upload != "none" for c in job.chunks.values()):
+            problem = self._budget_problem(job, now)
+            if problem:
+                self.emit(job.job_id, _e("JobHeld", code=problem[0], reason=problem[1]))
+                return
+        limit = self.settings.enqueued_token_limit.get(job.model or "")
+        halt = self.profile_of(job).halt_on_chunk_failure and not job.retry_requested
+        for c in pending:
+            if halt and any(x.failure and not x.failure.get("retryable") for x in job.chunks.values()):
+                self._halt_if_needed(job)
+                return
+            if self._not_before.get((job.job_id, c.index), 0) > now:
+                continue
+            if c.upload == "done" and c.create in ("none", "failed"):
+                self._create(job, c, now)  # uploaded earlier; create (again) with the same file
+                continue
+            if self._capacity() <= 0:
+                return
+            if limit is not None and self._enqueued(job.model or "") + c.input_tokens > limit and self._enqueued(job.model or "") > 0:
+                return  # wait for capacity at the provider
+            self._upload(job, c, c.attempt + 1)
+            c = job.chunks[c.index]
+            if c.upload == "done":
+                self._create(job, c, now)
+
+    def _upload_name(self, job: JobState, c: ChunkState, attempt: int) -> str:
+        return f"bg-{job.job_id}-c{c.index:04d}-a{attempt}.jsonl"
+
+    def _upload(self, job: JobState, c: ChunkState, attempt: int) -> None:
+        assert self.provider is not None
+        name = self._upload_name(job, c, attempt)
+        self.emit(job.job_id, _e("UploadStarted", chunk=c.index, attempt=attempt, filename=name, bytes=c.bytes))
+        self._do_upload(job, c)
+
+    def _do_upload(self, job: JobState, c: ChunkState) -> None:
+        assert self.provider is not None and c.filename
+        try:
+            info = self.provider.upload(Path(c.path), c.filename)
+        except ProviderRejected as exc:
+            self.emit(job.job_id, _e("UploadFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
+            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="upload_rejected", error=str(exc), retryable=False))
+            self._rows_failed_for_chunk(job, job.chunks[c.index], "upload_rejected", str(exc))
+            return
+        except OutcomeUnknown as exc:
+            log.warning("job %s chunk %s: upload outcome unknown (%s); reconciling", job.job_id, c.index, exc)
+            self._reconcile_upload(job, c)
+            return
+        self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=info.id, reconciled=False))
+
+    def _reconcile_upload(self, job: JobState, c: ChunkState) -> None:
+        assert self.provider is not None and c.filename
+        found = self.provider.find_uploaded(c.filename, c.bytes)
+        if found is not None:
+            self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=found.id, reconciled=True))
+        else:
+            self._do_upload(job, c)  # provably absent: uploading again is safe (files cost no tokens)
+
+    def _metadata(self, job: JobState, c: ChunkState) -> dict[str, str]:
+        return {"bg_job": job.job_id, "bg_chunk": str(c.index), "bg_attempt": str(c.attempt), "bg_key": f"{job.job_id}:{c.index}:{c.attempt}"}
+
+    def _create(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None and c.file_id
+        self.emit(job.job_id, _e("BatchCreateRequested", chunk=c.index, attempt=c.attempt, input_file_id=c.file_id, metadata=self._metadata(job, c)))
+        self._do_create(job, job.chunks[c.index], now)
+
+    def _do_create(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None and c.file_id
+        try:
+            b = self.provider.create_batch(c.file_id, ENDPOINT, self.settings.completion_window, dict(c.metadata))
+        except ProviderRejected as exc:
+            self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
+            if exc.status_code == 429 or "token_limit" in str(exc):
+                self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
+                return
+            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=str(exc), retryable=False))
+            self._rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", str(exc))
+            return
+        except OutcomeUnknown as exc:
+            log.warning("job %s chunk %s: batch create outcome unknown (%s); reconciling", job.job_id, c.index, exc)
+            self._reconcile_create(job, c, now)
+            return
+        self.emit(job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=b.status, reconciled=False))
+        self._next_poll[(job.job_id, c.index)] = (now + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
+
+    def _reconcile_create(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None
+        matches = self.provider.find_batches(input_file_id=c.file_id, metadata={"bg_key": c.metadata.get("bg_key", "")})
+        if matches:
+            keep = sorted(matches, key=lambda b: (b.created_at or 0, b.id))[0]
+            for extra in matches:
+                if extra.id != keep.id:  # should never happen; never pay twice
+                    log.error("job %s chunk %s: duplicate batch %s found; cancelling it", job.job_id, c.index, extra.id)
+                    try:
+                        self.provider.cancel(extra.id)
+                    except ProviderError as exc:
+                        log.error("could not cancel duplicate batch %s: %s", extra.id, exc)
+            self.emit(job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=keep.id, status="validating", reconciled=True))
+            # the adopted batch may have moved on (even finished) while we were down: record where it is
+            ev = _status_event(self.state.jobs[job.job_id].chunks[c.index], keep)
+            if ev is not None:
+                self.emit(job.job_id, ev)
+            self._next_poll[(job.job_id, c.index)] = (now, FIRST_POLL_DELAY)
+        else:
+            self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error="not created (absent from the provider's batch list)", definite=True))
+            # the file is uploaded: _submit creates again with it, under the same attempt's metadata
+
+    def _reconcile_intent(self, job: JobState, c: ChunkState, now: float) -> None:
+        if c.upload == "started":
+            self._reconcile_upload(job, c)
+        elif c.create == "requested":
+            self._reconcile_create(job, c, now)
+
+    # --- poll and collect ---------------------------------------------------------------------
+    def _poll(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None and c.batch_id
+        key = (job.job_id, c.index)
+        due, delay = self._next_poll.get(key, (now, FIRST_POLL_DELAY))
+        if due > now:
+            return
+        b = self.provider.retrieve(c.batch_id)
+        ev = _status_event(c, b)
+        if ev is not None:
+            self.emit(job.job_id, ev)
+            delay = FIRST_POLL_DELAY if b.status != c.status else delay
+        else:
+            delay = min(delay * POLL_BACKOFF, self.settings.poll_interval_seconds)
+        self._next_poll[key] = (now + delay, delay)
+
+    def _collect(self, job: JobState, c: ChunkState, now: float) -> None:
+        """A batch reached a terminal status: download its files and merge the rows."""
+        assert self.provider is not None
+        if c.status == "failed":
+            codes = [e.get("code") for e in c.batch_errors]
+            msg = "; ".join(f"{e.get('code')}: {e.get('message')}" + (f" (line {e['line']})" if e.get("line") else "") for e in c.batch_errors) or "batch failed"
+            if "token_limit_exceeded" in codes:
+                self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=c.batch_id, code="token_limit_exceeded", error=msg, retryable=True))
+                self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
+                return
+            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=c.batch_id, code=codes[0] if codes else "batch_failed", error=msg, retryable=False))
+            self._rows_failed_for_chunk(job, job.chunks[c.index], codes[0] if codes else "batch_failed", msg)
+            return
+        dl_dir = self.home.job_dir(job.job_id) / "downloads"
+        for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
+            if not file_id or c.downloads.get(kind, {}).get("state") == "done":
+                continue
+            dest = dl_dir / f"{c.batch_id}-{kind}.jsonl"
+            self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
+            n = self.provider.download(file_id, dest)
+            self.emit(job.job_id, _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n))
+        c = job.chunks[c.index]
+        self._merge(job, c, now)
+
+    def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
+        expected = chunk_custom_ids(c)
+        outcomes: dict[str, dict[str, Any]] = {}
+        for kind in ("output", "error"):
+            d = c.downloads.get(kind)
+            if d and d.get("path"):
+                for o in iter_outcomes(Path(d["path"])):
+                    if o.custom_id in expected:
+                        outcomes[o.custom_id] = outcome_record(o)
+        missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(c.status or "", "missing_result")
+        missing_msg = {"batch_expired": "the batch expired before this row was processed",
+                       "batch_cancelled": "the batch was cancelled before this row was processed"}.get(missing_code, "the provider returned no result for this row")
+        failed_rows: list[dict[str, Any]] = []
+        ordered: list[dict[str, Any]] = []
+        for cid in expected:
+            rec = outcomes.get(cid)
+            if rec is None:
+                rec = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
+            ordered.append(rec)
+            if not rec["ok"]:
+                failed_rows.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
+        results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
+        atomic_write_bytes(results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in ordered))
+        usage = {k: sum(int(r.get(k) or 0) for r in ordered if r["ok"]) for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")}
+        try:
+            price = self.prices.get(job.model or "")
+            cost = billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"])
+        except PricingError:
+            cost = 0.0
+        events = [_e("TokensUsed", chunk=c.index, batch_id=c.batch_id, model=job.model, cost_usd=float(cost), day=utc_day(now), **usage)]
+        if failed_rows:
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=failed_rows))
+        events.append(_e("ChunkCompleted", chunk=c.index, batch_id=c.batch_id, status=c.status, succeeded=len(ordered) - len(failed_rows),
+                         failed=len(failed_rows), results_path=str(results_path)))
+        self.emit(job.job_id, *events)
+
+    def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
+        rows = [{"custom_id": cid, "code": code, "message": message} for cid in chunk_custom_ids(c)]
+        if rows:
+            self.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
+
+    # --- halting, cancelling, retrying --------------------------------------------------------------
+    def _halt_if_needed(self, job: JobState) -> None:
+        if not self.profile_of(job).halt_on_chunk_failure or job.retry_requested:
+            return
+        failed = [c for c in job.chunks.values() if c.failure and not c.failure.get("retryable") and c.failure.get("code") != "halted"]
+        if not failed:
+            return
+        reason = f"halted because chunk {failed[0].index} failed: {failed[0].failure.get('error')}"
+        for c in job.chunks.values():
+            if not c.done and c.upload == "none" and c.custom_ids is None:
+                self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="halted", error=reason, retryable=False))
+                self._rows_failed_for_chunk(job, job.chunks[c.index], "halted", reason)
+
+    def _cancel(self, job: JobState, now: float) -> None:
+        assert self.provider is not None or not any(c.in_flight for c in job.chunks.values())
+        for c in job.chunks.values():
+            if c.in_flight and c.batch_id and c.batch_id not in self._cancel_sent and c.status != "cancelling":
+                try:
+                    self.provider.cancel(c.batch_id)  # type: ignore[union-attr]
+                except ProviderRejected as exc:
+                    log.info("cancel %s: %s", c.batch_id, exc)  # already terminal: collected as usual
+                self._cancel_sent.add(c.batch_id)
+                self._next_poll[(job.job_id, c.index)] = (now, FIRST_POLL_DELAY)
+
+    def _cancel_unstarted(self, job: JobState) -> None:
+        for c in job.chunks.values():
+            if not c.done and not c.in_flight and not c.open_intent and not (c.create == "done" and c.status in TERMINAL_BATCH):
+                self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="cancelled", error="cancelled before submission", retryable=False))
+                self._rows_failed_for_chunk(job, job.chunks[c.index], "cancelled", "the job was cancelled before this row was submitted")
+
+    def _plan_retries(self, job: JobState) -> bool:
+        """Resubmit failed rows (automatically up to max_row_retries; all of them on `bgctl retry`)."""
+        if not job.failed_rows:
+            return False
+        profile = self.profile_of(job)
+        halted = any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values())
+        if job.retry_requested:
+            ids = list(job.failed_rows)
+        elif halted:
+            return False
+        else:
+            ids = [cid for cid in job.failed_rows if job.row_attempts.get(cid, 0) < profile.max_row_retries]
+        if not ids:
+            return False
+        wanted = set(ids)
+        lines: list[bytes] = []
+        tokens = array("Q")
+        sizes = array("Q")
+        tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
+            cid = json.loads(line)["custom_id"]
+            if cid in wanted:
+                lines.append(line)
+                tokens.append(tok_all[pos])
+                sizes.append(size_all[pos])
+        chunks, _over = plan_chunks(tokens, sizes, Limits(
+            token_limit=profile.split_token_limit, row_limit=profile.split_row_limit,
+            max_requests=profile.max_requests_per_batch, max_bytes=profile.max_batch_bytes,
+        ))
+        base = max(job.chunks) + 1
+        out_dir = self.home.job_dir(job.job_id) / "chunks"
+        paths = write_chunk_files(iter(lines), chunks, set(), out_dir, f"{job.job_id}-retry{base:04d}")
+        events = []
+        for i, (ch, p) in enumerate(zip(chunks, paths)):
+            cids = [json.loads(lines[k])["custom_id"] for k in range(ch.start, ch.end)]
+            events.append(_e("RetryPlanned", chunk=base + i, source_chunks=sorted({job.failed_rows[x]["chunk"] for x in cids if job.failed_rows[x].get("chunk") is not None}),
+                             custom_ids=cids, requests=ch.requests, input_tokens=ch.input_tokens, bytes=ch.bytes, path=str(p),
+                             manual=job.retry_requested))
+        self.emit(job.job_id, *events)
+        return True
+
+    # --- finish ---------------------------------------------------------------------------------
+    def _ending(self, job: JobState) -> tuple[str, dict[str, Any]]:
+        """How a job whose chunks are all done ends: the final event and its payload."""
+        succeeded = job.succeeded_rows
+        failed = len(job.failed_rows) + len(job.row_errors)
+        if job.cancel_requested:
+            return "JobCancelled", {"succeeded": succeeded, "failed": failed}
+        halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
+        if halted:
+            return "JobFailed", {"code": "halted", "error": halted, "stage": "submit",
+                                 "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done."}
+        if succeeded == 0 and failed:
+            return "JobFailed", {"code": "all_rows_failed", "error": f"no row succeeded; first error: {_first_error(job)}", "stage": "merge",
+                                 "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`."}
+        return "JobCompleted", {"state": "completed" if not failed else "completed_with_errors", "succeeded": succeeded, "failed": failed}
+
+    def _finish(self, job: JobState, now: float) -> None:
+        profile = self.profile_of(job)
+        final, payload = self._ending(job)
+        if job.outbox == "none":
+            path = free_path(self.home.outbox, job.result_name, stamp(now))
+            err = free_path(self.home.outbox, error_name(job.file), stamp(now)) if final == "JobFailed" else None
+            self.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
+        job = self.state.jobs[job.job_id]
+        if job.outbox == "started":
+            path = Path(job.result_path or "")
+            written = self._write_result(job, profile, path) if not path.exists() else job.rows
+            if job.error_path and not Path(job.error_path).exists():
+                atomic_write_bytes(Path(job.error_path), error_report(job.file, job.job_id, payload["error"], payload["hint"],
+                                   f"Partial results: {path.name} ({job.succeeded_rows} rows answered).").encode(), overwrite=False)
+            self.emit(job.job_id, _e("ResultWritten", path=str(path), rows=written, succeeded=job.succeeded_rows,
+                                     failed=len(job.failed_rows) + len(job.row_errors), error_path=job.error_path))
+        job = self.state.jobs[job.job_id]
+        if not job.archived_path:
+            src = Path(job.input_path)
+            if src.exists():
+                dest = move_no_clobber(src, self.home.failed if final == "JobFailed" else self.home.archive, job.file, stamp(now))
+                self.emit(job.job_id, _e("InputArchived", path=str(dest)))
+        self._delete_provider_files(job)
+        self.emit(job.job_id, _e(final, **payload))
+
+    def _delete_provider_files(self, job: JobState) -> None:
+        if self.provider is None or job.provider_files_deleted or not self.settings.delete_provider_files:
+            return
+        ids: list[str] = []
+        for c in job.chunks.values():
+            ids += [x for x in (c.file_id, c.output_file_id, c.error_file_id) if x]
+        deleted = []
+        for fid in ids:
+            try:
+                self.provider.delete_file(fid)
+                deleted.append(fid)
+            except ProviderError as exc:
+                log.info("could not delete provider file %s: %s", fid, exc)
+        self.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
+
+    def _write_result(self, job: JobState, profile: Profile, path: Path) -> int:
+        outcomes: dict[str, dict[str, Any]] = {}
+        for c in sorted(job.chunks.values(), key=lambda c: c.index):
+            if c.results_path and Path(c.results_path).exists():
+                with open(c.results_path, encoding="utf-8") as f:
+                    for line in f:
+                        rec = json.loads(line)
+                        outcomes[rec["custom_id"]] = rec
+        row_errors = {cid: e for cid, e in job.row_errors.items()}
+        failed_info = job.failed_rows
+        fixed = {**result_settings(profile), **job.settings}  # as prepared, even if the config changed since
+        id_column = fixed["id_column"]
+        count = 0
+
+        def write(f) -> None:
+            nonlocal count
+            with open_table(Path(job.input_path)) as reader:
+                cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
+                json_values = reader.fmt != "csv"
+                guard = fixed["csv_formula_guard"] and reader.fmt == "csv"
+                with TableWriter(f, reader, cols.names()) as w:
+                    for row in reader:
+                        cid = text_of(row.values[id_column]) if id_column else default_custom_id(job.sha256, row.number)
+                        err = None
+                        if cid in row_errors:
+                            err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
+                        elif cid in failed_info and cid not in outcomes:
+                            err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
+                        vals = dict(row.values)
+                        added = result_values(cols, outcomes.get(cid), err, json_values)
+                        if guard:  # the model's output is attacker-influenced; input cells stay unchanged
+                            added = {k: defuse_formula(v) if isinstance(v, str) else v for k, v in added.items()}
+                        vals.update(added)
+                        w.write(vals)
+                        count += 1
+
+        atomic_write(path, write, overwrite=False)
+        return count
+
+    def _finish_effects(self, job: JobState, now: float) -> None:
+        """Effects of an ended job that a crash may have interrupted."""
+        if job.outbox == "started" and job.error_path:
+            p = Path(job.error_path)
+            if not p.exists():
+                err = job.error or {}
+                atomic_write_bytes(p, error_report(job.file, job.job_id, err.get("error") or "", err.get("hint") or "").encode(), overwrite=False)
+            self.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
+
+    def _fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
+        err_path = free_path(self.home.outbox, error_name(job.file), stamp(now))
+        self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
+        self._write_error(job.job_id, job.file, err_path, error, hint)
+        src = Path(job.input_path)
+        if src.exists() and not self.state.jobs[job.job_id].archived_path:
+            dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
+            self.emit(job.job_id, _e("InputArchived", path=str(dest)))
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+def _status_event(c: ChunkState, b: Any) -> NewEvent | None:
+    """A BatchStatusChanged for what the provider says of ``c``'s batch, or None if nothing changed."""
+    counts = dataclasses.asdict(b.request_counts)
+    if (b.status, counts, b.output_file_id, b.error_file_id) == (c.status, c.request_counts, c.output_file_id, c.error_file_id):
+        return None
+    return _e("BatchStatusChanged", chunk=c.index, batch_id=b.id, status=b.status, request_counts=counts,
+              output_file_id=b.output_file_id, error_file_id=b.error_file_id, errors=[dataclasses.asdict(x) for x in b.errors])
+
+
+def _short(payload: dict[str, Any]) -> str:
+    s = json.dumps({k: v for k, v in payload.items() if k not in ("rows", "custom_ids", "chunks", "row_errors")}, ensure_ascii=False, default=str)
+    return s if len(s) < 300 else s[:297] + "..."
+
+
+def _lines(path: Path) -> Iterable[bytes]:
+    with open(path, "rb") as f:
+        yield from f
+
+
+def _load_token_sizes(path: Path) -> tuple[array, array]:
+    data = array("Q")
+    with open(path, "rb") as f:
+        data.frombytes(f.read())
+    half = len(data) // 2
+    return data[:half], data[half:]
+
+
+def chunk_custom_ids(c: ChunkState) -> list[str]:
+    if c.custom_ids is not None:
+        return list(c.custom_ids)
+    return [json.loads(line)["custom_id"] for line in _lines(Path(c.path))]
+
+
+def outcome_record(o: Any) -> dict[str, Any]:
+    return {
+        "custom_id": o.custom_id, "ok": bool(o.ok), "content": o.content, "status_code": o.status_code,
+        "error_code": o.error_code, "error_message": o.error_message, "prompt_tokens": o.prompt_tokens,
+        "cached_tokens": o.cached_tokens, "completion_tokens": o.completion_tokens, "reasoning_tokens": o.reasoning_tokens,
+    }
+
+
+def result_settings(profile: Profile) -> dict[str, Any]:
+    """The settings that shape the result file, fixed when the job is prepared."""
+    return {"output_column": profile.output_column, "response_format": profile.response_format,
+            "id_column": profile.id_column, "csv_formula_guard": profile.csv_formula_guard}
+
+
+def job_tokens_bound(job: JobState, profile: Profile) -> int:
+    input_tokens = sum(c.input_tokens for c in job.chunks.values())
+    return input_tokens + job.requests * profile.max_completion_tokens
+
+
+def _first_error(job: JobState) -> str:
+    for info in list(job.failed_rows.values())[:1]:
+        return f"{info.get('code')}: {info.get('message')}"
+    for info in list(job.row_errors.values())[:1]:
+        return f"{info.get('code')}: {info.get('message')}"
+    return "unknown"

@@ -1,0 +1,203 @@
+"""The inbox: find complete files, reject what cannot be read, claim the rest.
+
+File-system events only *wake* the daemon (watchdog drops inotify overflows silently); the truth
+is a full scan, done at start-up, on every wake and periodically.  A file is taken only when its
+size and mtime are unchanged across two looks ``stable_seconds`` apart.  Claiming writes a claim
+record in the job's work folder, then renames the file into it (same filesystem, atomic), so a
+crash between the two is recovered at start-up from the work folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .home import Home
+from .outbox import atomic_write_bytes, fsync_dir
+
+SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
+IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
+CLAIM_FILE = "claim.json"
+
+
+def is_ignored(name: str) -> bool:
+    return name.startswith((".", "~")) or name.lower().endswith(IGNORED_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    profile: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    path: Path
+    profile: str
+    code: str
+    reason: str
+    fingerprint: str
+    movable: bool  # a regular file we may move to failed/; links and special files are left alone
+
+
+def fingerprint(path: Path, st: os.stat_result) -> str:
+    return f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+
+
+class InboxScanner:
+    """Scans ``inbox/`` and ``inbox/<profile>/``; returns files ready to claim and rejections."""
+
+    def __init__(self, home: Home, profiles: set[str], stable_seconds: float):
+        self.home = home
+        self.profiles = set(profiles)
+        self.stable_seconds = stable_seconds
+        self._looks: dict[Path, tuple[int, int, float]] = {}
+
+    def scan(self, now: float) -> tuple[list[Candidate], list[Rejection]]:
+        ready: list[Candidate] = []
+        rejected: list[Rejection] = []
+        seen: set[Path] = set()
+        for profile, folder in self._folders(rejected):
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if is_ignored(entry.name):
+                    continue
+                path = Path(entry.path)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    continue  # profile folders handled by _folders; others reported there
+                if not stat.S_ISREG(st.st_mode):
+                    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+                    rejected.append(Rejection(path, profile, "not_regular_file",
+                        f"{entry.name} is {kind}, not a regular file; it was left where it is. Copy the real file into the inbox instead.",
+                        fingerprint(path, st), movable=False))
+                    continue
+                if not entry.name.lower().endswith(SUPPORTED_SUFFIXES):
+                    rejected.append(Rejection(path, profile, "unsupported_format",
+                        f"{entry.name}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
+                        fingerprint(path, st), movable=True))
+                    continue
+                seen.add(path)
+                look = (st.st_size, st.st_mtime_ns)
+                prev = self._looks.get(path)
+                if prev is None or (prev[0], prev[1]) != look:
+                    self._looks[path] = (*look, now)
+                    continue
+                if now - prev[2] >= self.stable_seconds:
+                    ready.append(Candidate(path, profile, st.st_size, st.st_mtime_ns))
+        for gone in set(self._looks) - seen:
+            del self._looks[gone]
+        return ready, rejected
+
+    def pending(self) -> bool:
+        return bool(self._looks)
+
+    def forget(self, path: Path) -> None:
+        self._looks.pop(path, None)
+
+    def _folders(self, rejected: list[Rejection]):
+        inbox = self.home.inbox
+        yield "default", inbox
+        try:
+            entries = sorted(os.scandir(inbox), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if is_ignored(entry.name) or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.name in self.profiles:
+                yield entry.name, Path(entry.path)
+            else:
+                for sub in os.scandir(entry.path):
+                    if is_ignored(sub.name) or not sub.is_file(follow_symlinks=False):
+                        continue
+                    p = Path(sub.path)
+                    known = ", ".join(sorted(self.profiles)) or "none defined"
+                    rejected.append(Rejection(p, entry.name, "unknown_profile",
+                        f"{entry.name}/{sub.name}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
+                        "the file was left where it is", fingerprint(p, os.lstat(p)), movable=False))
+
+
+def write_claim(job_dir: Path, record: dict) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(job_dir / CLAIM_FILE, json.dumps(record, ensure_ascii=False, indent=1).encode())
+
+
+def read_claim(job_dir: Path) -> dict | None:
+    try:
+        return json.loads((job_dir / CLAIM_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def claim(job_dir: Path, cand: Candidate, record: dict) -> Path:
+    """Record the claim, then move the file into the job's work folder (atomic rename)."""
+    write_claim(job_dir, record)
+    dest = job_dir / ("input" + cand.path.suffix.lower())
+    os.rename(cand.path, dest)
+    fsync_dir(job_dir)
+    fsync_dir(cand.path.parent)
+    return dest
+
+
+def claimed_input(job_dir: Path) -> Path | None:
+    for p in sorted(job_dir.glob("input.*")):
+        if p.is_file():
+            return p
+    return None
+
+
+def submit_file(home: Home, src: Path, profile: str | None = None) -> Path:
+    """`bgctl submit`: copy a file into the inbox atomically (temporary name, then rename)."""
+    src = Path(src)
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: no such file")
+    folder = home.inbox / profile if profile and profile != "default" else home.inbox
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / src.name
+    n = 1
+    while dest.exists():
+        dest = folder / f"{src.stem}-{n}{src.suffix}"
+        n += 1
+    tmp = folder / f".{dest.name}.part"
+    shutil.copyfile(src, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.rename(tmp, dest)
+    fsync_dir(folder)
+    return dest
+
+
+class InboxWatcher:
+    """A watchdog observer whose only job is to wake the daemon; scanning does the rest."""
+
+    def __init__(self, home: Home, wake: threading.Event):
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        class _Handler(FileSystemEventHandler):
+            def on_any_event(self, event) -> None:  # noqa: ANN001
+                wake.set()
+
+        self.observer = Observer()
+        self.observer.schedule(_Handler(), str(home.inbox), recursive=True)
+
+    def start(self) -> None:
+        self.observer.start()
+
+    def stop(self) -> None:
+        self.observer.stop()
+        self.observer.join(timeout=5)

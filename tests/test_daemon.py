@@ -1,0 +1,153 @@
+"""The daemon end to end: a real subprocess, the real emulator over HTTP, a real inbox folder."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from batchgrader.emulator import Emulator, EmulatorConfig
+from batchgrader.state import fold
+from batchgrader.store import EventStore
+from harness import FAST_CONFIG, TEST_KEY, bgctl, integrity, outbox_files, start_daemon, temp_leftovers, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def emu():
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=7)) as e:
+        yield e
+
+
+def state_of(home) -> dict:
+    with EventStore(home.db, readonly=True) as s:
+        return fold(s.read())
+
+
+def rows_of(path: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+
+
+def test_several_files_profiles_chunks_and_structured_output(home, emu):
+    home.config_file.write_text(FAST_CONFIG + """
+split_row_limit: 4
+profiles:
+  scored:
+    output_column: verdict
+    response_format:
+      type: object
+      properties: {score: {type: integer}, reason: {type: string}}
+      required: [score, reason]
+      additionalProperties: false
+""")
+    (home.inbox / "reviews.csv").write_text("id,response\n" + "".join(f"{i:03d},text {i} NA\n" for i in range(10)), encoding="utf-8")
+    (home.inbox / "scored").mkdir()
+    (home.inbox / "scored" / "answers.jsonl").write_text("".join(json.dumps({"n": i, "response": f"answer {i}"}) + "\n" for i in range(5)))
+    (home.inbox / "list.json").write_text(json.dumps([{"response": "x", "keep": 1.50}, {"response": "y", "keep": None}]))
+    res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
+    assert res.returncode == 0, res.stderr
+
+    out = outbox_files(home.root)
+    assert set(out) == {"reviews_results.csv", "answers_results.jsonl", "list_results.json"}
+    rows = rows_of(home.outbox / "reviews_results.csv")
+    assert [r["id"] for r in rows] == [f"{i:03d}" for i in range(10)]  # order and leading zeros kept
+    assert all(r["grade"] and r["error"] == "" and int(r["input_tokens"]) > 0 for r in rows)
+    scored = [json.loads(l) for l in out["answers_results.jsonl"].decode().splitlines()]
+    assert [r["n"] for r in scored] == list(range(5))
+    assert all(isinstance(r["score"], int) and isinstance(r["reason"], str) and json.loads(r["verdict"])["score"] == r["score"] for r in scored)
+    lst = json.loads(out["list_results.json"])
+    assert [r["keep"] for r in lst] == [1.50, None] and lst[0]["error"] is None
+
+    st = state_of(home)
+    jobs = {j.file: j for j in st.jobs.values()}
+    assert jobs["reviews.csv"].ended == "completed" and jobs["reviews.csv"].chunks_total == 3
+    assert jobs["answers.jsonl"].profile == "scored"
+    assert emu.batches_created() == 6  # 3 + 2 + 1: exactly one batch per chunk
+    assert sorted(p.name for p in home.archive.iterdir()) == ["answers.jsonl", "list.json", "reviews.csv"]
+    assert not list(home.inbox.glob("*.*")) and not temp_leftovers(home.root)
+    assert integrity(home.db) == "ok"
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("ragged.csv", b"a,response\n1,x\n2,y,z\n", "line 3"),
+    ("empty.csv", b"", "empty"),
+    ("header.csv", b"a,response\n", "no data rows"),
+    ("nocol.csv", b"a,b\n1,2\n", "response"),
+    ("latin1.csv", "response\ncaf\xe9\n".encode("latin-1"), "UTF-8"),
+    ("notlist.json", b'{"response": "x"}', "array"),
+    ("badline.jsonl", b'{"response": "x"}\n{"response": \n', "line 2"),
+    ("notes.txt", b"hello", "unsupported"),
+])
+def test_bad_input_fails_clearly_keeps_original_and_others_go_on(home, emu, name, content, needle):
+    home.config_file.write_text(FAST_CONFIG)
+    (home.inbox / name).write_bytes(content)
+    (home.inbox / "good.csv").write_text("response\nfine\n")
+    res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
+    assert res.returncode == 0, res.stderr
+    stem = Path(name).stem
+    report = (home.outbox / f"{stem}_error.txt").read_text()
+    assert needle in report and name in report and "What to do" in report
+    assert (home.failed / name).read_bytes() == content  # the original is kept, byte for byte
+    assert (home.outbox / "good_results.csv").exists()
+    st = state_of(home)
+    bad = next(j for j in st.jobs.values() if j.file == name)
+    assert bad.ended == "failed" and needle in bad.error["error"]
+    status = json.loads(bgctl(home.root, "status", "--json").stdout)
+    assert any(r["file"] == name and r["state"] == "failed" and needle in (r["error"] or "") for r in status)
+
+
+def test_symlink_is_rejected_and_left_alone(home, emu, tmp_path):
+    home.config_file.write_text(FAST_CONFIG)
+    target = tmp_path / "secret.csv"
+    target.write_text("response\nprivate\n")
+    (home.inbox / "link.csv").symlink_to(target)
+    res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
+    assert res.returncode == 0, res.stderr
+    assert (home.inbox / "link.csv").is_symlink()
+    assert "symbolic link" in (home.outbox / "link_error.txt").read_text()
+    assert emu.files_created() == 0  # nothing was uploaded
+
+
+def test_missing_pricing_stops_before_any_upload(home, emu):
+    home.config_file.write_text(FAST_CONFIG + "model: acme-unpriced-1\n")
+    (home.inbox / "a.csv").write_text("response\nx\n")
+    res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
+    assert res.returncode == 0
+    assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text()
+    assert emu.files_created() == 0 and emu.batches_created() == 0
+
+
+def test_api_key_never_written_anywhere(home, emu):
+    home.config_file.write_text(FAST_CONFIG)
+    (home.inbox / "a.csv").write_text("response\nx\ny\n")
+    res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
+    assert res.returncode == 0, res.stderr
+    assert TEST_KEY not in res.stdout + res.stderr
+    for p in home.root.rglob("*"):
+        if p.is_file():
+            assert TEST_KEY.encode() not in p.read_bytes(), p
+    assert bgctl(home.root, "config", "show", "--json").stdout.count(TEST_KEY) == 0
+
+
+def test_second_daemon_refuses_and_sigterm_exits_cleanly(home, emu):
+    home.config_file.write_text(FAST_CONFIG)
+    first = start_daemon(home.root, emu.base_url)
+    try:
+        wait_for(lambda: home.lock_file.exists() and home.db.exists(), what="first daemon up")
+        second = bgctl(home.root, "daemon", base_url=emu.base_url, timeout=30)
+        assert second.returncode == 75 and "already running" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+
+
+def test_no_key_without_sandbox_is_a_clear_error(home):
+    res = bgctl(home.root, "daemon", "--once", key=None)
+    assert res.returncode == 78 and "OPENAI_API_KEY" in res.stderr and "--sandbox" in res.stderr

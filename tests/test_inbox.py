@@ -1,0 +1,72 @@
+"""The inbox: stability, ignored names, rejects, periodic rescan without file events, atomic submit."""
+
+from __future__ import annotations
+
+import os
+
+from batchgrader.config import load_config
+from batchgrader.engine import Engine
+from batchgrader.inbox import InboxScanner, submit_file
+from batchgrader.pricing import load_pricing
+from batchgrader.store import EventStore
+
+
+def test_file_is_taken_only_when_unchanged_across_two_looks(home):
+    scanner = InboxScanner(home, set(), stable_seconds=1.0)
+    f = home.inbox / "a.csv"
+    f.write_text("response\nx\n")
+    assert scanner.scan(now=0.0) == ([], []) and scanner.pending()
+    with open(f, "a") as fh:
+        fh.write("y\n")  # still being written
+    os.utime(f, ns=(1, 2_000_000_000))
+    assert scanner.scan(now=5.0)[0] == []  # changed since the first look: look again
+    assert scanner.scan(now=5.5)[0] == []  # unchanged, but not for stable_seconds yet
+    ready, _ = scanner.scan(now=6.0)
+    assert [c.path.name for c in ready] == ["a.csv"] and ready[0].profile == "default"
+
+
+def test_ignored_names_and_rejections(home, tmp_path):
+    scanner = InboxScanner(home, {"scored"}, stable_seconds=0.0)
+    for name in (".hidden.csv", "upload.csv.part", "x.tmp", "~lock.csv"):
+        (home.inbox / name).write_text("response\nx\n")
+    (home.inbox / "notes.txt").write_text("hi")
+    os.mkfifo(home.inbox / "pipe.csv")
+    (home.inbox / "link.csv").symlink_to(tmp_path)
+    (home.inbox / "unknownprofile").mkdir()
+    (home.inbox / "unknownprofile" / "f.csv").write_text("response\nx\n")
+    (home.inbox / "scored").mkdir()
+    (home.inbox / "scored" / "ok.csv").write_text("response\nx\n")
+    scanner.scan(now=0.0)
+    ready, rejected = scanner.scan(now=1.0)
+    assert [(c.path.name, c.profile) for c in ready] == [("ok.csv", "scored")]
+    codes = sorted((r.path.name, r.code, r.movable) for r in rejected)
+    assert codes == [("f.csv", "unknown_profile", False), ("link.csv", "not_regular_file", False),
+                     ("notes.txt", "unsupported_format", True), ("pipe.csv", "not_regular_file", False)]
+
+
+def test_periodic_rescan_finds_files_without_any_file_event(home):
+    home.config_file.write_text("stable_seconds: 0\nrescan_interval_seconds: 10\n")
+    cfg = load_config(home, environ={})
+    with EventStore(home.db) as store:
+        engine = Engine(home, cfg, store, provider=None, prices=load_pricing())
+        engine.tick(now=100.0)  # start-up scan: nothing there
+        engine.scan_requested = False  # no watcher event will come
+        (home.inbox / "late.csv").write_text("response\nx\n")
+        engine.tick(now=105.0)
+        assert not engine.state.jobs  # not due yet, and nobody woke us
+        engine.tick(now=110.0)  # the periodic rescan sees it (first look)
+        engine.tick(now=110.1)  # second look: stable -> taken
+        (job,) = engine.state.jobs.values()
+        assert job.file == "late.csv" and (home.job_dir(job.job_id) / "input.csv").exists()
+
+
+def test_submit_copies_atomically_and_never_overwrites(home, tmp_path):
+    src = tmp_path / "data.csv"
+    src.write_text("response\nx\n")
+    first = submit_file(home, src)
+    second = submit_file(home, src, profile="scored")
+    third = submit_file(home, src)
+    assert first == home.inbox / "data.csv" and third == home.inbox / "data-1.csv"
+    assert second == home.inbox / "scored" / "data.csv"
+    assert not [p for p in home.inbox.rglob(".*")]
+    assert src.read_text() == first.read_text()
