@@ -1,0 +1,127 @@
+"""The documentation keeps up with the code: every CLI command, every config key, every module,
+and the README's two commands (which CI runs verbatim)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+import pytest
+
+from batchgrader.cli import cli
+from batchgrader.config import GLOBAL_ONLY, KEYS, env_name
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CONFIG_DOC = DOCS / "configuration.md"
+ARCH_DOC = DOCS / "architecture.md"
+
+MAIN_JOB_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -q -e . && "
+    "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl submit examples/reviews.csv && "
+    "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl daemon --sandbox --once && "
+    "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl status"
+)
+TEST_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
+    ".venv/bin/python -m pytest -n 2 -q"
+)
+
+
+def all_docs_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in [README, *sorted(DOCS.glob("*.md"))])
+
+
+def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = []
+    for name, cmd in sorted(group.commands.items()):
+        path = (*prefix, name)
+        paths.append(path)
+        if isinstance(cmd, click.Group):
+            paths += command_paths(cmd, path)
+    return paths
+
+
+def fenced_blocks(markdown: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^```[^\n]*\n(.*?)^```[ \t]*$", markdown, re.M | re.S)]
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+def test_the_command_tree_is_walked():
+    paths = command_paths(cli)
+    assert ("service", "install") in paths and ("config", "show") in paths and ("daemon",) in paths
+
+
+@pytest.mark.parametrize("path", [" ".join(p) for p in command_paths(cli)])
+def test_every_cli_command_is_documented(path):
+    text = all_docs_text()
+    pattern = r"bgctl " + r"\s+".join(map(re.escape, path.split())) + r"(?![\w-])"
+    assert re.search(pattern, text), f"`bgctl {path}` is not mentioned in README.md or docs/*.md"
+
+
+# --- configuration ---------------------------------------------------------------------------------
+
+def _fmt_default(value) -> str:
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, dict):
+        return "`{}`" if not value else f"`{value}`"
+    return f"`{value}`"
+
+
+def config_rows() -> dict[str, list[str]]:
+    """Rows of the key tables: | `key` | default | `BATCHGRADER_KEY` | what it does | profile |."""
+    rows: dict[str, list[str]] = {}
+    for line in CONFIG_DOC.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^\|\s*`([a-z0-9_]+)`\s*\|[^|]*\|\s*`BATCHGRADER_", line)
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} has two rows in docs/configuration.md"
+            rows[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")]
+    return rows
+
+
+@pytest.mark.parametrize("key", list(KEYS))
+def test_every_config_key_is_documented(key):
+    rows = config_rows()
+    assert key in rows, f"config key {key!r} has no row in docs/configuration.md"
+    cells = rows[key]
+    assert len(cells) == 5, f"{key}: expected | key | default | environment variable | what it does | profile |"
+    assert cells[1] == _fmt_default(KEYS[key].default), f"{key}: documented default {cells[1]} != code"
+    assert cells[2] == f"`{env_name(key)}`", f"{key}: environment variable should be {env_name(key)}"
+    assert cells[4] == ("no" if key in GLOBAL_ONLY else "yes"), f"{key}: profile column is wrong"
+
+
+def test_no_documented_key_is_unknown():
+    documented = set(config_rows())
+    assert documented <= set(KEYS), f"docs/configuration.md documents unknown keys: {sorted(documented - set(KEYS))}"
+
+
+# --- architecture ------------------------------------------------------------------------------------
+
+def test_every_module_is_in_the_architecture_doc():
+    text = ARCH_DOC.read_text(encoding="utf-8")
+    modules = sorted(p.name for p in (ROOT / "src" / "batchgrader").glob("*.py") if p.name != "__init__.py")
+    missing = [m for m in modules if f"`{m}`" not in text]
+    assert not missing, f"docs/architecture.md does not describe: {', '.join(missing)}"
+
+
+# --- the README's two commands -------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [MAIN_JOB_COMMAND, TEST_COMMAND], ids=["main job", "tests"])
+def test_readme_command_is_verbatim_in_its_own_fenced_block(command):
+    blocks = [b.strip() for b in fenced_blocks(README.read_text(encoding="utf-8"))]
+    assert command in blocks, f"README.md has no fenced code block holding exactly:\n{command}"
+
+
+def test_ci_runs_the_readme_test_command():
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert TEST_COMMAND in lines, ".ci/run does not run the README's test command verbatim"
+
+
+def test_readme_main_job_uses_the_shipped_example():
+    assert (ROOT / "examples" / "reviews.csv").is_file()
