@@ -170,6 +170,14 @@ def measure_status(home: Path, runs: int) -> dict:
 
     bgctl = shutil.which("bgctl", path=str(Path(sys.executable).parent)) or shutil.which("bgctl")
     cli = [bgctl] if bgctl else [sys.executable, "-m", "batchgrader.cli"]
+    table_lat = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        p = subprocess.run(cli + ["--home", str(home), "status"], capture_output=True, text=True)
+        table_lat.append((time.perf_counter() - t0) * 1000)
+        assert p.returncode == 0, p.stderr
+    res["cli_table_ms"] = table_lat
+    print(f"  bgctl status (the table, subprocess): median {statistics.median(table_lat):.0f} ms, best {min(table_lat):.0f} ms", flush=True)
     cli_lat, err = [], None
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -259,8 +267,9 @@ def markdown(r: dict) -> str:
         "|---|---:|---:|",
         f"| `queries.status(home)` (read-only connection, `job_status` table) | {statistics.median(st['query_ms']):.0f} ms | {min(st['query_ms']):.0f} ms ({min(st['query_cpu_ms']):.0f} ms CPU) |",
     ]
+    lines.append(f"| **`bgctl --home H status`** (the table a person reads), whole subprocess | **{statistics.median(st['cli_table_ms']):.0f} ms** | {min(st['cli_table_ms']):.0f} ms |")
     if st["cli_ms"]:
-        lines.append(f"| `bgctl --home H status --json`, whole subprocess | {statistics.median(st['cli_ms']):.0f} ms | {min(st['cli_ms']):.0f} ms |")
+        lines.append(f"| `bgctl --home H status --json` (every job, compact JSON to a pipe), whole subprocess | {statistics.median(st['cli_ms']):.0f} ms | {min(st['cli_ms']):.0f} ms |")
         lines.append(f"| of which: starting Python and importing `batchgrader.cli` | {st['python_import_ms']:.0f} ms | |")
     else:
         lines.append(f"| `bgctl status --json`, whole subprocess | not measured: {st['cli_error'][0] if st['cli_error'] else '?'} | |")
@@ -268,13 +277,15 @@ def markdown(r: dict) -> str:
         f"| `json.dumps` of those rows ({st['json_mb']:.1f} MB): compact / `indent=2` | {st['json_ms']:.0f} ms / {st['json_indent_ms']:.0f} ms | |",
         f"| `queries.status(home)` without the read model (folds the log) | {st['fallback_ms']:.0f} ms | |",
         "",
-        f"Target ≤ {TARGET_STATUS_MS:.0f} ms: the query {ok(min(st['query_ms']) <= TARGET_STATUS_MS)}"
-        + (f"; the whole command {ok(statistics.median(st['cli_ms']) <= TARGET_STATUS_MS)}." if st["cli_ms"] else "."),
+        f"Target ≤ {TARGET_STATUS_MS:.0f} ms: `bgctl status` {ok(statistics.median(st['cli_table_ms']) <= TARGET_STATUS_MS)}; "
+        f"the full query {ok(min(st['query_ms']) <= TARGET_STATUS_MS)}"
+        + (f"; `--json` of every job {ok(statistics.median(st['cli_ms']) <= TARGET_STATUS_MS)}." if st["cli_ms"] else "."),
         "",
-        "The command's time is mostly the size of its answer: 10,000 jobs are "
-        f"{st['json_mb']:.0f} MB of JSON, and `json.dumps(..., indent=2)` uses the pure-Python encoder "
-        "(the C encoder only runs without `indent`). The human view (`bgctl status` without `--json`) shows the "
-        "unfinished jobs and the 30 most recent finished ones, and counts the rest.",
+        "`bgctl status` shows the 20 newest unfinished and 10 newest finished jobs, selected in SQL through the "
+        "`(state, created_ts)` index of the read model, and counts the rest by state (`--all` lists every job), so "
+        "its cost does not grow with the log. `--json` returns every job: its time is mostly the size of that answer "
+        f"({st['json_mb']:.0f} MB of JSON for 10,000 jobs); it is written compactly when piped (the C encoder) and "
+        "indented only at a terminal.",
         "",
         "Optimisations made for these figures: the store reads in batches of 2,000 rows and decodes their payloads "
         "with one `json.loads` of a JSON array (about half the per-event cost of decoding one by one), builds `Event` "

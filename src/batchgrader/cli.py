@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .config import ConfigError, load_config
 from .home import Home
 
 
@@ -18,11 +17,17 @@ class Ctx:
         self.home = Home.resolve(home)
 
     def config(self, **flags):
+        from .config import load_config
+
         return load_config(self.home, flags=flags)
 
 
 def emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    """Indented for a person at a terminal, compact (and several times faster) for a pipe."""
+    if sys.stdout.isatty():
+        click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    else:
+        click.echo(json.dumps(obj, ensure_ascii=False, default=str, separators=(",", ":")))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -167,19 +172,23 @@ def retry(obj: Ctx, job_id: str, reason: str) -> None:
 @click.argument("job_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
+@click.option("--all", "show_all", is_flag=True, help="List every job (the table shows the newest 20 unfinished and 10 finished).")
 @click.pass_obj
-def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool) -> None:
-    """Every job with its state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
+def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
+    """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
     from . import queries
-    from .render_status import render_job, render_status
+    from .render_status import render_job, render_overview, render_status
 
     def show() -> None:
         if job_id:
             detail = queries.job_detail(obj.home, job_id)
             emit_json(detail) if as_json else render_job(detail)
+        elif as_json:
+            emit_json(queries.status(obj.home))
+        elif show_all:
+            render_status(queries.status(obj.home), max_finished=None)
         else:
-            rows = queries.status(obj.home)
-            emit_json(rows) if as_json else render_status(rows)
+            render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10))
 
     _no_db_guard(obj)
     if not watch:
@@ -369,6 +378,7 @@ def _resolve_job(obj: Ctx, prefix: str) -> str:
 
 
 def main() -> None:
+    from .config import ConfigError
     from .pricing import PricingError
     from .queries import AmbiguousJob, UnknownJob
     from .tables import InputError

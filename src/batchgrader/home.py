@@ -10,12 +10,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 HOME_ENV = "BATCHGRADER_HOME"
 
 
 def default_home() -> Path:
+    import platformdirs  # only when no home was given
+
     return Path(platformdirs.user_data_dir("batchgrader", appauthor=False))
 
 

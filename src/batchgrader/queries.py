@@ -172,6 +172,43 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
         return _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, _fallback_note(problem))
 
 
+FINISHED_STATES = ("completed", "completed_with_errors", "failed", "cancelled")
+
+
+def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int = 30, now: float | None = None) -> dict[str, Any]:
+    """What the `bgctl status` table shows: the newest ``active_limit`` unfinished jobs and the
+    newest ``finished_limit`` finished ones (oldest first), with the count of jobs per state.
+    Selected in SQL, so it costs the same with ten or ten thousand jobs in the log.
+
+    Returns ``{jobs, counts, total, hidden_active, hidden_finished, source, note}``."""
+    now = time.time() if now is None else now
+    with reading(home) as conn, _gc_paused():
+        problem = rm.read_model_problem(conn)
+        if problem is None:
+            counts = dict(conn.execute("SELECT state, COUNT(*) FROM job_status GROUP BY state").fetchall())
+            marks = ", ".join("?" * len(FINISHED_STATES))
+            sql = f"SELECT {', '.join(STATUS_COLUMNS)} FROM job_status WHERE state {{}} IN ({marks}) ORDER BY created_ts DESC, job_id DESC LIMIT ?"
+            active = conn.execute(sql.format("NOT"), (*FINISHED_STATES, active_limit)).fetchall()
+            finished = conn.execute(sql.format(""), (*FINISHED_STATES, finished_limit)).fetchall()
+            rows = sorted(active + finished, key=_ORDER_KEY)
+            jobs, source, note = _present(rows, now, SOURCE_READ_MODEL, None), SOURCE_READ_MODEL, None
+        else:
+            everything = status(home, now=now)
+            counts = {}
+            for r in everything:
+                counts[r["state"]] = counts.get(r["state"], 0) + 1
+            act = [r for r in everything if r["state"] not in FINISHED_STATES][-active_limit:] if active_limit else []
+            fin = [r for r in everything if r["state"] in FINISHED_STATES][-finished_limit:] if finished_limit else []
+            jobs = sorted(act + fin, key=lambda r: (r["created_ts"] or "", r["job_id"]))
+            source, note = SOURCE_LOG, everything[0]["note"] if everything else None
+    n_finished = sum(n for st, n in counts.items() if st in FINISHED_STATES)
+    n_active = sum(counts.values()) - n_finished
+    shown_finished = sum(1 for r in jobs if r["state"] in FINISHED_STATES)
+    return {"jobs": jobs, "counts": counts, "total": sum(counts.values()),
+            "hidden_active": n_active - (len(jobs) - shown_finished), "hidden_finished": n_finished - shown_finished,
+            "source": source, "note": note}
+
+
 def _pick(row: dict[str, Any], columns: tuple[str, ...] = STATUS_COLUMNS) -> tuple:
     return tuple(row[c] for c in columns)
 

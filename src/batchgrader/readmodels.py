@@ -104,10 +104,14 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
         db["usage"].create_index(["job_id"])
         db["projection_state"].create({"name": str, "last_seq": int}, pk="name")
 
+    @m(name="0002_job_status_state_index")
+    def _m0002(db) -> None:  # noqa: ANN001 - for the status overview: newest jobs per state
+        db["job_status"].create_index(["state", "created_ts"])
+
     return m
 
 
-MIGRATION_NAMES = ("0001_job_status_usage",)
+MIGRATION_NAMES = ("0001_job_status_usage", "0002_job_status_state_index")
 
 
 def _database(conn: sqlite3.Connection):  # noqa: ANN202

@@ -88,6 +88,21 @@ def _note(note: str | None, console: Console) -> None:
 
 # --- status ----------------------------------------------------------------------------------------
 
+def render_overview(overview: dict[str, Any], console: Console | None = None) -> None:
+    """The `bgctl status` table from :func:`queries.status_overview`, with what was left out."""
+    console = _console(console)
+    render_status(overview["jobs"], console, max_finished=None)
+    hidden = []
+    if overview["hidden_active"]:
+        hidden.append(f"{overview['hidden_active']:,} older unfinished")
+    if overview["hidden_finished"]:
+        hidden.append(f"{overview['hidden_finished']:,} older finished")
+    if hidden:
+        counts = ", ".join(f"{n:,} {st}" for st, n in sorted(overview["counts"].items()))
+        console.print(Text(f"{' and '.join(hidden)} jobs not shown ({overview['total']:,} in all: {counts}); "
+                           "`bgctl status --all` or `--json` lists every job", style="dim"))
+
+
 def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None, max_finished: int | None = 30) -> None:
     """The job list of ``bgctl status``: every unfinished job and the ``max_finished`` most recent
     finished ones (None: all; a terminal table of thousands of rows helps nobody), then a line
