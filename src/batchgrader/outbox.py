@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,9 +21,25 @@ from typing import IO, Any
 TMP_PREFIX = ".bg-tmp-"
 
 
+def fsync_file(fd: int) -> None:
+    """Flush a file to stable storage (F_FULLFSYNC on macOS, where fsync stops at the drive cache)."""
+    if sys.platform == "darwin":  # pragma: no cover - macOS only
+        import fcntl
+
+        full = getattr(fcntl, "F_FULLFSYNC", None)
+        if full is not None:
+            try:
+                fcntl.fcntl(fd, full)
+                return
+            except OSError:
+                pass
+    os.fsync(fd)
+
+
 def fsync_dir(path: Path) -> None:
+    """Make a rename or create in ``path`` durable (best effort where directories cannot be synced)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return
     try:
@@ -43,7 +60,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None], overwrite: bool
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            fsync_file(f.fileno())
         if overwrite:
             os.replace(tmp, path)
         else:

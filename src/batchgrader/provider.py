@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import httpx2
 import openai
 
-from .outbox import TMP_PREFIX
+from .outbox import TMP_PREFIX, fsync_dir
 
 from .config import mask_secret
 
@@ -592,7 +592,7 @@ class OpenAIProvider:
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(tmp, dest)
-                _fsync_dir(dest.parent)
+                fsync_dir(dest.parent)
                 return n
             except BaseException:
                 tmp.unlink(missing_ok=True)
@@ -682,19 +682,6 @@ def batch_matches(b: BatchInfo, input_file_id: str | None, metadata: Mapping[str
             if b.metadata.get(k) != v:
                 return False
     return True
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import heapq
 import os
-import sys
 import tempfile
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .outbox import TMP_PREFIX
+from .outbox import TMP_PREFIX, fsync_dir, fsync_file
 from itertools import accumulate, compress
 from pathlib import Path
 from typing import Any
@@ -376,33 +375,6 @@ def chunk_file_name(prefix: str, index: int) -> str:
     return f"{prefix}-chunk-{index + 1:04d}.jsonl"
 
 
-def _fsync(fd: int) -> None:
-    if sys.platform == "darwin":  # pragma: no cover - macOS only
-        import fcntl
-
-        full = getattr(fcntl, "F_FULLFSYNC", None)
-        if full is not None:
-            try:
-                fcntl.fcntl(fd, full)
-                return
-            except OSError:
-                pass
-    os.fsync(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - e.g. Windows cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse directory fsync
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_chunk_files(
     lines: Iterable[bytes],
     chunks: Sequence[Chunk],
@@ -461,7 +433,7 @@ def write_chunk_files(
                         count += 1
                     pos += 1
                 fh.flush()
-                _fsync(fh.fileno())
+                fsync_file(fh.fileno())
             if count != chunk.requests or written != chunk.bytes:
                 raise ValueError(
                     f"chunk {chunk.index}: wrote {count} lines / {written} bytes but the plan says "
@@ -475,7 +447,7 @@ def write_chunk_files(
         for tmp, final in zip(temps, finals):
             os.replace(tmp, final)
         temps.clear()
-        _fsync_dir(out)
+        fsync_dir(out)
     finally:
         for tmp in temps:
             try:
