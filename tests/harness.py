@@ -36,9 +36,10 @@ def bgctl(home: Path, *args: str, base_url: str | None = None, timeout: float = 
     return subprocess.run([BGCTL, *args], env=daemon_env(home, base_url, key), capture_output=True, text=True, timeout=timeout, check=check)
 
 
-def start_daemon(home: Path, base_url: str | None, *args: str, key: str | None = TEST_KEY) -> subprocess.Popen:
-    return subprocess.Popen([BGCTL, "daemon", *args], env=daemon_env(home, base_url, key), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def start_daemon(home: Path, base_url: str | None, *args: str, key: str | None = TEST_KEY,
+                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**daemon_env(home, base_url, key), **(extra_env or {})}
+    return subprocess.Popen([BGCTL, "daemon", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 60, interval: float = 0.02, what: str = "condition"):

@@ -151,3 +151,30 @@ def test_second_daemon_refuses_and_sigterm_exits_cleanly(home, emu):
 def test_no_key_without_sandbox_is_a_clear_error(home):
     res = bgctl(home.root, "daemon", "--once", key=None)
     assert res.returncode == 78 and "OPENAI_API_KEY" in res.stderr and "--sandbox" in res.stderr
+
+
+def test_daemon_speaks_sd_notify(home, emu, tmp_path):
+    import socket
+
+    home.config_file.write_text(FAST_CONFIG)
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(30)
+    proc = start_daemon(home.root, emu.base_url, extra_env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+    got: list[str] = []
+    try:
+        while not (any(m.startswith("WATCHDOG=1") for m in got) and any(m.startswith("STATUS=") for m in got)):
+            got.append(sock.recv(4096).decode())
+        assert got[0].startswith("READY=1")  # first message: after replay and reconciliation
+        assert home.db.exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        while not any(m.startswith("STOPPING=1") for m in got):
+            got.append(sock.recv(4096).decode())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+    status = next(m for m in got if m.startswith("STATUS="))
+    assert "active jobs" in status and "\n" not in status.strip()

@@ -316,6 +316,7 @@ class Daemon:
         view = LiveView(sandbox=self.sandbox) if self.live else None
         wd = notifier.watchdog_interval()
         last_wd = 0.0
+        last_status = ""
         try:
             if view:
                 view.start()
@@ -328,7 +329,10 @@ class Daemon:
                 if wd and now - last_wd >= wd and now - self.heartbeat < 600:
                     notifier.watchdog()
                     last_wd = now
-                notifier.status(status_line(engine, self.sandbox))
+                line = status_line(engine, self.sandbox)
+                if line != last_status:  # systemd needs it only when it changes
+                    notifier.status(line)
+                    last_status = line
                 if view:
                     view.update(engine.state)
                 if self.once and self._done_once(engine):
