@@ -22,9 +22,8 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from . import readmodels as rm
+from . import readside
 from .home import Home
-from .state import JobState, State
 from .store import EVENT_COLUMNS, connect, events_from_rows, json_loads_many
 
 HomeLike = Home | str | os.PathLike[str]
@@ -154,10 +153,12 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
     chunk; ``status`` is the chunk's step: pending, uploading, validating, in_progress, ..., done,
     failed), ``source`` (``"read_model"`` or ``"log"``) and ``note`` (why the log was folded, else None).
     """
+    from . import readmodels as rm  # the fold and projector: only off the fast path
+    from .state import JobState, State  # noqa: F401
     now = time.time() if now is None else now
     with reading(home) as conn, _gc_paused():
         jid = resolve_job(conn, job_id) if job_id is not None else None
-        problem = rm.read_model_problem(conn)
+        problem = readside.read_model_problem(conn)
         if problem is None:
             sql = f"SELECT {', '.join(STATUS_COLUMNS)} FROM job_status"
             if jid is None:
@@ -183,11 +184,11 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
     Returns ``{jobs, counts, total, hidden_active, hidden_finished, source, note}``."""
     now = time.time() if now is None else now
     with reading(home) as conn, _gc_paused():
-        problem = rm.read_model_problem(conn)
+        problem = readside.read_model_problem(conn)
         if problem is None:
             counts = dict(conn.execute("SELECT state, COUNT(*) FROM job_status GROUP BY state").fetchall())
             marks = ", ".join("?" * len(FINISHED_STATES))
-            sql = f"SELECT {', '.join(STATUS_COLUMNS)} FROM job_status WHERE state {{}} IN ({marks}) ORDER BY created_ts DESC, job_id DESC LIMIT ?"
+            sql = f"SELECT {', '.join(STATUS_COLUMNS)} FROM job_status WHERE state {{}} IN ({marks}) ORDER BY created_ts DESC LIMIT ?"  # walks the created_ts index, stops at the limit
             active = conn.execute(sql.format("NOT"), (*FINISHED_STATES, active_limit)).fetchall()
             finished = conn.execute(sql.format(""), (*FINISHED_STATES, finished_limit)).fetchall()
             rows = sorted(active + finished, key=_ORDER_KEY)
@@ -223,6 +224,8 @@ def job_detail(home: HomeLike, job_id: str, now: float | None = None, max_rows: 
     ``row_errors`` / ``row_errors_total`` (rows that could never be sent), ``input_path``,
     ``requests_path``, ``events_total`` and ``recent_events`` (the last few, as :func:`events`).
     """
+    from . import readmodels as rm  # the fold and projector: only off the fast path
+    from .state import JobState, State  # noqa: F401
     now = time.time() if now is None else now
     with reading(home) as conn:
         jid = resolve_job(conn, job_id)
@@ -353,6 +356,8 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     descending for model/job; ``totals`` has the same sums; ``daily`` is
     ``[{day, cost_usd, simulated_usd}]`` for every day with usage (for the chart).
     """
+    from . import readmodels as rm  # the fold and projector: only off the fast path
+    from .state import JobState, State  # noqa: F401
     if by not in COST_GROUPS:
         raise QueryError(f"--by {by!r}: expected one of {', '.join(COST_GROUPS)}")
     lo, hi = _day(since, "since"), _day(until, "until")
@@ -360,7 +365,7 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
         raise QueryError(f"--since {lo} is after --until {hi}")
     files: dict[str, str] = {}
     with reading(home) as conn, _gc_paused():
-        problem = rm.read_model_problem(conn)
+        problem = readside.read_model_problem(conn)
         if problem is None:
             sql = f"SELECT {', '.join(rm.USAGE_COLUMNS)} FROM usage WHERE 1=1"
             args: list[Any] = []

@@ -28,10 +28,10 @@ from typing import Any
 from .state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from .store import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
 
-PROJECTION = "status"
-MIGRATION_SET = "batchgrader.readmodels"
-MIGRATIONS_TABLE = "_sqlite_migrations"
-READ_TABLES = ("job_status", "usage", "projection_state")
+from .readside import (  # noqa: E402 - re-exported: the cheap freshness check lives there
+    MIGRATION_NAMES, MIGRATION_SET, MIGRATIONS_TABLE, PROJECTION, READ_TABLES, log_last_seq, projection_last_seq,
+    read_model_problem,
+)
 
 # Column -> SQLite type.  The order is the INSERT order; migrations create exactly these.
 JOB_STATUS_COLUMNS: dict[str, type] = {
@@ -111,7 +111,7 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
     return m
 
 
-MIGRATION_NAMES = ("0001_job_status_usage", "0002_job_status_state_index")
+assert MIGRATION_NAMES == ("0001_job_status_usage", "0002_job_status_state_index")  # keep readside in step
 
 
 def _database(conn: sqlite3.Connection):  # noqa: ANN202
@@ -270,42 +270,6 @@ def iter_events(conn: sqlite3.Connection, after: int = 0, until: int | None = No
 def fold_connection(conn: sqlite3.Connection, job_id: str | None = None) -> State:
     """The fold of the whole log (or of one job's events) read through ``conn``."""
     return fold(iter_events(conn, job_id=job_id))
-
-
-def log_last_seq(conn: sqlite3.Connection) -> int:
-    (n,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
-    return n
-
-
-def projection_last_seq(conn: sqlite3.Connection) -> int | None:
-    """``projection_state.last_seq`` of the status projection, None when there is none."""
-    try:
-        row = conn.execute("SELECT last_seq FROM projection_state WHERE name = ?", (PROJECTION,)).fetchone()
-    except sqlite3.OperationalError:  # no such table
-        return None
-    return None if row is None else row[0]
-
-
-def read_model_problem(conn: sqlite3.Connection, log_last: int | None = None) -> str | None:
-    """Why the read-side tables cannot answer for the current log, or None when they can."""
-    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = [t for t in READ_TABLES if t not in names]
-    if missing:
-        return f"the read-model tables are missing ({', '.join(missing)})"
-    applied = set()
-    if MIGRATIONS_TABLE in names:
-        applied = {r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE} WHERE migration_set = ?", (MIGRATION_SET,))}
-    if not set(MIGRATION_NAMES) <= applied:
-        return "the read-model tables are from an older version (the daemon migrates them when it starts)"
-    last = projection_last_seq(conn)
-    log_last = log_last_seq(conn) if log_last is None else log_last
-    if last is None:
-        return "the read model has not been built"
-    if last < log_last:
-        return f"the read model is {log_last - last} event(s) behind the log"
-    if last > log_last:
-        return f"the read model (seq {last}) is ahead of the log (seq {log_last})"
-    return None
 
 
 # --- the projector --------------------------------------------------------------------------------
