@@ -1,16 +1,24 @@
 """Request building, deterministic ids, prompts, and the `count` / `split` commands."""
 
+import io
 import json
+import re
+import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from batchgrader import prepare as prepare_mod
 from batchgrader.cli import cli
 from batchgrader.config import ConfigError, load_config
-from batchgrader.prepare import default_custom_id, prepare, split_file, token_param_for
+from batchgrader.home import Home
+from batchgrader.prepare import LineTemplate, RequestBuilder, default_custom_id, dumps_line, prepare, split_file, token_param_for
+from batchgrader.prompts import compile_template, render
 from batchgrader.pricing import load_pricing
-from batchgrader.tables import InputError
+from batchgrader.tables import InputError, open_table
 from batchgrader.tokens import count_chat_tokens
 
 
@@ -165,3 +173,146 @@ def test_split_cli_defaults_to_work_folder(tmp_path, home):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert Path(data["chunks"][0]["path"]).parent == home.work / "split" / "data"
+
+
+# --- the fast path: line template, constant token part, pipelined counting ------------------------
+
+TRICKY = [
+    "", "plain", 'quo"te', "back\\slash", "new\nline\r\n", "tab\tctl\x00\x01\x1f\x7f", "\u2028\u2029",
+    "héllo wörld", "打字手感很好", "emoji 🔋⚡ 👨‍👩‍👧", "</script>", "{braces} {{x}}", "\\u0000bg-user-content\\u0000",
+    '"\x00bg-custom-id\x00"', "a" * 3000, "a special <|endoftext|> token as text",
+]
+
+
+def _profiles(home):
+    configs = [
+        "",
+        "temperature: 0.2\nresponse_format: {type: object, properties: {score: {type: integer}}, required: [score], additionalProperties: false}\n",
+        "model: gpt-3.5-turbo\nsystem_prompt: 'Quotes \"here\", back\\\\slash, 世界 🎉 and a sentinel-ish \\\\u0000bg-user-content'\n",
+        "system_prompt: ''\nuser_prompt: 'A {response} B {response} {{literal}}'\n",
+        "id_column: id\n",
+    ]
+    for text in configs:
+        home.config_file.write_text(text, encoding="utf-8")
+        yield load_config(home, environ={}).default
+
+
+def test_line_template_is_byte_identical_to_json_dumps(home):
+    for profile in _profiles(home):
+        builder = RequestBuilder(profile, home, "ab" * 32)
+        tpl = builder.line_template()
+        assert tpl is not None
+        for cid in ["bg-abababababababab-1", "ID 7", 'odd "id" ✓', "\x00bg-custom-id\x00"]:
+            for user in TRICKY:
+                real = dumps_line(builder.request(cid, builder.spec.chat(user)))
+                assert tpl.line(cid, user) == real
+                assert tpl.size(cid, user) == len(real)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cid=st.text(max_size=40), user=st.text(max_size=400))
+def test_line_template_size_equals_real_line_size_for_any_text(cid, user):
+    home = Home.resolve("/nonexistent-bg-home")  # no config file: the default profile
+    builder = RequestBuilder(load_config(home, environ={}).default, home, "0" * 64)
+    tpl = builder.line_template()
+    try:
+        real = dumps_line(builder.request(cid, builder.spec.chat(user)))
+    except UnicodeEncodeError:  # lone surrogates: both ways refuse
+        with pytest.raises(UnicodeEncodeError):
+            tpl.size(cid, user)
+        with pytest.raises(UnicodeEncodeError):
+            tpl.line(cid, user)
+        return
+    assert tpl.line(cid, user) == real
+    assert tpl.size(cid, user) == len(real)
+
+
+def test_line_template_refuses_when_a_sentinel_is_not_unique(home):
+    home.config_file.write_text("system_prompt: \"\\0bg-user-content\\0\"\n", encoding="utf-8")
+    profile = load_config(home, environ={}).default
+    assert profile.system_prompt == LineTemplate._USER
+    builder = RequestBuilder(profile, home, "0" * 64)
+    assert builder.line_template() is None
+
+
+def _reference(f, profile, home, sha):
+    """Every request built and counted the slow, obvious way."""
+    builder = RequestBuilder(profile, home, sha)
+    out = []
+    with open_table(f, required_columns=builder.required_columns()) as reader:
+        for row in reader:
+            cid, messages, obj = builder.line(row)
+            out.append((dumps_line(obj), count_chat_tokens(messages, profile.model)))
+    return out
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 4096])
+def test_pipelined_prepare_equals_the_reference_counts_and_sizes(tmp_path, home, monkeypatch, block_rows):
+    monkeypatch.setattr(prepare_mod, "BLOCK_ROWS", block_rows)
+    rows = [t.replace("\r", "").replace("\n", " ") for t in TRICKY] + [f"row {i} 🎉 {'x' * (i * 37 % 500)}" for i in range(40)]
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("".join(json.dumps({"id": f"r{i}", "response": t, "n": i}, ensure_ascii=False) + "\n" for i, t in enumerate(rows)), encoding="utf-8")
+    for profile in _profiles(home):
+        buf = io.BytesIO()
+        prep = prepare(f, profile, home, requests_out=buf)
+        counted = prepare(f, profile, home)
+        ref = _reference(f, profile, home, prep.sha256)
+        assert buf.getvalue() == b"".join(line for line, _ in ref)
+        assert list(prep.sizes) == list(counted.sizes) == [len(line) for line, _ in ref]
+        assert list(prep.tokens) == list(counted.tokens) == [n for _, n in ref]
+        assert prep.rows == counted.rows == len(rows)
+
+
+def test_prepare_falls_back_to_building_each_request_when_no_template(tmp_path, home, monkeypatch):
+    monkeypatch.setattr(RequestBuilder, "line_template", lambda self: None)
+    f = csv_file(tmp_path, 'id,response\n1,"a, b"\n2,ü\n')
+    profile = load_config(home, environ={}).default
+    buf = io.BytesIO()
+    prep = prepare(f, profile, home, requests_out=buf)
+    ref = _reference(f, profile, home, prep.sha256)
+    assert buf.getvalue() == b"".join(line for line, _ in ref)
+    assert list(prep.sizes) == [len(line) for line, _ in ref] and list(prep.tokens) == [n for _, n in ref]
+
+
+def test_lone_surrogate_from_json_input_is_refused_as_before(tmp_path, home):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"response": "fine"}\n{"response": "half a pair \\ud800 here"}\n', encoding="utf-8")
+    profile = load_config(home, environ={}).default
+    with pytest.raises(UnicodeEncodeError) as counting:
+        prepare(f, profile, home)
+    with pytest.raises(UnicodeEncodeError) as writing:
+        prepare(f, profile, home, requests_out=io.BytesIO())
+    assert str(counting.value) == str(writing.value)
+
+
+def test_error_in_a_later_block_leaves_no_worker_threads(tmp_path, home, monkeypatch):
+    monkeypatch.setattr(prepare_mod, "BLOCK_ROWS", 2)
+    f = csv_file(tmp_path, "response\n" + "\n".join(f"r{i}" for i in range(7)) + "\n8,extra\n")
+    with pytest.raises(InputError, match="line 9"):
+        prepare(f, load_config(home, environ={}).default, home)
+    assert not [t for t in threading.enumerate() if t.name.startswith("bg-tokens")]
+
+
+_OLD_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
+def _old_render(template, lookup):
+    def sub(m):
+        whole = m.group(0)
+        if whole == "{{":
+            return "{"
+        if whole == "}}":
+            return "}"
+        return lookup(m.group(1))
+
+    return _OLD_TOKEN.sub(sub, template)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="{}ab xé", max_size=30))
+def test_compiled_render_equals_regex_substitution(template):
+    calls_old, calls_new = [], []
+    old = _old_render(template, lambda n: calls_old.append(n) or f"<{n}>")
+    new = render(template, lambda n: calls_new.append(n) or f"<{n}>")
+    assert new == old and calls_new == calls_old
+    assert "".join(f"<{t}>" if ph else t for t, ph in compile_template(template)) == old

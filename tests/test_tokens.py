@@ -7,6 +7,8 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import tiktoken_ext.openai_public as published
 
 from batchgrader import tokens
@@ -81,3 +83,71 @@ def test_batch_counting_equals_one_by_one_and_counts_special_tokens_as_text():
     assert many == [count_chat_tokens(r, "gpt-4o") for r in reqs]
     enc = tokens.get_encoding("o200k_base")
     assert many[4] == 3 + (3 + 1 + len(enc.encode_ordinary("Grade."))) + (3 + 1 + len(enc.encode_ordinary(texts[4])))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_parallel_counter_keeps_order_and_equals_encode_ordinary(threads):
+    import threading
+
+    enc = tokens.get_encoding("o200k_base")
+    texts = ["hello", "", "héllo wörld", "打字手感很好", "emoji 🔋⚡", "<|endoftext|> plain", "\ud800 lone surrogate"] * 5 + ["x " * i for i in range(20)]
+    counter = ChatTokenCounter("gpt-4o", num_threads=threads)
+    with counter.parallel() as pool:
+        a = pool.submit(texts)
+        b = pool.submit(texts[:3])
+        c = pool.submit([])
+        assert b() == [len(enc.encode_ordinary(t)) for t in texts[:3]]
+        assert a() == [len(enc.encode_ordinary(t)) for t in texts] == counter.text_tokens(texts)
+        assert c() == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("bg-tokens")]
+
+
+_PIECES = [
+    " ", "  ", "\n", "\r\n", "\t", " \n ", "a", "A", "hello", " world", "'s", "'LL", "é", "Ωmega", "打字", "😀", "👨‍👩‍👧",
+    "1", "123456", "!", "?!", "...", "<|endoftext|>", "<|endofprompt|>", "<|", "|>", "<|endof", "text|>", "\ud800",
+]
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+@pytest.mark.parametrize("buffer", [True, False])
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), min_size=0, max_size=12),
+       part_chars=st.sampled_from([1, 7, 40, 1 << 20]))
+def test_joined_part_counting_equals_encoding_each_text_alone(name, buffer, texts, part_chars):
+    import dataclasses
+
+    enc = tokens.get_encoding(name)
+    pool = tokens.ParallelTextCounter(enc, 1)
+    assert pool._separator is not None and pool._separator.buffer  # the installed tiktoken has a working buffer
+    pool._separator = dataclasses.replace(pool._separator, buffer=buffer)
+    old = tokens.PART_CHARS
+    tokens.PART_CHARS = part_chars
+    try:
+        assert pool._count(texts) == [len(enc.encode_ordinary(t)) for t in texts]
+    finally:
+        tokens.PART_CHARS = old
+
+
+def test_part_with_the_separator_inside_a_text_is_counted_text_by_text():
+    enc = tokens.get_encoding("o200k_base")
+    pool = tokens.ParallelTextCounter(enc, 1)
+    texts = ["a <|endoftext|> b", "c", "", "  "]
+    assert pool._count_part(texts) == [len(enc.encode_ordinary(t)) for t in texts]
+    assert pool._count_part(texts[1:]) == [len(enc.encode_ordinary(t)) for t in texts[1:]]
+
+
+def test_separator_search_counts_whole_tokens_only():
+    """The separator's bytes can appear across two neighbouring tokens; only aligned ones count."""
+    from array import array
+
+    sep = 0x00030D3F
+    pat = array("I", [sep]).tobytes()
+    straddle = array("I", [int.from_bytes(b"\x00" + pat[:3], "little"), int.from_bytes(pat[3:] + b"\x00\x00\x00", "little")])
+    assert pat in straddle.tobytes()
+    tokens_ = [5, 6] + list(straddle) + [sep, sep, 7, sep] + list(straddle)
+    data = array("I", tokens_).tobytes()
+    assert tokens._counts_between(data, pat, 4) == [4, 0, 1, 2]
+    assert tokens._counts_between(data, pat, 3) is None  # one separator too many
+    assert tokens._counts_between(data, pat, 5) is None  # one too few
+    assert tokens._counts_between(b"", pat, 1) == [0]
+    assert tokens._counts_between(pat, pat, 2) == [0, 0]

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -171,15 +171,84 @@ class RequestBuilder:
             return text_of(row.values[self.id_column])
         return default_custom_id(self.file_hash, row.number)
 
-    def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
-        messages = self.spec.messages(row.values, text_of)
+    def request(self, cid: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """The batch-input object of one request."""
         body: dict[str, Any] = {"model": self.profile.model, "messages": messages, self.token_param: self.profile.max_completion_tokens}
         if self.profile.temperature is not None:
             body["temperature"] = self.profile.temperature
         if self.profile.response_format is not None:
             body["response_format"] = self.profile.response_format
+        return {"custom_id": cid, "method": "POST", "url": ENDPOINT, "body": body}
+
+    def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
+        messages = self.spec.messages(row.values, text_of)
         cid = self.custom_id(row)
-        return cid, messages, {"custom_id": cid, "method": "POST", "url": ENDPOINT, "body": body}
+        return cid, messages, self.request(cid, messages)
+
+    def line_template(self) -> "LineTemplate | None":
+        """The constant JSONL text around each row's two varying strings (None if it cannot be cut out)."""
+        return LineTemplate.build(self)
+
+
+_encode_str = json.encoder.encode_basestring  # what json.dumps(..., ensure_ascii=False) uses for every str
+
+
+class LineTemplate:
+    """A request's JSONL line as constant text around the only two strings that vary per row.
+
+    Within one job every request is the same object except for ``custom_id`` and the user
+    message's ``content`` (model, system prompt, limits, response format are per job), so
+    ``dumps_line(builder.request(cid, builder.spec.chat(user)))`` is exactly
+    ``head + enc(cid) + mid + enc(user) + tail`` where ``enc`` is the JSON string encoder
+    ``json.dumps`` itself uses.  It is built by serialising one request with two sentinel
+    strings and cutting at their encodings, which must each occur exactly once (an encoded
+    string starts and ends with an unescaped quote, so it cannot appear inside another string).
+    """
+
+    _CID = "\x00bg-custom-id\x00"
+    _USER = "\x00bg-user-content\x00"
+
+    def __init__(self, head: str, mid: str, tail: str):
+        self.head, self.mid, self.tail = head, mid, tail
+        self.fixed_bytes = len((head + mid + tail).encode("utf-8"))
+
+    @classmethod
+    def build(cls, builder: RequestBuilder) -> "LineTemplate | None":
+        text = dumps_line(builder.request(cls._CID, builder.spec.chat(cls._USER))).decode("utf-8")
+        c, u = _encode_str(cls._CID), _encode_str(cls._USER)
+        if text.count(c) != 1 or text.count(u) != 1 or text.index(c) > text.index(u):
+            return None
+        head, rest = text.split(c)
+        mid, tail = rest.split(u)
+        return cls(head, mid, tail)
+
+    def line(self, cid: str, user: str) -> bytes:
+        """``dumps_line`` of the request, without building it."""
+        return (self.head + _encode_str(cid) + self.mid + _encode_str(user) + self.tail).encode("utf-8")
+
+    def size(self, cid: str, user: str) -> int:
+        """``len(self.line(cid, user))``, without serialising."""
+        return self.fixed_bytes + json_str_bytes(cid) + json_str_bytes(user)
+
+
+_JSON_ESCAPED = bytes(range(0x20)) + b'"\\'  # what the JSON string encoder escapes (nothing else)
+_JSON_LONG_ESCAPED = bytes(c for c in range(0x20) if c not in b"\b\t\n\f\r")  # written \u00XX; the rest as \X
+
+
+def json_str_bytes(s: str) -> int:
+    r"""``len(_encode_str(s).encode("utf-8"))``: the UTF-8 size of ``s`` as a JSON string.
+
+    The encoder (``ensure_ascii=False``) writes every character as itself except ``"``, ``\``
+    and the control characters U+0000-U+001F: ``\b \t \n \f \r \" \\`` take two bytes,
+    the other controls six (``\u00XX``).  In UTF-8 those characters are single bytes that
+    occur in no other character's encoding, so they can be counted in the encoded bytes.
+    """
+    b = s.encode("utf-8")
+    n = len(b)
+    escaped = n - len(b.translate(None, _JSON_ESCAPED))
+    if escaped:
+        escaped += 4 * (n - len(b.translate(None, _JSON_LONG_ESCAPED)))
+    return n + 2 + escaped
 
 
 def prepare(
@@ -212,7 +281,16 @@ def prepare(
         except PricingError:
             context_window = None
 
-    with open_table(path, required_columns=builder.required_columns()) as reader:
+    spec = builder.spec
+    template = builder.line_template()
+    # Every request of the job is the same but for its user message, so its tokens are a
+    # constant (reply priming, per-message overhead, roles, system prompt) plus the user text's.
+    const_tokens = counter.count(spec.chat(""))
+    id_column = builder.id_column
+    id_prefix = default_custom_id(file_hash, 0)[:-1]
+    user_message = spec.user_message
+
+    with open_table(path, required_columns=builder.required_columns()) as reader, counter.parallel() as pool:
         prep = Preparation(
             path=path, fmt=reader.fmt, sha256=file_hash, profile=profile.name, model=profile.model,
             tokenizer=counter.tokenizer, columns=list(reader.columns), max_completion_tokens=profile.max_completion_tokens,
@@ -222,38 +300,67 @@ def prepare(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
                 f"{counter.tokenizer.encoding} (counts may differ from what the provider bills)"
             )
-        seen_ids: set[str] | None = set() if builder.id_column else None
+        seen_ids: set[str] | None = set() if id_column else None
         first_line_of_id: dict[str, int] = {}
-        block: list[tuple[Any, str, list, dict]] = []
+        texts: list[str] = []  # the block's user messages, counted while the next block is read
+        lines: list[bytes] = []
+        pending: Callable[[], list[int]] | None = None
+        sizes_append = prep.sizes.append
+
+        def collect(result: Callable[[], list[int]]) -> None:
+            prep.tokens.extend([const_tokens + n for n in result()])
 
         def flush() -> None:
-            counts = counter.count_many([b[2] for b in block])
-            for (row, cid, _m, obj), n in zip(block, counts):
-                data = dumps_line(obj)
-                prep.tokens.append(n)
-                prep.sizes.append(len(data))
-                if requests_out is not None:
-                    requests_out.write(data)
-            block.clear()
+            nonlocal pending
+            if requests_out is not None:
+                requests_out.write(b"".join(lines))
+                lines.clear()
+            started = pool.submit(texts)  # works on copies: the block can be reused at once
+            texts.clear()
+            if pending is not None:
+                collect(pending)
+            pending = started
 
+        rows = 0
         for row in reader:
-            cid, messages, obj = builder.line(row)
-            if seen_ids is not None:
+            user = user_message(row.values, text_of)
+            if id_column is None:
+                cid = id_prefix + str(row.number)
+            else:
+                cid = text_of(row.values[id_column])
                 if not cid:
-                    raise InputError(path, f"id column {builder.id_column!r} is empty in row {row.number}", line=row.line, column=builder.id_column)
-                if cid in seen_ids:
+                    raise InputError(path, f"id column {id_column!r} is empty in row {row.number}", line=row.line, column=id_column)
+                if cid in seen_ids:  # type: ignore[operator]
                     raise InputError(
-                        path, f"id column {builder.id_column!r} value {cid!r} repeats (first seen in row {first_line_of_id[cid]}); ids must be unique",
-                        line=row.line, column=builder.id_column,
+                        path, f"id column {id_column!r} value {cid!r} repeats (first seen in row {first_line_of_id[cid]}); ids must be unique",
+                        line=row.line, column=id_column,
                     )
-                seen_ids.add(cid)
+                seen_ids.add(cid)  # type: ignore[union-attr]
                 first_line_of_id[cid] = row.number
-            block.append((row, cid, messages, obj))
-            prep.rows += 1
-            if len(block) >= BLOCK_ROWS:
+            if template is None:
+                data = dumps_line(builder.request(cid, spec.chat(user)))
+                sizes_append(len(data))
+                if requests_out is not None:
+                    lines.append(data)
+            elif requests_out is None:
+                try:
+                    sizes_append(template.size(cid, user))
+                except UnicodeEncodeError:  # lone surrogates: fail exactly as serialising the line does
+                    template.line(cid, user)
+                    raise
+            else:
+                data = template.line(cid, user)
+                sizes_append(len(data))
+                lines.append(data)
+            texts.append(user)
+            rows += 1
+            if len(texts) >= BLOCK_ROWS:
                 flush()
-        if block:
+        if texts:
             flush()
+        if pending is not None:
+            collect(pending)
+        prep.rows = rows
 
     chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window))
     prep.chunks = chunks

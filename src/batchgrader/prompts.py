@@ -7,6 +7,7 @@ examples files may contain braces (JSON examples made the old tool crash with a 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,16 +39,35 @@ def placeholders(template: str) -> list[str]:
     return list(seen)
 
 
-def render(template: str, lookup: Callable[[str], str]) -> str:
-    def sub(m: re.Match[str]) -> str:
+@functools.lru_cache(maxsize=256)
+def compile_template(template: str) -> tuple[tuple[str, bool], ...]:
+    """``template`` as (text, is_placeholder) parts, in order: literal text (``{{``/``}}``
+    already turned into braces) and placeholder names.  :func:`render` joins them."""
+    parts: list[tuple[str, bool]] = []
+    literal: list[str] = []
+    pos = 0
+    for m in _TOKEN.finditer(template):
+        literal.append(template[pos : m.start()])
         whole = m.group(0)
         if whole == "{{":
-            return "{"
-        if whole == "}}":
-            return "}"
-        return lookup(m.group(1))
+            literal.append("{")
+        elif whole == "}}":
+            literal.append("}")
+        else:
+            if any(literal):
+                parts.append(("".join(literal), False))
+            literal = []
+            parts.append((m.group(1), True))
+        pos = m.end()
+    literal.append(template[pos:])
+    if any(literal):
+        parts.append(("".join(literal), False))
+    return tuple(parts)
 
-    return _TOKEN.sub(sub, template)
+
+def render(template: str, lookup: Callable[[str], str]) -> str:
+    """Replace each ``{name}`` by ``lookup(name)`` (called left to right), ``{{``/``}}`` by braces."""
+    return "".join([lookup(text) if placeholder else text for text, placeholder in compile_template(template)])
 
 
 def load_named_prompts(home: Home) -> dict[str, str]:
@@ -73,13 +93,19 @@ class PromptSpec:
     user_fields: tuple[str, ...]  # columns the user template reads
 
     def user_message(self, values: Mapping[str, Any], text_of: Callable[[Any], str]) -> str:
-        return render(self.user_template, lambda name: text_of(values[name]))
+        return "".join([
+            text_of(values[text]) if placeholder else text for text, placeholder in compile_template(self.user_template)
+        ])
 
     def messages(self, values: Mapping[str, Any], text_of: Callable[[Any], str]) -> list[dict[str, str]]:
+        return self.chat(self.user_message(values, text_of))
+
+    def chat(self, user_content: str) -> list[dict[str, str]]:
+        """The messages of one request whose user message is ``user_content``."""
         msgs = []
         if self.system:
             msgs.append({"role": "system", "content": self.system})
-        msgs.append({"role": "user", "content": self.user_message(values, text_of)})
+        msgs.append({"role": "user", "content": user_content})
         return msgs
 
 

@@ -17,7 +17,9 @@ import functools
 import gzip
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 
@@ -211,6 +213,173 @@ class ChatTokenCounter:
 
     def count(self, messages: Sequence[dict[str, str]]) -> int:
         return self.count_many([messages])[0]
+
+    def parallel(self) -> "ParallelTextCounter":
+        """A pool for counting a stream of text blocks (close it, or use it as a context manager)."""
+        return ParallelTextCounter(self.encoding, self.num_threads)
+
+
+# Texts counted with one call to the encoder, joined by the end-of-text special token (below).
+PART_CHARS = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Separator:
+    text: str  # the special token joining the texts of a part
+    id: int
+    id_bytes: bytes  # the id as one native uint32, as in the encoder's token buffer
+    buffer: bool  # the encoder's token buffer works here (no Python int per token)
+
+
+def _buffer_bytes(enc: tiktoken.Encoding, text: str, allowed: set[str]) -> bytes:
+    """The tokens of ``text`` as native uint32 bytes, from the encoder's token buffer (what
+    tiktoken's ``encode_to_numpy`` reads).  Only the buffer's byte length is used (``cast("B")``):
+    tiktoken 0.14 reports the buffer's shape in bytes instead of items."""
+    return memoryview(enc._core_bpe.encode_to_tiktoken_buffer(text, allowed)).cast("B").tobytes()
+
+
+@functools.lru_cache(maxsize=8)
+def _part_separator(enc: tiktoken.Encoding) -> _Separator | None:
+    """How to join texts for :class:`ParallelTextCounter`, or None if the encoding cannot."""
+    try:
+        sid = enc.encode_single_token(ENDOFTEXT)
+    except KeyError:
+        return None
+    if sid in enc._mergeable_ranks.values():  # ordinary text could then produce it
+        return None
+    allowed = {ENDOFTEXT}
+    probe = f"hello world{ENDOFTEXT} 世界 🎉{ENDOFTEXT}{ENDOFTEXT}  \n<|endofprompt|> x"
+    expected = enc.encode(probe, allowed_special=allowed, disallowed_special=())
+    try:
+        buffer = array("I").itemsize == 4 and _buffer_bytes(enc, probe, allowed) == array("I", expected).tobytes()
+    except Exception:  # noqa: BLE001 - an older/newer tiktoken without a usable buffer: use lists
+        buffer = False
+    return _Separator(ENDOFTEXT, sid, array("I", [sid]).tobytes(), buffer)
+
+
+def _counts_between(data: bytes, separator: bytes, n: int) -> list[int] | None:
+    """Token counts of the ``n`` texts in ``data`` (native uint32 tokens, the texts separated by
+    the 4-byte ``separator`` token); None unless there are exactly ``n - 1`` separators."""
+    find = data.find
+    counts: list[int] = []
+    pos = -4  # byte offset of the previous separator
+    for _ in range(n):
+        nxt = find(separator, pos + 4)
+        while nxt > 0 and nxt & 3:  # whole tokens only: skip a match across two tokens
+            nxt = find(separator, nxt + 1)
+        if nxt < 0:
+            break
+        counts.append((nxt - pos - 4) >> 2)
+        pos = nxt
+    if len(counts) != n - 1:
+        return None
+    counts.append((len(data) - pos - 4) >> 2)
+    return counts
+
+
+class ParallelTextCounter:
+    """Counts blocks of plain texts on a persistent pool of threads, one block after another.
+
+    ``submit(texts)`` returns at once; calling what it returns waits for the counts, in order.
+    Each count is exactly ``len(encoding.encode_ordinary(text))``, as in
+    :meth:`ChatTokenCounter.text_tokens`.  tiktoken's encoder releases the GIL while it works, so
+    the threads count in parallel while the caller reads the next block.
+
+    Unlike tiktoken's ``encode_ordinary_batch`` (a new pool per call, one task and one encoder call
+    per text, a Python list of Python ints per text) each block is cut into one contiguous slice
+    per thread, and each slice is encoded in parts of about :data:`PART_CHARS` characters with
+    one encoder call per part: the part's texts joined by the special token ``<|endoftext|>``
+    and encoded with only that special token allowed.  tiktoken encodes the text between two
+    allowed special tokens on its own (its split pattern runs on that stretch alone, so nothing
+    merges across) and puts the special token's id, which ordinary text never yields, between
+    them: the count of each text is the distance between two separators.  The tokens come back
+    as one buffer of uint32 (searched with ``bytes.find``) instead of a list of ints where the
+    installed tiktoken supports it.  A part in which a text itself contains ``<|endoftext|>``
+    (ordinary text there, so it must not split), or that cannot be encoded as UTF-8 (lone
+    surrogates, which tiktoken replaces), is counted text by text.  So the workers take the GIL
+    a few times per block instead of thousands, and do not queue behind the thread that reads
+    the file.
+    """
+
+    def __init__(self, encoding: tiktoken.Encoding, num_threads: int):
+        self.encoding = encoding
+        self.num_threads = max(1, num_threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._separator = _part_separator(encoding)
+
+    def _count_each(self, texts: Sequence[str]) -> list[int]:
+        encode = self.encoding.encode_ordinary
+        return [len(encode(t)) for t in texts]
+
+    def _count_part(self, texts: list[str]) -> list[int]:
+        sep = self._separator
+        if sep is None or len(texts) < 2:
+            return self._count_each(texts)
+        joined = sep.text.join(texts)
+        if joined.count(sep.text) != len(texts) - 1:
+            return self._count_each(texts)
+        allowed = {sep.text}
+        counts: list[int] = []
+        if sep.buffer:
+            try:
+                data = _buffer_bytes(self.encoding, joined, allowed)
+            except UnicodeEncodeError:
+                return self._count_each(texts)
+            split = _counts_between(data, sep.id_bytes, len(texts))
+            return self._count_each(texts) if split is None else split
+        tokens = self.encoding.encode(joined, allowed_special=allowed, disallowed_special=())
+        index = tokens.index
+        pos = -1
+        for _ in range(len(texts) - 1):
+            nxt = index(sep.id, pos + 1)
+            counts.append(nxt - pos - 1)
+            pos = nxt
+        counts.append(len(tokens) - pos - 1)
+        return counts
+
+    def _count(self, texts: Sequence[str]) -> list[int]:
+        out: list[int] = []
+        part: list[str] = []
+        chars = 0
+        for t in texts:
+            part.append(t)
+            chars += len(t)
+            if chars >= PART_CHARS:
+                out += self._count_part(part)
+                part, chars = [], 0
+        if part:
+            out += self._count_part(part)
+        return out
+
+    def submit(self, texts: Sequence[str]) -> Callable[[], list[int]]:
+        n = len(texts)
+        if n == 0:
+            return list
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="bg-tokens")
+        step = -(-n // self.num_threads)
+        futures = [self._pool.submit(self._count, texts[i : i + step]) for i in range(0, n, step)]
+
+        def result() -> list[int]:
+            if len(futures) == 1:
+                return futures[0].result()
+            out: list[int] = []
+            for f in futures:
+                out += f.result()
+            return out
+
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "ParallelTextCounter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def count_chat_tokens(messages: Iterable[dict[str, str]], model: str, default_encoding: str = DEFAULT_ENCODING) -> int:
