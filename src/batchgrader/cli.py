@@ -378,11 +378,6 @@ def _resolve_job(obj: Ctx, prefix: str) -> str:
 
 
 def main() -> None:
-    from .config import ConfigError
-    from .pricing import PricingError
-    from .queries import AmbiguousJob, UnknownJob
-    from .tables import InputError
-
     try:
         cli(standalone_mode=False)
     except click.exceptions.Abort:
@@ -391,6 +386,14 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except (ConfigError, InputError, PricingError, FileNotFoundError, UnknownJob, AmbiguousJob) as exc:
-        click.echo(f"bgctl: error: {exc}", err=True)
-        sys.exit(2)
+    except Exception as exc:
+        # imported only now: naming these up front would cost every command ~50 ms of start-up
+        from .config import ConfigError
+        from .pricing import PricingError
+        from .queries import AmbiguousJob, UnknownJob
+        from .tables import InputError
+
+        if isinstance(exc, (ConfigError, InputError, PricingError, FileNotFoundError, UnknownJob, AmbiguousJob)):
+            click.echo(f"bgctl: error: {exc}", err=True)
+            sys.exit(2)
+        raise

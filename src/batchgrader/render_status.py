@@ -88,6 +88,22 @@ def _note(note: str | None, console: Console) -> None:
 
 # --- status ----------------------------------------------------------------------------------------
 
+def batches_text(batches: Sequence[dict[str, Any]]) -> str:
+    """Chunk steps with their counts, e.g. ``2 done, 1 in_progress 40/100`` (requests done/total
+    summed over the batches in that step)."""
+    groups: dict[str, list[int]] = {}
+    for b in batches:
+        g = groups.setdefault(b.get("status") or "pending", [0, 0, 0])
+        rc = b.get("request_counts") or {}
+        g[0] += 1
+        g[1] += int(rc.get("completed") or 0) + int(rc.get("failed") or 0)
+        g[2] += int(rc.get("total") or 0)
+    parts = []
+    for st, (n, done, total) in groups.items():
+        parts.append(f"{n} {st}" + (f" {done:,}/{total:,}" if total and st not in ("done", "failed") else ""))
+    return "\n".join(parts) or "-"
+
+
 def render_overview(overview: dict[str, Any], console: Console | None = None) -> None:
     """The `bgctl status` table from :func:`queries.status_overview`, with what was left out."""
     console = _console(console)
@@ -118,12 +134,13 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         hidden = set(finished[: len(finished) - max_finished])
         rows = [r for i, r in enumerate(rows) if i not in hidden]
     show_profile = any((r.get("profile") or "default") != "default" for r in rows)
-    t = Table(title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
-    t.add_column("job / file", no_wrap=True, min_width=12, max_width=28)
+    t = Table(title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False, collapse_padding=True)
+    t.add_column("job / file", no_wrap=True, min_width=12, max_width=18)
     if show_profile:
         t.add_column("profile", no_wrap=True, max_width=16)
     t.add_column("state", no_wrap=True)
     t.add_column("chunks", justify="right", no_wrap=True)
+    t.add_column("batches", min_width=11, max_width=22)
     t.add_column("rows", justify="right", no_wrap=True)
     t.add_column("tokens", justify="right", no_wrap=True)
     t.add_column("cost", justify="right", no_wrap=True)
@@ -138,6 +155,7 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         cells += [
             state_text(r["state"], sandbox, newline=True),
             f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}",
+            batches_text(r.get("batches") or []),
             f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}" + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else ""),
             f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out",
             Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""),
@@ -156,6 +174,8 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         console.print(Text(f"... and {len(hidden):,} older finished jobs not shown ({parts}); "
                            f"`bgctl status --json` lists every job.", style="dim"))
     for r in rows:
+        if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
+            console.print(Text(f"{r['job_id'][:12]} last error: {r['last_error']}", style="yellow"))
         if r.get("held_reason") and r["state"] == "held":
             console.print(Text(f"{r['job_id'][:12]} held: {r['held_reason']}", style="magenta"))
         elif r.get("error") and r["state"] == "failed":
