@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import sqlite3
 import statistics
@@ -29,6 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchdocs import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 
 from batchgrader import queries  # noqa: E402
@@ -300,18 +301,7 @@ def markdown(r: dict) -> str:
 
 
 def write_docs(text: str) -> Path:
-    path = ROOT / "docs" / "benchmarks.md"
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    if SECTION in old:
-        start = old.index(SECTION)
-        m = re.search(r"^## ", old[start + len(SECTION):], flags=re.M)
-        end = start + len(SECTION) + m.start() if m else len(old)
-        new = old[:start] + text + ("\n" if m else "") + old[end:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-    return path
+    return write_section(SECTION, text)
 
 
 def main() -> None:
