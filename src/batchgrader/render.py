@@ -97,12 +97,14 @@ def sandbox_banner() -> None:
 
 
 def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN001
+    from .readmodels import chunk_label  # the same step names as `bgctl status`
+
     t = Table(title=title + (" — SANDBOX: simulated results" if sandbox else ""), title_justify="left")
     for col, just, wrap in (("job / file", "left", False), ("state", "left", False), ("rows", "right", False),
                             ("chunks", "right", False), ("cost", "right", False), ("batches / error", "left", True)):
         t.add_column(col, justify=just, no_wrap=not wrap, overflow="fold")
     for j in sorted(state.jobs.values(), key=lambda j: j.created_ts):
-        batches = " ".join(f"{c.index}:{c.status or c.create}" for c in sorted(j.chunks.values(), key=lambda c: c.index))
+        batches = " ".join(f"{c.index}:{chunk_label(c)}" for c in sorted(j.chunks.values(), key=lambda c: c.index))
         err = (j.error or {}).get("error") or (j.held or {}).get("reason") or ""
         detail = batches + (("\n" if batches else "") + err[:200] if err else "")
         t.add_row(f"{j.job_id[:12]}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail)
