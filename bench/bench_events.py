@@ -249,8 +249,8 @@ def markdown(r: dict) -> str:
         lines.append(f"| {a['case']} | {a['events_per_s']:,.0f} | {a['appends_per_s']:,.0f} |")
     lines += [
         "",
-        f"Each append is a durable commit (`synchronous=FULL`: one WAL fsync), so small appends are bound by the disk; "
-        f"the daemon writes a handful of events per external action, far below these rates.",
+        "Each append is a durable commit (`synchronous=FULL`: one WAL fsync), so small appends are bound by the disk; "
+        "the daemon writes a handful of events per external action, far below these rates.",
         "",
         "### Rebuilding state from the log (`fold(EventStore.read())`, fresh process, as at daemon start)",
         "",

@@ -126,7 +126,7 @@ def submit(obj: Ctx, file: Path, profile: str | None) -> None:
 def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
     """Run the daemon in the foreground (as systemd and launchd expect)."""
     from .daemon import Daemon, DaemonError
-    from .render import console, render_summary, sandbox_banner
+    from .render import render_summary, sandbox_banner
 
     live = sys.stdout.isatty()
     if sandbox:

@@ -22,7 +22,6 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from .config import Config, ConfigError, load_config
 from .home import Home

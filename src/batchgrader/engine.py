@@ -25,15 +25,15 @@ from . import inbox as inbox_mod
 from .config import Config, ConfigError, Profile
 from .home import Home
 from .outbox import (
-    AddedColumns, added_columns, atomic_write, atomic_write_bytes, error_name, error_report, free_path,
+    added_columns, atomic_write, atomic_write_bytes, error_name, error_report, free_path,
     move_no_clobber, remove_stale_temp_files, result_name, result_values,
 )
 from .prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
 from .pricing import PriceTable, PricingError, billed_cost
-from .provider import OutcomeUnknown, Provider, ProviderError, ProviderRejected
+from .provider import OutcomeUnknown, Provider, ProviderError, ProviderRejected, reconcile_batch, reconcile_upload
 from .results import iter_outcomes
 from .splitting import Limits, plan_chunks, write_chunk_files
-from .state import IN_FLIGHT, TERMINAL_BATCH, ChunkState, JobState, State, fold
+from .state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from .store import EventStore, NewEvent
 from .tables import InputError, TableWriter, defuse_formula, open_table, text_of
 
@@ -123,7 +123,6 @@ class Engine:
             record = inbox_mod.read_claim(job_dir)
             if record is None:
                 continue
-            src = Path(record["source"])
             input_path = inbox_mod.claimed_input(job_dir)
             if input_path is None:
                 continue  # the rename never happened: the file is still in the inbox
@@ -262,7 +261,7 @@ class Engine:
         except ConfigError as exc:
             return self._fail(job, "unknown_profile", str(exc), "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`.", "prepare", now)
         try:
-            price = self.prices.get(profile.model)
+            self.prices.get(profile.model)  # fail fast: nothing is spent on an unpriced model
         except PricingError as exc:
             return self._fail(job, "missing_pricing", str(exc), "Add the model to pricing.csv in the home (or fix `model`), then `bgctl retry " + job.job_id + "`.", "prepare", now)
         requests_path = job_dir / "requests.jsonl"
@@ -290,7 +289,6 @@ class Engine:
         ]
         if not chunks and not prep.problems:
             return self._fail(job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now)
-        del price
         self.emit(job.job_id, _e(
             "JobPrepared", format=prep.fmt, model=prep.model, encoding=prep.tokenizer.encoding, rows=prep.rows,
             requests=prep.requests, input_tokens=prep.input_tokens, max_request_tokens=prep.max_request_tokens,
@@ -417,9 +415,11 @@ class Engine:
 
     def _reconcile_upload(self, job: JobState, c: ChunkState) -> None:
         assert self.provider is not None and c.filename
-        found = self.provider.find_uploaded(c.filename, c.bytes)
-        if found is not None:
-            self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=found.id, reconciled=True))
+        found = reconcile_upload(self.provider, c.filename, c.bytes)
+        if found.file is not None:
+            if found.duplicates:
+                log.warning("job %s chunk %s: %d extra uploads of %s left at the provider", job.job_id, c.index, len(found.duplicates), c.filename)
+            self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=found.file.id, reconciled=True))
         else:
             self._do_upload(job, c)  # provably absent: uploading again is safe (files cost no tokens)
 
@@ -451,17 +451,16 @@ class Engine:
         self._next_poll[(job.job_id, c.index)] = (now + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
 
     def _reconcile_create(self, job: JobState, c: ChunkState, now: float) -> None:
-        assert self.provider is not None
-        matches = self.provider.find_batches(input_file_id=c.file_id, metadata={"bg_key": c.metadata.get("bg_key", "")})
-        if matches:
-            keep = sorted(matches, key=lambda b: (b.created_at or 0, b.id))[0]
-            for extra in matches:
-                if extra.id != keep.id:  # should never happen; never pay twice
-                    log.error("job %s chunk %s: duplicate batch %s found; cancelling it", job.job_id, c.index, extra.id)
-                    try:
-                        self.provider.cancel(extra.id)
-                    except ProviderError as exc:
-                        log.error("could not cancel duplicate batch %s: %s", extra.id, exc)
+        assert self.provider is not None and c.file_id
+        found = reconcile_batch(self.provider, c.file_id, {"bg_key": c.metadata.get("bg_key", "")})
+        keep = found.batch
+        if keep is not None:
+            for extra in found.duplicates:  # should never happen; never pay twice
+                log.error("job %s chunk %s: duplicate batch %s found; cancelling it", job.job_id, c.index, extra.id)
+                try:
+                    self.provider.cancel(extra.id)
+                except ProviderError as exc:
+                    log.error("could not cancel duplicate batch %s: %s", extra.id, exc)
             self.emit(job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=keep.id, status="validating", reconciled=True))
             # the adopted batch may have moved on (even finished) while we were down: record where it is
             ev = _status_event(self.state.jobs[job.job_id].chunks[c.index], keep)
@@ -573,11 +572,11 @@ class Engine:
                 self._rows_failed_for_chunk(job, job.chunks[c.index], "halted", reason)
 
     def _cancel(self, job: JobState, now: float) -> None:
-        assert self.provider is not None or not any(c.in_flight for c in job.chunks.values())
         for c in job.chunks.values():
             if c.in_flight and c.batch_id and c.batch_id not in self._cancel_sent and c.status != "cancelling":
+                assert self.provider is not None
                 try:
-                    self.provider.cancel(c.batch_id)  # type: ignore[union-attr]
+                    self.provider.cancel(c.batch_id)
                 except ProviderRejected as exc:
                     log.info("cancel %s: %s", c.batch_id, exc)  # already terminal: collected as usual
                 self._cancel_sent.add(c.batch_id)
@@ -694,7 +693,7 @@ class Engine:
                     for line in f:
                         rec = json.loads(line)
                         outcomes[rec["custom_id"]] = rec
-        row_errors = {cid: e for cid, e in job.row_errors.items()}
+        row_errors = job.row_errors
         failed_info = job.failed_rows
         fixed = {**result_settings(profile), **job.settings}  # as prepared, even if the config changed since
         id_column = fixed["id_column"]

@@ -21,7 +21,7 @@ from .config import Profile
 from .home import Home
 from .pricing import PriceTable, PricingError, estimate
 from .prompts import PromptSpec, resolve_prompts
-from .splitting import Chunk, Limits, Oversized, plan_chunks, write_chunk_files
+from .splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from .tables import InputError, open_table, text_of
 from .tokens import ChatTokenCounter, ModelTokenizer
 

@@ -20,10 +20,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import readside
 from .home import Home
+
+if TYPE_CHECKING:
+    from .state import JobState
 from .store import EVENT_COLUMNS, connect, events_from_rows, json_loads_many
 
 HomeLike = Home | str | os.PathLike[str]
@@ -153,8 +156,6 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
     chunk; ``status`` is the chunk's step: pending, uploading, validating, in_progress, ..., done,
     failed), ``source`` (``"read_model"`` or ``"log"``) and ``note`` (why the log was folded, else None).
     """
-    from . import readmodels as rm  # the fold and projector: only off the fast path
-    from .state import JobState, State  # noqa: F401
     now = time.time() if now is None else now
     with reading(home) as conn, _gc_paused():
         jid = resolve_job(conn, job_id) if job_id is not None else None
@@ -168,6 +169,8 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
             else:
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
             return _present(rows, now, SOURCE_READ_MODEL, None)
+        from . import readmodels as rm  # the fold: only when the read model cannot answer
+
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
         return _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, _fallback_note(problem))
@@ -225,7 +228,6 @@ def job_detail(home: HomeLike, job_id: str, now: float | None = None, max_rows: 
     ``requests_path``, ``events_total`` and ``recent_events`` (the last few, as :func:`events`).
     """
     from . import readmodels as rm  # the fold and projector: only off the fast path
-    from .state import JobState, State  # noqa: F401
     now = time.time() if now is None else now
     with reading(home) as conn:
         jid = resolve_job(conn, job_id)
@@ -357,7 +359,7 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     ``[{day, cost_usd, simulated_usd}]`` for every day with usage (for the chart).
     """
     from . import readmodels as rm  # the fold and projector: only off the fast path
-    from .state import JobState, State  # noqa: F401
+    from .state import State
     if by not in COST_GROUPS:
         raise QueryError(f"--by {by!r}: expected one of {', '.join(COST_GROUPS)}")
     lo, hi = _day(since, "since"), _day(until, "until")
