@@ -33,7 +33,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -46,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -271,18 +271,9 @@ def python_start_s(runs: int = 3) -> float:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import tiktoken
 
-    return (f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"tiktoken {tiktoken.__version__}; load average {load():.1f} at the start")
+    return benchdocs.machine(f"tiktoken {tiktoken.__version__}")
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -430,7 +421,7 @@ def write_docs(text: str) -> Path:
 
 
 def load() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return benchdocs.load_average()
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -29,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -214,17 +214,7 @@ def measure_status(home: Path, runs: int) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"SQLite {sqlite3.sqlite_version}; load average {load:.1f} at the start")
+    return benchdocs.machine(f"SQLite {sqlite3.sqlite_version}")
 
 
 def markdown(r: dict) -> str:

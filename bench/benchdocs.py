@@ -1,7 +1,10 @@
-"""Shared by the benchmark scripts: replace one '## ' section of docs/benchmarks.md, keep the rest."""
+"""Shared by the benchmark scripts: the machine description, and writing one '## ' section of
+docs/benchmarks.md while keeping the rest."""
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 from pathlib import Path
 
@@ -21,3 +24,21 @@ def write_section(heading: str, text: str, path: Path = DOC) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
     return path
+
+
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def machine(extra: str) -> str:
+    """Cores, CPU model, OS, Python, ``extra`` (library versions) and the current load."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, Python {platform.python_version()}, "
+            f"{extra}; load average {load_average():.1f} at the start")
