@@ -49,8 +49,8 @@ import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 
-from batchgrader.prepare import BLOCK_ROWS  # noqa: E402
-from batchgrader.tokens import get_encoding  # noqa: E402
+from batchgrader.pipeline.prepare import BLOCK_ROWS  # noqa: E402
+from batchgrader.pipeline.tokens import get_encoding  # noqa: E402
 
 SECTION = "## Request preparation (issue 2)"
 OUT = ROOT / "bench" / "out"
@@ -265,7 +265,7 @@ def python_start_s(runs: int = 3) -> float:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import batchgrader.cli"], check=True)
+        subprocess.run([sys.executable, "-c", "import batchgrader.cli.commands"], check=True)
         times.append(time.perf_counter() - t0)
     return min(times)
 

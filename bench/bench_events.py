@@ -32,9 +32,9 @@ import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 
-from batchgrader import queries  # noqa: E402
-from batchgrader.readmodels import projectors, rebuild  # noqa: E402
-from batchgrader.store import EventStore, NewEvent  # noqa: E402
+from batchgrader.store import queries  # noqa: E402
+from batchgrader.store.readmodels import projectors, rebuild  # noqa: E402
+from batchgrader.store.eventstore import EventStore, NewEvent  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
 TEMPLATES = ["v1_happy_multichunk", "v1_failed_rows_retry", "v1_expired_batch", "v1_cancelled", "v1_held", "v1_rejected_file"]
@@ -112,8 +112,8 @@ def measure_append(tmp: Path, n_events: int) -> list[dict]:
 _FOLD = r"""
 import sys, time, gc
 sys.path.insert(0, sys.argv[2])
-from batchgrader.store import EventStore
-from batchgrader.state import fold
+from batchgrader.store.eventstore import EventStore
+from batchgrader.core.state import fold
 with EventStore(sys.argv[1], readonly=True) as r:
     t0, c0 = time.perf_counter(), time.process_time()
     s = fold(r.read())
@@ -192,7 +192,7 @@ def measure_status(home: Path, runs: int) -> dict:
         n = len(json.loads(p.stdout))
         print(f"  bgctl status --json (subprocess): median {statistics.median(cli_lat):.0f} ms, best {min(cli_lat):.0f} ms ({n:,} jobs)", flush=True)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import batchgrader.cli"], check=True)
+        subprocess.run([sys.executable, "-c", "import batchgrader.cli.commands"], check=True)
         res["python_import_ms"] = (time.perf_counter() - t0) * 1000
         print(f"    of which starting Python and importing batchgrader.cli: {res['python_import_ms']:.0f} ms", flush=True)
     else:

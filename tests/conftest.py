@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.home import Home
+from batchgrader.core.home import Home
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ from typing import Any
 import openai
 import pytest
 
-from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
-from batchgrader.provider import OpenAIProvider, RetryPolicy
+from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
+from batchgrader.provider.openai_api import OpenAIProvider, RetryPolicy
 
 API_KEY = "sk-emulator-test-key-0123456789abcdef"
 MODEL = "gpt-4o-mini"

@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from batchgrader.cli import cli
-from batchgrader.config import KEYS, ConfigError, load_config
+from batchgrader.cli.commands import cli
+from batchgrader.core.config import KEYS, ConfigError, load_config
 
 
 def write(home, text):

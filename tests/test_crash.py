@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.emulator import Emulator, EmulatorConfig
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, integrity, outbox_files, start_daemon, temp_leftovers, wait_for
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

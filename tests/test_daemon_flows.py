@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.emulator import Emulator, EmulatorConfig, Fault
-from batchgrader.state import fold
-from batchgrader.store import EventStore
+from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault
+from batchgrader.core.state import fold
+from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, integrity, start_daemon, temp_leftovers, wait_for
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 import pytest
 
-from batchgrader.cli import cli
-from batchgrader.config import GLOBAL_ONLY, KEYS, env_name
+from batchgrader.cli.commands import cli
+from batchgrader.core.config import GLOBAL_ONLY, KEYS, env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from batchgrader.daemon import InstanceLock
-from batchgrader.doctor import (
+from batchgrader.daemon.process import InstanceLock
+from batchgrader.ops.doctor import (
     FAIL,
     OK,
     WARN,
@@ -24,12 +24,12 @@ from batchgrader.doctor import (
     render_checks,
     run_checks,
 )
-from batchgrader.emulator import Emulator, EmulatorConfig
-from batchgrader.home import Home
-from batchgrader.pricing import COLUMNS
-from batchgrader.service import env_file_path
-from batchgrader.store import EventStore
-from batchgrader.tokens import EncodingUnavailable, get_encoding
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.core.home import Home
+from batchgrader.pipeline.pricing import COLUMNS
+from batchgrader.ops.service import env_file_path
+from batchgrader.store.eventstore import EventStore
+from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding
 
 KEY = "sk-doctor-test-key-0123456789abcdef"
 WRONG_KEY = "sk-wrong-key-for-doctor-9876543210zyx"

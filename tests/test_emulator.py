@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from batchgrader.emulator import (
+from batchgrader.provider.emulator import (
     BATCH_EXPIRED_MESSAGE,
     EXPIRE_AFTER_METADATA_KEY,
     FAULT_PROFILES,
@@ -28,7 +28,7 @@ from batchgrader.emulator import (
     ManualClock,
     generate_from_schema,
 )
-from batchgrader.tokens import ChatTokenCounter, count_chat_tokens
+from batchgrader.pipeline.tokens import ChatTokenCounter, count_chat_tokens
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     MODEL,
@@ -783,7 +783,7 @@ def test_data_dir_survives_a_restart(tmp_path: Path, clock):
 
 
 def test_run_emulator_in_another_process_prints_banner_and_serves_stats(tmp_path: Path):
-    code = "from batchgrader.emulator import run_emulator; run_emulator(0, 'flaky', 4, None)"
+    code = "from batchgrader.provider.emulator import run_emulator; run_emulator(0, 'flaky', 4, None)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         banner = []

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from batchgrader.config import load_config
-from batchgrader.engine import Engine
-from batchgrader.inbox import InboxScanner, submit_file
-from batchgrader.pricing import load_pricing
-from batchgrader.store import EventStore
+from batchgrader.core.config import load_config
+from batchgrader.daemon.engine import Engine
+from batchgrader.pipeline.inbox import InboxScanner, submit_file
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.store.eventstore import EventStore
 
 
 def test_file_is_taken_only_when_unchanged_across_two_looks(home):

@@ -11,15 +11,15 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader import prepare as prepare_mod
-from batchgrader.cli import cli
-from batchgrader.config import ConfigError, load_config
-from batchgrader.home import Home
-from batchgrader.prepare import LineTemplate, RequestBuilder, default_custom_id, dumps_line, prepare, split_file, token_param_for
-from batchgrader.prompts import compile_template, render
-from batchgrader.pricing import load_pricing
-from batchgrader.tables import InputError, open_table
-from batchgrader.tokens import count_chat_tokens
+from batchgrader.pipeline import prepare as prepare_mod
+from batchgrader.cli.commands import cli
+from batchgrader.core.config import ConfigError, load_config
+from batchgrader.core.home import Home
+from batchgrader.pipeline.prepare import LineTemplate, RequestBuilder, default_custom_id, dumps_line, prepare, split_file, token_param_for
+from batchgrader.pipeline.prompts import compile_template, render
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.pipeline.tables import InputError, open_table
+from batchgrader.pipeline.tokens import count_chat_tokens
 
 
 def csv_file(tmp_path, text, name="data.csv"):

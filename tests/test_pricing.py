@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.pricing import (
+from batchgrader.pipeline.pricing import (
     COLUMNS,
     Estimate,
     Price,

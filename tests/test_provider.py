@@ -10,9 +10,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from batchgrader.config import mask_secret
-from batchgrader.emulator import FAULT_PROFILES, Fault
-from batchgrader.provider import (
+from batchgrader.core.config import mask_secret
+from batchgrader.provider.emulator import FAULT_PROFILES, Fault
+from batchgrader.provider.openai_api import (
     BatchInfo,
     FileInfo,
     OpenAIProvider,

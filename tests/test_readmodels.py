@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from batchgrader import queries, readmodels
-from batchgrader.home import Home
-from batchgrader.readmodels import JOB_STATUS_COLUMNS, USAGE_COLUMNS, StatusProjector, job_row, projectors, rebuild
-from batchgrader.render_status import bar, render_costs, render_events, render_job, render_status
-from batchgrader.schema import EVENTS, EVENTS_DDL
-from batchgrader.state import fold
-from batchgrader.store import Event, EventStore, NewEvent
+from batchgrader.store import queries, readmodels
+from batchgrader.core.home import Home
+from batchgrader.store.readmodels import JOB_STATUS_COLUMNS, USAGE_COLUMNS, StatusProjector, job_row, projectors, rebuild
+from batchgrader.cli.render_status import bar, render_costs, render_events, render_job, render_status
+from batchgrader.core.schema import EVENTS, EVENTS_DDL
+from batchgrader.core.state import fold
+from batchgrader.store.eventstore import Event, EventStore, NewEvent
 
 GOLDEN = Path(__file__).parent / "golden"
 DOCS = Path(__file__).parent.parent / "docs" / "events.md"

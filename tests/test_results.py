@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.emulator import EXPIRE_AFTER_METADATA_KEY
-from batchgrader.provider import OpenAIProvider
-from batchgrader.results import (
+from batchgrader.provider.emulator import EXPIRE_AFTER_METADATA_KEY
+from batchgrader.provider.openai_api import OpenAIProvider
+from batchgrader.pipeline.results import (
     ResultsFormatError,
     RowOutcome,
     collect_outcomes,

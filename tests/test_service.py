@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader import service
-from batchgrader.home import Home
-from batchgrader.service import (
+from batchgrader.ops import service
+from batchgrader.core.home import Home
+from batchgrader.ops.service import (
     CommandResult,
     EnvFileError,
     ServiceError,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchgrader.config import load_config
-from batchgrader.splitting import (
+from batchgrader.core.config import load_config
+from batchgrader.pipeline.splitting import (
     PROVIDER_MAX_BYTES,
     PROVIDER_MAX_REQUESTS,
     Chunk,

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader import state as state_mod
-from batchgrader.schema import EVENTS
-from batchgrader.state import JOB_STATES, JobState, State, fold
-from batchgrader.store import Event
+from batchgrader.core import state as state_mod
+from batchgrader.core.schema import EVENTS
+from batchgrader.core.state import JOB_STATES, JobState, State, fold
+from batchgrader.store.eventstore import Event
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_LOGS = sorted(p.stem for p in GOLDEN.glob("*.jsonl"))

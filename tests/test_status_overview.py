@@ -6,10 +6,10 @@ import json
 
 from click.testing import CliRunner
 
-from batchgrader import queries
-from batchgrader.cli import cli
-from batchgrader.readmodels import projectors
-from batchgrader.store import EventStore, NewEvent
+from batchgrader.store import queries
+from batchgrader.cli.commands import cli
+from batchgrader.store.readmodels import projectors
+from batchgrader.store.eventstore import EventStore, NewEvent
 
 
 def make_jobs(home, active: int, finished: int) -> None:

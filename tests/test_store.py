@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader import schema
-from batchgrader import store as store_mod
-from batchgrader.home import Home
-from batchgrader.state import fold
-from batchgrader.store import ConcurrencyError, Event, EventStore, NewEvent, UnknownEventType
+from batchgrader.core import schema
+from batchgrader.store import eventstore as store_mod
+from batchgrader.core.home import Home
+from batchgrader.core.state import fold
+from batchgrader.store.eventstore import ConcurrencyError, Event, EventStore, NewEvent, UnknownEventType
 
 
 def ev(type_: str = "CancelRequested", **payload) -> NewEvent:
@@ -112,7 +112,7 @@ def test_payloads_must_be_json(store: EventStore):
 
 _WRITER = r"""
 import json, sys
-from batchgrader.store import ConcurrencyError, EventStore, NewEvent
+from batchgrader.store.eventstore import ConcurrencyError, EventStore, NewEvent
 db, job, wid, n, mode = sys.argv[1:]
 s = EventStore(db)
 print("ready", flush=True)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchgrader import tables
-from batchgrader.tables import (
+from batchgrader.pipeline import tables
+from batchgrader.pipeline.tables import (
     ExactFloat,
     InputError,
     Layout,
@@ -947,7 +947,7 @@ def test_read_and_write_stream_with_flat_memory(tmp_path, fmt):
 
 def test_import_has_no_side_effects():
     code = (
-        "import csv; before = csv.field_size_limit(); import batchgrader.tables; "
+        "import csv; before = csv.field_size_limit(); import batchgrader.pipeline.tables; "
         "assert csv.field_size_limit() == before, 'field_size_limit changed at import'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

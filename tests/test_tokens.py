@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import tiktoken_ext.openai_public as published
 
-from batchgrader import tokens
-from batchgrader.tokens import ChatTokenCounter, EncodingUnavailable, count_chat_tokens, tokenizer_for_model
+from batchgrader.pipeline import tokens
+from batchgrader.pipeline.tokens import ChatTokenCounter, EncodingUnavailable, count_chat_tokens, tokenizer_for_model
 
 # The cookbook "How to count tokens with tiktoken": example messages and the prompt_tokens the API reported.
 COOKBOOK = [

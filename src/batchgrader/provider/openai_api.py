@@ -32,9 +32,9 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import httpx2
 import openai
 
-from .outbox import TMP_PREFIX, fsync_dir
+from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir
 
-from .config import mask_secret
+from batchgrader.core.config import mask_secret
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store import Event
+from batchgrader.store.eventstore import Event
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .home import Home
+from batchgrader.core.home import Home
 
 ENV_PREFIX = "BATCHGRADER_"
 

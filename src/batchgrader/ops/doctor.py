@@ -25,8 +25,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import Config, ConfigError, load_config, mask_secret
-from .home import Home
+from batchgrader.core.config import Config, ConfigError, load_config, mask_secret
+from batchgrader.core.home import Home
 
 __all__ = [
     "OK",
@@ -131,7 +131,7 @@ def _scrubber(secrets: Sequence[str]) -> Callable[[str], str]:
 
 
 def _timeout_runner(timeout: float):
-    from .service import CommandResult
+    from batchgrader.ops.service import CommandResult
 
     def run(argv: Sequence[str]) -> CommandResult:
         try:
@@ -201,7 +201,7 @@ def _config_file_secrets(home: Home) -> list[str]:
 def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str, str], list[str]]:
     """The secrets file's safety. Returns the check, the environment the daemon would see (the
     file's variables filled in where unset, only when the file is safe), and the secrets seen."""
-    from .service import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
+    from batchgrader.ops.service import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
 
     path = env_file_path(home)
     seen: list[str] = []
@@ -238,7 +238,7 @@ def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str
 def check_api_key(home: Home, config: Config | None, env: Mapping[str, str],
                   from_file: Mapping[str, str] | None = None) -> Check:
     """``from_file``: the variables the secrets file filled in (to name it as the key's source)."""
-    from .service import API_KEY_VAR, env_file_path
+    from batchgrader.ops.service import API_KEY_VAR, env_file_path
 
     secrets = env_file_path(home)
     from_file = from_file or {}
@@ -332,7 +332,7 @@ def _profiles(users: list[tuple[str, str]]) -> str:
 
 
 def check_pricing(home: Home, config: Config | None) -> list[Check]:
-    from .pricing import COLUMNS, PricingError, load_pricing
+    from batchgrader.pipeline.pricing import COLUMNS, PricingError, load_pricing
 
     if config is None:
         return [Check("pricing", WARN, "not checked: config.yaml does not load", "fix the config check first")]
@@ -364,7 +364,7 @@ def check_pricing(home: Home, config: Config | None) -> list[Check]:
 
 
 def check_encodings(config: Config | None, loader: EncodingLoader | None = None) -> list[Check]:
-    from .tokens import EncodingUnavailable, get_encoding, tokenizer_for_model
+    from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding, tokenizer_for_model
 
     load = loader or get_encoding
     if config is None:
@@ -403,7 +403,7 @@ def check_encodings(config: Config | None, loader: EncodingLoader | None = None)
 # --- 6. home permissions -------------------------------------------------------------------------
 
 def check_permissions(home: Home) -> Check:
-    from .service import ENV_FILE_NAME
+    from batchgrader.ops.service import ENV_FILE_NAME
 
     root = home.root
     if not root.is_dir():
@@ -448,7 +448,7 @@ def check_permissions(home: Home) -> Check:
 # --- 7. database integrity -----------------------------------------------------------------------
 
 def check_database(home: Home) -> Check:
-    from .store import EventStore
+    from batchgrader.store.eventstore import EventStore
 
     db = home.db
     if not db.exists():
@@ -470,7 +470,7 @@ def check_database(home: Home) -> Check:
 # --- 8. the daemon ---------------------------------------------------------------------------------
 
 def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
-    from .daemon import daemon_pid
+    from batchgrader.daemon.process import daemon_pid
 
     try:
         pid = daemon_pid(home)
@@ -503,7 +503,7 @@ def _describe_service(info: Mapping[str, Any] | None) -> str:
 
 def _default_service_status(env: Mapping[str, str], timeout: float) -> ServiceStatus:
     def get(home: Home) -> Mapping[str, Any] | None:
-        from .service import status
+        from batchgrader.ops.service import status
 
         return status(home, runner=_timeout_runner(timeout), environ=env)
 

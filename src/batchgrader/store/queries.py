@@ -22,12 +22,12 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import readside
-from .home import Home
+from batchgrader.store import readside
+from batchgrader.core.home import Home
 
 if TYPE_CHECKING:
-    from .state import JobState
-from .store import EVENT_COLUMNS, connect, events_from_rows, json_loads_many
+    from batchgrader.core.state import JobState
+from batchgrader.store.eventstore import EVENT_COLUMNS, connect, events_from_rows, json_loads_many
 
 HomeLike = Home | str | os.PathLike[str]
 
@@ -169,7 +169,7 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
             else:
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
             return _present(rows, now, SOURCE_READ_MODEL, None)
-        from . import readmodels as rm  # the fold: only when the read model cannot answer
+        from batchgrader.store import readmodels as rm  # the fold: only when the read model cannot answer
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
@@ -227,7 +227,7 @@ def job_detail(home: HomeLike, job_id: str, now: float | None = None, max_rows: 
     ``row_errors`` / ``row_errors_total`` (rows that could never be sent), ``input_path``,
     ``requests_path``, ``events_total`` and ``recent_events`` (the last few, as :func:`events`).
     """
-    from . import readmodels as rm  # the fold and projector: only off the fast path
+    from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
     now = time.time() if now is None else now
     with reading(home) as conn:
         jid = resolve_job(conn, job_id)
@@ -358,8 +358,8 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     descending for model/job; ``totals`` has the same sums; ``daily`` is
     ``[{day, cost_usd, simulated_usd}]`` for every day with usage (for the chart).
     """
-    from . import readmodels as rm  # the fold and projector: only off the fast path
-    from .state import State
+    from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
+    from batchgrader.core.state import State
     if by not in COST_GROUPS:
         raise QueryError(f"--by {by!r}: expected one of {', '.join(COST_GROUPS)}")
     lo, hi = _day(since, "since"), _day(until, "until")

@@ -21,21 +21,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import inbox as inbox_mod
-from .config import Config, ConfigError, Profile
-from .home import Home
-from .outbox import (
+from batchgrader.pipeline import inbox as inbox_mod
+from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.core.home import Home
+from batchgrader.pipeline.outbox import (
     added_columns, atomic_write, atomic_write_bytes, error_name, error_report, free_path,
     move_no_clobber, remove_stale_temp_files, result_name, result_values,
 )
-from .prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
-from .pricing import PriceTable, PricingError, billed_cost
-from .provider import OutcomeUnknown, Provider, ProviderError, ProviderRejected, reconcile_batch, reconcile_upload
-from .results import iter_outcomes
-from .splitting import Limits, plan_chunks, write_chunk_files
-from .state import TERMINAL_BATCH, ChunkState, JobState, State, fold
-from .store import EventStore, NewEvent
-from .tables import InputError, TableWriter, defuse_formula, open_table, text_of
+from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
+from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
+from batchgrader.provider.openai_api import OutcomeUnknown, Provider, ProviderError, ProviderRejected, reconcile_batch, reconcile_upload
+from batchgrader.pipeline.results import iter_outcomes
+from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.store.eventstore import EventStore, NewEvent
+from batchgrader.pipeline.tables import InputError, TableWriter, defuse_formula, open_table, text_of
 
 log = logging.getLogger("batchgrader.engine")
 

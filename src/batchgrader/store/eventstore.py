@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from .schema import EVENTS, EVENTS_DDL, upcast
+from batchgrader.core.schema import EVENTS, EVENTS_DDL, upcast
 
 BUSY_TIMEOUT_MS = 10_000
 

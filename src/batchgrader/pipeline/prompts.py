@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, Profile
-from .home import Home
+from batchgrader.core.config import ConfigError, Profile
+from batchgrader.core.home import Home
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 EXAMPLES_PLACEHOLDER = "examples"

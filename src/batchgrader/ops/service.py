@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .home import Home
+from batchgrader import __version__
+from batchgrader.core.home import Home
 
 UNIT_NAME = "batchgrader.service"
 LAUNCHD_LABEL = "com.batchgrader.daemon"

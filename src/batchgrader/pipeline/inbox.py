@@ -17,8 +17,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .home import Home
-from .outbox import atomic_write_bytes, fsync_dir
+from batchgrader.core.home import Home
+from batchgrader.pipeline.outbox import atomic_write_bytes, fsync_dir
 
 SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")

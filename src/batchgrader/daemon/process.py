@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import Config, ConfigError, load_config
-from .home import Home
-from .pricing import PriceTable, PricingError, load_pricing
-from .service import ServiceError
+from batchgrader.core.config import Config, ConfigError, load_config
+from batchgrader.core.home import Home
+from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing
+from batchgrader.ops.service import ServiceError
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 CONTROL_DIR = "control"
@@ -96,7 +96,7 @@ def daemon_pid(home: Home) -> int | None:
 
 def request_control(home: Home, action: str, job_id: str, reason: str = "") -> Path:
     """Queue a request for the daemon (atomic file in ``control/``)."""
-    from .outbox import atomic_write_bytes
+    from batchgrader.pipeline.outbox import atomic_write_bytes
 
     folder = home.root / CONTROL_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,7 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
 def sandbox_emulator(data_dir: Path):
     """The in-process emulator behind `--sandbox`: state kept under the home, so a restarted
     sandbox daemon finds its batches again."""
-    from .emulator import Emulator, EmulatorConfig
+    from batchgrader.provider.emulator import Emulator, EmulatorConfig
 
     data_dir.mkdir(parents=True, exist_ok=True)
     return Emulator(EmulatorConfig(api_key=SANDBOX_KEY, data_dir=str(data_dir), validating_s=0.5, in_progress_s=1.5, finalizing_s=0.5)).start()
@@ -181,12 +181,12 @@ class Daemon:
     tick_error: BaseException | None = None
 
     def make_projectors(self) -> list:
-        from .readmodels import projectors
+        from batchgrader.store.readmodels import projectors
 
         return projectors()
 
     def _load(self) -> tuple[Config, PriceTable]:
-        from .service import apply_env_file, env_file_path
+        from batchgrader.ops.service import apply_env_file, env_file_path
 
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes
@@ -195,7 +195,7 @@ class Daemon:
         return config, prices
 
     def _provider(self, config: Config):
-        from .provider import OpenAIProvider
+        from batchgrader.provider.openai_api import OpenAIProvider
 
         if self.sandbox:
             self.emulator = sandbox_emulator(self.home.root / "sandbox")
@@ -220,10 +220,10 @@ class Daemon:
     def run(self) -> int:
         from apscheduler.schedulers.background import BackgroundScheduler
 
-        from .engine import Engine
-        from .inbox import InboxWatcher
-        from .notify import Notifier
-        from .store import EventStore
+        from batchgrader.daemon.engine import Engine
+        from batchgrader.pipeline.inbox import InboxWatcher
+        from batchgrader.daemon.notify import Notifier
+        from batchgrader.store.eventstore import EventStore
 
         os.umask(0o077)
         self.home.ensure()
@@ -290,7 +290,7 @@ class Daemon:
             self._beat()
 
     def _controls(self, engine) -> None:  # noqa: ANN001
-        from .store import NewEvent
+        from batchgrader.store.eventstore import NewEvent
 
         for path in pending_controls(self.home):
             try:
@@ -310,7 +310,7 @@ class Daemon:
         return engine.idle and not pending_controls(self.home)
 
     def _main_loop(self, engine, notifier, job, tick_seconds: float) -> int:  # noqa: ANN001
-        from .render import LiveView
+        from batchgrader.cli.render import LiveView
 
         view = LiveView(sandbox=self.sandbox) if self.live else None
         wd = notifier.watchdog_interval()

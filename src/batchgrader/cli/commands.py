@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .home import Home
+from batchgrader import __version__
+from batchgrader.core.home import Home
 
 
 class Ctx:
@@ -17,7 +17,7 @@ class Ctx:
         self.home = Home.resolve(home)
 
     def config(self, **flags):
-        from .config import load_config
+        from batchgrader.core.config import load_config
 
         return load_config(self.home, flags=flags)
 
@@ -50,7 +50,7 @@ def config() -> None:
 @click.pass_obj
 def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
     """Print every effective setting and where its value came from (API key masked)."""
-    from .render import render_config
+    from batchgrader.cli.render import render_config
 
     rows = obj.config().explain(profile)
     if as_json:
@@ -64,7 +64,7 @@ def _profile_opt(f):
 
 
 def _load(obj: Ctx, profile: str | None):
-    from .pricing import load_pricing
+    from batchgrader.pipeline.pricing import load_pricing
 
     cfg = obj.config()
     return cfg, cfg.profile(profile), load_pricing(cfg.pricing_path())
@@ -77,8 +77,8 @@ def _load(obj: Ctx, profile: str | None):
 @click.pass_obj
 def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
     """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call."""
-    from .prepare import prepare
-    from .render import render_count
+    from batchgrader.pipeline.prepare import prepare
+    from batchgrader.cli.render import render_count
 
     _cfg, prof, prices = _load(obj, profile)
     summary = prepare(file, prof, obj.home, prices=prices).summary(prices)
@@ -93,8 +93,8 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
 @click.pass_obj
 def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_json: bool) -> None:
     """Write batch-ready JSONL chunk files for FILE and print each file's requests and tokens. No API call."""
-    from .prepare import split_file
-    from .render import render_split
+    from batchgrader.pipeline.prepare import split_file
+    from batchgrader.cli.render import render_split
 
     _cfg, prof, prices = _load(obj, profile)
     out_dir = out_dir or obj.home.work / "split" / file.stem
@@ -111,7 +111,7 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
 @click.pass_obj
 def submit(obj: Ctx, file: Path, profile: str | None) -> None:
     """Copy FILE into the inbox atomically (the daemon picks it up)."""
-    from .inbox import submit_file
+    from batchgrader.pipeline.inbox import submit_file
 
     if profile:
         obj.config().profile(profile)  # fail now on an unknown profile
@@ -125,8 +125,8 @@ def submit(obj: Ctx, file: Path, profile: str | None) -> None:
 @click.pass_obj
 def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
     """Run the daemon in the foreground (as systemd and launchd expect)."""
-    from .daemon import Daemon, DaemonError
-    from .render import render_summary, sandbox_banner
+    from batchgrader.daemon.process import Daemon, DaemonError
+    from batchgrader.cli.render import render_summary, sandbox_banner
 
     live = sys.stdout.isatty()
     if sandbox:
@@ -150,7 +150,7 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
 @click.pass_obj
 def cancel(obj: Ctx, job_id: str, reason: str) -> None:
     """Cancel JOB's batches and end it with the partial results written."""
-    from .daemon import daemon_pid, request_control
+    from batchgrader.daemon.process import daemon_pid, request_control
 
     request_control(obj.home.ensure(), "cancel", _resolve_job(obj, job_id), reason)
     click.echo("cancel requested" + ("" if daemon_pid(obj.home) else " (applied when the daemon next runs)"))
@@ -162,7 +162,7 @@ def cancel(obj: Ctx, job_id: str, reason: str) -> None:
 @click.pass_obj
 def retry(obj: Ctx, job_id: str, reason: str) -> None:
     """Resubmit the failed rows of a finished JOB (or submit a held JOB anyway) and rewrite its result."""
-    from .daemon import daemon_pid, request_control
+    from batchgrader.daemon.process import daemon_pid, request_control
 
     request_control(obj.home.ensure(), "retry", _resolve_job(obj, job_id), reason)
     click.echo("retry requested" + ("" if daemon_pid(obj.home) else " (applied when the daemon next runs)"))
@@ -176,8 +176,8 @@ def retry(obj: Ctx, job_id: str, reason: str) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from . import queries
-    from .render_status import render_job, render_overview, render_status
+    from batchgrader.store import queries as queries
+    from batchgrader.cli.render_status import render_job, render_overview, render_status
 
     def show() -> None:
         if job_id:
@@ -195,7 +195,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
         return show()
     import time
 
-    from .render import console
+    from batchgrader.cli.render import console
 
     try:
         while True:
@@ -214,8 +214,8 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
 @click.pass_obj
 def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int | None) -> None:
     """The event log, newest last."""
-    from . import queries
-    from .render_status import render_events
+    from batchgrader.store import queries as queries
+    from batchgrader.cli.render_status import render_events
 
     _no_db_guard(obj)
     rows = queries.events(obj.home, job_id, last=last)
@@ -244,8 +244,8 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
 @click.pass_obj
 def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool) -> None:
     """Billed cost from the token-usage events (not re-estimated), with spend per day as a bar chart."""
-    from . import queries
-    from .render_status import render_costs
+    from batchgrader.store import queries as queries
+    from batchgrader.cli.render_status import render_costs
 
     _no_db_guard(obj)
     result = queries.costs(obj.home, since=since, until=until, by=by)
@@ -256,7 +256,7 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
 @click.pass_obj
 def rebuild(obj: Ctx) -> None:
     """Recreate the read-side tables (status, costs) from the event log alone."""
-    from .readmodels import rebuild as rebuild_models
+    from batchgrader.store.readmodels import rebuild as rebuild_models
 
     _no_db_guard(obj)
     emit_json(rebuild_models(obj.home.db))
@@ -269,7 +269,7 @@ def rebuild(obj: Ctx) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Keep files and batches here across restarts.")
 def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
     """Run the local Batch API emulator (SIMULATED results) for offline use with any OpenAI client."""
-    from .emulator import run_emulator
+    from batchgrader.provider.emulator import run_emulator
 
     run_emulator(port, faults, seed, data_dir)
 
@@ -284,8 +284,8 @@ def _no_db_guard(obj: Ctx) -> None:
 @click.pass_obj
 def doctor(obj: Ctx, as_json: bool) -> None:
     """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix."""
-    from .doctor import checks_as_json, exit_code, render_checks, run_checks
-    from .render import console
+    from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
+    from batchgrader.cli.render import console
 
     checks = run_checks(obj.home)
     emit_json(checks_as_json(checks)) if as_json else render_checks(checks, console)
@@ -309,7 +309,7 @@ def service_install(obj: Ctx, mode: str, print_only: bool, store_key: bool, acti
     """Write the service definition; the API key goes only to a 0600 env file, never into the unit."""
     import os
 
-    from .service import ServiceError, install
+    from batchgrader.ops.service import ServiceError, install
 
     key = os.environ.get("OPENAI_API_KEY") if store_key else None
     if store_key and not key:
@@ -333,7 +333,7 @@ def service_install(obj: Ctx, mode: str, print_only: bool, store_key: bool, acti
 @click.pass_obj
 def service_uninstall(obj: Ctx, mode: str, activate: bool) -> None:
     """Remove the service definition (the home, its data and secrets.env are left untouched)."""
-    from .service import ServiceError, uninstall
+    from batchgrader.ops.service import ServiceError, uninstall
 
     try:
         res = uninstall(obj.home, mode=mode, activate=activate)
@@ -349,7 +349,7 @@ def service_uninstall(obj: Ctx, mode: str, activate: bool) -> None:
 @click.pass_obj
 def service_status(obj: Ctx, mode: str | None, as_json: bool) -> None:
     """Is the service installed, and is it running?"""
-    from .service import status
+    from batchgrader.ops.service import status
 
     info = status(obj.home, mode=mode)
     if as_json:
@@ -370,7 +370,7 @@ def _echo_steps(res) -> None:  # noqa: ANN001
 
 
 def _resolve_job(obj: Ctx, prefix: str) -> str:
-    from .queries import reading, resolve_job
+    from batchgrader.store.queries import reading, resolve_job
 
     _no_db_guard(obj)
     with reading(obj.home) as conn:
@@ -388,10 +388,10 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except Exception as exc:
         # imported only now: naming these up front would cost every command ~50 ms of start-up
-        from .config import ConfigError
-        from .pricing import PricingError
-        from .queries import AmbiguousJob, UnknownJob
-        from .tables import InputError
+        from batchgrader.core.config import ConfigError
+        from batchgrader.pipeline.pricing import PricingError
+        from batchgrader.store.queries import AmbiguousJob, UnknownJob
+        from batchgrader.pipeline.tables import InputError
 
         if isinstance(exc, (ConfigError, InputError, PricingError, FileNotFoundError, UnknownJob, AmbiguousJob)):
             click.echo(f"bgctl: error: {exc}", err=True)

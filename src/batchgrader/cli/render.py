@@ -97,7 +97,7 @@ def sandbox_banner() -> None:
 
 
 def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN001
-    from .readmodels import chunk_label  # the same step names as `bgctl status`
+    from batchgrader.store.readmodels import chunk_label  # the same step names as `bgctl status`
 
     t = Table(title=title + (" — SANDBOX: simulated results" if sandbox else ""), title_justify="left")
     for col, just, wrap in (("job / file", "left", False), ("state", "left", False), ("rows", "right", False),

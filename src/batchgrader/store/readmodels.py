@@ -25,10 +25,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .state import TERMINAL_BATCH, ChunkState, JobState, State, fold
-from .store import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.store.eventstore import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
 
-from .readside import (  # noqa: E402 - re-exported: the cheap freshness check lives there
+from batchgrader.store.readside import (  # noqa: E402 - re-exported: the cheap freshness check lives there
     MIGRATION_NAMES, MIGRATION_SET, MIGRATIONS_TABLE, PROJECTION, READ_TABLES, log_last_seq, projection_last_seq,
 )
 

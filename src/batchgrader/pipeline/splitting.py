@@ -32,7 +32,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .outbox import TMP_PREFIX, fsync_dir, fsync_file
+from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir, fsync_file
 from itertools import accumulate, compress
 from pathlib import Path
 from typing import Any

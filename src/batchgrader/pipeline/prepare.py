@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .config import Profile
-from .home import Home
-from .pricing import PriceTable, PricingError, estimate
-from .prompts import PromptSpec, resolve_prompts
-from .splitting import Chunk, Limits, plan_chunks, write_chunk_files
-from .tables import InputError, open_table, text_of
-from .tokens import ChatTokenCounter, ModelTokenizer
+from batchgrader.core.config import Profile
+from batchgrader.core.home import Home
+from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
+from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
+from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
+from batchgrader.pipeline.tables import InputError, open_table, text_of
+from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer
 
 ENDPOINT = "/v1/chat/completions"
 BLOCK_ROWS = 4096

@@ -1298,7 +1298,7 @@ _COUNTERS_LOCK = threading.Lock()
 
 
 def _counter_for(model: str) -> Any:
-    from .tokens import ChatTokenCounter
+    from batchgrader.pipeline.tokens import ChatTokenCounter
 
     with _COUNTERS_LOCK:
         c = _COUNTERS.get(model)

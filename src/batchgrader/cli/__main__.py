@@ -1,0 +1,5 @@
+"""``python -m batchgrader.cli`` runs ``bgctl``."""
+
+from batchgrader.cli.commands import main
+
+main()
