@@ -40,13 +40,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "src"))
 
 from batchgrader.pipeline.prepare import BLOCK_ROWS  # noqa: E402
@@ -381,19 +382,30 @@ def markdown(r: dict, notes: str) -> str:
         f"{f['small_wall']:.1f} s ({n_small / f['small_wall']:,.0f} rows/s).",
     ]
     if len(big["runs"]) > 1:
-        lines += ["", f"{len(big['runs'])} runs of each at {n_big:,} rows, alternating `bgctl count` and the baseline "
-                  "(the throughput table shows the medians):"]
-        lines += ["", "| run | `bgctl count` wall (CPU: user + sys) | baseline encoding | ratio | load average before (1 min) |",
-                  "|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"{len(big['runs'])} runs of each at {n_big:,} rows, alternating `bgctl count` and the baseline "
+            "(the throughput table shows the medians):",
+        ]
+        lines += [
+            "",
+            "| run | `bgctl count` wall (CPU: user + sys) | baseline encoding | ratio | load average before (1 min) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
         for i, (c, b) in enumerate(zip(big["runs"], bases), 1):
-            lines.append(f"| {i} | {c['wall_s']:.1f} s ({c['user_s'] + c['sys_s']:.0f} s) | {b['encode_s']:.1f} s | "
-                         f"{b['encode_s'] / c['wall_s']:.2f} | {c['load']:.1f} / {b['load']:.1f} |")
+            lines.append(
+                f"| {i} | {c['wall_s']:.1f} s ({c['user_s'] + c['sys_s']:.0f} s) | {b['encode_s']:.1f} s | "
+                f"{b['encode_s'] / c['wall_s']:.2f} | {c['load']:.1f} / {b['load']:.1f} |"
+            )
         lines += ["", "The load averages include the benchmark's own previous measurement (2 busy threads)."]
     else:
         c = big["runs"][0]
-        lines += ["", f"`bgctl count` used {c['user_s'] + c['sys_s']:.0f} s of CPU (user + sys) in {c['wall_s']:.1f} s. "
-                  f"Load average (1 min) before the `bgctl` run: {c['load']:.1f}; before the baseline: {bases[0]['load']:.1f} "
-                  "(these include the benchmark's own previous measurement)."]
+        lines += [
+            "",
+            f"`bgctl count` used {c['user_s'] + c['sys_s']:.0f} s of CPU (user + sys) in {c['wall_s']:.1f} s. "
+            f"Load average (1 min) before the `bgctl` run: {c['load']:.1f}; before the baseline: {bases[0]['load']:.1f} "
+            "(these include the benchmark's own previous measurement).",
+        ]
     lines += [
         "",
         "### Peak memory of `bgctl count` (peak RSS of the process: `getrusage(RUSAGE_CHILDREN)` in a fresh wrapper)",
@@ -429,13 +441,22 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the large file (default 1,000,000)")
     ap.add_argument("--small-rows", type=int, default=100_000, help="rows of the small file (default 100,000)")
     ap.add_argument("--seed", type=int, default=20240611)
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs of each measurement, `bgctl count` and the baseline alternating (medians; RSS: the maximum)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each measurement, `bgctl count` and the baseline alternating (medians; RSS: the maximum)",
+    )
     ap.add_argument("--no-docs", action="store_true", help="print the docs section instead of writing docs/benchmarks.md")
     ap.add_argument("--no-history", action="store_true", help="leave the before/after paragraph out of the docs section")
     ap.add_argument("--clean", action="store_true", help="delete the generated files afterwards")
-    ap.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
-                    help="measure nothing: write the docs section from the raw results a previous run saved")
+    ap.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="measure nothing: write the docs section from the raw results a previous run saved",
+    )
     args = ap.parse_args()
     argv = "".join(f" {a}" for a in sys.argv[1:])
     if args.render:
@@ -444,8 +465,13 @@ def main() -> None:
         print(text if args.no_docs else f"written to {write_docs(text)}")
         return
 
-    r: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(), "seed": args.seed,
-               "block_rows": BLOCK_ROWS, "argv": argv}
+    r: dict = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "seed": args.seed,
+        "block_rows": BLOCK_ROWS,
+        "argv": argv,
+    }
     print(f"machine: {r['machine']}", flush=True)
     paths = generate(sorted({args.rows, args.small_rows}), args.seed)
     r["startup_s"] = python_start_s()
@@ -456,30 +482,43 @@ def main() -> None:
         before = load()
         m = measure_count(paths[n], home)
         m["load"] = before
-        print(f"  bgctl count, {n:,} rows, run {i + 1}: {m['wall_s']:.2f} s wall "
-              f"(user {m['user_s']:.1f} s, sys {m['sys_s']:.1f} s), peak RSS {m['rss_mb']:.0f} MB, load {before:.1f}", flush=True)
+        print(
+            f"  bgctl count, {n:,} rows, run {i + 1}: {m['wall_s']:.2f} s wall "
+            f"(user {m['user_s']:.1f} s, sys {m['sys_s']:.1f} s), peak RSS {m['rss_mb']:.0f} MB, load {before:.1f}",
+            flush=True,
+        )
         got = m["summary"]["rows"]
         if got != n:
             raise SystemExit(f"bgctl counted {got:,} rows in {paths[n]}, expected {n:,}")
         return m
 
     try:
-        r["small"] = {"rows": args.small_rows, "path": str(paths[args.small_rows]),
-                      "file_mb": paths[args.small_rows].stat().st_size / 1e6,
-                      "runs": [count(args.small_rows, i) for i in range(args.repeat)]}
+        r["small"] = {
+            "rows": args.small_rows,
+            "path": str(paths[args.small_rows]),
+            "file_mb": paths[args.small_rows].stat().st_size / 1e6,
+            "runs": [count(args.small_rows, i) for i in range(args.repeat)],
+        }
         big_runs, bases = [], []
         for i in range(args.repeat):
             big_runs.append(count(args.rows, i))
             before = load()
             b = measure_baseline(paths[args.rows], BLOCK_ROWS)
             b["load"] = before
-            print(f"  bare tiktoken, {b['rows']:,} rows, run {i + 1}: encode {b['encode_s']:.2f} s, read {b['read_s']:.2f} s, "
-                  f"{b['tokens']:,} tokens, load {before:.1f}", flush=True)
+            print(
+                f"  bare tiktoken, {b['rows']:,} rows, run {i + 1}: encode {b['encode_s']:.2f} s, read {b['read_s']:.2f} s, "
+                f"{b['tokens']:,} tokens, load {before:.1f}",
+                flush=True,
+            )
             if b["rows"] != args.rows:
                 raise SystemExit(f"baseline read {b['rows']:,} rows, expected {args.rows:,}")
             bases.append(b)
-        r["big"] = {"rows": args.rows, "path": str(paths[args.rows]), "file_mb": paths[args.rows].stat().st_size / 1e6,
-                    "runs": big_runs}
+        r["big"] = {
+            "rows": args.rows,
+            "path": str(paths[args.rows]),
+            "file_mb": paths[args.rows].stat().st_size / 1e6,
+            "runs": big_runs,
+        }
         r["baselines"] = bases
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -488,11 +527,15 @@ def main() -> None:
     yes = lambda good: "yes" if good else "NO"  # noqa: E731
     print()
     print(f"bgctl count  : {f['count_rows_s']:>9,.0f} rows/s {f['count_mb_s']:>8.1f} MB/s  ({f['count_wall']:.1f} s)")
-    print(f"bare tiktoken: {f['base_rows_s']:>9,.0f} rows/s {f['base_mb_s']:>8.1f} MB/s  ({f['base_encode']:.1f} s encoding, "
-          f"+{f['base_read']:.1f} s reading)")
+    print(
+        f"bare tiktoken: {f['base_rows_s']:>9,.0f} rows/s {f['base_mb_s']:>8.1f} MB/s  ({f['base_encode']:.1f} s encoding, "
+        f"+{f['base_read']:.1f} s reading)"
+    )
     print(f"ratio        : {f['ratio']:.3f}   (target >= {TARGET_RATIO}: {yes(f['ok_ratio'])})")
     print(f"peak RSS     : {f['rss_small']:.0f} MB at {args.small_rows:,} rows, {f['rss_big']:.0f} MB at {args.rows:,} rows")
-    print(f"               <= {TARGET_RSS_MB:.0f} MB: {yes(f['ok_rss'])};  growth {f['growth']:.2f}x <= {TARGET_RSS_GROWTH}x: {yes(f['ok_growth'])}")
+    print(
+        f"               <= {TARGET_RSS_MB:.0f} MB: {yes(f['ok_rss'])};  growth {f['growth']:.2f}x <= {TARGET_RSS_GROWTH}x: {yes(f['ok_growth'])}"
+    )
 
     results = OUT / "bench_count_results.json"
     results.write_text(json.dumps(r, indent=1, default=str), encoding="utf-8")

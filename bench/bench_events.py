@@ -23,18 +23,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "src"))
 
 from batchgrader.store import queries  # noqa: E402
-from batchgrader.store.readmodels import projectors, rebuild  # noqa: E402
 from batchgrader.store.eventstore import EventStore, NewEvent  # noqa: E402
+from batchgrader.store.readmodels import projectors, rebuild  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
 TEMPLATES = ["v1_happy_multichunk", "v1_failed_rows_retry", "v1_expired_batch", "v1_cancelled", "v1_held", "v1_rejected_file"]
@@ -75,7 +76,17 @@ def bulk_load(db: Path, n_events: int | None = None, n_jobs: int | None = None) 
             for job_id, log in job_logs(n_events, n_jobs):
                 c.executemany(
                     "INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(job_id, e["job_seq"], e["type"], e["version"], e["ts"], json.dumps(e["payload"], ensure_ascii=False, sort_keys=True)) for e in log],
+                    [
+                        (
+                            job_id,
+                            e["job_seq"],
+                            e["type"],
+                            e["version"],
+                            e["ts"],
+                            json.dumps(e["payload"], ensure_ascii=False, sort_keys=True),
+                        )
+                        for e in log
+                    ],
                 )
                 n += len(log)
                 jobs += 1
@@ -97,14 +108,22 @@ def measure_append(tmp: Path, n_events: int) -> list[dict]:
         for job_id, log in job_logs(n_events=n_events):
             evs = [NewEvent(e["type"], e["payload"]) for e in log]
             for i in range(0, len(evs), group):
-                batches.append((job_id, i, evs[i:i + group]))
+                batches.append((job_id, i, evs[i : i + group]))
         with EventStore(db, projectors=projectors() if with_projector else ()) as s:
             t0 = time.perf_counter()
             for job_id, version, evs in batches:
                 s.append(job_id, evs, expected_version=version)
             dt = time.perf_counter() - t0
-        results.append({"case": label, "events": n_events, "appends": len(batches), "seconds": dt,
-                        "events_per_s": n_events / dt, "appends_per_s": len(batches) / dt})
+        results.append(
+            {
+                "case": label,
+                "events": n_events,
+                "appends": len(batches),
+                "seconds": dt,
+                "events_per_s": n_events / dt,
+                "appends_per_s": len(batches) / dt,
+            }
+        )
         print(f"  append: {label:42s} {n_events / dt:9,.0f} events/s  ({len(batches) / dt:7,.0f} appends/s)", flush=True)
     return results
 
@@ -128,15 +147,27 @@ def measure_fold(db: Path, runs: int) -> dict:
     """fold(EventStore.read()) of the whole log, each run in a fresh process (as at daemon start)."""
     times, gcs, cpus = [], [], []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", _FOLD, str(db), str(ROOT / "src")], capture_output=True, text=True, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", _FOLD, str(db), str(ROOT / "src")], capture_output=True, text=True, check=True
+        ).stdout.split()
         times.append(float(out[0]))
         gcs.append(float(out[1]))
         cpus.append(float(out[4]))
         jobs, last = int(out[2]), int(out[3])
-        print(f"  fold: {last:,} events, {jobs:,} jobs: {float(out[0]):.2f} s wall, {float(out[4]):.2f} s CPU "
-              f"(first full gc afterwards {float(out[1]):.2f} s)", flush=True)
-    return {"events": last, "jobs": jobs, "runs": times, "best": min(times), "median": statistics.median(times),
-            "cpu_best": min(cpus), "gc_after": statistics.median(gcs)}
+        print(
+            f"  fold: {last:,} events, {jobs:,} jobs: {float(out[0]):.2f} s wall, {float(out[4]):.2f} s CPU "
+            f"(first full gc afterwards {float(out[1]):.2f} s)",
+            flush=True,
+        )
+    return {
+        "events": last,
+        "jobs": jobs,
+        "runs": times,
+        "best": min(times),
+        "median": statistics.median(times),
+        "cpu_best": min(cpus),
+        "gc_after": statistics.median(gcs),
+    }
 
 
 def measure_status(home: Path, runs: int) -> dict:
@@ -146,7 +177,10 @@ def measure_status(home: Path, runs: int) -> dict:
     res["rebuild_s"] = time.perf_counter() - t0
     res["jobs"] = report["jobs"]
     res["events"] = report["last_seq"]
-    print(f"  rebuild of the read model: {res['rebuild_s']:.2f} s ({report['jobs']:,} jobs, {report['last_seq']:,} events)", flush=True)
+    print(
+        f"  rebuild of the read model: {res['rebuild_s']:.2f} s ({report['jobs']:,} jobs, {report['last_seq']:,} events)",
+        flush=True,
+    )
 
     lat, cpu = [], []
     for _ in range(runs):
@@ -157,8 +191,11 @@ def measure_status(home: Path, runs: int) -> dict:
     assert rows and rows[0]["source"] == "read_model"
     res["query_ms"] = lat
     res["query_cpu_ms"] = cpu
-    print(f"  queries.status(): median {statistics.median(lat):.0f} ms, best {min(lat):.0f} ms, best CPU {min(cpu):.0f} ms "
-          f"({len(rows):,} jobs)", flush=True)
+    print(
+        f"  queries.status(): median {statistics.median(lat):.0f} ms, best {min(lat):.0f} ms, best CPU {min(cpu):.0f} ms "
+        f"({len(rows):,} jobs)",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
     text = json.dumps(rows, ensure_ascii=False, default=str)
@@ -167,7 +204,10 @@ def measure_status(home: Path, runs: int) -> dict:
     t0 = time.perf_counter()
     json.dumps(rows, indent=2, ensure_ascii=False, default=str)
     res["json_indent_ms"] = (time.perf_counter() - t0) * 1000
-    print(f"  json.dumps of the rows: {res['json_ms']:.0f} ms compact, {res['json_indent_ms']:.0f} ms with indent=2 ({res['json_mb']:.1f} MB)", flush=True)
+    print(
+        f"  json.dumps of the rows: {res['json_ms']:.0f} ms compact, {res['json_indent_ms']:.0f} ms with indent=2 ({res['json_mb']:.1f} MB)",
+        flush=True,
+    )
 
     bgctl = shutil.which("bgctl", path=str(Path(sys.executable).parent)) or shutil.which("bgctl")
     cli = [bgctl] if bgctl else [sys.executable, "-m", "batchgrader.cli"]
@@ -178,7 +218,10 @@ def measure_status(home: Path, runs: int) -> dict:
         table_lat.append((time.perf_counter() - t0) * 1000)
         assert p.returncode == 0, p.stderr
     res["cli_table_ms"] = table_lat
-    print(f"  bgctl status (the table, subprocess): median {statistics.median(table_lat):.0f} ms, best {min(table_lat):.0f} ms", flush=True)
+    print(
+        f"  bgctl status (the table, subprocess): median {statistics.median(table_lat):.0f} ms, best {min(table_lat):.0f} ms",
+        flush=True,
+    )
     cli_lat, err = [], None
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -190,7 +233,10 @@ def measure_status(home: Path, runs: int) -> dict:
         cli_lat.append(dt)
     if cli_lat:
         n = len(json.loads(p.stdout))
-        print(f"  bgctl status --json (subprocess): median {statistics.median(cli_lat):.0f} ms, best {min(cli_lat):.0f} ms ({n:,} jobs)", flush=True)
+        print(
+            f"  bgctl status --json (subprocess): median {statistics.median(cli_lat):.0f} ms, best {min(cli_lat):.0f} ms ({n:,} jobs)",
+            flush=True,
+        )
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import batchgrader.cli.commands"], check=True)
         res["python_import_ms"] = (time.perf_counter() - t0) * 1000
@@ -258,12 +304,18 @@ def markdown(r: dict) -> str:
         "|---|---:|---:|",
         f"| `queries.status(home)` (read-only connection, `job_status` table) | {statistics.median(st['query_ms']):.0f} ms | {min(st['query_ms']):.0f} ms ({min(st['query_cpu_ms']):.0f} ms CPU) |",
     ]
-    lines.append(f"| **`bgctl --home H status`** (the table a person reads), whole subprocess | **{statistics.median(st['cli_table_ms']):.0f} ms** | {min(st['cli_table_ms']):.0f} ms |")
+    lines.append(
+        f"| **`bgctl --home H status`** (the table a person reads), whole subprocess | **{statistics.median(st['cli_table_ms']):.0f} ms** | {min(st['cli_table_ms']):.0f} ms |"
+    )
     if st["cli_ms"]:
-        lines.append(f"| `bgctl --home H status --json` (every job, compact JSON to a pipe), whole subprocess | {statistics.median(st['cli_ms']):.0f} ms | {min(st['cli_ms']):.0f} ms |")
+        lines.append(
+            f"| `bgctl --home H status --json` (every job, compact JSON to a pipe), whole subprocess | {statistics.median(st['cli_ms']):.0f} ms | {min(st['cli_ms']):.0f} ms |"
+        )
         lines.append(f"| of which: starting Python and importing `batchgrader.cli` | {st['python_import_ms']:.0f} ms | |")
     else:
-        lines.append(f"| `bgctl status --json`, whole subprocess | not measured: {st['cli_error'][0] if st['cli_error'] else '?'} | |")
+        lines.append(
+            f"| `bgctl status --json`, whole subprocess | not measured: {st['cli_error'][0] if st['cli_error'] else '?'} | |"
+        )
     lines += [
         f"| `json.dumps` of those rows ({st['json_mb']:.1f} MB): compact / `indent=2` | {st['json_ms']:.0f} ms / {st['json_indent_ms']:.0f} ms | |",
         f"| `queries.status(home)` without the read model (folds the log) | {st['fallback_ms']:.0f} ms | |",
@@ -307,7 +359,7 @@ def main() -> None:
     tmp = args.dir or Path(tempfile.mkdtemp(prefix="bench-events-"))
     tmp.mkdir(parents=True, exist_ok=True)
     try:
-        r = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine()}
+        r = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": machine()}
         print(f"machine: {r['machine']}", flush=True)
         r["append"] = measure_append(tmp, args.append_events)
 

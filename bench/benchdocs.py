@@ -16,7 +16,7 @@ def write_section(heading: str, text: str, path: Path = DOC) -> Path:
     old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
     if heading in old:
         start = old.index(heading)
-        m = re.search(r"^## ", old[start + len(heading):], flags=re.M)
+        m = re.search(r"^## ", old[start + len(heading) :], flags=re.M)
         end = start + len(heading) + m.start() if m else len(old)
         new = old[:start] + text + ("\n" if m else "") + old[end:]
     else:
@@ -40,5 +40,7 @@ def machine(extra: str) -> str:
                 break
     except OSError:
         pass
-    return (f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"{extra}; load average {load_average():.1f} at the start")
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"{extra}; load average {load_average():.1f} at the start"
+    )

@@ -23,7 +23,9 @@ MODEL = "gpt-4o-mini"
 CHAT = "/v1/chat/completions"
 
 
-def chat_line(custom_id: str, content: str, *, model: str = MODEL, url: str = CHAT, system: str | None = None, **body: Any) -> dict[str, Any]:
+def chat_line(
+    custom_id: str, content: str, *, model: str = MODEL, url: str = CHAT, system: str | None = None, **body: Any
+) -> dict[str, Any]:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": model, "messages": messages, **body}}
 

@@ -7,8 +7,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 TEST_KEY = "sk-test-DO-NOT-LEAK-0123456789abcdef"
 BGCTL = str(Path(sys.executable).parent / "bgctl")
@@ -32,12 +32,17 @@ def daemon_env(home: Path, base_url: str | None, key: str | None = TEST_KEY) -> 
     return env
 
 
-def bgctl(home: Path, *args: str, base_url: str | None = None, timeout: float = 120, check: bool = False, key: str | None = TEST_KEY) -> subprocess.CompletedProcess:
-    return subprocess.run([BGCTL, *args], env=daemon_env(home, base_url, key), capture_output=True, text=True, timeout=timeout, check=check)
+def bgctl(
+    home: Path, *args: str, base_url: str | None = None, timeout: float = 120, check: bool = False, key: str | None = TEST_KEY
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [BGCTL, *args], env=daemon_env(home, base_url, key), capture_output=True, text=True, timeout=timeout, check=check
+    )
 
 
-def start_daemon(home: Path, base_url: str | None, *args: str, key: str | None = TEST_KEY,
-                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_daemon(
+    home: Path, base_url: str | None, *args: str, key: str | None = TEST_KEY, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
     env = {**daemon_env(home, base_url, key), **(extra_env or {})}
     return subprocess.Popen([BGCTL, "daemon", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

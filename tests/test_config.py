@@ -21,7 +21,11 @@ def test_defaults(home):
 
 def test_precedence_defaults_file_env_flags(home):
     write(home, "model: gpt-4.1-mini\nsplit_token_limit: 1000\ntemperature: 0.5\n")
-    env = {"BATCHGRADER_SPLIT_TOKEN_LIMIT": "2000", "OPENAI_API_KEY": "sk-test-1234567890abcdef", "OPENAI_BASE_URL": "http://x/v1"}
+    env = {
+        "BATCHGRADER_SPLIT_TOKEN_LIMIT": "2000",
+        "OPENAI_API_KEY": "sk-test-1234567890abcdef",
+        "OPENAI_BASE_URL": "http://x/v1",
+    }
     cfg = load_config(home, environ=env, flags={"temperature": 0.1})
     p = cfg.default
     assert (p.model, p.split_token_limit, p.temperature) == ("gpt-4.1-mini", 2000, 0.1)
@@ -43,16 +47,19 @@ def test_profiles_override_and_inherit(home):
         cfg.profile("nope")
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("modle: gpt-4o\n", "unknown key 'modle' (did you mean 'model'?)"),
-    ("split_token_limit: lots\n", "key 'split_token_limit' must be an integer >= 1; got 'lots'"),
-    ("temperature: 7\n", "key 'temperature' must be a number >= 0.0 and <= 2.0"),
-    ("halt_on_chunk_failure: maybe\n", "key 'halt_on_chunk_failure' must be true or false"),
-    ("response_format: [1, 2]\n", "key 'response_format' must be a JSON schema object"),
-    ("profiles:\n  p:\n    base_url: http://x\n", "cannot be set in a profile"),
-    ("- a\n- b\n", "top level must be a mapping"),
-    ("model: [unclosed\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("modle: gpt-4o\n", "unknown key 'modle' (did you mean 'model'?)"),
+        ("split_token_limit: lots\n", "key 'split_token_limit' must be an integer >= 1; got 'lots'"),
+        ("temperature: 7\n", "key 'temperature' must be a number >= 0.0 and <= 2.0"),
+        ("halt_on_chunk_failure: maybe\n", "key 'halt_on_chunk_failure' must be true or false"),
+        ("response_format: [1, 2]\n", "key 'response_format' must be a JSON schema object"),
+        ("profiles:\n  p:\n    base_url: http://x\n", "cannot be set in a profile"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("model: [unclosed\n", "not valid YAML"),
+    ],
+)
 def test_bad_values_name_file_key_and_form(home, text, needle):
     write(home, text)
     with pytest.raises(ConfigError) as err:
@@ -69,7 +76,9 @@ def test_yaml_error_never_quotes_the_line(home):
 
 
 def test_bad_env_value_names_the_variable(home):
-    with pytest.raises(ConfigError, match="environment variable BATCHGRADER_MAX_ROW_RETRIES: key 'max_row_retries' must be an integer >= 0"):
+    with pytest.raises(
+        ConfigError, match="environment variable BATCHGRADER_MAX_ROW_RETRIES: key 'max_row_retries' must be an integer >= 0"
+    ):
         load_config(home, environ={"BATCHGRADER_MAX_ROW_RETRIES": "-1"})
 
 
@@ -80,7 +89,10 @@ def test_config_is_immutable(home):
 
 
 def test_response_format_schema_is_wrapped_for_the_api(home):
-    write(home, "response_format:\n  type: object\n  properties:\n    score: {type: integer}\n  required: [score]\n  additionalProperties: false\n")
+    write(
+        home,
+        "response_format:\n  type: object\n  properties:\n    score: {type: integer}\n  required: [score]\n  additionalProperties: false\n",
+    )
     rf = load_config(home, environ={}).response_format
     assert rf["type"] == "json_schema" and rf["json_schema"]["schema"]["properties"]["score"] == {"type": "integer"}
 

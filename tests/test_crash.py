@@ -115,9 +115,20 @@ def test_kill_inside_api_call(tmp_path, golden, method, route, phase, nth):
 
 
 EVENT_POINTS = [
-    ("JobAccepted", 1), ("JobPrepared", 1), ("UploadStarted", 1), ("FileUploaded", 2), ("BatchCreateRequested", 1),
-    ("BatchCreated", 1), ("BatchStatusChanged", 3), ("OutputDownloadStarted", 1), ("OutputDownloaded", 1),
-    ("ChunkCompleted", 2), ("OutboxWriteStarted", 1), ("ResultWritten", 1), ("InputArchived", 1), ("JobCompleted", 1),
+    ("JobAccepted", 1),
+    ("JobPrepared", 1),
+    ("UploadStarted", 1),
+    ("FileUploaded", 2),
+    ("BatchCreateRequested", 1),
+    ("BatchCreated", 1),
+    ("BatchStatusChanged", 3),
+    ("OutputDownloadStarted", 1),
+    ("OutputDownloaded", 1),
+    ("ChunkCompleted", 2),
+    ("OutboxWriteStarted", 1),
+    ("ResultWritten", 1),
+    ("InputArchived", 1),
+    ("JobCompleted", 1),
 ]
 
 
@@ -130,8 +141,12 @@ def test_kill_after_event(tmp_path, golden, event, nth):
         proc = start_daemon(home, emu.base_url, "--once")
         db = home / "batchgrader.db"
         try:
-            wait_for(lambda: event_types(db).count(event) >= nth or proc.poll() is not None, timeout=120, interval=0.002,
-                     what=f"{event} #{nth}")
+            wait_for(
+                lambda: event_types(db).count(event) >= nth or proc.poll() is not None,
+                timeout=120,
+                interval=0.002,
+                what=f"{event} #{nth}",
+            )
         finally:
             if proc.poll() is None:
                 proc.kill()

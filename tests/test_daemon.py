@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.core.state import fold
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY, bgctl, integrity, outbox_files, start_daemon, temp_leftovers, wait_for
 
@@ -36,7 +36,9 @@ def rows_of(path: Path) -> list[dict]:
 
 
 def test_several_files_profiles_chunks_and_structured_output(home, emu):
-    home.config_file.write_text(FAST_CONFIG + """
+    home.config_file.write_text(
+        FAST_CONFIG
+        + """
 split_row_limit: 4
 profiles:
   scored:
@@ -46,10 +48,15 @@ profiles:
       properties: {score: {type: integer}, reason: {type: string}}
       required: [score, reason]
       additionalProperties: false
-""")
-    (home.inbox / "reviews.csv").write_text("id,response\n" + "".join(f"{i:03d},text {i} NA\n" for i in range(10)), encoding="utf-8")
+"""
+    )
+    (home.inbox / "reviews.csv").write_text(
+        "id,response\n" + "".join(f"{i:03d},text {i} NA\n" for i in range(10)), encoding="utf-8"
+    )
     (home.inbox / "scored").mkdir()
-    (home.inbox / "scored" / "answers.jsonl").write_text("".join(json.dumps({"n": i, "response": f"answer {i}"}) + "\n" for i in range(5)))
+    (home.inbox / "scored" / "answers.jsonl").write_text(
+        "".join(json.dumps({"n": i, "response": f"answer {i}"}) + "\n" for i in range(5))
+    )
     (home.inbox / "list.json").write_text(json.dumps([{"response": "x", "keep": 1.50}, {"response": "y", "keep": None}]))
     res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
     assert res.returncode == 0, res.stderr
@@ -61,7 +68,10 @@ profiles:
     assert all(r["grade"] and r["error"] == "" and int(r["input_tokens"]) > 0 for r in rows)
     scored = [json.loads(l) for l in out["answers_results.jsonl"].decode().splitlines()]
     assert [r["n"] for r in scored] == list(range(5))
-    assert all(isinstance(r["score"], int) and isinstance(r["reason"], str) and json.loads(r["verdict"])["score"] == r["score"] for r in scored)
+    assert all(
+        isinstance(r["score"], int) and isinstance(r["reason"], str) and json.loads(r["verdict"])["score"] == r["score"]
+        for r in scored
+    )
     lst = json.loads(out["list_results.json"])
     assert [r["keep"] for r in lst] == [1.50, None] and lst[0]["error"] is None
 
@@ -75,16 +85,19 @@ profiles:
     assert integrity(home.db) == "ok"
 
 
-@pytest.mark.parametrize("name,content,needle", [
-    ("ragged.csv", b"a,response\n1,x\n2,y,z\n", "line 3"),
-    ("empty.csv", b"", "empty"),
-    ("header.csv", b"a,response\n", "no data rows"),
-    ("nocol.csv", b"a,b\n1,2\n", "response"),
-    ("latin1.csv", "response\ncaf\xe9\n".encode("latin-1"), "UTF-8"),
-    ("notlist.json", b'{"response": "x"}', "array"),
-    ("badline.jsonl", b'{"response": "x"}\n{"response": \n', "line 2"),
-    ("notes.txt", b"hello", "unsupported"),
-])
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        ("ragged.csv", b"a,response\n1,x\n2,y,z\n", "line 3"),
+        ("empty.csv", b"", "empty"),
+        ("header.csv", b"a,response\n", "no data rows"),
+        ("nocol.csv", b"a,b\n1,2\n", "response"),
+        ("latin1.csv", "response\ncaf\xe9\n".encode("latin-1"), "UTF-8"),
+        ("notlist.json", b'{"response": "x"}', "array"),
+        ("badline.jsonl", b'{"response": "x"}\n{"response": \n', "line 2"),
+        ("notes.txt", b"hello", "unsupported"),
+    ],
+)
 def test_bad_input_fails_clearly_keeps_original_and_others_go_on(home, emu, name, content, needle):
     home.config_file.write_text(FAST_CONFIG)
     (home.inbox / name).write_bytes(content)

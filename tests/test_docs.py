@@ -24,10 +24,7 @@ MAIN_JOB_COMMAND = (
     "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl daemon --sandbox --once && "
     "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl status"
 )
-TEST_COMMAND = (
-    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
-    ".venv/bin/python -m pytest -n 2 -q"
-)
+TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -n 2 -q"
 
 
 def all_docs_text() -> str:
@@ -50,6 +47,7 @@ def fenced_blocks(markdown: str) -> list[str]:
 
 # --- CLI -----------------------------------------------------------------------------------------
 
+
 def test_the_command_tree_is_walked():
     paths = command_paths(cli)
     assert ("service", "install") in paths and ("config", "show") in paths and ("daemon",) in paths
@@ -63,6 +61,7 @@ def test_every_cli_command_is_documented(path):
 
 
 # --- configuration ---------------------------------------------------------------------------------
+
 
 def _fmt_default(value) -> str:
     if value is None:
@@ -103,6 +102,7 @@ def test_no_documented_key_is_unknown():
 
 # --- architecture ------------------------------------------------------------------------------------
 
+
 def test_every_module_is_in_the_architecture_doc():
     text = ARCH_DOC.read_text(encoding="utf-8")
     modules = sorted(p.name for p in (ROOT / "src" / "batchgrader").glob("*.py") if p.name != "__init__.py")
@@ -111,6 +111,7 @@ def test_every_module_is_in_the_architecture_doc():
 
 
 # --- the README's two commands -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("command", [MAIN_JOB_COMMAND, TEST_COMMAND], ids=["main job", "tests"])
 def test_readme_command_is_verbatim_in_its_own_fenced_block(command):

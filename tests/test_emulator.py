@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from batchgrader.pipeline.tokens import ChatTokenCounter, count_chat_tokens
 from batchgrader.provider.emulator import (
     BATCH_EXPIRED_MESSAGE,
     EXPIRE_AFTER_METADATA_KEY,
@@ -28,7 +29,6 @@ from batchgrader.provider.emulator import (
     ManualClock,
     generate_from_schema,
 )
-from batchgrader.pipeline.tokens import ChatTokenCounter, count_chat_tokens
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     MODEL,
@@ -82,11 +82,21 @@ def conforms(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = N
     if t == "null":
         return value is None
     if t == "string":
-        return isinstance(value, str) and len(value) >= schema.get("minLength", 0) and len(value) <= schema.get("maxLength", 10**9)
+        return (
+            isinstance(value, str) and len(value) >= schema.get("minLength", 0) and len(value) <= schema.get("maxLength", 10**9)
+        )
     if t == "integer":
-        return isinstance(value, int) and not isinstance(value, bool) and schema.get("minimum", -1e18) <= value <= schema.get("maximum", 1e18)
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and schema.get("minimum", -1e18) <= value <= schema.get("maximum", 1e18)
+        )
     if t == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and schema.get("minimum", -1e18) <= value <= schema.get("maximum", 1e18)
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and schema.get("minimum", -1e18) <= value <= schema.get("maximum", 1e18)
+        )
     if t == "boolean":
         return isinstance(value, bool)
     if t == "array":
@@ -302,7 +312,9 @@ def test_answers_are_deterministic(emu_factory, clock):
     for _ in range(2):
         c = sdk_client(emu_factory())
         b = run_to_terminal(c, clock, create_batch(c, simple_input(5)).id)
-        contents.append({l["custom_id"]: l["response"]["body"]["choices"][0]["message"]["content"] for l in read_jsonl(c, b.output_file_id)})
+        contents.append(
+            {l["custom_id"]: l["response"]["body"]["choices"][0]["message"]["content"] for l in read_jsonl(c, b.output_file_id)}
+        )
     assert contents[0] == contents[1]
     assert len(set(contents[0].values())) > 1
 
@@ -320,7 +332,11 @@ def test_json_schema_and_json_object_outputs(client, clock):
 
 
 def test_completion_cap_truncates_with_finish_reason_length(client, clock):
-    rows = [chat_line("capped", "Essay", max_completion_tokens=3), chat_line("legacy", "Essay", max_tokens=2), chat_line("free", "Essay")]
+    rows = [
+        chat_line("capped", "Essay", max_completion_tokens=3),
+        chat_line("legacy", "Essay", max_tokens=2),
+        chat_line("free", "Essay"),
+    ]
     b = run_to_terminal(client, clock, create_batch(client, jsonl(rows)).id)
     lines = {l["custom_id"]: l["response"]["body"] for l in read_jsonl(client, b.output_file_id)}
     assert lines["capped"]["usage"]["completion_tokens"] == 3 and lines["capped"]["choices"][0]["finish_reason"] == "length"
@@ -344,7 +360,10 @@ def test_cached_tokens_for_repeated_long_prefix(client, clock):
     system = "Rubric: " + " ".join(f"criterion{i} matters" for i in range(700))
     rows = [chat_line(f"c{i}", f"Essay {i}", system=system) for i in range(3)]
     b = run_to_terminal(client, clock, create_batch(client, jsonl(rows)).id)
-    cached = {l["custom_id"]: l["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for l in read_jsonl(client, b.output_file_id)}
+    cached = {
+        l["custom_id"]: l["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for l in read_jsonl(client, b.output_file_id)
+    }
     assert cached["c0"] == 0 and cached["c1"] >= 1024 and cached["c1"] % 128 == 0 and cached["c2"] == cached["c1"]
     assert b.usage.input_tokens_details.cached_tokens == cached["c1"] * 2
 
@@ -426,7 +445,11 @@ def test_one_bad_line_fails_the_whole_batch_with_its_line_number(client, clock, 
 def test_all_bad_lines_are_reported_together(client, clock):
     data = jsonl(["{oops", GOOD, {**GOOD}, chat_line("z", "x", stream=True)])
     b = run_to_terminal(client, clock, create_batch(client, data).id)
-    assert [(e.code, e.line) for e in b.errors.data] == [("invalid_json_line", 1), ("duplicate_custom_id", 3), ("streaming_unsupported", 4)]
+    assert [(e.code, e.line) for e in b.errors.data] == [
+        ("invalid_json_line", 1),
+        ("duplicate_custom_id", 3),
+        ("streaming_unsupported", 4),
+    ]
     assert b.errors.data[1].message.startswith("The custom_id 'a' for this request is a duplicate")
 
 
@@ -465,12 +488,18 @@ def test_synchronous_create_rejections(client, emu):
     assert ei.value.code == "invalid_type" and ei.value.param == "metadata.tags"
     assert "expected a string, but got an array instead" in ei.value.message
     with pytest.raises(openai.BadRequestError):
-        client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h", metadata={f"k{i}": "v" for i in range(17)})
+        client.batches.create(
+            input_file_id=f.id, endpoint=CHAT, completion_window="24h", metadata={f"k{i}": "v" for i in range(17)}
+        )
     assert emu.batches_created() == 0
 
 
 def test_enqueued_token_limit(emu_factory, clock):
-    per_batch = sum(ChatTokenCounter(MODEL).count_many([chat_line("x", f"Grade essay number {i}: the quick brown fox.")["body"]["messages"] for i in range(3)]))
+    per_batch = sum(
+        ChatTokenCounter(MODEL).count_many(
+            [chat_line("x", f"Grade essay number {i}: the quick brown fox.")["body"]["messages"] for i in range(3)]
+        )
+    )
     e = emu_factory(token_limits={MODEL: per_batch + 5}, in_progress_s=1.0)
     c = sdk_client(e)
     first = create_batch(c, simple_input(3, prefix="a"))
@@ -565,7 +594,9 @@ def test_cancel_while_validating_and_conflicts(client, clock):
     with pytest.raises(openai.ConflictError) as ei:
         client.batches.cancel(done.id)
     assert ei.value.body["message"] == "Cannot cancel a batch with status 'completed'."
-    failed = run_to_terminal(client, clock, client.batches.create(input_file_id="file-x", endpoint=CHAT, completion_window="24h").id)
+    failed = run_to_terminal(
+        client, clock, client.batches.create(input_file_id="file-x", endpoint=CHAT, completion_window="24h").id
+    )
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(failed.id)
 
@@ -719,7 +750,11 @@ def test_stats_in_process_and_over_http(emu, client):
 
 
 def test_faults_can_be_scripted_over_http(emu, client):
-    status, _, _ = http_json("POST", emu.root_url + "/_emulator/faults", {"method": "GET", "path": "/v1/batches", "kind": "status", "status": 500, "times": 1})
+    status, _, _ = http_json(
+        "POST",
+        emu.root_url + "/_emulator/faults",
+        {"method": "GET", "path": "/v1/batches", "kind": "status", "status": 500, "times": 1},
+    )
     assert status == 200
     with pytest.raises(openai.InternalServerError):
         client.batches.list()
@@ -784,7 +819,9 @@ def test_data_dir_survives_a_restart(tmp_path: Path, clock):
 
 def test_run_emulator_in_another_process_prints_banner_and_serves_stats(tmp_path: Path):
     code = "from batchgrader.provider.emulator import run_emulator; run_emulator(0, 'flaky', 4, None)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ}
+    )
     try:
         banner = []
         base = None

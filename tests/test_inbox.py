@@ -40,8 +40,12 @@ def test_ignored_names_and_rejections(home, tmp_path):
     ready, rejected = scanner.scan(now=1.0)
     assert [(c.path.name, c.profile) for c in ready] == [("ok.csv", "scored")]
     codes = sorted((r.path.name, r.code, r.movable) for r in rejected)
-    assert codes == [("f.csv", "unknown_profile", False), ("link.csv", "not_regular_file", False),
-                     ("notes.txt", "unsupported_format", True), ("pipe.csv", "not_regular_file", False)]
+    assert codes == [
+        ("f.csv", "unknown_profile", False),
+        ("link.csv", "not_regular_file", False),
+        ("notes.txt", "unsupported_format", True),
+        ("pipe.csv", "not_regular_file", False),
+    ]
 
 
 def test_periodic_rescan_finds_files_without_any_file_event(home):

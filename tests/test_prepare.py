@@ -11,13 +11,21 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.pipeline import prepare as prepare_mod
 from batchgrader.cli.commands import cli
 from batchgrader.core.config import ConfigError, load_config
 from batchgrader.core.home import Home
-from batchgrader.pipeline.prepare import LineTemplate, RequestBuilder, default_custom_id, dumps_line, prepare, split_file, token_param_for
-from batchgrader.pipeline.prompts import compile_template, render
+from batchgrader.pipeline import prepare as prepare_mod
+from batchgrader.pipeline.prepare import (
+    LineTemplate,
+    RequestBuilder,
+    default_custom_id,
+    dumps_line,
+    prepare,
+    split_file,
+    token_param_for,
+)
 from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.pipeline.prompts import compile_template, render
 from batchgrader.pipeline.tables import InputError, open_table
 from batchgrader.pipeline.tokens import count_chat_tokens
 
@@ -72,8 +80,12 @@ def test_configured_id_column_gives_ids_and_must_be_unique(tmp_path, home):
 
 def test_examples_file_with_braces_and_named_prompt(tmp_path, home):
     (home.root / "examples.txt").write_text('Example: {"score": 5, "why": "clear"}\n', encoding="utf-8")
-    home.prompts_file.write_text("prompts:\n  strict: 'Be strict. Examples follow.\n\n    {examples}\n\n    Answer in JSON {{like this}}.'\n")
-    home.config_file.write_text("system_prompt_name: strict\nexamples_file: examples.txt\nuser_prompt: 'Product {product}: {response}'\n")
+    home.prompts_file.write_text(
+        "prompts:\n  strict: 'Be strict. Examples follow.\n\n    {examples}\n\n    Answer in JSON {{like this}}.'\n"
+    )
+    home.config_file.write_text(
+        "system_prompt_name: strict\nexamples_file: examples.txt\nuser_prompt: 'Product {product}: {response}'\n"
+    )
     profile = load_config(home, environ={}).default
     f = csv_file(tmp_path, "product,response\nKettle,{weird} braces {{ in data\n")
     _prep, lines = lines_of(f, profile, home)
@@ -118,7 +130,9 @@ def test_context_window_from_pricing_makes_row_oversized(tmp_path, home):
 
 def test_token_param_and_temperature_and_response_format(tmp_path, home):
     assert token_param_for("gpt-3.5-turbo") == "max_tokens" and token_param_for("gpt-4o") == "max_completion_tokens"
-    home.config_file.write_text("model: gpt-3.5-turbo\ntemperature: 0\nresponse_format: {type: object, properties: {score: {type: integer}}, required: [score], additionalProperties: false}\n")
+    home.config_file.write_text(
+        "model: gpt-3.5-turbo\ntemperature: 0\nresponse_format: {type: object, properties: {score: {type: integer}}, required: [score], additionalProperties: false}\n"
+    )
     _p, lines = lines_of(csv_file(tmp_path, "response\nx\n"), load_config(home, environ={}).default, home)
     body = lines[0]["body"]
     assert body["max_tokens"] == 1000 and "max_completion_tokens" not in body and body["temperature"] == 0.0
@@ -178,9 +192,22 @@ def test_split_cli_defaults_to_work_folder(tmp_path, home):
 # --- the fast path: line template, constant token part, pipelined counting ------------------------
 
 TRICKY = [
-    "", "plain", 'quo"te', "back\\slash", "new\nline\r\n", "tab\tctl\x00\x01\x1f\x7f", "\u2028\u2029",
-    "héllo wörld", "打字手感很好", "emoji 🔋⚡ 👨‍👩‍👧", "</script>", "{braces} {{x}}", "\\u0000bg-user-content\\u0000",
-    '"\x00bg-custom-id\x00"', "a" * 3000, "a special <|endoftext|> token as text",
+    "",
+    "plain",
+    'quo"te',
+    "back\\slash",
+    "new\nline\r\n",
+    "tab\tctl\x00\x01\x1f\x7f",
+    "\u2028\u2029",
+    "héllo wörld",
+    "打字手感很好",
+    "emoji 🔋⚡ 👨‍👩‍👧",
+    "</script>",
+    "{braces} {{x}}",
+    "\\u0000bg-user-content\\u0000",
+    '"\x00bg-custom-id\x00"',
+    "a" * 3000,
+    "a special <|endoftext|> token as text",
 ]
 
 
@@ -228,7 +255,7 @@ def test_line_template_size_equals_real_line_size_for_any_text(cid, user):
 
 
 def test_line_template_refuses_when_a_sentinel_is_not_unique(home):
-    home.config_file.write_text("system_prompt: \"\\0bg-user-content\\0\"\n", encoding="utf-8")
+    home.config_file.write_text('system_prompt: "\\0bg-user-content\\0"\n', encoding="utf-8")
     profile = load_config(home, environ={}).default
     assert profile.system_prompt == LineTemplate._USER
     builder = RequestBuilder(profile, home, "0" * 64)
@@ -251,7 +278,10 @@ def test_pipelined_prepare_equals_the_reference_counts_and_sizes(tmp_path, home,
     monkeypatch.setattr(prepare_mod, "BLOCK_ROWS", block_rows)
     rows = [t.replace("\r", "").replace("\n", " ") for t in TRICKY] + [f"row {i} 🎉 {'x' * (i * 37 % 500)}" for i in range(40)]
     f = tmp_path / "mixed.jsonl"
-    f.write_text("".join(json.dumps({"id": f"r{i}", "response": t, "n": i}, ensure_ascii=False) + "\n" for i, t in enumerate(rows)), encoding="utf-8")
+    f.write_text(
+        "".join(json.dumps({"id": f"r{i}", "response": t, "n": i}, ensure_ascii=False) + "\n" for i, t in enumerate(rows)),
+        encoding="utf-8",
+    )
     for profile in _profiles(home):
         buf = io.BytesIO()
         prep = prepare(f, profile, home, requests_out=buf)

@@ -30,6 +30,7 @@ def write(path: Path, text: str) -> Path:
 
 # --- the shipped table --------------------------------------------------------------------------
 
+
 def test_shipped_table_has_the_reference_batch_prices():
     table = load_pricing()
     expected = {  # model: (input, cached, output) per 1M tokens, Batch API (reference §7)
@@ -81,6 +82,7 @@ def test_shipped_csv_has_exactly_the_documented_columns():
 
 # --- arithmetic ---------------------------------------------------------------------------------
 
+
 def test_exact_figures_for_known_models():
     t = load_pricing()
     mini = t.get("gpt-4o-mini")
@@ -124,6 +126,7 @@ def test_bad_counts_are_rejected():
 
 # --- lookups ------------------------------------------------------------------------------------
 
+
 def test_dated_snapshot_falls_back_to_its_base_model():
     t = load_pricing()
     assert t.get("gpt-4.1-mini-2025-04-14").model == "gpt-4.1-mini"
@@ -136,7 +139,10 @@ def test_dated_snapshot_falls_back_to_its_base_model():
     assert "gpt-5-2025-08-07" in t and "nope" not in t
 
 
-@pytest.mark.parametrize("model", ["gpt-4.1-mini-preview", "gpt-4.1-mini-0414", "gpt-4.1-mini-2025-13-45", "gpt-4o-mini-2024-07", "ft:gpt-4o-mini:acme::abc"])
+@pytest.mark.parametrize(
+    "model",
+    ["gpt-4.1-mini-preview", "gpt-4.1-mini-0414", "gpt-4.1-mini-2025-13-45", "gpt-4o-mini-2024-07", "ft:gpt-4o-mini:acme::abc"],
+)
 def test_only_a_real_date_suffix_falls_back(model):
     with pytest.raises(PricingError):
         load_pricing().get(model)
@@ -158,12 +164,11 @@ def test_unknown_model_error_says_how_to_fix_it(home):
 
 # --- user files ---------------------------------------------------------------------------------
 
+
 def test_user_file_overrides_and_extends(home):
     user = write(
         home.pricing_file,
-        HEADER
-        + "gpt-4o-mini,0.05,0.01,0.20,,2026-10-01,my contract\n"
-        + "acme-large,$1.50,,6,32000,,\n",
+        HEADER + "gpt-4o-mini,0.05,0.01,0.20,,2026-10-01,my contract\n" + "acme-large,$1.50,,6,32000,,\n",
     )
     t = load_pricing(user)
     mini = t.get("gpt-4o-mini")
@@ -172,7 +177,13 @@ def test_user_file_overrides_and_extends(home):
     assert (mini.taken_on, mini.source, mini.origin) == ("2026-10-01", "my contract", str(user))
     assert estimate(mini, 1_000_000, 0, 0).input_usd == 0.05
     acme = t.get("acme-large")
-    assert (acme.input_per_1m, acme.output_per_1m, acme.context_window, acme.taken_on, acme.source) == (1.5, 6.0, 32_000, None, None)
+    assert (acme.input_per_1m, acme.output_per_1m, acme.context_window, acme.taken_on, acme.source) == (
+        1.5,
+        6.0,
+        32_000,
+        None,
+        None,
+    )
     assert t.get("acme-large-2026-01-02") == acme
     # untouched shipped rows remain
     assert t.get("gpt-4o").origin == "shipped"

@@ -410,7 +410,14 @@ def test_full_submission_under_chaos_creates_exactly_one_batch_per_intent(emu_fa
     with exactly one uploaded file and one batch, and the results download intact.
     Deterministic: the emulator's faults and the provider's jitter are both seeded."""
     rates = dataclasses.replace(
-        FAULT_PROFILES["chaos"], rate_429=0.1, rate_500=0.1, rate_503=0.05, drop_before=0.1, drop_after=0.15, slow_delay_s=(0.0, 0.002), retry_after_s=2
+        FAULT_PROFILES["chaos"],
+        rate_429=0.1,
+        rate_500=0.1,
+        rate_503=0.05,
+        drop_before=0.1,
+        drop_after=0.15,
+        slow_delay_s=(0.0, 0.002),
+        retry_after_s=2,
     )
     e = emu_factory(faults=rates, seed=seed)
     p = make_provider(e, RecordingSleep(clock), retry=RetryPolicy(max_attempts=12), rng=random.Random(seed))
@@ -448,9 +455,13 @@ def test_full_submission_under_chaos_creates_exactly_one_batch_per_intent(emu_fa
     batch_ids = []
     for chunk in range(intents):
         path = write_input(tmp_path, simple_input(3, prefix=f"c{chunk}"), f"bg-chaos-{seed}-{chunk}.jsonl")
-        up = once_per_intent(lambda: upload_reconciled(p, path, path.name), lambda: reconcile_upload(p, path.name, path.stat().st_size))
+        up = once_per_intent(
+            lambda: upload_reconciled(p, path, path.name), lambda: reconcile_upload(p, path.name, path.stat().st_size)
+        )
         key = {"bg_key": f"chaos-{seed}-{chunk}"}
-        sub = once_per_intent(lambda: create_batch_reconciled(p, up.file.id, metadata=key), lambda: reconcile_batch(p, up.file.id, key))
+        sub = once_per_intent(
+            lambda: create_batch_reconciled(p, up.file.id, metadata=key), lambda: reconcile_batch(p, up.file.id, key)
+        )
         assert sub.duplicates == ()
         batch_ids.append(sub.batch.id)
     for i, bid in enumerate(batch_ids):
@@ -465,6 +476,8 @@ def test_full_submission_under_chaos_creates_exactly_one_batch_per_intent(emu_fa
         assert dest.read_bytes() == e.file_bytes(b.output_file_id)
     stats = e.stats()
     assert stats["batches_created"] == intents, stats["faults_injected"]
-    assert sorted(f["filename"] for f in stats["files"] if f["purpose"] == "batch") == sorted(f"bg-chaos-{seed}-{c}.jsonl" for c in range(intents))
+    assert sorted(f["filename"] for f in stats["files"] if f["purpose"] == "batch") == sorted(
+        f"bg-chaos-{seed}-{c}.jsonl" for c in range(intents)
+    )
     assert sorted(b["metadata"]["bg_key"] for b in stats["batches"]) == sorted(f"chaos-{seed}-{c}" for c in range(intents))
     assert stats["faults_injected"].get("drop_after", 0) > 0  # ambiguous outcomes really happened

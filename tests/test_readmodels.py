@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from batchgrader.store import queries, readmodels
-from batchgrader.core.home import Home
-from batchgrader.store.readmodels import JOB_STATUS_COLUMNS, USAGE_COLUMNS, StatusProjector, job_row, projectors, rebuild
 from batchgrader.cli.render_status import bar, render_costs, render_events, render_job, render_status
+from batchgrader.core.home import Home
 from batchgrader.core.schema import EVENTS, EVENTS_DDL
 from batchgrader.core.state import fold
+from batchgrader.store import queries, readmodels
 from batchgrader.store.eventstore import Event, EventStore, NewEvent
+from batchgrader.store.readmodels import JOB_STATUS_COLUMNS, USAGE_COLUMNS, StatusProjector, job_row, projectors, rebuild
 
 GOLDEN = Path(__file__).parent / "golden"
 DOCS = Path(__file__).parent.parent / "docs" / "events.md"
@@ -47,7 +47,7 @@ def feed(store: EventStore, names: list[str] = ALL_GOLDEN, group: int = 1, suffi
         for jid, evs in logs:
             i = pos[jid]
             if i < len(evs):
-                batch = evs[i:i + group]
+                batch = evs[i : i + group]
                 store.append(jid, [NewEvent(e["type"], e["payload"]) for e in batch], expected_version=i)
                 pos[jid] = i + len(batch)
 
@@ -67,13 +67,16 @@ def db(home: Home) -> Path:
 
 # --- the projector ------------------------------------------------------------------------------------------------
 
+
 def test_projectors_create_the_read_tables_by_migration_and_leave_events_alone(db: Path):
     with EventStore(db, projectors=projectors()) as s:
         conn = s.conn
         cols = [r[1] for r in conn.execute("PRAGMA table_info(job_status)")]
         assert cols == list(JOB_STATUS_COLUMNS)
         assert [r[1] for r in conn.execute("PRAGMA table_info(usage)")] == list(USAGE_COLUMNS)
-        applied = [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (readmodels.MIGRATION_SET,))]
+        applied = [
+            r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (readmodels.MIGRATION_SET,))
+        ]
         assert applied == list(readmodels.MIGRATION_NAMES)
         events_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         assert " ".join(events_sql.split()) == " ".join(EVENTS_DDL[0].replace("IF NOT EXISTS ", "").split())
@@ -122,8 +125,11 @@ def test_job_status_is_exactly_the_fold(db: Path):
         detail = queries.job_detail(db, jid)
         expected = job_row(state.jobs[jid])
         assert {k: detail[k] for k in JOB_STATUS_COLUMNS if k not in ("chunks", "sandbox", "cancel_requested")} == {
-            k: expected[k] for k in JOB_STATUS_COLUMNS if k not in ("chunks", "sandbox", "cancel_requested")}
-    assert rows["v1_held-194352796bbb"]["state"] == "held" and rows["v1_held-194352796bbb"]["held_reason"].startswith("estimated cost")
+            k: expected[k] for k in JOB_STATUS_COLUMNS if k not in ("chunks", "sandbox", "cancel_requested")
+        }
+    assert rows["v1_held-194352796bbb"]["state"] == "held" and rows["v1_held-194352796bbb"]["held_reason"].startswith(
+        "estimated cost"
+    )
     assert rows["v1_cancelled-194352796bbb"]["sandbox"] is True
     assert rows["v1_happy_multichunk-194352796bbb"]["input_tokens"] == 273  # JobPrepared.input_tokens
     assert rows["v1_rejected_file-x-52fbb30faf37"]["error"].startswith("notes.txt: unsupported file type")
@@ -139,7 +145,11 @@ def test_rebuilt_job_status_matches_the_golden_expectations(db: Path):
         for jid, job in expected["jobs"].items():
             row = rows[f"{name}-{jid}"]
             assert (row["state"], row["chunks_total"], row["chunks_done"], row["succeeded"]) == (
-                job["state"], job["chunks_total"], job["chunks_done"], job["succeeded_rows"]), name
+                job["state"],
+                job["chunks_total"],
+                job["chunks_done"],
+                job["succeeded_rows"],
+            ), name
             assert row["cost_usd"] == pytest.approx(job["cost_usd"])
 
 
@@ -156,7 +166,11 @@ def test_status_at_every_step_of_a_job(db: Path):
             assert row["state"] == job.state == expected["state"]
             assert row["batches"] == json.loads(expected["chunks"])
             assert (row["chunks_done"], row["succeeded"], row["failed"], row["cost_usd"]) == (
-                expected["chunks_done"], expected["succeeded"], expected["failed"], expected["cost_usd"])
+                expected["chunks_done"],
+                expected["succeeded"],
+                expected["failed"],
+                expected["cost_usd"],
+            )
 
 
 def test_a_rolled_back_append_does_not_desynchronise_the_projector(db: Path):
@@ -290,7 +304,9 @@ def test_rebuild_catches_up_with_events_appended_while_it_folded(db: Path, monke
     monkeypatch.setattr(readmodels, "fold", real_fold)
     caught_up = tables(db)
     assert report["last_seq"] == len(golden("v1_held")) + len(golden("v1_cancelled")) + 3
-    assert {r[0] for r in caught_up["job_status"]} >= {"new"} and caught_up["projection_state"] == [("status", report["last_seq"])]
+    assert {r[0] for r in caught_up["job_status"]} >= {"new"} and caught_up["projection_state"] == [
+        ("status", report["last_seq"])
+    ]
     rebuild(db)
     assert tables(db) == caught_up
 
@@ -303,6 +319,7 @@ def test_rebuild_needs_a_database(tmp_path: Path):
 
 # --- queries -----------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def fed(db: Path, home: Home) -> Home:
     with EventStore(db, projectors=projectors()) as s:
@@ -312,9 +329,27 @@ def fed(db: Path, home: Home) -> Home:
 
 def test_status_row_shape(fed: Home):
     rows = queries.status(fed)
-    assert [r["job_id"] for r in rows] == sorted([r["job_id"] for r in rows], key=lambda j: next(x["created_ts"] for x in rows if x["job_id"] == j))
-    need = {"job_id", "file", "profile", "state", "rows", "chunks_total", "chunks_done", "input_tokens", "output_tokens",
-            "cost_usd", "error", "sandbox", "age_seconds", "batches", "held_reason", "result_path"}
+    assert [r["job_id"] for r in rows] == sorted(
+        [r["job_id"] for r in rows], key=lambda j: next(x["created_ts"] for x in rows if x["job_id"] == j)
+    )
+    need = {
+        "job_id",
+        "file",
+        "profile",
+        "state",
+        "rows",
+        "chunks_total",
+        "chunks_done",
+        "input_tokens",
+        "output_tokens",
+        "cost_usd",
+        "error",
+        "sandbox",
+        "age_seconds",
+        "batches",
+        "held_reason",
+        "result_path",
+    }
     for r in rows:
         assert need <= set(r)
         assert r["age_seconds"] >= 0
@@ -383,8 +418,20 @@ def test_follow_events_yields_new_events_as_they_are_appended(fed: Home, db: Pat
 
 
 def _usage_event(day: str, cost: float, model: str = "gpt-4o-mini", prompt: int = 1000, completion: int = 100) -> NewEvent:
-    return NewEvent("TokensUsed", {"chunk": 0, "batch_id": "b", "model": model, "prompt_tokens": prompt, "cached_tokens": 10,
-                                   "completion_tokens": completion, "reasoning_tokens": 0, "cost_usd": cost, "day": day})
+    return NewEvent(
+        "TokensUsed",
+        {
+            "chunk": 0,
+            "batch_id": "b",
+            "model": model,
+            "prompt_tokens": prompt,
+            "cached_tokens": 10,
+            "completion_tokens": completion,
+            "reasoning_tokens": 0,
+            "cost_usd": cost,
+            "day": day,
+        },
+    )
 
 
 def _accept(job: str, sandbox: bool = False) -> NewEvent:
@@ -399,18 +446,32 @@ def test_costs_are_the_billed_figures_grouped(db: Path):
     by_day = queries.costs(db)
     assert by_day["source"] == "read_model"
     assert [(r["key"], r["cost_usd"], r["simulated_usd"], r["batches"], r["jobs"]) for r in by_day["rows"]] == [
-        ("2026-01-01", 0.5, 0.0, 1, 1), ("2026-01-02", 1.25, 9.0, 3, 3)]
+        ("2026-01-01", 0.5, 0.0, 1, 1),
+        ("2026-01-02", 1.25, 9.0, 3, 3),
+    ]
     t = by_day["totals"]
     # billed cost as recorded (1,000 prompt tokens of gpt-4o-mini would never cost $0.50): not re-estimated
-    assert (t["cost_usd"], t["simulated_usd"], t["prompt_tokens"], t["cached_tokens"], t["completion_tokens"], t["batches"], t["jobs"]) == (
-        1.75, 9.0, 4000, 40, 400, 4, 3)
-    assert by_day["daily"] == [{"day": "2026-01-01", "cost_usd": 0.5, "simulated_usd": 0.0},
-                               {"day": "2026-01-02", "cost_usd": 1.25, "simulated_usd": 9.0}]
+    assert (
+        t["cost_usd"],
+        t["simulated_usd"],
+        t["prompt_tokens"],
+        t["cached_tokens"],
+        t["completion_tokens"],
+        t["batches"],
+        t["jobs"],
+    ) == (1.75, 9.0, 4000, 40, 400, 4, 3)
+    assert by_day["daily"] == [
+        {"day": "2026-01-01", "cost_usd": 0.5, "simulated_usd": 0.0},
+        {"day": "2026-01-02", "cost_usd": 1.25, "simulated_usd": 9.0},
+    ]
     by_model = queries.costs(db, by="model")
     assert [(r["key"], r["cost_usd"]) for r in by_model["rows"]] == [("gpt-4o-mini", 1.5), ("gpt-4o", 0.25)]
     by_job = queries.costs(db, by="job", since="2026-01-02")
     assert [(r["key"], r["file"], r["cost_usd"], r["simulated_usd"]) for r in by_job["rows"]] == [
-        ("sim", "sim.csv", 0.0, 9.0), ("j2", "j2.csv", 1.0, 0.0), ("j1", "j1.csv", 0.25, 0.0)]
+        ("sim", "sim.csv", 0.0, 9.0),
+        ("j2", "j2.csv", 1.0, 0.0),
+        ("j1", "j1.csv", 0.25, 0.0),
+    ]
     only_first = queries.costs(db, until="2026-01-01")
     assert only_first["totals"]["cost_usd"] == 0.5 and only_first["until"] == "2026-01-01"
     assert queries.costs(db, since="2026-02-01")["rows"] == []
@@ -442,7 +503,9 @@ def test_costs_from_the_log_equal_costs_from_the_read_model(db: Path):
 def test_queries_do_not_wait_for_the_writer(fed: Home, db: Path):
     with EventStore(db, projectors=projectors()) as s:
         with s.write() as c:  # the daemon in the middle of a write transaction
-            c.execute("INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('v1_held-194352796bbb', 4, 'CancelRequested', 1, 't', '{}')")
+            c.execute(
+                "INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('v1_held-194352796bbb', 4, 'CancelRequested', 1, 't', '{}')"
+            )
             rows = queries.status(fed)
             assert all(r["source"] == "read_model" for r in rows)  # the committed snapshot, current
             assert queries.costs(fed)["source"] == "read_model"
@@ -455,6 +518,7 @@ def test_queries_say_when_there_is_no_database(tmp_path: Path):
 
 
 # --- rendering -----------------------------------------------------------------------------------------------------
+
 
 def _console() -> Console:
     return Console(record=True, width=200, color_system=None)
@@ -478,15 +542,46 @@ def test_render_status_and_job(fed: Home):
 
 
 def test_rendering_never_reads_data_as_markup():
-    row = {"job_id": "j1", "file": "[red]a[/red].csv", "state": "failed", "error": "[bad_input] line 2", "error_code": "x",
-           "chunks": [{"index": 0, "status": "failed", "batch_id": None, "request_counts": {}, "error": "[b]oom"}]}
+    row = {
+        "job_id": "j1",
+        "file": "[red]a[/red].csv",
+        "state": "failed",
+        "error": "[bad_input] line 2",
+        "error_code": "x",
+        "chunks": [{"index": 0, "status": "failed", "batch_id": None, "request_counts": {}, "error": "[b]oom"}],
+    }
     c = _console()
     render_status([row], c)
     render_job(row, c)
-    render_costs({"by": "job", "rows": [{"key": "[j]", "file": "[f].csv", "batches": 1, "jobs": 1, "prompt_tokens": 1,
-                                         "cached_tokens": 0, "completion_tokens": 1, "cost_usd": 1.0, "simulated_usd": 0.0}],
-                  "totals": {"batches": 1, "jobs": 1, "prompt_tokens": 1, "cached_tokens": 0, "completion_tokens": 1,
-                             "cost_usd": 1.0, "simulated_usd": 0.0}, "daily": []}, c)
+    render_costs(
+        {
+            "by": "job",
+            "rows": [
+                {
+                    "key": "[j]",
+                    "file": "[f].csv",
+                    "batches": 1,
+                    "jobs": 1,
+                    "prompt_tokens": 1,
+                    "cached_tokens": 0,
+                    "completion_tokens": 1,
+                    "cost_usd": 1.0,
+                    "simulated_usd": 0.0,
+                }
+            ],
+            "totals": {
+                "batches": 1,
+                "jobs": 1,
+                "prompt_tokens": 1,
+                "cached_tokens": 0,
+                "completion_tokens": 1,
+                "cost_usd": 1.0,
+                "simulated_usd": 0.0,
+            },
+            "daily": [],
+        },
+        c,
+    )
     out = c.export_text()
     for literal in ("[red]a[/red].csv", "[bad_input] line 2", "[b]oom", "[j]", "[f].csv"):
         assert literal in out
@@ -544,6 +639,7 @@ def test_bar_uses_eighth_blocks():
 
 
 # --- docs ------------------------------------------------------------------------------------------------------------
+
 
 def test_every_event_type_is_documented():
     text = DOCS.read_text(encoding="utf-8")

@@ -9,8 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.provider.emulator import EXPIRE_AFTER_METADATA_KEY
-from batchgrader.provider.openai_api import OpenAIProvider
 from batchgrader.pipeline.results import (
     ResultsFormatError,
     RowOutcome,
@@ -22,6 +20,8 @@ from batchgrader.pipeline.results import (
     sum_usage,
     unexpected_custom_ids,
 )
+from batchgrader.provider.emulator import EXPIRE_AFTER_METADATA_KEY
+from batchgrader.provider.openai_api import OpenAIProvider
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     chat_line,
@@ -47,17 +47,36 @@ GUIDE_EXPIRED = (
     '{"id": "batch_req_123", "custom_id": "request-3", "response": null, "error": {"code": "batch_expired", '
     '"message": "This request could not be executed before the completion window expired."}}'
 )
-HTTP_400 = json.dumps({
-    "id": "batch_req_9",
-    "custom_id": "bad",
-    "response": {"status_code": 400, "request_id": "req_9", "body": {"error": {"message": "max_tokens is too large", "type": "invalid_request_error", "param": "max_tokens", "code": None}}},
-    "error": None,
-})
-HTTP_500 = json.dumps({
-    "custom_id": "boom",
-    "response": {"status_code": 500, "request_id": "req_5", "body": {"error": {"message": "The server had an error", "type": "server_error", "param": None, "code": None}}},
-    "error": None,
-})
+HTTP_400 = json.dumps(
+    {
+        "id": "batch_req_9",
+        "custom_id": "bad",
+        "response": {
+            "status_code": 400,
+            "request_id": "req_9",
+            "body": {
+                "error": {
+                    "message": "max_tokens is too large",
+                    "type": "invalid_request_error",
+                    "param": "max_tokens",
+                    "code": None,
+                }
+            },
+        },
+        "error": None,
+    }
+)
+HTTP_500 = json.dumps(
+    {
+        "custom_id": "boom",
+        "response": {
+            "status_code": 500,
+            "request_id": "req_5",
+            "body": {"error": {"message": "The server had an error", "type": "server_error", "param": None, "code": None}},
+        },
+        "error": None,
+    }
+)
 
 
 def one(line: str) -> RowOutcome:
@@ -82,7 +101,12 @@ def test_expired_line_from_the_guide():
 
 def test_http_level_failures_are_errors_even_though_error_is_null():
     bad = one(HTTP_400)
-    assert not bad.ok and bad.status_code == 400 and bad.error_code == "invalid_request_error" and bad.error_message == "max_tokens is too large"
+    assert (
+        not bad.ok
+        and bad.status_code == 400
+        and bad.error_code == "invalid_request_error"
+        and bad.error_message == "max_tokens is too large"
+    )
     assert not bad.retryable
     boom = one(HTTP_500)
     assert not boom.ok and boom.status_code == 500 and boom.error_code == "server_error" and boom.retryable
@@ -102,11 +126,25 @@ def test_success_is_decided_by_status_code_only():
 def test_reasoning_cached_and_length_fields():
     line = {
         "custom_id": "r",
-        "response": {"status_code": 200, "body": {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "partial", "refusal": None}, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 2000, "completion_tokens": 60, "total_tokens": 2060,
-                      "prompt_tokens_details": {"cached_tokens": 1920}, "completion_tokens_details": {"reasoning_tokens": 50}},
-        }},
+        "response": {
+            "status_code": 200,
+            "body": {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "partial", "refusal": None},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 2000,
+                    "completion_tokens": 60,
+                    "total_tokens": 2060,
+                    "prompt_tokens_details": {"cached_tokens": 1920},
+                    "completion_tokens_details": {"reasoning_tokens": 50},
+                },
+            },
+        },
         "error": None,
     }
     o = parse_line(line)
@@ -116,15 +154,33 @@ def test_reasoning_cached_and_length_fields():
 def test_responses_api_bodies():
     line = {
         "custom_id": "resp",
-        "response": {"status_code": 200, "body": {
-            "object": "response", "status": "completed",
-            "output": [{"type": "reasoning", "content": []}, {"type": "message", "content": [{"type": "output_text", "text": "Hi"}, {"type": "output_text", "text": "!"}]}],
-            "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 15},
-        }},
+        "response": {
+            "status_code": 200,
+            "body": {
+                "object": "response",
+                "status": "completed",
+                "output": [
+                    {"type": "reasoning", "content": []},
+                    {"type": "message", "content": [{"type": "output_text", "text": "Hi"}, {"type": "output_text", "text": "!"}]},
+                ],
+                "usage": {
+                    "input_tokens": 10,
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": 5,
+                    "output_tokens_details": {"reasoning_tokens": 3},
+                    "total_tokens": 15,
+                },
+            },
+        },
         "error": None,
     }
     o = parse_line(line)
-    assert o.ok and o.content == "Hi!" and (o.prompt_tokens, o.completion_tokens, o.reasoning_tokens) == (10, 5, 3) and o.finish_reason == "completed"
+    assert (
+        o.ok
+        and o.content == "Hi!"
+        and (o.prompt_tokens, o.completion_tokens, o.reasoning_tokens) == (10, 5, 3)
+        and o.finish_reason == "completed"
+    )
 
 
 def test_malformed_lines_name_their_line_number(tmp_path: Path):
@@ -168,7 +224,9 @@ def test_remaining_custom_ids():
 def test_collect_outcomes_prefers_success(tmp_path: Path):
     err = tmp_path / "err.jsonl"
     out = tmp_path / "out.jsonl"
-    err.write_text(json.dumps({"custom_id": "request-2", "response": None, "error": {"code": "batch_expired", "message": "m"}}) + "\n")
+    err.write_text(
+        json.dumps({"custom_id": "request-2", "response": None, "error": {"code": "batch_expired", "message": "m"}}) + "\n"
+    )
     out.write_text(GUIDE_SUCCESS + "\n")
     merged = collect_outcomes(err, None, out)
     assert merged["request-2"].ok
@@ -185,7 +243,15 @@ def test_remaining_matches_a_simple_model(kinds):
         elif k == "expired":
             lines.append(json.dumps({"custom_id": cid, "response": None, "error": {"code": "batch_expired", "message": "m"}}))
         elif k in ("400", "500"):
-            lines.append(json.dumps({"custom_id": cid, "response": {"status_code": int(k), "body": {"error": {"message": "x", "type": "t"}}}, "error": None}))
+            lines.append(
+                json.dumps(
+                    {
+                        "custom_id": cid,
+                        "response": {"status_code": int(k), "body": {"error": {"message": "x", "type": "t"}}},
+                        "error": None,
+                    }
+                )
+            )
     lines.reverse()  # output order never matters
     outcomes = list(iter_outcomes(lines))
     expected = [c for c, k in zip(submitted, kinds) if k in ("expired", "missing")]
@@ -248,7 +314,10 @@ def test_cancelled_batch_rows_missing_from_both_files_are_remaining(emu_factory,
 
 
 def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock, tmp_path):
-    rows = [chat_line(f"q{i}", f"question {i}" + (" __FAIL_400__" if i % 4 == 1 else "") + (" __FAIL_500__" if i % 4 == 2 else "")) for i in range(12)]
+    rows = [
+        chat_line(f"q{i}", f"question {i}" + (" __FAIL_400__" if i % 4 == 1 else "") + (" __FAIL_500__" if i % 4 == 2 else ""))
+        for i in range(12)
+    ]
     path = write_input(tmp_path, jsonl(rows), "in.jsonl")
     b = run(provider, clock, path)
     outcomes = download_outcomes(provider, b, tmp_path)
@@ -258,5 +327,7 @@ def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock
     assert {c for c, o in outcomes.items() if o.status_code == 400} == {f"q{i}" for i in range(12) if i % 4 == 1}
     assert {c for c, o in outcomes.items() if o.status_code == 500} == {f"q{i}" for i in range(12) if i % 4 == 2}
     assert remaining_custom_ids(read_custom_ids(path), outcomes) == []
-    assert remaining_custom_ids(read_custom_ids(path), outcomes, retry_server_errors=True) == [f"q{i}" for i in range(12) if i % 4 == 2]
+    assert remaining_custom_ids(read_custom_ids(path), outcomes, retry_server_errors=True) == [
+        f"q{i}" for i in range(12) if i % 4 == 2
+    ]
     assert sum_usage(outcomes.values()).prompt_tokens == b.usage.input_tokens

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.ops import service
 from batchgrader.core.home import Home
+from batchgrader.ops import service
 from batchgrader.ops.service import (
     CommandResult,
     EnvFileError,
@@ -70,7 +70,7 @@ def fake_bgctl(odd_dir: Path) -> Path:
 
 @pytest.fixture
 def odd_home(odd_dir: Path) -> Home:
-    return Home.resolve(odd_dir / "state \"root\" it's \\ x").ensure()
+    return Home.resolve(odd_dir / 'state "root" it\'s \\ x').ensure()
 
 
 class FakeRunner:
@@ -89,6 +89,7 @@ def all_text_under(root: Path, skip: Path) -> str:
 
 
 # --- the systemd unit --------------------------------------------------------------------
+
 
 def test_system_unit_line_by_line(home: Home):
     env_file = env_file_path(home)
@@ -176,7 +177,7 @@ def test_refuses_paths_a_unit_cannot_express(tmp_path: Path):
         render_launchd_plist(h, "/bin/true")
     with pytest.raises(ServiceError, match="absolute"):
         render_systemd_unit(Home.resolve(tmp_path), "./bgctl", True, tmp_path / "e")
-    for bad in ('/opt/o\'brien/bgctl', '/opt/"q"/bgctl', "/opt/back\\slash/bgctl"):
+    for bad in ("/opt/o'brien/bgctl", '/opt/"q"/bgctl', "/opt/back\\slash/bgctl"):
         with pytest.raises(ServiceError, match="quote or a backslash"):
             render_systemd_unit(Home.resolve(tmp_path), bad, True, tmp_path / "e")
         assert render_launchd_plist(Home.resolve(tmp_path), bad)  # launchd has no such rule
@@ -217,6 +218,7 @@ def test_systemd_analyze_verify(odd_home: Home, fake_bgctl: Path, tmp_path: Path
 
 # --- the launchd plist -------------------------------------------------------------------
 
+
 def test_launchd_plist_keys(odd_home: Home, fake_bgctl: Path):
     p = plistlib.loads(render_launchd_plist(odd_home, str(fake_bgctl)).encode())
     assert p == {
@@ -243,6 +245,7 @@ def test_launchd_plist_python_m_fallback(home: Home):
 
 
 # --- install / uninstall / status --------------------------------------------------------
+
 
 def test_install_user_unit_and_key(home: Home, fake_bgctl: Path, tmp_path: Path):
     units = tmp_path / "units"
@@ -294,8 +297,7 @@ def test_reinstall_keeps_other_env_lines_and_restarts(home: Home, fake_bgctl: Pa
 
 
 def test_install_system_unit(home: Home, fake_bgctl: Path, tmp_path: Path):
-    r = install(home, "system", platform="linux", bgctl_path=str(fake_bgctl), api_key=KEY, unit_dir=tmp_path / "sys",
-                run_as=ME)
+    r = install(home, "system", platform="linux", bgctl_path=str(fake_bgctl), api_key=KEY, unit_dir=tmp_path / "sys", run_as=ME)
     d = {k: v for _, k, v in directives(r.content)}
     assert d["User"] == ME and d["WantedBy"] == "multi-user.target" and d["ProtectHome"] == "read-only"
     assert r.next_steps == ["systemctl daemon-reload", "systemctl enable --now batchgrader.service"]
@@ -347,7 +349,9 @@ def test_activate_runs_the_steps(home: Home, fake_bgctl: Path, tmp_path: Path):
     r = install(home, "user", platform="linux", bgctl_path=str(fake_bgctl), unit_dir=tmp_path / "u", activate=True, runner=ok)
     assert ok.calls == [s.argv for s in r.steps] and all(c.ok for c in r.activation)
     failing = FakeRunner({"systemctl --user daemon-reload": (1, "", "Failed to connect to bus")})
-    r = install(home, "user", platform="linux", bgctl_path=str(fake_bgctl), unit_dir=tmp_path / "u", activate=True, runner=failing)
+    r = install(
+        home, "user", platform="linux", bgctl_path=str(fake_bgctl), unit_dir=tmp_path / "u", activate=True, runner=failing
+    )
     assert len(failing.calls) == 1 and r.activation[0].stderr == "Failed to connect to bus"
     assert r.to_dict()["activation"][0]["returncode"] == 1
 
@@ -407,8 +411,14 @@ def test_status_launchd(home: Home, tmp_path: Path):
     loaded = FakeRunner({f"launchctl print gui/{os.getuid()}/com.batchgrader.daemon": (0, "{\n\tstate = running\n}", "")})
     s = status(home, None, platform="darwin", unit_dir=tmp_path, runner=loaded, which=lambda _: "x")
     assert s["mode"] == "user" and s["active"] == "running"
-    s = status(home, None, platform="darwin", unit_dir=tmp_path, runner=FakeRunner({
-        f"launchctl print gui/{os.getuid()}/com.batchgrader.daemon": (113, "", "Could not find service")}), which=lambda _: "x")
+    s = status(
+        home,
+        None,
+        platform="darwin",
+        unit_dir=tmp_path,
+        runner=FakeRunner({f"launchctl print gui/{os.getuid()}/com.batchgrader.daemon": (113, "", "Could not find service")}),
+        which=lambda _: "x",
+    )
     assert s["active"] == "not loaded"
 
 
@@ -431,6 +441,7 @@ def test_bgctl_path_resolution(home: Home, tmp_path: Path):
 
 
 # --- the secrets file --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o601])
 def test_load_refuses_open_permissions(tmp_path: Path, mode: int):
@@ -461,15 +472,22 @@ def test_apply_env_file_fills_only_unset(tmp_path: Path):
 
 
 def test_parse_env_text_systemd_subset():
-    text = "\n".join([
-        "# comment", "; comment", "", "no equals sign", "bad-name=1", "export X=1",
-        "PLAIN = value with  inner space  ",
-        "SINGLE='a \\n $b \"c\"'",
-        'DOUBLE="a \\"q\\" \\\\ \\$ \\n"',
-        "BACKSLASH=a\\ b\\\\c",
-        "EQ=a=b=c",
-        "HASH=x # not a comment",
-    ])
+    text = "\n".join(
+        [
+            "# comment",
+            "; comment",
+            "",
+            "no equals sign",
+            "bad-name=1",
+            "export X=1",
+            "PLAIN = value with  inner space  ",
+            "SINGLE='a \\n $b \"c\"'",
+            'DOUBLE="a \\"q\\" \\\\ \\$ \\n"',
+            "BACKSLASH=a\\ b\\\\c",
+            "EQ=a=b=c",
+            "HASH=x # not a comment",
+        ]
+    )
     assert parse_env_text(text) == {
         "PLAIN": "value with  inner space",
         "SINGLE": 'a \\n $b "c"',
@@ -483,7 +501,7 @@ def test_parse_env_text_systemd_subset():
             parse_env_text(bad)
 
 
-@pytest.mark.parametrize("key", ["sk-proj-AbC_123", "abc+/==", "we!rd$`\\\"key"])
+@pytest.mark.parametrize("key", ["sk-proj-AbC_123", "abc+/==", 'we!rd$`\\"key'])
 def test_env_file_roundtrip_of_odd_keys(tmp_path: Path, key: str):
     f = write_env_file(tmp_path / "s.env", {"OPENAI_API_KEY": key})
     assert load_env_file(f)["OPENAI_API_KEY"] == key

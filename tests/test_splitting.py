@@ -24,8 +24,8 @@ from batchgrader.pipeline.splitting import (
     write_chunk_files,
 )
 
-
 # --- helpers ------------------------------------------------------------------------------------
+
 
 def members(chunks, oversized) -> list[int]:
     skip = {o.position for o in oversized}
@@ -77,6 +77,7 @@ def _ok_to_add(c: Chunk, t: int, b: int, lim: Limits) -> bool:
 
 # --- strategies ---------------------------------------------------------------------------------
 
+
 @st.composite
 def cases(draw, force: bool | None = None):
     n = draw(st.integers(0, 120))
@@ -105,6 +106,7 @@ PROPS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthC
 
 
 # --- properties ---------------------------------------------------------------------------------
+
 
 @PROPS
 @given(cases())
@@ -227,6 +229,7 @@ def test_forced_split_is_balanced_or_min_max_optimal(reqs, n, token_limit, row_l
 
 # --- examples -----------------------------------------------------------------------------------
 
+
 def test_120000_tiny_requests_make_3_chunks_and_lose_nothing(tmp_path: Path):
     n = 120_000
     lines = [json.dumps({"custom_id": f"r{i}", "method": "POST"}).encode() + b"\n" for i in range(n)]
@@ -234,7 +237,11 @@ def test_120000_tiny_requests_make_3_chunks_and_lose_nothing(tmp_path: Path):
     sizes = array("Q", [len(x) for x in lines])
     chunks, oversized = plan_chunks(tokens, sizes, Limits(token_limit=500_000))
     assert not oversized
-    assert [(c.start, c.end, c.requests) for c in chunks] == [(0, 50_000, 50_000), (50_000, 100_000, 50_000), (100_000, 120_000, 20_000)]
+    assert [(c.start, c.end, c.requests) for c in chunks] == [
+        (0, 50_000, 50_000),
+        (50_000, 100_000, 50_000),
+        (100_000, 120_000, 20_000),
+    ]
     assert sum(c.input_tokens for c in chunks) == 7 * n
     paths = write_chunk_files(iter(lines), chunks, set(), tmp_path, "job1")
     ids = [json.loads(line)["custom_id"] for p in paths for line in p.read_bytes().splitlines()]
@@ -286,7 +293,10 @@ def test_oversized_by_bytes_and_by_context_window():
     sizes = [10, 10, 101, 10]
     chunks, oversized = plan_chunks(tokens, sizes, lim)
     assert [(o.position, o.kind) for o in oversized] == [(1, "context_window"), (2, "byte_limit"), (3, "token_limit")]
-    assert oversized[0].reason == "request has 101 input tokens + max_completion_tokens 28 = 129, over the model's context window of 128"
+    assert (
+        oversized[0].reason
+        == "request has 101 input tokens + max_completion_tokens 28 = 129, over the model's context window of 128"
+    )
     assert oversized[1].reason == "request line is 101 bytes, over the batch input-file cap of 100 bytes"
     # a request breaking several rules names them all
     assert "split_token_limit" in oversized[2].reason and "context window" in oversized[2].reason
@@ -359,8 +369,13 @@ def test_limits_from_settings(home):
     cfg = load_config(home, environ={}, flags={"split_row_limit": 1000, "max_completion_tokens": 300})
     lim = Limits.from_settings(cfg.default, context_window=128_000)
     assert lim == Limits(
-        token_limit=500_000, row_limit=1000, force_chunk_count=None, max_requests=PROVIDER_MAX_REQUESTS,
-        max_bytes=PROVIDER_MAX_BYTES, context_window=128_000, max_output_tokens=300,
+        token_limit=500_000,
+        row_limit=1000,
+        force_chunk_count=None,
+        max_requests=PROVIDER_MAX_REQUESTS,
+        max_bytes=PROVIDER_MAX_BYTES,
+        context_window=128_000,
+        max_output_tokens=300,
     )
     cfg = load_config(home, environ={}, flags={"context_window": 8000})
     assert Limits.from_settings(cfg.default, context_window=128_000).context_window == 8000
@@ -380,6 +395,7 @@ def test_one_million_requests_plan_quickly():
 
 
 # --- writing chunk files ------------------------------------------------------------------------
+
 
 def _lines(n: int) -> list[bytes]:
     return [json.dumps({"custom_id": f"id-{i}", "x": "y" * (i % 5)}).encode() + b"\n" for i in range(n)]

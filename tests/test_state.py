@@ -31,6 +31,7 @@ GOLDEN_LOGS = sorted(p.stem for p in GOLDEN.glob("*.jsonl"))
 
 # --- helpers ---------------------------------------------------------------------------------------
 
+
 def load_log(name: str) -> list[Event]:
     out = []
     for line in (GOLDEN / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
@@ -49,8 +50,15 @@ class Log:
     def add(self, type_: str, ts: str | None = None, **payload: Any) -> Event:
         self.seq += 1
         self.job_seq += 1
-        e = Event(self.seq, self.job_id, self.job_seq, type_, EVENTS[type_].version,
-                  ts or f"2026-01-02T03:04:{self.seq % 60:02d}+00:00", payload)
+        e = Event(
+            self.seq,
+            self.job_id,
+            self.job_seq,
+            type_,
+            EVENTS[type_].version,
+            ts or f"2026-01-02T03:04:{self.seq % 60:02d}+00:00",
+            payload,
+        )
         self.events.append(e)
         return e
 
@@ -59,51 +67,139 @@ class Log:
 
 
 def chunk(index: int, requests: int = 2, tokens: int = 50) -> dict[str, Any]:
-    return {"index": index, "start": index * requests, "end": (index + 1) * requests, "requests": requests,
-            "input_tokens": tokens, "bytes": 300, "path": f"/w/chunks/chunk-{index:04d}.jsonl"}
+    return {
+        "index": index,
+        "start": index * requests,
+        "end": (index + 1) * requests,
+        "requests": requests,
+        "input_tokens": tokens,
+        "bytes": 300,
+        "path": f"/w/chunks/chunk-{index:04d}.jsonl",
+    }
 
 
 def accepted(log: Log, sandbox: bool = False) -> None:
-    log.add("JobAccepted", file="a.csv", source="/h/inbox/a.csv", profile="p1", sha256="abc", bytes=10,
-            input_path="/h/work/job1/input.csv", result_name="a_results.csv", sandbox=sandbox)
+    log.add(
+        "JobAccepted",
+        file="a.csv",
+        source="/h/inbox/a.csv",
+        profile="p1",
+        sha256="abc",
+        bytes=10,
+        input_path="/h/work/job1/input.csv",
+        result_name="a_results.csv",
+        sandbox=sandbox,
+    )
 
 
 def prepared(log: Log, n_chunks: int = 2, row_errors: list | None = None) -> None:
-    log.add("JobPrepared", format="csv", model="gpt-4o-mini", encoding="o200k_base", rows=n_chunks * 2 + len(row_errors or []),
-            requests=n_chunks * 2, input_tokens=50 * n_chunks, max_request_tokens=25,
-            chunks=[chunk(i) for i in range(n_chunks)], row_errors=row_errors or [],
-            estimate_usd={"input": 0.001, "max_output": 0.01, "max_total": 0.011}, warnings=["w1"],
-            requests_path="/h/work/job1/requests.jsonl")
+    log.add(
+        "JobPrepared",
+        format="csv",
+        model="gpt-4o-mini",
+        encoding="o200k_base",
+        rows=n_chunks * 2 + len(row_errors or []),
+        requests=n_chunks * 2,
+        input_tokens=50 * n_chunks,
+        max_request_tokens=25,
+        chunks=[chunk(i) for i in range(n_chunks)],
+        row_errors=row_errors or [],
+        estimate_usd={"input": 0.001, "max_output": 0.01, "max_total": 0.011},
+        warnings=["w1"],
+        requests_path="/h/work/job1/requests.jsonl",
+    )
 
 
 def submit(log: Log, c: int, attempt: int = 1, batch: str | None = None) -> None:
     log.add("UploadStarted", chunk=c, attempt=attempt, filename=f"bg-job1-c{c:04d}-a{attempt}.jsonl", bytes=300)
     log.add("FileUploaded", chunk=c, attempt=attempt, file_id=f"file-{c}-{attempt}", reconciled=False)
-    log.add("BatchCreateRequested", chunk=c, attempt=attempt, input_file_id=f"file-{c}-{attempt}", metadata={"bg_key": f"job1:{c}:{attempt}"})
-    log.add("BatchCreated", chunk=c, attempt=attempt, batch_id=batch or f"batch_{c}_{attempt}", status="validating", reconciled=False)
+    log.add(
+        "BatchCreateRequested",
+        chunk=c,
+        attempt=attempt,
+        input_file_id=f"file-{c}-{attempt}",
+        metadata={"bg_key": f"job1:{c}:{attempt}"},
+    )
+    log.add(
+        "BatchCreated", chunk=c, attempt=attempt, batch_id=batch or f"batch_{c}_{attempt}", status="validating", reconciled=False
+    )
 
 
-def status(log: Log, c: int, st_: str, done: int = 0, failed: int = 0, total: int = 2, batch: str | None = None, errors: list | None = None) -> None:
-    log.add("BatchStatusChanged", chunk=c, batch_id=batch or f"batch_{c}_1", status=st_,
-            request_counts={"total": total, "completed": done, "failed": failed},
-            output_file_id=f"out-{c}" if st_ in ("completed", "expired", "cancelled") else None, error_file_id=None, errors=errors or [])
+def status(
+    log: Log,
+    c: int,
+    st_: str,
+    done: int = 0,
+    failed: int = 0,
+    total: int = 2,
+    batch: str | None = None,
+    errors: list | None = None,
+) -> None:
+    log.add(
+        "BatchStatusChanged",
+        chunk=c,
+        batch_id=batch or f"batch_{c}_1",
+        status=st_,
+        request_counts={"total": total, "completed": done, "failed": failed},
+        output_file_id=f"out-{c}" if st_ in ("completed", "expired", "cancelled") else None,
+        error_file_id=None,
+        errors=errors or [],
+    )
 
 
-def collect(log: Log, c: int, succeeded: int = 2, failed_ids: tuple[str, ...] = (), batch: str | None = None,
-            cost: float = 0.001, final: str = "completed", day: str | None = "2026-01-02") -> None:
+def collect(
+    log: Log,
+    c: int,
+    succeeded: int = 2,
+    failed_ids: tuple[str, ...] = (),
+    batch: str | None = None,
+    cost: float = 0.001,
+    final: str = "completed",
+    day: str | None = "2026-01-02",
+) -> None:
     b = batch or f"batch_{c}_1"
     log.add("OutputDownloadStarted", chunk=c, batch_id=b, file_id=f"out-{c}", kind="output")
     log.add("OutputDownloaded", chunk=c, batch_id=b, file_id=f"out-{c}", kind="output", path=f"/w/dl/{b}-output.jsonl", bytes=99)
-    log.add("TokensUsed", chunk=c, batch_id=b, model="gpt-4o-mini", prompt_tokens=100, cached_tokens=10, completion_tokens=20,
-            reasoning_tokens=0, cost_usd=cost, day=day)
+    log.add(
+        "TokensUsed",
+        chunk=c,
+        batch_id=b,
+        model="gpt-4o-mini",
+        prompt_tokens=100,
+        cached_tokens=10,
+        completion_tokens=20,
+        reasoning_tokens=0,
+        cost_usd=cost,
+        day=day,
+    )
     if failed_ids:
-        log.add("RowsFailed", chunk=c, batch_id=b, rows=[{"custom_id": x, "code": "server_error", "message": "boom"} for x in failed_ids])
-    log.add("ChunkCompleted", chunk=c, batch_id=b, status=final, succeeded=succeeded, failed=len(failed_ids), results_path=f"/w/results/chunk-{c:04d}.jsonl")
+        log.add(
+            "RowsFailed",
+            chunk=c,
+            batch_id=b,
+            rows=[{"custom_id": x, "code": "server_error", "message": "boom"} for x in failed_ids],
+        )
+    log.add(
+        "ChunkCompleted",
+        chunk=c,
+        batch_id=b,
+        status=final,
+        succeeded=succeeded,
+        failed=len(failed_ids),
+        results_path=f"/w/results/chunk-{c:04d}.jsonl",
+    )
 
 
 def finish(log: Log, succeeded: int, failed: int, state: str = "completed") -> None:
     log.add("OutboxWriteStarted", path="/h/outbox/a_results.csv", error_path=None)
-    log.add("ResultWritten", path="/h/outbox/a_results.csv", rows=succeeded + failed, succeeded=succeeded, failed=failed, error_path=None)
+    log.add(
+        "ResultWritten",
+        path="/h/outbox/a_results.csv",
+        rows=succeeded + failed,
+        succeeded=succeeded,
+        failed=failed,
+        error_path=None,
+    )
     log.add("InputArchived", path="/h/archive/a.csv")
     log.add("ProviderFilesDeleted", file_ids=["file-0-1"])
     log.add("JobCompleted", state=state, succeeded=succeeded, failed=failed)
@@ -111,15 +207,24 @@ def finish(log: Log, succeeded: int, failed: int, state: str = "completed") -> N
 
 # --- catalogue ---------------------------------------------------------------------------------------
 
+
 def test_every_catalogued_event_type_has_a_handler():
     assert set(state_mod._HANDLERS) == set(EVENTS)
 
 
 # --- each event type ---------------------------------------------------------------------------------
 
+
 def test_file_rejected_ends_the_job_failed_and_remembers_the_fingerprint():
     log = Log("x-1")
-    log.add("FileRejected", file="notes.txt", path="/h/inbox/notes.txt", reason="unsupported", code="unsupported_format", fingerprint="fp1")
+    log.add(
+        "FileRejected",
+        file="notes.txt",
+        path="/h/inbox/notes.txt",
+        reason="unsupported",
+        code="unsupported_format",
+        fingerprint="fp1",
+    )
     s = fold(log.events)
     job = s.jobs["x-1"]
     assert (job.rejected, job.ended, job.state, job.file) == (True, "failed", "failed", "notes.txt")
@@ -189,7 +294,12 @@ def test_batch_create_intent_and_outcomes():
     log.add("FileUploaded", chunk=0, attempt=1, file_id="file-1", reconciled=False)
     log.add("BatchCreateRequested", chunk=0, attempt=1, input_file_id="file-1", metadata={"bg_key": "job1:0:1"})
     c = log.job().chunks[0]
-    assert (c.create, c.metadata, c.open_intent, c.requested_ts) == ("requested", {"bg_key": "job1:0:1"}, "create", log.events[-1].ts)
+    assert (c.create, c.metadata, c.open_intent, c.requested_ts) == (
+        "requested",
+        {"bg_key": "job1:0:1"},
+        "create",
+        log.events[-1].ts,
+    )
     log.add("BatchCreateFailed", chunk=0, attempt=1, error="429 token limit", definite=True)
     assert log.job().chunks[0].create == "failed" and log.job().last_error == "429 token limit"
     log.add("BatchCreateRequested", chunk=0, attempt=1, input_file_id="file-1", metadata={"bg_key": "job1:0:1"})
@@ -227,10 +337,30 @@ def test_downloads_tokens_rows_failed_and_chunk_completed():
     assert log.job().state == "downloading"
     log.add("OutputDownloaded", chunk=0, batch_id="batch_0_1", file_id="out-0", kind="output", path="/p", bytes=5)
     assert log.job().chunks[0].downloads["output"] == {"state": "done", "file_id": "out-0", "path": "/p", "bytes": 5}
-    log.add("TokensUsed", chunk=0, batch_id="batch_0_1", model="m", prompt_tokens=100, cached_tokens=40, completion_tokens=30,
-            reasoning_tokens=5, cost_usd=0.25, day="2026-01-01")
-    log.add("TokensUsed", chunk=0, batch_id="batch_0_1", model="m", prompt_tokens=1, cached_tokens=0, completion_tokens=2,
-            reasoning_tokens=0, cost_usd=0.5, ts="2026-03-04T00:00:00+00:00")  # no day: the event's UTC day
+    log.add(
+        "TokensUsed",
+        chunk=0,
+        batch_id="batch_0_1",
+        model="m",
+        prompt_tokens=100,
+        cached_tokens=40,
+        completion_tokens=30,
+        reasoning_tokens=5,
+        cost_usd=0.25,
+        day="2026-01-01",
+    )
+    log.add(
+        "TokensUsed",
+        chunk=0,
+        batch_id="batch_0_1",
+        model="m",
+        prompt_tokens=1,
+        cached_tokens=0,
+        completion_tokens=2,
+        reasoning_tokens=0,
+        cost_usd=0.5,
+        ts="2026-03-04T00:00:00+00:00",
+    )  # no day: the event's UTC day
     log.add("RowsFailed", chunk=0, batch_id="batch_0_1", rows=[{"custom_id": "r2", "code": "server_error", "message": "500"}])
     log.add("ChunkCompleted", chunk=0, batch_id="batch_0_1", status="completed", succeeded=1, failed=1, results_path="/r")
     s = fold(log.events)
@@ -249,8 +379,18 @@ def test_sandbox_usage_is_not_real_spend():
     log = Log()
     accepted(log, sandbox=True)
     prepared(log)
-    log.add("TokensUsed", chunk=0, batch_id="b", model="m", prompt_tokens=10, cached_tokens=0, completion_tokens=5,
-            reasoning_tokens=0, cost_usd=2.0, day="2026-01-01")
+    log.add(
+        "TokensUsed",
+        chunk=0,
+        batch_id="b",
+        model="m",
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=5,
+        reasoning_tokens=0,
+        cost_usd=2.0,
+        day="2026-01-01",
+    )
     s = fold(log.events)
     assert s.jobs["job1"].cost_usd == 2.0 and s.jobs["job1"].prompt_tokens == 10  # the job shows it (SIMULATED)
     assert s.spend_by_day == {} and s.tokens_by_day == {}  # the budgets never see it
@@ -280,14 +420,33 @@ def test_retry_planned_adds_a_chunk_of_failed_rows():
     submit(log, 0)
     status(log, 0, "completed", done=1, failed=1)
     collect(log, 0, succeeded=1, failed_ids=("r2",))
-    log.add("RetryPlanned", chunk=1, source_chunks=[0], custom_ids=["r2"], requests=1, input_tokens=25, bytes=150,
-            path="/w/chunks/retry0001-0001.jsonl", manual=False)
+    log.add(
+        "RetryPlanned",
+        chunk=1,
+        source_chunks=[0],
+        custom_ids=["r2"],
+        requests=1,
+        input_tokens=25,
+        bytes=150,
+        path="/w/chunks/retry0001-0001.jsonl",
+        manual=False,
+    )
     job = log.job()
     assert job.chunks[1].custom_ids == ["r2"] and job.chunks[1].requests == 1
     assert job.failed_rows == {} and job.row_attempts == {"r2": 1}
     assert job.state == "submitting"  # chunk 0 was uploaded earlier; the retry chunk waits to be sent
     log.add("RetryRequested", reason="again")
-    log.add("RetryPlanned", chunk=2, source_chunks=[1], custom_ids=["r2"], requests=1, input_tokens=25, bytes=150, path="/p", manual=True)
+    log.add(
+        "RetryPlanned",
+        chunk=2,
+        source_chunks=[1],
+        custom_ids=["r2"],
+        requests=1,
+        input_tokens=25,
+        bytes=150,
+        path="/p",
+        manual=True,
+    )
     job = log.job()
     assert job.row_attempts == {"r2": 2} and not job.retry_requested
 
@@ -316,7 +475,12 @@ def test_job_failed_records_the_error():
     accepted(log)
     log.add("JobFailed", code="bad_input", error="line 3: bad quote", stage="prepare", hint="fix it")
     job = log.job()
-    assert job.state == "failed" and job.error == {"code": "bad_input", "error": "line 3: bad quote", "stage": "prepare", "hint": "fix it"}
+    assert job.state == "failed" and job.error == {
+        "code": "bad_input",
+        "error": "line 3: bad quote",
+        "stage": "prepare",
+        "hint": "fix it",
+    }
     assert job.last_error == "line 3: bad quote"
 
 
@@ -361,14 +525,25 @@ def test_an_event_already_folded_is_ignored():
     log = Log()
     accepted(log)
     prepared(log)
-    log.add("TokensUsed", chunk=0, batch_id="b", model="m", prompt_tokens=10, cached_tokens=0, completion_tokens=1,
-            reasoning_tokens=0, cost_usd=1.0, day="2026-01-01")
+    log.add(
+        "TokensUsed",
+        chunk=0,
+        batch_id="b",
+        model="m",
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=1,
+        reasoning_tokens=0,
+        cost_usd=1.0,
+        day="2026-01-01",
+    )
     s = fold(log.events)
     s.apply(log.events[-1])  # replayed (same seq): no double counting
     assert s.jobs["job1"].cost_usd == 1.0 and s.spend_by_day == {"2026-01-01": 1.0}
 
 
 # --- job state labels ----------------------------------------------------------------------------------
+
 
 def _label_logs() -> dict[str, Log]:
     logs: dict[str, Log] = {}
@@ -469,6 +644,7 @@ def test_downloading_while_the_last_chunk_is_merged_and_the_result_written():
 
 # --- increments, purity ------------------------------------------------------------------------------
 
+
 def _interleave(logs: list[list[Event]], picks: list[int]) -> list[Event]:
     """Merge several jobs' logs in an order chosen by ``picks`` (each job keeps its own order) and
     renumber the global seq as the store would."""
@@ -540,6 +716,7 @@ def test_fold_restores_the_garbage_collector_setting():
 
 # --- golden logs ---------------------------------------------------------------------------------------
 
+
 def summary(s: State) -> dict[str, Any]:
     """What a golden log is checked against: the parts of the fold a user or the engine relies on."""
     jobs = {}
@@ -575,9 +752,20 @@ def summary(s: State) -> dict[str, Any]:
             "archived_path": job.archived_path,
             "provider_files_deleted": job.provider_files_deleted,
             "chunks": [
-                {"index": c.index, "requests": c.requests, "input_tokens": c.input_tokens, "retry_of": c.custom_ids,
-                 "attempt": c.attempt, "batch_id": c.batch_id, "status": c.status, "request_counts": c.request_counts,
-                 "done": c.done, "failure": (c.failure or {}).get("code"), "succeeded": c.succeeded, "failed": c.failed}
+                {
+                    "index": c.index,
+                    "requests": c.requests,
+                    "input_tokens": c.input_tokens,
+                    "retry_of": c.custom_ids,
+                    "attempt": c.attempt,
+                    "batch_id": c.batch_id,
+                    "status": c.status,
+                    "request_counts": c.request_counts,
+                    "done": c.done,
+                    "failure": (c.failure or {}).get("code"),
+                    "succeeded": c.succeeded,
+                    "failed": c.failed,
+                }
                 for c in sorted(job.chunks.values(), key=lambda c: c.index)
             ],
         }
@@ -592,7 +780,14 @@ def summary(s: State) -> dict[str, Any]:
 
 
 def test_golden_logs_exist():
-    assert {"v1_happy_multichunk", "v1_failed_rows_retry", "v1_rejected_file", "v1_held", "v1_cancelled", "v1_expired_batch"} <= set(GOLDEN_LOGS)
+    assert {
+        "v1_happy_multichunk",
+        "v1_failed_rows_retry",
+        "v1_rejected_file",
+        "v1_held",
+        "v1_cancelled",
+        "v1_expired_batch",
+    } <= set(GOLDEN_LOGS)
     for name in GOLDEN_LOGS:
         assert (GOLDEN / f"{name}.expected.json").exists(), f"{name}.jsonl has no expected summary"
 

@@ -6,10 +6,10 @@ import json
 
 from click.testing import CliRunner
 
-from batchgrader.store import queries
 from batchgrader.cli.commands import cli
-from batchgrader.store.readmodels import projectors
+from batchgrader.store import queries
 from batchgrader.store.eventstore import EventStore, NewEvent
+from batchgrader.store.readmodels import projectors
 
 
 def make_jobs(home, active: int, finished: int) -> None:

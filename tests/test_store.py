@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core import schema
-from batchgrader.store import eventstore as store_mod
 from batchgrader.core.home import Home
 from batchgrader.core.state import fold
+from batchgrader.store import eventstore as store_mod
 from batchgrader.store.eventstore import ConcurrencyError, Event, EventStore, NewEvent, UnknownEventType
 
 
@@ -39,6 +39,7 @@ def store(db: Path):
 
 # --- settings ------------------------------------------------------------------------------------------
 
+
 def test_wal_and_synchronous_full(store: EventStore, db: Path):
     assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -53,6 +54,7 @@ def test_unknown_event_types_are_refused():
 
 
 # --- appending -----------------------------------------------------------------------------------------
+
 
 def test_append_assigns_contiguous_per_job_seqs(store: EventStore):
     a1 = store.append("A", [ev(), ev(), ev()])
@@ -138,8 +140,12 @@ def test_two_processes_appending_to_one_job_never_interleave_or_duplicate(db: Pa
     EventStore(db).close()
     n, writers = 40, 3
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(db), "J", f"w{w}", str(n), mode],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(db), "J", f"w{w}", str(n), mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for w in range(writers)
     ]
     try:
@@ -171,6 +177,7 @@ def test_two_processes_appending_to_one_job_never_interleave_or_duplicate(db: Pa
 
 # --- immutability ---------------------------------------------------------------------------------------
 
+
 def test_events_cannot_be_updated_or_deleted(store: EventStore):
     store.append("A", [ev()])
     with pytest.raises(sqlite3.DatabaseError, match="immutable"):
@@ -178,16 +185,21 @@ def test_events_cannot_be_updated_or_deleted(store: EventStore):
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         store.conn.execute("DELETE FROM events")
     with pytest.raises(sqlite3.IntegrityError):  # and a (job_id, job_seq) slot is taken once
-        store.conn.execute("INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('A', 1, 'CancelRequested', 1, 't', '{}')")
+        store.conn.execute(
+            "INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('A', 1, 'CancelRequested', 1, 't', '{}')"
+        )
     assert [e.payload for e in store.read()] == [{"reason": "r"}]
 
 
 # --- readers -----------------------------------------------------------------------------------------------
 
+
 def test_a_read_only_reader_is_not_blocked_by_a_write_transaction(store: EventStore, db: Path):
     store.append("A", [ev()])
     with store.write() as c:
-        c.execute("INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('A', 2, 'CancelRequested', 1, 't', '{}')")
+        c.execute(
+            "INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('A', 2, 'CancelRequested', 1, 't', '{}')"
+        )
         with EventStore(db, readonly=True) as reader:
             reader.conn.execute("PRAGMA busy_timeout=0")  # any wait for a lock would raise at once
             assert [e.job_seq for e in reader.read()] == [1]  # the last committed snapshot
@@ -202,7 +214,9 @@ def test_a_read_only_store_cannot_write(store: EventStore, db: Path):
         with pytest.raises(PermissionError):
             reader.append("A", [ev()])
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            reader.conn.execute("INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('A', 2, 'x', 1, 't', '{}')")
+            reader.conn.execute(
+                "INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES ('A', 2, 'x', 1, 't', '{}')"
+            )
 
 
 def test_a_read_only_store_needs_an_existing_database(tmp_path: Path):
@@ -219,6 +233,7 @@ def test_a_reader_opens_the_database_after_the_writer_closed(db: Path):
 
 
 # --- projectors ---------------------------------------------------------------------------------------------
+
 
 class Recorder:
     def __init__(self):
@@ -257,10 +272,13 @@ def test_a_failing_projector_rolls_the_append_back(db: Path):
 
 # --- upcasting --------------------------------------------------------------------------------------------------
 
+
 def _insert_raw(store: EventStore, job_id: str, job_seq: int, type_: str, version: int, payload: dict) -> None:
     with store.write() as c:
-        c.execute("INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES (?, ?, ?, ?, ?, ?)",
-                  (job_id, job_seq, type_, version, "2025-01-01T00:00:00+00:00", json.dumps(payload)))
+        c.execute(
+            "INSERT INTO events (job_id, job_seq, type, version, ts, payload) VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, job_seq, type_, version, "2025-01-01T00:00:00+00:00", json.dumps(payload)),
+        )
 
 
 def test_an_upcaster_for_an_old_version_is_applied_on_read(store: EventStore, monkeypatch: pytest.MonkeyPatch):
@@ -273,10 +291,16 @@ def test_an_upcaster_for_an_old_version_is_applied_on_read(store: EventStore, mo
     _insert_raw(store, "A", 2, "JobHeld", 0, {"why": "over budget"})
     events = list(store.read())
     assert isinstance(events[1], Event)
-    assert (events[1].version, events[1].payload) == (schema.EVENTS["JobHeld"].version, {"code": "unknown", "reason": "over budget"})
+    assert (events[1].version, events[1].payload) == (
+        schema.EVENTS["JobHeld"].version,
+        {"code": "unknown", "reason": "over budget"},
+    )
     assert fold(events).jobs["A"].held == {"code": "unknown", "reason": "over budget"}
     # the stored row is never rewritten
-    assert store.conn.execute("SELECT version, payload FROM events WHERE seq = 2").fetchone() == (0, json.dumps({"why": "over budget"}))
+    assert store.conn.execute("SELECT version, payload FROM events WHERE seq = 2").fetchone() == (
+        0,
+        json.dumps({"why": "over budget"}),
+    )
 
 
 def test_upcasters_chain_through_every_version(monkeypatch: pytest.MonkeyPatch):

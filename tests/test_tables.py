@@ -75,8 +75,15 @@ def test_input_error_shows_hostile_file_name_escaped():
 
 @pytest.mark.parametrize(
     "name, fmt",
-    [("a.csv", "csv"), ("A.CSV", "csv"), ("a.tsv", "csv"), ("a.jsonl", "jsonl"),
-     ("a.ndjson", "jsonl"), ("a.json", "json"), ("dir.v2/a.Json", "json")],
+    [
+        ("a.csv", "csv"),
+        ("A.CSV", "csv"),
+        ("a.tsv", "csv"),
+        ("a.jsonl", "jsonl"),
+        ("a.ndjson", "jsonl"),
+        ("a.json", "json"),
+        ("dir.v2/a.Json", "json"),
+    ],
 )
 def test_detect_format(name, fmt):
     assert detect_format(name) == fmt
@@ -98,12 +105,10 @@ def test_detect_format_unknown_extension_names_supported_ones():
 
 
 def test_csv_cells_are_exact_strings(tmp_path):
-    p = put(tmp_path, "data.csv",
-            'id,a,b,c,d,e\n007,NA,null,None,,3\n2,N/A,nan, spaced ,"",12345678901234567890123\n')
+    p = put(tmp_path, "data.csv", 'id,a,b,c,d,e\n007,NA,null,None,,3\n2,N/A,nan, spaced ,"",12345678901234567890123\n')
     rows = read_all(p)
     assert rows[0].values == {"id": "007", "a": "NA", "b": "null", "c": "None", "d": "", "e": "3"}
-    assert rows[1].values == {"id": "2", "a": "N/A", "b": "nan", "c": " spaced ", "d": "",
-                              "e": "12345678901234567890123"}
+    assert rows[1].values == {"id": "2", "a": "N/A", "b": "nan", "c": " spaced ", "d": "", "e": "12345678901234567890123"}
     assert all(type(v) is str for r in rows for v in r.values.values())
     assert [(r.number, r.line) for r in rows] == [(1, 2), (2, 3)]
 
@@ -231,9 +236,7 @@ def test_csv_nul_byte(tmp_path):
 def test_csv_latin1_bytes(tmp_path):
     p = put(tmp_path, "data.csv", "id,name\n1,Jos\u00e9\n2,Ren\u00e9e\n".encode("latin-1"))
     e = error_of(p)
-    assert str(e) == (
-        "data.csv: line 2: not valid UTF-8 (byte 0xe9 at column 6) — save the file as UTF-8"
-    )
+    assert str(e) == ("data.csv: line 2: not valid UTF-8 (byte 0xe9 at column 6) — save the file as UTF-8")
 
 
 def test_csv_bad_byte_column_counts_characters(tmp_path):
@@ -266,15 +269,12 @@ def test_csv_field_larger_than_limit_names_line_and_column(tmp_path):
     p = put(tmp_path, "data.csv", "id,text\n1,short\n2," + "x" * 101 + "\n")
     e = error_of(p, max_field_size=100)
     assert (e.line, e.column) == (3, "text")
-    assert str(e) == (
-        "data.csv: line 3: column 'text': field is larger than the limit of 100 characters "
-        "(101 characters)"
-    )
+    assert str(e) == ("data.csv: line 3: column 'text': field is larger than the limit of 100 characters (101 characters)")
 
 
 def test_csv_default_limit_allows_fields_beyond_csv_module_default(tmp_path):
     big = "y" * 300_000  # csv's own default limit is 131072
-    p = put(tmp_path, "data.csv", f"id,text\n1,{big}\n2,\"{big}\"\n")
+    p = put(tmp_path, "data.csv", f'id,text\n1,{big}\n2,"{big}"\n')
     rows = read_all(p)
     assert rows[0].values["text"] == big and rows[1].values["text"] == big
 
@@ -288,7 +288,7 @@ def test_csv_runaway_row_is_cut_off_at_the_record_limit(tmp_path):
 
 
 def test_csv_semicolon_delimiter_is_sniffed(tmp_path):
-    p = put(tmp_path, "data.csv", "id;text\n1;hello, world\n2;\"a;b\"\n")
+    p = put(tmp_path, "data.csv", 'id;text\n1;hello, world\n2;"a;b"\n')
     with open_table(p) as r:
         assert r.delimiter == ";" and r.columns == ["id", "text"]
         rows = list(r)
@@ -318,7 +318,7 @@ def test_csv_comma_wins_when_header_has_a_comma(tmp_path):
 
 
 def test_csv_single_column_stays_single_column(tmp_path):
-    p = put(tmp_path, "data.csv", "text\nhello world\n\"\"\n")
+    p = put(tmp_path, "data.csv", 'text\nhello world\n""\n')
     with open_table(p) as r:
         assert r.delimiter == "," and r.columns == ["text"]
         assert [x.values["text"] for x in r] == ["hello world", ""]
@@ -379,10 +379,10 @@ def test_file_is_closed_when_open_fails(tmp_path, monkeypatch):
 # --- CSV: writing -----------------------------------------------------------------------------
 
 TYPICAL_CSV = (
-    'id,question,answer,notes\r\n'
-    '1,What is 2+2?,4,\r\n'
+    "id,question,answer,notes\r\n"
+    "1,What is 2+2?,4,\r\n"
     '007,"Say ""hi"", then leave","Line one\r\nline two",NA\r\n'
-    '3,Ünïcödé ✓ 日本語,  padded  ,null\r\n'
+    "3,Ünïcödé ✓ 日本語,  padded  ,null\r\n"
     '4,"comma, inside",,""""\r\n'
 )
 
@@ -402,8 +402,9 @@ def test_csv_write_adds_columns_with_same_dialect(tmp_path):
     p = put(tmp_path, "data.csv", b"\xef\xbb\xbfid;text\r\n1;a\r\n2;b\r\n")
     with open_table(p) as r:
         rows = list(r)
-    out = write_bytes(r, [{**x.values, "grade": 5 if x.number == 1 else None, "why": "ok; fine"}
-                          for x in rows], added=["grade", "why"])
+    out = write_bytes(
+        r, [{**x.values, "grade": 5 if x.number == 1 else None, "why": "ok; fine"} for x in rows], added=["grade", "why"]
+    )
     assert out == b'\xef\xbb\xbfid;text;grade;why\r\n1;a;5;"ok; fine"\r\n2;b;;"ok; fine"\r\n'
 
 
@@ -428,25 +429,21 @@ def test_csv_writer_rejects_unknown_and_clashing_columns():
 
 
 def test_csv_writer_non_string_values_use_text_of():
-    out = write_bytes(Layout("csv", ("a",)), [{"a": 3}, {"a": True}, {"a": None},
-                                               {"a": {"k": [1, "é"]}}, {"a": ExactFloat("1.50")}])
+    out = write_bytes(
+        Layout("csv", ("a",)), [{"a": 3}, {"a": True}, {"a": None}, {"a": {"k": [1, "é"]}}, {"a": ExactFloat("1.50")}]
+    )
     assert out.decode() == 'a\n3\ntrue\n""\n"{""k"":[1,""é""]}"\n1.50\n'
 
 
 def test_formula_guard_on_applies_to_every_cell_including_header():
     layout = Layout("csv", ("id", "=title"))
     rows = [
-        {"id": "-5", "=title": "=HYPERLINK(\"http://x\")", "grade": "+1.5e3"},
+        {"id": "-5", "=title": '=HYPERLINK("http://x")', "grade": "+1.5e3"},
         {"id": "-1+2", "=title": "@SUM(A1)", "grade": "\tx"},
         {"id": "\rcr", "=title": "plain - text", "grade": ""},
     ]
     out = write_bytes(layout, rows, added=["grade"], formula_guard=True).decode()
-    assert out == (
-        "id,'=title,grade\n"
-        "-5,\"'=HYPERLINK(\"\"http://x\"\")\",+1.5e3\n"
-        "'-1+2,'@SUM(A1),'\tx\n"
-        "\"'\rcr\",plain - text,\n"
-    )
+    assert out == ('id,\'=title,grade\n-5,"\'=HYPERLINK(""http://x"")",+1.5e3\n\'-1+2,\'@SUM(A1),\'\tx\n"\'\rcr",plain - text,\n')
 
 
 def test_formula_guard_off_writes_cells_verbatim():
@@ -457,9 +454,23 @@ def test_formula_guard_off_writes_cells_verbatim():
 
 @pytest.mark.parametrize(
     "cell, guarded",
-    [("=1", "'=1"), ("+x", "'+x"), ("-x", "'-x"), ("@x", "'@x"), ("\tx", "'\tx"), ("\rx", "'\rx"),
-     ("-5", "-5"), ("+3.25", "+3.25"), ("-1e-3", "-1e-3"), ("-.5", "-.5"), ("-", "'-"),
-     ("-5 ", "'-5 "), ("", ""), ("a=b", "a=b"), (" =x", " =x")],
+    [
+        ("=1", "'=1"),
+        ("+x", "'+x"),
+        ("-x", "'-x"),
+        ("@x", "'@x"),
+        ("\tx", "'\tx"),
+        ("\rx", "'\rx"),
+        ("-5", "-5"),
+        ("+3.25", "+3.25"),
+        ("-1e-3", "-1e-3"),
+        ("-.5", "-.5"),
+        ("-", "'-"),
+        ("-5 ", "'-5 "),
+        ("", ""),
+        ("a=b", "a=b"),
+        (" =x", " =x"),
+    ],
 )
 def test_defuse_formula(cell, guarded):
     assert defuse_formula(cell) == guarded
@@ -471,13 +482,36 @@ def test_formula_guard_is_ignored_for_json():
 
 
 _cell = st.one_of(
-    st.sampled_from(["", "NA", "null", "None", "007", "3", '"', '""', ",", ";", "\n", "\r\n",
-                     "\r", " ", "\t", "a,b", '"q"', "é", "日本", "\ufeff"]),
+    st.sampled_from(
+        [
+            "",
+            "NA",
+            "null",
+            "None",
+            "007",
+            "3",
+            '"',
+            '""',
+            ",",
+            ";",
+            "\n",
+            "\r\n",
+            "\r",
+            " ",
+            "\t",
+            "a,b",
+            '"q"',
+            "é",
+            "日本",
+            "\ufeff",
+        ]
+    ),
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")),
 )
 _name = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\ufeff"),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 ).filter(lambda s: s.strip() != "")
 
 
@@ -490,8 +524,7 @@ _name = st.text(
     bom=st.booleans(),
 )
 def test_csv_roundtrip_property(tmp_path, columns, data, delimiter, terminator, bom):
-    rows = data.draw(st.lists(st.lists(_cell, min_size=len(columns), max_size=len(columns)),
-                              min_size=1, max_size=6))
+    rows = data.draw(st.lists(st.lists(_cell, min_size=len(columns), max_size=len(columns)), min_size=1, max_size=6))
     records = [dict(zip(columns, r)) for r in rows]
     layout = Layout("csv", tuple(columns), delimiter, terminator, bom)
     p = put(tmp_path, "rt.csv", write_bytes(layout, records))
@@ -509,9 +542,12 @@ def test_csv_roundtrip_property(tmp_path, columns, data, delimiter, terminator, 
 
 
 def test_jsonl_values_keep_their_json_types(tmp_path):
-    p = put(tmp_path, "data.jsonl",
-            '{"id": 7, "code": "007", "n": null, "ok": true, "x": 19.90, "nest": {"a": [1, {"b": 2}]}}\n'
-            '{"id": 12345678901234567890, "big": 1e400}\n')
+    p = put(
+        tmp_path,
+        "data.jsonl",
+        '{"id": 7, "code": "007", "n": null, "ok": true, "x": 19.90, "nest": {"a": [1, {"b": 2}]}}\n'
+        '{"id": 12345678901234567890, "big": 1e400}\n',
+    )
     rows = read_all(p)
     v = rows[0].values
     assert v["id"] == 7 and type(v["id"]) is int
@@ -551,8 +587,7 @@ def test_jsonl_truncated_last_line(tmp_path):
     assert str(e).startswith("data.jsonl: line 2: invalid JSON: Unterminated string")
 
 
-@pytest.mark.parametrize("line, kind", [("[1, 2]", "an array"), ("42", "a number"),
-                                         ('"text"', "a string"), ("null", "null")])
+@pytest.mark.parametrize("line, kind", [("[1, 2]", "an array"), ("42", "a number"), ('"text"', "a string"), ("null", "null")])
 def test_jsonl_line_that_is_not_an_object(tmp_path, line, kind):
     p = put(tmp_path, "data.jsonl", '{"a": 1}\n' + line + "\n")
     assert str(error_of(p)) == f"data.jsonl: line 2: record 2 is {kind}, not a JSON object"
@@ -573,9 +608,7 @@ def test_jsonl_nan_and_infinity_are_rejected(tmp_path, lit):
 
 def test_jsonl_invalid_utf8(tmp_path):
     p = put(tmp_path, "data.jsonl", b'{"a": "ok"}\n{"a": "Jos\xe9"}\n')
-    assert str(error_of(p)) == (
-        "data.jsonl: line 2: not valid UTF-8 (byte 0xe9 at column 11) — save the file as UTF-8"
-    )
+    assert str(error_of(p)) == ("data.jsonl: line 2: not valid UTF-8 (byte 0xe9 at column 11) — save the file as UTF-8")
 
 
 @pytest.mark.parametrize("data", [b"", b"\n \n\t\n", b"\xef\xbb\xbf\n"])
@@ -615,8 +648,7 @@ def test_jsonl_line_longer_than_record_limit(tmp_path):
 
 
 def test_json_array_records_lines_and_columns(tmp_path):
-    p = put(tmp_path, "data.json",
-            '[\n  {"id": 1, "t": "a"},\n  {"id": 2,\n   "t": "b\\nc", "extra": [1]},\n\n  {"id": 3}\n]\n')
+    p = put(tmp_path, "data.json", '[\n  {"id": 1, "t": "a"},\n  {"id": 2,\n   "t": "b\\nc", "extra": [1]},\n\n  {"id": 3}\n]\n')
     with open_table(p) as r:
         assert r.columns == ["id", "t"]
         rows = list(r)
@@ -631,21 +663,19 @@ def test_json_array_records_lines_and_columns(tmp_path):
         st.dictionaries(
             st.text(max_size=5),
             st.recursive(
-                st.none() | st.booleans() | st.integers() | st.text()
-                | st.floats(allow_nan=False, allow_infinity=False),
+                st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False, allow_infinity=False),
                 lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=3), kids, max_size=3),
                 max_leaves=6,
             ),
             max_size=4,
         ),
-        min_size=1, max_size=8,
+        min_size=1,
+        max_size=8,
     ),
     indent=st.sampled_from([None, 0, 2]),
     chunk=st.integers(min_value=1, max_value=40),
 )
-def test_json_streaming_parse_matches_json_loads_across_chunk_boundaries(
-    tmp_path, monkeypatch, records, indent, chunk
-):
+def test_json_streaming_parse_matches_json_loads_across_chunk_boundaries(tmp_path, monkeypatch, records, indent, chunk):
     monkeypatch.setattr(tables, "_CHUNK", chunk)
     text = json.dumps(records, indent=indent, ensure_ascii=False)
     p = put(tmp_path, "data.json", text)
@@ -673,8 +703,7 @@ def test_json_multibyte_characters_split_across_chunks(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "data, found",
-    [('{"rows": [{"a": 1}]}', "an object"), ('"text"', "a string"), ("42", "a number"),
-     ("true", "a boolean"), ("null", "null")],
+    [('{"rows": [{"a": 1}]}', "an object"), ('"text"', "a string"), ("42", "a number"), ("true", "a boolean"), ("null", "null")],
 )
 def test_json_top_level_must_be_an_array(tmp_path, data, found):
     e = error_of(put(tmp_path, "data.json", "\n" + data))
@@ -695,8 +724,7 @@ def test_json_truncated_file(tmp_path):
     assert str(e) == "data.json: line 3: unexpected end of file inside record 2 (array element 2) (is the file truncated?)"
     p2 = put(tmp_path, "data2.json", '[\n{"a": 1},\n{"a": 2}\n')
     assert str(error_of(p2)) == (
-        "data2.json: line 4: unexpected end of file: the top-level array is not closed with ']' "
-        "(is the file truncated?)"
+        "data2.json: line 4: unexpected end of file: the top-level array is not closed with ']' (is the file truncated?)"
     )
 
 
@@ -719,12 +747,9 @@ def test_json_invalid_element_fails_fast_without_reading_on(tmp_path, monkeypatc
 
 def test_json_missing_comma_trailing_comma_and_trailing_data(tmp_path):
     assert str(error_of(put(tmp_path, "a.json", '[{"a": 1}\n{"a": 2}]'))) == (
-        "a.json: line 2: invalid JSON: expected ',' or ']' after record 1 (array element 1), "
-        "found '{' (column 1)"
+        "a.json: line 2: invalid JSON: expected ',' or ']' after record 1 (array element 1), found '{' (column 1)"
     )
-    assert str(error_of(put(tmp_path, "b.json", '[{"a": 1},\n]'))) == (
-        "b.json: line 2: trailing comma before ']' (column 1)"
-    )
+    assert str(error_of(put(tmp_path, "b.json", '[{"a": 1},\n]'))) == ("b.json: line 2: trailing comma before ']' (column 1)")
     assert str(error_of(put(tmp_path, "c.json", '[{"a": 1}]\n\n[{"a": 2}]'))) == (
         "c.json: line 3: unexpected data after the end of the top-level array (column 1)"
     )
@@ -779,10 +804,20 @@ def test_json_minified_single_line_columns_in_errors(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "value, text",
-    [("as is", "as is"), ("", ""), (None, ""), (True, "true"), (False, "false"), (0, "0"),
-     (12345678901234567890, "12345678901234567890"), (ExactFloat("19.90"), "19.90"),
-     (ExactFloat("1E5"), "1E5"), (2.5, "2.5"), ({"a": 1, "b": [2, "é", None]}, '{"a":1,"b":[2,"é",null]}'),
-     ([], "[]")],
+    [
+        ("as is", "as is"),
+        ("", ""),
+        (None, ""),
+        (True, "true"),
+        (False, "false"),
+        (0, "0"),
+        (12345678901234567890, "12345678901234567890"),
+        (ExactFloat("19.90"), "19.90"),
+        (ExactFloat("1E5"), "1E5"),
+        (2.5, "2.5"),
+        ({"a": 1, "b": [2, "é", None]}, '{"a":1,"b":[2,"é",null]}'),
+        ([], "[]"),
+    ],
 )
 def test_text_of(value, text):
     assert text_of(value) == text
@@ -804,19 +839,21 @@ def test_exact_float_behaves_like_a_float():
 
 
 def test_json_write_roundtrip_keeps_order_types_and_spelling(tmp_path):
-    src = ('[{"z": 1, "a": "007", "f": 19.90, "e": 1E5, "big": 1e400, "nest": {"k": [1.0, null]}, '
-           '"u": "日本"},\n {"a": 12345678901234567890}]')
+    src = (
+        '[{"z": 1, "a": "007", "f": 19.90, "e": 1E5, "big": 1e400, "nest": {"k": [1.0, null]}, '
+        '"u": "日本"},\n {"a": 12345678901234567890}]'
+    )
     p = put(tmp_path, "data.json", src)
     with open_table(p) as r:
         rows = list(r)
     out = write_bytes(r, [{**x.values, "grade": 4, "why": "ok"} for x in rows], added=["grade", "why"])
     text = out.decode("utf-8")
     assert text == (
-        '[\n'
+        "[\n"
         '{"z": 1, "a": "007", "f": 19.90, "e": 1E5, "big": 1e400, "nest": {"k": [1.0, null]}, '
         '"u": "日本", "grade": 4, "why": "ok"},\n'
         '{"a": 12345678901234567890, "grade": 4, "why": "ok"}\n'
-        ']\n'
+        "]\n"
     )
     p2 = put(tmp_path, "out.json", out)
     back = read_all(p2)
@@ -876,8 +913,7 @@ def test_layout_is_plain_data_and_can_drive_a_writer_later(tmp_path):
     with open_table(p) as r:
         rows = list(r)
         stored = dataclasses.asdict(r.layout)
-    assert stored == {"fmt": "csv", "columns": ("id", "t"), "delimiter": ";",
-                      "lineterminator": "\r\n", "bom": False}
+    assert stored == {"fmt": "csv", "columns": ("id", "t"), "delimiter": ";", "lineterminator": "\r\n", "bom": False}
     out = write_bytes(Layout(**stored), [rows[0].values])
     assert out == p.read_bytes()
     with pytest.raises(ValueError):
@@ -902,8 +938,7 @@ def _make_big(path: Path, fmt: str, n_rows: int) -> int:
                 f.write(f'{i},"row {i}: {_FILLER}, with ""quotes""",{i % 10}\n')
             f.flush()
             return path.stat().st_size
-        recs = ('{"id": %d, "text": "record %d: %s", "score": %d.5}' % (i, i, _FILLER, i % 10)
-                for i in range(n_rows))
+        recs = ('{"id": %d, "text": "record %d: %s", "score": %d.5}' % (i, i, _FILLER, i % 10) for i in range(n_rows))
         if fmt == "jsonl":
             for rec in recs:
                 f.write(rec + "\n")

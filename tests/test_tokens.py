@@ -7,27 +7,42 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import tiktoken_ext.openai_public as published
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import tiktoken_ext.openai_public as published
 
 from batchgrader.pipeline import tokens
 from batchgrader.pipeline.tokens import ChatTokenCounter, EncodingUnavailable, count_chat_tokens, tokenizer_for_model
 
 # The cookbook "How to count tokens with tiktoken": example messages and the prompt_tokens the API reported.
 COOKBOOK = [
-    {"role": "system", "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
+    {
+        "role": "system",
+        "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English.",
+    },
     {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
     {"role": "system", "name": "example_assistant", "content": "Things working well together will increase revenue."},
-    {"role": "system", "name": "example_user", "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."},
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.",
+    },
     {"role": "system", "name": "example_assistant", "content": "Let's talk later when we're less busy about how to do better."},
     {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."},
 ]
 
 
-@pytest.mark.parametrize("model,expected", [
-    ("gpt-3.5-turbo", 129), ("gpt-4", 129), ("gpt-4-0613", 129), ("gpt-4o", 124), ("gpt-4o-mini", 124), ("gpt-3.5-turbo-0301", 127),
-])
+@pytest.mark.parametrize(
+    "model,expected",
+    [
+        ("gpt-3.5-turbo", 129),
+        ("gpt-4", 129),
+        ("gpt-4-0613", 129),
+        ("gpt-4o", 124),
+        ("gpt-4o-mini", 124),
+        ("gpt-3.5-turbo-0301", 127),
+    ],
+)
 def test_cookbook_api_reported_counts(model, expected):
     assert count_chat_tokens(COOKBOOK, model) == expected
 
@@ -61,10 +76,18 @@ def test_unavailable_encoding_is_an_error_not_an_estimate():
         tokens.get_encoding("p50k_base")
 
 
-@pytest.mark.parametrize("model,encoding", [
-    ("gpt-4o", "o200k_base"), ("gpt-4.1-mini", "o200k_base"), ("o3", "o200k_base"), ("gpt-5", "o200k_base"),
-    ("gpt-5.4-mini", "o200k_base"), ("gpt-4", "cl100k_base"), ("gpt-3.5-turbo", "cl100k_base"),
-])
+@pytest.mark.parametrize(
+    "model,encoding",
+    [
+        ("gpt-4o", "o200k_base"),
+        ("gpt-4.1-mini", "o200k_base"),
+        ("o3", "o200k_base"),
+        ("gpt-5", "o200k_base"),
+        ("gpt-5.4-mini", "o200k_base"),
+        ("gpt-4", "cl100k_base"),
+        ("gpt-3.5-turbo", "cl100k_base"),
+    ],
+)
 def test_encoding_per_model(model, encoding):
     t = tokenizer_for_model(model)
     assert (t.encoding, t.known) == (encoding, True)
@@ -90,7 +113,9 @@ def test_parallel_counter_keeps_order_and_equals_encode_ordinary(threads):
     import threading
 
     enc = tokens.get_encoding("o200k_base")
-    texts = ["hello", "", "héllo wörld", "打字手感很好", "emoji 🔋⚡", "<|endoftext|> plain", "\ud800 lone surrogate"] * 5 + ["x " * i for i in range(20)]
+    texts = ["hello", "", "héllo wörld", "打字手感很好", "emoji 🔋⚡", "<|endoftext|> plain", "\ud800 lone surrogate"] * 5 + [
+        "x " * i for i in range(20)
+    ]
     counter = ChatTokenCounter("gpt-4o", num_threads=threads)
     with counter.parallel() as pool:
         a = pool.submit(texts)
@@ -103,16 +128,45 @@ def test_parallel_counter_keeps_order_and_equals_encode_ordinary(threads):
 
 
 _PIECES = [
-    " ", "  ", "\n", "\r\n", "\t", " \n ", "a", "A", "hello", " world", "'s", "'LL", "é", "Ωmega", "打字", "😀", "👨‍👩‍👧",
-    "1", "123456", "!", "?!", "...", "<|endoftext|>", "<|endofprompt|>", "<|", "|>", "<|endof", "text|>", "\ud800",
+    " ",
+    "  ",
+    "\n",
+    "\r\n",
+    "\t",
+    " \n ",
+    "a",
+    "A",
+    "hello",
+    " world",
+    "'s",
+    "'LL",
+    "é",
+    "Ωmega",
+    "打字",
+    "😀",
+    "👨‍👩‍👧",
+    "1",
+    "123456",
+    "!",
+    "?!",
+    "...",
+    "<|endoftext|>",
+    "<|endofprompt|>",
+    "<|",
+    "|>",
+    "<|endof",
+    "text|>",
+    "\ud800",
 ]
 
 
 @pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
 @pytest.mark.parametrize("buffer", [True, False])
 @settings(max_examples=150, deadline=None)
-@given(texts=st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), min_size=0, max_size=12),
-       part_chars=st.sampled_from([1, 7, 40, 1 << 20]))
+@given(
+    texts=st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), min_size=0, max_size=12),
+    part_chars=st.sampled_from([1, 7, 40, 1 << 20]),
+)
 def test_joined_part_counting_equals_encoding_each_text_alone(name, buffer, texts, part_chars):
     import dataclasses
 

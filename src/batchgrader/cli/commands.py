@@ -31,7 +31,12 @@ def emit_json(obj) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--home", envvar="BATCHGRADER_HOME", type=click.Path(file_okay=False), help="State root (inbox, outbox, db, logs). Env: BATCHGRADER_HOME.")
+@click.option(
+    "--home",
+    envvar="BATCHGRADER_HOME",
+    type=click.Path(file_okay=False),
+    help="State root (inbox, outbox, db, logs). Env: BATCHGRADER_HOME.",
+)
 @click.version_option(__version__, prog_name="bgctl")
 @click.pass_context
 def cli(ctx: click.Context, home: str | None) -> None:
@@ -77,8 +82,8 @@ def _load(obj: Ctx, profile: str | None):
 @click.pass_obj
 def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
     """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call."""
-    from batchgrader.pipeline.prepare import prepare
     from batchgrader.cli.render import render_count
+    from batchgrader.pipeline.prepare import prepare
 
     _cfg, prof, prices = _load(obj, profile)
     summary = prepare(file, prof, obj.home, prices=prices).summary(prices)
@@ -87,14 +92,20 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Folder for the chunk files (default: work/split/<name> under the home).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the chunk files (default: work/split/<name> under the home).",
+)
 @_profile_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_json: bool) -> None:
     """Write batch-ready JSONL chunk files for FILE and print each file's requests and tokens. No API call."""
-    from batchgrader.pipeline.prepare import split_file
     from batchgrader.cli.render import render_split
+    from batchgrader.pipeline.prepare import split_file
 
     _cfg, prof, prices = _load(obj, profile)
     out_dir = out_dir or obj.home.work / "split" / file.stem
@@ -125,8 +136,8 @@ def submit(obj: Ctx, file: Path, profile: str | None) -> None:
 @click.pass_obj
 def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
     """Run the daemon in the foreground (as systemd and launchd expect)."""
-    from batchgrader.daemon.process import Daemon, DaemonError
     from batchgrader.cli.render import render_summary, sandbox_banner
+    from batchgrader.daemon.process import Daemon, DaemonError
 
     live = sys.stdout.isatty()
     if sandbox:
@@ -137,7 +148,7 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
         code = d.run()
     except DaemonError as exc:
         err = click.ClickException(str(exc))
-        err.exit_code = exc.exit_code
+        err.exit_code = exc.exit_code  # type: ignore[misc]
         raise err from None
     if once:
         render_summary(d.engine.state, sandbox)
@@ -172,12 +183,14 @@ def retry(obj: Ctx, job_id: str, reason: str) -> None:
 @click.argument("job_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
-@click.option("--all", "show_all", is_flag=True, help="List every job (the table shows the newest 20 unfinished and 10 finished).")
+@click.option(
+    "--all", "show_all", is_flag=True, help="List every job (the table shows the newest 20 unfinished and 10 finished)."
+)
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from batchgrader.store import queries as queries
     from batchgrader.cli.render_status import render_job, render_overview, render_status
+    from batchgrader.store import queries as queries
 
     def show() -> None:
         if job_id:
@@ -214,8 +227,8 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
 @click.pass_obj
 def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int | None) -> None:
     """The event log, newest last."""
-    from batchgrader.store import queries as queries
     from batchgrader.cli.render_status import render_events
+    from batchgrader.store import queries as queries
 
     _no_db_guard(obj)
     rows = queries.events(obj.home, job_id, last=last)
@@ -244,8 +257,8 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
 @click.pass_obj
 def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool) -> None:
     """Billed cost from the token-usage events (not re-estimated), with spend per day as a bar chart."""
-    from batchgrader.store import queries as queries
     from batchgrader.cli.render_status import render_costs
+    from batchgrader.store import queries as queries
 
     _no_db_guard(obj)
     result = queries.costs(obj.home, since=since, until=until, by=by)
@@ -276,7 +289,9 @@ def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
 
 def _no_db_guard(obj: Ctx) -> None:
     if not obj.home.db.exists():
-        raise click.ClickException(f"no event log yet at {obj.home.db}: start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`")
+        raise click.ClickException(
+            f"no event log yet at {obj.home.db}: start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
+        )
 
 
 @cli.command()
@@ -284,8 +299,8 @@ def _no_db_guard(obj: Ctx) -> None:
 @click.pass_obj
 def doctor(obj: Ctx, as_json: bool) -> None:
     """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix."""
-    from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
     from batchgrader.cli.render import console
+    from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
 
     checks = run_checks(obj.home)
     emit_json(checks_as_json(checks)) if as_json else render_checks(checks, console)
@@ -390,8 +405,8 @@ def main() -> None:
         # imported only now: naming these up front would cost every command ~50 ms of start-up
         from batchgrader.core.config import ConfigError
         from batchgrader.pipeline.pricing import PricingError
-        from batchgrader.store.queries import AmbiguousJob, UnknownJob
         from batchgrader.pipeline.tables import InputError
+        from batchgrader.store.queries import AmbiguousJob, UnknownJob
 
         if isinstance(exc, (ConfigError, InputError, PricingError, FileNotFoundError, UnknownJob, AmbiguousJob)):
             click.echo(f"bgctl: error: {exc}", err=True)

@@ -54,7 +54,9 @@ def _chunk_table(summary: dict[str, Any], with_path: bool = False) -> Table:
 
 
 def render_count(summary: dict[str, Any]) -> None:
-    t = Table(title=f"{summary['file']} — {summary['model']} ({summary['encoding']}), profile {summary['profile']}", show_header=False)
+    t = Table(
+        title=f"{summary['file']} — {summary['model']} ({summary['encoding']}), profile {summary['profile']}", show_header=False
+    )
     t.add_column("", style="bold")
     t.add_column("", justify="right")
     t.add_row("rows", f"{summary['rows']:,}")
@@ -92,22 +94,32 @@ def _problems(summary: dict[str, Any]) -> None:
 
 
 def sandbox_banner() -> None:
-    console.print("[bold black on yellow] SANDBOX [/] results are SIMULATED by the built-in Batch API emulator: "
-                  "no API key, no cost, and the answers are not real model output.")
+    console.print(
+        "[bold black on yellow] SANDBOX [/] results are SIMULATED by the built-in Batch API emulator: "
+        "no API key, no cost, and the answers are not real model output."
+    )
 
 
 def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN001
     from batchgrader.store.readmodels import chunk_label  # the same step names as `bgctl status`
 
     t = Table(title=title + (" — SANDBOX: simulated results" if sandbox else ""), title_justify="left")
-    for col, just, wrap in (("job / file", "left", False), ("state", "left", False), ("rows", "right", False),
-                            ("chunks", "right", False), ("cost", "right", False), ("batches / error", "left", True)):
-        t.add_column(col, justify=just, no_wrap=not wrap, overflow="fold")
+    for col, just, wrap in (
+        ("job / file", "left", False),
+        ("state", "left", False),
+        ("rows", "right", False),
+        ("chunks", "right", False),
+        ("cost", "right", False),
+        ("batches / error", "left", True),
+    ):
+        t.add_column(col, justify=just, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
     for j in sorted(state.jobs.values(), key=lambda j: j.created_ts):
         batches = " ".join(f"{c.index}:{chunk_label(c)}" for c in sorted(j.chunks.values(), key=lambda c: c.index))
         err = (j.error or {}).get("error") or (j.held or {}).get("reason") or ""
         detail = batches + (("\n" if batches else "") + err[:200] if err else "")
-        t.add_row(f"{j.job_id[:12]}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail)
+        t.add_row(
+            f"{j.job_id[:12]}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail
+        )
     return t
 
 

@@ -33,6 +33,7 @@ BLOCKS = " ▏▎▍▌▋▊▉█"
 
 # --- small formatters ------------------------------------------------------------------------------
 
+
 def money(v: float | None) -> str:
     if v is None:
         return "-"
@@ -88,6 +89,7 @@ def _note(note: str | None, console: Console) -> None:
 
 # --- status ----------------------------------------------------------------------------------------
 
+
 def batches_text(batches: Sequence[dict[str, Any]]) -> str:
     """Chunk steps with their counts, e.g. ``2 done, 1 in_progress 40/100`` (requests done/total
     summed over the batches in that step)."""
@@ -115,8 +117,13 @@ def render_overview(overview: dict[str, Any], console: Console | None = None) ->
         hidden.append(f"{overview['hidden_finished']:,} older finished")
     if hidden:
         counts = ", ".join(f"{n:,} {st}" for st, n in sorted(overview["counts"].items()))
-        console.print(Text(f"{' and '.join(hidden)} jobs not shown ({overview['total']:,} in all: {counts}); "
-                           "`bgctl status --all` or `--json` lists every job", style="dim"))
+        console.print(
+            Text(
+                f"{' and '.join(hidden)} jobs not shown ({overview['total']:,} in all: {counts}); "
+                "`bgctl status --all` or `--json` lists every job",
+                style="dim",
+            )
+        )
 
 
 def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None, max_finished: int | None = 30) -> None:
@@ -134,7 +141,9 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         hidden = set(finished[: len(finished) - max_finished])
         rows = [r for i, r in enumerate(rows) if i not in hidden]
     show_profile = any((r.get("profile") or "default") != "default" for r in rows)
-    t = Table(title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False, collapse_padding=True)
+    t = Table(
+        title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False, collapse_padding=True
+    )
     t.add_column("job / file", no_wrap=True, min_width=12, max_width=18)
     if show_profile:
         t.add_column("profile", no_wrap=True, max_width=16)
@@ -156,7 +165,8 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
             state_text(r["state"], sandbox, newline=True),
             f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}",
             batches_text(r.get("batches") or []),
-            f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}" + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else ""),
+            f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"
+            + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else ""),
             f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out",
             Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""),
             duration(r.get("age_seconds")),
@@ -171,8 +181,12 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         for i in sorted(hidden):
             by_state[all_rows[i]["state"]] = by_state.get(all_rows[i]["state"], 0) + 1
         parts = ", ".join(f"{n:,} {st}" for st, n in sorted(by_state.items(), key=lambda kv: -kv[1]))
-        console.print(Text(f"... and {len(hidden):,} older finished jobs not shown ({parts}); "
-                           f"`bgctl status --json` lists every job.", style="dim"))
+        console.print(
+            Text(
+                f"... and {len(hidden):,} older finished jobs not shown ({parts}); `bgctl status --json` lists every job.",
+                style="dim",
+            )
+        )
     for r in rows:
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
             console.print(Text(f"{r['job_id'][:12]} last error: {r['last_error']}", style="yellow"))
@@ -193,7 +207,9 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     head.append_text(state_text(d["state"], bool(d.get("sandbox"))))
     console.print(head)
     if d.get("sandbox"):
-        console.print(Text(f"{SIMULATED}: the results of this job were produced by the local emulator, not by OpenAI.", style="yellow"))
+        console.print(
+            Text(f"{SIMULATED}: the results of this job were produced by the local emulator, not by OpenAI.", style="yellow")
+        )
     info = Table.grid(padding=(0, 2))
     info.add_column(style="dim")
     info.add_column(overflow="fold")
@@ -203,12 +219,17 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ("rows", f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
         ("input tokens (estimated)", count(d.get("input_tokens"))),
-        ("billed tokens", f"{count(d.get('prompt_tokens'))} prompt ({count(d.get('cached_tokens'))} cached), "
-                          f"{count(d.get('output_tokens'))} output ({count(d.get('reasoning_tokens'))} reasoning)"),
+        (
+            "billed tokens",
+            f"{count(d.get('prompt_tokens'))} prompt ({count(d.get('cached_tokens'))} cached), "
+            f"{count(d.get('output_tokens'))} output ({count(d.get('reasoning_tokens'))} reasoning)",
+        ),
         ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
         ("estimate (max)", money(d.get("estimate_usd"))),
-        ("created / updated", f"{short_ts(d.get('created_ts'))} / {short_ts(d.get('updated_ts'))} "
-                              f"(age {duration(d.get('age_seconds'))})"),
+        (
+            "created / updated",
+            f"{short_ts(d.get('created_ts'))} / {short_ts(d.get('updated_ts'))} (age {duration(d.get('age_seconds'))})",
+        ),
         ("held", d.get("held_reason")),
         ("error", (f"[{d.get('error_code')}] {d.get('error')}" if d.get("error") else None)),
         ("hint", d.get("error_hint")),
@@ -243,8 +264,13 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
             rc = c.get("request_counts") or {}
             counts = f"{rc.get('completed', 0)}/{rc.get('failed', 0)}/{rc.get('total', 0)}" if rc else "-"
             label = c["status"] + (" (retry)" if c.get("retry") else "")
-            cells: list[Any] = [str(c["index"]), Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")), c.get("batch_id") or "-",
-                                counts, count(c.get("input_tokens"))]
+            cells: list[Any] = [
+                str(c["index"]),
+                Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")),
+                c.get("batch_id") or "-",
+                counts,
+                count(c.get("input_tokens")),
+            ]
             if retries:
                 cells.append(str(c.get("attempt") or "-"))
             if errors:
@@ -254,8 +280,12 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
 
     failed = d.get("failed_rows") or []
     if failed:
-        t = Table(title=f"Failed rows ({d.get('failed_rows_total', len(failed))}, first {len(failed)})", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+        t = Table(
+            title=f"Failed rows ({d.get('failed_rows_total', len(failed))}, first {len(failed)})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
         t.add_column("custom_id")
         t.add_column("chunk", justify="right")
         t.add_column("code")
@@ -275,6 +305,7 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
 
 
 # --- events ----------------------------------------------------------------------------------------
+
 
 def _brief(payload: dict[str, Any], width: int = 160) -> str:
     parts = []
@@ -300,14 +331,18 @@ def render_events(events: Sequence[dict[str, Any]], console: Console | None = No
         line.append(short_ts(e.get("ts")) + " ", style="dim")
         if show_job:
             line.append(f"{e['job_id'][:12]:<12} ", style="bold")
-        style = "red" if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected") else (
-            "green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
+        style = (
+            "red"
+            if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected")
+            else ("green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
+        )
         line.append(f"{e['type']:<22}", style=style)
         line.append(_brief(e.get("payload") or {}))
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
 
 # --- costs -----------------------------------------------------------------------------------------
+
 
 def bar(value: float, maximum: float, width: int) -> str:
     """A horizontal bar of unicode eighth blocks, ``value/maximum`` of ``width`` cells."""

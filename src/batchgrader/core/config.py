@@ -32,6 +32,7 @@ class ConfigError(ValueError):
 # Each key: default, validator (returns the normalised value or raises ValueError with the
 # expected form), one-line description (used by docs and `config show`).
 
+
 def _str(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise ValueError("a non-empty string")
@@ -160,21 +161,45 @@ KEYS: dict[str, Key] = {
     "model": Key("gpt-4o-mini", _str, "Model for every request of the job (one model per batch)."),
     "response_field": Key("response", _str, "Input column holding the text being graded."),
     "output_column": Key("grade", _str, "Column added to the result file with the model's answer."),
-    "id_column": Key(None, _opt_str, "Input column whose values become the requests' custom_id (must be unique); default: derived from the file's content hash and row number."),
+    "id_column": Key(
+        None,
+        _opt_str,
+        "Input column whose values become the requests' custom_id (must be unique); default: derived from the file's content hash and row number.",
+    ),
     "system_prompt": Key(
         "You are a careful grader. Read the text and give a short, fair assessment.",
         _opt_str,
         "System prompt text; '{examples}' is replaced by the examples file's content.",
     ),
-    "system_prompt_name": Key(None, _opt_str, "Name of a prompt in prompts.yaml to use as the system prompt (overrides system_prompt)."),
-    "user_prompt": Key(None, _opt_str, "User message template; {column} placeholders take the row's fields. Default: 'Please evaluate the following text: {<response_field>}'."),
-    "examples_file": Key(None, _opt_str, "Text file inserted where the system prompt says {examples} (relative paths are under the home)."),
+    "system_prompt_name": Key(
+        None, _opt_str, "Name of a prompt in prompts.yaml to use as the system prompt (overrides system_prompt)."
+    ),
+    "user_prompt": Key(
+        None,
+        _opt_str,
+        "User message template; {column} placeholders take the row's fields. Default: 'Please evaluate the following text: {<response_field>}'.",
+    ),
+    "examples_file": Key(
+        None, _opt_str, "Text file inserted where the system prompt says {examples} (relative paths are under the home)."
+    ),
     "max_completion_tokens": Key(1000, _int(1), "Upper bound on output tokens per request (also bounds the cost estimate)."),
-    "token_param": Key("auto", _choice("auto", "max_completion_tokens", "max_tokens"), "Request field carrying the output bound; 'auto' uses max_tokens only for models that need it."),
+    "token_param": Key(
+        "auto",
+        _choice("auto", "max_completion_tokens", "max_tokens"),
+        "Request field carrying the output bound; 'auto' uses max_tokens only for models that need it.",
+    ),
     "temperature": Key(None, _opt_float(0.0, 2.0), "Sampling temperature, or null to leave the model's default."),
-    "response_format": Key(None, _response_format, "A JSON schema (object) for structured answers; its fields become their own result columns."),
-    "default_encoding": Key("o200k_base", _choice("o200k_base", "cl100k_base"), "tiktoken encoding for models tiktoken does not know (a warning is shown)."),
-    "context_window": Key(None, _opt_int(1), "Context window of the model in tokens; default: from the pricing table, else unchecked."),
+    "response_format": Key(
+        None, _response_format, "A JSON schema (object) for structured answers; its fields become their own result columns."
+    ),
+    "default_encoding": Key(
+        "o200k_base",
+        _choice("o200k_base", "cl100k_base"),
+        "tiktoken encoding for models tiktoken does not know (a warning is shown).",
+    ),
+    "context_window": Key(
+        None, _opt_int(1), "Context window of the model in tokens; default: from the pricing table, else unchecked."
+    ),
     # splitting
     "split_token_limit": Key(500000, _int(1), "Maximum input tokens per batch."),
     "split_row_limit": Key(None, _opt_int(1), "Maximum requests per batch (the API's hard cap applies anyway)."),
@@ -184,31 +209,58 @@ KEYS: dict[str, Key] = {
     # running
     "max_simultaneous_batches": Key(2, _int(1), "Batches in flight at once across all jobs."),
     "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
-    "poll_interval_seconds": Key(60.0, _opt_float(0.01), "Longest wait between polls of a running batch (polling starts quicker and backs off to this)."),
+    "poll_interval_seconds": Key(
+        60.0, _opt_float(0.01), "Longest wait between polls of a running batch (polling starts quicker and backs off to this)."
+    ),
     "max_row_retries": Key(2, _int(0), "Times a failed row is resubmitted automatically."),
-    "enqueued_token_limit": Key({}, _int_map, "Per-model cap on input tokens in flight (model -> tokens); a chunk waits for capacity."),
+    "enqueued_token_limit": Key(
+        {}, _int_map, "Per-model cap on input tokens in flight (model -> tokens); a chunk waits for capacity."
+    ),
     "max_cost_per_job_usd": Key(None, _opt_float(0.0), "Hold a job whose estimated cost exceeds this."),
-    "daily_cost_limit_usd": Key(None, _opt_float(0.0), "Hold new submissions once today's spend plus their estimate would exceed this."),
+    "daily_cost_limit_usd": Key(
+        None, _opt_float(0.0), "Hold new submissions once today's spend plus their estimate would exceed this."
+    ),
     "daily_token_limit": Key(None, _opt_int(1), "Hold new submissions once today's tokens plus theirs would exceed this."),
     "completion_window": Key("24h", _str, "Batch completion window sent to the provider."),
     "delete_provider_files": Key(True, _bool, "Delete uploaded and result files at the provider once results are stored."),
-    "csv_formula_guard": Key(True, _bool, "In CSV results, prefix ' to cells the model wrote (the added columns) that start with = + - @ tab or CR; input cells are never changed."),
-    "pricing_file": Key(None, _opt_str, "CSV of prices merged over the shipped table; relative paths are under the home (default: pricing.csv in the home, if present)."),
+    "csv_formula_guard": Key(
+        True,
+        _bool,
+        "In CSV results, prefix ' to cells the model wrote (the added columns) that start with = + - @ tab or CR; input cells are never changed.",
+    ),
+    "pricing_file": Key(
+        None,
+        _opt_str,
+        "CSV of prices merged over the shipped table; relative paths are under the home (default: pricing.csv in the home, if present).",
+    ),
     # provider
     "base_url": Key(None, _opt_str, "OpenAI-compatible API base URL (env OPENAI_BASE_URL)."),
     "api_key": Key(None, _opt_str, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
     "request_timeout_seconds": Key(120.0, _opt_float(0.1), "Timeout of one HTTP request to the provider."),
     # housekeeping
     "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
-    "stable_seconds": Key(1.0, _opt_float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."),
+    "stable_seconds": Key(
+        1.0, _opt_float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."
+    ),
     "log_level": Key("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "Daemon log level."),
 }
 
 # Keys that make no sense inside a profile (they configure the daemon, not a job).
 GLOBAL_ONLY = {
-    "max_simultaneous_batches", "poll_interval_seconds", "enqueued_token_limit", "daily_cost_limit_usd",
-    "daily_token_limit", "base_url", "api_key", "request_timeout_seconds", "rescan_interval_seconds",
-    "stable_seconds", "log_level", "pricing_file", "delete_provider_files", "completion_window",
+    "max_simultaneous_batches",
+    "poll_interval_seconds",
+    "enqueued_token_limit",
+    "daily_cost_limit_usd",
+    "daily_token_limit",
+    "base_url",
+    "api_key",
+    "request_timeout_seconds",
+    "rescan_interval_seconds",
+    "stable_seconds",
+    "log_level",
+    "pricing_file",
+    "delete_provider_files",
+    "completion_window",
 }
 
 SDK_ENV = {"OPENAI_API_KEY": "api_key", "OPENAI_BASE_URL": "base_url"}

@@ -24,7 +24,7 @@ class Home:
     root: Path
 
     @classmethod
-    def resolve(cls, explicit: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> "Home":
+    def resolve(cls, explicit: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Home:
         env = os.environ if environ is None else environ
         if explicit:
             root = Path(explicit)
@@ -86,7 +86,7 @@ class Home:
     def dirs(self) -> list[Path]:
         return [self.root, self.inbox, self.outbox, self.archive, self.failed, self.work, self.logs]
 
-    def ensure(self) -> "Home":
+    def ensure(self) -> Home:
         """Create the directory tree (mode 0700). Idempotent."""
         for d in self.dirs():
             d.mkdir(parents=True, exist_ok=True)

@@ -212,6 +212,7 @@ def fold(events: Iterable[Event], initial: State | None = None) -> State:
 
 # --- handlers ------------------------------------------------------------------------------------
 
+
 def _chunk(job: JobState, p: dict[str, Any]) -> ChunkState:
     return job.chunks[p["chunk"]]
 
@@ -240,8 +241,13 @@ def _job_prepared(s: State, job: JobState, p: dict, e: Event) -> None:
     job.settings = dict(p.get("settings") or {})
     for c in p.get("chunks", []):
         job.chunks[c["index"]] = ChunkState(
-            index=c["index"], requests=c["requests"], input_tokens=c["input_tokens"], bytes=c["bytes"],
-            path=c["path"], start=c.get("start", 0), end=c.get("end", 0),
+            index=c["index"],
+            requests=c["requests"],
+            input_tokens=c["input_tokens"],
+            bytes=c["bytes"],
+            path=c["path"],
+            start=c.get("start", 0),
+            end=c.get("end", 0),
         )
     for r in p.get("row_errors", []):
         job.row_errors[r.get("custom_id") or f"row-{r['row']}"] = r
@@ -352,8 +358,12 @@ def _chunk_failed(s: State, job: JobState, p: dict, e: Event) -> None:
 def _retry_planned(s: State, job: JobState, p: dict, e: Event) -> None:
     ids = list(p.get("custom_ids", []))
     job.chunks[p["chunk"]] = ChunkState(
-        index=p["chunk"], requests=p.get("requests", len(ids)), input_tokens=p.get("input_tokens", 0),
-        bytes=p.get("bytes", 0), path=p["path"], custom_ids=ids,
+        index=p["chunk"],
+        requests=p.get("requests", len(ids)),
+        input_tokens=p.get("input_tokens", 0),
+        bytes=p.get("bytes", 0),
+        path=p["path"],
+        custom_ids=ids,
     )
     for cid in ids:
         job.failed_rows.pop(cid, None)

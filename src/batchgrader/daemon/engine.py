@@ -17,25 +17,40 @@ import os
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.home import Home
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.outbox import (
-    added_columns, atomic_write, atomic_write_bytes, error_name, error_report, free_path,
-    move_no_clobber, remove_stale_temp_files, result_name, result_values,
+    added_columns,
+    atomic_write,
+    atomic_write_bytes,
+    error_name,
+    error_report,
+    free_path,
+    move_no_clobber,
+    remove_stale_temp_files,
+    result_name,
+    result_values,
 )
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
-from batchgrader.provider.openai_api import OutcomeUnknown, Provider, ProviderError, ProviderRejected, reconcile_batch, reconcile_upload
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
-from batchgrader.store.eventstore import EventStore, NewEvent
 from batchgrader.pipeline.tables import InputError, TableWriter, defuse_formula, open_table, text_of
+from batchgrader.provider.openai_api import (
+    OutcomeUnknown,
+    Provider,
+    ProviderError,
+    ProviderRejected,
+    reconcile_batch,
+    reconcile_upload,
+)
+from batchgrader.store.eventstore import EventStore, NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -53,11 +68,11 @@ def _e(type_: str, **payload: Any) -> NewEvent:
 
 
 def utc_day(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
 
 
 def stamp(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 @dataclass
@@ -189,21 +204,37 @@ class Engine:
 
     def _accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
         sha = sha or file_sha256(input_path)
-        self.emit(job_id, _e(
-            "JobAccepted", file=record["file"], source=record["source"], profile=record["profile"], sha256=sha,
-            bytes=input_path.stat().st_size, input_path=str(input_path), result_name=result_name(record["file"]),
-            sandbox=self.sandbox,
-        ))
+        self.emit(
+            job_id,
+            _e(
+                "JobAccepted",
+                file=record["file"],
+                source=record["source"],
+                profile=record["profile"],
+                sha256=sha,
+                bytes=input_path.stat().st_size,
+                input_path=str(input_path),
+                result_name=result_name(record["file"]),
+                sandbox=self.sandbox,
+            ),
+        )
 
     def _reject(self, r: inbox_mod.Rejection, now: float) -> None:
         job_id = "x-" + hashlib.sha256(r.fingerprint.encode()).hexdigest()[:12]
         if job_id in self.state.jobs:
             return
         err_path = free_path(self.home.outbox, error_name(r.path.name), stamp(now))
-        self.emit(job_id, _e("FileRejected", file=r.path.name, path=str(r.path), reason=r.reason, code=r.code, fingerprint=r.fingerprint))
-        hint = ("Copy the real file (not a link or special file) into the inbox." if r.code == "not_regular_file" else
-                "Save the data as .csv, .json or .jsonl and drop it in the inbox again." if r.code == "unsupported_format" else
-                "Define the profile in config.yaml, or move the file to a profile folder that exists.")
+        self.emit(
+            job_id,
+            _e("FileRejected", file=r.path.name, path=str(r.path), reason=r.reason, code=r.code, fingerprint=r.fingerprint),
+        )
+        hint = (
+            "Copy the real file (not a link or special file) into the inbox."
+            if r.code == "not_regular_file"
+            else "Save the data as .csv, .json or .jsonl and drop it in the inbox again."
+            if r.code == "unsupported_format"
+            else "Define the profile in config.yaml, or move the file to a profile folder that exists."
+        )
         self._write_error(job_id, r.path.name, err_path, r.reason, hint)
         if r.movable and r.path.exists():
             dest = move_no_clobber(r.path, self.home.failed, r.path.name, stamp(now))
@@ -259,42 +290,101 @@ class Engine:
         try:
             profile = self.profile_of(job)
         except ConfigError as exc:
-            return self._fail(job, "unknown_profile", str(exc), "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`.", "prepare", now)
+            return self._fail(
+                job,
+                "unknown_profile",
+                str(exc),
+                "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`.",
+                "prepare",
+                now,
+            )
         try:
             self.prices.get(profile.model)  # fail fast: nothing is spent on an unpriced model
         except PricingError as exc:
-            return self._fail(job, "missing_pricing", str(exc), "Add the model to pricing.csv in the home (or fix `model`), then `bgctl retry " + job.job_id + "`.", "prepare", now)
+            return self._fail(
+                job,
+                "missing_pricing",
+                str(exc),
+                "Add the model to pricing.csv in the home (or fix `model`), then `bgctl retry " + job.job_id + "`.",
+                "prepare",
+                now,
+            )
         requests_path = job_dir / "requests.jsonl"
         try:
             with open(requests_path, "wb") as f:
-                prep = prepare(Path(job.input_path), profile, self.home, requests_out=f, prices=self.prices, file_hash=job.sha256,
-                               limits=self._limits(profile))
+                prep = prepare(
+                    Path(job.input_path),
+                    profile,
+                    self.home,
+                    requests_out=f,
+                    prices=self.prices,
+                    file_hash=job.sha256,
+                    limits=self._limits(profile),
+                )
                 f.flush()
                 os.fsync(f.fileno())
         except InputError as exc:
-            return self._fail(job, "bad_input", str(exc).replace(str(job.input_path), job.file), "Fix the file and drop it in the inbox again.", "prepare", now)
+            return self._fail(
+                job,
+                "bad_input",
+                str(exc).replace(str(job.input_path), job.file),
+                "Fix the file and drop it in the inbox again.",
+                "prepare",
+                now,
+            )
         except ConfigError as exc:
-            return self._fail(job, "bad_config", str(exc), "Fix the configuration (bgctl config show), then `bgctl retry " + job.job_id + "`.", "prepare", now)
+            return self._fail(
+                job,
+                "bad_config",
+                str(exc),
+                "Fix the configuration (bgctl config show), then `bgctl retry " + job.job_id + "`.",
+                "prepare",
+                now,
+            )
         except UnicodeError as exc:
-            return self._fail(job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again.", "prepare", now)
+            return self._fail(
+                job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again.", "prepare", now
+            )
         sizes_path = job_dir / "tokens.bin"
-        atomic_write(sizes_path, lambda f: (prep.tokens.tofile(f), prep.sizes.tofile(f)))
+        atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
         chunk_dir = job_dir / "chunks"
         paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
         summary = prep.summary(self.prices)
         chunks = [
-            {"index": c.index, "start": c.start, "end": c.end, "requests": c.requests, "input_tokens": c.input_tokens,
-             "bytes": c.bytes, "path": str(p)}
+            {
+                "index": c.index,
+                "start": c.start,
+                "end": c.end,
+                "requests": c.requests,
+                "input_tokens": c.input_tokens,
+                "bytes": c.bytes,
+                "path": str(p),
+            }
             for c, p in zip(prep.chunks, paths)
         ]
         if not chunks and not prep.problems:
-            return self._fail(job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now)
-        self.emit(job.job_id, _e(
-            "JobPrepared", format=prep.fmt, model=prep.model, encoding=prep.tokenizer.encoding, rows=prep.rows,
-            requests=prep.requests, input_tokens=prep.input_tokens, max_request_tokens=prep.max_request_tokens,
-            chunks=chunks, row_errors=[p.as_dict() for p in prep.problems], estimate_usd=summary["estimated_cost_usd"],
-            warnings=prep.warnings, requests_path=str(requests_path), settings=result_settings(profile),
-        ))
+            return self._fail(
+                job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now
+            )
+        self.emit(
+            job.job_id,
+            _e(
+                "JobPrepared",
+                format=prep.fmt,
+                model=prep.model,
+                encoding=prep.tokenizer.encoding,
+                rows=prep.rows,
+                requests=prep.requests,
+                input_tokens=prep.input_tokens,
+                max_request_tokens=prep.max_request_tokens,
+                chunks=chunks,
+                row_errors=[p.as_dict() for p in prep.problems],
+                estimate_usd=summary["estimated_cost_usd"],
+                warnings=prep.warnings,
+                requests_path=str(requests_path),
+                settings=result_settings(profile),
+            ),
+        )
 
     def _limits(self, profile: Profile) -> Limits | None:
         """The split limits, tightened to the model's enqueued-token cap when one is configured."""
@@ -312,23 +402,29 @@ class Engine:
         profile = self.profile_of(job)
         est = (job.estimate or {}).get("max_total") or 0.0
         if profile.max_cost_per_job_usd is not None and est > profile.max_cost_per_job_usd:
-            return ("max_cost_per_job_usd",
-                    f"estimated cost up to ${est:.4f} exceeds max_cost_per_job_usd ${profile.max_cost_per_job_usd:.4f}; "
-                    f"raise the limit in config.yaml (then SIGHUP the daemon) or run `bgctl retry {job.job_id}` to submit anyway")
+            return (
+                "max_cost_per_job_usd",
+                f"estimated cost up to ${est:.4f} exceeds max_cost_per_job_usd ${profile.max_cost_per_job_usd:.4f}; "
+                f"raise the limit in config.yaml (then SIGHUP the daemon) or run `bgctl retry {job.job_id}` to submit anyway",
+            )
         day = utc_day(now)
         if self.settings.daily_cost_limit_usd is not None:
             spent = self.state.spend_by_day.get(day, 0.0) + self._committed_cost(exclude=job.job_id)
             if spent + est > self.settings.daily_cost_limit_usd:
-                return ("daily_cost_limit_usd",
-                        f"today's spend ${spent:.4f} plus this job's estimate ${est:.4f} would exceed daily_cost_limit_usd "
-                        f"${self.settings.daily_cost_limit_usd:.4f}; it will be submitted when the limit allows (UTC day) or with `bgctl retry {job.job_id}`")
+                return (
+                    "daily_cost_limit_usd",
+                    f"today's spend ${spent:.4f} plus this job's estimate ${est:.4f} would exceed daily_cost_limit_usd "
+                    f"${self.settings.daily_cost_limit_usd:.4f}; it will be submitted when the limit allows (UTC day) or with `bgctl retry {job.job_id}`",
+                )
         if self.settings.daily_token_limit is not None:
             tokens = job_tokens_bound(job, profile)
             used = self.state.tokens_by_day.get(day, 0)
             if used + tokens > self.settings.daily_token_limit:
-                return ("daily_token_limit",
-                        f"today's {used:,} tokens plus this job's up to {tokens:,} would exceed daily_token_limit "
-                        f"{self.settings.daily_token_limit:,}; it will be submitted when the limit allows or with `bgctl retry {job.job_id}`")
+                return (
+                    "daily_token_limit",
+                    f"today's {used:,} tokens plus this job's up to {tokens:,} would exceed daily_token_limit "
+                    f"{self.settings.daily_token_limit:,}; it will be submitted when the limit allows or with `bgctl retry {job.job_id}`",
+                )
         return None
 
     def _committed_cost(self, exclude: str) -> float:
@@ -359,9 +455,16 @@ class Engine:
         return total
 
     def _submit(self, job: JobState, now: float) -> None:
-        pending = [c for c in job.chunks.values() if not c.done and not c.in_flight and not c.open_intent
-                   and (not (c.create == "done" and c.status in TERMINAL_BATCH)
-                        or (c.failure is not None and c.failure.get("retryable")))]
+        pending = [
+            c
+            for c in job.chunks.values()
+            if not c.done
+            and not c.in_flight
+            and not c.open_intent
+            and (
+                not (c.create == "done" and c.status in TERMINAL_BATCH) or (c.failure is not None and c.failure.get("retryable"))
+            )
+        ]
         if not pending:
             return
         if not any(c.upload != "none" for c in job.chunks.values()):
@@ -382,7 +485,11 @@ class Engine:
                 continue
             if self._capacity() <= 0:
                 return
-            if limit is not None and self._enqueued(job.model or "") + c.input_tokens > limit and self._enqueued(job.model or "") > 0:
+            if (
+                limit is not None
+                and self._enqueued(job.model or "") + c.input_tokens > limit
+                and self._enqueued(job.model or "") > 0
+            ):
                 return  # wait for capacity at the provider
             self._upload(job, c, c.attempt + 1)
             c = job.chunks[c.index]
@@ -404,7 +511,10 @@ class Engine:
             info = self.provider.upload(Path(c.path), c.filename)
         except ProviderRejected as exc:
             self.emit(job.job_id, _e("UploadFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
-            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="upload_rejected", error=str(exc), retryable=False))
+            self.emit(
+                job.job_id,
+                _e("ChunkFailed", chunk=c.index, batch_id=None, code="upload_rejected", error=str(exc), retryable=False),
+            )
             self._rows_failed_for_chunk(job, job.chunks[c.index], "upload_rejected", str(exc))
             return
         except OutcomeUnknown as exc:
@@ -418,17 +528,33 @@ class Engine:
         found = reconcile_upload(self.provider, c.filename, c.bytes)
         if found.file is not None:
             if found.duplicates:
-                log.warning("job %s chunk %s: %d extra uploads of %s left at the provider", job.job_id, c.index, len(found.duplicates), c.filename)
+                log.warning(
+                    "job %s chunk %s: %d extra uploads of %s left at the provider",
+                    job.job_id,
+                    c.index,
+                    len(found.duplicates),
+                    c.filename,
+                )
             self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=found.file.id, reconciled=True))
         else:
             self._do_upload(job, c)  # provably absent: uploading again is safe (files cost no tokens)
 
     def _metadata(self, job: JobState, c: ChunkState) -> dict[str, str]:
-        return {"bg_job": job.job_id, "bg_chunk": str(c.index), "bg_attempt": str(c.attempt), "bg_key": f"{job.job_id}:{c.index}:{c.attempt}"}
+        return {
+            "bg_job": job.job_id,
+            "bg_chunk": str(c.index),
+            "bg_attempt": str(c.attempt),
+            "bg_key": f"{job.job_id}:{c.index}:{c.attempt}",
+        }
 
     def _create(self, job: JobState, c: ChunkState, now: float) -> None:
         assert self.provider is not None and c.file_id
-        self.emit(job.job_id, _e("BatchCreateRequested", chunk=c.index, attempt=c.attempt, input_file_id=c.file_id, metadata=self._metadata(job, c)))
+        self.emit(
+            job.job_id,
+            _e(
+                "BatchCreateRequested", chunk=c.index, attempt=c.attempt, input_file_id=c.file_id, metadata=self._metadata(job, c)
+            ),
+        )
         self._do_create(job, job.chunks[c.index], now)
 
     def _do_create(self, job: JobState, c: ChunkState, now: float) -> None:
@@ -440,14 +566,19 @@ class Engine:
             if exc.status_code == 429 or "token_limit" in str(exc):
                 self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
                 return
-            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=str(exc), retryable=False))
+            self.emit(
+                job.job_id,
+                _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=str(exc), retryable=False),
+            )
             self._rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", str(exc))
             return
         except OutcomeUnknown as exc:
             log.warning("job %s chunk %s: batch create outcome unknown (%s); reconciling", job.job_id, c.index, exc)
             self._reconcile_create(job, c, now)
             return
-        self.emit(job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=b.status, reconciled=False))
+        self.emit(
+            job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=b.status, reconciled=False)
+        )
         self._next_poll[(job.job_id, c.index)] = (now + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
 
     def _reconcile_create(self, job: JobState, c: ChunkState, now: float) -> None:
@@ -461,14 +592,26 @@ class Engine:
                     self.provider.cancel(extra.id)
                 except ProviderError as exc:
                     log.error("could not cancel duplicate batch %s: %s", extra.id, exc)
-            self.emit(job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=keep.id, status="validating", reconciled=True))
+            self.emit(
+                job.job_id,
+                _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=keep.id, status="validating", reconciled=True),
+            )
             # the adopted batch may have moved on (even finished) while we were down: record where it is
             ev = _status_event(self.state.jobs[job.job_id].chunks[c.index], keep)
             if ev is not None:
                 self.emit(job.job_id, ev)
             self._next_poll[(job.job_id, c.index)] = (now, FIRST_POLL_DELAY)
         else:
-            self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error="not created (absent from the provider's batch list)", definite=True))
+            self.emit(
+                job.job_id,
+                _e(
+                    "BatchCreateFailed",
+                    chunk=c.index,
+                    attempt=c.attempt,
+                    error="not created (absent from the provider's batch list)",
+                    definite=True,
+                ),
+            )
             # the file is uploaded: _submit creates again with it, under the same attempt's metadata
 
     def _reconcile_intent(self, job: JobState, c: ChunkState, now: float) -> None:
@@ -498,13 +641,32 @@ class Engine:
         assert self.provider is not None
         if c.status == "failed":
             codes = [e.get("code") for e in c.batch_errors]
-            msg = "; ".join(f"{e.get('code')}: {e.get('message')}" + (f" (line {e['line']})" if e.get("line") else "") for e in c.batch_errors) or "batch failed"
+            msg = (
+                "; ".join(
+                    f"{e.get('code')}: {e.get('message')}" + (f" (line {e['line']})" if e.get("line") else "")
+                    for e in c.batch_errors
+                )
+                or "batch failed"
+            )
             if "token_limit_exceeded" in codes:
-                self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=c.batch_id, code="token_limit_exceeded", error=msg, retryable=True))
+                self.emit(
+                    job.job_id,
+                    _e("ChunkFailed", chunk=c.index, batch_id=c.batch_id, code="token_limit_exceeded", error=msg, retryable=True),
+                )
                 self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
                 return
-            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=c.batch_id, code=codes[0] if codes else "batch_failed", error=msg, retryable=False))
-            self._rows_failed_for_chunk(job, job.chunks[c.index], codes[0] if codes else "batch_failed", msg)
+            self.emit(
+                job.job_id,
+                _e(
+                    "ChunkFailed",
+                    chunk=c.index,
+                    batch_id=c.batch_id,
+                    code=codes[0] if codes else "batch_failed",
+                    error=msg,
+                    retryable=False,
+                ),
+            )
+            self._rows_failed_for_chunk(job, job.chunks[c.index], str(codes[0]) if codes else "batch_failed", msg)
             return
         dl_dir = self.home.job_dir(job.job_id) / "downloads"
         for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
@@ -513,7 +675,10 @@ class Engine:
             dest = dl_dir / f"{c.batch_id}-{kind}.jsonl"
             self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
             n = self.provider.download(file_id, dest)
-            self.emit(job.job_id, _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n))
+            self.emit(
+                job.job_id,
+                _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n),
+            )
         c = job.chunks[c.index]
         self._merge(job, c, now)
 
@@ -527,8 +692,10 @@ class Engine:
                     if o.custom_id in expected:
                         outcomes[o.custom_id] = outcome_record(o)
         missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(c.status or "", "missing_result")
-        missing_msg = {"batch_expired": "the batch expired before this row was processed",
-                       "batch_cancelled": "the batch was cancelled before this row was processed"}.get(missing_code, "the provider returned no result for this row")
+        missing_msg = {
+            "batch_expired": "the batch expired before this row was processed",
+            "batch_cancelled": "the batch was cancelled before this row was processed",
+        }.get(missing_code, "the provider returned no result for this row")
         failed_rows: list[dict[str, Any]] = []
         ordered: list[dict[str, Any]] = []
         for cid in expected:
@@ -540,17 +707,31 @@ class Engine:
                 failed_rows.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
         results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
         atomic_write_bytes(results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in ordered))
-        usage = {k: sum(int(r.get(k) or 0) for r in ordered if r["ok"]) for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")}
+        usage = {
+            k: sum(int(r.get(k) or 0) for r in ordered if r["ok"])
+            for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+        }
         try:
             price = self.prices.get(job.model or "")
             cost = billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"])
         except PricingError:
             cost = 0.0
-        events = [_e("TokensUsed", chunk=c.index, batch_id=c.batch_id, model=job.model, cost_usd=float(cost), day=utc_day(now), **usage)]
+        events = [
+            _e("TokensUsed", chunk=c.index, batch_id=c.batch_id, model=job.model, cost_usd=float(cost), day=utc_day(now), **usage)
+        ]
         if failed_rows:
             events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=failed_rows))
-        events.append(_e("ChunkCompleted", chunk=c.index, batch_id=c.batch_id, status=c.status, succeeded=len(ordered) - len(failed_rows),
-                         failed=len(failed_rows), results_path=str(results_path)))
+        events.append(
+            _e(
+                "ChunkCompleted",
+                chunk=c.index,
+                batch_id=c.batch_id,
+                status=c.status,
+                succeeded=len(ordered) - len(failed_rows),
+                failed=len(failed_rows),
+                results_path=str(results_path),
+            )
+        )
         self.emit(job.job_id, *events)
 
     def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
@@ -562,13 +743,17 @@ class Engine:
     def _halt_if_needed(self, job: JobState) -> None:
         if not self.profile_of(job).halt_on_chunk_failure or job.retry_requested:
             return
-        failed = [c for c in job.chunks.values() if c.failure and not c.failure.get("retryable") and c.failure.get("code") != "halted"]
+        failed = [
+            c for c in job.chunks.values() if c.failure and not c.failure.get("retryable") and c.failure.get("code") != "halted"
+        ]
         if not failed:
             return
-        reason = f"halted because chunk {failed[0].index} failed: {failed[0].failure.get('error')}"
+        reason = f"halted because chunk {failed[0].index} failed: {(failed[0].failure or {}).get('error')}"
         for c in job.chunks.values():
             if not c.done and c.upload == "none" and c.custom_ids is None:
-                self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="halted", error=reason, retryable=False))
+                self.emit(
+                    job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="halted", error=reason, retryable=False)
+                )
                 self._rows_failed_for_chunk(job, job.chunks[c.index], "halted", reason)
 
     def _cancel(self, job: JobState, now: float) -> None:
@@ -585,8 +770,20 @@ class Engine:
     def _cancel_unstarted(self, job: JobState) -> None:
         for c in job.chunks.values():
             if not c.done and not c.in_flight and not c.open_intent and not (c.create == "done" and c.status in TERMINAL_BATCH):
-                self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="cancelled", error="cancelled before submission", retryable=False))
-                self._rows_failed_for_chunk(job, job.chunks[c.index], "cancelled", "the job was cancelled before this row was submitted")
+                self.emit(
+                    job.job_id,
+                    _e(
+                        "ChunkFailed",
+                        chunk=c.index,
+                        batch_id=None,
+                        code="cancelled",
+                        error="cancelled before submission",
+                        retryable=False,
+                    ),
+                )
+                self._rows_failed_for_chunk(
+                    job, job.chunks[c.index], "cancelled", "the job was cancelled before this row was submitted"
+                )
 
     def _plan_retries(self, job: JobState) -> bool:
         """Resubmit failed rows (automatically up to max_row_retries; all of them on `bgctl retry`)."""
@@ -613,19 +810,37 @@ class Engine:
                 lines.append(line)
                 tokens.append(tok_all[pos])
                 sizes.append(size_all[pos])
-        chunks, _over = plan_chunks(tokens, sizes, Limits(
-            token_limit=profile.split_token_limit, row_limit=profile.split_row_limit,
-            max_requests=profile.max_requests_per_batch, max_bytes=profile.max_batch_bytes,
-        ))
+        chunks, _over = plan_chunks(
+            tokens,
+            sizes,
+            Limits(
+                token_limit=profile.split_token_limit,
+                row_limit=profile.split_row_limit,
+                max_requests=profile.max_requests_per_batch,
+                max_bytes=profile.max_batch_bytes,
+            ),
+        )
         base = max(job.chunks) + 1
         out_dir = self.home.job_dir(job.job_id) / "chunks"
         paths = write_chunk_files(iter(lines), chunks, set(), out_dir, f"{job.job_id}-retry{base:04d}")
         events = []
         for i, (ch, p) in enumerate(zip(chunks, paths)):
             cids = [json.loads(lines[k])["custom_id"] for k in range(ch.start, ch.end)]
-            events.append(_e("RetryPlanned", chunk=base + i, source_chunks=sorted({job.failed_rows[x]["chunk"] for x in cids if job.failed_rows[x].get("chunk") is not None}),
-                             custom_ids=cids, requests=ch.requests, input_tokens=ch.input_tokens, bytes=ch.bytes, path=str(p),
-                             manual=job.retry_requested))
+            events.append(
+                _e(
+                    "RetryPlanned",
+                    chunk=base + i,
+                    source_chunks=sorted(
+                        {job.failed_rows[x]["chunk"] for x in cids if job.failed_rows[x].get("chunk") is not None}
+                    ),
+                    custom_ids=cids,
+                    requests=ch.requests,
+                    input_tokens=ch.input_tokens,
+                    bytes=ch.bytes,
+                    path=str(p),
+                    manual=job.retry_requested,
+                )
+            )
         self.emit(job.job_id, *events)
         return True
 
@@ -638,12 +853,24 @@ class Engine:
             return "JobCancelled", {"succeeded": succeeded, "failed": failed}
         halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
         if halted:
-            return "JobFailed", {"code": "halted", "error": halted, "stage": "submit",
-                                 "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done."}
+            return "JobFailed", {
+                "code": "halted",
+                "error": halted,
+                "stage": "submit",
+                "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done.",
+            }
         if succeeded == 0 and failed:
-            return "JobFailed", {"code": "all_rows_failed", "error": f"no row succeeded; first error: {_first_error(job)}", "stage": "merge",
-                                 "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`."}
-        return "JobCompleted", {"state": "completed" if not failed else "completed_with_errors", "succeeded": succeeded, "failed": failed}
+            return "JobFailed", {
+                "code": "all_rows_failed",
+                "error": f"no row succeeded; first error: {_first_error(job)}",
+                "stage": "merge",
+                "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`.",
+            }
+        return "JobCompleted", {
+            "state": "completed" if not failed else "completed_with_errors",
+            "succeeded": succeeded,
+            "failed": failed,
+        }
 
     def _finish(self, job: JobState, now: float) -> None:
         profile = self.profile_of(job)
@@ -657,10 +884,28 @@ class Engine:
             path = Path(job.result_path or "")
             written = self._write_result(job, profile, path) if not path.exists() else job.rows
             if job.error_path and not Path(job.error_path).exists():
-                atomic_write_bytes(Path(job.error_path), error_report(job.file, job.job_id, payload["error"], payload["hint"],
-                                   f"Partial results: {path.name} ({job.succeeded_rows} rows answered).").encode(), overwrite=False)
-            self.emit(job.job_id, _e("ResultWritten", path=str(path), rows=written, succeeded=job.succeeded_rows,
-                                     failed=len(job.failed_rows) + len(job.row_errors), error_path=job.error_path))
+                atomic_write_bytes(
+                    Path(job.error_path),
+                    error_report(
+                        job.file,
+                        job.job_id,
+                        payload["error"],
+                        payload["hint"],
+                        f"Partial results: {path.name} ({job.succeeded_rows} rows answered).",
+                    ).encode(),
+                    overwrite=False,
+                )
+            self.emit(
+                job.job_id,
+                _e(
+                    "ResultWritten",
+                    path=str(path),
+                    rows=written,
+                    succeeded=job.succeeded_rows,
+                    failed=len(job.failed_rows) + len(job.row_errors),
+                    error_path=job.error_path,
+                ),
+            )
         job = self.state.jobs[job.job_id]
         if not job.archived_path:
             src = Path(job.input_path)
@@ -730,7 +975,9 @@ class Engine:
             p = Path(job.error_path)
             if not p.exists():
                 err = job.error or {}
-                atomic_write_bytes(p, error_report(job.file, job.job_id, err.get("error") or "", err.get("hint") or "").encode(), overwrite=False)
+                atomic_write_bytes(
+                    p, error_report(job.file, job.job_id, err.get("error") or "", err.get("hint") or "").encode(), overwrite=False
+                )
             self.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
 
     def _fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
@@ -745,18 +992,36 @@ class Engine:
 
 # --- helpers ----------------------------------------------------------------------------------------
 
+
 def _status_event(c: ChunkState, b: Any) -> NewEvent | None:
     """A BatchStatusChanged for what the provider says of ``c``'s batch, or None if nothing changed."""
     counts = dataclasses.asdict(b.request_counts)
     if (b.status, counts, b.output_file_id, b.error_file_id) == (c.status, c.request_counts, c.output_file_id, c.error_file_id):
         return None
-    return _e("BatchStatusChanged", chunk=c.index, batch_id=b.id, status=b.status, request_counts=counts,
-              output_file_id=b.output_file_id, error_file_id=b.error_file_id, errors=[dataclasses.asdict(x) for x in b.errors])
+    return _e(
+        "BatchStatusChanged",
+        chunk=c.index,
+        batch_id=b.id,
+        status=b.status,
+        request_counts=counts,
+        output_file_id=b.output_file_id,
+        error_file_id=b.error_file_id,
+        errors=[dataclasses.asdict(x) for x in b.errors],
+    )
 
 
 def _short(payload: dict[str, Any]) -> str:
-    s = json.dumps({k: v for k, v in payload.items() if k not in ("rows", "custom_ids", "chunks", "row_errors")}, ensure_ascii=False, default=str)
+    s = json.dumps(
+        {k: v for k, v in payload.items() if k not in ("rows", "custom_ids", "chunks", "row_errors")},
+        ensure_ascii=False,
+        default=str,
+    )
     return s if len(s) < 300 else s[:297] + "..."
+
+
+def _write_arrays(f: Any, *arrays: array) -> None:
+    for a in arrays:
+        a.tofile(f)
 
 
 def _lines(path: Path) -> Iterable[bytes]:
@@ -780,16 +1045,27 @@ def chunk_custom_ids(c: ChunkState) -> list[str]:
 
 def outcome_record(o: Any) -> dict[str, Any]:
     return {
-        "custom_id": o.custom_id, "ok": bool(o.ok), "content": o.content, "status_code": o.status_code,
-        "error_code": o.error_code, "error_message": o.error_message, "prompt_tokens": o.prompt_tokens,
-        "cached_tokens": o.cached_tokens, "completion_tokens": o.completion_tokens, "reasoning_tokens": o.reasoning_tokens,
+        "custom_id": o.custom_id,
+        "ok": bool(o.ok),
+        "content": o.content,
+        "status_code": o.status_code,
+        "error_code": o.error_code,
+        "error_message": o.error_message,
+        "prompt_tokens": o.prompt_tokens,
+        "cached_tokens": o.cached_tokens,
+        "completion_tokens": o.completion_tokens,
+        "reasoning_tokens": o.reasoning_tokens,
     }
 
 
 def result_settings(profile: Profile) -> dict[str, Any]:
     """The settings that shape the result file, fixed when the job is prepared."""
-    return {"output_column": profile.output_column, "response_format": profile.response_format,
-            "id_column": profile.id_column, "csv_formula_guard": profile.csv_formula_guard}
+    return {
+        "output_column": profile.output_column,
+        "response_format": profile.response_format,
+        "id_column": profile.id_column,
+        "csv_formula_guard": profile.csv_formula_guard,
+    }
 
 
 def job_tokens_bound(job: JobState, profile: Profile) -> int:

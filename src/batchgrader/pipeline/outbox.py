@@ -77,14 +77,14 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None], overwrite: bool
 
 
 def atomic_write_bytes(path: Path, data: bytes, overwrite: bool = True) -> Path:
-    return atomic_write(path, lambda f: f.write(data), overwrite=overwrite)
+    return atomic_write(path, lambda f: None if f.write(data) else None, overwrite=overwrite)
 
 
 def remove_stale_temp_files(folder: Path, recursive: bool = False) -> list[Path]:
     """Our own leftovers from a crash mid-write (names starting with TMP_PREFIX; never anything else)."""
     removed = []
     if folder.is_dir():
-        for p in (folder.rglob(TMP_PREFIX + "*") if recursive else folder.glob(TMP_PREFIX + "*")):
+        for p in folder.rglob(TMP_PREFIX + "*") if recursive else folder.glob(TMP_PREFIX + "*"):
             if p.is_file() and not p.is_symlink():
                 p.unlink()
                 removed.append(p)
@@ -127,6 +127,7 @@ def move_no_clobber(src: Path, folder: Path, name: str, stamp: str) -> Path:
 
 # --- result rows --------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class AddedColumns:
     output: str
@@ -153,12 +154,14 @@ def added_columns(input_columns: Iterable[str], output_column: str, response_for
     fields: list[tuple[str, str]] = []
     schema = (response_format or {}).get("json_schema", {}).get("schema") if response_format else None
     if isinstance(schema, Mapping):
-        for f in (schema.get("properties") or {}):
+        for f in schema.get("properties") or {}:
             fields.append((f, name(f)))
     return AddedColumns(out_col, tuple(fields), name("input_tokens"), name("output_tokens"), name("error"))
 
 
-def result_values(cols: AddedColumns, outcome: Mapping[str, Any] | None, row_error: str | None, json_values: bool) -> dict[str, Any]:
+def result_values(
+    cols: AddedColumns, outcome: Mapping[str, Any] | None, row_error: str | None, json_values: bool
+) -> dict[str, Any]:
     """The added cells of one row. ``outcome`` is a stored per-row result (or None)."""
     out: dict[str, Any] = {}
     blank: Any = None if json_values else ""

@@ -123,8 +123,7 @@ class Preparation:
             "mean_request_tokens": round(tokens / requests, 1) if requests else 0,
             "max_request_tokens": self.max_request_tokens,
             "chunks": [
-                {"index": c.index, "requests": c.requests, "input_tokens": c.input_tokens, "bytes": c.bytes}
-                for c in self.chunks
+                {"index": c.index, "requests": c.requests, "input_tokens": c.input_tokens, "bytes": c.bytes} for c in self.chunks
             ],
             "row_errors": [p.as_dict() for p in self.problems],
             "warnings": list(self.warnings),
@@ -173,7 +172,11 @@ class RequestBuilder:
 
     def request(self, cid: str, messages: list[dict[str, str]]) -> dict[str, Any]:
         """The batch-input object of one request."""
-        body: dict[str, Any] = {"model": self.profile.model, "messages": messages, self.token_param: self.profile.max_completion_tokens}
+        body: dict[str, Any] = {
+            "model": self.profile.model,
+            "messages": messages,
+            self.token_param: self.profile.max_completion_tokens,
+        }
         if self.profile.temperature is not None:
             body["temperature"] = self.profile.temperature
         if self.profile.response_format is not None:
@@ -185,7 +188,7 @@ class RequestBuilder:
         cid = self.custom_id(row)
         return cid, messages, self.request(cid, messages)
 
-    def line_template(self) -> "LineTemplate | None":
+    def line_template(self) -> LineTemplate | None:
         """The constant JSONL text around each row's two varying strings (None if it cannot be cut out)."""
         return LineTemplate.build(self)
 
@@ -213,7 +216,7 @@ class LineTemplate:
         self.fixed_bytes = len((head + mid + tail).encode("utf-8"))
 
     @classmethod
-    def build(cls, builder: RequestBuilder) -> "LineTemplate | None":
+    def build(cls, builder: RequestBuilder) -> LineTemplate | None:
         text = dumps_line(builder.request(cls._CID, builder.spec.chat(cls._USER))).decode("utf-8")
         c, u = _encode_str(cls._CID), _encode_str(cls._USER)
         if text.count(c) != 1 or text.count(u) != 1 or text.index(c) > text.index(u):
@@ -292,8 +295,14 @@ def prepare(
 
     with open_table(path, required_columns=builder.required_columns()) as reader, counter.parallel() as pool:
         prep = Preparation(
-            path=path, fmt=reader.fmt, sha256=file_hash, profile=profile.name, model=profile.model,
-            tokenizer=counter.tokenizer, columns=list(reader.columns), max_completion_tokens=profile.max_completion_tokens,
+            path=path,
+            fmt=reader.fmt,
+            sha256=file_hash,
+            profile=profile.name,
+            model=profile.model,
+            tokenizer=counter.tokenizer,
+            columns=list(reader.columns),
+            max_completion_tokens=profile.max_completion_tokens,
         )
         if not counter.tokenizer.known:
             prep.warnings.append(
@@ -329,11 +338,15 @@ def prepare(
             else:
                 cid = text_of(row.values[id_column])
                 if not cid:
-                    raise InputError(path, f"id column {id_column!r} is empty in row {row.number}", line=row.line, column=id_column)
+                    raise InputError(
+                        path, f"id column {id_column!r} is empty in row {row.number}", line=row.line, column=id_column
+                    )
                 if cid in seen_ids:  # type: ignore[operator]
                     raise InputError(
-                        path, f"id column {id_column!r} value {cid!r} repeats (first seen in row {first_line_of_id[cid]}); ids must be unique",
-                        line=row.line, column=id_column,
+                        path,
+                        f"id column {id_column!r} value {cid!r} repeats (first seen in row {first_line_of_id[cid]}); ids must be unique",
+                        line=row.line,
+                        column=id_column,
                     )
                 seen_ids.add(cid)  # type: ignore[union-attr]
                 first_line_of_id[cid] = row.number
@@ -365,13 +378,10 @@ def prepare(
     chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window))
     prep.chunks = chunks
     prep.problems = [
-        RowProblem(row=o.position + 1, line=None, custom_id=None, code="request_too_large", message=o.reason)
-        for o in oversized
+        RowProblem(row=o.position + 1, line=None, custom_id=None, code="request_too_large", message=o.reason) for o in oversized
     ]
     if builder.id_column is None:
-        prep.problems = [
-            RowProblem(p.row, p.line, default_custom_id(file_hash, p.row), p.code, p.message) for p in prep.problems
-        ]
+        prep.problems = [RowProblem(p.row, p.line, default_custom_id(file_hash, p.row), p.code, p.message) for p in prep.problems]
     return prep
 
 
@@ -384,7 +394,9 @@ def oversized_positions(prep: Preparation) -> set[int]:
     return {p.row - 1 for p in prep.problems if p.code == "request_too_large"}
 
 
-def split_file(path: Path, profile: Profile, home: Home, out_dir: Path, prices: PriceTable | None = None) -> tuple[Preparation, list[Path]]:
+def split_file(
+    path: Path, profile: Profile, home: Home, out_dir: Path, prices: PriceTable | None = None
+) -> tuple[Preparation, list[Path]]:
     """`bgctl split`: prepare, then write batch-ready chunk files into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

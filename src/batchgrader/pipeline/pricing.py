@@ -160,7 +160,11 @@ class PriceTable(Mapping[str, Price]):
         price = self.find(model)
         if price is not None:
             return price
-        where = str(self.user_file) if self.user_file else "pricing.csv in the BatchGrader home (or the file named by the pricing_file setting)"
+        where = (
+            str(self.user_file)
+            if self.user_file
+            else "pricing.csv in the BatchGrader home (or the file named by the pricing_file setting)"
+        )
         raise PricingError(
             f"no price for model {model!r}, so its cost cannot be estimated and nothing is submitted. "
             f"Add a row for it to {where} with the columns {','.join(COLUMNS)} "
@@ -236,7 +240,9 @@ def _parse(text: str, name: str, origin: str) -> dict[str, Price]:
         cw: int | None = None
         if cw_text:
             if not cw_text.isdigit() or int(cw_text) < 1:
-                raise PricingError(f"{where}, column 'context_window': {cw_text!r} must be a whole number of tokens >= 1, or empty")
+                raise PricingError(
+                    f"{where}, column 'context_window': {cw_text!r} must be a whole number of tokens >= 1, or empty"
+                )
             cw = int(cw_text)
         taken = cells.get("taken_on", "").strip() or None
         if taken is not None and not _is_date(taken):

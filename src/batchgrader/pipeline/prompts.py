@@ -93,9 +93,9 @@ class PromptSpec:
     user_fields: tuple[str, ...]  # columns the user template reads
 
     def user_message(self, values: Mapping[str, Any], text_of: Callable[[Any], str]) -> str:
-        return "".join([
-            text_of(values[text]) if placeholder else text for text, placeholder in compile_template(self.user_template)
-        ])
+        return "".join(
+            [text_of(values[text]) if placeholder else text for text, placeholder in compile_template(self.user_template)]
+        )
 
     def messages(self, values: Mapping[str, Any], text_of: Callable[[Any], str]) -> list[dict[str, str]]:
         return self.chat(self.user_message(values, text_of))

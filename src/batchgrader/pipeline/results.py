@@ -88,10 +88,20 @@ def _usage(body: dict[str, Any]) -> tuple[int, int, int, int]:
     if "prompt_tokens" in u or "completion_tokens" in u:  # chat completions
         pd = u.get("prompt_tokens_details") or {}
         cd = u.get("completion_tokens_details") or {}
-        return _int(u.get("prompt_tokens")), _int(pd.get("cached_tokens")), _int(u.get("completion_tokens")), _int(cd.get("reasoning_tokens"))
+        return (
+            _int(u.get("prompt_tokens")),
+            _int(pd.get("cached_tokens")),
+            _int(u.get("completion_tokens")),
+            _int(cd.get("reasoning_tokens")),
+        )
     pd = u.get("input_tokens_details") or {}  # /v1/responses
     cd = u.get("output_tokens_details") or {}
-    return _int(u.get("input_tokens")), _int(pd.get("cached_tokens")), _int(u.get("output_tokens")), _int(cd.get("reasoning_tokens"))
+    return (
+        _int(u.get("input_tokens")),
+        _int(pd.get("cached_tokens")),
+        _int(u.get("output_tokens")),
+        _int(cd.get("reasoning_tokens")),
+    )
 
 
 def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
@@ -99,7 +109,7 @@ def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     choices = body.get("choices")
     if isinstance(choices, list) and choices:
         c0 = choices[0] if isinstance(choices[0], dict) else {}
-        msg = c0.get("message") if isinstance(c0.get("message"), dict) else {}
+        msg: dict[str, Any] = c0.get("message") if isinstance(c0.get("message"), dict) else {}  # type: ignore[assignment]
         content = msg.get("content")
         if isinstance(content, list):  # content parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -137,13 +147,13 @@ def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome
     if isinstance(resp, dict):
         status = resp.get("status_code")
         status = status if isinstance(status, int) and not isinstance(status, bool) else None
-        body = resp.get("body") if isinstance(resp.get("body"), dict) else {}
+        body: dict[str, Any] = resp.get("body") if isinstance(resp.get("body"), dict) else {}  # type: ignore[assignment]
         request_id = resp.get("request_id") if isinstance(resp.get("request_id"), str) else None
         if status == 200:
             content, finish, refusal = _content(body)
             p, c, o, r = _usage(body)
             return RowOutcome(cid, True, content, 200, None, None, p, c, o, r, finish, refusal, request_id, line_id)
-        e = body.get("error") if isinstance(body.get("error"), dict) else {}
+        e: dict[str, Any] = body.get("error") if isinstance(body.get("error"), dict) else {}  # type: ignore[assignment]
         if not e and isinstance(err, dict):
             e = err
         code = e.get("code") or e.get("type") or (f"http_{status}" if status is not None else "unknown_error")
@@ -152,7 +162,13 @@ def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome
         return RowOutcome(cid, False, None, status, str(code), str(message), p, c, o, r, None, None, request_id, line_id)
     if isinstance(err, dict):
         return RowOutcome(
-            cid, False, None, None, str(err.get("code") or "unknown_error"), str(err.get("message") or "request failed without a message"), line_id=line_id
+            cid,
+            False,
+            None,
+            None,
+            str(err.get("code") or "unknown_error"),
+            str(err.get("message") or "request failed without a message"),
+            line_id=line_id,
         )
     return RowOutcome(cid, False, None, None, "malformed_result", "line has neither a response nor an error", line_id=line_id)
 
@@ -174,7 +190,9 @@ def iter_outcomes(
         yield from _iter_lines(source, "<lines>", on_malformed, malformed)
 
 
-def _iter_lines(lines: Iterable[bytes | str], name: str, on_malformed: str, malformed: list[ResultsFormatError] | None) -> Iterator[RowOutcome]:
+def _iter_lines(
+    lines: Iterable[bytes | str], name: str, on_malformed: str, malformed: list[ResultsFormatError] | None
+) -> Iterator[RowOutcome]:
     for lineno, raw in enumerate(lines, start=1):
         if isinstance(raw, bytes):
             try:
@@ -191,7 +209,11 @@ def _iter_lines(lines: Iterable[bytes | str], name: str, on_malformed: str, malf
         try:
             yield parse_line(json.loads(raw), source=name, line=lineno)
         except ValueError as exc:
-            problem = exc if isinstance(exc, ResultsFormatError) else ResultsFormatError(name, lineno, f"line is not valid JSON ({exc})")
+            problem = (
+                exc
+                if isinstance(exc, ResultsFormatError)
+                else ResultsFormatError(name, lineno, f"line is not valid JSON ({exc})")
+            )
             if on_malformed == "raise":
                 raise problem from None
             if malformed is not None:
@@ -249,7 +271,7 @@ def remaining_custom_ids(
         if cid in done:
             continue
         done.add(cid)
-        o = seen.get(cid)
+        o = seen.get(cid)  # type: ignore[assignment]
         if o is None:
             todo.append(cid)
         elif o.ok:

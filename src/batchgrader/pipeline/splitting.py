@@ -31,11 +31,11 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-
-from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir, fsync_file
 from itertools import accumulate, compress
 from pathlib import Path
 from typing import Any
+
+from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir, fsync_file
 
 __all__ = [
     "Limits",
@@ -104,7 +104,7 @@ class Limits:
         return self.context_window - self.max_output_tokens
 
     @classmethod
-    def from_settings(cls, settings: Any, context_window: int | None = None) -> "Limits":
+    def from_settings(cls, settings: Any, context_window: int | None = None) -> Limits:
         """Build limits from a config profile (anything with the config keys as attributes).
 
         ``context_window`` is used when the profile's own ``context_window`` is unset (the caller
@@ -180,7 +180,9 @@ def _oversized(position: int, t: int, b: int, limits: Limits) -> Oversized:
 # list of boundaries ``[0, b1, ..., m]``.
 
 
-def _greedy(pt: Sequence[int], pb: Sequence[int], m: int, tcap: int, rcap: int, bcap: int, stop_after: int | None = None) -> list[int]:
+def _greedy(
+    pt: Sequence[int], pb: Sequence[int], m: int, tcap: int, rcap: int, bcap: int, stop_after: int | None = None
+) -> list[int]:
     """Fill each chunk as far as every cap allows (every single request must fit on its own).
 
     This gives the fewest chunks the caps allow.  With ``stop_after`` it gives up (returning a
@@ -370,6 +372,7 @@ def chunk_positions(chunk: Chunk, oversized_positions: Container[int]) -> Iterat
 
 # --- writing chunk files ----------------------------------------------------------------------
 
+
 def chunk_file_name(prefix: str, index: int) -> str:
     """File name of chunk ``index`` (0-based); the number in the name is 1-based: ``{prefix}-chunk-0001.jsonl``."""
     return f"{prefix}-chunk-{index + 1:04d}.jsonl"
@@ -405,7 +408,9 @@ def write_chunk_files(
     try:
         for chunk in chunks:
             if chunk.start < pos:
-                raise ValueError(f"chunk {chunk.index} starts at position {chunk.start}, before position {pos}: chunks overlap or are out of order")
+                raise ValueError(
+                    f"chunk {chunk.index} starts at position {chunk.start}, before position {pos}: chunks overlap or are out of order"
+                )
             # Lines between chunks must all be oversized ones.
             while pos < chunk.start:
                 if next(it, None) is None:
@@ -440,7 +445,7 @@ def write_chunk_files(
                     f"{chunk.requests} lines / {chunk.bytes} bytes (sizes must count each line with its newline)"
                 )
         # Trailing lines after the last chunk must all be oversized.
-        for line in it:
+        for _line in it:
             if pos not in oversized_positions:
                 raise ValueError(f"position {pos} is in no chunk and not oversized")
             pos += 1

@@ -182,7 +182,7 @@ class ExactFloat(float):
     __slots__ = ("text",)
     text: str
 
-    def __new__(cls, text: str) -> "ExactFloat":
+    def __new__(cls, text: str) -> ExactFloat:
         self = super().__new__(cls, text)
         self.text = text
         return self
@@ -354,9 +354,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _decoder() -> json.JSONDecoder:
-    return json.JSONDecoder(
-        object_pairs_hook=_pairs_hook, parse_float=ExactFloat, parse_constant=_reject_constant
-    )
+    return json.JSONDecoder(object_pairs_hook=_pairs_hook, parse_float=ExactFloat, parse_constant=_reject_constant)
 
 
 # --- format detection --------------------------------------------------------------------------
@@ -370,9 +368,7 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
     except KeyError:
         supported = ", ".join(_EXTENSIONS)
         what = f"extension {suffix!r}" if suffix else "no extension"
-        raise InputError(
-            path, f"unsupported file type ({what}); supported extensions are {supported}"
-        ) from None
+        raise InputError(path, f"unsupported file type ({what}); supported extensions are {supported}") from None
 
 
 # --- data types --------------------------------------------------------------------------------
@@ -457,7 +453,7 @@ class TableReader:
         self._max_record = max_record_size
         self._max_depth = max_depth
         self._owns = owns
-        self._file: IO[bytes] = open(source, "rb") if owns else source  # type: ignore[arg-type]
+        self._file: IO[bytes] = open(source, "rb") if owns else source  # type: ignore[arg-type,assignment]
         self._closed = False
         # physical-line bookkeeping shared by the CSV and JSONL readers
         self._line = 0  # physical lines handed out so far
@@ -501,7 +497,7 @@ class TableReader:
             if self._owns:
                 self._file.close()
 
-    def __enter__(self) -> "TableReader":
+    def __enter__(self) -> TableReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -599,15 +595,18 @@ class TableReader:
         if csv.field_size_limit() < needed:
             csv.field_size_limit(needed)
         self._csv = csv.reader(
-            itertools.chain((first,), lines), delimiter=delimiter, quotechar='"',
-            doublequote=True, strict=True,
+            itertools.chain((first,), lines),
+            delimiter=delimiter,
+            quotechar='"',
+            doublequote=True,
+            strict=True,
         )
         self._rec_bytes = len(first.encode("utf-8"))
         header = self._next_csv_record()
         assert header is not None
         # the terminator ending the header record (its last physical line)
         last = self._last_text
-        self.lineterminator = last[len(last.rstrip("\r\n")):] or "\n"
+        self.lineterminator = last[len(last.rstrip("\r\n")) :] or "\n"
         self._check_header(header)
 
     def _next_csv_record(self) -> list[str] | None:
@@ -629,15 +628,11 @@ class TableReader:
             positions.setdefault(name, []).append(i)
         dups = {n: p for n, p in positions.items() if len(p) > 1}
         if dups:
-            desc = "; ".join(
-                f"{n!r} (columns {', '.join(map(str, p))})" for n, p in dups.items()
-            )
+            desc = "; ".join(f"{n!r} (columns {', '.join(map(str, p))})" for n, p in dups.items())
             raise self._error(f"duplicate column names in the header: {desc}", line, next(iter(dups)))
         for i, name in enumerate(header, 1):
             if len(name) > self._max_field:
-                raise self._error(
-                    f"header column {i} is longer than the limit of {self._max_field} characters", line
-                )
+                raise self._error(f"header column {i} is longer than the limit of {self._max_field} characters", line)
         self.columns = header
         for name in self.required_columns:
             if name not in positions:
@@ -649,13 +644,14 @@ class TableReader:
         if msg == "unexpected end of data":
             line = self._find_open_quote() or self._rec_line
             return self._error(
-                "unbalanced quote: the quoted field starting on this line is never closed "
-                "(reached the end of the file)", line,
+                "unbalanced quote: the quoted field starting on this line is never closed (reached the end of the file)",
+                line,
             )
         if "expected after" in msg:
             return self._error(
                 f"malformed quoting: {msg} (a quote inside a quoted field must be doubled, and "
-                "a quoted field must end at a delimiter or the end of the line)", self._line,
+                "a quoted field must end at a delimiter or the end of the line)",
+                self._line,
             )
         if "field larger than field limit" in msg:
             return self._error(f"a field is larger than the limit of {self._max_field} characters", self._rec_line)
@@ -721,15 +717,14 @@ class TableReader:
             if not fields:  # an empty line
                 continue
             if len(fields) != ncols:
-                raise self._error(
-                    f"expected {ncols} fields (as in the header), found {len(fields)}", self._rec_line
-                )
+                raise self._error(f"expected {ncols} fields (as in the header), found {len(fields)}", self._rec_line)
             if max(map(len, fields)) > limit:
                 for name, value in zip(cols, fields):
                     if len(value) > limit:
                         raise self._error(
-                            f"field is larger than the limit of {limit} characters "
-                            f"({len(value)} characters)", self._rec_line, name,
+                            f"field is larger than the limit of {limit} characters ({len(value)} characters)",
+                            self._rec_line,
+                            name,
                         )
             number += 1
             yield Row(number, self._rec_line, dict(zip(cols, fields)))
@@ -779,7 +774,7 @@ class TableReader:
                 first = False
                 body = text.rstrip("\r\n")
                 if len(body) != len(text):
-                    self.lineterminator = text[len(body):]
+                    self.lineterminator = text[len(body) :]
             if not text.strip():
                 continue
             line = self._line
@@ -830,7 +825,8 @@ class TableReader:
                 raise self._error(f"not valid JSON: unexpected character {c!r} (column {self._col_at(pos)})", line)
             raise self._error(
                 f"JSON must be an array of objects ([{{...}}, {{...}}]); found {found}. "
-                "JSON Lines (one object per line, in a .jsonl file) is also accepted", line,
+                "JSON Lines (one object per line, in a .jsonl file) is also accepted",
+                line,
             )
         self._saw_array = True
         self._array_line = self._line_at(pos)
@@ -845,8 +841,8 @@ class TableReader:
         while True:
             if c == "":
                 raise self._error(
-                    "unexpected end of file: the top-level array is not closed with ']' "
-                    "(is the file truncated?)", self._line_at(pos),
+                    "unexpected end of file: the top-level array is not closed with ']' (is the file truncated?)",
+                    self._line_at(pos),
                 )
             number += 1
             line = self._line_at(pos)
@@ -858,9 +854,7 @@ class TableReader:
             if c == ",":
                 c, pos = self._json_skip_ws(pos + 1)
                 if c == "]":
-                    raise self._error(
-                        f"trailing comma before ']' (column {self._col_at(pos)})", self._line_at(pos)
-                    )
+                    raise self._error(f"trailing comma before ']' (column {self._col_at(pos)})", self._line_at(pos))
                 continue
             if c == "]":
                 c2, p2 = self._json_skip_ws(pos + 1)
@@ -869,12 +863,12 @@ class TableReader:
                 return
             if c == "":
                 raise self._error(
-                    "unexpected end of file: the top-level array is not closed with ']' "
-                    "(is the file truncated?)", self._line_at(pos),
+                    "unexpected end of file: the top-level array is not closed with ']' (is the file truncated?)",
+                    self._line_at(pos),
                 )
             raise self._error(
-                f"invalid JSON: expected ',' or ']' after {where}, found {c!r} "
-                f"(column {self._col_at(pos)})", self._line_at(pos),
+                f"invalid JSON: expected ',' or ']' after {where}, found {c!r} (column {self._col_at(pos)})",
+                self._line_at(pos),
             )
 
     def _after_array_error(self, pos: int) -> InputError:
@@ -892,9 +886,7 @@ class TableReader:
                 near_end = e.pos >= len(self._buf) - 16 or e.msg.startswith("Unterminated string")
                 if self._eof or not near_end:
                     if self._eof and near_end and e.pos >= len(self._buf.rstrip()):
-                        raise self._error(
-                            f"unexpected end of file inside {where} (is the file truncated?)", line
-                        ) from None
+                        raise self._error(f"unexpected end of file inside {where} (is the file truncated?)", line) from None
                     raise self._error(
                         f"invalid JSON in {where}: {e.msg} (column {self._col_at(e.pos)})",
                         self._line_at(e.pos),
@@ -998,8 +990,13 @@ def open_table(
 ) -> TableReader:
     """Open a table for streaming; see the module docstring for what is checked up front."""
     return TableReader(
-        source, fmt, required_columns, delimiter=delimiter, max_field_size=max_field_size,
-        max_record_size=max_record_size, max_depth=max_depth,
+        source,
+        fmt,
+        required_columns,
+        delimiter=delimiter,
+        max_field_size=max_field_size,
+        max_record_size=max_record_size,
+        max_depth=max_depth,
     )
 
 
@@ -1069,8 +1066,12 @@ class TableWriter:
                     self._out.write("\ufeff")
                 sink = self._out if lt == "\r\n" else _CRLFToTerminator(self._out.write, lt)
                 self._csv = csv.writer(
-                    sink, delimiter=layout.delimiter, quotechar='"', doublequote=True,
-                    quoting=csv.QUOTE_MINIMAL, lineterminator="\r\n",
+                    sink,
+                    delimiter=layout.delimiter,
+                    quotechar='"',
+                    doublequote=True,
+                    quoting=csv.QUOTE_MINIMAL,
+                    lineterminator="\r\n",
                 )
                 self._csv.writerow(self._cells(self.columns))
             elif layout.fmt == "json":
@@ -1128,7 +1129,7 @@ class TableWriter:
             elif self._detach is not None:
                 self._detach.detach()
 
-    def __enter__(self) -> "TableWriter":
+    def __enter__(self) -> TableWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

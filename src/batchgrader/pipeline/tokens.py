@@ -44,7 +44,9 @@ PUBLISHED_RANK_FILES: dict[str, tuple[str, str]] = {
 }
 
 # Split patterns and special tokens, as in tiktoken_ext/openai_public.py.
-_CL100K_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+_CL100K_PAT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
 _O200K_PAT = "|".join(
     [
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
@@ -107,14 +109,12 @@ def parse_ranks(data: bytes) -> dict[bytes, int]:
     return ranks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_encoding(name: str) -> tiktoken.Encoding:
     """A verified tiktoken Encoding, built from the shipped rank file. Cached per process."""
     base = _ALIASES.get(name, name)
     if base not in _SPECS:
-        raise EncodingUnavailable(
-            f"encoding {name!r} is not available offline (available: {', '.join(available_encodings())})"
-        )
+        raise EncodingUnavailable(f"encoding {name!r} is not available offline (available: {', '.join(available_encodings())})")
     data = _rank_file_bytes(base)
     verify_rank_bytes(base, data)
     pat_str, special = _SPECS[base]
@@ -214,7 +214,7 @@ class ChatTokenCounter:
     def count(self, messages: Sequence[dict[str, str]]) -> int:
         return self.count_many([messages])[0]
 
-    def parallel(self) -> "ParallelTextCounter":
+    def parallel(self) -> ParallelTextCounter:
         """A pool for counting a stream of text blocks (close it, or use it as a context manager)."""
         return ParallelTextCounter(self.encoding, self.num_threads)
 
@@ -375,7 +375,7 @@ class ParallelTextCounter:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def __enter__(self) -> "ParallelTextCounter":
+    def __enter__(self) -> ParallelTextCounter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -206,7 +206,9 @@ class EmulatorConfig:
 class ApiError(Exception):
     """An error answered with the OpenAI error body."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None):
+    def __init__(
+        self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -342,7 +344,7 @@ def generate_from_schema(schema: Any, rng: random.Random, root: Any = None, dept
         hi = int(schema.get("maxItems", max(lo, min(lo + 2, 5))))
         n = rng.randint(lo, max(lo, hi))
         items = schema.get("items", {})
-        values = []
+        values: list[Any] = []
         for _ in range(n * 4):
             if len(values) >= n:
                 break
@@ -356,12 +358,12 @@ def generate_from_schema(schema: Any, rng: random.Random, root: Any = None, dept
         hi = schema.get("maximum", schema["exclusiveMaximum"] - 1 if "exclusiveMaximum" in schema else lo + 100)
         return rng.randint(math.ceil(lo), max(math.ceil(lo), math.floor(hi)))
     if t == "number":
-        lo = float(schema.get("minimum", schema.get("exclusiveMinimum", 0.0)))
-        hi = float(schema.get("maximum", schema.get("exclusiveMaximum", lo + 100.0)))
-        v = round(rng.uniform(lo, hi), 2)
-        if "exclusiveMinimum" in schema and v <= lo or "exclusiveMaximum" in schema and v >= hi:
-            v = (lo + hi) / 2
-        return min(max(v, lo), hi)
+        flo = float(schema.get("minimum", schema.get("exclusiveMinimum", 0.0)) or 0.0)
+        fhi = float(schema.get("maximum", schema.get("exclusiveMaximum", flo + 100.0)) or 0.0)
+        v = round(rng.uniform(flo, fhi), 2)
+        if "exclusiveMinimum" in schema and v <= flo or "exclusiveMaximum" in schema and v >= fhi:
+            v = (flo + fhi) / 2
+        return min(max(v, flo), fhi)
     if t == "boolean":
         return rng.random() < 0.5
     if t == "null":
@@ -380,7 +382,7 @@ def generate_from_schema(schema: Any, rng: random.Random, root: Any = None, dept
         return f"https://example.com/{rng.randint(1, 999)}"
     s = _sentence(rng, 2, 12)
     lo = int(schema.get("minLength", 0))
-    hi = schema.get("maxLength")
+    hi = schema.get("maxLength")  # type: ignore[assignment]
     while len(s) < lo:
         s += " " + _sentence(rng, 2, 6)
     if hi is not None:
@@ -533,8 +535,16 @@ class _Store:
             meta = json.loads(p.read_text())
             i = meta["internal"]
             b = _Batch(
-                meta["obj"], i["seq"], i["t_created"], i["t_deadline"], i["t_in_progress"], i["t_finalizing"],
-                i["t_cancelling"], i["forced_expire_after"], i["stop_count"], i["enqueued_tokens"],
+                meta["obj"],
+                i["seq"],
+                i["t_created"],
+                i["t_deadline"],
+                i["t_in_progress"],
+                i["t_finalizing"],
+                i["t_cancelling"],
+                i["forced_expire_after"],
+                i["stop_count"],
+                i["enqueued_tokens"],
             )
             inp = bdir / f"{b.obj['id']}.input"
             if inp.exists():
@@ -600,7 +610,12 @@ class _Store:
         if not purpose:
             raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
         if purpose not in UPLOAD_PURPOSES:
-            raise ApiError(400, f"Invalid value for 'purpose': expected one of {', '.join(repr(p) for p in UPLOAD_PURPOSES)}.", param="purpose", code="invalid_value")
+            raise ApiError(
+                400,
+                f"Invalid value for 'purpose': expected one of {', '.join(repr(p) for p in UPLOAD_PURPOSES)}.",
+                param="purpose",
+                code="invalid_value",
+            )
         if purpose == "batch":
             if not filename.endswith(".jsonl"):
                 raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file", code=None)
@@ -615,9 +630,19 @@ class _Store:
                 try:
                     seconds = int(seconds)
                 except (TypeError, ValueError):
-                    raise ApiError(400, "Invalid type for 'expires_after.seconds': expected an integer.", param="expires_after.seconds", code="invalid_type") from None
+                    raise ApiError(
+                        400,
+                        "Invalid type for 'expires_after.seconds': expected an integer.",
+                        param="expires_after.seconds",
+                        code="invalid_type",
+                    ) from None
                 if not 3600 <= seconds <= 2592000:
-                    raise ApiError(400, "Invalid 'expires_after.seconds': must be between 3600 and 2592000.", param="expires_after.seconds", code="invalid_value")
+                    raise ApiError(
+                        400,
+                        "Invalid 'expires_after.seconds': must be between 3600 and 2592000.",
+                        param="expires_after.seconds",
+                        code="invalid_value",
+                    )
                 expires_at = created + seconds
             elif purpose == "batch":
                 expires_at = created + THIRTY_DAYS
@@ -697,7 +722,9 @@ class _Store:
         except ValueError:
             raise ApiError(400, f"Invalid type for '{name}': expected an integer.", param=name, code="invalid_type") from None
         if not lo <= v <= hi:
-            raise ApiError(400, f"Invalid '{name}': integer must be between {lo} and {hi}.", param=name, code="integer_out_of_range")
+            raise ApiError(
+                400, f"Invalid '{name}': integer must be between {lo} and {hi}.", param=name, code="integer_out_of_range"
+            )
         return v
 
     @staticmethod
@@ -730,21 +757,50 @@ class _Store:
                 code="invalid_value",
             )
         if body["completion_window"] != "24h":
-            raise ApiError(400, "Invalid value for 'completion_window': expected '24h'.", param="completion_window", code="invalid_value")
+            raise ApiError(
+                400, "Invalid value for 'completion_window': expected '24h'.", param="completion_window", code="invalid_value"
+            )
         metadata = body.get("metadata")
         if metadata is not None:
             if not isinstance(metadata, dict):
-                raise ApiError(400, f"Invalid type for 'metadata': expected an object, but got {type(metadata).__name__} instead.", param="metadata", code="invalid_type")
+                raise ApiError(
+                    400,
+                    f"Invalid type for 'metadata': expected an object, but got {type(metadata).__name__} instead.",
+                    param="metadata",
+                    code="invalid_type",
+                )
             if len(metadata) > 16:
-                raise ApiError(400, "Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {} properties instead.".format(len(metadata)), param="metadata", code="object_above_max_properties")
+                raise ApiError(
+                    400,
+                    f"Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {len(metadata)} properties instead.",
+                    param="metadata",
+                    code="object_above_max_properties",
+                )
             for k, v in metadata.items():
                 if len(k) > 64:
-                    raise ApiError(400, f"Invalid 'metadata': key '{k[:20]}…' is longer than 64 characters.", param="metadata", code="invalid_value")
+                    raise ApiError(
+                        400,
+                        f"Invalid 'metadata': key '{k[:20]}…' is longer than 64 characters.",
+                        param="metadata",
+                        code="invalid_value",
+                    )
                 if not isinstance(v, str):
-                    kind = {list: "an array", dict: "an object", int: "an integer", float: "a number", bool: "a boolean"}.get(type(v), type(v).__name__)
-                    raise ApiError(400, f"Invalid type for 'metadata.{k}': expected a string, but got {kind} instead.", param=f"metadata.{k}", code="invalid_type")
+                    kind = {list: "an array", dict: "an object", int: "an integer", float: "a number", bool: "a boolean"}.get(
+                        type(v), type(v).__name__
+                    )
+                    raise ApiError(
+                        400,
+                        f"Invalid type for 'metadata.{k}': expected a string, but got {kind} instead.",
+                        param=f"metadata.{k}",
+                        code="invalid_type",
+                    )
                 if len(v) > 512:
-                    raise ApiError(400, f"Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512, but got a string with length {len(v)} instead.", param=f"metadata.{k}", code="string_above_max_length")
+                    raise ApiError(
+                        400,
+                        f"Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512, but got a string with length {len(v)} instead.",
+                        param=f"metadata.{k}",
+                        code="string_above_max_length",
+                    )
         with self.lock:
             self._advance_all()
             now = self.clock()
@@ -937,7 +993,9 @@ class _Store:
             obj["completed_at"] = ts
         elif event == "expire":
             if b.stop_count is None:
-                b.stop_count = b.forced_expire_after if (b.forced_expire_after is not None and t < b.t_deadline) else self._processed(b, t)
+                b.stop_count = (
+                    b.forced_expire_after if (b.forced_expire_after is not None and t < b.t_deadline) else self._processed(b, t)
+                )
             self._write_results(b, b.stop_count, t, expired=True)
             obj["status"] = "expired"
             obj["expired_at"] = ts
@@ -956,9 +1014,23 @@ class _Store:
         fid = obj["input_file_id"]
         f = self.files.get(fid)
         if f is None or f.deleted:
-            return [{"code": "invalid_request", "message": f"Cannot find file {fid}, or organization {self.cfg.organization} does not have access to it.", "param": "file_id", "line": None}]
+            return [
+                {
+                    "code": "invalid_request",
+                    "message": f"Cannot find file {fid}, or organization {self.cfg.organization} does not have access to it.",
+                    "param": "file_id",
+                    "line": None,
+                }
+            ]
         if f.obj["purpose"] != "batch":
-            return [{"code": "invalid_request", "message": f"File {fid} has purpose '{f.obj['purpose']}', but the Batch API requires purpose 'batch'.", "param": "file_id", "line": None}]
+            return [
+                {
+                    "code": "invalid_request",
+                    "message": f"File {fid} has purpose '{f.obj['purpose']}', but the Batch API requires purpose 'batch'.",
+                    "param": "file_id",
+                    "line": None,
+                }
+            ]
         data = f.data
         errors: list[dict[str, Any]] = []
 
@@ -1057,12 +1129,14 @@ class _Store:
                 if o is not b and o.status in ENQUEUED_STATUSES and o.obj.get("model") == model
             )
             if enqueued + tokens > limit:
-                return [{
-                    "code": "token_limit_exceeded",
-                    "message": f"Enqueued token limit reached for {model} in organization {self.cfg.organization}. Limit: {limit:,} enqueued tokens. Please try again once some in_progress batches have been completed.",
-                    "param": None,
-                    "line": None,
-                }]
+                return [
+                    {
+                        "code": "token_limit_exceeded",
+                        "message": f"Enqueued token limit reached for {model} in organization {self.cfg.organization}. Limit: {limit:,} enqueued tokens. Please try again once some in_progress batches have been completed.",
+                        "param": None,
+                        "line": None,
+                    }
+                ]
         for cid, _ in parsed:
             self.custom_id_seen[cid] += 1
         b.plan = plan
@@ -1071,7 +1145,9 @@ class _Store:
         obj["request_counts"] = {"total": len(plan), "completed": 0, "failed": 0}
         return []
 
-    def _make_plan(self, b: _Batch, parsed: list[tuple[str, dict[str, Any]]], model: str, attempt: dict[str, int] | None = None) -> list[_Req]:
+    def _make_plan(
+        self, b: _Batch, parsed: list[tuple[str, dict[str, Any]]], model: str, attempt: dict[str, int] | None = None
+    ) -> list[_Req]:
         counter = _counter_for(model)
         endpoint = b.obj["endpoint"]
         messages = [_countable_messages(body.get("messages")) for _, body in parsed]
@@ -1094,19 +1170,41 @@ class _Store:
             user_text = " ".join(m.get("content", "") for m in msgs)
             occurrence = attempt.get(cid, 0) if attempt is not None else self.custom_id_seen.get(cid, 0)
             if FAIL_400_TRIGGER in user_text:
-                req.fail_status, req.fail_body = 400, _error_body("Invalid request (emulated failure triggered by __FAIL_400__).", "invalid_request_error", None, "invalid_value")
+                req.fail_status, req.fail_body = (
+                    400,
+                    _error_body(
+                        "Invalid request (emulated failure triggered by __FAIL_400__).",
+                        "invalid_request_error",
+                        None,
+                        "invalid_value",
+                    ),
+                )
             elif FAIL_500_TRIGGER in user_text:
                 req.fail_status, req.fail_body = 500, _server_error_body()
             elif endpoint != CHAT_ENDPOINT:
-                req.fail_status, req.fail_body = 400, _error_body(f"The emulator does not implement {endpoint}; only {CHAT_ENDPOINT} requests are answered.", "invalid_request_error", "url", "unsupported_endpoint")
-            elif _is_reasoning_model(model) and "max_tokens" in body:
-                req.fail_status, req.fail_body = 400, _error_body(
-                    "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
-                    "invalid_request_error",
-                    "max_tokens",
-                    "unsupported_parameter",
+                req.fail_status, req.fail_body = (
+                    400,
+                    _error_body(
+                        f"The emulator does not implement {endpoint}; only {CHAT_ENDPOINT} requests are answered.",
+                        "invalid_request_error",
+                        "url",
+                        "unsupported_endpoint",
+                    ),
                 )
-            elif self.cfg.request_failure_rate > 0 and _unit("fail", self.cfg.seed, cid, occurrence) < self.cfg.request_failure_rate:
+            elif _is_reasoning_model(model) and "max_tokens" in body:
+                req.fail_status, req.fail_body = (
+                    400,
+                    _error_body(
+                        "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+                        "invalid_request_error",
+                        "max_tokens",
+                        "unsupported_parameter",
+                    ),
+                )
+            elif (
+                self.cfg.request_failure_rate > 0
+                and _unit("fail", self.cfg.seed, cid, occurrence) < self.cfg.request_failure_rate
+            ):
                 req.fail_status, req.fail_body = 500, _server_error_body()
             plan.append(req)
         return plan
@@ -1140,12 +1238,16 @@ class _Store:
             line_id = "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32)
             request_id = "req_" + _hex("req", b.obj["id"], req.custom_id, n=32)
             if req.fail_status is not None:
-                err_lines.append(json.dumps({
-                    "id": line_id,
-                    "custom_id": req.custom_id,
-                    "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
-                    "error": None,
-                }))
+                err_lines.append(
+                    json.dumps(
+                        {
+                            "id": line_id,
+                            "custom_id": req.custom_id,
+                            "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
+                            "error": None,
+                        }
+                    )
+                )
                 continue
             body = self._answer(req, model, created)
             u = body["usage"]
@@ -1153,20 +1255,28 @@ class _Store:
             usage["input_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
             usage["output_tokens"] += u["completion_tokens"]
             usage["output_tokens_details"]["reasoning_tokens"] += u["completion_tokens_details"]["reasoning_tokens"]
-            ok_lines.append(json.dumps({
-                "id": line_id,
-                "custom_id": req.custom_id,
-                "response": {"status_code": 200, "request_id": request_id, "body": body},
-                "error": None,
-            }))
+            ok_lines.append(
+                json.dumps(
+                    {
+                        "id": line_id,
+                        "custom_id": req.custom_id,
+                        "response": {"status_code": 200, "request_id": request_id, "body": body},
+                        "error": None,
+                    }
+                )
+            )
         if expired:
             for req in plan[processed:]:
-                err_lines.append(json.dumps({
-                    "id": "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32),
-                    "custom_id": req.custom_id,
-                    "response": None,
-                    "error": {"code": "batch_expired", "message": BATCH_EXPIRED_MESSAGE},
-                }))
+                err_lines.append(
+                    json.dumps(
+                        {
+                            "id": "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32),
+                            "custom_id": req.custom_id,
+                            "response": None,
+                            "error": {"code": "batch_expired", "message": BATCH_EXPIRED_MESSAGE},
+                        }
+                    )
+                )
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
         if self.cfg.shuffle_output:
             rng = random.Random(f"shuffle:{self.cfg.seed}:{b.obj['id']}")
@@ -1177,10 +1287,14 @@ class _Store:
                     lines.append(lines.pop(0))
         bid = b.obj["id"]
         if ok_lines:
-            f = self._add_file(f"{bid}_output.jsonl", ("\n".join(ok_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS)
+            f = self._add_file(
+                f"{bid}_output.jsonl", ("\n".join(ok_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS
+            )
             b.obj["output_file_id"] = f.obj["id"]
         if err_lines:
-            f = self._add_file(f"{bid}_error.jsonl", ("\n".join(err_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS)
+            f = self._add_file(
+                f"{bid}_error.jsonl", ("\n".join(err_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS
+            )
             b.obj["error_file_id"] = f.obj["id"]
         b.obj["request_counts"] = {"total": b.n, "completed": len(ok_lines), "failed": len(err_lines)}
         b.obj["usage"] = usage
@@ -1190,7 +1304,7 @@ class _Store:
         enc = counter.encoding
         body = req.body
         seed_material = json.dumps(body.get("messages"), sort_keys=True, ensure_ascii=False)
-        n_choices = body.get("n") if isinstance(body.get("n"), int) and body.get("n", 1) > 0 else 1
+        n_choices: int = body["n"] if isinstance(body.get("n"), int) and body["n"] > 0 else 1
         cap = body.get("max_completion_tokens", body.get("max_tokens"))
         cap = cap if isinstance(cap, int) and cap >= 0 else None
         choices = []
@@ -1209,12 +1323,14 @@ class _Store:
                 content = enc.decode(tokens)
             total_completion += reasoning + len(tokens)
             total_reasoning += reasoning
-            choices.append({
-                "index": ci,
-                "message": {"role": "assistant", "content": content, "refusal": None, "annotations": []},
-                "logprobs": None,
-                "finish_reason": finish,
-            })
+            choices.append(
+                {
+                    "index": ci,
+                    "message": {"role": "assistant", "content": content, "refusal": None, "annotations": []},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            )
         return {
             "id": "chatcmpl-" + _hex("chatcmpl", req.custom_id, seed_material, n=29),
             "object": "chat.completion",
@@ -1278,7 +1394,13 @@ class _Store:
                     for b in batches
                 ],
                 "files": [
-                    {"id": f.obj["id"], "filename": f.obj["filename"], "bytes": f.obj["bytes"], "purpose": f.obj["purpose"], "deleted": f.deleted}
+                    {
+                        "id": f.obj["id"],
+                        "filename": f.obj["filename"],
+                        "bytes": f.obj["bytes"],
+                        "purpose": f.obj["purpose"],
+                        "deleted": f.deleted,
+                    }
                     for f in sorted(self.files.values(), key=lambda f: f.seq)
                 ],
                 "scripted_faults_pending": len(self.scripted),
@@ -1356,7 +1478,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "BatchgraderEmulator/1.0"
     timeout = 60
-    emulator: "Emulator"  # set on the subclass made per server
+    emulator: Emulator  # set on the subclass made per server
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -1395,7 +1517,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("x-emulator", "simulated")
         self.send_header("Connection", "close")
 
-    def _send_bytes(self, status: int, data: bytes, content_type: str, extra: Mapping[str, str] | None = None, *, truncate: bool = False) -> None:
+    def _send_bytes(
+        self, status: int, data: bytes, content_type: str, extra: Mapping[str, str] | None = None, *, truncate: bool = False
+    ) -> None:
         request_id = "req_" + uuid.uuid4().hex
         try:
             self.send_response(status)
@@ -1471,7 +1595,9 @@ class _Handler(BaseHTTPRequestHandler):
                     429: "Rate limit reached for requests (emulated). Please try again later.",
                     503: "The engine is currently overloaded, please try again later.",
                 }.get(fault.status, "The server had an error while processing your request. Sorry about that!")
-                etype = {429: "requests", 503: "server_error"}.get(fault.status, "server_error" if fault.status >= 500 else "invalid_request_error")
+                etype = {429: "requests", 503: "server_error"}.get(
+                    fault.status, "server_error" if fault.status >= 500 else "invalid_request_error"
+                )
                 code = {429: "rate_limit_exceeded"}.get(fault.status)
                 self._send_json(fault.status, _error_body(msg, etype, None, code), extra)
                 return
@@ -1558,7 +1684,10 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 parsed = json.loads(body or b"null")
             except ValueError:
-                raise ApiError(400, "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)") from None
+                raise ApiError(
+                    400,
+                    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
+                ) from None
             return 200, store.create_batch(parsed)
         if action == "list_batches":
             return 200, store.list_batches(query)
@@ -1622,13 +1751,15 @@ class Emulator:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         if self._server is not None:
             return self
         self._stopping.clear()
         handler = type("_BoundHandler", (_Handler,), {"emulator": self})
         self._server = _Server((self.config.host, self.config.port), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="batch-emulator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, name="batch-emulator", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -1642,7 +1773,7 @@ class Emulator:
         self._server = None
         self._thread = None
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -32,9 +32,8 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import httpx2
 import openai
 
-from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir
-
 from batchgrader.core.config import mask_secret
+from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +99,10 @@ class FrozenMap(dict):  # type: ignore[type-arg]
     def __reduce__(self) -> Any:
         return (FrozenMap, (dict(self),))
 
-    def __copy__(self) -> "FrozenMap":
+    def __copy__(self) -> FrozenMap:
         return self
 
-    def __deepcopy__(self, memo: Any) -> "FrozenMap":
+    def __deepcopy__(self, memo: Any) -> FrozenMap:
         return self
 
 
@@ -264,7 +263,9 @@ class ProviderUnavailable(ProviderError):
     """A read kept failing with transient errors until the attempts ran out (or the server
     asked to wait longer than we are willing to block)."""
 
-    def __init__(self, operation: str, attempts: int, cause: str, *, status_code: int | None = None, retry_after: float | None = None):
+    def __init__(
+        self, operation: str, attempts: int, cause: str, *, status_code: int | None = None, retry_after: float | None = None
+    ):
         self.operation = operation
         self.attempts = attempts
         self.cause = cause
@@ -338,7 +339,11 @@ class Provider(Protocol):
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]: ...
 
     def create_batch(
-        self, input_file_id: str, endpoint: str = DEFAULT_ENDPOINT, completion_window: str = "24h", metadata: Mapping[str, str] | None = None
+        self,
+        input_file_id: str,
+        endpoint: str = DEFAULT_ENDPOINT,
+        completion_window: str = "24h",
+        metadata: Mapping[str, str] | None = None,
     ) -> BatchInfo: ...
 
     def find_batches(
@@ -470,7 +475,9 @@ class OpenAIProvider:
         except openai.APIStatusError as exc:
             if exc.status_code == 408 or exc.status_code >= 500:
                 message, _, _, _ = self._status_details(exc)
-                raise OutcomeUnknown(op, f"HTTP {exc.status_code}: {message}", status_code=exc.status_code, request_id=exc.request_id) from None
+                raise OutcomeUnknown(
+                    op, f"HTTP {exc.status_code}: {message}", status_code=exc.status_code, request_id=exc.request_id
+                ) from None
             raise self._rejected(op, exc) from None
         except openai.APIConnectionError as exc:  # includes APITimeoutError
             raise OutcomeUnknown(op, self._describe(exc)) from None
@@ -492,7 +499,9 @@ class OpenAIProvider:
                 except openai.APIStatusError as exc:
                     if exc.status_code in retry_statuses or exc.status_code >= 500:
                         message, _, _, _ = self._status_details(exc)
-                        raise _Transient(f"HTTP {exc.status_code}: {message}", exc.status_code, parse_retry_after(exc.response.headers)) from None
+                        raise _Transient(
+                            f"HTTP {exc.status_code}: {message}", exc.status_code, parse_retry_after(exc.response.headers)
+                        ) from None
                     raise self._rejected(op, exc) from None
                 except openai.APIConnectionError as exc:
                     raise _Transient(self._describe(exc)) from None
@@ -509,9 +518,13 @@ class OpenAIProvider:
                 delay = policy.backoff(attempt, self.rng)
                 if t.retry_after is not None:
                     if t.retry_after > policy.max_retry_after:
-                        raise ProviderUnavailable(op, attempt + 1, t.cause, status_code=t.status_code, retry_after=t.retry_after) from None
+                        raise ProviderUnavailable(
+                            op, attempt + 1, t.cause, status_code=t.status_code, retry_after=t.retry_after
+                        ) from None
                     delay = max(delay, t.retry_after)
-                log.info("%s: transient failure (%s); retry %d/%d in %.2fs", op, t.cause, attempt + 1, policy.max_attempts - 1, delay)
+                log.info(
+                    "%s: transient failure (%s); retry %d/%d in %.2fs", op, t.cause, attempt + 1, policy.max_attempts - 1, delay
+                )
                 self.sleep(delay)
         assert last is not None
         raise ProviderUnavailable(op, policy.max_attempts, last.cause, status_code=last.status_code, retry_after=last.retry_after)
@@ -534,9 +547,10 @@ class OpenAIProvider:
         out: list[FileInfo] = []
         after: str | None = None
         while True:
+            page_args: dict[str, Any] = {"after": after} if after else {}
             page = self._with_retries(
                 "files.list",
-                lambda: self._client.files.list(purpose="batch", order="desc", limit=1000, **({"after": after} if after else {})),
+                lambda page_args=page_args: self._client.files.list(purpose="batch", order="desc", limit=1000, **page_args),  # type: ignore[misc]
             )
             items = [_file_info(o) for o in page.data]
             stop = False
@@ -563,7 +577,9 @@ class OpenAIProvider:
     def delete_file(self, file_id: str) -> bool:
         """Delete a file; True when deleted, False when it did not exist (already gone)."""
         try:
-            res = self._with_retries("files.delete", lambda: self._client.files.delete(file_id), retry_statuses=frozenset({408, 429}))
+            res = self._with_retries(
+                "files.delete", lambda: self._client.files.delete(file_id), retry_statuses=frozenset({408, 429})
+            )
         except ProviderRejected as exc:
             if exc.status_code == 404:
                 return False
@@ -634,7 +650,9 @@ class OpenAIProvider:
         """Ask for cancellation (idempotent on the API side). A 409 — the batch is already
         completed/failed/expired — is a definite :class:`ProviderRejected`, not retried."""
         return _batch_info(
-            self._with_retries("batches.cancel", lambda: self._client.batches.cancel(batch_id), retry_statuses=frozenset({408, 429}))
+            self._with_retries(
+                "batches.cancel", lambda: self._client.batches.cancel(batch_id), retry_statuses=frozenset({408, 429})
+            )
         )
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
@@ -762,7 +780,9 @@ def create_batch_reconciled(
         first = exc
         log.warning("batches.create outcome unknown (%s); reconciling by listing", exc.cause)
     try:
-        return reconcile_batch(provider, input_file_id, metadata, created_after=created_after, settle_s=settle_s, sleep=sleep, cause=str(first))
+        return reconcile_batch(
+            provider, input_file_id, metadata, created_after=created_after, settle_s=settle_s, sleep=sleep, cause=str(first)
+        )
     except ProviderUnavailable as exc:
         raise OutcomeUnknown("batches.create", f"{first.cause}; reconciliation listing failed too: {exc}") from None
 
@@ -807,6 +827,8 @@ def upload_reconciled(
         first = exc
         log.warning("files.create outcome unknown (%s); reconciling by listing", exc.cause)
     try:
-        return reconcile_upload(provider, filename, size, created_after=created_after, settle_s=settle_s, sleep=sleep, cause=str(first))
+        return reconcile_upload(
+            provider, filename, size, created_after=created_after, settle_s=settle_s, sleep=sleep, cause=str(first)
+        )
     except ProviderUnavailable as exc:
         raise OutcomeUnknown("files.create", f"{first.cause}; reconciliation listing failed too: {exc}") from None

@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,7 +61,7 @@ class Projector(Protocol):
 
 
 def utcnow_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 EVENT_COLUMNS = "seq, job_id, job_seq, type, version, ts, payload"
@@ -100,7 +100,15 @@ def events_from_rows(rows: Sequence[tuple]) -> list[Event]:
         # dataclass __init__ makes (a third of the per-event cost of reading a large log).
         e = _new_object(Event)
         d = e.__dict__
-        d["seq"], d["job_id"], d["job_seq"], d["type"], d["version"], d["ts"], d["payload"] = seq, job_id, job_seq, type_, version, ts, data
+        d["seq"], d["job_id"], d["job_seq"], d["type"], d["version"], d["ts"], d["payload"] = (
+            seq,
+            job_id,
+            job_seq,
+            type_,
+            version,
+            ts,
+            data,
+        )
         append(e)
     return out
 
@@ -109,8 +117,9 @@ def _row_to_event(row: tuple) -> Event:
     return events_from_rows([row])[0]
 
 
-def read_events(conn: sqlite3.Connection, after: int = 0, job_id: str | None = None, limit: int | None = None,
-                until: int | None = None) -> Iterator[Event]:
+def read_events(
+    conn: sqlite3.Connection, after: int = 0, job_id: str | None = None, limit: int | None = None, until: int | None = None
+) -> Iterator[Event]:
     """Events with ``after < seq [<= until]`` (of one job), in order, upcast; read in batches."""
     sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ?"
     args: list[Any] = [after]
@@ -136,7 +145,9 @@ def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         if not Path(path).exists():
             raise FileNotFoundError(f"no database at {path} (has the daemon run yet?)")
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+        )
     else:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if not Path(path).exists():  # create it 0600: -wal and -shm inherit the mode
@@ -164,7 +175,7 @@ class EventStore:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "EventStore":
+    def __enter__(self) -> EventStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -207,7 +218,7 @@ class EventStore:
                     )
                 except sqlite3.IntegrityError as exc:
                     raise ConcurrencyError(f"job {job_id}: {exc}") from exc
-                stored.append(Event(cur.lastrowid, job_id, current + i, e.type, version, ts, json.loads(payload)))
+                stored.append(Event(cur.lastrowid or 0, job_id, current + i, e.type, version, ts, json.loads(payload)))
             for p in self.projectors:
                 p.apply(c, stored)
             return stored

@@ -22,8 +22,8 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.store import readside
 from batchgrader.core.home import Home
+from batchgrader.store import readside
 
 if TYPE_CHECKING:
     from batchgrader.core.state import JobState
@@ -48,10 +48,13 @@ class AmbiguousJob(QueryError, LookupError):
     def __init__(self, prefix: str, candidates: list[str]):
         self.prefix, self.candidates = prefix, candidates
         more = ", ..." if len(candidates) > 5 else ""
-        super().__init__(f"job id prefix {prefix!r} matches several jobs ({', '.join(candidates[:5])}{more}); give more characters")
+        super().__init__(
+            f"job id prefix {prefix!r} matches several jobs ({', '.join(candidates[:5])}{more}); give more characters"
+        )
 
 
 # --- plumbing --------------------------------------------------------------------------------------
+
 
 def db_path(home: HomeLike) -> Path:
     """The database of a home (a :class:`Home`, its root directory, or the .db file itself)."""
@@ -111,15 +114,37 @@ def _gc_paused() -> Iterator[None]:
 # The columns of the job list (bgctl status); job_detail() has every column and more.  "chunks"
 # must stay last: it becomes "batches".
 STATUS_COLUMNS = (
-    "job_id", "file", "profile", "model", "state", "sandbox", "rows", "chunks_total", "chunks_done",
-    "input_tokens", "prompt_tokens", "output_tokens", "cost_usd", "succeeded", "failed", "error_code", "error",
-    "last_error", "held_reason", "cancel_requested", "result_path", "created_ts", "updated_ts", "chunks",
+    "job_id",
+    "file",
+    "profile",
+    "model",
+    "state",
+    "sandbox",
+    "rows",
+    "chunks_total",
+    "chunks_done",
+    "input_tokens",
+    "prompt_tokens",
+    "output_tokens",
+    "cost_usd",
+    "succeeded",
+    "failed",
+    "error_code",
+    "error",
+    "last_error",
+    "held_reason",
+    "cancel_requested",
+    "result_path",
+    "created_ts",
+    "updated_ts",
+    "chunks",
 )
 _ORDER_KEY = operator.itemgetter(STATUS_COLUMNS.index("created_ts"), 0)  # (created_ts, job_id)
 
 
-def _present(rows: list[tuple], now: float, source: str, note: str | None,
-             columns: tuple[str, ...] = STATUS_COLUMNS) -> list[dict[str, Any]]:
+def _present(
+    rows: list[tuple], now: float, source: str, note: str | None, columns: tuple[str, ...] = STATUS_COLUMNS
+) -> list[dict[str, Any]]:
     """Rows (tuples of ``columns``, ending with ``chunks``) as bgctl shows them."""
     cols = list(columns)
     assert cols[-1] == "chunks"
@@ -146,6 +171,7 @@ def _fallback_note(problem: str) -> str:
 
 
 # --- status ----------------------------------------------------------------------------------------
+
 
 def status(home: HomeLike, job_id: str | None = None, now: float | None = None) -> list[dict[str, Any]]:
     """One dict per job (oldest first), or the one job named by ``job_id`` (a unique prefix works).
@@ -208,16 +234,24 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
     n_finished = sum(n for st, n in counts.items() if st in FINISHED_STATES)
     n_active = sum(counts.values()) - n_finished
     shown_finished = sum(1 for r in jobs if r["state"] in FINISHED_STATES)
-    return {"jobs": jobs, "counts": counts, "total": sum(counts.values()),
-            "hidden_active": n_active - (len(jobs) - shown_finished), "hidden_finished": n_finished - shown_finished,
-            "source": source, "note": note}
+    return {
+        "jobs": jobs,
+        "counts": counts,
+        "total": sum(counts.values()),
+        "hidden_active": n_active - (len(jobs) - shown_finished),
+        "hidden_finished": n_finished - shown_finished,
+        "source": source,
+        "note": note,
+    }
 
 
 def _pick(row: dict[str, Any], columns: tuple[str, ...] = STATUS_COLUMNS) -> tuple:
     return tuple(row[c] for c in columns)
 
 
-def job_detail(home: HomeLike, job_id: str, now: float | None = None, max_rows: int = 20, recent_events: int = 10) -> dict[str, Any]:
+def job_detail(
+    home: HomeLike, job_id: str, now: float | None = None, max_rows: int = 20, recent_events: int = 10
+) -> dict[str, Any]:
     """Everything about one job, folded from its own events (exact, whatever the read model says).
 
     The :func:`status` keys plus ``chunks`` (every chunk in full: index, status, batch_id,
@@ -228,36 +262,51 @@ def job_detail(home: HomeLike, job_id: str, now: float | None = None, max_rows: 
     ``requests_path``, ``events_total`` and ``recent_events`` (the last few, as :func:`events`).
     """
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
+
     now = time.time() if now is None else now
     with reading(home) as conn:
         jid = resolve_job(conn, job_id)
         state = rm.fold_connection(conn, job_id=jid)
         (n_events,) = conn.execute("SELECT COUNT(*) FROM events WHERE job_id = ?", (jid,)).fetchone()
-        recent = _event_rows(conn, f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?) "
-                                   "ORDER BY seq", (jid, recent_events))
+        recent = _event_rows(
+            conn,
+            f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+            (jid, recent_events),
+        )
     job: JobState = state.jobs[jid]
     (out,) = _present([tuple(rm.job_row(job).values())], now, SOURCE_LOG, None, tuple(rm.JOB_STATUS_COLUMNS))
-    out.update({
-        "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
-        "warnings": list(job.warnings),
-        "estimate": job.estimate,
-        "input_path": job.input_path,
-        "requests_path": job.requests_path,
-        "failed_rows": [{"custom_id": cid, **info} for cid, info in list(job.failed_rows.items())[:max_rows]],
-        "failed_rows_total": len(job.failed_rows),
-        "row_errors": [dict(info) for info in list(job.row_errors.values())[:max_rows]],
-        "row_errors_total": len(job.row_errors),
-        "events_total": n_events,
-        "recent_events": recent,
-    })
+    out.update(
+        {
+            "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
+            "warnings": list(job.warnings),
+            "estimate": job.estimate,
+            "input_path": job.input_path,
+            "requests_path": job.requests_path,
+            "failed_rows": [{"custom_id": cid, **info} for cid, info in list(job.failed_rows.items())[:max_rows]],
+            "failed_rows_total": len(job.failed_rows),
+            "row_errors": [dict(info) for info in list(job.row_errors.values())[:max_rows]],
+            "row_errors_total": len(job.row_errors),
+            "events_total": n_events,
+            "recent_events": recent,
+        }
+    )
     return out
 
 
 # --- events ----------------------------------------------------------------------------------------
 
+
 def _event_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[dict[str, Any]]:
     return [
-        {"seq": e.seq, "job_id": e.job_id, "job_seq": e.job_seq, "type": e.type, "version": e.version, "ts": e.ts, "payload": e.payload}
+        {
+            "seq": e.seq,
+            "job_id": e.job_id,
+            "job_seq": e.job_seq,
+            "type": e.type,
+            "version": e.version,
+            "ts": e.ts,
+            "payload": e.payload,
+        }
         for e in events_from_rows(conn.execute(sql, args).fetchall())
     ]
 
@@ -273,7 +322,9 @@ def _events_sql(job_id: str | None, after: int, limit: int | None, last: int | N
     return f"SELECT {cols} FROM events WHERE {where} ORDER BY seq", args
 
 
-def events(home: HomeLike, job_id: str | None = None, after: int = 0, limit: int | None = None, last: int | None = None) -> list[dict[str, Any]]:
+def events(
+    home: HomeLike, job_id: str | None = None, after: int = 0, limit: int | None = None, last: int | None = None
+) -> list[dict[str, Any]]:
     """Events with ``seq > after`` in order (of one job if ``job_id``; a unique prefix works):
     the first ``limit`` of them, or the most recent ``last`` of them.  Each is
     ``{seq, job_id, job_seq, type, version, ts, payload}`` with the payload upcast."""
@@ -283,8 +334,9 @@ def events(home: HomeLike, job_id: str | None = None, after: int = 0, limit: int
         return _event_rows(conn, sql, args)
 
 
-def follow_events(home: HomeLike, job_id: str | None = None, poll: float = 1.0, after: int = 0,
-                  stop: Callable[[], bool] | None = None) -> Iterator[dict[str, Any]]:
+def follow_events(
+    home: HomeLike, job_id: str | None = None, poll: float = 1.0, after: int = 0, stop: Callable[[], bool] | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield events as they are appended (``bgctl events --follow``): first those after ``after``,
     then new ones, checking every ``poll`` seconds, until ``stop()`` is true (or forever).
 
@@ -311,6 +363,7 @@ def follow_events(home: HomeLike, job_id: str | None = None, poll: float = 1.0, 
 
 
 # --- costs -----------------------------------------------------------------------------------------
+
 
 def _day(value: str | date | None, name: str) -> str | None:
     if value is None or value == "":
@@ -358,8 +411,9 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     descending for model/job; ``totals`` has the same sums; ``daily`` is
     ``[{day, cost_usd, simulated_usd}]`` for every day with usage (for the chart).
     """
-    from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
     from batchgrader.core.state import State
+    from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
+
     if by not in COST_GROUPS:
         raise QueryError(f"--by {by!r}: expected one of {', '.join(COST_GROUPS)}")
     lo, hi = _day(since, "since"), _day(until, "until")
@@ -382,8 +436,12 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
             if by == "job":
                 ids = sorted({u["job_id"] for u in usage})
                 for i in range(0, len(ids), 500):
-                    part = ids[i:i + 500]
-                    files.update(conn.execute(f"SELECT job_id, file FROM job_status WHERE job_id IN ({', '.join('?' * len(part))})", part).fetchall())
+                    part = ids[i : i + 500]
+                    files.update(
+                        conn.execute(
+                            f"SELECT job_id, file FROM job_status WHERE job_id IN ({', '.join('?' * len(part))})", part
+                        ).fetchall()
+                    )
             source, note = SOURCE_READ_MODEL, None
         else:
             state = State()

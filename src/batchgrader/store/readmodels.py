@@ -27,9 +27,14 @@ from typing import Any
 
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.store.eventstore import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
-
-from batchgrader.store.readside import (  # noqa: E402 - re-exported: the cheap freshness check lives there
-    MIGRATION_NAMES, MIGRATION_SET, MIGRATIONS_TABLE, PROJECTION, READ_TABLES, log_last_seq, projection_last_seq,
+from batchgrader.store.readside import (  # noqa: F401 - re-exported: the cheap freshness check lives there
+    MIGRATION_NAMES,
+    MIGRATION_SET,
+    MIGRATIONS_TABLE,
+    PROJECTION,
+    READ_TABLES,
+    log_last_seq,
+    projection_last_seq,
 )
 
 # Column -> SQLite type.  The order is the INSERT order; migrations create exactly these.
@@ -89,6 +94,7 @@ USAGE_COLUMNS: dict[str, type] = {
 
 # --- migrations (read side only) ----------------------------------------------------------------
 
+
 def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl start-up time)
     from sqlite_utils.migrations import Migrations
 
@@ -132,6 +138,7 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 
 # --- rows ----------------------------------------------------------------------------------------
+
 
 def chunk_label(c: ChunkState) -> str:
     """One word for where a chunk is (for display; the job label is :attr:`JobState.state`)."""
@@ -215,8 +222,12 @@ def job_row(job: JobState) -> dict[str, Any]:
         "created_ts": job.created_ts,
         "updated_ts": job.updated_ts,
         "version": job.version,
-        "chunks": json.dumps([chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
-                             ensure_ascii=False, sort_keys=True, separators=(",", ":")),
+        "chunks": json.dumps(
+            [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
+            ensure_ascii=False,
+            sort_keys=True,
+            separators=(",", ":"),
+        ),
     }
 
 
@@ -240,7 +251,9 @@ def usage_row(e: Event, sandbox: bool) -> dict[str, Any]:
     }
 
 
-_JOB_SQL = f"INSERT OR REPLACE INTO job_status ({', '.join(JOB_STATUS_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_STATUS_COLUMNS))})"
+_JOB_SQL = (
+    f"INSERT OR REPLACE INTO job_status ({', '.join(JOB_STATUS_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_STATUS_COLUMNS))})"
+)
 _USAGE_SQL = f"INSERT OR REPLACE INTO usage ({', '.join(USAGE_COLUMNS)}) VALUES ({', '.join('?' * len(USAGE_COLUMNS))})"
 
 
@@ -258,6 +271,7 @@ def _set_last_seq(conn: sqlite3.Connection, seq: int) -> None:
 
 # --- reading the log on a raw connection ----------------------------------------------------------
 
+
 def iter_events(conn: sqlite3.Connection, after: int = 0, until: int | None = None, job_id: str | None = None) -> Iterator[Event]:
     """Events with ``after < seq [<= until]`` in order, upcast (same as :meth:`EventStore.read`)."""
     return read_events(conn, after=after, job_id=job_id, until=until)
@@ -269,6 +283,7 @@ def fold_connection(conn: sqlite3.Connection, job_id: str | None = None) -> Stat
 
 
 # --- the projector --------------------------------------------------------------------------------
+
 
 class StatusProjector:
     """Maintains ``job_status``, ``usage`` and ``projection_state`` (see the module docstring).
@@ -360,7 +375,9 @@ class StatusProjector:
 
 
 def _tokens_used(conn: sqlite3.Connection, after: int) -> list[Event]:
-    rows = conn.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type = 'TokensUsed' ORDER BY seq", (after,)).fetchall()
+    rows = conn.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type = 'TokensUsed' ORDER BY seq", (after,)
+    ).fetchall()
     return events_from_rows(rows)
 
 
@@ -370,6 +387,7 @@ def projectors() -> list[Projector]:
 
 
 # --- rebuild --------------------------------------------------------------------------------------
+
 
 def rebuild(db_path: str | Path) -> dict[str, int]:
     """Drop the read-side tables and recreate them from the log alone (``bgctl rebuild``).
