@@ -105,9 +105,21 @@ def test_no_documented_key_is_unknown():
 
 def test_every_module_is_in_the_architecture_doc():
     text = ARCH_DOC.read_text(encoding="utf-8")
-    modules = sorted(p.name for p in (ROOT / "src" / "batchgrader").glob("*.py") if p.name != "__init__.py")
+    pkg = ROOT / "src" / "batchgrader"
+    modules = sorted(
+        p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")
+    )
     missing = [m for m in modules if f"`{m}`" not in text]
     assert not missing, f"docs/architecture.md does not describe: {', '.join(missing)}"
+
+
+def test_every_subpackage_says_its_job():
+    import ast
+
+    pkg = ROOT / "src" / "batchgrader"
+    for init in sorted(pkg.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and doc.startswith(init.parent.name + ":"), f"{init} has no docstring naming its job"
 
 
 # --- the README's two commands -------------------------------------------------------------------

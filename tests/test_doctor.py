@@ -25,10 +25,10 @@ from batchgrader.ops.doctor import (
     render_checks,
     run_checks,
 )
-from batchgrader.ops.service import env_file_path
 from batchgrader.pipeline.pricing import COLUMNS
 from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.secrets import env_file_path
 from batchgrader.store.eventstore import EventStore
 
 KEY = "sk-doctor-test-key-0123456789abcdef"

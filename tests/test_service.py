@@ -18,19 +18,14 @@ from batchgrader.core.home import Home
 from batchgrader.ops import service
 from batchgrader.ops.service import (
     CommandResult,
-    EnvFileError,
     ServiceError,
-    apply_env_file,
-    env_file_path,
     install,
-    load_env_file,
-    parse_env_text,
     render_launchd_plist,
     render_systemd_unit,
     status,
     uninstall,
-    write_env_file,
 )
+from batchgrader.secrets import EnvFileError, apply_env_file, env_file_path, load_env_file, parse_env_text, write_env_file
 
 KEY = "sk-test-Secret0123456789abcdef"
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -509,7 +504,7 @@ def test_env_file_roundtrip_of_odd_keys(tmp_path: Path, key: str):
 
 @pytest.mark.parametrize("key", ["", "sk-abc def", "sk-abc\n", "it's\\odd"])
 def test_env_file_refuses_unstorable_keys_without_echoing_them(tmp_path: Path, key: str):
-    with pytest.raises(ServiceError) as exc:
+    with pytest.raises(EnvFileError) as exc:
         write_env_file(tmp_path / "s.env", {"OPENAI_API_KEY": key})
     assert not key or key not in str(exc.value)
     assert not (tmp_path / "s.env").exists()

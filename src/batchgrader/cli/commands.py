@@ -325,13 +325,14 @@ def service_install(obj: Ctx, mode: str, print_only: bool, store_key: bool, acti
     import os
 
     from batchgrader.ops.service import ServiceError, install
+    from batchgrader.secrets import EnvFileError
 
     key = os.environ.get("OPENAI_API_KEY") if store_key else None
     if store_key and not key:
         raise click.ClickException("--store-key: OPENAI_API_KEY is not set in this shell")
     try:
         res = install(obj.home, mode=mode, print_only=print_only, api_key=key, activate=activate)
-    except ServiceError as exc:
+    except (ServiceError, EnvFileError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         emit_json(res.to_dict())

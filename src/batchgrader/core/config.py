@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from batchgrader.core.home import Home
+from batchgrader.secrets import mask_secret
 
 ENV_PREFIX = "BATCHGRADER_"
 
@@ -268,14 +269,6 @@ SDK_ENV = {"OPENAI_API_KEY": "api_key", "OPENAI_BASE_URL": "base_url"}
 
 def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper()
-
-
-def mask_secret(value: str | None) -> str | None:
-    if not value:
-        return value
-    if len(value) <= 8:
-        return "****"
-    return f"{value[:3]}…{value[-4:]}"
 
 
 @dataclass(frozen=True)

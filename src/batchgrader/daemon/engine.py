@@ -24,19 +24,9 @@ from typing import Any
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.home import Home
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
-from batchgrader.pipeline.outbox import (
-    added_columns,
-    atomic_write,
-    atomic_write_bytes,
-    error_name,
-    error_report,
-    free_path,
-    move_no_clobber,
-    remove_stale_temp_files,
-    result_name,
-    result_values,
-)
+from batchgrader.pipeline.outbox import added_columns, error_name, error_report, result_name, result_values
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
 from batchgrader.pipeline.results import iter_outcomes

@@ -14,7 +14,6 @@ import json
 import logging
 import logging.handlers
 import os
-import re
 import signal
 import threading
 import time
@@ -27,6 +26,7 @@ from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
 from batchgrader.ops.service import ServiceError
 from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing
+from batchgrader.secrets import EnvFileError, MaskSecrets
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 CONTROL_DIR = "control"
@@ -100,7 +100,7 @@ def daemon_pid(home: Home) -> int | None:
 
 def request_control(home: Home, action: str, job_id: str, reason: str = "") -> Path:
     """Queue a request for the daemon (atomic file in ``control/``)."""
-    from batchgrader.pipeline.outbox import atomic_write_bytes
+    from batchgrader.fsio import atomic_write_bytes
 
     folder = home.root / CONTROL_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,27 +115,6 @@ def pending_controls(home: Home) -> list[Path]:
 
 
 # --- logging with the key masked ---------------------------------------------------------------------
-
-_KEY_PATTERN = re.compile(r"sk-[A-Za-z0-9_\-]{8,}")
-
-
-class MaskSecrets(logging.Filter):
-    def __init__(self, secrets: list[str]):
-        super().__init__()
-        self.secrets = [s for s in secrets if s]
-
-    def mask(self, text: str) -> str:
-        for s in self.secrets:
-            text = text.replace(s, "****")
-        return _KEY_PATTERN.sub("sk-****", text)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = self.mask(record.getMessage())
-        record.args = ()
-        if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = self.mask(logging.Formatter().formatException(record.exc_info))
-            record.exc_info = None
-        return True
 
 
 def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -> logging.Handler:
@@ -193,7 +172,7 @@ class Daemon:
         return projectors()
 
     def _load(self) -> tuple[Config, PriceTable]:
-        from batchgrader.ops.service import apply_env_file, env_file_path
+        from batchgrader.secrets import apply_env_file, env_file_path
 
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes
@@ -242,7 +221,7 @@ class Daemon:
         try:
             try:
                 config, prices = self._load()
-            except (ConfigError, PricingError, ServiceError) as exc:
+            except (ConfigError, PricingError, ServiceError, EnvFileError) as exc:
                 raise DaemonError(str(exc)) from None
             setup_logging(self.home, config.log_level, [config.api_key or ""], to_stderr=not self.live)
             provider = self._provider(config)

@@ -25,8 +25,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
-from batchgrader.core.config import Config, ConfigError, load_config, mask_secret
+from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
+from batchgrader.secrets import mask_secret
 
 __all__ = [
     "OK",
@@ -204,7 +205,7 @@ def _config_file_secrets(home: Home) -> list[str]:
 def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str, str], list[str]]:
     """The secrets file's safety. Returns the check, the environment the daemon would see (the
     file's variables filled in where unset, only when the file is safe), and the secrets seen."""
-    from batchgrader.ops.service import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
+    from batchgrader.secrets import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
 
     path = env_file_path(home)
     seen: list[str] = []
@@ -239,7 +240,7 @@ def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str
 
 def check_api_key(home: Home, config: Config | None, env: Mapping[str, str], from_file: Mapping[str, str] | None = None) -> Check:
     """``from_file``: the variables the secrets file filled in (to name it as the key's source)."""
-    from batchgrader.ops.service import API_KEY_VAR, env_file_path
+    from batchgrader.secrets import API_KEY_VAR, env_file_path
 
     secrets = env_file_path(home)
     from_file = from_file or {}
@@ -446,7 +447,7 @@ def check_encodings(config: Config | None, loader: EncodingLoader | None = None)
 
 
 def check_permissions(home: Home) -> Check:
-    from batchgrader.ops.service import ENV_FILE_NAME
+    from batchgrader.secrets import ENV_FILE_NAME
 
     root = home.root
     if not root.is_dir():

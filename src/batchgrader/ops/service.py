@@ -27,19 +27,18 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchgrader import __version__
 from batchgrader.core.home import Home
+from batchgrader.fsio import atomic_write_bytes
+from batchgrader.secrets import API_KEY_VAR, env_file_path, write_env_file
 
 UNIT_NAME = "batchgrader.service"
 LAUNCHD_LABEL = "com.batchgrader.daemon"
-ENV_FILE_NAME = "secrets.env"
-API_KEY_VAR = "OPENAI_API_KEY"
 MODES = ("user", "system")
 
 BgctlCommand = str | os.PathLike | Sequence[str]
@@ -48,10 +47,6 @@ Runner = Callable[[Sequence[str]], "CommandResult"]
 
 class ServiceError(RuntimeError):
     """A refusal or failure with a message meant for the user (never contains the key)."""
-
-
-class EnvFileError(ServiceError):
-    """The secrets file is unsafe (too open, wrong owner) or unparseable."""
 
 
 @dataclass(frozen=True)
@@ -142,10 +137,6 @@ class UninstallResult:
 
 
 # --- locations ---------------------------------------------------------------------------
-
-
-def env_file_path(home: Home) -> Path:
-    return home.root / ENV_FILE_NAME
 
 
 def manager_for(platform: str) -> str:
@@ -367,180 +358,9 @@ def render_launchd_plist(home: Home, bgctl_path: BgctlCommand, label: str = LAUN
 
 # --- the env (secrets) file --------------------------------------------------------------
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_PLAIN = re.compile(r"[A-Za-z0-9_.,:/+=@%~^-]+")
-
-
-def _format_env_value(value: str) -> str:
-    if not value or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ServiceError("the API key is empty or contains whitespace/control characters (a paste error?)")
-    if _ENV_PLAIN.fullmatch(value):
-        return value
-    if "'" not in value:
-        return f"'{value}'"  # single quotes: verbatim for systemd and for parse_env_text
-    raise ServiceError("the API key contains both special characters and a single quote; cannot store it safely in an env file")
-
-
-def _line_name(line: str) -> str | None:
-    s = line.strip()
-    if not s or s[0] in "#;" or "=" not in s:
-        return None
-    return s.split("=", 1)[0].strip()
-
-
-def write_env_file(path: str | os.PathLike, values: Mapping[str, str], *, uid: int | None = None, gid: int | None = None) -> Path:
-    """Set ``values`` in the env file, keeping every other line; atomic, mode 0600."""
-    path = Path(path)
-    if path.is_symlink():
-        raise EnvFileError(f"{path} is a symlink; refusing to write a secret through it")
-    formatted = {k: _format_env_value(v) for k, v in values.items()}
-    old = (
-        path.read_text(encoding="utf-8").splitlines()
-        if path.exists()
-        else [
-            "# BatchGrader secrets: keep this file mode 0600. Loaded by systemd (EnvironmentFile=)",
-            "# and by `bgctl daemon` for variables not already set in its environment.",
-        ]
-    )
-    out, pending = [], dict(formatted)
-    for line in old:
-        name = _line_name(line)
-        if name in formatted:
-            if name in pending:
-                out.append(f"{name}={pending.pop(name)}")
-            continue  # drop duplicates of a name we set
-        out.append(line)
-    out += [f"{k}={v}" for k, v in pending.items()]
-    _atomic_write(path, ("\n".join(out) + "\n").encode("utf-8"), 0o600, uid=uid, gid=gid)
-    return path
-
-
-def load_env_file(path: str | os.PathLike) -> dict[str, str]:
-    """Parse a KEY=VALUE env file after ssh-style checks.
-
-    Raises FileNotFoundError if absent, EnvFileError if it is not a regular file, not owned
-    by us (or root), or accessible by group/others."""
-    path = Path(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except PermissionError as exc:
-        raise EnvFileError(f"cannot read {path}: permission denied") from exc
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        q = shlex.quote(str(path))
-        if not stat.S_ISREG(st.st_mode):
-            raise EnvFileError(f"{path} is not a regular file")
-        if st.st_uid not in (os.geteuid(), 0):
-            raise EnvFileError(
-                f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
-                f"it holds an API key. Fix: chown {os.geteuid()} {q}"
-            )
-        if st.st_mode & 0o077:
-            raise EnvFileError(
-                f"permissions {stat.S_IMODE(st.st_mode):04o} for {path} are too open: it "
-                f"holds an API key and must not be accessible by group or others. "
-                f"Fix: chmod 600 {q}"
-            )
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise EnvFileError(f"{path} is not UTF-8") from exc
-    return parse_env_text(text, str(path))
-
-
-def parse_env_text(text: str, source: str = "<env>") -> dict[str, str]:
-    """The single-line subset of systemd's EnvironmentFile= syntax.
-
-    Blank lines, lines starting with # or ;, lines without '=' and invalid names are ignored
-    (as systemd does).  Values: 'single' (verbatim), "double" (\\ escapes for " \\ ` $),
-    or unquoted (backslash keeps the next character).  Multi-line values are refused."""
-    out: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        name = _line_name(raw)
-        if name is None or not _ENV_NAME.fullmatch(name):
-            continue
-        value = raw.split("=", 1)[1].strip()
-        where = f"{source}:{lineno}"
-        out[name] = _unquote(value, where)
-    return out
-
-
-def _unquote(value: str, where: str) -> str:
-    if value[:1] == "'":
-        end = value.find("'", 1)
-        if end < 0 or value[end + 1 :].strip():
-            raise EnvFileError(f"{where}: unterminated or trailing text after '...' (multi-line values unsupported)")
-        return value[1:end]
-    quote = value[:1] == '"'
-    buf, i = [], 1 if quote else 0
-    while i < len(value):
-        c = value[i]
-        if c == "\\":
-            if i + 1 >= len(value):
-                raise EnvFileError(f"{where}: line continuation is not supported")
-            nxt = value[i + 1]
-            buf.append(nxt if (not quote or nxt in '"\\`$') else c + nxt)
-            i += 2
-            continue
-        if quote and c == '"':
-            if value[i + 1 :].strip():
-                raise EnvFileError(f'{where}: trailing text after "..."')
-            return "".join(buf)
-        buf.append(c)
-        i += 1
-    if quote:
-        raise EnvFileError(f'{where}: unterminated " quote (multi-line values unsupported)')
-    return "".join(buf)
-
-
-def apply_env_file(path: str | os.PathLike, environ: MutableMapping[str, str] | None = None) -> list[str]:
-    """For ``bgctl daemon`` at start-up: load the env file if present and set the variables
-    that are unset or empty in ``environ``.  Returns their names (never the values).
-
-    The permission check runs whenever the file exists, even if everything is already set
-    (under systemd), so a key left world-readable stops the daemon with a clear message."""
-    env = os.environ if environ is None else environ
-    try:
-        values = load_env_file(path)
-    except FileNotFoundError:
-        return []
-    applied = [k for k in values if not env.get(k)]
-    for k in applied:
-        env[k] = values[k]
-    return applied
-
-
-# --- file and command helpers ------------------------------------------------------------
-
 
 def _atomic_write(path: Path, data: bytes, mode: int, *, uid: int | None = None, gid: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            if uid is not None or gid is not None:
-                os.fchown(f.fileno(), -1 if uid is None else uid, -1 if gid is None else gid)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    atomic_write_bytes(path, data, mode=mode, owner=(uid, gid))
 
 
 def run_command(argv: Sequence[str]) -> CommandResult:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchgrader.core.home import Home
-from batchgrader.pipeline.outbox import atomic_write_bytes, fsync_dir
+from batchgrader.fsio import atomic_write_bytes, fsync_dir
 
 SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")

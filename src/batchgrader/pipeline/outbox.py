@@ -1,7 +1,7 @@
-"""The outbox: result files and error reports, written crash-safely; originals archived.
+"""The outbox: result files and error reports, written crash-safely (through
+:mod:`batchgrader.fsio`); originals archived.
 
-Every file is written to a temporary name in its final folder, flushed, fsynced, renamed into
-place, and the folder fsynced; only then is the outcome event recorded.  A result never
+Only after a file is durable is the outcome event recorded.  A result never
 overwrites an existing file (a timestamp suffix is added when the name is taken), and nothing
 is ever deleted except our own temporary files.
 """
@@ -9,86 +9,10 @@ is ever deleted except our own temporary files.
 from __future__ import annotations
 
 import json
-import os
-import re
-import sys
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
-
-TMP_PREFIX = ".bg-tmp-"
-
-
-def fsync_file(fd: int) -> None:
-    """Flush a file to stable storage (F_FULLFSYNC on macOS, where fsync stops at the drive cache)."""
-    if sys.platform == "darwin":  # pragma: no cover - macOS only
-        import fcntl
-
-        full = getattr(fcntl, "F_FULLFSYNC", None)
-        if full is not None:
-            try:
-                fcntl.fcntl(fd, full)
-                return
-            except OSError:
-                pass
-    os.fsync(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or create in ``path`` durable (best effort where directories cannot be synced)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None], overwrite: bool = True) -> Path:
-    """Write ``path`` atomically via ``write(fileobj)``. With ``overwrite=False`` an existing
-    file is never replaced (FileExistsError)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            fsync_file(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails if path exists: no clobber
-            os.unlink(tmp)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def atomic_write_bytes(path: Path, data: bytes, overwrite: bool = True) -> Path:
-    return atomic_write(path, lambda f: None if f.write(data) else None, overwrite=overwrite)
-
-
-def remove_stale_temp_files(folder: Path, recursive: bool = False) -> list[Path]:
-    """Our own leftovers from a crash mid-write (names starting with TMP_PREFIX; never anything else)."""
-    removed = []
-    if folder.is_dir():
-        for p in folder.rglob(TMP_PREFIX + "*") if recursive else folder.glob(TMP_PREFIX + "*"):
-            if p.is_file() and not p.is_symlink():
-                p.unlink()
-                removed.append(p)
-    return removed
+from typing import Any
 
 
 def result_name(input_name: str) -> str:
@@ -99,30 +23,6 @@ def result_name(input_name: str) -> str:
 
 def error_name(input_name: str) -> str:
     return f"{Path(input_name).stem}_error.txt"
-
-
-def free_path(folder: Path, name: str, stamp: str) -> Path:
-    """``folder/name`` if free, else ``name`` with a timestamp suffix (then a counter)."""
-    p = folder / name
-    if not p.exists():
-        return p
-    stem, suffix = Path(name).stem, Path(name).suffix
-    safe = re.sub(r"[^0-9A-Za-z]", "", stamp)
-    cand = folder / f"{stem}_{safe}{suffix}"
-    n = 2
-    while cand.exists():
-        cand = folder / f"{stem}_{safe}-{n}{suffix}"
-        n += 1
-    return cand
-
-
-def move_no_clobber(src: Path, folder: Path, name: str, stamp: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    dest = free_path(folder, name, stamp)
-    os.rename(src, dest)
-    fsync_dir(folder)
-    fsync_dir(src.parent)
-    return dest
 
 
 # --- result rows --------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from itertools import accumulate, compress
 from pathlib import Path
 from typing import Any
 
-from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir, fsync_file
+from batchgrader.fsio import TMP_PREFIX, fsync_dir, fsync_file
 
 __all__ = [
     "Limits",

@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from batchgrader.fsio import atomic_write_bytes
+
 log = logging.getLogger(__name__)
 
 SIMULATED_BANNER = "SIMULATED — not a real OpenAI service"
@@ -486,13 +488,7 @@ class _Store:
     # --- persistence -----------------------------------------------------------------------
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(path, data)
 
     def _save_file(self, f: _File, with_data: bool = False) -> None:
         if not self.data_dir:

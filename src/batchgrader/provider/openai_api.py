@@ -32,8 +32,8 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 import httpx2
 import openai
 
-from batchgrader.core.config import mask_secret
-from batchgrader.pipeline.outbox import TMP_PREFIX, fsync_dir
+from batchgrader.fsio import TMP_PREFIX, fsync_dir
+from batchgrader.secrets import mask_secret
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,126 @@
+"""fsio: every durable write in one place.
+
+A file is written to a temporary name (``TMP_PREFIX``) in its final folder, flushed, fsynced,
+then renamed (or, with ``overwrite=False``, linked) into place, and the folder is fsynced.  So a
+final name either does not exist or holds the complete file, and a crash leaves only our own
+temporary files, which :func:`remove_stale_temp_files` clears at start-up.  Moves never clobber.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+TMP_PREFIX = ".bg-tmp-"
+
+
+def fsync_file(fd: int) -> None:
+    """Flush a file to stable storage (F_FULLFSYNC on macOS, where fsync stops at the drive cache)."""
+    if sys.platform == "darwin":  # pragma: no cover - macOS only
+        import fcntl
+
+        full = getattr(fcntl, "F_FULLFSYNC", None)
+        if full is not None:
+            try:
+                fcntl.fcntl(fd, full)
+                return
+            except OSError:
+                pass
+    os.fsync(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create in ``path`` durable (best effort where directories cannot be synced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(
+    path: Path,
+    write: Callable[[IO[bytes]], None],
+    overwrite: bool = True,
+    *,
+    mode: int | None = None,
+    owner: tuple[int | None, int | None] | None = None,
+) -> Path:
+    """Write ``path`` atomically via ``write(fileobj)``. With ``overwrite=False`` an existing
+    file is never replaced (FileExistsError).  The file is created 0600; ``mode`` and ``owner``
+    (uid, gid) are set on the temporary file, before it gets its final name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            if owner is not None and owner != (None, None):
+                uid, gid = owner
+                os.fchown(f.fileno(), -1 if uid is None else uid, -1 if gid is None else gid)
+            write(f)
+            f.flush()
+            fsync_file(f.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path exists: no clobber
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes, overwrite: bool = True, **kw: Any) -> Path:
+    return atomic_write(path, lambda f: None if f.write(data) else None, overwrite=overwrite, **kw)
+
+
+def remove_stale_temp_files(folder: Path, recursive: bool = False) -> list[Path]:
+    """Our own leftovers from a crash mid-write (names starting with TMP_PREFIX; never anything else)."""
+    removed = []
+    if folder.is_dir():
+        for p in folder.rglob(TMP_PREFIX + "*") if recursive else folder.glob(TMP_PREFIX + "*"):
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def free_path(folder: Path, name: str, stamp: str) -> Path:
+    """``folder/name`` if free, else ``name`` with a timestamp suffix (then a counter)."""
+    p = folder / name
+    if not p.exists():
+        return p
+    stem, suffix = Path(name).stem, Path(name).suffix
+    safe = re.sub(r"[^0-9A-Za-z]", "", stamp)
+    cand = folder / f"{stem}_{safe}{suffix}"
+    n = 2
+    while cand.exists():
+        cand = folder / f"{stem}_{safe}-{n}{suffix}"
+        n += 1
+    return cand
+
+
+def move_no_clobber(src: Path, folder: Path, name: str, stamp: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = free_path(folder, name, stamp)
+    os.rename(src, dest)
+    fsync_dir(folder)
+    fsync_dir(src.parent)
+    return dest
