@@ -106,9 +106,7 @@ def test_no_documented_key_is_unknown():
 def test_every_module_is_in_the_architecture_doc():
     text = ARCH_DOC.read_text(encoding="utf-8")
     pkg = ROOT / "src" / "batchgrader"
-    modules = sorted(
-        p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")
-    )
+    modules = sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     missing = [m for m in modules if f"`{m}`" not in text]
     assert not missing, f"docs/architecture.md does not describe: {', '.join(missing)}"
 
