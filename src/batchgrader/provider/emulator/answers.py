@@ -1,0 +1,321 @@
+"""Answer generation: deterministic completions (valid JSON for structured output), exact prompt
+tokens, and the output and error files of a finished batch."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import uuid
+from typing import Any
+
+from batchgrader.provider.emulator.common import _hex, _now_int
+from batchgrader.provider.emulator.config import BATCH_EXPIRED_MESSAGE, REASONING_PREFIXES, THIRTY_DAYS
+from batchgrader.provider.emulator.state import _Batch, _empty_usage, _Req, _StoreBase
+
+
+def _is_reasoning_model(model: str) -> bool:
+    return model.startswith(REASONING_PREFIXES)
+
+
+def _text_of_content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                parts.append(p["text"])
+            elif isinstance(p, str):
+                parts.append(p)
+        return "".join(parts)
+    return ""
+
+
+def _countable_messages(messages: Any) -> list[dict[str, str]]:
+    """Messages reduced to their string fields (the project's token rules count strings only)."""
+    out: list[dict[str, str]] = []
+    if not isinstance(messages, list):
+        return out
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        msg: dict[str, str] = {}
+        for k, v in m.items():
+            if k == "content" and not isinstance(v, str):
+                v = _text_of_content(v)
+            if isinstance(v, str):
+                msg[k] = v
+        out.append(msg)
+    return out
+
+
+_WORDS = (
+    "the answer is clear and consistent with the rubric the text shows a careful argument with minor gaps "
+    "evidence supports the main claim though one step is asserted rather than shown overall quality is good "
+    "style is concise structure is logical references are adequate conclusion follows from premises"
+).split()
+
+
+def _sentence(rng: random.Random, lo: int = 4, hi: int = 30) -> str:
+    n = rng.randint(lo, hi)
+    words = [rng.choice(_WORDS) for _ in range(n)]
+    words[0] = words[0].capitalize()
+    return " ".join(words) + "."
+
+
+def generate_from_schema(schema: Any, rng: random.Random, root: Any = None, depth: int = 0) -> Any:
+    """A value that conforms to a (JSON Schema subset) schema: types, enum, const, required,
+    anyOf/oneOf/allOf, $ref to $defs/definitions, string/array length and numeric bounds."""
+    root = schema if root is None else root
+    if not isinstance(schema, dict) or depth > 12:
+        return None
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        target: Any = root
+        if isinstance(ref, str) and ref.startswith("#"):
+            for part in [p for p in ref[1:].split("/") if p]:
+                target = target.get(part) if isinstance(target, dict) else None
+        return generate_from_schema(target, rng, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            non_null = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+            return generate_from_schema(rng.choice(non_null or options), rng, root, depth + 1)
+    if isinstance(schema.get("allOf"), list):
+        merged: dict[str, Any] = {}
+        for sub in schema["allOf"]:
+            if isinstance(sub, dict):
+                for k, v in sub.items():
+                    if k == "properties" and isinstance(merged.get("properties"), dict):
+                        merged["properties"] = {**merged["properties"], **v}
+                    elif k == "required" and isinstance(merged.get("required"), list):
+                        merged["required"] = merged["required"] + list(v)
+                    else:
+                        merged[k] = v
+        rest = {k: v for k, v in schema.items() if k != "allOf"}
+        return generate_from_schema({**merged, **rest}, rng, root, depth + 1)
+    t = schema.get("type")
+    if isinstance(t, list):
+        non_null = [x for x in t if x != "null"]
+        t = non_null[0] if non_null else "null"
+    if t is None:
+        t = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if t == "object":
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or [])
+        out: dict[str, Any] = {}
+        for name, sub in props.items():
+            if name in required or rng.random() < 0.5:
+                out[name] = generate_from_schema(sub, rng, root, depth + 1)
+        return out
+    if t == "array":
+        lo = int(schema.get("minItems", 1))
+        hi = int(schema.get("maxItems", max(lo, min(lo + 2, 5))))
+        n = rng.randint(lo, max(lo, hi))
+        items = schema.get("items", {})
+        values: list[Any] = []
+        for _ in range(n * 4):
+            if len(values) >= n:
+                break
+            v = generate_from_schema(items, rng, root, depth + 1)
+            if schema.get("uniqueItems") and v in values:
+                continue
+            values.append(v)
+        return values
+    if t == "integer":
+        lo = schema.get("minimum", schema["exclusiveMinimum"] + 1 if "exclusiveMinimum" in schema else 0)
+        hi = schema.get("maximum", schema["exclusiveMaximum"] - 1 if "exclusiveMaximum" in schema else lo + 100)
+        return rng.randint(math.ceil(lo), max(math.ceil(lo), math.floor(hi)))
+    if t == "number":
+        flo = float(schema.get("minimum", schema.get("exclusiveMinimum", 0.0)) or 0.0)
+        fhi = float(schema.get("maximum", schema.get("exclusiveMaximum", flo + 100.0)) or 0.0)
+        v = round(rng.uniform(flo, fhi), 2)
+        if "exclusiveMinimum" in schema and v <= flo or "exclusiveMaximum" in schema and v >= fhi:
+            v = (flo + fhi) / 2
+        return min(max(v, flo), fhi)
+    if t == "boolean":
+        return rng.random() < 0.5
+    if t == "null":
+        return None
+    # string
+    fmt = schema.get("format")
+    if fmt == "date":
+        return f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    if fmt == "date-time":
+        return f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z"
+    if fmt == "email":
+        return f"user{rng.randint(1, 999)}@example.com"
+    if fmt == "uuid":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    if fmt in ("uri", "url"):
+        return f"https://example.com/{rng.randint(1, 999)}"
+    s = _sentence(rng, 2, 12)
+    lo = int(schema.get("minLength", 0))
+    hi = schema.get("maxLength")  # type: ignore[assignment]
+    while len(s) < lo:
+        s += " " + _sentence(rng, 2, 6)
+    if hi is not None:
+        s = s[: int(hi)]
+    return s
+
+
+_COUNTERS: dict[str, Any] = {}
+_COUNTERS_LOCK = threading.Lock()
+
+
+def _counter_for(model: str) -> Any:
+    from batchgrader.pipeline.tokens import ChatTokenCounter
+
+    with _COUNTERS_LOCK:
+        c = _COUNTERS.get(model)
+        if c is None:
+            c = _COUNTERS[model] = ChatTokenCounter(model, num_threads=1)
+        return c
+
+
+class AnswersMixin(_StoreBase):
+    """The results of a batch."""
+
+    def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None:
+        plan = self._ensure_plan(b)
+        model = b.obj.get("model") or ""
+        created = _now_int(t)
+        ok_lines: list[str] = []
+        err_lines: list[str] = []
+        usage = _empty_usage()
+        for req in plan[:processed]:
+            line_id = "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32)
+            request_id = "req_" + _hex("req", b.obj["id"], req.custom_id, n=32)
+            if req.fail_status is not None:
+                err_lines.append(
+                    json.dumps(
+                        {
+                            "id": line_id,
+                            "custom_id": req.custom_id,
+                            "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
+                            "error": None,
+                        }
+                    )
+                )
+                continue
+            body = self._answer(req, model, created)
+            u = body["usage"]
+            usage["input_tokens"] += u["prompt_tokens"]
+            usage["input_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
+            usage["output_tokens"] += u["completion_tokens"]
+            usage["output_tokens_details"]["reasoning_tokens"] += u["completion_tokens_details"]["reasoning_tokens"]
+            ok_lines.append(
+                json.dumps(
+                    {
+                        "id": line_id,
+                        "custom_id": req.custom_id,
+                        "response": {"status_code": 200, "request_id": request_id, "body": body},
+                        "error": None,
+                    }
+                )
+            )
+        if expired:
+            for req in plan[processed:]:
+                err_lines.append(
+                    json.dumps(
+                        {
+                            "id": "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32),
+                            "custom_id": req.custom_id,
+                            "response": None,
+                            "error": {"code": "batch_expired", "message": BATCH_EXPIRED_MESSAGE},
+                        }
+                    )
+                )
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        if self.cfg.shuffle_output:
+            rng = random.Random(f"shuffle:{self.cfg.seed}:{b.obj['id']}")
+            for lines in (ok_lines, err_lines):
+                before = list(lines)
+                rng.shuffle(lines)
+                if len(lines) > 1 and lines == before:  # never hand back input order by luck
+                    lines.append(lines.pop(0))
+        bid = b.obj["id"]
+        if ok_lines:
+            f = self._add_file(
+                f"{bid}_output.jsonl", ("\n".join(ok_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS
+            )
+            b.obj["output_file_id"] = f.obj["id"]
+        if err_lines:
+            f = self._add_file(
+                f"{bid}_error.jsonl", ("\n".join(err_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS
+            )
+            b.obj["error_file_id"] = f.obj["id"]
+        b.obj["request_counts"] = {"total": b.n, "completed": len(ok_lines), "failed": len(err_lines)}
+        b.obj["usage"] = usage
+
+    def _answer(self, req: _Req, model: str, created: int) -> dict[str, Any]:
+        counter = _counter_for(model)
+        enc = counter.encoding
+        body = req.body
+        seed_material = json.dumps(body.get("messages"), sort_keys=True, ensure_ascii=False)
+        n_choices: int = body["n"] if isinstance(body.get("n"), int) and body["n"] > 0 else 1
+        cap = body.get("max_completion_tokens", body.get("max_tokens"))
+        cap = cap if isinstance(cap, int) and cap >= 0 else None
+        choices = []
+        total_completion = 0
+        total_reasoning = 0
+        for ci in range(n_choices):
+            rng = random.Random(_hex("answer", req.custom_id, seed_material, ci, n=32))
+            content = self._content(req, rng, ci)
+            tokens = enc.encode_ordinary(content)
+            reasoning = rng.randint(16, 128) if _is_reasoning_model(model) else 0
+            finish = "stop"
+            if cap is not None and reasoning + len(tokens) > cap:
+                finish = "length"
+                reasoning = min(reasoning, cap)
+                tokens = tokens[: max(0, cap - reasoning)]
+                content = enc.decode(tokens)
+            total_completion += reasoning + len(tokens)
+            total_reasoning += reasoning
+            choices.append(
+                {
+                    "index": ci,
+                    "message": {"role": "assistant", "content": content, "refusal": None, "annotations": []},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            )
+        return {
+            "id": "chatcmpl-" + _hex("chatcmpl", req.custom_id, seed_material, n=29),
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": req.prompt_tokens,
+                "completion_tokens": total_completion,
+                "total_tokens": req.prompt_tokens + total_completion,
+                "prompt_tokens_details": {"cached_tokens": req.cached_tokens, "audio_tokens": 0},
+                "completion_tokens_details": {
+                    "reasoning_tokens": total_reasoning,
+                    "audio_tokens": 0,
+                    "accepted_prediction_tokens": 0,
+                    "rejected_prediction_tokens": 0,
+                },
+            },
+            "service_tier": "default",
+            "system_fingerprint": "fp_emulator",
+        }
+
+    def _content(self, req: _Req, rng: random.Random, choice: int) -> str:
+        if self.cfg.answer_fn is not None:
+            return str(self.cfg.answer_fn(req.custom_id, req.body))
+        rf = req.body.get("response_format")
+        if isinstance(rf, dict) and rf.get("type") == "json_schema":
+            js = rf.get("json_schema") or {}
+            schema = js.get("schema") if isinstance(js, dict) else None
+            return json.dumps(generate_from_schema(schema or {"type": "object"}, rng), ensure_ascii=False)
+        if isinstance(rf, dict) and rf.get("type") == "json_object":
+            return json.dumps({"answer": _sentence(rng)})
+        return _sentence(rng)

@@ -1,0 +1,76 @@
+"""Emulator constants and configuration."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchgrader.provider.emulator.faults import FAULT_PROFILES, FaultRates
+
+SIMULATED_BANNER = "SIMULATED — not a real OpenAI service"
+
+VALID_ENDPOINTS = (
+    "/v1/responses",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/completions",
+    "/v1/moderations",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/videos",
+)
+CHAT_ENDPOINT = "/v1/chat/completions"
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+# Batches whose input tokens count against the per-model enqueued-token limit.
+ENQUEUED_STATUSES = frozenset({"in_progress", "finalizing", "cancelling"})
+
+#: Metadata key: the batch expires after this many requests were answered (tests).
+EXPIRE_AFTER_METADATA_KEY = "emulator_expire_after_requests"
+#: Trigger strings: a request whose user content contains one fails with that HTTP status.
+FAIL_400_TRIGGER = "__FAIL_400__"
+FAIL_500_TRIGGER = "__FAIL_500__"
+
+BATCH_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+THIRTY_DAYS = 30 * 86400
+REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+
+
+@dataclass
+class EmulatorConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port
+    api_key: str | None = None  # None: any non-empty bearer key is accepted
+    organization: str = "org-emulator"
+    validating_s: float = 0.05
+    in_progress_s: float = 0.05
+    finalizing_s: float = 0.05
+    cancelling_s: float = 0.05
+    completion_window_s: float = 86400.0  # a batch still in progress this long after creation expires
+    clock: Callable[[], float] = time.time
+    token_limits: Mapping[str, int] = field(default_factory=dict)  # model -> enqueued-token limit
+    max_requests_per_batch: int = 50_000
+    max_batch_file_bytes: int = 200 * 1024 * 1024
+    request_failure_rate: float = 0.0  # seeded fraction of requests that fail with a 500
+    faults: str | FaultRates = "none"
+    seed: int = 0
+    data_dir: str | os.PathLike[str] | None = None
+    shuffle_output: bool = True
+    answer_fn: Callable[[str, dict[str, Any]], str] | None = None  # custom_id, body -> content
+    leak_key_in_errors: bool = False  # test only: echo the presented key verbatim in 401 bodies
+    # Called in the handler thread as on_request(method, route, phase) with phase "received"
+    # (before the call takes effect) and "effected" (after it took effect, before the answer is
+    # sent); route is the template, e.g. "/v1/batches/{id}".  May block (crash tests kill the
+    # client here).  Not called for /_emulator admin paths.
+    on_request: Callable[[str, str, str], None] | None = None
+
+    def fault_rates(self) -> FaultRates:
+        if isinstance(self.faults, FaultRates):
+            return self.faults
+        try:
+            return FAULT_PROFILES[self.faults]
+        except KeyError:
+            raise ValueError(f"unknown fault profile {self.faults!r} (one of {', '.join(FAULT_PROFILES)})") from None

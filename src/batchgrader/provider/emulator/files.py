@@ -1,0 +1,150 @@
+"""The Files API: upload, list, retrieve, delete, content."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from batchgrader.provider.emulator.common import ApiError, _now_int
+from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
+from batchgrader.provider.emulator.state import _File, _StoreBase
+
+
+class FilesMixin(_StoreBase):
+    """Files, and the list paging the Batches API shares."""
+
+    def create_file(self, filename: str, data: bytes, purpose: str | None, expires_after: dict[str, Any]) -> dict[str, Any]:
+        if not purpose:
+            raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
+        if purpose not in UPLOAD_PURPOSES:
+            raise ApiError(
+                400,
+                f"Invalid value for 'purpose': expected one of {', '.join(repr(p) for p in UPLOAD_PURPOSES)}.",
+                param="purpose",
+                code="invalid_value",
+            )
+        if purpose == "batch":
+            if not filename.endswith(".jsonl"):
+                raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file", code=None)
+            if len(data) > self.cfg.max_batch_file_bytes:
+                raise ApiError(400, "File is too large.", param="file", code=None)
+        with self.lock:
+            now = self.clock()
+            created = _now_int(now)
+            seconds = expires_after.get("seconds")
+            expires_at: int | None = None
+            if seconds is not None:
+                try:
+                    seconds = int(seconds)
+                except (TypeError, ValueError):
+                    raise ApiError(
+                        400,
+                        "Invalid type for 'expires_after.seconds': expected an integer.",
+                        param="expires_after.seconds",
+                        code="invalid_type",
+                    ) from None
+                if not 3600 <= seconds <= 2592000:
+                    raise ApiError(
+                        400,
+                        "Invalid 'expires_after.seconds': must be between 3600 and 2592000.",
+                        param="expires_after.seconds",
+                        code="invalid_value",
+                    )
+                expires_at = created + seconds
+            elif purpose == "batch":
+                expires_at = created + THIRTY_DAYS
+            f = self._add_file(filename, data, purpose, created, expires_at)
+            self.files_created += 1
+            return dict(f.obj)
+
+    def _add_file(self, filename: str, data: bytes, purpose: str, created: int, expires_at: int | None) -> _File:
+        fid = "file-" + uuid.uuid4().hex[:24]
+        obj = {
+            "id": fid,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": created,
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "expires_at": expires_at,
+            "status_details": None,
+        }
+        f = _File(obj, self._next_seq(), data)
+        self.files[fid] = f
+        self._save_file(f, with_data=True)
+        return f
+
+    def _get_file(self, file_id: str) -> _File:
+        f = self.files.get(file_id)
+        if f is None or f.deleted:
+            raise ApiError(404, f"No such File object: {file_id}", param="id")
+        return f
+
+    def retrieve_file(self, file_id: str) -> dict[str, Any]:
+        with self.lock:
+            self._advance_all()
+            return dict(self._get_file(file_id).obj)
+
+    def file_content(self, file_id: str) -> bytes:
+        with self.lock:
+            self._advance_all()
+            return self._get_file(file_id).data
+
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        with self.lock:
+            f = self._get_file(file_id)
+            f.deleted = True
+            self._save_file(f)
+            if self.data_dir:
+                try:
+                    (self.data_dir / "files" / f"{file_id}.data").unlink()
+                except FileNotFoundError:
+                    pass
+            f.data = b""
+            return {"id": file_id, "object": "file", "deleted": True}
+
+    def list_files(self, query: dict[str, str]) -> dict[str, Any]:
+        limit = self._int_param(query, "limit", 10_000, 1, 10_000)
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
+        with self.lock:
+            self._advance_all()
+            items = [f for f in self.files.values() if not f.deleted]
+            if query.get("purpose"):
+                items = [f for f in items if f.obj["purpose"] == query["purpose"]]
+            items.sort(key=lambda f: f.seq, reverse=(order == "desc"))
+            return self._page([f.obj for f in items], query.get("after"), limit)
+
+    # --- batches ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _int_param(query: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+        raw = query.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            v = int(raw)
+        except ValueError:
+            raise ApiError(400, f"Invalid type for '{name}': expected an integer.", param=name, code="invalid_type") from None
+        if not lo <= v <= hi:
+            raise ApiError(
+                400, f"Invalid '{name}': integer must be between {lo} and {hi}.", param=name, code="integer_out_of_range"
+            )
+        return v
+
+    @staticmethod
+    def _page(objs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+        start = 0
+        if after:
+            ids = [o["id"] for o in objs]
+            start = ids.index(after) + 1 if after in ids else len(objs)
+        data = [dict(o) for o in objs[start : start + limit]]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": start + limit < len(objs),
+        }

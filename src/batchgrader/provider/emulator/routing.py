@@ -1,0 +1,318 @@
+"""HTTP: routes, request parsing, fault application and the OpenAI wire format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import socket
+import uuid
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from batchgrader.provider.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
+from batchgrader.provider.emulator.faults import Fault
+
+if TYPE_CHECKING:
+    from batchgrader.provider.emulator.server import Emulator
+
+log = logging.getLogger(__name__)
+
+
+_ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
+    ("POST", re.compile(r"^/v1/files$"), "/v1/files", "create_file"),
+    ("GET", re.compile(r"^/v1/files$"), "/v1/files", "list_files"),
+    ("GET", re.compile(r"^/v1/files/(?P<id>[^/]+)$"), "/v1/files/{id}", "retrieve_file"),
+    ("DELETE", re.compile(r"^/v1/files/(?P<id>[^/]+)$"), "/v1/files/{id}", "delete_file"),
+    ("GET", re.compile(r"^/v1/files/(?P<id>[^/]+)/content$"), "/v1/files/{id}/content", "file_content"),
+    ("POST", re.compile(r"^/v1/batches$"), "/v1/batches", "create_batch"),
+    ("GET", re.compile(r"^/v1/batches$"), "/v1/batches", "list_batches"),
+    ("GET", re.compile(r"^/v1/batches/(?P<id>[^/]+)$"), "/v1/batches/{id}", "retrieve_batch"),
+    ("POST", re.compile(r"^/v1/batches/(?P<id>[^/]+)/cancel$"), "/v1/batches/{id}/cancel", "cancel_batch"),
+]
+
+
+def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
+    m = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not m:
+        raise ApiError(400, "Could not parse multipart form: missing boundary.")
+    boundary = m.group(1).encode("latin-1")
+    out: dict[str, tuple[str | None, bytes]] = {}
+    delim = b"--" + boundary
+    for part in body.split(delim)[1:]:
+        if part.startswith(b"--"):
+            break
+        if part.startswith(b"\r\n"):
+            part = part[2:]
+        head, sep, content = part.partition(b"\r\n\r\n")
+        if not sep:
+            continue
+        if content.endswith(b"\r\n"):
+            content = content[:-2]
+        disp = ""
+        for line in head.decode("utf-8", "replace").split("\r\n"):
+            if line.lower().startswith("content-disposition:"):
+                disp = line
+        nm = re.search(r'\bname="([^"]*)"', disp)
+        fn = re.search(r'\bfilename="([^"]*)"', disp) or re.search(r"\bfilename\*=(?:UTF-8'')?([^;]+)", disp)
+        if nm:
+            out[nm.group(1)] = (unquote(fn.group(1)) if fn else None, content)
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "BatchgraderEmulator/1.0"
+    timeout = 60
+    emulator: Emulator  # set on the subclass made per server
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("emulator: " + format, *args)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size_line = self.rfile.readline()
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(chunks)
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _headers_common(self, request_id: str) -> None:
+        self.send_header("x-request-id", request_id)
+        self.send_header("openai-organization", self.emulator.config.organization)
+        self.send_header("openai-processing-ms", "1")
+        self.send_header("x-emulator", "simulated")
+        self.send_header("Connection", "close")
+
+    def _send_bytes(
+        self, status: int, data: bytes, content_type: str, extra: Mapping[str, str] | None = None, *, truncate: bool = False
+    ) -> None:
+        request_id = "req_" + uuid.uuid4().hex
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self._headers_common(request_id)
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            if truncate:
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self._drop()
+                return
+            view = memoryview(data)
+            for i in range(0, len(data), 1 << 16):
+                self.wfile.write(view[i : i + (1 << 16)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+    def _send_json(self, status: int, obj: Any, extra: Mapping[str, str] | None = None, *, truncate: bool = False) -> None:
+        self._send_bytes(status, json.dumps(obj).encode("utf-8"), "application/json", extra, truncate=truncate)
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        emu = self.emulator
+        split = urlsplit(self.path)
+        path = split.path.rstrip("/") or "/"
+        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+        try:
+            body = self._read_body()
+        except (OSError, ValueError):
+            self.close_connection = True
+            return
+        if path.startswith("/_emulator"):
+            self._admin(method, path, query, body)
+            return
+        route = None
+        params: dict[str, str] = {}
+        action = None
+        for m, rx, template, name in _ROUTES:
+            mt = rx.match(path)
+            if mt and m == method:
+                route, params, action = template, mt.groupdict(), name
+                break
+        store = emu.store
+        store.count_request(method, route or path)
+        self._hook(method, route or path, "received")
+        faults = store.choose_faults(method, route or path, path)
+        after: Fault | None = None
+        for fault in faults:
+            if fault.kind == "delay":
+                emu._stopping.wait(fault.seconds)
+            elif fault.kind == "drop_before":
+                self._drop()
+                return
+            elif fault.kind == "status":
+                extra = {}
+                if fault.retry_after is not None:
+                    extra["retry-after"] = str(max(0, math.ceil(fault.retry_after)))
+                    extra["retry-after-ms"] = str(int(fault.retry_after * 1000))
+                msg = fault.message or {
+                    429: "Rate limit reached for requests (emulated). Please try again later.",
+                    503: "The engine is currently overloaded, please try again later.",
+                }.get(fault.status, "The server had an error while processing your request. Sorry about that!")
+                etype = {429: "requests", 503: "server_error"}.get(
+                    fault.status, "server_error" if fault.status >= 500 else "invalid_request_error"
+                )
+                code = {429: "rate_limit_exceeded"}.get(fault.status)
+                self._send_json(fault.status, _error_body(msg, etype, None, code), extra)
+                return
+            else:
+                after = fault
+        try:
+            self._check_auth()
+            if action is None:
+                raise ApiError(404, f"Invalid URL ({method} {path})")
+            result = self._call(action, params, query, body)
+        except ApiError as e:
+            result = (e.status, e.body())
+        except Exception:  # pragma: no cover - a bug in the emulator; still answer like the API
+            log.exception("emulator: unhandled error for %s %s", method, path)
+            result = (500, _server_error_body())
+        self._hook(method, route or path, "effected")
+        if after is not None:
+            if after.kind == "drop_after":
+                self._drop()
+                return
+            if after.kind == "hang_after":
+                emu._stopping.wait(after.seconds)
+            if after.kind == "garbage":
+                self._send_bytes(200, b'{"id": "trunc', "application/json")
+                return
+        status, payload = result
+        truncate = after is not None and after.kind == "truncate"
+        if isinstance(payload, bytes):
+            self._send_bytes(status, payload, "application/octet-stream", truncate=truncate)
+        else:
+            self._send_json(status, payload, truncate=truncate)
+
+    def _hook(self, method: str, route: str, phase: str) -> None:
+        hook = self.emulator.config.on_request
+        if hook is None:
+            return
+        try:
+            hook(method, route, phase)
+        except Exception:  # a test hook must not take the server down
+            log.exception("emulator: on_request hook failed")
+
+    def _check_auth(self) -> None:
+        auth = self.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not key:
+            raise ApiError(
+                401,
+                "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+            )
+        expected = self.emulator.config.api_key
+        if expected is not None and key != expected:
+            shown = key if self.emulator.config.leak_key_in_errors else _mask_presented_key(key)
+            raise ApiError(
+                401,
+                f"Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                code="invalid_api_key",
+            )
+
+    def _call(self, action: str, params: dict[str, str], query: dict[str, str], body: bytes) -> tuple[int, Any]:
+        store = self.emulator.store
+        if action == "create_file":
+            ctype = self.headers.get("Content-Type", "")
+            if "multipart/form-data" not in ctype:
+                raise ApiError(400, "Expected a multipart/form-data request body.")
+            form = _parse_multipart(body, ctype)
+            if "file" not in form:
+                raise ApiError(400, "Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
+            filename, data = form["file"]
+            purpose = form.get("purpose", (None, b""))[1].decode("utf-8", "replace") or None
+            expires_after = {}
+            for k in ("anchor", "seconds"):
+                if f"expires_after[{k}]" in form:
+                    expires_after[k] = form[f"expires_after[{k}]"][1].decode()
+            return 200, store.create_file(filename or "upload", data, purpose, expires_after)
+        if action == "list_files":
+            return 200, store.list_files(query)
+        if action == "retrieve_file":
+            return 200, store.retrieve_file(params["id"])
+        if action == "delete_file":
+            return 200, store.delete_file(params["id"])
+        if action == "file_content":
+            return 200, store.file_content(params["id"])
+        if action == "create_batch":
+            try:
+                parsed = json.loads(body or b"null")
+            except ValueError:
+                raise ApiError(
+                    400,
+                    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
+                ) from None
+            return 200, store.create_batch(parsed)
+        if action == "list_batches":
+            return 200, store.list_batches(query)
+        if action == "retrieve_batch":
+            return 200, store.retrieve_batch(params["id"])
+        if action == "cancel_batch":
+            return 200, store.cancel_batch(params["id"])
+        raise ApiError(404, f"Invalid URL ({action})")  # pragma: no cover
+
+    def _admin(self, method: str, path: str, query: dict[str, str], body: bytes) -> None:
+        store = self.emulator.store
+        try:
+            payload = json.loads(body) if body else {}
+            if method == "GET" and path == "/_emulator/stats":
+                self._send_json(200, store.stats())
+            elif method == "POST" and path == "/_emulator/faults":
+                items = payload if isinstance(payload, list) else [payload]
+                for item in items:
+                    fault = Fault(
+                        kind=item["kind"],
+                        status=int(item.get("status", 500)),
+                        retry_after=item.get("retry_after"),
+                        seconds=float(item.get("seconds", 0.0)),
+                        message=item.get("message"),
+                    )
+                    store.script_fault(item.get("method", "*"), item.get("path", "*"), fault, int(item.get("times", 1)))
+                self._send_json(200, {"scripted": len(items)})
+            elif method == "DELETE" and path == "/_emulator/faults":
+                store.clear_faults()
+                self._send_json(200, {"cleared": True})
+            elif method == "POST" and (mt := re.match(r"^/_emulator/batches/([^/]+)/expire$", path)):
+                completed = payload.get("completed") if isinstance(payload, dict) else None
+                self._send_json(200, store.expire_batch(mt.group(1), completed))
+            else:
+                raise ApiError(404, f"Invalid URL ({method} {path})")
+        except ApiError as e:
+            self._send_json(e.status, e.body())
+        except (ValueError, KeyError, TypeError) as e:
+            self._send_json(400, _error_body(f"bad admin request: {e}", "invalid_request_error", None, None))

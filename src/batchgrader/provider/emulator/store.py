@@ -1,0 +1,82 @@
+"""The store: all API state and behaviour, independent of HTTP, combined from the mixins."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from batchgrader.provider.emulator.answers import AnswersMixin
+from batchgrader.provider.emulator.config import EmulatorConfig
+from batchgrader.provider.emulator.faults import FaultsMixin
+from batchgrader.provider.emulator.files import FilesMixin
+from batchgrader.provider.emulator.lifecycle import BatchesMixin
+from batchgrader.provider.emulator.persistence import PersistenceMixin
+from batchgrader.provider.emulator.state import _Batch, _File
+from batchgrader.provider.emulator.validation import ValidationMixin
+
+
+class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, FaultsMixin, PersistenceMixin):
+    """All API state and behaviour, independent of HTTP. Every public method takes the lock."""
+
+    def __init__(self, config: EmulatorConfig):
+        self.cfg = config
+        self.clock = config.clock
+        self.lock = threading.RLock()
+        self.files: dict[str, _File] = {}
+        self.batches: dict[str, _Batch] = {}
+        self.seq = 0
+        self.requests: Counter[str] = Counter()
+        self.faults_injected: Counter[str] = Counter()
+        self.files_created = 0
+        self.batches_created = 0
+        self.custom_id_seen: Counter[str] = Counter()
+        self.scripted: list[dict[str, Any]] = []
+        self.rates = config.fault_rates()
+        self.fault_rng = random.Random(f"faults:{config.seed}")
+        self.data_dir = Path(config.data_dir) if config.data_dir else None
+        if self.data_dir:
+            self._load()
+
+    # --- inspection ------------------------------------------------------------------------
+
+    def count_request(self, method: str, route: str) -> None:
+        with self.lock:
+            self.requests[f"{method} {route}"] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            self._advance_all()
+            batches = sorted(self.batches.values(), key=lambda b: b.seq)
+            return {
+                "simulated": True,
+                "requests": dict(self.requests),
+                "faults_injected": dict(self.faults_injected),
+                "files_created": self.files_created,
+                "batches_created": self.batches_created,
+                "batches": [
+                    {
+                        "id": b.obj["id"],
+                        "status": b.status,
+                        "input_file_id": b.obj["input_file_id"],
+                        "metadata": b.obj["metadata"],
+                        "created_at": b.obj["created_at"],
+                        "model": b.obj["model"],
+                        "request_counts": self._view(b)["request_counts"],
+                    }
+                    for b in batches
+                ],
+                "files": [
+                    {
+                        "id": f.obj["id"],
+                        "filename": f.obj["filename"],
+                        "bytes": f.obj["bytes"],
+                        "purpose": f.obj["purpose"],
+                        "deleted": f.deleted,
+                    }
+                    for f in sorted(self.files.values(), key=lambda f: f.seq)
+                ],
+                "scripted_faults_pending": len(self.scripted),
+            }
