@@ -22,13 +22,44 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.core.decide import (
+    FIRST_POLL_DELAY,
+    Action,
+    Archive,
+    CancelBatch,
+    Create,
+    DeleteProviderFiles,
+    Download,
+    FailBatch,
+    FailUnstarted,
+    Finish,
+    Hold,
+    Merge,
+    PlanRetries,
+    Poll,
+    Prepare,
+    Reconcile,
+    RecoverEnded,
+    Release,
+    RestoreInput,
+    Step,
+    Timers,
+    Upload,
+    WriteResult,
+    capacity_refusal,
+    next_action,
+    next_poll_delay,
+    resubmit_delay,
+    utc_day,
+)
 from batchgrader.core.home import Home
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.core.state import ChunkState, JobState, State, fold
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
+from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.outbox import added_columns, error_name, error_report, result_name, result_values
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
-from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
+from batchgrader.pipeline.pricing import PriceTable, PricingError
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, TableWriter, defuse_formula, open_table, text_of
@@ -44,21 +75,11 @@ from batchgrader.store.eventstore import EventStore, NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
-FIRST_POLL_DELAY = 0.5
-POLL_BACKOFF = 1.6
-
-
-def resubmit_delay(poll_interval: float) -> float:
-    """How long a chunk refused for the enqueued-token limit waits before it is sent again."""
-    return min(max(2 * poll_interval, 1.0), 600.0)
+__all__ = ["Engine", "resubmit_delay", "utc_day"]
 
 
 def _e(type_: str, **payload: Any) -> NewEvent:
     return NewEvent(type_, payload)
-
-
-def utc_day(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
 
 
 def stamp(ts: float) -> str:
@@ -236,43 +257,84 @@ class Engine:
             atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
         self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
 
-    # --- per job ------------------------------------------------------------------------------
+    # --- per job: ask decide, carry out -------------------------------------------------------
+    def timers(self) -> Timers:
+        return Timers(self._next_poll, self._not_before, self._cancel_sent)
+
     def advance(self, job: JobState, now: float) -> None:
-        if job.ended:
+        """Take one job as far as it goes in this tick: ask :func:`next_action`, carry it out,
+        ask again with what was done."""
+        step = Step()
+        while True:
+            action = next_action(self.state, job.job_id, self.config, now, self.timers(), step)
+            if action is None:
+                return
+            step = step.after(action)
+            self.act(action, now)
+            if action.ends_step:
+                return
+
+    def act(self, a: Action, now: float) -> None:
+        """Carry out one action: intent event, call, outcome event."""
+        job = self.state.jobs[a.job_id]
+        if isinstance(a, RecoverEnded):
             self._finish_effects(job, now)
-            return
-        if job.archived_path and not Path(job.input_path).exists() and Path(job.archived_path).exists():
-            # reopened by `bgctl retry`: bring the input back into the work area
-            os.rename(job.archived_path, job.input_path)
-            self.emit(job.job_id, _e("InputRestored", path=job.input_path))
-            job = self.state.jobs[job.job_id]
-        if not job.prepared:
+        elif isinstance(a, RestoreInput):
+            if not Path(job.input_path).exists() and job.archived_path and Path(job.archived_path).exists():
+                # reopened by `bgctl retry`: bring the input back into the work area
+                os.rename(job.archived_path, job.input_path)
+                self.emit(job.job_id, _e("InputRestored", path=job.input_path))
+        elif isinstance(a, Prepare):
             self._prepare(job, now)
-            return
-        if job.cancel_requested:
-            self._cancel(job, now)
-        elif job.held:
-            self._maybe_release(job, now)
-            if job.held:
-                return
-        for c in list(job.chunks.values()):
-            if c.open_intent:
-                self._reconcile_intent(job, c, now)
-        for c in list(job.chunks.values()):
-            if c.in_flight:
-                self._poll(job, c, now)
-        for c in list(job.chunks.values()):
-            if c.create == "done" and c.status in TERMINAL_BATCH and not c.done and not c.failure:
-                self._collect(job, c, now)
-        if job.cancel_requested:
-            self._cancel_unstarted(job)
-        else:
-            self._halt_if_needed(job)
-            self._submit(job, now)
-        if all(c.done for c in job.chunks.values()):
-            if not job.cancel_requested and self._plan_retries(job):
-                return
-            self._finish(job, now)
+        elif isinstance(a, CancelBatch):
+            self._cancel_batch(a, now)
+        elif isinstance(a, Release):
+            self.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False))
+        elif isinstance(a, Reconcile):
+            c = job.chunks[a.chunk]
+            if a.intent == "upload":
+                self._reconcile_upload(job, c)
+            else:
+                self._reconcile_create(job, c, now)
+        elif isinstance(a, Poll):
+            self._poll(job, job.chunks[a.chunk], now)
+        elif isinstance(a, FailBatch):
+            self.emit(
+                job.job_id,
+                _e("ChunkFailed", chunk=a.chunk, batch_id=a.batch_id, code=a.code, error=a.error, retryable=a.retryable),
+            )
+            if a.retryable:
+                self._not_before[(job.job_id, a.chunk)] = now + a.retry_delay
+            else:
+                self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.error)
+        elif isinstance(a, Download):
+            self._download(job, a)
+        elif isinstance(a, Merge):
+            self._merge(job, job.chunks[a.chunk], now)
+        elif isinstance(a, FailUnstarted):
+            self.emit(job.job_id, _e("ChunkFailed", chunk=a.chunk, batch_id=None, code=a.code, error=a.error, retryable=False))
+            self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.row_message)
+        elif isinstance(a, Hold):
+            self.emit(job.job_id, _e("JobHeld", code=a.code, reason=a.reason))
+        elif isinstance(a, Upload):
+            self._upload(job, job.chunks[a.chunk], a)
+        elif isinstance(a, Create):
+            self._create(job, job.chunks[a.chunk], now)
+        elif isinstance(a, PlanRetries):
+            self._plan_retries(job, list(a.custom_ids))
+        elif isinstance(a, WriteResult):
+            self._write_outbox(job, a, now)
+        elif isinstance(a, Archive):
+            src = Path(job.input_path)
+            if src.exists():
+                dest = move_no_clobber(src, self.home.failed if a.to_failed else self.home.archive, job.file, stamp(now))
+                self.emit(job.job_id, _e("InputArchived", path=str(dest)))
+        elif isinstance(a, DeleteProviderFiles):
+            self._delete_provider_files(job, a.file_ids)
+        elif isinstance(a, Finish):
+            self.emit(job.job_id, _e(a.event, **a.payload))
+        else:  # pragma: no cover - every action type is handled above
+            raise TypeError(f"unknown action {a!r}")
 
     # --- prepare ------------------------------------------------------------------------------
     def _prepare(self, job: JobState, now: float) -> None:
@@ -385,115 +447,11 @@ class Engine:
         limits = Limits.from_settings(profile, price.context_window if price else None)
         return dataclasses.replace(limits, token_limit=cap, token_limit_name="enqueued_token_limit")
 
-    # --- budget ---------------------------------------------------------------------------------
-    def _budget_problem(self, job: JobState, now: float) -> tuple[str, str] | None:
-        if job.override_budget:
-            return None
-        profile = self.profile_of(job)
-        est = (job.estimate or {}).get("max_total") or 0.0
-        if profile.max_cost_per_job_usd is not None and est > profile.max_cost_per_job_usd:
-            return (
-                "max_cost_per_job_usd",
-                f"estimated cost up to ${est:.4f} exceeds max_cost_per_job_usd ${profile.max_cost_per_job_usd:.4f}; "
-                f"raise the limit in config.yaml (then SIGHUP the daemon) or run `bgctl retry {job.job_id}` to submit anyway",
-            )
-        day = utc_day(now)
-        if self.settings.daily_cost_limit_usd is not None:
-            spent = self.state.spend_by_day.get(day, 0.0) + self._committed_cost(exclude=job.job_id)
-            if spent + est > self.settings.daily_cost_limit_usd:
-                return (
-                    "daily_cost_limit_usd",
-                    f"today's spend ${spent:.4f} plus this job's estimate ${est:.4f} would exceed daily_cost_limit_usd "
-                    f"${self.settings.daily_cost_limit_usd:.4f}; it will be submitted when the limit allows (UTC day) or with `bgctl retry {job.job_id}`",
-                )
-        if self.settings.daily_token_limit is not None:
-            tokens = job_tokens_bound(job, profile)
-            used = self.state.tokens_by_day.get(day, 0)
-            if used + tokens > self.settings.daily_token_limit:
-                return (
-                    "daily_token_limit",
-                    f"today's {used:,} tokens plus this job's up to {tokens:,} would exceed daily_token_limit "
-                    f"{self.settings.daily_token_limit:,}; it will be submitted when the limit allows or with `bgctl retry {job.job_id}`",
-                )
-        return None
-
-    def _committed_cost(self, exclude: str) -> float:
-        total = 0.0
-        for j in self.state.active_jobs():
-            if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
-                total += max(0.0, ((j.estimate or {}).get("max_total") or 0.0) - j.cost_usd)
-        return total
-
-    def _maybe_release(self, job: JobState, now: float) -> None:
-        if job.override_budget or self._budget_problem(job, now) is None:
-            self.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False))
-
-    # --- submit ---------------------------------------------------------------------------------
-    def _capacity(self) -> int:
-        used = 0
-        for j in self.state.active_jobs():
-            for c in j.chunks.values():
-                if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and not c.done):
-                    used += 1
-        return self.settings.max_simultaneous_batches - used
-
-    def _enqueued(self, model: str) -> int:
-        total = 0
-        for j in self.state.active_jobs():
-            if j.model == model:
-                total += sum(c.input_tokens for c in j.chunks.values() if c.in_flight or c.open_intent)
-        return total
-
-    def _submit(self, job: JobState, now: float) -> None:
-        pending = [
-            c
-            for c in job.chunks.values()
-            if not c.done
-            and not c.in_flight
-            and not c.open_intent
-            and (
-                not (c.create == "done" and c.status in TERMINAL_BATCH) or (c.failure is not None and c.failure.get("retryable"))
-            )
-        ]
-        if not pending:
-            return
-        if not any(c.upload != "none" for c in job.chunks.values()):
-            problem = self._budget_problem(job, now)
-            if problem:
-                self.emit(job.job_id, _e("JobHeld", code=problem[0], reason=problem[1]))
-                return
-        limit = self.settings.enqueued_token_limit.get(job.model or "")
-        halt = self.profile_of(job).halt_on_chunk_failure and not job.retry_requested
-        for c in pending:
-            if halt and any(x.failure and not x.failure.get("retryable") for x in job.chunks.values()):
-                self._halt_if_needed(job)
-                return
-            if self._not_before.get((job.job_id, c.index), 0) > now:
-                continue
-            if c.upload == "done" and c.create in ("none", "failed"):
-                self._create(job, c, now)  # uploaded earlier; create (again) with the same file
-                continue
-            if self._capacity() <= 0:
-                return
-            if (
-                limit is not None
-                and self._enqueued(job.model or "") + c.input_tokens > limit
-                and self._enqueued(job.model or "") > 0
-            ):
-                return  # wait for capacity at the provider
-            self._upload(job, c, c.attempt + 1)
-            c = job.chunks[c.index]
-            if c.upload == "done":
-                self._create(job, c, now)
-
-    def _upload_name(self, job: JobState, c: ChunkState, attempt: int) -> str:
-        return f"bg-{job.job_id}-c{c.index:04d}-a{attempt}.jsonl"
-
-    def _upload(self, job: JobState, c: ChunkState, attempt: int) -> None:
+    # --- submit -------------------------------------------------------------------------------
+    def _upload(self, job: JobState, c: ChunkState, a: Upload) -> None:
         assert self.provider is not None
-        name = self._upload_name(job, c, attempt)
-        self.emit(job.job_id, _e("UploadStarted", chunk=c.index, attempt=attempt, filename=name, bytes=c.bytes))
-        self._do_upload(job, c)
+        self.emit(job.job_id, _e("UploadStarted", chunk=c.index, attempt=a.attempt, filename=a.filename, bytes=c.bytes))
+        self._do_upload(job, job.chunks[c.index])
 
     def _do_upload(self, job: JobState, c: ChunkState) -> None:
         assert self.provider is not None and c.filename
@@ -553,7 +511,7 @@ class Engine:
             b = self.provider.create_batch(c.file_id, ENDPOINT, self.settings.completion_window, dict(c.metadata))
         except ProviderRejected as exc:
             self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
-            if exc.status_code == 429 or "token_limit" in str(exc):
+            if capacity_refusal(exc.status_code, str(exc)):
                 self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
                 return
             self.emit(
@@ -602,123 +560,70 @@ class Engine:
                     definite=True,
                 ),
             )
-            # the file is uploaded: _submit creates again with it, under the same attempt's metadata
+            # the file is uploaded: the next tick creates again with it, under the same attempt's metadata
 
-    def _reconcile_intent(self, job: JobState, c: ChunkState, now: float) -> None:
-        if c.upload == "started":
-            self._reconcile_upload(job, c)
-        elif c.create == "requested":
-            self._reconcile_create(job, c, now)
+    def _cancel_batch(self, a: CancelBatch, now: float) -> None:
+        assert self.provider is not None
+        try:
+            self.provider.cancel(a.batch_id)
+        except ProviderRejected as exc:
+            log.info("cancel %s: %s", a.batch_id, exc)  # already terminal: collected as usual
+        self._cancel_sent.add(a.batch_id)
+        self._next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)
 
     # --- poll and collect ---------------------------------------------------------------------
     def _poll(self, job: JobState, c: ChunkState, now: float) -> None:
         assert self.provider is not None and c.batch_id
         key = (job.job_id, c.index)
-        due, delay = self._next_poll.get(key, (now, FIRST_POLL_DELAY))
-        if due > now:
-            return
+        _due, delay = self._next_poll.get(key, (now, FIRST_POLL_DELAY))
         b = self.provider.retrieve(c.batch_id)
         ev = _status_event(c, b)
         if ev is not None:
             self.emit(job.job_id, ev)
-            delay = FIRST_POLL_DELAY if b.status != c.status else delay
-        else:
-            delay = min(delay * POLL_BACKOFF, self.settings.poll_interval_seconds)
+        delay = next_poll_delay(delay, ev is not None, b.status != c.status, self.settings.poll_interval_seconds)
         self._next_poll[key] = (now + delay, delay)
 
-    def _collect(self, job: JobState, c: ChunkState, now: float) -> None:
-        """A batch reached a terminal status: download its files and merge the rows."""
+    def _download(self, job: JobState, a: Download) -> None:
         assert self.provider is not None
-        if c.status == "failed":
-            codes = [e.get("code") for e in c.batch_errors]
-            msg = (
-                "; ".join(
-                    f"{e.get('code')}: {e.get('message')}" + (f" (line {e['line']})" if e.get("line") else "")
-                    for e in c.batch_errors
-                )
-                or "batch failed"
-            )
-            if "token_limit_exceeded" in codes:
-                self.emit(
-                    job.job_id,
-                    _e("ChunkFailed", chunk=c.index, batch_id=c.batch_id, code="token_limit_exceeded", error=msg, retryable=True),
-                )
-                self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
-                return
-            self.emit(
-                job.job_id,
-                _e(
-                    "ChunkFailed",
-                    chunk=c.index,
-                    batch_id=c.batch_id,
-                    code=codes[0] if codes else "batch_failed",
-                    error=msg,
-                    retryable=False,
-                ),
-            )
-            self._rows_failed_for_chunk(job, job.chunks[c.index], str(codes[0]) if codes else "batch_failed", msg)
-            return
-        dl_dir = self.home.job_dir(job.job_id) / "downloads"
-        for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
-            if not file_id or c.downloads.get(kind, {}).get("state") == "done":
-                continue
-            dest = dl_dir / f"{c.batch_id}-{kind}.jsonl"
-            self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
-            n = self.provider.download(file_id, dest)
-            self.emit(
-                job.job_id,
-                _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n),
-            )
-        c = job.chunks[c.index]
-        self._merge(job, c, now)
+        dest = self.home.job_dir(job.job_id) / "downloads" / f"{a.batch_id}-{a.kind}.jsonl"
+        self.emit(job.job_id, _e("OutputDownloadStarted", chunk=a.chunk, batch_id=a.batch_id, file_id=a.file_id, kind=a.kind))
+        n = self.provider.download(a.file_id, dest)
+        self.emit(
+            job.job_id,
+            _e("OutputDownloaded", chunk=a.chunk, batch_id=a.batch_id, file_id=a.file_id, kind=a.kind, path=str(dest), bytes=n),
+        )
 
     def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
-        expected = chunk_custom_ids(c)
-        outcomes: dict[str, dict[str, Any]] = {}
-        for kind in ("output", "error"):
-            d = c.downloads.get(kind)
-            if d and d.get("path"):
-                for o in iter_outcomes(Path(d["path"])):
-                    if o.custom_id in expected:
-                        outcomes[o.custom_id] = outcome_record(o)
-        missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(c.status or "", "missing_result")
-        missing_msg = {
-            "batch_expired": "the batch expired before this row was processed",
-            "batch_cancelled": "the batch was cancelled before this row was processed",
-        }.get(missing_code, "the provider returned no result for this row")
-        failed_rows: list[dict[str, Any]] = []
-        ordered: list[dict[str, Any]] = []
-        for cid in expected:
-            rec = outcomes.get(cid)
-            if rec is None:
-                rec = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
-            ordered.append(rec)
-            if not rec["ok"]:
-                failed_rows.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
+        """Merge a finished batch's rows; its events go in one transaction."""
+        paths = [Path(d["path"]) for d in (c.downloads.get(k) for k in ("output", "error")) if d and d.get("path")]
+        merged = merge_chunk(chunk_custom_ids(c), (o for p in paths for o in iter_outcomes(p)), c.status)
         results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
-        atomic_write_bytes(results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in ordered))
-        usage = {
-            k: sum(int(r.get(k) or 0) for r in ordered if r["ok"])
-            for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
-        }
+        atomic_write_bytes(results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in merged.records))
         try:
-            price = self.prices.get(job.model or "")
-            cost = billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"])
+            cost = merged.cost(self.prices.get(job.model or ""))
         except PricingError:
             cost = 0.0
         events = [
-            _e("TokensUsed", chunk=c.index, batch_id=c.batch_id, model=job.model, cost_usd=float(cost), day=utc_day(now), **usage)
+            _e(
+                "TokensUsed",
+                chunk=c.index,
+                batch_id=c.batch_id,
+                model=job.model,
+                cost_usd=float(cost),
+                day=utc_day(now),
+                **merged.usage,
+            )
         ]
-        if failed_rows:
-            events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=failed_rows))
+        if merged.failed_rows:
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=merged.failed_rows))
         events.append(
             _e(
                 "ChunkCompleted",
                 chunk=c.index,
                 batch_id=c.batch_id,
                 status=c.status,
-                succeeded=len(ordered) - len(failed_rows),
-                failed=len(failed_rows),
+                succeeded=merged.succeeded,
+                failed=len(merged.failed_rows),
                 results_path=str(results_path),
             )
         )
@@ -729,66 +634,10 @@ class Engine:
         if rows:
             self.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
 
-    # --- halting, cancelling, retrying --------------------------------------------------------------
-    def _halt_if_needed(self, job: JobState) -> None:
-        if not self.profile_of(job).halt_on_chunk_failure or job.retry_requested:
-            return
-        failed = [
-            c for c in job.chunks.values() if c.failure and not c.failure.get("retryable") and c.failure.get("code") != "halted"
-        ]
-        if not failed:
-            return
-        reason = f"halted because chunk {failed[0].index} failed: {(failed[0].failure or {}).get('error')}"
-        for c in job.chunks.values():
-            if not c.done and c.upload == "none" and c.custom_ids is None:
-                self.emit(
-                    job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="halted", error=reason, retryable=False)
-                )
-                self._rows_failed_for_chunk(job, job.chunks[c.index], "halted", reason)
-
-    def _cancel(self, job: JobState, now: float) -> None:
-        for c in job.chunks.values():
-            if c.in_flight and c.batch_id and c.batch_id not in self._cancel_sent and c.status != "cancelling":
-                assert self.provider is not None
-                try:
-                    self.provider.cancel(c.batch_id)
-                except ProviderRejected as exc:
-                    log.info("cancel %s: %s", c.batch_id, exc)  # already terminal: collected as usual
-                self._cancel_sent.add(c.batch_id)
-                self._next_poll[(job.job_id, c.index)] = (now, FIRST_POLL_DELAY)
-
-    def _cancel_unstarted(self, job: JobState) -> None:
-        for c in job.chunks.values():
-            if not c.done and not c.in_flight and not c.open_intent and not (c.create == "done" and c.status in TERMINAL_BATCH):
-                self.emit(
-                    job.job_id,
-                    _e(
-                        "ChunkFailed",
-                        chunk=c.index,
-                        batch_id=None,
-                        code="cancelled",
-                        error="cancelled before submission",
-                        retryable=False,
-                    ),
-                )
-                self._rows_failed_for_chunk(
-                    job, job.chunks[c.index], "cancelled", "the job was cancelled before this row was submitted"
-                )
-
-    def _plan_retries(self, job: JobState) -> bool:
-        """Resubmit failed rows (automatically up to max_row_retries; all of them on `bgctl retry`)."""
-        if not job.failed_rows:
-            return False
+    # --- retrying -------------------------------------------------------------------------------
+    def _plan_retries(self, job: JobState, ids: list[str]) -> None:
+        """Write the retry chunks of the rows ``ids`` and record them."""
         profile = self.profile_of(job)
-        halted = any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values())
-        if job.retry_requested:
-            ids = list(job.failed_rows)
-        elif halted:
-            return False
-        else:
-            ids = [cid for cid in job.failed_rows if job.row_attempts.get(cid, 0) < profile.max_row_retries]
-        if not ids:
-            return False
         wanted = set(ids)
         lines: list[bytes] = []
         tokens = array("Q")
@@ -832,85 +681,46 @@ class Engine:
                 )
             )
         self.emit(job.job_id, *events)
-        return True
 
     # --- finish ---------------------------------------------------------------------------------
-    def _ending(self, job: JobState) -> tuple[str, dict[str, Any]]:
-        """How a job whose chunks are all done ends: the final event and its payload."""
-        succeeded = job.succeeded_rows
-        failed = len(job.failed_rows) + len(job.row_errors)
-        if job.cancel_requested:
-            return "JobCancelled", {"succeeded": succeeded, "failed": failed}
-        halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
-        if halted:
-            return "JobFailed", {
-                "code": "halted",
-                "error": halted,
-                "stage": "submit",
-                "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done.",
-            }
-        if succeeded == 0 and failed:
-            return "JobFailed", {
-                "code": "all_rows_failed",
-                "error": f"no row succeeded; first error: {_first_error(job)}",
-                "stage": "merge",
-                "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`.",
-            }
-        return "JobCompleted", {
-            "state": "completed" if not failed else "completed_with_errors",
-            "succeeded": succeeded,
-            "failed": failed,
-        }
-
-    def _finish(self, job: JobState, now: float) -> None:
-        profile = self.profile_of(job)
-        final, payload = self._ending(job)
+    def _write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
+        """Name the result (and error report) in an intent event, write them, record them."""
         if job.outbox == "none":
             path = free_path(self.home.outbox, job.result_name, stamp(now))
-            err = free_path(self.home.outbox, error_name(job.file), stamp(now)) if final == "JobFailed" else None
+            err = free_path(self.home.outbox, error_name(job.file), stamp(now)) if a.failed else None
             self.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
         job = self.state.jobs[job.job_id]
-        if job.outbox == "started":
-            path = Path(job.result_path or "")
-            written = self._write_result(job, profile, path) if not path.exists() else job.rows
-            if job.error_path and not Path(job.error_path).exists():
-                atomic_write_bytes(
-                    Path(job.error_path),
-                    error_report(
-                        job.file,
-                        job.job_id,
-                        payload["error"],
-                        payload["hint"],
-                        f"Partial results: {path.name} ({job.succeeded_rows} rows answered).",
-                    ).encode(),
-                    overwrite=False,
-                )
-            self.emit(
-                job.job_id,
-                _e(
-                    "ResultWritten",
-                    path=str(path),
-                    rows=written,
-                    succeeded=job.succeeded_rows,
-                    failed=len(job.failed_rows) + len(job.row_errors),
-                    error_path=job.error_path,
-                ),
-            )
-        job = self.state.jobs[job.job_id]
-        if not job.archived_path:
-            src = Path(job.input_path)
-            if src.exists():
-                dest = move_no_clobber(src, self.home.failed if final == "JobFailed" else self.home.archive, job.file, stamp(now))
-                self.emit(job.job_id, _e("InputArchived", path=str(dest)))
-        self._delete_provider_files(job)
-        self.emit(job.job_id, _e(final, **payload))
-
-    def _delete_provider_files(self, job: JobState) -> None:
-        if self.provider is None or job.provider_files_deleted or not self.settings.delete_provider_files:
+        if job.outbox != "started":
             return
-        ids: list[str] = []
-        for c in job.chunks.values():
-            ids += [x for x in (c.file_id, c.output_file_id, c.error_file_id) if x]
+        path = Path(job.result_path or "")
+        written = self._write_result(job, self.profile_of(job), path) if not path.exists() else job.rows
+        if job.error_path and not Path(job.error_path).exists():
+            atomic_write_bytes(
+                Path(job.error_path),
+                error_report(
+                    job.file,
+                    job.job_id,
+                    a.error,
+                    a.hint,
+                    f"Partial results: {path.name} ({job.succeeded_rows} rows answered).",
+                ).encode(),
+                overwrite=False,
+            )
+        self.emit(
+            job.job_id,
+            _e(
+                "ResultWritten",
+                path=str(path),
+                rows=written,
+                succeeded=job.succeeded_rows,
+                failed=len(job.failed_rows) + len(job.row_errors),
+                error_path=job.error_path,
+            ),
+        )
+
+    def _delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
+        if self.provider is None:
+            return
         deleted = []
         for fid in ids:
             try:
@@ -1033,21 +843,6 @@ def chunk_custom_ids(c: ChunkState) -> list[str]:
     return [json.loads(line)["custom_id"] for line in _lines(Path(c.path))]
 
 
-def outcome_record(o: Any) -> dict[str, Any]:
-    return {
-        "custom_id": o.custom_id,
-        "ok": bool(o.ok),
-        "content": o.content,
-        "status_code": o.status_code,
-        "error_code": o.error_code,
-        "error_message": o.error_message,
-        "prompt_tokens": o.prompt_tokens,
-        "cached_tokens": o.cached_tokens,
-        "completion_tokens": o.completion_tokens,
-        "reasoning_tokens": o.reasoning_tokens,
-    }
-
-
 def result_settings(profile: Profile) -> dict[str, Any]:
     """The settings that shape the result file, fixed when the job is prepared."""
     return {
@@ -1056,16 +851,3 @@ def result_settings(profile: Profile) -> dict[str, Any]:
         "id_column": profile.id_column,
         "csv_formula_guard": profile.csv_formula_guard,
     }
-
-
-def job_tokens_bound(job: JobState, profile: Profile) -> int:
-    input_tokens = sum(c.input_tokens for c in job.chunks.values())
-    return input_tokens + job.requests * profile.max_completion_tokens
-
-
-def _first_error(job: JobState) -> str:
-    for info in list(job.failed_rows.values())[:1]:
-        return f"{info.get('code')}: {info.get('message')}"
-    for info in list(job.row_errors.values())[:1]:
-        return f"{info.get('code')}: {info.get('message')}"
-    return "unknown"

@@ -1,0 +1,564 @@
+"""What to do next: a pure function of the folded state, the configuration and the time.
+
+:func:`decide_job` returns the actions that take one job a step further, in the order the engine
+carries them out; :func:`decide` does so for every job.  Nothing here does I/O, reads a clock,
+talks to a provider or changes its arguments: the same inputs always give the same actions.
+
+The per-process timing the daemon keeps (when each batch is next polled, which chunks wait
+before they are sent again, which batches a cancel was already sent for) is an explicit input,
+:class:`Timers`.  Within one tick the engine asks again after each action, passing a
+:class:`Step` (the stage reached and the actions already carried out), so that every decision
+sees the outcome of the previous one, and each action is tried at most once per tick.
+
+The stages, in order: 0 recover an ended job, 1 restore a reopened input, 2 prepare, 3 cancel
+or hold/release, 4 reconcile open intents, 5 poll, 6 collect (download, merge), 7 halt or
+cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows or finish
+(write the result, archive the input, delete provider files, end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from batchgrader.core.config import Config, Profile
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
+
+FIRST_POLL_DELAY = 0.5
+POLL_BACKOFF = 1.6
+
+
+def resubmit_delay(poll_interval: float) -> float:
+    """How long a chunk refused for the enqueued-token limit waits before it is sent again."""
+    return min(max(2 * poll_interval, 1.0), 600.0)
+
+
+def next_poll_delay(delay: float, changed: bool, status_changed: bool, poll_interval: float) -> float:
+    """The wait before the next poll of a batch: short after a change of status, backing off
+    (up to ``poll_interval``) while nothing changes."""
+    if changed:
+        return FIRST_POLL_DELAY if status_changed else delay
+    return min(delay * POLL_BACKOFF, poll_interval)
+
+
+def capacity_refusal(status_code: int | None, message: str) -> bool:
+    """A refused create that means "not now" (rate or enqueued-token limit), not "never"."""
+    return status_code == 429 or "token_limit" in message
+
+
+def utc_day(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timers:
+    """The daemon's timing state (not in the event log: it restarts fresh with the process).
+
+    ``next_poll[(job, chunk)] = (due, delay)``; ``not_before[(job, chunk)]`` is the time before
+    which a refused chunk is not sent again; ``cancel_sent`` holds batch ids already cancelled."""
+
+    next_poll: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    not_before: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    cancel_sent: AbstractSet[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Step:
+    """How far one job got in the current tick: the highest stage reached and the actions done."""
+
+    stage: int = 0
+    done: frozenset[tuple[Any, ...]] = frozenset()
+
+    def after(self, action: Action) -> Step:
+        return Step(max(self.stage, action.stage), self.done | {action.key})
+
+
+# --- actions --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    job_id: str
+    stage: ClassVar[int] = 0
+    ends_step: ClassVar[bool] = False  # the job goes no further in this tick after this action
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (type(self).__name__, getattr(self, "chunk", None), getattr(self, "kind", None))
+
+
+@dataclass(frozen=True)
+class RecoverEnded(Action):
+    """An ended job whose error report a crash may have interrupted: write it, record it."""
+
+    stage: ClassVar[int] = 0
+
+
+@dataclass(frozen=True)
+class RestoreInput(Action):
+    """A reopened job (``bgctl retry``): bring the archived input back, if it is there."""
+
+    stage: ClassVar[int] = 1
+
+
+@dataclass(frozen=True)
+class Prepare(Action):
+    stage: ClassVar[int] = 2
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class CancelBatch(Action):
+    chunk: int
+    batch_id: str
+    stage: ClassVar[int] = 3
+
+
+@dataclass(frozen=True)
+class Release(Action):
+    stage: ClassVar[int] = 3
+
+
+@dataclass(frozen=True)
+class Reconcile(Action):
+    """An intent without an outcome (after a crash or a lost reply): ask the provider."""
+
+    chunk: int
+    intent: str  # upload | create
+    stage: ClassVar[int] = 4
+
+
+@dataclass(frozen=True)
+class Poll(Action):
+    chunk: int
+    batch_id: str
+    stage: ClassVar[int] = 5
+
+
+@dataclass(frozen=True)
+class FailBatch(Action):
+    """A batch ended ``failed``. Retryable (token limit): sent again after ``retry_delay``."""
+
+    chunk: int
+    batch_id: str | None
+    code: str
+    error: str
+    retryable: bool
+    retry_delay: float = 0.0
+    stage: ClassVar[int] = 6
+
+
+@dataclass(frozen=True)
+class Download(Action):
+    chunk: int
+    batch_id: str | None
+    kind: str  # output | error
+    file_id: str
+    stage: ClassVar[int] = 6
+
+
+@dataclass(frozen=True)
+class Merge(Action):
+    chunk: int
+    stage: ClassVar[int] = 6
+
+
+@dataclass(frozen=True)
+class FailUnstarted(Action):
+    """A chunk never sent fails with all its rows (the job was halted or cancelled)."""
+
+    chunk: int
+    code: str
+    error: str
+    row_message: str
+    stage: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class Hold(Action):
+    code: str
+    reason: str
+    stage: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class Upload(Action):
+    chunk: int
+    attempt: int
+    filename: str
+    stage: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class Create(Action):
+    chunk: int
+    stage: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class PlanRetries(Action):
+    custom_ids: tuple[str, ...]
+    stage: ClassVar[int] = 8
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class WriteResult(Action):
+    """Write the result file (and, for a failed job, the error report), then record it."""
+
+    failed: bool
+    error: str
+    hint: str
+    stage: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
+class Archive(Action):
+    to_failed: bool
+    stage: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
+class DeleteProviderFiles(Action):
+    file_ids: tuple[str, ...]
+    stage: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
+class Finish(Action):
+    """The job's final event: JobCompleted, JobFailed or JobCancelled."""
+
+    event: str
+    payload: Mapping[str, Any] = field(hash=False)
+    stage: ClassVar[int] = 8
+
+
+# --- the rules ------------------------------------------------------------------------------------
+
+
+def upload_name(job_id: str, chunk: int, attempt: int) -> str:
+    return f"bg-{job_id}-c{chunk:04d}-a{attempt}.jsonl"
+
+
+def job_tokens_bound(job: JobState, profile: Profile) -> int:
+    input_tokens = sum(c.input_tokens for c in job.chunks.values())
+    return input_tokens + job.requests * profile.max_completion_tokens
+
+
+def committed_cost(state: State, exclude: str) -> float:
+    """What jobs already submitting may still spend (their estimate less what they cost so far)."""
+    total = 0.0
+    for j in state.active_jobs():
+        if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
+            total += max(0.0, ((j.estimate or {}).get("max_total") or 0.0) - j.cost_usd)
+    return total
+
+
+def budget_problem(state: State, job: JobState, config: Config, now: float) -> tuple[str, str] | None:
+    """Why ``job`` may not be submitted now (the limit's name and a message), or None."""
+    if job.override_budget:
+        return None
+    profile = config.profile(job.profile)
+    settings = config.default
+    est = (job.estimate or {}).get("max_total") or 0.0
+    if profile.max_cost_per_job_usd is not None and est > profile.max_cost_per_job_usd:
+        return (
+            "max_cost_per_job_usd",
+            f"estimated cost up to ${est:.4f} exceeds max_cost_per_job_usd ${profile.max_cost_per_job_usd:.4f}; "
+            f"raise the limit in config.yaml (then SIGHUP the daemon) or run `bgctl retry {job.job_id}` to submit anyway",
+        )
+    day = utc_day(now)
+    if settings.daily_cost_limit_usd is not None:
+        spent = state.spend_by_day.get(day, 0.0) + committed_cost(state, exclude=job.job_id)
+        if spent + est > settings.daily_cost_limit_usd:
+            return (
+                "daily_cost_limit_usd",
+                f"today's spend ${spent:.4f} plus this job's estimate ${est:.4f} would exceed daily_cost_limit_usd "
+                f"${settings.daily_cost_limit_usd:.4f}; it will be submitted when the limit allows (UTC day) or with `bgctl retry {job.job_id}`",
+            )
+    if settings.daily_token_limit is not None:
+        tokens = job_tokens_bound(job, profile)
+        used = state.tokens_by_day.get(day, 0)
+        if used + tokens > settings.daily_token_limit:
+            return (
+                "daily_token_limit",
+                f"today's {used:,} tokens plus this job's up to {tokens:,} would exceed daily_token_limit "
+                f"{settings.daily_token_limit:,}; it will be submitted when the limit allows or with `bgctl retry {job.job_id}`",
+            )
+    return None
+
+
+def batches_in_use(state: State) -> int:
+    """Batches counted against max_simultaneous_batches: in flight, being sent, or uploaded and
+    waiting to be created."""
+    used = 0
+    for j in state.active_jobs():
+        for c in j.chunks.values():
+            if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and not c.done):
+                used += 1
+    return used
+
+
+def enqueued_tokens(state: State, model: str) -> int:
+    """Input tokens of ``model`` at the provider (in flight or being sent), across all jobs."""
+    total = 0
+    for j in state.active_jobs():
+        if j.model == model:
+            total += sum(c.input_tokens for c in j.chunks.values() if c.in_flight or c.open_intent)
+    return total
+
+
+def collectable(c: ChunkState) -> bool:
+    return c.create == "done" and c.status in TERMINAL_BATCH and not c.done and not c.failure
+
+
+def unstarted(c: ChunkState) -> bool:
+    """Never sent (or refused for good before a batch existed): nothing of it is at the provider."""
+    return not c.done and not c.in_flight and not c.open_intent and not (c.create == "done" and c.status in TERMINAL_BATCH)
+
+
+def pending(c: ChunkState) -> bool:
+    """Waiting to be sent: never sent, or refused for the token limit and to be sent again."""
+    return (
+        not c.done
+        and not c.in_flight
+        and not c.open_intent
+        and (
+            not (c.create == "done" and c.status in TERMINAL_BATCH)
+            or (c.failure is not None and bool(c.failure.get("retryable")))
+        )
+    )
+
+
+def halt_reason(job: JobState, profile: Profile) -> str | None:
+    """With halt_on_chunk_failure, the reason the job's unsent chunks stop (a chunk failed for good)."""
+    if not profile.halt_on_chunk_failure or job.retry_requested:
+        return None
+    failed = [
+        c for c in job.chunks.values() if c.failure and not c.failure.get("retryable") and c.failure.get("code") != "halted"
+    ]
+    if not failed:
+        return None
+    return f"halted because chunk {failed[0].index} failed: {(failed[0].failure or {}).get('error')}"
+
+
+def batch_failure(job: JobState, c: ChunkState, poll_interval: float) -> FailBatch:
+    codes = [e.get("code") for e in c.batch_errors]
+    msg = (
+        "; ".join(
+            f"{e.get('code')}: {e.get('message')}" + (f" (line {e['line']})" if e.get("line") else "") for e in c.batch_errors
+        )
+        or "batch failed"
+    )
+    if "token_limit_exceeded" in codes:
+        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, resubmit_delay(poll_interval))
+    return FailBatch(job.job_id, c.index, c.batch_id, str(codes[0]) if codes else "batch_failed", msg, False)
+
+
+def retry_ids(job: JobState, profile: Profile) -> list[str]:
+    """Failed rows to send again: all on `bgctl retry`, else those under max_row_retries
+    (none after a halt or a cancel)."""
+    if not job.failed_rows:
+        return []
+    if job.retry_requested:
+        return list(job.failed_rows)
+    if any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values()):
+        return []
+    return [cid for cid in job.failed_rows if job.row_attempts.get(cid, 0) < profile.max_row_retries]
+
+
+def first_error(job: JobState) -> str:
+    for info in list(job.failed_rows.values())[:1]:
+        return f"{info.get('code')}: {info.get('message')}"
+    for info in list(job.row_errors.values())[:1]:
+        return f"{info.get('code')}: {info.get('message')}"
+    return "unknown"
+
+
+def ending(job: JobState) -> tuple[str, dict[str, Any]]:
+    """How a job whose chunks are all done ends: the final event and its payload."""
+    succeeded = job.succeeded_rows
+    failed = len(job.failed_rows) + len(job.row_errors)
+    if job.cancel_requested:
+        return "JobCancelled", {"succeeded": succeeded, "failed": failed}
+    halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
+    if halted:
+        return "JobFailed", {
+            "code": "halted",
+            "error": halted,
+            "stage": "submit",
+            "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done.",
+        }
+    if succeeded == 0 and failed:
+        return "JobFailed", {
+            "code": "all_rows_failed",
+            "error": f"no row succeeded; first error: {first_error(job)}",
+            "stage": "merge",
+            "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`.",
+        }
+    return "JobCompleted", {
+        "state": "completed" if not failed else "completed_with_errors",
+        "succeeded": succeeded,
+        "failed": failed,
+    }
+
+
+# --- the decision -----------------------------------------------------------------------------------
+
+
+def decide(state: State, config: Config, now: float, timers: Timers = Timers()) -> list[Action]:
+    """The next actions of every job, oldest job first."""
+    actions: list[Action] = []
+    for job in sorted(state.jobs.values(), key=lambda j: j.created_ts):
+        actions += decide_job(state, job.job_id, config, now, timers)
+    return actions
+
+
+def next_action(state: State, job_id: str, config: Config, now: float, timers: Timers, step: Step) -> Action | None:
+    """The first action of :func:`decide_job` not yet done and not behind the stage reached."""
+    for a in decide_job(state, job_id, config, now, timers, step):
+        if a.stage >= step.stage and a.key not in step.done:
+            return a
+    return None
+
+
+def decide_job(
+    state: State, job_id: str, config: Config, now: float, timers: Timers = Timers(), step: Step = Step()
+) -> list[Action]:
+    """The actions that take one job a step further, in order.
+
+    Later actions assume the earlier ones succeed (a planned upload uses up capacity), so the
+    engine carries out only the first and asks again; ``step`` skips what it already did."""
+    job = state.jobs[job_id]
+    out: list[Action] = []
+    if job.ended:
+        if job.outbox == "started" and job.error_path:
+            out.append(RecoverEnded(job_id))
+        return out
+    if job.archived_path:
+        out.append(RestoreInput(job_id))
+    if not job.prepared:
+        out.append(Prepare(job_id))
+        return out
+    settings = config.default
+    if job.cancel_requested:
+        for c in job.chunks.values():
+            if c.in_flight and c.batch_id and c.batch_id not in timers.cancel_sent and c.status != "cancelling":
+                out.append(CancelBatch(job_id, c.index, c.batch_id))
+    elif job.held:
+        if not (job.override_budget or budget_problem(state, job, config, now) is None):
+            return out
+        out.append(Release(job_id))
+    chunks = list(job.chunks.values())
+    for c in chunks:
+        if c.open_intent:
+            out.append(Reconcile(job_id, c.index, c.open_intent))
+    for c in chunks:
+        if c.in_flight and c.batch_id and timers.next_poll.get((job_id, c.index), (now, 0.0))[0] <= now:
+            out.append(Poll(job_id, c.index, c.batch_id))
+    for c in chunks:
+        if collectable(c):
+            out += _collect(job, c, settings.poll_interval_seconds)
+    if job.cancel_requested:
+        for c in chunks:
+            if unstarted(c):
+                out.append(
+                    FailUnstarted(
+                        job_id,
+                        c.index,
+                        "cancelled",
+                        "cancelled before submission",
+                        "the job was cancelled before this row was submitted",
+                    )
+                )
+    else:
+        out += _submit(state, job, config, now, timers, step)
+    if all(c.done for c in chunks):
+        profile = config.profile(job.profile)
+        ids = [] if job.cancel_requested else retry_ids(job, profile)
+        if ids:
+            out.append(PlanRetries(job_id, tuple(ids)))
+            return out
+        out += _finish(job, config)
+    return out
+
+
+def _collect(job: JobState, c: ChunkState, poll_interval: float) -> list[Action]:
+    if c.status == "failed":
+        return [batch_failure(job, c, poll_interval)]
+    out: list[Action] = []
+    for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
+        if file_id and c.downloads.get(kind, {}).get("state") != "done":
+            out.append(Download(job.job_id, c.index, c.batch_id, kind, file_id))
+    out.append(Merge(job.job_id, c.index))
+    return out
+
+
+def _submit(state: State, job: JobState, config: Config, now: float, timers: Timers, step: Step) -> list[Action]:
+    """Halt after a failed chunk, hold over budget, else upload and create within capacity."""
+    out: list[Action] = []
+    profile = config.profile(job.profile)
+    reason = halt_reason(job, profile)
+    if reason is not None:
+        for c in job.chunks.values():
+            if not c.done and c.upload == "none" and c.custom_ids is None:
+                out.append(FailUnstarted(job.job_id, c.index, "halted", reason, reason))
+        return out
+    waiting = [c for c in job.chunks.values() if pending(c)]
+    if not waiting:
+        return out
+    if not any(c.upload != "none" for c in job.chunks.values()):
+        problem = budget_problem(state, job, config, now)
+        if problem:
+            out.append(Hold(job.job_id, problem[0], problem[1]))
+            return out
+    settings = config.default
+    limit = settings.enqueued_token_limit.get(job.model or "")
+    halt = profile.halt_on_chunk_failure and not job.retry_requested
+    if halt and any(x.failure and not x.failure.get("retryable") for x in job.chunks.values()):
+        return out  # only "halted" chunks failed: nothing more is sent
+    free = settings.max_simultaneous_batches - batches_in_use(state)
+    enqueued = enqueued_tokens(state, job.model or "")
+    for c in waiting:
+        if timers.not_before.get((job.job_id, c.index), 0) > now:
+            continue
+        if c.upload == "done" and c.create in ("none", "failed"):
+            if ("Create", c.index, None) not in step.done:
+                out.append(Create(job.job_id, c.index))  # uploaded earlier: create (again) with the same file
+                enqueued += c.input_tokens
+            continue
+        if free <= 0:
+            break
+        if limit is not None and enqueued + c.input_tokens > limit and enqueued > 0:
+            break  # wait for capacity at the provider
+        if ("Upload", c.index, None) in step.done:
+            continue
+        attempt = c.attempt + 1
+        out.append(Upload(job.job_id, c.index, attempt, upload_name(job.job_id, c.index, attempt)))
+        out.append(Create(job.job_id, c.index))
+        free -= 1
+        enqueued += c.input_tokens
+    return out
+
+
+def _finish(job: JobState, config: Config) -> list[Action]:
+    final, payload = ending(job)
+    failed = final == "JobFailed"
+    out: list[Action] = []
+    if job.outbox != "done":
+        out.append(WriteResult(job.job_id, failed, str(payload.get("error", "")), str(payload.get("hint", ""))))
+    if not job.archived_path:
+        out.append(Archive(job.job_id, failed))
+    if config.default.delete_provider_files and not job.provider_files_deleted:
+        ids: list[str] = []
+        for c in job.chunks.values():
+            ids += [x for x in (c.file_id, c.output_file_id, c.error_file_id) if x]
+        out.append(DeleteProviderFiles(job.job_id, tuple(ids)))
+    out.append(Finish(job.job_id, final, payload))
+    return out
