@@ -249,7 +249,7 @@ class ProviderRejected(ProviderError):
 class OutcomeUnknown(ProviderError):
     """A non-idempotent call may or may not have taken effect (connection closed, timeout, 5xx).
 
-    Reconcile (``find_batches`` / ``find_uploaded``) before sending it again."""
+    Reconcile (``find_batches`` / ``find_files``) before sending it again."""
 
     def __init__(self, operation: str, cause: str, *, status_code: int | None = None, request_id: str | None = None):
         self.operation = operation
@@ -332,9 +332,17 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float
 
 @runtime_checkable
 class Provider(Protocol):
-    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo: ...
+    """What the engine needs from a provider, and nothing more: the calls it makes
+    (``upload``, ``create_batch``, ``retrieve``, ``cancel``, ``download``, ``delete_file``) and the
+    two listings it reconciles with (``find_files``, ``find_batches``; see :func:`reconcile_upload`
+    and :func:`reconcile_batch`).
 
-    def find_uploaded(self, filename: str, size: int, created_after: int | None = None) -> FileInfo | None: ...
+    Writes (``upload``, ``create_batch``) are sent once: an ambiguous failure raises
+    :class:`OutcomeUnknown` and the caller reconciles before sending again.  A definite refusal
+    raises :class:`ProviderRejected`.  :class:`OpenAIProvider` talks to the real API (or the
+    emulator); :class:`batchgrader.provider.memory.MemoryProvider` keeps everything in memory."""
+
+    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo: ...
 
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]: ...
 
@@ -353,8 +361,6 @@ class Provider(Protocol):
     def retrieve(self, batch_id: str) -> BatchInfo: ...
 
     def cancel(self, batch_id: str) -> BatchInfo: ...
-
-    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage: ...
 
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int: ...
 

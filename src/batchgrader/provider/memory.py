@@ -1,0 +1,309 @@
+"""An in-memory provider: the :class:`~batchgrader.provider.openai_api.Provider` protocol without
+HTTP, threads or sleeps, for driving the engine tick by tick.
+
+Batches move only when told: :meth:`MemoryProvider.finish` ends one (completed, failed with
+errors such as ``token_limit_exceeded``, expired or cancelled with partial results), and
+:meth:`MemoryProvider.finish_all` ends every open batch.  The clock is a number the caller
+sets (``provider.now``).  Faults are scripted per operation and consumed one per call:
+
+* ``lost``: the call took effect but the reply was lost (:class:`OutcomeUnknown`);
+* ``dropped``: the call did not take effect and the caller cannot know (:class:`OutcomeUnknown`);
+* ``refused``: a definite 4xx (:class:`ProviderRejected`, with a status, message and code);
+* ``unavailable``: the provider cannot be reached (:class:`ProviderUnavailable`).
+
+Rows answer with :attr:`MemoryProvider.answer` (a function of the custom id and the request
+body) unless listed in :attr:`MemoryProvider.row_errors`.  Results are SIMULATED.  Every call
+is recorded in :attr:`MemoryProvider.calls`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchgrader.fsio import atomic_write_bytes
+from batchgrader.provider.openai_api import (
+    DEFAULT_ENDPOINT,
+    BatchErrorInfo,
+    BatchInfo,
+    FileInfo,
+    FrozenMap,
+    OutcomeUnknown,
+    ProviderError,
+    ProviderRejected,
+    ProviderUnavailable,
+    RequestCounts,
+    batch_matches,
+)
+
+OPERATIONS = ("upload", "find_files", "create_batch", "find_batches", "retrieve", "cancel", "download", "delete_file")
+FAULT_KINDS = ("lost", "dropped", "refused", "unavailable")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # lost | dropped | refused | unavailable
+    status_code: int = 400
+    message: str = "refused by the in-memory provider"
+    code: str | None = None
+
+
+def default_answer(custom_id: str, body: Mapping[str, Any]) -> str:
+    return f"SIMULATED answer for {custom_id}"
+
+
+@dataclass
+class _File:
+    info: FileInfo
+    data: bytes
+
+
+@dataclass
+class MemoryProvider:
+    now: float = 0.0
+    answer: Callable[[str, Mapping[str, Any]], str] = default_answer
+    row_errors: dict[str, tuple[str, str]] = field(default_factory=dict)  # custom_id -> (code, message)
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+    files: dict[str, _File] = field(default_factory=dict)
+    batches: dict[str, BatchInfo] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    _faults: dict[str, deque[Fault]] = field(default_factory=dict)
+    _ids: int = 0
+
+    # --- scripting ------------------------------------------------------------------------------
+    def fail_next(self, operation: str, kind: str, **details: Any) -> None:
+        """The next call of ``operation`` fails with ``kind`` (queued: one fault per call)."""
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {operation!r}; one of {', '.join(OPERATIONS)}")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULT_KINDS)}")
+        self._faults.setdefault(operation, deque()).append(Fault(kind, **details))
+
+    def open_batches(self) -> list[BatchInfo]:
+        return [b for b in self.batches.values() if not b.is_terminal]
+
+    def finish(
+        self,
+        batch_id: str,
+        status: str = "completed",
+        *,
+        answered: int | None = None,
+        errors: list[tuple[str, str]] | None = None,
+    ) -> BatchInfo:
+        """End a batch. ``answered`` rows (all by default; for expired and cancelled batches,
+        none) get results, in input order; ``errors`` are the batch's own errors (``failed``)."""
+        b = self.batches[batch_id]
+        if status not in ("completed", "failed", "expired", "cancelled"):
+            raise ValueError(f"not a terminal status: {status}")
+        requests = self._requests(b.input_file_id)
+        if status == "failed":
+            answered = 0
+        elif answered is None:
+            answered = len(requests) if status == "completed" else 0
+        out: list[bytes] = []
+        err: list[bytes] = []
+        for req in requests[:answered]:
+            cid = req["custom_id"]
+            if cid in self.row_errors:
+                code, message = self.row_errors[cid]
+                err.append(_line(self._error_line(cid, code, message)))
+            else:
+                out.append(_line(self._output_line(cid, req.get("body") or {})))
+        stamp = int(self.now)
+        b = dataclasses.replace(
+            b,
+            status=status,
+            output_file_id=self._store_file(f"{batch_id}_output.jsonl", b"".join(out), "batch_output") if out else None,
+            error_file_id=self._store_file(f"{batch_id}_error.jsonl", b"".join(err), "batch_output") if err else None,
+            request_counts=RequestCounts(len(requests), len(out), len(err)),
+            errors=tuple(BatchErrorInfo(code, message) for code, message in errors or ()),
+        )
+        b = dataclasses.replace(b, **{f"{status}_at": stamp})  # type: ignore[arg-type]
+        self.batches[batch_id] = b
+        return b
+
+    def start(self, batch_id: str) -> BatchInfo:
+        """validating -> in_progress."""
+        b = dataclasses.replace(self.batches[batch_id], status="in_progress", in_progress_at=int(self.now))
+        self.batches[batch_id] = b
+        return b
+
+    def finish_all(self, status: str = "completed", **kw: Any) -> list[BatchInfo]:
+        return [self.finish(b.id, "cancelled" if b.status == "cancelling" else status, **kw) for b in self.open_batches()]
+
+    # --- the Provider protocol --------------------------------------------------------------------
+    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
+        fault = self._fault("upload", filename)
+        data = Path(path).read_bytes()
+        if fault is not None and fault.kind != "lost":
+            raise self._error("files.create", fault)
+        fid = self._store_file(filename, data, "batch")
+        if fault is not None:
+            raise self._error("files.create", fault)
+        return self.files[fid].info
+
+    def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
+        self._raise_if_faulted("find_files", filename, "files.list")
+        return [
+            f.info
+            for f in self.files.values()
+            if f.info.filename == filename
+            and f.info.purpose == "batch"
+            and (size is None or f.info.bytes == size)
+            and (created_after is None or f.info.created_at >= created_after)
+        ]
+
+    def create_batch(
+        self,
+        input_file_id: str,
+        endpoint: str = DEFAULT_ENDPOINT,
+        completion_window: str = "24h",
+        metadata: Mapping[str, str] | None = None,
+    ) -> BatchInfo:
+        fault = self._fault("create_batch", input_file_id)
+        if fault is not None and fault.kind != "lost":
+            raise self._error("batches.create", fault)
+        if input_file_id not in self.files:
+            raise ProviderRejected("batches.create", 400, f"no such file: {input_file_id}", code="invalid_request_error")
+        bid = self._new_id("batch")
+        total = len(self._requests(input_file_id))
+        self.batches[bid] = BatchInfo(
+            id=bid,
+            status="validating",
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            created_at=int(self.now),
+            request_counts=RequestCounts(total, 0, 0),
+            metadata=FrozenMap(metadata or {}),
+        )
+        if fault is not None:
+            raise self._error("batches.create", fault)
+        return self.batches[bid]
+
+    def find_batches(
+        self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None
+    ) -> list[BatchInfo]:
+        self._raise_if_faulted("find_batches", input_file_id or "", "batches.list")
+        return [
+            b
+            for b in self.batches.values()
+            if batch_matches(b, input_file_id, metadata) and (created_after is None or b.created_at >= created_after)
+        ]
+
+    def retrieve(self, batch_id: str) -> BatchInfo:
+        self._raise_if_faulted("retrieve", batch_id, "batches.retrieve")
+        return self._batch(batch_id, "batches.retrieve")
+
+    def cancel(self, batch_id: str) -> BatchInfo:
+        self._raise_if_faulted("cancel", batch_id, "batches.cancel")
+        b = self._batch(batch_id, "batches.cancel")
+        if b.is_terminal:
+            raise ProviderRejected("batches.cancel", 409, f"batch {batch_id} is already {b.status}", code="conflict")
+        b = dataclasses.replace(b, status="cancelling", cancelling_at=int(self.now))
+        self.batches[batch_id] = b
+        return b
+
+    def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
+        self._raise_if_faulted("download", file_id, "files.content")
+        f = self.files.get(file_id)
+        if f is None:
+            raise ProviderRejected("files.content", 404, f"no such file: {file_id}", code="not_found")
+        dest = Path(dest_path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(dest, f.data)
+        return len(f.data)
+
+    def delete_file(self, file_id: str) -> bool:
+        self._raise_if_faulted("delete_file", file_id, "files.delete")
+        if self.files.pop(file_id, None) is None:
+            raise ProviderRejected("files.delete", 404, f"no such file: {file_id}", code="not_found")
+        return True
+
+    # --- internals --------------------------------------------------------------------------------
+    def _new_id(self, prefix: str) -> str:
+        self._ids += 1
+        return f"{prefix}_mem{self._ids:06d}"
+
+    def _store_file(self, filename: str, data: bytes, purpose: str) -> str:
+        fid = self._new_id("file")
+        self.files[fid] = _File(FileInfo(fid, filename, len(data), purpose, int(self.now), "processed"), data)
+        return fid
+
+    def _fault(self, operation: str, arg: str) -> Fault | None:
+        self.calls.append((operation, arg))
+        queue = self._faults.get(operation)
+        return queue.popleft() if queue else None
+
+    def _raise_if_faulted(self, operation: str, arg: str, op_name: str) -> None:
+        fault = self._fault(operation, arg)
+        if fault is not None:
+            raise self._error(op_name, fault)
+
+    @staticmethod
+    def _error(op: str, fault: Fault) -> ProviderError:
+        if fault.kind == "refused":
+            return ProviderRejected(op, fault.status_code, fault.message, code=fault.code)
+        if fault.kind == "unavailable":
+            return ProviderUnavailable(op, 1, "scripted: provider unavailable")
+        return OutcomeUnknown(op, f"scripted: reply {'lost' if fault.kind == 'lost' else 'never came'}")
+
+    def _batch(self, batch_id: str, op: str) -> BatchInfo:
+        b = self.batches.get(batch_id)
+        if b is None:
+            raise ProviderRejected(op, 404, f"no such batch: {batch_id}", code="not_found")
+        return b
+
+    def _requests(self, file_id: str) -> list[dict[str, Any]]:
+        f = self.files.get(file_id)
+        return [json.loads(line) for line in f.data.splitlines() if line.strip()] if f else []
+
+    def _output_line(self, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self._new_id("batch_req"),
+            "custom_id": cid,
+            "response": {
+                "status_code": 200,
+                "request_id": self._new_id("req"),
+                "body": {
+                    "object": "chat.completion",
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": self.answer(cid, body)},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": self.prompt_tokens,
+                        "completion_tokens": self.completion_tokens,
+                        "total_tokens": self.prompt_tokens + self.completion_tokens,
+                    },
+                },
+            },
+            "error": None,
+        }
+
+    def _error_line(self, cid: str, code: str, message: str) -> dict[str, Any]:
+        return {
+            "id": self._new_id("batch_req"),
+            "custom_id": cid,
+            "response": {
+                "status_code": 400,
+                "request_id": self._new_id("req"),
+                "body": {"error": {"code": code, "message": message}},
+            },
+            "error": None,
+        }
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj) + "\n").encode()

@@ -1,0 +1,72 @@
+"""A rig for tick-level tests: a real Engine and EventStore on a tmp SQLite file, the in-memory
+provider, and a clock the test moves.  No subprocess, no HTTP, no sleeps."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core.config import load_config
+from batchgrader.core.home import Home
+from batchgrader.core.state import JobState
+from batchgrader.daemon.engine import Engine
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.provider.memory import MemoryProvider
+from batchgrader.store.eventstore import EventStore, NewEvent
+
+BASE_CONFIG = "stable_seconds: 0\npoll_interval_seconds: 2\nmax_completion_tokens: 50\n"
+
+
+class Rig:
+    def __init__(self, home: Home, config: str = "") -> None:
+        self.home = home
+        home.config_file.write_text(BASE_CONFIG + config)
+        self.store = EventStore(home.db)
+        self.provider = MemoryProvider()
+        self.now = 1_000_000.0
+        self.provider.now = self.now
+        self.engine = Engine(home, load_config(home, environ={}), self.store, self.provider, load_pricing())
+
+    def close(self) -> None:
+        self.store.close()
+
+    def reconfigure(self, config: str) -> None:
+        self.home.config_file.write_text(BASE_CONFIG + config)
+        self.engine.reload(load_config(self.home, environ={}), load_pricing())
+
+    def tick(self, seconds: float = 1.0) -> list[str]:
+        """Move the clock and run one tick; the types of the events it appended."""
+        before = self.store.last_seq()
+        self.now += seconds
+        self.provider.now = self.now
+        self.engine.tick(self.now)
+        return [e.type for e in self.store.read(after=before)]
+
+    def drop(self, rows: int, name: str = "a.csv", text: str = "review") -> JobState:
+        """Put a file in the inbox and tick until its job is prepared."""
+        (self.home.inbox / name).write_text("id,response\n" + "".join(f"{i},{text} {i}\n" for i in range(rows)))
+        self.tick()  # first look
+        assert self.tick()[:2] == ["JobAccepted", "JobPrepared"]
+        return self.job()
+
+    def job(self) -> JobState:
+        (job,) = [j for j in self.engine.state.jobs.values() if not j.rejected]
+        return job
+
+    def control(self, type_: str, **payload: Any) -> None:
+        self.engine.emit(self.job().job_id, NewEvent(type_, {"reason": "test", **payload}))
+
+    def events(self, type_: str) -> list[dict[str, Any]]:
+        return [e.payload for e in self.store.read() if e.type == type_]
+
+    def result_rows(self, name: str = "a_results.csv") -> list[dict[str, str]]:
+        return list(csv.DictReader(io.StringIO((self.home.outbox / name).read_text(encoding="utf-8"))))
+
+    def calls(self, op: str) -> int:
+        return sum(1 for o, _ in self.provider.calls if o == op)
+
+
+def leftovers(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.name.startswith(".")]
