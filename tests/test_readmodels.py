@@ -435,7 +435,20 @@ def _usage_event(day: str, cost: float, model: str = "gpt-4o-mini", prompt: int 
 
 
 def _accept(job: str, sandbox: bool = False) -> NewEvent:
-    return NewEvent("JobAccepted", {"file": f"{job}.csv", "profile": "default", "sandbox": sandbox})
+    name = f"{job}.csv"
+    return NewEvent(
+        "JobAccepted",
+        {
+            "file": name,
+            "source": name,
+            "profile": "default",
+            "sha256": "0" * 64,
+            "bytes": 1,
+            "input_path": name,
+            "result_name": name,
+            "sandbox": sandbox,
+        },
+    )
 
 
 def test_costs_are_the_billed_figures_grouped(db: Path):

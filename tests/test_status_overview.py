@@ -15,7 +15,10 @@ from batchgrader.store.readmodels import projectors
 def make_jobs(home, active: int, finished: int) -> None:
     with EventStore(home.db, projectors=projectors()) as store:
         for i in range(active + finished):
-            evs = [NewEvent("JobAccepted", {"file": f"f{i:03d}.csv", "profile": "default", "sha256": f"{i:064d}"})]
+            name = f"f{i:03d}.csv"
+            accepted = {"file": name, "source": name, "profile": "default", "sha256": f"{i:064d}", "bytes": 1}
+            accepted |= {"input_path": name, "result_name": name, "sandbox": False}
+            evs = [NewEvent("JobAccepted", accepted)]
             if i < finished:
                 evs.append(NewEvent("JobCompleted", {"state": "completed", "succeeded": 1, "failed": 0}))
             store.append(f"job{i:03d}", evs, expected_version=0)

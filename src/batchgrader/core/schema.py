@@ -7,6 +7,7 @@ older version is upcast when read (:func:`upcast`), the stored row is never rewr
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +18,19 @@ class EventType:
     name: str
     version: int
     step: str  # which step emits it
-    fields: Mapping[str, str]  # payload field -> description
+    fields: Mapping[str, str]  # payload field -> description (every field, required or optional)
     intent_for: str | None = None  # for intents: the outcome event(s) that close them
+    optional: frozenset[str] = frozenset()  # fields a payload may leave out
+
+    @property
+    def required(self) -> frozenset[str]:
+        return frozenset(self.fields) - self.optional
 
 
-def _t(name: str, version: int, step: str, fields: dict[str, str], intent_for: str | None = None) -> EventType:
-    return EventType(name, version, step, fields, intent_for)
+def _t(
+    name: str, version: int, step: str, fields: dict[str, str], intent_for: str | None = None, optional: tuple[str, ...] = ()
+) -> EventType:
+    return EventType(name, version, step, fields, intent_for, frozenset(optional))
 
 
 EVENTS: dict[str, EventType] = {
@@ -75,6 +83,7 @@ EVENTS: dict[str, EventType] = {
                 "requests_path": "JSONL of every row's request, kept for retries",
                 "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard), fixed at preparation",
             },
+            optional=("settings",),  # absent from payloads written before it was added
         ),
         _t("JobHeld", 1, "budget", {"code": "budget key that holds it", "reason": "human-readable reason and what to do"}),
         _t(
@@ -280,6 +289,29 @@ EVENTS: dict[str, EventType] = {
         _t("InputRestored", 1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"}),
     ]
 }
+
+
+class EventPayloadError(ValueError):
+    """An event to append is not in the catalogue, or its payload misses or misspells a field."""
+
+
+def check_payload(type_: str, payload: Mapping[str, Any]) -> None:
+    """Refuse, before anything is written, an unknown event type or a payload with a missing
+    required field or a field the type does not declare."""
+    et = EVENTS.get(type_)
+    if et is None:
+        near = difflib.get_close_matches(type_, EVENTS, n=1)
+        raise EventPayloadError(f"unknown event type {type_!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    problems = []
+    missing = sorted(et.required - payload.keys())
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+    for key in sorted(payload.keys() - et.fields.keys()):
+        near = difflib.get_close_matches(key, et.fields, n=1)
+        problems.append(f"unknown field {key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    if problems:
+        raise EventPayloadError(f"{type_} v{et.version}: " + "; ".join(problems) + f"; fields: {', '.join(et.fields)}")
+
 
 # Upcasters: (type, from_version) -> function(payload) -> payload of from_version + 1.
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from batchgrader.core.schema import EVENTS, EVENTS_DDL, upcast
+from batchgrader.core.schema import EVENTS, EVENTS_DDL, check_payload, upcast
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -42,6 +42,7 @@ class NewEvent:
     def __post_init__(self) -> None:
         if self.type not in EVENTS:
             raise UnknownEventType(f"unknown event type {self.type!r}")
+        check_payload(self.type, self.payload)  # a missing or misspelt field fails here, where it is made
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,8 @@ class EventStore:
         events = list(events)
         if not events:
             return []
+        for e in events:
+            check_payload(e.type, e.payload)  # a misspelt or missing field fails here, not in a fold later
         with self.write() as c:
             (current,) = c.execute("SELECT COALESCE(MAX(job_seq), 0) FROM events WHERE job_id = ?", (job_id,)).fetchone()
             if expected_version is not None and current != expected_version:
