@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from batchgrader.daemon.snapshot import Snapshot
 
 console = Console()
 
@@ -100,9 +103,7 @@ def sandbox_banner() -> None:
     )
 
 
-def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN001
-    from batchgrader.store.readmodels import chunk_label  # the same step names as `bgctl status`
-
+def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
     t = Table(title=title + (" — SANDBOX: simulated results" if sandbox else ""), title_justify="left")
     for col, just, wrap in (
         ("job / file", "left", False),
@@ -113,10 +114,8 @@ def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN
         ("batches / error", "left", True),
     ):
         t.add_column(col, justify=just, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
-    for j in sorted(state.jobs.values(), key=lambda j: j.created_ts):
-        batches = " ".join(f"{c.index}:{chunk_label(c)}" for c in sorted(j.chunks.values(), key=lambda c: c.index))
-        err = (j.error or {}).get("error") or (j.held or {}).get("reason") or ""
-        detail = batches + (("\n" if batches else "") + err[:200] if err else "")
+    for j in snapshot.jobs:
+        detail = j.batches + (("\n" if j.batches else "") + j.error[:200] if j.error else "")
         t.add_row(
             f"{j.job_id[:12]}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail
         )
@@ -124,7 +123,9 @@ def jobs_table(state, sandbox: bool, title: str = "Jobs") -> Table:  # noqa: ANN
 
 
 def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
-    console.print(jobs_table(state, sandbox, "Summary"))
+    from batchgrader.daemon.snapshot import take
+
+    console.print(jobs_table(take(state), sandbox, "Summary"))
 
 
 class LiveView:
@@ -139,8 +140,9 @@ class LiveView:
     def start(self) -> None:
         self.live.start()
 
-    def update(self, state) -> None:  # noqa: ANN001
-        self.live.update(jobs_table(state, self.sandbox, "bgctl daemon"))
+    def update(self, snapshot: Snapshot) -> None:
+        """Show ``snapshot`` (taken by the tick thread; never the live state)."""
+        self.live.update(jobs_table(snapshot, self.sandbox, "bgctl daemon"))
 
     def stop(self) -> None:
         self.live.stop()

@@ -4,7 +4,9 @@ Small roles, each with one job: a lock (one daemon per home), signal handlers th
 flags, an APScheduler job that runs the engine's tick, a watchdog observer that only wakes it,
 control requests from `bgctl cancel` / `bgctl retry` (files in ``control/``, so the daemon stays
 the only writer of the event log), sd_notify for systemd, masked rotating logs, and a live table
-when attached to a terminal.
+when attached to a terminal.  Only the tick thread touches the engine's state; the main loop's
+status line and live table read the immutable :class:`~batchgrader.daemon.snapshot.Snapshot` it
+publishes after each tick.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
+from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.ops.service import ServiceError
 from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing
 from batchgrader.secrets import EnvFileError, MaskSecrets
@@ -165,6 +168,7 @@ class Daemon:
     reload_requested: threading.Event = field(default_factory=threading.Event)
     heartbeat: float = field(default_factory=time.monotonic)
     tick_error: BaseException | None = None
+    snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -238,6 +242,7 @@ class Daemon:
             )
             engine.startup(time.time())
             self._controls(engine)
+            self._publish()
             notifier = Notifier()
             notifier.ready()
             watcher = InboxWatcher(self.home, self.wake)
@@ -282,7 +287,15 @@ class Daemon:
             self.tick_error = exc
             log.exception("tick failed: %s", exc)
         finally:
+            self._publish()
             self._beat()
+
+    def _publish(self) -> None:
+        """Take a snapshot for the screen and systemd (on the thread that owns the state)."""
+        try:
+            self.snapshot = take(self.engine.state)
+        except Exception as exc:  # the screen must never stop the daemon
+            log.exception("snapshot failed: %s", exc)
 
     def _controls(self, engine) -> None:  # noqa: ANN001
         from batchgrader.store.eventstore import NewEvent
@@ -323,22 +336,16 @@ class Daemon:
                 if wd and now - last_wd >= wd and now - self.heartbeat < 600:
                     notifier.watchdog()
                     last_wd = now
-                line = status_line(engine, self.sandbox)
+                snapshot = self.snapshot  # one read: an immutable value the tick thread replaces
+                line = snapshot.status_line(self.sandbox)
                 if line != last_status:  # systemd needs it only when it changes
                     notifier.status(line)
                     last_status = line
                 if view:
-                    view.update(engine.state)
+                    view.update(snapshot)
                 if self.once and self._done_once(engine):
                     break
         finally:
             if view:
                 view.stop()
         return 0
-
-
-def status_line(engine, sandbox: bool) -> str:  # noqa: ANN001
-    jobs = list(engine.state.jobs.values())
-    active = [j for j in jobs if not j.terminal]
-    running = sum(1 for j in active for c in j.chunks.values() if c.in_flight)
-    return f"{'SANDBOX (simulated) ' if sandbox else ''}{len(active)} active jobs, {running} batches running, {len(jobs) - len(active)} finished"

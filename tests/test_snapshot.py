@@ -1,0 +1,56 @@
+"""The screen and systemd read an immutable snapshot taken by the tick thread, never the live state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from batchgrader.core.state import State
+from batchgrader.daemon.process import Daemon
+from batchgrader.daemon.snapshot import Snapshot, take
+from ticks import Rig
+
+
+class MutatingJobs(dict):
+    """The jobs dict as another thread sees it while the tick thread adds a job: iterating it fails."""
+
+    def _changing(self, *a, **k):
+        raise RuntimeError("dictionary changed size during iteration")
+
+    __iter__ = values = items = keys = _changing  # type: ignore[assignment]
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def watchdog_interval(self) -> None:
+        return None
+
+    def status(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_a_snapshot_is_a_value_the_tick_thread_can_no_longer_change(home):
+    rig = Rig(home, "split_row_limit: 2\n")
+    rig.drop(4)
+    rig.tick()
+    snap = take(rig.engine.state)
+    assert snap.status_line(sandbox=False) == "1 active jobs, 2 batches running, 0 finished"
+    (row,) = snap.jobs
+    assert (row.state, row.chunks_done, row.chunks_total, row.running) == ("running", 0, 2, 2)
+    rig.provider.finish_all()
+    rig.tick()  # the job finishes: the live state changes, the snapshot taken before does not
+    assert snap.jobs == (row,) and snap.status_line(sandbox=False) == "1 active jobs, 2 batches running, 0 finished"
+    assert take(rig.engine.state).status_line(sandbox=True) == "SANDBOX (simulated) 0 active jobs, 0 batches running, 1 finished"
+    rig.close()
+
+
+def test_the_main_loop_never_iterates_the_state_the_tick_thread_mutates(home):
+    state = State()
+    state.jobs = MutatingJobs()
+    engine = SimpleNamespace(state=state, idle=True, scan_requested=False)
+    daemon = Daemon(home, once=True, live=True)
+    daemon.snapshot = Snapshot()
+    notifier = Notifier()
+    assert daemon._main_loop(engine, notifier, job=None, tick_seconds=0.01) == 0
+    assert notifier.lines == ["0 active jobs, 0 batches running, 0 finished"]
