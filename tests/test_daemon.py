@@ -35,6 +35,7 @@ def rows_of(path: Path) -> list[dict]:
     return list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_several_files_profiles_chunks_and_structured_output(home, emu):
     home.config_file.write_text(
         FAST_CONFIG
@@ -85,6 +86,7 @@ profiles:
     assert integrity(home.db) == "ok"
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 @pytest.mark.parametrize(
     "name,content,needle",
     [
@@ -116,6 +118,7 @@ def test_bad_input_fails_clearly_keeps_original_and_others_go_on(home, emu, name
     assert any(r["file"] == name and r["state"] == "failed" and needle in (r["error"] or "") for r in status)
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_symlink_is_rejected_and_left_alone(home, emu, tmp_path):
     home.config_file.write_text(FAST_CONFIG)
     target = tmp_path / "secret.csv"
@@ -128,6 +131,7 @@ def test_symlink_is_rejected_and_left_alone(home, emu, tmp_path):
     assert emu.files_created() == 0  # nothing was uploaded
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_missing_pricing_stops_before_any_upload(home, emu):
     home.config_file.write_text(FAST_CONFIG + "model: acme-unpriced-1\n")
     (home.inbox / "a.csv").write_text("response\nx\n")

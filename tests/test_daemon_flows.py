@@ -37,6 +37,7 @@ def only_job(home):
     return job
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_failed_rows_are_retried_automatically_up_to_the_limit(home):
     home.config_file.write_text(FAST_CONFIG + "max_row_retries: 3\n")
     write_rows(home.inbox / "a.csv", 30)
@@ -56,6 +57,7 @@ def test_failed_rows_are_retried_automatically_up_to_the_limit(home):
     assert job.ended == ("completed" if len(answered) == 30 else "completed_with_errors")
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_bgctl_retry_resubmits_failed_rows_and_writes_a_new_result(home):
     home.config_file.write_text(FAST_CONFIG + "max_row_retries: 0\n")
     write_rows(home.inbox / "a.csv", 20)
@@ -76,6 +78,7 @@ def test_bgctl_retry_resubmits_failed_rows_and_writes_a_new_result(home):
     assert (home.archive / "a.csv").exists()
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_cancel_ends_the_job_with_partial_results(home):
     home.config_file.write_text(FAST_CONFIG + "split_row_limit: 5\nmax_simultaneous_batches: 1\n")
     write_rows(home.inbox / "a.csv", 12)
@@ -96,6 +99,7 @@ def test_cancel_ends_the_job_with_partial_results(home):
     assert len(rows) == 12 and all("cancel" in r["error"] for r in rows)
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_token_limit_exceeded_batch_is_resubmitted_later(home):
     home.config_file.write_text(FAST_CONFIG + "split_row_limit: 5\nmax_simultaneous_batches: 2\n")
     write_rows(home.inbox / "a.csv", 10)
@@ -111,6 +115,7 @@ def test_token_limit_exceeded_batch_is_resubmitted_later(home):
     assert all(r["error"] == "" for r in result_rows(home.outbox / "a_results.csv"))
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_budget_cap_holds_before_any_money_is_spent_and_retry_releases(home):
     home.config_file.write_text(FAST_CONFIG + "max_cost_per_job_usd: 0.0000001\n")
     write_rows(home.inbox / "a.csv", 3)
@@ -125,6 +130,7 @@ def test_budget_cap_holds_before_any_money_is_spent_and_retry_releases(home):
     assert only_job(home).ended == "completed"
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_daily_token_limit_holds(home):
     home.config_file.write_text(FAST_CONFIG + "daily_token_limit: 10\n")
     write_rows(home.inbox / "a.csv", 3)
@@ -135,6 +141,7 @@ def test_daily_token_limit_holds(home):
     assert job.state == "held" and "daily_token_limit" in job.held["reason"]
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_halt_on_chunk_failure_stops_the_rest(home):
     home.config_file.write_text(FAST_CONFIG + "split_row_limit: 2\nmax_simultaneous_batches: 1\nhalt_on_chunk_failure: true\n")
     write_rows(home.inbox / "a.csv", 6)
@@ -149,6 +156,7 @@ def test_halt_on_chunk_failure_stops_the_rest(home):
     assert "model not allowed" in (home.outbox / "a_error.txt").read_text()
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_expired_batch_gives_partial_results_and_the_rest_is_retried(home):
     home.config_file.write_text(FAST_CONFIG)
     write_rows(home.inbox / "a.csv", 6)
@@ -168,6 +176,7 @@ def test_expired_batch_gives_partial_results_and_the_rest_is_retried(home):
     assert only_job(home).ended == "completed"
 
 
+@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 @pytest.mark.parametrize("profile", ["flaky", "drops", "slow", "chaos"])
 def test_fault_profiles_end_in_definite_states_without_paying_twice(home, profile):
     home.config_file.write_text(FAST_CONFIG + "split_row_limit: 4\n")

@@ -4,6 +4,8 @@ a real process shows."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from batchgrader.core.decide import resubmit_delay
@@ -267,3 +269,123 @@ def test_a_restarted_engine_reconciles_an_open_upload(home):
     assert again.tick()[:2] == ["FileUploaded", "BatchCreateRequested"]
     assert provider.calls.count(("upload", provider.calls[0][1])) == 1
     again.close()
+
+
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        ("ragged.csv", b"a,response\n1,x\n2,y,z\n", "line 3"),
+        ("empty.csv", b"", "empty"),
+        ("header.csv", b"a,response\n", "no data rows"),
+        ("nocol.csv", b"a,b\n1,2\n", "response"),
+        ("latin1.csv", "response\ncaf\xe9\n".encode("latin-1"), "UTF-8"),
+        ("notlist.json", b'{"response": "x"}', "array"),
+        ("badline.jsonl", b'{"response": "x"}\n{"response": \n', "line 2"),
+        ("notes.txt", b"hello", "unsupported"),
+    ],
+)
+def test_bad_input_fails_clearly_keeps_the_original_and_others_go_on(rig, name, content, needle):
+    (rig.home.inbox / name).write_bytes(content)
+    (rig.home.inbox / "good.csv").write_text("response\nfine\n")
+    rig.tick()
+    rig.tick()
+    rig.tick()
+    rig.provider.finish_all()
+    rig.tick()
+    report = (rig.home.outbox / f"{name.rsplit('.', 1)[0]}_error.txt").read_text()
+    assert needle in report and name in report and "What to do" in report
+    assert (rig.home.failed / name).read_bytes() == content  # the original is kept, byte for byte
+    jobs = {j.file: j for j in rig.engine.state.jobs.values()}
+    assert jobs["good.csv"].ended == "completed" and (rig.home.outbox / "good_results.csv").exists()
+    bad = jobs[name]
+    assert (bad.ended == "failed" and needle in bad.error["error"]) or (bad.rejected and name == "notes.txt")
+    assert rig.calls("upload") == 1  # only the good file
+
+
+def test_symlink_is_rejected_and_left_alone(rig, tmp_path):
+    target = tmp_path / "secret.csv"
+    target.write_text("response\nprivate\n")
+    (rig.home.inbox / "link.csv").symlink_to(target)
+    rig.tick()
+    rig.tick()
+    assert (rig.home.inbox / "link.csv").is_symlink()
+    assert "symbolic link" in (rig.home.outbox / "link_error.txt").read_text()
+    assert rig.provider.calls == []  # nothing was sent
+
+
+def test_missing_pricing_fails_before_anything_is_sent(home):
+    rig = make(home, "model: acme-unpriced-1\n")
+    (home.inbox / "a.csv").write_text("response\nx\n")
+    rig.tick()
+    assert rig.tick()[:2] == ["JobAccepted", "JobFailed"]
+    assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text()
+    assert rig.provider.calls == [] and not rig.engine.busy()
+    rig.close()
+
+
+def test_several_files_profiles_chunks_and_structured_output(home):
+    rig = make(
+        home,
+        """split_row_limit: 4
+profiles:
+  scored:
+    output_column: verdict
+    response_format:
+      type: object
+      properties: {score: {type: integer}, reason: {type: string}}
+      required: [score, reason]
+      additionalProperties: false
+""",
+    )
+    rig.provider.answer = lambda cid, body: (
+        json.dumps({"score": 7, "reason": "ok"}) if "response_format" in body else f"SIMULATED {cid}"
+    )
+    (home.inbox / "reviews.csv").write_text("id,response\n" + "".join(f"{i:03d},text {i} NA\n" for i in range(10)))
+    (home.inbox / "scored").mkdir()
+    (home.inbox / "scored" / "answers.jsonl").write_text(
+        "".join(json.dumps({"n": i, "response": f"a {i}"}) + "\n" for i in range(5))
+    )
+    (home.inbox / "list.json").write_text(json.dumps([{"response": "x", "keep": 1.50}, {"response": "y", "keep": None}]))
+    rig.tick()
+    rig.tick()  # accepted and prepared, oldest first
+    for _ in range(4):  # max_simultaneous_batches (2) at a time
+        rig.tick()
+        rig.provider.finish_all()
+        rig.tick()
+    jobs = {j.file: j for j in rig.engine.state.jobs.values()}
+    assert {f: j.ended for f, j in jobs.items()} == {f: "completed" for f in ("reviews.csv", "answers.jsonl", "list.json")}
+    assert jobs["reviews.csv"].chunks_total == 3 and jobs["answers.jsonl"].profile == "scored"
+    assert len(rig.provider.batches) == 6  # exactly one batch per chunk
+    rows = rig.result_rows("reviews_results.csv")
+    assert [r["id"] for r in rows] == [f"{i:03d}" for i in range(10)]  # order and leading zeros kept
+    scored = [json.loads(x) for x in (home.outbox / "answers_results.jsonl").read_text().splitlines()]
+    assert [r["n"] for r in scored] == list(range(5)) and all(r["score"] == 7 and r["reason"] == "ok" for r in scored)
+    lst = json.loads((home.outbox / "list_results.json").read_text())
+    assert [r["keep"] for r in lst] == [1.50, None] and lst[0]["error"] is None
+    assert sorted(p.name for p in home.archive.iterdir()) == ["answers.jsonl", "list.json", "reviews.csv"]
+    rig.close()
+
+
+def test_bgctl_retry_reopens_a_finished_job_and_writes_a_new_result(home):
+    rig = make(home, "max_row_retries: 0\n")
+    rig.drop(4)
+    rig.tick()
+    first = rig.provider._requests(next(iter(rig.provider.files)))[0]["custom_id"]
+    rig.provider.row_errors = {first: ("server_error", "try again")}
+    rig.provider.finish_all()
+    assert rig.tick()[-1] == "JobCompleted" and rig.job().ended == "completed_with_errors"
+    assert (home.archive / "a.csv").exists()
+    rig.provider.row_errors = {}
+    rig.control("RetryRequested")
+    types = rig.tick()
+    assert types[:2] == ["InputRestored", "RetryPlanned"] and rig.events("RetryPlanned")[0]["manual"] is True
+    assert rig.events("RetryPlanned")[0]["custom_ids"] == [first]
+    rig.tick()
+    rig.provider.finish_all()
+    assert rig.tick()[-1] == "JobCompleted" and rig.job().ended == "completed"
+    results = sorted(home.outbox.glob("a_results*.csv"))
+    assert len(results) == 2  # never overwritten: the new one has a timestamp suffix
+    newest = next(p for p in results if p.name != "a_results.csv")
+    assert all(r["error"] == "" for r in rig.result_rows(newest.name))
+    assert (home.archive / "a.csv").exists()
+    rig.close()
