@@ -90,12 +90,12 @@ def test_failed_batch_errors_are_plain_tuples(provider, clock):
     assert err.code == "invalid_request" and err.param == "file_id" and err.line is None
 
 
-def test_find_uploaded_and_find_batches(provider, clock, input_path, tmp_path):
+def test_find_files_and_find_batches(provider, clock, input_path, tmp_path):
     f = uploaded(provider, input_path)
     other = provider.upload(write_input(tmp_path, simple_input(4), "other.jsonl"), "other.jsonl")
-    assert provider.find_uploaded(input_path.name, input_path.stat().st_size) == f
-    assert provider.find_uploaded(input_path.name, input_path.stat().st_size + 1) is None
-    assert provider.find_uploaded("nope.jsonl", 10) is None
+    assert provider.find_files(input_path.name, input_path.stat().st_size) == [f]
+    assert provider.find_files(input_path.name, input_path.stat().st_size + 1) == []
+    assert provider.find_files("nope.jsonl", 10) == []
     b1 = provider.create_batch(f.id, metadata={"bg_key": "a", "bg_job": "j"})
     clock.advance(5)
     b2 = provider.create_batch(other.id, metadata={"bg_key": "b", "bg_job": "j"})
@@ -150,7 +150,7 @@ def test_delete_file(provider, input_path):
     f = uploaded(provider, input_path)
     assert provider.delete_file(f.id) is True
     assert provider.delete_file(f.id) is False
-    assert provider.find_uploaded(f.filename, f.bytes) is None
+    assert provider.find_files(f.filename, f.bytes) == []
 
 
 # --- non-idempotent POSTs: sent once, classified ----------------------------------------------

@@ -54,15 +54,6 @@ def default_custom_id(file_hash: str, row_number: int) -> str:
     return f"bg-{file_hash[:16]}-{row_number}"
 
 
-def row_number_of(custom_id: str) -> int | None:
-    """Inverse of :func:`default_custom_id` (None for ids from an id column)."""
-    if custom_id.startswith("bg-"):
-        tail = custom_id.rsplit("-", 1)[-1]
-        if tail.isdigit():
-            return int(tail)
-    return None
-
-
 def dumps_line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 

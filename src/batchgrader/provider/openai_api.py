@@ -539,7 +539,7 @@ class OpenAIProvider:
 
     def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
         """Upload a batch input file (purpose ``batch``), once. Raises ProviderRejected or
-        OutcomeUnknown (then reconcile with :meth:`find_uploaded`)."""
+        OutcomeUnknown (then reconcile with :meth:`find_files`)."""
         with open(path, "rb") as fh:  # streamed by the HTTP client, not read into memory here
             obj = self._once(
                 "files.create",
@@ -571,14 +571,6 @@ class OpenAIProvider:
             after = items[-1].id
         out.sort(key=lambda f: (f.created_at, f.id))
         return out
-
-    def find_uploaded(self, filename: str, size: int, created_after: int | None = None) -> FileInfo | None:
-        """The oldest uploaded batch file with this name and byte size, if any."""
-        found = self.find_files(filename, size, created_after)
-        return found[0] if found else None
-
-    def retrieve_file(self, file_id: str) -> FileInfo:
-        return _file_info(self._with_retries("files.retrieve", lambda: self._client.files.retrieve(file_id)))
 
     def delete_file(self, file_id: str) -> bool:
         """Delete a file; True when deleted, False when it did not exist (already gone)."""

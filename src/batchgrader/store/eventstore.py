@@ -114,10 +114,6 @@ def events_from_rows(rows: Sequence[tuple]) -> list[Event]:
     return out
 
 
-def _row_to_event(row: tuple) -> Event:
-    return events_from_rows([row])[0]
-
-
 def read_events(
     conn: sqlite3.Connection, after: int = 0, job_id: str | None = None, limit: int | None = None, until: int | None = None
 ) -> Iterator[Event]:
