@@ -318,7 +318,8 @@ def test_missing_pricing_fails_before_anything_is_sent(home):
     rig = make(home, "model: acme-unpriced-1\n")
     (home.inbox / "a.csv").write_text("response\nx\n")
     rig.tick()
-    assert rig.tick()[:2] == ["JobAccepted", "JobFailed"]
+    types = rig.tick()  # the error report and the move first, the final event last (issue 10, item 6)
+    assert types == ["JobAccepted", "OutboxWriteStarted", "ResultWritten", "InputArchived", "JobFailed"]
     assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text()
     assert rig.provider.calls == [] and not rig.engine.busy()
     rig.close()
