@@ -18,6 +18,7 @@ poll_interval_seconds: 0.05
 stable_seconds: 0.05
 rescan_interval_seconds: 0.2
 max_completion_tokens: 50
+request_timeout_seconds: 5
 """
 
 

@@ -709,8 +709,13 @@ def test_fold_restores_the_garbage_collector_setting():
         assert not gc.isenabled()
     finally:
         gc.enable()
-    with pytest.raises(KeyError):  # and after an error too
-        fold([dataclasses.replace(events[2], job_id="unknown-job")])
+
+    def failing_log():  # and after an error too (a log that cannot be read to the end)
+        yield events[0]
+        raise OSError("disk I/O error")
+
+    with pytest.raises(OSError):
+        fold(failing_log())
     assert gc.isenabled()
 
 

@@ -118,9 +118,56 @@ def free_path(folder: Path, name: str, stamp: str) -> Path:
 
 
 def move_no_clobber(src: Path, folder: Path, name: str, stamp: str) -> Path:
+    """Move ``src`` into ``folder`` under ``name`` (or a free variant of it), never replacing a
+    file, even one that appears between the check and the move: the move is a hard link (which
+    fails on an existing name) then an unlink of the source; where links are not possible (a file
+    system without them), ``renameat2(RENAME_NOREPLACE)`` is used, and only if neither exists a plain
+    rename after the check."""
     folder.mkdir(parents=True, exist_ok=True)
-    dest = free_path(folder, name, stamp)
-    os.rename(src, dest)
-    fsync_dir(folder)
-    fsync_dir(src.parent)
-    return dest
+    for _ in range(1000):
+        dest = free_path(folder, name, stamp)
+        try:
+            _link_or_rename_noreplace(src, dest)
+        except FileExistsError:
+            continue  # somebody took that name meanwhile: choose again
+        fsync_dir(folder)
+        fsync_dir(src.parent)
+        return dest
+    raise FileExistsError(f"no free name for {name} in {folder}")
+
+
+def _link_or_rename_noreplace(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError:
+        if _rename_noreplace(src, dest):
+            return
+        if dest.exists():
+            raise FileExistsError(str(dest)) from None
+        os.rename(src, dest)
+        return
+    os.unlink(src)
+
+
+def _rename_noreplace(src: Path, dest: Path) -> bool:
+    """Linux ``renameat2(RENAME_NOREPLACE)``; False when unavailable (other systems, old kernels)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_noreplace = -100, 1
+    rc = renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dest), rename_noreplace)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise FileExistsError(str(dest))
+    return False

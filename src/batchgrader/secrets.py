@@ -189,16 +189,50 @@ def mask_secret(value: str | None) -> str | None:
 
 
 _KEY_PATTERN = re.compile(r"sk-[A-Za-z0-9_\-]{8,}")
+# whatever follows "Bearer " in a header an HTTP library prints (any key shape, not only sk-)
+_BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=%\\-]{8,}")
+
+
+def clean_api_key(value: str) -> str:
+    """An API key as loaded from the environment, a file or config: surrounding whitespace and a
+    trailing CR/LF (a paste, a file edited on Windows) are stripped; any other control character
+    or inner whitespace is refused (ValueError, which never quotes the key)."""
+    key = value.strip()
+    if any(ord(c) < 32 or ord(c) == 127 or c.isspace() for c in key):
+        raise ValueError("an API key without control characters or inner whitespace (a paste error?)")
+    return key
+
+
+def secret_forms(secret: str) -> list[str]:
+    """The secret as written and as libraries print it (repr and JSON escapes, percent-encoding,
+    a bytes repr), longest first; forms under 8 characters are left out (they garble text)."""
+    import json
+    import urllib.parse
+
+    base = {secret, secret.strip()}
+    forms = set(base)
+    for s in base:
+        forms.add(json.dumps(s)[1:-1])
+        forms.add(json.dumps(s)[1:-1].replace("/", "\\/"))  # JSON writers that escape '/'
+        forms.add(repr(s)[1:-1])
+        forms.add(urllib.parse.quote(s, safe=""))
+        forms.add(urllib.parse.quote_plus(s))
+        forms.add(repr(s.encode("utf-8"))[2:-1])
+    return sorted((f for f in forms if len(f) >= 8), key=len, reverse=True)
 
 
 class MaskSecrets(logging.Filter):
     def __init__(self, secrets: list[str]):
         super().__init__()
         self.secrets = [s for s in secrets if s]
+        self.forms = sorted({f for s in self.secrets for f in secret_forms(s)}, key=len, reverse=True)
 
     def mask(self, text: str) -> str:
         for s in self.secrets:
             text = text.replace(s, "****")
+        for f in self.forms:
+            text = text.replace(f, "****")
+        text = _BEARER_PATTERN.sub(r"\1****", text)
         return _KEY_PATTERN.sub("sk-****", text)
 
     def filter(self, record: logging.LogRecord) -> bool:

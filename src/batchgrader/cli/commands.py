@@ -175,7 +175,11 @@ def retry(obj: Ctx, job_id: str, reason: str) -> None:
     """Resubmit the failed rows of a finished JOB (or submit a held JOB anyway) and rewrite its result."""
     from batchgrader.daemon.process import daemon_pid, request_control
 
-    request_control(obj.home.ensure(), "retry", _resolve_job(obj, job_id), reason)
+    resolved = _resolve_job(obj, job_id)
+    why_not = _not_retryable(obj, resolved)
+    if why_not:
+        raise click.ClickException(why_not)
+    request_control(obj.home.ensure(), "retry", resolved, reason)
     click.echo("retry requested" + ("" if daemon_pid(obj.home) else " (applied when the daemon next runs)"))
 
 
@@ -383,6 +387,27 @@ def _echo_steps(res) -> None:  # noqa: ANN001
     for label in ("next_steps", "notes", "warnings"):
         for line in d.get(label) or []:
             click.echo(f"{label.replace('_', ' ')}: {line}")
+
+
+def _not_retryable(obj: Ctx, job_id: str) -> str | None:
+    """Why JOB cannot be retried (a rejected file has no rows to send again), or None."""
+    from batchgrader.store.queries import reading
+
+    with reading(obj.home) as conn:
+        row = conn.execute(
+            "SELECT payload FROM events WHERE job_id = ? AND type = 'FileRejected' ORDER BY seq DESC LIMIT 1", (job_id,)
+        ).fetchone()
+    if row is None:
+        return None
+    try:
+        reason = json.loads(row[0]).get("reason", "")
+    except (ValueError, AttributeError):
+        reason = ""
+    return (
+        f"job {job_id} cannot be retried: its file was rejected before any row was read"
+        + (f" ({reason})" if reason else "")
+        + ". Fix the file and put it in the inbox again."
+    )
 
 
 def _resolve_job(obj: Ctx, prefix: str) -> str:

@@ -21,6 +21,7 @@ STATE_STYLE = {
     "running": "bold cyan",
     "downloading": "cyan",
     "held": "bold magenta",
+    "corrupt": "bold red",
     "completed": "green",
     "completed_with_errors": "yellow",
     "failed": "bold red",

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from batchgrader.core.home import Home
-from batchgrader.secrets import mask_secret
+from batchgrader.secrets import clean_api_key, mask_secret
 
 ENV_PREFIX = "BATCHGRADER_"
 
@@ -46,6 +46,12 @@ def _opt_str(v: Any) -> str | None:
     if not isinstance(v, str):
         raise ValueError("a string or null")
     return v or None
+
+
+def _api_key(v: Any) -> str | None:
+    """A key is stripped of surrounding whitespace/CR/LF; other control characters are refused."""
+    key = _opt_str(v)
+    return clean_api_key(key) or None if key is not None else None
 
 
 def _int(minimum: int) -> Callable[[Any], int]:
@@ -236,7 +242,7 @@ KEYS: dict[str, Key] = {
     ),
     # provider
     "base_url": Key(None, _opt_str, "OpenAI-compatible API base URL (env OPENAI_BASE_URL)."),
-    "api_key": Key(None, _opt_str, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
+    "api_key": Key(None, _api_key, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
     "request_timeout_seconds": Key(120.0, _opt_float(0.1), "Timeout of one HTTP request to the provider."),
     # housekeeping
     "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
@@ -374,7 +380,8 @@ def _apply(values: dict, sources: dict, raw: Mapping[str, Any], source: str, whe
         try:
             values[key] = KEYS[key].check(v)
         except ValueError as exc:
-            raise ConfigError(f"{where}: key {key!r} must be {exc}; got {v!r}") from None
+            shown = "a value that is not shown (it is a secret)" if key == "api_key" else repr(v)
+            raise ConfigError(f"{where}: key {key!r} must be {exc}; got {shown}") from None
         sources[key] = source
 
 

@@ -164,6 +164,23 @@ class Download(Action):
 
 
 @dataclass(frozen=True)
+class CheckDuplicates(Action):
+    """After a create that followed a failed or absent one of the same attempt: look again by
+    bg_key and cancel any extra batch (a late create), recorded in DuplicateBatchesChecked."""
+
+    chunk: int
+    stage: ClassVar[int] = 5
+
+
+@dataclass(frozen=True)
+class SearchRecovered(Action):
+    """A job re-accepted from its work folder: find and adopt its batches before any create."""
+
+    stage: ClassVar[int] = 7
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
 class Merge(Action):
     chunk: int
     stage: ClassVar[int] = 6
@@ -284,7 +301,7 @@ def budget_problem(state: State, job: JobState, config: Config, now: float) -> t
             )
     if settings.daily_token_limit is not None:
         tokens = job_tokens_bound(job, profile)
-        used = state.tokens_by_day.get(day, 0)
+        used = state.tokens_by_day.get(day, 0) + committed_tokens(state, config, exclude=job.job_id)
         if used + tokens > settings.daily_token_limit:
             return (
                 "daily_token_limit",
@@ -315,7 +332,52 @@ def enqueued_tokens(state: State, model: str) -> int:
 
 
 def collectable(c: ChunkState) -> bool:
-    return c.create == "done" and c.status in TERMINAL_BATCH and not c.done and not c.failure
+    return c.create == "done" and c.status in TERMINAL_BATCH and not c.done and not c.failure and not c.dup_check_due
+
+
+CREATE_SETTLE_SLACK = 3.0  # s, added to the request timeout before a create is believed absent
+# rows answered (and paid for) whose answer could not be read: never resubmitted automatically
+# (that would pay twice); `bgctl retry` still resubmits them on request
+PAID_ANSWER_LOST = frozenset({"output_unavailable", "malformed_result"})
+
+
+def create_settle_seconds(config: Config) -> float:
+    """How long after a create request a listing must be taken before "absent" is believed: the
+    provider may carry out a request after the client gave up on it (a late create)."""
+    return config.default.request_timeout_seconds + CREATE_SETTLE_SLACK
+
+
+def epoch(iso_ts: str | None, default: float) -> float:
+    """An event's ISO timestamp as epoch seconds (``default`` when absent)."""
+    if not iso_ts:
+        return default
+    try:
+        return datetime.fromisoformat(iso_ts).timestamp()
+    except ValueError:
+        return default
+
+
+def duplicate_check_due(c: ChunkState, config: Config, now: float) -> bool:
+    """Once the earlier request can no longer land, and always before a terminal batch is collected."""
+    if not (c.dup_check_due and c.create == "done" and c.batch_id and not c.done):
+        return False
+    return c.status in TERMINAL_BATCH or now >= min(epoch(c.dup_check_due, now), now) + create_settle_seconds(config)
+
+
+def committed_tokens(state: State, config: Config, exclude: str) -> int:
+    """Tokens jobs already submitting may still use (their bound less what they used), as
+    :func:`committed_cost` does for money: jobs cannot each pass daily_token_limit and together exceed it."""
+    total = 0
+    for j in state.active_jobs():
+        if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
+            used = j.prompt_tokens + j.completion_tokens
+            total += max(0, job_tokens_bound(j, config.profile(j.profile)) - used)
+    return total
+
+
+def waiting_to_resend(c: ChunkState) -> bool:
+    """Refused for the provider's queue limit (token_limit_exceeded): waiting to be sent again."""
+    return not c.done and not c.in_flight and not c.open_intent and bool(c.failure and c.failure.get("retryable"))
 
 
 def unstarted(c: ChunkState) -> bool:
@@ -370,7 +432,11 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         return list(job.failed_rows)
     if any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values()):
         return []
-    return [cid for cid in job.failed_rows if job.row_attempts.get(cid, 0) < profile.max_row_retries]
+    return [
+        cid
+        for cid, info in job.failed_rows.items()
+        if job.row_attempts.get(cid, 0) < profile.max_row_retries and info.get("code") not in PAID_ANSWER_LOST
+    ]
 
 
 def first_error(job: JobState) -> str:
@@ -437,9 +503,15 @@ def decide_job(
     engine carries out only the first and asks again; ``step`` skips what it already did."""
     job = state.jobs[job_id]
     out: list[Action] = []
+    if job.corrupt:
+        return out  # set aside: its log cannot be read
     if job.ended:
-        if job.outbox == "started" and job.error_path:
-            out.append(RecoverEnded(job_id))
+        if (
+            (job.outbox == "started" and job.error_path)
+            or not job.archived_path
+            or (job.ended == "failed" and job.outbox == "none")
+        ):
+            out.append(RecoverEnded(job_id))  # effects a crash may have left undone
         return out
     if job.archived_path:
         out.append(RestoreInput(job_id))
@@ -463,11 +535,14 @@ def decide_job(
         if c.in_flight and c.batch_id and timers.next_poll.get((job_id, c.index), (now, 0.0))[0] <= now:
             out.append(Poll(job_id, c.index, c.batch_id))
     for c in chunks:
+        if duplicate_check_due(c, config, now):
+            out.append(CheckDuplicates(job_id, c.index))
+    for c in chunks:
         if collectable(c):
             out += _collect(job, c, settings.poll_interval_seconds)
     if job.cancel_requested:
         for c in chunks:
-            if unstarted(c):
+            if unstarted(c) or waiting_to_resend(c):
                 out.append(
                     FailUnstarted(
                         job_id,
@@ -494,9 +569,10 @@ def _collect(job: JobState, c: ChunkState, poll_interval: float) -> list[Action]
         return [batch_failure(job, c, poll_interval)]
     out: list[Action] = []
     for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
-        if file_id and c.downloads.get(kind, {}).get("state") != "done":
+        if file_id and c.downloads.get(kind, {}).get("state") not in ("done", "failed"):
             out.append(Download(job.job_id, c.index, c.batch_id, kind, file_id))
-    out.append(Merge(job.job_id, c.index))
+    if not out:  # every file downloaded (or given up): merge
+        out.append(Merge(job.job_id, c.index))
     return out
 
 
@@ -512,6 +588,9 @@ def _submit(state: State, job: JobState, config: Config, now: float, timers: Tim
         return out
     waiting = [c for c in job.chunks.values() if pending(c)]
     if not waiting:
+        return out
+    if job.recovered_since is not None:
+        out.append(SearchRecovered(job.job_id))  # its batches may exist from before the log was lost
         return out
     if not any(c.upload != "none" for c in job.chunks.values()):
         problem = budget_problem(state, job, config, now)

@@ -173,6 +173,61 @@ EVENTS: dict[str, EventType] = {
             },
         ),
         _t(
+            "JobRecovered",
+            1,
+            "inbox (recovery)",
+            {
+                "since": "epoch seconds: batches created after this may be the job's (from before the log was lost)",
+                "reason": "why (a work folder with a claim but no JobAccepted in the log)",
+            },
+        ),
+        _t(
+            "RecoveredBatchesAdopted",
+            1,
+            "submit (reconcile)",
+            {
+                "adopted": "chunk index -> batch id found at the provider under the job's bg_key",
+                "ignored": "batches of the job that did not match a chunk (size or state)",
+            },
+        ),
+        _t(
+            "OutputDownloadFailed",
+            1,
+            "download (outcome)",
+            {
+                "chunk": "chunk index",
+                "batch_id": "batch",
+                "file_id": "provider file",
+                "kind": "output or error",
+                "error": "why the file cannot be had (404: expired or deleted; or the last error)",
+                "attempts": "downloads tried",
+            },
+        ),
+        _t(
+            "OutputFileMalformed",
+            1,
+            "merge",
+            {
+                "chunk": "chunk index",
+                "batch_id": "batch",
+                "kinds": "the downloaded files (output/error) with malformed lines; they are downloaded again",
+                "lines": "how many lines could not be read",
+                "problem": "the first problem found",
+            },
+        ),
+        _t(
+            "DuplicateBatchesChecked",
+            1,
+            "submit (reconcile)",
+            {
+                "chunk": "chunk index",
+                "attempt": "attempt",
+                "batch_id": "the chunk's recorded batch (kept)",
+                "extras": "other batches found under the same bg_key / input file",
+                "cancelled": "extras a cancel was sent for (those not yet terminal)",
+            },
+        ),
+        _t(
             "OutputDownloadStarted",
             1,
             "download (intent)",

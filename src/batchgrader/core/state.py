@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import copy
 import gc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.store.eventstore import Event
+from batchgrader.store.eventstore import CORRUPT_KEY, Event
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")
@@ -54,6 +54,11 @@ class ChunkState:
     failed: int = 0
     results_path: str | None = None
     last_error: str | None = None
+    # issue 10: a create of this attempt was declared failed before (a late create may still land),
+    # and the ts of the BatchCreated after it, until DuplicateBatchesChecked
+    create_retried: bool = False
+    dup_check_due: str | None = None
+    malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
 
     @property
     def in_flight(self) -> bool:
@@ -114,6 +119,8 @@ class JobState:
     archived_path: str | None = None
     provider_files_deleted: bool = False
     ended: str | None = None  # completed | completed_with_errors | failed | cancelled
+    corrupt: str | None = None  # why this job's log cannot be read (the job is set aside; others run)
+    recovered_since: float | None = None  # re-accepted from its work folder: search the provider first
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
     last_error: str | None = None
     rejected: bool = False
@@ -134,6 +141,8 @@ class JobState:
 
     @property
     def state(self) -> str:
+        if self.corrupt:
+            return "corrupt"
         if self.ended:
             return self.ended
         if self.held:
@@ -180,12 +189,30 @@ class State:
             job = self.jobs[e.job_id] = JobState(job_id=e.job_id, created_ts=e.ts)
         job.updated_ts = e.ts
         job.version = e.job_seq
-        if handler is not None:
-            handler(self, job, e.payload, e)
+        if not job.corrupt:
+            _apply_or_set_aside(self, job, handler, e)
         self.last_seq = e.seq
 
     def active_jobs(self) -> list[JobState]:
-        return [j for j in self.jobs.values() if not j.terminal]
+        return [j for j in self.jobs.values() if not j.terminal and not j.corrupt]
+
+
+def _apply_or_set_aside(s: State, job: JobState, handler: Callable[..., None] | None, e: Event) -> None:
+    """Fold ``e``; an event this code cannot read (unknown type, unparsable payload, a field
+    missing) sets its job aside as ``corrupt`` with the reason instead of stopping the fold."""
+    reason = None
+    if handler is None:
+        reason = f"unknown event type {e.type!r}"
+    elif not isinstance(e.payload, dict) or CORRUPT_KEY in e.payload:
+        reason = f"{e.type}: {e.payload.get(CORRUPT_KEY) if isinstance(e.payload, dict) else 'payload is not an object'}"
+    else:
+        try:
+            handler(s, job, e.payload, e)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            reason = f"{e.type} cannot be read: {exc!r}"
+    if reason is not None:
+        job.corrupt = f"event #{e.seq} {reason}; this job is set aside (the others go on)"
+        job.last_error = job.corrupt
 
 
 def fold(events: Iterable[Event], initial: State | None = None) -> State:
@@ -268,6 +295,7 @@ def _upload_started(s: State, job: JobState, p: dict, e: Event) -> None:
     c.attempt, c.upload, c.filename = p["attempt"], "started", p.get("filename")
     c.create, c.file_id, c.batch_id, c.status, c.failure = "none", None, None, None, None
     c.downloads, c.output_file_id, c.error_file_id, c.batch_errors, c.request_counts = {}, None, None, [], {}
+    c.create_retried, c.dup_check_due, c.malformed_downloads = False, None, 0
 
 
 def _file_uploaded(s: State, job: JobState, p: dict, e: Event) -> None:
@@ -290,11 +318,41 @@ def _batch_created(s: State, job: JobState, p: dict, e: Event) -> None:
     c = _chunk(job, p)
     c.create, c.batch_id, c.status = "done", p["batch_id"], p.get("status") or "validating"
     s.batch_index[c.batch_id] = (job.job_id, c.index)
+    if c.create_retried:
+        c.dup_check_due = e.ts  # an earlier create of this attempt may land late: look again
+
+
+def _download_failed(s: State, job: JobState, p: dict, e: Event) -> None:
+    c = _chunk(job, p)
+    c.downloads[p["kind"]] = {"state": "failed", "file_id": p["file_id"], "path": None, "error": p.get("error")}
+    c.last_error = job.last_error = p.get("error")
+
+
+def _output_file_malformed(s: State, job: JobState, p: dict, e: Event) -> None:
+    c = _chunk(job, p)
+    c.malformed_downloads += 1
+    for kind in p.get("kinds", []):
+        c.downloads.pop(kind, None)  # downloaded again
+
+
+def _job_recovered(s: State, job: JobState, p: dict, e: Event) -> None:
+    job.recovered_since = float(p.get("since") or 0.0)
+
+
+def _recovered_batches_adopted(s: State, job: JobState, p: dict, e: Event) -> None:
+    job.recovered_since = None
+
+
+def _duplicate_batches_checked(s: State, job: JobState, p: dict, e: Event) -> None:
+    c = _chunk(job, p)
+    if p.get("attempt") == c.attempt:
+        c.dup_check_due = None
 
 
 def _batch_create_failed(s: State, job: JobState, p: dict, e: Event) -> None:
     c = _chunk(job, p)
     c.create, c.last_error = "failed", p.get("error")
+    c.create_retried = True
     job.last_error = p.get("error")
 
 
@@ -454,4 +512,9 @@ _HANDLERS = {
     "JobCancelled": _job_cancelled,
     "RetryRequested": _retry_requested,
     "InputRestored": _input_restored,
+    "DuplicateBatchesChecked": _duplicate_batches_checked,
+    "OutputDownloadFailed": _download_failed,
+    "JobRecovered": _job_recovered,
+    "RecoveredBatchesAdopted": _recovered_batches_adopted,
+    "OutputFileMalformed": _output_file_malformed,
 }

@@ -10,16 +10,18 @@ them by name, input file and metadata) before anything is sent again.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import (
@@ -27,6 +29,7 @@ from batchgrader.core.decide import (
     Action,
     Archive,
     CancelBatch,
+    CheckDuplicates,
     Create,
     DeleteProviderFiles,
     Download,
@@ -42,18 +45,22 @@ from batchgrader.core.decide import (
     RecoverEnded,
     Release,
     RestoreInput,
+    SearchRecovered,
     Step,
     Timers,
     Upload,
     WriteResult,
     capacity_refusal,
+    create_settle_seconds,
+    epoch,
     next_action,
     next_poll_delay,
     resubmit_delay,
+    upload_name,
     utc_day,
 )
 from batchgrader.core.home import Home
-from batchgrader.core.state import ChunkState, JobState, State, fold
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.merge import merge_chunk
@@ -71,9 +78,21 @@ from batchgrader.provider.openai_api import (
     reconcile_batch,
     reconcile_upload,
 )
-from batchgrader.store.eventstore import EventStore, NewEvent
+from batchgrader.store.eventstore import DatabaseMoved, EventStore, NewEvent
 
 log = logging.getLogger("batchgrader.engine")
+
+CLOCK_SKEW_SLACK = 600  # s, between our clock and the provider's, for created_after
+REJECTION_HINTS = {
+    "not_regular_file": "Copy the real file (not a link or special file) into the inbox.",
+    "unsupported_format": "Save the data as .csv, .json or .jsonl and drop it in the inbox again.",
+    "bad_file_name": "Rename the file (UTF-8 letters only) and drop it in the inbox again.",
+    "cross_device": "Keep the inbox on the same file system as the BatchGrader home (or copy files in with `bgctl submit`).",
+    "unreadable": "Make the file readable by the daemon's user and drop it in the inbox again.",
+}
+UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
+MAX_DOWNLOAD_ATTEMPTS = 4  # failed downloads of one file (each with the client's own retries) before its rows fail
+MAX_MALFORMED_DOWNLOADS = 2  # downloads again of a malformed result file before its bad lines' rows fail
 
 __all__ = ["Engine", "resubmit_delay", "utc_day"]
 
@@ -98,6 +117,11 @@ class Engine:
     _next_poll: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     _not_before: dict[tuple[str, int], float] = field(default_factory=dict)
     _cancel_sent: set[str] = field(default_factory=set)
+    _next_listing: dict[tuple[str, int], float] = field(default_factory=dict)
+    _requested_at: dict[tuple[str, int], float] = field(default_factory=dict)
+    _corrupt_logged: set[str] = field(default_factory=set)
+    _effects_checked: set[str] = field(default_factory=set)
+    _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
     scan_requested: bool = True  # set by the daemon when the watcher saw a change
@@ -107,6 +131,9 @@ class Engine:
 
     def __post_init__(self) -> None:
         self.state = fold(self.store.read())
+        if self.provider is not None and hasattr(self.provider, "on_page"):
+            # a long listing (many pages) keeps the watchdog fed from this, the working thread
+            self.provider.on_page = lambda: self.on_progress()
 
     # --- plumbing -----------------------------------------------------------------------------
     def emit(self, job_id: str, *events: NewEvent) -> None:
@@ -153,6 +180,7 @@ class Engine:
             if input_path is None:
                 continue  # the rename never happened: the file is still in the inbox
             self._accept(job_dir.name, record, input_path)
+            self._mark_recovered(job_dir)
         self.intake(now)
 
     def tick(self, now: float) -> None:
@@ -167,9 +195,14 @@ class Engine:
         for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
             if self.should_stop():
                 return
+            if job.corrupt:
+                self._report_corrupt(job)
+                continue
             self.on_progress()
             try:
                 self.advance(job, now)
+            except DatabaseMoved:
+                raise  # never go on writing to a file nobody reads
             except (ProviderError, OSError) as exc:
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
@@ -194,16 +227,48 @@ class Engine:
         for cand in ready:
             self._scanner.forget(cand.path)
             try:
-                sha = file_sha256(cand.path)
+                fp = inbox_mod.fingerprint(cand.path, os.lstat(cand.path))
             except FileNotFoundError:
                 continue
-            job_id = self._new_job_id(sha)
-            record = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
+            if _shown(fp) in self.state.rejected:
+                continue  # reported already (it could not be taken)
+            job_id = None
             try:
+                cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
+                sha = file_sha256(cand.path)
+                job_id = self._new_job_id(sha)
+                record = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
                 input_path = inbox_mod.claim(self.home.job_dir(job_id), cand, record)
             except FileNotFoundError:
+                self._drop_empty_claim(job_id)
+                continue
+            except (OSError, UnicodeError) as exc:  # one bad file never stops the scan or the other jobs
+                self._drop_empty_claim(job_id)
+                self._cannot_take(cand, fp, exc, now)
                 continue
             self._accept(job_id, record, input_path, sha)
+
+    def _drop_empty_claim(self, job_id: str | None) -> None:
+        """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
+        if job_id is None:
+            return
+        job_dir = self.home.job_dir(job_id)
+        if job_dir.is_dir() and inbox_mod.claimed_input(job_dir) is None and job_id not in self.state.jobs:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    def _cannot_take(self, cand: inbox_mod.Candidate, fp: str, exc: BaseException, now: float) -> None:
+        """An inbox file that cannot be taken: an error report, and the scan goes on."""
+        name = _shown(cand.path.name)
+        if isinstance(exc, UnicodeError):
+            code, why, movable = "bad_file_name", "its name is not valid UTF-8; rename it and drop it in again", True
+        elif getattr(exc, "errno", None) == errno.EXDEV:
+            code = "cross_device"
+            why = "it cannot be moved into the work area (the inbox is on another file system); put the inbox on the same file system as the BatchGrader home"
+            movable = False
+        else:
+            code, why, movable = "unreadable", f"it cannot be read or moved ({exc.__class__.__name__}: {exc})", True
+        log.error("inbox file %s cannot be taken: %s", name, why)
+        self._reject(inbox_mod.Rejection(cand.path, cand.profile, code, f"{name}: {why}", _shown(fp), movable=movable), now)
 
     def _new_job_id(self, sha: str) -> str:
         base = sha[:12]
@@ -231,24 +296,30 @@ class Engine:
         )
 
     def _reject(self, r: inbox_mod.Rejection, now: float) -> None:
-        job_id = "x-" + hashlib.sha256(r.fingerprint.encode()).hexdigest()[:12]
+        job_id = "x-" + hashlib.sha256(_shown(r.fingerprint).encode()).hexdigest()[:12]
         if job_id in self.state.jobs:
             return
-        err_path = free_path(self.home.outbox, error_name(r.path.name), stamp(now))
+        name = _shown(r.path.name)
+        err_path = free_path(self.home.outbox, error_name(name), stamp(now))
         self.emit(
             job_id,
-            _e("FileRejected", file=r.path.name, path=str(r.path), reason=r.reason, code=r.code, fingerprint=r.fingerprint),
+            _e(
+                "FileRejected",
+                file=name,
+                path=_shown(str(r.path)),
+                reason=_shown(r.reason),
+                code=r.code,
+                fingerprint=_shown(r.fingerprint),
+            ),
         )
-        hint = (
-            "Copy the real file (not a link or special file) into the inbox."
-            if r.code == "not_regular_file"
-            else "Save the data as .csv, .json or .jsonl and drop it in the inbox again."
-            if r.code == "unsupported_format"
-            else "Define the profile in config.yaml, or move the file to a profile folder that exists."
-        )
-        self._write_error(job_id, r.path.name, err_path, r.reason, hint)
+        hint = REJECTION_HINTS.get(r.code, "Define the profile in config.yaml, or move the file to a profile folder that exists.")
+        self._write_error(job_id, name, err_path, _shown(r.reason), hint)
         if r.movable and r.path.exists():
-            dest = move_no_clobber(r.path, self.home.failed, r.path.name, stamp(now))
+            try:
+                dest = move_no_clobber(r.path, self.home.failed, name, stamp(now))
+            except OSError as exc:
+                log.error("could not move %s to %s: %s", name, self.home.failed, exc)
+                return
             self.emit(job_id, _e("InputArchived", path=str(dest)))
 
     def _write_error(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
@@ -256,6 +327,71 @@ class Engine:
         if not path.exists():
             atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
         self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
+
+    def _mark_recovered(self, job_dir: Path) -> None:
+        """A work folder claimed but unknown to the log (a crash before JobAccepted, or a lost or
+        restored database): batches of this job may exist at the provider already; search for
+        them before the first create."""
+        since = job_dir.stat().st_mtime - CLOCK_SKEW_SLACK
+        self.emit(job_dir.name, _e("JobRecovered", since=since, reason="work folder with a claim but no JobAccepted"))
+
+    def _adopt_recovered(self, job: JobState, now: float) -> None:
+        """Before the first create of a recovered job: list the provider's batches since the
+        claim, and adopt for each chunk the one created under its bg_key (same input size)."""
+        assert self.provider is not None and job.recovered_since is not None
+        mine: dict[int, list[Any]] = {}
+        for b in self.provider.find_batches(metadata={"bg_job": job.job_id}, created_after=int(job.recovered_since)):
+            if str(b.metadata.get("bg_chunk", "")).isdigit():
+                mine.setdefault(int(b.metadata["bg_chunk"]), []).append(b)
+        adopted: dict[str, str] = {}
+        ignored: list[str] = []
+        for index, found in sorted(mine.items()):
+            c = job.chunks.get(index)
+            usable = [b for b in found if b.status not in ("failed", "cancelled", "cancelling")]
+            keep = self._matching_batch(job, c, usable) if c is not None and c.upload == "none" else None
+            if keep is None:
+                ignored += [b.id for b in found]
+                continue
+            self._adopt_batch(job, c, keep, now)  # type: ignore[arg-type]
+            adopted[str(index)] = keep.id
+            ignored += [b.id for b in found if b.id != keep.id]
+        if ignored:
+            log.warning("job %s: batches at the provider not adopted: %s", job.job_id, ", ".join(ignored))
+        self.emit(job.job_id, _e("RecoveredBatchesAdopted", adopted=adopted, ignored=ignored))
+
+    def _matching_batch(self, job: JobState, c: ChunkState, batches: list[Any]) -> Any:
+        """The newest batch whose uploaded input is this chunk's (same upload name and size)."""
+        assert self.provider is not None
+        for b in sorted(batches, key=lambda b: b.created_at, reverse=True):
+            attempt = str(b.metadata.get("bg_attempt", ""))
+            if not attempt.isdigit():
+                continue
+            files = self.provider.find_files(upload_name(job.job_id, c.index, int(attempt)), c.bytes)
+            if any(f.id == b.input_file_id for f in files):
+                return b
+        return None
+
+    def _adopt_batch(self, job: JobState, c: ChunkState, b: Any, now: float) -> None:
+        attempt = int(b.metadata["bg_attempt"])
+        name = upload_name(job.job_id, c.index, attempt)
+        jid = job.job_id
+        self.emit(jid, _e("UploadStarted", chunk=c.index, attempt=attempt, filename=name, bytes=c.bytes))
+        self.emit(jid, _e("FileUploaded", chunk=c.index, attempt=attempt, file_id=b.input_file_id, reconciled=True))
+        self.emit(
+            jid,
+            _e("BatchCreateRequested", chunk=c.index, attempt=attempt, input_file_id=b.input_file_id, metadata=dict(b.metadata)),
+        )
+        self.emit(jid, _e("BatchCreated", chunk=c.index, attempt=attempt, batch_id=b.id, status="validating", reconciled=True))
+        ev = _status_event(self.state.jobs[jid].chunks[c.index], b)
+        if ev is not None:
+            self.emit(jid, ev)
+        self._next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)
+
+    def _report_corrupt(self, job: JobState) -> None:
+        """A job whose log this code cannot read is set aside (never acted on); logged once."""
+        if job.job_id not in self._corrupt_logged:
+            self._corrupt_logged.add(job.job_id)
+            log.error("job %s (%s) set aside as corrupt: %s", job.job_id, job.file, job.corrupt)
 
     # --- per job: ask decide, carry out -------------------------------------------------------
     def timers(self) -> Timers:
@@ -298,6 +434,10 @@ class Engine:
                 self._reconcile_create(job, c, now)
         elif isinstance(a, Poll):
             self._poll(job, job.chunks[a.chunk], now)
+        elif isinstance(a, CheckDuplicates):
+            self._check_duplicates(job, job.chunks[a.chunk], now)
+        elif isinstance(a, SearchRecovered):
+            self._adopt_recovered(job, now)
         elif isinstance(a, FailBatch):
             self.emit(
                 job.job_id,
@@ -308,7 +448,7 @@ class Engine:
             else:
                 self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.error)
         elif isinstance(a, Download):
-            self._download(job, a)
+            self._download(job, job.chunks[a.chunk], a.kind, a.file_id, now)
         elif isinstance(a, Merge):
             self._merge(job, job.chunks[a.chunk], now)
         elif isinstance(a, FailUnstarted):
@@ -368,7 +508,7 @@ class Engine:
                     Path(job.input_path),
                     profile,
                     self.home,
-                    requests_out=f,
+                    requests_out=cast(IO[bytes], _Heartbeat(f, self.on_progress)),
                     prices=self.prices,
                     file_hash=job.sha256,
                     limits=self._limits(profile),
@@ -503,6 +643,7 @@ class Engine:
                 "BatchCreateRequested", chunk=c.index, attempt=c.attempt, input_file_id=c.file_id, metadata=self._metadata(job, c)
             ),
         )
+        self._requested_at[(job.job_id, c.index)] = now  # on this process's clock (the log's after a restart)
         self._do_create(job, job.chunks[c.index], now)
 
     def _do_create(self, job: JobState, c: ChunkState, now: float) -> None:
@@ -529,10 +670,29 @@ class Engine:
         )
         self._next_poll[(job.job_id, c.index)] = (now + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
 
+    def _create_settle_seconds(self) -> float:
+        return create_settle_seconds(self.config)
+
+    def _listing_floor(self, requested_at: float) -> int:
+        """``created_after`` for a reconciliation listing (provider clocks may differ from ours)."""
+        return int(requested_at - self._create_settle_seconds() - CLOCK_SKEW_SLACK)
+
     def _reconcile_create(self, job: JobState, c: ChunkState, now: float) -> None:
         assert self.provider is not None and c.file_id
-        found = reconcile_batch(self.provider, c.file_id, {"bg_key": c.metadata.get("bg_key", "")})
+        key = (job.job_id, c.index)
+        if self._next_listing.get(key, float("-inf")) > now:
+            return
+        requested_at = self._requested_at.get(key, min(epoch(c.requested_ts, now), now))
+        found = reconcile_batch(
+            self.provider,
+            c.file_id,
+            {"bg_key": c.metadata.get("bg_key", "")},
+            created_after=self._listing_floor(requested_at),
+        )
         keep = found.batch
+        if keep is None and now < requested_at + self._create_settle_seconds():
+            self._next_listing[key] = now + min(5.0, self._create_settle_seconds() / 4)
+            return  # a late create may still land: the outcome stays unknown, look again later
         if keep is not None:
             for extra in found.duplicates:  # should never happen; never pay twice
                 log.error("job %s chunk %s: duplicate batch %s found; cancelling it", job.job_id, c.index, extra.id)
@@ -560,7 +720,42 @@ class Engine:
                     definite=True,
                 ),
             )
-            # the file is uploaded: the next tick creates again with it, under the same attempt's metadata
+            # the file is uploaded: _submit creates again with it, under the same attempt's metadata
+
+    def _check_duplicates(self, job: JobState, c: ChunkState, now: float) -> None:
+        """After a create that followed a failed or absent one of the same attempt, look again by
+        ``bg_key`` once the earlier request can no longer land, and cancel any extra batch (never
+        pay twice).  Forced (whatever the time) before a terminal batch is collected."""
+        assert self.provider is not None and c.file_id and c.batch_id and c.dup_check_due
+        if c.status not in TERMINAL_BATCH and now < epoch(c.dup_check_due, now) + self._create_settle_seconds():
+            return
+        found = self.provider.find_batches(
+            input_file_id=c.file_id,
+            metadata={"bg_key": c.metadata.get("bg_key", "")},
+            created_after=self._listing_floor(min(epoch(c.requested_ts, now), now)),
+        )
+        extras = [b for b in found if b.id != c.batch_id]
+        cancelled = []
+        for b in extras:
+            log.error("job %s chunk %s: duplicate batch %s (late create); cancelling it", job.job_id, c.index, b.id)
+            if b.is_terminal:
+                continue
+            try:
+                self.provider.cancel(b.id)
+                cancelled.append(b.id)
+            except ProviderRejected as exc:
+                log.error("could not cancel duplicate batch %s: %s", b.id, exc)
+        self.emit(
+            job.job_id,
+            _e(
+                "DuplicateBatchesChecked",
+                chunk=c.index,
+                attempt=c.attempt,
+                batch_id=c.batch_id,
+                extras=[b.id for b in extras],
+                cancelled=cancelled,
+            ),
+        )
 
     def _cancel_batch(self, a: CancelBatch, now: float) -> None:
         assert self.provider is not None
@@ -583,20 +778,104 @@ class Engine:
         delay = next_poll_delay(delay, ev is not None, b.status != c.status, self.settings.poll_interval_seconds)
         self._next_poll[key] = (now + delay, delay)
 
-    def _download(self, job: JobState, a: Download) -> None:
+    def _download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
+        """Download one result file: one intent per download (not per tick), a pause between
+        failures, and after ``MAX_DOWNLOAD_ATTEMPTS`` failures or a definite refusal (404: the file
+        expired or was deleted) an ``OutputDownloadFailed``: its rows then fail with the reason and
+        the job can finish.  True when the file is settled (downloaded or given up)."""
         assert self.provider is not None
-        dest = self.home.job_dir(job.job_id) / "downloads" / f"{a.batch_id}-{a.kind}.jsonl"
-        self.emit(job.job_id, _e("OutputDownloadStarted", chunk=a.chunk, batch_id=a.batch_id, file_id=a.file_id, kind=a.kind))
-        n = self.provider.download(a.file_id, dest)
+        key = (job.job_id, c.index, kind)
+        tries, not_before = self._download_failures.get(key, (0, float("-inf")))
+        if not_before > now:
+            return False
+        d = c.downloads.get(kind, {})
+        if d.get("state") != "started" or d.get("file_id") != file_id:
+            self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
+        dest = self.home.job_dir(job.job_id) / "downloads" / f"{c.batch_id}-{kind}.jsonl"
+        try:
+            n = self.provider.download(file_id, dest)
+        except ProviderRejected as exc:  # definite (404: expired or deleted; 403 ...): never comes back
+            self._download_failed(job, c, kind, file_id, f"the {kind} file cannot be downloaded: {exc}", tries + 1)
+            return True
+        except (ProviderError, OSError) as exc:
+            tries += 1
+            if tries >= MAX_DOWNLOAD_ATTEMPTS:
+                msg = f"the {kind} file could not be downloaded after {tries} attempts: {exc}"
+                self._download_failed(job, c, kind, file_id, msg, tries)
+                return True
+            log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
+            self._download_failures[key] = (tries, now + min(60.0, 2.0**tries))
+            return False
+        self._download_failures.pop(key, None)
         self.emit(
             job.job_id,
-            _e("OutputDownloaded", chunk=a.chunk, batch_id=a.batch_id, file_id=a.file_id, kind=a.kind, path=str(dest), bytes=n),
+            _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n),
+        )
+        return True
+
+    def _download_failed(self, job: JobState, c: ChunkState, kind: str, file_id: str, error: str, attempts: int) -> None:
+        self._download_failures.pop((job.job_id, c.index, kind), None)
+        log.error("job %s chunk %s: %s", job.job_id, c.index, error)
+        self.emit(
+            job.job_id,
+            _e(
+                "OutputDownloadFailed",
+                chunk=c.index,
+                batch_id=c.batch_id,
+                file_id=file_id,
+                kind=kind,
+                error=error,
+                attempts=attempts,
+            ),
         )
 
+    def _read_outcomes(self, job: JobState, c: ChunkState) -> tuple[list[Any], list[Any], list[str]]:
+        """The rows' outcomes from the downloaded files; the malformed lines (skipped, never
+        stopping the merge) and the kinds of file they were in."""
+        outcomes: list[Any] = []
+        malformed: list[Any] = []
+        bad_kinds: list[str] = []
+        for kind in ("output", "error"):
+            d = c.downloads.get(kind)
+            if d and d.get("path") and d.get("state") == "done":
+                before = len(malformed)
+                outcomes += iter_outcomes(Path(d["path"]), on_malformed="skip", malformed=malformed)
+                if len(malformed) > before:
+                    bad_kinds.append(kind)
+        return outcomes, malformed, bad_kinds
+
+    def _missing_reason(self, c: ChunkState, malformed: list[Any]) -> tuple[str, str] | None:
+        """Code and message for a row the downloaded files do not answer (None: the usual ones)."""
+        unavailable = [d.get("error") for d in c.downloads.values() if d.get("state") == "failed"]
+        if unavailable:
+            return "output_unavailable", "; ".join(str(u) for u in unavailable)
+        if malformed:
+            return (
+                "malformed_result",
+                f"the provider's result file had {len(malformed)} malformed line(s) after "
+                f"{c.malformed_downloads + 1} downloads (first: {malformed[0]})",
+            )
+        return None
+
     def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
-        """Merge a finished batch's rows; its events go in one transaction."""
-        paths = [Path(d["path"]) for d in (c.downloads.get(k) for k in ("output", "error")) if d and d.get("path")]
-        merged = merge_chunk(chunk_custom_ids(c), (o for p in paths for o in iter_outcomes(p)), c.status)
+        """Merge a finished batch's rows; its events go in one transaction.  A malformed file is
+        downloaded again (at most MAX_MALFORMED_DOWNLOADS times); then its good lines are kept."""
+        outcomes, malformed, bad_kinds = self._read_outcomes(job, c)
+        if malformed and c.malformed_downloads < MAX_MALFORMED_DOWNLOADS:
+            log.warning("job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, malformed[0])
+            self.emit(
+                job.job_id,
+                _e(
+                    "OutputFileMalformed",
+                    chunk=c.index,
+                    batch_id=c.batch_id,
+                    kinds=bad_kinds,
+                    lines=len(malformed),
+                    problem=str(malformed[0]),
+                ),
+            )
+            return
+        merged = merge_chunk(chunk_custom_ids(c), outcomes, c.status, self._missing_reason(c, malformed))
         results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
         atomic_write_bytes(results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in merged.records))
         try:
@@ -685,9 +964,12 @@ class Engine:
     # --- finish ---------------------------------------------------------------------------------
     def _write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
         """Name the result (and error report) in an intent event, write them, record them."""
-        if job.outbox == "none":
-            path = free_path(self.home.outbox, job.result_name, stamp(now))
-            err = free_path(self.home.outbox, error_name(job.file), stamp(now)) if a.failed else None
+        taken = job.outbox == "started" and bool(job.result_path) and self._outbox_owner(job.result_path or "", job.job_id)
+        if taken:  # never accept another job's file as ours: record a new name
+            log.error("job %s: %s belongs to another job; choosing another name", job.job_id, job.result_path)
+        if job.outbox == "none" or taken:
+            path = self._reserve_outbox_path(job.result_name, job.job_id, now)
+            err = self._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
             self.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
         job = self.state.jobs[job.job_id]
         if job.outbox != "started":
@@ -717,6 +999,22 @@ class Engine:
                 error_path=job.error_path,
             ),
         )
+
+    def _outbox_owner(self, path: str, job_id: str) -> str | None:
+        """Another job that recorded ``path`` as its result or error file, if any."""
+        for j in self.state.jobs.values():
+            if j.job_id != job_id and path in (j.result_path, j.error_path):
+                return j.job_id
+        return None
+
+    def _reserve_outbox_path(self, name: str, job_id: str, now: float) -> Path:
+        """A free outbox path that no other job has recorded either (a job that recorded a path
+        and crashed before writing it still owns it: two inputs with the same name never swap)."""
+        path = free_path(self.home.outbox, name, stamp(now))
+        if self._outbox_owner(str(path), job_id) is None:
+            return path
+        own = f"{Path(name).stem}_{job_id[:12]}{Path(name).suffix}"  # a name only this job uses
+        return free_path(self.home.outbox, own, stamp(now))
 
     def _delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
         if self.provider is None:
@@ -779,18 +1077,66 @@ class Engine:
                     p, error_report(job.file, job.job_id, err.get("error") or "", err.get("hint") or "").encode(), overwrite=False
                 )
             self.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
+        self._redo_final_effects(self.state.jobs[job.job_id], now)
 
     def _fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
-        err_path = free_path(self.home.outbox, error_name(job.file), stamp(now))
-        self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
-        self._write_error(job.job_id, job.file, err_path, error, hint)
+        """The error report and the move to failed/ first, the final event last (a crash between
+        them leaves a job that is not ended, and is failed again on restart)."""
+        if job.outbox == "none":
+            err_path = free_path(self.home.outbox, error_name(job.file), stamp(now))
+            self._write_error(job.job_id, job.file, err_path, error, hint)
         src = Path(job.input_path)
         if src.exists() and not self.state.jobs[job.job_id].archived_path:
             dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
             self.emit(job.job_id, _e("InputArchived", path=str(dest)))
+        self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
+
+    def _redo_final_effects(self, job: JobState, now: float) -> None:
+        """On restart, redo every effect a final event implies that is missing: the error report
+        of a failed (or rejected) job, and the move of its input out of work/ (or the inbox).
+        Checked once per job per process."""
+        if job.job_id in self._effects_checked:
+            return
+        self._effects_checked.add(job.job_id)
+        if job.ended == "failed" and job.outbox == "none":
+            err = job.error or {}
+            path = free_path(self.home.outbox, error_name(job.file), stamp(now))
+            self._write_error(job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or "")
+        job = self.state.jobs[job.job_id]
+        if job.archived_path:
+            return
+        if job.rejected:
+            code = (job.error or {}).get("code")
+            src = Path(job.source) if job.source and code not in UNMOVABLE_REJECTIONS else None
+        else:
+            src = Path(job.input_path) if job.input_path else None
+        if src is not None and src.is_file() and not src.is_symlink():
+            folder = self.home.failed if job.ended == "failed" else self.home.archive
+            dest = move_no_clobber(src, folder, job.file or src.name, stamp(now))
+            self.emit(job.job_id, _e("InputArchived", path=str(dest)))
 
 
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """A file wrapper for prepare's output: each block written is a sign of life (the systemd
+    watchdog heartbeat comes from the working thread, so a long prepare is not killed)."""
+
+    def __init__(self, f: IO[bytes], beat: Callable[[], None]):
+        self._f, self._beat = f, beat
+
+    def write(self, data: bytes) -> int:
+        self._beat()
+        return self._f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _shown(text: str) -> str:
+    """Text as it can be recorded and shown: bytes of a file name that are not UTF-8 become U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _status_event(c: ChunkState, b: Any) -> NewEvent | None:

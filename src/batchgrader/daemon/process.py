@@ -46,6 +46,13 @@ class DaemonError(RuntimeError):
 # --- single instance --------------------------------------------------------------------------
 
 
+class DatabaseLost(DaemonError):
+    """The database file was replaced or deleted under the running daemon (exit 1: a service
+    manager may start it again, on the file that is there now)."""
+
+    exit_code = 1
+
+
 class AlreadyRunning(DaemonError):
     exit_code = 75  # EX_TEMPFAIL
 
@@ -117,6 +124,45 @@ def pending_controls(home: Home) -> list[Path]:
     return sorted(p for p in folder.glob("*.json") if not p.name.startswith(".")) if folder.is_dir() else []
 
 
+CONTROL_REJECTED_DIR = "rejected"  # control/rejected/: requests that could not be applied, kept for a look
+
+
+def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
+    """Apply one control request; the reason it cannot be applied, or None when it was."""
+    from batchgrader.store.eventstore import NewEvent
+
+    if not isinstance(req, dict):
+        return f"not a JSON object (a {type(req).__name__})"
+    job_id = req.get("job_id")
+    job = engine.state.jobs.get(job_id) if isinstance(job_id, str) else None
+    if job is None:
+        return f"unknown job {job_id!r}"
+    action, reason = req.get("action"), str(req.get("reason", ""))
+    if action == "cancel":
+        if not job.terminal and not job.corrupt:
+            engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
+        return None
+    if action == "retry":
+        if job.rejected:
+            return f"job {job.job_id} is a rejected file ({job.last_error}); it cannot be retried"
+        if (job.terminal or job.held) and not job.corrupt:
+            engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": reason}))
+        return None
+    return f"unknown action {action!r}"
+
+
+def set_control_aside(home: Home, path: Path, problem: str) -> None:
+    """Move a control request that cannot be applied to ``control/rejected/`` with a log line."""
+    from batchgrader.fsio import move_no_clobber
+
+    log.warning("control request %s set aside (%s)", path.name, problem)
+    try:
+        move_no_clobber(path, path.parent / CONTROL_REJECTED_DIR, path.name, str(time.time_ns()))
+    except OSError as exc:
+        log.warning("could not move %s aside (%s); removing it", path.name, exc)
+        path.unlink(missing_ok=True)
+
+
 # --- logging with the key masked ---------------------------------------------------------------------
 
 
@@ -169,6 +215,7 @@ class Daemon:
     heartbeat: float = field(default_factory=time.monotonic)
     tick_error: BaseException | None = None
     snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
+    fatal: BaseException | None = None  # the database file was replaced or deleted: stop
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -215,7 +262,7 @@ class Daemon:
         from batchgrader.daemon.engine import Engine
         from batchgrader.daemon.notify import Notifier
         from batchgrader.pipeline.inbox import InboxWatcher
-        from batchgrader.store.eventstore import EventStore
+        from batchgrader.store.eventstore import EventStore, SchemaTooNew
 
         os.umask(0o077)
         self.home.ensure()
@@ -229,7 +276,10 @@ class Daemon:
                 raise DaemonError(str(exc)) from None
             setup_logging(self.home, config.log_level, [config.api_key or ""], to_stderr=not self.live)
             provider = self._provider(config)
-            store = EventStore(self.home.db, projectors=self.make_projectors())
+            try:
+                store = EventStore(self.home.db, projectors=self.make_projectors())
+            except SchemaTooNew as exc:
+                raise DaemonError(str(exc)) from None
             engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
             engine.should_stop = self.stop.is_set
             engine.on_progress = self._beat
@@ -254,7 +304,10 @@ class Daemon:
             )
             scheduler.start()
             try:
-                return self._main_loop(engine, notifier, job, tick_seconds)
+                code = self._main_loop(engine, notifier, job, tick_seconds)
+                if self.fatal is not None:
+                    raise DatabaseLost(str(self.fatal))
+                return code
             finally:
                 notifier.stopping()
                 watcher.stop()
@@ -269,6 +322,8 @@ class Daemon:
         self.heartbeat = time.monotonic()
 
     def _tick(self) -> None:
+        from batchgrader.store.eventstore import DatabaseMoved
+
         if self.stop.is_set():
             return
         try:
@@ -281,8 +336,14 @@ class Daemon:
                 except (ConfigError, Exception) as exc:  # keep running on the old config
                     log.error("config reload failed, keeping the old configuration: %s", exc)
             self._controls(self.engine)
+            self.engine.store.check_file()
             self.engine.tick(time.time())
             self.tick_error = None
+        except DatabaseMoved as exc:
+            log.error("%s", exc)
+            self.fatal = exc
+            self.stop.set()
+            self.wake.set()
         except Exception as exc:  # the daemon keeps serving; the error is logged and shown
             self.tick_error = exc
             log.exception("tick failed: %s", exc)
@@ -298,21 +359,15 @@ class Daemon:
             log.exception("snapshot failed: %s", exc)
 
     def _controls(self, engine) -> None:  # noqa: ANN001
-        from batchgrader.store.eventstore import NewEvent
-
         for path in pending_controls(self.home):
             try:
-                req = json.loads(path.read_text())
-                job = engine.state.jobs.get(req.get("job_id"))
-                if job is None:
-                    log.warning("control request for unknown job %s ignored", req.get("job_id"))
-                elif req.get("action") == "cancel" and not job.terminal:
-                    engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": req.get("reason", "")}))
-                elif req.get("action") == "retry" and (job.terminal or job.held):
-                    engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": req.get("reason", "")}))
+                problem = apply_control(engine, json.loads(path.read_text()))
             except (OSError, ValueError) as exc:
-                log.warning("bad control request %s: %s", path.name, exc)
-            path.unlink(missing_ok=True)
+                problem = f"unreadable: {exc}"
+            if problem is None:
+                path.unlink(missing_ok=True)
+            else:
+                set_control_aside(self.home, path, problem)
 
     def _done_once(self, engine) -> bool:  # noqa: ANN001
         return engine.idle and not pending_controls(self.home)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
-from batchgrader.secrets import mask_secret
+from batchgrader.secrets import mask_secret, secret_forms
 
 __all__ = [
     "OK",
@@ -121,12 +121,16 @@ def _scrubber(secrets: Sequence[str]) -> Callable[[str], str]:
     """Replace every known secret value by its mask (exact values only: a pattern such as
     ``sk-...`` would also mangle paths and names that merely look like one)."""
     # values under 8 characters are no real key, and replacing them would garble ordinary text
-    secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
+    forms = sorted(
+        {(f, mask_secret(s.strip()) or "****") for s in secrets if s and len(s) >= 8 for f in secret_forms(s)},
+        key=lambda fm: len(fm[0]),
+        reverse=True,
+    )
 
     def scrub(text: str) -> str:
-        for s in secrets:
-            if s in text:
-                text = text.replace(s, mask_secret(s) or "****")
+        for f, shown in forms:  # the key as written and as libraries escape it
+            if f in text:
+                text = text.replace(f, shown)
         return text
 
     return scrub

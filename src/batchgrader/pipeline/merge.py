@@ -49,7 +49,9 @@ class ChunkMerge:
         return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]))
 
 
-def merge_chunk(expected: Sequence[str], outcomes: Iterable[Any], status: str | None) -> ChunkMerge:
+def merge_chunk(
+    expected: Sequence[str], outcomes: Iterable[Any], status: str | None, missing: tuple[str, str] | None = None
+) -> ChunkMerge:
     """The rows of a chunk whose batch ended with ``status``, given the outcomes read from its
     files (later outcomes of the same row win; rows the chunk did not send are ignored).  A row
     without an outcome failed: the batch expired, was cancelled, or left it out."""
@@ -63,6 +65,8 @@ def merge_chunk(expected: Sequence[str], outcomes: Iterable[Any], status: str | 
         "batch_expired": "the batch expired before this row was processed",
         "batch_cancelled": "the batch was cancelled before this row was processed",
     }.get(missing_code, "the provider returned no result for this row")
+    if missing is not None and missing_code == "missing_result":
+        missing_code, missing_msg = missing  # the files could not be had, or had unreadable lines
     failed_rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     for cid in expected:

@@ -405,6 +405,7 @@ class OpenAIProvider:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.list_page_size = max(1, min(100, list_page_size))
+        self.on_page: Callable[[], None] = lambda: None  # called per listing page (a watchdog heartbeat)
         try:
             self._client = openai.OpenAI(
                 api_key=api_key,
@@ -554,11 +555,14 @@ class OpenAIProvider:
         after: str | None = None
         while True:
             page_args: dict[str, Any] = {"after": after} if after else {}
+            self.on_page()
             page = self._with_retries(
                 "files.list",
                 lambda page_args=page_args: self._client.files.list(purpose="batch", order="desc", limit=1000, **page_args),  # type: ignore[misc]
             )
             items = [_file_info(o) for o in page.data]
+            if after is not None and any(f.id == after for f in items):
+                break  # the provider ignored the cursor and sent an earlier page again
             stop = False
             for f in items:
                 if created_after is not None and f.created_at < created_after:
@@ -566,8 +570,8 @@ class OpenAIProvider:
                     break
                 if f.filename == filename and (size is None or f.bytes == size):
                     out.append(f)
-            if stop or not items or page.has_more is False:
-                break
+            if stop or not items or page.has_more is False or items[-1].id == after:
+                break  # (a cursor that does not advance would page forever)
             after = items[-1].id
         out.sort(key=lambda f: (f.created_at, f.id))
         return out
@@ -596,12 +600,15 @@ class OpenAIProvider:
             try:
                 n = 0
                 with os.fdopen(fd, "wb") as out:
-                    with self._client.files.with_streaming_response.content(file_id) as resp:
+                    with self._client.files.with_streaming_response.content(
+                        file_id, extra_headers={"Accept-Encoding": "identity"}
+                    ) as resp:
                         expected = resp.headers.get("content-length")
                         for chunk in resp.iter_bytes(1 << 20):
                             out.write(chunk)
                             n += len(chunk)
-                    if expected is not None and expected.isdigit() and int(expected) != n:
+                        raw = _raw_bytes_received(resp, n)
+                    if expected is not None and expected.isdigit() and int(expected) != raw:
                         raise _Transient(f"download of {file_id} cut short: {n} of {expected} bytes")
                     out.flush()
                     os.fsync(out.fileno())
@@ -658,6 +665,7 @@ class OpenAIProvider:
         kwargs: dict[str, Any] = {"limit": limit}
         if after:
             kwargs["after"] = after
+        self.on_page()
         page = self._with_retries("batches.list", lambda: self._client.batches.list(**kwargs))
         items = tuple(_batch_info(b) for b in page.data)
         has_more = bool(page.has_more) if page.has_more is not None else bool(items)
@@ -668,12 +676,14 @@ class OpenAIProvider:
         after: str | None = None
         while True:
             page = self.list_batches(limit=self.list_page_size, after=after)
+            if after is not None and any(b.id == after for b in page.items):
+                return  # the provider ignored the cursor and sent an earlier page again
             for b in page.items:
                 if created_after is not None and b.created_at < created_after:
                     return
                 yield b
-            if not page.has_more or page.last_id is None:
-                return
+            if not page.has_more or page.last_id is None or page.last_id == after:
+                return  # (a cursor that does not advance would page forever)
             after = page.last_id
 
     def find_batches(
@@ -690,10 +700,23 @@ class OpenAIProvider:
         return out
 
 
+def _raw_bytes_received(resp: Any, decoded: int) -> int:
+    """Bytes received on the wire (before any Content-Encoding was undone): what Content-Length
+    counts.  A compressing proxy can ignore ``Accept-Encoding: identity``."""
+    http = getattr(resp, "http_response", None)
+    n = getattr(http, "num_bytes_downloaded", None)
+    return int(n) if isinstance(n, int) else decoded
+
+
 def batch_matches(b: BatchInfo, input_file_id: str | None, metadata: Mapping[str, str] | None) -> bool:
+    """A batch is ours when its input file and every ``metadata`` pair match.  A provider that
+    drops metadata (the batch comes back with none) is matched on the input file alone, so a
+    batch that exists is never taken for absent (one uploaded file backs one chunk attempt)."""
     if input_file_id is not None and b.input_file_id != input_file_id:
         return False
     if metadata:
+        if not b.metadata and input_file_id is not None:
+            return True  # metadata dropped by the provider: the input file id decides
         for k, v in metadata.items():
             if b.metadata.get(k) != v:
                 return False

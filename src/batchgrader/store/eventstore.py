@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from batchgrader.core.schema import EVENTS, EVENTS_DDL, check_payload, upcast
+from batchgrader.core.schema import EVENTS, EVENTS_DDL, SCHEMA_VERSION, check_payload, upcast
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -84,18 +84,64 @@ def json_loads_many(texts: list[str]) -> list[Any]:
     return [json.loads(t) for t in texts]
 
 
+CORRUPT_KEY = "__bg_corrupt__"  # payload of an event this code cannot read (the fold sets the job aside)
+
+
+def _loads_or_corrupt(text: str) -> Any:
+    try:
+        data = json.loads(text)
+    except (ValueError, TypeError):
+        return {CORRUPT_KEY: "its payload is not valid JSON"}
+    return data if isinstance(data, dict) else {CORRUPT_KEY: "its payload is not a JSON object"}
+
+
+class DatabaseMoved(RuntimeError):
+    """The database file was replaced or deleted while this process had it open: writing on
+    would go to a file nobody reads (or mix two histories)."""
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer BatchGrader: it is never read with older meanings."""
+
+
+def check_schema_version(conn: sqlite3.Connection, path: Path, readonly: bool) -> None:
+    """Refuse a database whose ``PRAGMA user_version`` is newer than :data:`SCHEMA_VERSION`;
+    stamp ours on a database that has none yet (or an older one)."""
+    (found,) = conn.execute("PRAGMA user_version").fetchone()
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"{path} was written by a newer BatchGrader (database schema {found}; this version knows "
+            f"schema {SCHEMA_VERSION}). Upgrade BatchGrader; the database is left untouched."
+        )
+    if not readonly and found < SCHEMA_VERSION:
+        conn.execute(f"PRAGMA user_version={int(SCHEMA_VERSION)}")
+
+
 _new_object = object.__new__
 
 
 def events_from_rows(rows: Sequence[tuple]) -> list[Event]:
     """``(seq, job_id, job_seq, type, version, ts, payload)`` rows -> upcast :class:`Event` objects."""
-    payloads = json_loads_many([r[6] for r in rows])
+    try:
+        payloads = json_loads_many([r[6] for r in rows])
+    except (ValueError, TypeError):
+        payloads = [_loads_or_corrupt(r[6]) for r in rows]  # a bad row: that job is set aside
     out: list[Event] = []
     append = out.append
     for (seq, job_id, job_seq, type_, version, ts, _), data in zip(rows, payloads):
         et = EVENTS.get(type_)
-        if et is not None and version != et.version:
-            data = upcast(type_, version, data)
+        if et is not None and version > et.version:
+            data = {CORRUPT_KEY: f"{type_} version {version} is newer than this code knows ({et.version})"}
+        elif et is not None and version != et.version and CORRUPT_KEY not in data:
+            data = upcast(type_, version, data)  # a missing upcaster is a bug: it raises
             version = et.version
         # Same object as Event(...) builds, without the seven object.__setattr__ calls a frozen
         # dataclass __init__ makes (a third of the per-event cost of reading a large log).
@@ -161,7 +207,13 @@ class EventStore:
         self.path = Path(path)
         self.readonly = readonly
         self.conn = connect(self.path, readonly)
+        try:
+            check_schema_version(self.conn, self.path, readonly)
+        except SchemaTooNew:
+            self.conn.close()
+            raise
         self.projectors = list(projectors)
+        self._identity = _file_identity(self.path)
         if not readonly:
             with self.write() as c:
                 for stmt in EVENTS_DDL:
@@ -171,6 +223,17 @@ class EventStore:
 
     def close(self) -> None:
         self.conn.close()
+
+    def check_file(self) -> None:
+        """Raise :class:`DatabaseMoved` if the file at ``path`` is no longer the one opened."""
+        now = _file_identity(self.path)
+        if now == self._identity:
+            return
+        what = "deleted" if now is None else "replaced by another file"
+        raise DatabaseMoved(
+            f"the database {self.path} was {what} while the daemon was running; stopping so that "
+            "nothing is written to a file nobody reads. Start the daemon again to use the file that is there now."
+        )
 
     def __enter__(self) -> EventStore:
         return self
@@ -201,6 +264,7 @@ class EventStore:
             return []
         for e in events:
             check_payload(e.type, e.payload)  # a misspelt or missing field fails here, not in a fold later
+        self.check_file()
         with self.write() as c:
             (current,) = c.execute("SELECT COALESCE(MAX(job_seq), 0) FROM events WHERE job_id = ?", (job_id,)).fetchone()
             if expected_version is not None and current != expected_version:

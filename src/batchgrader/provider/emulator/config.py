@@ -61,6 +61,12 @@ class EmulatorConfig:
     shuffle_output: bool = True
     answer_fn: Callable[[str, dict[str, Any]], str] | None = None  # custom_id, body -> content
     leak_key_in_errors: bool = False  # test only: echo the presented key verbatim in 401 bodies
+    # Provider quirks (adversarial tests): batches answered without their metadata; list
+    # endpoints that ignore the ``after`` cursor (always the first page); file content sent
+    # gzip-compressed with the compressed Content-Length (as a compressing proxy does).
+    drop_metadata: bool = False
+    ignore_after_cursor: bool = False
+    gzip_content: bool = False
     # Called in the handler thread as on_request(method, route, phase) with phase "received"
     # (before the call takes effect) and "effected" (after it took effect, before the answer is
     # sent); route is the template, e.g. "/v1/batches/{id}".  May block (crash tests kill the

@@ -30,7 +30,7 @@ FAULT_PROFILES: dict[str, FaultRates] = {
     "chaos": FaultRates(rate_429=0.06, rate_500=0.03, rate_503=0.03, drop_before=0.04, drop_after=0.04, slow=0.2),
 }
 
-FAULT_KINDS = ("status", "drop_before", "drop_after", "delay", "hang_after", "truncate", "garbage")
+FAULT_KINDS = ("status", "drop_before", "drop_after", "delay", "hang_after", "truncate", "garbage", "garble_line")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Fault:
       ``hang_after``  perform the call, then wait ``seconds`` before responding (client timeouts);
       ``truncate``    perform the call, send the headers and half of the body, then close;
       ``garbage``     perform the call, answer 200 with a body that is not JSON.
+      ``garble_line`` perform the call; in a file's content, replace the first line by one that
+                      is not JSON (a malformed output file whose other lines are good).
     """
 
     kind: str

@@ -115,7 +115,7 @@ class FilesMixin(_StoreBase):
             if query.get("purpose"):
                 items = [f for f in items if f.obj["purpose"] == query["purpose"]]
             items.sort(key=lambda f: f.seq, reverse=(order == "desc"))
-            return self._page([f.obj for f in items], query.get("after"), limit)
+            return self._page([f.obj for f in items], self._cursor(query), limit)
 
     # --- batches ---------------------------------------------------------------------------
 
@@ -133,6 +133,10 @@ class FilesMixin(_StoreBase):
                 400, f"Invalid '{name}': integer must be between {lo} and {hi}.", param=name, code="integer_out_of_range"
             )
         return v
+
+    def _cursor(self, query: dict[str, str]) -> str | None:
+        """The ``after`` cursor, unless this emulated provider ignores it (``ignore_after_cursor``)."""
+        return None if self.cfg.ignore_after_cursor else query.get("after")
 
     @staticmethod
     def _page(objs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:

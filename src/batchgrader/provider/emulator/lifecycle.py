@@ -159,7 +159,7 @@ class BatchesMixin(_StoreBase):
         with self.lock:
             self._advance_all()
             items = sorted(self.batches.values(), key=lambda b: b.seq, reverse=True)
-            return self._page([self._view(b) for b in items], query.get("after"), limit)
+            return self._page([self._view(b) for b in items], self._cursor(query), limit)
 
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         with self.lock:
@@ -209,6 +209,8 @@ class BatchesMixin(_StoreBase):
             done = self._processed(b, self.clock())
             ok, bad = self._split_counts(b, done)
             obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
+        if self.cfg.drop_metadata:
+            obj["metadata"] = None  # a provider that does not keep metadata
         return obj
 
     def _split_counts(self, b: _Batch, done: int) -> tuple[int, int]:

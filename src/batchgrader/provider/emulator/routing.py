@@ -130,6 +130,15 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
+    def _send_content(self, status: int, data: bytes, *, truncate: bool = False) -> None:
+        """A file's content; gzip-compressed (with the compressed Content-Length) under ``gzip_content``."""
+        if self.emulator.config.gzip_content and status == 200:
+            import gzip
+
+            self._send_bytes(status, gzip.compress(data), "application/octet-stream", {"Content-Encoding": "gzip"})
+            return
+        self._send_bytes(status, data, "application/octet-stream", truncate=truncate)
+
     def _send_json(self, status: int, obj: Any, extra: Mapping[str, str] | None = None, *, truncate: bool = False) -> None:
         self._send_bytes(status, json.dumps(obj).encode("utf-8"), "application/json", extra, truncate=truncate)
 
@@ -213,9 +222,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_bytes(200, b'{"id": "trunc', "application/json")
                 return
         status, payload = result
+        if after is not None and after.kind == "garble_line" and isinstance(payload, bytes):
+            payload = _garble_first_line(payload)
         truncate = after is not None and after.kind == "truncate"
         if isinstance(payload, bytes):
-            self._send_bytes(status, payload, "application/octet-stream", truncate=truncate)
+            self._send_content(status, payload, truncate=truncate)
         else:
             self._send_json(status, payload, truncate=truncate)
 
@@ -316,3 +327,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(e.status, e.body())
         except (ValueError, KeyError, TypeError) as e:
             self._send_json(400, _error_body(f"bad admin request: {e}", "invalid_request_error", None, None))
+
+
+def _garble_first_line(data: bytes) -> bytes:
+    """The ``garble_line`` fault: the first line of a file's content becomes invalid JSON."""
+    first, sep, rest = data.partition(b"\n")
+    return b'{"custom_id": "garbled' + sep + rest if first else data
