@@ -9,6 +9,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -30,6 +31,10 @@ STATE_STYLE = {
 FINISHED = ("completed", "completed_with_errors", "failed", "cancelled")
 CHUNK_STYLE = {"done": "green", "failed": "red", "waiting": "magenta", "pending": "dim"}
 BLOCKS = " ▏▎▍▌▋▊▉█"
+# Below this many columns the status table drops its `batches` and `tokens` columns (shown by
+# `bgctl status JOB`), events put their payload on the lines below, so that ids, states and
+# counts stay whole and nothing a user pastes is broken.
+NARROW = 100
 
 
 # --- small formatters ------------------------------------------------------------------------------
@@ -142,41 +147,47 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         hidden = set(finished[: len(finished) - max_finished])
         rows = [r for i, r in enumerate(rows) if i not in hidden]
     show_profile = any((r.get("profile") or "default") != "default" for r in rows)
+    narrow = console.width < NARROW
     t = Table(
         title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False, collapse_padding=True
     )
-    t.add_column("job / file", no_wrap=True, min_width=12, max_width=18)
+    width = max(len(r["job_id"]) for r in rows)  # ids are shown whole: `bgctl status <id>` opens that job
+    t.add_column("job / file", no_wrap=True, min_width=max(12, width), max_width=max(18, width), overflow="ellipsis")
     if show_profile:
-        t.add_column("profile", no_wrap=True, max_width=16)
+        t.add_column("profile", no_wrap=True, max_width=12 if narrow else 16, overflow="ellipsis")
     t.add_column("state", no_wrap=True)
     t.add_column("chunks", justify="right", no_wrap=True)
-    t.add_column("batches", min_width=11, max_width=22)
+    if not narrow:
+        t.add_column("batches", min_width=11, max_width=22)
     t.add_column("rows", justify="right", no_wrap=True)
-    t.add_column("tokens", justify="right", no_wrap=True)
+    if not narrow:
+        t.add_column("tokens", justify="right", no_wrap=True)
     t.add_column("cost", justify="right", no_wrap=True)
     t.add_column("age", justify="right", no_wrap=True)
     for r in rows:
         sandbox = bool(r.get("sandbox"))
-        job = Text(r["job_id"][:12], style="bold")
+        job = Text(r["job_id"], style="bold")
         job.append("\n" + (r.get("file") or "-"), style="dim")
         cells: list[Any] = [job]
         if show_profile:
             cells.append(r.get("profile") or "-")
-        cells += [
-            state_text(r["state"], sandbox, newline=True),
-            f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}",
-            batches_text(r.get("batches") or []),
+        cells += [state_text(r["state"], sandbox, newline=True), f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}"]
+        if not narrow:
+            cells.append(batches_text(r.get("batches") or []))
+        cells.append(
             f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"
-            + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else ""),
-            f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out",
-            Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""),
-            duration(r.get("age_seconds")),
-        ]
+            + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else "")
+        )
+        if not narrow:
+            cells.append(f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out")
+        cells += [Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""), duration(r.get("age_seconds"))]
         t.add_row(*_cells(*cells))
     if any(r.get("sandbox") for r in rows):
         t.caption = f"{SIMULATED}: sandbox jobs, answered by the local emulator; their costs are not real."
         t.caption_justify = "left"
     console.print(t)
+    if narrow:
+        console.print(Text("(narrow terminal: batches and tokens are in `bgctl status <job>`)", style="dim"))
     if hidden:
         by_state: dict[str, int] = {}
         for i in sorted(hidden):
@@ -190,12 +201,12 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         )
     for r in rows:
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
-            console.print(Text(f"{r['job_id'][:12]} last error: {r['last_error']}", style="yellow"))
+            console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"))
         if r.get("held_reason") and r["state"] == "held":
-            console.print(Text(f"{r['job_id'][:12]} held: {r['held_reason']}", style="magenta"))
+            console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"))
         elif r.get("error") and r["state"] == "failed":
             hint = f" - {r['error_hint']}" if r.get("error_hint") else ""
-            console.print(Text(f"{r['job_id'][:12]} failed: {r['error']}{hint}", style="red"))
+            console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"))
     _note(rows[0].get("note"), console)
 
 
@@ -305,6 +316,28 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         render_events(recent, console, show_job=False)
 
 
+def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None) -> None:
+    """Files still waiting in the inbox, and whether a daemon is running to take them."""
+    console = _console(console)
+    if inbox:
+        t = Table(title="Waiting in the inbox", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("file", overflow="fold")
+        t.add_column("profile", no_wrap=True)
+        t.add_column("bytes", justify="right", no_wrap=True)
+        t.add_column("note", overflow="fold")
+        for f in inbox:
+            note = "" if f.get("supported", True) else "unsupported type: will be rejected"
+            t.add_row(*_cells(f["file"], f.get("profile") or "default", count(f.get("bytes")), note))
+        console.print(t)
+    if daemon.get("running"):
+        console.print(Text(f"daemon running (pid {daemon.get('pid')})", style="dim"))
+    else:
+        console.print(Text("No daemon is running for this home: nothing is processed until one starts.", style="yellow"))
+        console.print(Text("Start one with:", style="yellow"))
+        for command in daemon.get("start") or ():
+            console.print(Text(f"  {command}", style="bold"), soft_wrap=True)  # pasteable: never wrapped
+
+
 # --- events ----------------------------------------------------------------------------------------
 
 
@@ -326,17 +359,25 @@ def _brief(payload: dict[str, Any], width: int = 160) -> str:
 def render_events(events: Sequence[dict[str, Any]], console: Console | None = None, show_job: bool = True) -> None:
     """One line per event (suits ``--follow``: call it with each new event)."""
     console = _console(console)
+    narrow = console.width < NARROW + 20
     for e in events:
         line = Text()
         line.append(f"{e['seq']:>7} ", style="dim")
         line.append(short_ts(e.get("ts")) + " ", style="dim")
         if show_job:
-            line.append(f"{e['job_id'][:12]:<12} ", style="bold")
+            line.append(f"{e['job_id']:<14} ", style="bold")
         style = (
             "red"
             if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected")
             else ("green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
         )
+        if narrow:  # the payload on its own lines, wrapped between words: paths stay whole
+            line.append(e["type"], style=style)
+            console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+            brief = _brief(e.get("payload") or {}, width=2000)
+            if brief:
+                console.print(Padding(Text(brief), (0, 0, 0, 8)))
+            continue
         line.append(f"{e['type']:<22}", style=style)
         line.append(_brief(e.get("payload") or {}))
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
@@ -380,7 +421,7 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
     if simulated:
         t.add_column(SIMULATED, justify="right", style="yellow", footer=money(tot["simulated_usd"]), no_wrap=True)
     for r in rows:
-        cells = [str(r["key"])[:12] if by == "job" else str(r["key"])]
+        cells = [str(r["key"])]
         if by == "job":
             cells.append(r.get("file") or "-")
         cells.append(count(r["batches"]))
