@@ -10,7 +10,15 @@ from pathlib import Path
 import click
 
 from batchgrader import __version__
-from batchgrader.cli.errors import EXIT_COUNT_PROBLEMS, EXIT_FAILURE, EXIT_JOBS_FAILED, BgctlError, ErrorMappingGroup, run_main
+from batchgrader.cli.errors import (
+    EXIT_COUNT_PROBLEMS,
+    EXIT_FAILURE,
+    EXIT_JOBS_FAILED,
+    EXIT_USAGE,
+    BgctlError,
+    ErrorMappingGroup,
+    run_main,
+)
 from batchgrader.core.home import Home
 
 
@@ -278,6 +286,35 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
                     click.echo(json.dumps(ev, ensure_ascii=False, default=str))
                 else:
                     render_events([ev], show_job=job_id is None)
+        except KeyboardInterrupt:
+            pass
+
+
+@cli.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as the daemon writes them.")
+@click.option("--since", default=None, help="Only lines from this UTC time (YYYY-MM-DD[ HH:MM[:SS]]) or age (30s, 10m, 2h, 1d).")
+@click.option("--lines", "-n", type=click.IntRange(min=0), default=None, help="Only the last N lines (before following).")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="With -f: stop after this many seconds.")
+@click.option("--until", "until_text", default=None, help="With -f: stop after the first line containing this text.")
+@click.pass_obj
+def logs(obj: Ctx, follow: bool, since: str | None, lines: int | None, max_seconds: float | None, until_text: str | None) -> None:
+    """The daemon's log (<home>/logs/daemon.log): when it started and stopped and why, warnings and errors."""
+    from batchgrader.ops.logs import LogError, log_files, parse_since, read_lines
+    from batchgrader.ops.logs import follow as follow_log
+
+    try:
+        cut = parse_since(since) if since else None
+    except LogError as exc:
+        raise BgctlError(str(exc), EXIT_USAGE) from None
+    if not log_files(obj.home) and not follow:
+        raise BgctlError(f"no daemon log yet in {obj.home.logs}: it is written once `bgctl daemon` has run", EXIT_FAILURE)
+    shown = read_lines(obj.home, cut)
+    for line in shown[-lines:] if lines is not None else shown:
+        click.echo(line)
+    if follow:
+        try:
+            for line in follow_log(obj.home, max_seconds=max_seconds, until=until_text):
+                click.echo(line)
         except KeyboardInterrupt:
             pass
 
