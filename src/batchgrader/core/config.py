@@ -370,19 +370,46 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-def _apply(values: dict, sources: dict, raw: Mapping[str, Any], source: str, where: str, allow_global: bool = True) -> None:
+def _apply(
+    values: dict,
+    sources: dict,
+    raw: Mapping[str, Any],
+    source: str,
+    where: str,
+    allow_global: bool = True,
+    errors: list[str] | None = None,
+) -> None:
+    """Validate ``raw`` into ``values``; each problem is appended to ``errors`` (all of them are
+    reported together), or raised at once when ``errors`` is None."""
+
+    def problem(message: str) -> None:
+        if errors is None:
+            raise ConfigError(message)
+        errors.append(message)
+
     for key, v in raw.items():
         if key not in KEYS:
             hint = _suggest(key)
-            raise ConfigError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+            problem(f"{where}: unknown key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+            continue
         if not allow_global and key in GLOBAL_ONLY:
-            raise ConfigError(f"{where}: key {key!r} configures the daemon and cannot be set in a profile")
+            problem(f"{where}: key {key!r} configures the daemon and cannot be set in a profile")
+            continue
         try:
             values[key] = KEYS[key].check(v)
         except ValueError as exc:
             shown = "a value that is not shown (it is a secret)" if key == "api_key" else repr(v)
-            raise ConfigError(f"{where}: key {key!r} must be {exc}; got {shown}") from None
+            problem(f"{where}: key {key!r} must be {exc}; got {shown}")
+            continue
         sources[key] = source
+
+
+def _raise_all(errors: list[str]) -> None:
+    """One error as it is; several as a numbered list under a count, so none is hidden."""
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        raise ConfigError(f"{len(errors)} configuration errors:\n" + "\n".join(f"  {i}. {e}" for i, e in enumerate(errors, 1)))
 
 
 def _suggest(key: str) -> str | None:
@@ -402,11 +429,13 @@ def load_config(
     values: dict[str, Any] = {k: copy.deepcopy(spec.default) for k, spec in KEYS.items()}
     sources: dict[str, str] = {k: "default" for k in KEYS}
 
+    errors: list[str] = []
     file_data = _read_yaml(home.config_file)
     profiles_raw = file_data.pop("profiles", None) or {}
     if not isinstance(profiles_raw, Mapping):
-        raise ConfigError(f"{home.config_file}: key 'profiles' must be a mapping of profile name to overrides")
-    _apply(values, sources, file_data, "config.yaml", str(home.config_file))
+        errors.append(f"{home.config_file}: key 'profiles' must be a mapping of profile name to overrides")
+        profiles_raw = {}
+    _apply(values, sources, file_data, "config.yaml", str(home.config_file), errors=errors)
 
     env_raw: dict[str, Any] = {}
     env_src: dict[str, str] = {}
@@ -418,22 +447,31 @@ def load_config(
         if n in env:
             env_raw[key], env_src[key] = env[n], f"env {n}"
     for key, v in env_raw.items():
-        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}")
+        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}", errors=errors)
 
     for key, v in (flags or {}).items():
         if v is not None:
-            _apply(values, sources, {key: v}, f"flag --{key.replace('_', '-')}", f"command-line flag --{key.replace('_', '-')}")
+            _apply(
+                values,
+                sources,
+                {key: v},
+                f"flag --{key.replace('_', '-')}",
+                f"command-line flag --{key.replace('_', '-')}",
+                errors=errors,
+            )
 
     default = Profile("default", MappingProxyType(values), MappingProxyType(sources))
     profiles: dict[str, Profile] = {}
     for pname, overrides in profiles_raw.items():
         where = f"{home.config_file}: profiles.{pname}"
         if not isinstance(pname, str) or not pname.replace("-", "").replace("_", "").isalnum():
-            raise ConfigError(f"{home.config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
+            errors.append(f"{home.config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
+            continue
         if not isinstance(overrides, Mapping):
-            raise ConfigError(f"{where} must be a mapping of keys to values")
+            errors.append(f"{where} must be a mapping of keys to values")
+            continue
         pv, ps = dict(values), dict(sources)
-        _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False)
+        _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False, errors=errors)
         # a profile is part of config.yaml: the environment and flags still win over it
         for key in env_raw:
             pv[key], ps[key] = values[key], sources[key]
@@ -441,4 +479,5 @@ def load_config(
             if v is not None:
                 pv[key], ps[key] = values[key], sources[key]
         profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
+    _raise_all(errors)
     return Config(home=home, default=default, profiles=MappingProxyType(profiles))

@@ -105,6 +105,12 @@ def stamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def input_error_for_user(exc: InputError, user_file: str) -> str:
+    """An input error as the user should read it: named after their file (``reviews.csv``), not
+    the daemon's work copy (``input.csv``)."""
+    return str(InputError(user_file, exc.reason, exc.line, exc.column))
+
+
 @dataclass
 class Engine:
     home: Home
@@ -519,7 +525,7 @@ class Engine:
             return self._fail(
                 job,
                 "bad_input",
-                str(exc).replace(str(job.input_path), job.file),
+                input_error_for_user(exc, job.file),
                 "Fix the file and drop it in the inbox again.",
                 "prepare",
                 now,
