@@ -132,10 +132,23 @@ def _response_format(v: Any) -> dict | None:
         raise ValueError("a JSON schema object (mapping), or null")
     v = json.loads(json.dumps(v))  # plain dicts, JSON-serialisable
     if v.get("type") in ("json_schema", "json_object", "text"):
+        js = v.get("json_schema")
+        if v["type"] == "json_schema" and isinstance(js, Mapping) and js.get("strict"):
+            _check_strict(js.get("schema"))
         return v  # already an API response_format object
     if "properties" not in v and v.get("type") != "object":
         raise ValueError("a JSON schema with 'type: object' and 'properties'")
+    _check_strict(v)
     return {"type": "json_schema", "json_schema": {"name": "grade", "strict": True, "schema": v}}
+
+
+def _check_strict(schema: Any) -> None:
+    """Refuse now a schema the provider's strict mode would reject (with every batch it is in)."""
+    from batchgrader.core.strict_schema import DOCS, strict_problems
+
+    problems = strict_problems(schema)
+    if problems:
+        raise ValueError(f"a JSON schema that OpenAI's strict mode accepts ({DOCS}); in the schema: " + "; ".join(problems))
 
 
 def _int_map(v: Any) -> dict[str, int]:
