@@ -93,10 +93,14 @@ def _load(obj: Ctx, profile: str | None):
 def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
     """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call."""
     from batchgrader.cli.render import render_count
-    from batchgrader.pipeline.prepare import prepare
+    from batchgrader.pipeline.prepare import prepare, schema_sha256
+    from batchgrader.store.queries import learned_schema_overhead
 
     _cfg, prof, prices = _load(obj, profile)
-    summary = prepare(file, prof, obj.home, prices=prices).summary(prices)
+    learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format))
+    summary = prepare(file, prof, obj.home, prices=prices).summary(prices, learned["per_request"] if learned else None)
+    if learned and summary.get("schema"):
+        summary["schema"]["learned_from"] = {k: learned[k] for k in ("job_id", "ts", "requests")}
     emit_json(summary) if as_json else render_count(summary)
     if summary.get("row_errors") or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"

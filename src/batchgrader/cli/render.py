@@ -64,12 +64,22 @@ def render_count(summary: dict[str, Any]) -> None:
     t.add_column("", justify="right")
     t.add_row("rows", f"{summary['rows']:,}")
     t.add_row("requests", f"{summary['requests']:,}")
-    t.add_row("input tokens (exact)", f"{summary['input_tokens']:,}")
+    schema = summary.get("schema")
+    if schema:  # the provider bills the schema as prompt tokens, in an amount it does not publish
+        t.add_row("input tokens (counted, without the schema)", f"{summary['input_tokens']:,}")
+        if schema["source"] == "calibrated":
+            src = schema.get("learned_from") or {}
+            how = f"calibrated: {schema['per_request']:g} tokens/request learned from job {src.get('job_id', '?')}"
+        else:
+            how = f"allowance: {schema['per_request']:g} tokens/request for the schema, not yet calibrated"
+        t.add_row(f"input tokens (estimate; {how})", f"{summary['input_tokens_estimate']:,}")
+    else:
+        t.add_row("input tokens (exact)", f"{summary['input_tokens']:,}")
     t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")
     if est:
-        t.add_row("estimated cost: input (exact)", _usd(est["input"]))
+        t.add_row("estimated cost: input" + (" (estimate)" if schema else " (exact)"), _usd(est["input"]))
         t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")

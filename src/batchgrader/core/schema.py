@@ -264,6 +264,20 @@ EVENTS: dict[str, EventType] = {
             },
         ),
         _t(
+            "SchemaOverheadLearned",
+            1,
+            "merge",
+            {
+                "model": "model",
+                "schema_sha256": "sha256 of the response_format (canonical JSON)",
+                "chunk": "the chunk it was learned from",
+                "requests": "rows answered in that chunk",
+                "counted_tokens": "input tokens counted locally (tiktoken) for those rows",
+                "billed_prompt_tokens": "prompt tokens the provider billed for them",
+                "per_request": "(billed - counted) / requests: the schema's overhead per request",
+            },
+        ),
+        _t(
             "RowsFailed",
             1,
             "merge",

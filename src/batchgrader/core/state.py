@@ -178,6 +178,7 @@ class State:
     spend_by_day: dict[str, float] = field(default_factory=dict)
     tokens_by_day: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
+    schema_overhead: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, schema sha) -> tokens/request
 
     def apply(self, e: Event) -> None:
         """Apply one event in place (the daemon's private state). Deterministic, no I/O."""
@@ -477,6 +478,10 @@ def _retry_requested(s: State, job: JobState, p: dict, e: Event) -> None:
     job.provider_files_deleted = False
 
 
+def _schema_overhead_learned(s: State, job: JobState, p: dict, e: Event) -> None:
+    s.schema_overhead[(p["model"], p["schema_sha256"])] = float(p["per_request"])
+
+
 def _input_restored(s: State, job: JobState, p: dict, e: Event) -> None:
     job.archived_path = None
     job.input_path = p.get("path", job.input_path)
@@ -517,4 +522,5 @@ _HANDLERS = {
     "JobRecovered": _job_recovered,
     "RecoveredBatchesAdopted": _recovered_batches_adopted,
     "OutputFileMalformed": _output_file_malformed,
+    "SchemaOverheadLearned": _schema_overhead_learned,
 }

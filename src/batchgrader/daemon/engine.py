@@ -63,6 +63,7 @@ from batchgrader.core.home import Home
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
+from batchgrader.pipeline.calibration import learned_overhead, overhead_payload
 from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.outbox import added_columns, error_name, error_report, result_name, result_values
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
@@ -547,7 +548,7 @@ class Engine:
         atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
         chunk_dir = job_dir / "chunks"
         paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
-        summary = prep.summary(self.prices)
+        summary = prep.summary(self.prices, learned_overhead(self.state, prep.model, profile.response_format))
         chunks = [
             {
                 "index": c.index,
@@ -899,6 +900,9 @@ class Engine:
                 **merged.usage,
             )
         ]
+        learned = overhead_payload(job, c, merged.records, self.profile_of(job).response_format)
+        if learned is not None:
+            events.append(_e("SchemaOverheadLearned", **learned))
         if merged.failed_rows:
             events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=merged.failed_rows))
         events.append(

@@ -362,6 +362,27 @@ def follow_events(
         conn.close()
 
 
+# --- schema overhead ---------------------------------------------------------------------------
+
+
+def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | None) -> dict[str, Any] | None:
+    """The newest ``SchemaOverheadLearned`` payload for this model and schema (plus ``job_id``
+    and ``ts``), or None: when there is no event log yet, or nothing was learned."""
+    if schema_sha256 is None or not db_path(home).exists():
+        return None
+    with reading(home) as conn:
+        rows = conn.execute(
+            "SELECT job_id, ts, payload FROM events WHERE type = 'SchemaOverheadLearned' ORDER BY seq DESC"
+        ).fetchall()
+    import json
+
+    for job_id, ts, payload in rows:
+        p = json.loads(payload)
+        if p.get("model") == model and p.get("schema_sha256") == schema_sha256:
+            return {**p, "job_id": job_id, "ts": ts}
+    return None
+
+
 # --- costs -----------------------------------------------------------------------------------------
 
 
