@@ -32,6 +32,18 @@ class Ctx:
         return load_config(self.home, flags=flags)
 
 
+def fixed_now() -> float | None:
+    """``$BGCTL_NOW`` (an ISO time, UTC if no zone) as "now" for ages, for reproducible output
+    (the snapshot tests and the docs); None: the real clock."""
+    import os
+
+    text = os.environ.get("BGCTL_NOW")
+    if not text:
+        return None
+    dt = datetime.fromisoformat(text)
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
 def emit_json(obj) -> None:
     """Indented for a person at a terminal, compact (and several times faster) for a pipe."""
     if sys.stdout.isatty():
@@ -233,20 +245,20 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
         has_db = obj.home.db.exists()
         if job_id:
             _no_db_guard(obj)
-            detail = queries.job_detail(obj.home, job_id)
+            detail = queries.job_detail(obj.home, job_id, now=fixed_now())
             emit_json(detail) if as_json else render_job(detail)
             return
         inbox = inbox_files(obj.home)
         if as_json:  # the jobs, then the files still waiting in the inbox (state "inbox", no job id yet)
-            jobs = queries.status(obj.home) if has_db else []
+            jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
             emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
             return
         if not has_db:
             render_status([])
         elif show_all:
-            render_status(queries.status(obj.home), max_finished=None)
+            render_status(queries.status(obj.home, now=fixed_now()), max_finished=None)
         else:
-            render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10))
+            render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
         render_waiting(inbox, daemon_info(obj.home))
 
     if not watch:
@@ -376,11 +388,11 @@ def doctor(obj: Ctx, as_json: bool, sandbox: bool) -> None:
     """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix.
 
     Exits 1 when a check fails, including a missing API key (unless --sandbox)."""
-    from batchgrader.cli.render import console
+    from batchgrader.cli.render import make_console
     from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
 
     checks = run_checks(obj.home, require_key=not sandbox)
-    emit_json(checks_as_json(checks)) if as_json else render_checks(checks, console)
+    emit_json(checks_as_json(checks)) if as_json else render_checks(checks, make_console())
     sys.exit(exit_code(checks))
 
 

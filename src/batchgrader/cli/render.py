@@ -11,7 +11,12 @@ from rich.table import Table
 if TYPE_CHECKING:
     from batchgrader.daemon.snapshot import Snapshot
 
-console = Console()
+console = Console()  # the daemon's live view; one-shot output uses make_console()
+
+
+def make_console() -> Console:
+    """A console sized for the terminal (or $COLUMNS) at the time of the call."""
+    return Console()
 
 
 def _fmt(v: Any) -> str:
@@ -23,6 +28,7 @@ def _fmt(v: Any) -> str:
 
 
 def render_config(rows: list[dict[str, Any]], home, profile: str | None) -> None:
+    console = make_console()
     t = Table(title=f"Effective configuration — profile {profile or 'default'} — home {home.root}")
     t.add_column("key", style="bold")
     t.add_column("value", overflow="fold")
@@ -57,6 +63,7 @@ def _chunk_table(summary: dict[str, Any], with_path: bool = False) -> Table:
 
 
 def render_count(summary: dict[str, Any]) -> None:
+    console = make_console()
     t = Table(
         title=f"{summary['file']} — {summary['model']} ({summary['encoding']}), profile {summary['profile']}", show_header=False
     )
@@ -89,12 +96,14 @@ def render_count(summary: dict[str, Any]) -> None:
 
 
 def render_split(summary: dict[str, Any]) -> None:
+    console = make_console()
     console.print(_chunk_table(summary, with_path=True))
     console.print(f"{summary['requests']:,} requests, {summary['input_tokens']:,} input tokens in {len(summary['chunks'])} files")
     _problems(summary)
 
 
 def _problems(summary: dict[str, Any]) -> None:
+    console = make_console()
     if summary.get("pricing_error"):
         console.print(f"[red]pricing:[/red] {summary['pricing_error']}")
     for w in summary.get("warnings", []):
@@ -107,6 +116,7 @@ def _problems(summary: dict[str, Any]) -> None:
 
 
 def sandbox_banner() -> None:
+    console = make_console()
     console.print(
         "[bold black on yellow] SANDBOX [/] results are SIMULATED by the built-in Batch API emulator: "
         "no API key, no cost, and the answers are not real model output."
@@ -138,6 +148,8 @@ def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
 
 class LiveView:
     """A rich live table of jobs and chunks while the daemon runs in a terminal."""
+
+    console = make_console()
 
     def __init__(self, sandbox: bool):
         from rich.live import Live

@@ -171,6 +171,8 @@ class ValidationMixin(_StoreBase):
                     cached = min(pt, prefix) // 128 * 128
                     cached = cached if cached >= 1024 else 0
                 first_seen.add(first)
+            if self.cfg.schema_overhead_tokens and (body.get("response_format") or {}).get("type") == "json_schema":
+                pt += self.cfg.schema_overhead_tokens
             req = _Req(i, cid, body, pt, cached)
             user_text = " ".join(m.get("content", "") for m in msgs)
             occurrence = attempt.get(cid, 0) if attempt is not None else self.custom_id_seen.get(cid, 0)
