@@ -9,7 +9,6 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -247,14 +246,19 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ("hint", d.get("error_hint")),
         ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
         ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
-        ("result", d.get("result_path")),
-        ("error report", d.get("error_path")),
-        ("input", d.get("archived_path") or d.get("input_path")),
     ]
     for k, v in pairs:
         if v not in (None, ""):
             info.add_row(*_cells(k, v))
     console.print(info)
+    paths = [
+        ("result", d.get("result_path")),
+        ("error report", d.get("error_path")),
+        ("input", d.get("archived_path") or d.get("input_path")),
+    ]
+    for k, v in paths:  # paths to paste: on their own line, never broken by us
+        if v:
+            console.print(Text(f"{k + ':':<25} {v}"), soft_wrap=True)
     for w in d.get("warnings") or []:
         console.print(Text(f"warning: {w}", style="yellow"))
 
@@ -341,6 +345,34 @@ def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], cons
 # --- events ----------------------------------------------------------------------------------------
 
 
+def _print_packed(parts: Sequence[str], console: Console, indent: int) -> None:
+    """``k=v`` parts packed into lines under ``indent`` spaces; a part longer than the line (a
+    path, an id) gets a line of its own and is never broken by us (the terminal soft-wraps it,
+    and a copy gives it back whole)."""
+    room = max(20, console.width - indent)
+    line = ""
+    pad = " " * indent
+    for part in parts:
+        if line and len(line) + 1 + len(part) > room:
+            console.print(Text(pad + line), soft_wrap=True)
+            line = ""
+        line = f"{line} {part}" if line else part
+    if line:
+        console.print(Text(pad + line), soft_wrap=True)
+
+
+def _brief_parts(payload: dict[str, Any]) -> list[str]:
+    parts = []
+    for k, v in payload.items():
+        if isinstance(v, list):
+            parts.append(f"{k}=[{len(v)}]")
+        elif isinstance(v, dict):
+            parts.append(f"{k}={json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(',', ':'))}")
+        elif v is not None:
+            parts.append(f"{k}={v}")
+    return parts
+
+
 def _brief(payload: dict[str, Any], width: int = 160) -> str:
     parts = []
     for k, v in payload.items():
@@ -374,9 +406,7 @@ def render_events(events: Sequence[dict[str, Any]], console: Console | None = No
         if narrow:  # the payload on its own lines, wrapped between words: paths stay whole
             line.append(e["type"], style=style)
             console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
-            brief = _brief(e.get("payload") or {}, width=2000)
-            if brief:
-                console.print(Padding(Text(brief), (0, 0, 0, 8)))
+            _print_packed(_brief_parts(e.get("payload") or {}), console, indent=8)
             continue
         line.append(f"{e['type']:<22}", style=style)
         line.append(_brief(e.get("payload") or {}))
@@ -406,32 +436,40 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
         _note(result.get("note"), console)
         return
     simulated = any(r.get("simulated_usd") for r in rows)
+    narrow = console.width < NARROW
     t = Table(title=f"Billed usage by {by}, {span}", title_justify="left", show_footer=True, box=box.SIMPLE_HEAD, pad_edge=False)
     tot = result["totals"]
     t.add_column(by, footer="total", style="bold", no_wrap=True)
-    if by == "job":
+    if by == "job" and not narrow:
         t.add_column("file", no_wrap=True, max_width=20)
     t.add_column("batches", justify="right", footer=count(tot["batches"]), no_wrap=True)
     if by != "job":
         t.add_column("jobs", justify="right", footer=count(tot["jobs"]), no_wrap=True)
     t.add_column("prompt", justify="right", footer=count(tot["prompt_tokens"]), no_wrap=True)
-    t.add_column("cached", justify="right", footer=count(tot["cached_tokens"]), no_wrap=True)
+    if not narrow:
+        t.add_column("cached", justify="right", footer=count(tot["cached_tokens"]), no_wrap=True)
     t.add_column("output", justify="right", footer=count(tot["completion_tokens"]), no_wrap=True)
     t.add_column("cost", justify="right", footer=money(tot["cost_usd"]), no_wrap=True)
     if simulated:
         t.add_column(SIMULATED, justify="right", style="yellow", footer=money(tot["simulated_usd"]), no_wrap=True)
     for r in rows:
         cells = [str(r["key"])]
-        if by == "job":
+        if by == "job" and not narrow:
             cells.append(r.get("file") or "-")
         cells.append(count(r["batches"]))
         if by != "job":
             cells.append(count(r["jobs"]))
-        cells += [count(r["prompt_tokens"]), count(r["cached_tokens"]), count(r["completion_tokens"]), money(r["cost_usd"])]
+        cells.append(count(r["prompt_tokens"]))
+        if not narrow:
+            cells.append(count(r["cached_tokens"]))
+        cells += [count(r["completion_tokens"]), money(r["cost_usd"])]
         if simulated:
             cells.append(money(r["simulated_usd"]))
         t.add_row(*_cells(*cells))
     console.print(t)
+    if narrow:
+        left_out = "cached tokens" + (" and files" if by == "job" else "")
+        console.print(Text(f"(narrow terminal: {left_out} are in `bgctl costs --json`)", style="dim"))
 
     daily = result.get("daily") or []
     if daily:
