@@ -325,7 +325,7 @@ def logs(obj: Ctx, follow: bool, since: str | None, lines: int | None, max_secon
     if not log_files(obj.home) and not follow:
         raise BgctlError(f"no daemon log yet in {obj.home.logs}: it is written once `bgctl daemon` has run", EXIT_FAILURE)
     shown = read_lines(obj.home, cut)
-    for line in shown[-lines:] if lines is not None else shown:
+    for line in shown[max(0, len(shown) - lines) :] if lines is not None else shown:
         click.echo(line)
     if follow:
         try:
