@@ -53,7 +53,7 @@ def golden_home(home: Home) -> Home:
 def run(*args: str, columns: int = 80, env: dict[str, str] | None = None) -> Result:
     """``bgctl ARGS`` through click's runner: fixed width, no colours, fixed "now"."""
     base = {"COLUMNS": str(columns), "LINES": "50", "NO_COLOR": "1", "TERM": "dumb", "BGCTL_NOW": NOW}
-    return CliRunner().invoke(cli, list(args), env={**base, **(env or {})}, terminal_width=columns)
+    return CliRunner().invoke(cli, list(args), env={**base, **(env or {})}, terminal_width=columns, prog_name="bgctl")
 
 
 def check_snapshot(name: str, text: str) -> None:

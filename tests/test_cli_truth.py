@@ -387,7 +387,9 @@ def test_item9_logs_follow_shows_the_daemon_start_and_stop_and_why(home: Home) -
     assert follower.returncode == 0, err
     lines = out.splitlines()
     assert "daemon starting" in lines[0] and "--once" in lines[0]
-    assert lines[-1].endswith("daemon stopped (pid " + lines[-1].split("(pid ")[1].split(")")[0] + "): --once: every job has ended")
+    assert lines[-1].endswith(
+        "daemon stopped (pid " + lines[-1].split("(pid ")[1].split(")")[0] + "): --once: every job has ended"
+    )
     assert any("JobCompleted" in line for line in lines)
 
 

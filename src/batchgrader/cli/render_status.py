@@ -200,12 +200,12 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         )
     for r in rows:
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
-            console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"))
+            console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
         if r.get("held_reason") and r["state"] == "held":
-            console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"))
+            console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"), soft_wrap=True)
         elif r.get("error") and r["state"] == "failed":
             hint = f" - {r['error_hint']}" if r.get("error_hint") else ""
-            console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"))
+            console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"), soft_wrap=True)
     _note(rows[0].get("note"), console)
 
 
@@ -266,12 +266,15 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     if chunks:
         retries = any((c.get("attempt") or 0) > 1 for c in chunks)
         errors = any(c.get("error") for c in chunks)
-        t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        narrow = console.width < NARROW
+        t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         t.add_column("#", justify="right", no_wrap=True, min_width=2)
         t.add_column("status", no_wrap=True)
-        t.add_column("batch", no_wrap=True)
+        # batch ids are pasted into the provider's dashboard: always whole
+        t.add_column("batch", no_wrap=True, min_width=max((len(c.get("batch_id") or "-") for c in chunks), default=5))
         t.add_column("ok/err/all", justify="right", no_wrap=True)
-        t.add_column("tokens", justify="right", no_wrap=True)
+        if not narrow:
+            t.add_column("tokens", justify="right", no_wrap=True)
         if retries:
             t.add_column("attempt", justify="right", no_wrap=True)
         if errors:
@@ -285,8 +288,9 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
                 Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")),
                 c.get("batch_id") or "-",
                 counts,
-                count(c.get("input_tokens")),
             ]
+            if not narrow:
+                cells.append(count(c.get("input_tokens")))
             if retries:
                 cells.append(str(c.get("attempt") or "-"))
             if errors:
