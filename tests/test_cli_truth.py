@@ -257,6 +257,8 @@ def test_item6_count_exits_3_when_the_model_has_no_price(home: Home, tmp_path: P
     home.config_file.write_text("model: acme-grader-1\ndefault_encoding: o200k_base\n")
     res = run("count", str(write_rows(tmp_path / "a.csv", 2)))
     assert_clean_error(res, 3)
+    res = run("split", str(tmp_path / "a.csv"), "--out", str(tmp_path / "out"))
+    assert_clean_error(res, 3)
 
 
 def test_item6_count_exits_3_when_rows_can_never_be_sent(home: Home, tmp_path: Path) -> None:

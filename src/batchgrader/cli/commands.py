@@ -142,6 +142,8 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
     for chunk, path in zip(summary["chunks"], files):
         chunk["path"] = str(path)
     emit_json(summary) if as_json else render_split(summary)
+    if summary.get("row_errors") or summary.get("pricing_error"):
+        sys.exit(EXIT_COUNT_PROBLEMS)
 
 
 @cli.command()
