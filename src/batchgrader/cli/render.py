@@ -143,7 +143,7 @@ def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
 def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
     from batchgrader.daemon.snapshot import take
 
-    console.print(jobs_table(take(state), sandbox, "Summary"))
+    make_console().print(jobs_table(take(state), sandbox, "Summary"))
 
 
 class LiveView:
