@@ -201,6 +201,16 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     for r in rows:
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
             console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
+        q = r.get("queue")
+        if q and q.get("waiting"):
+            how = "stated by the provider" if q.get("exact") else "estimated"
+            console.print(
+                Text(
+                    f"{r['job_id'][:12]} waiting for queue room: {q['model']} may have {q['limit']:,} prompt tokens "
+                    f"in flight ({how})",
+                    style="cyan",
+                )
+            )
         if r.get("held_reason") and r["state"] == "held":
             console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"), soft_wrap=True)
         elif r.get("error") and r["state"] == "failed":

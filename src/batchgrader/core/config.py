@@ -221,13 +221,17 @@ KEYS: dict[str, Key] = {
         None, _opt_int(1), "Context window of the model in tokens; default: from the pricing table, else unchecked."
     ),
     # splitting
-    "split_token_limit": Key(500000, _int(1), "Maximum input tokens per batch."),
+    "split_token_limit": Key(
+        None, _opt_int(1), "Maximum input tokens per batch; null: as large as the provider's caps and queue limit allow."
+    ),
     "split_row_limit": Key(None, _opt_int(1), "Maximum requests per batch (the API's hard cap applies anyway)."),
     "force_chunk_count": Key(None, _opt_int(1), "Split into at least this many batches of near-equal size."),
     "max_requests_per_batch": Key(50000, _int(1), "Provider hard cap on requests in one batch."),
     "max_batch_bytes": Key(200_000_000, _int(1024), "Provider hard cap on the JSONL bytes of one batch input file."),
     # running
-    "max_simultaneous_batches": Key(2, _int(1), "Batches in flight at once across all jobs."),
+    "max_simultaneous_batches": Key(
+        None, _opt_int(1), "Batches in flight at once across all jobs; null: no cap (the provider's queue limit rules)."
+    ),
     "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
     "poll_interval_seconds": Key(
         60.0, _opt_float(0.01), "Longest wait between polls of a running batch (polling starts quicker and backs off to this)."

@@ -356,6 +356,32 @@ EVENTS: dict[str, EventType] = {
         _t("JobCancelled", 1, "cancel", {"succeeded": "rows answered before the cancel", "failed": "rows without an answer"}),
         _t("RetryRequested", 1, "bgctl retry", {"reason": "why"}),
         _t("InputRestored", 1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"}),
+        # --- scheduling: the provider's queue limit ---------------------------------------------
+        _t(
+            "QueueLimitLearned",
+            1,
+            "schedule",
+            {
+                "base_url": "provider base URL the limit applies to ('sandbox' for the sandbox emulator)",
+                "model": "model",
+                "limit": "prompt tokens that may be in flight for the model at once",
+                "exact": "true when the provider's message stated the figure",
+                "source": "message (read from the refusal), halved (no figure: half of what was in flight) or probe (raised after a batch completed)",
+                "chunk": "the refused or completed chunk that taught it, or null",
+                "message": "the provider's message, or null",
+            },
+        ),
+        _t(
+            "ChunkReplanned",
+            1,
+            "schedule",
+            {
+                "chunk": "the refused chunk, larger than the queue limit; it is done, its rows move to the new chunks",
+                "limit": "the queue limit the new chunks fit under",
+                "chunks": "new chunks: list of {index, custom_ids, requests, input_tokens, bytes, path}",
+                "oversized": "rows that alone exceed the limit: list of {custom_id, tokens} (failed with request_too_large in the same append)",
+            },
+        ),
     ]
 }
 

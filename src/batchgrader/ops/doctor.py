@@ -12,6 +12,7 @@ are unset (on a copy: the caller's environment is never changed).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -565,6 +566,29 @@ def check_database(home: Home) -> Check:
     return Check("database", OK, f"{db}: PRAGMA integrity_check ok")
 
 
+def check_queue_limits(home: Home, config: Config | None) -> Check:
+    """The provider queue limits: configured (enqueued_token_limit) and learned (QueueLimitLearned)."""
+    parts = [f"{m}: {n:,} (configured)" for m, n in sorted((config.enqueued_token_limit if config else {}).items())]
+    if home.db.exists():
+        try:
+            conn = sqlite3.connect(f"file:{home.db}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute("SELECT payload FROM events WHERE type = 'QueueLimitLearned' ORDER BY seq").fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            return Check("queue limits", WARN, f"cannot read {home.db}: {exc}", "see the database check")
+        learned: dict[tuple[str, str], dict[str, Any]] = {}
+        for (payload,) in rows:
+            p = json.loads(payload)
+            learned[(p.get("base_url") or "", p.get("model") or "")] = p
+        for (url, model), p in sorted(learned.items()):
+            how = "stated by the provider" if p.get("exact") else f"estimated, {p.get('source')}"
+            parts.append(f"{model} at {url or 'the provider'}: {int(p.get('limit') or 0):,} ({how})")
+    detail = "; ".join(parts) if parts else "none known yet: learned from the provider's first token_limit_exceeded"
+    return Check("queue limits", OK, "enqueued prompt tokens per model: " + detail)
+
+
 # --- 8. the daemon ---------------------------------------------------------------------------------
 
 
@@ -649,6 +673,7 @@ def run_checks(
     checks += check_encodings(config, encoding_loader)
     checks.append(check_permissions(home))
     checks.append(check_database(home))
+    checks.append(check_queue_limits(home, config))
     checks.append(check_daemon(home, service_status))
     scrub = _scrubber(secrets)
     return [Check(c.name, c.status, scrub(c.detail), scrub(c.fix)) for c in checks]

@@ -7,7 +7,13 @@ from typing import Any
 
 from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
 from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
-from batchgrader.provider.emulator.config import CHAT_ENDPOINT, ENQUEUED_STATUSES, FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.config import (
+    CHAT_ENDPOINT,
+    ENQUEUED_STATUSES,
+    FAIL_400_TRIGGER,
+    FAIL_500_TRIGGER,
+    token_limit_message,
+)
 from batchgrader.provider.emulator.state import _Batch, _Req, _StoreBase
 
 
@@ -137,7 +143,9 @@ class ValidationMixin(_StoreBase):
                 return [
                     {
                         "code": "token_limit_exceeded",
-                        "message": f"Enqueued token limit reached for {model} in organization {self.cfg.organization}. Limit: {limit:,} enqueued tokens. Please try again once some in_progress batches have been completed.",
+                        "message": token_limit_message(
+                            model, self.cfg.organization, limit if self.cfg.token_limit_figure else None
+                        ),
                         "param": None,
                         "line": None,
                     }
