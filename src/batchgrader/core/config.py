@@ -169,6 +169,21 @@ def _int_map(v: Any) -> dict[str, int]:
     return out
 
 
+def _encoding(v: Any) -> str:
+    import codecs
+
+    form = "a text encoding Python knows that is ASCII-compatible, such as utf-8, cp1252 or latin-1"
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(form)
+    try:
+        name = codecs.lookup(v.strip()).name
+    except LookupError:
+        raise ValueError(form) from None
+    if name.startswith(("utf-16", "utf-32")):
+        raise ValueError(form)
+    return v.strip()
+
+
 @dataclass(frozen=True)
 class Key:
     default: Any
@@ -252,6 +267,19 @@ KEYS: dict[str, Key] = {
         _bool,
         "In CSV results, prefix ' to cells the model wrote (the added columns) that start with = + - @ tab or CR; input cells are never changed.",
     ),
+    "sheet": Key(None, _opt_str, "Excel inputs: the sheet whose rows are graded (default: the first sheet)."),
+    "encoding": Key(
+        "utf-8",
+        _encoding,
+        "Text encoding of CSV/TSV/JSON/JSONL inputs (utf-8 is read with or without a BOM; e.g. cp1252, latin-1); results are always UTF-8.",
+    ),
+    "write_report": Key(False, _bool, "Write NAME_report.html (the `bgctl report --html` page) beside each result."),
+    "on_job_end": Key(
+        None,
+        _opt_str,
+        "Shell command run once when a job ends, with BG_JOB_ID, BG_JOB_STATE, BG_RESULT_PATH, BG_COST_USD set; its output goes to the log.",
+    ),
+    "on_job_end_timeout_seconds": Key(60.0, _opt_float(0.1), "Time limit of the on_job_end command (it is killed after it)."),
     "pricing_file": Key(
         None,
         _opt_str,
@@ -285,6 +313,8 @@ GLOBAL_ONLY = {
     "pricing_file",
     "delete_provider_files",
     "completion_window",
+    "on_job_end",
+    "on_job_end_timeout_seconds",
 }
 
 SDK_ENV = {"OPENAI_API_KEY": "api_key", "OPENAI_BASE_URL": "base_url"}

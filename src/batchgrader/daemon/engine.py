@@ -73,7 +73,7 @@ from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_n
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.calibration import learned_overhead, overhead_payload
 from batchgrader.pipeline.merge import merge_chunk
-from batchgrader.pipeline.outbox import added_columns, error_name, error_report, result_name, result_values
+from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_name, result_values
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
 from batchgrader.pipeline.pricing import PriceTable, PricingError
 from batchgrader.pipeline.results import ResultsJoin, iter_outcomes
@@ -1230,11 +1230,15 @@ class Engine:
 
         def write(f) -> None:
             nonlocal count
-            with open_table(Path(job.input_path)) as reader, ResultsJoin(paths) as results:
+            with (
+                open_table(Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8")) as reader,
+                ResultsJoin(paths) as results,
+            ):
                 cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
                 json_values = reader.fmt != "csv"
-                guard = fixed["csv_formula_guard"] and reader.fmt == "csv"
-                with TableWriter(f, reader, cols.names()) as w:
+                guard = fixed["csv_formula_guard"] and reader.fmt in ("csv", "xlsx")
+                types = added_column_types(cols, fixed["response_format"])
+                with TableWriter(f, reader, cols.names(), column_types=types) as w:
                     for row in reader:
                         cid = text_of(row.values[id_column]) if id_column else default_custom_id(job.sha256, row.number)
                         outcome = results.take(cid)
@@ -1383,4 +1387,6 @@ def result_settings(profile: Profile) -> dict[str, Any]:
         "response_format": profile.response_format,
         "id_column": profile.id_column,
         "csv_formula_guard": profile.csv_formula_guard,
+        "sheet": profile.get("sheet"),
+        "encoding": profile.get("encoding", "utf-8"),
     }

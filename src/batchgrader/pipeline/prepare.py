@@ -326,7 +326,15 @@ def prepare(
     id_prefix = default_custom_id(file_hash, 0)[:-1]
     user_message = spec.user_message
 
-    with open_table(path, required_columns=builder.required_columns()) as reader, counter.parallel() as pool:
+    with (
+        open_table(
+            path,
+            required_columns=builder.required_columns(),
+            sheet=profile.get("sheet"),
+            encoding=profile.get("encoding", "utf-8"),
+        ) as reader,
+        counter.parallel() as pool,
+    ):
         prep = Preparation(
             path=path,
             fmt=reader.fmt,

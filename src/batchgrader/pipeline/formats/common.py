@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import codecs
+import datetime
+import decimal
 import os
 import re
 from dataclasses import dataclass
@@ -73,6 +75,14 @@ def text_of(value: Any) -> str:
         return value
     if value is None:
         return ""
+    if isinstance(value, datetime.datetime):  # Excel and Parquet cells
+        return value.isoformat(sep=" ")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta)):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
     return _dumps(value, compact=True)
 
 
