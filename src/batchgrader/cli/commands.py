@@ -354,6 +354,36 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
 
 
 @cli.command()
+@click.argument("job_id")
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a self-contained HTML page (inline SVG charts, works offline).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the same figures).")
+@click.pass_obj
+def report(obj: Ctx, job_id: str, html_file: Path | None, as_json: bool) -> None:
+    """How a job went: rows answered and failed, tokens and cost against the estimate, time per phase, result distributions."""
+    from batchgrader.store.report import load_report, render_text
+
+    _no_db_guard(obj)
+    figures = load_report(obj.home, job_id)
+    if html_file is not None:
+        from batchgrader.fsio import atomic_write_bytes
+        from batchgrader.store.report_html import render_html
+
+        atomic_write_bytes(html_file, render_html(figures).encode("utf-8"))
+    if as_json:
+        emit_json(figures)
+    else:
+        click.echo(render_text(figures), nl=False)
+        if html_file is not None:
+            click.echo(f"HTML report: {html_file}")
+
+
+@cli.command()
 @click.pass_obj
 def rebuild(obj: Ctx) -> None:
     """Recreate the read-side tables (status, costs) from the event log alone."""

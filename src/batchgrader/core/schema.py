@@ -382,6 +382,15 @@ EVENTS: dict[str, EventType] = {
                 "oversized": "rows that alone exceed the limit: list of {custom_id, tokens} (failed with request_too_large in the same append)",
             },
         ),
+        _t(
+            "JobEndHookStarted",
+            1,
+            "job end",
+            {
+                "end_seq": "job_seq of the job's last event when it ended (one run per end)",
+                "timeout_seconds": "time limit of the command",
+            },
+        ),
     ]
 }
 

@@ -125,6 +125,7 @@ class JobState:
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
     last_error: str | None = None
     rejected: bool = False
+    end_hook_seq: int | None = None  # JobEndHookStarted.end_seq: the on_job_end command ran for that end
 
     # --- derived views ----------------------------------------------------------------------
     @property
@@ -516,6 +517,10 @@ def _chunk_replanned(s: State, job: JobState, p: dict, e: Event) -> None:
         )
 
 
+def _job_end_hook_started(s: State, job: JobState, p: dict[str, Any], e: Event) -> None:
+    job.end_hook_seq = p.get("end_seq")
+
+
 _HANDLERS = {
     "FileRejected": _file_rejected,
     "JobAccepted": _job_accepted,
@@ -554,4 +559,5 @@ _HANDLERS = {
     "SchemaOverheadLearned": _schema_overhead_learned,
     "QueueLimitLearned": _queue_limit_learned,
     "ChunkReplanned": _chunk_replanned,
+    "JobEndHookStarted": _job_end_hook_started,
 }

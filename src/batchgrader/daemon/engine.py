@@ -69,6 +69,7 @@ from batchgrader.core.decide import (
 )
 from batchgrader.core.home import Home
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.daemon import jobhook
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.calibration import learned_overhead, overhead_payload
@@ -499,6 +500,7 @@ class Engine:
             self._delete_provider_files(job, a.file_ids)
         elif isinstance(a, Finish):
             self.emit(job.job_id, _e(a.event, **a.payload))
+            self._after_job_end(job.job_id, now)
         else:  # pragma: no cover - every action type is handled above
             raise TypeError(f"unknown action {a!r}")
 
@@ -1281,6 +1283,31 @@ class Engine:
             dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
             self.emit(job.job_id, _e("InputArchived", path=str(dest)))
         self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
+        self._after_job_end(job.job_id, now)
+
+    def _after_job_end(self, job_id: str, now: float) -> None:
+        """Effects of a job's end that never change the job: the HTML report (``write_report``)
+        and the ``on_job_end`` command (recorded first, so it runs at most once per end)."""
+        job = self.state.jobs[job_id]
+        try:
+            write_report = bool(self.profile_of(job).get("write_report"))
+        except ConfigError:
+            write_report = False
+        if write_report and job.result_path:
+            try:
+                from batchgrader.store.report import build_report
+                from batchgrader.store.report_html import render_html
+
+                page = render_html(build_report(list(self.store.read(job_id=job_id))))
+                dest = free_path(self.home.outbox, jobhook.report_name(job.file), stamp(now))
+                atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
+            except Exception as exc:  # a report is a convenience: never let it stop the daemon
+                log.warning("could not write the HTML report of job %s: %s", job_id, exc)
+        command = self.settings.get("on_job_end")
+        if command and job.end_hook_seq != job.version:
+            timeout = float(self.settings.get("on_job_end_timeout_seconds") or 60.0)
+            self.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
+            jobhook.start_hook(command, jobhook.hook_env(self.state.jobs[job_id]), timeout)
 
     def _redo_final_effects(self, job: JobState, now: float) -> None:
         """On restart, redo every effect a final event implies that is missing: the error report
