@@ -201,3 +201,16 @@ def test_bad_workbook_in_inbox_fails_with_a_report_and_the_daemon_goes_on(home):
     report = (home.outbox / "w_error.txt").read_text()
     assert "no sheet named 'Missing'" in report
     assert [p.name for p in home.failed.iterdir() if p.suffix == ".xlsx"]
+
+
+def test_shipped_examples_match_the_repository_and_bgctl_examples_copies_them(home, tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    shipped = repo / "src" / "batchgrader" / "data" / "examples"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(p.name for p in (repo / "examples").iterdir())
+    for p in shipped.iterdir():
+        assert p.read_bytes() == (repo / "examples" / p.name).read_bytes()
+    r = bgctl(home.root, "examples", str(tmp_path / "ex"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ex" / "reviews.csv").read_bytes() == (repo / "examples" / "reviews.csv").read_bytes()

@@ -384,6 +384,23 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, as_json: bool) -> None
 
 
 @cli.command()
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path), default=Path("bgctl-examples"))
+def examples(dest: Path) -> None:
+    """Copy the example files shipped with bgctl into DEST (default: ./bgctl-examples); never overwrites."""
+    from importlib.resources import files
+
+    src = files("batchgrader") / "data" / "examples"
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(src.iterdir(), key=lambda p: p.name):
+        target = dest / item.name
+        if target.exists():
+            click.echo(f"kept {target} (already there)")
+            continue
+        target.write_bytes(item.read_bytes())
+        click.echo(f"wrote {target}")
+
+
+@cli.command()
 @click.pass_obj
 def rebuild(obj: Ctx) -> None:
     """Recreate the read-side tables (status, costs) from the event log alone."""
