@@ -36,7 +36,9 @@ def _open_file(path: Any, source: Any) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(source)
+        # a buffered stream, no pre-buffering: column chunks are read and decoded page by page,
+        # so memory follows the record batch, not the row group (which may be the whole file)
+        return pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(path, f"not a readable Parquet file (corrupt or misnamed?): {exc}") from None
 
@@ -87,7 +89,7 @@ class ParquetReader:
 
         number = 0
         try:
-            for batch in self._file.iter_batches(batch_size=BATCH_ROWS):
+            for batch in self._file.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
                 for values in batch.to_pylist():
                     number += 1
                     yield Row(number, number, values)
