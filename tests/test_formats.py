@@ -214,3 +214,20 @@ def test_shipped_examples_match_the_repository_and_bgctl_examples_copies_them(ho
     r = bgctl(home.root, "examples", str(tmp_path / "ex"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "ex" / "reviews.csv").read_bytes() == (repo / "examples" / "reviews.csv").read_bytes()
+
+
+def test_excel_added_cells_are_text_and_guarded(tmp_path):
+    from batchgrader.pipeline.tables import TableWriter
+
+    _workbook(tmp_path / "w.xlsx")
+    with open_table(tmp_path / "w.xlsx", sheet="Data") as r, open(tmp_path / "o.xlsx", "wb") as f:
+        with TableWriter(f, r, ["grade", "raw"], formula_guard=True) as w:
+            for _row in r:
+                w.write({"grade": '=HYPERLINK("http://x")', "raw": -5})
+    ws = openpyxl.load_workbook(tmp_path / "o.xlsx")["Data"]
+    assert ws.cell(row=1, column=6).value == "grade" and ws.cell(row=1, column=7).value == "raw"
+    for line in (2, 3, 5):
+        cell = ws.cell(row=line, column=6)
+        assert cell.value == '\'=HYPERLINK("http://x")' and cell.data_type == "s"
+        assert ws.cell(row=line, column=7).value == -5
+    assert ws.cell(row=4, column=6).value is None  # the empty row stays empty

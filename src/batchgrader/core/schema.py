@@ -69,7 +69,7 @@ EVENTS: dict[str, EventType] = {
             1,
             "prepare",
             {
-                "format": "csv/json/jsonl",
+                "format": "csv/json/jsonl/xlsx/parquet",
                 "model": "model",
                 "encoding": "tiktoken encoding",
                 "rows": "data rows",
@@ -81,7 +81,7 @@ EVENTS: dict[str, EventType] = {
                 "estimate_usd": "{input, max_output, max_total} or null",
                 "warnings": "list of strings",
                 "requests_path": "JSONL of every row's request, kept for retries",
-                "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard), fixed at preparation",
+                "settings": "(optional) the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard, sheet, encoding), fixed at preparation",
             },
             optional=("settings",),  # absent from payloads written before it was added
         ),
