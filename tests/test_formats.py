@@ -142,6 +142,16 @@ def test_encoding_cp1252_csv_is_read(tmp_path):
         assert r.layout.bom  # the UTF-8 result carries a BOM for spreadsheets
 
 
+@pytest.mark.parametrize("name", ["w.jsonl", "w.json"])
+def test_encoding_latin1_json_is_read(tmp_path, name):
+    p = tmp_path / name
+    rec = '{"id": 1, "response": "Se\u00f1or caf\u00e9"}'
+    text = rec + "\n" if name.endswith("l") else "[" + rec + "]\n"
+    p.write_bytes(json.loads(json.dumps(text)).encode("latin-1"))
+    with open_table(p, encoding="latin-1") as r:
+        assert [row.values["response"] for row in r] == ["Se\u00f1or caf\u00e9"]
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 
