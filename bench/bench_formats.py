@@ -57,7 +57,6 @@ def main() -> None:
     csv_path = bench_count.generate([a.rows], a.seed)[a.rows]
     pq_path = to_parquet(csv_path)
     runs: dict[str, list[dict]] = {"csv": [], "parquet": []}
-    load_before = benchdocs.load_average()
     for i in range(a.repeat):
         for fmt, path in (("csv", csv_path), ("parquet", pq_path)):
             with tempfile.TemporaryDirectory() as home:
@@ -77,7 +76,7 @@ def main() -> None:
     )
     text = f"""{SECTION}
 
-{benchdocs.machine("pyarrow " + __import__("pyarrow").__version__)} Load average {load_before:.1f} at the start.
+{benchdocs.machine("pyarrow " + __import__("pyarrow").__version__)}
 
 Data: bench_count.py's {a.rows:,}-row CSV `id,response` ({csv_path.stat().st_size / 1e6:,.0f} MB) and the same rows as
 Parquet ({pq_path.stat().st_size / 1e6:,.0f} MB; `id` int64, `response` string, row groups of 65,536 rows).
