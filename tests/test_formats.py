@@ -207,7 +207,7 @@ def test_bad_workbook_in_inbox_fails_with_a_report_and_the_daemon_goes_on(home):
     home.config_file.write_text(FAST_CONFIG + "sheet: Missing\n")
     _workbook(home.inbox / "w.xlsx")
     with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1)) as emu:
-        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 4  # a job ended failed
     report = (home.outbox / "w_error.txt").read_text()
     assert "no sheet named 'Missing'" in report
     assert [p.name for p in home.failed.iterdir() if p.suffix == ".xlsx"]
