@@ -16,6 +16,7 @@ import json
 import logging
 import logging.handlers
 import os
+import sqlite3
 import signal
 import threading
 import time
@@ -305,6 +306,8 @@ class Daemon:
             store = EventStore(self.home.db, projectors=self.make_projectors())
         except SchemaTooNew as exc:
             raise DaemonError(str(exc)) from None
+        except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
+            raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
         engine.should_stop = self.stop.is_set
         engine.on_progress = self._beat
@@ -314,6 +317,7 @@ class Daemon:
         self._publish()
         notifier = Notifier()
         notifier.ready()
+        log.info("daemon ready: %d jobs in the log", len(engine.state.jobs))
         watcher = InboxWatcher(self.home, self.wake)
         watcher.start()
         tick_seconds = max(0.05, min(0.5, config.poll_interval_seconds / 2))
