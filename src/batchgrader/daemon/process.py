@@ -16,8 +16,8 @@ import json
 import logging
 import logging.handlers
 import os
-import sqlite3
 import signal
+import sqlite3
 import threading
 import time
 import uuid
