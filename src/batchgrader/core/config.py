@@ -111,6 +111,22 @@ def _bool(v: Any) -> bool:
     raise ValueError("true or false")
 
 
+def _opt_bool(v: Any) -> bool | None:
+    if v is None or v == "" or (isinstance(v, str) and v.strip().lower() in ("auto", "null")):
+        return None
+    try:
+        return _bool(v)
+    except ValueError:
+        raise ValueError("true, false or null (auto)") from None
+
+
+def _days(v: Any) -> float:
+    f = _opt_float(0.0)(v)
+    if f is None:
+        raise ValueError("a number of days >= 0")
+    return f
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if v not in options:
@@ -295,6 +311,16 @@ KEYS: dict[str, Key] = {
         1.0, _opt_float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."
     ),
     "log_level": Key("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "Daemon log level."),
+    # reusing answers (pipeline/answerkey.py, store/answers.py)
+    "reuse_answers": Key(
+        None,
+        _opt_bool,
+        "Answer a request identical to one already answered (same file or earlier jobs) from the stored answer instead of sending it; null: on, except when temperature > 0.",
+    ),
+    "reuse_truncated_answers": Key(
+        False, _bool, "Also reuse stored answers that were cut off by the output limit (finish_reason 'length')."
+    ),
+    "cache_days": Key(30.0, _days, "Stored answers are reused for this many days, then dropped; 0 turns reuse off."),
 }
 
 # Keys that make no sense inside a profile (they configure the daemon, not a job).

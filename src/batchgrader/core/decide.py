@@ -699,3 +699,19 @@ def _finish(job: JobState, config: Config) -> list[Action]:
         out.append(DeleteProviderFiles(job.job_id, tuple(ids)))
     out.append(Finish(job.job_id, final, payload))
     return out
+
+
+# --- reusing answers (issue 14) ----------------------------------------------------------------------
+def reuse_allowed(profile: Profile) -> bool:
+    """Whether a profile reuses answers: ``cache_days`` > 0 and ``reuse_answers`` true, or left
+    unset (null) with a temperature of 0 or none.  With a temperature above 0 people sample on
+    purpose and want a new answer each time, so reuse then needs ``reuse_answers: true``."""
+    if profile.cache_days <= 0 or profile.reuse_answers is False:
+        return False
+    return profile.reuse_answers is True or not (profile.temperature or 0) > 0
+
+
+def reuse_enabled(job: JobState, profile: Profile) -> bool:
+    """Whether a job's rows may be answered from stored answers or identical rows: the profile
+    allows it and the file was not submitted with ``bgctl submit --fresh``."""
+    return not job.fresh and reuse_allowed(profile)

@@ -391,6 +391,36 @@ EVENTS: dict[str, EventType] = {
                 "timeout_seconds": "time limit of the command",
             },
         ),
+        # --- reusing answers (pipeline/reuse.py, store/answers.py) ---------------------------------
+        _t(
+            "FreshAnswersRequested",
+            1,
+            "inbox (bgctl submit --fresh)",
+            {"reason": "why: every row of this job is sent, no stored answer is reused and no duplicate is merged"},
+        ),
+        _t(
+            "RequestsReused",
+            1,
+            "prepare",
+            {
+                "cached_rows": "rows answered from the answers store (not sent)",
+                "duplicate_rows": "rows whose request repeats an earlier row's in the file (sent once, answer copied at merge)",
+                "saved_usd": "what the cached rows' answers cost when first answered, at today's prices",
+                "usage": "{prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens} of the cached answers, as first billed",
+                "path": "the decision, per row: results/reused.jsonl (each cached row's answer, each duplicate's leader)",
+            },
+        ),
+        _t(
+            "DuplicatesAnswered",
+            1,
+            "merge",
+            {
+                "chunk": "chunk index whose rows led the duplicates",
+                "rows": "duplicate rows given their leader's outcome",
+                "succeeded": "of which answered",
+                "saved_usd": "what sending them would have cost (their leaders' billed usage)",
+            },
+        ),
     ]
 }
 

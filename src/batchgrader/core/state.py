@@ -126,6 +126,13 @@ class JobState:
     last_error: str | None = None
     rejected: bool = False
     end_hook_seq: int | None = None  # JobEndHookStarted.end_seq: the on_job_end command ran for that end
+    # reuse
+    fresh: bool = False  # bgctl submit --fresh: nothing reused
+    cached_rows: int = 0  # answered from the answers store
+    duplicate_rows: int = 0  # planned: copied from an identical row's answer at merge
+    duplicates_answered: int = 0
+    saved_usd: float = 0.0
+    reuse_path: str | None = None
 
     # --- derived views ----------------------------------------------------------------------
     @property
@@ -139,7 +146,7 @@ class JobState:
     @property
     def succeeded_rows(self) -> int:
         # a retry chunk holds only rows that had failed, so successes are never counted twice
-        return sum(c.succeeded for c in self.chunks.values())
+        return sum(c.succeeded for c in self.chunks.values()) + self.cached_rows
 
     @property
     def state(self) -> str:
@@ -521,6 +528,22 @@ def _job_end_hook_started(s: State, job: JobState, p: dict[str, Any], e: Event) 
     job.end_hook_seq = p.get("end_seq")
 
 
+def _fresh_requested(s: State, job: JobState, p: dict, e: Event) -> None:
+    job.fresh = True
+
+
+def _requests_reused(s: State, job: JobState, p: dict, e: Event) -> None:
+    job.cached_rows = int(p.get("cached_rows", 0))
+    job.duplicate_rows = int(p.get("duplicate_rows", 0))
+    job.saved_usd += float(p.get("saved_usd") or 0.0)
+    job.reuse_path = p.get("path")
+
+
+def _duplicates_answered(s: State, job: JobState, p: dict, e: Event) -> None:
+    job.duplicates_answered += int(p.get("rows", 0))
+    job.saved_usd += float(p.get("saved_usd") or 0.0)
+
+
 _HANDLERS = {
     "FileRejected": _file_rejected,
     "JobAccepted": _job_accepted,
@@ -560,4 +583,7 @@ _HANDLERS = {
     "QueueLimitLearned": _queue_limit_learned,
     "ChunkReplanned": _chunk_replanned,
     "JobEndHookStarted": _job_end_hook_started,
+    "FreshAnswersRequested": _fresh_requested,
+    "RequestsReused": _requests_reused,
+    "DuplicatesAnswered": _duplicates_answered,
 }

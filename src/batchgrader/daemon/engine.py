@@ -63,6 +63,7 @@ from batchgrader.core.decide import (
     queue_limit,
     refusal_lesson,
     resubmit_delay,
+    reuse_enabled,
     token_cap,
     upload_name,
     utc_day,
@@ -72,12 +73,14 @@ from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, 
 from batchgrader.daemon import jobhook
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
+from batchgrader.pipeline.answerkey import line_key, provider_id
 from batchgrader.pipeline.calibration import learned_overhead, overhead_payload
 from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_name, result_values
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
-from batchgrader.pipeline.pricing import PriceTable, PricingError
+from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
 from batchgrader.pipeline.results import ResultsJoin, iter_outcomes
+from batchgrader.pipeline.reuse import ReusePlan, plan_reuse, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, TableWriter, defuse_formula, open_table, text_of
 from batchgrader.provider.openai_api import (
@@ -89,6 +92,7 @@ from batchgrader.provider.openai_api import (
     reconcile_batch,
     reconcile_upload,
 )
+from batchgrader.store import answers
 from batchgrader.store.eventstore import DatabaseMoved, EventStore, NewEvent
 
 log = logging.getLogger("batchgrader.engine")
@@ -139,6 +143,7 @@ class Engine:
     _corrupt_logged: set[str] = field(default_factory=set)
     _effects_checked: set[str] = field(default_factory=set)
     _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
+    _followers: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # job -> leader -> duplicates
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
     scan_requested: bool = True  # set by the daemon when the watcher saw a change
@@ -151,11 +156,14 @@ class Engine:
         if self.provider is not None and hasattr(self.provider, "on_page"):
             # a long listing (many pages) keeps the watchdog fed from this, the working thread
             self.provider.on_page = lambda: self.on_progress()
+        if not self.store.readonly:
+            with self.store.write() as conn:
+                answers.ensure(conn)
 
     # --- plumbing -----------------------------------------------------------------------------
-    def emit(self, job_id: str, *events: NewEvent) -> None:
+    def emit(self, job_id: str, *events: NewEvent, also: Callable[[Any], None] | None = None) -> None:
         job = self.state.jobs.get(job_id)
-        stored = self.store.append(job_id, events, expected_version=job.version if job else 0)
+        stored = self.store.append(job_id, events, expected_version=job.version if job else 0, also=also)
         for ev in stored:
             self.state.apply(ev)
             log.info("event %s %s %s", job_id, ev.type, _short(ev.payload))
@@ -258,7 +266,9 @@ class Engine:
                 cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
                 sha = file_sha256(cand.path)
                 job_id = self._new_job_id(sha)
-                record = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
+                record: dict[str, Any] = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
+                if inbox_mod.fresh_marker(cand.path).exists():
+                    record["fresh"] = True  # bgctl submit --fresh: kept in the claim record
                 input_path = inbox_mod.claim(self.home.job_dir(job_id), cand, record)
             except FileNotFoundError:
                 self._drop_empty_claim(job_id)
@@ -301,6 +311,7 @@ class Engine:
 
     def _accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
         sha = sha or file_sha256(input_path)
+        fresh = [_e("FreshAnswersRequested", reason="bgctl submit --fresh")] if record.get("fresh") else []
         self.emit(
             job_id,
             _e(
@@ -314,7 +325,10 @@ class Engine:
                 result_name=result_name(record["file"]),
                 sandbox=self.sandbox,
             ),
+            *fresh,
         )
+        if fresh:
+            inbox_mod.fresh_marker(Path(record["source"])).unlink(missing_ok=True)
 
     def _reject(self, r: inbox_mod.Rejection, now: float) -> None:
         job_id = "x-" + hashlib.sha256(_shown(r.fingerprint).encode()).hexdigest()[:12]
@@ -567,8 +581,12 @@ class Engine:
             )
         sizes_path = job_dir / "tokens.bin"
         atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
+        reuse = self._decide_reuse(job, profile, requests_path, prep, now)
         chunk_dir = job_dir / "chunks"
-        paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
+        if reuse is None:
+            paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
+        else:
+            paths = write_chunk_files(_kept_lines(requests_path, reuse.keep), prep.chunks, set(), chunk_dir, job.job_id)
         summary = prep.summary(self.prices, learned_overhead(self.state, prep.model, profile.response_format))
         chunks = [
             {
@@ -582,7 +600,7 @@ class Engine:
             }
             for c, p in zip(prep.chunks, paths)
         ]
-        if not chunks and not prep.problems:
+        if not chunks and not prep.problems and not (reuse and reuse.cached):
             return self._fail(
                 job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now
             )
@@ -604,7 +622,116 @@ class Engine:
                 requests_path=str(requests_path),
                 settings=result_settings(profile),
             ),
+            *self._reuse_events(job, reuse),
         )
+
+    # --- reuse (decided right after prepare, recorded with JobPrepared) ------------------------------
+    def provider_key(self) -> str:
+        return provider_id(self.settings.base_url, self.sandbox)
+
+    def _decide_reuse(self, job: JobState, profile: Profile, requests_path: Path, prep: Any, now: float) -> ReusePlan | None:
+        """Which rows are answered already (stored answers, identical rows); None when every row is sent.
+        When some are, ``prep.chunks`` is planned again over the rows still to send."""
+        if not reuse_enabled(job, profile):
+            return None
+        conn = self.store.conn
+
+        def lookup(keys: Any) -> dict[str, Any]:
+            return answers.lookup(
+                conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
+            )
+
+        plan = plan_reuse(_lines(requests_path), self.provider_key(), oversized_positions(prep), lookup)
+        if not plan.reused:
+            return None
+        limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
+        prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
+        return plan
+
+    def _context_window(self, profile: Profile) -> int | None:
+        if profile.context_window is not None:
+            return profile.context_window
+        price = self.prices.find(profile.model)
+        return price.context_window if price else None
+
+    def _reuse_events(self, job: JobState, plan: ReusePlan | None) -> list[NewEvent]:
+        """Write the per-row decision file, and the event that records it (appended with JobPrepared)."""
+        if plan is None:
+            return []
+        path = self.home.job_dir(job.job_id) / "results" / "reused.jsonl"
+        atomic_write_bytes(path, b"".join(plan.lines()))
+        u = plan.cached_usage
+        return [
+            _e(
+                "RequestsReused",
+                cached_rows=len(plan.cached),
+                duplicate_rows=len(plan.followers),
+                saved_usd=self._cost(self.profile_of(job).model, u),
+                usage=dict(u),
+                path=str(path),
+            )
+        ]
+
+    def _cost(self, model: str, usage: dict[str, int]) -> float:
+        try:
+            price = self.prices.get(model)
+        except PricingError:
+            return 0.0
+        return float(billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]))
+
+    def followers_of(self, job: JobState) -> dict[str, list[str]]:
+        """leader custom_id -> the duplicate rows that take its answer (from the reuse file)."""
+        if not job.duplicate_rows or not job.reuse_path:
+            return {}
+        got = self._followers.get(job.job_id)
+        if got is None:
+            got = self._followers[job.job_id] = read_reuse_file(Path(job.reuse_path))[1]
+        return got
+
+    def _duplicate_records(self, job: JobState, ordered: list[dict[str, Any]], expected: list[str]) -> list[dict[str, Any]]:
+        """The outcome of each duplicate of a row in ``ordered``: its leader's, under its own custom_id."""
+        followers = self.followers_of(job)
+        if not followers:
+            return []
+        here = set(expected)
+        out = []
+        for rec in ordered:
+            for cid in followers.get(rec["custom_id"], ()):
+                if cid not in here:  # a duplicate resent in a retry chunk has its own outcome
+                    out.append({**rec, "custom_id": cid, "reused": "duplicate", "leader": rec["custom_id"]})
+        return out
+
+    def _answers_to_store(self, job: JobState, c: ChunkState, ordered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The successful, complete answers of a merged chunk, by request key."""
+        if self.settings.cache_days <= 0:
+            return []
+        ok = {r["custom_id"]: r for r in ordered if r["ok"] and isinstance(r.get("content"), str) and r.get("status_code") == 200}
+        if not ok:
+            return []
+        provider = self.provider_key()
+        rows = []
+        for line in _lines(Path(c.path)):
+            cid, key = line_key(provider, line)
+            r = ok.get(cid)
+            if r is None:
+                continue
+            rows.append(
+                {
+                    "key": key,
+                    "provider": provider,
+                    "model": job.model or "",
+                    "content": r["content"],
+                    "finish_reason": r.get("finish_reason"),
+                    "prompt_tokens": int(r.get("prompt_tokens") or 0),
+                    "cached_tokens": int(r.get("cached_tokens") or 0),
+                    "completion_tokens": int(r.get("completion_tokens") or 0),
+                    "reasoning_tokens": int(r.get("reasoning_tokens") or 0),
+                    "job_id": job.job_id,
+                    "custom_id": cid,
+                    "batch_id": c.batch_id,
+                }
+            )
+        return rows
 
     def _limits(self, profile: Profile) -> Limits | None:
         """The split limits, tightened to the model's queue limit (configured or learned)."""
@@ -1041,8 +1168,10 @@ class Engine:
         return None
 
     def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
-        """Merge a finished batch's rows; its events go in one transaction.  A malformed file is
-        downloaded again (at most MAX_MALFORMED_DOWNLOADS times); then its good lines are kept."""
+        """Merge a finished batch's rows; its events (and the answers they record) go in one
+        transaction.  A malformed file is downloaded again (at most MAX_MALFORMED_DOWNLOADS times);
+        then its good lines are kept.  Duplicates of the chunk's rows (identical requests of the
+        same file) get their leader's outcome."""
         outcomes, malformed, bad_kinds = self._read_outcomes(job, c)
         if malformed and c.malformed_downloads < MAX_MALFORMED_DOWNLOADS:
             log.warning("job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, malformed[0])
@@ -1058,9 +1187,18 @@ class Engine:
                 ),
             )
             return
-        merged = merge_chunk(chunk_custom_ids(c), outcomes, c.status, self._missing_reason(c, malformed))
+        expected = chunk_custom_ids(c)
+        merged = merge_chunk(expected, outcomes, c.status, self._missing_reason(c, malformed))
+        dups = self._duplicate_records(job, merged.records, expected)
+        dup_failed = [
+            {"custom_id": r["custom_id"], "code": r.get("error_code"), "message": r.get("error_message")}
+            for r in dups
+            if not r["ok"]
+        ]
         results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
-        atomic_write_bytes(results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in merged.records))
+        atomic_write_bytes(
+            results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in [*merged.records, *dups])
+        )
         try:
             cost = merged.cost(self.prices.get(job.model or ""))
         except PricingError:
@@ -1079,26 +1217,50 @@ class Engine:
         learned = overhead_payload(job, c, merged.records, self.profile_of(job).response_format)
         if learned is not None:
             events.append(_e("SchemaOverheadLearned", **learned))
-        if merged.failed_rows:
-            events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=merged.failed_rows))
+        if merged.failed_rows or dup_failed:
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=[*merged.failed_rows, *dup_failed]))
+        if dups:
+            answered = [r for r in dups if r["ok"]]
+            dup_usage = {k: sum(int(r.get(k) or 0) for r in answered) for k in merged.usage}
+            events.append(
+                _e(
+                    "DuplicatesAnswered",
+                    chunk=c.index,
+                    rows=len(dups),
+                    succeeded=len(answered),
+                    saved_usd=self._cost(job.model or "", dup_usage),
+                )
+            )
         events.append(
             _e(
                 "ChunkCompleted",
                 chunk=c.index,
                 batch_id=c.batch_id,
                 status=c.status,
-                succeeded=merged.succeeded,
-                failed=len(merged.failed_rows),
+                succeeded=merged.succeeded + len(dups) - len(dup_failed),
+                failed=len(merged.failed_rows) + len(dup_failed),
                 results_path=str(results_path),
             )
         )
         if c.status == "completed":
             probe = probe_after_completion(self.state, job, self.queue_url)
             events += self._learned_event(job.model or "", probe, c.index, None)
-        self.emit(job.job_id, *events)
+        store = self._answers_to_store(job, c, merged.records)
+        keep_days = self.settings.cache_days
+
+        def put(conn: Any) -> None:
+            if store:
+                answers.put(conn, store, now=now, keep_days=keep_days)
+
+        self.emit(job.job_id, *events, also=put)
 
     def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
-        rows = [{"custom_id": cid, "code": code, "message": message} for cid in chunk_custom_ids(c)]
+        cids = chunk_custom_ids(c)
+        followers = self.followers_of(job)
+        if followers:  # the duplicates of these rows fail with them
+            here = set(cids)
+            cids += [f for cid in list(cids) for f in followers.get(cid, ()) if f not in here]
+        rows = [{"custom_id": cid, "code": code, "message": message} for cid in cids]
         if rows:
             self.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
 
@@ -1218,12 +1380,20 @@ class Engine:
         self.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
 
     def _write_result(self, job: JobState, profile: Profile, path: Path) -> int:
-        """Stream the input and join each row to its result (ResultsJoin: O(chunks) memory)."""
+        """Stream the input and join each row to its result (ResultsJoin: O(chunks) memory).  A row
+        answered from the store takes its stored answer; a duplicate that no chunk answered
+        takes its leader's outcome (leaders come first in the input)."""
         paths = [
             c.results_path
             for c in sorted(job.chunks.values(), key=lambda c: c.index)
             if c.results_path and Path(c.results_path).exists()
         ]
+        cached: dict[str, dict[str, Any]] = {}
+        if job.cached_rows and job.reuse_path:
+            cached = read_reuse_file(Path(job.reuse_path))[0]
+        leader_of = {d: leader for leader, ds in self.followers_of(job).items() for d in ds}
+        leads = set(leader_of.values())
+        led: dict[str, dict[str, Any]] = {}
         row_errors = job.row_errors
         failed_info = job.failed_rows
         fixed = {**result_settings(profile), **job.settings}  # as prepared, even if the config changed since
@@ -1244,6 +1414,12 @@ class Engine:
                     for row in reader:
                         cid = text_of(row.values[id_column]) if id_column else default_custom_id(job.sha256, row.number)
                         outcome = results.take(cid)
+                        if outcome is None:
+                            outcome = cached.get(cid)
+                        if outcome is None and cid in leader_of and leader_of[cid] in led:
+                            outcome = {**led[leader_of[cid]], "custom_id": cid, "reused": "duplicate", "leader": leader_of[cid]}
+                        if cid in leads and outcome is not None:
+                            led[cid] = outcome
                         err = None
                         if cid in row_errors:
                             err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
@@ -1391,6 +1567,16 @@ def _write_arrays(f: Any, *arrays: array) -> None:
 def _lines(path: Path) -> Iterable[bytes]:
     with open(path, "rb") as f:
         yield from f
+
+
+def _kept_lines(path: Path, keep: list[int]) -> Iterable[bytes]:
+    """The lines of ``path`` at the positions in ``keep`` (ascending)."""
+    wanted = iter(keep)
+    nxt = next(wanted, None)
+    for pos, line in enumerate(_lines(path)):
+        if pos == nxt:
+            yield line
+            nxt = next(wanted, None)
 
 
 def _load_token_sizes(path: Path) -> tuple[array, array]:

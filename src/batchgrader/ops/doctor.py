@@ -557,13 +557,27 @@ def check_database(home: Home) -> Check:
     try:
         with EventStore(db, readonly=True) as store:
             result = store.integrity_check()
+            cache = answers_size(store.conn)
     except sqlite3.DatabaseError as exc:
         return Check("database", FAIL, f"{db}: {exc}", recover)
     except OSError as exc:
         return Check("database", FAIL, f"{db}: cannot open ({exc})", f"ls -l {_q(db)}")
     if result != "ok":
         return Check("database", FAIL, f"{db}: PRAGMA integrity_check: {result[:300]}", recover)
-    return Check("database", OK, f"{db}: PRAGMA integrity_check ok")
+    return Check("database", OK, f"{db}: PRAGMA integrity_check ok; {cache}")
+
+
+def answers_size(conn: sqlite3.Connection) -> str:
+    """The answers store's size, for the database check (`bgctl cache stats` has the details)."""
+    from batchgrader.store import answers
+
+    st = answers.stats(conn)
+    if not st["answers"]:
+        return "answers store: empty"
+    return (
+        f"answers store: {st['answers']:,} answers, {st['content_bytes'] / 1e6:.1f} MB of answer text, "
+        f"oldest {str(st['oldest'])[:10]} (bgctl cache clear --older-than DAYS frees space)"
+    )
 
 
 def check_queue_limits(home: Home, config: Config | None) -> Check:

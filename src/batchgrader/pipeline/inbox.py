@@ -188,8 +188,16 @@ def claimed_input(job_dir: Path) -> Path | None:
     return None
 
 
-def submit_file(home: Home, src: Path, profile: str | None = None) -> Path:
-    """`bgctl submit`: copy a file into the inbox atomically (temporary name, then rename)."""
+def fresh_marker(inbox_file: Path) -> Path:
+    """`bgctl submit --fresh`: an empty dot-file next to the inbox file (ignored by the scan); the
+    daemon notes it in the claim record and then removes it."""
+    p = Path(inbox_file)
+    return p.parent / f".{p.name}.fresh"
+
+
+def submit_file(home: Home, src: Path, profile: str | None = None, fresh: bool = False) -> Path:
+    """`bgctl submit`: copy a file into the inbox atomically (temporary name, then rename).
+    With ``fresh`` the marker is written first, so the daemon never takes the file without it."""
     src = Path(src)
     if not src.is_file():
         raise FileNotFoundError(f"{src}: no such file")
@@ -201,6 +209,11 @@ def submit_file(home: Home, src: Path, profile: str | None = None) -> Path:
         dest = folder / f"{src.stem}-{n}{src.suffix}"
         n += 1
     tmp = folder / f".{dest.name}.part"
+    if fresh:
+        marker = fresh_marker(dest)
+        marker.write_bytes(b"")
+        with open(marker, "rb") as f:
+            os.fsync(f.fileno())
     shutil.copyfile(src, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())

@@ -29,6 +29,7 @@ def outcome_record(o: Any) -> dict[str, Any]:
         "cached_tokens": o.cached_tokens,
         "completion_tokens": o.completion_tokens,
         "reasoning_tokens": o.reasoning_tokens,
+        "finish_reason": o.finish_reason,
     }
 
 

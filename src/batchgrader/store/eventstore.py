@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -256,9 +256,16 @@ class EventStore:
             self.conn.execute("COMMIT")
 
     # --- writing ----------------------------------------------------------------------------
-    def append(self, job_id: str, events: Iterable[NewEvent], expected_version: int | None = None) -> list[Event]:
+    def append(
+        self,
+        job_id: str,
+        events: Iterable[NewEvent],
+        expected_version: int | None = None,
+        also: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> list[Event]:
         """Append events to one job atomically. ``expected_version`` = the job's last job_seq seen
-        by the caller (0 for a new job), or None to append after whatever is there."""
+        by the caller (0 for a new job), or None to append after whatever is there.  ``also``
+        writes what the events record (the answers store) in the same transaction."""
         events = list(events)
         if not events:
             return []
@@ -284,6 +291,8 @@ class EventStore:
                 stored.append(Event(cur.lastrowid or 0, job_id, current + i, e.type, version, ts, json.loads(payload)))
             for p in self.projectors:
                 p.apply(c, stored)
+            if also is not None:
+                also(c)
             return stored
 
     # --- reading ----------------------------------------------------------------------------

@@ -137,6 +137,9 @@ STATUS_COLUMNS = (
     "result_path",
     "created_ts",
     "updated_ts",
+    "requests",  # rows sent (planned requests)
+    "cached_rows",  # rows answered without a request of their own (stored answers, duplicates)
+    "saved_usd",
     "chunks",
 )
 _ORDER_KEY = operator.itemgetter(STATUS_COLUMNS.index("created_ts"), 0)  # (created_ts, job_id)
@@ -441,7 +444,22 @@ _SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_token
 
 
 def _zero() -> dict[str, Any]:
-    return {**{k: 0 for k in _SUMS}, "cost_usd": 0.0, "simulated_usd": 0.0, "batches": 0, "jobs": set()}
+    return {
+        **{k: 0 for k in _SUMS},
+        "cost_usd": 0.0,
+        "simulated_usd": 0.0,
+        "saved_usd": 0.0,
+        "simulated_saved_usd": 0.0,
+        "reused_rows": 0,
+        "batches": 0,
+        "jobs": set(),
+    }
+
+
+def _add_saving(acc: dict[str, Any], s: dict[str, Any]) -> None:
+    acc["saved_usd" if not s["sandbox"] else "simulated_saved_usd"] += s["saved_usd"]
+    acc["reused_rows"] += s["rows"]
+    acc["jobs"].add(s["job_id"])
 
 
 def _add(acc: dict[str, Any], u: dict[str, Any]) -> None:
@@ -482,18 +500,19 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     with reading(home) as conn, _gc_paused():
         problem = readside.read_model_problem(conn)
         if problem is None:
-            sql = f"SELECT {', '.join(rm.USAGE_COLUMNS)} FROM usage WHERE 1=1"
-            args: list[Any] = []
+            where, args = " WHERE 1=1", []
             if lo:
-                sql += " AND day >= ?"
+                where += " AND day >= ?"
                 args.append(lo)
             if hi:
-                sql += " AND day <= ?"
+                where += " AND day <= ?"
                 args.append(hi)
-            sql += " ORDER BY seq"
+            sql = f"SELECT {', '.join(rm.USAGE_COLUMNS)} FROM usage{where} ORDER BY seq"
             usage = [dict(zip(rm.USAGE_COLUMNS, r)) for r in conn.execute(sql, args)]
+            sql = f"SELECT {', '.join(rm.SAVINGS_COLUMNS)} FROM savings{where} ORDER BY seq"
+            saved = [dict(zip(rm.SAVINGS_COLUMNS, r)) for r in conn.execute(sql, args)]
             if by == "job":
-                ids = sorted({u["job_id"] for u in usage})
+                ids = sorted({u["job_id"] for u in [*usage, *saved]})
                 for i in range(0, len(ids), 500):
                     part = ids[i : i + 500]
                     files.update(
@@ -505,12 +524,17 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
         else:
             state = State()
             usage = []
+            saved = []
             for e in rm.iter_events(conn):
                 state.apply(e)
                 if e.type == "TokensUsed":
                     u = rm.usage_row(e, state.jobs[e.job_id].sandbox)
                     if (lo is None or u["day"] >= lo) and (hi is None or u["day"] <= hi):
                         usage.append(u)
+                elif e.type in rm.SAVING_EVENTS:
+                    sv = rm.saving_row(e, state.jobs[e.job_id])
+                    if (lo is None or sv["day"] >= lo) and (hi is None or sv["day"] <= hi):
+                        saved.append(sv)
             files = {j.job_id: j.file for j in state.jobs.values()}
             source, note = SOURCE_LOG, _fallback_note(problem)
 
@@ -522,6 +546,11 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
         _add(groups.setdefault(key, _zero()), u)
         _add(daily.setdefault(u["day"], _zero()), u)
         _add(totals, u)
+    for sv in saved:
+        key = {"day": sv["day"], "model": sv["model"] or "?", "job": sv["job_id"]}[by]
+        _add_saving(groups.setdefault(key, _zero()), sv)
+        _add_saving(daily.setdefault(sv["day"], _zero()), sv)
+        _add_saving(totals, sv)
     rows = []
     for key, acc in groups.items():
         row = {"key": key, **_finish(acc)}

@@ -72,7 +72,10 @@ JOB_STATUS_COLUMNS: dict[str, type] = {
     "created_ts": str,
     "updated_ts": str,
     "version": int,  # job_seq of the last event of the job
-    "chunks": str,  # JSON list of {chunk, status, batch_id, request_counts}, see chunk_row()
+    "cached_rows": int,  # rows answered without a request of their own (stored answers + duplicates in the file)
+    "duplicate_rows": int,  # of which copied from an identical row of the same file
+    "saved_usd": float,  # what those rows' answers cost when they were paid for
+    "chunks": str,  # JSON list of {chunk, status, batch_id, request_counts}, see chunk_row(); stays last
 }
 
 USAGE_COLUMNS: dict[str, type] = {
@@ -99,6 +102,18 @@ QUEUE_LIMIT_COLUMNS: dict[str, type] = {
     "source": str,  # message, halved or probe
     "ts": str,  # when it was learned
 }
+# One row per RequestsReused / DuplicatesAnswered event: money not spent because an answer was reused.
+SAVINGS_COLUMNS: dict[str, type] = {
+    "seq": int,
+    "job_id": str,
+    "model": str,
+    "day": str,  # UTC day of the event
+    "ts": str,
+    "rows": int,
+    "saved_usd": float,
+    "sandbox": int,
+}
+SAVING_EVENTS = ("RequestsReused", "DuplicatesAnswered")
 
 
 # --- migrations (read side only) ----------------------------------------------------------------
@@ -125,6 +140,14 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
     @m(name="0003_queue_limits")
     def _m0003(db) -> None:  # noqa: ANN001 - the provider queue limits learned (QueueLimitLearned)
         db["queue_limits"].create(dict(QUEUE_LIMIT_COLUMNS), pk=("base_url", "model"))
+
+    @m(name="0004_reuse")
+    def _m0004(db) -> None:  # noqa: ANN001 - answers reused instead of sent (issue 14)
+        for col in ("cached_rows", "duplicate_rows", "saved_usd"):
+            if col not in db["job_status"].columns_dict:
+                db["job_status"].add_column(col, JOB_STATUS_COLUMNS[col])
+        db["savings"].create(dict(SAVINGS_COLUMNS), pk="seq", if_not_exists=True)
+        db["savings"].create_index(["day"], if_not_exists=True)
 
     return m
 
@@ -235,6 +258,9 @@ def job_row(job: JobState) -> dict[str, Any]:
         "created_ts": job.created_ts,
         "updated_ts": job.updated_ts,
         "version": job.version,
+        "cached_rows": job.cached_rows + job.duplicates_answered,
+        "duplicate_rows": job.duplicates_answered,
+        "saved_usd": job.saved_usd,
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             ensure_ascii=False,
@@ -261,6 +287,22 @@ def usage_row(e: Event, sandbox: bool) -> dict[str, Any]:
         "reasoning_tokens": int(p.get("reasoning_tokens", 0) or 0),
         "cost_usd": float(p.get("cost_usd") or 0.0),
         "sandbox": int(sandbox),
+    }
+
+
+def saving_row(e: Event, job: JobState) -> dict[str, Any]:
+    """The ``savings`` row of a ``RequestsReused`` or ``DuplicatesAnswered`` event."""
+    p = e.payload
+    rows = p.get("cached_rows", 0) if e.type == "RequestsReused" else p.get("succeeded", p.get("rows", 0))
+    return {
+        "seq": e.seq,
+        "job_id": e.job_id,
+        "model": job.model,
+        "day": e.ts[:10],
+        "ts": e.ts,
+        "rows": int(rows or 0),
+        "saved_usd": float(p.get("saved_usd") or 0.0),
+        "sandbox": int(job.sandbox),
     }
 
 
@@ -294,6 +336,13 @@ def _write_queue_limits(conn: sqlite3.Connection, events: Iterable[Event]) -> No
             if e.type == "QueueLimitLearned"
         ),
     )
+
+
+_SAVINGS_SQL = f"INSERT OR REPLACE INTO savings ({', '.join(SAVINGS_COLUMNS)}) VALUES ({', '.join('?' * len(SAVINGS_COLUMNS))})"
+
+
+def _write_savings(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]]) -> None:
+    conn.executemany(_SAVINGS_SQL, (tuple(r.values()) for r in rows))
 
 
 def _set_last_seq(conn: sqlite3.Connection, seq: int) -> None:
@@ -360,6 +409,7 @@ class StatusProjector:
             _write_jobs(conn, (st.jobs[j] for j, st in touched.items()))
             _write_usage(conn, (usage_row(e, touched[e.job_id].jobs[e.job_id].sandbox) for e in events if e.type == "TokensUsed"))
             _write_queue_limits(conn, events)
+            _write_savings(conn, (saving_row(e, touched[e.job_id].jobs[e.job_id]) for e in events if e.type in SAVING_EVENTS))
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):
                 raise
@@ -390,6 +440,7 @@ class StatusProjector:
             conn.execute("DELETE FROM job_status")
             conn.execute("DELETE FROM usage")
             conn.execute("DELETE FROM queue_limits")
+            conn.execute("DELETE FROM savings")
             last = None
         start = last or 0
         if last is None or start < log_last:
@@ -402,6 +453,7 @@ class StatusProjector:
             _write_jobs(conn, jobs.values())
             _write_usage(conn, (usage_row(e, jobs[e.job_id].sandbox) for e in _tokens_used(conn, start)))
             _write_queue_limits(conn, _of_type(conn, start, "QueueLimitLearned"))
+            _write_savings(conn, (saving_row(e, jobs[e.job_id]) for e in _of_types(conn, start, SAVING_EVENTS)))
             _set_last_seq(conn, log_last)
             for j in touched:
                 self.jobs.pop(j, None)
@@ -414,6 +466,14 @@ def _tokens_used(conn: sqlite3.Connection, after: int) -> list[Event]:
 
 def _of_type(conn: sqlite3.Connection, after: int, type_: str) -> list[Event]:
     rows = conn.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type = ? ORDER BY seq", (after, type_)).fetchall()
+    return events_from_rows(rows)
+
+
+def _of_types(conn: sqlite3.Connection, after: int, types: Sequence[str]) -> list[Event]:
+    rows = conn.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type IN ({', '.join('?' * len(types))}) ORDER BY seq",
+        (after, *types),
+    ).fetchall()
     return events_from_rows(rows)
 
 
@@ -439,6 +499,7 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
         conn = store.conn
         tokens_used: list[Event] = []
         queue_limits: list[Event] = []
+        savings: list[Event] = []
 
         def log() -> Iterator[Event]:
             for e in iter_events(conn):
@@ -446,6 +507,8 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
                     tokens_used.append(e)
                 elif e.type == "QueueLimitLearned":
                     queue_limits.append(e)
+                elif e.type in SAVING_EVENTS:
+                    savings.append(e)
                 yield e
 
         conn.execute("BEGIN")  # a read snapshot
@@ -462,6 +525,7 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
             _write_jobs(conn, state.jobs.values())
             _write_usage(conn, (usage_row(e, state.jobs[e.job_id].sandbox) for e in tokens_used))
             _write_queue_limits(conn, queue_limits)
+            _write_savings(conn, (saving_row(e, state.jobs[e.job_id]) for e in savings))
             _set_last_seq(conn, state.last_seq)
             projector = StatusProjector()
             projector.setup(conn)  # the events appended since the snapshot, if any

@@ -1,0 +1,129 @@
+"""The request key: which requests are the same question, so one answer serves them all.
+
+A request's key is the sha256 of its canonical body: the provider it goes to, the endpoint,
+and the whole request body (model, every message, and every parameter that shapes the answer:
+``max_completion_tokens``/``max_tokens``, ``temperature``, ``response_format``, ...).  The
+``custom_id`` is left out, so the same question asked from another row, another file or another
+job has the same key.  Canonical means JSON with sorted keys and no insignificant whitespace:
+the order in which a body's fields were written does not matter, anything else does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+SANDBOX_PROVIDER = "sandbox"  # the emulator's simulated answers are never reused for real jobs
+KEY_VERSION = 1  # part of the hashed text: a future change of the canonical form starts afresh
+
+
+def provider_id(base_url: str | None, sandbox: bool = False) -> str:
+    """Who answers: ``sandbox`` for the built-in emulator, else the normalised API base URL."""
+    if sandbox:
+        return SANDBOX_PROVIDER
+    u = urlsplit((base_url or DEFAULT_BASE_URL).strip())
+    host = (u.hostname or "").lower()
+    port = f":{u.port}" if u.port else ""
+    return f"{u.scheme.lower()}://{host}{port}{u.path.rstrip('/')}"
+
+
+def canonical_request(provider: str, request: dict[str, Any]) -> bytes:
+    """The exact text a key is the hash of: everything in ``request`` but its ``custom_id``."""
+    doc = {
+        "v": KEY_VERSION,
+        "provider": provider,
+        "method": request.get("method", "POST"),
+        "url": request.get("url"),
+        "body": request.get("body"),
+    }
+    return json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def request_key(provider: str, request: dict[str, Any]) -> str:
+    """sha256 (hex) of :func:`canonical_request`."""
+    return hashlib.sha256(canonical_request(provider, request)).hexdigest()
+
+
+def line_key(provider: str, line: bytes | str) -> tuple[str, str]:
+    """``(custom_id, key)`` of one batch-input JSONL line."""
+    request = json.loads(line)
+    return request["custom_id"], request_key(provider, request)
+
+
+scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]  # json.dumps(ensure_ascii=False)'s string encoder
+_CID = "\x00bg-key-custom-id\x00"
+_USER = "\x00bg-key-user-content\x00"
+
+
+class _Template:
+    """A job's request lines are one object except for the ``custom_id`` and the last message's
+    ``content`` (see ``prepare.LineTemplate``).  Cut once from the first line, this gives each
+    line's key from those two strings alone: the canonical text is ``pre + enc(user) + post``,
+    byte for byte what :func:`canonical_request` builds, without parsing and re-serialising every
+    request.  A line that does not have exactly that shape falls back to :func:`line_key`."""
+
+    def __init__(self, head: str, mid: str, tail: str, pre: str, post: str):
+        self.head, self.mid, self.tail, self.pre, self.post = head, mid, tail, pre, post
+        self.pre_hash = hashlib.sha256(pre.encode("utf-8"))
+
+    @classmethod
+    def build(cls, provider: str, line: bytes | str) -> _Template | None:
+        try:
+            request = json.loads(line)
+            messages = request["body"]["messages"]
+            if not isinstance(messages[-1].get("content"), str) or not isinstance(request.get("custom_id"), str):
+                return None
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return None
+        probe = json.loads(line)
+        probe["custom_id"] = _CID
+        probe["body"]["messages"][-1]["content"] = _USER
+        text = json.dumps(probe, ensure_ascii=False, separators=(",", ":")) + "\n"
+        canon = canonical_request(provider, probe).decode("utf-8")
+        c, u = _encode_str(_CID), _encode_str(_USER)
+        if text.count(c) != 1 or text.count(u) != 1 or canon.count(u) != 1 or text.index(c) > text.index(u):
+            return None
+        head, rest = text.split(c)
+        mid, tail = rest.split(u)
+        pre, post = canon.split(u)
+        t = cls(head, mid, tail, pre, post)
+        return t if t.key(line) == line_key(provider, line) else None
+
+    def key(self, line: bytes | str) -> tuple[str, str] | None:
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        if not text.endswith("\n"):
+            text += "\n"
+        head, mid, tail = self.head, self.mid, self.tail
+        if not text.startswith(head) or not text.endswith(tail):
+            return None
+        n = len(head)
+        try:
+            cid, end = scanstring(text, n + 1)
+            if not text.startswith(mid, end):
+                return None
+            start = end + len(mid)
+            user, end = scanstring(text, start + 1)
+        except ValueError:
+            return None
+        if text[start] != '"' or text[n] != '"' or end != len(text) - len(tail):
+            return None
+        h = self.pre_hash.copy()  # the prefix (system prompt, examples) is hashed once per job
+        h.update((_encode_str(user) + self.post).encode("utf-8"))
+        return cid, h.hexdigest()
+
+
+def line_keys(provider: str, lines: Iterable[bytes]) -> Iterator[tuple[str, str]]:
+    """``(custom_id, key)`` of each line, as :func:`line_key` gives it, fast for a job's lines."""
+    template: _Template | None = None
+    tried = False
+    for line in lines:
+        if not tried:
+            tried = True
+            template = _Template.build(provider, line)
+        got = template.key(line) if template is not None else None
+        yield got if got is not None else line_key(provider, line)

@@ -1,0 +1,255 @@
+"""The answers store: answers the provider gave, addressed by their request key.
+
+One table, ``answers``, in the same SQLite database as the event log.  A row is written only
+inside the append transaction of the events that record the chunk it came from (see
+``Engine._merge``: ``TokensUsed`` ... ``ChunkCompleted`` and the answers commit together), so
+an answer is never stored for a chunk the log does not know as merged, nor lost for one it does.
+
+* **Content-addressed.**  The primary key is the request key
+  (:func:`batchgrader.pipeline.answerkey.request_key`).  The first answer stored for a key
+  stays; a later one for the same key is ignored (``INSERT OR IGNORE``).
+* **Append-only.**  A trigger refuses ``UPDATE``.  Rows are only ever removed as a whole:
+  by retention (older than ``cache_days``) and by ``bgctl cache clear``.  Removing answers never
+  touches the event log: the facts of what was asked, answered and paid stay there.
+* **Not a read model.**  ``bgctl rebuild`` drops and recreates the read-side tables only; this
+  table is left alone (its content is not derivable from the log, which records counts, not
+  texts).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+TABLE = "answers"
+
+ANSWERS_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS answers (
+        key               TEXT PRIMARY KEY,   -- sha256 of the canonical request (answerkey.py)
+        provider          TEXT NOT NULL,
+        model             TEXT NOT NULL,
+        content           TEXT NOT NULL,      -- the answer's text, exactly as returned
+        finish_reason     TEXT,
+        prompt_tokens     INTEGER NOT NULL,   -- the original billed usage of this answer
+        cached_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        reasoning_tokens  INTEGER NOT NULL,
+        job_id            TEXT NOT NULL,      -- where it was first answered
+        custom_id         TEXT NOT NULL,
+        batch_id          TEXT,
+        ts                TEXT NOT NULL       -- UTC ISO-8601 when stored
+    )""",
+    "CREATE INDEX IF NOT EXISTS answers_ts ON answers (ts)",
+    """CREATE TRIGGER IF NOT EXISTS answers_no_update BEFORE UPDATE ON answers
+    BEGIN SELECT RAISE(ABORT, 'stored answers are immutable'); END""",
+)
+
+COLUMNS = (
+    "key",
+    "provider",
+    "model",
+    "content",
+    "finish_reason",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "job_id",
+    "custom_id",
+    "batch_id",
+    "ts",
+)
+_INSERT = f"INSERT OR IGNORE INTO answers ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+LOOKUP_BATCH = 500  # keys per SELECT ... IN (...)
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    key: str
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    job_id: str
+    custom_id: str
+    ts: str
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")
+
+
+def cutoff(now: float, days: float) -> str:
+    """The oldest ``ts`` still inside a retention of ``days`` at ``now``."""
+    return (datetime.fromtimestamp(now, UTC) - timedelta(days=days)).isoformat(timespec="microseconds")
+
+
+def ensure(conn: sqlite3.Connection) -> None:
+    """Create the table if needed (inside the caller's write transaction, or on its own)."""
+    for stmt in ANSWERS_DDL:
+        conn.execute(stmt)
+
+
+def exists(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone() is not None
+
+
+def put(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]], *, now: float, keep_days: float | None = None) -> int:
+    """Store answers (inside the caller's transaction).  Each row has the :data:`COLUMNS` but
+    ``ts``.  Answers older than ``keep_days`` are dropped first, so an expired answer never
+    blocks a fresh one for the same key.  Returns the number of rows given."""
+    ensure(conn)
+    if keep_days is not None:
+        conn.execute("DELETE FROM answers WHERE ts < ?", (cutoff(now, keep_days),))
+    ts = iso(now)
+    data = [tuple(r.get(c) if c != "ts" else ts for c in COLUMNS) for r in rows]
+    conn.executemany(_INSERT, data)
+    return len(data)
+
+
+def lookup(
+    conn: sqlite3.Connection, keys: Sequence[str], *, now: float, keep_days: float, allow_truncated: bool = False
+) -> dict[str, StoredAnswer]:
+    """The usable stored answer of each key that has one: stored within ``keep_days`` of ``now``,
+    and (unless ``allow_truncated``) not cut off by the output limit (``finish_reason = length``)."""
+    if not keys or keep_days <= 0:
+        return {}
+    try:
+        if not exists(conn):
+            return {}
+    except sqlite3.OperationalError:
+        return {}
+    since = cutoff(now, keep_days)
+    out: dict[str, StoredAnswer] = {}
+    unique = list(dict.fromkeys(keys))
+    for i in range(0, len(unique), LOOKUP_BATCH):
+        part = unique[i : i + LOOKUP_BATCH]
+        rows = conn.execute(
+            "SELECT key, content, finish_reason, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens,"
+            f" job_id, custom_id, ts FROM answers WHERE key IN ({','.join('?' * len(part))}) AND ts >= ?",
+            (*part, since),
+        ).fetchall()
+        for r in rows:
+            if r[2] == "length" and not allow_truncated:
+                continue
+            out[r[0]] = StoredAnswer(*r)
+    return out
+
+
+def stats(conn: sqlite3.Connection) -> dict[str, Any]:
+    """Rows, bytes of answer text, oldest and newest, per model (for `bgctl cache stats` and doctor)."""
+    if not exists(conn):
+        return stats_of_nothing()
+    n, size, oldest, newest = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0), MIN(ts), MAX(ts) FROM answers"
+    ).fetchone()
+    by_model = [
+        {"provider": p, "model": m, "answers": c}
+        for p, m, c in conn.execute(
+            "SELECT provider, model, COUNT(*) FROM answers GROUP BY provider, model ORDER BY COUNT(*) DESC, model"
+        )
+    ]
+    return {"answers": n, "content_bytes": size, "oldest": oldest, "newest": newest, "by_model": by_model}
+
+
+def clear(conn: sqlite3.Connection, *, now: float, older_than_days: float | None = None) -> int:
+    """Remove stored answers (all, or those stored more than ``older_than_days`` ago), in one
+    write transaction of its own.  The event log is not touched.  Returns the rows removed."""
+    if not exists(conn):
+        return 0
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if older_than_days is None:
+            cur = conn.execute("DELETE FROM answers")
+        else:
+            cur = conn.execute("DELETE FROM answers WHERE ts < ?", (cutoff(now, older_than_days),))
+        removed = cur.rowcount
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return removed
+
+
+def open_readonly(db: Path) -> sqlite3.Connection | None:
+    """A read-only connection to the database, or None when there is none yet."""
+    if not Path(db).exists():
+        return None
+    from batchgrader.store.eventstore import connect
+
+    return connect(Path(db), readonly=True)
+
+
+def count_preview(
+    home: Any,
+    file: Path,
+    profile: Any,
+    prices: Any,
+    *,
+    base_url: str | None,
+    sandbox: bool,
+    schema_overhead: float | None = None,
+) -> dict[str, Any]:
+    """`bgctl count`: :func:`batchgrader.pipeline.reuse.preview` against this home's stored answers
+    (read-only; no database yet means no stored answer)."""
+    import time
+
+    from batchgrader.pipeline.answerkey import provider_id
+    from batchgrader.pipeline.reuse import preview
+
+    conn = open_readonly(home.db)
+    now = time.time()
+    try:
+
+        def lookup_keys(keys: Sequence[str]) -> dict[str, StoredAnswer]:
+            if conn is None:
+                return {}
+            return lookup(conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers)
+
+        return preview(
+            file,
+            profile,
+            home,
+            prices=prices,
+            provider=provider_id(base_url, sandbox),
+            lookup=lookup_keys,
+            schema_overhead=schema_overhead,
+        )
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def home_stats(home: Any) -> dict[str, Any]:
+    """`bgctl cache stats`: :func:`stats` of the home's database, read-only."""
+    conn = open_readonly(home.db)
+    if conn is None:
+        return stats_of_nothing()
+    try:
+        return stats(conn)
+    finally:
+        conn.close()
+
+
+def stats_of_nothing() -> dict[str, Any]:
+    return {"answers": 0, "content_bytes": 0, "oldest": None, "newest": None, "by_model": []}
+
+
+def home_clear(home: Any, *, older_than_days: float | None = None, now: float | None = None) -> int:
+    """`bgctl cache clear`: :func:`clear` on the home's database (a short write transaction of
+    its own, alongside a running daemon; only the ``answers`` table is written)."""
+    import time
+
+    from batchgrader.store.eventstore import connect
+
+    conn = connect(Path(home.db))
+    try:
+        return clear(conn, now=time.time() if now is None else now, older_than_days=older_than_days)
+    finally:
+        conn.close()
