@@ -78,14 +78,16 @@ def check_submittable(file: Path) -> None:
         )
 
 
-def submit_action(home: Home, file: Path, profile: str | None, load_config: Callable[[], Any]) -> dict[str, Any]:
+def submit_action(
+    home: Home, file: Path, profile: str | None, load_config: Callable[[], Any], *, fresh: bool = False
+) -> dict[str, Any]:
     """`bgctl submit`: check the type and the profile, then copy into the inbox atomically."""
     from batchgrader.pipeline.inbox import submit_file
 
     check_submittable(file)
     if profile:
         load_config().profile(profile)  # fail now on an unknown profile
-    dest = submit_file(home.ensure(), file, profile)
+    dest = submit_file(home.ensure(), file, profile, fresh=fresh)
     daemon = daemon_info(home)
     when = (
         "the running daemon will take it"

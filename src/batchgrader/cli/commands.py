@@ -101,16 +101,28 @@ def _load(obj: Ctx, profile: str | None):
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_profile_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--sandbox", is_flag=True, help="Look for stored answers of sandbox (SIMULATED) jobs instead of real ones.")
 @click.pass_obj
-def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
-    """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call."""
+def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: bool) -> None:
+    """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call.
+
+    Rows that stored answers (or identical rows of the file) would answer are shown apart."""
     from batchgrader.cli.render import render_count
-    from batchgrader.pipeline.prepare import prepare, schema_sha256
+    from batchgrader.pipeline.prepare import schema_sha256
+    from batchgrader.store.answers import count_preview
     from batchgrader.store.queries import learned_schema_overhead
 
-    _cfg, prof, prices = _load(obj, profile)
+    cfg, prof, prices = _load(obj, profile)
     learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format))
-    summary = prepare(file, prof, obj.home, prices=prices).summary(prices, learned["per_request"] if learned else None)
+    summary = count_preview(
+        obj.home,
+        file,
+        prof,
+        prices,
+        base_url=cfg.default.base_url,
+        sandbox=sandbox,
+        schema_overhead=learned["per_request"] if learned else None,
+    )
     if learned and summary.get("schema"):
         summary["schema"]["learned_from"] = {k: learned[k] for k in ("job_id", "ts", "requests")}
     emit_json(summary) if as_json else render_count(summary)
@@ -150,12 +162,13 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_profile_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--fresh", is_flag=True, help="Send every row: reuse no stored answer and merge no identical rows.")
 @click.pass_obj
-def submit(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
+def submit(obj: Ctx, file: Path, profile: str | None, as_json: bool, fresh: bool) -> None:
     """Copy FILE into the inbox atomically (the daemon picks it up)."""
     from batchgrader.cli.actions import submit_action
 
-    res = submit_action(obj.home, file, profile, obj.config)
+    res = submit_action(obj.home, file, profile, obj.config, fresh=fresh)
     emit_json(res) if as_json else click.echo(res["message"])
 
 
@@ -408,6 +421,46 @@ def rebuild(obj: Ctx) -> None:
 
     _no_db_guard(obj)
     emit_json(rebuild_models(obj.home.db))
+
+
+@cli.group()
+def cache() -> None:
+    """The answers store: answers reused for identical requests (see docs/configuration.md, cache_days)."""
+
+
+@cache.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def cache_stats(obj: Ctx, as_json: bool) -> None:
+    """How many answers are stored, how much text, how old, per model."""
+    from batchgrader.store.answers import home_stats
+
+    st = home_stats(obj.home)
+    if as_json:
+        emit_json(st)
+        return
+    click.echo(f"answers: {st['answers']:,} ({st['content_bytes']:,} bytes of answer text)")
+    click.echo(f"oldest: {st['oldest'] or '-'}  newest: {st['newest'] or '-'}")
+    for m in st["by_model"]:
+        click.echo(f"  {m['answers']:>10,}  {m['model']}  ({m['provider']})")
+
+
+@cache.command("clear")
+@click.option(
+    "--older-than", "older_than", type=click.FloatRange(min=0), default=None, help="Only answers stored more than D days ago."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def cache_clear(obj: Ctx, older_than: float | None, as_json: bool) -> None:
+    """Remove stored answers (all, or the older ones). The event log is never touched."""
+    from batchgrader.store.answers import home_clear
+
+    _no_db_guard(obj)
+    removed = home_clear(obj.home, older_than_days=older_than)
+    if as_json:
+        emit_json({"removed": removed, "older_than_days": older_than})
+    else:
+        click.echo(f"removed {removed:,} stored answers")
 
 
 @cli.command()

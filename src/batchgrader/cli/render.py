@@ -71,6 +71,13 @@ def render_count(summary: dict[str, Any]) -> None:
     t.add_column("", justify="right")
     t.add_row("rows", f"{summary['rows']:,}")
     t.add_row("requests", f"{summary['requests']:,}")
+    reuse = summary.get("reuse") or {}
+    if reuse.get("cached_rows") or reuse.get("duplicate_rows"):
+        t.add_row("answered from stored answers (not sent)", f"{reuse['cached_rows']:,}")
+        t.add_row("identical to an earlier row (sent once)", f"{reuse['duplicate_rows']:,}")
+        t.add_row("saved (what the stored answers cost)", _usd(reuse["saved_usd"]))
+    elif reuse and not reuse.get("enabled"):
+        t.add_row("answer reuse", "off (reuse_answers, temperature or cache_days)")
     schema = summary.get("schema")
     if schema:  # the provider bills the schema as prompt tokens, in an amount it does not publish
         t.add_row("input tokens (counted, without the schema)", f"{summary['input_tokens']:,}")

@@ -176,10 +176,17 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         cells.append(
             f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"
             + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else "")
+            + (f"\n{count(r.get('requests'))} sent, {count(r.get('cached_rows'))} cached" if r.get("cached_rows") else "")
         )
         if not narrow:
             cells.append(f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out")
-        cells += [Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""), duration(r.get("age_seconds"))]
+        cells += [
+            Text(
+                money(r.get("cost_usd")) + (f"\nsaved {money(r.get('saved_usd'))}" if r.get("saved_usd") else ""),
+                style="yellow" if sandbox else "",
+            ),
+            duration(r.get("age_seconds")),
+        ]
         t.add_row(*_cells(*cells))
     if any(r.get("sandbox") for r in rows):
         t.caption = f"{SIMULATED}: sandbox jobs, answered by the local emulator; their costs are not real."
@@ -246,6 +253,16 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
             f"{count(d.get('output_tokens'))} output ({count(d.get('reasoning_tokens'))} reasoning)",
         ),
         ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
+        (
+            "reused answers",
+            (
+                f"{count(d.get('cached_rows'))} rows answered without a request "
+                f"({count(d.get('duplicate_rows'))} of them copied from an identical row), "
+                f"{count(d.get('requests'))} sent; saved {money(d.get('saved_usd'))}"
+            )
+            if d.get("cached_rows")
+            else None,
+        ),
         ("estimate (max)", money(d.get("estimate_usd"))),
         (
             "created / updated",
@@ -451,6 +468,8 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
         return
     simulated = any(r.get("simulated_usd") for r in rows)
     narrow = console.width < NARROW
+    saved = any(r.get("saved_usd") for r in rows)
+    simulated_saved = any(r.get("simulated_saved_usd") for r in rows)
     t = Table(title=f"Billed usage by {by}, {span}", title_justify="left", show_footer=True, box=box.SIMPLE_HEAD, pad_edge=False)
     tot = result["totals"]
     t.add_column(by, footer="total", style="bold", no_wrap=True)
@@ -466,6 +485,12 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
     t.add_column("cost", justify="right", footer=money(tot["cost_usd"]), no_wrap=True)
     if simulated:
         t.add_column(SIMULATED, justify="right", style="yellow", footer=money(tot["simulated_usd"]), no_wrap=True)
+    if saved:
+        t.add_column("saved", justify="right", style="green", footer=money(tot["saved_usd"]), no_wrap=True)
+    if simulated_saved:
+        t.add_column(
+            f"saved {SIMULATED}", justify="right", style="yellow", footer=money(tot["simulated_saved_usd"]), no_wrap=True
+        )
     for r in rows:
         cells = [str(r["key"])]
         if by == "job" and not narrow:
@@ -479,6 +504,10 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
         cells += [count(r["completion_tokens"]), money(r["cost_usd"])]
         if simulated:
             cells.append(money(r["simulated_usd"]))
+        if saved:
+            cells.append(money(r.get("saved_usd")))
+        if simulated_saved:
+            cells.append(money(r.get("simulated_saved_usd")))
         t.add_row(*_cells(*cells))
     console.print(t)
     if narrow:
