@@ -127,7 +127,7 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
     assert c["base url"].detail == f"GET {emu.base_url}/batches?limit=1 answered 200 with the key"
     assert c["pricing: gpt-4o"].detail.startswith("$") and "out per 1M tokens (shipped table" in c["pricing: gpt-4o"].detail
     assert c["tokenizer: gpt-4o-mini"].detail == "o200k_base, rank file verified against tiktoken's published sha256"
-    assert c["database"].detail == f"{home.db}: PRAGMA integrity_check ok"
+    assert c["database"].detail == f"{home.db}: PRAGMA integrity_check ok; answers store: empty"
     assert c["daemon"].detail == f"running (pid {os.getpid()})"
     assert c["queue limits"].detail.startswith("enqueued prompt tokens per model: none known yet")
     assert all(x.fix == "" for x in checks)

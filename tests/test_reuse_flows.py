@@ -1,0 +1,233 @@
+"""Answers reused end to end: the real daemon (subprocess) against the real emulator over HTTP."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from batchgrader.core.state import fold
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.store import answers
+from batchgrader.store.eventstore import EventStore
+from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, integrity, outbox_files, start_daemon, temp_leftovers
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+def state_of(home):
+    with EventStore(home.db, readonly=True) as s:
+        return fold(s.read())
+
+
+def rows_of(path: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+
+
+def write(path: Path, texts: list[str]) -> None:
+    path.write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+
+
+def sent(emu: Emulator) -> int:
+    """Requests the provider received, over every batch."""
+    return sum(b["request_counts"]["total"] for b in emu.batches())
+
+
+def run(home, emu: Emulator, *args: str) -> None:
+    res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def submit(home, src: Path, *flags: str) -> None:
+    res = bgctl(home.root, "submit", *flags, str(src))
+    assert res.returncode == 0, res.stderr
+
+
+def newest_job(home):
+    return max(state_of(home).jobs.values(), key=lambda j: j.created_ts)
+
+
+def status_json(home) -> dict[str, dict]:
+    res = bgctl(home.root, "status", "--json")
+    assert res.returncode == 0, res.stderr
+    return {j["job_id"]: j for j in json.loads(res.stdout)}
+
+
+TEXTS = [f"essay number {i}" for i in range(12)]
+
+
+def test_the_same_file_twice_costs_nothing_the_second_time(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG + "split_row_limit: 5\n")
+    src = tmp_path / "a.csv"
+    write(src, TEXTS)
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1)) as emu:
+        submit(home, src)
+        run(home, emu)
+        first = newest_job(home)
+        assert sent(emu) == 12 and first.cost_usd > 0
+        batches = emu.batches_created()
+        submit(home, src)
+        run(home, emu)
+        second = newest_job(home)
+        assert emu.batches_created() == batches and sent(emu) == 12  # no batch, no request
+    assert second.job_id != first.job_id and second.ended == "completed"
+    assert second.requests == 0 and second.chunks == {} and second.cost_usd == 0
+    assert second.cached_rows == 12 and second.saved_usd == pytest.approx(first.cost_usd)
+    out = sorted(home.outbox.glob("a_results*.csv"))
+    assert len(out) == 2
+    a, b = (rows_of(p) for p in out)
+    assert a == b  # the original answers and their original token counts
+    st = status_json(home)[second.job_id]
+    assert st["cached_rows"] == 12 and st["requests"] == 0 and st["cost_usd"] == 0
+    assert st["saved_usd"] == pytest.approx(first.cost_usd)
+    costs = json.loads(bgctl(home.root, "costs", "--json").stdout)
+    assert costs["totals"]["simulated_saved_usd"] == 0  # not a sandbox: real money
+    assert costs["totals"]["saved_usd"] == pytest.approx(first.cost_usd)
+    assert costs["totals"]["cost_usd"] == pytest.approx(first.cost_usd)
+
+
+def test_one_changed_row_is_the_only_request_and_a_new_prompt_or_model_sends_all(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG)
+    src = tmp_path / "a.csv"
+    write(src, TEXTS)
+    changed = tmp_path / "b.csv"
+    write(changed, [*TEXTS[:5], "a corrected essay", *TEXTS[6:]])
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=2)) as emu:
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 12
+        count = json.loads(bgctl(home.root, "count", "--json", str(changed), base_url=emu.base_url).stdout)
+        assert count["reuse"]["cached_rows"] == 11 and count["requests"] == 1 and count["reuse"]["saved_usd"] > 0
+        submit(home, changed)
+        run(home, emu)
+        assert sent(emu) == 13
+        job = newest_job(home)
+        assert job.cached_rows == 11 and job.requests == 1 and job.succeeded_rows == 12
+        got = rows_of(home.outbox / "b_results.csv")
+        assert [r["response"] for r in got] == [*TEXTS[:5], "a corrected essay", *TEXTS[6:]]
+        assert all(r["grade"] and r["error"] == "" for r in got)
+
+        home.config_file.write_text(FAST_CONFIG + "system_prompt: Grade strictly.\n")
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 25 and newest_job(home).cached_rows == 0
+
+        home.config_file.write_text(FAST_CONFIG + "model: gpt-4.1-mini\n")
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 37 and newest_job(home).cached_rows == 0
+
+
+def test_identical_rows_in_one_file_are_sent_once(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG + "split_row_limit: 4\n")
+    texts = [f"answer {i % 10}" if i % 3 else "I don't know" for i in range(50)]
+    distinct = len(set(texts))
+    write(home.inbox / "dups.csv", texts)
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=3)) as emu:
+        run(home, emu)
+        assert sent(emu) == distinct
+    job = newest_job(home)
+    assert job.ended == "completed" and job.succeeded_rows == 50 and job.duplicates_answered == 50 - distinct
+    got = rows_of(home.outbox / "dups_results.csv")
+    by_text: dict[str, set[tuple[str, str, str]]] = {}
+    for r in got:
+        by_text.setdefault(r["response"], set()).add((r["grade"], r["input_tokens"], r["output_tokens"]))
+    assert all(len(v) == 1 for v in by_text.values())  # every copy carries its leader's answer and counts
+    assert all(r["grade"] for r in got)
+    st = status_json(home)[job.job_id]
+    assert st["cached_rows"] == 50 - distinct and st["requests"] == distinct and st["saved_usd"] > 0
+
+
+def test_opting_out_fresh_and_sampling_send_every_row(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG)
+    src = tmp_path / "a.csv"
+    write(src, TEXTS[:4] + TEXTS[:4])
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=4)) as emu:
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 4
+        submit(home, src, "--fresh")
+        run(home, emu)
+        job = newest_job(home)
+        assert job.fresh and job.cached_rows == 0 and sent(emu) == 12
+        assert not list(home.inbox.glob(".*.fresh"))
+        home.config_file.write_text(FAST_CONFIG + "temperature: 0.8\n")
+        submit(home, src)
+        run(home, emu)  # sampling: reuse is off unless the profile turns it on
+        assert sent(emu) == 20
+        home.config_file.write_text(FAST_CONFIG + "temperature: 0.8\nreuse_answers: true\n")
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 20 and newest_job(home).cached_rows == 8
+        home.config_file.write_text(FAST_CONFIG + "cache_days: 0\n")
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 28
+
+
+def test_cache_clear_and_rebuild_never_touch_the_log(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG)
+    src = tmp_path / "a.csv"
+    write(src, TEXTS[:6])
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=5)) as emu:
+        submit(home, src)
+        run(home, emu)
+        assert bgctl(home.root, "rebuild").returncode == 0
+        stats = json.loads(bgctl(home.root, "cache", "stats", "--json").stdout)
+        assert stats["answers"] == 6 and stats["content_bytes"] > 0
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 6 and newest_job(home).cached_rows == 6  # answers survived the rebuild
+        n_events = len(event_types(home.db))
+        res = bgctl(home.root, "cache", "clear", "--json")
+        assert json.loads(res.stdout)["removed"] == 6
+        assert len(event_types(home.db)) == n_events
+        assert "answers store: empty" in bgctl(home.root, "doctor", "--json").stdout
+        submit(home, src)
+        run(home, emu)
+        assert sent(emu) == 12
+
+
+def _kill_when(db: Path, proc, cond) -> None:  # noqa: ANN001
+    """SIGKILL ``proc`` as soon as ``cond(event types)`` holds (a reader polls the log)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if cond(event_types(db)):
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait(30)
+
+
+def test_kill_between_deciding_and_writing_gives_the_uninterrupted_result(home, tmp_path):
+    """kill -9 right after RequestsReused is committed: the restarted daemon writes the same result
+    file as an uninterrupted run, sends nothing, and no row is both reused and sent."""
+    home.config_file.write_text(FAST_CONFIG)
+    src = tmp_path / "a.csv"
+    write(src, [*TEXTS, TEXTS[0]])
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=6)) as emu:
+        submit(home, src)
+        run(home, emu)
+        golden = (home.outbox / "a_results.csv").read_bytes()
+        before = sent(emu), emu.batches_created()
+        n_reused = event_types(home.db).count("RequestsReused")
+        submit(home, src)
+        proc = start_daemon(home.root, emu.base_url)
+        _kill_when(home.db, proc, lambda types: types.count("RequestsReused") > n_reused)
+        assert event_types(home.db).count("RequestsReused") == n_reused + 1
+        run(home, emu)
+        assert (sent(emu), emu.batches_created()) == before
+    job = newest_job(home)
+    assert job.ended == "completed" and job.cached_rows == 13 and job.requests == 0
+    out = sorted(p for p in home.outbox.glob("a_results*.csv") if p.name != "a_results.csv")
+    assert len(out) == 1 and out[0].read_bytes() == golden
+    assert not temp_leftovers(home.root) and integrity(home.db) == "ok"
+    assert len(outbox_files(home.root)) == 2
+    with EventStore(home.db, readonly=True) as s:
+        assert answers.stats(s.conn)["answers"] == 12
