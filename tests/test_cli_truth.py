@@ -228,7 +228,8 @@ def test_item5_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrat
     from batchgrader.provider.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
-    home.config_file.write_text(FAST_CONFIG + SCHEMA_CONFIG)
+    # cache_days 0: the second file repeats the first's rows; every row must be sent (and estimated)
+    home.config_file.write_text(FAST_CONFIG + SCHEMA_CONFIG + "cache_days: 0\n")
     write_rows(home.inbox / "first.csv", 4)
     with Emulator(EmulatorConfig(api_key=TEST_KEY, schema_overhead_tokens=37)) as emu:
         assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
