@@ -337,3 +337,19 @@ def test_key_never_in_repr_or_errors(emu: Emulator) -> None:
         import pickle
 
         pickle.dumps(p)
+
+
+def test_emulator_keeps_anthropic_batches_across_a_restart(tmp_path, clock: ManualClock) -> None:
+    cfg = EmulatorConfig(clock=clock, api_key=KEY, data_dir=str(tmp_path), validating_s=1, in_progress_s=10, finalizing_s=1)
+    with Emulator(cfg) as first:
+        c = anthropic.Anthropic(base_url=first.root_url, api_key=KEY, max_retries=0)
+        done = c.messages.batches.create(requests=[req("p-1"), req("p-2", "__FAIL_400__")])  # type: ignore[list-item]
+        cancelled = c.messages.batches.create(requests=[req("q-1")])  # type: ignore[list-item]
+        c.messages.batches.cancel(cancelled.id)
+        clock.advance(12)
+        before = sorted(r.model_dump_json() for r in c.messages.batches.results(done.id))
+    with Emulator(cfg) as second:
+        c = anthropic.Anthropic(base_url=second.root_url, api_key=KEY, max_retries=0)
+        assert second.batches_created() == 2
+        assert sorted(r.model_dump_json() for r in c.messages.batches.results(done.id)) == before
+        assert c.messages.batches.retrieve(cancelled.id).request_counts.canceled == 1

@@ -12,7 +12,8 @@ unprocessed requests ``canceled``; past ``completion_window_s`` the rest are ``e
 Requests are checked when created (custom_id ``^[a-zA-Z0-9_-]{1,64}$``, unique, 1 to
 100,000 requests) and their params when processed (an ``errored`` result, as the real API
 does).  Input tokens are counted with the project's tiktoken counter: a stand-in, since
-Claude's tokenizer is not public.  Anthropic batches live in memory only (no ``data_dir``).
+Claude's tokenizer is not public.  With ``data_dir``, batches are kept in ``msgbatches/``
+(their results are recomputed, deterministically, after a restart).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from batchgrader.fsio import atomic_write_bytes
 from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
 from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
@@ -80,6 +82,24 @@ class AnthropicMixin(_StoreBase):
     """Message Batches: create, retrieve, list, cancel, delete, results, and count_tokens."""
 
     msg_batches: dict[str, _MsgBatch]
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def _msg_save(self, m: _MsgBatch) -> None:
+        if not self.data_dir:
+            return
+        rec = {"id": m.id, "seq": m.seq, "t_created": m.t_created, "requests": m.requests, "t_cancel": m.t_cancel}
+        rec["archived"] = m.archived
+        atomic_write_bytes(self.data_dir / "msgbatches" / f"{m.id}.json", json.dumps(rec).encode("utf-8"))
+
+    def _msg_load(self) -> None:
+        d = self.data_dir / "msgbatches" if self.data_dir else None
+        for p in sorted(d.glob("*.json")) if d is not None and d.exists() else []:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+            m = _MsgBatch(rec["id"], rec["seq"], rec["t_created"], rec["requests"], rec["t_cancel"], archived=rec["archived"])
+            self.msg_batches[m.id] = m
+            self.seq = max(self.seq, m.seq)
+            self.batches_created += 1
 
     # --- timing ------------------------------------------------------------------------------
 
@@ -174,6 +194,7 @@ class AnthropicMixin(_StoreBase):
             m = _MsgBatch(bid, self._next_seq(), self.clock(), json.loads(json.dumps(reqs)))
             self.msg_batches[bid] = m
             self.batches_created += 1
+            self._msg_save(m)
             return self._msg_view(m)
 
     def msg_retrieve(self, batch_id: str) -> dict[str, Any]:
@@ -206,6 +227,7 @@ class AnthropicMixin(_StoreBase):
             self._msg_advance(m)
             if m.results is None and m.t_cancel is None:
                 m.t_cancel = self.clock()
+                self._msg_save(m)
             return self._msg_view(m)
 
     def msg_delete(self, batch_id: str) -> dict[str, Any]:
@@ -219,6 +241,7 @@ class AnthropicMixin(_StoreBase):
                     type="invalid_request_error",
                 )
             m.archived = True
+            self._msg_save(m)
             return {"id": batch_id, "type": "message_batch_deleted"}
 
     def msg_results(self, batch_id: str) -> bytes:

@@ -41,6 +41,7 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         self.data_dir = Path(config.data_dir) if config.data_dir else None
         if self.data_dir:
             self._load()
+            self._msg_load()
 
     # --- inspection ------------------------------------------------------------------------
 
