@@ -353,3 +353,20 @@ def test_emulator_keeps_anthropic_batches_across_a_restart(tmp_path, clock: Manu
         assert second.batches_created() == 2
         assert sorted(r.model_dump_json() for r in c.messages.batches.results(done.id)) == before
         assert c.messages.batches.retrieve(cancelled.id).request_counts.canceled == 1
+
+
+def test_count_marks_claude_token_counts_as_an_estimate(tmp_path, home) -> None:  # noqa: ANN001
+    from click.testing import CliRunner
+
+    from batchgrader.cli.commands import cli
+
+    home.config_file.write_text("profiles:\n  claude:\n    provider: anthropic\n    model: claude-haiku-4-5\n")
+    f = tmp_path / "data.csv"
+    f.write_text("response\nfirst essay\nsecond essay\n")
+    runner = CliRunner()
+    claude = json.loads(runner.invoke(cli, ["count", str(f), "--json", "--profile", "claude"]).output)
+    assert claude["input_tokens_exact"] is False and claude["provider"] == "anthropic" and claude["input_tokens"] > 0
+    assert "ESTIMATE" in runner.invoke(cli, ["count", str(f), "--profile", "claude"]).output
+    openai_count = json.loads(runner.invoke(cli, ["count", str(f), "--json"]).output)
+    assert openai_count["input_tokens_exact"] is True
+    assert "input tokens (exact)" in runner.invoke(cli, ["count", str(f)]).output

@@ -87,6 +87,9 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
 
     _cfg, prof, prices = _load(obj, profile)
     summary = prepare(file, prof, obj.home, prices=prices).summary(prices)
+    # tiktoken is exact for OpenAI models only; for another provider it is a stand-in estimate
+    summary["input_tokens_exact"] = prof.provider == "openai"
+    summary["provider"] = prof.provider
     emit_json(summary) if as_json else render_count(summary)
 
 

@@ -64,7 +64,9 @@ def render_count(summary: dict[str, Any]) -> None:
     t.add_column("", justify="right")
     t.add_row("rows", f"{summary['rows']:,}")
     t.add_row("requests", f"{summary['requests']:,}")
-    t.add_row("input tokens (exact)", f"{summary['input_tokens']:,}")
+    exact = summary.get("input_tokens_exact", True)
+    label = "input tokens (exact)" if exact else f"input tokens (ESTIMATE: tiktoken stand-in for {summary.get('provider')})"
+    t.add_row(label, f"{summary['input_tokens']:,}")
     t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")
