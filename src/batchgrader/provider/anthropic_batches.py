@@ -4,7 +4,7 @@ Message Batches, so the daemon runs an Anthropic job exactly like an OpenAI one.
 * ``upload`` sends nothing: Anthropic takes the requests inline in the create call.  It checks
   every line (custom_id rule, size and count limits) and names the local chunk file; the file
   id is ``anthropic-local:<absolute path>``, so it survives a restart without any extra state.
-  ``find_uploaded`` answers None, so a reconciled upload is simply staged again (free).
+  ``find_files`` answers [], so a reconciled upload is simply staged again (free).
 * ``create_batch`` reads the chunk file, converts the lines and creates the batch (sent once).
 * ``find_batches`` reconciles an unknown create by the matching rule of docs/architecture.md:
   batches created since the chunk file was written that hold exactly its request count, and

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from batchgrader.provider.openai_api import BatchInfo, BatchPage, FileInfo, Provider
+from batchgrader.provider.openai_api import BatchInfo, FileInfo, Provider
 
 _UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
 
@@ -53,9 +53,6 @@ class ProviderRouter:
     def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
         return self._by_upload_name(filename).upload(path, filename)
 
-    def find_uploaded(self, filename: str, size: int, created_after: int | None = None) -> FileInfo | None:
-        return self._by_upload_name(filename).find_uploaded(filename, size, created_after)
-
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
         return self._by_upload_name(filename).find_files(filename, size, created_after)
 
@@ -78,9 +75,6 @@ class ProviderRouter:
 
     def cancel(self, batch_id: str) -> BatchInfo:
         return self._by_id(batch_id).cancel(batch_id)
-
-    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
-        return self._by_name("openai").list_batches(limit, after)
 
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
         return self._by_id(file_id).download(file_id, dest_path)
