@@ -15,7 +15,8 @@ def write(home, text):
 
 def test_defaults(home):
     cfg = load_config(home, environ={})
-    assert cfg.split_token_limit == 500000 and cfg.max_simultaneous_batches == 2
+    # no fixed chunk size and no fixed cap on batches in flight: the provider's queue limit rules
+    assert cfg.split_token_limit is None and cfg.split_row_limit is None and cfg.max_simultaneous_batches is None
     assert cfg.default.sources["model"] == "default"
 
 
@@ -40,7 +41,7 @@ def test_profiles_override_and_inherit(home):
     write(home, "model: gpt-4o\nprofiles:\n  cheap:\n    model: gpt-4o-mini\n    max_completion_tokens: 5\n")
     cfg = load_config(home, environ={})
     cheap = cfg.profile("cheap")
-    assert (cheap.model, cheap.max_completion_tokens, cheap.split_token_limit) == ("gpt-4o-mini", 5, 500000)
+    assert (cheap.model, cheap.max_completion_tokens, cheap.split_token_limit) == ("gpt-4o-mini", 5, None)
     assert cheap.sources["model"] == "config.yaml profiles.cheap"
     assert cfg.profile(None).model == "gpt-4o"
     with pytest.raises(ConfigError, match="unknown profile 'nope'.*cheap"):
@@ -51,7 +52,7 @@ def test_profiles_override_and_inherit(home):
     "text,needle",
     [
         ("modle: gpt-4o\n", "unknown key 'modle' (did you mean 'model'?)"),
-        ("split_token_limit: lots\n", "key 'split_token_limit' must be an integer >= 1; got 'lots'"),
+        ("split_token_limit: lots\n", "key 'split_token_limit' must be an integer >= 1, or null; got 'lots'"),
         ("temperature: 7\n", "key 'temperature' must be a number >= 0.0 and <= 2.0"),
         ("halt_on_chunk_failure: maybe\n", "key 'halt_on_chunk_failure' must be true or false"),
         ("response_format: [1, 2]\n", "key 'response_format' must be a JSON schema object"),

@@ -105,7 +105,7 @@ def test_bad_input_fails_clearly_keeps_original_and_others_go_on(home, emu, name
     (home.inbox / name).write_bytes(content)
     (home.inbox / "good.csv").write_text("response\nfine\n")
     res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
     stem = Path(name).stem
     report = (home.outbox / f"{stem}_error.txt").read_text()
     assert needle in report and name in report and "What to do" in report
@@ -125,7 +125,7 @@ def test_symlink_is_rejected_and_left_alone(home, emu, tmp_path):
     target.write_text("response\nprivate\n")
     (home.inbox / "link.csv").symlink_to(target)
     res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
     assert (home.inbox / "link.csv").is_symlink()
     assert "symbolic link" in (home.outbox / "link_error.txt").read_text()
     assert emu.files_created() == 0  # nothing was uploaded
@@ -136,7 +136,7 @@ def test_missing_pricing_stops_before_any_upload(home, emu):
     home.config_file.write_text(FAST_CONFIG + "model: acme-unpriced-1\n")
     (home.inbox / "a.csv").write_text("response\nx\n")
     res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
-    assert res.returncode == 0
+    assert res.returncode == 4  # a job ended failed (README: exit codes)
     assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text()
     assert emu.files_created() == 0 and emu.batches_created() == 0
 

@@ -147,7 +147,7 @@ def test_halt_on_chunk_failure_stops_the_rest(home):
     write_rows(home.inbox / "a.csv", 6)
     with Emulator(EmulatorConfig(api_key=TEST_KEY)) as emu:
         emu.script_fault("POST", "/v1/batches", Fault("status", status=400, message="model not allowed for this project"))
-        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 4  # the job ended failed
         assert emu.batches_created() == 0
     job = only_job(home)
     assert job.ended == "failed" and "model not allowed" in job.error["error"]

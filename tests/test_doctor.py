@@ -117,6 +117,7 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
         "tokenizer: gpt-4o",
         "home permissions",
         "database",
+        "queue limits",
         "daemon",
     ]
     assert {x.status for x in checks} == {OK}, rendered(checks)
@@ -128,10 +129,11 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
     assert c["tokenizer: gpt-4o-mini"].detail == "o200k_base, rank file verified against tiktoken's published sha256"
     assert c["database"].detail == f"{home.db}: PRAGMA integrity_check ok"
     assert c["daemon"].detail == f"running (pid {os.getpid()})"
+    assert c["queue limits"].detail.startswith("enqueued prompt tokens per model: none known yet")
     assert all(x.fix == "" for x in checks)
     assert KEY not in all_text(checks)
     out = checks_as_json(checks)
-    assert out["ok"] is True and out["exit_code"] == 0 and out["counts"] == {"ok": 11, "warn": 0, "fail": 0}
+    assert out["ok"] is True and out["exit_code"] == 0 and out["counts"] == {"ok": 12, "warn": 0, "fail": 0}
     assert out["checks"][0] == {"name": "config", "status": "ok", "detail": c["config"].detail, "fix": ""}
     text = rendered(checks)
     assert "✓" in text and "✗" not in text and "all checks passed" in text
@@ -566,3 +568,34 @@ def test_render_and_json_for_mixed_results() -> None:
     json.dumps(out)
     assert exit_code(checks[:2]) == 0 and exit_code([]) == 0
     assert "no failures, 1 warning(s)" in rendered(checks[:2])
+
+
+def test_doctor_lists_configured_and_learned_queue_limits(home):
+    from batchgrader.core.config import load_config
+    from batchgrader.ops.doctor import check_queue_limits
+    from batchgrader.store.eventstore import EventStore, NewEvent
+
+    home.config_file.write_text("enqueued_token_limit: {gpt-4.1: 90000}\n")
+    with EventStore(home.db) as store:
+        store.append(
+            "job1",
+            [
+                NewEvent(
+                    "QueueLimitLearned",
+                    {
+                        "base_url": "https://api.example/v1",
+                        "model": "gpt-4o-mini",
+                        "limit": 2_000_000,
+                        "exact": True,
+                        "source": "message",
+                        "chunk": 0,
+                        "message": "Limit: 2,000,000 enqueued tokens.",
+                    },
+                )
+            ],
+            expected_version=0,
+        )
+    c = check_queue_limits(home, load_config(home, environ={}))
+    assert c.status == "ok"
+    assert "gpt-4.1: 90,000 (configured)" in c.detail
+    assert "gpt-4o-mini at https://api.example/v1: 2,000,000 (stated by the provider)" in c.detail

@@ -519,6 +519,18 @@ def test_enqueued_token_limit(emu_factory, clock):
     assert third.status == "completed"  # tokens were released when the first completed
 
 
+def test_enqueued_token_limit_message_can_omit_the_figure(emu_factory, clock):
+    e = emu_factory(token_limits={MODEL: 60}, token_limit_figure=False, in_progress_s=1.0)
+    c = sdk_client(e)
+    b = run_to_terminal(c, clock, create_batch(c, simple_input(5)).id)  # alone over the limit
+    assert b.status == "failed" and b.errors.data[0].code == "token_limit_exceeded"
+    assert b.errors.data[0].message == (
+        f"Enqueued token limit reached for {MODEL} in organization org-emulator. "
+        "Please try again once some in_progress batches have been completed."
+    )
+    assert "Limit:" not in b.errors.data[0].message
+
+
 # --- expiry and cancellation ------------------------------------------------------------------
 
 

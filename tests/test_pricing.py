@@ -31,6 +31,33 @@ def write(path: Path, text: str) -> Path:
 # --- the shipped table --------------------------------------------------------------------------
 
 
+# Chat models the Batch API accepts that the 2026-09-26 capture of the pricing page does not list
+# (issue 15, item 10); checked on 2026-11-23.
+LEGACY_CHAT_MODELS = {
+    "gpt-3.5-turbo": (0.25, 0.75, 16_385, "https://developers.openai.com/api/docs/pricing (alias of gpt-3.5-turbo-0125)"),
+    "gpt-4-turbo": (5.00, 15.00, 128_000, "https://developers.openai.com/api/docs/models/gpt-4-turbo"),
+    "gpt-4": (15.00, 30.00, 8_192, "https://developers.openai.com/api/docs/models/gpt-4"),
+}
+
+
+def test_legacy_chat_models_have_prices_with_source_and_date():
+    table = load_pricing()
+    for model, (inp, out, ctx, source) in LEGACY_CHAT_MODELS.items():
+        p = table.get(model)
+        assert (p.input_per_1m, p.output_per_1m, p.context_window) == (inp, out, ctx)
+        assert p.taken_on == "2026-11-23" and p.source.startswith(source)
+    # a dated snapshot of an alias finds its base's price
+    assert table.get("gpt-4-turbo-2024-04-09").output_per_1m == 15.00
+
+
+def test_unknown_model_suggests_a_name_and_the_docs_never_a_price_line():
+    with pytest.raises(PricingError) as info:
+        load_pricing().get("gpt-4o-mni")
+    msg = str(info.value)
+    assert "Did you mean 'gpt-4o-mini'" in msg and "https://developers.openai.com/api/docs/pricing" in msg
+    assert "gpt-4o-mni," not in msg  # no made-up price line to paste
+
+
 def test_shipped_table_has_the_reference_batch_prices():
     table = load_pricing()
     expected = {  # model: (input, cached, output) per 1M tokens, Batch API (reference §7)
@@ -65,7 +92,7 @@ def test_shipped_table_has_the_reference_batch_prices():
         "claude-sonnet-5": (1.00, 0.10, 5.00),
         "claude-haiku-4-5": (0.50, 0.05, 2.50),
     }
-    assert set(table) == set(expected) | set(claude)
+    assert set(table) == set(expected) | set(LEGACY_CHAT_MODELS) | set(claude)
     for model, (inp, cached, out) in claude.items():
         p = table.get(model)
         assert (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (inp, cached, out)
@@ -165,7 +192,7 @@ def test_unknown_model_error_says_how_to_fix_it(home):
     msg = str(exc.value)
     assert "'acme-large'" in msg and "nothing is submitted" in msg
     assert "pricing.csv" in msg and ",".join(COLUMNS) in msg
-    assert "\n  acme-large,0.50,," in msg  # an example row to copy
+    assert "acme-large,0.50" not in msg  # never a made-up price to paste (issue 15)
     # with a user file, the message names that file
     user = write(home.pricing_file, HEADER)
     with pytest.raises(PricingError, match=str(user)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.results import (
     ResultsFormatError,
     RowOutcome,
@@ -331,3 +333,68 @@ def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock
         f"q{i}" for i in range(12) if i % 4 == 2
     ]
     assert sum_usage(outcomes.values()).prompt_tokens == b.usage.input_tokens
+
+
+# --- merging a chunk (linear) ---------------------------------------------------------------------
+
+
+class CountingId(str):
+    """A custom id that counts how often it is compared for equality."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountingId.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def _answer_line(cid: str, tokens: int = 7) -> str:
+    body = {"choices": [{"message": {"content": f"ok {cid}"}}], "usage": {"prompt_tokens": tokens, "completion_tokens": 2}}
+    return json.dumps({"id": "l", "custom_id": cid, "response": {"status_code": 200, "body": body}, "error": None})
+
+
+def test_merge_chunk_is_linear_in_the_rows(tmp_path):
+    import random
+
+    n = 3000
+    ids = [CountingId(f"row-{i}") for i in range(n)]
+    lines = [_answer_line(f"row-{i}") for i in range(0, n, 2)]  # the odd rows have no answer
+    random.Random(1).shuffle(lines)
+    out_file = tmp_path / "out.jsonl"
+    out_file.write_text("\n".join(lines) + "\n")
+    CountingId.compared = 0
+    m = merge_chunk(ids, iter_outcomes(out_file), "completed")
+    # a hash join compares each id about once; a list membership test would compare ~n*n/2 times
+    assert CountingId.compared <= 4 * n
+    assert m.succeeded == n // 2 and len(m.failed_rows) == n // 2
+    assert m.usage["prompt_tokens"] == 7 * (n // 2)
+    assert [r["custom_id"] for r in m.records] == [f"row-{i}" for i in range(n)]  # the chunk's order
+    assert all(r["ok"] == (i % 2 == 0) for i, r in enumerate(m.records))
+    assert m.records[1]["error_code"] == "missing_result"
+
+
+def test_merge_chunk_ignores_lines_of_other_rows(tmp_path):
+    out_file = tmp_path / "out.jsonl"
+    out_file.write_text(_answer_line("a") + "\n" + _answer_line("stranger") + "\n")
+    m = merge_chunk(["a", "b"], iter_outcomes(out_file), "expired")
+    assert m.succeeded == 1 and m.failed_rows[0]["custom_id"] == "b" and m.failed_rows[0]["code"] == "batch_expired"
+    assert all(r["custom_id"] != "stranger" for r in m.records)
+
+
+def test_results_join_takes_rows_in_input_order_with_the_latest_chunk_winning(tmp_path):
+    from batchgrader.pipeline.results import ResultsJoin
+
+    def chunk(name: str, recs: list[tuple[str, bool]]) -> Path:
+        p = tmp_path / name
+        p.write_text("".join(json.dumps({"custom_id": c, "ok": ok}) + "\n" for c, ok in recs))
+        return p
+
+    first = chunk("c0", [("r0", True), ("r1", False), ("r2", True)])
+    second = chunk("c1", [("r4", True), ("r5", False)])  # r3 is in no chunk (a row error)
+    retry = chunk("c2", [("r1", True), ("r5", False)])
+    with ResultsJoin([first, second, retry]) as join:
+        got = [join.take(f"r{i}") for i in range(6)]
+    assert [g and g["ok"] for g in got] == [True, True, True, None, True, False]
+    assert got[1] == {"custom_id": "r1", "ok": True}  # the retry's answer, not the first failure

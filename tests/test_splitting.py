@@ -369,7 +369,7 @@ def test_limits_from_settings(home):
     cfg = load_config(home, environ={}, flags={"split_row_limit": 1000, "max_completion_tokens": 300})
     lim = Limits.from_settings(cfg.default, context_window=128_000)
     assert lim == Limits(
-        token_limit=500_000,
+        token_limit=None,  # the default: no token cap of our own
         row_limit=1000,
         force_chunk_count=None,
         max_requests=PROVIDER_MAX_REQUESTS,

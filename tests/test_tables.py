@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchgrader.pipeline import tables
+from batchgrader.pipeline.formats import text as text_reader
 from batchgrader.pipeline.tables import (
     ExactFloat,
     InputError,
@@ -91,11 +92,11 @@ def test_detect_format(name, fmt):
 
 def test_detect_format_unknown_extension_names_supported_ones():
     with pytest.raises(InputError) as ei:
-        detect_format("/x/report.xlsx")
+        detect_format("/x/report.xls")
     msg = str(ei.value)
-    assert msg.startswith("report.xlsx: ")
-    assert "'.xlsx'" in msg
-    for ext in (".csv", ".tsv", ".json", ".jsonl", ".ndjson"):
+    assert msg.startswith("report.xls: ")
+    assert "'.xls'" in msg
+    for ext in (".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".xlsx", ".xlsm", ".parquet"):
         assert ext in msg
     with pytest.raises(InputError, match="no extension"):
         detect_format("README")
@@ -676,7 +677,7 @@ def test_json_array_records_lines_and_columns(tmp_path):
     chunk=st.integers(min_value=1, max_value=40),
 )
 def test_json_streaming_parse_matches_json_loads_across_chunk_boundaries(tmp_path, monkeypatch, records, indent, chunk):
-    monkeypatch.setattr(tables, "_CHUNK", chunk)
+    monkeypatch.setattr(text_reader, "_CHUNK", chunk)
     text = json.dumps(records, indent=indent, ensure_ascii=False)
     p = put(tmp_path, "data.json", text)
     rows = read_all(p)
@@ -694,7 +695,7 @@ def test_json_streaming_parse_matches_json_loads_across_chunk_boundaries(tmp_pat
 
 
 def test_json_multibyte_characters_split_across_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(tables, "_CHUNK", 1)
+    monkeypatch.setattr(text_reader, "_CHUNK", 1)
     p = put(tmp_path, "data.json", b'\xef\xbb\xbf[{"t": "\xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80"}]')
     with open_table(p) as r:
         assert list(r)[0].values == {"t": "é日😀"}
@@ -738,7 +739,7 @@ def test_json_invalid_json_reports_its_line(tmp_path):
 def test_json_invalid_element_fails_fast_without_reading_on(tmp_path, monkeypatch):
     # The bad element is small; if the reader kept reading to find its end it would hit the
     # record size limit (and, on a big file, hold it all in memory) instead of this message.
-    monkeypatch.setattr(tables, "_CHUNK", 256)
+    monkeypatch.setattr(text_reader, "_CHUNK", 256)
     tail = ",\n".join('{"id": %d, "text": "%s"}' % (i, "x" * 50) for i in range(5000))
     p = put(tmp_path, "data.json", '[\n{"a": 1},\n{"a": 2 "b": 3},\n' + tail + "\n]")
     e = error_of(p, max_record_size=2000)
@@ -769,7 +770,7 @@ def test_json_duplicate_keys_and_nan(tmp_path):
 
 
 def test_json_invalid_utf8_reports_line_and_column(tmp_path, monkeypatch):
-    monkeypatch.setattr(tables, "_CHUNK", 5)
+    monkeypatch.setattr(text_reader, "_CHUNK", 5)
     p = put(tmp_path, "data.json", b'[{"a": "x"},\n {"a": "Ren\xe9e"}]')
     assert str(error_of(p)) == "data.json: line 2: not valid UTF-8 (byte 0xe9 at column 12) — save the file as UTF-8"
 
@@ -788,7 +789,7 @@ def test_json_element_larger_than_record_limit(tmp_path):
 
 
 def test_json_minified_single_line_columns_in_errors(tmp_path, monkeypatch):
-    monkeypatch.setattr(tables, "_CHUNK", 64)
+    monkeypatch.setattr(text_reader, "_CHUNK", 64)
     body = ",".join('{"id":%d}' % i for i in range(500))
     p = put(tmp_path, "data.json", "[" + body + ',{"id":1,}]')
     e = error_of(p)

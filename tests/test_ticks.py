@@ -188,27 +188,51 @@ def test_expired_batch_keeps_partial_results_and_retries_the_rest(rig):
     assert all(r["error"] == "" for r in rig.result_rows())
 
 
-def test_token_limit_exceeded_batch_is_sent_again_after_a_delay(rig):
+def test_token_limit_exceeded_without_a_figure_halves_the_limit_and_replans(rig):
     rig.drop(2)
     rig.tick()
     (batch,) = rig.provider.open_batches()
+    tokens = rig.job().chunks[0].input_tokens
     rig.provider.finish(batch.id, "failed", errors=[("token_limit_exceeded", "Enqueued token limit reached")])
     types = rig.tick()
     failed = rig.events("ChunkFailed")
     assert failed[0]["code"] == "token_limit_exceeded" and failed[0]["retryable"] is True
-    assert "RowsFailed" not in types and "UploadStarted" not in types
-    delay = resubmit_delay(2.0)
-    rig.tick(delay / 2)
-    assert rig.calls("upload") == 1  # not yet
-    types = rig.tick(delay)
-    assert types[:1] == ["UploadStarted"] and rig.events("UploadStarted")[-1]["attempt"] == 2
+    (learned,) = rig.events("QueueLimitLearned")
+    assert (learned["limit"], learned["exact"], learned["source"]) == (tokens // 2, False, "halved")
+    (replanned,) = rig.events("ChunkReplanned")
+    assert [len(c["custom_ids"]) for c in replanned["chunks"]] == [1, 1]  # each row fits the estimate alone
+    assert "RowsFailed" not in types and not rig.job().row_attempts  # the refusal used no retry
+    assert batch.input_file_id not in rig.provider.files  # the refused batch's file is not leaked
+    assert rig.calls("create_batch") == 2  # one of the two new chunks: the other waits for room
+    rig.provider.finish_all()
+    rig.tick()
+    rig.provider.finish_all()
+    types = rig.tick()
+    assert types[-1] == "JobCompleted" and all(r["error"] == "" for r in rig.result_rows())
+
+
+def test_token_limit_exceeded_with_a_figure_waits_for_room(rig):
+    rig.reconfigure("split_row_limit: 2\n")
+    rig.drop(4)
+    rig.tick()
+    first, second = rig.provider.open_batches()
+    limit = rig.job().chunks[0].input_tokens + 5  # room for one chunk, not two
+    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
+    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.tick()
+    (learned,) = rig.events("QueueLimitLearned")
+    assert (learned["limit"], learned["exact"]) == (limit, True)
+    assert not rig.events("ChunkReplanned") and rig.calls("create_batch") == 2  # it fits, but not now
+    rig.provider.finish(first.id)
+    rig.tick()
+    assert rig.calls("create_batch") == 3  # room again: sent at once, no fixed delay
     rig.provider.finish_all()
     assert rig.tick()[-1] == "JobCompleted"
 
 
-def test_create_refused_for_the_token_limit_waits_then_creates_with_the_same_file(rig):
+def test_create_refused_for_a_rate_limit_waits_then_creates_with_the_same_file(rig):
     rig.drop(2)
-    rig.provider.fail_next("create_batch", "refused", status_code=400, message="token_limit reached", code="token_limit_exceeded")
+    rig.provider.fail_next("create_batch", "refused", status_code=429, message="Rate limit reached", code="rate_limit_exceeded")
     assert rig.tick()[-1] == "BatchCreateFailed"
     assert rig.tick(0.5) == []  # waits resubmit_delay
     assert rig.tick(resubmit_delay(2.0))[-2:] == ["BatchCreateRequested", "BatchCreated"]

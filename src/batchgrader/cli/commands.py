@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
 from batchgrader import __version__
+from batchgrader.cli.errors import (
+    EXIT_COUNT_PROBLEMS,
+    EXIT_FAILURE,
+    EXIT_JOBS_FAILED,
+    EXIT_USAGE,
+    BgctlError,
+    ErrorMappingGroup,
+    run_main,
+)
 from batchgrader.core.home import Home
 
 
@@ -22,6 +32,18 @@ class Ctx:
         return load_config(self.home, flags=flags)
 
 
+def fixed_now() -> float | None:
+    """``$BGCTL_NOW`` (an ISO time, UTC if no zone) as "now" for ages, for reproducible output
+    (the snapshot tests and the docs); None: the real clock."""
+    import os
+
+    text = os.environ.get("BGCTL_NOW")
+    if not text:
+        return None
+    dt = datetime.fromisoformat(text)
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
 def emit_json(obj) -> None:
     """Indented for a person at a terminal, compact (and several times faster) for a pipe."""
     if sys.stdout.isatty():
@@ -30,7 +52,7 @@ def emit_json(obj) -> None:
         click.echo(json.dumps(obj, ensure_ascii=False, default=str, separators=(",", ":")))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ErrorMappingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--home",
     envvar="BATCHGRADER_HOME",
@@ -83,14 +105,20 @@ def _load(obj: Ctx, profile: str | None):
 def count(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
     """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call."""
     from batchgrader.cli.render import render_count
-    from batchgrader.pipeline.prepare import prepare
+    from batchgrader.pipeline.prepare import prepare, schema_sha256
+    from batchgrader.store.queries import learned_schema_overhead
 
     _cfg, prof, prices = _load(obj, profile)
-    summary = prepare(file, prof, obj.home, prices=prices).summary(prices)
+    learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format))
+    summary = prepare(file, prof, obj.home, prices=prices).summary(prices, learned["per_request"] if learned else None)
+    if learned and summary.get("schema"):
+        summary["schema"]["learned_from"] = {k: learned[k] for k in ("job_id", "ts", "requests")}
     # tiktoken is exact for OpenAI models only; for another provider it is a stand-in estimate
     summary["input_tokens_exact"] = prof.provider == "openai"
     summary["provider"] = prof.provider
     emit_json(summary) if as_json else render_count(summary)
+    if summary.get("row_errors") or summary.get("pricing_error"):
+        sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"
 
 
 @cli.command()
@@ -117,24 +145,29 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
     for chunk, path in zip(summary["chunks"], files):
         chunk["path"] = str(path)
     emit_json(summary) if as_json else render_split(summary)
+    if summary.get("row_errors") or summary.get("pricing_error"):
+        sys.exit(EXIT_COUNT_PROBLEMS)
 
 
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_profile_opt
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def submit(obj: Ctx, file: Path, profile: str | None) -> None:
+def submit(obj: Ctx, file: Path, profile: str | None, as_json: bool) -> None:
     """Copy FILE into the inbox atomically (the daemon picks it up)."""
-    from batchgrader.pipeline.inbox import submit_file
+    from batchgrader.cli.actions import submit_action
 
-    if profile:
-        obj.config().profile(profile)  # fail now on an unknown profile
-    dest = submit_file(obj.home.ensure(), file, profile)
-    click.echo(f"queued {dest}")
+    res = submit_action(obj.home, file, profile, obj.config)
+    emit_json(res) if as_json else click.echo(res["message"])
 
 
 @cli.command()
-@click.option("--once", is_flag=True, help="Process everything in the inbox until every job has ended, then exit 0.")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Process everything in the inbox until every job has ended, then exit: 0, or 4 if a job ended failed.",
+)
 @click.option("--sandbox", is_flag=True, help="Use the built-in Batch API emulator: SIMULATED results, no API key, no cost.")
 @click.pass_obj
 def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
@@ -147,43 +180,56 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
         sandbox_banner()
     d = Daemon(obj.home, sandbox=sandbox, once=once, live=live)
     d.install_signal_handlers()
+    started = datetime.now(UTC).isoformat(timespec="microseconds")
     try:
         code = d.run()
     except DaemonError as exc:
-        err = click.ClickException(str(exc))
-        err.exit_code = exc.exit_code  # type: ignore[misc]
-        raise err from None
+        raise BgctlError(str(exc), exc.exit_code) from None
     if once:
         render_summary(d.engine.state, sandbox)
+        failed = sorted(j.job_id for j in d.engine.state.jobs.values() if j.ended == "failed" and j.updated_ts >= started)
+        if code == 0 and failed:
+            click.echo(f"bgctl: {len(failed)} job(s) failed: {', '.join(failed)} (exit {EXIT_JOBS_FAILED})", err=True)
+            code = EXIT_JOBS_FAILED
     sys.exit(code)
 
 
 @cli.command()
 @click.argument("job_id")
 @click.option("--reason", default="cancelled by user", help="Recorded with the request.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def cancel(obj: Ctx, job_id: str, reason: str) -> None:
+def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
     """Cancel JOB's batches and end it with the partial results written."""
-    from batchgrader.daemon.process import daemon_pid, request_control
+    from batchgrader.cli.actions import control_action
 
-    request_control(obj.home.ensure(), "cancel", _resolve_job(obj, job_id), reason)
-    click.echo("cancel requested" + ("" if daemon_pid(obj.home) else " (applied when the daemon next runs)"))
+    _no_db_guard(obj)
+    _answer(control_action(obj.home, "cancel", job_id, reason), as_json)
 
 
 @cli.command()
 @click.argument("job_id")
 @click.option("--reason", default="retry requested by user", help="Recorded with the request.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def retry(obj: Ctx, job_id: str, reason: str) -> None:
+def retry(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
     """Resubmit the failed rows of a finished JOB (or submit a held JOB anyway) and rewrite its result."""
-    from batchgrader.daemon.process import daemon_pid, request_control
+    from batchgrader.cli.actions import control_action
 
-    resolved = _resolve_job(obj, job_id)
-    why_not = _not_retryable(obj, resolved)
-    if why_not:
-        raise click.ClickException(why_not)
-    request_control(obj.home.ensure(), "retry", resolved, reason)
-    click.echo("retry requested" + ("" if daemon_pid(obj.home) else " (applied when the daemon next runs)"))
+    _no_db_guard(obj)
+    _answer(control_action(obj.home, "retry", job_id, reason), as_json)
+
+
+def _answer(res: dict, as_json: bool) -> None:
+    """Print a cancel/retry answer; a refusal exits 1 (the request was not recorded)."""
+    if as_json:
+        emit_json(res)
+    elif res["accepted"]:
+        click.echo(res["message"])
+    if not res["accepted"]:
+        if as_json:
+            sys.exit(EXIT_FAILURE)
+        raise BgctlError(res["message"], EXIT_FAILURE)
 
 
 @cli.command()
@@ -196,21 +242,30 @@ def retry(obj: Ctx, job_id: str, reason: str) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from batchgrader.cli.render_status import render_job, render_overview, render_status
+    from batchgrader.cli.actions import daemon_info, inbox_files
+    from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting
     from batchgrader.store import queries as queries
 
     def show() -> None:
+        has_db = obj.home.db.exists()
         if job_id:
-            detail = queries.job_detail(obj.home, job_id)
+            _no_db_guard(obj)
+            detail = queries.job_detail(obj.home, job_id, now=fixed_now())
             emit_json(detail) if as_json else render_job(detail)
-        elif as_json:
-            emit_json(queries.status(obj.home))
+            return
+        inbox = inbox_files(obj.home)
+        if as_json:  # the jobs, then the files still waiting in the inbox (state "inbox", no job id yet)
+            jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
+            emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
+            return
+        if not has_db:
+            render_status([])
         elif show_all:
-            render_status(queries.status(obj.home), max_finished=None)
+            render_status(queries.status(obj.home, now=fixed_now()), max_finished=None)
         else:
-            render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10))
+            render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
+        render_waiting(inbox, daemon_info(obj.home))
 
-    _no_db_guard(obj)
     if not watch:
         return show()
     import time
@@ -257,6 +312,35 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
 
 
 @cli.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as the daemon writes them.")
+@click.option("--since", default=None, help="Only lines from this UTC time (YYYY-MM-DD[ HH:MM[:SS]]) or age (30s, 10m, 2h, 1d).")
+@click.option("--lines", "-n", type=click.IntRange(min=0), default=None, help="Only the last N lines (before following).")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="With -f: stop after this many seconds.")
+@click.option("--until", "until_text", default=None, help="With -f: stop after the first line containing this text.")
+@click.pass_obj
+def logs(obj: Ctx, follow: bool, since: str | None, lines: int | None, max_seconds: float | None, until_text: str | None) -> None:
+    """The daemon's log (<home>/logs/daemon.log): when it started and stopped and why, warnings and errors."""
+    from batchgrader.ops.logs import LogError, log_files, parse_since, read_lines
+    from batchgrader.ops.logs import follow as follow_log
+
+    try:
+        cut = parse_since(since) if since else None
+    except LogError as exc:
+        raise BgctlError(str(exc), EXIT_USAGE) from None
+    if not log_files(obj.home) and not follow:
+        raise BgctlError(f"no daemon log yet in {obj.home.logs}: it is written once `bgctl daemon` has run", EXIT_FAILURE)
+    shown = read_lines(obj.home, cut)
+    for line in shown[max(0, len(shown) - lines) :] if lines is not None else shown:
+        click.echo(line)
+    if follow:
+        try:
+            for line in follow_log(obj.home, max_seconds=max_seconds, until=until_text):
+                click.echo(line)
+        except KeyboardInterrupt:
+            pass
+
+
+@cli.command()
 @click.option("--since", default=None, help="First UTC day (YYYY-MM-DD), inclusive.")
 @click.option("--until", default=None, help="Last UTC day (YYYY-MM-DD), inclusive.")
 @click.option("--by", type=click.Choice(["day", "model", "job"]), default="day", show_default=True)
@@ -270,6 +354,53 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
     _no_db_guard(obj)
     result = queries.costs(obj.home, since=since, until=until, by=by)
     emit_json(result) if as_json else render_costs(result)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a self-contained HTML page (inline SVG charts, works offline).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the same figures).")
+@click.pass_obj
+def report(obj: Ctx, job_id: str, html_file: Path | None, as_json: bool) -> None:
+    """How a job went: rows answered and failed, tokens and cost against the estimate, time per phase, result distributions."""
+    from batchgrader.store.report import load_report, render_text
+
+    _no_db_guard(obj)
+    figures = load_report(obj.home, job_id)
+    if html_file is not None:
+        from batchgrader.fsio import atomic_write_bytes
+        from batchgrader.store.report_html import render_html
+
+        atomic_write_bytes(html_file, render_html(figures).encode("utf-8"))
+    if as_json:
+        emit_json(figures)
+    else:
+        click.echo(render_text(figures), nl=False)
+        if html_file is not None:
+            click.echo(f"HTML report: {html_file}")
+
+
+@cli.command()
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path), default=Path("bgctl-examples"))
+def examples(dest: Path) -> None:
+    """Copy the example files shipped with bgctl into DEST (default: ./bgctl-examples); never overwrites."""
+    from importlib.resources import files
+
+    src = files("batchgrader") / "data" / "examples"
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(src.iterdir(), key=lambda p: p.name):
+        target = dest / item.name
+        if target.exists():
+            click.echo(f"kept {target} (already there)")
+            continue
+        target.write_bytes(item.read_bytes())
+        click.echo(f"wrote {target}")
 
 
 @cli.command()
@@ -303,14 +434,17 @@ def _no_db_guard(obj: Ctx) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--sandbox", is_flag=True, help="Check for `bgctl daemon --sandbox`: no API key needed.")
 @click.pass_obj
-def doctor(obj: Ctx, as_json: bool) -> None:
-    """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix."""
-    from batchgrader.cli.render import console
+def doctor(obj: Ctx, as_json: bool, sandbox: bool) -> None:
+    """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix.
+
+    Exits 1 when a check fails, including a missing API key (unless --sandbox)."""
+    from batchgrader.cli.render import make_console
     from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
 
-    checks = run_checks(obj.home)
-    emit_json(checks_as_json(checks)) if as_json else render_checks(checks, console)
+    checks = run_checks(obj.home, require_key=not sandbox)
+    emit_json(checks_as_json(checks)) if as_json else render_checks(checks, make_console())
     sys.exit(exit_code(checks))
 
 
@@ -392,52 +526,5 @@ def _echo_steps(res) -> None:  # noqa: ANN001
             click.echo(f"{label.replace('_', ' ')}: {line}")
 
 
-def _not_retryable(obj: Ctx, job_id: str) -> str | None:
-    """Why JOB cannot be retried (a rejected file has no rows to send again), or None."""
-    from batchgrader.store.queries import reading
-
-    with reading(obj.home) as conn:
-        row = conn.execute(
-            "SELECT payload FROM events WHERE job_id = ? AND type = 'FileRejected' ORDER BY seq DESC LIMIT 1", (job_id,)
-        ).fetchone()
-    if row is None:
-        return None
-    try:
-        reason = json.loads(row[0]).get("reason", "")
-    except (ValueError, AttributeError):
-        reason = ""
-    return (
-        f"job {job_id} cannot be retried: its file was rejected before any row was read"
-        + (f" ({reason})" if reason else "")
-        + ". Fix the file and put it in the inbox again."
-    )
-
-
-def _resolve_job(obj: Ctx, prefix: str) -> str:
-    from batchgrader.store.queries import reading, resolve_job
-
-    _no_db_guard(obj)
-    with reading(obj.home) as conn:
-        return resolve_job(conn, prefix)
-
-
 def main() -> None:
-    try:
-        cli(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(1)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except Exception as exc:
-        # imported only now: naming these up front would cost every command ~50 ms of start-up
-        from batchgrader.core.config import ConfigError
-        from batchgrader.pipeline.pricing import PricingError
-        from batchgrader.pipeline.tables import InputError
-        from batchgrader.store.queries import AmbiguousJob, UnknownJob
-
-        if isinstance(exc, (ConfigError, InputError, PricingError, FileNotFoundError, UnknownJob, AmbiguousJob)):
-            click.echo(f"bgctl: error: {exc}", err=True)
-            sys.exit(2)
-        raise
+    run_main(cli)

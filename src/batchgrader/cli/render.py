@@ -11,7 +11,12 @@ from rich.table import Table
 if TYPE_CHECKING:
     from batchgrader.daemon.snapshot import Snapshot
 
-console = Console()
+console = Console()  # the daemon's live view; one-shot output uses make_console()
+
+
+def make_console() -> Console:
+    """A console sized for the terminal (or $COLUMNS) at the time of the call."""
+    return Console()
 
 
 def _fmt(v: Any) -> str:
@@ -23,6 +28,7 @@ def _fmt(v: Any) -> str:
 
 
 def render_config(rows: list[dict[str, Any]], home, profile: str | None) -> None:
+    console = make_console()
     t = Table(title=f"Effective configuration — profile {profile or 'default'} — home {home.root}")
     t.add_column("key", style="bold")
     t.add_column("value", overflow="fold")
@@ -57,6 +63,7 @@ def _chunk_table(summary: dict[str, Any], with_path: bool = False) -> Table:
 
 
 def render_count(summary: dict[str, Any]) -> None:
+    console = make_console()
     t = Table(
         title=f"{summary['file']} — {summary['model']} ({summary['encoding']}), profile {summary['profile']}", show_header=False
     )
@@ -65,13 +72,24 @@ def render_count(summary: dict[str, Any]) -> None:
     t.add_row("rows", f"{summary['rows']:,}")
     t.add_row("requests", f"{summary['requests']:,}")
     exact = summary.get("input_tokens_exact", True)
-    label = "input tokens (exact)" if exact else f"input tokens (ESTIMATE: tiktoken stand-in for {summary.get('provider')})"
-    t.add_row(label, f"{summary['input_tokens']:,}")
+    stand_in = "" if exact else f"ESTIMATE: tiktoken stand-in for {summary.get('provider')}"
+    schema = summary.get("schema")
+    if schema:  # the provider bills the schema as prompt tokens, in an amount it does not publish
+        counted = "counted, without the schema" if exact else f"{stand_in}, without the schema"
+        t.add_row(f"input tokens ({counted})", f"{summary['input_tokens']:,}")
+        if schema["source"] == "calibrated":
+            src = schema.get("learned_from") or {}
+            how = f"calibrated: {schema['per_request']:g} tokens/request learned from job {src.get('job_id', '?')}"
+        else:
+            how = f"allowance: {schema['per_request']:g} tokens/request for the schema, not yet calibrated"
+        t.add_row(f"input tokens (estimate; {how})", f"{summary['input_tokens_estimate']:,}")
+    else:
+        t.add_row("input tokens (exact)" if exact else f"input tokens ({stand_in})", f"{summary['input_tokens']:,}")
     t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")
     if est:
-        t.add_row("estimated cost: input (exact)", _usd(est["input"]))
+        t.add_row("estimated cost: input" + (" (estimate)" if schema else " (exact)"), _usd(est["input"]))
         t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")
@@ -81,12 +99,14 @@ def render_count(summary: dict[str, Any]) -> None:
 
 
 def render_split(summary: dict[str, Any]) -> None:
+    console = make_console()
     console.print(_chunk_table(summary, with_path=True))
     console.print(f"{summary['requests']:,} requests, {summary['input_tokens']:,} input tokens in {len(summary['chunks'])} files")
     _problems(summary)
 
 
 def _problems(summary: dict[str, Any]) -> None:
+    console = make_console()
     if summary.get("pricing_error"):
         console.print(f"[red]pricing:[/red] {summary['pricing_error']}")
     for w in summary.get("warnings", []):
@@ -99,6 +119,7 @@ def _problems(summary: dict[str, Any]) -> None:
 
 
 def sandbox_banner() -> None:
+    console = make_console()
     console.print(
         "[bold black on yellow] SANDBOX [/] results are SIMULATED by the built-in Batch API emulator: "
         "no API key, no cost, and the answers are not real model output."
@@ -118,20 +139,20 @@ def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
         t.add_column(col, justify=just, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
     for j in snapshot.jobs:
         detail = j.batches + (("\n" if j.batches else "") + j.error[:200] if j.error else "")
-        t.add_row(
-            f"{j.job_id[:12]}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail
-        )
+        t.add_row(f"{j.job_id}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail)
     return t
 
 
 def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
     from batchgrader.daemon.snapshot import take
 
-    console.print(jobs_table(take(state), sandbox, "Summary"))
+    make_console().print(jobs_table(take(state), sandbox, "Summary"))
 
 
 class LiveView:
     """A rich live table of jobs and chunks while the daemon runs in a terminal."""
+
+    console = make_console()
 
     def __init__(self, sandbox: bool):
         from rich.live import Live

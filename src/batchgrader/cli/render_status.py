@@ -30,6 +30,10 @@ STATE_STYLE = {
 FINISHED = ("completed", "completed_with_errors", "failed", "cancelled")
 CHUNK_STYLE = {"done": "green", "failed": "red", "waiting": "magenta", "pending": "dim"}
 BLOCKS = " ▏▎▍▌▋▊▉█"
+# Below this many columns the status table drops its `batches` and `tokens` columns (shown by
+# `bgctl status JOB`), events put their payload on the lines below, so that ids, states and
+# counts stay whole and nothing a user pastes is broken.
+NARROW = 100
 
 
 # --- small formatters ------------------------------------------------------------------------------
@@ -142,41 +146,47 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         hidden = set(finished[: len(finished) - max_finished])
         rows = [r for i, r in enumerate(rows) if i not in hidden]
     show_profile = any((r.get("profile") or "default") != "default" for r in rows)
+    narrow = console.width < NARROW
     t = Table(
         title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False, collapse_padding=True
     )
-    t.add_column("job / file", no_wrap=True, min_width=12, max_width=18)
+    width = max(len(r["job_id"]) for r in rows)  # ids are shown whole: `bgctl status <id>` opens that job
+    t.add_column("job / file", no_wrap=True, min_width=max(12, width), max_width=max(18, width), overflow="ellipsis")
     if show_profile:
-        t.add_column("profile", no_wrap=True, max_width=16)
+        t.add_column("profile", no_wrap=True, max_width=12 if narrow else 16, overflow="ellipsis")
     t.add_column("state", no_wrap=True)
     t.add_column("chunks", justify="right", no_wrap=True)
-    t.add_column("batches", min_width=11, max_width=22)
+    if not narrow:
+        t.add_column("batches", min_width=11, max_width=22)
     t.add_column("rows", justify="right", no_wrap=True)
-    t.add_column("tokens", justify="right", no_wrap=True)
+    if not narrow:
+        t.add_column("tokens", justify="right", no_wrap=True)
     t.add_column("cost", justify="right", no_wrap=True)
     t.add_column("age", justify="right", no_wrap=True)
     for r in rows:
         sandbox = bool(r.get("sandbox"))
-        job = Text(r["job_id"][:12], style="bold")
+        job = Text(r["job_id"], style="bold")
         job.append("\n" + (r.get("file") or "-"), style="dim")
         cells: list[Any] = [job]
         if show_profile:
             cells.append(r.get("profile") or "-")
-        cells += [
-            state_text(r["state"], sandbox, newline=True),
-            f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}",
-            batches_text(r.get("batches") or []),
+        cells += [state_text(r["state"], sandbox, newline=True), f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}"]
+        if not narrow:
+            cells.append(batches_text(r.get("batches") or []))
+        cells.append(
             f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"
-            + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else ""),
-            f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out",
-            Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""),
-            duration(r.get("age_seconds")),
-        ]
+            + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else "")
+        )
+        if not narrow:
+            cells.append(f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out")
+        cells += [Text(money(r.get("cost_usd")), style="yellow" if sandbox else ""), duration(r.get("age_seconds"))]
         t.add_row(*_cells(*cells))
     if any(r.get("sandbox") for r in rows):
         t.caption = f"{SIMULATED}: sandbox jobs, answered by the local emulator; their costs are not real."
         t.caption_justify = "left"
     console.print(t)
+    if narrow:
+        console.print(Text("(narrow terminal: batches and tokens are in `bgctl status <job>`)", style="dim"))
     if hidden:
         by_state: dict[str, int] = {}
         for i in sorted(hidden):
@@ -190,12 +200,22 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         )
     for r in rows:
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
-            console.print(Text(f"{r['job_id'][:12]} last error: {r['last_error']}", style="yellow"))
+            console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
+        q = r.get("queue")
+        if q and q.get("waiting"):
+            how = "stated by the provider" if q.get("exact") else "estimated"
+            console.print(
+                Text(
+                    f"{r['job_id'][:12]} waiting for queue room: {q['model']} may have {q['limit']:,} prompt tokens "
+                    f"in flight ({how})",
+                    style="cyan",
+                )
+            )
         if r.get("held_reason") and r["state"] == "held":
-            console.print(Text(f"{r['job_id'][:12]} held: {r['held_reason']}", style="magenta"))
+            console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"), soft_wrap=True)
         elif r.get("error") and r["state"] == "failed":
             hint = f" - {r['error_hint']}" if r.get("error_hint") else ""
-            console.print(Text(f"{r['job_id'][:12]} failed: {r['error']}{hint}", style="red"))
+            console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"), soft_wrap=True)
     _note(rows[0].get("note"), console)
 
 
@@ -236,14 +256,19 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ("hint", d.get("error_hint")),
         ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
         ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
-        ("result", d.get("result_path")),
-        ("error report", d.get("error_path")),
-        ("input", d.get("archived_path") or d.get("input_path")),
     ]
     for k, v in pairs:
         if v not in (None, ""):
             info.add_row(*_cells(k, v))
     console.print(info)
+    paths = [
+        ("result", d.get("result_path")),
+        ("error report", d.get("error_path")),
+        ("input", d.get("archived_path") or d.get("input_path")),
+    ]
+    for k, v in paths:  # paths to paste: on their own line, never broken by us
+        if v:
+            console.print(Text(f"{k + ':':<25} {v}"), soft_wrap=True)
     for w in d.get("warnings") or []:
         console.print(Text(f"warning: {w}", style="yellow"))
 
@@ -251,12 +276,15 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     if chunks:
         retries = any((c.get("attempt") or 0) > 1 for c in chunks)
         errors = any(c.get("error") for c in chunks)
-        t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        narrow = console.width < NARROW
+        t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         t.add_column("#", justify="right", no_wrap=True, min_width=2)
         t.add_column("status", no_wrap=True)
-        t.add_column("batch", no_wrap=True)
+        # batch ids are pasted into the provider's dashboard: always whole
+        t.add_column("batch", no_wrap=True, min_width=max((len(c.get("batch_id") or "-") for c in chunks), default=5))
         t.add_column("ok/err/all", justify="right", no_wrap=True)
-        t.add_column("tokens", justify="right", no_wrap=True)
+        if not narrow:
+            t.add_column("tokens", justify="right", no_wrap=True)
         if retries:
             t.add_column("attempt", justify="right", no_wrap=True)
         if errors:
@@ -270,8 +298,9 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
                 Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")),
                 c.get("batch_id") or "-",
                 counts,
-                count(c.get("input_tokens")),
             ]
+            if not narrow:
+                cells.append(count(c.get("input_tokens")))
             if retries:
                 cells.append(str(c.get("attempt") or "-"))
             if errors:
@@ -305,7 +334,57 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         render_events(recent, console, show_job=False)
 
 
+def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None) -> None:
+    """Files still waiting in the inbox, and whether a daemon is running to take them."""
+    console = _console(console)
+    if inbox:
+        t = Table(title="Waiting in the inbox", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        t.add_column("file", overflow="fold")
+        t.add_column("profile", no_wrap=True)
+        t.add_column("bytes", justify="right", no_wrap=True)
+        t.add_column("note", overflow="fold")
+        for f in inbox:
+            note = "" if f.get("supported", True) else "unsupported type: will be rejected"
+            t.add_row(*_cells(f["file"], f.get("profile") or "default", count(f.get("bytes")), note))
+        console.print(t)
+    if daemon.get("running"):
+        console.print(Text(f"daemon running (pid {daemon.get('pid')})", style="dim"))
+    else:
+        console.print(Text("No daemon is running for this home: nothing is processed until one starts.", style="yellow"))
+        console.print(Text("Start one with:", style="yellow"))
+        for command in daemon.get("start") or ():
+            console.print(Text(f"  {command}", style="bold"), soft_wrap=True)  # pasteable: never wrapped
+
+
 # --- events ----------------------------------------------------------------------------------------
+
+
+def _print_packed(parts: Sequence[str], console: Console, indent: int) -> None:
+    """``k=v`` parts packed into lines under ``indent`` spaces; a part longer than the line (a
+    path, an id) gets a line of its own and is never broken by us (the terminal soft-wraps it,
+    and a copy gives it back whole)."""
+    room = max(20, console.width - indent)
+    line = ""
+    pad = " " * indent
+    for part in parts:
+        if line and len(line) + 1 + len(part) > room:
+            console.print(Text(pad + line), soft_wrap=True)
+            line = ""
+        line = f"{line} {part}" if line else part
+    if line:
+        console.print(Text(pad + line), soft_wrap=True)
+
+
+def _brief_parts(payload: dict[str, Any]) -> list[str]:
+    parts = []
+    for k, v in payload.items():
+        if isinstance(v, list):
+            parts.append(f"{k}=[{len(v)}]")
+        elif isinstance(v, dict):
+            parts.append(f"{k}={json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(',', ':'))}")
+        elif v is not None:
+            parts.append(f"{k}={v}")
+    return parts
 
 
 def _brief(payload: dict[str, Any], width: int = 160) -> str:
@@ -326,17 +405,23 @@ def _brief(payload: dict[str, Any], width: int = 160) -> str:
 def render_events(events: Sequence[dict[str, Any]], console: Console | None = None, show_job: bool = True) -> None:
     """One line per event (suits ``--follow``: call it with each new event)."""
     console = _console(console)
+    narrow = console.width < NARROW + 20
     for e in events:
         line = Text()
         line.append(f"{e['seq']:>7} ", style="dim")
         line.append(short_ts(e.get("ts")) + " ", style="dim")
         if show_job:
-            line.append(f"{e['job_id'][:12]:<12} ", style="bold")
+            line.append(f"{e['job_id']:<14} ", style="bold")
         style = (
             "red"
             if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected")
             else ("green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
         )
+        if narrow:  # the payload on its own lines, wrapped between words: paths stay whole
+            line.append(e["type"], style=style)
+            console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+            _print_packed(_brief_parts(e.get("payload") or {}), console, indent=8)
+            continue
         line.append(f"{e['type']:<22}", style=style)
         line.append(_brief(e.get("payload") or {}))
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
@@ -365,32 +450,40 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
         _note(result.get("note"), console)
         return
     simulated = any(r.get("simulated_usd") for r in rows)
+    narrow = console.width < NARROW
     t = Table(title=f"Billed usage by {by}, {span}", title_justify="left", show_footer=True, box=box.SIMPLE_HEAD, pad_edge=False)
     tot = result["totals"]
     t.add_column(by, footer="total", style="bold", no_wrap=True)
-    if by == "job":
+    if by == "job" and not narrow:
         t.add_column("file", no_wrap=True, max_width=20)
     t.add_column("batches", justify="right", footer=count(tot["batches"]), no_wrap=True)
     if by != "job":
         t.add_column("jobs", justify="right", footer=count(tot["jobs"]), no_wrap=True)
     t.add_column("prompt", justify="right", footer=count(tot["prompt_tokens"]), no_wrap=True)
-    t.add_column("cached", justify="right", footer=count(tot["cached_tokens"]), no_wrap=True)
+    if not narrow:
+        t.add_column("cached", justify="right", footer=count(tot["cached_tokens"]), no_wrap=True)
     t.add_column("output", justify="right", footer=count(tot["completion_tokens"]), no_wrap=True)
     t.add_column("cost", justify="right", footer=money(tot["cost_usd"]), no_wrap=True)
     if simulated:
         t.add_column(SIMULATED, justify="right", style="yellow", footer=money(tot["simulated_usd"]), no_wrap=True)
     for r in rows:
-        cells = [str(r["key"])[:12] if by == "job" else str(r["key"])]
-        if by == "job":
+        cells = [str(r["key"])]
+        if by == "job" and not narrow:
             cells.append(r.get("file") or "-")
         cells.append(count(r["batches"]))
         if by != "job":
             cells.append(count(r["jobs"]))
-        cells += [count(r["prompt_tokens"]), count(r["cached_tokens"]), count(r["completion_tokens"]), money(r["cost_usd"])]
+        cells.append(count(r["prompt_tokens"]))
+        if not narrow:
+            cells.append(count(r["cached_tokens"]))
+        cells += [count(r["completion_tokens"]), money(r["cost_usd"])]
         if simulated:
             cells.append(money(r["simulated_usd"]))
         t.add_row(*_cells(*cells))
     console.print(t)
+    if narrow:
+        left_out = "cached tokens" + (" and files" if by == "job" else "")
+        console.print(Text(f"(narrow terminal: {left_out} are in `bgctl costs --json`)", style="dim"))
 
     daily = result.get("daily") or []
     if daily:

@@ -141,10 +141,23 @@ def _response_format(v: Any) -> dict | None:
         raise ValueError("a JSON schema object (mapping), or null")
     v = json.loads(json.dumps(v))  # plain dicts, JSON-serialisable
     if v.get("type") in ("json_schema", "json_object", "text"):
+        js = v.get("json_schema")
+        if v["type"] == "json_schema" and isinstance(js, Mapping) and js.get("strict"):
+            _check_strict(js.get("schema"))
         return v  # already an API response_format object
     if "properties" not in v and v.get("type") != "object":
         raise ValueError("a JSON schema with 'type: object' and 'properties'")
+    _check_strict(v)
     return {"type": "json_schema", "json_schema": {"name": "grade", "strict": True, "schema": v}}
+
+
+def _check_strict(schema: Any) -> None:
+    """Refuse now a schema the provider's strict mode would reject (with every batch it is in)."""
+    from batchgrader.core.strict_schema import DOCS, strict_problems
+
+    problems = strict_problems(schema)
+    if problems:
+        raise ValueError(f"a JSON schema that OpenAI's strict mode accepts ({DOCS}); in the schema: " + "; ".join(problems))
 
 
 def _int_map(v: Any) -> dict[str, int]:
@@ -163,6 +176,21 @@ def _int_map(v: Any) -> dict[str, int]:
             raise ValueError("a mapping of model name to a positive integer")
         out[str(k)] = n
     return out
+
+
+def _encoding(v: Any) -> str:
+    import codecs
+
+    form = "a text encoding Python knows that is ASCII-compatible, such as utf-8, cp1252 or latin-1"
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(form)
+    try:
+        name = codecs.lookup(v.strip()).name
+    except LookupError:
+        raise ValueError(form) from None
+    if name.startswith(("utf-16", "utf-32")):
+        raise ValueError(form)
+    return v.strip()
 
 
 @dataclass(frozen=True)
@@ -217,13 +245,17 @@ KEYS: dict[str, Key] = {
         None, _opt_int(1), "Context window of the model in tokens; default: from the pricing table, else unchecked."
     ),
     # splitting
-    "split_token_limit": Key(500000, _int(1), "Maximum input tokens per batch."),
+    "split_token_limit": Key(
+        None, _opt_int(1), "Maximum input tokens per batch; null: as large as the provider's caps and queue limit allow."
+    ),
     "split_row_limit": Key(None, _opt_int(1), "Maximum requests per batch (the API's hard cap applies anyway)."),
     "force_chunk_count": Key(None, _opt_int(1), "Split into at least this many batches of near-equal size."),
     "max_requests_per_batch": Key(50000, _int(1), "Provider hard cap on requests in one batch."),
     "max_batch_bytes": Key(200_000_000, _int(1024), "Provider hard cap on the JSONL bytes of one batch input file."),
     # running
-    "max_simultaneous_batches": Key(2, _int(1), "Batches in flight at once across all jobs."),
+    "max_simultaneous_batches": Key(
+        None, _opt_int(1), "Batches in flight at once across all jobs; null: no cap (the provider's queue limit rules)."
+    ),
     "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
     "poll_interval_seconds": Key(
         60.0, _opt_float(0.01), "Longest wait between polls of a running batch (polling starts quicker and backs off to this)."
@@ -244,6 +276,19 @@ KEYS: dict[str, Key] = {
         _bool,
         "In CSV results, prefix ' to cells the model wrote (the added columns) that start with = + - @ tab or CR; input cells are never changed.",
     ),
+    "sheet": Key(None, _opt_str, "Excel inputs: the sheet whose rows are graded (default: the first sheet)."),
+    "encoding": Key(
+        "utf-8",
+        _encoding,
+        "Text encoding of CSV/TSV/JSON/JSONL inputs (utf-8 is read with or without a BOM; e.g. cp1252, latin-1); results are always UTF-8.",
+    ),
+    "write_report": Key(False, _bool, "Write NAME_report.html (the `bgctl report --html` page) beside each result."),
+    "on_job_end": Key(
+        None,
+        _opt_str,
+        "Shell command run once when a job ends, with BG_JOB_ID, BG_JOB_STATE, BG_RESULT_PATH, BG_COST_USD set; its output goes to the log.",
+    ),
+    "on_job_end_timeout_seconds": Key(60.0, _opt_float(0.1), "Time limit of the on_job_end command (it is killed after it)."),
     "pricing_file": Key(
         None,
         _opt_str,
@@ -288,6 +333,8 @@ GLOBAL_ONLY = {
     "pricing_file",
     "delete_provider_files",
     "completion_window",
+    "on_job_end",
+    "on_job_end_timeout_seconds",
 }
 
 SDK_ENV = {
@@ -398,19 +445,46 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
-def _apply(values: dict, sources: dict, raw: Mapping[str, Any], source: str, where: str, allow_global: bool = True) -> None:
+def _apply(
+    values: dict,
+    sources: dict,
+    raw: Mapping[str, Any],
+    source: str,
+    where: str,
+    allow_global: bool = True,
+    errors: list[str] | None = None,
+) -> None:
+    """Validate ``raw`` into ``values``; each problem is appended to ``errors`` (all of them are
+    reported together), or raised at once when ``errors`` is None."""
+
+    def problem(message: str) -> None:
+        if errors is None:
+            raise ConfigError(message)
+        errors.append(message)
+
     for key, v in raw.items():
         if key not in KEYS:
             hint = _suggest(key)
-            raise ConfigError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+            problem(f"{where}: unknown key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+            continue
         if not allow_global and key in GLOBAL_ONLY:
-            raise ConfigError(f"{where}: key {key!r} configures the daemon and cannot be set in a profile")
+            problem(f"{where}: key {key!r} configures the daemon and cannot be set in a profile")
+            continue
         try:
             values[key] = KEYS[key].check(v)
         except ValueError as exc:
             shown = "a value that is not shown (it is a secret)" if key == "api_key" else repr(v)
-            raise ConfigError(f"{where}: key {key!r} must be {exc}; got {shown}") from None
+            problem(f"{where}: key {key!r} must be {exc}; got {shown}")
+            continue
         sources[key] = source
+
+
+def _raise_all(errors: list[str]) -> None:
+    """One error as it is; several as a numbered list under a count, so none is hidden."""
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        raise ConfigError(f"{len(errors)} configuration errors:\n" + "\n".join(f"  {i}. {e}" for i, e in enumerate(errors, 1)))
 
 
 def _suggest(key: str) -> str | None:
@@ -430,11 +504,13 @@ def load_config(
     values: dict[str, Any] = {k: copy.deepcopy(spec.default) for k, spec in KEYS.items()}
     sources: dict[str, str] = {k: "default" for k in KEYS}
 
+    errors: list[str] = []
     file_data = _read_yaml(home.config_file)
     profiles_raw = file_data.pop("profiles", None) or {}
     if not isinstance(profiles_raw, Mapping):
-        raise ConfigError(f"{home.config_file}: key 'profiles' must be a mapping of profile name to overrides")
-    _apply(values, sources, file_data, "config.yaml", str(home.config_file))
+        errors.append(f"{home.config_file}: key 'profiles' must be a mapping of profile name to overrides")
+        profiles_raw = {}
+    _apply(values, sources, file_data, "config.yaml", str(home.config_file), errors=errors)
 
     env_raw: dict[str, Any] = {}
     env_src: dict[str, str] = {}
@@ -446,22 +522,31 @@ def load_config(
         if n in env:
             env_raw[key], env_src[key] = env[n], f"env {n}"
     for key, v in env_raw.items():
-        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}")
+        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}", errors=errors)
 
     for key, v in (flags or {}).items():
         if v is not None:
-            _apply(values, sources, {key: v}, f"flag --{key.replace('_', '-')}", f"command-line flag --{key.replace('_', '-')}")
+            _apply(
+                values,
+                sources,
+                {key: v},
+                f"flag --{key.replace('_', '-')}",
+                f"command-line flag --{key.replace('_', '-')}",
+                errors=errors,
+            )
 
     default = Profile("default", MappingProxyType(values), MappingProxyType(sources))
     profiles: dict[str, Profile] = {}
     for pname, overrides in profiles_raw.items():
         where = f"{home.config_file}: profiles.{pname}"
         if not isinstance(pname, str) or not pname.replace("-", "").replace("_", "").isalnum():
-            raise ConfigError(f"{home.config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
+            errors.append(f"{home.config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
+            continue
         if not isinstance(overrides, Mapping):
-            raise ConfigError(f"{where} must be a mapping of keys to values")
+            errors.append(f"{where} must be a mapping of keys to values")
+            continue
         pv, ps = dict(values), dict(sources)
-        _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False)
+        _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False, errors=errors)
         # a profile is part of config.yaml: the environment and flags still win over it
         for key in env_raw:
             pv[key], ps[key] = values[key], sources[key]
@@ -470,21 +555,26 @@ def load_config(
                 pv[key], ps[key] = values[key], sources[key]
         profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
     for prof in (default, *profiles.values()):
-        _check_provider_model(prof, home.config_file)
+        problem = _check_provider_model(prof, home.config_file)
+        if problem:
+            errors.append(problem)
+    _raise_all(errors)
     return Config(home=home, default=default, profiles=MappingProxyType(profiles))
 
 
-def _check_provider_model(profile: Profile, config_file: Path) -> None:
-    """A model the profile's provider does not offer is refused before anything is sent."""
+def _check_provider_model(profile: Profile, config_file: Path) -> str | None:
+    """A model the profile's provider does not offer is refused before anything is sent
+    (the message, collected with the other configuration errors)."""
     provider = profile.values["provider"]
     prefix = PROVIDER_MODEL_PREFIX.get(provider)
     model = profile.values["model"]
-    if prefix and not model.startswith(prefix):
+    if prefix and isinstance(model, str) and not model.startswith(prefix):
         where = "the default profile" if profile.name == "default" else f"profiles.{profile.name}"
-        raise ConfigError(
+        return (
             f"{config_file}: {where}: key 'model' is {model!r}, which provider {provider!r} does not offer "
             f"(its models start with {prefix!r}); set 'model' or 'provider'"
         )
+    return None
 
 
 def provider_key_problem(config: Config, sandbox: bool = False) -> str | None:

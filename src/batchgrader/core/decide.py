@@ -24,11 +24,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+from batchgrader.core import queue
 from batchgrader.core.config import Config, Profile
+from batchgrader.core.queue import (  # noqa: F401 - part of the rules' interface
+    enqueued_tokens,
+    known_limit,
+    probe_after_completion,
+    queue_limit,
+    refusal_lesson,
+    token_cap,
+)
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = 0.5
 POLL_BACKOFF = 1.6
+#: Row error codes never resubmitted automatically (the row can never be accepted as it is).
+NEVER_RETRIED = frozenset({"request_too_large"})
 
 
 def resubmit_delay(poll_interval: float) -> float:
@@ -151,6 +162,8 @@ class FailBatch(Action):
     error: str
     retryable: bool
     retry_delay: float = 0.0
+    learned: queue.Learned | None = None  # what a token_limit_exceeded refusal taught (QueueLimitLearned)
+    message: str | None = None  # the provider's refusal message
     stage: ClassVar[int] = 6
 
 
@@ -215,6 +228,17 @@ class Upload(Action):
 @dataclass(frozen=True)
 class Create(Action):
     chunk: int
+    stage: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class Replan(Action):
+    """A chunk larger than the queue limit: split its rows into chunks that fit (ChunkReplanned).
+    Under an estimated limit a row over it goes alone; under a stated one it fails."""
+
+    chunk: int
+    limit: int
+    exact: bool
     stage: ClassVar[int] = 7
 
 
@@ -322,13 +346,11 @@ def batches_in_use(state: State) -> int:
     return used
 
 
-def enqueued_tokens(state: State, model: str) -> int:
-    """Input tokens of ``model`` at the provider (in flight or being sent), across all jobs."""
-    total = 0
-    for j in state.active_jobs():
-        if j.model == model:
-            total += sum(c.input_tokens for c in j.chunks.values() if c.in_flight or c.open_intent)
-    return total
+def list_round_due(state: State, timers: Timers, now: float) -> bool:
+    """With two or more batches in flight, one paged batches.list refreshes them all; it is due
+    when any of them is due by its own backoff."""
+    flying = [(j.job_id, c.index) for j in state.active_jobs() for c in j.chunks.values() if c.in_flight and c.batch_id]
+    return len(flying) >= 2 and any(timers.next_poll.get(k, (now, 0.0))[0] <= now for k in flying)
 
 
 def collectable(c: ChunkState) -> bool:
@@ -381,8 +403,15 @@ def waiting_to_resend(c: ChunkState) -> bool:
 
 
 def unstarted(c: ChunkState) -> bool:
-    """Never sent (or refused for good before a batch existed): nothing of it is at the provider."""
-    return not c.done and not c.in_flight and not c.open_intent and not (c.create == "done" and c.status in TERMINAL_BATCH)
+    """Never sent, refused for good before a batch existed, or refused for the queue limit and
+    waiting: nothing of it is at the provider."""
+    refused = c.failure is not None and bool(c.failure.get("retryable"))
+    return (
+        not c.done
+        and not c.in_flight
+        and not c.open_intent
+        and (refused or not (c.create == "done" and c.status in TERMINAL_BATCH))
+    )
 
 
 def pending(c: ChunkState) -> bool:
@@ -410,7 +439,7 @@ def halt_reason(job: JobState, profile: Profile) -> str | None:
     return f"halted because chunk {failed[0].index} failed: {(failed[0].failure or {}).get('error')}"
 
 
-def batch_failure(job: JobState, c: ChunkState, poll_interval: float) -> FailBatch:
+def batch_failure(state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str = "") -> FailBatch:
     codes = [e.get("code") for e in c.batch_errors]
     msg = (
         "; ".join(
@@ -419,7 +448,14 @@ def batch_failure(job: JobState, c: ChunkState, poll_interval: float) -> FailBat
         or "batch failed"
     )
     if "token_limit_exceeded" in codes:
-        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, resubmit_delay(poll_interval))
+        refusal = next((e.get("message") for e in c.batch_errors if e.get("code") == "token_limit_exceeded"), msg)
+        if queue.fails_alone(c.requests, enqueued_tokens(state, job.model or "", exclude=(job.job_id, c.index))):
+            why = f"this row alone ({c.input_tokens:,} input tokens) is over the provider's enqueued-token limit: {refusal}"
+            return FailBatch(job.job_id, c.index, c.batch_id, "request_too_large", why, False, message=refusal)
+        learned = refusal_lesson(state, job, c, refusal, queue_url)
+        # nothing new to go by (a queue shared with others): wait a while before sending again
+        delay = resubmit_delay(poll_interval) if learned is None else 0.0
+        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, delay, learned, refusal)
     return FailBatch(job.job_id, c.index, c.batch_id, str(codes[0]) if codes else "batch_failed", msg, False)
 
 
@@ -435,7 +471,9 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
     return [
         cid
         for cid, info in job.failed_rows.items()
-        if job.row_attempts.get(cid, 0) < profile.max_row_retries and info.get("code") not in PAID_ANSWER_LOST
+        if job.row_attempts.get(cid, 0) < profile.max_row_retries
+        and info.get("code") not in PAID_ANSWER_LOST
+        and info.get("code") not in NEVER_RETRIED
     ]
 
 
@@ -478,24 +516,32 @@ def ending(job: JobState) -> tuple[str, dict[str, Any]]:
 # --- the decision -----------------------------------------------------------------------------------
 
 
-def decide(state: State, config: Config, now: float, timers: Timers = Timers()) -> list[Action]:
+def decide(state: State, config: Config, now: float, timers: Timers = Timers(), queue_url: str = "") -> list[Action]:
     """The next actions of every job, oldest job first."""
     actions: list[Action] = []
     for job in sorted(state.jobs.values(), key=lambda j: j.created_ts):
-        actions += decide_job(state, job.job_id, config, now, timers)
+        actions += decide_job(state, job.job_id, config, now, timers, queue_url=queue_url)
     return actions
 
 
-def next_action(state: State, job_id: str, config: Config, now: float, timers: Timers, step: Step) -> Action | None:
+def next_action(
+    state: State, job_id: str, config: Config, now: float, timers: Timers, step: Step, queue_url: str = ""
+) -> Action | None:
     """The first action of :func:`decide_job` not yet done and not behind the stage reached."""
-    for a in decide_job(state, job_id, config, now, timers, step):
+    for a in decide_job(state, job_id, config, now, timers, step, queue_url):
         if a.stage >= step.stage and a.key not in step.done:
             return a
     return None
 
 
 def decide_job(
-    state: State, job_id: str, config: Config, now: float, timers: Timers = Timers(), step: Step = Step()
+    state: State,
+    job_id: str,
+    config: Config,
+    now: float,
+    timers: Timers = Timers(),
+    step: Step = Step(),
+    queue_url: str = "",
 ) -> list[Action]:
     """The actions that take one job a step further, in order.
 
@@ -539,7 +585,7 @@ def decide_job(
             out.append(CheckDuplicates(job_id, c.index))
     for c in chunks:
         if collectable(c):
-            out += _collect(job, c, settings.poll_interval_seconds)
+            out += _collect(state, job, c, settings.poll_interval_seconds, queue_url)
     if job.cancel_requested:
         for c in chunks:
             if unstarted(c) or waiting_to_resend(c):
@@ -553,7 +599,7 @@ def decide_job(
                     )
                 )
     else:
-        out += _submit(state, job, config, now, timers, step)
+        out += _submit(state, job, config, now, timers, step, queue_url)
     if all(c.done for c in chunks):
         profile = config.profile(job.profile)
         ids = [] if job.cancel_requested else retry_ids(job, profile)
@@ -564,9 +610,9 @@ def decide_job(
     return out
 
 
-def _collect(job: JobState, c: ChunkState, poll_interval: float) -> list[Action]:
+def _collect(state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str) -> list[Action]:
     if c.status == "failed":
-        return [batch_failure(job, c, poll_interval)]
+        return [batch_failure(state, job, c, poll_interval, queue_url)]
     out: list[Action] = []
     for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
         if file_id and c.downloads.get(kind, {}).get("state") not in ("done", "failed"):
@@ -576,8 +622,12 @@ def _collect(job: JobState, c: ChunkState, poll_interval: float) -> list[Action]
     return out
 
 
-def _submit(state: State, job: JobState, config: Config, now: float, timers: Timers, step: Step) -> list[Action]:
-    """Halt after a failed chunk, hold over budget, else upload and create within capacity."""
+def _submit(
+    state: State, job: JobState, config: Config, now: float, timers: Timers, step: Step, queue_url: str = ""
+) -> list[Action]:
+    """Halt after a failed chunk, hold over budget, else upload and create as far as the
+    provider's queue limit (and max_simultaneous_batches, if set) allows; re-plan a chunk
+    larger than the limit."""
     out: list[Action] = []
     profile = config.profile(job.profile)
     reason = halt_reason(job, profile)
@@ -598,24 +648,32 @@ def _submit(state: State, job: JobState, config: Config, now: float, timers: Tim
             out.append(Hold(job.job_id, problem[0], problem[1]))
             return out
     settings = config.default
-    limit = settings.enqueued_token_limit.get(job.model or "")
+    model = job.model or ""
+    limit, exact = queue_limit(state, config, model, queue_url)
     halt = profile.halt_on_chunk_failure and not job.retry_requested
     if halt and any(x.failure and not x.failure.get("retryable") for x in job.chunks.values()):
         return out  # only "halted" chunks failed: nothing more is sent
-    free = settings.max_simultaneous_batches - batches_in_use(state)
-    enqueued = enqueued_tokens(state, job.model or "")
+    cap = settings.max_simultaneous_batches
+    free = (1 << 30) if cap is None else cap - batches_in_use(state)
+    enqueued = enqueued_tokens(state, model)
     for c in waiting:
         if timers.not_before.get((job.job_id, c.index), 0) > now:
             continue
+        if queue.needs_replan(limit, c.input_tokens, c.requests, exact):
+            assert limit is not None
+            if ("Replan", c.index, None) not in step.done:
+                out.append(Replan(job.job_id, c.index, limit, exact))
+            continue
         if c.upload == "done" and c.create in ("none", "failed"):
-            if ("Create", c.index, None) not in step.done:
+            counted = c.input_tokens if c.failure is None else 0  # enqueued_tokens counts it already
+            if ("Create", c.index, None) not in step.done and queue.has_room(limit, enqueued - counted, c.input_tokens, exact):
                 out.append(Create(job.job_id, c.index))  # uploaded earlier: create (again) with the same file
-                enqueued += c.input_tokens
+                enqueued += c.input_tokens - counted
             continue
         if free <= 0:
             break
-        if limit is not None and enqueued + c.input_tokens > limit and enqueued > 0:
-            break  # wait for capacity at the provider
+        if not queue.has_room(limit, enqueued, c.input_tokens, exact):
+            continue  # waiting for room in the provider's queue
         if ("Upload", c.index, None) in step.done:
             continue
         attempt = c.attempt + 1

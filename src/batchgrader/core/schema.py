@@ -69,7 +69,7 @@ EVENTS: dict[str, EventType] = {
             1,
             "prepare",
             {
-                "format": "csv/json/jsonl",
+                "format": "csv/json/jsonl/xlsx/parquet",
                 "model": "model",
                 "encoding": "tiktoken encoding",
                 "rows": "data rows",
@@ -81,7 +81,7 @@ EVENTS: dict[str, EventType] = {
                 "estimate_usd": "{input, max_output, max_total} or null",
                 "warnings": "list of strings",
                 "requests_path": "JSONL of every row's request, kept for retries",
-                "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard), fixed at preparation",
+                "settings": "(optional) the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard, sheet, encoding), fixed at preparation",
             },
             optional=("settings",),  # absent from payloads written before it was added
         ),
@@ -264,6 +264,20 @@ EVENTS: dict[str, EventType] = {
             },
         ),
         _t(
+            "SchemaOverheadLearned",
+            1,
+            "merge",
+            {
+                "model": "model",
+                "schema_sha256": "sha256 of the response_format (canonical JSON)",
+                "chunk": "the chunk it was learned from",
+                "requests": "rows answered in that chunk",
+                "counted_tokens": "input tokens counted locally (tiktoken) for those rows",
+                "billed_prompt_tokens": "prompt tokens the provider billed for them",
+                "per_request": "(billed - counted) / requests: the schema's overhead per request",
+            },
+        ),
+        _t(
             "RowsFailed",
             1,
             "merge",
@@ -342,6 +356,41 @@ EVENTS: dict[str, EventType] = {
         _t("JobCancelled", 1, "cancel", {"succeeded": "rows answered before the cancel", "failed": "rows without an answer"}),
         _t("RetryRequested", 1, "bgctl retry", {"reason": "why"}),
         _t("InputRestored", 1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"}),
+        # --- scheduling: the provider's queue limit ---------------------------------------------
+        _t(
+            "QueueLimitLearned",
+            1,
+            "schedule",
+            {
+                "base_url": "provider base URL the limit applies to ('sandbox' for the sandbox emulator)",
+                "model": "model",
+                "limit": "prompt tokens that may be in flight for the model at once",
+                "exact": "true when the provider's message stated the figure",
+                "source": "message (read from the refusal), halved (no figure: half of what was in flight) or probe (raised after a batch completed)",
+                "chunk": "the refused or completed chunk that taught it, or null",
+                "message": "the provider's message, or null",
+            },
+        ),
+        _t(
+            "ChunkReplanned",
+            1,
+            "schedule",
+            {
+                "chunk": "the refused chunk, larger than the queue limit; it is done, its rows move to the new chunks",
+                "limit": "the queue limit the new chunks fit under",
+                "chunks": "new chunks: list of {index, custom_ids, requests, input_tokens, bytes, path}",
+                "oversized": "rows that alone exceed the limit: list of {custom_id, tokens} (failed with request_too_large in the same append)",
+            },
+        ),
+        _t(
+            "JobEndHookStarted",
+            1,
+            "job end",
+            {
+                "end_seq": "job_seq of the job's last event when it ended (one run per end)",
+                "timeout_seconds": "time limit of the command",
+            },
+        ),
     ]
 }
 

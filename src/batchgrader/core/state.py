@@ -59,6 +59,7 @@ class ChunkState:
     create_retried: bool = False
     dup_check_due: str | None = None
     malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
+    replanned: bool = False  # refused for the queue limit and split into smaller chunks
 
     @property
     def in_flight(self) -> bool:
@@ -124,6 +125,7 @@ class JobState:
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
     last_error: str | None = None
     rejected: bool = False
+    end_hook_seq: int | None = None  # JobEndHookStarted.end_seq: the on_job_end command ran for that end
 
     # --- derived views ----------------------------------------------------------------------
     @property
@@ -177,7 +179,10 @@ class State:
     batch_index: dict[str, tuple[str, int]] = field(default_factory=dict)  # batch_id -> (job, chunk)
     spend_by_day: dict[str, float] = field(default_factory=dict)
     tokens_by_day: dict[str, int] = field(default_factory=dict)
+    # (base_url, model) -> {limit, exact, source, ts}: the latest QueueLimitLearned
+    queue_limits: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     last_seq: int = 0
+    schema_overhead: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, schema sha) -> tokens/request
 
     def apply(self, e: Event) -> None:
         """Apply one event in place (the daemon's private state). Deterministic, no I/O."""
@@ -477,9 +482,43 @@ def _retry_requested(s: State, job: JobState, p: dict, e: Event) -> None:
     job.provider_files_deleted = False
 
 
+def _schema_overhead_learned(s: State, job: JobState, p: dict, e: Event) -> None:
+    s.schema_overhead[(p["model"], p["schema_sha256"])] = float(p["per_request"])
+
+
 def _input_restored(s: State, job: JobState, p: dict, e: Event) -> None:
     job.archived_path = None
     job.input_path = p.get("path", job.input_path)
+
+
+def _queue_limit_learned(s: State, job: JobState, p: dict, e: Event) -> None:
+    s.queue_limits[(p.get("base_url") or "", p.get("model") or "")] = {
+        "limit": int(p.get("limit") or 0),
+        "exact": bool(p.get("exact")),
+        "source": p.get("source"),
+        "ts": e.ts,
+    }
+
+
+def _chunk_replanned(s: State, job: JobState, p: dict, e: Event) -> None:
+    """The refused chunk is done (nothing was answered or billed); its rows live on in new
+    chunks.  Unlike RetryPlanned, no row's retry counter moves."""
+    c = _chunk(job, p)
+    c.done, c.replanned, c.failure = True, True, None
+    for n in p.get("chunks", []):
+        ids = list(n.get("custom_ids", []))
+        job.chunks[n["index"]] = ChunkState(
+            index=n["index"],
+            requests=n.get("requests", len(ids)),
+            input_tokens=n.get("input_tokens", 0),
+            bytes=n.get("bytes", 0),
+            path=n["path"],
+            custom_ids=ids,
+        )
+
+
+def _job_end_hook_started(s: State, job: JobState, p: dict[str, Any], e: Event) -> None:
+    job.end_hook_seq = p.get("end_seq")
 
 
 _HANDLERS = {
@@ -517,4 +556,8 @@ _HANDLERS = {
     "JobRecovered": _job_recovered,
     "RecoveredBatchesAdopted": _recovered_batches_adopted,
     "OutputFileMalformed": _output_file_malformed,
+    "SchemaOverheadLearned": _schema_overhead_learned,
+    "QueueLimitLearned": _queue_limit_learned,
+    "ChunkReplanned": _chunk_replanned,
+    "JobEndHookStarted": _job_end_hook_started,
 }

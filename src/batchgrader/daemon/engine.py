@@ -20,9 +20,11 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any, cast
 
+from batchgrader.core import queue
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import (
     FIRST_POLL_DELAY,
@@ -44,6 +46,7 @@ from batchgrader.core.decide import (
     Reconcile,
     RecoverEnded,
     Release,
+    Replan,
     RestoreInput,
     SearchRecovered,
     Step,
@@ -53,28 +56,36 @@ from batchgrader.core.decide import (
     capacity_refusal,
     create_settle_seconds,
     epoch,
+    list_round_due,
     next_action,
     next_poll_delay,
+    probe_after_completion,
+    queue_limit,
+    refusal_lesson,
     resubmit_delay,
+    token_cap,
     upload_name,
     utc_day,
 )
 from batchgrader.core.home import Home
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.daemon import jobhook
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
+from batchgrader.pipeline.calibration import learned_overhead, overhead_payload
 from batchgrader.pipeline.merge import merge_chunk
-from batchgrader.pipeline.outbox import added_columns, error_name, error_report, result_name, result_values
+from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_name, result_values
 from batchgrader.pipeline.prepare import ENDPOINT, default_custom_id, file_sha256, oversized_positions, prepare
 from batchgrader.pipeline.pricing import PriceTable, PricingError
-from batchgrader.pipeline.results import iter_outcomes
-from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
+from batchgrader.pipeline.results import ResultsJoin, iter_outcomes
+from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, TableWriter, defuse_formula, open_table, text_of
 from batchgrader.provider.openai_api import (
     OutcomeUnknown,
     Provider,
     ProviderError,
     ProviderRejected,
+    list_statuses,
     reconcile_batch,
     reconcile_upload,
 )
@@ -103,6 +114,12 @@ def _e(type_: str, **payload: Any) -> NewEvent:
 
 def stamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def input_error_for_user(exc: InputError, user_file: str) -> str:
+    """An input error as the user should read it: named after their file (``reviews.csv``), not
+    the daemon's work copy (``input.csv``)."""
+    return str(InputError(user_file, exc.reason, exc.line, exc.column))
 
 
 @dataclass
@@ -192,6 +209,10 @@ class Engine:
         self.idle = not self.busy() and not self.inbox_pending()
 
     def _advance_all(self, now: float) -> None:
+        try:
+            self._list_round(now)
+        except ProviderError as exc:
+            log.warning("listing batches: %s (polling them one by one)", exc)
         for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
             if self.should_stop():
                 return
@@ -402,7 +423,7 @@ class Engine:
         ask again with what was done."""
         step = Step()
         while True:
-            action = next_action(self.state, job.job_id, self.config, now, self.timers(), step)
+            action = next_action(self.state, job.job_id, self.config, now, self.timers(), step, self.queue_url)
             if action is None:
                 return
             step = step.after(action)
@@ -439,14 +460,20 @@ class Engine:
         elif isinstance(a, SearchRecovered):
             self._adopt_recovered(job, now)
         elif isinstance(a, FailBatch):
+            if a.code == "request_too_large":
+                self._delete_refused_file_of(job.chunks[a.chunk])  # a row alone over the queue limit
             self.emit(
                 job.job_id,
+                *self._learned_event(job.model or "", a.learned, a.chunk, a.message),
                 _e("ChunkFailed", chunk=a.chunk, batch_id=a.batch_id, code=a.code, error=a.error, retryable=a.retryable),
             )
             if a.retryable:
-                self._not_before[(job.job_id, a.chunk)] = now + a.retry_delay
+                if a.retry_delay:
+                    self._not_before[(job.job_id, a.chunk)] = now + a.retry_delay
             else:
                 self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.error)
+        elif isinstance(a, Replan):
+            self._replan(job, job.chunks[a.chunk], a.limit, a.exact)
         elif isinstance(a, Download):
             self._download(job, job.chunks[a.chunk], a.kind, a.file_id, now)
         elif isinstance(a, Merge):
@@ -473,6 +500,7 @@ class Engine:
             self._delete_provider_files(job, a.file_ids)
         elif isinstance(a, Finish):
             self.emit(job.job_id, _e(a.event, **a.payload))
+            self._after_job_end(job.job_id, now)
         else:  # pragma: no cover - every action type is handled above
             raise TypeError(f"unknown action {a!r}")
 
@@ -519,7 +547,7 @@ class Engine:
             return self._fail(
                 job,
                 "bad_input",
-                str(exc).replace(str(job.input_path), job.file),
+                input_error_for_user(exc, job.file),
                 "Fix the file and drop it in the inbox again.",
                 "prepare",
                 now,
@@ -541,7 +569,7 @@ class Engine:
         atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
         chunk_dir = job_dir / "chunks"
         paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
-        summary = prep.summary(self.prices)
+        summary = prep.summary(self.prices, learned_overhead(self.state, prep.model, profile.response_format))
         chunks = [
             {
                 "index": c.index,
@@ -579,17 +607,153 @@ class Engine:
         )
 
     def _limits(self, profile: Profile) -> Limits | None:
-        """The split limits, tightened to the model's enqueued-token cap when one is configured."""
-        cap = self.settings.enqueued_token_limit.get(profile.model)
-        if cap is None or cap >= profile.split_token_limit:
+        """The split limits, tightened to the model's queue limit (configured or learned)."""
+        cap = queue_limit(self.state, self.config, profile.model, self.queue_url)[0]
+        if cap is None or (profile.split_token_limit is not None and cap >= profile.split_token_limit):
             return None
         price = self.prices.find(profile.model)
         limits = Limits.from_settings(profile, price.context_window if price else None)
         return dataclasses.replace(limits, token_limit=cap, token_limit_name="enqueued_token_limit")
 
+    # --- the provider's queue limit -----------------------------------------------------------
+    @property
+    def queue_url(self) -> str:
+        """Whose queue a learned limit belongs to: the provider's base URL ('sandbox' in sandbox mode)."""
+        if self.sandbox:
+            return "sandbox"
+        return str(getattr(self.provider, "base_url", "") or self.settings.base_url or "").rstrip("/")
+
+    def _learned_event(self, model: str, learned: queue.Learned | None, chunk: int, message: str | None) -> list[NewEvent]:
+        if learned is None:
+            return []
+        log.warning(
+            "queue limit for %s at %s: %s tokens (%s)",
+            model,
+            self.queue_url or "the provider",
+            f"{learned.limit:,}",
+            learned.source,
+        )
+        return [
+            _e(
+                "QueueLimitLearned",
+                base_url=self.queue_url,
+                model=model,
+                limit=learned.limit,
+                exact=learned.exact,
+                source=learned.source,
+                chunk=chunk,
+                message=message,
+            )
+        ]
+
+    def _delete_refused_file(self, c: ChunkState) -> None:
+        """The input file of a batch refused for the queue limit is deleted before its rows are
+        sent again (a new upload, or new chunks), so it is never left at the provider.  Deleting
+        is idempotent: after a crash it is simply done again."""
+        refused_batch = c.failure is not None and c.failure.get("retryable")
+        refused_create = c.upload == "done" and c.create == "failed"  # refused at once: no batch uses the file
+        if refused_batch or refused_create:
+            self._delete_refused_file_of(c)
+
+    def _delete_refused_file_of(self, c: ChunkState) -> None:
+        if self.provider is None or not c.file_id:
+            return
+        try:
+            self.provider.delete_file(c.file_id)
+        except ProviderError as exc:
+            log.info("could not delete refused batch file %s: %s", c.file_id, exc)
+
+    def _replan(self, job: JobState, c: ChunkState, limit: int, exact: bool) -> None:
+        """Split the rows of a chunk larger than the queue limit into chunks that fit.  A row
+        that alone exceeds a stated limit fails (request_too_large); under an estimated one it
+        is tried alone.  Retry counters do not move.  Chunk files first, then one append; a
+        crash in between plans the same chunks again."""
+        self._delete_refused_file(c)
+        ids = set(chunk_custom_ids(c))
+        lines: list[bytes] = []
+        cids: list[str] = []
+        tokens, sizes = array("Q"), array("Q")
+        tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        first, last = (c.start, c.end) if c.custom_ids is None else (0, None)
+        for pos, line in enumerate(islice(_lines(Path(job.requests_path or "")), first, last), start=first):
+            cid = json.loads(line)["custom_id"]
+            if cid in ids:
+                lines.append(line)
+                cids.append(cid)
+                tokens.append(tok_all[pos])
+                sizes.append(size_all[pos])
+        profile = self.profile_of(job)
+        caps = Limits(
+            token_limit=min(limit, profile.split_token_limit or limit),
+            row_limit=profile.split_row_limit,
+            max_requests=profile.max_requests_per_batch,
+            max_bytes=profile.max_batch_bytes,
+            token_limit_name="provider's enqueued-token limit",
+        )
+        chunks, over = plan_chunks(tokens, sizes, caps)
+        base = max(job.chunks) + 1
+        out_dir = self.home.job_dir(job.job_id) / "chunks"
+        skip = {o.position for o in over}
+        paths = write_chunk_files(iter(lines), chunks, skip, out_dir, f"{job.job_id}-replan{base:04d}")
+        new = [
+            {
+                "index": base + i,
+                "custom_ids": [cids[k] for k in range(ch.start, ch.end) if k not in skip],
+                "requests": ch.requests,
+                "input_tokens": ch.input_tokens,
+                "bytes": ch.bytes,
+                "path": str(p),
+            }
+            for i, (ch, p) in enumerate(zip(chunks, paths))
+        ]
+        if not exact and over:  # an estimated limit may be too low: each row over it goes alone
+            singles = [
+                Chunk(index=i, start=i, end=i + 1, requests=1, input_tokens=o.tokens, bytes=o.bytes) for i, o in enumerate(over)
+            ]
+            spaths = write_chunk_files(
+                (lines[o.position] for o in over), singles, set(), out_dir, f"{job.job_id}-replan{base:04d}-alone"
+            )
+            for o, ch, p in zip(over, singles, spaths):
+                new.append(
+                    {
+                        "index": base + len(new),
+                        "custom_ids": [cids[o.position]],
+                        "requests": 1,
+                        "input_tokens": ch.input_tokens,
+                        "bytes": ch.bytes,
+                        "path": str(p),
+                    }
+                )
+            over = []
+        events = [
+            _e(
+                "ChunkReplanned",
+                chunk=c.index,
+                limit=limit,
+                chunks=new,
+                oversized=[{"custom_id": cids[o.position], "tokens": o.tokens} for o in over],
+            )
+        ]
+        if over:
+            rows = [
+                {"custom_id": cids[o.position], "code": "request_too_large", "message": o.reason + " (it can never be accepted)"}
+                for o in over
+            ]
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=None, rows=rows))
+        log.info(
+            "job %s chunk %s: %s tokens over the queue limit %s; re-planned as %d chunks",
+            job.job_id,
+            c.index,
+            f"{c.input_tokens:,}",
+            f"{limit:,}",
+            len(new),
+        )
+        self.emit(job.job_id, *events)
+
     # --- submit -------------------------------------------------------------------------------
     def _upload(self, job: JobState, c: ChunkState, a: Upload) -> None:
         assert self.provider is not None
+        self._delete_refused_file(c)
         self.emit(job.job_id, _e("UploadStarted", chunk=c.index, attempt=a.attempt, filename=a.filename, bytes=c.bytes))
         self._do_upload(job, job.chunks[c.index])
 
@@ -653,7 +817,13 @@ class Engine:
         except ProviderRejected as exc:
             self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
             if capacity_refusal(exc.status_code, str(exc)):
-                self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
+                learned = None
+                if queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc)):
+                    learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url)
+                if learned is None:
+                    self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
+                else:  # some providers refuse at once: learn the limit from that too
+                    self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc)))
                 return
             self.emit(
                 job.job_id,
@@ -767,11 +937,24 @@ class Engine:
         self._next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)
 
     # --- poll and collect ---------------------------------------------------------------------
-    def _poll(self, job: JobState, c: ChunkState, now: float) -> None:
+    def _list_round(self, now: float) -> None:
+        """With several batches in flight, one paged ``batches.list`` per poll round replaces a
+        ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is refreshed."""
+        if self.provider is None or not list_round_due(self.state, self.timers(), now):
+            return
+        flying = [(j, c) for j in self.state.active_jobs() for c in j.chunks.values() if c.in_flight and c.batch_id]
+        listed = list_statuses(self.provider, {c.batch_id for _, c in flying if c.batch_id})
+        for j, c in flying:
+            b = listed.get(c.batch_id or "")
+            if b is not None:
+                self._poll(j, c, now, b)
+
+    def _poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
         assert self.provider is not None and c.batch_id
         key = (job.job_id, c.index)
         _due, delay = self._next_poll.get(key, (now, FIRST_POLL_DELAY))
-        b = self.provider.retrieve(c.batch_id)
+        if b is None:
+            b = self.provider.retrieve(c.batch_id)
         ev = _status_event(c, b)
         if ev is not None:
             self.emit(job.job_id, ev)
@@ -893,6 +1076,9 @@ class Engine:
                 **merged.usage,
             )
         ]
+        learned = overhead_payload(job, c, merged.records, self.profile_of(job).response_format)
+        if learned is not None:
+            events.append(_e("SchemaOverheadLearned", **learned))
         if merged.failed_rows:
             events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=merged.failed_rows))
         events.append(
@@ -906,6 +1092,9 @@ class Engine:
                 results_path=str(results_path),
             )
         )
+        if c.status == "completed":
+            probe = probe_after_completion(self.state, job, self.queue_url)
+            events += self._learned_event(job.model or "", probe, c.index, None)
         self.emit(job.job_id, *events)
 
     def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
@@ -932,7 +1121,7 @@ class Engine:
             tokens,
             sizes,
             Limits(
-                token_limit=profile.split_token_limit,
+                token_limit=token_cap(self.state, self.config, profile, job.model or profile.model, self.queue_url),
                 row_limit=profile.split_row_limit,
                 max_requests=profile.max_requests_per_batch,
                 max_bytes=profile.max_batch_bytes,
@@ -1029,13 +1218,12 @@ class Engine:
         self.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
 
     def _write_result(self, job: JobState, profile: Profile, path: Path) -> int:
-        outcomes: dict[str, dict[str, Any]] = {}
-        for c in sorted(job.chunks.values(), key=lambda c: c.index):
-            if c.results_path and Path(c.results_path).exists():
-                with open(c.results_path, encoding="utf-8") as f:
-                    for line in f:
-                        rec = json.loads(line)
-                        outcomes[rec["custom_id"]] = rec
+        """Stream the input and join each row to its result (ResultsJoin: O(chunks) memory)."""
+        paths = [
+            c.results_path
+            for c in sorted(job.chunks.values(), key=lambda c: c.index)
+            if c.results_path and Path(c.results_path).exists()
+        ]
         row_errors = job.row_errors
         failed_info = job.failed_rows
         fixed = {**result_settings(profile), **job.settings}  # as prepared, even if the config changed since
@@ -1044,20 +1232,25 @@ class Engine:
 
         def write(f) -> None:
             nonlocal count
-            with open_table(Path(job.input_path)) as reader:
+            with (
+                open_table(Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8")) as reader,
+                ResultsJoin(paths) as results,
+            ):
                 cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
                 json_values = reader.fmt != "csv"
-                guard = fixed["csv_formula_guard"] and reader.fmt == "csv"
-                with TableWriter(f, reader, cols.names()) as w:
+                guard = fixed["csv_formula_guard"] and reader.fmt in ("csv", "xlsx")
+                types = added_column_types(cols, fixed["response_format"])
+                with TableWriter(f, reader, cols.names(), column_types=types) as w:
                     for row in reader:
                         cid = text_of(row.values[id_column]) if id_column else default_custom_id(job.sha256, row.number)
+                        outcome = results.take(cid)
                         err = None
                         if cid in row_errors:
                             err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
-                        elif cid in failed_info and cid not in outcomes:
+                        elif cid in failed_info and outcome is None:
                             err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
                         vals = dict(row.values)
-                        added = result_values(cols, outcomes.get(cid), err, json_values)
+                        added = result_values(cols, outcome, err, json_values)
                         if guard:  # the model's output is attacker-influenced; input cells stay unchanged
                             added = {k: defuse_formula(v) if isinstance(v, str) else v for k, v in added.items()}
                         vals.update(added)
@@ -1090,6 +1283,31 @@ class Engine:
             dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
             self.emit(job.job_id, _e("InputArchived", path=str(dest)))
         self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
+        self._after_job_end(job.job_id, now)
+
+    def _after_job_end(self, job_id: str, now: float) -> None:
+        """Effects of a job's end that never change the job: the HTML report (``write_report``)
+        and the ``on_job_end`` command (recorded first, so it runs at most once per end)."""
+        job = self.state.jobs[job_id]
+        try:
+            write_report = bool(self.profile_of(job).get("write_report"))
+        except ConfigError:
+            write_report = False
+        if write_report and job.result_path:
+            try:
+                from batchgrader.store.report import build_report
+                from batchgrader.store.report_html import render_html
+
+                page = render_html(build_report(list(self.store.read(job_id=job_id))))
+                dest = free_path(self.home.outbox, jobhook.report_name(job.file), stamp(now))
+                atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
+            except Exception as exc:  # a report is a convenience: never let it stop the daemon
+                log.warning("could not write the HTML report of job %s: %s", job_id, exc)
+        command = self.settings.get("on_job_end")
+        if command and job.end_hook_seq != job.version:
+            timeout = float(self.settings.get("on_job_end_timeout_seconds") or 60.0)
+            self.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
+            jobhook.start_hook(command, jobhook.hook_env(self.state.jobs[job_id]), timeout)
 
     def _redo_final_effects(self, job: JobState, now: float) -> None:
         """On restart, redo every effect a final event implies that is missing: the error report
@@ -1196,4 +1414,6 @@ def result_settings(profile: Profile) -> dict[str, Any]:
         "response_format": profile.response_format,
         "id_column": profile.id_column,
         "csv_formula_guard": profile.csv_formula_guard,
+        "sheet": profile.get("sheet"),
+        "encoding": profile.get("encoding", "utf-8"),
     }

@@ -169,7 +169,9 @@ def set_control_aside(home: Home, path: Path, problem: str) -> None:
 def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -> logging.Handler:
     home.logs.mkdir(parents=True, exist_ok=True)
     handler = logging.handlers.RotatingFileHandler(home.logs / "daemon.log", maxBytes=5_000_000, backupCount=5, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt.converter = time.gmtime  # UTC, like the event log (`bgctl logs --since` reads it)
+    handler.setFormatter(fmt)
     mask = MaskSecrets(secrets)
     handler.addFilter(mask)
     root = logging.getLogger("batchgrader")
@@ -216,6 +218,7 @@ class Daemon:
     tick_error: BaseException | None = None
     snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
+    stop_reason: str = "stopped"
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -273,6 +276,7 @@ class Daemon:
 
     def install_signal_handlers(self) -> None:
         def on_stop(signum, frame):  # noqa: ANN001
+            self.stop_reason = f"signal {signal.Signals(signum).name}"
             self.stop.set()
             self.wake.set()
 
@@ -285,12 +289,6 @@ class Daemon:
         signal.signal(signal.SIGHUP, on_hup)
 
     def run(self) -> int:
-        from apscheduler.schedulers.background import BackgroundScheduler
-
-        from batchgrader.daemon.engine import Engine
-        from batchgrader.daemon.notify import Notifier
-        from batchgrader.pipeline.inbox import InboxWatcher
-        from batchgrader.store.eventstore import EventStore, SchemaTooNew
 
         os.umask(0o077)
         self.home.ensure()
@@ -305,50 +303,67 @@ class Daemon:
             setup_logging(
                 self.home, config.log_level, [config.api_key or "", config.anthropic_api_key or ""], to_stderr=not self.live
             )
-            provider = self._provider(config)
             try:
-                store = EventStore(self.home.db, projectors=self.make_projectors())
-            except SchemaTooNew as exc:
-                raise DaemonError(str(exc)) from None
-            engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
-            if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
-                provider.provider_of_job = lambda job_id: engine.profile_of(engine.state.jobs[job_id]).provider
-            engine.should_stop = self.stop.is_set
-            engine.on_progress = self._beat
-            self.engine = engine
-            log.info(
-                "daemon starting (pid %s, home %s%s)",
-                os.getpid(),
-                self.home.root,
-                ", SANDBOX: simulated results" if self.sandbox else "",
-            )
-            engine.startup(time.time())
-            self._controls(engine)
-            self._publish()
-            notifier = Notifier()
-            notifier.ready()
-            watcher = InboxWatcher(self.home, self.wake)
-            watcher.start()
-            tick_seconds = max(0.05, min(0.5, config.poll_interval_seconds / 2))
-            scheduler = BackgroundScheduler()
-            job = scheduler.add_job(
-                self._tick, "interval", seconds=tick_seconds, max_instances=1, coalesce=True, misfire_grace_time=None
-            )
-            scheduler.start()
-            try:
-                code = self._main_loop(engine, notifier, job, tick_seconds)
-                if self.fatal is not None:
-                    raise DatabaseLost(str(self.fatal))
-                return code
+                return self._serve(config, prices)
+            except BaseException as exc:
+                self.stop_reason = f"error: {exc}" if isinstance(exc, Exception) else type(exc).__name__
+                raise
             finally:
-                notifier.stopping()
-                watcher.stop()
-                scheduler.shutdown(wait=True)  # lets a running tick finish its step
-                store.close()
+                log.info("daemon stopped (pid %s): %s", os.getpid(), self.stop_reason)
         finally:
             if self.emulator is not None:
                 self.emulator.stop()
             lock.release()
+
+    def _serve(self, config: Config, prices: PriceTable) -> int:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        from batchgrader.daemon.engine import Engine
+        from batchgrader.daemon.notify import Notifier
+        from batchgrader.pipeline.inbox import InboxWatcher
+        from batchgrader.store.eventstore import EventStore, SchemaTooNew
+
+        log.info(
+            "daemon starting (pid %s, home %s%s%s)",
+            os.getpid(),
+            self.home.root,
+            ", SANDBOX: simulated results" if self.sandbox else "",
+            ", --once" if self.once else "",
+        )
+        provider = self._provider(config)
+        try:
+            store = EventStore(self.home.db, projectors=self.make_projectors())
+        except SchemaTooNew as exc:
+            raise DaemonError(str(exc)) from None
+        engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
+        if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
+            provider.provider_of_job = lambda job_id: engine.profile_of(engine.state.jobs[job_id]).provider
+        engine.should_stop = self.stop.is_set
+        engine.on_progress = self._beat
+        self.engine = engine
+        engine.startup(time.time())
+        self._controls(engine)
+        self._publish()
+        notifier = Notifier()
+        notifier.ready()
+        watcher = InboxWatcher(self.home, self.wake)
+        watcher.start()
+        tick_seconds = max(0.05, min(0.5, config.poll_interval_seconds / 2))
+        scheduler = BackgroundScheduler()
+        job = scheduler.add_job(
+            self._tick, "interval", seconds=tick_seconds, max_instances=1, coalesce=True, misfire_grace_time=None
+        )
+        scheduler.start()
+        try:
+            code = self._main_loop(engine, notifier, job, tick_seconds)
+            if self.fatal is not None:
+                raise DatabaseLost(str(self.fatal))
+            return code
+        finally:
+            notifier.stopping()
+            watcher.stop()
+            scheduler.shutdown(wait=True)  # lets a running tick finish its step
+            store.close()
 
     def _beat(self) -> None:
         self.heartbeat = time.monotonic()
@@ -431,6 +446,7 @@ class Daemon:
                 if view:
                     view.update(snapshot)
                 if self.once and self._done_once(engine):
+                    self.stop_reason = "--once: every job has ended"
                     break
         finally:
             if view:

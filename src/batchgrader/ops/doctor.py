@@ -12,6 +12,7 @@ are unset (on a copy: the caller's environment is never changed).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -83,9 +84,38 @@ def checks_as_json(checks: Sequence[Check]) -> dict[str, Any]:
 def render_checks(checks: Sequence[Check], console: Any) -> None:
     """A rich table (✓ / ! / ✗, check, detail, fix) and a one-line summary on ``console``."""
     from rich.table import Table
+
+    if getattr(console, "width", 200) < NARROW:
+        _render_list(checks, console)
+    else:
+        t = Table(title="bgctl doctor")
+        _table_rows(t, checks)
+        console.print(t)
+    _render_summary(checks, console)
+
+
+# below this many columns the checks are a list, not a table: a table would break paths and
+# commands mid-word
+NARROW = 120
+
+
+def _render_list(checks: Sequence[Check], console: Any) -> None:
     from rich.text import Text
 
-    t = Table(title="bgctl doctor")
+    console.print(Text("bgctl doctor", style="bold"))
+    for c in checks:
+        line = Text(SYMBOLS.get(c.status, "?") + " ", style=_STYLES.get(c.status, ""))
+        line.append(c.name, style="bold")
+        line.append(": " + c.detail)
+        console.print(line)
+        if c.fix:
+            # the fix holds commands and paths to paste: one line, never wrapped by us
+            console.print(Text("    fix: " + c.fix, style="cyan"), soft_wrap=True)
+
+
+def _table_rows(t: Any, checks: Sequence[Check]) -> None:
+    from rich.text import Text
+
     t.add_column("", justify="center", no_wrap=True)
     t.add_column("check", style="bold", no_wrap=True)
     t.add_column("detail", overflow="fold")
@@ -94,7 +124,11 @@ def render_checks(checks: Sequence[Check], console: Any) -> None:
         style = _STYLES.get(c.status, "")
         # Text(...) so brackets in paths/messages are never read as rich markup
         t.add_row(Text(SYMBOLS.get(c.status, "?"), style=style), Text(c.name), Text(c.detail), Text(c.fix, style="cyan"))
-    console.print(t)
+
+
+def _render_summary(checks: Sequence[Check], console: Any) -> None:
+    from rich.text import Text
+
     fails = sum(1 for c in checks if c.status == FAIL)
     warns = sum(1 for c in checks if c.status == WARN)
     if fails:
@@ -242,8 +276,16 @@ def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str
     return Check("secrets file", OK, f"{path}: mode {_mode(path):04o}, sets {names}"), merged, seen
 
 
-def check_api_key(home: Home, config: Config | None, env: Mapping[str, str], from_file: Mapping[str, str] | None = None) -> Check:
-    """``from_file``: the variables the secrets file filled in (to name it as the key's source)."""
+def check_api_key(
+    home: Home,
+    config: Config | None,
+    env: Mapping[str, str],
+    from_file: Mapping[str, str] | None = None,
+    require_key: bool = False,
+) -> Check:
+    """``from_file``: the variables the secrets file filled in (to name it as the key's source).
+    ``require_key`` (``bgctl doctor`` without ``--sandbox``): no key is a failure, because the
+    daemon refuses to start without one; otherwise it is a warning."""
     from batchgrader.secrets import API_KEY_VAR, env_file_path
 
     secrets = env_file_path(home)
@@ -259,9 +301,10 @@ def check_api_key(home: Home, config: Config | None, env: Mapping[str, str], fro
         return Check("api key", OK, f"{mask_secret(key)} (from the environment)")
     key = config.default.api_key
     if not key:
-        return Check(
-            "api key", WARN, f"no API key: {API_KEY_VAR} is not set, config.yaml has no api_key and {secrets} has none", fix
-        )
+        detail = f"no API key: {API_KEY_VAR} is not set, config.yaml has no api_key and {secrets} has none"
+        if require_key:
+            return Check("api key", FAIL, detail + "; `bgctl daemon` refuses to start without one", fix)
+        return Check("api key", WARN, detail, fix)
     source = config.default.sources.get("api_key", "")
     if source == f"env {API_KEY_VAR}" and from_file.get(API_KEY_VAR) == key:
         source = str(secrets)
@@ -523,6 +566,29 @@ def check_database(home: Home) -> Check:
     return Check("database", OK, f"{db}: PRAGMA integrity_check ok")
 
 
+def check_queue_limits(home: Home, config: Config | None) -> Check:
+    """The provider queue limits: configured (enqueued_token_limit) and learned (QueueLimitLearned)."""
+    parts = [f"{m}: {n:,} (configured)" for m, n in sorted((config.enqueued_token_limit if config else {}).items())]
+    if home.db.exists():
+        try:
+            conn = sqlite3.connect(f"file:{home.db}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = conn.execute("SELECT payload FROM events WHERE type = 'QueueLimitLearned' ORDER BY seq").fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            return Check("queue limits", WARN, f"cannot read {home.db}: {exc}", "see the database check")
+        learned: dict[tuple[str, str], dict[str, Any]] = {}
+        for (payload,) in rows:
+            p = json.loads(payload)
+            learned[(p.get("base_url") or "", p.get("model") or "")] = p
+        for (url, model), p in sorted(learned.items()):
+            how = "stated by the provider" if p.get("exact") else f"estimated, {p.get('source')}"
+            parts.append(f"{model} at {url or 'the provider'}: {int(p.get('limit') or 0):,} ({how})")
+    detail = "; ".join(parts) if parts else "none known yet: learned from the provider's first token_limit_exceeded"
+    return Check("queue limits", OK, "enqueued prompt tokens per model: " + detail)
+
+
 # --- 8. the daemon ---------------------------------------------------------------------------------
 
 
@@ -648,6 +714,7 @@ def run_checks(
     timeout: float = 5.0,
     encoding_loader: EncodingLoader | None = None,
     service_status: ServiceStatus | None | Literal["auto"] = "auto",
+    require_key: bool = False,
 ) -> list[Check]:
     """Run every check, in order: config, api key, secrets file, base url, pricing (per model),
     tokenizer (per model), home permissions, database, daemon.
@@ -655,7 +722,8 @@ def run_checks(
     ``environ`` defaults to ``os.environ`` (read, never changed).  ``timeout`` bounds the base URL
     call and the service manager query.  ``encoding_loader`` replaces
     :func:`batchgrader.tokens.get_encoding` (tests); ``service_status`` replaces the service
-    manager query (``None``: do not query it)."""
+    manager query (``None``: do not query it).  ``require_key``: a missing API key fails (see
+    :func:`check_api_key`)."""
     base_env = dict(os.environ if environ is None else environ)
     secrets_check, env, file_secrets = check_secrets_file(home, base_env)
     from_file = {k: v for k, v in env.items() if base_env.get(k) != v}
@@ -668,13 +736,14 @@ def run_checks(
     if service_status == "auto":
         service_status = _default_service_status(env, timeout)
 
-    checks = [config_check, check_api_key(home, config, env, from_file), secrets_check]
+    checks = [config_check, check_api_key(home, config, env, from_file, require_key), secrets_check]
     checks.append(check_base_url(config, timeout))
     checks += check_anthropic(config, timeout)
     checks += check_pricing(home, config)
     checks += check_encodings(config, encoding_loader)
     checks.append(check_permissions(home))
     checks.append(check_database(home))
+    checks.append(check_queue_limits(home, config))
     checks.append(check_daemon(home, service_status))
     scrub = _scrubber(secrets)
     return [Check(c.name, c.status, scrub(c.detail), scrub(c.fix)) for c in checks]

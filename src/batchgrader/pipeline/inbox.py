@@ -20,7 +20,7 @@ from pathlib import Path
 from batchgrader.core.home import Home
 from batchgrader.fsio import atomic_write_bytes, fsync_dir
 
-SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
+SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".xlsx", ".xlsm", ".parquet")
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
 CLAIM_FILE = "claim.json"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 def result_name(input_name: str) -> str:
     p = Path(input_name)
-    suffix = p.suffix.lower() if p.suffix.lower() != ".ndjson" else ".jsonl"
+    suffix = {".ndjson": ".jsonl", ".xlsm": ".xlsx"}.get(p.suffix.lower(), p.suffix.lower())
     return f"{p.stem}_results{suffix}"
 
 
@@ -57,6 +57,29 @@ def added_columns(input_columns: Iterable[str], output_column: str, response_for
         for f in schema.get("properties") or {}:
             fields.append((f, name(f)))
     return AddedColumns(out_col, tuple(fields), name("input_tokens"), name("output_tokens"), name("error"))
+
+
+_SCHEMA_TYPES = {"integer": "int64", "number": "double", "boolean": "bool", "string": "string"}
+
+
+def added_column_types(cols: AddedColumns, response_format: Mapping[str, Any] | None) -> dict[str, str]:
+    """The type of each added column, for formats with typed columns (Parquet).
+
+    Token counts are ``int64``; a structured-output field has its JSON-schema type
+    (``integer``, ``number``, ``boolean``, ``string``/enum; a ``[type, "null"]`` list counts as
+    its non-null type); anything else (objects, arrays, unions) is its JSON text.
+    """
+    types = {cols.output: "string", cols.input_tokens: "int64", cols.output_tokens: "int64", cols.error: "string"}
+    schema = (response_format or {}).get("json_schema", {}).get("schema") if response_format else None
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    for f, c in cols.fields:
+        spec = props.get(f) if isinstance(props, Mapping) else None
+        t = spec.get("type") if isinstance(spec, Mapping) else None
+        if isinstance(t, list):
+            non_null = [x for x in t if x != "null"]
+            t = non_null[0] if len(non_null) == 1 else None
+        types[c] = _SCHEMA_TYPES.get(t, "string") if isinstance(t, str) else "string"
+    return types
 
 
 def result_values(

@@ -86,6 +86,7 @@ class Preparation:
     problems: list[RowProblem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     max_completion_tokens: int = 0
+    response_format: dict[str, Any] | None = None
 
     @property
     def requests(self) -> int:
@@ -99,8 +100,14 @@ class Preparation:
     def max_request_tokens(self) -> int:
         return max(self.tokens, default=0)
 
-    def summary(self, prices: PriceTable | None) -> dict[str, Any]:
+    def summary(self, prices: PriceTable | None, schema_overhead: float | None = None) -> dict[str, Any]:
+        """The plan and the estimate.  With a JSON schema, ``input_tokens`` stays the exact local
+        count and ``input_tokens_estimate`` adds the schema's overhead per request: the learned
+        ``schema_overhead`` (calibrated, from a ``SchemaOverheadLearned`` event) or else the
+        stated allowance (:func:`schema_allowance`); the cost estimate uses that figure."""
         requests, tokens = self.requests, self.input_tokens
+        schema = schema_info(self.response_format, self.tokenizer.encoding, schema_overhead)
+        billed_tokens = tokens + round(schema["per_request"] * requests) if schema else tokens
         out: dict[str, Any] = {
             "file": str(self.path),
             "format": self.fmt,
@@ -121,19 +128,54 @@ class Preparation:
             "estimated_cost_usd": None,
             "pricing_error": None,
         }
+        if schema:
+            out["schema"] = schema
+            out["input_tokens_estimate"] = billed_tokens
         if prices is not None:
             try:
                 price = prices.get(self.model)
             except PricingError as exc:
                 out["pricing_error"] = str(exc)
             else:
-                est = estimate(price, tokens, requests, self.max_completion_tokens)
+                est = estimate(price, billed_tokens, requests, self.max_completion_tokens)
                 out["estimated_cost_usd"] = {
                     "input": float(est.input_usd),
                     "max_output": float(est.max_output_usd),
                     "max_total": float(est.max_total_usd),
                 }
         return out
+
+
+def schema_sha256(response_format: dict[str, Any] | None) -> str | None:
+    """The identity of a JSON-schema response_format (sha256 of its canonical JSON), else None."""
+    if not response_format or response_format.get("type") != "json_schema":
+        return None
+    canon = json.dumps(response_format, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def schema_allowance(response_format: dict[str, Any], encoding: str) -> int:
+    """The stated allowance for a schema's unpublished prompt-token cost: the tokens of the
+    ``json_schema`` object (name, strict flag, schema) as compact JSON, in the model's encoding."""
+    from batchgrader.pipeline.tokens import get_encoding
+
+    text = json.dumps(response_format.get("json_schema") or {}, separators=(",", ":"), ensure_ascii=False)
+    return len(get_encoding(encoding).encode_ordinary(text))
+
+
+def schema_info(response_format: dict[str, Any] | None, encoding: str, learned: float | None) -> dict[str, Any] | None:
+    """``{sha256, allowance_tokens, per_request, source}`` for a JSON schema (None without one):
+    ``source`` is ``calibrated`` when a learned overhead is known, else ``allowance``."""
+    sha = schema_sha256(response_format)
+    if sha is None or response_format is None:
+        return None
+    allowance = schema_allowance(response_format, encoding)
+    return {
+        "sha256": sha,
+        "allowance_tokens": allowance,
+        "per_request": float(allowance) if learned is None else float(learned),
+        "source": "allowance" if learned is None else "calibrated",
+    }
 
 
 def limits_for(profile: Profile, context_window: int | None) -> Limits:
@@ -284,7 +326,15 @@ def prepare(
     id_prefix = default_custom_id(file_hash, 0)[:-1]
     user_message = spec.user_message
 
-    with open_table(path, required_columns=builder.required_columns()) as reader, counter.parallel() as pool:
+    with (
+        open_table(
+            path,
+            required_columns=builder.required_columns(),
+            sheet=profile.get("sheet"),
+            encoding=profile.get("encoding", "utf-8"),
+        ) as reader,
+        counter.parallel() as pool,
+    ):
         prep = Preparation(
             path=path,
             fmt=reader.fmt,
@@ -294,6 +344,7 @@ def prepare(
             tokenizer=counter.tokenizer,
             columns=list(reader.columns),
             max_completion_tokens=profile.max_completion_tokens,
+            response_format=profile.response_format,
         )
         if not counter.tokenizer.known:
             prep.warnings.append(

@@ -47,6 +47,9 @@ _MILLION = Decimal(1_000_000)
 _DATED = re.compile(r"^(?P<base>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
 
 
+PRICING_DOCS = "https://developers.openai.com/api/docs/pricing"
+
+
 class PricingError(ValueError):
     """A price table is malformed, or a model has no price."""
 
@@ -165,11 +168,15 @@ class PriceTable(Mapping[str, Price]):
             if self.user_file
             else "pricing.csv in the BatchGrader home (or the file named by the pricing_file setting)"
         )
+        import difflib
+
+        close = difflib.get_close_matches(model.lower(), list(self._prices), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise PricingError(
-            f"no price for model {model!r}, so its cost cannot be estimated and nothing is submitted. "
-            f"Add a row for it to {where} with the columns {','.join(COLUMNS)} "
-            f"(Batch prices in USD per 1M tokens; cached price, context window, date and source may be empty), e.g.\n"
-            f"  {model},0.50,,2.00,,{date.today().isoformat()},https://developers.openai.com/api/docs/pricing"
+            f"no price for model {model!r}, so its cost cannot be estimated and nothing is submitted.{hint} "
+            f"If the model name is right, add a row for it to {where} with the columns {','.join(COLUMNS)}, "
+            f"using the Batch prices (USD per 1M tokens) published at {PRICING_DOCS} "
+            "(see docs/configuration.md, 'Prices')"
         )
 
 

@@ -297,3 +297,52 @@ def read_custom_ids(input_path: str | os.PathLike[str]) -> list[str]:
             if raw.strip():
                 out.append(json.loads(raw)["custom_id"])
     return out
+
+
+# --- joining the merged chunk results to the input rows -----------------------------------------
+
+
+class ResultsJoin:
+    """The merged results of a job's chunks, taken row by row in input order, in O(chunks) memory.
+
+    Every chunk's results file lists its rows in input order (planned ranges, and retry or
+    re-planned chunks built in input order), so the next input row that a chunk holds is that
+    chunk's next line.  The join keeps one open file and its head line per chunk, indexed by
+    custom id: :meth:`take` is a dict lookup, whatever the size of the file.  A row held by
+    several chunks (failed, then retried) gets the record of the latest chunk."""
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]]):
+        self._files = [open(p, "rb") for p in paths]  # noqa: SIM115 - closed in close()
+        self._heads: dict[str, list[int]] = {}
+        self._records: list[dict[str, Any] | None] = [None] * len(self._files)
+        for i in range(len(self._files)):
+            self._advance(i)
+
+    def _advance(self, i: int) -> None:
+        for raw in self._files[i]:
+            if raw.strip():
+                rec = json.loads(raw)
+                self._records[i] = rec
+                self._heads.setdefault(rec["custom_id"], []).append(i)
+                return
+        self._records[i] = None
+
+    def take(self, custom_id: str) -> dict[str, Any] | None:
+        """The record of ``custom_id`` (the next input row), or None when no chunk holds it."""
+        holders = self._heads.pop(custom_id, None)
+        if not holders:
+            return None
+        rec = self._records[max(holders)]
+        for i in holders:
+            self._advance(i)
+        return rec
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+    def __enter__(self) -> ResultsJoin:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -63,7 +63,7 @@ class Limits:
     window is not checked.
     """
 
-    token_limit: int
+    token_limit: int | None  # None: no token cap (the request-count and byte caps still apply)
     row_limit: int | None = None
     force_chunk_count: int | None = None
     max_requests: int = PROVIDER_MAX_REQUESTS
@@ -81,7 +81,7 @@ class Limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Limits.{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
 
-        positive("token_limit", self.token_limit)
+        positive("token_limit", self.token_limit, optional=True)
         positive("row_limit", self.row_limit, optional=True)
         positive("force_chunk_count", self.force_chunk_count, optional=True)
         positive("max_requests", self.max_requests)
@@ -150,6 +150,10 @@ class Oversized:
     kind: str
 
 
+#: The token cap used when ``Limits.token_limit`` is None (more than any file can hold).
+UNCAPPED = 1 << 62
+
+
 def _n(x: int) -> str:
     return f"{x:,}"
 
@@ -157,7 +161,7 @@ def _n(x: int) -> str:
 def _oversized(position: int, t: int, b: int, limits: Limits) -> Oversized:
     kinds: list[str] = []
     reasons: list[str] = []
-    if t > limits.token_limit:
+    if limits.token_limit is not None and t > limits.token_limit:
         kinds.append("token_limit")
         reasons.append(f"request has {_n(t)} input tokens, over the {limits.token_limit_name} of {_n(limits.token_limit)}")
     cap = limits.max_request_tokens
@@ -319,7 +323,7 @@ def plan_chunks(tokens: Sequence[int], sizes: Sequence[int], limits: Limits) -> 
     n = len(tokens)
     if len(sizes) != n:
         raise ValueError(f"tokens has {n} entries but sizes has {len(sizes)}")
-    tcap = limits.token_limit
+    tcap = limits.token_limit if limits.token_limit is not None else UNCAPPED
     bcap = limits.max_bytes
     rcap = limits.requests_per_chunk
     single_tcap = tcap

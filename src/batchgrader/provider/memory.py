@@ -32,6 +32,7 @@ from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
     BatchErrorInfo,
     BatchInfo,
+    BatchPage,
     FileInfo,
     FrozenMap,
     OutcomeUnknown,
@@ -42,7 +43,17 @@ from batchgrader.provider.openai_api import (
     batch_matches,
 )
 
-OPERATIONS = ("upload", "find_files", "create_batch", "find_batches", "retrieve", "cancel", "download", "delete_file")
+OPERATIONS = (
+    "upload",
+    "find_files",
+    "create_batch",
+    "find_batches",
+    "list_batches",
+    "retrieve",
+    "cancel",
+    "download",
+    "delete_file",
+)
 FAULT_KINDS = ("lost", "dropped", "refused", "unavailable")
 
 
@@ -197,6 +208,14 @@ class MemoryProvider:
             for b in self.batches.values()
             if batch_matches(b, input_file_id, metadata) and (created_after is None or b.created_at >= created_after)
         ]
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
+        """One page of batches, newest first, as the API pages them."""
+        self._raise_if_faulted("list_batches", after or "", "batches.list")
+        newest = list(reversed(self.batches.values()))
+        start = next((i + 1 for i, b in enumerate(newest) if b.id == after), 0) if after else 0
+        items = tuple(newest[start : start + limit])
+        return BatchPage(items, start + limit < len(newest), items[-1].id if items else None)
 
     def retrieve(self, batch_id: str) -> BatchInfo:
         self._raise_if_faulted("retrieve", batch_id, "batches.retrieve")

@@ -333,9 +333,10 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float
 @runtime_checkable
 class Provider(Protocol):
     """What the engine needs from a provider, and nothing more: the calls it makes
-    (``upload``, ``create_batch``, ``retrieve``, ``cancel``, ``download``, ``delete_file``) and the
+    (``upload``, ``create_batch``, ``retrieve``, ``cancel``, ``download``, ``delete_file``), the
     two listings it reconciles with (``find_files``, ``find_batches``; see :func:`reconcile_upload`
-    and :func:`reconcile_batch`).
+    and :func:`reconcile_batch`), and ``list_batches``, one page of which refreshes up to 100
+    batches in flight per poll round (:func:`list_statuses`).
 
     Writes (``upload``, ``create_batch``) are sent once: an ambiguous failure raises
     :class:`OutcomeUnknown` and the caller reconciles before sending again.  A definite refusal
@@ -361,6 +362,8 @@ class Provider(Protocol):
     def retrieve(self, batch_id: str) -> BatchInfo: ...
 
     def cancel(self, batch_id: str) -> BatchInfo: ...
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage: ...
 
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int: ...
 
@@ -706,6 +709,28 @@ def _raw_bytes_received(resp: Any, decoded: int) -> int:
     http = getattr(resp, "http_response", None)
     n = getattr(http, "num_bytes_downloaded", None)
     return int(n) if isinstance(n, int) else decoded
+
+
+def list_statuses(provider: Provider, wanted: set[str], max_pages: int | None = None) -> dict[str, BatchInfo]:
+    """The current state of every batch in ``wanted`` from paged ``batches.list`` calls (newest
+    first, 100 a page): one call per 100 batches instead of one ``retrieve`` per batch.  Stops
+    once every wanted batch was seen, at the last page, or after ``max_pages`` (default: two
+    pages more than the wanted batches fill; batches in flight are among the newest).  Batches
+    not found are absent from the answer (the caller retrieves them)."""
+    found: dict[str, BatchInfo] = {}
+    after: str | None = None
+    pages = 0
+    limit = max_pages if max_pages is not None else len(wanted) // 100 + 3
+    while len(found) < len(wanted) and pages < limit:
+        page = provider.list_batches(limit=100, after=after)
+        pages += 1
+        for b in page.items:
+            if b.id in wanted:
+                found[b.id] = b
+        if not page.has_more or page.last_id is None:
+            break
+        after = page.last_id
+    return found
 
 
 def batch_matches(b: BatchInfo, input_file_id: str | None, metadata: Mapping[str, str] | None) -> bool:

@@ -166,6 +166,42 @@ def _present(
     return out
 
 
+def queue_limits(conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
+    """The latest learned queue limit per model (read model ``queue_limits``)."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        rows = conn.execute("SELECT base_url, model, limit_tokens, exact, source, ts FROM queue_limits ORDER BY ts").fetchall()
+    except sqlite3.OperationalError:  # an older read model: no such table
+        return out
+    for base_url, model, limit, exact, source, ts in rows:
+        out[model] = {"base_url": base_url, "limit": limit, "exact": bool(exact), "source": source, "ts": ts}
+    return out
+
+
+def _limits_of_state(state: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for (base_url, model), q in sorted(state.queue_limits.items(), key=lambda kv: kv[1].get("ts") or ""):
+        out[model] = {"base_url": base_url, **{k: q.get(k) for k in ("limit", "exact", "source", "ts")}}
+    return out
+
+
+WAITING_CHUNKS = ("waiting", "pending")
+
+
+def _attach_queue(jobs: list[dict[str, Any]], limits: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each job's ``queue``: the learned limit of its model and whether it waits for room, or None."""
+    for d in jobs:
+        q = limits.get(d.get("model") or "")
+        if q is None:
+            d["queue"] = None
+            continue
+        waiting = d["state"] in ("queued", "submitting", "running") and any(
+            b.get("status") in WAITING_CHUNKS for b in d.get("batches") or []
+        )
+        d["queue"] = {"model": d["model"], **q, "waiting": waiting}
+    return jobs
+
+
 def _fallback_note(problem: str) -> str:
     return f"{problem}; this answer was folded from the event log (`bgctl rebuild` restores the read model)"
 
@@ -194,12 +230,13 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
                 rows.sort(key=_ORDER_KEY)
             else:
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
-            return _present(rows, now, SOURCE_READ_MODEL, None)
+            return _attach_queue(_present(rows, now, SOURCE_READ_MODEL, None), queue_limits(conn))
         from batchgrader.store import readmodels as rm  # the fold: only when the read model cannot answer
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
-        return _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, _fallback_note(problem))
+        found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, _fallback_note(problem))
+        return _attach_queue(found, _limits_of_state(state))
 
 
 FINISHED_STATES = ("completed", "completed_with_errors", "failed", "cancelled")
@@ -222,6 +259,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
             finished = conn.execute(sql.format(""), (*FINISHED_STATES, finished_limit)).fetchall()
             rows = sorted(active + finished, key=_ORDER_KEY)
             jobs, source, note = _present(rows, now, SOURCE_READ_MODEL, None), SOURCE_READ_MODEL, None
+            _attach_queue(jobs, queue_limits(conn))
         else:
             everything = status(home, now=now)
             counts = {}
@@ -360,6 +398,27 @@ def follow_events(
             time.sleep(poll)
     finally:
         conn.close()
+
+
+# --- schema overhead ---------------------------------------------------------------------------
+
+
+def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | None) -> dict[str, Any] | None:
+    """The newest ``SchemaOverheadLearned`` payload for this model and schema (plus ``job_id``
+    and ``ts``), or None: when there is no event log yet, or nothing was learned."""
+    if schema_sha256 is None or not db_path(home).exists():
+        return None
+    with reading(home) as conn:
+        rows = conn.execute(
+            "SELECT job_id, ts, payload FROM events WHERE type = 'SchemaOverheadLearned' ORDER BY seq DESC"
+        ).fetchall()
+    import json
+
+    for job_id, ts, payload in rows:
+        p = json.loads(payload)
+        if p.get("model") == model and p.get("schema_sha256") == schema_sha256:
+            return {**p, "job_id": job_id, "ts": ts}
+    return None
 
 
 # --- costs -----------------------------------------------------------------------------------------

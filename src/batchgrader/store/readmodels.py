@@ -91,6 +91,15 @@ USAGE_COLUMNS: dict[str, type] = {
     "sandbox": int,  # 1: SIMULATED (sandbox job), not real spend
 }
 
+QUEUE_LIMIT_COLUMNS: dict[str, type] = {
+    "base_url": str,  # provider base URL ('sandbox' for the sandbox emulator)
+    "model": str,
+    "limit_tokens": int,  # prompt tokens that may be in flight for the model
+    "exact": int,  # 1: the provider stated the figure
+    "source": str,  # message, halved or probe
+    "ts": str,  # when it was learned
+}
+
 
 # --- migrations (read side only) ----------------------------------------------------------------
 
@@ -112,6 +121,10 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
     @m(name="0002_job_status_state_index")
     def _m0002(db) -> None:  # noqa: ANN001 - for the status overview: newest jobs per state
         db["job_status"].create_index(["state", "created_ts"])
+
+    @m(name="0003_queue_limits")
+    def _m0003(db) -> None:  # noqa: ANN001 - the provider queue limits learned (QueueLimitLearned)
+        db["queue_limits"].create(dict(QUEUE_LIMIT_COLUMNS), pk=("base_url", "model"))
 
     return m
 
@@ -265,6 +278,24 @@ def _write_usage(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]]) -> No
     conn.executemany(_USAGE_SQL, (tuple(r.values()) for r in rows))
 
 
+def _write_queue_limits(conn: sqlite3.Connection, events: Iterable[Event]) -> None:
+    conn.executemany(
+        "INSERT OR REPLACE INTO queue_limits (base_url, model, limit_tokens, exact, source, ts) VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            (
+                e.payload.get("base_url") or "",
+                e.payload.get("model") or "",
+                int(e.payload.get("limit") or 0),
+                int(bool(e.payload.get("exact"))),
+                e.payload.get("source"),
+                e.ts,
+            )
+            for e in events
+            if e.type == "QueueLimitLearned"
+        ),
+    )
+
+
 def _set_last_seq(conn: sqlite3.Connection, seq: int) -> None:
     conn.execute("INSERT OR REPLACE INTO projection_state (name, last_seq) VALUES (?, ?)", (PROJECTION, seq))
 
@@ -328,6 +359,7 @@ class StatusProjector:
         try:
             _write_jobs(conn, (st.jobs[j] for j, st in touched.items()))
             _write_usage(conn, (usage_row(e, touched[e.job_id].jobs[e.job_id].sandbox) for e in events if e.type == "TokensUsed"))
+            _write_queue_limits(conn, events)
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):
                 raise
@@ -357,6 +389,7 @@ class StatusProjector:
         if last is not None and last > log_last:  # tables from some other log: start again
             conn.execute("DELETE FROM job_status")
             conn.execute("DELETE FROM usage")
+            conn.execute("DELETE FROM queue_limits")
             last = None
         start = last or 0
         if last is None or start < log_last:
@@ -368,6 +401,7 @@ class StatusProjector:
                 jobs = {j: fold(iter_events(conn, job_id=j)).jobs[j] for j in touched}
             _write_jobs(conn, jobs.values())
             _write_usage(conn, (usage_row(e, jobs[e.job_id].sandbox) for e in _tokens_used(conn, start)))
+            _write_queue_limits(conn, _of_type(conn, start, "QueueLimitLearned"))
             _set_last_seq(conn, log_last)
             for j in touched:
                 self.jobs.pop(j, None)
@@ -375,9 +409,11 @@ class StatusProjector:
 
 
 def _tokens_used(conn: sqlite3.Connection, after: int) -> list[Event]:
-    rows = conn.execute(
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type = 'TokensUsed' ORDER BY seq", (after,)
-    ).fetchall()
+    return _of_type(conn, after, "TokensUsed")
+
+
+def _of_type(conn: sqlite3.Connection, after: int, type_: str) -> list[Event]:
+    rows = conn.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND type = ? ORDER BY seq", (after, type_)).fetchall()
     return events_from_rows(rows)
 
 
@@ -402,11 +438,14 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
     with EventStore(path) as store:
         conn = store.conn
         tokens_used: list[Event] = []
+        queue_limits: list[Event] = []
 
         def log() -> Iterator[Event]:
             for e in iter_events(conn):
                 if e.type == "TokensUsed":
                     tokens_used.append(e)
+                elif e.type == "QueueLimitLearned":
+                    queue_limits.append(e)
                 yield e
 
         conn.execute("BEGIN")  # a read snapshot
@@ -422,6 +461,7 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
             migrate(conn)
             _write_jobs(conn, state.jobs.values())
             _write_usage(conn, (usage_row(e, state.jobs[e.job_id].sandbox) for e in tokens_used))
+            _write_queue_limits(conn, queue_limits)
             _set_last_seq(conn, state.last_seq)
             projector = StatusProjector()
             projector.setup(conn)  # the events appended since the snapshot, if any

@@ -11,8 +11,8 @@ import sqlite3
 PROJECTION = "status"
 MIGRATION_SET = "batchgrader.readmodels"
 MIGRATIONS_TABLE = "_sqlite_migrations"
-READ_TABLES = ("job_status", "usage", "projection_state")
-MIGRATION_NAMES = ("0001_job_status_usage", "0002_job_status_state_index")
+READ_TABLES = ("job_status", "usage", "projection_state", "queue_limits")
+MIGRATION_NAMES = ("0001_job_status_usage", "0002_job_status_state_index", "0003_queue_limits")
 
 
 def log_last_seq(conn: sqlite3.Connection) -> int:

@@ -47,12 +47,14 @@ from batchgrader.provider.emulator.config import (
     UPLOAD_PURPOSES,
     VALID_ENDPOINTS,
     EmulatorConfig,
+    token_limit_message,
 )
 from batchgrader.provider.emulator.faults import FAULT_KINDS, FAULT_PROFILES, Fault, FaultRates
 from batchgrader.provider.emulator.lifecycle import ManualClock
 from batchgrader.provider.emulator.server import Emulator, run_emulator, serve_forever
 
 __all__ = [
+    "token_limit_message",
     "BATCH_EXPIRED_MESSAGE",
     "CHAT_ENDPOINT",
     "ENQUEUED_STATUSES",

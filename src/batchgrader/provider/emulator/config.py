@@ -52,6 +52,9 @@ class EmulatorConfig:
     completion_window_s: float = 86400.0  # a batch still in progress this long after creation expires
     clock: Callable[[], float] = time.time
     token_limits: Mapping[str, int] = field(default_factory=dict)  # model -> enqueued-token limit
+    # False: the token_limit_exceeded message leaves out "Limit: N enqueued tokens." (the client
+    # must then find the limit by itself, as with providers whose message carries no figure)
+    token_limit_figure: bool = True
     max_requests_per_batch: int = 50_000
     max_batch_file_bytes: int = 200 * 1024 * 1024
     request_failure_rate: float = 0.0  # seeded fraction of requests that fail with a 500
@@ -67,6 +70,9 @@ class EmulatorConfig:
     drop_metadata: bool = False
     ignore_after_cursor: bool = False
     gzip_content: bool = False
+    # prompt tokens billed on top of the messages for a request with a json_schema response_format
+    # (the real provider bills the schema too, in an amount it does not publish); 0: none
+    schema_overhead_tokens: int = 0
     # Called in the handler thread as on_request(method, route, phase) with phase "received"
     # (before the call takes effect) and "effected" (after it took effect, before the answer is
     # sent); route is the template, e.g. "/v1/batches/{id}".  May block (crash tests kill the
@@ -80,3 +86,13 @@ class EmulatorConfig:
             return FAULT_PROFILES[self.faults]
         except KeyError:
             raise ValueError(f"unknown fault profile {self.faults!r} (one of {', '.join(FAULT_PROFILES)})") from None
+
+
+def token_limit_message(model: str, organization: str, limit: int | None) -> str:
+    """The real API's text for a batch refused at validation for the enqueued-token limit;
+    ``limit=None`` gives the same text without the figure."""
+    figure = f" Limit: {limit:,} enqueued tokens." if limit is not None else ""
+    return (
+        f"Enqueued token limit reached for {model} in organization {organization}.{figure} "
+        "Please try again once some in_progress batches have been completed."
+    )

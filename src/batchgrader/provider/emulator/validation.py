@@ -7,7 +7,13 @@ from typing import Any
 
 from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
 from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
-from batchgrader.provider.emulator.config import CHAT_ENDPOINT, ENQUEUED_STATUSES, FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.config import (
+    CHAT_ENDPOINT,
+    ENQUEUED_STATUSES,
+    FAIL_400_TRIGGER,
+    FAIL_500_TRIGGER,
+    token_limit_message,
+)
 from batchgrader.provider.emulator.state import _Batch, _Req, _StoreBase
 
 
@@ -137,7 +143,9 @@ class ValidationMixin(_StoreBase):
                 return [
                     {
                         "code": "token_limit_exceeded",
-                        "message": f"Enqueued token limit reached for {model} in organization {self.cfg.organization}. Limit: {limit:,} enqueued tokens. Please try again once some in_progress batches have been completed.",
+                        "message": token_limit_message(
+                            model, self.cfg.organization, limit if self.cfg.token_limit_figure else None
+                        ),
                         "param": None,
                         "line": None,
                     }
@@ -171,6 +179,8 @@ class ValidationMixin(_StoreBase):
                     cached = min(pt, prefix) // 128 * 128
                     cached = cached if cached >= 1024 else 0
                 first_seen.add(first)
+            if self.cfg.schema_overhead_tokens and (body.get("response_format") or {}).get("type") == "json_schema":
+                pt += self.cfg.schema_overhead_tokens
             req = _Req(i, cid, body, pt, cached)
             user_text = " ".join(m.get("content", "") for m in msgs)
             occurrence = attempt.get(cid, 0) if attempt is not None else self.custom_id_seen.get(cid, 0)

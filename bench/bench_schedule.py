@@ -1,0 +1,272 @@
+"""Scheduling benchmark (issue 9): time to results against the emulator next to the ideal
+schedule, the API calls, and the daemon's peak memory.  Not a test.
+
+    .venv/bin/python bench/bench_schedule.py                       # 20,000 and 100,000 rows
+    .venv/bin/python bench/bench_schedule.py --write-docs          # ... and record docs/benchmarks.md
+    .venv/bin/python bench/bench_schedule.py --rows 2000 --batch-seconds 6   # a quick look
+    .venv/bin/python bench/bench_schedule.py --memory-rows 10000 100000 1000000 --rows
+
+For each file size, two runs of the real daemon (`bgctl daemon --once`, a subprocess, default
+settings) against the emulator (in this process, real HTTP), whose batches take
+``--batch-seconds`` each (validating 5 %, in progress 90 %, finalizing 5 %):
+
+* (a) no queue limit;
+* (b) an enqueued-token limit of 45 % of the file's tokens, which the daemon is not told.
+
+Ideal = ceil(tokens / limit) rounds x batch time + the local work, i.e. `bgctl count` of the
+same file.  Time to results is from the daemon's start (the file already in the inbox) to its
+exit after the result file was written.  Peak RSS is the daemon process's own peak resident set
+(VmHWM).  Requests are ~370 prompt tokens each (English words, deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchdocs  # noqa: E402
+from benchdocs import write_section  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "src"))
+from batchgrader.provider.emulator import Emulator, EmulatorConfig  # noqa: E402
+
+BGCTL = str(Path(sys.executable).parent / "bgctl")
+KEY = "sk-bench-schedule-0123456789abcdef"
+MODEL = "gpt-4o-mini"
+SECTION = "## Scheduling and memory (issue 9)"
+WORDS = (
+    "the a product quality service delivery price support team value order refund fast slow good poor "
+    "excellent terrible helpful rude package arrived late early broken working perfectly expected better worse "
+    "recommend never again friendly staff store online website checkout shipping tracking return exchange"
+).split()
+# Local settings for the runs: the poll interval is scaled with the batch time (60 s against
+# batches of minutes or hours is what the default is for; here a batch takes 30 s).
+CONFIG = "stable_seconds: 0.2\nrescan_interval_seconds: 1\nmax_completion_tokens: 50\npoll_interval_seconds: {poll}\n"
+
+
+def make_csv(path: Path, rows: int, seed: int = 9) -> None:
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id,response\n")
+        for i in range(rows):
+            f.write(f"{i},{' '.join(rng.choice(WORDS) for _ in range(320))}\n")
+
+
+def env(home: Path, base_url: str | None = None) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "BATCHGRADER_"))}
+    e["BATCHGRADER_HOME"] = str(home)
+    e["OPENAI_API_KEY"] = KEY
+    if base_url:
+        e["OPENAI_BASE_URL"] = base_url
+    return e
+
+
+def count(home: Path, csv: Path) -> tuple[float, int]:
+    """`bgctl count` of the file: (seconds, input tokens)."""
+    t = time.perf_counter()
+    out = subprocess.run([BGCTL, "count", str(csv), "--json"], env=env(home), capture_output=True, text=True, check=True)
+    return time.perf_counter() - t, int(json.loads(out.stdout)["input_tokens"])
+
+
+def phases(home: Path, started: float) -> dict[str, float]:
+    """Where the time went, from the event log: daemon start to JobAccepted, preparing, the
+    batches (first upload to the last merge) and writing the result."""
+    conn = sqlite3.connect(f"file:{home / 'batchgrader.db'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT ts, type FROM events ORDER BY seq").fetchall()
+    finally:
+        conn.close()
+    at: dict[str, list[float]] = {}
+    for ts, type_ in rows:
+        at.setdefault(type_, []).append(datetime.fromisoformat(ts).timestamp())
+    return {
+        "startup": at["JobAccepted"][0] - started,
+        "prepare": at["JobPrepared"][0] - at["JobAccepted"][0],
+        "batches": at["ChunkCompleted"][-1] - at["JobPrepared"][0],
+        "result": at["ResultWritten"][0] - at["ChunkCompleted"][-1],
+    }
+
+
+def _hwm_kib(pid: int) -> int:
+    """The process's peak resident set so far (VmHWM), 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_daemon(home: Path, emu: Emulator) -> tuple[float, int, int]:
+    """Run `bgctl daemon --once` until it exits: (seconds, exit code, peak RSS in KiB).
+
+    The peak is the daemon's own VmHWM, read while it runs (``wait4``'s ``ru_maxrss`` would also
+    count the copy of this benchmark process that the fork made before exec)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(
+        [BGCTL, "daemon", "--once"], env=env(home, emu.base_url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _hwm_kib(proc.pid))
+        time.sleep(0.05)  # sampling interval of the peak; VmHWM itself never misses a peak
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"daemon exited {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+    return seconds, proc.returncode, peak
+
+
+def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float | None, tokens: int) -> dict:
+    home = work / f"home-{csv.stem}-{'limit' if limit_share else 'free'}"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text(CONFIG.format(poll=max(1.0, batch_s / 6)))
+    (home / "inbox").mkdir()
+    try:
+        os.link(csv, home / "inbox" / csv.name)
+    except OSError:
+        shutil.copyfile(csv, home / "inbox" / csv.name)
+    limit = int(tokens * limit_share) if limit_share else None
+    cfg = EmulatorConfig(
+        api_key=KEY,
+        validating_s=batch_s * 0.05,
+        in_progress_s=batch_s * 0.90,
+        finalizing_s=batch_s * 0.05,
+        token_limits={MODEL: limit} if limit else {},
+        shuffle_output=True,
+    )
+    with Emulator(cfg) as emu:
+        started = time.time()
+        seconds, _code, rss_kib = run_daemon(home, emu)
+        stats = emu.stats()
+        batches = emu.batches()
+    req = stats["requests"]
+    status_calls = req.get("GET /v1/batches", 0) + req.get("GET /v1/batches/{id}", 0)
+    batch_hours = 0.0
+    for b in batches:
+        end = b.get("completed_at") or b.get("failed_at") or b.get("expired_at") or b.get("cancelled_at") or b["created_at"]
+        batch_hours += max(1, end - b["created_at"]) / 3600
+    result = home / "outbox" / f"{csv.stem}_results.csv"
+    answered = sum(1 for line in result.read_text(encoding="utf-8").splitlines()[1:] if line.endswith(","))
+    return {
+        "rows": rows,
+        "case": "b" if limit else "a",
+        "limit": limit,
+        "seconds": seconds,
+        "rss_mib": rss_kib / 1024,
+        "batches": len(batches),
+        "refused": sum(1 for b in batches if b["status"] == "failed"),
+        "api_calls": sum(req.values()),
+        "calls": req,
+        "status_calls": status_calls,
+        "status_per_batch_hour": status_calls / batch_hours if batch_hours else float("nan"),
+        "answered": answered,
+        "phases": phases(home, started),
+    }
+
+
+def schedule(rows_list: list[int], batch_s: float, work: Path) -> list[dict]:
+    out = []
+    for rows in rows_list:
+        csv = work / f"reviews_{rows}.csv"
+        make_csv(csv, rows)
+        count_s, tokens = count(work / "count-home", csv)
+        for share in (None, 0.45):
+            r = one_run(work, csv, rows, batch_s, share, tokens)
+            rounds = 1 if share is None else math.ceil(tokens / r["limit"])
+            r.update(tokens=tokens, count_s=count_s, rounds=rounds, ideal=rounds * batch_s + count_s)
+            r["ratio"] = r["seconds"] / r["ideal"]
+            print(
+                f"{rows:>9,} rows ({r['case']}) {tokens:>12,} tokens: {r['seconds']:7.1f} s, ideal {r['ideal']:6.1f} s "
+                f"(ratio {r['ratio']:.2f}); {r['batches']} batches ({r['refused']} refused), {r['api_calls']} API calls, "
+                f"{r['status_per_batch_hour']:.0f} status calls/batch-hour; peak RSS {r['rss_mib']:.0f} MiB; "
+                f"{r['answered']:,} rows answered; " + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items()),
+                flush=True,
+            )
+            out.append(r)
+    return out
+
+
+def memory(rows_list: list[int], work: Path) -> list[dict]:
+    out = []
+    for rows in rows_list:
+        csv = work / f"mem_{rows}.csv"
+        make_csv(csv, rows, seed=rows)
+        r = one_run(work, csv, rows, 1.0, None, 0)
+        print(f"memory {rows:>9,} rows: peak RSS {r['rss_mib']:.0f} MiB in {r['seconds']:.0f} s", flush=True)
+        out.append(r)
+    return out
+
+
+def write_docs(sched: list[dict], mem: list[dict], batch_s: float, argv: str) -> Path:
+    when = datetime.now(UTC).strftime("%Y-%m-%d")
+    lines = [
+        SECTION,
+        "",
+        f"Measured {when} with `.venv/bin/python bench/bench_schedule.py {argv}` on "
+        + benchdocs.machine("the emulator in the benchmark's process")
+        + f" (load average {benchdocs.load_average():.1f} at the end).",
+        "",
+        f"Default settings (no `max_simultaneous_batches`, no `split_token_limit`), except `poll_interval_seconds` "
+        f"{max(1.0, batch_s / 6):g} s: the interval is scaled with the batch time (the default of 60 s is meant for "
+        f"batches of minutes to hours; here a batch takes {batch_s:g} s: 5 % validating, 90 % in progress, 5 % finalizing). "
+        "Requests are ~370 prompt tokens (gpt-4o-mini). Ideal = ceil(tokens / limit) rounds x batch time + `bgctl count` "
+        "of the same file. (a) no queue limit; (b) a limit of 45 % of the file's tokens that the daemon is not told "
+        "(it learns it from the first refusal).",
+        "",
+        "| rows | case | tokens | limit | time to results | ideal | ratio | batches (refused) | API calls | status calls / batch-hour | peak RSS | start / prepare / batches / result |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in sched:
+        lim = f"{r['limit']:,}" if r["limit"] else "none"
+        lines.append(
+            f"| {r['rows']:,} | ({r['case']}) | {r['tokens']:,} | {lim} | {r['seconds']:.1f} s | {r['ideal']:.1f} s | "
+            f"{r['ratio']:.2f} | {r['batches']} ({r['refused']}) | {r['api_calls']} | {r['status_per_batch_hour']:.0f} | "
+            f"{r['rss_mib']:.0f} MiB | " + " / ".join(f"{v:.0f}" for v in r["phases"].values()) + " s |"
+        )
+    lines += ["", "Target: time to results ≤ 1.25 × the ideal; ≤ 30 status calls per batch-hour.", ""]
+    if mem:
+        lines += [
+            "### Peak memory of a whole daemon run (submit to result)",
+            "",
+            "Batches of 1 s, no queue limit, the same ~370-token rows. Peak RSS: the daemon process's own VmHWM.",
+            "",
+            "| rows | peak RSS | time |",
+            "|---:|---:|---:|",
+        ]
+        lines += [f"| {r['rows']:,} | {r['rss_mib']:.0f} MiB | {r['seconds']:.0f} s |" for r in mem]
+        lines += ["", "Target: ≤ 400 MB at 1,000,000 rows, and 10x the rows ≤ 1.3x the memory.", ""]
+    return write_section(SECTION, "\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="*", default=[20_000, 100_000])
+    ap.add_argument("--batch-seconds", type=float, default=30.0)
+    ap.add_argument("--memory-rows", type=int, nargs="*", default=[10_000, 100_000])
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-schedule-") as tmp:
+        work = Path(tmp)
+        sched = schedule(args.rows, args.batch_seconds, work)
+        mem = memory(args.memory_rows, work)
+    if args.write_docs:
+        argv = " ".join(a for a in sys.argv[1:] if a != "--write-docs")
+        print("wrote", write_docs(sched, mem, args.batch_seconds, argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Effects of a job's end that never change the job: the ``on_job_end`` command and the HTML report.
+
+The command runs in a thread of its own (the engine does not wait for it), through the shell,
+with the job's figures in ``BG_*`` environment variables and without the API key.  Its output
+and exit status go to the daemon log; after ``timeout`` seconds its whole process group is
+killed.  Nothing it does is reported back to the engine: a failing command never affects the
+job.  The engine records ``JobEndHookStarted`` before starting it, so it runs at most once per
+end of a job, also across crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("batchgrader.jobhook")
+
+_SECRET_ENV = ("OPENAI_API_KEY", "BATCHGRADER_API_KEY")
+
+
+def hook_env(job: Any) -> dict[str, str]:
+    """The ``BG_*`` variables for a folded ended job."""
+    return {
+        "BG_JOB_ID": job.job_id,
+        "BG_JOB_STATE": job.state,
+        "BG_RESULT_PATH": job.result_path or "",
+        "BG_ERROR_PATH": job.error_path or "",
+        "BG_COST_USD": f"{job.cost_usd:.6f}",
+        "BG_INPUT_FILE": job.file,
+    }
+
+
+def _run(command: str, env: dict[str, str], timeout: float, job_id: str) -> None:
+    try:
+        proc = subprocess.Popen(
+            command,
+            shell=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        log.warning("on_job_end for job %s could not start: %s", job_id, exc)
+        return
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        out, _ = proc.communicate()
+        timed_out = True
+    for line in (out or b"").decode("utf-8", errors="replace").splitlines():
+        log.info("on_job_end %s: %s", job_id, line)
+    if timed_out:
+        log.warning("on_job_end for job %s was killed after %.1f s", job_id, timeout)
+    elif proc.returncode:
+        log.warning("on_job_end for job %s exited with status %s (the job is not affected)", job_id, proc.returncode)
+    else:
+        log.info("on_job_end for job %s finished", job_id)
+
+
+def start_hook(command: str, variables: Mapping[str, str], timeout: float) -> threading.Thread:
+    """Start ``command`` in a (non-daemon) thread: a ``daemon --once`` exit waits for it."""
+    env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+    env.update(variables)
+    t = threading.Thread(
+        target=_run, args=(command, env, timeout, variables.get("BG_JOB_ID", "")), name="on_job_end", daemon=False
+    )
+    t.start()
+    return t
+
+
+def report_name(input_name: str) -> str:
+    return f"{Path(input_name).stem}_report.html"

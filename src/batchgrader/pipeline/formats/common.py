@@ -1,0 +1,167 @@
+"""What every table format shares: ``InputError``, ``Row``, ``Layout``, ``text_of``, the formula guard and format detection."""
+
+from __future__ import annotations
+
+import codecs
+import datetime
+import decimal
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from batchgrader.pipeline.formats.jsonvalue import _dumps
+
+Format = Literal["csv", "jsonl", "json", "xlsx", "parquet"]
+
+DEFAULT_MAX_FIELD_SIZE = 10 * 1024 * 1024  # characters in one CSV field
+DEFAULT_MAX_RECORD_SIZE = 64 * 1024 * 1024  # bytes in one CSV row / JSONL line / JSON element
+DEFAULT_MAX_DEPTH = 100  # nesting levels inside one JSON record
+
+_EXTENSIONS: dict[str, Format] = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".xlsx": "xlsx",
+    ".xlsm": "xlsx",
+    ".parquet": "parquet",
+}
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+# --- errors ------------------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _display_name(path: Any) -> str:
+    if path is None:
+        return "<input>"
+    name = os.path.basename(os.fspath(path)) or os.fspath(path)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    return repr(name) if _CONTROL.search(name) else name
+
+
+class InputError(ValueError):
+    """The input file is not something we can read exactly.
+
+    ``str()`` is ``"<file name>: line N: column 'c': reason"``, leaving out the parts that
+    are ``None``.
+    """
+
+    def __init__(self, path: Any, reason: str, line: int | None = None, column: str | None = None):
+        super().__init__(path, reason, line, column)
+        self.path = path
+        self.reason = reason
+        self.line = line
+        self.column = column
+
+    def __str__(self) -> str:
+        parts = [_display_name(self.path)]
+        if self.line is not None:
+            parts.append(f"line {self.line}")
+        if self.column is not None:
+            parts.append(f"column {self.column!r}")
+        parts.append(self.reason)
+        return ": ".join(parts)
+
+
+def text_of(value: Any) -> str:
+    """The text a template placeholder gets for ``value`` (see the module docstring)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime):  # Excel and Parquet cells
+        return value.isoformat(sep=" ")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta)):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return _dumps(value, compact=True)
+
+
+_FORMULA_START = frozenset("=+-@\t\r")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\Z")
+
+
+def defuse_formula(text: str) -> str:
+    """Prefix ``'`` to a cell a spreadsheet would run as a formula (OWASP CSV injection).
+
+    A cell starting with ``=``, ``+``, ``-``, ``@``, tab or CR is prefixed, unless it is
+    entirely a plain decimal number (``-5``, ``+1.5e3``).
+    """
+    if text and text[0] in _FORMULA_START and not _PLAIN_NUMBER.match(text):
+        return "'" + text
+    return text
+
+
+# --- format detection --------------------------------------------------------------------------
+
+
+def detect_format(path: str | os.PathLike[str]) -> Format:
+    """``"csv"``, ``"jsonl"`` or ``"json"`` from the file extension (case-insensitive)."""
+    suffix = Path(os.fspath(path)).suffix.lower()
+    try:
+        return _EXTENSIONS[suffix]
+    except KeyError:
+        supported = ", ".join(_EXTENSIONS)
+        what = f"extension {suffix!r}" if suffix else "no extension"
+        raise InputError(path, f"unsupported file type ({what}); supported extensions are {supported}") from None
+
+
+# --- data types --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    number: int  # 1-based record number
+    line: int  # physical line where the record starts
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a table file is laid out: enough to write another one the same way."""
+
+    fmt: Format
+    columns: tuple[str, ...] = ()
+    delimiter: str = ","
+    lineterminator: str = "\n"
+    bom: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fmt not in ("csv", "jsonl", "json"):
+            raise ValueError(f"unknown format {self.fmt!r}")
+        if self.lineterminator not in ("\n", "\r\n", "\r"):
+            raise ValueError(f"unsupported line terminator {self.lineterminator!r}")
+        if len(self.delimiter) != 1 or self.delimiter in '"\r\n':
+            raise ValueError(f"invalid delimiter {self.delimiter!r}")
+        object.__setattr__(self, "columns", tuple(self.columns))
+
+
+def check_encoding(name: str) -> str:
+    """The codec name for a text file's ``encoding``; ``ValueError`` unless ASCII-compatible.
+
+    ``utf-8`` (and ``utf-8-sig``) read with or without a BOM; UTF-16/32 are refused (the
+    readers split lines on the byte ``\\n``).
+    """
+    try:
+        codec = codecs.lookup(name).name
+    except (LookupError, TypeError):
+        raise ValueError(f"unknown text encoding {name!r}") from None
+    if codec in ("utf-8", "utf-8-sig"):
+        return "utf-8"
+    sample = '\n\r,;\t"[]{}:azAZ09'
+    try:
+        ok = sample.encode(codec) == sample.encode("ascii") and not codec.startswith(("utf-16", "utf-32"))
+    except (UnicodeError, LookupError):
+        ok = False
+    if not ok:
+        raise ValueError(f"encoding {name!r} is not ASCII-compatible (use UTF-8, or a single-byte code page such as cp1252)")
+    return codec

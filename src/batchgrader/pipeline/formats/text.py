@@ -1,0 +1,622 @@
+"""Streaming, exact readers for CSV/TSV, JSON and JSONL (see :mod:`batchgrader.pipeline.tables`)."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from batchgrader.pipeline.formats.common import (
+    _UTF8_BOM,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_FIELD_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+    Format,
+    InputError,
+    Layout,
+    Row,
+    check_encoding,
+    detect_format,
+)
+from batchgrader.pipeline.formats.jsonvalue import _BadConstant, _decoder, _DuplicateKey, _kind, _too_deep
+
+_CHUNK = 64 * 1024
+
+# --- reading -----------------------------------------------------------------------------------
+
+_LINE_SPLIT = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _char_column(raw: bytes, byte_index: int) -> int:
+    """1-based character column of ``raw[byte_index]`` within its (undecodable) line."""
+    start = raw.rfind(b"\n", 0, byte_index) + 1
+    return len(raw[start:byte_index].decode("utf-8", errors="replace")) + 1
+
+
+class TableReader:
+    """A streaming reader for one table file; create it with :func:`open_table`."""
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | IO[bytes],
+        fmt: Format | None = None,
+        required_columns: Iterable[str] = (),
+        *,
+        delimiter: str | None = None,
+        max_field_size: int = DEFAULT_MAX_FIELD_SIZE,
+        max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        encoding: str = "utf-8",
+    ):
+        if isinstance(source, (str, os.PathLike)):
+            self.path: Any = source
+            owns = True
+        else:
+            self.path = getattr(source, "name", None)
+            if not isinstance(self.path, (str, bytes, os.PathLike)):
+                self.path = None
+            owns = False
+        if fmt is None:
+            if self.path is None:
+                raise ValueError("fmt is required for a file object without a name")
+            fmt = detect_format(self.path)
+        if fmt not in ("csv", "jsonl", "json"):
+            raise ValueError(f"unknown format {fmt!r}")
+        if delimiter is not None and (len(delimiter) != 1 or delimiter in '"\r\n'):
+            raise ValueError(f"invalid delimiter {delimiter!r}")
+        self.fmt: Format = fmt
+        self.columns: list[str] = []
+        self.delimiter: str = ","
+        self.lineterminator: str = "\n"
+        self.bom = False
+        self.required_columns = tuple(required_columns)
+        self._max_field = max_field_size
+        self._max_record = max_record_size
+        self._max_depth = max_depth
+        self.encoding = check_encoding(encoding)
+        self._utf8 = self.encoding == "utf-8"
+        self._json_decoder = None if self._utf8 else codecs.getincrementaldecoder(self.encoding)("strict")
+        self._owns = owns
+        self._file: IO[bytes] = open(source, "rb") if owns else source  # type: ignore[arg-type,assignment]
+        self._closed = False
+        # physical-line bookkeeping shared by the CSV and JSONL readers
+        self._line = 0  # physical lines handed out so far
+        self._last_text = ""  # the last physical line handed out
+        self._offset = 0  # bytes consumed so far
+        self._rec_line = 0
+        self._rec_bytes = 0
+        self._rec_offset = 0
+        try:
+            if fmt == "csv":
+                if delimiter is None and self.path is not None:
+                    if Path(os.fsdecode(self.path)).suffix.lower() == ".tsv":
+                        delimiter = "\t"
+                self._open_csv(delimiter)
+                gen = self._iter_csv()
+            elif fmt == "jsonl":
+                gen = self._iter_jsonl()
+            else:
+                gen = self._iter_json()
+            try:
+                first = next(gen)
+            except StopIteration:
+                raise self._no_records() from None
+            self._rows: Iterator[Row] = itertools.chain((first,), gen)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public --------------------------------------------------------------------------------
+
+    @property
+    def layout(self) -> Layout:
+        # results are UTF-8; a CSV read in another encoding gets a BOM so spreadsheets see UTF-8
+        bom = self.bom or (self.fmt == "csv" and not self._utf8)
+        return Layout(self.fmt, tuple(self.columns), self.delimiter, self.lineterminator, bom)
+
+    def __iter__(self) -> Iterator[Row]:
+        return self._rows
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owns:
+                self._file.close()
+
+    def __enter__(self) -> TableReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- shared helpers ------------------------------------------------------------------------
+
+    def _error(self, reason: str, line: int | None = None, column: str | None = None) -> InputError:
+        return InputError(self.path, reason, line, column)
+
+    def _no_records(self) -> InputError:
+        if self.fmt == "csv":
+            return self._error("has a header but no data rows", self._header_line)
+        if self.fmt == "json" and self._saw_array:
+            return self._error("file has no records (the array is empty)", self._array_line)
+        return self._error("file is empty")
+
+    def _physical_lines(self) -> Iterator[str]:
+        """Decoded physical lines, terminators kept; counts lines/bytes; enforces limits."""
+        f = self._file
+        cap = self._max_record
+        first = True
+        while True:
+            raw = f.readline(cap + 1)
+            if not raw:
+                return
+            self._offset += len(raw)
+            self._rec_bytes += len(raw)
+            line_no = self._line + 1
+            if first and self._utf8:
+                first = False
+                if raw.startswith(_UTF8_BOM):
+                    raw = raw[3:]
+                    self.bom = True
+                elif raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                    raise self._error("the file is UTF-16 encoded — save it as UTF-8", 1)
+            if self._rec_bytes > cap:
+                if self.fmt == "csv":
+                    reason = f"the row starting here is larger than the limit of {cap} bytes — is a quote unbalanced?"
+                else:
+                    reason = f"the line is longer than the limit of {cap} bytes"
+                raise self._error(reason, self._rec_line)
+            nul = raw.find(b"\x00")
+            if nul >= 0:
+                raise self._error(
+                    f"contains a NUL byte (at column {_char_column(raw, nul)}); "
+                    "the file may be binary or UTF-16 — save it as UTF-8 text",
+                    line_no,
+                )
+            try:
+                text = raw.decode(self.encoding)
+            except UnicodeDecodeError as e:
+                if not self._utf8:
+                    raise self._error(
+                        f"not valid {self.encoding} (byte 0x{raw[e.start]:02x}) — check the profile's encoding", line_no
+                    ) from None
+                raise self._error(
+                    f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                    f"{_char_column(raw, e.start)}) — save the file as UTF-8",
+                    line_no,
+                ) from None
+            # readline() splits on b"\n" only; a lone CR is a line break for CSV too.
+            cr = text.find("\r")
+            if cr < 0 or (cr == len(text) - 2 and text.endswith("\r\n")) or self.fmt != "csv":
+                self._line = line_no
+                self._last_text = text
+                yield text
+            else:
+                for piece in _LINE_SPLIT.findall(text):
+                    self._line += 1
+                    self._last_text = piece
+                    yield piece
+
+    def _begin_record(self) -> None:
+        self._rec_line = self._line + 1
+        self._rec_bytes = 0
+        self._rec_offset = self._offset
+
+    # -- CSV -----------------------------------------------------------------------------------
+
+    def _open_csv(self, delimiter: str | None) -> None:
+        lines = self._physical_lines()
+        self._begin_record()
+        first = ""
+        for first in lines:
+            if first.strip():
+                break
+            self._begin_record()
+        else:
+            raise self._error("file is empty")
+        self._header_line = self._line
+        body = first.rstrip("\r\n")
+        if delimiter is None:
+            delimiter = ","
+            if "," not in body and (";" in body or "\t" in body):
+                delimiter = ";" if body.count(";") >= body.count("\t") else "\t"
+        self.delimiter = delimiter
+        needed = self._max_record + 2
+        if csv.field_size_limit() < needed:
+            csv.field_size_limit(needed)
+        self._csv = csv.reader(
+            itertools.chain((first,), lines),
+            delimiter=delimiter,
+            quotechar='"',
+            doublequote=True,
+            strict=True,
+        )
+        self._rec_bytes = len(first.encode(self.encoding))
+        header = self._next_csv_record()
+        assert header is not None
+        # the terminator ending the header record (its last physical line)
+        last = self._last_text
+        self.lineterminator = last[len(last.rstrip("\r\n")) :] or "\n"
+        self._check_header(header)
+
+    def _next_csv_record(self) -> list[str] | None:
+        try:
+            return next(self._csv)
+        except StopIteration:
+            return None
+        except csv.Error as e:
+            raise self._csv_error(e) from None
+
+    def _check_header(self, header: list[str]) -> None:
+        line = self._header_line
+        for i, name in enumerate(header, 1):
+            if name == "":
+                hint = " (is there a trailing delimiter?)" if i == len(header) > 1 else ""
+                raise self._error(f"header column {i} has an empty name{hint}", line)
+        positions: dict[str, list[int]] = {}
+        for i, name in enumerate(header, 1):
+            positions.setdefault(name, []).append(i)
+        dups = {n: p for n, p in positions.items() if len(p) > 1}
+        if dups:
+            desc = "; ".join(f"{n!r} (columns {', '.join(map(str, p))})" for n, p in dups.items())
+            raise self._error(f"duplicate column names in the header: {desc}", line, next(iter(dups)))
+        for i, name in enumerate(header, 1):
+            if len(name) > self._max_field:
+                raise self._error(f"header column {i} is longer than the limit of {self._max_field} characters", line)
+        self.columns = header
+        for name in self.required_columns:
+            if name not in positions:
+                found = ", ".join(repr(c) for c in header)
+                raise self._error(f"required column not found; the header has: {found}", line, name)
+
+    def _csv_error(self, e: csv.Error) -> InputError:
+        msg = str(e)
+        if msg == "unexpected end of data":
+            line = self._find_open_quote() or self._rec_line
+            return self._error(
+                "unbalanced quote: the quoted field starting on this line is never closed (reached the end of the file)",
+                line,
+            )
+        if "expected after" in msg:
+            return self._error(
+                f"malformed quoting: {msg} (a quote inside a quoted field must be doubled, and "
+                "a quoted field must end at a delimiter or the end of the line)",
+                self._line,
+            )
+        if "field larger than field limit" in msg:
+            return self._error(f"a field is larger than the limit of {self._max_field} characters", self._rec_line)
+        return self._error(f"unreadable CSV: {msg}", self._rec_line)
+
+    def _find_open_quote(self) -> int | None:
+        """Line where the never-closed quoted field of the current record opens (or None)."""
+        try:
+            if not self._file.seekable():
+                return None
+            self._file.seek(self._rec_offset)
+            data = self._file.read(self._max_record + 1)
+        except (OSError, ValueError):
+            return None
+        text = data.decode("utf-8", errors="replace")
+        if self._rec_offset == 0 and text.startswith("\ufeff"):
+            text = text[1:]
+        delim = self.delimiter
+        line = self._rec_line
+        in_quotes = False
+        field_start = True
+        opened = None
+        i, n = 0, len(text)
+        while i < n:
+            c = text[i]
+            if in_quotes:
+                if c == '"':
+                    if i + 1 < n and text[i + 1] == '"':
+                        i += 1
+                    else:
+                        in_quotes = False
+                elif c == "\n" or (c == "\r" and text[i + 1 : i + 2] != "\n"):
+                    line += 1
+            else:
+                if c == '"' and field_start:
+                    in_quotes, opened = True, line
+                if c == delim:
+                    field_start = True
+                elif c == "\n" or (c == "\r" and text[i + 1 : i + 2] != "\n"):
+                    line += 1
+                    field_start = True
+                elif c != "\r":
+                    field_start = False
+            i += 1
+        return opened if in_quotes else None
+
+    def _iter_csv(self) -> Iterator[Row]:
+        cols = self.columns
+        ncols = len(cols)
+        limit = self._max_field
+        number = 0
+        reader = self._csv
+        while True:
+            self._rec_line = self._line + 1  # inlined _begin_record(): this loop is hot
+            self._rec_bytes = 0
+            self._rec_offset = self._offset
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise self._csv_error(e) from None
+            if not fields:  # an empty line
+                continue
+            if len(fields) != ncols:
+                raise self._error(f"expected {ncols} fields (as in the header), found {len(fields)}", self._rec_line)
+            if max(map(len, fields)) > limit:
+                for name, value in zip(cols, fields):
+                    if len(value) > limit:
+                        raise self._error(
+                            f"field is larger than the limit of {limit} characters ({len(value)} characters)",
+                            self._rec_line,
+                            name,
+                        )
+            number += 1
+            yield Row(number, self._rec_line, dict(zip(cols, fields)))
+
+    # -- JSON records (shared by JSONL and JSON) -----------------------------------------------
+
+    def _check_record(self, obj: Any, line: int, where: str) -> dict[str, Any]:
+        if not isinstance(obj, dict):
+            raise self._error(f"{where} is {_kind(obj)}, not a JSON object", line)
+        if self._max_depth and _too_deep(obj, self._max_depth):
+            raise self._error(f"{where} is nested deeper than {self._max_depth} levels", line)
+        for name in self.required_columns:
+            if name not in obj:
+                keys = ", ".join(repr(k) for k in obj) or "none"
+                raise self._error(f"{where} has no key {name!r} (its keys: {keys})", line, name)
+        cols = self.columns
+        if len(obj) > len(cols) or any(k not in self._colset for k in obj):
+            for k in obj:
+                if k not in self._colset:
+                    self._colset.add(k)
+                    cols.append(k)
+        return obj
+
+    def _json_failure(self, exc: BaseException, line: int, where: str) -> InputError:
+        if isinstance(exc, _DuplicateKey):
+            return self._error(f"{where} has the key {exc.key!r} more than once", line, exc.key)
+        if isinstance(exc, _BadConstant):
+            return self._error(f"{where} contains {exc.name}, which is not valid JSON", line)
+        if isinstance(exc, RecursionError):
+            return self._error(f"{where} is nested too deeply", line)
+        return self._error(f"{where} is invalid: {exc}", line)
+
+    # -- JSONL ---------------------------------------------------------------------------------
+
+    def _iter_jsonl(self) -> Iterator[Row]:
+        self._colset: set[str] = set()
+        decoder = _decoder()
+        number = 0
+        lines = self._physical_lines()
+        first = True
+        while True:
+            self._begin_record()
+            text = next(lines, None)
+            if text is None:
+                return
+            if first:
+                first = False
+                body = text.rstrip("\r\n")
+                if len(body) != len(text):
+                    self.lineterminator = text[len(body) :]
+            if not text.strip():
+                continue
+            line = self._line
+            where = f"record {number + 1}"
+            try:
+                obj = decoder.decode(text)
+            except json.JSONDecodeError as e:
+                raise self._error(f"invalid JSON: {e.msg} (column {e.colno})", line) from None
+            except (_DuplicateKey, _BadConstant, RecursionError, ValueError) as e:
+                raise self._json_failure(e, line, where) from None
+            number += 1
+            yield Row(number, line, self._check_record(obj, line, where))
+
+    # -- JSON array ----------------------------------------------------------------------------
+
+    _saw_array = False
+    _array_line = 1
+
+    def _iter_json(self) -> Iterator[Row]:
+        self._colset = set()
+        self._buf = ""
+        self._pending = b""
+        self._eof = False
+        self._first_chunk = True
+        self._lc_pos = 0  # position in _buf up to which newlines are counted...
+        self._lc_line = 1  # ...and the line number there
+        self._col0 = 0  # characters on _buf[0]'s line before _buf[0]
+        self._find_terminator = True
+        decoder = _decoder()
+        pos = 0
+
+        c, pos = self._json_skip_ws(pos)
+        if c == "":
+            return  # empty file: reported by _no_records
+        if c != "[":
+            line = self._line_at(pos)
+            if c == "{":
+                found = "an object"
+            elif c == '"':
+                found = "a string"
+            elif c in "-0123456789":
+                found = "a number"
+            elif c in "tf":
+                found = "a boolean"
+            elif c == "n":
+                found = "null"
+            else:
+                raise self._error(f"not valid JSON: unexpected character {c!r} (column {self._col_at(pos)})", line)
+            raise self._error(
+                f"JSON must be an array of objects ([{{...}}, {{...}}]); found {found}. "
+                "JSON Lines (one object per line, in a .jsonl file) is also accepted",
+                line,
+            )
+        self._saw_array = True
+        self._array_line = self._line_at(pos)
+        pos += 1
+        c, pos = self._json_skip_ws(pos)
+        if c == "]":
+            c2, _ = self._json_skip_ws(pos + 1)
+            if c2:
+                raise self._after_array_error(pos + 1)
+            return
+        number = 0
+        while True:
+            if c == "":
+                raise self._error(
+                    "unexpected end of file: the top-level array is not closed with ']' (is the file truncated?)",
+                    self._line_at(pos),
+                )
+            number += 1
+            line = self._line_at(pos)
+            where = f"record {number} (array element {number})"
+            obj, pos = self._json_element(decoder, pos, line, where)
+            yield Row(number, line, self._check_record(obj, line, where))
+            pos = self._json_compact(pos)
+            c, pos = self._json_skip_ws(pos)
+            if c == ",":
+                c, pos = self._json_skip_ws(pos + 1)
+                if c == "]":
+                    raise self._error(f"trailing comma before ']' (column {self._col_at(pos)})", self._line_at(pos))
+                continue
+            if c == "]":
+                c2, p2 = self._json_skip_ws(pos + 1)
+                if c2:
+                    raise self._after_array_error(p2)
+                return
+            if c == "":
+                raise self._error(
+                    "unexpected end of file: the top-level array is not closed with ']' (is the file truncated?)",
+                    self._line_at(pos),
+                )
+            raise self._error(
+                f"invalid JSON: expected ',' or ']' after {where}, found {c!r} (column {self._col_at(pos)})",
+                self._line_at(pos),
+            )
+
+    def _after_array_error(self, pos: int) -> InputError:
+        return self._error(
+            f"unexpected data after the end of the top-level array (column {self._col_at(pos)})",
+            self._line_at(pos),
+        )
+
+    def _json_element(self, decoder: json.JSONDecoder, pos: int, line: int, where: str) -> tuple[Any, int]:
+        want = _CHUNK
+        while True:
+            try:
+                return decoder.raw_decode(self._buf, pos)
+            except json.JSONDecodeError as e:
+                near_end = e.pos >= len(self._buf) - 16 or e.msg.startswith("Unterminated string")
+                if self._eof or not near_end:
+                    if self._eof and near_end and e.pos >= len(self._buf.rstrip()):
+                        raise self._error(f"unexpected end of file inside {where} (is the file truncated?)", line) from None
+                    raise self._error(
+                        f"invalid JSON in {where}: {e.msg} (column {self._col_at(e.pos)})",
+                        self._line_at(e.pos),
+                    ) from None
+            except (_DuplicateKey, _BadConstant, RecursionError, ValueError) as e:
+                raise self._json_failure(e, line, where) from None
+            if len(self._buf) - pos > self._max_record:
+                raise self._error(f"{where} is larger than the limit of {self._max_record} bytes", line)
+            self._json_fill(want)
+            want = min(want * 2, 16 * 1024 * 1024)
+
+    def _json_skip_ws(self, pos: int) -> tuple[str, int]:
+        """Skip JSON whitespace from ``pos``; return (next char or "" at EOF, its position)."""
+        while True:
+            pos = _JSON_WS.match(self._buf, pos).end()  # type: ignore[union-attr]
+            if pos < len(self._buf):
+                return self._buf[pos], pos
+            if not self._json_fill(_CHUNK):
+                return "", pos
+
+    def _json_fill(self, size: int) -> bool:
+        """Append up to ``size`` more decoded bytes to the buffer; False at end of file."""
+        if self._eof:
+            return False
+        data = self._file.read(size)
+        final = not data
+        if self._first_chunk and data and self._utf8:
+            while len(data) < 3 and _UTF8_BOM.startswith(data):
+                more = self._file.read(size)
+                if not more:
+                    break
+                data += more
+            self._first_chunk = False
+            if data.startswith(_UTF8_BOM):
+                data = data[3:]
+                self.bom = True
+            elif data.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise self._error("the file is UTF-16 encoded — save it as UTF-8", 1)
+        data = self._pending + data
+        try:
+            if self._json_decoder is not None:
+                text, used = self._json_decoder.decode(data, final), len(data)
+            else:
+                text, used = codecs.utf_8_decode(data, "strict", final)
+        except UnicodeDecodeError as e:
+            if self._json_decoder is not None:
+                raise self._error(
+                    f"not valid {self.encoding} — check the profile's encoding", self._line_at(len(self._buf))
+                ) from None
+            end = len(self._buf)
+            line = self._line_at(end) + data.count(b"\n", 0, e.start)
+            nl = data.rfind(b"\n", 0, e.start)
+            if nl >= 0:
+                col = len(data[nl + 1 : e.start].decode("utf-8", errors="replace")) + 1
+            else:
+                col = self._col_at(end) + len(data[: e.start].decode("utf-8", errors="replace"))
+            raise self._error(
+                f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {col}) — save the file as UTF-8",
+                line,
+            ) from None
+        self._pending = data[used:]
+        if self._find_terminator:
+            nl = text.find("\n")
+            if nl >= 0:
+                self._find_terminator = False
+                if nl > 0 and text[nl - 1] == "\r":
+                    self.lineterminator = "\r\n"
+                elif nl == 0 and self._buf.endswith("\r"):
+                    self.lineterminator = "\r\n"
+        self._buf += text
+        if final:
+            self._eof = True
+            return bool(text)
+        return True
+
+    def _line_at(self, pos: int) -> int:
+        if pos >= self._lc_pos:
+            self._lc_line += self._buf.count("\n", self._lc_pos, pos)
+            self._lc_pos = pos
+            return self._lc_line
+        return self._lc_line - self._buf.count("\n", pos, self._lc_pos)
+
+    def _col_at(self, pos: int) -> int:
+        nl = self._buf.rfind("\n", 0, pos)
+        return pos - nl if nl >= 0 else self._col0 + pos + 1
+
+    def _json_compact(self, pos: int) -> int:
+        """Drop the consumed part of the buffer once it is large; return the new ``pos``."""
+        if pos < _CHUNK:
+            return pos
+        self._line_at(pos)
+        nl = self._buf.rfind("\n", 0, pos)
+        self._col0 = pos - nl - 1 if nl >= 0 else self._col0 + pos
+        self._buf = self._buf[pos:]
+        self._lc_pos = 0
+        return 0

@@ -1,0 +1,151 @@
+"""The writer for CSV/TSV, JSON and JSONL results, in the layout of the input."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, Any
+
+from batchgrader.pipeline.formats.common import Format, Layout, defuse_formula, text_of
+from batchgrader.pipeline.formats.jsonvalue import _dumps_record
+from batchgrader.pipeline.formats.text import TableReader
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def _csv_cell(value: Any) -> str:
+    return "" if value is None else text_of(value)
+
+
+class _CRLFToTerminator:
+    """csv.writer target: rows are produced with "\\r\\n" (so fields holding CR or LF are
+    always quoted) and written with the layout's terminator."""
+
+    __slots__ = ("_write", "_lt")
+
+    def __init__(self, write: Any, lineterminator: str):
+        self._write = write
+        self._lt = lineterminator
+
+    def write(self, s: str) -> Any:
+        return self._write(s[:-2] + self._lt)
+
+
+class TextTableWriter:
+    """Writes records in the format and dialect of a :class:`Layout` (or a reader's)."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str] | IO[Any],
+        like: TableReader | Layout,
+        added_columns: Sequence[str] = (),
+        *,
+        formula_guard: bool = False,
+    ):
+        layout = like.layout if isinstance(like, TableReader) else like
+        self.layout = layout
+        self.fmt: Format = layout.fmt
+        self.formula_guard = formula_guard and layout.fmt == "csv"
+        added = list(added_columns)
+        self.columns: list[str] = list(layout.columns) + added
+        if layout.fmt == "csv":
+            seen: set[str] = set()
+            for name in self.columns:
+                if name in seen:
+                    raise ValueError(f"output column {name!r} appears twice (an added column clashes with an input column?)")
+                if name == "":
+                    raise ValueError("an output column name is empty")
+                seen.add(name)
+        self._colset = frozenset(self.columns)
+        self._detach: io.TextIOWrapper | None = None
+        self._owned: IO[str] | None = None
+        if isinstance(target, (str, os.PathLike)):
+            self._out: IO[str] = open(target, "w", encoding="utf-8", newline="")
+            self._owned = self._out
+        elif isinstance(target, io.TextIOBase):
+            self._out = target  # type: ignore[assignment]
+        else:
+            self._out = io.TextIOWrapper(target, encoding="utf-8", newline="")  # type: ignore[arg-type]
+            self._detach = self._out  # type: ignore[assignment]
+        self._closed = False
+        self._count = 0
+        lt = layout.lineterminator
+        try:
+            if layout.fmt == "csv":
+                if layout.bom:
+                    self._out.write("\ufeff")
+                sink = self._out if lt == "\r\n" else _CRLFToTerminator(self._out.write, lt)
+                self._csv = csv.writer(
+                    sink,
+                    delimiter=layout.delimiter,
+                    quotechar='"',
+                    doublequote=True,
+                    quoting=csv.QUOTE_MINIMAL,
+                    lineterminator="\r\n",
+                )
+                self._csv.writerow(self._cells(self.columns))
+            elif layout.fmt == "json":
+                self._out.write("[")
+        except BaseException:
+            self._release()
+            raise
+
+    def _cells(self, cells: Iterable[Any]) -> list[str]:
+        out = [c if type(c) is str else _csv_cell(c) for c in cells]
+        if self.formula_guard:
+            out = [defuse_formula(c) for c in out]
+        return out
+
+    def write(self, values: Mapping[str, Any]) -> None:
+        """Write one record.  CSV: keys must be output columns (missing ones are written
+        empty; non-str values as :func:`text_of`).  JSON/JSONL: the mapping is written as
+        one object, keys in its order, values exactly (``ExactFloat`` as spelled)."""
+        if self._closed:
+            raise ValueError("write to a closed TableWriter")
+        lt = self.layout.lineterminator
+        if self.fmt == "csv":
+            if not self._colset.issuperset(values):
+                extra = ", ".join(repr(k) for k in values if k not in self._colset)
+                raise ValueError(f"not an output column: {extra}")
+            self._csv.writerow(self._cells(map(values.get, self.columns)))
+        else:
+            if not isinstance(values, Mapping):
+                raise TypeError(f"a record must be a mapping, not {type(values).__name__}")
+            text = _dumps_record(values)
+            if self.fmt == "jsonl":
+                self._out.write(text + lt)
+            else:
+                self._out.write((lt if self._count == 0 else "," + lt) + text)
+        self._count += 1
+
+    def close(self) -> None:
+        """Finish the file (JSON: the closing bracket), flush, and release the target."""
+        if self._closed:
+            return
+        try:
+            if self.fmt == "json":
+                lt = self.layout.lineterminator
+                self._out.write((lt + "]" if self._count else "]") + lt)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        try:
+            self._out.flush()
+        finally:
+            if self._owned is not None:
+                self._owned.close()
+            elif self._detach is not None:
+                self._detach.detach()
+
+    def __enter__(self) -> TextTableWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        elif not self._closed:
+            self._release()

@@ -1,0 +1,243 @@
+"""Excel and Parquet inputs: end to end over the emulator, value by value and type by type; bad input."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import zipfile
+
+import openpyxl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchgrader.pipeline.outbox import result_name
+from batchgrader.pipeline.tables import InputError, open_table
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from harness import FAST_CONFIG, TEST_KEY, bgctl
+
+pytestmark = pytest.mark.timeout(300)
+
+SCHEMA_CONFIG = """\
+response_format:
+  type: object
+  properties:
+    score: {type: integer}
+    label: {type: string, enum: [good, bad]}
+  required: [score, label]
+  additionalProperties: false
+"""
+
+
+def _workbook(path):
+    wb = openpyxl.Workbook()
+    notes = wb.active
+    notes.title = "Notes"
+    notes.append(["about", "total"])
+    notes.append(["kept as is", "=1+2"])
+    data = wb.create_sheet("Data")
+    data.append(["id", "response", "when", "amount", "note"])
+    data.append([1, "first answer", datetime.datetime(2024, 1, 2, 3, 4, 5), 1.5, None])
+    data.append([2, "second answer", datetime.datetime(2023, 12, 31), None, "n"])
+    data.append([None, None, None, None, None])  # an empty row: skipped, kept in the result
+    data.append([3, "=HYPERLINK(1)", datetime.datetime(2022, 6, 1), 7, ""])
+    wb.save(path)
+
+
+@pytest.mark.slow
+def test_xlsx_second_sheet_end_to_end_keeps_values_and_types(home):
+    home.config_file.write_text(FAST_CONFIG + "sheet: Data\n" + SCHEMA_CONFIG)
+    _workbook(home.inbox / "grades.xlsx")
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+    out = home.outbox / "grades_results.xlsx"
+    wb = openpyxl.load_workbook(out)
+    assert wb.sheetnames == ["Notes", "Data"]
+    assert [[c.value for c in r] for r in wb["Notes"].iter_rows()] == [["about", "total"], ["kept as is", "=1+2"]]
+    rows = [[c.value for c in r] for r in wb["Data"].iter_rows()]
+    assert rows[0][:6] == ["id", "response", "when", "amount", "note", "grade"]
+    assert sorted(rows[0][6:8]) == ["label", "score"] and rows[0][8:] == ["input_tokens", "output_tokens", "error"]
+    at = {name: i for i, name in enumerate(rows[0])}
+    original = [
+        [1, "first answer", datetime.datetime(2024, 1, 2, 3, 4, 5), 1.5, None],
+        [2, "second answer", datetime.datetime(2023, 12, 31), None, "n"],
+        [None, None, None, None, None],
+        [3, "=HYPERLINK(1)", datetime.datetime(2022, 6, 1), 7, None],
+    ]
+    assert [r[:5] for r in rows[1:]] == original
+    assert rows[3][5:] == [None] * 6  # the empty row gets no result
+    for r in (rows[1], rows[2], rows[4]):
+        grade, score, label = r[at["grade"]], r[at["score"]], r[at["label"]]
+        tin, tout, err = r[at["input_tokens"]], r[at["output_tokens"]], r[at["error"]]
+        assert err is None
+        assert isinstance(score, int) and not isinstance(score, bool)
+        assert label in ("good", "bad")
+        assert isinstance(tin, int) and tin > 0 and isinstance(tout, int) and tout > 0
+        assert isinstance(grade, str) and grade.startswith("{")
+    # added text cells are text, never formulas; input cells stay as they were
+    assert wb["Data"].cell(row=2, column=6).data_type == "s"
+    assert wb["Data"].cell(row=2, column=3).is_date and wb["Data"].cell(row=3, column=4).value is None
+
+
+def _parquet_table() -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array([10, 20, 30, 40], pa.int32()),
+            "response": pa.array(["alpha", "beta", None, "delta"], pa.string()),
+            "weight": pa.array([0.5, None, 2.25, -1.0], pa.float64()),
+            "seen": pa.array(
+                [datetime.datetime(2024, 1, 1, 12), None, datetime.datetime(2020, 2, 29), datetime.datetime(1999, 12, 31)],
+                pa.timestamp("ms"),
+            ),
+            "nothing": pa.array([None] * 4, pa.null()),
+        }
+    )
+
+
+@pytest.mark.slow
+def test_parquet_end_to_end_keeps_types_and_order_and_types_added_columns(home):
+    home.config_file.write_text(FAST_CONFIG + SCHEMA_CONFIG)
+    table = _parquet_table()
+    pq.write_table(table, home.inbox / "data.parquet", row_group_size=3)
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=2)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+    out = pq.read_table(home.outbox / "data_results.parquet")
+    for name in table.column_names:
+        assert out.schema.field(name).type == table.schema.field(name).type
+        assert out.column(name).to_pylist() == table.column(name).to_pylist()
+    assert out.schema.field("input_tokens").type == pa.int64()
+    assert out.schema.field("output_tokens").type == pa.int64()
+    assert out.schema.field("score").type == pa.int64()
+    assert out.schema.field("label").type == pa.string()
+    assert out.schema.field("grade").type == pa.string()
+    assert all(t > 0 for t in out.column("input_tokens").to_pylist())
+    assert set(out.column("label").to_pylist()) <= {"good", "bad"}
+    assert out.column("error").to_pylist() == [None] * 4
+
+
+def test_count_reads_excel_and_parquet(home, tmp_path):
+    _workbook(tmp_path / "w.xlsx")
+    pq.write_table(_parquet_table(), tmp_path / "p.parquet")
+    home.config_file.write_text("sheet: Data\n")
+    for name, rows in (("w.xlsx", 3), ("p.parquet", 4)):
+        r = bgctl(home.root, "count", str(tmp_path / name), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["rows"] == rows
+
+
+def test_result_name_for_excel_and_parquet():
+    assert result_name("a.xlsm") == "a_results.xlsx"
+    assert result_name("a.XLSX") == "a_results.xlsx"
+    assert result_name("a.parquet") == "a_results.parquet"
+
+
+def test_encoding_cp1252_csv_is_read(tmp_path):
+    p = tmp_path / "w.csv"
+    p.write_bytes("id,response\n1,Jos\u00e9 \u20ac\n".encode("cp1252"))
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        list(open_table(p))
+    with open_table(p, encoding="cp1252") as r:
+        assert [row.values for row in r] == [{"id": "1", "response": "Jos\u00e9 \u20ac"}]
+        assert r.layout.bom  # the UTF-8 result carries a BOM for spreadsheets
+
+
+@pytest.mark.parametrize("name", ["w.jsonl", "w.json"])
+def test_encoding_latin1_json_is_read(tmp_path, name):
+    p = tmp_path / name
+    rec = '{"id": 1, "response": "Se\u00f1or caf\u00e9"}'
+    text = rec + "\n" if name.endswith("l") else "[" + rec + "]\n"
+    p.write_bytes(json.loads(json.dumps(text)).encode("latin-1"))
+    with open_table(p, encoding="latin-1") as r:
+        assert [row.values["response"] for row in r] == ["Se\u00f1or caf\u00e9"]
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_excel_missing_sheet_names_the_sheets(tmp_path):
+    _workbook(tmp_path / "w.xlsx")
+    with pytest.raises(InputError) as ei:
+        open_table(tmp_path / "w.xlsx", sheet="Grades")
+    assert "no sheet named 'Grades'" in str(ei.value) and "'Notes', 'Data'" in str(ei.value)
+
+
+def test_excel_empty_sheet_and_duplicate_header(tmp_path):
+    wb = openpyxl.Workbook()
+    wb.active.title = "Empty"
+    dup = wb.create_sheet("Dup")
+    dup.append(["a", "b", "a"])
+    dup.append([1, 2, 3])
+    wb.save(tmp_path / "w.xlsx")
+    with pytest.raises(InputError, match="sheet 'Empty' is empty"):
+        open_table(tmp_path / "w.xlsx")
+    with pytest.raises(InputError) as ei:
+        open_table(tmp_path / "w.xlsx", sheet="Dup")
+    assert ei.value.column == "a" and "sheet 'Dup'" in str(ei.value) and "columns A, C" in str(ei.value)
+
+
+def test_excel_encrypted_and_corrupt(tmp_path):
+    enc = tmp_path / "enc.xlsx"
+    enc.write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 600)
+    with pytest.raises(InputError, match="password-protected"):
+        open_table(enc)
+    bad = tmp_path / "bad.xlsx"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("hello.txt", "not a workbook")
+    bad.write_bytes(buf.getvalue())
+    with pytest.raises(InputError, match="not a readable .xlsx workbook"):
+        open_table(bad)
+
+
+def test_parquet_nested_and_duplicate_columns(tmp_path):
+    pq.write_table(pa.table({"id": [1], "tags": pa.array([["a", "b"]])}), tmp_path / "n.parquet")
+    with pytest.raises(InputError) as ei:
+        open_table(tmp_path / "n.parquet")
+    assert ei.value.column == "tags" and "nested type" in str(ei.value)
+    t = pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["x", "x"])
+    pq.write_table(t, tmp_path / "d.parquet")
+    with pytest.raises(InputError) as ei:
+        open_table(tmp_path / "d.parquet")
+    assert ei.value.column == "x" and "duplicate" in str(ei.value)
+
+
+@pytest.mark.slow
+def test_bad_workbook_in_inbox_fails_with_a_report_and_the_daemon_goes_on(home):
+    home.config_file.write_text(FAST_CONFIG + "sheet: Missing\n")
+    _workbook(home.inbox / "w.xlsx")
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 4  # a job ended failed
+    report = (home.outbox / "w_error.txt").read_text()
+    assert "no sheet named 'Missing'" in report
+    assert [p.name for p in home.failed.iterdir() if p.suffix == ".xlsx"]
+
+
+def test_shipped_examples_match_the_repository_and_bgctl_examples_copies_them(home, tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    shipped = repo / "src" / "batchgrader" / "data" / "examples"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(p.name for p in (repo / "examples").iterdir())
+    for p in shipped.iterdir():
+        assert p.read_bytes() == (repo / "examples" / p.name).read_bytes()
+    r = bgctl(home.root, "examples", str(tmp_path / "ex"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ex" / "reviews.csv").read_bytes() == (repo / "examples" / "reviews.csv").read_bytes()
+
+
+def test_excel_added_cells_are_text_and_guarded(tmp_path):
+    from batchgrader.pipeline.tables import TableWriter
+
+    _workbook(tmp_path / "w.xlsx")
+    with open_table(tmp_path / "w.xlsx", sheet="Data") as r, open(tmp_path / "o.xlsx", "wb") as f:
+        with TableWriter(f, r, ["grade", "raw"], formula_guard=True) as w:
+            for _row in r:
+                w.write({"grade": '=HYPERLINK("http://x")', "raw": -5})
+    ws = openpyxl.load_workbook(tmp_path / "o.xlsx")["Data"]
+    assert ws.cell(row=1, column=6).value == "grade" and ws.cell(row=1, column=7).value == "raw"
+    for line in (2, 3, 5):
+        cell = ws.cell(row=line, column=6)
+        assert cell.value == '\'=HYPERLINK("http://x")' and cell.data_type == "s"
+        assert ws.cell(row=line, column=7).value == -5
+    assert ws.cell(row=4, column=6).value is None  # the empty row stays empty
