@@ -9,12 +9,16 @@ job named in the deterministic upload name ``bg-<job>-c<chunk>-a<attempt>.jsonl`
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from batchgrader.provider.openai_api import BatchInfo, FileInfo, Provider
+from batchgrader.provider.openai_api import BatchInfo, BatchPage, FileInfo, Provider, ProviderError
+
+log = logging.getLogger(__name__)
 
 _UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
 
@@ -75,6 +79,34 @@ class ProviderRouter:
 
     def cancel(self, batch_id: str) -> BatchInfo:
         return self._by_id(batch_id).cancel(batch_id)
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
+        """One page from every provider that still has pages, merged (``limit`` per provider).
+
+        The cursor (``last_id``) is a JSON map of provider name to that provider's own cursor, so
+        each provider pages on independently and every one gets the same number of pages within
+        :func:`~batchgrader.provider.openai_api.list_statuses`' page budget.  A provider whose
+        listing fails is left out of this round (its batches are then retrieved one by one, as for
+        any batch a listing does not show); when every provider fails the error is raised."""
+        cursors: dict[str, str | None] = {name: None for name in sorted(self.providers)}
+        if after:
+            cursors = {name: (cur or None) for name, cur in json.loads(after).items() if name in self.providers}
+        items: list[BatchInfo] = []
+        more: dict[str, str] = {}
+        failed: list[ProviderError] = []
+        for name, cursor in cursors.items():
+            try:
+                page = self.providers[name].list_batches(limit=limit, after=cursor)
+            except ProviderError as exc:
+                log.warning("listing %s batches: %s (they are retrieved one by one)", name, exc)
+                failed.append(exc)
+                continue
+            items.extend(page.items)
+            if page.has_more and page.last_id is not None:
+                more[name] = page.last_id
+        if failed and len(failed) == len(cursors):
+            raise failed[0]
+        return BatchPage(tuple(items), bool(more), json.dumps(more, sort_keys=True) if more else None)
 
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
         return self._by_id(file_id).download(file_id, dest_path)
