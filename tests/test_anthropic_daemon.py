@@ -101,6 +101,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
       type: object
       properties: {score: {type: integer, minimum: 1, maximum: 5}, reason: {type: string}}
       required: [score, reason]
+      additionalProperties: false
   gpt:
     provider: openai
     model: gpt-4o-mini
