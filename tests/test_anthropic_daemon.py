@@ -192,7 +192,8 @@ def test_custom_id_anthropic_refuses_fails_the_job_before_sending(tmp_path: Path
     (home / "inbox" / "b.jsonl").unlink()
     (home / "inbox" / "a.csv").write_text("id,response\nok-1,x\nnot ok!,y\n")
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=1)) as emu:
-        assert run(home, emu, "daemon", "--once").returncode == 0
+        res = run(home, emu, "daemon", "--once")
+        assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
         assert emu.request_count("POST", "/v1/messages/batches") == 0
     (job,) = state_of(home).jobs.values()
     assert job.ended == "failed" and "'not ok!'" in job.error["error"] and "id_column" in job.error["error"]
