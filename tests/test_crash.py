@@ -78,7 +78,7 @@ API_POINTS = [
     ("POST", "/v1/batches", "effected", 1),
     ("POST", "/v1/batches", "effected", 2),
     ("POST", "/v1/batches", "effected", 4),
-    ("GET", "/v1/batches/{id}", "effected", 2),
+    ("GET", "/v1/batches", "effected", 2),  # a poll round: one listing for the batches in flight
     ("GET", "/v1/files/{id}/content", "received", 1),
     ("GET", "/v1/files/{id}/content", "effected", 2),
     ("DELETE", "/v1/files/{id}", "effected", 1),

@@ -17,6 +17,7 @@ import logging
 import logging.handlers
 import os
 import signal
+import sqlite3
 import threading
 import time
 import uuid
@@ -335,6 +336,8 @@ class Daemon:
             store = EventStore(self.home.db, projectors=self.make_projectors())
         except SchemaTooNew as exc:
             raise DaemonError(str(exc)) from None
+        except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
+            raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
         if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
             provider.provider_of_job = lambda job_id: engine.profile_of(engine.state.jobs[job_id]).provider
@@ -346,6 +349,7 @@ class Daemon:
         self._publish()
         notifier = Notifier()
         notifier.ready()
+        log.info("daemon ready: %d jobs in the log", len(engine.state.jobs))
         watcher = InboxWatcher(self.home, self.wake)
         watcher.start()
         tick_seconds = max(0.05, min(0.5, config.poll_interval_seconds / 2))
