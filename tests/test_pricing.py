@@ -85,7 +85,18 @@ def test_shipped_table_has_the_reference_batch_prices():
         "gpt-3.5-turbo-0125": (0.25, None, 0.75),
         "gpt-3.5-turbo-1106": (1.00, None, 2.00),
     }
-    assert set(table) == set(expected) | set(LEGACY_CHAT_MODELS)
+    claude = {  # Anthropic Message Batches: 50% of the standard prices (docs/architecture.md)
+        "claude-opus-5-5": (2.00, 0.20, 10.00),
+        "claude-opus-5": (2.50, 0.25, 12.50),
+        "claude-sonnet-5-5": (1.00, 0.10, 5.00),
+        "claude-sonnet-5": (1.00, 0.10, 5.00),
+        "claude-haiku-4-5": (0.50, 0.05, 2.50),
+    }
+    assert set(table) == set(expected) | set(LEGACY_CHAT_MODELS) | set(claude)
+    for model, (inp, cached, out) in claude.items():
+        p = table.get(model)
+        assert (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (inp, cached, out)
+        assert p.taken_on == "2026-11-23" and p.source.startswith("https://platform.claude.com/docs/")
     for model, (inp, cached, out) in expected.items():
         p = table.get(model)
         assert (p.model, p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (model, inp, cached, out)

@@ -125,6 +125,9 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     )
     if learned and summary.get("schema"):
         summary["schema"]["learned_from"] = {k: learned[k] for k in ("job_id", "ts", "requests")}
+    # tiktoken is exact for OpenAI models only; for another provider it is a stand-in estimate
+    summary["input_tokens_exact"] = prof.provider == "openai"
+    summary["provider"] = prof.provider
     emit_json(summary) if as_json else render_count(summary)
     if summary.get("row_errors") or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"

@@ -78,9 +78,12 @@ def render_count(summary: dict[str, Any]) -> None:
         t.add_row("saved (what the stored answers cost)", _usd(reuse["saved_usd"]))
     elif reuse and not reuse.get("enabled"):
         t.add_row("answer reuse", "off (reuse_answers, temperature or cache_days)")
+    exact = summary.get("input_tokens_exact", True)
+    stand_in = "" if exact else f"ESTIMATE: tiktoken stand-in for {summary.get('provider')}"
     schema = summary.get("schema")
     if schema:  # the provider bills the schema as prompt tokens, in an amount it does not publish
-        t.add_row("input tokens (counted, without the schema)", f"{summary['input_tokens']:,}")
+        counted = "counted, without the schema" if exact else f"{stand_in}, without the schema"
+        t.add_row(f"input tokens ({counted})", f"{summary['input_tokens']:,}")
         if schema["source"] == "calibrated":
             src = schema.get("learned_from") or {}
             how = f"calibrated: {schema['per_request']:g} tokens/request learned from job {src.get('job_id', '?')}"
@@ -88,7 +91,7 @@ def render_count(summary: dict[str, Any]) -> None:
             how = f"allowance: {schema['per_request']:g} tokens/request for the schema, not yet calibrated"
         t.add_row(f"input tokens (estimate; {how})", f"{summary['input_tokens_estimate']:,}")
     else:
-        t.add_row("input tokens (exact)", f"{summary['input_tokens']:,}")
+        t.add_row("input tokens (exact)" if exact else f"input tokens ({stand_in})", f"{summary['input_tokens']:,}")
     t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")

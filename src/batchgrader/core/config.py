@@ -29,6 +29,15 @@ class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type, or out of range."""
 
 
+#: selectable providers, and what a profile's model must look like for each (a model the
+#: provider does not offer is refused when the configuration is loaded)
+PROVIDERS = ("openai", "anthropic")
+PROVIDER_MODEL_PREFIX = {"anthropic": "claude-"}
+#: the environment variable that holds each provider's key (also read from secrets.env)
+PROVIDER_KEY_VAR = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+PROVIDER_KEY_SETTING = {"openai": "api_key", "anthropic": "anthropic_api_key"}
+
+
 # --- key catalogue ---------------------------------------------------------------------------
 # Each key: default, validator (returns the normalised value or raises ValueError with the
 # expected form), one-line description (used by docs and `config show`).
@@ -305,6 +314,15 @@ KEYS: dict[str, Key] = {
     "base_url": Key(None, _opt_str, "OpenAI-compatible API base URL (env OPENAI_BASE_URL)."),
     "api_key": Key(None, _api_key, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
     "request_timeout_seconds": Key(120.0, _opt_float(0.1), "Timeout of one HTTP request to the provider."),
+    "provider": Key(
+        "openai",
+        _choice(*PROVIDERS),
+        "Batch API a profile's jobs go to: 'openai' (or a server that copies it) or 'anthropic' (Message Batches, key ANTHROPIC_API_KEY).",
+    ),
+    "anthropic_api_key": Key(
+        None, _opt_str, "Anthropic API key (env ANTHROPIC_API_KEY); never written to logs, the database or outputs."
+    ),
+    "anthropic_base_url": Key(None, _opt_str, "Anthropic API base URL (env ANTHROPIC_BASE_URL)."),
     # housekeeping
     "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
     "stable_seconds": Key(
@@ -332,6 +350,8 @@ GLOBAL_ONLY = {
     "daily_token_limit",
     "base_url",
     "api_key",
+    "anthropic_api_key",
+    "anthropic_base_url",
     "request_timeout_seconds",
     "rescan_interval_seconds",
     "stable_seconds",
@@ -343,7 +363,14 @@ GLOBAL_ONLY = {
     "on_job_end_timeout_seconds",
 }
 
-SDK_ENV = {"OPENAI_API_KEY": "api_key", "OPENAI_BASE_URL": "base_url"}
+SDK_ENV = {
+    "OPENAI_API_KEY": "api_key",
+    "OPENAI_BASE_URL": "base_url",
+    "ANTHROPIC_API_KEY": "anthropic_api_key",
+    "ANTHROPIC_BASE_URL": "anthropic_base_url",
+}
+#: config keys holding a secret: masked wherever a value is shown
+SECRET_KEYS = ("api_key", "anthropic_api_key")
 
 
 def env_name(key: str) -> str:
@@ -370,7 +397,8 @@ class Profile:
     def as_dict(self, mask: bool = True) -> dict[str, Any]:
         out = copy.deepcopy(dict(self.values))
         if mask:
-            out["api_key"] = mask_secret(out.get("api_key"))
+            for key in SECRET_KEYS:
+                out[key] = mask_secret(out.get(key))
         return out
 
     def __repr__(self) -> str:  # never show the key
@@ -407,7 +435,7 @@ class Config:
         rows = []
         for key in KEYS:
             v = p.values[key]
-            if key == "api_key":
+            if key in SECRET_KEYS:
                 v = mask_secret(v)
             rows.append({"key": key, "value": v, "source": p.sources[key]})
         return rows
@@ -552,5 +580,38 @@ def load_config(
             if v is not None:
                 pv[key], ps[key] = values[key], sources[key]
         profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
+    for prof in (default, *profiles.values()):
+        problem = _check_provider_model(prof, home.config_file)
+        if problem:
+            errors.append(problem)
     _raise_all(errors)
     return Config(home=home, default=default, profiles=MappingProxyType(profiles))
+
+
+def _check_provider_model(profile: Profile, config_file: Path) -> str | None:
+    """A model the profile's provider does not offer is refused before anything is sent
+    (the message, collected with the other configuration errors)."""
+    provider = profile.values["provider"]
+    prefix = PROVIDER_MODEL_PREFIX.get(provider)
+    model = profile.values["model"]
+    if prefix and isinstance(model, str) and not model.startswith(prefix):
+        where = "the default profile" if profile.name == "default" else f"profiles.{profile.name}"
+        return (
+            f"{config_file}: {where}: key 'model' is {model!r}, which provider {provider!r} does not offer "
+            f"(its models start with {prefix!r}); set 'model' or 'provider'"
+        )
+    return None
+
+
+def provider_key_problem(config: Config, sandbox: bool = False) -> str | None:
+    """Which profile needs a key that is not set (None when every used provider has one)."""
+    if sandbox:
+        return None
+    for prof in (config.default, *config.profiles.values()):
+        provider = prof.values["provider"]
+        if provider == "openai":
+            continue  # the daemon's own check names OPENAI_API_KEY
+        if not prof.values.get(PROVIDER_KEY_SETTING[provider]):
+            where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
+            return f"{where} uses provider {provider!r}: set {PROVIDER_KEY_VAR[provider]} (in the environment or secrets.env)"
+    return None

@@ -236,11 +236,39 @@ class Daemon:
         return config, prices
 
     def _provider(self, config: Config):
+        used = {p.values["provider"] for p in (config.default, *config.profiles.values())}
+        openai = self._openai_provider(config, required="openai" in used)
+        return self._provider_router(config, openai, used)
+
+    def _provider_router(self, config: Config, openai, used: set[str]):  # noqa: ANN001
+        """Every provider behind one: each job goes to its profile's provider (ids say which
+        provider made them).  A provider first used after a reload needs a restart."""
+        from batchgrader.core.config import provider_key_problem
+        from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+        from batchgrader.provider.router import ProviderRouter
+
+        problem = provider_key_problem(config, sandbox=self.sandbox)
+        if problem:
+            raise DaemonError(problem)
+        providers = {"openai": openai} if openai is not None else {}
+        if self.sandbox:
+            providers["anthropic"] = AnthropicBatchProvider(
+                SANDBOX_KEY, self.emulator.root_url, timeout=config.request_timeout_seconds
+            )
+        elif "anthropic" in used:
+            providers["anthropic"] = AnthropicBatchProvider(
+                config.anthropic_api_key, config.anthropic_base_url, timeout=config.request_timeout_seconds
+            )
+        return ProviderRouter(providers)
+
+    def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
         from batchgrader.provider.openai_api import OpenAIProvider
 
         if self.sandbox:
             self.emulator = sandbox_emulator(self.home.root / "sandbox")
             return OpenAIProvider(api_key=SANDBOX_KEY, base_url=self.emulator.base_url, timeout=config.request_timeout_seconds)
+        if not config.api_key and not required:
+            return None
         if not config.api_key:
             raise DaemonError(
                 "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
@@ -273,7 +301,9 @@ class Daemon:
                 config, prices = self._load()
             except (ConfigError, PricingError, ServiceError, EnvFileError) as exc:
                 raise DaemonError(str(exc)) from None
-            setup_logging(self.home, config.log_level, [config.api_key or ""], to_stderr=not self.live)
+            setup_logging(
+                self.home, config.log_level, [config.api_key or "", config.anthropic_api_key or ""], to_stderr=not self.live
+            )
             try:
                 return self._serve(config, prices)
             except BaseException as exc:
@@ -309,6 +339,8 @@ class Daemon:
         except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
             raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
+        if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
+            provider.provider_of_job = lambda job_id: engine.profile_of(engine.state.jobs[job_id]).provider
         engine.should_stop = self.stop.is_set
         engine.on_progress = self._beat
         self.engine = engine

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from batchgrader.provider.emulator.anthropic import AnthropicApiError, anthropic_error_type
 from batchgrader.provider.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
 from batchgrader.provider.emulator.faults import Fault
 
@@ -32,6 +33,14 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
     ("GET", re.compile(r"^/v1/batches$"), "/v1/batches", "list_batches"),
     ("GET", re.compile(r"^/v1/batches/(?P<id>[^/]+)$"), "/v1/batches/{id}", "retrieve_batch"),
     ("POST", re.compile(r"^/v1/batches/(?P<id>[^/]+)/cancel$"), "/v1/batches/{id}/cancel", "cancel_batch"),
+    # Anthropic Message Batches (see anthropic.py)
+    ("POST", re.compile(r"^/v1/messages/batches$"), "/v1/messages/batches", "msg_create_batch"),
+    ("GET", re.compile(r"^/v1/messages/batches$"), "/v1/messages/batches", "msg_list"),
+    ("GET", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)$"), "/v1/messages/batches/{id}", "msg_retrieve"),
+    ("DELETE", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)$"), "/v1/messages/batches/{id}", "msg_delete"),
+    ("POST", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)/cancel$"), "/v1/messages/batches/{id}/cancel", "msg_cancel"),
+    ("GET", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)/results$"), "/v1/messages/batches/{id}/results", "msg_results"),
+    ("POST", re.compile(r"^/v1/messages/count_tokens$"), "/v1/messages/count_tokens", "msg_count_tokens"),
 ]
 
 
@@ -101,6 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _headers_common(self, request_id: str) -> None:
         self.send_header("x-request-id", request_id)
+        self.send_header("request-id", request_id)
         self.send_header("openai-organization", self.emulator.config.organization)
         self.send_header("openai-processing-ms", "1")
         self.send_header("x-emulator", "simulated")
@@ -173,6 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
             if mt and m == method:
                 route, params, action = template, mt.groupdict(), name
                 break
+        anthropic = path.startswith("/v1/messages")
         store = emu.store
         store.count_request(method, route or path)
         self._hook(method, route or path, "received")
@@ -197,20 +208,31 @@ class _Handler(BaseHTTPRequestHandler):
                     fault.status, "server_error" if fault.status >= 500 else "invalid_request_error"
                 )
                 code = {429: "rate_limit_exceeded"}.get(fault.status)
+                if anthropic:
+                    self._send_json(fault.status, _anthropic_body(fault.status, msg), extra)
+                    return
                 self._send_json(fault.status, _error_body(msg, etype, None, code), extra)
                 return
             else:
                 after = fault
         try:
-            self._check_auth()
+            if anthropic:
+                self._check_anthropic_auth()
+            else:
+                self._check_auth()
             if action is None:
                 raise ApiError(404, f"Invalid URL ({method} {path})")
-            result = self._call(action, params, query, body)
-        except ApiError as e:
+            if action.startswith("msg_"):
+                result = self._call_anthropic(action, params, query, body)
+            else:
+                result = self._call(action, params, query, body)
+        except AnthropicApiError as e:
             result = (e.status, e.body())
+        except ApiError as e:
+            result = (e.status, _anthropic_body(e.status, e.message) if anthropic else e.body())
         except Exception:  # pragma: no cover - a bug in the emulator; still answer like the API
             log.exception("emulator: unhandled error for %s %s", method, path)
-            result = (500, _server_error_body())
+            result = (500, _anthropic_body(500, "Internal server error") if anthropic else _server_error_body())
         self._hook(method, route or path, "effected")
         if after is not None:
             if after.kind == "drop_after":
@@ -255,6 +277,42 @@ class _Handler(BaseHTTPRequestHandler):
                 f"Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys.",
                 code="invalid_api_key",
             )
+
+    def _check_anthropic_auth(self) -> None:
+        # the SDK sends the key as ``Authorization: Bearer`` (anthropic >= 2) or ``x-api-key``
+        auth = self.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else self.headers.get("x-api-key", "").strip()
+        if not key:
+            raise AnthropicApiError(401, "x-api-key header is required", type="authentication_error")
+        expected = self.emulator.config.api_key
+        if expected is not None and key != expected:
+            raise AnthropicApiError(401, "invalid x-api-key", type="authentication_error")
+
+    def _call_anthropic(self, action: str, params: dict[str, str], query: dict[str, str], body: bytes) -> tuple[int, Any]:
+        store = self.emulator.store
+        if action == "msg_results":
+            return 200, store.msg_results(params["id"])
+        if action in ("msg_create_batch", "msg_count_tokens"):
+            try:
+                parsed = json.loads(body or b"null")
+            except ValueError:
+                raise AnthropicApiError(400, "There was an issue with your request body: not valid JSON.") from None
+            if action == "msg_count_tokens":
+                return 200, store.msg_count_tokens(parsed)
+            out = store.msg_create_batch(parsed, len(body))
+        elif action == "msg_list":
+            out = store.msg_list(query)
+        elif action == "msg_retrieve":
+            out = store.msg_retrieve(params["id"])
+        elif action == "msg_cancel":
+            out = store.msg_cancel(params["id"])
+        else:
+            out = store.msg_delete(params["id"])
+        root = f"http://{self.headers.get('Host') or self.emulator.config.host}"
+        for obj in out.get("data", [out]):
+            if isinstance(obj.get("results_url"), str) and obj["results_url"].startswith("/"):
+                obj["results_url"] = root + obj["results_url"]  # absolute, as the real API gives it
+        return 200, out
 
     def _call(self, action: str, params: dict[str, str], query: dict[str, str], body: bytes) -> tuple[int, Any]:
         store = self.emulator.store
@@ -333,3 +391,7 @@ def _garble_first_line(data: bytes) -> bytes:
     """The ``garble_line`` fault: the first line of a file's content becomes invalid JSON."""
     first, sep, rest = data.partition(b"\n")
     return b'{"custom_id": "garbled' + sep + rest if first else data
+
+
+def _anthropic_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}

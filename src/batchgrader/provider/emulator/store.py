@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.provider.emulator.answers import AnswersMixin
+from batchgrader.provider.emulator.anthropic import AnthropicMixin, _MsgBatch
 from batchgrader.provider.emulator.config import EmulatorConfig
 from batchgrader.provider.emulator.faults import FaultsMixin
 from batchgrader.provider.emulator.files import FilesMixin
@@ -18,7 +19,7 @@ from batchgrader.provider.emulator.state import _Batch, _File
 from batchgrader.provider.emulator.validation import ValidationMixin
 
 
-class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, FaultsMixin, PersistenceMixin):
+class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicMixin, FaultsMixin, PersistenceMixin):
     """All API state and behaviour, independent of HTTP. Every public method takes the lock."""
 
     def __init__(self, config: EmulatorConfig):
@@ -27,6 +28,7 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, FaultsMixi
         self.lock = threading.RLock()
         self.files: dict[str, _File] = {}
         self.batches: dict[str, _Batch] = {}
+        self.msg_batches: dict[str, _MsgBatch] = {}
         self.seq = 0
         self.requests: Counter[str] = Counter()
         self.faults_injected: Counter[str] = Counter()
@@ -39,6 +41,7 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, FaultsMixi
         self.data_dir = Path(config.data_dir) if config.data_dir else None
         if self.data_dir:
             self._load()
+            self._msg_load()
 
     # --- inspection ------------------------------------------------------------------------
 

@@ -1,0 +1,327 @@
+"""The emulator's Anthropic Message Batches API (SIMULATED), for the official ``anthropic`` SDK.
+
+Served under the same root as the OpenAI routes (``Anthropic(base_url=emu.root_url)``):
+``POST/GET /v1/messages/batches``, ``GET/DELETE /v1/messages/batches/{id}``,
+``POST /v1/messages/batches/{id}/cancel``, ``GET /v1/messages/batches/{id}/results`` and
+``POST /v1/messages/count_tokens``, with Anthropic's objects and error bodies
+(``{"type": "error", "error": {"type": ..., "message": ...}}``) and ``x-api-key`` auth.
+
+A batch is ``in_progress`` for ``validating_s + in_progress_s + finalizing_s`` after creation,
+then ``ended``; cancel makes it ``canceling`` for ``cancelling_s``, then ``ended`` with the
+unprocessed requests ``canceled``; past ``completion_window_s`` the rest are ``expired``.
+Requests are checked when created (custom_id ``^[a-zA-Z0-9_-]{1,64}$``, unique, 1 to
+100,000 requests) and their params when processed (an ``errored`` result, as the real API
+does).  Input tokens are counted with the project's tiktoken counter: a stand-in, since
+Claude's tokenizer is not public.  With ``data_dir``, batches are kept in ``msgbatches/``
+(their results are recomputed, deterministically, after a restart).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from batchgrader.fsio import atomic_write_bytes
+from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
+from batchgrader.provider.emulator.common import ApiError, _hex
+from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.state import _StoreBase
+
+ANTHROPIC_CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+ANTHROPIC_MAX_REQUESTS = 100_000
+ANTHROPIC_MAX_BATCH_BYTES = 256 * 1024 * 1024
+ANTHROPIC_RESULTS_DAYS = 29
+#: emulated input-token counting uses this tiktoken model (Claude's tokenizer is not public)
+COUNTING_STAND_IN = "gpt-4o"
+
+
+class AnthropicApiError(ApiError):
+    """An error answered with Anthropic's error body."""
+
+    def body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.type, "message": self.message}}
+
+
+def anthropic_error_type(status: int) -> str:
+    return {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }.get(status, "api_error")
+
+
+def _rfc3339(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class _MsgBatch:
+    id: str
+    seq: int
+    t_created: float
+    requests: list[dict[str, Any]]
+    t_cancel: float | None = None
+    stop_count: int | None = None
+    results: list[dict[str, Any]] | None = None
+    t_ended: float | None = None
+    archived: bool = False
+
+
+class AnthropicMixin(_StoreBase):
+    """Message Batches: create, retrieve, list, cancel, delete, results, and count_tokens."""
+
+    msg_batches: dict[str, _MsgBatch]
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def _msg_save(self, m: _MsgBatch) -> None:
+        if not self.data_dir:
+            return
+        rec = {"id": m.id, "seq": m.seq, "t_created": m.t_created, "requests": m.requests, "t_cancel": m.t_cancel}
+        rec["archived"] = m.archived
+        atomic_write_bytes(self.data_dir / "msgbatches" / f"{m.id}.json", json.dumps(rec).encode("utf-8"))
+
+    def _msg_load(self) -> None:
+        d = self.data_dir / "msgbatches" if self.data_dir else None
+        for p in sorted(d.glob("*.json")) if d is not None and d.exists() else []:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+            m = _MsgBatch(rec["id"], rec["seq"], rec["t_created"], rec["requests"], rec["t_cancel"], archived=rec["archived"])
+            self.msg_batches[m.id] = m
+            self.seq = max(self.seq, m.seq)
+            self.batches_created += 1
+
+    # --- timing ------------------------------------------------------------------------------
+
+    def _msg_processing_s(self) -> float:
+        return self.cfg.validating_s + self.cfg.in_progress_s + self.cfg.finalizing_s
+
+    def _msg_done_by(self, m: _MsgBatch, t: float) -> int:
+        span = self._msg_processing_s()
+        n = len(m.requests)
+        if span <= 0:
+            return n
+        return min(n, max(0, int(n * (t - m.t_created) / span + 1e-6)))
+
+    def _msg_advance(self, m: _MsgBatch) -> None:
+        if m.results is not None:
+            return
+        now = self.clock()
+        t_end = m.t_created + self._msg_processing_s()
+        deadline = m.t_created + self.cfg.completion_window_s
+        if m.t_cancel is not None and m.t_cancel < t_end:
+            if now >= m.t_cancel + self.cfg.cancelling_s:
+                self._msg_finish(m, m.t_cancel + self.cfg.cancelling_s, self._msg_done_by(m, m.t_cancel), "canceled")
+        elif deadline < t_end:
+            if now >= deadline:
+                self._msg_finish(m, deadline, self._msg_done_by(m, deadline), "expired")
+        elif now >= t_end:
+            self._msg_finish(m, t_end, len(m.requests), "expired")
+
+    def _msg_finish(self, m: _MsgBatch, t: float, processed: int, rest: str) -> None:
+        results = [self._msg_result(m, r) for r in m.requests[:processed]]
+        results += [{"custom_id": r["custom_id"], "result": {"type": rest}} for r in m.requests[processed:]]
+        if self.cfg.shuffle_output and len(results) > 1:
+            random.Random(f"shuffle:{self.cfg.seed}:{m.id}").shuffle(results)
+        m.results, m.t_ended = results, t
+
+    # --- objects -----------------------------------------------------------------------------
+
+    def _msg_view(self, m: _MsgBatch) -> dict[str, Any]:
+        self._msg_advance(m)
+        counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+        if m.results is None:
+            counts["processing"] = len(m.requests)
+            status = "in_progress" if m.t_cancel is None else "canceling"
+        else:
+            for r in m.results:
+                counts[r["result"]["type"]] += 1
+            status = "ended"
+        return {
+            "id": m.id,
+            "type": "message_batch",
+            "processing_status": status,
+            "request_counts": counts,
+            "created_at": _rfc3339(m.t_created),
+            "expires_at": _rfc3339(m.t_created + 86400),
+            "ended_at": _rfc3339(m.t_ended),
+            "cancel_initiated_at": _rfc3339(m.t_cancel),
+            "archived_at": None,
+            "results_url": f"/v1/messages/batches/{m.id}/results" if m.results is not None else None,
+        }
+
+    def _msg_get(self, batch_id: str) -> _MsgBatch:
+        m = self.msg_batches.get(batch_id)
+        if m is None or m.archived:
+            raise AnthropicApiError(404, f"Message batch {batch_id} not found.", type="not_found_error")
+        return m
+
+    # --- API ---------------------------------------------------------------------------------
+
+    def msg_create_batch(self, body: Any, raw_size: int) -> dict[str, Any]:
+        def bad(message: str) -> AnthropicApiError:
+            return AnthropicApiError(400, message, type="invalid_request_error")
+
+        if raw_size > ANTHROPIC_MAX_BATCH_BYTES:
+            raise AnthropicApiError(413, "Request exceeds the maximum allowed number of bytes.", type="request_too_large")
+        if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
+            raise bad("requests: Field required")
+        reqs = body["requests"]
+        if not 1 <= len(reqs) <= ANTHROPIC_MAX_REQUESTS:
+            raise bad(f"requests: List should have at least 1 item and at most {ANTHROPIC_MAX_REQUESTS} items")
+        seen: set[str] = set()
+        for i, r in enumerate(reqs):
+            if not isinstance(r, dict) or not isinstance(r.get("params"), dict):
+                raise bad(f"requests.{i}.params: Field required")
+            cid = r.get("custom_id")
+            if not isinstance(cid, str) or not ANTHROPIC_CUSTOM_ID.match(cid):
+                raise bad(f"requests.{i}.custom_id: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'")
+            if cid in seen:
+                raise bad(f"Duplicate custom_id: {cid}. custom_id must be unique within a batch.")
+            seen.add(cid)
+        with self.lock:
+            bid = "msgbatch_" + uuid.uuid4().hex[:24]
+            m = _MsgBatch(bid, self._next_seq(), self.clock(), json.loads(json.dumps(reqs)))
+            self.msg_batches[bid] = m
+            self.batches_created += 1
+            self._msg_save(m)
+            return self._msg_view(m)
+
+    def msg_retrieve(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            return self._msg_view(self._msg_get(batch_id))
+
+    def msg_list(self, query: dict[str, str]) -> dict[str, Any]:
+        limit = self._int_param(query, "limit", 20, 1, 1000)
+        with self.lock:
+            items = [m for m in sorted(self.msg_batches.values(), key=lambda m: m.seq, reverse=True) if not m.archived]
+            ids = [m.id for m in items]
+            start, end = 0, len(items)
+            if query.get("after_id"):
+                start = ids.index(query["after_id"]) + 1 if query["after_id"] in ids else len(items)
+            if query.get("before_id") and query["before_id"] in ids:
+                end = ids.index(query["before_id"])
+                start = max(start, end - limit)
+            page = items[start : min(end, start + limit)]
+            data = [self._msg_view(m) for m in page]
+            return {
+                "data": data,
+                "has_more": start + len(page) < end or (bool(query.get("before_id")) and start > 0),
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+            }
+
+    def msg_cancel(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            m = self._msg_get(batch_id)
+            self._msg_advance(m)
+            if m.results is None and m.t_cancel is None:
+                m.t_cancel = self.clock()
+                self._msg_save(m)
+            return self._msg_view(m)
+
+    def msg_delete(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            m = self._msg_get(batch_id)
+            self._msg_advance(m)
+            if m.results is None:
+                raise AnthropicApiError(
+                    400,
+                    f"Message batch {batch_id} is still processing; cancel it and wait for it to end before deleting.",
+                    type="invalid_request_error",
+                )
+            m.archived = True
+            self._msg_save(m)
+            return {"id": batch_id, "type": "message_batch_deleted"}
+
+    def msg_results(self, batch_id: str) -> bytes:
+        with self.lock:
+            m = self._msg_get(batch_id)
+            self._msg_advance(m)
+            if m.results is None:
+                raise AnthropicApiError(
+                    400, f"Message batch {batch_id} has not ended; results are not available yet.", type="invalid_request_error"
+                )
+            return b"".join(json.dumps(r).encode("utf-8") + b"\n" for r in m.results)
+
+    def msg_count_tokens(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body.get("model"):
+            raise AnthropicApiError(400, "model and messages: Field required", type="invalid_request_error")
+        return {"input_tokens": self._msg_input_tokens(body)}
+
+    # --- answers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _msg_input_tokens(params: dict[str, Any]) -> int:
+        msgs = _countable_messages(params.get("messages"))
+        system = params.get("system")
+        if isinstance(system, list):
+            system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
+        if isinstance(system, str) and system:
+            msgs = [{"role": "system", "content": system}, *msgs]
+        return int(_counter_for(COUNTING_STAND_IN).count(msgs))
+
+    def _msg_result(self, m: _MsgBatch, req: dict[str, Any]) -> dict[str, Any]:
+        cid, p = req["custom_id"], req["params"]
+
+        def errored(status: int, message: str) -> dict[str, Any]:
+            err = {"type": anthropic_error_type(status), "message": message}
+            return {
+                "custom_id": cid,
+                "result": {"type": "errored", "error": {"type": "error", "error": err, "request_id": "req_" + _hex(m.id, cid)}},
+            }
+
+        if not isinstance(p.get("model"), str) or not p.get("model"):
+            return errored(400, "model: Field required")
+        if not isinstance(p.get("max_tokens"), int) or p["max_tokens"] < 1:
+            return errored(400, "max_tokens: Field required (an integer >= 1)")
+        if not isinstance(p.get("messages"), list) or not p["messages"]:
+            return errored(400, "messages: Field required")
+        if p.get("stream"):
+            return errored(400, "stream: streaming is not supported in the Message Batches API")
+        text = " ".join(x.get("content", "") for x in _countable_messages(p["messages"]))
+        if FAIL_400_TRIGGER in text:
+            return errored(400, "Invalid request (emulated failure triggered by __FAIL_400__).")
+        if FAIL_500_TRIGGER in text:
+            return errored(500, "Internal server error")
+        rng = random.Random(_hex("answer", cid, json.dumps(p["messages"], sort_keys=True), n=32))
+        fmt = (p.get("output_config") or {}).get("format") if isinstance(p.get("output_config"), dict) else None
+        if self.cfg.answer_fn is not None:
+            content = str(self.cfg.answer_fn(cid, p))
+        elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            content = json.dumps(generate_from_schema(fmt.get("schema") or {"type": "object"}, rng), ensure_ascii=False)
+        else:
+            content = _sentence(rng)
+        enc = _counter_for(COUNTING_STAND_IN).encoding
+        tokens = enc.encode_ordinary(content)
+        stop = "end_turn"
+        if len(tokens) > p["max_tokens"]:
+            tokens, stop = tokens[: p["max_tokens"]], "max_tokens"
+            content = enc.decode(tokens)
+        message = {
+            "id": "msg_" + _hex("msg", m.id, cid),
+            "type": "message",
+            "role": "assistant",
+            "model": p["model"],
+            "content": [{"type": "text", "text": content}],
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self._msg_input_tokens(p),
+                "output_tokens": len(tokens),
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "service_tier": "batch",
+            },
+        }
+        return {"custom_id": cid, "result": {"type": "succeeded", "message": message}}

@@ -1,0 +1,115 @@
+"""One :class:`~batchgrader.provider.openai_api.Provider` in front of several, so the engine
+needs no provider-specific code: each job goes to the provider its profile names.
+
+Calls that carry an id are routed by the id's shape (Anthropic staged files and results
+start with ``anthropic-``, Anthropic batches with ``msgbatch_``); uploads are routed by the
+job named in the deterministic upload name ``bg-<job>-c<chunk>-a<attempt>.jsonl`` through
+``provider_of_job`` (set by the daemon: job id -> the ``provider`` of the job's profile).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from batchgrader.provider.openai_api import BatchInfo, BatchPage, FileInfo, Provider, ProviderError
+
+log = logging.getLogger(__name__)
+
+_UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
+
+
+def provider_of_id(object_id: str) -> str:
+    """``anthropic`` or ``openai``, from the shape of a file or batch id."""
+    if object_id.startswith(("anthropic-", "msgbatch_")):
+        return "anthropic"
+    return "openai"
+
+
+class ProviderRouter:
+    def __init__(self, providers: Mapping[str, Provider], provider_of_job: Callable[[str], str] | None = None):
+        self.providers = dict(providers)
+        self.provider_of_job: Callable[[str], str] = provider_of_job or (lambda job_id: "openai")
+
+    def __repr__(self) -> str:
+        return f"ProviderRouter({sorted(self.providers)})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("ProviderRouter holds API keys and cannot be pickled")
+
+    def _by_name(self, name: str) -> Provider:
+        try:
+            return self.providers[name]
+        except KeyError:
+            raise ValueError(f"provider {name!r} is not configured in this daemon") from None
+
+    def _by_id(self, object_id: str) -> Provider:
+        return self._by_name(provider_of_id(object_id))
+
+    def _by_upload_name(self, filename: str) -> Provider:
+        m = _UPLOAD_NAME.match(filename)
+        return self._by_name(self.provider_of_job(m.group("job")) if m else "openai")
+
+    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
+        return self._by_upload_name(filename).upload(path, filename)
+
+    def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
+        return self._by_upload_name(filename).find_files(filename, size, created_after)
+
+    def create_batch(
+        self,
+        input_file_id: str,
+        endpoint: str = "/v1/chat/completions",
+        completion_window: str = "24h",
+        metadata: Mapping[str, str] | None = None,
+    ) -> BatchInfo:
+        return self._by_id(input_file_id).create_batch(input_file_id, endpoint, completion_window, metadata)
+
+    def find_batches(
+        self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None
+    ) -> list[BatchInfo]:
+        return self._by_id(input_file_id or "").find_batches(input_file_id, metadata, created_after)
+
+    def retrieve(self, batch_id: str) -> BatchInfo:
+        return self._by_id(batch_id).retrieve(batch_id)
+
+    def cancel(self, batch_id: str) -> BatchInfo:
+        return self._by_id(batch_id).cancel(batch_id)
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
+        """One page from every provider that still has pages, merged (``limit`` per provider).
+
+        The cursor (``last_id``) is a JSON map of provider name to that provider's own cursor, so
+        each provider pages on independently and every one gets the same number of pages within
+        :func:`~batchgrader.provider.openai_api.list_statuses`' page budget.  A provider whose
+        listing fails is left out of this round (its batches are then retrieved one by one, as for
+        any batch a listing does not show); when every provider fails the error is raised."""
+        cursors: dict[str, str | None] = {name: None for name in sorted(self.providers)}
+        if after:
+            cursors = {name: (cur or None) for name, cur in json.loads(after).items() if name in self.providers}
+        items: list[BatchInfo] = []
+        more: dict[str, str] = {}
+        failed: list[ProviderError] = []
+        for name, cursor in cursors.items():
+            try:
+                page = self.providers[name].list_batches(limit=limit, after=cursor)
+            except ProviderError as exc:
+                log.warning("listing %s batches: %s (they are retrieved one by one)", name, exc)
+                failed.append(exc)
+                continue
+            items.extend(page.items)
+            if page.has_more and page.last_id is not None:
+                more[name] = page.last_id
+        if failed and len(failed) == len(cursors):
+            raise failed[0]
+        return BatchPage(tuple(items), bool(more), json.dumps(more, sort_keys=True) if more else None)
+
+    def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
+        return self._by_id(file_id).download(file_id, dest_path)
+
+    def delete_file(self, file_id: str) -> bool:
+        return self._by_id(file_id).delete_file(file_id)

@@ -1,0 +1,79 @@
+"""`bgctl doctor` checks each configured provider: key present, endpoint reachable, models priced,
+token counting available; and the key never appears in what it prints."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+from rich.console import Console
+
+from batchgrader.core.home import Home
+from batchgrader.ops.doctor import FAIL, OK, Check, checks_as_json, render_checks, run_checks
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-test-doctor-openai-0123456789abcdef"
+ANT_KEY = "sk-ant-doctor-secret-0123456789abcdef"
+CONFIG = "profiles:\n  claude:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
+
+
+@pytest.fixture
+def home(tmp_path) -> Home:  # noqa: ANN001
+    h = Home(tmp_path / "home")
+    h.root.mkdir(parents=True)
+    h.config_file.write_text(CONFIG)
+    return h
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    with Emulator(EmulatorConfig(api_key=None)) as e:
+        import anthropic
+
+        # the emulator's first count loads its tokenizer: do that here, not inside doctor's timeout
+        anthropic.Anthropic(base_url=e.root_url, api_key="x").messages.count_tokens(
+            model="claude-haiku-4-5", messages=[{"role": "user", "content": "warm up"}]
+        )
+        yield e
+
+
+def checks(home: Home, emu: Emulator, ant_key: str | None) -> dict[str, Check]:
+    env = {"HOME": os.environ.get("HOME", "/tmp"), "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": emu.base_url}
+    env["ANTHROPIC_BASE_URL"] = emu.root_url
+    if ant_key:
+        env["ANTHROPIC_API_KEY"] = ant_key
+    found = run_checks(home, env, service_status=None, timeout=3.0)
+    buf = io.StringIO()
+    render_checks(found, Console(file=buf, width=250, color_system=None))
+    assert ANT_KEY not in buf.getvalue() + json.dumps(checks_as_json(found)) + repr(found)
+    return {c.name: c for c in found}
+
+
+def test_anthropic_profile_is_checked(home: Home, emu: Emulator) -> None:
+    c = checks(home, emu, ANT_KEY)
+    assert c["anthropic key"].status == OK and "claude" in c["anthropic key"].detail
+    assert c["anthropic endpoint"].status == OK
+    assert c["anthropic token counting"].status == OK and "claude-haiku-4-5" in c["anthropic token counting"].detail
+    assert c["pricing: claude-haiku-4-5"].status == OK and "$0.5 in" in c["pricing: claude-haiku-4-5"].detail
+
+
+def test_missing_anthropic_key_fails_naming_the_variable(home: Home, emu: Emulator) -> None:
+    c = checks(home, emu, None)
+    assert c["anthropic key"].status == FAIL and "ANTHROPIC_API_KEY" in c["anthropic key"].fix
+    assert "claude" in c["anthropic key"].detail and "anthropic endpoint" not in c
+
+
+def test_rejected_anthropic_key_fails_without_showing_it(home: Home) -> None:
+    with Emulator(EmulatorConfig(api_key="sk-ant-the-right-one-0000000000")) as strict:
+        c = checks(home, strict, ANT_KEY)
+    assert c["anthropic endpoint"].status == FAIL and "401" in c["anthropic endpoint"].detail
+
+
+def test_openai_only_config_has_no_anthropic_checks(home: Home, emu: Emulator) -> None:
+    home.config_file.write_text("model: gpt-4o-mini\n")
+    assert not [n for n in checks(home, emu, ANT_KEY) if n.startswith("anthropic")]
