@@ -141,6 +141,7 @@ def test_missing_pricing_stops_before_any_upload(home, emu):
     assert emu.files_created() == 0 and emu.batches_created() == 0
 
 
+@pytest.mark.slow  # a real daemon process: signals, sockets, files on disk
 def test_api_key_never_written_anywhere(home, emu):
     home.config_file.write_text(FAST_CONFIG)
     (home.inbox / "a.csv").write_text("response\nx\ny\n")
@@ -153,6 +154,7 @@ def test_api_key_never_written_anywhere(home, emu):
     assert bgctl(home.root, "config", "show", "--json").stdout.count(TEST_KEY) == 0
 
 
+@pytest.mark.slow  # a real daemon process: signals, sockets, files on disk
 def test_second_daemon_refuses_and_sigterm_exits_cleanly(home, emu):
     home.config_file.write_text(FAST_CONFIG)
     first = start_daemon(home.root, emu.base_url)
@@ -165,11 +167,13 @@ def test_second_daemon_refuses_and_sigterm_exits_cleanly(home, emu):
         assert first.wait(timeout=30) == 0
 
 
+@pytest.mark.slow  # a real daemon process: signals, sockets, files on disk
 def test_no_key_without_sandbox_is_a_clear_error(home):
     res = bgctl(home.root, "daemon", "--once", key=None)
     assert res.returncode == 78 and "OPENAI_API_KEY" in res.stderr and "--sandbox" in res.stderr
 
 
+@pytest.mark.slow  # a real daemon process: signals, sockets, files on disk
 def test_daemon_speaks_sd_notify(home, emu, tmp_path):
     import socket
 

@@ -196,6 +196,7 @@ def test_fault_profiles_end_in_definite_states_without_paying_twice(home, profil
     assert not temp_leftovers(home.root) and integrity(home.db) == "ok"
 
 
+@pytest.mark.slow  # a real daemon process: signals, sockets, files on disk
 def test_sighup_reloads_the_configuration(home):
     home.config_file.write_text(FAST_CONFIG)
     with Emulator(EmulatorConfig(api_key=TEST_KEY)) as emu:
@@ -212,6 +213,7 @@ def test_sighup_reloads_the_configuration(home):
             assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.slow  # a real daemon process: signals, sockets, files on disk
 def test_sandbox_mode_is_labelled_simulated(home):
     home.config_file.write_text(FAST_CONFIG)
     src = Path(__file__).parents[1] / "examples" / "reviews.csv"
