@@ -1,4 +1,4 @@
-"""`bgctl daemon`: the long-running process around :class:`batchgrader.engine.Engine`.
+"""`bgctl daemon`: the long-running process around :class:`batchgrader.daemon.engine.Engine`.
 
 Small roles, each with one job: a lock (one daemon per home), signal handlers that only set
 flags, an APScheduler job that runs the engine's tick, a watchdog observer that only wakes it,

@@ -1,0 +1,305 @@
+"""Engine steps that bring results back: the list round and polls, downloads, reading
+outcomes, merging a chunk's results into its rows, and planning row retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from array import array
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core import queue
+from batchgrader.core.decide import FIRST_POLL_DELAY, list_round_due, next_poll_delay, probe_after_completion, token_cap, utc_day
+from batchgrader.core.state import ChunkState, JobState
+from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
+from batchgrader.daemon.reuse import ReuseSteps
+from batchgrader.fsio import atomic_write_bytes
+from batchgrader.pipeline.calibration import overhead_payload
+from batchgrader.pipeline.merge import merge_chunk
+from batchgrader.pipeline.pricing import PricingError
+from batchgrader.pipeline.results import iter_outcomes
+from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
+from batchgrader.provider.openai_api import ProviderError, ProviderRejected, list_statuses
+from batchgrader.store import answers
+from batchgrader.store.eventstore import NewEvent
+
+log = logging.getLogger("batchgrader.engine")
+
+MAX_DOWNLOAD_ATTEMPTS = 4  # failed downloads of one file (each with the client's own retries) before its rows fail
+MAX_MALFORMED_DOWNLOADS = 2  # downloads again of a malformed result file before its bad lines' rows fail
+
+
+class CollectSteps(ReuseSteps):
+    def _learned_event(self, model: str, learned: queue.Learned | None, chunk: int, message: str | None) -> list[NewEvent]:
+        if learned is None:
+            return []
+        log.warning(
+            "queue limit for %s at %s: %s tokens (%s)",
+            model,
+            self.queue_url or "the provider",
+            f"{learned.limit:,}",
+            learned.source,
+        )
+        return [
+            _e(
+                "QueueLimitLearned",
+                base_url=self.queue_url,
+                model=model,
+                limit=learned.limit,
+                exact=learned.exact,
+                source=learned.source,
+                chunk=chunk,
+                message=message,
+            )
+        ]
+
+    # --- poll and collect ---------------------------------------------------------------------
+    def _list_round(self, now: float) -> None:
+        """With several batches in flight, one paged ``batches.list`` per poll round replaces a
+        ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is refreshed."""
+        if self.provider is None or not list_round_due(self.state, self.timers(), now):
+            return
+        flying = [(j, c) for j in self.state.active_jobs() for c in j.chunks.values() if c.in_flight and c.batch_id]
+        listed = list_statuses(self.provider, {c.batch_id for _, c in flying if c.batch_id})
+        for j, c in flying:
+            b = listed.get(c.batch_id or "")
+            if b is not None:
+                self._poll(j, c, now, b)
+
+    def _poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
+        assert self.provider is not None and c.batch_id
+        key = (job.job_id, c.index)
+        _due, delay = self._next_poll.get(key, (now, FIRST_POLL_DELAY))
+        if b is None:
+            b = self.provider.retrieve(c.batch_id)
+        ev = _status_event(c, b)
+        if ev is not None:
+            self.emit(job.job_id, ev)
+        delay = next_poll_delay(delay, ev is not None, b.status != c.status, self.settings.poll_interval_seconds)
+        self._next_poll[key] = (now + delay, delay)
+
+    def _download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
+        """Download one result file: one intent per download (not per tick), a pause between
+        failures, and after ``MAX_DOWNLOAD_ATTEMPTS`` failures or a definite refusal (404: the file
+        expired or was deleted) an ``OutputDownloadFailed``: its rows then fail with the reason and
+        the job can finish.  True when the file is settled (downloaded or given up)."""
+        assert self.provider is not None
+        key = (job.job_id, c.index, kind)
+        tries, not_before = self._download_failures.get(key, (0, float("-inf")))
+        if not_before > now:
+            return False
+        d = c.downloads.get(kind, {})
+        if d.get("state") != "started" or d.get("file_id") != file_id:
+            self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
+        dest = self.home.job_dir(job.job_id) / "downloads" / f"{c.batch_id}-{kind}.jsonl"
+        try:
+            n = self.provider.download(file_id, dest)
+        except ProviderRejected as exc:  # definite (404: expired or deleted; 403 ...): never comes back
+            self._download_failed(job, c, kind, file_id, f"the {kind} file cannot be downloaded: {exc}", tries + 1)
+            return True
+        except (ProviderError, OSError) as exc:
+            tries += 1
+            if tries >= MAX_DOWNLOAD_ATTEMPTS:
+                msg = f"the {kind} file could not be downloaded after {tries} attempts: {exc}"
+                self._download_failed(job, c, kind, file_id, msg, tries)
+                return True
+            log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
+            self._download_failures[key] = (tries, now + min(60.0, 2.0**tries))
+            return False
+        self._download_failures.pop(key, None)
+        self.emit(
+            job.job_id,
+            _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n),
+        )
+        return True
+
+    def _download_failed(self, job: JobState, c: ChunkState, kind: str, file_id: str, error: str, attempts: int) -> None:
+        self._download_failures.pop((job.job_id, c.index, kind), None)
+        log.error("job %s chunk %s: %s", job.job_id, c.index, error)
+        self.emit(
+            job.job_id,
+            _e(
+                "OutputDownloadFailed",
+                chunk=c.index,
+                batch_id=c.batch_id,
+                file_id=file_id,
+                kind=kind,
+                error=error,
+                attempts=attempts,
+            ),
+        )
+
+    def _read_outcomes(self, job: JobState, c: ChunkState) -> tuple[list[Any], list[Any], list[str]]:
+        """The rows' outcomes from the downloaded files; the malformed lines (skipped, never
+        stopping the merge) and the kinds of file they were in."""
+        outcomes: list[Any] = []
+        malformed: list[Any] = []
+        bad_kinds: list[str] = []
+        for kind in ("output", "error"):
+            d = c.downloads.get(kind)
+            if d and d.get("path") and d.get("state") == "done":
+                before = len(malformed)
+                outcomes += iter_outcomes(Path(d["path"]), on_malformed="skip", malformed=malformed)
+                if len(malformed) > before:
+                    bad_kinds.append(kind)
+        return outcomes, malformed, bad_kinds
+
+    def _missing_reason(self, c: ChunkState, malformed: list[Any]) -> tuple[str, str] | None:
+        """Code and message for a row the downloaded files do not answer (None: the usual ones)."""
+        unavailable = [d.get("error") for d in c.downloads.values() if d.get("state") == "failed"]
+        if unavailable:
+            return "output_unavailable", "; ".join(str(u) for u in unavailable)
+        if malformed:
+            return (
+                "malformed_result",
+                f"the provider's result file had {len(malformed)} malformed line(s) after "
+                f"{c.malformed_downloads + 1} downloads (first: {malformed[0]})",
+            )
+        return None
+
+    def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
+        """Merge a finished batch's rows; its events (and the answers they record) go in one
+        transaction.  A malformed file is downloaded again (at most MAX_MALFORMED_DOWNLOADS times);
+        then its good lines are kept.  Duplicates of the chunk's rows (identical requests of the
+        same file) get their leader's outcome."""
+        outcomes, malformed, bad_kinds = self._read_outcomes(job, c)
+        if malformed and c.malformed_downloads < MAX_MALFORMED_DOWNLOADS:
+            log.warning("job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, malformed[0])
+            self.emit(
+                job.job_id,
+                _e(
+                    "OutputFileMalformed",
+                    chunk=c.index,
+                    batch_id=c.batch_id,
+                    kinds=bad_kinds,
+                    lines=len(malformed),
+                    problem=str(malformed[0]),
+                ),
+            )
+            return
+        expected = chunk_custom_ids(c)
+        merged = merge_chunk(expected, outcomes, c.status, self._missing_reason(c, malformed))
+        dups = self._duplicate_records(job, merged.records, expected)
+        dup_failed = [
+            {"custom_id": r["custom_id"], "code": r.get("error_code"), "message": r.get("error_message")}
+            for r in dups
+            if not r["ok"]
+        ]
+        results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
+        atomic_write_bytes(
+            results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in [*merged.records, *dups])
+        )
+        try:
+            cost = merged.cost(self.prices.get(job.model or ""))
+        except PricingError:
+            cost = 0.0
+        events = [
+            _e(
+                "TokensUsed",
+                chunk=c.index,
+                batch_id=c.batch_id,
+                model=job.model,
+                cost_usd=float(cost),
+                day=utc_day(now),
+                **merged.usage,
+            )
+        ]
+        learned = overhead_payload(job, c, merged.records, self.profile_of(job).response_format)
+        if learned is not None:
+            events.append(_e("SchemaOverheadLearned", **learned))
+        if merged.failed_rows or dup_failed:
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=[*merged.failed_rows, *dup_failed]))
+        if dups:
+            answered = [r for r in dups if r["ok"]]
+            dup_usage = {k: sum(int(r.get(k) or 0) for r in answered) for k in merged.usage}
+            events.append(
+                _e(
+                    "DuplicatesAnswered",
+                    chunk=c.index,
+                    rows=len(dups),
+                    succeeded=len(answered),
+                    saved_usd=self._cost(job.model or "", dup_usage),
+                )
+            )
+        events.append(
+            _e(
+                "ChunkCompleted",
+                chunk=c.index,
+                batch_id=c.batch_id,
+                status=c.status,
+                succeeded=merged.succeeded + len(dups) - len(dup_failed),
+                failed=len(merged.failed_rows) + len(dup_failed),
+                results_path=str(results_path),
+            )
+        )
+        if c.status == "completed":
+            probe = probe_after_completion(self.state, job, self.queue_url)
+            events += self._learned_event(job.model or "", probe, c.index, None)
+        store = self._answers_to_store(job, c, merged.records)
+        keep_days = self.settings.cache_days
+
+        def put(conn: Any) -> None:
+            if store:
+                answers.put(conn, store, now=now, keep_days=keep_days)
+
+        self.emit(job.job_id, *events, also=put)
+
+    def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
+        cids = chunk_custom_ids(c)
+        followers = self.followers_of(job)
+        if followers:  # the duplicates of these rows fail with them
+            here = set(cids)
+            cids += [f for cid in list(cids) for f in followers.get(cid, ()) if f not in here]
+        rows = [{"custom_id": cid, "code": code, "message": message} for cid in cids]
+        if rows:
+            self.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
+
+    # --- retrying -------------------------------------------------------------------------------
+    def _plan_retries(self, job: JobState, ids: list[str]) -> None:
+        """Write the retry chunks of the rows ``ids`` and record them."""
+        profile = self.profile_of(job)
+        wanted = set(ids)
+        lines: list[bytes] = []
+        tokens = array("Q")
+        sizes = array("Q")
+        tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
+            cid = json.loads(line)["custom_id"]
+            if cid in wanted:
+                lines.append(line)
+                tokens.append(tok_all[pos])
+                sizes.append(size_all[pos])
+        chunks, _over = plan_chunks(
+            tokens,
+            sizes,
+            Limits(
+                token_limit=token_cap(self.state, self.config, profile, job.model or profile.model, self.queue_url),
+                row_limit=profile.split_row_limit,
+                max_requests=profile.max_requests_per_batch,
+                max_bytes=profile.max_batch_bytes,
+            ),
+        )
+        base = max(job.chunks) + 1
+        out_dir = self.home.job_dir(job.job_id) / "chunks"
+        paths = write_chunk_files(iter(lines), chunks, set(), out_dir, f"{job.job_id}-retry{base:04d}")
+        events = []
+        for i, (ch, p) in enumerate(zip(chunks, paths)):
+            cids = [json.loads(lines[k])["custom_id"] for k in range(ch.start, ch.end)]
+            events.append(
+                _e(
+                    "RetryPlanned",
+                    chunk=base + i,
+                    source_chunks=sorted(
+                        {job.failed_rows[x]["chunk"] for x in cids if job.failed_rows[x].get("chunk") is not None}
+                    ),
+                    custom_ids=cids,
+                    requests=ch.requests,
+                    input_tokens=ch.input_tokens,
+                    bytes=ch.bytes,
+                    path=str(p),
+                    manual=job.retry_requested,
+                )
+            )
+        self.emit(job.job_id, *events)

@@ -1,0 +1,227 @@
+"""Engine steps that end a job: write the result (and error report) into the outbox, delete
+provider files, archive the input, fail a job, and redo final effects after a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core.config import ConfigError, Profile
+from batchgrader.core.decide import WriteResult
+from batchgrader.core.state import JobState
+from batchgrader.daemon import jobhook
+from batchgrader.daemon.base import _e, result_settings, stamp
+from batchgrader.daemon.intake import IntakeSteps
+from batchgrader.daemon.reuse import ReuseSteps
+from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber
+from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_values
+from batchgrader.pipeline.prepare import default_custom_id
+from batchgrader.pipeline.results import ResultsJoin
+from batchgrader.pipeline.reuse import read_reuse_file
+from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
+from batchgrader.provider.openai_api import ProviderError
+
+log = logging.getLogger("batchgrader.engine")
+
+UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
+
+
+class FinishSteps(IntakeSteps, ReuseSteps):
+    # --- finish ---------------------------------------------------------------------------------
+    def _write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
+        """Name the result (and error report) in an intent event, write them, record them."""
+        taken = job.outbox == "started" and bool(job.result_path) and self._outbox_owner(job.result_path or "", job.job_id)
+        if taken:  # never accept another job's file as ours: record a new name
+            log.error("job %s: %s belongs to another job; choosing another name", job.job_id, job.result_path)
+        if job.outbox == "none" or taken:
+            path = self._reserve_outbox_path(job.result_name, job.job_id, now)
+            err = self._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
+            self.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
+        job = self.state.jobs[job.job_id]
+        if job.outbox != "started":
+            return
+        path = Path(job.result_path or "")
+        written = self._write_result(job, self.profile_of(job), path) if not path.exists() else job.rows
+        if job.error_path and not Path(job.error_path).exists():
+            atomic_write_bytes(
+                Path(job.error_path),
+                error_report(
+                    job.file,
+                    job.job_id,
+                    a.error,
+                    a.hint,
+                    f"Partial results: {path.name} ({job.succeeded_rows} rows answered).",
+                ).encode(),
+                overwrite=False,
+            )
+        self.emit(
+            job.job_id,
+            _e(
+                "ResultWritten",
+                path=str(path),
+                rows=written,
+                succeeded=job.succeeded_rows,
+                failed=len(job.failed_rows) + len(job.row_errors),
+                error_path=job.error_path,
+            ),
+        )
+
+    def _outbox_owner(self, path: str, job_id: str) -> str | None:
+        """Another job that recorded ``path`` as its result or error file, if any."""
+        for j in self.state.jobs.values():
+            if j.job_id != job_id and path in (j.result_path, j.error_path):
+                return j.job_id
+        return None
+
+    def _reserve_outbox_path(self, name: str, job_id: str, now: float) -> Path:
+        """A free outbox path that no other job has recorded either (a job that recorded a path
+        and crashed before writing it still owns it: two inputs with the same name never swap)."""
+        path = free_path(self.home.outbox, name, stamp(now))
+        if self._outbox_owner(str(path), job_id) is None:
+            return path
+        own = f"{Path(name).stem}_{job_id[:12]}{Path(name).suffix}"  # a name only this job uses
+        return free_path(self.home.outbox, own, stamp(now))
+
+    def _delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
+        if self.provider is None:
+            return
+        deleted = []
+        for fid in ids:
+            try:
+                self.provider.delete_file(fid)
+                deleted.append(fid)
+            except ProviderError as exc:
+                log.info("could not delete provider file %s: %s", fid, exc)
+        self.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
+
+    def _write_result(self, job: JobState, profile: Profile, path: Path) -> int:
+        """Stream the input and join each row to its result (ResultsJoin: O(chunks) memory).  A row
+        answered from the store takes its stored answer; a duplicate that no chunk answered
+        takes its leader's outcome (leaders come first in the input)."""
+        paths = [
+            c.results_path
+            for c in sorted(job.chunks.values(), key=lambda c: c.index)
+            if c.results_path and Path(c.results_path).exists()
+        ]
+        cached: dict[str, dict[str, Any]] = {}
+        if job.cached_rows and job.reuse_path:
+            cached = read_reuse_file(Path(job.reuse_path))[0]
+        leader_of = {d: leader for leader, ds in self.followers_of(job).items() for d in ds}
+        leads = set(leader_of.values())
+        led: dict[str, dict[str, Any]] = {}
+        row_errors = job.row_errors
+        failed_info = job.failed_rows
+        fixed = {**result_settings(profile), **job.settings}  # as prepared, even if the config changed since
+        id_column = fixed["id_column"]
+        count = 0
+
+        def write(f) -> None:
+            nonlocal count
+            with (
+                open_table(Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8")) as reader,
+                ResultsJoin(paths) as results,
+            ):
+                cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
+                json_values = reader.fmt != "csv"
+                guard = fixed["csv_formula_guard"] and reader.fmt in ("csv", "xlsx")
+                types = added_column_types(cols, fixed["response_format"])
+                with TableWriter(f, reader, cols.names(), column_types=types) as w:
+                    for row in reader:
+                        cid = text_of(row.values[id_column]) if id_column else default_custom_id(job.sha256, row.number)
+                        outcome = results.take(cid)
+                        if outcome is None:
+                            outcome = cached.get(cid)
+                        if outcome is None and cid in leader_of and leader_of[cid] in led:
+                            outcome = {**led[leader_of[cid]], "custom_id": cid, "reused": "duplicate", "leader": leader_of[cid]}
+                        if cid in leads and outcome is not None:
+                            led[cid] = outcome
+                        err = None
+                        if cid in row_errors:
+                            err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
+                        elif cid in failed_info and outcome is None:
+                            err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
+                        vals = dict(row.values)
+                        added = result_values(cols, outcome, err, json_values)
+                        if guard:  # the model's output is attacker-influenced; input cells stay unchanged
+                            added = {k: defuse_formula(v) if isinstance(v, str) else v for k, v in added.items()}
+                        vals.update(added)
+                        w.write(vals)
+                        count += 1
+
+        atomic_write(path, write, overwrite=False)
+        return count
+
+    def _finish_effects(self, job: JobState, now: float) -> None:
+        """Effects of an ended job that a crash may have interrupted."""
+        if job.outbox == "started" and job.error_path:
+            p = Path(job.error_path)
+            if not p.exists():
+                err = job.error or {}
+                atomic_write_bytes(
+                    p, error_report(job.file, job.job_id, err.get("error") or "", err.get("hint") or "").encode(), overwrite=False
+                )
+            self.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
+        self._redo_final_effects(self.state.jobs[job.job_id], now)
+
+    def _fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
+        """The error report and the move to failed/ first, the final event last (a crash between
+        them leaves a job that is not ended, and is failed again on restart)."""
+        if job.outbox == "none":
+            err_path = free_path(self.home.outbox, error_name(job.file), stamp(now))
+            self._write_error(job.job_id, job.file, err_path, error, hint)
+        src = Path(job.input_path)
+        if src.exists() and not self.state.jobs[job.job_id].archived_path:
+            dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
+            self.emit(job.job_id, _e("InputArchived", path=str(dest)))
+        self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
+        self._after_job_end(job.job_id, now)
+
+    def _after_job_end(self, job_id: str, now: float) -> None:
+        """Effects of a job's end that never change the job: the HTML report (``write_report``)
+        and the ``on_job_end`` command (recorded first, so it runs at most once per end)."""
+        job = self.state.jobs[job_id]
+        try:
+            write_report = bool(self.profile_of(job).get("write_report"))
+        except ConfigError:
+            write_report = False
+        if write_report and job.result_path:
+            try:
+                from batchgrader.store.report import build_report
+                from batchgrader.store.report_html import render_html
+
+                page = render_html(build_report(list(self.store.read(job_id=job_id))))
+                dest = free_path(self.home.outbox, jobhook.report_name(job.file), stamp(now))
+                atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
+            except Exception as exc:  # a report is a convenience: never let it stop the daemon
+                log.warning("could not write the HTML report of job %s: %s", job_id, exc)
+        command = self.settings.get("on_job_end")
+        if command and job.end_hook_seq != job.version:
+            timeout = float(self.settings.get("on_job_end_timeout_seconds") or 60.0)
+            self.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
+            jobhook.start_hook(command, jobhook.hook_env(self.state.jobs[job_id]), timeout)
+
+    def _redo_final_effects(self, job: JobState, now: float) -> None:
+        """On restart, redo every effect a final event implies that is missing: the error report
+        of a failed (or rejected) job, and the move of its input out of work/ (or the inbox).
+        Checked once per job per process."""
+        if job.job_id in self._effects_checked:
+            return
+        self._effects_checked.add(job.job_id)
+        if job.ended == "failed" and job.outbox == "none":
+            err = job.error or {}
+            path = free_path(self.home.outbox, error_name(job.file), stamp(now))
+            self._write_error(job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or "")
+        job = self.state.jobs[job.job_id]
+        if job.archived_path:
+            return
+        if job.rejected:
+            code = (job.error or {}).get("code")
+            src = Path(job.source) if job.source and code not in UNMOVABLE_REJECTIONS else None
+        else:
+            src = Path(job.input_path) if job.input_path else None
+        if src is not None and src.is_file() and not src.is_symlink():
+            folder = self.home.failed if job.ended == "failed" else self.home.archive
+            dest = move_no_clobber(src, folder, job.file or src.name, stamp(now))
+            self.emit(job.job_id, _e("InputArchived", path=str(dest)))

@@ -1,0 +1,229 @@
+"""Engine steps for intake: take stable inbox files, accept or reject them, adopt inputs and
+batches recovered after a crash, and set corrupt jobs aside.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
+from batchgrader.core.state import ChunkState, JobState
+from batchgrader.daemon.base import CLOCK_SKEW_SLACK, EngineBase, _e, _status_event, stamp
+from batchgrader.fsio import atomic_write_bytes, free_path, move_no_clobber
+from batchgrader.pipeline import inbox as inbox_mod
+from batchgrader.pipeline.outbox import error_name, error_report, result_name
+from batchgrader.pipeline.prepare import file_sha256
+
+log = logging.getLogger("batchgrader.engine")
+
+REJECTION_HINTS = {
+    "not_regular_file": "Copy the real file (not a link or special file) into the inbox.",
+    "unsupported_format": "Save the data as .csv, .json or .jsonl and drop it in the inbox again.",
+    "bad_file_name": "Rename the file (UTF-8 letters only) and drop it in the inbox again.",
+    "cross_device": "Keep the inbox on the same file system as the BatchGrader home (or copy files in with `bgctl submit`).",
+    "unreadable": "Make the file readable by the daemon's user and drop it in the inbox again.",
+}
+
+
+def _shown(text: str) -> str:
+    """Text as it can be recorded and shown: bytes of a file name that are not UTF-8 become U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class IntakeSteps(EngineBase):
+    # --- intake ---------------------------------------------------------------------------------
+    def intake(self, now: float) -> None:
+        """Scan the inbox when woken by the watcher, while a file waits to become stable, and
+        every rescan_interval_seconds regardless (file events can be lost)."""
+        if self._scanner is None:
+            self._scanner = inbox_mod.InboxScanner(self.home, set(self.config.profiles), self.settings.stable_seconds)
+        due = now - self._last_scan >= self.settings.rescan_interval_seconds
+        if not (self.scan_requested or self._scanner.pending() or due):
+            return
+        self.scan_requested = False
+        self._last_scan = now
+        ready, rejected = self._scanner.scan(now)
+        for r in rejected:
+            if r.fingerprint in self.state.rejected:
+                continue
+            self._reject(r, now)
+        for cand in ready:
+            self._scanner.forget(cand.path)
+            try:
+                fp = inbox_mod.fingerprint(cand.path, os.lstat(cand.path))
+            except FileNotFoundError:
+                continue
+            if _shown(fp) in self.state.rejected:
+                continue  # reported already (it could not be taken)
+            job_id = None
+            try:
+                cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
+                sha = file_sha256(cand.path)
+                job_id = self._new_job_id(sha)
+                record: dict[str, Any] = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
+                if inbox_mod.fresh_marker(cand.path).exists():
+                    record["fresh"] = True  # bgctl submit --fresh: kept in the claim record
+                input_path = inbox_mod.claim(self.home.job_dir(job_id), cand, record)
+            except FileNotFoundError:
+                self._drop_empty_claim(job_id)
+                continue
+            except (OSError, UnicodeError) as exc:  # one bad file never stops the scan or the other jobs
+                self._drop_empty_claim(job_id)
+                self._cannot_take(cand, fp, exc, now)
+                continue
+            self._accept(job_id, record, input_path, sha)
+
+    def _drop_empty_claim(self, job_id: str | None) -> None:
+        """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
+        if job_id is None:
+            return
+        job_dir = self.home.job_dir(job_id)
+        if job_dir.is_dir() and inbox_mod.claimed_input(job_dir) is None and job_id not in self.state.jobs:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    def _cannot_take(self, cand: inbox_mod.Candidate, fp: str, exc: BaseException, now: float) -> None:
+        """An inbox file that cannot be taken: an error report, and the scan goes on."""
+        name = _shown(cand.path.name)
+        if isinstance(exc, UnicodeError):
+            code, why, movable = "bad_file_name", "its name is not valid UTF-8; rename it and drop it in again", True
+        elif getattr(exc, "errno", None) == errno.EXDEV:
+            code = "cross_device"
+            why = "it cannot be moved into the work area (the inbox is on another file system); put the inbox on the same file system as the BatchGrader home"
+            movable = False
+        else:
+            code, why, movable = "unreadable", f"it cannot be read or moved ({exc.__class__.__name__}: {exc})", True
+        log.error("inbox file %s cannot be taken: %s", name, why)
+        self._reject(inbox_mod.Rejection(cand.path, cand.profile, code, f"{name}: {why}", _shown(fp), movable=movable), now)
+
+    def _new_job_id(self, sha: str) -> str:
+        base = sha[:12]
+        n, job_id = 1, base
+        while job_id in self.state.jobs or self.home.job_dir(job_id).exists():
+            n += 1
+            job_id = f"{base}-{n}"
+        return job_id
+
+    def _accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
+        sha = sha or file_sha256(input_path)
+        fresh = [_e("FreshAnswersRequested", reason="bgctl submit --fresh")] if record.get("fresh") else []
+        self.emit(
+            job_id,
+            _e(
+                "JobAccepted",
+                file=record["file"],
+                source=record["source"],
+                profile=record["profile"],
+                sha256=sha,
+                bytes=input_path.stat().st_size,
+                input_path=str(input_path),
+                result_name=result_name(record["file"]),
+                sandbox=self.sandbox,
+            ),
+            *fresh,
+        )
+        if fresh:
+            inbox_mod.fresh_marker(Path(record["source"])).unlink(missing_ok=True)
+
+    def _reject(self, r: inbox_mod.Rejection, now: float) -> None:
+        job_id = "x-" + hashlib.sha256(_shown(r.fingerprint).encode()).hexdigest()[:12]
+        if job_id in self.state.jobs:
+            return
+        name = _shown(r.path.name)
+        err_path = free_path(self.home.outbox, error_name(name), stamp(now))
+        self.emit(
+            job_id,
+            _e(
+                "FileRejected",
+                file=name,
+                path=_shown(str(r.path)),
+                reason=_shown(r.reason),
+                code=r.code,
+                fingerprint=_shown(r.fingerprint),
+            ),
+        )
+        hint = REJECTION_HINTS.get(r.code, "Define the profile in config.yaml, or move the file to a profile folder that exists.")
+        self._write_error(job_id, name, err_path, _shown(r.reason), hint)
+        if r.movable and r.path.exists():
+            try:
+                dest = move_no_clobber(r.path, self.home.failed, name, stamp(now))
+            except OSError as exc:
+                log.error("could not move %s to %s: %s", name, self.home.failed, exc)
+                return
+            self.emit(job_id, _e("InputArchived", path=str(dest)))
+
+    def _write_error(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
+        self.emit(job_id, _e("OutboxWriteStarted", path=None, error_path=str(path)))
+        if not path.exists():
+            atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
+        self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
+
+    def _mark_recovered(self, job_dir: Path) -> None:
+        """A work folder claimed but unknown to the log (a crash before JobAccepted, or a lost or
+        restored database): batches of this job may exist at the provider already; search for
+        them before the first create."""
+        since = job_dir.stat().st_mtime - CLOCK_SKEW_SLACK
+        self.emit(job_dir.name, _e("JobRecovered", since=since, reason="work folder with a claim but no JobAccepted"))
+
+    def _adopt_recovered(self, job: JobState, now: float) -> None:
+        """Before the first create of a recovered job: list the provider's batches since the
+        claim, and adopt for each chunk the one created under its bg_key (same input size)."""
+        assert self.provider is not None and job.recovered_since is not None
+        mine: dict[int, list[Any]] = {}
+        for b in self.provider.find_batches(metadata={"bg_job": job.job_id}, created_after=int(job.recovered_since)):
+            if str(b.metadata.get("bg_chunk", "")).isdigit():
+                mine.setdefault(int(b.metadata["bg_chunk"]), []).append(b)
+        adopted: dict[str, str] = {}
+        ignored: list[str] = []
+        for index, found in sorted(mine.items()):
+            c = job.chunks.get(index)
+            usable = [b for b in found if b.status not in ("failed", "cancelled", "cancelling")]
+            keep = self._matching_batch(job, c, usable) if c is not None and c.upload == "none" else None
+            if keep is None:
+                ignored += [b.id for b in found]
+                continue
+            self._adopt_batch(job, c, keep, now)  # type: ignore[arg-type]
+            adopted[str(index)] = keep.id
+            ignored += [b.id for b in found if b.id != keep.id]
+        if ignored:
+            log.warning("job %s: batches at the provider not adopted: %s", job.job_id, ", ".join(ignored))
+        self.emit(job.job_id, _e("RecoveredBatchesAdopted", adopted=adopted, ignored=ignored))
+
+    def _matching_batch(self, job: JobState, c: ChunkState, batches: list[Any]) -> Any:
+        """The newest batch whose uploaded input is this chunk's (same upload name and size)."""
+        assert self.provider is not None
+        for b in sorted(batches, key=lambda b: b.created_at, reverse=True):
+            attempt = str(b.metadata.get("bg_attempt", ""))
+            if not attempt.isdigit():
+                continue
+            files = self.provider.find_files(upload_name(job.job_id, c.index, int(attempt)), c.bytes)
+            if any(f.id == b.input_file_id for f in files):
+                return b
+        return None
+
+    def _adopt_batch(self, job: JobState, c: ChunkState, b: Any, now: float) -> None:
+        attempt = int(b.metadata["bg_attempt"])
+        name = upload_name(job.job_id, c.index, attempt)
+        jid = job.job_id
+        self.emit(jid, _e("UploadStarted", chunk=c.index, attempt=attempt, filename=name, bytes=c.bytes))
+        self.emit(jid, _e("FileUploaded", chunk=c.index, attempt=attempt, file_id=b.input_file_id, reconciled=True))
+        self.emit(
+            jid,
+            _e("BatchCreateRequested", chunk=c.index, attempt=attempt, input_file_id=b.input_file_id, metadata=dict(b.metadata)),
+        )
+        self.emit(jid, _e("BatchCreated", chunk=c.index, attempt=attempt, batch_id=b.id, status="validating", reconciled=True))
+        ev = _status_event(self.state.jobs[jid].chunks[c.index], b)
+        if ev is not None:
+            self.emit(jid, ev)
+        self._next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)
+
+    def _report_corrupt(self, job: JobState) -> None:
+        """A job whose log this code cannot read is set aside (never acted on); logged once."""
+        if job.job_id not in self._corrupt_logged:
+            self._corrupt_logged.add(job.job_id)
+            log.error("job %s (%s) set aside as corrupt: %s", job.job_id, job.file, job.corrupt)

@@ -1,0 +1,122 @@
+"""Engine steps for answer reuse: the reuse decision at prepare time, its events, the
+duplicate rows (followers) of a job, and the answers a merged chunk adds to the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core.config import Profile
+from batchgrader.core.decide import reuse_enabled
+from batchgrader.core.state import ChunkState, JobState
+from batchgrader.daemon.base import EngineBase, _e, _lines
+from batchgrader.fsio import atomic_write_bytes
+from batchgrader.pipeline.answerkey import line_key
+from batchgrader.pipeline.prepare import oversized_positions
+from batchgrader.pipeline.reuse import ReusePlan, plan_reuse, read_reuse_file, replan
+from batchgrader.pipeline.splitting import Limits
+from batchgrader.store import answers
+from batchgrader.store.eventstore import NewEvent
+
+log = logging.getLogger("batchgrader.engine")
+
+
+class ReuseSteps(EngineBase):
+    def _decide_reuse(self, job: JobState, profile: Profile, requests_path: Path, prep: Any, now: float) -> ReusePlan | None:
+        """Which rows are answered already (stored answers, identical rows); None when every row is sent.
+        When some are, ``prep.chunks`` is planned again over the rows still to send."""
+        if not reuse_enabled(job, profile):
+            return None
+        conn = self.store.conn
+
+        def lookup(keys: Any) -> dict[str, Any]:
+            return answers.lookup(
+                conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
+            )
+
+        plan = plan_reuse(_lines(requests_path), self.provider_key(), oversized_positions(prep), lookup)
+        if not plan.reused:
+            return None
+        limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
+        prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
+        return plan
+
+    def _context_window(self, profile: Profile) -> int | None:
+        if profile.context_window is not None:
+            return profile.context_window
+        price = self.prices.find(profile.model)
+        return price.context_window if price else None
+
+    def _reuse_events(self, job: JobState, plan: ReusePlan | None) -> list[NewEvent]:
+        """Write the per-row decision file, and the event that records it (appended with JobPrepared)."""
+        if plan is None:
+            return []
+        path = self.home.job_dir(job.job_id) / "results" / "reused.jsonl"
+        atomic_write_bytes(path, b"".join(plan.lines()))
+        u = plan.cached_usage
+        return [
+            _e(
+                "RequestsReused",
+                cached_rows=len(plan.cached),
+                duplicate_rows=len(plan.followers),
+                saved_usd=self._cost(self.profile_of(job).model, u),
+                usage=dict(u),
+                path=str(path),
+            )
+        ]
+
+    def followers_of(self, job: JobState) -> dict[str, list[str]]:
+        """leader custom_id -> the duplicate rows that take its answer (from the reuse file)."""
+        if not job.duplicate_rows or not job.reuse_path:
+            return {}
+        got = self._followers.get(job.job_id)
+        if got is None:
+            got = self._followers[job.job_id] = read_reuse_file(Path(job.reuse_path))[1]
+        return got
+
+    def _duplicate_records(self, job: JobState, ordered: list[dict[str, Any]], expected: list[str]) -> list[dict[str, Any]]:
+        """The outcome of each duplicate of a row in ``ordered``: its leader's, under its own custom_id."""
+        followers = self.followers_of(job)
+        if not followers:
+            return []
+        here = set(expected)
+        out = []
+        for rec in ordered:
+            for cid in followers.get(rec["custom_id"], ()):
+                if cid not in here:  # a duplicate resent in a retry chunk has its own outcome
+                    out.append({**rec, "custom_id": cid, "reused": "duplicate", "leader": rec["custom_id"]})
+        return out
+
+    def _answers_to_store(self, job: JobState, c: ChunkState, ordered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The successful, complete answers of a merged chunk, by request key."""
+        if self.settings.cache_days <= 0:
+            return []
+        ok = {r["custom_id"]: r for r in ordered if r["ok"] and isinstance(r.get("content"), str) and r.get("status_code") == 200}
+        if not ok:
+            return []
+        provider = self.provider_key()
+        rows = []
+        for line in _lines(Path(c.path)):
+            cid, key = line_key(provider, line)
+            r = ok.get(cid)
+            if r is None:
+                continue
+            rows.append(
+                {
+                    "key": key,
+                    "provider": provider,
+                    "model": job.model or "",
+                    "content": r["content"],
+                    "finish_reason": r.get("finish_reason"),
+                    "prompt_tokens": int(r.get("prompt_tokens") or 0),
+                    "cached_tokens": int(r.get("cached_tokens") or 0),
+                    "completion_tokens": int(r.get("completion_tokens") or 0),
+                    "reasoning_tokens": int(r.get("reasoning_tokens") or 0),
+                    "job_id": job.job_id,
+                    "custom_id": cid,
+                    "batch_id": c.batch_id,
+                }
+            )
+        return rows

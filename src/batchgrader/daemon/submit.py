@@ -1,0 +1,483 @@
+"""Engine steps that send work: prepare (split into chunks), replan after a refusal, upload,
+create the batch, reconcile an intent without an outcome, detect duplicates, cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from array import array
+from collections.abc import Callable, Iterable
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any, cast
+
+from batchgrader.core import queue
+from batchgrader.core.config import ConfigError
+from batchgrader.core.decide import (
+    FIRST_POLL_DELAY,
+    CancelBatch,
+    Upload,
+    capacity_refusal,
+    create_settle_seconds,
+    epoch,
+    refusal_lesson,
+    resubmit_delay,
+)
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
+from batchgrader.daemon.base import (
+    CLOCK_SKEW_SLACK,
+    _e,
+    _lines,
+    _load_token_sizes,
+    _status_event,
+    chunk_custom_ids,
+    result_settings,
+)
+from batchgrader.daemon.collect import CollectSteps
+from batchgrader.daemon.finish import FinishSteps
+from batchgrader.fsio import atomic_write
+from batchgrader.pipeline.calibration import learned_overhead
+from batchgrader.pipeline.prepare import ENDPOINT, oversized_positions, prepare
+from batchgrader.pipeline.pricing import PricingError
+from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
+from batchgrader.pipeline.tables import InputError
+from batchgrader.provider.openai_api import OutcomeUnknown, ProviderError, ProviderRejected, reconcile_batch, reconcile_upload
+
+log = logging.getLogger("batchgrader.engine")
+
+
+def input_error_for_user(exc: InputError, user_file: str) -> str:
+    """An input error as the user should read it: named after their file (``reviews.csv``), not
+    the daemon's work copy (``input.csv``)."""
+    return str(InputError(user_file, exc.reason, exc.line, exc.column))
+
+
+class _Heartbeat:
+    """A file wrapper for prepare's output: each block written is a sign of life (the systemd
+    watchdog heartbeat comes from the working thread, so a long prepare is not killed)."""
+
+    def __init__(self, f: IO[bytes], beat: Callable[[], None]):
+        self._f, self._beat = f, beat
+
+    def write(self, data: bytes) -> int:
+        self._beat()
+        return self._f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _write_arrays(f: Any, *arrays: array) -> None:
+    for a in arrays:
+        a.tofile(f)
+
+
+def _kept_lines(path: Path, keep: list[int]) -> Iterable[bytes]:
+    """The lines of ``path`` at the positions in ``keep`` (ascending)."""
+    wanted = iter(keep)
+    nxt = next(wanted, None)
+    for pos, line in enumerate(_lines(path)):
+        if pos == nxt:
+            yield line
+            nxt = next(wanted, None)
+
+
+class SubmitSteps(CollectSteps, FinishSteps):
+    # --- prepare ------------------------------------------------------------------------------
+    def _prepare(self, job: JobState, now: float) -> None:
+        job_dir = self.home.job_dir(job.job_id)
+        try:
+            profile = self.profile_of(job)
+        except ConfigError as exc:
+            return self._fail(
+                job,
+                "unknown_profile",
+                str(exc),
+                "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`.",
+                "prepare",
+                now,
+            )
+        try:
+            self.prices.get(profile.model)  # fail fast: nothing is spent on an unpriced model
+        except PricingError as exc:
+            return self._fail(
+                job,
+                "missing_pricing",
+                str(exc),
+                "Add the model to pricing.csv in the home (or fix `model`), then `bgctl retry " + job.job_id + "`.",
+                "prepare",
+                now,
+            )
+        requests_path = job_dir / "requests.jsonl"
+        try:
+            with open(requests_path, "wb") as f:
+                prep = prepare(
+                    Path(job.input_path),
+                    profile,
+                    self.home,
+                    requests_out=cast(IO[bytes], _Heartbeat(f, self.on_progress)),
+                    prices=self.prices,
+                    file_hash=job.sha256,
+                    limits=self._limits(profile),
+                )
+                f.flush()
+                os.fsync(f.fileno())
+        except InputError as exc:
+            return self._fail(
+                job,
+                "bad_input",
+                input_error_for_user(exc, job.file),
+                "Fix the file and drop it in the inbox again.",
+                "prepare",
+                now,
+            )
+        except ConfigError as exc:
+            return self._fail(
+                job,
+                "bad_config",
+                str(exc),
+                "Fix the configuration (bgctl config show), then `bgctl retry " + job.job_id + "`.",
+                "prepare",
+                now,
+            )
+        except UnicodeError as exc:
+            return self._fail(
+                job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again.", "prepare", now
+            )
+        sizes_path = job_dir / "tokens.bin"
+        atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
+        reuse = self._decide_reuse(job, profile, requests_path, prep, now)
+        chunk_dir = job_dir / "chunks"
+        if reuse is None:
+            paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
+        else:
+            paths = write_chunk_files(_kept_lines(requests_path, reuse.keep), prep.chunks, set(), chunk_dir, job.job_id)
+        summary = prep.summary(self.prices, learned_overhead(self.state, prep.model, profile.response_format))
+        chunks = [
+            {
+                "index": c.index,
+                "start": c.start,
+                "end": c.end,
+                "requests": c.requests,
+                "input_tokens": c.input_tokens,
+                "bytes": c.bytes,
+                "path": str(p),
+            }
+            for c, p in zip(prep.chunks, paths)
+        ]
+        if not chunks and not prep.problems and not (reuse and reuse.cached):
+            return self._fail(
+                job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now
+            )
+        self.emit(
+            job.job_id,
+            _e(
+                "JobPrepared",
+                format=prep.fmt,
+                model=prep.model,
+                encoding=prep.tokenizer.encoding,
+                rows=prep.rows,
+                requests=prep.requests,
+                input_tokens=prep.input_tokens,
+                max_request_tokens=prep.max_request_tokens,
+                chunks=chunks,
+                row_errors=[p.as_dict() for p in prep.problems],
+                estimate_usd=summary["estimated_cost_usd"],
+                warnings=prep.warnings,
+                requests_path=str(requests_path),
+                settings=result_settings(profile),
+            ),
+            *self._reuse_events(job, reuse),
+        )
+
+    def _delete_refused_file(self, c: ChunkState) -> None:
+        """The input file of a batch refused for the queue limit is deleted before its rows are
+        sent again (a new upload, or new chunks), so it is never left at the provider.  Deleting
+        is idempotent: after a crash it is simply done again."""
+        refused_batch = c.failure is not None and c.failure.get("retryable")
+        refused_create = c.upload == "done" and c.create == "failed"  # refused at once: no batch uses the file
+        if refused_batch or refused_create:
+            self._delete_refused_file_of(c)
+
+    def _delete_refused_file_of(self, c: ChunkState) -> None:
+        if self.provider is None or not c.file_id:
+            return
+        try:
+            self.provider.delete_file(c.file_id)
+        except ProviderError as exc:
+            log.info("could not delete refused batch file %s: %s", c.file_id, exc)
+
+    def _replan(self, job: JobState, c: ChunkState, limit: int, exact: bool) -> None:
+        """Split the rows of a chunk larger than the queue limit into chunks that fit.  A row
+        that alone exceeds a stated limit fails (request_too_large); under an estimated one it
+        is tried alone.  Retry counters do not move.  Chunk files first, then one append; a
+        crash in between plans the same chunks again."""
+        self._delete_refused_file(c)
+        ids = set(chunk_custom_ids(c))
+        lines: list[bytes] = []
+        cids: list[str] = []
+        tokens, sizes = array("Q"), array("Q")
+        tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        first, last = (c.start, c.end) if c.custom_ids is None else (0, None)
+        for pos, line in enumerate(islice(_lines(Path(job.requests_path or "")), first, last), start=first):
+            cid = json.loads(line)["custom_id"]
+            if cid in ids:
+                lines.append(line)
+                cids.append(cid)
+                tokens.append(tok_all[pos])
+                sizes.append(size_all[pos])
+        profile = self.profile_of(job)
+        caps = Limits(
+            token_limit=min(limit, profile.split_token_limit or limit),
+            row_limit=profile.split_row_limit,
+            max_requests=profile.max_requests_per_batch,
+            max_bytes=profile.max_batch_bytes,
+            token_limit_name="provider's enqueued-token limit",
+        )
+        chunks, over = plan_chunks(tokens, sizes, caps)
+        base = max(job.chunks) + 1
+        out_dir = self.home.job_dir(job.job_id) / "chunks"
+        skip = {o.position for o in over}
+        paths = write_chunk_files(iter(lines), chunks, skip, out_dir, f"{job.job_id}-replan{base:04d}")
+        new = [
+            {
+                "index": base + i,
+                "custom_ids": [cids[k] for k in range(ch.start, ch.end) if k not in skip],
+                "requests": ch.requests,
+                "input_tokens": ch.input_tokens,
+                "bytes": ch.bytes,
+                "path": str(p),
+            }
+            for i, (ch, p) in enumerate(zip(chunks, paths))
+        ]
+        if not exact and over:  # an estimated limit may be too low: each row over it goes alone
+            singles = [
+                Chunk(index=i, start=i, end=i + 1, requests=1, input_tokens=o.tokens, bytes=o.bytes) for i, o in enumerate(over)
+            ]
+            spaths = write_chunk_files(
+                (lines[o.position] for o in over), singles, set(), out_dir, f"{job.job_id}-replan{base:04d}-alone"
+            )
+            for o, ch, p in zip(over, singles, spaths):
+                new.append(
+                    {
+                        "index": base + len(new),
+                        "custom_ids": [cids[o.position]],
+                        "requests": 1,
+                        "input_tokens": ch.input_tokens,
+                        "bytes": ch.bytes,
+                        "path": str(p),
+                    }
+                )
+            over = []
+        events = [
+            _e(
+                "ChunkReplanned",
+                chunk=c.index,
+                limit=limit,
+                chunks=new,
+                oversized=[{"custom_id": cids[o.position], "tokens": o.tokens} for o in over],
+            )
+        ]
+        if over:
+            rows = [
+                {"custom_id": cids[o.position], "code": "request_too_large", "message": o.reason + " (it can never be accepted)"}
+                for o in over
+            ]
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=None, rows=rows))
+        log.info(
+            "job %s chunk %s: %s tokens over the queue limit %s; re-planned as %d chunks",
+            job.job_id,
+            c.index,
+            f"{c.input_tokens:,}",
+            f"{limit:,}",
+            len(new),
+        )
+        self.emit(job.job_id, *events)
+
+    # --- submit -------------------------------------------------------------------------------
+    def _upload(self, job: JobState, c: ChunkState, a: Upload) -> None:
+        assert self.provider is not None
+        self._delete_refused_file(c)
+        self.emit(job.job_id, _e("UploadStarted", chunk=c.index, attempt=a.attempt, filename=a.filename, bytes=c.bytes))
+        self._do_upload(job, job.chunks[c.index])
+
+    def _do_upload(self, job: JobState, c: ChunkState) -> None:
+        assert self.provider is not None and c.filename
+        try:
+            info = self.provider.upload(Path(c.path), c.filename)
+        except ProviderRejected as exc:
+            self.emit(job.job_id, _e("UploadFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
+            self.emit(
+                job.job_id,
+                _e("ChunkFailed", chunk=c.index, batch_id=None, code="upload_rejected", error=str(exc), retryable=False),
+            )
+            self._rows_failed_for_chunk(job, job.chunks[c.index], "upload_rejected", str(exc))
+            return
+        except OutcomeUnknown as exc:
+            log.warning("job %s chunk %s: upload outcome unknown (%s); reconciling", job.job_id, c.index, exc)
+            self._reconcile_upload(job, c)
+            return
+        self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=info.id, reconciled=False))
+
+    def _reconcile_upload(self, job: JobState, c: ChunkState) -> None:
+        assert self.provider is not None and c.filename
+        found = reconcile_upload(self.provider, c.filename, c.bytes)
+        if found.file is not None:
+            if found.duplicates:
+                log.warning(
+                    "job %s chunk %s: %d extra uploads of %s left at the provider",
+                    job.job_id,
+                    c.index,
+                    len(found.duplicates),
+                    c.filename,
+                )
+            self.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=found.file.id, reconciled=True))
+        else:
+            self._do_upload(job, c)  # provably absent: uploading again is safe (files cost no tokens)
+
+    def _metadata(self, job: JobState, c: ChunkState) -> dict[str, str]:
+        return {
+            "bg_job": job.job_id,
+            "bg_chunk": str(c.index),
+            "bg_attempt": str(c.attempt),
+            "bg_key": f"{job.job_id}:{c.index}:{c.attempt}",
+        }
+
+    def _create(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None and c.file_id
+        self.emit(
+            job.job_id,
+            _e(
+                "BatchCreateRequested", chunk=c.index, attempt=c.attempt, input_file_id=c.file_id, metadata=self._metadata(job, c)
+            ),
+        )
+        self._requested_at[(job.job_id, c.index)] = now  # on this process's clock (the log's after a restart)
+        self._do_create(job, job.chunks[c.index], now)
+
+    def _do_create(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None and c.file_id
+        try:
+            b = self.provider.create_batch(c.file_id, ENDPOINT, self.settings.completion_window, dict(c.metadata))
+        except ProviderRejected as exc:
+            self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
+            if capacity_refusal(exc.status_code, str(exc)):
+                learned = None
+                if queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc)):
+                    learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url)
+                if learned is None:
+                    self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
+                else:  # some providers refuse at once: learn the limit from that too
+                    self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc)))
+                return
+            self.emit(
+                job.job_id,
+                _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=str(exc), retryable=False),
+            )
+            self._rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", str(exc))
+            return
+        except OutcomeUnknown as exc:
+            log.warning("job %s chunk %s: batch create outcome unknown (%s); reconciling", job.job_id, c.index, exc)
+            self._reconcile_create(job, c, now)
+            return
+        self.emit(
+            job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=b.status, reconciled=False)
+        )
+        self._next_poll[(job.job_id, c.index)] = (now + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
+
+    def _create_settle_seconds(self) -> float:
+        return create_settle_seconds(self.config)
+
+    def _listing_floor(self, requested_at: float) -> int:
+        """``created_after`` for a reconciliation listing (provider clocks may differ from ours)."""
+        return int(requested_at - self._create_settle_seconds() - CLOCK_SKEW_SLACK)
+
+    def _reconcile_create(self, job: JobState, c: ChunkState, now: float) -> None:
+        assert self.provider is not None and c.file_id
+        key = (job.job_id, c.index)
+        if self._next_listing.get(key, float("-inf")) > now:
+            return
+        requested_at = self._requested_at.get(key, min(epoch(c.requested_ts, now), now))
+        found = reconcile_batch(
+            self.provider,
+            c.file_id,
+            {"bg_key": c.metadata.get("bg_key", "")},
+            created_after=self._listing_floor(requested_at),
+        )
+        keep = found.batch
+        if keep is None and now < requested_at + self._create_settle_seconds():
+            self._next_listing[key] = now + min(5.0, self._create_settle_seconds() / 4)
+            return  # a late create may still land: the outcome stays unknown, look again later
+        if keep is not None:
+            for extra in found.duplicates:  # should never happen; never pay twice
+                log.error("job %s chunk %s: duplicate batch %s found; cancelling it", job.job_id, c.index, extra.id)
+                try:
+                    self.provider.cancel(extra.id)
+                except ProviderError as exc:
+                    log.error("could not cancel duplicate batch %s: %s", extra.id, exc)
+            self.emit(
+                job.job_id,
+                _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=keep.id, status="validating", reconciled=True),
+            )
+            # the adopted batch may have moved on (even finished) while we were down: record where it is
+            ev = _status_event(self.state.jobs[job.job_id].chunks[c.index], keep)
+            if ev is not None:
+                self.emit(job.job_id, ev)
+            self._next_poll[(job.job_id, c.index)] = (now, FIRST_POLL_DELAY)
+        else:
+            self.emit(
+                job.job_id,
+                _e(
+                    "BatchCreateFailed",
+                    chunk=c.index,
+                    attempt=c.attempt,
+                    error="not created (absent from the provider's batch list)",
+                    definite=True,
+                ),
+            )
+            # the file is uploaded: _submit creates again with it, under the same attempt's metadata
+
+    def _check_duplicates(self, job: JobState, c: ChunkState, now: float) -> None:
+        """After a create that followed a failed or absent one of the same attempt, look again by
+        ``bg_key`` once the earlier request can no longer land, and cancel any extra batch (never
+        pay twice).  Forced (whatever the time) before a terminal batch is collected."""
+        assert self.provider is not None and c.file_id and c.batch_id and c.dup_check_due
+        if c.status not in TERMINAL_BATCH and now < epoch(c.dup_check_due, now) + self._create_settle_seconds():
+            return
+        found = self.provider.find_batches(
+            input_file_id=c.file_id,
+            metadata={"bg_key": c.metadata.get("bg_key", "")},
+            created_after=self._listing_floor(min(epoch(c.requested_ts, now), now)),
+        )
+        extras = [b for b in found if b.id != c.batch_id]
+        cancelled = []
+        for b in extras:
+            log.error("job %s chunk %s: duplicate batch %s (late create); cancelling it", job.job_id, c.index, b.id)
+            if b.is_terminal:
+                continue
+            try:
+                self.provider.cancel(b.id)
+                cancelled.append(b.id)
+            except ProviderRejected as exc:
+                log.error("could not cancel duplicate batch %s: %s", b.id, exc)
+        self.emit(
+            job.job_id,
+            _e(
+                "DuplicateBatchesChecked",
+                chunk=c.index,
+                attempt=c.attempt,
+                batch_id=c.batch_id,
+                extras=[b.id for b in extras],
+                cancelled=cancelled,
+            ),
+        )
+
+    def _cancel_batch(self, a: CancelBatch, now: float) -> None:
+        assert self.provider is not None
+        try:
+            self.provider.cancel(a.batch_id)
+        except ProviderRejected as exc:
+            log.info("cancel %s: %s", a.batch_id, exc)  # already terminal: collected as usual
+        self._cancel_sent.add(a.batch_id)
+        self._next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)
