@@ -18,356 +18,89 @@ Rules this module enforces (see ``reliability-notes.md`` §2 and ``openai-batch-
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import os
 import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 import httpx2
 import openai
 
 from batchgrader.fsio import TMP_PREFIX, fsync_dir
+from batchgrader.provider.protocol import (
+    DEFAULT_ENDPOINT,
+    RETRYABLE_STATUSES,
+    TERMINAL_STATUSES,
+    BatchErrorInfo,
+    BatchInfo,
+    BatchPage,
+    BatchUsage,
+    FileInfo,
+    FrozenMap,
+    OutcomeUnknown,
+    Provider,
+    ProviderConfigError,
+    ProviderError,
+    ProviderRejected,
+    ProviderUnavailable,
+    RequestCounts,
+    RetryPolicy,
+    _batch_info,
+    _file_info,
+    parse_retry_after,
+)
+from batchgrader.provider.reconcile import (
+    BatchSubmission,
+    Outcome,
+    UploadResult,
+    batch_matches,
+    create_batch_reconciled,
+    list_statuses,
+    reconcile_batch,
+    reconcile_upload,
+    upload_reconciled,
+)
 from batchgrader.secrets import mask_secret
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
-DEFAULT_ENDPOINT = "/v1/chat/completions"
 
-
-# ----------------------------------------------------------------------------------------------
-# data
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RequestCounts:
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-
-
-@dataclass(frozen=True)
-class BatchErrorInfo:
-    code: str | None
-    message: str | None
-    param: str | None = None
-    line: int | None = None
-
-
-@dataclass(frozen=True)
-class BatchUsage:
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    total_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    id: str
-    filename: str
-    bytes: int
-    purpose: str
-    created_at: int
-    status: str | None = None
-    expires_at: int | None = None
-
-
-class FrozenMap(dict):  # type: ignore[type-arg]
-    """A read-only dict (hashable, picklable, JSON-serialisable, works with dataclasses.asdict)."""
-
-    __slots__ = ()
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("FrozenMap is read-only")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(frozenset(self.items()))
-
-    def __reduce__(self) -> Any:
-        return (FrozenMap, (dict(self),))
-
-    def __copy__(self) -> FrozenMap:
-        return self
-
-    def __deepcopy__(self, memo: Any) -> FrozenMap:
-        return self
-
-
-def _frozen_map(m: Mapping[str, str] | None) -> FrozenMap:
-    return FrozenMap(m or {})
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    id: str
-    status: str
-    endpoint: str
-    input_file_id: str
-    completion_window: str
-    created_at: int
-    model: str | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    request_counts: RequestCounts = RequestCounts()
-    errors: tuple[BatchErrorInfo, ...] = ()
-    metadata: Mapping[str, str] = field(default_factory=FrozenMap)
-    usage: BatchUsage | None = None
-    in_progress_at: int | None = None
-    expires_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-
-@dataclass(frozen=True)
-class BatchPage:
-    items: tuple[BatchInfo, ...]
-    has_more: bool
-    last_id: str | None
-
-
-def _file_info(obj: Any) -> FileInfo:
-    return FileInfo(
-        id=obj.id,
-        filename=obj.filename,
-        bytes=int(obj.bytes),
-        purpose=str(obj.purpose),
-        created_at=int(obj.created_at),
-        status=getattr(obj, "status", None),
-        expires_at=getattr(obj, "expires_at", None),
-    )
-
-
-def _batch_info(obj: Any) -> BatchInfo:
-    rc = obj.request_counts
-    errors: tuple[BatchErrorInfo, ...] = ()
-    if obj.errors is not None and obj.errors.data:
-        errors = tuple(BatchErrorInfo(e.code, e.message, e.param, e.line) for e in obj.errors.data)
-    usage = None
-    if obj.usage is not None:
-        u = obj.usage
-        usage = BatchUsage(
-            input_tokens=u.input_tokens or 0,
-            cached_tokens=(u.input_tokens_details.cached_tokens if u.input_tokens_details else 0) or 0,
-            output_tokens=u.output_tokens or 0,
-            reasoning_tokens=(u.output_tokens_details.reasoning_tokens if u.output_tokens_details else 0) or 0,
-            total_tokens=u.total_tokens or 0,
-        )
-    return BatchInfo(
-        id=obj.id,
-        status=str(obj.status),
-        endpoint=obj.endpoint,
-        input_file_id=obj.input_file_id,
-        completion_window=obj.completion_window,
-        created_at=int(obj.created_at),
-        model=getattr(obj, "model", None),
-        output_file_id=obj.output_file_id,
-        error_file_id=obj.error_file_id,
-        request_counts=RequestCounts(rc.total, rc.completed, rc.failed) if rc is not None else RequestCounts(),
-        errors=errors,
-        metadata=_frozen_map(obj.metadata),
-        usage=usage,
-        in_progress_at=obj.in_progress_at,
-        expires_at=obj.expires_at,
-        finalizing_at=obj.finalizing_at,
-        completed_at=obj.completed_at,
-        failed_at=obj.failed_at,
-        expired_at=obj.expired_at,
-        cancelling_at=obj.cancelling_at,
-        cancelled_at=obj.cancelled_at,
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# errors
-# ----------------------------------------------------------------------------------------------
-
-
-class ProviderError(Exception):
-    """Base class. Messages are scrubbed of the API key."""
-
-
-class ProviderConfigError(ProviderError):
-    """The client cannot be built (no API key, bad base URL)."""
-
-
-class ProviderRejected(ProviderError):
-    """The API definitely refused the call (a 4xx answer). Nothing was created.
-
-    ``retryable`` is true for 429 (rate limited: the same call may succeed later)."""
-
-    def __init__(
-        self,
-        operation: str,
-        status_code: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        type: str | None = None,
-        request_id: str | None = None,
-        retry_after: float | None = None,
-    ):
-        self.operation = operation
-        self.status_code = status_code
-        self.message = message
-        self.code = code
-        self.param = param
-        self.type = type
-        self.request_id = request_id
-        self.retry_after = retry_after
-        detail = f"{operation}: HTTP {status_code}"
-        if code:
-            detail += f" ({code})"
-        super().__init__(f"{detail}: {message}")
-
-    @property
-    def retryable(self) -> bool:
-        return self.status_code == 429
-
-
-class OutcomeUnknown(ProviderError):
-    """A non-idempotent call may or may not have taken effect (connection closed, timeout, 5xx).
-
-    Reconcile (``find_batches`` / ``find_files``) before sending it again."""
-
-    def __init__(self, operation: str, cause: str, *, status_code: int | None = None, request_id: str | None = None):
-        self.operation = operation
-        self.cause = cause
-        self.status_code = status_code
-        self.request_id = request_id
-        super().__init__(f"{operation}: outcome unknown ({cause}); reconcile before re-sending")
-
-
-class ProviderUnavailable(ProviderError):
-    """A read kept failing with transient errors until the attempts ran out (or the server
-    asked to wait longer than we are willing to block)."""
-
-    def __init__(
-        self, operation: str, attempts: int, cause: str, *, status_code: int | None = None, retry_after: float | None = None
-    ):
-        self.operation = operation
-        self.attempts = attempts
-        self.cause = cause
-        self.status_code = status_code
-        self.retry_after = retry_after
-        super().__init__(f"{operation}: gave up after {attempts} attempt(s): {cause}")
-
-
-# ----------------------------------------------------------------------------------------------
-# retry policy
-# ----------------------------------------------------------------------------------------------
-
-RETRYABLE_STATUSES = frozenset({408, 409, 429})
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff for reads: attempt n (0-based) waits ``min(base * 2**n, max_delay)`` scaled by a
-    jitter factor in ``[1 - jitter, 1]``; a server ``retry-after(-ms)`` wins when it is larger.
-    A requested wait above ``max_retry_after`` stops retrying (:class:`ProviderUnavailable`)."""
-
-    max_attempts: int = 6
-    base_delay: float = 0.5
-    max_delay: float = 30.0
-    jitter: float = 0.25
-    max_retry_after: float = 120.0
-
-    def backoff(self, retries_taken: int, rng: random.Random) -> float:
-        d = min(self.base_delay * (2.0**retries_taken), self.max_delay)
-        return d * (1.0 - self.jitter * rng.random())
-
-
-def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds the server asked us to wait: ``retry-after-ms``, else ``retry-after`` (seconds or
-    an HTTP date). None when absent or unparseable."""
-    if not headers:
-        return None
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        parsed = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    if parsed is None:
-        return None
-    return max(0.0, parsed.timestamp() - now())
-
-
-# ----------------------------------------------------------------------------------------------
-# the interface
-# ----------------------------------------------------------------------------------------------
-
-
-@runtime_checkable
-class Provider(Protocol):
-    """What the engine needs from a provider, and nothing more: the calls it makes
-    (``upload``, ``create_batch``, ``retrieve``, ``cancel``, ``download``, ``delete_file``), the
-    two listings it reconciles with (``find_files``, ``find_batches``; see :func:`reconcile_upload`
-    and :func:`reconcile_batch`), and ``list_batches``, one page of which refreshes up to 100
-    batches in flight per poll round (:func:`list_statuses`).
-
-    Writes (``upload``, ``create_batch``) are sent once: an ambiguous failure raises
-    :class:`OutcomeUnknown` and the caller reconciles before sending again.  A definite refusal
-    raises :class:`ProviderRejected`.  :class:`OpenAIProvider` talks to the real API (or the
-    emulator); :class:`batchgrader.provider.memory.MemoryProvider` keeps everything in memory."""
-
-    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo: ...
-
-    def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]: ...
-
-    def create_batch(
-        self,
-        input_file_id: str,
-        endpoint: str = DEFAULT_ENDPOINT,
-        completion_window: str = "24h",
-        metadata: Mapping[str, str] | None = None,
-    ) -> BatchInfo: ...
-
-    def find_batches(
-        self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None
-    ) -> list[BatchInfo]: ...
-
-    def retrieve(self, batch_id: str) -> BatchInfo: ...
-
-    def cancel(self, batch_id: str) -> BatchInfo: ...
-
-    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage: ...
-
-    def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int: ...
-
-    def delete_file(self, file_id: str) -> bool: ...
+__all__ = [
+    "BatchErrorInfo",
+    "BatchInfo",
+    "BatchPage",
+    "BatchSubmission",
+    "BatchUsage",
+    "DEFAULT_ENDPOINT",
+    "FileInfo",
+    "FrozenMap",
+    "OpenAIProvider",
+    "Outcome",
+    "OutcomeUnknown",
+    "Provider",
+    "ProviderConfigError",
+    "ProviderError",
+    "ProviderRejected",
+    "ProviderUnavailable",
+    "RETRYABLE_STATUSES",
+    "RequestCounts",
+    "RetryPolicy",
+    "TERMINAL_STATUSES",
+    "UploadResult",
+    "batch_matches",
+    "create_batch_reconciled",
+    "list_statuses",
+    "parse_retry_after",
+    "reconcile_batch",
+    "reconcile_upload",
+    "upload_reconciled",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -709,172 +442,3 @@ def _raw_bytes_received(resp: Any, decoded: int) -> int:
     http = getattr(resp, "http_response", None)
     n = getattr(http, "num_bytes_downloaded", None)
     return int(n) if isinstance(n, int) else decoded
-
-
-def list_statuses(provider: Provider, wanted: set[str], max_pages: int | None = None) -> dict[str, BatchInfo]:
-    """The current state of every batch in ``wanted`` from paged ``batches.list`` calls (newest
-    first, 100 a page): one call per 100 batches instead of one ``retrieve`` per batch.  Stops
-    once every wanted batch was seen, at the last page, or after ``max_pages`` (default: two
-    pages more than the wanted batches fill; batches in flight are among the newest).  Batches
-    not found are absent from the answer (the caller retrieves them)."""
-    found: dict[str, BatchInfo] = {}
-    after: str | None = None
-    pages = 0
-    limit = max_pages if max_pages is not None else len(wanted) // 100 + 3
-    while len(found) < len(wanted) and pages < limit:
-        page = provider.list_batches(limit=100, after=after)
-        pages += 1
-        for b in page.items:
-            if b.id in wanted:
-                found[b.id] = b
-        if not page.has_more or page.last_id is None:
-            break
-        after = page.last_id
-    return found
-
-
-def batch_matches(b: BatchInfo, input_file_id: str | None, metadata: Mapping[str, str] | None) -> bool:
-    """A batch is ours when its input file and every ``metadata`` pair match.  A provider that
-    drops metadata (the batch comes back with none) is matched on the input file alone, so a
-    batch that exists is never taken for absent (one uploaded file backs one chunk attempt)."""
-    if input_file_id is not None and b.input_file_id != input_file_id:
-        return False
-    if metadata:
-        if not b.metadata and input_file_id is not None:
-            return True  # metadata dropped by the provider: the input file id decides
-        for k, v in metadata.items():
-            if b.metadata.get(k) != v:
-                return False
-    return True
-
-
-# ----------------------------------------------------------------------------------------------
-# reconciliation (never submit twice)
-# ----------------------------------------------------------------------------------------------
-
-Outcome = Literal["created", "adopted", "not_created"]
-
-
-@dataclass(frozen=True)
-class BatchSubmission:
-    """Result of :func:`create_batch_reconciled`.
-
-    ``created``: the one call succeeded.  ``adopted``: the call's outcome was unknown and a
-    matching batch was found (``batch``; further matches in ``duplicates``, oldest first — the
-    caller should cancel them).  ``not_created``: the outcome was unknown and the listing found
-    nothing; the caller may retry (with a fresh intent record), never blindly in a loop."""
-
-    outcome: Outcome
-    batch: BatchInfo | None
-    duplicates: tuple[BatchInfo, ...] = ()
-    cause: str | None = None
-
-
-@dataclass(frozen=True)
-class UploadResult:
-    outcome: Outcome
-    file: FileInfo | None
-    duplicates: tuple[FileInfo, ...] = ()
-    cause: str | None = None
-
-
-def reconcile_batch(
-    provider: Provider,
-    input_file_id: str,
-    metadata: Mapping[str, str] | None = None,
-    *,
-    created_after: int | None = None,
-    settle_s: float = 0.0,
-    sleep: Callable[[float], None] = time.sleep,
-    cause: str | None = None,
-) -> BatchSubmission:
-    """List and match only (no create): ``adopted`` (oldest match; the rest in ``duplicates``)
-    or ``not_created``.  With ``settle_s`` > 0, an empty listing is repeated once after that
-    wait (a request may still have been in flight).  A failing listing raises
-    :class:`ProviderUnavailable`: the outcome is still unknown, run this again later."""
-    found = provider.find_batches(input_file_id=input_file_id, metadata=metadata, created_after=created_after)
-    if not found and settle_s > 0:
-        sleep(settle_s)
-        found = provider.find_batches(input_file_id=input_file_id, metadata=metadata, created_after=created_after)
-    if not found:
-        return BatchSubmission("not_created", None, (), cause)
-    return BatchSubmission("adopted", found[0], tuple(found[1:]), cause)
-
-
-def create_batch_reconciled(
-    provider: Provider,
-    input_file_id: str,
-    endpoint: str = DEFAULT_ENDPOINT,
-    completion_window: str = "24h",
-    metadata: Mapping[str, str] | None = None,
-    *,
-    created_after: int | None = None,
-    settle_s: float = 0.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> BatchSubmission:
-    """Try ``create_batch`` once; on :class:`OutcomeUnknown` list and match by
-    ``input_file_id`` and ``metadata`` (:func:`reconcile_batch`) and adopt the oldest match.
-    Only when the listing finds nothing is ``not_created`` reported; the caller may then send
-    again (after recording a new attempt), never blindly in a loop.
-
-    Raises :class:`ProviderRejected` (definitely not created) and :class:`OutcomeUnknown` when
-    the create was ambiguous *and* the listing failed too — the caller must then call
-    :func:`reconcile_batch` until it answers, and must not call this function again."""
-    try:
-        return BatchSubmission("created", provider.create_batch(input_file_id, endpoint, completion_window, metadata))
-    except OutcomeUnknown as exc:
-        first = exc
-        log.warning("batches.create outcome unknown (%s); reconciling by listing", exc.cause)
-    try:
-        return reconcile_batch(
-            provider, input_file_id, metadata, created_after=created_after, settle_s=settle_s, sleep=sleep, cause=str(first)
-        )
-    except ProviderUnavailable as exc:
-        raise OutcomeUnknown("batches.create", f"{first.cause}; reconciliation listing failed too: {exc}") from None
-
-
-def reconcile_upload(
-    provider: Provider,
-    filename: str,
-    size: int,
-    *,
-    created_after: int | None = None,
-    settle_s: float = 0.0,
-    sleep: Callable[[float], None] = time.sleep,
-    cause: str | None = None,
-) -> UploadResult:
-    """List and match only (no upload): a batch file with this name and byte size."""
-    found = provider.find_files(filename, size, created_after)
-    if not found and settle_s > 0:
-        sleep(settle_s)
-        found = provider.find_files(filename, size, created_after)
-    if not found:
-        return UploadResult("not_created", None, (), cause)
-    return UploadResult("adopted", found[0], tuple(found[1:]), cause)
-
-
-def upload_reconciled(
-    provider: Provider,
-    path: str | os.PathLike[str],
-    filename: str,
-    *,
-    created_after: int | None = None,
-    settle_s: float = 0.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> UploadResult:
-    """Upload once; on :class:`OutcomeUnknown` look for a batch file with the same name and byte
-    size (:func:`reconcile_upload`) and adopt the oldest.  ``filename`` should be unique per
-    intent (e.g. include a content hash), since files carry no metadata.  Raises like
-    :func:`create_batch_reconciled`."""
-    size = Path(path).stat().st_size
-    try:
-        return UploadResult("created", provider.upload(path, filename))
-    except OutcomeUnknown as exc:
-        first = exc
-        log.warning("files.create outcome unknown (%s); reconciling by listing", exc.cause)
-    try:
-        return reconcile_upload(
-            provider, filename, size, created_after=created_after, settle_s=settle_s, sleep=sleep, cause=str(first)
-        )
-    except ProviderUnavailable as exc:
-        raise OutcomeUnknown("files.create", f"{first.cause}; reconciliation listing failed too: {exc}") from None
