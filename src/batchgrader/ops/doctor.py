@@ -12,23 +12,29 @@ are unset (on a copy: the caller's environment is never changed).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-import sqlite3
-import stat
-import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
 from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
-from batchgrader.secrets import mask_secret, secret_forms
+from batchgrader.ops.checks import FAIL, OK, WARN, Check, _mode, _q, _scrubber
+from batchgrader.ops.checks import checks_as_json as checks_as_json  # re-exported
+from batchgrader.ops.checks import exit_code as exit_code
+from batchgrader.ops.checks import render_checks as render_checks
+from batchgrader.ops.doctor_home import (
+    ServiceStatus,
+    _default_service_status,
+    check_daemon,
+    check_database,
+    check_permissions,
+    check_queue_limits,
+)
+from batchgrader.secrets import mask_secret
 
 __all__ = [
     "OK",
@@ -42,145 +48,9 @@ __all__ = [
     "render_checks",
 ]
 
-Status = Literal["ok", "warn", "fail"]
-OK: Status = "ok"
-WARN: Status = "warn"
-FAIL: Status = "fail"
-
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
-SYMBOLS = {OK: "✓", WARN: "!", FAIL: "✗"}
-_STYLES = {OK: "green", WARN: "yellow", FAIL: "bold red"}
-
 EncodingLoader = Callable[[str], Any]
-ServiceStatus = Callable[[Home], "Mapping[str, Any] | None"]
-
-
-@dataclass(frozen=True)
-class Check:
-    """One finding. ``fix`` is the concrete action (a command or an edit); empty when ``ok``."""
-
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def exit_code(checks: Sequence[Check]) -> int:
-    """0 when no check failed (warnings allowed), 1 otherwise."""
-    return 1 if any(c.status == FAIL for c in checks) else 0
-
-
-def checks_as_json(checks: Sequence[Check]) -> dict[str, Any]:
-    """A JSON-serialisable summary: ``{"ok", "exit_code", "counts", "checks": [...]}``."""
-    counts = {s: sum(1 for c in checks if c.status == s) for s in (OK, WARN, FAIL)}
-    code = exit_code(checks)
-    return {"ok": code == 0, "exit_code": code, "counts": counts, "checks": [c.to_dict() for c in checks]}
-
-
-def render_checks(checks: Sequence[Check], console: Any) -> None:
-    """A rich table (✓ / ! / ✗, check, detail, fix) and a one-line summary on ``console``."""
-    from rich.table import Table
-
-    if getattr(console, "width", 200) < NARROW:
-        _render_list(checks, console)
-    else:
-        t = Table(title="bgctl doctor")
-        _table_rows(t, checks)
-        console.print(t)
-    _render_summary(checks, console)
-
-
-# below this many columns the checks are a list, not a table: a table would break paths and
-# commands mid-word
-NARROW = 120
-
-
-def _render_list(checks: Sequence[Check], console: Any) -> None:
-    from rich.text import Text
-
-    console.print(Text("bgctl doctor", style="bold"))
-    for c in checks:
-        line = Text(SYMBOLS.get(c.status, "?") + " ", style=_STYLES.get(c.status, ""))
-        line.append(c.name, style="bold")
-        line.append(": " + c.detail)
-        console.print(line)
-        if c.fix:
-            # the fix holds commands and paths to paste: one line, never wrapped by us
-            console.print(Text("    fix: " + c.fix, style="cyan"), soft_wrap=True)
-
-
-def _table_rows(t: Any, checks: Sequence[Check]) -> None:
-    from rich.text import Text
-
-    t.add_column("", justify="center", no_wrap=True)
-    t.add_column("check", style="bold", no_wrap=True)
-    t.add_column("detail", overflow="fold")
-    t.add_column("fix", overflow="fold")
-    for c in checks:
-        style = _STYLES.get(c.status, "")
-        # Text(...) so brackets in paths/messages are never read as rich markup
-        t.add_row(Text(SYMBOLS.get(c.status, "?"), style=style), Text(c.name), Text(c.detail), Text(c.fix, style="cyan"))
-
-
-def _render_summary(checks: Sequence[Check], console: Any) -> None:
-    from rich.text import Text
-
-    fails = sum(1 for c in checks if c.status == FAIL)
-    warns = sum(1 for c in checks if c.status == WARN)
-    if fails:
-        summary = Text(f"{fails} failed, {warns} warning(s): fix the ✗ rows before starting the daemon", style="bold red")
-    elif warns:
-        summary = Text(f"no failures, {warns} warning(s)", style="yellow")
-    else:
-        summary = Text("all checks passed", style="green")
-    console.print(summary)
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-def _q(path: os.PathLike[str] | str) -> str:
-    return shlex.quote(str(path))
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-def _scrubber(secrets: Sequence[str]) -> Callable[[str], str]:
-    """Replace every known secret value by its mask (exact values only: a pattern such as
-    ``sk-...`` would also mangle paths and names that merely look like one)."""
-    # values under 8 characters are no real key, and replacing them would garble ordinary text
-    forms = sorted(
-        {(f, mask_secret(s.strip()) or "****") for s in secrets if s and len(s) >= 8 for f in secret_forms(s)},
-        key=lambda fm: len(fm[0]),
-        reverse=True,
-    )
-
-    def scrub(text: str) -> str:
-        for f, shown in forms:  # the key as written and as libraries escape it
-            if f in text:
-                text = text.replace(f, shown)
-        return text
-
-    return scrub
-
-
-def _timeout_runner(timeout: float):
-    from batchgrader.ops.service import CommandResult
-
-    def run(argv: Sequence[str]) -> CommandResult:
-        try:
-            p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return CommandResult(list(argv), 127, "", f"{type(exc).__name__}: {exc}")
-        return CommandResult(list(argv), p.returncode, p.stdout, p.stderr)
-
-    return run
 
 
 # --- 1. configuration --------------------------------------------------------------------------
@@ -488,167 +358,6 @@ def check_encodings(config: Config | None, loader: EncodingLoader | None = None)
                     )
                 )
     return out
-
-
-# --- 6. home permissions -------------------------------------------------------------------------
-
-
-def check_permissions(home: Home) -> Check:
-    from batchgrader.secrets import ENV_FILE_NAME
-
-    root = home.root
-    if not root.is_dir():
-        return Check(
-            "home permissions",
-            WARN,
-            f"{root} does not exist yet (bgctl daemon creates it, mode 0700)",
-            f"mkdir -p -m 700 {_q(root)}",
-        )
-    dirs = [root] + sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-    files = [home.config_file, home.prompts_file, home.db, Path(f"{home.db}-wal"), Path(f"{home.db}-shm"), home.lock_file]
-    if home.logs.is_dir():
-        files += sorted(p for p in home.logs.iterdir() if p.is_file() and not p.is_symlink())
-    # secrets.env has its own check (a fail, not a warning)
-    files = [f for f in files if f.name != ENV_FILE_NAME]
-    loose_dirs, loose_files = [], []
-    for d in dirs:
-        try:
-            if _mode(d) & 0o077:
-                loose_dirs.append((d, _mode(d)))
-        except OSError:
-            pass
-    for f in files:
-        try:
-            if f.is_file() and _mode(f) & 0o077:
-                loose_files.append((f, _mode(f)))
-        except OSError:
-            pass
-    if not loose_dirs and not loose_files:
-        return Check(
-            "home permissions", OK, f"{root} and its {len(dirs) - 1} folders are 0700 or stricter; its files 0600 or stricter"
-        )
-    found = [f"{p} is {m:04o}" for p, m in loose_dirs + loose_files]
-    detail = "group/others can access: " + "; ".join(found[:8]) + (f"; and {len(found) - 8} more" if len(found) > 8 else "")
-    if len(found) > 8:
-        fix = f"chmod -R go-rwx {_q(root)}"
-    else:
-        cmds = []
-        if loose_dirs:
-            cmds.append("chmod 700 " + " ".join(_q(p) for p, _ in loose_dirs))
-        if loose_files:
-            cmds.append("chmod 600 " + " ".join(_q(p) for p, _ in loose_files))
-        fix = " && ".join(cmds)
-    return Check("home permissions", WARN, detail, fix)
-
-
-# --- 7. database integrity -----------------------------------------------------------------------
-
-
-def check_database(home: Home) -> Check:
-    from batchgrader.store.eventstore import EventStore
-
-    db = home.db
-    if not db.exists():
-        return Check("database", OK, f"no database yet at {db} (the daemon creates it)")
-    recover = (
-        f"stop the daemon, keep a copy (cp {_q(db)} {_q(str(db) + '.bad')}), then recover: "
-        f"sqlite3 {_q(db)} .recover | sqlite3 {_q(str(db) + '.recovered')} and move that file to {_q(db)}"
-    )
-    try:
-        with EventStore(db, readonly=True) as store:
-            result = store.integrity_check()
-            cache = answers_size(store.conn)
-    except sqlite3.DatabaseError as exc:
-        return Check("database", FAIL, f"{db}: {exc}", recover)
-    except OSError as exc:
-        return Check("database", FAIL, f"{db}: cannot open ({exc})", f"ls -l {_q(db)}")
-    if result != "ok":
-        return Check("database", FAIL, f"{db}: PRAGMA integrity_check: {result[:300]}", recover)
-    return Check("database", OK, f"{db}: PRAGMA integrity_check ok; {cache}")
-
-
-def answers_size(conn: sqlite3.Connection) -> str:
-    """The answers store's size, for the database check (`bgctl cache stats` has the details)."""
-    from batchgrader.store import answers
-
-    st = answers.stats(conn)
-    if not st["answers"]:
-        return "answers store: empty"
-    return (
-        f"answers store: {st['answers']:,} answers, {st['content_bytes'] / 1e6:.1f} MB of answer text, "
-        f"oldest {str(st['oldest'])[:10]} (bgctl cache clear --older-than DAYS frees space)"
-    )
-
-
-def check_queue_limits(home: Home, config: Config | None) -> Check:
-    """The provider queue limits: configured (enqueued_token_limit) and learned (QueueLimitLearned)."""
-    parts = [f"{m}: {n:,} (configured)" for m, n in sorted((config.enqueued_token_limit if config else {}).items())]
-    if home.db.exists():
-        try:
-            conn = sqlite3.connect(f"file:{home.db}?mode=ro", uri=True, timeout=5)
-            try:
-                rows = conn.execute("SELECT payload FROM events WHERE type = 'QueueLimitLearned' ORDER BY seq").fetchall()
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            return Check("queue limits", WARN, f"cannot read {home.db}: {exc}", "see the database check")
-        learned: dict[tuple[str, str], dict[str, Any]] = {}
-        for (payload,) in rows:
-            p = json.loads(payload)
-            learned[(p.get("base_url") or "", p.get("model") or "")] = p
-        for (url, model), p in sorted(learned.items()):
-            how = "stated by the provider" if p.get("exact") else f"estimated, {p.get('source')}"
-            parts.append(f"{model} at {url or 'the provider'}: {int(p.get('limit') or 0):,} ({how})")
-    detail = "; ".join(parts) if parts else "none known yet: learned from the provider's first token_limit_exceeded"
-    return Check("queue limits", OK, "enqueued prompt tokens per model: " + detail)
-
-
-# --- 8. the daemon ---------------------------------------------------------------------------------
-
-
-def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
-    from batchgrader.daemon.process import daemon_pid
-
-    try:
-        pid = daemon_pid(home)
-    except OSError as exc:
-        return Check("daemon", WARN, f"cannot read {home.lock_file}: {exc}", f"ls -l {_q(home.lock_file)}")
-    svc = ""
-    if service_status is not None:
-        try:
-            info = service_status(home)
-        except Exception:  # noqa: BLE001 - e.g. an unsupported platform: no service part
-            info = None
-        svc = _describe_service(info)
-    if pid is not None:
-        running = f"running (pid {pid})" if pid > 0 else "running (pid unknown)"
-        return Check("daemon", OK, running + (f"; {svc}" if svc else ""))
-    return Check(
-        "daemon",
-        WARN,
-        "not running" + (f"; {svc}" if svc else ""),
-        "bgctl daemon (in a terminal), or bgctl service install (start it at login)",
-    )
-
-
-def _describe_service(info: Mapping[str, Any] | None) -> str:
-    if not info:
-        return ""
-    unit = f"{info.get('manager') or 'service'} {info.get('mode') or ''} unit".replace("  ", " ")
-    if not info.get("installed"):
-        return f"service: {unit} not installed ({info.get('path')})"
-    active = info.get("active")
-    state = active if active else (info.get("detail") or "state unknown")
-    return f"service: {unit} installed ({info.get('path')}), {state}"
-
-
-def _default_service_status(env: Mapping[str, str], timeout: float) -> ServiceStatus:
-    def get(home: Home) -> Mapping[str, Any] | None:
-        from batchgrader.ops.service import status
-
-        return status(home, runner=_timeout_runner(timeout), environ=env)
-
-    return get
 
 
 # --- all of them -----------------------------------------------------------------------------------
