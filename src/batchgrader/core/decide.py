@@ -18,22 +18,39 @@ cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from batchgrader.core import queue
-from batchgrader.core.config import Config, Profile
-from batchgrader.core.queue import (  # noqa: F401 - part of the rules' interface
-    enqueued_tokens,
-    known_limit,
-    probe_after_completion,
-    queue_limit,
-    refusal_lesson,
-    token_cap,
+from batchgrader.core.actions import (
+    Action,
+    Archive,
+    CancelBatch,
+    CheckDuplicates,
+    Create,
+    DeleteProviderFiles,
+    Download,
+    FailBatch,
+    FailUnstarted,
+    Finish,
+    Hold,
+    Merge,
+    PlanRetries,
+    Poll,
+    Prepare,
+    Reconcile,
+    RecoverEnded,
+    Release,
+    Replan,
+    RestoreInput,
+    SearchRecovered,
+    Step,
+    Timers,
+    Upload,
+    WriteResult,
 )
+from batchgrader.core.config import Config, Profile
+from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = 0.5
@@ -62,222 +79,6 @@ def capacity_refusal(status_code: int | None, message: str) -> bool:
 
 def utc_day(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
-
-
-# --- inputs ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timers:
-    """The daemon's timing state (not in the event log: it restarts fresh with the process).
-
-    ``next_poll[(job, chunk)] = (due, delay)``; ``not_before[(job, chunk)]`` is the time before
-    which a refused chunk is not sent again; ``cancel_sent`` holds batch ids already cancelled."""
-
-    next_poll: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
-    not_before: Mapping[tuple[str, int], float] = field(default_factory=dict)
-    cancel_sent: AbstractSet[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class Step:
-    """How far one job got in the current tick: the highest stage reached and the actions done."""
-
-    stage: int = 0
-    done: frozenset[tuple[Any, ...]] = frozenset()
-
-    def after(self, action: Action) -> Step:
-        return Step(max(self.stage, action.stage), self.done | {action.key})
-
-
-# --- actions --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Action:
-    job_id: str
-    stage: ClassVar[int] = 0
-    ends_step: ClassVar[bool] = False  # the job goes no further in this tick after this action
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return (type(self).__name__, getattr(self, "chunk", None), getattr(self, "kind", None))
-
-
-@dataclass(frozen=True)
-class RecoverEnded(Action):
-    """An ended job whose error report a crash may have interrupted: write it, record it."""
-
-    stage: ClassVar[int] = 0
-
-
-@dataclass(frozen=True)
-class RestoreInput(Action):
-    """A reopened job (``bgctl retry``): bring the archived input back, if it is there."""
-
-    stage: ClassVar[int] = 1
-
-
-@dataclass(frozen=True)
-class Prepare(Action):
-    stage: ClassVar[int] = 2
-    ends_step: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class CancelBatch(Action):
-    chunk: int
-    batch_id: str
-    stage: ClassVar[int] = 3
-
-
-@dataclass(frozen=True)
-class Release(Action):
-    stage: ClassVar[int] = 3
-
-
-@dataclass(frozen=True)
-class Reconcile(Action):
-    """An intent without an outcome (after a crash or a lost reply): ask the provider."""
-
-    chunk: int
-    intent: str  # upload | create
-    stage: ClassVar[int] = 4
-
-
-@dataclass(frozen=True)
-class Poll(Action):
-    chunk: int
-    batch_id: str
-    stage: ClassVar[int] = 5
-
-
-@dataclass(frozen=True)
-class FailBatch(Action):
-    """A batch ended ``failed``. Retryable (token limit): sent again after ``retry_delay``."""
-
-    chunk: int
-    batch_id: str | None
-    code: str
-    error: str
-    retryable: bool
-    retry_delay: float = 0.0
-    learned: queue.Learned | None = None  # what a token_limit_exceeded refusal taught (QueueLimitLearned)
-    message: str | None = None  # the provider's refusal message
-    stage: ClassVar[int] = 6
-
-
-@dataclass(frozen=True)
-class Download(Action):
-    chunk: int
-    batch_id: str | None
-    kind: str  # output | error
-    file_id: str
-    stage: ClassVar[int] = 6
-
-
-@dataclass(frozen=True)
-class CheckDuplicates(Action):
-    """After a create that followed a failed or absent one of the same attempt: look again by
-    bg_key and cancel any extra batch (a late create), recorded in DuplicateBatchesChecked."""
-
-    chunk: int
-    stage: ClassVar[int] = 5
-
-
-@dataclass(frozen=True)
-class SearchRecovered(Action):
-    """A job re-accepted from its work folder: find and adopt its batches before any create."""
-
-    stage: ClassVar[int] = 7
-    ends_step: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class Merge(Action):
-    chunk: int
-    stage: ClassVar[int] = 6
-
-
-@dataclass(frozen=True)
-class FailUnstarted(Action):
-    """A chunk never sent fails with all its rows (the job was halted or cancelled)."""
-
-    chunk: int
-    code: str
-    error: str
-    row_message: str
-    stage: ClassVar[int] = 7
-
-
-@dataclass(frozen=True)
-class Hold(Action):
-    code: str
-    reason: str
-    stage: ClassVar[int] = 7
-
-
-@dataclass(frozen=True)
-class Upload(Action):
-    chunk: int
-    attempt: int
-    filename: str
-    stage: ClassVar[int] = 7
-
-
-@dataclass(frozen=True)
-class Create(Action):
-    chunk: int
-    stage: ClassVar[int] = 7
-
-
-@dataclass(frozen=True)
-class Replan(Action):
-    """A chunk larger than the queue limit: split its rows into chunks that fit (ChunkReplanned).
-    Under an estimated limit a row over it goes alone; under a stated one it fails."""
-
-    chunk: int
-    limit: int
-    exact: bool
-    stage: ClassVar[int] = 7
-
-
-@dataclass(frozen=True)
-class PlanRetries(Action):
-    custom_ids: tuple[str, ...]
-    stage: ClassVar[int] = 8
-    ends_step: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class WriteResult(Action):
-    """Write the result file (and, for a failed job, the error report), then record it."""
-
-    failed: bool
-    error: str
-    hint: str
-    stage: ClassVar[int] = 8
-
-
-@dataclass(frozen=True)
-class Archive(Action):
-    to_failed: bool
-    stage: ClassVar[int] = 8
-
-
-@dataclass(frozen=True)
-class DeleteProviderFiles(Action):
-    file_ids: tuple[str, ...]
-    stage: ClassVar[int] = 8
-
-
-@dataclass(frozen=True)
-class Finish(Action):
-    """The job's final event: JobCompleted, JobFailed or JobCancelled."""
-
-    event: str
-    payload: Mapping[str, Any] = field(hash=False)
-    stage: ClassVar[int] = 8
 
 
 # --- the rules ------------------------------------------------------------------------------------
