@@ -62,6 +62,24 @@ def test_polling_backs_off_while_nothing_changes(rig):
     assert 0 in gaps
 
 
+def test_polling_is_quick_again_after_the_batch_changes_status(rig):
+    rig.drop(2)
+    rig.tick()  # uploaded and created
+    for _ in range(12):  # nothing changes: the wait between polls grows to poll_interval (2 s)
+        rig.tick(0.5)
+    (batch_id,) = [b.id for b in rig.provider.open_batches()]
+    rig.provider.start(batch_id)  # validating -> in_progress
+    before = rig.calls("retrieve")
+    for _ in range(4):
+        rig.tick(0.5)
+        if rig.calls("retrieve") > before:
+            break
+    assert rig.events("BatchStatusChanged")[-1]["status"] == "in_progress"
+    seen = rig.calls("retrieve")
+    rig.tick(0.6)  # a change of status brings the first-poll delay (0.5 s) back
+    assert rig.calls("retrieve") == seen + 1
+
+
 def test_budget_cap_holds_before_anything_is_sent_and_retry_releases(home):
     rig = make(home, "max_cost_per_job_usd: 0.0000001\n")
     rig.drop(3)

@@ -75,9 +75,10 @@ class CollectSteps(ReuseSteps):
         if b is None:
             b = self.provider.retrieve(c.batch_id)
         ev = _status_event(c, b)
+        status_changed = b.status != c.status  # compared before emit folds the new status into c
         if ev is not None:
             self.emit(job.job_id, ev)
-        delay = next_poll_delay(delay, ev is not None, b.status != c.status, self.settings.poll_interval_seconds)
+        delay = next_poll_delay(delay, ev is not None, status_changed, self.settings.poll_interval_seconds)
         self._next_poll[key] = (now + delay, delay)
 
     def _download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
