@@ -10,7 +10,8 @@ from typing import Any
 import anthropic
 import pytest
 
-from batchgrader.pipeline.results import collect_outcomes, parse_line, sum_usage
+from batchgrader.pipeline.merge import merge_chunk
+from batchgrader.pipeline.results import iter_outcomes, parse_line
 from batchgrader.provider.anthropic_api import (
     AnthropicProvider,
     custom_id_problem,
@@ -239,14 +240,13 @@ def test_adapter_end_to_end_usage_is_exact(provider: AnthropicProvider, client: 
     clock.advance(12)
     b = provider.retrieve(b.id)
     assert (b.job_status, b.succeeded, b.errored) == ("completed", 6, 1)
-    outcomes = collect_outcomes(json.dumps(x) for x in provider.results(b.id))
-    assert sorted(outcomes) == sorted(x["custom_id"] for x in lines)
+    m = merge_chunk([x["custom_id"] for x in lines], iter_outcomes(json.dumps(x) for x in provider.results(b.id)), "completed")
+    assert not [r for r in m.records if r.get("error_code") == "missing_result"]  # every row has its outcome
     raw = {r.custom_id: r.result for r in client.messages.batches.results(b.id)}
     expected_in = sum(r.message.usage.input_tokens for r in raw.values() if r.type == "succeeded")  # type: ignore[union-attr]
     expected_out = sum(r.message.usage.output_tokens for r in raw.values() if r.type == "succeeded")  # type: ignore[union-attr]
-    totals = sum_usage(outcomes.values())
-    assert (totals.succeeded, totals.failed) == (6, 1)
-    assert (totals.prompt_tokens, totals.completion_tokens) == (expected_in, expected_out)
+    assert (m.succeeded, len(m.failed_rows)) == (6, 1) and m.failed_rows[0]["custom_id"] == "row-bad"
+    assert (m.usage["prompt_tokens"], m.usage["completion_tokens"]) == (expected_in, expected_out)
     assert expected_in == sum(provider.count_tokens(MODEL, x) for x in lines[:6])
 
 

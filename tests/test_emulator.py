@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from batchgrader.pipeline.tokens import ChatTokenCounter, count_chat_tokens
+from batchgrader.pipeline.tokens import ChatTokenCounter
 from batchgrader.provider.emulator import (
     BATCH_EXPIRED_MESSAGE,
     EXPIRE_AFTER_METADATA_KEY,
@@ -295,7 +295,7 @@ def test_output_lines_format_tokens_and_shuffled_order(client, clock):
         content = body["choices"][0]["message"]["content"]
         assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["message"]["role"] == "assistant"
         u = body["usage"]
-        assert u["prompt_tokens"] == count_chat_tokens(r["body"]["messages"], MODEL)
+        assert u["prompt_tokens"] == ChatTokenCounter(MODEL, num_threads=1).count(r["body"]["messages"])
         assert u["completion_tokens"] == len(enc.encode_ordinary(content))
         assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
         assert u["prompt_tokens_details"] == {"cached_tokens": 0, "audio_tokens": 0}

@@ -27,7 +27,7 @@ from batchgrader.pipeline.prepare import (
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.prompts import compile_template, render
 from batchgrader.pipeline.tables import InputError, open_table
-from batchgrader.pipeline.tokens import count_chat_tokens
+from batchgrader.pipeline.tokens import ChatTokenCounter
 
 
 def csv_file(tmp_path, text, name="data.csv"):
@@ -54,7 +54,7 @@ def test_one_request_per_row_with_exact_tokens(tmp_path, home):
     body = first["body"]
     assert body["model"] == "gpt-4o-mini" and body["max_completion_tokens"] == 1000 and "temperature" not in body
     assert body["messages"][1] == {"role": "user", "content": "Please evaluate the following text: good"}
-    assert list(prep.tokens) == [count_chat_tokens(l["body"]["messages"], "gpt-4o-mini") for l in lines]
+    assert list(prep.tokens) == [ChatTokenCounter("gpt-4o-mini", num_threads=1).count(l["body"]["messages"]) for l in lines]
     assert prep.sizes[0] == len((json.dumps(first, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
 
 
@@ -269,7 +269,7 @@ def _reference(f, profile, home, sha):
     with open_table(f, required_columns=builder.required_columns()) as reader:
         for row in reader:
             cid, messages, obj = builder.line(row)
-            out.append((dumps_line(obj), count_chat_tokens(messages, profile.model)))
+            out.append((dumps_line(obj), ChatTokenCounter(profile.model, num_threads=1).count(messages)))
     return out
 
 

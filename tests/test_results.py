@@ -14,13 +14,8 @@ from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.results import (
     ResultsFormatError,
     RowOutcome,
-    collect_outcomes,
     iter_outcomes,
     parse_line,
-    read_custom_ids,
-    remaining_custom_ids,
-    sum_usage,
-    unexpected_custom_ids,
 )
 from batchgrader.provider.emulator import EXPIRE_AFTER_METADATA_KEY
 from batchgrader.provider.openai_api import OpenAIProvider
@@ -208,35 +203,24 @@ def test_parsing_is_streamed_line_by_line():
     assert next(it).custom_id == "request-2"  # the first row arrives before the second is read
 
 
-def test_sum_usage():
-    totals = sum_usage(iter_outcomes([GUIDE_SUCCESS, GUIDE_EXPIRED, HTTP_400]))
-    assert (totals.rows, totals.succeeded, totals.failed) == (3, 1, 2)
-    assert (totals.prompt_tokens, totals.completion_tokens, totals.total_tokens) == (22, 2, 24)
-
-
-def test_remaining_custom_ids():
+def test_merge_chunk_fails_rows_without_an_answer_and_sums_the_answered_rows_usage():
     outcomes = list(iter_outcomes([GUIDE_SUCCESS, GUIDE_EXPIRED, HTTP_400, HTTP_500]))
-    submitted = ["request-1", "request-2", "request-3", "bad", "boom", "request-2"]
-    assert remaining_custom_ids(submitted, outcomes) == ["request-1", "request-3"]
-    assert remaining_custom_ids(submitted, outcomes, retry_server_errors=True) == ["request-1", "request-3", "boom"]
-    assert remaining_custom_ids(submitted, {o.custom_id: o for o in outcomes}) == ["request-1", "request-3"]
-    assert unexpected_custom_ids(["request-2"], outcomes) == ["bad", "boom", "request-3"]
-
-
-def test_collect_outcomes_prefers_success(tmp_path: Path):
-    err = tmp_path / "err.jsonl"
-    out = tmp_path / "out.jsonl"
-    err.write_text(
-        json.dumps({"custom_id": "request-2", "response": None, "error": {"code": "batch_expired", "message": "m"}}) + "\n"
-    )
-    out.write_text(GUIDE_SUCCESS + "\n")
-    merged = collect_outcomes(err, None, out)
-    assert merged["request-2"].ok
+    m = merge_chunk(["request-1", "request-2", "request-3", "bad", "boom"], outcomes, "expired")
+    assert [r["custom_id"] for r in m.records] == ["request-1", "request-2", "request-3", "bad", "boom"]
+    assert m.succeeded == 1 and m.records[1]["content"] == "Hello."
+    failed = {r["custom_id"]: r["code"] for r in m.failed_rows}
+    assert failed["request-1"] == "batch_expired"  # in neither file: the batch expired before it
+    assert failed["request-3"] == "batch_expired"
+    assert set(failed) == {"request-1", "request-3", "bad", "boom"}
+    assert m.usage["prompt_tokens"] == 22 and m.usage["completion_tokens"] == 2  # answered rows only
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["ok", "expired", "400", "500", "missing"]), min_size=0, max_size=30))
-def test_remaining_matches_a_simple_model(kinds):
+@given(
+    st.lists(st.sampled_from(["ok", "expired", "400", "500", "missing"]), min_size=0, max_size=30),
+    st.sampled_from(["completed", "expired", "cancelled"]),
+)
+def test_merge_chunk_matches_a_simple_model(kinds, status):
     submitted = [f"id-{i}" for i in range(len(kinds))]
     lines = []
     for cid, k in zip(submitted, kinds):
@@ -255,11 +239,14 @@ def test_remaining_matches_a_simple_model(kinds):
                 )
             )
     lines.reverse()  # output order never matters
-    outcomes = list(iter_outcomes(lines))
-    expected = [c for c, k in zip(submitted, kinds) if k in ("expired", "missing")]
-    assert remaining_custom_ids(submitted, outcomes) == expected
-    expected_5xx = [c for c, k in zip(submitted, kinds) if k in ("expired", "missing", "500")]
-    assert remaining_custom_ids(submitted, outcomes, retry_server_errors=True) == expected_5xx
+    m = merge_chunk(submitted, iter_outcomes(lines), status)
+    assert [r["custom_id"] for r in m.records] == submitted
+    missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(status, "missing_result")
+    model = {"ok": None, "expired": "batch_expired", "400": "t", "500": "t", "missing": missing_code}
+    assert [(r["custom_id"], r["code"]) for r in m.failed_rows] == [
+        (c, model[k]) for c, k in zip(submitted, kinds) if model[k] is not None
+    ]
+    assert m.succeeded == kinds.count("ok")
 
 
 # --- against real emulator output -------------------------------------------------------------
@@ -276,27 +263,29 @@ def run(provider: OpenAIProvider, clock, path: Path, **meta: str):
     raise AssertionError("not terminal")
 
 
-def download_outcomes(provider, b, tmp_path: Path):
-    paths = []
+def custom_ids(path: Path) -> list[str]:
+    return [json.loads(line)["custom_id"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def download_and_merge(provider, b, tmp_path: Path, expected: list[str]):
+    """What the engine does with an ended batch: download both files, merge them into the rows."""
+    outcomes = []
     for fid, name in ((b.output_file_id, "out.jsonl"), (b.error_file_id, "err.jsonl")):
         if fid:
             provider.download(fid, tmp_path / name)
-            paths.append(tmp_path / name)
-    return collect_outcomes(*paths)
+            outcomes += iter_outcomes(tmp_path / name)
+    return merge_chunk(expected, outcomes, b.status)
 
 
 def test_expired_batch_partial_output_and_remaining(provider, clock, tmp_path):
     path = write_input(tmp_path, simple_input(8), "in.jsonl")
     b = run(provider, clock, path, **{EXPIRE_AFTER_METADATA_KEY: "5"})
     assert b.status == "expired"
-    outcomes = download_outcomes(provider, b, tmp_path)
-    submitted = read_custom_ids(path)
-    assert remaining_custom_ids(submitted, outcomes) == [f"row-{i}" for i in range(5, 8)]
-    assert all(outcomes[f"row-{i}"].error_code == "batch_expired" for i in range(5, 8))
-    totals = sum_usage(outcomes.values())
-    assert totals.succeeded == 5 == b.request_counts.completed
-    assert totals.prompt_tokens == b.usage.input_tokens and totals.completion_tokens == b.usage.output_tokens
-    assert totals.total_tokens == b.usage.total_tokens
+    m = download_and_merge(provider, b, tmp_path, custom_ids(path))
+    assert [(r["custom_id"], r["code"]) for r in m.failed_rows] == [(f"row-{i}", "batch_expired") for i in range(5, 8)]
+    assert m.succeeded == 5 == b.request_counts.completed
+    assert m.usage["prompt_tokens"] == b.usage.input_tokens and m.usage["completion_tokens"] == b.usage.output_tokens
+    assert m.usage["prompt_tokens"] + m.usage["completion_tokens"] == b.usage.total_tokens
 
 
 def test_cancelled_batch_rows_missing_from_both_files_are_remaining(emu_factory, sleeper, clock, tmp_path):
@@ -310,9 +299,9 @@ def test_cancelled_batch_rows_missing_from_both_files_are_remaining(emu_factory,
     clock.advance(1)
     b = p.retrieve(b.id)
     assert b.status == "cancelled"
-    outcomes = download_outcomes(p, b, tmp_path)
-    assert sorted(outcomes) == ["row-0", "row-1", "row-2"]
-    assert remaining_custom_ids(read_custom_ids(path), outcomes) == [f"row-{i}" for i in range(3, 10)]
+    m = download_and_merge(p, b, tmp_path, custom_ids(path))
+    assert [r["custom_id"] for r in m.records if r["ok"]] == ["row-0", "row-1", "row-2"]
+    assert [(r["custom_id"], r["code"]) for r in m.failed_rows] == [(f"row-{i}", "batch_cancelled") for i in range(3, 10)]
 
 
 def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock, tmp_path):
@@ -322,17 +311,14 @@ def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock
     ]
     path = write_input(tmp_path, jsonl(rows), "in.jsonl")
     b = run(provider, clock, path)
-    outcomes = download_outcomes(provider, b, tmp_path)
+    m = download_and_merge(provider, b, tmp_path, custom_ids(path))
     raw_order = [json.loads(l)["custom_id"] for l in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert raw_order != sorted(raw_order, key=lambda c: int(c[1:]))
-    assert {c for c, o in outcomes.items() if o.ok} == {f"q{i}" for i in range(12) if i % 4 in (0, 3)}
-    assert {c for c, o in outcomes.items() if o.status_code == 400} == {f"q{i}" for i in range(12) if i % 4 == 1}
-    assert {c for c, o in outcomes.items() if o.status_code == 500} == {f"q{i}" for i in range(12) if i % 4 == 2}
-    assert remaining_custom_ids(read_custom_ids(path), outcomes) == []
-    assert remaining_custom_ids(read_custom_ids(path), outcomes, retry_server_errors=True) == [
-        f"q{i}" for i in range(12) if i % 4 == 2
-    ]
-    assert sum_usage(outcomes.values()).prompt_tokens == b.usage.input_tokens
+    assert [r["custom_id"] for r in m.records] == [f"q{i}" for i in range(12)]  # the input's order
+    assert {r["custom_id"] for r in m.records if r["ok"]} == {f"q{i}" for i in range(12) if i % 4 in (0, 3)}
+    assert {r["custom_id"] for r in m.records if r["status_code"] == 400} == {f"q{i}" for i in range(12) if i % 4 == 1}
+    assert {r["custom_id"] for r in m.records if r["status_code"] == 500} == {f"q{i}" for i in range(12) if i % 4 == 2}
+    assert m.usage["prompt_tokens"] == b.usage.input_tokens
 
 
 # --- merging a chunk (linear) ---------------------------------------------------------------------

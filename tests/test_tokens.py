@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgrader.pipeline import tokens
-from batchgrader.pipeline.tokens import ChatTokenCounter, EncodingUnavailable, count_chat_tokens, tokenizer_for_model
+from batchgrader.pipeline.tokens import ChatTokenCounter, EncodingUnavailable, tokenizer_for_model
 
 # The cookbook "How to count tokens with tiktoken": example messages and the prompt_tokens the API reported.
 COOKBOOK = [
@@ -44,7 +44,7 @@ COOKBOOK = [
     ],
 )
 def test_cookbook_api_reported_counts(model, expected):
-    assert count_chat_tokens(COOKBOOK, model) == expected
+    assert ChatTokenCounter(model, num_threads=1).count(COOKBOOK) == expected
 
 
 def test_published_tokenizer_sanity_values():
@@ -103,7 +103,7 @@ def test_batch_counting_equals_one_by_one_and_counts_special_tokens_as_text():
     counter = ChatTokenCounter("gpt-4o", num_threads=2)
     reqs = [[{"role": "system", "content": "Grade."}, {"role": "user", "content": t}] for t in texts]
     many = counter.count_many(reqs)
-    assert many == [count_chat_tokens(r, "gpt-4o") for r in reqs]
+    assert many == [ChatTokenCounter("gpt-4o", num_threads=1).count(r) for r in reqs]
     enc = tokens.get_encoding("o200k_base")
     assert many[4] == 3 + (3 + 1 + len(enc.encode_ordinary("Grade."))) + (3 + 1 + len(enc.encode_ordinary(texts[4])))
 

@@ -1,4 +1,4 @@
-"""Streaming parsers for Batch API output and error files, usage sums, and what is left to do.
+"""Streaming parsers for Batch API output and error files, and the join of merged chunk results to the rows.
 
 A line is a success **only** when ``response.status_code == 200`` (never "because ``error`` is
 null": HTTP-level failures carry ``error: null`` and a 4xx/5xx response).  Every other line —
@@ -13,7 +13,6 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 #: Error codes that mean "the request never ran" — it should be sent again.
@@ -59,21 +58,6 @@ class RowOutcome:
         if self.error_code in NOT_RUN_ERROR_CODES:
             return True
         return self.status_code is not None and (self.status_code >= 500 or self.status_code == 429)
-
-
-@dataclass(frozen=True)
-class UsageTotals:
-    rows: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def _int(v: Any) -> int:
@@ -218,85 +202,6 @@ def _iter_lines(
                 raise problem from None
             if malformed is not None:
                 malformed.append(problem)
-
-
-def collect_outcomes(*sources: str | os.PathLike[str] | Iterable[bytes | str] | None) -> dict[str, RowOutcome]:
-    """Outcomes of several files (output, error; None entries ignored) keyed by custom_id.
-    If a custom_id appears twice, a success wins over an error; otherwise the first seen wins."""
-    out: dict[str, RowOutcome] = {}
-    for src in sources:
-        if src is None:
-            continue
-        for o in iter_outcomes(src):
-            prev = out.get(o.custom_id)
-            if prev is None or (o.ok and not prev.ok):
-                out[o.custom_id] = o
-    return out
-
-
-def sum_usage(outcomes: Iterable[RowOutcome]) -> UsageTotals:
-    """Token and row totals of one batch's outcomes (error rows count their usage, if any)."""
-    rows = ok = p = c = o = r = 0
-    for x in outcomes:
-        rows += 1
-        ok += x.ok
-        p += x.prompt_tokens
-        c += x.cached_tokens
-        o += x.completion_tokens
-        r += x.reasoning_tokens
-    return UsageTotals(rows, ok, rows - ok, p, c, o, r)
-
-
-def remaining_custom_ids(
-    submitted: Iterable[str],
-    outcomes: Iterable[RowOutcome] | dict[str, RowOutcome],
-    *,
-    retry_server_errors: bool = False,
-    retry_error_codes: Iterable[str] = NOT_RUN_ERROR_CODES,
-) -> list[str]:
-    """custom_ids (in submission order) still to do: those missing from both files (expired or
-    cancelled batches leave rows out), those whose error code is in ``retry_error_codes``
-    (``batch_expired``, ``batch_cancelled``), and — with ``retry_server_errors`` — 5xx/429 rows.
-    A 4xx row is final: sending the same request again would fail the same way."""
-    seen = outcomes if isinstance(outcomes, dict) else {}
-    if not isinstance(outcomes, dict):
-        for o in outcomes:
-            prev = seen.get(o.custom_id)
-            if prev is None or (o.ok and not prev.ok):
-                seen[o.custom_id] = o
-    codes = frozenset(retry_error_codes)
-    todo: list[str] = []
-    done: set[str] = set()
-    for cid in submitted:
-        if cid in done:
-            continue
-        done.add(cid)
-        o = seen.get(cid)  # type: ignore[assignment]
-        if o is None:
-            todo.append(cid)
-        elif o.ok:
-            continue
-        elif o.error_code in codes:
-            todo.append(cid)
-        elif retry_server_errors and o.status_code is not None and (o.status_code >= 500 or o.status_code == 429):
-            todo.append(cid)
-    return todo
-
-
-def unexpected_custom_ids(submitted: Iterable[str], outcomes: Iterable[RowOutcome]) -> list[str]:
-    """custom_ids present in the results but never submitted (a sign of a mixed-up file)."""
-    sub = set(submitted)
-    return sorted({o.custom_id for o in outcomes if o.custom_id not in sub})
-
-
-def read_custom_ids(input_path: str | os.PathLike[str]) -> list[str]:
-    """The custom_ids of a batch input JSONL file, in order (streamed)."""
-    out: list[str] = []
-    with open(Path(input_path), "rb") as fh:
-        for raw in fh:
-            if raw.strip():
-                out.append(json.loads(raw)["custom_id"])
-    return out
 
 
 # --- joining the merged chunk results to the input rows -----------------------------------------

@@ -18,7 +18,7 @@ import gzip
 import hashlib
 import os
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -380,8 +380,3 @@ class ParallelTextCounter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def count_chat_tokens(messages: Iterable[dict[str, str]], model: str, default_encoding: str = DEFAULT_ENCODING) -> int:
-    """Prompt tokens of one chat request for ``model`` (cookbook formula, verified encodings)."""
-    return ChatTokenCounter(model, default_encoding, num_threads=1).count(list(messages))

@@ -316,8 +316,15 @@ class Provider(Protocol):
 
     Writes (``upload``, ``create_batch``) are sent once: an ambiguous failure raises
     :class:`OutcomeUnknown` and the caller reconciles before sending again.  A definite refusal
-    raises :class:`ProviderRejected`.  :class:`OpenAIProvider` talks to the real API (or the
-    emulator); :class:`batchgrader.provider.memory.MemoryProvider` keeps everything in memory."""
+    raises :class:`ProviderRejected`.  :class:`~batchgrader.provider.openai_api.OpenAIProvider`
+    talks to the real API (or the emulator), :class:`~batchgrader.provider.anthropic_batches.AnthropicBatchProvider`
+    to Anthropic, :class:`batchgrader.provider.memory.MemoryProvider` keeps everything in memory.
+
+    Optional attributes, used only when present: ``base_url`` (whose queue a learned limit
+    belongs to), ``on_page`` (set by the engine, called after each listing page to keep the
+    watchdog fed) and, on :class:`~batchgrader.provider.router.ProviderRouter`,
+    ``provider_of_job`` (set by the daemon to route uploads by the job's profile).
+    ``tests/test_protocol.py`` checks that this protocol is exactly what the engine calls."""
 
     def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo: ...
 

@@ -303,10 +303,6 @@ class EventStore:
         (n,) = self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         return n
 
-    def job_version(self, job_id: str) -> int:
-        (n,) = self.conn.execute("SELECT COALESCE(MAX(job_seq), 0) FROM events WHERE job_id = ?", (job_id,)).fetchone()
-        return n
-
     def integrity_check(self) -> str:
         (res,) = self.conn.execute("PRAGMA integrity_check").fetchone()
         return res
