@@ -289,7 +289,9 @@ def test_an_upcaster_for_an_old_version_is_applied_on_read(store: EventStore, mo
         return {"code": p.get("limit", "unknown"), "reason": p["why"]}
 
     monkeypatch.setitem(schema.UPCASTERS, ("JobHeld", 0), v0_to_v1)  # restored after the test
-    _insert_raw(store, "A", 1, "JobAccepted", 1, {"file": "a.csv"})
+    accepted = {"file": "a.csv", "source": "/in/a.csv", "profile": "default", "sha256": "s", "bytes": 1}
+    accepted |= {"input_path": "/w/a.csv", "result_name": "a_results.csv", "sandbox": False}
+    _insert_raw(store, "A", 1, "JobAccepted", 1, accepted)  # complete: the fold reads every field it needs
     _insert_raw(store, "A", 2, "JobHeld", 0, {"why": "over budget"})
     events = list(store.read())
     assert isinstance(events[1], Event)

@@ -260,8 +260,9 @@ EVENTS: dict[str, EventType] = {
                 "completion_tokens": "billed completion tokens (reasoning included)",
                 "reasoning_tokens": "reasoning tokens",
                 "cost_usd": "billed cost from the pricing table",
-                "day": "UTC day (YYYY-MM-DD) of the fact",
+                "day": "(optional) UTC day (YYYY-MM-DD) of the fact; absent: the UTC day of the event's ts",
             },
+            optional=("day",),  # the fold has always taken the event's own day when it is absent
         ),
         _t(
             "SchemaOverheadLearned",

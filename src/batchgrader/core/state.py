@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgrader.core import payloads as P
 from batchgrader.store.eventstore import CORRUPT_KEY, Event
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
@@ -252,231 +253,231 @@ def fold(events: Iterable[Event], initial: State | None = None) -> State:
 # --- handlers ------------------------------------------------------------------------------------
 
 
-def _chunk(job: JobState, p: dict[str, Any]) -> ChunkState:
-    return job.chunks[p["chunk"]]
+def _chunk(job: JobState, index: int) -> ChunkState:
+    return job.chunks[index]
 
 
-def _file_rejected(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.file, job.source, job.rejected = p.get("file", ""), p.get("path", ""), True
-    job.error = {"code": p.get("code", "rejected"), "error": p.get("reason", ""), "stage": "inbox", "hint": ""}
-    job.last_error = p.get("reason")
+def _file_rejected(s: State, job: JobState, p: P.FileRejected, e: Event) -> None:
+    job.file, job.source, job.rejected = p["file"], p["path"], True
+    job.error = {"code": p["code"], "error": p["reason"], "stage": "inbox", "hint": ""}
+    job.last_error = p["reason"]
     job.ended = "failed"
-    if p.get("fingerprint"):
+    if p["fingerprint"]:
         s.rejected[p["fingerprint"]] = job.job_id
 
 
-def _job_accepted(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.file, job.source, job.profile = p["file"], p.get("source", ""), p.get("profile", "default")
-    job.sha256, job.bytes, job.input_path = p.get("sha256", ""), p.get("bytes", 0), p.get("input_path", "")
-    job.result_name, job.sandbox = p.get("result_name", ""), bool(p.get("sandbox", False))
+def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
+    job.file, job.source, job.profile = p["file"], p["source"], p["profile"]
+    job.sha256, job.bytes, job.input_path = p["sha256"], p["bytes"], p["input_path"]
+    job.result_name, job.sandbox = p["result_name"], bool(p["sandbox"])
     s.sha_jobs.setdefault(job.sha256, []).append(job.job_id)
 
 
-def _job_prepared(s: State, job: JobState, p: dict, e: Event) -> None:
+def _job_prepared(s: State, job: JobState, p: P.JobPrepared, e: Event) -> None:
     job.prepared = True
-    job.format, job.model, job.rows = p.get("format"), p.get("model"), p.get("rows", 0)
-    job.requests, job.estimate = p.get("requests", 0), p.get("estimate_usd")
-    job.requests_path, job.warnings = p.get("requests_path"), list(p.get("warnings", []))
-    job.settings = dict(p.get("settings") or {})
-    for c in p.get("chunks", []):
+    job.format, job.model, job.rows = p["format"], p["model"], p["rows"]
+    job.requests, job.estimate = p["requests"], p["estimate_usd"]
+    job.requests_path, job.warnings = p["requests_path"], list(p["warnings"])
+    job.settings = dict(p.get("settings") or {})  # optional: absent before it was added
+    for c in p["chunks"]:
         job.chunks[c["index"]] = ChunkState(
             index=c["index"],
             requests=c["requests"],
             input_tokens=c["input_tokens"],
             bytes=c["bytes"],
             path=c["path"],
-            start=c.get("start", 0),
-            end=c.get("end", 0),
+            start=c["start"],
+            end=c["end"],
         )
-    for r in p.get("row_errors", []):
-        job.row_errors[r.get("custom_id") or f"row-{r['row']}"] = r
+    for r in p["row_errors"]:
+        job.row_errors[r["custom_id"] or f"row-{r['row']}"] = dict(r)
 
 
-def _job_held(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.held = {"code": p.get("code", ""), "reason": p.get("reason", "")}
+def _job_held(s: State, job: JobState, p: P.JobHeld, e: Event) -> None:
+    job.held = {"code": p["code"], "reason": p["reason"]}
 
 
-def _job_released(s: State, job: JobState, p: dict, e: Event) -> None:
+def _job_released(s: State, job: JobState, p: P.JobReleased, e: Event) -> None:
     job.held = None
-    if p.get("override"):
+    if p["override"]:
         job.override_budget = True
 
 
-def _upload_started(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.attempt, c.upload, c.filename = p["attempt"], "started", p.get("filename")
+def _upload_started(s: State, job: JobState, p: P.UploadStarted, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.attempt, c.upload, c.filename = p["attempt"], "started", p["filename"]
     c.create, c.file_id, c.batch_id, c.status, c.failure = "none", None, None, None, None
     c.downloads, c.output_file_id, c.error_file_id, c.batch_errors, c.request_counts = {}, None, None, [], {}
     c.create_retried, c.dup_check_due, c.malformed_downloads = False, None, 0
 
 
-def _file_uploaded(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
+def _file_uploaded(s: State, job: JobState, p: P.FileUploaded, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
     c.upload, c.file_id = "done", p["file_id"]
 
 
-def _upload_failed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.upload, c.last_error = "failed", p.get("error")
-    job.last_error = p.get("error")
+def _upload_failed(s: State, job: JobState, p: P.UploadFailed, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.upload, c.last_error = "failed", p["error"]
+    job.last_error = p["error"]
 
 
-def _batch_create_requested(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.create, c.metadata, c.requested_ts = "requested", dict(p.get("metadata", {})), e.ts
+def _batch_create_requested(s: State, job: JobState, p: P.BatchCreateRequested, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.create, c.metadata, c.requested_ts = "requested", dict(p["metadata"]), e.ts
 
 
-def _batch_created(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.create, c.batch_id, c.status = "done", p["batch_id"], p.get("status") or "validating"
-    s.batch_index[c.batch_id] = (job.job_id, c.index)
+def _batch_created(s: State, job: JobState, p: P.BatchCreated, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.create, c.batch_id, c.status = "done", p["batch_id"], p["status"] or "validating"
+    s.batch_index[p["batch_id"]] = (job.job_id, c.index)
     if c.create_retried:
         c.dup_check_due = e.ts  # an earlier create of this attempt may land late: look again
 
 
-def _download_failed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.downloads[p["kind"]] = {"state": "failed", "file_id": p["file_id"], "path": None, "error": p.get("error")}
-    c.last_error = job.last_error = p.get("error")
+def _download_failed(s: State, job: JobState, p: P.OutputDownloadFailed, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.downloads[p["kind"]] = {"state": "failed", "file_id": p["file_id"], "path": None, "error": p["error"]}
+    c.last_error = job.last_error = p["error"]
 
 
-def _output_file_malformed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
+def _output_file_malformed(s: State, job: JobState, p: P.OutputFileMalformed, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
     c.malformed_downloads += 1
-    for kind in p.get("kinds", []):
+    for kind in p["kinds"]:
         c.downloads.pop(kind, None)  # downloaded again
 
 
-def _job_recovered(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.recovered_since = float(p.get("since") or 0.0)
+def _job_recovered(s: State, job: JobState, p: P.JobRecovered, e: Event) -> None:
+    job.recovered_since = float(p["since"] or 0.0)
 
 
-def _recovered_batches_adopted(s: State, job: JobState, p: dict, e: Event) -> None:
+def _recovered_batches_adopted(s: State, job: JobState, p: P.RecoveredBatchesAdopted, e: Event) -> None:
     job.recovered_since = None
 
 
-def _duplicate_batches_checked(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    if p.get("attempt") == c.attempt:
+def _duplicate_batches_checked(s: State, job: JobState, p: P.DuplicateBatchesChecked, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    if p["attempt"] == c.attempt:
         c.dup_check_due = None
 
 
-def _batch_create_failed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.create, c.last_error = "failed", p.get("error")
+def _batch_create_failed(s: State, job: JobState, p: P.BatchCreateFailed, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.create, c.last_error = "failed", p["error"]
     c.create_retried = True
-    job.last_error = p.get("error")
+    job.last_error = p["error"]
 
 
-def _batch_status_changed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    if c.batch_id != p.get("batch_id"):
+def _batch_status_changed(s: State, job: JobState, p: P.BatchStatusChanged, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    if c.batch_id != p["batch_id"]:
         return
     c.status = p["status"]
-    c.request_counts = dict(p.get("request_counts") or {})
-    c.output_file_id = p.get("output_file_id")
-    c.error_file_id = p.get("error_file_id")
-    c.batch_errors = list(p.get("errors") or [])
+    c.request_counts = dict(p["request_counts"] or {})
+    c.output_file_id = p["output_file_id"]
+    c.error_file_id = p["error_file_id"]
+    c.batch_errors = list(p["errors"] or [])
 
 
-def _download_started(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
+def _download_started(s: State, job: JobState, p: P.OutputDownloadStarted, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
     c.downloads[p["kind"]] = {"state": "started", "file_id": p["file_id"], "path": None}
 
 
-def _downloaded(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.downloads[p["kind"]] = {"state": "done", "file_id": p["file_id"], "path": p.get("path"), "bytes": p.get("bytes", 0)}
+def _downloaded(s: State, job: JobState, p: P.OutputDownloaded, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.downloads[p["kind"]] = {"state": "done", "file_id": p["file_id"], "path": p["path"], "bytes": p["bytes"]}
 
 
-def _tokens_used(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.prompt_tokens += p.get("prompt_tokens", 0)
-    job.cached_tokens += p.get("cached_tokens", 0)
-    job.completion_tokens += p.get("completion_tokens", 0)
-    job.reasoning_tokens += p.get("reasoning_tokens", 0)
-    cost = float(p.get("cost_usd") or 0.0)
+def _tokens_used(s: State, job: JobState, p: P.TokensUsed, e: Event) -> None:
+    job.prompt_tokens += p["prompt_tokens"]
+    job.cached_tokens += p["cached_tokens"]
+    job.completion_tokens += p["completion_tokens"]
+    job.reasoning_tokens += p["reasoning_tokens"]
+    cost = float(p["cost_usd"] or 0.0)
     job.cost_usd += cost
     if job.sandbox:
         return  # simulated: never counts towards real budgets
-    day = p.get("day") or e.ts[:10]
+    day = p.get("day") or e.ts[:10]  # optional: absent, the event's own day
     s.spend_by_day[day] = s.spend_by_day.get(day, 0.0) + cost
-    s.tokens_by_day[day] = s.tokens_by_day.get(day, 0) + p.get("prompt_tokens", 0) + p.get("completion_tokens", 0)
+    s.tokens_by_day[day] = s.tokens_by_day.get(day, 0) + p["prompt_tokens"] + p["completion_tokens"]
 
 
-def _rows_failed(s: State, job: JobState, p: dict, e: Event) -> None:
-    for r in p.get("rows", []):
-        job.failed_rows[r["custom_id"]] = {"code": r.get("code"), "message": r.get("message"), "chunk": p.get("chunk")}
+def _rows_failed(s: State, job: JobState, p: P.RowsFailed, e: Event) -> None:
+    for r in p["rows"]:
+        job.failed_rows[r["custom_id"]] = {"code": r["code"], "message": r["message"], "chunk": p["chunk"]}
 
 
-def _chunk_completed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
+def _chunk_completed(s: State, job: JobState, p: P.ChunkCompleted, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
     c.done, c.failure = True, None
-    c.succeeded, c.failed = p.get("succeeded", 0), p.get("failed", 0)
-    c.results_path = p.get("results_path")
+    c.succeeded, c.failed = p["succeeded"], p["failed"]
+    c.results_path = p["results_path"]
 
 
-def _chunk_failed(s: State, job: JobState, p: dict, e: Event) -> None:
-    c = _chunk(job, p)
-    c.failure = {"code": p.get("code"), "error": p.get("error"), "retryable": bool(p.get("retryable")), "ts": e.ts}
-    c.last_error = p.get("error")
-    job.last_error = p.get("error")
-    if not p.get("retryable"):
+def _chunk_failed(s: State, job: JobState, p: P.ChunkFailed, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    c.failure = {"code": p["code"], "error": p["error"], "retryable": bool(p["retryable"]), "ts": e.ts}
+    c.last_error = p["error"]
+    job.last_error = p["error"]
+    if not p["retryable"]:
         c.done = True
         c.failed = c.requests
 
 
-def _retry_planned(s: State, job: JobState, p: dict, e: Event) -> None:
-    ids = list(p.get("custom_ids", []))
+def _retry_planned(s: State, job: JobState, p: P.RetryPlanned, e: Event) -> None:
+    ids = list(p["custom_ids"])
     job.chunks[p["chunk"]] = ChunkState(
         index=p["chunk"],
-        requests=p.get("requests", len(ids)),
-        input_tokens=p.get("input_tokens", 0),
-        bytes=p.get("bytes", 0),
+        requests=p["requests"],
+        input_tokens=p["input_tokens"],
+        bytes=p["bytes"],
         path=p["path"],
         custom_ids=ids,
     )
     for cid in ids:
         job.failed_rows.pop(cid, None)
         job.row_attempts[cid] = job.row_attempts.get(cid, 0) + 1
-    if p.get("manual"):
+    if p["manual"]:
         job.retry_requested = False
 
 
-def _outbox_started(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.outbox, job.result_path, job.error_path = "started", p.get("path"), p.get("error_path")
+def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) -> None:
+    job.outbox, job.result_path, job.error_path = "started", p["path"], p["error_path"]
 
 
-def _result_written(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.outbox, job.result_path, job.error_path = "done", p.get("path"), p.get("error_path")
+def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
+    job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
 
 
-def _input_archived(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.archived_path = p.get("path")
+def _input_archived(s: State, job: JobState, p: P.InputArchived, e: Event) -> None:
+    job.archived_path = p["path"]
 
 
-def _provider_files_deleted(s: State, job: JobState, p: dict, e: Event) -> None:
+def _provider_files_deleted(s: State, job: JobState, p: P.ProviderFilesDeleted, e: Event) -> None:
     job.provider_files_deleted = True
 
 
-def _job_completed(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.ended = p.get("state", "completed")
+def _job_completed(s: State, job: JobState, p: P.JobCompleted, e: Event) -> None:
+    job.ended = p["state"]
 
 
-def _job_failed(s: State, job: JobState, p: dict, e: Event) -> None:
+def _job_failed(s: State, job: JobState, p: P.JobFailed, e: Event) -> None:
     job.ended = "failed"
-    job.error = {k: p.get(k) for k in ("code", "error", "stage", "hint")}
-    job.last_error = p.get("error")
+    job.error = {"code": p["code"], "error": p["error"], "stage": p["stage"], "hint": p["hint"]}
+    job.last_error = p["error"]
 
 
-def _cancel_requested(s: State, job: JobState, p: dict, e: Event) -> None:
+def _cancel_requested(s: State, job: JobState, p: P.CancelRequested, e: Event) -> None:
     job.cancel_requested = True
 
 
-def _job_cancelled(s: State, job: JobState, p: dict, e: Event) -> None:
+def _job_cancelled(s: State, job: JobState, p: P.JobCancelled, e: Event) -> None:
     job.ended = "cancelled"
 
 
-def _retry_requested(s: State, job: JobState, p: dict, e: Event) -> None:
+def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> None:
     """`bgctl retry`: a finished job goes back to work on its failed rows."""
     if job.held:
         job.override_budget = True  # retry on a held job means "submit anyway"
@@ -489,62 +490,61 @@ def _retry_requested(s: State, job: JobState, p: dict, e: Event) -> None:
     job.provider_files_deleted = False
 
 
-def _schema_overhead_learned(s: State, job: JobState, p: dict, e: Event) -> None:
+def _schema_overhead_learned(s: State, job: JobState, p: P.SchemaOverheadLearned, e: Event) -> None:
     s.schema_overhead[(p["model"], p["schema_sha256"])] = float(p["per_request"])
 
 
-def _input_restored(s: State, job: JobState, p: dict, e: Event) -> None:
+def _input_restored(s: State, job: JobState, p: P.InputRestored, e: Event) -> None:
     job.archived_path = None
-    job.input_path = p.get("path", job.input_path)
+    job.input_path = p["path"]
 
 
-def _queue_limit_learned(s: State, job: JobState, p: dict, e: Event) -> None:
-    s.queue_limits[(p.get("base_url") or "", p.get("model") or "")] = {
-        "limit": int(p.get("limit") or 0),
-        "exact": bool(p.get("exact")),
-        "source": p.get("source"),
+def _queue_limit_learned(s: State, job: JobState, p: P.QueueLimitLearned, e: Event) -> None:
+    s.queue_limits[(p["base_url"] or "", p["model"] or "")] = {
+        "limit": int(p["limit"] or 0),
+        "exact": bool(p["exact"]),
+        "source": p["source"],
         "ts": e.ts,
     }
 
 
-def _chunk_replanned(s: State, job: JobState, p: dict, e: Event) -> None:
+def _chunk_replanned(s: State, job: JobState, p: P.ChunkReplanned, e: Event) -> None:
     """The refused chunk is done (nothing was answered or billed); its rows live on in new
     chunks.  Unlike RetryPlanned, no row's retry counter moves."""
-    c = _chunk(job, p)
+    c = _chunk(job, p["chunk"])
     c.done, c.replanned, c.failure = True, True, None
-    for n in p.get("chunks", []):
-        ids = list(n.get("custom_ids", []))
+    for n in p["chunks"]:
         job.chunks[n["index"]] = ChunkState(
             index=n["index"],
-            requests=n.get("requests", len(ids)),
-            input_tokens=n.get("input_tokens", 0),
-            bytes=n.get("bytes", 0),
+            requests=n["requests"],
+            input_tokens=n["input_tokens"],
+            bytes=n["bytes"],
             path=n["path"],
-            custom_ids=ids,
+            custom_ids=list(n["custom_ids"]),
         )
 
 
-def _job_end_hook_started(s: State, job: JobState, p: dict[str, Any], e: Event) -> None:
-    job.end_hook_seq = p.get("end_seq")
+def _job_end_hook_started(s: State, job: JobState, p: P.JobEndHookStarted, e: Event) -> None:
+    job.end_hook_seq = p["end_seq"]
 
 
-def _fresh_requested(s: State, job: JobState, p: dict, e: Event) -> None:
+def _fresh_requested(s: State, job: JobState, p: P.FreshAnswersRequested, e: Event) -> None:
     job.fresh = True
 
 
-def _requests_reused(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.cached_rows = int(p.get("cached_rows", 0))
-    job.duplicate_rows = int(p.get("duplicate_rows", 0))
-    job.saved_usd += float(p.get("saved_usd") or 0.0)
-    job.reuse_path = p.get("path")
+def _requests_reused(s: State, job: JobState, p: P.RequestsReused, e: Event) -> None:
+    job.cached_rows = int(p["cached_rows"])
+    job.duplicate_rows = int(p["duplicate_rows"])
+    job.saved_usd += float(p["saved_usd"] or 0.0)
+    job.reuse_path = p["path"]
 
 
-def _duplicates_answered(s: State, job: JobState, p: dict, e: Event) -> None:
-    job.duplicates_answered += int(p.get("rows", 0))
-    job.saved_usd += float(p.get("saved_usd") or 0.0)
+def _duplicates_answered(s: State, job: JobState, p: P.DuplicatesAnswered, e: Event) -> None:
+    job.duplicates_answered += int(p["rows"])
+    job.saved_usd += float(p["saved_usd"] or 0.0)
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[..., None]] = {
     "FileRejected": _file_rejected,
     "JobAccepted": _job_accepted,
     "JobPrepared": _job_prepared,
