@@ -346,6 +346,7 @@ def prepare(
             max_completion_tokens=profile.max_completion_tokens,
             response_format=profile.response_format,
         )
+        prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
         if not counter.tokenizer.known:
             prep.warnings.append(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
