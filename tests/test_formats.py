@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchgrader.pipeline.outbox import result_name
-from batchgrader.pipeline.tables import InputError, open_table
+from batchgrader.pipeline.tables import InputError, open_table, text_of
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, TEST_KEY, bgctl
 
@@ -241,3 +241,138 @@ def test_excel_added_cells_are_text_and_guarded(tmp_path):
         assert cell.value == '\'=HYPERLINK("http://x")' and cell.data_type == "s"
         assert ws.cell(row=line, column=7).value == -5
     assert ws.cell(row=4, column=6).value is None  # the empty row stays empty
+
+
+# --- reading Excel through pandas ------------------------------------------------------------
+
+
+def _typed_workbook(path):
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.title = "T"
+    ws.append([None])  # a blank first row: the header is the first non-empty row
+    ws.append(["id", "text", "when", "at", "flag", "whole", "ratio", "err"])
+    ws.append([1, "NA", datetime.datetime(2024, 2, 29, 23, 59, 1), datetime.time(7, 30), True, 2.0, 0.25, "#N/A"])
+    ws.append([2, "nan", datetime.datetime(1999, 1, 1), None, False, -3, None, "#DIV/0!"])
+    ws.append([None] * 8)  # an empty row: skipped
+    ws.append([None, None, None, None, None, None, None, "#REF!"])  # only an error cell: still a data row
+    ws.append([3, "  spaced  ", None, None, None, None, 1e-9, None])
+    for row in (3, 4, 6):  # error cells, as Excel stores them (cell type "e")
+        ws.cell(row=row, column=8).data_type = "e"
+    wb.save(path)
+
+
+def test_excel_values_keep_their_types_empty_cells_are_none_and_errors_read_as_empty(tmp_path):
+    _typed_workbook(tmp_path / "t.xlsx")
+    with open_table(tmp_path / "t.xlsx") as r:
+        assert r.columns == ["id", "text", "when", "at", "flag", "whole", "ratio", "err"]
+        rows = list(r)
+    assert [row.line for row in rows] == [3, 4, 6, 7]
+    assert [row.number for row in rows] == [1, 2, 3, 4]
+    got = [list(row.values.values()) for row in rows]
+    assert got == [
+        [1, "NA", datetime.datetime(2024, 2, 29, 23, 59, 1), datetime.time(7, 30), True, 2, 0.25, None],
+        [2, "nan", datetime.datetime(1999, 1, 1), None, False, -3, None, None],
+        [None, None, None, None, None, None, None, None],
+        [3, "  spaced  ", None, None, None, None, 1e-9, None],
+    ]
+    types = [[type(v) for v in row] for row in got]
+    assert types[0] == [int, str, datetime.datetime, datetime.time, bool, int, float, type(None)]
+    assert types[1][4] is bool and types[1][5] is int
+    # what a prompt gets for each (text_of): an error cell and an empty cell are both empty text
+    assert [text_of(v) for v in got[0]] == ["1", "NA", "2024-02-29 23:59:01", "07:30:00", "true", "2", "0.25", ""]
+
+
+def test_excel_duplicate_header_is_reported_raw_not_renamed(tmp_path):
+    wb = openpyxl.Workbook()
+    wb.active.append(["score", "text", "score", "score"])
+    wb.active.append([1, "a", 2, 3])
+    wb.save(tmp_path / "d.xlsx")
+    with pytest.raises(InputError) as ei:
+        open_table(tmp_path / "d.xlsx")
+    assert ei.value.column == "score" and "columns A, C, D" in str(ei.value) and "score.1" not in str(ei.value)
+
+
+def test_excel_error_in_header_and_value_right_of_header(tmp_path):
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append(["id", "#N/A"])
+    ws.cell(row=1, column=2).data_type = "e"
+    ws.append([1, 2])
+    other = wb.create_sheet("Wide")
+    other.append(["id", "text"])
+    other.append([1, "a"])
+    other.append([2, "b", None, "stray"])
+    wb.save(tmp_path / "h.xlsx")
+    with pytest.raises(InputError, match="header column B is an error value"):
+        open_table(tmp_path / "h.xlsx")
+    with open_table(tmp_path / "h.xlsx", sheet="Wide") as r:
+        with pytest.raises(InputError) as ei:
+            list(r)
+    assert ei.value.line == 3 and "column D, right of the header" in str(ei.value)
+
+
+def test_excel_writer_puts_cells_beside_the_rows_pandas_read(tmp_path):
+    from batchgrader.pipeline.tables import TableWriter
+
+    _typed_workbook(tmp_path / "t.xlsx")
+    with open_table(tmp_path / "t.xlsx") as r, open(tmp_path / "o.xlsx", "wb") as f:
+        assert r.layout.data_lines == (3, 4, 6, 7)
+        with TableWriter(f, r, ["grade"]) as w:
+            for row in r:
+                w.write({"grade": f"row {row.number}"})
+    ws = openpyxl.load_workbook(tmp_path / "o.xlsx")["T"]
+    assert [ws.cell(row=n, column=9).value for n in range(1, 8)] == [None, "grade", "row 1", "row 2", None, "row 3", "row 4"]
+    assert ws.cell(row=3, column=8).value == "#N/A" and ws.cell(row=3, column=8).data_type == "e"  # kept as it was
+    assert ws.cell(row=3, column=6).value == 2 and ws.cell(row=4, column=5).value is False
+
+
+def test_pandas_is_not_imported_at_bgctl_start_up():
+    import subprocess
+    import sys
+
+    code = "import sys, batchgrader.cli, batchgrader.pipeline.tables; print('pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- charts and images: the result workbook may lose them --------------------------------------
+
+
+def _workbook_with_chart(path):
+    from openpyxl.chart import BarChart, Reference
+
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append(["id", "response"])
+    for i in range(1, 4):
+        ws.append([i, f"answer {i}"])
+    chart = BarChart()
+    chart.add_data(Reference(ws, min_col=1, min_row=1, max_row=4), titles_from_data=True)
+    ws.add_chart(chart, "E2")
+    wb.save(path)
+
+
+def test_excel_with_a_chart_warns_in_count_and_in_the_jobs_events_and_status(home, tmp_path):
+    from ticks import Rig
+
+    _workbook_with_chart(tmp_path / "c.xlsx")
+    with open_table(tmp_path / "c.xlsx") as r:
+        assert len(r.warnings) == 1 and "1 chart(s) and 0 image(s)" in r.warnings[0]
+    _workbook(tmp_path / "plain.xlsx")
+    with open_table(tmp_path / "plain.xlsx", sheet="Data") as r:
+        assert r.warnings == []
+    out = bgctl(home.root, "count", str(tmp_path / "c.xlsx"), "--json")
+    assert out.returncode == 0, out.stderr
+    assert any("chart" in w for w in json.loads(out.stdout)["warnings"])
+
+    rig = Rig(home)
+    try:
+        _workbook_with_chart(home.inbox / "c.xlsx")
+        rig.tick()
+        assert rig.tick()[:2] == ["JobAccepted", "JobPrepared"]
+        (prepared,) = rig.events("JobPrepared")
+        assert any("openpyxl, which may drop or change them" in w for w in prepared["warnings"])
+        assert any("chart" in w for w in rig.job().warnings)  # what bgctl status shows
+    finally:
+        rig.close()

@@ -180,7 +180,7 @@ class CollectSteps(ReuseSteps):
                 ),
             )
             return
-        expected = chunk_custom_ids(c)
+        expected = self._sent_ids(job, chunk_custom_ids(c))  # a retried leader's duplicates are not in the file
         merged = merge_chunk(expected, outcomes, c.status, self._missing_reason(c, malformed))
         dups = self._duplicate_records(job, merged.records, expected)
         dup_failed = [
@@ -261,7 +261,8 @@ class CollectSteps(ReuseSteps):
     def _plan_retries(self, job: JobState, ids: list[str]) -> None:
         """Write the retry chunks of the rows ``ids`` and record them."""
         profile = self.profile_of(job)
-        wanted = set(ids)
+        riders = self._riders(job, ids)  # a failed leader is sent once; its failed duplicates ride with it
+        wanted = set(self._sent_ids(job, ids))
         lines: list[bytes] = []
         tokens = array("Q")
         sizes = array("Q")
@@ -288,6 +289,7 @@ class CollectSteps(ReuseSteps):
         events = []
         for i, (ch, p) in enumerate(zip(chunks, paths)):
             cids = [json.loads(lines[k])["custom_id"] for k in range(ch.start, ch.end)]
+            cids += [f for x in cids for f in riders.get(x, ())]
             events.append(
                 _e(
                     "RetryPlanned",

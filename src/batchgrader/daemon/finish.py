@@ -167,16 +167,30 @@ class FinishSteps(IntakeSteps, ReuseSteps):
 
     def _fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
         """The error report and the move to failed/ first, the final event last (a crash between
-        them leaves a job that is not ended, and is failed again on restart)."""
-        if job.outbox == "none":
-            err_path = free_path(self.home.outbox, error_name(job.file), stamp(now))
-            self._write_error(job.job_id, job.file, err_path, error, hint)
+        them leaves a job that is not ended, and is failed again on restart).  The report is on
+        disk and recorded before ``JobFailed``, so ``on_job_end`` always finds ``BG_ERROR_PATH``."""
+        self._error_report_before_end(job.job_id, error, hint, now)
         src = Path(job.input_path)
         if src.exists() and not self.state.jobs[job.job_id].archived_path:
             dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
             self.emit(job.job_id, _e("InputArchived", path=str(dest)))
         self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
         self._after_job_end(job.job_id, now)
+
+    def _error_report_before_end(self, job_id: str, error: str, hint: str, now: float) -> None:
+        """Write and record the error report of a job about to fail, unless it has one on disk.
+        A report named by ``OutboxWriteStarted`` but never written (a crash in between) is
+        written under that name; otherwise a new one is named, written and recorded."""
+        job = self.state.jobs[job_id]
+        if job.outbox == "done" and job.error_path and Path(job.error_path).is_file():
+            return
+        if job.outbox == "started" and job.error_path and not job.result_path:
+            p = Path(job.error_path)
+            if not p.exists():
+                atomic_write_bytes(p, error_report(job.file, job_id, error, hint).encode("utf-8"), overwrite=False)
+            self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
+            return
+        self._write_error(job_id, job.file, free_path(self.home.outbox, error_name(job.file), stamp(now)), error, hint)
 
     def _after_job_end(self, job_id: str, now: float) -> None:
         """Effects of a job's end that never change the job: the HTML report (``write_report``)

@@ -244,21 +244,23 @@ class Daemon:
         """Every provider behind one: each job goes to its profile's provider (ids say which
         provider made them).  A provider first used after a reload needs a restart."""
         from batchgrader.core.config import provider_key_problem
-        from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
         from batchgrader.provider.router import ProviderRouter
 
         problem = provider_key_problem(config, sandbox=self.sandbox)
         if problem:
             raise DaemonError(problem)
         providers = {"openai": openai} if openai is not None else {}
-        if self.sandbox:
-            providers["anthropic"] = AnthropicBatchProvider(
-                SANDBOX_KEY, self.emulator.root_url, timeout=config.request_timeout_seconds
-            )
-        elif "anthropic" in used:
-            providers["anthropic"] = AnthropicBatchProvider(
-                config.anthropic_api_key, config.anthropic_base_url, timeout=config.request_timeout_seconds
-            )
+        if "anthropic" in used:  # the Anthropic SDK takes ~1.5 s of CPU to import: only when a profile needs it
+            from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+
+            if self.sandbox:
+                providers["anthropic"] = AnthropicBatchProvider(
+                    SANDBOX_KEY, self.emulator.root_url, timeout=config.request_timeout_seconds
+                )
+            else:
+                providers["anthropic"] = AnthropicBatchProvider(
+                    config.anthropic_api_key, config.anthropic_base_url, timeout=config.request_timeout_seconds
+                )
         return ProviderRouter(providers)
 
     def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202

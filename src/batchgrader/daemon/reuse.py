@@ -5,6 +5,7 @@ duplicate rows (followers) of a job, and the answers a merged chunk adds to the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,31 @@ class ReuseSteps(EngineBase):
         if got is None:
             got = self._followers[job.job_id] = read_reuse_file(Path(job.reuse_path))[1]
         return got
+
+    def _riders(self, job: JobState, ids: Sequence[str]) -> dict[str, list[str]]:
+        """Of ``ids``, the duplicates whose leader is in ``ids`` too, by leader.  In a chunk they
+        ride with their leader: only the leader is sent, they take its outcome when the chunk is
+        merged (a retry keeps the grouping)."""
+        followers = self.followers_of(job)
+        if not followers:
+            return {}
+        wanted = set(ids)
+        out: dict[str, list[str]] = {}
+        for leader in ids:
+            fs = followers.get(leader)
+            if fs:
+                riding = [f for f in fs if f in wanted]
+                if riding:
+                    out[leader] = riding
+        return out
+
+    def _sent_ids(self, job: JobState, ids: list[str]) -> list[str]:
+        """``ids`` without the duplicates that ride with their leader (see ``_riders``)."""
+        riders = self._riders(job, ids)
+        if not riders:
+            return ids
+        ride = {f for fs in riders.values() for f in fs}
+        return [x for x in ids if x not in ride]
 
     def _duplicate_records(self, job: JobState, ordered: list[dict[str, Any]], expected: list[str]) -> list[dict[str, Any]]:
         """The outcome of each duplicate of a row in ``ordered``: its leader's, under its own custom_id."""

@@ -215,7 +215,8 @@ class SubmitSteps(CollectSteps, FinishSteps):
         is tried alone.  Retry counters do not move.  Chunk files first, then one append; a
         crash in between plans the same chunks again."""
         self._delete_refused_file(c)
-        ids = set(chunk_custom_ids(c))
+        riders = self._riders(job, chunk_custom_ids(c))  # duplicates riding with their leader stay with it
+        ids = set(self._sent_ids(job, chunk_custom_ids(c)))
         lines: list[bytes] = []
         cids: list[str] = []
         tokens, sizes = array("Q"), array("Q")
@@ -244,7 +245,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         new = [
             {
                 "index": base + i,
-                "custom_ids": [cids[k] for k in range(ch.start, ch.end) if k not in skip],
+                "custom_ids": [x for k in range(ch.start, ch.end) if k not in skip for x in (cids[k], *riders.get(cids[k], ()))],
                 "requests": ch.requests,
                 "input_tokens": ch.input_tokens,
                 "bytes": ch.bytes,
@@ -263,7 +264,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 new.append(
                     {
                         "index": base + len(new),
-                        "custom_ids": [cids[o.position]],
+                        "custom_ids": [cids[o.position], *riders.get(cids[o.position], ())],
                         "requests": 1,
                         "input_tokens": ch.input_tokens,
                         "bytes": ch.bytes,
@@ -282,8 +283,9 @@ class SubmitSteps(CollectSteps, FinishSteps):
         ]
         if over:
             rows = [
-                {"custom_id": cids[o.position], "code": "request_too_large", "message": o.reason + " (it can never be accepted)"}
+                {"custom_id": x, "code": "request_too_large", "message": o.reason + " (it can never be accepted)"}
                 for o in over
+                for x in (cids[o.position], *riders.get(cids[o.position], ()))
             ]
             events.append(_e("RowsFailed", chunk=c.index, batch_id=None, rows=rows))
         log.info(

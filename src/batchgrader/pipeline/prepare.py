@@ -12,10 +12,10 @@ import hashlib
 import json
 import os
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from batchgrader.core.config import Profile
 from batchgrader.core.home import Home
@@ -27,6 +27,15 @@ from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer
 
 ENDPOINT = "/v1/chat/completions"
 BLOCK_ROWS = 4096
+
+
+class ReuseProbeLike(Protocol):
+    """What :func:`prepare` needs of :class:`batchgrader.pipeline.reuse.ReuseProbe`."""
+
+    def block(self, lines: Sequence[bytes]) -> list[bool]: ...
+
+    def leader_position(self, pos: int) -> int | None: ...
+
 
 # Models that take `max_tokens` instead of `max_completion_tokens` (token_param: auto).
 _LEGACY_MAX_TOKENS_PREFIXES = ("gpt-3.5", "gpt-35")
@@ -296,14 +305,20 @@ def prepare(
     prices: PriceTable | None = None,
     file_hash: str | None = None,
     limits: Limits | None = None,
+    reuse: ReuseProbeLike | None = None,
 ) -> Preparation:
     """Stream ``path`` once; count every request exactly; plan the chunks.
 
     When ``requests_out`` is given every request's JSONL line is written to it, in row order
     (including rows that turn out oversized: positions must line up with the plan).
+    With ``reuse`` (a :class:`~batchgrader.pipeline.reuse.ReuseProbe`; needs ``requests_out``)
+    each block's lines are shown to it first and only the rows it still sends are counted: a
+    row answered from the cache counts 0 tokens and 0 bytes, a duplicate its leader's tokens.
     Raises :class:`InputError` for malformed input and :class:`ConfigError` for bad prompts.
     """
     path = Path(path)
+    if reuse is not None and requests_out is None:
+        raise ValueError("prepare(reuse=...) needs requests_out")
     file_hash = file_hash or file_sha256(path)
     builder = RequestBuilder(profile, home, file_hash)
     counter = ChatTokenCounter(profile.model, profile.default_encoding)
@@ -346,6 +361,7 @@ def prepare(
             max_completion_tokens=profile.max_completion_tokens,
             response_format=profile.response_format,
         )
+        prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
         if not counter.tokenizer.known:
             prep.warnings.append(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
@@ -355,22 +371,43 @@ def prepare(
         first_line_of_id: dict[str, int] = {}
         texts: list[str] = []  # the block's user messages, counted while the next block is read
         lines: list[bytes] = []
-        pending: Callable[[], list[int]] | None = None
+        pending: tuple[Callable[[], list[int]], list[bool] | None, int] | None = None
         sizes_append = prep.sizes.append
+        block_start = 0
 
-        def collect(result: Callable[[], list[int]]) -> None:
-            prep.tokens.extend([const_tokens + n for n in result()])
+        def collect(result: Callable[[], list[int]], send: list[bool] | None, start: int) -> None:
+            if send is None:
+                prep.tokens.extend([const_tokens + n for n in result()])
+                return
+            counts = iter(result())
+            tokens = prep.tokens
+            for pos, sent in enumerate(send, start):
+                if sent:
+                    tokens.append(const_tokens + next(counts))
+                    continue
+                leader = reuse.leader_position(pos)  # type: ignore[union-attr]
+                if leader is None:  # answered from the cache: never planned into a chunk
+                    tokens.append(0)
+                    prep.sizes[pos] = 0
+                else:
+                    tokens.append(tokens[leader])
 
         def flush() -> None:
-            nonlocal pending
+            nonlocal pending, block_start
+            send: list[bool] | None = None
+            todo = texts
+            if reuse is not None:
+                send = reuse.block(lines)
+                todo = [t for t, s in zip(texts, send) if s]
             if requests_out is not None:
                 requests_out.write(b"".join(lines))
                 lines.clear()
-            started = pool.submit(texts)  # works on copies: the block can be reused at once
+            started = pool.submit(todo)  # works on copies: the block can be reused at once
+            start, block_start = block_start, block_start + len(texts)
             texts.clear()
             if pending is not None:
-                collect(pending)
-            pending = started
+                collect(*pending)
+            pending = (started, send, start)
 
         rows = 0
         for row in reader:
@@ -414,7 +451,7 @@ def prepare(
         if texts:
             flush()
         if pending is not None:
-            collect(pending)
+            collect(*pending)
         prep.rows = rows
 
     chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window))

@@ -149,6 +149,86 @@ def plan_reuse(
     return plan
 
 
+class ReuseProbe:
+    """:func:`plan_reuse` decided while :func:`~batchgrader.pipeline.prepare.prepare` streams the
+    rows: each block of request lines is keyed and looked up at once (one batched lookup per
+    block), and prepare counts the tokens of the rows still to send only.  A row answered from
+    the cache gets no token count (0, and size 0: it is never planned into a chunk); a duplicate
+    gets its leader's count (the same request).  ``finish`` gives the same plan as
+    ``plan_reuse(lines, provider, skip, lookup, dedupe)``, except that a row that is oversized
+    but has a stored answer is answered from the cache rather than refused."""
+
+    def __init__(self, provider: str, lookup: Lookup | None, dedupe: bool = True):
+        self.provider, self.lookup, self.dedupe = provider, lookup, dedupe
+        self._plan = ReusePlan()
+        self._leaders: dict[str, tuple[str, int]] = {}  # key -> (custom_id, position) of the row sent
+        self._leader_pos: dict[int, int] = {}  # duplicate position -> its leader's position
+        self._cached_pos: set[int] = set()
+        self._positions: dict[str, int] = {}  # custom_id -> position, of duplicates
+        self._pos = 0
+        self._template: Any = None
+        self._tried = False
+        self._usage = [0, 0, 0, 0]
+
+    def _keys(self, lines: Sequence[bytes]) -> list[tuple[str, str]]:
+        from batchgrader.pipeline.answerkey import _Template, line_key
+
+        if not self._tried and lines:
+            self._tried = True
+            self._template = _Template.build(self.provider, lines[0])
+        t = self._template
+        out = []
+        for line in lines:
+            got = t.key(line) if t is not None else None
+            out.append(got if got is not None else line_key(self.provider, line))
+        return out
+
+    def block(self, lines: Sequence[bytes]) -> list[bool]:
+        """The next rows' request lines (in order); for each, whether it is still to be sent."""
+        pairs = self._keys(lines)
+        stored = self.lookup([k for _, k in pairs]) if self.lookup is not None else {}
+        plan, leaders, usage = self._plan, self._leaders, self._usage
+        send: list[bool] = []
+        pos = self._pos
+        for cid, key in pairs:
+            answer = stored.get(key)
+            if answer is not None:
+                plan.cached.append((cid, answer))
+                self._cached_pos.add(pos)
+                usage[0] += answer.prompt_tokens
+                usage[1] += answer.cached_tokens
+                usage[2] += answer.completion_tokens
+                usage[3] += answer.reasoning_tokens
+                send.append(False)
+            elif self.dedupe and key in leaders:
+                leader_cid, leader_pos = leaders[key]
+                plan.followers[cid] = leader_cid
+                self._leader_pos[pos] = leader_pos
+                self._positions[cid] = pos
+                send.append(False)
+            else:
+                leaders[key] = (cid, pos)
+                plan.keep.append(pos)
+                send.append(True)
+            pos += 1
+        self._pos = pos
+        return send
+
+    def leader_position(self, pos: int) -> int | None:
+        """The position whose request a duplicate at ``pos`` repeats; None for a cached row."""
+        return self._leader_pos.get(pos)
+
+    def finish(self, skip: Container[int]) -> ReusePlan:
+        """The plan, leaving out ``skip`` (oversized rows: never sent; their duplicates are
+        oversized too and are reported with them)."""
+        plan = self._plan
+        plan.keep = [p for p in plan.keep if p not in skip]
+        plan.followers = {c: leader for c, leader in plan.followers.items() if self._positions[c] not in skip}
+        u = self._usage
+        plan.cached_usage.update(prompt_tokens=u[0], cached_tokens=u[1], completion_tokens=u[2], reasoning_tokens=u[3])
+        return plan
+
+
 def replan(tokens: Sequence[int], sizes: Sequence[int], keep: Sequence[int], limits: Limits) -> list[Chunk]:
     """The chunk plan of the rows still to send.  Chunk positions (``start``/``end``) then count
     those rows only, in order: the chunk files are written from exactly these lines."""

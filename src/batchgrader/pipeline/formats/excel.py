@@ -1,28 +1,38 @@
-"""Excel workbooks (``.xlsx``, and ``.xlsm`` read as data) through openpyxl.
+"""Excel workbooks (``.xlsx``, and ``.xlsm`` read as data): read through pandas, written through openpyxl.
 
-Reading: rows come from the first sheet, or the sheet named by the profile key ``sheet``.
-The header is the first non-empty row; completely empty rows are skipped, as in CSV.  Cells
-are read as values, never formulas (the value Excel last computed; ``None`` when the file
-holds no computed value).  Values keep their Python type: ``str``, ``int``, ``float``,
-``bool``, ``datetime``; an empty cell is ``None``.  pandas' ``read_excel`` is not used: it
-turns empty cells into ``""`` or NaN, error values such as ``#N/A`` into NaN and renames
-duplicate headers, which loses exactly what this module must keep.
+Reading: ``pandas.read_excel(..., header=None, dtype=object, na_filter=False,
+keep_default_na=False)`` with the openpyxl engine, so pandas neither names the columns nor
+guesses missing values: the header row comes raw (duplicate names are reported, not renamed)
+and an empty cell arrives as ``""``.  Rows come from the first sheet, or the sheet named by the
+profile key ``sheet``.  The header is the first non-empty row; completely empty rows are
+skipped, as in CSV.  Cells are read as values, never formulas (the value Excel last computed;
+empty when the file holds no computed value).  Values keep their Python type: ``str``,
+``int``, ``float``, ``bool``, ``datetime``/``time``; an empty cell is ``None``.  A number
+stored as a whole float (``2.0``) arrives as the ``int`` 2 (pandas' rule, what Excel shows).
+An error cell (``#N/A``, ``#DIV/0!``, ``#VALUE!`` ...) arrives from pandas as NaN, which
+keeps no trace of which error it was: it becomes ``None``, so the prompt gets empty text for
+it (the row is still a data row; the result workbook keeps the error cell as it was).
+
+The workbook is read whole into memory by pandas (the sheet's cells as Python objects), then
+handed out row by row; see docs/benchmarks.md for time and memory at 100,000 rows.
 
 Writing: the result workbook is the input workbook with the added columns appended to the
 right of the data sheet's header; every cell already there, and every other sheet, is left
 as it was (types, formats, formulas).  Added text cells are always stored as text (a string
 starting with ``=`` never becomes a formula), and with ``formula_guard`` the formula guard
 prefixes ``'`` as in CSV.  A ``.xlsm`` input gives a macro-free ``.xlsx`` result.
-openpyxl does not keep charts or images it cannot read; such sheets lose them.
+openpyxl does not keep charts or images it cannot read; such sheets lose them: the reader
+lists a warning (``warnings``) when the workbook holds any.
 
 Bad input raises :class:`InputError` naming the problem and the sheet: an encrypted
 (password-protected) or old ``.xls`` workbook, a file that is not a workbook, a missing
-sheet, an empty sheet, a header with an empty or duplicate name, or a value to the right of
-the header.
+sheet, an empty sheet, a header with an empty, error or duplicate name, or a value to the
+right of the header.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +50,7 @@ class ExcelLayout:
     columns: tuple[str, ...]
     header_row: int
     fmt: str = "xlsx"
+    data_lines: tuple[int, ...] | None = None  # the sheet rows of the data rows, in order (None: find them again)
 
 
 def _column_letter(i: int) -> str:
@@ -48,8 +59,39 @@ def _column_letter(i: int) -> str:
     return get_column_letter(i)
 
 
-def _empty(v: Any) -> bool:
-    return v is None or v == ""
+def _is_error(v: Any) -> bool:
+    """pandas' value for an error cell: NaN (no numeric cell of a workbook holds NaN)."""
+    return isinstance(v, float) and v != v
+
+
+def _cell(v: Any) -> Any:
+    """A pandas cell value as this module hands it out (see the module docstring)."""
+    t = type(v)
+    if t is str:
+        return v if v else None
+    if t is int or t is bool or t is datetime.datetime:
+        return v
+    if t is float:
+        return None if v != v else v
+    if hasattr(v, "to_pydatetime"):  # pandas.Timestamp (older pandas may convert dates)
+        return v.to_pydatetime()
+    if hasattr(v, "item") and type(v).__module__ == "numpy":  # numpy scalars
+        return _cell(v.item())
+    return v
+
+
+def drawings(source: str | os.PathLike[str] | IO[bytes]) -> tuple[int, int]:
+    """(charts, images) in the workbook's zip: parts that openpyxl may drop when it re-saves it."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(source) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return 0, 0
+    charts = sum(1 for n in names if n.startswith("xl/charts/chart") and n.endswith(".xml"))
+    images = sum(1 for n in names if n.startswith("xl/media/"))
+    return charts, images
 
 
 class ExcelReader:
@@ -67,7 +109,11 @@ class ExcelReader:
     ):
         self.path: Any = source if isinstance(source, (str, os.PathLike)) else getattr(source, "name", None)
         self.columns: list[str] = []
-        self._wb: Any = None
+        self.warnings: list[str] = []
+        self._xl: Any = None
+        self._frame: Any = None
+        self._first: Row | None = None
+        self._gen: Iterator[Row] = iter(())
         try:
             self._open(source, sheet, tuple(required_columns), max_field_size)
         except BaseException:
@@ -80,7 +126,7 @@ class ExcelReader:
     def _open(self, source: Any, sheet: str | None, required: tuple[str, ...], max_field: int) -> None:
         import zipfile
 
-        import openpyxl
+        import pandas as pd
         from openpyxl.utils.exceptions import InvalidFileException
 
         if isinstance(source, (str, os.PathLike)):
@@ -96,11 +142,12 @@ class ExcelReader:
             )
         if not magic.startswith(b"PK"):
             raise self._error("not a readable .xlsx workbook (the file is not a zip archive: corrupt or misnamed?)")
+        corrupt = (zipfile.BadZipFile, InvalidFileException, KeyError, ValueError, TypeError, OSError)
         try:
-            self._wb = openpyxl.load_workbook(source, read_only=True, data_only=True, keep_links=False)
-        except (zipfile.BadZipFile, InvalidFileException, KeyError, ValueError, TypeError, OSError) as exc:
+            self._xl = pd.ExcelFile(source, engine="openpyxl")
+            names = list(self._xl.sheet_names)
+        except corrupt as exc:
             raise self._error(f"not a readable .xlsx workbook (corrupt?): {type(exc).__name__}: {exc}") from None
-        names = list(self._wb.sheetnames)
         if sheet is None:
             if not names:
                 raise self._error("the workbook has no sheets")
@@ -109,26 +156,45 @@ class ExcelReader:
             have = ", ".join(repr(n) for n in names)
             raise self._error(f"the workbook has no sheet named {sheet!r}; its sheets are: {have}")
         self.sheet = sheet
-        ws = self._wb[sheet]
-        if not hasattr(ws, "iter_rows"):
+        if not hasattr(self._xl.book[sheet], "iter_rows"):
             raise self._error(f"sheet {sheet!r} is a chart sheet, not a table")
-        self._rows_iter = ws.iter_rows(min_row=1, min_col=1, values_only=True)
+        try:
+            frame = pd.read_excel(self._xl, sheet_name=sheet, header=None, dtype=object, na_filter=False, keep_default_na=False)
+        except corrupt as exc:
+            raise self._error(f"sheet {sheet!r} is not readable (corrupt?): {type(exc).__name__}: {exc}") from None
+        finally:
+            self._xl.close()  # the cells are all in ``frame`` now
+            self._xl = None
+        if not isinstance(source, (str, os.PathLike)):
+            source.seek(pos)
+        charts, images = drawings(source)
+        if charts or images:
+            self.warnings.append(
+                f"the workbook holds {charts} chart(s) and {images} image(s): the result workbook is written with openpyxl, "
+                "which may drop or change them (the input file itself is not changed)"
+            )
+        # pandas' rows are the sheet's rows from row 1 and its columns the sheet's from column A
+        self._frame = frame
+        rows: Iterator[tuple[Any, ...]] = frame.itertuples(index=False, name=None)
         header: tuple[Any, ...] | None = None
         line = 0
-        for values in self._rows_iter:
+        for values in rows:
             line += 1
-            if not all(_empty(v) for v in values):
+            if any(v != "" for v in values):
                 header = values
                 break
         if header is None:
             raise self._error(f"sheet {sheet!r} is empty")
         cells = list(header)
-        while cells and _empty(cells[-1]):
+        while cells and cells[-1] == "":
             cells.pop()
         self.header_row = line
         names_: list[str] = []
         for i, v in enumerate(cells, 1):
-            if _empty(v):
+            if _is_error(v):
+                raise self._error(f"sheet {sheet!r}: header column {_column_letter(i)} is an error value (#N/A, #REF! ...)", line)
+            v = _cell(v)
+            if v is None:
                 raise self._error(f"sheet {sheet!r}: header column {_column_letter(i)} is empty", line)
             name = text_of(v)
             if len(name) > max_field:
@@ -147,36 +213,41 @@ class ExcelReader:
                 raise self._error(f"sheet {sheet!r}: required column not found; the header has: {found}", line, name)
         self.columns = names_
         self._max_field = max_field
+        self._data_lines = tuple(n for n, values in enumerate(rows, line + 1) if any(v != "" for v in values))
         self._gen = self._iter(line)
         try:
-            self._first: Row | None = next(self._gen)
+            self._first = next(self._gen)
         except StopIteration:
             raise self._error(f"sheet {sheet!r} has a header but no data rows", line) from None
 
-    def _iter(self, line: int) -> Iterator[Row]:
+    def _iter(self, header_line: int) -> Iterator[Row]:
+        import itertools
+
         cols = self.columns
         width = len(cols)
+        max_field = self._max_field
         number = 0
-        for values in self._rows_iter:
-            line += 1
-            if all(_empty(v) for v in values):
+        rows = itertools.islice(self._frame.itertuples(index=False, name=None), header_line, None)
+        for line, values in enumerate(rows, header_line + 1):
+            if all(v == "" for v in values):  # the same test as ``_data_lines``
                 continue
             for i in range(width, len(values)):
-                if not _empty(values[i]):
+                if values[i] != "":
                     raise self._error(
                         f"sheet {self.sheet!r}: a value in column {_column_letter(i + 1)}, right of the header's last column",
                         line,
                     )
-            cells = list(values[:width]) + [None] * (width - len(values))
+            cells = [_cell(v) for v in values[:width]]
+            cells += [None] * (width - len(cells))
             for name, v in zip(cols, cells):
-                if isinstance(v, str) and len(v) > self._max_field:
-                    raise self._error(f"sheet {self.sheet!r}: cell longer than {self._max_field} characters", line, name)
+                if isinstance(v, str) and len(v) > max_field:
+                    raise self._error(f"sheet {self.sheet!r}: cell longer than {max_field} characters", line, name)
             number += 1
             yield Row(number, line, dict(zip(cols, cells)))
 
     @property
     def layout(self) -> ExcelLayout:
-        return ExcelLayout(self.path, self.sheet, tuple(self.columns), self.header_row)
+        return ExcelLayout(self.path, self.sheet, tuple(self.columns), self.header_row, data_lines=self._data_lines)
 
     def __iter__(self) -> Iterator[Row]:
         first, self._first = self._first, None
@@ -185,9 +256,12 @@ class ExcelReader:
         yield from self._gen
 
     def close(self) -> None:
-        if self._wb is not None:
-            self._wb.close()
-            self._wb = None
+        if self._xl is not None:
+            self._xl.close()
+            self._xl = None
+        self._gen = iter(())
+        self._first = None
+        self._frame = None
 
     def __enter__(self) -> ExcelReader:
         return self
@@ -217,9 +291,13 @@ class ExcelWriter:
         if clash:
             raise ValueError(f"output column {sorted(clash)[0]!r} appears twice (an added column clashes with an input column?)")
         self._guard = formula_guard
-        # the same reader finds the same data rows, so the added cells land beside their row
-        self._rows = ExcelReader(layout.path, sheet=layout.sheet)
-        self._row_iter = iter(self._rows)
+        # the reader's data rows (or the same reader again), so the added cells land beside their row
+        self._rows: ExcelReader | None = None
+        if layout.data_lines is not None:
+            self._line_iter: Iterator[int] = iter(layout.data_lines)
+        else:
+            self._rows = ExcelReader(layout.path, sheet=layout.sheet)
+            self._line_iter = (row.line for row in self._rows)
         self._wb = openpyxl.load_workbook(layout.path, keep_vba=False, keep_links=True)
         self._ws = self._wb[layout.sheet]
         self._first_col = len(layout.columns) + 1
@@ -245,11 +323,11 @@ class ExcelWriter:
         if self._closed:
             raise ValueError("write to a closed TableWriter")
         try:
-            row = next(self._row_iter)
+            line = next(self._line_iter)
         except StopIteration:
             raise ValueError("more records written than the sheet has data rows") from None
         for j, name in enumerate(self._added):
-            self._set(row.line, self._first_col + j, values.get(name))
+            self._set(line, self._first_col + j, values.get(name))
 
     def close(self) -> None:
         if self._closed:
@@ -258,6 +336,10 @@ class ExcelWriter:
         try:
             self._wb.save(self._target)
         finally:
+            self._close_rows()
+
+    def _close_rows(self) -> None:
+        if self._rows is not None:
             self._rows.close()
 
     def __enter__(self) -> ExcelWriter:
@@ -268,4 +350,4 @@ class ExcelWriter:
             self.close()
         else:
             self._closed = True
-            self._rows.close()
+            self._close_rows()
