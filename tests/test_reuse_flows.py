@@ -92,7 +92,9 @@ def test_the_same_file_twice_costs_nothing_the_second_time(home, tmp_path):
     assert costs["totals"]["cost_usd"] == pytest.approx(first.cost_usd)
 
 
-def test_one_changed_row_is_the_only_request_and_a_new_prompt_or_model_sends_all(home, tmp_path):
+def test_count_shows_what_a_changed_file_would_reuse(home, tmp_path):
+    """`bgctl count` sees the answers store (what the daemon then reuses, a changed row, a new
+    prompt or model: tests/test_reuse_ticks.py)."""
     home.config_file.write_text(FAST_CONFIG)
     src = tmp_path / "a.csv"
     write(src, TEXTS)
@@ -104,24 +106,6 @@ def test_one_changed_row_is_the_only_request_and_a_new_prompt_or_model_sends_all
         assert sent(emu) == 12
         count = json.loads(bgctl(home.root, "count", "--json", str(changed), base_url=emu.base_url).stdout)
         assert count["reuse"]["cached_rows"] == 11 and count["requests"] == 1 and count["reuse"]["saved_usd"] > 0
-        submit(home, changed)
-        run(home, emu)
-        assert sent(emu) == 13
-        job = newest_job(home)
-        assert job.cached_rows == 11 and job.requests == 1 and job.succeeded_rows == 12
-        got = rows_of(home.outbox / "b_results.csv")
-        assert [r["response"] for r in got] == [*TEXTS[:5], "a corrected essay", *TEXTS[6:]]
-        assert all(r["grade"] and r["error"] == "" for r in got)
-
-        home.config_file.write_text(FAST_CONFIG + "system_prompt: Grade strictly.\n")
-        submit(home, src)
-        run(home, emu)
-        assert sent(emu) == 25 and newest_job(home).cached_rows == 0
-
-        home.config_file.write_text(FAST_CONFIG + "model: gpt-4.1-mini\n")
-        submit(home, src)
-        run(home, emu)
-        assert sent(emu) == 37 and newest_job(home).cached_rows == 0
 
 
 def test_identical_rows_in_one_file_are_sent_once(home, tmp_path):
@@ -144,7 +128,7 @@ def test_identical_rows_in_one_file_are_sent_once(home, tmp_path):
     assert st["cached_rows"] == 50 - distinct and st["requests"] == distinct and st["saved_usd"] > 0
 
 
-def test_opting_out_fresh_and_sampling_send_every_row(home, tmp_path):
+def test_submit_fresh_sends_every_row(home, tmp_path):
     home.config_file.write_text(FAST_CONFIG)
     src = tmp_path / "a.csv"
     write(src, TEXTS[:4] + TEXTS[:4])
@@ -157,18 +141,7 @@ def test_opting_out_fresh_and_sampling_send_every_row(home, tmp_path):
         job = newest_job(home)
         assert job.fresh and job.cached_rows == 0 and sent(emu) == 12
         assert not list(home.inbox.glob(".*.fresh"))
-        home.config_file.write_text(FAST_CONFIG + "temperature: 0.8\n")
-        submit(home, src)
-        run(home, emu)  # sampling: reuse is off unless the profile turns it on
-        assert sent(emu) == 20
-        home.config_file.write_text(FAST_CONFIG + "temperature: 0.8\nreuse_answers: true\n")
-        submit(home, src)
-        run(home, emu)
-        assert sent(emu) == 20 and newest_job(home).cached_rows == 8
-        home.config_file.write_text(FAST_CONFIG + "cache_days: 0\n")
-        submit(home, src)
-        run(home, emu)
-        assert sent(emu) == 28
+        # sampling, reuse_answers and cache_days: tests/test_reuse_ticks.py
 
 
 def test_cache_clear_and_rebuild_never_touch_the_log(home, tmp_path):

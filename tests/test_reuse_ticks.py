@@ -1,0 +1,88 @@
+"""Reusing answers, tick by tick: the rules of issue 14 on a real Engine and EventStore with the
+in-memory provider and a clock the test moves (no subprocess, no HTTP, no sleeps).  The
+subprocess suite (test_reuse_flows.py) keeps what only a real process shows: the CLI, and a
+kill between deciding and writing."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchgrader.core.state import JobState
+from ticks import Rig
+
+TEXTS = [f"essay number {i}" for i in range(12)]
+
+
+@pytest.fixture
+def rig(home):
+    r = Rig(home)
+    yield r
+    r.close()
+
+
+def run_file(rig: Rig, name: str, texts: list[str]) -> JobState:
+    """Drop a file and tick (finishing every batch) until its job has ended."""
+    (rig.home.inbox / name).write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    for _ in range(40):
+        rig.tick()
+        rig.provider.finish_all()
+        jobs = [j for j in rig.engine.state.jobs.values() if j.file == name]
+        if jobs and jobs[-1].ended:
+            return jobs[-1]
+    raise AssertionError(f"{name} did not end")
+
+
+def sent(rig: Rig) -> int:
+    """Requests sent to the provider, over every batch."""
+    return sum(b.request_counts.total for b in rig.provider.batches.values())
+
+
+def test_the_same_rows_again_cost_nothing(rig):
+    first = run_file(rig, "a.csv", TEXTS)
+    assert first.ended == "completed" and sent(rig) == 12 and first.cost_usd > 0
+    creates = rig.calls("create_batch")
+    second = run_file(rig, "b.csv", TEXTS)
+    assert second.ended == "completed" and second.requests == 0 and second.cached_rows == 12
+    assert rig.calls("create_batch") == creates and sent(rig) == 12  # no batch, no request
+    assert second.cost_usd == 0 and second.saved_usd > 0
+    assert [r["grade"] for r in rig.result_rows("b_results.csv")] == [r["grade"] for r in rig.result_rows("a_results.csv")]
+
+
+def test_one_changed_row_is_the_only_request(rig):
+    run_file(rig, "a.csv", TEXTS)
+    job = run_file(rig, "b.csv", [*TEXTS[:5], "a corrected essay", *TEXTS[6:]])
+    assert (job.requests, job.cached_rows, job.succeeded_rows, sent(rig)) == (1, 11, 12, 13)
+    got = rig.result_rows("b_results.csv")
+    assert [r["response"] for r in got] == [*TEXTS[:5], "a corrected essay", *TEXTS[6:]]
+    assert all(r["grade"] and r["error"] == "" for r in got)
+
+
+@pytest.mark.parametrize("change", ["system_prompt: Grade strictly.\n", "model: gpt-4.1-mini\n"])
+def test_a_new_prompt_or_model_sends_every_row(rig, change):
+    run_file(rig, "a.csv", TEXTS)
+    rig.reconfigure(change)
+    job = run_file(rig, "b.csv", TEXTS)
+    assert job.cached_rows == 0 and job.requests == 12 and sent(rig) == 24
+
+
+def test_sampling_turns_reuse_off_unless_the_profile_turns_it_on(rig):
+    run_file(rig, "a.csv", TEXTS[:4])
+    rig.reconfigure("temperature: 0.8\n")
+    assert run_file(rig, "b.csv", TEXTS[:4]).cached_rows == 0 and sent(rig) == 8
+    rig.reconfigure("temperature: 0.8\nreuse_answers: true\n")
+    assert run_file(rig, "c.csv", TEXTS[:4]).cached_rows == 4 and sent(rig) == 8
+    rig.reconfigure("cache_days: 0\n")  # nothing stored is recent enough
+    assert run_file(rig, "d.csv", TEXTS[:4]).cached_rows == 0 and sent(rig) == 12
+
+
+def test_identical_rows_in_one_file_are_sent_once(rig):
+    rig.reconfigure("split_row_limit: 4\n")
+    texts = [f"answer {i % 10}" if i % 3 else "I don't know" for i in range(50)]
+    distinct = len(set(texts))
+    job = run_file(rig, "dups.csv", texts)
+    assert sent(rig) == distinct and job.ended == "completed"
+    assert job.succeeded_rows == 50 and job.duplicates_answered == 50 - distinct
+    by_text: dict[str, set[tuple[str, str, str]]] = {}
+    for r in rig.result_rows("dups_results.csv"):
+        by_text.setdefault(r["response"], set()).add((r["grade"], r["input_tokens"], r["output_tokens"]))
+    assert all(len(v) == 1 for v in by_text.values())  # every copy carries its leader's answer and counts
