@@ -38,26 +38,6 @@ def only_job(home):
 
 
 @pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
-def test_failed_rows_are_retried_automatically_up_to_the_limit(home):
-    home.config_file.write_text(FAST_CONFIG + "max_row_retries: 3\n")
-    write_rows(home.inbox / "a.csv", 30)
-    with Emulator(EmulatorConfig(api_key=TEST_KEY, request_failure_rate=0.4, seed=3)) as emu:
-        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
-        created = emu.batches_created()
-    job = only_job(home)
-    rows = result_rows(home.outbox / "a_results.csv")
-    assert [r["id"] for r in rows] == [str(i) for i in range(30)]
-    answered = [r for r in rows if r["error"] == ""]
-    assert len(answered) > 20 and all(r["grade"] for r in answered)
-    assert created >= 2  # the first batch plus at least one retry batch of the failed rows only
-    assert max(job.row_attempts.values()) <= 3
-    for r in rows:
-        if r["error"]:
-            assert "500" in r["error"] or "server" in r["error"].lower()
-    assert job.ended == ("completed" if len(answered) == 30 else "completed_with_errors")
-
-
-@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_bgctl_retry_resubmits_failed_rows_and_writes_a_new_result(home):
     home.config_file.write_text(FAST_CONFIG + "max_row_retries: 0\n")
     write_rows(home.inbox / "a.csv", 20)
@@ -100,22 +80,6 @@ def test_cancel_ends_the_job_with_partial_results(home):
 
 
 @pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
-def test_token_limit_exceeded_batch_is_resubmitted_later(home):
-    home.config_file.write_text(FAST_CONFIG + "split_row_limit: 5\nmax_simultaneous_batches: 2\n")
-    write_rows(home.inbox / "a.csv", 10)
-    # room for one chunk's tokens at a time, not two
-    with Emulator(EmulatorConfig(api_key=TEST_KEY, token_limits={"gpt-4o-mini": 300}, in_progress_s=0.3)) as emu:
-        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
-        statuses = [b["status"] for b in emu.batches()]
-    job = only_job(home)
-    assert job.ended == "completed"
-    assert statuses.count("failed") >= 1 and statuses.count("completed") == 2
-    types = event_types(home.db)
-    assert "ChunkFailed" in types
-    assert all(r["error"] == "" for r in result_rows(home.outbox / "a_results.csv"))
-
-
-@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_budget_cap_holds_before_any_money_is_spent_and_retry_releases(home):
     home.config_file.write_text(FAST_CONFIG + "max_cost_per_job_usd: 0.0000001\n")
     write_rows(home.inbox / "a.csv", 3)
@@ -131,17 +95,6 @@ def test_budget_cap_holds_before_any_money_is_spent_and_retry_releases(home):
 
 
 @pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
-def test_daily_token_limit_holds(home):
-    home.config_file.write_text(FAST_CONFIG + "daily_token_limit: 10\n")
-    write_rows(home.inbox / "a.csv", 3)
-    with Emulator(EmulatorConfig(api_key=TEST_KEY)) as emu:
-        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
-        assert emu.batches_created() == 0
-    job = only_job(home)
-    assert job.state == "held" and "daily_token_limit" in job.held["reason"]
-
-
-@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
 def test_halt_on_chunk_failure_stops_the_rest(home):
     home.config_file.write_text(FAST_CONFIG + "split_row_limit: 2\nmax_simultaneous_batches: 1\nhalt_on_chunk_failure: true\n")
     write_rows(home.inbox / "a.csv", 6)
@@ -154,26 +107,6 @@ def test_halt_on_chunk_failure_stops_the_rest(home):
     rows = result_rows(home.outbox / "a_results.csv")
     assert [r["error"].split(":")[0] for r in rows] == ["create_rejected"] * 2 + ["halted"] * 4
     assert "model not allowed" in (home.outbox / "a_error.txt").read_text()
-
-
-@pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
-def test_expired_batch_gives_partial_results_and_the_rest_is_retried(home):
-    home.config_file.write_text(FAST_CONFIG)
-    write_rows(home.inbox / "a.csv", 6)
-    with Emulator(EmulatorConfig(api_key=TEST_KEY, in_progress_s=1.5)) as emu:
-        proc = start_daemon(home.root, emu.base_url, "--once")
-        try:
-            wait_for(lambda: any(b["status"] == "in_progress" for b in emu.batches()), what="in progress")
-            first = emu.batches()[0]["id"]
-            emu.expire_batch(first, completed=2)
-            assert proc.wait(timeout=120) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert emu.batch(first)["status"] == "expired" and emu.batches_created() == 2
-    rows = result_rows(home.outbox / "a_results.csv")
-    assert all(r["error"] == "" and r["grade"] for r in rows)
-    assert only_job(home).ended == "completed"
 
 
 @pytest.mark.slow  # covered tick by tick in tests/test_ticks.py
