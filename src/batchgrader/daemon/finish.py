@@ -106,7 +106,10 @@ class FinishSteps(IntakeSteps, ReuseSteps):
             if c.results_path and Path(c.results_path).exists()
         ]
         cached: dict[str, dict[str, Any]] = {}
-        if job.cached_rows and job.reuse_path:
+        answered = self._answered.pop(job.job_id, None)  # prepared in this process: no need to read the file
+        if answered is not None:
+            cached = {r["custom_id"]: r for r in answered.cached_records()}
+        elif job.cached_rows and job.reuse_path:
             cached = read_reuse_file(Path(job.reuse_path))[0]
         leader_of = {d: leader for leader, ds in self.followers_of(job).items() for d in ds}
         leads = set(leader_of.values())

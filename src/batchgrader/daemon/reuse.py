@@ -65,6 +65,16 @@ class ReuseSteps(EngineBase):
             return []
         path = self.home.job_dir(job.job_id) / "results" / "reused.jsonl"
         atomic_write_bytes(path, b"".join(plan.lines()))
+        # what this process reads back from that file, kept: the duplicates (small), and a job
+        # answered entirely (its result is written at once, without reading the file again)
+        followers: dict[str, list[str]] = {}
+        for cid, leader in plan.followers.items():
+            followers.setdefault(leader, []).append(cid)
+        self._followers[job.job_id] = followers
+        if plan.keep:
+            self._answered.pop(job.job_id, None)
+        else:
+            self._answered[job.job_id] = plan
         u = plan.cached_usage
         return [
             _e(
