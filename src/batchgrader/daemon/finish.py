@@ -23,6 +23,8 @@ from batchgrader.pipeline.reuse import read_reuse_file
 from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
 from batchgrader.provider.openai_api import ProviderError
 
+_FORMULA_START = frozenset("=+-@\t\r")  # what defuse_formula may prefix (it checks again)
+
 log = logging.getLogger("batchgrader.engine")
 
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
@@ -145,10 +147,12 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                             err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
                         elif cid in failed_info and outcome is None:
                             err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
-                        vals = dict(row.values)
+                        vals = row.values  # every reader yields a new dict per row
                         added = result_values(cols, outcome, err, json_values)
                         if guard:  # the model's output is attacker-influenced; input cells stay unchanged
-                            added = {k: defuse_formula(v) if isinstance(v, str) else v for k, v in added.items()}
+                            for k, v in added.items():
+                                if type(v) is str and v and v[0] in _FORMULA_START:
+                                    added[k] = defuse_formula(v)
                         vals.update(added)
                         w.write(vals)
                         count += 1
