@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -100,10 +101,16 @@ def env(home: Home, **extra: str) -> dict[str, str]:
     return e
 
 
+CPU: list[float] = []  # CPU seconds (user + system) of each timed subprocess, in order
+
+
 def timed(cmd: list[str], environ: dict[str, str]) -> tuple[float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=3600)
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {res.stderr[-2000:]}")
     return dt, res.stdout
@@ -128,6 +135,7 @@ def main() -> None:
     args = ap.parse_args()
     load = machine("SQLite " + sqlite3.sqlite_version)
     count_s, count_plain_s, daemon_s, span_s = [], [], [], []
+    count_cpu, daemon_cpu = [], []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory() as tmp:
             home = Home.resolve(Path(tmp) / "home").ensure()
@@ -139,12 +147,14 @@ def main() -> None:
             summary = json.loads(out)
             assert summary["reuse"]["cached_rows"] == args.rows == seeded and summary["requests"] == 0, summary["reuse"]
             count_s.append(dt)
+            count_cpu.append(CPU[-1])
             dt, out = timed([BGCTL, "count", str(src), "--sandbox", "--json"], env(home, BATCHGRADER_CACHE_DAYS="0"))
             assert json.loads(out)["requests"] == args.rows
             count_plain_s.append(dt)
             os.link(src, home.inbox / src.name)
             dt, _ = timed([BGCTL, "daemon", "--sandbox", "--once"], env(home))
             daemon_s.append(dt)
+            daemon_cpu.append(CPU[-1])
             span, reused = job_span(home.db)
             span_s.append(span)
             assert reused["cached_rows"] == args.rows
@@ -154,6 +164,7 @@ def main() -> None:
     med = statistics.median
     c, cp, d, s = med(count_s), med(count_plain_s), med(daemon_s), med(span_s)
     ratio = d / c
+    cc, dc = med(count_cpu), med(daemon_cpu)
     verdict = "meets the target" if ratio <= TARGET else "**misses the target**"
     lines = [
         SECTION,
@@ -169,8 +180,12 @@ def main() -> None:
         f"| the same with `BATCHGRADER_CACHE_DAYS=0` (counting only) | {cp:.2f} s | {', '.join(f'{x:.2f}' for x in count_plain_s)} |",
         f"| **`bgctl daemon --sandbox --once`**: the file answered entirely from the store, result written (start-up included) | **{d:.2f} s** | {', '.join(f'{x:.2f}' for x in daemon_s)} |",
         f"| of which the job itself (`JobAccepted` to `JobCompleted`) | {s:.2f} s | {', '.join(f'{x:.2f}' for x in span_s)} |",
+        f"| CPU time (user + system) of `bgctl count` | {cc:.2f} s | {', '.join(f'{x:.2f}' for x in count_cpu)} |",
+        f"| CPU time (user + system) of `bgctl daemon --once` | {dc:.2f} s | {', '.join(f'{x:.2f}' for x in daemon_cpu)} |",
         "",
         f"Ratio daemon / count: {ratio:.2f} (target ≤ {TARGET}): {verdict}. Ratio daemon / counting only: {d / cp:.2f}. "
+        f"CPU-time ratio daemon / count (less sensitive to the machine's load): {dc / cc:.2f}. "
+        f"`uptime` load average at the end: {os.getloadavg()[0]:.1f}. "
         "No batch was created, the job's cost is 0, and every result row carries its stored answer.",
     ]
     text = "\n".join(lines) + "\n"

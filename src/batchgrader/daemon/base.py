@@ -117,6 +117,7 @@ class EngineBase:
     _effects_checked: set[str] = field(default_factory=set)
     _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
     _followers: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # job -> leader -> duplicates
+    _answered: dict[str, Any] = field(default_factory=dict)  # job -> its ReusePlan, when no row is left to send
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
     scan_requested: bool = True  # set by the daemon when the watcher saw a change

@@ -23,6 +23,8 @@ from batchgrader.pipeline.reuse import read_reuse_file
 from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
 from batchgrader.provider.openai_api import ProviderError
 
+_FORMULA_START = frozenset("=+-@\t\r")  # what defuse_formula may prefix (it checks again)
+
 log = logging.getLogger("batchgrader.engine")
 
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
@@ -106,7 +108,10 @@ class FinishSteps(IntakeSteps, ReuseSteps):
             if c.results_path and Path(c.results_path).exists()
         ]
         cached: dict[str, dict[str, Any]] = {}
-        if job.cached_rows and job.reuse_path:
+        answered = self._answered.pop(job.job_id, None)  # prepared in this process: no need to read the file
+        if answered is not None:
+            cached = {r["custom_id"]: r for r in answered.cached_records()}
+        elif job.cached_rows and job.reuse_path:
             cached = read_reuse_file(Path(job.reuse_path))[0]
         leader_of = {d: leader for leader, ds in self.followers_of(job).items() for d in ds}
         leads = set(leader_of.values())
@@ -142,10 +147,12 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                             err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
                         elif cid in failed_info and outcome is None:
                             err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
-                        vals = dict(row.values)
+                        vals = row.values  # every reader yields a new dict per row
                         added = result_values(cols, outcome, err, json_values)
                         if guard:  # the model's output is attacker-influenced; input cells stay unchanged
-                            added = {k: defuse_formula(v) if isinstance(v, str) else v for k, v in added.items()}
+                            for k, v in added.items():
+                                if type(v) is str and v and v[0] in _FORMULA_START:
+                                    added[k] = defuse_formula(v)
                         vals.update(added)
                         w.write(vals)
                         count += 1

@@ -16,7 +16,7 @@ from batchgrader.daemon.base import EngineBase, _e, _lines
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_key
 from batchgrader.pipeline.prepare import oversized_positions
-from batchgrader.pipeline.reuse import ReusePlan, plan_reuse, read_reuse_file, replan
+from batchgrader.pipeline.reuse import ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent
@@ -25,9 +25,11 @@ log = logging.getLogger("batchgrader.engine")
 
 
 class ReuseSteps(EngineBase):
-    def _decide_reuse(self, job: JobState, profile: Profile, requests_path: Path, prep: Any, now: float) -> ReusePlan | None:
-        """Which rows are answered already (stored answers, identical rows); None when every row is sent.
-        When some are, ``prep.chunks`` is planned again over the rows still to send."""
+    def _reuse_probe(self, job: JobState, profile: Profile, now: float) -> ReuseProbe | None:
+        """What decides, while the job's rows are prepared, which need no request: rows whose
+        request key has a stored answer, and rows identical to an earlier row of the file
+        (one batched lookup per block of rows; those rows are not token-counted).  None when
+        every row is sent."""
         if not reuse_enabled(job, profile):
             return None
         conn = self.store.conn
@@ -37,7 +39,14 @@ class ReuseSteps(EngineBase):
                 conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
             )
 
-        plan = plan_reuse(_lines(requests_path), self.provider_key(), oversized_positions(prep), lookup)
+        return ReuseProbe(self.provider_key(), lookup)
+
+    def _decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
+        """The reuse plan of a prepared job; None when every row is sent.  When some rows are
+        answered already, ``prep.chunks`` is planned again over the rows still to send."""
+        if probe is None:
+            return None
+        plan = probe.finish(oversized_positions(prep))
         if not plan.reused:
             return None
         limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
@@ -56,6 +65,16 @@ class ReuseSteps(EngineBase):
             return []
         path = self.home.job_dir(job.job_id) / "results" / "reused.jsonl"
         atomic_write_bytes(path, b"".join(plan.lines()))
+        # what this process reads back from that file, kept: the duplicates (small), and a job
+        # answered entirely (its result is written at once, without reading the file again)
+        followers: dict[str, list[str]] = {}
+        for cid, leader in plan.followers.items():
+            followers.setdefault(leader, []).append(cid)
+        self._followers[job.job_id] = followers
+        if plan.keep:
+            self._answered.pop(job.job_id, None)
+        else:
+            self._answered[job.job_id] = plan
         u = plan.cached_usage
         return [
             _e(

@@ -111,6 +111,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 now,
             )
         requests_path = job_dir / "requests.jsonl"
+        probe = self._reuse_probe(job, profile, now)
         try:
             with open(requests_path, "wb") as f:
                 prep = prepare(
@@ -121,6 +122,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
                     prices=self.prices,
                     file_hash=job.sha256,
                     limits=self._limits(profile),
+                    reuse=probe,
                 )
                 f.flush()
                 os.fsync(f.fileno())
@@ -148,7 +150,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
             )
         sizes_path = job_dir / "tokens.bin"
         atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
-        reuse = self._decide_reuse(job, profile, requests_path, prep, now)
+        reuse = self._decide_reuse(job, profile, probe, prep)
         chunk_dir = job_dir / "chunks"
         if reuse is None:
             paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)

@@ -94,6 +94,12 @@ class _Template:
         t = cls(head, mid, tail, pre, post)
         return t if t.key(line) == line_key(provider, line) else None
 
+    def content_key(self, content: str) -> str:
+        """The key of this job's request whose last message is ``content`` (no line needed)."""
+        h = self.pre_hash.copy()
+        h.update((_encode_str(content) + self.post).encode("utf-8"))
+        return h.hexdigest()
+
     def key(self, line: bytes | str) -> tuple[str, str] | None:
         text = line.decode("utf-8") if isinstance(line, bytes) else line
         if not text.endswith("\n"):

@@ -8,6 +8,7 @@ two integers per request (tokens, bytes) are kept in memory.  Row position ``i``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, open_table, text_of
-from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer
+from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
 ENDPOINT = "/v1/chat/completions"
 BLOCK_ROWS = 4096
@@ -32,7 +33,9 @@ BLOCK_ROWS = 4096
 class ReuseProbeLike(Protocol):
     """What :func:`prepare` needs of :class:`batchgrader.pipeline.reuse.ReuseProbe`."""
 
-    def block(self, lines: Sequence[bytes]) -> list[bool]: ...
+    def block(
+        self, lines: Sequence[bytes], cids: Sequence[str] | None = None, contents: Sequence[str] | None = None
+    ) -> list[bool]: ...
 
     def leader_position(self, pos: int) -> int | None: ...
 
@@ -296,6 +299,31 @@ def json_str_bytes(s: str) -> int:
     return n + 2 + escaped
 
 
+class _Counting:
+    """The token counter's pool and the constant part of every request's count (reply priming,
+    per-message overhead, roles, system prompt), made on first use: with reuse, a job whose
+    every row is answered already never loads the tokenizer's ranks."""
+
+    def __init__(self, profile: Profile, spec: PromptSpec):
+        self.profile, self.spec = profile, spec
+        self.tokenizer = tokenizer_for_model(profile.model, profile.default_encoding)
+        self.const = 0
+        self._pool: ParallelTextCounter | None = None
+
+    def pool(self) -> ParallelTextCounter:
+        if self._pool is None:
+            counter = ChatTokenCounter(self.profile.model, self.profile.default_encoding)
+            for s in ("system", "user") + ((self.spec.system,) if self.spec.system else ()):
+                counter.remember(s)
+            self.const = counter.count(self.spec.chat(""))
+            self._pool = counter.parallel()
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+
 def prepare(
     path: Path,
     profile: Profile,
@@ -321,9 +349,9 @@ def prepare(
         raise ValueError("prepare(reuse=...) needs requests_out")
     file_hash = file_hash or file_sha256(path)
     builder = RequestBuilder(profile, home, file_hash)
-    counter = ChatTokenCounter(profile.model, profile.default_encoding)
-    for s in ("system", "user") + ((builder.spec.system,) if builder.spec.system else ()):
-        counter.remember(s)
+    counting = _Counting(profile, builder.spec)
+    if reuse is None:
+        counting.pool()  # every row is counted
 
     context_window = profile.context_window
     if context_window is None and prices is not None:
@@ -335,8 +363,7 @@ def prepare(
     spec = builder.spec
     template = builder.line_template()
     # Every request of the job is the same but for its user message, so its tokens are a
-    # constant (reply priming, per-message overhead, roles, system prompt) plus the user text's.
-    const_tokens = counter.count(spec.chat(""))
+    # constant (``counting.const``) plus the user text's.
     id_column = builder.id_column
     id_prefix = default_custom_id(file_hash, 0)[:-1]
     user_message = spec.user_message
@@ -348,7 +375,7 @@ def prepare(
             sheet=profile.get("sheet"),
             encoding=profile.get("encoding", "utf-8"),
         ) as reader,
-        counter.parallel() as pool,
+        contextlib.closing(counting),
     ):
         prep = Preparation(
             path=path,
@@ -356,26 +383,28 @@ def prepare(
             sha256=file_hash,
             profile=profile.name,
             model=profile.model,
-            tokenizer=counter.tokenizer,
+            tokenizer=counting.tokenizer,
             columns=list(reader.columns),
             max_completion_tokens=profile.max_completion_tokens,
             response_format=profile.response_format,
         )
         prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
-        if not counter.tokenizer.known:
+        if not counting.tokenizer.known:
             prep.warnings.append(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
-                f"{counter.tokenizer.encoding} (counts may differ from what the provider bills)"
+                f"{counting.tokenizer.encoding} (counts may differ from what the provider bills)"
             )
         seen_ids: set[str] | None = set() if id_column else None
         first_line_of_id: dict[str, int] = {}
         texts: list[str] = []  # the block's user messages, counted while the next block is read
         lines: list[bytes] = []
+        cids: list[str] = []  # the block's custom_ids (only with ``reuse``)
         pending: tuple[Callable[[], list[int]], list[bool] | None, int] | None = None
         sizes_append = prep.sizes.append
         block_start = 0
 
         def collect(result: Callable[[], list[int]], send: list[bool] | None, start: int) -> None:
+            const_tokens = counting.const
             if send is None:
                 prep.tokens.extend([const_tokens + n for n in result()])
                 return
@@ -397,12 +426,13 @@ def prepare(
             send: list[bool] | None = None
             todo = texts
             if reuse is not None:
-                send = reuse.block(lines)
+                send = reuse.block(lines, cids, texts) if template is not None else reuse.block(lines)
+                cids.clear()
                 todo = [t for t, s in zip(texts, send) if s]
             if requests_out is not None:
                 requests_out.write(b"".join(lines))
                 lines.clear()
-            started = pool.submit(todo)  # works on copies: the block can be reused at once
+            started = counting.pool().submit(todo) if todo else list  # works on copies: the block can be reused at once
             start, block_start = block_start, block_start + len(texts)
             texts.clear()
             if pending is not None:
@@ -445,6 +475,8 @@ def prepare(
                 sizes_append(len(data))
                 lines.append(data)
             texts.append(user)
+            if reuse is not None:
+                cids.append(cid)
             rows += 1
             if len(texts) >= BLOCK_ROWS:
                 flush()

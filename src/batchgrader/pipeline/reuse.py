@@ -47,13 +47,13 @@ class ReusePlan:
         """The reuse file: one JSON array per line, ``["cache", custom_id, key, content, finish_reason,
         prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, answered_in]`` per cached
         row and ``["duplicate", custom_id, leader]`` per duplicate (see :func:`read_reuse_file`)."""
-        dumps = json.dumps
+        dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), one encoder
         for cid, a in self.cached:
             row = ["cache", cid, a.key, a.content, a.finish_reason, a.prompt_tokens, a.cached_tokens]
             row += [a.completion_tokens, a.reasoning_tokens, a.job_id]
-            yield (dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+            yield (dumps(row) + "\n").encode("utf-8")
         for cid, leader in self.followers.items():
-            yield (dumps(["duplicate", cid, leader], ensure_ascii=False) + "\n").encode("utf-8")
+            yield (dumps(["duplicate", cid, leader]) + "\n").encode("utf-8")
 
     def cached_records(self) -> list[dict[str, Any]]:
         return [
@@ -170,22 +170,34 @@ class ReuseProbe:
         self._tried = False
         self._usage = [0, 0, 0, 0]
 
-    def _keys(self, lines: Sequence[bytes]) -> list[tuple[str, str]]:
+    def _keys(
+        self, lines: Sequence[bytes], cids: Sequence[str] | None = None, contents: Sequence[str] | None = None
+    ) -> list[tuple[str, str]]:
         from batchgrader.pipeline.answerkey import _Template, line_key
 
         if not self._tried and lines:
             self._tried = True
             self._template = _Template.build(self.provider, lines[0])
         t = self._template
+        if t is not None and cids is not None and contents is not None and lines:
+            # lines built from one template differ only in custom_id and content: key the
+            # contents, after checking the block's first line gives the same key both ways
+            if t.key(lines[0]) == (cids[0], t.content_key(contents[0])):
+                ck = t.content_key
+                return [(cid, ck(c)) for cid, c in zip(cids, contents)]
         out = []
         for line in lines:
             got = t.key(line) if t is not None else None
             out.append(got if got is not None else line_key(self.provider, line))
         return out
 
-    def block(self, lines: Sequence[bytes]) -> list[bool]:
-        """The next rows' request lines (in order); for each, whether it is still to be sent."""
-        pairs = self._keys(lines)
+    def block(
+        self, lines: Sequence[bytes], cids: Sequence[str] | None = None, contents: Sequence[str] | None = None
+    ) -> list[bool]:
+        """The next rows' request lines (in order); for each, whether it is still to be sent.
+        ``cids`` and ``contents`` (each line's custom_id and last message, when every line is
+        built from one template) let the keys be computed without parsing the lines."""
+        pairs = self._keys(lines, cids, contents)
         stored = self.lookup([k for _, k in pairs]) if self.lookup is not None else {}
         plan, leaders, usage = self._plan, self._leaders, self._usage
         send: list[bool] = []
