@@ -4,7 +4,7 @@ not when ``bgctl`` starts).
 
 * ``upload`` converts the chunk file into Gemini's JSONL input (``{"key", "request"}`` lines,
   :func:`~batchgrader.provider.gemini_api.to_gemini_line`), writes it next to the chunk, and
-  uploads it once with the Files API (resumable upload).  The file's ``display_name`` is the
+  uploads it once with the Files API (resumable upload); the converted file is then removed.  The file's ``display_name`` is the
   deterministic upload name plus ``|`` and the model (the create call needs the model, and the
   file is the only record that survives a restart).  ``find_files`` matches by that name alone:
   the uploaded file is the converted JSONL, so its size is not the chunk's.
@@ -189,7 +189,10 @@ class GeminiBatchProvider:
         atomic_write_bytes(staged, data)
         model = models.pop()
         config = {"display_name": f"{filename}{_SEP}{model}", "mime_type": "jsonl"}
-        f = self._call("files.upload", lambda: self._client.files.upload(file=staged, config=config), idempotent=False)  # type: ignore[arg-type]
+        try:
+            f = self._call("files.upload", lambda: self._client.files.upload(file=staged, config=config), idempotent=False)  # type: ignore[arg-type]
+        finally:
+            staged.unlink(missing_ok=True)  # only the upload needs it; it is written again for another
         self._models[str(f.name)] = model
         return _file_info(f)
 
@@ -217,7 +220,7 @@ class GeminiBatchProvider:
         try:
             self._call("files.delete", lambda: self._reads.files.delete(name=file_id))
         except ProviderRejected as exc:
-            if exc.status_code == 404:
+            if exc.status_code in (403, 404):  # Google answers 403 for a file that does not exist (any more)
                 return False
             raise
         return True
