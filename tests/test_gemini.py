@@ -408,3 +408,19 @@ def test_router_routes_gemini_ids(tmp_path: Path, emu: Emulator, clock: ManualCl
     assert all(i.startswith("batches/") for i in ids)
     assert set(list_statuses(router, ids)) == ids
     assert [b.metadata["bg_job"] for b in router.find_batches(metadata={"bg_job": "gemini_1"})] == ["gemini_1"]
+
+
+def test_a_read_told_to_wait_is_transient_not_a_refusal(
+    emu: Emulator, provider: GeminiBatchProvider, clock: ManualClock, tmp_path: Path
+) -> None:
+    from batchgrader.provider.openai_api import ProviderUnavailable
+
+    path = chunk(tmp_path, 1)
+    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "j:0:1"})
+    clock.advance(20)
+    out = provider.retrieve(b.id).output_file_id
+    assert out
+    emu.script_fault("GET", "/v1beta/files/{id}:download", Fault("status", status=429, retry_after=0))
+    with pytest.raises(ProviderUnavailable):  # the engine downloads again later; a 429 is not "gone"
+        provider.download(out, tmp_path / "o.jsonl")
+    assert provider.download(out, tmp_path / "o.jsonl") > 0

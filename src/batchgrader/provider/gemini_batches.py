@@ -158,7 +158,7 @@ class GeminiBatchProvider:
         except self._errors.APIError as e:
             code = int(e.code or 500)
             message = self._scrub(str(e.message or e))
-            if code >= 500 or code == 408:
+            if code >= 500 or code == 408 or (code == 429 and idempotent):  # a read asked to wait: transient
                 if not idempotent:
                     raise OutcomeUnknown(op, f"HTTP {code}: {message}", status_code=code) from None
                 raise ProviderUnavailable(op, 1, f"HTTP {code}: {message}", status_code=code) from None
