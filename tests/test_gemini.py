@@ -424,3 +424,24 @@ def test_a_read_told_to_wait_is_transient_not_a_refusal(
     with pytest.raises(ProviderUnavailable):  # the engine downloads again later; a 429 is not "gone"
         provider.download(out, tmp_path / "o.jsonl")
     assert provider.download(out, tmp_path / "o.jsonl") > 0
+
+
+def test_token_counter_gives_the_counts_the_batch_is_billed(
+    emu: Emulator, provider: GeminiBatchProvider, clock: ManualClock, tmp_path: Path
+) -> None:
+    from batchgrader.provider.gemini_batches import GeminiTokenCounter, gemini_counter
+
+    path = tmp_path / "bg-j-c0000-a1.jsonl"
+    lines = [chat_line(f"c-{i}", f"Essay {i}: " + "words " * i, model=MODEL, max_completion_tokens=200) for i in range(3)]
+    path.write_bytes(jsonl(lines))
+    counter = GeminiTokenCounter(provider)
+    assert counter.name == "gemini"
+    counts = counter.count_tokens(lines)
+    assert emu.request_count("POST", "/v1beta/models/{model}:countTokens") == 3
+    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "j:0:1"})
+    clock.advance(20)
+    provider.download(provider.retrieve(b.id).output_file_id or "", tmp_path / "o.jsonl")
+    billed = {k: o.prompt_tokens for k, o in collect_outcomes(tmp_path / "o.jsonl").items()}
+    assert [billed[f"c-{i}"] for i in range(3)] == counts  # exact (no system prompt in these lines)
+    assert gemini_counter({"gemini_api_key": None}) is None
+    assert isinstance(gemini_counter({"gemini_api_key": KEY, "gemini_base_url": emu.root_url}), GeminiTokenCounter)

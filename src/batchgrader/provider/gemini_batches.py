@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -354,6 +354,30 @@ class GeminiBatchProvider:
         return int(res.total_tokens or 0)
 
 
+class GeminiTokenCounter:
+    """The counting hook's ``TokenCounter`` capability for Gemini (``name`` and
+    ``count_tokens(lines) -> list[int]``, the protocol of ``provider/counting.py``): the input
+    tokens of each OpenAI-shaped batch line from the free ``models.countTokens`` endpoint, one
+    call per line (the endpoint counts one request).  The hook caches the counts."""
+
+    name = "gemini"
+
+    def __init__(self, provider: GeminiBatchProvider):
+        self.provider = provider
+
+    def count_tokens(self, lines: Sequence[Mapping[str, Any]]) -> list[int]:
+        return [self.provider.count_tokens(model_of(line), line) for line in lines]
+
+
+def gemini_counter(settings: Any) -> GeminiTokenCounter | None:
+    """The Gemini counting hook of a profile's settings; None without a key (counts stay estimates)."""
+    key = settings.get("gemini_api_key")
+    if not key:
+        return None
+    timeout = float(settings.get("request_timeout_seconds") or 120.0)
+    return GeminiTokenCounter(GeminiBatchProvider(key, settings.get("gemini_base_url"), timeout=timeout))
+
+
 def _camel(obj: Any) -> Any:
     """SDK snake_case JSON -> the REST API's camelCase (for inline responses)."""
     if isinstance(obj, dict):
@@ -368,4 +392,4 @@ def _camel_key(k: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
-__all__ = ["FILE_KEPT_S", "GeminiBatchProvider", "INLINE_PREFIX"]
+__all__ = ["FILE_KEPT_S", "INLINE_PREFIX", "GeminiBatchProvider", "GeminiTokenCounter", "gemini_counter"]
