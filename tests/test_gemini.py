@@ -445,3 +445,18 @@ def test_token_counter_gives_the_counts_the_batch_is_billed(
     assert [billed[f"c-{i}"] for i in range(3)] == counts  # exact (no system prompt in these lines)
     assert gemini_counter({"gemini_api_key": None}) is None
     assert isinstance(gemini_counter({"gemini_api_key": KEY, "gemini_base_url": emu.root_url}), GeminiTokenCounter)
+
+
+def test_count_marks_gemini_token_counts_as_an_estimate(tmp_path: Path, home) -> None:  # noqa: ANN001
+    from click.testing import CliRunner
+
+    from batchgrader.cli.commands import cli
+
+    home.config_file.write_text("profiles:\n  gem:\n    provider: gemini\n    model: gemini-2.5-flash\n")
+    f = tmp_path / "data.csv"
+    f.write_text("response\nfirst essay\nsecond essay\n")
+    runner = CliRunner()
+    res = json.loads(runner.invoke(cli, ["count", str(f), "--json", "--profile", "gem"]).output)
+    assert res["input_tokens_exact"] is False and res["provider"] == "gemini" and res["input_tokens"] > 0
+    assert res["estimated_cost_usd"]  # priced from the shipped Gemini batch prices
+    assert "ESTIMATE" in runner.invoke(cli, ["count", str(f), "--profile", "gem"]).output

@@ -182,6 +182,19 @@ def test_bad_provider_settings_refused_before_anything_is_sent(tmp_path: Path, c
         assert emu.stats()["requests"] == {}
 
 
+def test_custom_id_gemini_cannot_take_fails_the_job_before_sending(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    make_inputs(home, CONFIG + "id_column: id\n")
+    (home / "inbox" / "b.jsonl").unlink()
+    (home / "inbox" / "a.csv").write_text(f"id,response\nok-1,x\n{'z' * 600},y\n")
+    with Emulator(EmulatorConfig(api_key=GEMINI_KEY, seed=1)) as emu:
+        res = run(home, emu, "daemon", "--once")
+        assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
+        assert emu.request_count("POST", "/upload/v1beta/files") == 0 and emu.request_count("POST", CREATE) == 0
+    (job,) = state_of(home).jobs.values()
+    assert job.ended == "failed" and "Gemini batch key" in job.error["error"]
+
+
 API_POINTS = [
     ("POST", "/upload/v1beta/files", "received", 1),
     ("POST", "/upload/v1beta/files", "effected", 2),

@@ -179,7 +179,8 @@ class GeminiBatchProvider:
         if len(models) > 1:
             problem = f"{filename}: a Gemini batch runs one model, this chunk names {sorted(models)}"
         for line in lines:
-            problem = problem or key_problem(str(line.get("custom_id") or ""))
+            if problem is None and key_problem(str(line.get("custom_id") or "")):
+                problem = f"{key_problem(str(line.get('custom_id') or ''))}; choose an id_column whose values fit, or leave id_column unset"
         data = b"".join(json.dumps(to_gemini_line(line), ensure_ascii=False).encode("utf-8") + b"\n" for line in lines)
         if problem is None and len(data) > MAX_FILE_BYTES:
             problem = f"{filename}: a Gemini batch input file holds at most 2 GB; this chunk is {len(data):,} bytes"
