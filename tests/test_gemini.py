@@ -12,7 +12,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from batchgrader.pipeline.results import collect_outcomes, parse_line, sum_usage
+from batchgrader.pipeline.results import RowOutcome, iter_outcomes, parse_line
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.provider.gemini_api import (
     STATE_TO_STATUS,
@@ -52,6 +52,10 @@ def client(emu: Emulator) -> genai.Client:
 @pytest.fixture
 def provider(emu: Emulator) -> GeminiBatchProvider:
     return GeminiBatchProvider(KEY, emu.root_url, timeout=10, max_retries=2)
+
+
+def outcomes_of(source: Any) -> dict[str, RowOutcome]:
+    return {o.custom_id: o for o in iter_outcomes(source)}
 
 
 def gline(key: str, text: str = "Grade this essay.", **gen: Any) -> dict[str, Any]:
@@ -229,8 +233,7 @@ def test_result_parsing_from_documented_examples() -> None:
     out = to_openai_result_line(ok)
     o = parse_line(out)
     assert o.ok and o.custom_id == "request-1" and o.content == "Score: 4" and o.finish_reason == "stop"
-    usage = sum_usage([o])
-    assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens) == (120, 100, 40, 31)
+    assert (o.prompt_tokens, o.cached_tokens, o.completion_tokens, o.reasoning_tokens) == (120, 100, 40, 31)
     assert out["response"]["body"]["usage"]["completion_tokens_details"]["reasoning_tokens"] == 31
     assert out["response"]["body"]["gemini_usage"]["thoughtsTokenCount"] == 31
     truncated = json.loads(json.dumps(ok))
@@ -241,7 +244,7 @@ def test_result_parsing_from_documented_examples() -> None:
     assert not e.ok and err["response"]["status_code"] == 400 and "bad" in (e.error_message or "")
     blocked = to_openai_result_line({"key": "request-3", "response": {"promptFeedback": {"blockReason": "SAFETY"}}})
     assert blocked["response"]["status_code"] == 400 and "SAFETY" in blocked["response"]["body"]["error"]["message"]
-    read = collect_outcomes([json.dumps(out), json.dumps(err)])  # the pipeline reads them like OpenAI lines
+    read = outcomes_of([json.dumps(out), json.dumps(err)])  # the pipeline reads them like OpenAI lines
     assert read["request-1"].ok and not read["request-2"].ok
     with pytest.raises(ValueError):
         to_openai_result_line({"response": {}})
@@ -277,15 +280,16 @@ def test_provider_end_to_end_usage_is_exact(
     assert done.status == "completed" and done.output_file_id and done.output_file_id.startswith("files/batch-")
     n = provider.download(done.output_file_id, tmp_path / "out.jsonl")
     assert n == (tmp_path / "out.jsonl").stat().st_size
-    outcomes = collect_outcomes(tmp_path / "out.jsonl")
+    outcomes = outcomes_of(tmp_path / "out.jsonl")
     assert sorted(outcomes) == [f"job1-r{i}" for i in range(4)] and all(o.ok for o in outcomes.values())
     reported = [
         json.loads(raw)["response"]["usageMetadata"] for raw in client.files.download(file=done.output_file_id).splitlines()
     ]
-    usage = sum_usage(outcomes.values())
-    assert usage.prompt_tokens == sum(u["promptTokenCount"] for u in reported)
-    assert usage.completion_tokens == sum(u["candidatesTokenCount"] + u.get("thoughtsTokenCount", 0) for u in reported)
-    assert usage.reasoning_tokens == sum(u.get("thoughtsTokenCount", 0) for u in reported) > 0
+    assert sum(o.prompt_tokens for o in outcomes.values()) == sum(u["promptTokenCount"] for u in reported)
+    assert sum(o.completion_tokens for o in outcomes.values()) == sum(
+        u["candidatesTokenCount"] + u.get("thoughtsTokenCount", 0) for u in reported
+    )
+    assert sum(o.reasoning_tokens for o in outcomes.values()) == sum(u.get("thoughtsTokenCount", 0) for u in reported) > 0
     assert provider.delete_file(done.output_file_id) is True and provider.delete_file(done.output_file_id) is False
 
 
@@ -441,7 +445,7 @@ def test_token_counter_gives_the_counts_the_batch_is_billed(
     b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "j:0:1"})
     clock.advance(20)
     provider.download(provider.retrieve(b.id).output_file_id or "", tmp_path / "o.jsonl")
-    billed = {k: o.prompt_tokens for k, o in collect_outcomes(tmp_path / "o.jsonl").items()}
+    billed = {k: o.prompt_tokens for k, o in outcomes_of(tmp_path / "o.jsonl").items()}
     assert [billed[f"c-{i}"] for i in range(3)] == counts  # exact (no system prompt in these lines)
     assert gemini_counter({"gemini_api_key": None}) is None
     assert isinstance(gemini_counter({"gemini_api_key": KEY, "gemini_base_url": emu.root_url}), GeminiTokenCounter)

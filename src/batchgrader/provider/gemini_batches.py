@@ -45,16 +45,16 @@ from batchgrader.provider.gemini_api import (
     to_gemini_line,
     to_openai_result_line,
 )
-from batchgrader.provider.openai_api import (
+from batchgrader.provider.protocol import (
     BatchInfo,
     BatchPage,
     FileInfo,
+    FrozenMap,
     OutcomeUnknown,
     ProviderConfigError,
     ProviderRejected,
     ProviderUnavailable,
     RequestCounts,
-    _frozen_map,
 )
 from batchgrader.secrets import mask_secret
 
@@ -93,7 +93,7 @@ def _info(b: GeminiBatch, input_file_id: str = "") -> BatchInfo:
         model=b.model,
         output_file_id=output,
         request_counts=RequestCounts(),
-        metadata=_frozen_map(parse_display_name(b.display_name)),
+        metadata=FrozenMap(parse_display_name(b.display_name)),
         completed_at=b.ended_at if status == "completed" else None,
         failed_at=b.ended_at if status == "failed" else None,
         cancelled_at=b.ended_at if status == "cancelled" else None,
