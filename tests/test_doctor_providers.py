@@ -77,3 +77,43 @@ def test_rejected_anthropic_key_fails_without_showing_it(home: Home) -> None:
 def test_openai_only_config_has_no_anthropic_checks(home: Home, emu: Emulator) -> None:
     home.config_file.write_text("model: gpt-4o-mini\n")
     assert not [n for n in checks(home, emu, ANT_KEY) if n.startswith("anthropic")]
+
+
+# --- gemini ------------------------------------------------------------------------------------
+
+GEM_KEY = "AIza-doctor-secret-0123456789abcdef"
+GEM_CONFIG = "profiles:\n  gem:\n    provider: gemini\n    model: gemini-2.5-flash\n"
+
+
+def gemini_checks(home: Home, emu: Emulator, key: str | None, var: str = "GEMINI_API_KEY") -> dict[str, Check]:
+    home.config_file.write_text(GEM_CONFIG)
+    env = {"HOME": os.environ.get("HOME", "/tmp"), "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": emu.base_url}
+    env["GOOGLE_GEMINI_BASE_URL"] = emu.root_url
+    if key:
+        env[var] = key
+    found = run_checks(home, env, service_status=None, timeout=3.0)
+    buf = io.StringIO()
+    render_checks(found, Console(file=buf, width=250, color_system=None))
+    assert GEM_KEY not in buf.getvalue() + json.dumps(checks_as_json(found)) + repr(found)
+    return {c.name: c for c in found}
+
+
+def test_gemini_profile_is_checked(home: Home, emu: Emulator) -> None:
+    c = gemini_checks(home, emu, GEM_KEY, var="GOOGLE_API_KEY")
+    assert c["gemini key"].status == OK and "gem" in c["gemini key"].detail and "GOOGLE_API_KEY" in c["gemini key"].detail
+    assert c["gemini endpoint"].status == OK
+    assert c["gemini token counting"].status == OK and "gemini-2.5-flash" in c["gemini token counting"].detail
+    assert c["pricing: gemini-2.5-flash"].status == OK and "$0.15 in" in c["pricing: gemini-2.5-flash"].detail
+
+
+def test_missing_gemini_key_fails_naming_the_variables(home: Home, emu: Emulator) -> None:
+    c = gemini_checks(home, emu, None)
+    assert c["gemini key"].status == FAIL and "GEMINI_API_KEY" in c["gemini key"].fix
+    assert "GOOGLE_API_KEY" in c["gemini key"].detail and "gemini endpoint" not in c
+
+
+def test_rejected_gemini_key_fails_without_showing_it(home: Home) -> None:
+    with Emulator(EmulatorConfig(api_key="AIza-the-right-one-0000000000")) as strict:
+        c = gemini_checks(home, strict, GEM_KEY)
+    assert c["gemini endpoint"].status == FAIL and "400" in c["gemini endpoint"].detail
+    assert "rejected" in c["gemini endpoint"].fix

@@ -92,7 +92,18 @@ def test_shipped_table_has_the_reference_batch_prices():
         "claude-sonnet-5": (1.00, 0.10, 5.00),
         "claude-haiku-4-5": (0.50, 0.05, 2.50),
     }
-    assert set(table) == set(expected) | set(LEGACY_CHAT_MODELS) | set(claude)
+    gemini = {  # Gemini Batch API: 50% of the standard prices (docs/architecture.md)
+        "gemini-2.5-pro": (0.625, None, 5.00),
+        "gemini-2.5-flash": (0.15, None, 1.25),
+        "gemini-2.5-flash-lite": (0.05, None, 0.20),
+        "gemini-3.5-flash": (0.75, None, 4.50),
+        "gemini-3.1-pro-preview": (1.00, None, 6.00),
+    }
+    assert set(table) == set(expected) | set(LEGACY_CHAT_MODELS) | set(claude) | set(gemini)
+    for model, (inp, cached, out) in gemini.items():
+        p = table.get(model)
+        assert (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (inp, cached, out)
+        assert p.taken_on == "2026-11-23" and p.source.startswith("https://ai.google.dev/gemini-api/docs/pricing")
     for model, (inp, cached, out) in claude.items():
         p = table.get(model)
         assert (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (inp, cached, out)

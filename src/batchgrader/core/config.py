@@ -31,11 +31,11 @@ class ConfigError(ValueError):
 
 #: selectable providers, and what a profile's model must look like for each (a model the
 #: provider does not offer is refused when the configuration is loaded)
-PROVIDERS = ("openai", "anthropic")
-PROVIDER_MODEL_PREFIX = {"anthropic": "claude-"}
+PROVIDERS = ("openai", "anthropic", "gemini")
+PROVIDER_MODEL_PREFIX = {"anthropic": "claude-", "gemini": "gemini-"}
 #: the environment variable that holds each provider's key (also read from secrets.env)
-PROVIDER_KEY_VAR = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-PROVIDER_KEY_SETTING = {"openai": "api_key", "anthropic": "anthropic_api_key"}
+PROVIDER_KEY_VAR = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY (or GOOGLE_API_KEY)"}
+PROVIDER_KEY_SETTING = {"openai": "api_key", "anthropic": "anthropic_api_key", "gemini": "gemini_api_key"}
 
 
 # --- key catalogue ---------------------------------------------------------------------------
@@ -317,12 +317,18 @@ KEYS: dict[str, Key] = {
     "provider": Key(
         "openai",
         _choice(*PROVIDERS),
-        "Batch API a profile's jobs go to: 'openai' (or a server that copies it) or 'anthropic' (Message Batches, key ANTHROPIC_API_KEY).",
+        "Batch API a profile's jobs go to: 'openai' (or a server that copies it), 'anthropic' (Message Batches, key ANTHROPIC_API_KEY) or 'gemini' (Gemini Batch API, key GEMINI_API_KEY or GOOGLE_API_KEY).",
     ),
     "anthropic_api_key": Key(
         None, _opt_str, "Anthropic API key (env ANTHROPIC_API_KEY); never written to logs, the database or outputs."
     ),
     "anthropic_base_url": Key(None, _opt_str, "Anthropic API base URL (env ANTHROPIC_BASE_URL)."),
+    "gemini_api_key": Key(
+        None,
+        _opt_str,
+        "Gemini API key (env GEMINI_API_KEY or GOOGLE_API_KEY; GOOGLE_API_KEY wins, as in the SDK); never written to logs, the database or outputs.",
+    ),
+    "gemini_base_url": Key(None, _opt_str, "Gemini API base URL (env GOOGLE_GEMINI_BASE_URL)."),
     # housekeeping
     "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
     "stable_seconds": Key(
@@ -352,6 +358,8 @@ GLOBAL_ONLY = {
     "api_key",
     "anthropic_api_key",
     "anthropic_base_url",
+    "gemini_api_key",
+    "gemini_base_url",
     "request_timeout_seconds",
     "rescan_interval_seconds",
     "stable_seconds",
@@ -368,9 +376,12 @@ SDK_ENV = {
     "OPENAI_BASE_URL": "base_url",
     "ANTHROPIC_API_KEY": "anthropic_api_key",
     "ANTHROPIC_BASE_URL": "anthropic_base_url",
+    "GEMINI_API_KEY": "gemini_api_key",
+    "GOOGLE_API_KEY": "gemini_api_key",  # after GEMINI_API_KEY: it wins when both are set, as in google-genai
+    "GOOGLE_GEMINI_BASE_URL": "gemini_base_url",
 }
 #: config keys holding a secret: masked wherever a value is shown
-SECRET_KEYS = ("api_key", "anthropic_api_key")
+SECRET_KEYS = ("api_key", "anthropic_api_key", "gemini_api_key")
 
 
 def env_name(key: str) -> str:

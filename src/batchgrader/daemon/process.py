@@ -185,7 +185,7 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
         err.setFormatter(logging.Formatter("bgctl: %(levelname)s %(message)s"))
         root.addHandler(err)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: max instances" is expected while a tick runs
-    for noisy in ("openai", "httpx", "httpx2", "watchdog"):
+    for noisy in ("openai", "httpx", "httpx2", "watchdog", "google_genai"):
         logging.getLogger(noisy).addFilter(mask)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return handler
@@ -261,6 +261,11 @@ class Daemon:
                 providers["anthropic"] = AnthropicBatchProvider(
                     config.anthropic_api_key, config.anthropic_base_url, timeout=config.request_timeout_seconds
                 )
+        if "gemini" in used:  # google-genai is imported only here, when a profile needs it
+            from batchgrader.provider.gemini_batches import GeminiBatchProvider
+
+            key, url = (SANDBOX_KEY, self.emulator.root_url) if self.sandbox else (config.gemini_api_key, config.gemini_base_url)
+            providers["gemini"] = GeminiBatchProvider(key, url, timeout=config.request_timeout_seconds)
         return ProviderRouter(providers)
 
     def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
@@ -304,7 +309,10 @@ class Daemon:
             except (ConfigError, PricingError, ServiceError, EnvFileError) as exc:
                 raise DaemonError(str(exc)) from None
             setup_logging(
-                self.home, config.log_level, [config.api_key or "", config.anthropic_api_key or ""], to_stderr=not self.live
+                self.home,
+                config.log_level,
+                [config.api_key or "", config.anthropic_api_key or "", config.gemini_api_key or ""],
+                to_stderr=not self.live,
             )
             try:
                 return self._serve(config, prices)

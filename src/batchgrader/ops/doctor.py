@@ -453,15 +453,20 @@ def run_checks(
     config_check, config = check_config(home, env)
     secrets = [*file_secrets, *_config_file_secrets(home), env.get("OPENAI_API_KEY", ""), env.get("BATCHGRADER_API_KEY", "")]
     secrets += [env.get("ANTHROPIC_API_KEY", ""), env.get("BATCHGRADER_ANTHROPIC_API_KEY", "")]
+    secrets += [env.get("GEMINI_API_KEY", ""), env.get("GOOGLE_API_KEY", ""), env.get("BATCHGRADER_GEMINI_API_KEY", "")]
     if config is not None:
         secrets.append(config.default.api_key or "")
         secrets.append(config.default.anthropic_api_key or "")
+        secrets.append(config.default.gemini_api_key or "")
     if service_status == "auto":
         service_status = _default_service_status(env, timeout)
 
     checks = [config_check, check_api_key(home, config, env, from_file, require_key), secrets_check]
     checks.append(check_base_url(config, timeout))
     checks += check_anthropic(config, timeout)
+    from batchgrader.ops.doctor_gemini import check_gemini
+
+    checks += check_gemini(config, timeout, _scrubber(secrets))
     checks += check_pricing(home, config)
     checks += check_encodings(config, encoding_loader)
     checks.append(check_permissions(home))

@@ -2,7 +2,8 @@
 needs no provider-specific code: each job goes to the provider its profile names.
 
 Calls that carry an id are routed by the id's shape (Anthropic staged files and results
-start with ``anthropic-``, Anthropic batches with ``msgbatch_``); uploads are routed by the
+start with ``anthropic-``, Anthropic batches with ``msgbatch_``; Gemini files and batches are
+resource names, ``files/...`` and ``batches/...``, and inline results ``gemini-inline:``); uploads are routed by the
 job named in the deterministic upload name ``bg-<job>-c<chunk>-a<attempt>.jsonl`` through
 ``provider_of_job`` (set by the daemon: job id -> the ``provider`` of the job's profile).
 """
@@ -24,9 +25,11 @@ _UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
 
 
 def provider_of_id(object_id: str) -> str:
-    """``anthropic`` or ``openai``, from the shape of a file or batch id."""
+    """``anthropic``, ``gemini`` or ``openai``, from the shape of a file or batch id."""
     if object_id.startswith(("anthropic-", "msgbatch_")):
         return "anthropic"
+    if object_id.startswith(("files/", "batches/", "gemini-inline:")):
+        return "gemini"
     return "openai"
 
 
@@ -72,6 +75,12 @@ class ProviderRouter:
     def find_batches(
         self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None
     ) -> list[BatchInfo]:
+        if input_file_id is None and metadata and "bg_job" in metadata:  # a recovered job: its profile's provider
+            try:
+                name = self.provider_of_job(metadata["bg_job"])
+            except KeyError:
+                name = "openai"
+            return self._by_name(name).find_batches(input_file_id, metadata, created_after)
         return self._by_id(input_file_id or "").find_batches(input_file_id, metadata, created_after)
 
     def retrieve(self, batch_id: str) -> BatchInfo:

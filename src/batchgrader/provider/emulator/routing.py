@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from batchgrader.provider.emulator.anthropic import AnthropicApiError, anthropic_error_type
 from batchgrader.provider.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
 from batchgrader.provider.emulator.faults import Fault
+from batchgrader.provider.emulator.gemini import GeminiApiError, gemini_error_body
 
 if TYPE_CHECKING:
     from batchgrader.provider.emulator.server import Emulator
@@ -41,6 +42,28 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
     ("POST", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)/cancel$"), "/v1/messages/batches/{id}/cancel", "msg_cancel"),
     ("GET", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)/results$"), "/v1/messages/batches/{id}/results", "msg_results"),
     ("POST", re.compile(r"^/v1/messages/count_tokens$"), "/v1/messages/count_tokens", "msg_count_tokens"),
+    # Gemini Batch API and Files API (see gemini.py)
+    ("POST", re.compile(r"^/upload/v1beta/files$"), "/upload/v1beta/files", "gem_upload"),
+    ("GET", re.compile(r"^/v1beta/files$"), "/v1beta/files", "gem_list_files"),
+    ("GET", re.compile(r"^/v1beta/files/(?P<id>[^/:]+)$"), "/v1beta/files/{id}", "gem_get_file"),
+    ("DELETE", re.compile(r"^/v1beta/files/(?P<id>[^/:]+)$"), "/v1beta/files/{id}", "gem_delete_file"),
+    ("GET", re.compile(r"^/v1beta/files/(?P<id>[^/:]+):download$"), "/v1beta/files/{id}:download", "gem_download"),
+    (
+        "POST",
+        re.compile(r"^/v1beta/models/(?P<id>[^/:]+):batchGenerateContent$"),
+        "/v1beta/models/{model}:batchGenerateContent",
+        "gem_create_batch",
+    ),
+    (
+        "POST",
+        re.compile(r"^/v1beta/models/(?P<id>[^/:]+):countTokens$"),
+        "/v1beta/models/{model}:countTokens",
+        "gem_count_tokens",
+    ),
+    ("GET", re.compile(r"^/v1beta/batches$"), "/v1beta/batches", "gem_list_batches"),
+    ("GET", re.compile(r"^/v1beta/batches/(?P<id>[^/:]+)$"), "/v1beta/batches/{id}", "gem_get_batch"),
+    ("DELETE", re.compile(r"^/v1beta/batches/(?P<id>[^/:]+)$"), "/v1beta/batches/{id}", "gem_delete_batch"),
+    ("POST", re.compile(r"^/v1beta/batches/(?P<id>[^/:]+):cancel$"), "/v1beta/batches/{id}:cancel", "gem_cancel_batch"),
 ]
 
 
@@ -175,6 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/_emulator"):
             self._admin(method, path, query, body)
             return
+        # Gemini: the SDK may use API version v1 or v1beta; a Google key marks its /v1 calls
+        gemini = path.startswith(("/v1beta/", "/upload/")) or (path.startswith("/v1/") and "x-goog-api-key" in self.headers)
+        if gemini:
+            path = re.sub(r"^(/upload)?/v1/", r"\1/v1beta/", path)
         route = None
         params: dict[str, str] = {}
         action = None
@@ -211,6 +238,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if anthropic:
                     self._send_json(fault.status, _anthropic_body(fault.status, msg), extra)
                     return
+                if gemini:
+                    self._send_json(fault.status, gemini_error_body(fault.status, msg), extra)
+                    return
                 self._send_json(fault.status, _error_body(msg, etype, None, code), extra)
                 return
             else:
@@ -218,21 +248,31 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if anthropic:
                 self._check_anthropic_auth()
+            elif gemini:
+                if not (action == "gem_upload" and query.get("upload_id")):  # the session URL is the credential
+                    self._check_gemini_auth()
             else:
                 self._check_auth()
             if action is None:
                 raise ApiError(404, f"Invalid URL ({method} {path})")
             if action.startswith("msg_"):
                 result = self._call_anthropic(action, params, query, body)
+            elif action.startswith("gem_"):
+                result = self._call_gemini(action, params, query, body)
             else:
                 result = self._call(action, params, query, body)
-        except AnthropicApiError as e:
+        except (AnthropicApiError, GeminiApiError) as e:
             result = (e.status, e.body())
         except ApiError as e:
-            result = (e.status, _anthropic_body(e.status, e.message) if anthropic else e.body())
+            if gemini:
+                result = (e.status, gemini_error_body(e.status, e.message))
+            else:
+                result = (e.status, _anthropic_body(e.status, e.message) if anthropic else e.body())
         except Exception:  # pragma: no cover - a bug in the emulator; still answer like the API
             log.exception("emulator: unhandled error for %s %s", method, path)
             result = (500, _anthropic_body(500, "Internal server error") if anthropic else _server_error_body())
+            if gemini:
+                result = (500, gemini_error_body(500, "An internal error has occurred."))
         self._hook(method, route or path, "effected")
         if after is not None:
             if after.kind == "drop_after":
@@ -243,14 +283,15 @@ class _Handler(BaseHTTPRequestHandler):
             if after.kind == "garbage":
                 self._send_bytes(200, b'{"id": "trunc', "application/json")
                 return
-        status, payload = result
+        status, payload = result[0], result[1]
+        headers: Mapping[str, str] | None = result[2] if len(result) > 2 else None  # type: ignore[misc]
         if after is not None and after.kind == "garble_line" and isinstance(payload, bytes):
             payload = _garble_first_line(payload)
         truncate = after is not None and after.kind == "truncate"
         if isinstance(payload, bytes):
             self._send_content(status, payload, truncate=truncate)
         else:
-            self._send_json(status, payload, truncate=truncate)
+            self._send_json(status, payload, headers, truncate=truncate)
 
     def _hook(self, method: str, route: str, phase: str) -> None:
         hook = self.emulator.config.on_request
@@ -287,6 +328,42 @@ class _Handler(BaseHTTPRequestHandler):
         expected = self.emulator.config.api_key
         if expected is not None and key != expected:
             raise AnthropicApiError(401, "invalid x-api-key", type="authentication_error")
+
+    def _check_gemini_auth(self) -> None:
+        key = self.headers.get("x-goog-api-key", "").strip()
+        if not key:
+            raise GeminiApiError(403, "Method doesn't allow unregistered callers (callers without established identity).")
+        expected = self.emulator.config.api_key
+        if expected is not None and key != expected:
+            raise GeminiApiError(400, "API key not valid. Please pass a valid API key.")
+
+    def _call_gemini(self, action: str, params: dict[str, str], query: dict[str, str], body: bytes) -> tuple[Any, ...]:
+        store = self.emulator.store
+        if action == "gem_upload":
+            if query.get("upload_id"):
+                command = self.headers.get("X-Goog-Upload-Command", "")
+                offset = int(self.headers.get("X-Goog-Upload-Offset") or 0)
+                return (200, *store.gem_upload_chunk(query["upload_id"], command, offset, body))
+            parsed = self._gemini_json(body)
+            root = f"http://{self.headers.get('Host') or self.emulator.config.host}"
+            return (200, *store.gem_upload_start(parsed, self.headers, root))
+        if action == "gem_download":
+            return 200, store.gem_download(params["id"])
+        if action in ("gem_create_batch", "gem_count_tokens"):
+            parsed = self._gemini_json(body)
+            if action == "gem_count_tokens":
+                return 200, store.gem_count_tokens(parsed)
+            return 200, store.gem_create_batch(params["id"], parsed)
+        if action in ("gem_list_files", "gem_list_batches"):
+            return 200, getattr(store, action)(query)
+        return 200, getattr(store, action)(params["id"])
+
+    @staticmethod
+    def _gemini_json(body: bytes) -> Any:
+        try:
+            return json.loads(body or b"{}")
+        except ValueError:
+            raise GeminiApiError(400, "Invalid JSON payload received.") from None
 
     def _call_anthropic(self, action: str, params: dict[str, str], query: dict[str, str], body: bytes) -> tuple[int, Any]:
         store = self.emulator.store

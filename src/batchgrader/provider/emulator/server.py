@@ -164,6 +164,7 @@ def run_emulator(port: int, faults: str, seed: int, data_dir: str | None, **conf
         print(f"  faults: {faults}  seed: {seed}  data: {data_dir or '(in memory)'}", flush=True)
         print(f"  stats: {emu.root_url}/_emulator/stats", flush=True)
         print("  export OPENAI_BASE_URL=" + emu.base_url + "  (any non-empty OPENAI_API_KEY works)", flush=True)
+        print("  Anthropic: ANTHROPIC_BASE_URL=" + emu.root_url + "   Gemini: GOOGLE_GEMINI_BASE_URL=" + emu.root_url, flush=True)
         print("  Ctrl-C to stop.", flush=True)
         print("=" * 64, flush=True)
 

@@ -13,13 +13,14 @@ from batchgrader.provider.emulator.anthropic import AnthropicMixin, _MsgBatch
 from batchgrader.provider.emulator.config import EmulatorConfig
 from batchgrader.provider.emulator.faults import FaultsMixin
 from batchgrader.provider.emulator.files import FilesMixin
+from batchgrader.provider.emulator.gemini import GeminiMixin, _GemBatch, _GemFile
 from batchgrader.provider.emulator.lifecycle import BatchesMixin
 from batchgrader.provider.emulator.persistence import PersistenceMixin
 from batchgrader.provider.emulator.state import _Batch, _File
 from batchgrader.provider.emulator.validation import ValidationMixin
 
 
-class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicMixin, FaultsMixin, PersistenceMixin):
+class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicMixin, GeminiMixin, FaultsMixin, PersistenceMixin):
     """All API state and behaviour, independent of HTTP. Every public method takes the lock."""
 
     def __init__(self, config: EmulatorConfig):
@@ -29,6 +30,9 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         self.files: dict[str, _File] = {}
         self.batches: dict[str, _Batch] = {}
         self.msg_batches: dict[str, _MsgBatch] = {}
+        self.gem_files: dict[str, _GemFile] = {}
+        self.gem_batches: dict[str, _GemBatch] = {}
+        self.gem_uploads: dict[str, dict[str, Any]] = {}
         self.seq = 0
         self.requests: Counter[str] = Counter()
         self.faults_injected: Counter[str] = Counter()
@@ -42,6 +46,7 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         if self.data_dir:
             self._load()
             self._msg_load()
+            self._gem_load()
 
     # --- inspection ------------------------------------------------------------------------
 

@@ -1,0 +1,479 @@
+"""The emulator's Gemini Batch API (SIMULATED), for the official ``google-genai`` SDK.
+
+Served under the same root as the other routes (``genai.Client(api_key=...,
+http_options=types.HttpOptions(base_url=emu.root_url))``), with Google's objects and error
+bodies (``{"error": {"code", "message", "status"}}``) and ``x-goog-api-key`` auth:
+
+* Files: the resumable upload (``POST /upload/v1beta/files`` with ``X-Goog-Upload-Command:
+  start``, answered with ``X-Goog-Upload-URL``; then ``upload, finalize`` with the bytes),
+  ``GET /v1beta/files`` (pages), ``GET/DELETE /v1beta/files/{id}`` and
+  ``GET /v1beta/files/{id}:download`` (generated files only, as the real API).
+* Batches: ``POST /v1beta/models/{model}:batchGenerateContent`` (a JSONL input file of
+  ``{"key", "request"}`` lines, or inline requests), ``GET /v1beta/batches`` (newest first,
+  pages), ``GET/DELETE /v1beta/batches/{id}``, ``POST /v1beta/batches/{id}:cancel``; batch
+  resources are long-running operations whose ``metadata`` is the ``GenerateContentBatch``.
+* ``POST /v1beta/models/{model}:countTokens``.
+
+A batch is ``BATCH_STATE_PENDING`` for ``validating_s``, ``BATCH_STATE_RUNNING`` for
+``in_progress_s + finalizing_s``, then ``BATCH_STATE_SUCCEEDED`` with a generated responses
+file (``files/batch-<id>``).  A cancel ends it ``cancelling_s`` later as
+``BATCH_STATE_CANCELLED``; past ``completion_window_s`` it is ``BATCH_STATE_EXPIRED``; both
+keep the answers of the requests processed by then.  A request is checked when processed (an
+``error`` line with a ``google.rpc.Status``, gRPC codes, as the real output file has).  Input
+tokens are counted with the project's tiktoken counter (a stand-in: Gemini's tokenizer is not
+offline).  Every model but the ``-lite`` ones thinks: it reports ``thoughtsTokenCount``.
+With ``data_dir``, files and batches are kept in ``gemini/`` (results recomputed, deterministically).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from batchgrader.fsio import atomic_write_bytes
+from batchgrader.provider.emulator.answers import _counter_for, _sentence, generate_from_schema
+from batchgrader.provider.emulator.common import ApiError, _hex
+from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.state import _StoreBase
+
+COUNTING_STAND_IN = "gpt-4o"
+GEMINI_MAX_FILE_BYTES = 2 * 1024 * 1024 * 1024
+GEMINI_MAX_INLINE_BYTES = 20 * 1024 * 1024
+FILE_KEPT_S = 48 * 3600
+BATCH_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
+OUTPUT_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput"
+STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
+STATUS_NAMES |= {409: "ALREADY_EXISTS", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+
+
+def google_status(status: int) -> str:
+    return STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "FAILED_PRECONDITION")
+
+
+class GeminiApiError(ApiError):
+    """An error answered with Google's error body."""
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.status, "message": self.message, "status": google_status(self.status)}}
+
+
+def gemini_error_body(status: int, message: str) -> dict[str, Any]:
+    return GeminiApiError(status, message).body()
+
+
+def _rfc3339(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _get(d: dict[str, Any], camel: str, snake: str) -> Any:
+    return d.get(camel, d.get(snake))
+
+
+@dataclass
+class _GemFile:
+    name: str
+    seq: int
+    display_name: str
+    mime_type: str
+    t_created: float
+    data: bytes
+    source: str = "UPLOADED"
+    deleted: bool = False
+
+
+@dataclass
+class _GemBatch:
+    name: str
+    seq: int
+    t_created: float
+    model: str
+    display_name: str
+    input_file: str | None
+    requests: list[dict[str, Any]]  # {"key", "request"}
+    t_cancel: float | None = None
+    deleted: bool = False
+    state: str = "BATCH_STATE_PENDING"
+    t_ended: float | None = None
+    results: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+
+class GeminiMixin(_StoreBase):
+    """Gemini Files and Batch API state and behaviour."""
+
+    gem_files: dict[str, _GemFile]
+    gem_batches: dict[str, _GemBatch]
+    gem_uploads: dict[str, dict[str, Any]]
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def _gem_save_file(self, f: _GemFile) -> None:
+        if self.data_dir and f.source == "UPLOADED":
+            d = self.data_dir / "gemini" / "files"
+            key = f.name.split("/")[-1]
+            if not (d / f"{key}.data").exists():
+                atomic_write_bytes(d / f"{key}.data", f.data)
+            rec = {"name": f.name, "seq": f.seq, "display_name": f.display_name, "mime_type": f.mime_type}
+            rec |= {"t_created": f.t_created, "deleted": f.deleted}
+            atomic_write_bytes(d / f"{key}.json", json.dumps(rec).encode("utf-8"))
+
+    def _gem_save_batch(self, b: _GemBatch) -> None:
+        if self.data_dir:
+            rec = {k: getattr(b, k) for k in ("name", "seq", "t_created", "model", "display_name", "input_file", "requests")}
+            rec |= {"t_cancel": b.t_cancel, "deleted": b.deleted}
+            atomic_write_bytes(self.data_dir / "gemini" / "batches" / f"{b.name.split('/')[-1]}.json", json.dumps(rec).encode())
+
+    def _gem_load(self) -> None:
+        root = self.data_dir / "gemini" if self.data_dir else None
+        if root is None or not root.exists():
+            return
+        for p in sorted((root / "files").glob("*.json")):
+            r = json.loads(p.read_text(encoding="utf-8"))
+            data = p.with_suffix(".data").read_bytes()
+            f = _GemFile(r["name"], r["seq"], r["display_name"], r["mime_type"], r["t_created"], data, deleted=r["deleted"])
+            self.gem_files[f.name] = f
+            self.seq = max(self.seq, f.seq)
+            self.files_created += 1
+        for p in sorted((root / "batches").glob("*.json")):
+            r = json.loads(p.read_text(encoding="utf-8"))
+            b = _GemBatch(
+                r["name"], r["seq"], r["t_created"], r["model"], r["display_name"], r["input_file"], r["requests"], r["t_cancel"]
+            )
+            b.deleted = r["deleted"]
+            self.gem_batches[b.name] = b
+            self.seq = max(self.seq, b.seq)
+            self.batches_created += 1
+
+    # --- files -------------------------------------------------------------------------------
+
+    def _gem_file_view(self, f: _GemFile) -> dict[str, Any]:
+        view = {
+            "name": f.name,
+            "displayName": f.display_name,
+            "mimeType": f.mime_type,
+            "sizeBytes": str(len(f.data)),
+            "createTime": _rfc3339(f.t_created),
+            "updateTime": _rfc3339(f.t_created),
+            "expirationTime": _rfc3339(f.t_created + FILE_KEPT_S),
+            "sha256Hash": _hex(f.data, n=64),
+            "uri": f"https://generativelanguage.googleapis.com/v1beta/{f.name}",
+            "state": "ACTIVE",
+            "source": f.source,
+        }
+        if f.source == "GENERATED":
+            view["downloadUri"] = f"{view['uri']}:download?alt=media"
+        return view
+
+    def _gem_file(self, file_id: str) -> _GemFile:
+        name = file_id if file_id.startswith("files/") else "files/" + file_id
+        self._gem_advance_all()
+        f = self.gem_files.get(name)
+        if f is None or f.deleted:
+            raise GeminiApiError(403, f"You do not have permission to access the File {file_id} or it may not exist.")
+        return f
+
+    def gem_upload_start(self, body: Any, headers: Any, upload_root: str) -> tuple[dict[str, Any], dict[str, str]]:
+        meta: dict[str, Any] = body["file"] if isinstance(body, dict) and isinstance(body.get("file"), dict) else {}
+        size = int(headers.get("X-Goog-Upload-Header-Content-Length") or _get(meta, "sizeBytes", "size_bytes") or 0)
+        if size > GEMINI_MAX_FILE_BYTES:
+            raise GeminiApiError(400, "File size exceeds the 2 GB limit.")
+        mime = (
+            headers.get("X-Goog-Upload-Header-Content-Type") or _get(meta, "mimeType", "mime_type") or "application/octet-stream"
+        )
+        upload_id = uuid.uuid4().hex
+        with self.lock:
+            self.gem_uploads[upload_id] = {
+                "size": size,
+                "display_name": _get(meta, "displayName", "display_name") or "",
+                "mime": mime,
+                "data": b"",
+            }
+        url = f"{upload_root}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
+        return {}, {"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active", "X-Goog-Upload-Chunk-Granularity": "8388608"}
+
+    def gem_upload_chunk(self, upload_id: str, command: str, offset: int, data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
+        with self.lock:
+            up = self.gem_uploads.get(upload_id)
+            if up is None:
+                raise GeminiApiError(404, "Upload session not found.")
+            if offset != len(up["data"]):
+                raise GeminiApiError(400, f"Invalid upload offset {offset}; expected {len(up['data'])}.")
+            up["data"] += data
+            if "finalize" not in command:
+                return {}, {"X-Goog-Upload-Status": "active"}
+            del self.gem_uploads[upload_id]
+            if len(up["data"]) != up["size"]:
+                raise GeminiApiError(400, f"Upload size {len(up['data'])} does not match the declared {up['size']}.")
+            f = _GemFile(
+                "files/" + uuid.uuid4().hex[:12], self._next_seq(), up["display_name"], up["mime"], self.clock(), up["data"]
+            )
+            self.gem_files[f.name] = f
+            self.files_created += 1
+            self._gem_save_file(f)
+            return {"file": self._gem_file_view(f)}, {"X-Goog-Upload-Status": "final"}
+
+    def gem_list_files(self, query: dict[str, str]) -> dict[str, Any]:
+        with self.lock:
+            self._gem_advance_all()
+            items = sorted((f for f in self.gem_files.values() if not f.deleted), key=lambda f: f.seq, reverse=True)
+            page, token = self._gem_page(items, query)
+            out: dict[str, Any] = {"files": [self._gem_file_view(f) for f in page]}
+            if token:
+                out["nextPageToken"] = token
+            return out
+
+    def gem_get_file(self, file_id: str) -> dict[str, Any]:
+        with self.lock:
+            return self._gem_file_view(self._gem_file(file_id))
+
+    def gem_delete_file(self, file_id: str) -> dict[str, Any]:
+        with self.lock:
+            f = self._gem_file(file_id)
+            f.deleted = True
+            self._gem_save_file(f)
+            return {}
+
+    def gem_download(self, file_id: str) -> bytes:
+        with self.lock:
+            f = self._gem_file(file_id)
+            if f.source != "GENERATED":
+                raise GeminiApiError(400, "Only generated files can be downloaded; uploaded files cannot.")
+            return f.data
+
+    def _gem_page(self, items: list[Any], query: dict[str, str]) -> tuple[list[Any], str | None]:
+        size = self._int_param({"n": query.get("pageSize", "")}, "n", 10, 1, 1000)
+        start = int(query["pageToken"]) if query.get("pageToken", "").isdigit() else 0
+        page = items[start : start + size]
+        return page, str(start + size) if start + size < len(items) else None
+
+    # --- batches -----------------------------------------------------------------------------
+
+    def gem_create_batch(self, model: str, body: Any) -> dict[str, Any]:
+        model = model.removeprefix("models/")
+        if not model.startswith("gemini-"):
+            raise GeminiApiError(
+                404, f"models/{model} is not found for API version v1beta, or is not supported for batchGenerateContent."
+            )
+        batch = body.get("batch") if isinstance(body, dict) else None
+        if not isinstance(batch, dict):
+            raise GeminiApiError(400, "Invalid JSON payload: 'batch' is required.")
+        display = batch.get("displayName") or batch.get("display_name")
+        if not display:
+            raise GeminiApiError(400, "batch.display_name is required.")
+        src = batch.get("inputConfig") or batch.get("input_config") or {}
+        with self.lock:
+            file_name = _get(src, "fileName", "file_name")
+            if file_name:
+                f = self._gem_file(file_name)
+                try:
+                    requests = [json.loads(raw) for raw in f.data.splitlines() if raw.strip()]
+                except ValueError:
+                    raise GeminiApiError(400, f"{file_name} is not valid JSONL.") from None
+            else:
+                inline = (src.get("requests") or {}).get("requests")
+                if not isinstance(inline, list) or not inline:
+                    raise GeminiApiError(400, "batch.input_config must name a file_name or hold requests.")
+                if len(json.dumps(inline)) > GEMINI_MAX_INLINE_BYTES:
+                    raise GeminiApiError(400, "Inline batch requests exceed 20 MB; use an input file.")
+                requests = [
+                    {"key": str((r.get("metadata") or {}).get("key") or i), "request": r.get("request") or {}}
+                    for i, r in enumerate(inline)
+                ]
+            if not requests or not all(isinstance(r, dict) and isinstance(r.get("request"), dict) for r in requests):
+                raise GeminiApiError(400, "Every batch line must be an object with a 'request'.")
+            b = _GemBatch(
+                "batches/" + uuid.uuid4().hex[:16], self._next_seq(), self.clock(), model, str(display), file_name, requests
+            )
+            b.requests = [{"key": r.get("key"), "request": r["request"], "inline": not file_name} for r in requests]
+            self.gem_batches[b.name] = b
+            self.batches_created += 1
+            self._gem_save_batch(b)
+            return self._gem_view(b)
+
+    def _gem_batch(self, batch_id: str) -> _GemBatch:
+        name = batch_id if batch_id.startswith("batches/") else "batches/" + batch_id
+        b = self.gem_batches.get(name)
+        if b is None or b.deleted:
+            raise GeminiApiError(404, f"Batch {name} not found.")
+        self._gem_advance(b)
+        return b
+
+    def gem_get_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            return self._gem_view(self._gem_batch(batch_id))
+
+    def gem_list_batches(self, query: dict[str, str]) -> dict[str, Any]:
+        with self.lock:
+            items = sorted((b for b in self.gem_batches.values() if not b.deleted), key=lambda b: b.seq, reverse=True)
+            page, token = self._gem_page(items, query)
+            out: dict[str, Any] = {"operations": [self._gem_view(self._gem_batch(b.name)) for b in page]}
+            if token:
+                out["nextPageToken"] = token
+            return out
+
+    def gem_cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            b = self._gem_batch(batch_id)
+            if b.results is not None:
+                raise GeminiApiError(400, f"Batch {b.name} has already ended ({b.state}).")
+            if b.t_cancel is None:
+                b.t_cancel = self.clock()
+                self._gem_save_batch(b)
+            return {}
+
+    def gem_delete_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            b = self._gem_batch(batch_id)
+            b.deleted = True
+            self._gem_save_batch(b)
+            return {}
+
+    def gem_count_tokens(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("contents"), list):
+            raise GeminiApiError(400, "contents is required.")
+        n = self._gem_tokens({"contents": body["contents"]})
+        return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
+
+    # --- the lifecycle -----------------------------------------------------------------------
+
+    def _gem_advance_all(self) -> None:
+        for b in list(self.gem_batches.values()):
+            self._gem_advance(b)
+
+    def _gem_processed(self, b: _GemBatch, t: float) -> int:
+        span = self.cfg.in_progress_s + self.cfg.finalizing_s
+        run = t - b.t_created - self.cfg.validating_s
+        if span <= 0:
+            return len(b.requests) if run >= 0 else 0
+        return min(len(b.requests), max(0, int(len(b.requests) * run / span + 1e-6)))
+
+    def _gem_advance(self, b: _GemBatch) -> None:
+        if b.results is not None:
+            return
+        now = self.clock()
+        t_end = b.t_created + self.cfg.validating_s + self.cfg.in_progress_s + self.cfg.finalizing_s
+        deadline = b.t_created + self.cfg.completion_window_s
+        if b.t_cancel is not None and b.t_cancel < t_end:
+            if now >= b.t_cancel + self.cfg.cancelling_s:
+                self._gem_finish(
+                    b, b.t_cancel + self.cfg.cancelling_s, self._gem_processed(b, b.t_cancel), "BATCH_STATE_CANCELLED"
+                )
+            else:
+                b.state = "BATCH_STATE_RUNNING"
+        elif deadline < t_end and now >= deadline:
+            self._gem_finish(b, deadline, self._gem_processed(b, deadline), "BATCH_STATE_EXPIRED")
+        elif now >= t_end and deadline >= t_end:
+            self._gem_finish(b, t_end, len(b.requests), "BATCH_STATE_SUCCEEDED")
+        else:
+            b.state = "BATCH_STATE_PENDING" if now < b.t_created + self.cfg.validating_s else "BATCH_STATE_RUNNING"
+
+    def _gem_finish(self, b: _GemBatch, t: float, processed: int, state: str) -> None:
+        results = [self._gem_result(b, r) for r in b.requests[:processed]]
+        if self.cfg.shuffle_output and len(results) > 1:
+            random.Random(f"shuffle:{self.cfg.seed}:{b.name}").shuffle(results)
+        b.results, b.t_ended, b.state = results, t, state
+        if results and not b.requests[0].get("inline"):
+            data = b"".join(json.dumps(r).encode("utf-8") + b"\n" for r in results)
+            name = "files/batch-" + b.name.split("/")[-1]
+            if name not in self.gem_files:
+                self.gem_files[name] = _GemFile(name, self._next_seq(), name, "application/jsonl", t, data, "GENERATED")
+
+    def _gem_view(self, b: _GemBatch) -> dict[str, Any]:
+        n, done = len(b.requests), b.results is not None
+        ok = sum(1 for r in b.results or [] if "response" in r)
+        meta: dict[str, Any] = {
+            "@type": BATCH_TYPE,
+            "name": b.name,
+            "model": f"models/{b.model}",
+            "displayName": b.display_name,
+            "createTime": _rfc3339(b.t_created),
+            "updateTime": _rfc3339(b.t_ended or b.t_created),
+            "batchStats": {
+                "requestCount": str(n),
+                "successfulRequestCount": str(ok),
+                "failedRequestCount": str(len(b.results or []) - ok),
+                "pendingRequestCount": str(0 if done else n),
+            },
+            "state": b.state,
+            "inputConfig": {"fileName": b.input_file} if b.input_file else {"requests": {}},
+        }
+        if done:
+            meta["endTime"] = _rfc3339(b.t_ended)
+            if b.requests and b.requests[0].get("inline"):
+                inline = [
+                    {"metadata": {"key": r["key"]}, **({"response": r["response"]} if "response" in r else {"error": r["error"]})}
+                    for r in b.results or []
+                ]
+                meta["output"] = {"inlinedResponses": {"inlinedResponses": inline}}
+            elif b.results:
+                meta["output"] = {"responsesFile": "files/batch-" + b.name.split("/")[-1]}
+        op: dict[str, Any] = {"name": b.name, "metadata": meta, "done": done}
+        if done and "output" in meta:
+            op["response"] = {"@type": OUTPUT_TYPE, **meta["output"]}
+        return op
+
+    # --- answers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _gem_text(content: Any) -> str:
+        parts = content.get("parts") if isinstance(content, dict) else None
+        return "".join(p.get("text", "") for p in parts or [] if isinstance(p, dict))
+
+    def _gem_tokens(self, req: dict[str, Any]) -> int:
+        msgs = [{"role": "user", "content": self._gem_text(c)} for c in req.get("contents") or []]
+        system = req.get("systemInstruction") or req.get("system_instruction")
+        if system:
+            msgs = [{"role": "system", "content": self._gem_text(system)}, *msgs]
+        return int(_counter_for(COUNTING_STAND_IN).count(msgs))
+
+    def _gem_result(self, b: _GemBatch, line: dict[str, Any]) -> dict[str, Any]:
+        key, req = str(line.get("key")), line["request"]
+
+        def error(code: int, status: str, message: str) -> dict[str, Any]:
+            return {"key": key, "error": {"code": code, "message": message, "status": status}}
+
+        contents = req.get("contents")
+        if not isinstance(contents, list) or not contents:
+            return error(3, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified")
+        text = " ".join(self._gem_text(c) for c in contents)
+        if FAIL_400_TRIGGER in text:
+            return error(3, "INVALID_ARGUMENT", "Invalid request (emulated failure triggered by __FAIL_400__).")
+        if FAIL_500_TRIGGER in text:
+            return error(13, "INTERNAL", "An internal error has occurred.")
+        gen = req.get("generationConfig") or req.get("generation_config") or {}
+        rng = random.Random(_hex("answer", key, json.dumps(contents, sort_keys=True), n=32))
+        schema = gen.get("responseJsonSchema") or gen.get("responseSchema") or gen.get("response_json_schema")
+        if self.cfg.answer_fn is not None:
+            content = str(self.cfg.answer_fn(key, req))
+        elif schema:
+            content = json.dumps(generate_from_schema(schema, rng), ensure_ascii=False)
+        else:
+            content = _sentence(rng)
+        enc = _counter_for(COUNTING_STAND_IN).encoding
+        tokens = enc.encode_ordinary(content)
+        thoughts = rng.randint(4, 24) if "-lite" not in b.model else 0  # thinking models report thoughtsTokenCount
+        cap = gen.get("maxOutputTokens") or gen.get("max_output_tokens")
+        finish = "STOP"
+        if isinstance(cap, int) and thoughts + len(tokens) > cap:
+            thoughts = min(thoughts, cap)
+            tokens, finish = tokens[: cap - thoughts], "MAX_TOKENS"
+            content = enc.decode(tokens)
+        prompt = self._gem_tokens(req)
+        usage = {
+            "promptTokenCount": prompt,
+            "candidatesTokenCount": len(tokens),
+            "totalTokenCount": prompt + len(tokens) + thoughts,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
+        }
+        if thoughts:
+            usage["thoughtsTokenCount"] = thoughts
+        response = {
+            "candidates": [{"content": {"parts": [{"text": content}], "role": "model"}, "finishReason": finish, "index": 0}],
+            "usageMetadata": usage,
+            "modelVersion": b.model,
+            "responseId": _hex("resp", b.name, key, n=22),
+        }
+        return {"key": key, "response": response}
