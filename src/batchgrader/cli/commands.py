@@ -109,11 +109,17 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     Rows that stored answers (or identical rows of the file) would answer are shown apart."""
     from batchgrader.cli.render import render_count
     from batchgrader.pipeline.prepare import schema_sha256
+    from batchgrader.provider.counting import OFFLINE_EXACT, CountCache, count_hook, counter_for
     from batchgrader.store.answers import count_preview
     from batchgrader.store.queries import learned_schema_overhead
 
     cfg, prof, prices = _load(obj, profile)
     learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format))
+    hook, cache = None, None
+    if prof.provider not in OFFLINE_EXACT:  # the counting hook: the provider's own exact counts
+        counter = counter_for(prof.provider, prof)
+        cache = CountCache.of_home(obj.home) if counter is not None else None
+        hook = count_hook(counter, cache)
     summary = count_preview(
         obj.home,
         file,
@@ -122,11 +128,14 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
         base_url=cfg.default.base_url,
         sandbox=sandbox,
         schema_overhead=learned["per_request"] if learned else None,
+        count_exact=hook,
     )
+    if cache is not None:
+        cache.close()
     if learned and summary.get("schema"):
         summary["schema"]["learned_from"] = {k: learned[k] for k in ("job_id", "ts", "requests")}
-    # tiktoken is exact for OpenAI models only; for another provider it is a stand-in estimate
-    summary["input_tokens_exact"] = prof.provider == "openai"
+    # tiktoken is exact for OpenAI models; for another provider the counting hook decided
+    summary.setdefault("input_tokens_exact", prof.provider in OFFLINE_EXACT)
     summary["provider"] = prof.provider
     emit_json(summary) if as_json else render_count(summary)
     if summary.get("row_errors") or summary.get("pricing_error"):

@@ -91,12 +91,17 @@ def render_count(summary: dict[str, Any]) -> None:
             how = f"allowance: {schema['per_request']:g} tokens/request for the schema, not yet calibrated"
         t.add_row(f"input tokens (estimate; {how})", f"{summary['input_tokens_estimate']:,}")
     else:
-        t.add_row("input tokens (exact)" if exact else f"input tokens ({stand_in})", f"{summary['input_tokens']:,}")
+        via = (summary.get("token_count") or {}).get("source") if exact else None
+        label = (f"exact, from the {via}" if via else "exact") if exact else stand_in
+        t.add_row(f"input tokens ({label})", f"{summary['input_tokens']:,}")
+    why = (summary.get("token_count") or {}).get("reason")
+    if not exact and why:
+        t.add_row("why an estimate", str(why))
     t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")
     if est:
-        t.add_row("estimated cost: input" + (" (estimate)" if schema else " (exact)"), _usd(est["input"]))
+        t.add_row("estimated cost: input" + (" (estimate)" if schema or not exact else " (exact)"), _usd(est["input"]))
         t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")

@@ -28,6 +28,26 @@ from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks
 
 Lookup = Callable[[Sequence[str]], dict[str, Any]]  # keys -> {key: StoredAnswer-like with .record(cid)}
+#: the counting hook as the pipeline sees it: request lines -> (exact counts or None, what happened)
+ExactCount = Callable[[list[bytes]], tuple[list[int] | None, dict[str, Any]]]
+
+
+def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, counting: dict[str, Any] | None) -> bool:
+    """Put exact counts (one per line at ``positions``: the rows that are sent) in place of
+    ``prep.tokens``; True when they were applied.  Other rows (oversized, answered from the
+    cache, duplicates) keep their local count: they are never sent."""
+    from array import array
+
+    if counts is None or counting is None:
+        return False
+    if len(positions) != len(counts):
+        counting.update(exact=False, reason=f"{len(counts)} counts for {len(positions)} requests")
+        return False
+    tokens = array("Q", prep.tokens)
+    for pos, n in zip(positions, counts, strict=True):
+        tokens[pos] = n
+    prep.tokens = tokens
+    return True
 
 
 @dataclass
@@ -264,29 +284,54 @@ def preview(
     lookup: Lookup | None,
     limits: Limits | None = None,
     schema_overhead: float | None = None,
+    count_exact: ExactCount | None = None,
 ) -> dict[str, Any]:
     """`bgctl count`: the summary of :func:`prepare` as the daemon would plan the job now, with
-    ``reuse``: how many rows the stored answers and identical rows answer, and what that saves."""
+    ``reuse``: how many rows the stored answers and identical rows answer, and what that saves.
+
+    ``count_exact`` (the counting hook, :mod:`batchgrader.provider.counting`) is given the request
+    lines when the local count is only an estimate for the profile's provider; when it answers
+    with a count for every line, those counts replace the local ones (``input_tokens_exact``)."""
     from batchgrader.pipeline.prepare import limits_for, oversized_positions, prepare
     from batchgrader.pipeline.pricing import PricingError, billed_cost
 
     enabled = reuse_allowed(profile)
     info: dict[str, Any] = {"enabled": enabled, "cached_rows": 0, "duplicate_rows": 0, "saved_usd": 0.0}
-    if not enabled:
+    if not enabled and count_exact is None:
         summary = prepare(path, profile, home, prices=prices, limits=limits).summary(prices, schema_overhead)
         summary["reuse"] = info
         return summary
+    counts: list[int] | None = None
+    counting: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as tmp:
         prep = prepare(path, profile, home, requests_out=tmp, prices=prices, limits=limits)
+        skip = oversized_positions(prep)
         tmp.seek(0)
-        plan = plan_reuse(tmp, provider, oversized_positions(prep), lookup)
-    if plan.reused:
-        window = profile.context_window
-        if window is None and prices is not None:
-            price = prices.find(profile.model)
-            window = price.context_window if price else None
+        plan = plan_reuse(tmp, provider, skip, lookup if enabled else None, dedupe=enabled)
+        if count_exact is not None:
+            tmp.seek(0)
+            wanted = set(plan.keep)
+            counts, counting = count_exact([line for pos, line in enumerate(tmp) if pos in wanted])
+    window = profile.context_window
+    if window is None and prices is not None:
+        price = prices.find(profile.model)
+        window = price.context_window if price else None
+    local_tokens = prep.tokens
+    if counts_apply(prep, plan.keep, counts, counting):
+        try:
+            prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits or limits_for(profile, window))
+        except ValueError as exc:  # an exact count put a row over a cap: keep the local plan, labelled
+            prep.tokens = local_tokens
+            assert counting is not None
+            counting.update(exact=False, reason=f"exact counts do not fit the plan: {exc}")
+            if plan.reused:
+                prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits or limits_for(profile, window))
+    elif plan.reused:
         prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits or limits_for(profile, window))
     summary = prep.summary(prices, schema_overhead)
+    if counting is not None:
+        summary["input_tokens_exact"] = bool(counting.get("exact"))
+        summary["token_count"] = counting
     info["cached_rows"], info["duplicate_rows"] = len(plan.cached), len(plan.followers)
     if plan.reused and prices is not None:
         try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -332,3 +332,28 @@ class AnthropicProvider:
                 f"{len(confirmed)} Message Batches match the unknown create; wait until they end to compare their custom_ids"
             )
         return confirmed[0] if confirmed else None
+
+
+class AnthropicTokenCounter:
+    """The counting hook (:class:`batchgrader.provider.counting.TokenCounter`) on Anthropic's
+    free ``messages.count_tokens``: one call per request (the endpoint counts one message list),
+    ``workers`` at a time."""
+
+    def __init__(self, provider: AnthropicProvider, name: str = "anthropic", workers: int = 8):
+        self.provider = provider
+        self.name = name
+        self.workers = max(1, workers)
+
+    def __repr__(self) -> str:
+        return f"AnthropicTokenCounter({self.name!r}, {self.provider!r})"
+
+    def count_tokens(self, lines: Sequence[Mapping[str, Any]]) -> list[int]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(line: Mapping[str, Any]) -> int:
+            return self.provider.count_tokens(str(line["body"]["model"]), line)
+
+        if len(lines) <= 1 or self.workers == 1:
+            return [one(line) for line in lines]
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(lines))) as pool:
+            return list(pool.map(one, lines))

@@ -195,9 +195,10 @@ def count_preview(
     base_url: str | None,
     sandbox: bool,
     schema_overhead: float | None = None,
+    count_exact: Any = None,
 ) -> dict[str, Any]:
     """`bgctl count`: :func:`batchgrader.pipeline.reuse.preview` against this home's stored answers
-    (read-only; no database yet means no stored answer)."""
+    (read-only; no database yet means no stored answer).  ``count_exact``: the counting hook."""
     import time
 
     from batchgrader.pipeline.answerkey import provider_id
@@ -220,6 +221,7 @@ def count_preview(
             provider=provider_id(base_url, sandbox),
             lookup=lookup_keys,
             schema_overhead=schema_overhead,
+            count_exact=count_exact,
         )
     finally:
         if conn is not None:

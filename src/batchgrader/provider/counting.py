@@ -1,0 +1,198 @@
+"""The counting hook: exact input tokens from a provider's own (free) counting endpoint.
+
+tiktoken gives OpenAI's (and Azure OpenAI's) exact count offline.  For a provider whose
+tokenizer is not public (Anthropic ``messages.count_tokens``; Gemini ``models.count_tokens``) the
+only exact figure is the provider's own answer, so a provider adapter may offer the
+:class:`TokenCounter` capability:
+
+    ``count_tokens(lines) -> list[int]``: the exact input tokens of each OpenAI-shaped batch
+    line (``{"custom_id", "method", "url", "body"}``), in order; raises
+    :class:`~batchgrader.provider.openai_api.ProviderError` when the endpoint cannot answer.
+
+:func:`exact_counts` puts a cache in front of it (:class:`CountCache`, keyed by the provider
+and the request key of :mod:`batchgrader.pipeline.answerkey`, so a request counted once is never
+counted again, by ``bgctl count`` or by the daemon) and sends only the lines it has not seen, in
+slices of :data:`SLICE`.  It never raises: when counting is impossible (no key, the endpoint
+fails, too many requests to count one by one) the answer says why, and the caller keeps its
+tiktoken figures, labelled as an estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from batchgrader.pipeline.answerkey import request_key
+from batchgrader.provider.openai_api import ProviderError
+
+log = logging.getLogger(__name__)
+
+#: requests sent to a counting endpoint per slice (each slice is counted, then cached)
+SLICE = 100
+#: above this many uncached requests a file is not counted one by one; its counts stay estimates
+MAX_UNCACHED = 20_000
+#: the cache file in the home
+CACHE_FILE = "token_counts.sqlite"
+#: providers whose local (tiktoken) count is their exact count: no counting endpoint needed
+OFFLINE_EXACT = frozenset({"openai", "azure"})
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """The capability a provider adapter offers when its provider has a counting endpoint.
+
+    ``name`` is the cache namespace (the provider's name, ``sandbox`` for the emulator)."""
+
+    name: str
+
+    def count_tokens(self, lines: Sequence[Mapping[str, Any]]) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What :func:`exact_counts` found: ``counts`` (one per line) when every line has an exact
+    count, else None and ``reason`` says why.  ``cached`` lines came from the cache, ``sent``
+    lines were counted by the endpoint now."""
+
+    counts: list[int] | None
+    source: str
+    cached: int = 0
+    sent: int = 0
+    reason: str | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.counts is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``token_count`` in ``bgctl count --json``."""
+        return {"exact": self.exact, "source": self.source, "cached": self.cached, "sent": self.sent, "reason": self.reason}
+
+
+class CountCache:
+    """Exact counts by (provider, request key) in a small SQLite file of its own (never the
+    event log: ``bgctl count`` writes it without the daemon).  Concurrent writers are fine
+    (``INSERT OR REPLACE`` of facts that do not change)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS token_counts ("
+            " provider TEXT NOT NULL, key TEXT NOT NULL, tokens INTEGER NOT NULL, ts REAL NOT NULL,"
+            " PRIMARY KEY (provider, key))"
+        )
+
+    @classmethod
+    def of_home(cls, home: Any) -> CountCache:
+        return cls(Path(home.root) / CACHE_FILE)
+
+    def get(self, provider: str, keys: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in range(0, len(keys), 500):
+            part = list(keys[i : i + 500])
+            marks = ",".join("?" * len(part))
+            rows = self.conn.execute(
+                f"SELECT key, tokens FROM token_counts WHERE provider = ? AND key IN ({marks})", [provider, *part]
+            )
+            out.update({k: int(t) for k, t in rows})
+        return out
+
+    def put(self, provider: str, counts: Mapping[str, int], now: float | None = None) -> None:
+        ts = time.time() if now is None else now
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO token_counts (provider, key, tokens, ts) VALUES (?, ?, ?, ?)",
+                [(provider, k, int(v), ts) for k, v in counts.items()],
+            )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def exact_counts(
+    counter: TokenCounter | None,
+    lines: Sequence[bytes | str | Mapping[str, Any]],
+    cache: CountCache | None = None,
+    *,
+    max_uncached: int = MAX_UNCACHED,
+) -> Counted:
+    """Exact input tokens of every line from ``counter`` (behind ``cache``), or why not."""
+    if counter is None:
+        return Counted(None, "estimate", reason="no counting endpoint (no API key for it)")
+    source = f"{counter.name} counting endpoint"
+    requests = [dict(x) if isinstance(x, Mapping) else json.loads(x) for x in lines]
+    keys = [request_key(counter.name, r) for r in requests]
+    known = cache.get(counter.name, keys) if cache is not None else {}
+    missing: dict[str, dict[str, Any]] = {}
+    for k, r in zip(keys, requests, strict=True):
+        if k not in known and k not in missing:
+            missing[k] = r
+    if len(missing) > max_uncached:
+        return Counted(
+            None,
+            "estimate",
+            cached=len(keys) - len(missing),
+            reason=f"{len(missing):,} requests not counted yet (more than {max_uncached:,} are not counted one by one)",
+        )
+    todo = list(missing.items())
+    sent = 0
+    for i in range(0, len(todo), SLICE):
+        part = todo[i : i + SLICE]
+        try:
+            answer = counter.count_tokens([r for _, r in part])
+        except ProviderError as exc:
+            log.warning("token counting through %s failed: %s (the counts stay estimates)", counter.name, exc)
+            return Counted(None, "estimate", cached=len(keys) - len(missing), sent=sent, reason=f"counting failed: {exc}")
+        if len(answer) != len(part):
+            return Counted(None, "estimate", reason=f"{counter.name} answered {len(answer)} counts for {len(part)} requests")
+        got = {k: int(n) for (k, _), n in zip(part, answer, strict=True)}
+        known.update(got)
+        sent += len(part)
+        if cache is not None:
+            cache.put(counter.name, got)
+    return Counted([known[k] for k in keys], source, cached=len(keys) - len(missing), sent=sent)
+
+
+def count_hook(
+    counter: TokenCounter | None, cache: CountCache | None
+) -> Callable[[list[bytes]], tuple[list[int] | None, dict[str, Any]]]:
+    """The hook as :func:`batchgrader.pipeline.reuse.preview` (and the daemon's planning) call it:
+    request lines -> (exact counts or None, :meth:`Counted.as_dict`)."""
+
+    def run(lines: list[bytes]) -> tuple[list[int] | None, dict[str, Any]]:
+        found = exact_counts(counter, lines, cache)
+        return found.counts, found.as_dict()
+
+    return run
+
+
+def _anthropic(settings: Any) -> TokenCounter | None:
+    key = settings.get("anthropic_api_key")
+    if not key:
+        return None
+    from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
+
+    timeout = float(settings.get("request_timeout_seconds") or 120.0)
+    return AnthropicTokenCounter(AnthropicProvider(key, settings.get("anthropic_base_url"), timeout=timeout))
+
+
+#: provider name -> the factory of its counting hook from a profile's settings (None: no key).
+#: A provider with a counting endpoint adds itself here.
+COUNTERS: dict[str, Callable[[Any], TokenCounter | None]] = {"anthropic": _anthropic}
+
+
+def counter_for(provider: str, settings: Any) -> TokenCounter | None:
+    """The counting hook of ``provider`` configured by ``settings`` (a profile), or None when the
+    provider has none or its key is not set."""
+    factory = COUNTERS.get(provider)
+    return factory(settings) if factory is not None else None
