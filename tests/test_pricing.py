@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -91,6 +92,8 @@ def test_shipped_table_has_the_reference_batch_prices():
         "claude-sonnet-5-5": (1.00, 0.10, 5.00),
         "claude-sonnet-5": (1.00, 0.10, 5.00),
         "claude-haiku-4-5": (0.50, 0.05, 2.50),
+        "claude-haiku-5-5": (0.05, 0.005, 0.25),
+        "claude-fable-5-1": (5.00, 0.50, 25.00),
     }
     gemini = {  # Gemini Batch API: 50% of the standard prices (docs/architecture.md)
         "gemini-2.5-pro": (0.625, None, 5.00),
@@ -289,3 +292,38 @@ def test_price_is_immutable():
     with pytest.raises(AttributeError):
         p.input_per_1m = 0  # type: ignore[misc]
     assert p.effective_cached_per_1m == 1.0
+
+
+def test_cache_writes_cost_one_and_a_quarter_times_the_input_price():
+    """Anthropic's 5-minute cache writes (``cache_creation_input_tokens``) are billed at 1.25x
+    the input price; cache reads at the cached price; the rest of the prompt at the input price."""
+    p = load_pricing().get("claude-sonnet-5-5")  # batch: input 1.00, cached 0.10, output 5.00 per 1M
+    # 1,000,000 prompt tokens = 600,000 plain + 300,000 cache reads + 100,000 cache writes
+    cost = billed_cost(p, 1_000_000, 300_000, 200_000, cache_write_tokens=100_000)
+    assert cost == 1.755  # 0.60 + 0.03 + 0.125 (1.25 x 1.00 x 0.1) + 1.00
+    assert billed_cost(p, 1_000_000, 300_000, 200_000) == 1.73  # no writes: 0.70 + 0.03 + 1.00
+    with pytest.raises(ValueError, match="cannot exceed"):
+        billed_cost(p, 100, 60, 0, cache_write_tokens=50)
+
+
+def test_anthropic_cache_writes_are_parsed_and_costed_from_the_result_line():
+    """An Anthropic result's ``cache_creation_input_tokens`` reach the merged chunk's cost at 1.25x input."""
+    from batchgrader.pipeline.merge import merge_chunk
+    from batchgrader.pipeline.results import parse_line
+    from batchgrader.provider.anthropic_api import to_openai_result_line
+
+    usage = {"input_tokens": 600, "cache_read_input_tokens": 300, "cache_creation_input_tokens": 100, "output_tokens": 200}
+    item = {
+        "custom_id": "row-1",
+        "result": {
+            "type": "succeeded",
+            "message": {"id": "msg_1", "model": "claude-sonnet-5-5", "content": [{"type": "text", "text": "B"}], "usage": usage},
+        },
+    }
+    outcome = parse_line(json.loads(json.dumps(to_openai_result_line(item))))
+    assert (outcome.prompt_tokens, outcome.cached_tokens, outcome.cache_write_tokens) == (1000, 300, 100)
+    merged = merge_chunk(["row-1"], [outcome], "completed")
+    assert merged.records[0]["cache_write_tokens"] == 100 and merged.cache_write_tokens == 100
+    price = load_pricing().get("claude-sonnet-5-5")
+    assert merged.cost(price) == billed_cost(price, 1000, 300, 200, cache_write_tokens=100)
+    assert merged.cost(price) == (600 * 1.00 + 300 * 0.10 + 100 * 1.25 + 200 * 5.00) / 1_000_000

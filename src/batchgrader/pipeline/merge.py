@@ -17,8 +17,9 @@ USAGE_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_
 
 
 def outcome_record(o: Any) -> dict[str, Any]:
-    """One row's outcome as stored in the chunk's results file."""
-    return {
+    """One row's outcome as stored in the chunk's results file (``cache_write_tokens`` only when
+    the provider reported prompt-cache writes)."""
+    rec = {
         "custom_id": o.custom_id,
         "ok": bool(o.ok),
         "content": o.content,
@@ -31,6 +32,9 @@ def outcome_record(o: Any) -> dict[str, Any]:
         "reasoning_tokens": o.reasoning_tokens,
         "finish_reason": o.finish_reason,
     }
+    if getattr(o, "cache_write_tokens", 0):
+        rec["cache_write_tokens"] = int(o.cache_write_tokens)
+    return rec
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class ChunkMerge:
     records: list[dict[str, Any]]  # one per expected row, in order
     failed_rows: list[dict[str, Any]]  # {custom_id, code, message}
     usage: dict[str, int]  # summed over the rows that succeeded
+    cache_write_tokens: int = 0  # of usage["prompt_tokens"]: prompt-cache writes (billed at 1.25 x input)
 
     @property
     def succeeded(self) -> int:
@@ -47,7 +52,7 @@ class ChunkMerge:
         if price is None:
             return 0.0
         u = self.usage
-        return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]))
+        return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], self.cache_write_tokens))
 
 
 def merge_chunk(
@@ -78,4 +83,5 @@ def merge_chunk(
         if not rec["ok"]:
             failed_rows.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
     usage = {k: sum(int(r.get(k) or 0) for r in records if r["ok"]) for k in USAGE_KEYS}
-    return ChunkMerge(records, failed_rows, usage)
+    writes = sum(int(r.get("cache_write_tokens") or 0) for r in records if r["ok"])
+    return ChunkMerge(records, failed_rows, usage, writes)

@@ -107,22 +107,35 @@ def estimate(price: Price, input_tokens: int, requests: int, max_completion_toke
     return Estimate(input_usd=float(inp), max_output_usd=float(out), max_total_usd=float(inp + out))
 
 
-def billed_cost(price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+#: a prompt-cache write (Anthropic ``cache_creation_input_tokens``, 5-minute cache) is billed at
+#: 1.25 x the input price: https://platform.claude.com/docs/en/build-with-claude/prompt-caching
+#: (checked 2026-11-23; the batch discount applies to it like to every input token)
+CACHE_WRITE_MULTIPLIER = Decimal("1.25")
+
+
+def billed_cost(
+    price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int, cache_write_tokens: int = 0
+) -> float:
     """What the provider bills for reported usage.
 
-    ``prompt_tokens`` includes ``cached_tokens`` (as in the API's ``usage``); the uncached part is
-    billed at the input price, the cached part at the cached price (or the input price when the
-    model has none).  ``completion_tokens`` includes reasoning tokens and is billed at the output
-    price.
+    ``prompt_tokens`` includes ``cached_tokens`` and ``cache_write_tokens`` (as in the usage the
+    adapters report); the rest is billed at the input price, the cached part at the cached price
+    (or the input price when the model has none), the cache writes at
+    :data:`CACHE_WRITE_MULTIPLIER` x the input price.  ``completion_tokens`` includes reasoning
+    tokens and is billed at the output price.
     """
     _count("prompt_tokens", prompt_tokens)
     _count("cached_tokens", cached_tokens)
     _count("completion_tokens", completion_tokens)
-    if cached_tokens > prompt_tokens:
-        raise ValueError(f"cached_tokens ({cached_tokens}) cannot exceed prompt_tokens ({prompt_tokens})")
+    _count("cache_write_tokens", cache_write_tokens)
+    if cached_tokens + cache_write_tokens > prompt_tokens:
+        raise ValueError(
+            f"cached_tokens ({cached_tokens}) plus cache_write_tokens ({cache_write_tokens}) cannot exceed prompt_tokens ({prompt_tokens})"
+        )
     total = (
-        Decimal(prompt_tokens - cached_tokens) * _d(price.input_per_1m)
+        Decimal(prompt_tokens - cached_tokens - cache_write_tokens) * _d(price.input_per_1m)
         + Decimal(cached_tokens) * _d(price.effective_cached_per_1m)
+        + Decimal(cache_write_tokens) * _d(price.input_per_1m) * CACHE_WRITE_MULTIPLIER
         + Decimal(completion_tokens) * _d(price.output_per_1m)
     ) / _MILLION
     return float(total)

@@ -45,6 +45,7 @@ class RowOutcome:
     refusal: str | None = None
     request_id: str | None = None
     line_id: str | None = None
+    cache_write_tokens: int = 0  # of prompt_tokens: prompt-cache writes (billed above the input price)
 
     @property
     def total_tokens(self) -> int:
@@ -86,6 +87,14 @@ def _usage(body: dict[str, Any]) -> tuple[int, int, int, int]:
         _int(u.get("output_tokens")),
         _int(cd.get("reasoning_tokens")),
     )
+
+
+def _cache_writes(body: dict[str, Any]) -> int:
+    """Prompt-cache writes inside ``prompt_tokens`` (``prompt_tokens_details.cache_write_tokens``,
+    as the Anthropic adapter reports ``cache_creation_input_tokens``); 0 when absent."""
+    u = body.get("usage")
+    pd = u.get("prompt_tokens_details") if isinstance(u, dict) else None
+    return _int(pd.get("cache_write_tokens")) if isinstance(pd, dict) else 0
 
 
 def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
@@ -136,7 +145,8 @@ def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome
         if status == 200:
             content, finish, refusal = _content(body)
             p, c, o, r = _usage(body)
-            return RowOutcome(cid, True, content, 200, None, None, p, c, o, r, finish, refusal, request_id, line_id)
+            w = _cache_writes(body)
+            return RowOutcome(cid, True, content, 200, None, None, p, c, o, r, finish, refusal, request_id, line_id, w)
         e: dict[str, Any] = body.get("error") if isinstance(body.get("error"), dict) else {}  # type: ignore[assignment]
         if not e and isinstance(err, dict):
             e = err

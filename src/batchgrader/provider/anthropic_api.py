@@ -136,7 +136,7 @@ def to_openai_result_line(item: Mapping[str, Any]) -> dict[str, Any]:
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
                 "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cache_read},
+                "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
                 "completion_tokens_details": {"reasoning_tokens": thinking},
             },
             "anthropic_usage": u,
