@@ -91,10 +91,11 @@ def _profile_opt(f):
 
 
 def _load(obj: Ctx, profile: str | None):
-    from batchgrader.pipeline.pricing import load_pricing
+    from batchgrader.pipeline.pricing import load_pricing, with_deployments
 
     cfg = obj.config()
-    return cfg, cfg.profile(profile), load_pricing(cfg.pricing_path())
+    prof = cfg.profile(profile)
+    return cfg, prof, with_deployments(load_pricing(cfg.pricing_path()), [prof])
 
 
 @cli.command()

@@ -31,11 +31,25 @@ class ConfigError(ValueError):
 
 #: selectable providers, and what a profile's model must look like for each (a model the
 #: provider does not offer is refused when the configuration is loaded)
-PROVIDERS = ("openai", "anthropic", "gemini")
+PROVIDERS = ("openai", "anthropic", "gemini", "azure")
 PROVIDER_MODEL_PREFIX = {"anthropic": "claude-", "gemini": "gemini-"}
+#: Azure OpenAI data-plane (authoring: files and batches) api-version used unless configured:
+#: the latest dated release listed on learn.microsoft.com/azure/ai-services/openai/authoring-reference-preview
+#: (checked 2026-11-23; the latest GA release there is 2024-10-21, which newer models do not support)
+AZURE_DEFAULT_API_VERSION = "2025-04-01-preview"
 #: the environment variable that holds each provider's key (also read from secrets.env)
-PROVIDER_KEY_VAR = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY (or GOOGLE_API_KEY)"}
-PROVIDER_KEY_SETTING = {"openai": "api_key", "anthropic": "anthropic_api_key", "gemini": "gemini_api_key"}
+PROVIDER_KEY_VAR = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "gemini": "GEMINI_API_KEY (or GOOGLE_API_KEY)",
+    "azure": "AZURE_OPENAI_API_KEY",
+}
+PROVIDER_KEY_SETTING = {
+    "openai": "api_key",
+    "anthropic": "anthropic_api_key",
+    "gemini": "gemini_api_key",
+    "azure": "azure_api_key",
+}
 
 
 # --- key catalogue ---------------------------------------------------------------------------
@@ -329,6 +343,22 @@ KEYS: dict[str, Key] = {
         "Gemini API key (env GEMINI_API_KEY or GOOGLE_API_KEY; GOOGLE_API_KEY wins, as in the SDK); never written to logs, the database or outputs.",
     ),
     "gemini_base_url": Key(None, _opt_str, "Gemini API base URL (env GOOGLE_GEMINI_BASE_URL)."),
+    "azure_api_key": Key(
+        None, _opt_str, "Azure OpenAI API key (env AZURE_OPENAI_API_KEY); never written to logs, the database or outputs."
+    ),
+    "azure_endpoint": Key(
+        None, _opt_str, "Azure OpenAI resource endpoint, e.g. https://NAME.openai.azure.com (env AZURE_OPENAI_ENDPOINT)."
+    ),
+    "azure_api_version": Key(
+        AZURE_DEFAULT_API_VERSION,
+        _str,
+        "Azure OpenAI data-plane api-version sent with every Files and Batches call (env OPENAI_API_VERSION).",
+    ),
+    "azure_model": Key(
+        None,
+        _opt_str,
+        "provider 'azure': the model the deployment named by 'model' runs (e.g. gpt-4.1-mini), for its price, tokenizer and context window; unset: the deployment name itself must be in the price table.",
+    ),
     # housekeeping
     "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
     "stable_seconds": Key(
@@ -360,6 +390,9 @@ GLOBAL_ONLY = {
     "anthropic_base_url",
     "gemini_api_key",
     "gemini_base_url",
+    "azure_api_key",
+    "azure_endpoint",
+    "azure_api_version",
     "request_timeout_seconds",
     "rescan_interval_seconds",
     "stable_seconds",
@@ -379,9 +412,12 @@ SDK_ENV = {
     "GEMINI_API_KEY": "gemini_api_key",
     "GOOGLE_API_KEY": "gemini_api_key",  # after GEMINI_API_KEY: it wins when both are set, as in google-genai
     "GOOGLE_GEMINI_BASE_URL": "gemini_base_url",
+    "AZURE_OPENAI_API_KEY": "azure_api_key",
+    "AZURE_OPENAI_ENDPOINT": "azure_endpoint",
+    "OPENAI_API_VERSION": "azure_api_version",
 }
 #: config keys holding a secret: masked wherever a value is shown
-SECRET_KEYS = ("api_key", "anthropic_api_key", "gemini_api_key")
+SECRET_KEYS = ("api_key", "anthropic_api_key", "gemini_api_key", "azure_api_key")
 
 
 def env_name(key: str) -> str:
@@ -510,7 +546,7 @@ def _apply(
         try:
             values[key] = KEYS[key].check(v)
         except ValueError as exc:
-            shown = "a value that is not shown (it is a secret)" if key == "api_key" else repr(v)
+            shown = "a value that is not shown (it is a secret)" if key in SECRET_KEYS else repr(v)
             problem(f"{where}: key {key!r} must be {exc}; got {shown}")
             continue
         sources[key] = source
@@ -625,4 +661,10 @@ def provider_key_problem(config: Config, sandbox: bool = False) -> str | None:
         if not prof.values.get(PROVIDER_KEY_SETTING[provider]):
             where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
             return f"{where} uses provider {provider!r}: set {PROVIDER_KEY_VAR[provider]} (in the environment or secrets.env)"
+        if provider == "azure" and not prof.values.get("azure_endpoint"):
+            where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
+            return (
+                f"{where} uses provider 'azure': set AZURE_OPENAI_ENDPOINT (or azure_endpoint in config.yaml) "
+                "to the resource endpoint, e.g. https://NAME.openai.azure.com"
+            )
     return None

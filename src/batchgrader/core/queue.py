@@ -28,20 +28,37 @@ PROBE_NUMERATOR, PROBE_DENOMINATOR = 3, 2  # raise an estimated limit by half af
 TOKEN_LIMIT_CODE = "token_limit_exceeded"
 
 
+#: Azure OpenAI's wording (per deployment): ``... surpassed the configured limit of 30K for the deployment 'x'``
+_AZURE_FIGURE = re.compile(r"configured limit of\s*([0-9][0-9,_.]*)\s*([KMB])?\b", re.IGNORECASE)
+_SUFFIX = {"K": 1_000, "M": 1_000_000, "B": 1_000_000_000}
+
+
 def parse_queue_limit(message: str | None) -> int | None:
     """The figure in a ``token_limit_exceeded`` message, or None when it has none."""
     if not message:
         return None
     m = _FIGURE.search(message)
     if m is None:
-        return None
+        a = _AZURE_FIGURE.search(message)
+        if a is None:
+            return None
+        from decimal import Decimal, InvalidOperation
+
+        try:
+            value = Decimal(a.group(1).replace(",", "").replace("_", "")) * _SUFFIX.get((a.group(2) or "").upper(), 1)
+        except InvalidOperation:
+            return None
+        return int(value) if value > 0 else None
     digits = re.sub(r"[^0-9]", "", m.group(1))
     n = int(digits) if digits else 0
     return n if n > 0 else None
 
 
 def is_token_limit_refusal(code: str | None, message: str | None) -> bool:
-    return code == TOKEN_LIMIT_CODE or (message is not None and "enqueued token limit" in message.lower())
+    if code == TOKEN_LIMIT_CODE or message is None:
+        return code == TOKEN_LIMIT_CODE
+    text = message.lower()
+    return "enqueued token limit" in text or "number of enqueued tokens has surpassed" in text  # OpenAI's, Azure's
 
 
 @dataclass(frozen=True)

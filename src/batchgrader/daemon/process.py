@@ -29,7 +29,7 @@ from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.ops.service import ServiceError
-from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing
+from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing, with_deployments
 from batchgrader.secrets import EnvFileError, MaskSecrets
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
@@ -232,7 +232,7 @@ class Daemon:
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes
         config = load_config(self.home, environ=self.environ)
-        prices = load_pricing(config.pricing_path())
+        prices = with_deployments(load_pricing(config.pricing_path()), (config.default, *config.profiles.values()))
         return config, prices
 
     def _provider(self, config: Config):
@@ -250,6 +250,9 @@ class Daemon:
         if problem:
             raise DaemonError(problem)
         providers = {"openai": openai} if openai is not None else {}
+        azure = self._azure_provider(config, used)
+        if azure is not None:
+            providers["azure"] = azure
         if "anthropic" in used:  # the Anthropic SDK takes ~1.5 s of CPU to import: only when a profile needs it
             from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
 
@@ -267,6 +270,17 @@ class Daemon:
             key, url = (SANDBOX_KEY, self.emulator.root_url) if self.sandbox else (config.gemini_api_key, config.gemini_base_url)
             providers["gemini"] = GeminiBatchProvider(key, url, timeout=config.request_timeout_seconds)
         return ProviderRouter(providers)
+
+    def _azure_provider(self, config: Config, used: set[str]):  # noqa: ANN202
+        """Azure OpenAI (one resource endpoint per daemon); in the sandbox, the emulator's Azure routes."""
+        if "azure" not in used:
+            return None
+        from batchgrader.provider.azure_api import AzureOpenAIProvider
+
+        timeout = config.request_timeout_seconds
+        if self.sandbox:
+            return AzureOpenAIProvider(SANDBOX_KEY, self.emulator.root_url, config.azure_api_version, timeout=timeout)
+        return AzureOpenAIProvider(config.azure_api_key, config.azure_endpoint, config.azure_api_version, timeout=timeout)
 
     def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
         from batchgrader.provider.openai_api import OpenAIProvider
@@ -311,7 +325,7 @@ class Daemon:
             setup_logging(
                 self.home,
                 config.log_level,
-                [config.api_key or "", config.anthropic_api_key or "", config.gemini_api_key or ""],
+                [config.api_key or "", config.anthropic_api_key or "", config.gemini_api_key or "", config.azure_api_key or ""],
                 to_stderr=not self.live,
             )
             try:

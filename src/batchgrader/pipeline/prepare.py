@@ -306,13 +306,15 @@ class _Counting:
 
     def __init__(self, profile: Profile, spec: PromptSpec):
         self.profile, self.spec = profile, spec
-        self.tokenizer = tokenizer_for_model(profile.model, profile.default_encoding)
+        # an Azure deployment is counted with the tokenizer of the model it runs (``azure_model``)
+        self.model = profile.get("azure_model") or profile.model
+        self.tokenizer = tokenizer_for_model(self.model, profile.default_encoding)
         self.const = 0
         self._pool: ParallelTextCounter | None = None
 
     def pool(self) -> ParallelTextCounter:
         if self._pool is None:
-            counter = ChatTokenCounter(self.profile.model, self.profile.default_encoding)
+            counter = ChatTokenCounter(self.model, self.profile.default_encoding)
             for s in ("system", "user") + ((self.spec.system,) if self.spec.system else ()):
                 counter.remember(s)
             self.const = counter.count(self.spec.chat(""))

@@ -18,15 +18,17 @@ for display).  Prices are looked up before anything is submitted: an unknown mod
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "COLUMNS",
@@ -37,6 +39,7 @@ __all__ = [
     "load_pricing",
     "estimate",
     "billed_cost",
+    "with_deployments",
 ]
 
 COLUMNS = ("model", "input_per_1m", "cached_input_per_1m", "output_per_1m", "context_window", "taken_on", "source")
@@ -306,3 +309,38 @@ def load_pricing(user_file: str | Path | None = None) -> PriceTable:
             raise PricingError(f"{path}: cannot read pricing file ({exc.strerror or exc})") from None
         prices.update(_parse(text, str(path), str(path)))
     return PriceTable(prices, user_file=path)
+
+
+def with_deployments(prices: PriceTable, profiles: Iterable[Any]) -> PriceTable:
+    """The table with every Azure OpenAI deployment priced as the model it runs.
+
+    A profile with ``provider: azure`` names a *deployment* in ``model``; its ``azure_model``
+    (when set) names the model the deployment runs, whose row is used under the deployment's
+    name (with the deployment's own row, if the table has one, taking precedence).  Raises
+    :class:`PricingError` naming the profile and the key to set when a deployment has no price,
+    so nothing is uploaded for a job whose cost cannot be estimated."""
+    extra: dict[str, Price] = {}
+    for prof in profiles:
+        if prof.get("provider") != "azure":
+            continue
+        deployment, underlying = prof.get("model"), prof.get("azure_model")
+        where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
+        if prices.find(deployment) is not None:
+            continue
+        if not underlying:
+            raise PricingError(
+                f"{where} uses Azure OpenAI deployment {deployment!r}, which has no price: set 'azure_model' in "
+                f"{where} to the model the deployment runs (e.g. gpt-4.1-mini), or add a row named {deployment!r} to pricing.csv"
+            )
+        base = prices.find(underlying)
+        if base is None:
+            raise PricingError(
+                f"{where}: 'azure_model' is {underlying!r}, which has no price: set 'azure_model' to a priced model "
+                f"or add a row named {deployment!r} (or {underlying!r}) to pricing.csv"
+            )
+        extra[deployment.lower()] = dataclasses.replace(base, model=deployment)
+    if not extra:
+        return prices
+    merged = {k: prices[k] for k in prices}
+    merged.update(extra)
+    return PriceTable(merged, user_file=prices.user_file)

@@ -143,13 +143,12 @@ class OpenAIProvider:
         self.list_page_size = max(1, min(100, list_page_size))
         self.on_page: Callable[[], None] = lambda: None  # called per listing page (a watchdog heartbeat)
         try:
-            self._client = openai.OpenAI(
+            self._client = self._make_client(
                 api_key=api_key,
                 base_url=base_url,
                 organization=organization,
                 project=project,
                 timeout=httpx2.Timeout(timeout, connect=connect_timeout),
-                max_retries=0,  # our policy, not the SDK's; POSTs are never retried
             )
         except openai.OpenAIError as exc:
             # The SDK's message names the missing setting, never a key value; scrub anyway.
@@ -157,6 +156,10 @@ class OpenAIProvider:
         key = self._client.api_key
         self._secret = key if isinstance(key, str) and key else None
         self.base_url = str(self._client.base_url)
+
+    def _make_client(self, **kwargs: Any) -> openai.OpenAI:
+        """The SDK client (a subclass may build another flavour, e.g. ``AzureOpenAI``)."""
+        return openai.OpenAI(**kwargs, max_retries=0)  # our policy, not the SDK's; POSTs are never retried
 
     # --- secret hygiene ----------------------------------------------------------------------
 

@@ -3,7 +3,8 @@ needs no provider-specific code: each job goes to the provider its profile names
 
 Calls that carry an id are routed by the id's shape (Anthropic staged files and results
 start with ``anthropic-``, Anthropic batches with ``msgbatch_``; Gemini files and batches are
-resource names, ``files/...`` and ``batches/...``, and inline results ``gemini-inline:``); uploads are routed by the
+resource names, ``files/...`` and ``batches/...``, and inline results ``gemini-inline:``; Azure
+OpenAI ids start with ``azure:``); uploads are routed by the
 job named in the deterministic upload name ``bg-<job>-c<chunk>-a<attempt>.jsonl`` through
 ``provider_of_job`` (set by the daemon: job id -> the ``provider`` of the job's profile).
 """
@@ -25,11 +26,13 @@ _UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
 
 
 def provider_of_id(object_id: str) -> str:
-    """``anthropic``, ``gemini`` or ``openai``, from the shape of a file or batch id."""
+    """``anthropic``, ``gemini``, ``azure`` or ``openai``, from the shape of a file or batch id."""
     if object_id.startswith(("anthropic-", "msgbatch_")):
         return "anthropic"
     if object_id.startswith(("files/", "batches/", "gemini-inline:")):
         return "gemini"
+    if object_id.startswith("azure:"):  # provider/azure_api.py names every Azure id so
+        return "azure"
     return "openai"
 
 

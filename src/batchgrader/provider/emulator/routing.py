@@ -67,6 +67,24 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
 ]
 
 
+#: Azure OpenAI serves the same Files and Batches routes under ``/openai/`` (``?api-version=``)
+AZURE_PREFIX = "/openai/"
+#: api-versions the emulator's Azure routes accept (data-plane authoring releases with batch)
+AZURE_API_VERSIONS = frozenset(
+    {"2024-07-01-preview", "2024-08-01-preview", "2024-10-01-preview", "2024-10-21", "2025-03-01-preview", "2025-04-01-preview"}
+)
+
+
+def _azure_body(status: int, message: str, code: str | None = None, param: str | None = None, type_: str | None = None) -> dict:
+    """Azure's error body: ``{"error": {"code", "message"}}`` (``param``/``type`` when Azure passes OpenAI's on)."""
+    err: dict[str, Any] = {"code": code or str(status), "message": message}
+    if param is not None:
+        err["param"] = param
+    if type_ is not None:
+        err["type"] = type_
+    return {"error": err}
+
+
 def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
     m = re.search(r'boundary="?([^";]+)"?', content_type)
     if not m:
@@ -205,10 +223,14 @@ class _Handler(BaseHTTPRequestHandler):
         route = None
         params: dict[str, str] = {}
         action = None
+        azure = path.startswith(AZURE_PREFIX) and not path.startswith("/openai/v1/messages")
+        match_path = "/v1/" + path[len(AZURE_PREFIX) :] if azure else path
         for m, rx, template, name in _ROUTES:
-            mt = rx.match(path)
-            if mt and m == method:
+            mt = rx.match(match_path)
+            if mt and m == method and not (azure and name.startswith("msg_")):
                 route, params, action = template, mt.groupdict(), name
+                if azure:
+                    route = AZURE_PREFIX + template[len("/v1/") :]
                 break
         anthropic = path.startswith("/v1/messages")
         store = emu.store
@@ -241,6 +263,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if gemini:
                     self._send_json(fault.status, gemini_error_body(fault.status, msg), extra)
                     return
+                if azure:
+                    self._send_json(fault.status, _azure_body(fault.status, msg, code), extra)
+                    return
                 self._send_json(fault.status, _error_body(msg, etype, None, code), extra)
                 return
             else:
@@ -251,6 +276,8 @@ class _Handler(BaseHTTPRequestHandler):
             elif gemini:
                 if not (action == "gem_upload" and query.get("upload_id")):  # the session URL is the credential
                     self._check_gemini_auth()
+            elif azure:
+                self._check_azure(query)
             else:
                 self._check_auth()
             if action is None:
@@ -266,6 +293,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             if gemini:
                 result = (e.status, gemini_error_body(e.status, e.message))
+            elif azure:
+                result = (e.status, _azure_body(e.status, e.message, e.code or e.type, e.param, e.type or None))
             else:
                 result = (e.status, _anthropic_body(e.status, e.message) if anthropic else e.body())
         except Exception:  # pragma: no cover - a bug in the emulator; still answer like the API
@@ -318,6 +347,31 @@ class _Handler(BaseHTTPRequestHandler):
                 f"Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys.",
                 code="invalid_api_key",
             )
+
+    def _check_azure(self, query: Mapping[str, str]) -> None:
+        """Azure's checks, in Azure's order and words: the key (``api-key`` header), then the
+        ``api-version`` query parameter."""
+        key = self.headers.get("api-key", "").strip()
+        if not key:
+            raise ApiError(
+                401,
+                "Access denied due to missing subscription key. Make sure to include subscription key when making requests to an API.",
+                code="401",
+                type="",
+            )
+        expected = self.emulator.config.api_key
+        if expected is not None and key != expected:
+            raise ApiError(
+                401,
+                "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.",
+                code="401",
+                type="",
+            )
+        version = query.get("api-version")
+        if not version:
+            raise ApiError(404, "Resource not found", code="404", type="")
+        if version not in AZURE_API_VERSIONS:
+            raise ApiError(400, "API version not supported", code="BadRequest", type="")
 
     def _check_anthropic_auth(self) -> None:
         # the SDK sends the key as ``Authorization: Bearer`` (anthropic >= 2) or ``x-api-key``

@@ -1,0 +1,150 @@
+"""Azure OpenAI's Batch API through the official SDK's ``openai.AzureOpenAI`` client, unchanged.
+
+Azure serves the OpenAI Files and Batches API under the resource endpoint: ``/openai/files``
+and ``/openai/batches`` with an ``api-version`` query parameter and the key in an ``api-key``
+header (the SDK does all of that).  The objects, the statuses, the ``metadata`` and the
+create/upload/reconcile-by-listing contract are OpenAI's, so :class:`AzureOpenAIProvider` *is*
+an :class:`~batchgrader.provider.openai_api.OpenAIProvider` (the same sent-once writes, retried
+reads, listing to reconcile) with two differences:
+
+* **ids say Azure**: every file and batch id it hands out is ``azure:<Azure's id>`` (and every id
+  it is given has that prefix removed), so the router sends each later call to Azure and never
+  to OpenAI, whose ids look the same.  One Azure resource (endpoint) per daemon.
+* **model names are deployment names**: the request lines' ``model`` carries the deployment,
+  and the queue quota (enqueued tokens) is per deployment, so a learned queue limit is kept per
+  endpoint and deployment (see :attr:`base_url`).  Prices come from the profile's
+  ``azure_model`` (the model the deployment runs) or a price row named after the deployment.
+
+Facts (learn.microsoft.com, checked 2026-11-23): input files are JSONL uploaded with purpose
+``batch`` (files of purpose batch expire after 30 days unless ``expires_after`` says otherwise,
+3600 s to 30 days); a batch holds up to 50,000 requests and 200 MB; ``completion_window`` is
+``24h`` only; ``metadata`` up to 16 pairs; enqueued-token quota per deployment, refused with
+``token_limit_exceeded`` ("... configured limit of 30K for the deployment ..."); the latest
+data-plane authoring api-version is ``2025-04-01-preview`` (GA ``2024-10-21``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import openai
+
+from batchgrader.core.config import AZURE_DEFAULT_API_VERSION
+from batchgrader.provider.openai_api import (
+    DEFAULT_ENDPOINT,
+    BatchInfo,
+    BatchPage,
+    FileInfo,
+    OpenAIProvider,
+    ProviderConfigError,
+)
+from batchgrader.secrets import mask_secret
+
+ID_PREFIX = "azure:"
+MAX_REQUESTS = 50_000
+MAX_BATCH_BYTES = 200 * 1024 * 1024
+
+
+def azure_id(raw: str | None) -> str | None:
+    """Azure's own id, as the rest of the program names it (``azure:<id>``)."""
+    return None if raw is None else ID_PREFIX + raw
+
+
+def raw_id(object_id: str) -> str:
+    """The id Azure knows (the ``azure:`` prefix removed)."""
+    return object_id[len(ID_PREFIX) :] if object_id.startswith(ID_PREFIX) else object_id
+
+
+def _file(f: FileInfo) -> FileInfo:
+    return dataclasses.replace(f, id=ID_PREFIX + f.id)
+
+
+def _batch(b: BatchInfo) -> BatchInfo:
+    return dataclasses.replace(
+        b,
+        id=ID_PREFIX + b.id,
+        input_file_id=ID_PREFIX + b.input_file_id,
+        output_file_id=azure_id(b.output_file_id),
+        error_file_id=azure_id(b.error_file_id),
+    )
+
+
+class AzureOpenAIProvider(OpenAIProvider):
+    """:class:`~batchgrader.provider.openai_api.Provider` on Azure OpenAI (``openai.AzureOpenAI``)."""
+
+    def __init__(
+        self,
+        api_key: str | None,
+        endpoint: str | None,
+        api_version: str | None = None,
+        timeout: float = 60.0,
+        **kwargs: Any,
+    ):
+        if not api_key:
+            raise ProviderConfigError("no Azure OpenAI API key: set AZURE_OPENAI_API_KEY in the environment or secrets.env")
+        if not endpoint:
+            raise ProviderConfigError(
+                "no Azure OpenAI endpoint: set AZURE_OPENAI_ENDPOINT (or azure_endpoint in config.yaml), "
+                "e.g. https://NAME.openai.azure.com"
+            )
+        self.endpoint = endpoint.rstrip("/")
+        self.api_version = api_version or AZURE_DEFAULT_API_VERSION
+        super().__init__(api_key=api_key, base_url=None, timeout=timeout, **kwargs)
+        # whose queue a learned limit belongs to: the resource endpoint (the model is the deployment)
+        self.base_url = self.endpoint
+
+    def _make_client(self, **kwargs: Any) -> openai.OpenAI:
+        return openai.AzureOpenAI(
+            api_key=kwargs["api_key"],
+            azure_endpoint=self.endpoint,
+            api_version=self.api_version,
+            timeout=kwargs["timeout"],
+            max_retries=0,  # our policy, not the SDK's; POSTs are never retried
+        )
+
+    def __repr__(self) -> str:
+        return f"AzureOpenAIProvider(endpoint={self.endpoint!r}, api_version={self.api_version!r}, api_key={mask_secret(self._secret)!r})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError("AzureOpenAIProvider cannot be pickled")
+
+    # --- files ---------------------------------------------------------------------------------
+
+    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
+        return _file(super().upload(path, filename))
+
+    def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
+        return [_file(f) for f in super().find_files(filename, size, created_after)]
+
+    def delete_file(self, file_id: str) -> bool:
+        return super().delete_file(raw_id(file_id))
+
+    def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
+        return super().download(raw_id(file_id), dest_path)
+
+    # --- batches (find_batches and iter_batches page through list_batches below) ----------------
+
+    def create_batch(
+        self,
+        input_file_id: str,
+        endpoint: str = DEFAULT_ENDPOINT,
+        completion_window: str = "24h",
+        metadata: Mapping[str, str] | None = None,
+    ) -> BatchInfo:
+        return _batch(super().create_batch(raw_id(input_file_id), endpoint, completion_window, metadata))
+
+    def retrieve(self, batch_id: str) -> BatchInfo:
+        return _batch(super().retrieve(raw_id(batch_id)))
+
+    def cancel(self, batch_id: str) -> BatchInfo:
+        return _batch(super().cancel(raw_id(batch_id)))
+
+    def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
+        page = super().list_batches(limit, raw_id(after) if after else None)
+        items = tuple(_batch(b) for b in page.items)
+        return BatchPage(items, page.has_more, azure_id(page.last_id))
