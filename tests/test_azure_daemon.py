@@ -1,0 +1,288 @@
+"""A profile with ``provider: azure``: the real daemon (subprocess) against the emulator's Azure
+OpenAI routes (``/openai/files``, ``/openai/batches``) over HTTP, through the official SDK's
+``AzureOpenAI`` client.  End to end, kill -9 at each intent and outcome, a fault profile, usage and
+cost exact, bad settings refused before anything is sent, and the key never written."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from batchgrader.core.state import fold
+from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.store.eventstore import EventStore
+from harness import BGCTL, FAST_CONFIG, daemon_env, event_types, integrity, outbox_files, temp_leftovers, wait_for
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+AZURE_KEY = "azure-test-key-never-written-0123456789"
+DEPLOYMENT = "grader-mini-batch"
+CONFIG = FAST_CONFIG + (
+    f"split_row_limit: 3\nmax_simultaneous_batches: 2\nprovider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-4o-mini\n"
+)
+CHUNKS = 3 + 1  # a.csv: 7 rows / 3 per chunk; b.jsonl: 2 rows
+
+
+def env_for(home: Path, emu: Emulator, key: str | None = AZURE_KEY, endpoint: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in daemon_env(home, None, key=None).items() if not k.startswith("AZURE_")}
+    if endpoint:
+        env["AZURE_OPENAI_ENDPOINT"] = emu.root_url
+    if key:
+        env["AZURE_OPENAI_API_KEY"] = key
+    return env
+
+
+def run(home: Path, emu: Emulator, *args: str, key: str | None = AZURE_KEY, endpoint: bool = True) -> subprocess.CompletedProcess:
+    env = env_for(home, emu, key, endpoint)
+    return subprocess.run([BGCTL, *args], env=env, capture_output=True, text=True, timeout=180, check=False)
+
+
+def make_inputs(home: Path, config: str = CONFIG) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(config)
+    (home / "inbox").mkdir(parents=True, exist_ok=True)
+    (home / "inbox" / "a.csv").write_text("id,response\n" + "".join(f"{i},row {i} =cmd\n" for i in range(7)))
+    (home / "inbox" / "b.jsonl").write_text('{"response": "one"}\n{"response": "two"}\n')
+
+
+def emulator(hook=None, faults: str = "none") -> Emulator:  # noqa: ANN001
+    return Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=11, on_request=hook, faults=faults)).start()
+
+
+def finish(home: Path, emu: Emulator, attempts: int = 6) -> None:
+    for _ in range(attempts):
+        res = run(home, emu, "daemon", "--once")
+        if res.returncode == 0:
+            return
+    raise AssertionError(f"daemon did not finish: {res.stderr[-2000:]}")
+
+
+def state_of(home: Path):  # noqa: ANN201
+    with EventStore(home / "batchgrader.db", readonly=True) as s:
+        return fold(s.read())
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):  # noqa: ANN001, ANN201
+    home = tmp_path_factory.mktemp("golden")
+    make_inputs(home)
+    emu = emulator()
+    try:
+        finish(home, emu, attempts=1)
+        assert emu.batches_created() == CHUNKS
+        return outbox_files(home)
+    finally:
+        emu.stop()
+
+
+def check(home: Path, emu: Emulator, golden: dict[str, bytes]) -> None:
+    assert outbox_files(home) == golden
+    assert emu.batches_created() == CHUNKS, emu.stats()
+    assert not temp_leftovers(home)
+    assert integrity(home / "batchgrader.db") == "ok"
+    assert sorted(p.name for p in (home / "archive").iterdir()) == ["a.csv", "b.jsonl"]
+
+
+def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    make_inputs(
+        home,
+        CONFIG
+        + """profiles:
+  scored:
+    provider: azure
+    model: scorer-4o
+    azure_model: gpt-4o
+    output_column: verdict
+    response_format:
+      type: object
+      properties: {score: {type: integer, minimum: 1, maximum: 5}, reason: {type: string}}
+      required: [score, reason]
+      additionalProperties: false
+""",
+    )
+    (home / "inbox" / "scored").mkdir()
+    (home / "inbox" / "scored" / "s.jsonl").write_text("".join(json.dumps({"response": f"essay {i}"}) + "\n" for i in range(4)))
+    (home / "inbox" / "list.json").write_text(json.dumps([{"response": "x"}, {"response": "y"}]))
+    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=3)) as emu:
+        res = run(home, emu, "daemon", "--once")
+        assert res.returncode == 0, res.stderr
+        out = outbox_files(home)
+        assert set(out) == {"a_results.csv", "b_results.jsonl", "s_results.jsonl", "list_results.json"}
+        rows = list(csv.DictReader(io.StringIO(out["a_results.csv"].decode())))
+        assert [r["id"] for r in rows] == [str(i) for i in range(7)]
+        assert all(r["grade"] and r["error"] == "" and int(r["input_tokens"]) > 0 for r in rows)
+        scored = [json.loads(line) for line in out["s_results.jsonl"].decode().splitlines()]
+        assert all(1 <= r["score"] <= 5 and isinstance(r["reason"], str) for r in scored)
+        assert [r["response"] for r in json.loads(out["list_results.json"])] == ["x", "y"]
+        requests = emu.stats()["requests"]
+        # a.csv 3 + b.jsonl 1 + s.jsonl 2 (4 rows, 3 a chunk) + list.json 1 batches, all on the Azure paths
+        assert requests.get("POST /openai/batches") == 7 and requests.get("POST /openai/files") == 7
+        assert not any(k.startswith(("POST /v1/", "GET /v1/")) for k in requests)
+        bodies = [json.loads(line)["body"]["model"] for f in emu.store.files.values() for line in f.data.splitlines() if line]
+        assert set(bodies) <= {DEPLOYMENT, "scorer-4o"}  # the deployment names travel in the lines
+        st = state_of(home)
+        jobs = {j.file: j for j in st.jobs.values()}
+        assert jobs["a.csv"].chunks_total == 3 and all(j.ended == "completed" for j in jobs.values())
+        assert all(c.batch_id.startswith("azure:batch_") for j in jobs.values() for c in j.chunks.values())
+    blob = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
+    assert AZURE_KEY.encode() not in blob  # the key is written nowhere
+
+
+def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    make_inputs(home)
+    (home / "inbox" / "b.jsonl").unlink()
+    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=5)) as emu:
+        assert run(home, emu, "daemon", "--once").returncode == 0
+        batches = [emu.store.retrieve_batch(b) for b in list(emu.store.batches)]  # the batch objects' usage
+        assert {b["status"] for b in batches} == {"completed"}
+        reported_in = sum(b["usage"]["input_tokens"] for b in batches)
+        reported_out = sum(b["usage"]["output_tokens"] for b in batches)
+    assert reported_in > 0 and reported_out > 0
+    rows = list(csv.DictReader(io.StringIO((home / "outbox" / "a_results.csv").read_text())))
+    assert sum(int(r["input_tokens"]) for r in rows) == reported_in
+    assert sum(int(r["output_tokens"]) for r in rows) == reported_out
+    (job,) = state_of(home).jobs.values()
+    expected = (reported_in * 0.075 + reported_out * 0.30) / 1e6  # gpt-4o-mini batch prices, via azure_model
+    assert job.cost_usd == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "config,key,endpoint,needle",
+    [
+        (CONFIG, None, True, "AZURE_OPENAI_API_KEY"),
+        (CONFIG, AZURE_KEY, False, "AZURE_OPENAI_ENDPOINT"),
+        (CONFIG.replace("azure_model: gpt-4o-mini\n", ""), AZURE_KEY, True, "set 'azure_model' in the default profile"),
+        (
+            FAST_CONFIG + f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n",
+            AZURE_KEY,
+            True,
+            "profile 'az' uses Azure OpenAI deployment",
+        ),
+    ],
+    ids=["missing key", "missing endpoint", "unpriced deployment", "unpriced deployment in a profile"],
+)
+def test_bad_settings_refused_before_anything_is_sent(
+    tmp_path: Path, config: str, key: str | None, endpoint: bool, needle: str
+) -> None:
+    home = tmp_path / "home"
+    make_inputs(home, config)
+    with Emulator(EmulatorConfig(seed=1)) as emu:
+        res = run(home, emu, "daemon", "--once", key=key, endpoint=endpoint)
+        assert res.returncode == 78 and needle in res.stderr, res.stderr
+        assert emu.stats()["requests"] == {}
+
+
+def test_flaky_fault_profile_finishes_without_paying_twice(tmp_path: Path, golden: dict[str, bytes]) -> None:
+    home = tmp_path / "home"
+    make_inputs(home)
+    emu = emulator(faults="flaky")
+    try:
+        finish(home, emu, attempts=10)
+        check(home, emu, golden)
+    finally:
+        emu.stop()
+
+
+API_POINTS = [
+    ("POST", "/openai/files", "received", 1),
+    ("POST", "/openai/files", "effected", 2),
+    ("POST", "/openai/batches", "received", 1),
+    ("POST", "/openai/batches", "effected", 1),
+    ("POST", "/openai/batches", "effected", 3),
+    ("GET", "/openai/batches/{id}", "effected", 2),
+    ("GET", "/openai/files/{id}/content", "received", 1),
+    ("GET", "/openai/files/{id}/content", "effected", 2),
+    ("DELETE", "/openai/files/{id}", "effected", 1),
+]
+
+
+@pytest.mark.parametrize("method,route,phase,nth", API_POINTS, ids=[f"{m} {r} {p} #{n}" for m, r, p, n in API_POINTS])
+def test_kill_inside_api_call(tmp_path: Path, golden: dict[str, bytes], method: str, route: str, phase: str, nth: int) -> None:
+    home = tmp_path / "home"
+    make_inputs(home)
+    target: dict[str, int] = {}
+    seen = {"n": 0}
+    killed = threading.Event()
+
+    def hook(m: str, r: str, p: str) -> None:
+        if (m, r, p) == (method, route, phase) and not killed.is_set():
+            seen["n"] += 1
+            if seen["n"] == nth and "pid" in target:
+                os.kill(target["pid"], signal.SIGKILL)
+                killed.set()
+                time.sleep(0.2)  # the handler must not answer a dead client before it is gone
+
+    emu = emulator(hook)
+    try:
+        proc = subprocess.Popen(
+            [BGCTL, "daemon", "--once"], env=env_for(home, emu), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        target["pid"] = proc.pid
+        proc.wait(timeout=180)
+        assert killed.is_set(), f"kill point {method} {route} {phase} #{nth} never reached"
+        finish(home, emu)
+        check(home, emu, golden)
+    finally:
+        emu.stop()
+
+
+EVENT_POINTS = [
+    ("UploadStarted", 1),
+    ("FileUploaded", 2),
+    ("BatchCreateRequested", 1),
+    ("BatchCreated", 1),
+    ("BatchStatusChanged", 3),
+    ("OutputDownloadStarted", 1),
+    ("OutputDownloaded", 1),
+    ("ChunkCompleted", 2),
+    ("ResultWritten", 1),
+]
+
+
+@pytest.mark.parametrize("event,nth", EVENT_POINTS, ids=[f"after {e} #{n}" for e, n in EVENT_POINTS])
+def test_kill_after_event(tmp_path: Path, golden: dict[str, bytes], event: str, nth: int) -> None:
+    home = tmp_path / "home"
+    make_inputs(home)
+    emu = emulator()
+    try:
+        proc = subprocess.Popen(
+            [BGCTL, "daemon", "--once"], env=env_for(home, emu), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            wait_for(
+                lambda: event_types(home / "batchgrader.db").count(event) >= nth or proc.poll() is not None,
+                timeout=120,
+                interval=0.002,
+                what=f"{event} #{nth}",
+            )
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait(timeout=30)
+        finish(home, emu)
+        check(home, emu, golden)
+    finally:
+        emu.stop()
+
+
+def test_sandbox_serves_azure_profiles_without_any_key(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    make_inputs(home)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "BATCHGRADER_", "AZURE_"))}
+    env["BATCHGRADER_HOME"] = str(home)
+    res = subprocess.run([BGCTL, "daemon", "--sandbox", "--once"], env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    status = json.loads(subprocess.run([BGCTL, "status", "--json"], env=env, capture_output=True, text=True).stdout)
+    assert {s["state"] for s in status} == {"completed"} and all(s["sandbox"] for s in status)
+    rows = list(csv.DictReader(io.StringIO((home / "outbox" / "a_results.csv").read_text())))
+    assert len(rows) == 7 and all(r["grade"] for r in rows)
