@@ -26,6 +26,7 @@ from batchgrader.ops.checks import FAIL, OK, WARN, Check, _mode, _q, _scrubber
 from batchgrader.ops.checks import checks_as_json as checks_as_json  # re-exported
 from batchgrader.ops.checks import exit_code as exit_code
 from batchgrader.ops.checks import render_checks as render_checks
+from batchgrader.ops.doctor_azure import check_azure
 from batchgrader.ops.doctor_home import (
     ServiceStatus,
     _default_service_status,
@@ -266,7 +267,9 @@ def configured_models(config: Config) -> dict[str, list[tuple[str, str]]]:
     """model -> [(profile name, its default_encoding)], in configuration order."""
     out: dict[str, list[tuple[str, str]]] = {}
     for prof in [config.default, *config.profiles.values()]:
-        out.setdefault(prof.model, []).append((prof.name, prof.default_encoding))
+        # an Azure deployment is priced and counted as the model it runs (doctor_azure checks the deployment)
+        model = (prof.get("azure_model") or prof.model) if prof.get("provider") == "azure" else prof.model
+        out.setdefault(model, []).append((prof.name, prof.default_encoding))
     return out
 
 
@@ -458,6 +461,9 @@ def run_checks(
         secrets.append(config.default.api_key or "")
         secrets.append(config.default.anthropic_api_key or "")
         secrets.append(config.default.gemini_api_key or "")
+    secrets += [env.get("AZURE_OPENAI_API_KEY", ""), env.get("BATCHGRADER_AZURE_API_KEY", "")]
+    if config is not None:
+        secrets.append(config.default.azure_api_key or "")
     if service_status == "auto":
         service_status = _default_service_status(env, timeout)
 
@@ -467,6 +473,7 @@ def run_checks(
     from batchgrader.ops.doctor_gemini import check_gemini
 
     checks += check_gemini(config, timeout, _scrubber(secrets))
+    checks += check_azure(config, timeout)
     checks += check_pricing(home, config)
     checks += check_encodings(config, encoding_loader)
     checks.append(check_permissions(home))
