@@ -200,7 +200,7 @@ API_POINTS = [
     ("POST", "/openai/batches", "received", 1),
     ("POST", "/openai/batches", "effected", 1),
     ("POST", "/openai/batches", "effected", 3),
-    ("GET", "/openai/batches/{id}", "effected", 2),
+    ("GET", "/openai/batches", "effected", 2),  # polling: one listing for every batch in flight
     ("GET", "/openai/files/{id}/content", "received", 1),
     ("GET", "/openai/files/{id}/content", "effected", 2),
     ("DELETE", "/openai/files/{id}", "effected", 1),
