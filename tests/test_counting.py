@@ -130,3 +130,42 @@ def test_the_hook_sends_only_uncounted_requests_in_slices(tmp_path: Path, emu: E
     assert too_many.counts is None and "not counted one by one" in str(too_many.reason)
     assert emu.request_count(*COUNT_ROUTE) == 7
     cache.close()
+
+
+def test_daemon_planning_uses_exact_counts_and_replans(home: Home, emu: Emulator, tmp_path: Path) -> None:
+    """plan_with_exact_counts: the planned chunks carry the endpoint's counts; a split limit is
+    applied to those counts; without a counter the tiktoken plan stays, labelled an estimate."""
+    from batchgrader.core.config import load_config
+    from batchgrader.pipeline.prepare import limits_for, prepare
+    from batchgrader.pipeline.pricing import load_pricing
+    from batchgrader.provider.counting import plan_with_exact_counts
+
+    home.config_file.write_text(f"provider: anthropic\nmodel: {MODEL}\nsplit_token_limit: 200\n")
+    prof = load_config(home, environ={}).default
+    f = _data(tmp_path, 12)
+    req = tmp_path / "requests.jsonl"
+    prices = load_pricing()
+
+    def prepared():  # noqa: ANN202
+        with open(req, "wb") as out:
+            return prepare(f, prof, home, requests_out=out, prices=prices)
+
+    local = prepared()
+    counter = AnthropicTokenCounter(AnthropicProvider(KEY, emu.root_url, timeout=10))
+    cache = CountCache(tmp_path / "c.sqlite")
+    limits = limits_for(prof, None)
+    exact = prepared()
+    info = plan_with_exact_counts(exact, req, "anthropic", counter, cache, limits)
+    assert info is not None and info["exact"] is True and info["source"] == "anthropic counting endpoint"
+    lines = [json.loads(x) for x in req.read_bytes().splitlines()]
+    assert list(exact.tokens) == [counter.count_tokens([x])[0] for x in lines]
+    assert info["input_tokens"] == exact.input_tokens == sum(exact.tokens)
+    assert all(c.input_tokens <= 200 for c in exact.chunks) and sum(c.requests for c in exact.chunks) == 12
+    if list(exact.tokens) != list(local.tokens):  # the stand-in tokenizer differs: so may the plan
+        assert exact.input_tokens != local.input_tokens
+    unknown = prepared()
+    none = plan_with_exact_counts(unknown, req, "anthropic", None, cache, limits)
+    assert none == {"exact": False, "source": "estimate", "input_tokens": local.input_tokens, "reason": none["reason"]}
+    assert "no API key" in str(none["reason"]) and list(unknown.tokens) == list(local.tokens)
+    assert plan_with_exact_counts(prepared(), req, "openai", counter, cache, limits) is None
+    cache.close()

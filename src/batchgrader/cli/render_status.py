@@ -179,7 +179,8 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
             + (f"\n{count(r.get('requests'))} sent, {count(r.get('cached_rows'))} cached" if r.get("cached_rows") else "")
         )
         if not narrow:
-            cells.append(f"{count(r.get('input_tokens'))} in\n{count(r.get('output_tokens'))} out")
+            est = "" if r.get("input_tokens_exact", True) else " (est.)"  # InputTokensCounted: not the provider's count
+            cells.append(f"{count(r.get('input_tokens'))} in{est}\n{count(r.get('output_tokens'))} out")
         cells += [
             Text(
                 money(r.get("cost_usd")) + (f"\nsaved {money(r.get('saved_usd'))}" if r.get("saved_usd") else ""),
@@ -246,7 +247,12 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
-        ("input tokens (estimated)", count(d.get("input_tokens"))),
+        (
+            "input tokens (estimated)"
+            if d.get("input_tokens_exact", True)
+            else "input tokens (ESTIMATE: not counted by the provider; tiktoken stand-in)",
+            count(d.get("input_tokens")),
+        ),
         (
             "billed tokens",
             f"{count(d.get('prompt_tokens'))} prompt ({count(d.get('cached_tokens'))} cached), "

@@ -364,6 +364,13 @@ class DuplicatesAnswered(TypedDict):
     saved_usd: float | None
 
 
+class InputTokensCounted(TypedDict):
+    exact: bool
+    source: str
+    input_tokens: int
+    reason: str | None
+
+
 #: event type -> its payload's TypedDict (every type of the catalogue)
 PAYLOADS: dict[str, type] = {
     t.__name__: t
@@ -409,5 +416,6 @@ PAYLOADS: dict[str, type] = {
         FreshAnswersRequested,
         RequestsReused,
         DuplicatesAnswered,
+        InputTokensCounted,
     )
 }

@@ -422,6 +422,17 @@ EVENTS: dict[str, EventType] = {
                 "saved_usd": "what sending them would have cost (their leaders' billed usage)",
             },
         ),
+        _t(
+            "InputTokensCounted",
+            1,
+            "prepare",
+            {
+                "exact": "true: the provider's counting endpoint counted every request sent; false: tiktoken estimates",
+                "source": "who counted: '<provider> counting endpoint' or 'estimate'",
+                "input_tokens": "the planned chunks' input tokens (as in JobPrepared)",
+                "reason": "why the counts are estimates (null when exact)",
+            },
+        ),
     ]
 }
 

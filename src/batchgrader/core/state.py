@@ -129,6 +129,10 @@ class JobState:
     end_hook_seq: int | None = None  # JobEndHookStarted.end_seq: the on_job_end command ran for that end
     # reuse
     fresh: bool = False  # bgctl submit --fresh: nothing reused
+    # InputTokensCounted: whether input_tokens are the provider's exact counts (tiktoken is exact for
+    # OpenAI and Azure OpenAI, whose jobs have no such event) or estimates, and who counted
+    input_tokens_exact: bool = True
+    input_tokens_source: str | None = None
     cached_rows: int = 0  # answered from the answers store
     duplicate_rows: int = 0  # planned: copied from an identical row's answer at merge
     duplicates_answered: int = 0
@@ -544,6 +548,11 @@ def _duplicates_answered(s: State, job: JobState, p: P.DuplicatesAnswered, e: Ev
     job.saved_usd += float(p["saved_usd"] or 0.0)
 
 
+def _input_tokens_counted(s: State, job: JobState, p: P.InputTokensCounted, e: Event) -> None:
+    job.input_tokens_exact = bool(p["exact"])
+    job.input_tokens_source = p["source"]
+
+
 _HANDLERS: dict[str, Callable[..., None]] = {
     "FileRejected": _file_rejected,
     "JobAccepted": _job_accepted,
@@ -586,4 +595,5 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "FreshAnswersRequested": _fresh_requested,
     "RequestsReused": _requests_reused,
     "DuplicatesAnswered": _duplicates_answered,
+    "InputTokensCounted": _input_tokens_counted,
 }

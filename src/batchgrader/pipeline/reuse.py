@@ -345,3 +345,29 @@ def preview(
             info["saved_usd"] = float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]))
     summary["reuse"] = info
     return summary
+
+
+def apply_exact_counts(prep: Any, requests_path: Path, count_exact: ExactCount, limits: Limits) -> dict[str, Any]:
+    """The daemon's planning with the provider's exact counts (the counting hook): every request
+    that can be sent is counted (``count_exact``: lines -> counts or None, what happened), and when
+    all are, their counts replace the local estimates and the chunks are planned again under
+    ``limits`` (the same positions, so the chunk files are cut as before).  Counts that would
+    change which rows fit at all are not applied (the plan keeps the estimates, and says so).
+    Returns what happened, for ``InputTokensCounted``."""
+    from batchgrader.pipeline.prepare import oversized_positions
+
+    skip = oversized_positions(prep)
+    positions = [i for i in range(len(prep.tokens)) if i not in skip]
+    with open(requests_path, "rb") as f:
+        lines = [line for pos, line in enumerate(f) if pos not in skip]
+    counts, info = count_exact(lines)
+    local = prep.tokens
+    if not counts_apply(prep, positions, counts, info):
+        return info
+    chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits)
+    if {o.position for o in oversized} != skip:
+        prep.tokens = local
+        info.update(exact=False, reason="the exact counts change which rows fit the limits; the plan keeps the estimates")
+        return info
+    prep.chunks = chunks
+    return info

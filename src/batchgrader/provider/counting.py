@@ -196,3 +196,24 @@ def counter_for(provider: str, settings: Any) -> TokenCounter | None:
     provider has none or its key is not set."""
     factory = COUNTERS.get(provider)
     return factory(settings) if factory is not None else None
+
+
+def plan_with_exact_counts(
+    prep: Any, requests_path: Path, provider: str, counter: TokenCounter | None, cache: CountCache | None, limits: Any
+) -> dict[str, Any] | None:
+    """The daemon's job planning through the counting hook: for a provider whose tokenizer is not
+    public, count every request the job can send with the provider's endpoint (cached) and plan
+    the chunks on those exact counts (:func:`batchgrader.pipeline.reuse.apply_exact_counts`), or
+    keep the tiktoken estimates.  Returns the ``InputTokensCounted`` payload (``input_tokens``
+    included), or None for a provider whose local count is exact already."""
+    from batchgrader.pipeline.reuse import apply_exact_counts
+
+    if provider in OFFLINE_EXACT:
+        return None
+    info = apply_exact_counts(prep, requests_path, count_hook(counter, cache), limits)
+    return {
+        "exact": bool(info.get("exact")),
+        "source": info.get("source") if info.get("exact") else "estimate",
+        "input_tokens": int(prep.input_tokens),
+        "reason": info.get("reason"),
+    }

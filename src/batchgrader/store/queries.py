@@ -140,6 +140,7 @@ STATUS_COLUMNS = (
     "requests",  # rows sent (planned requests)
     "cached_rows",  # rows answered without a request of their own (stored answers, duplicates)
     "saved_usd",
+    "input_tokens_exact",  # 1: exact input tokens; 0: estimates (InputTokensCounted); NULL: before it existed
     "chunks",
 )
 _ORDER_KEY = operator.itemgetter(STATUS_COLUMNS.index("created_ts"), 0)  # (created_ts, job_id)
@@ -159,6 +160,7 @@ def _present(
         d = dict(zip(cols, r))
         d["sandbox"] = bool(d["sandbox"])
         d["cancel_requested"] = bool(d["cancel_requested"])
+        d["input_tokens_exact"] = d.get("input_tokens_exact") != 0  # NULL (older rows) counts as exact
         created, updated = d["created_ts"], d["updated_ts"]
         d["age_seconds"] = max(0.0, now - fromiso(created).timestamp()) if created else None
         d["idle_seconds"] = max(0.0, now - fromiso(updated).timestamp()) if updated else None

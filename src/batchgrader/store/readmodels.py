@@ -75,6 +75,7 @@ JOB_STATUS_COLUMNS: dict[str, type] = {
     "cached_rows": int,  # rows answered without a request of their own (stored answers + duplicates in the file)
     "duplicate_rows": int,  # of which copied from an identical row of the same file
     "saved_usd": float,  # what those rows' answers cost when they were paid for
+    "input_tokens_exact": int,  # 1: input_tokens are exact (tiktoken or the provider's counts); 0: estimates
     "chunks": str,  # JSON list of {chunk, status, batch_id, request_counts}, see chunk_row(); stays last
 }
 
@@ -148,6 +149,11 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
                 db["job_status"].add_column(col, JOB_STATUS_COLUMNS[col])
         db["savings"].create(dict(SAVINGS_COLUMNS), pk="seq", if_not_exists=True)
         db["savings"].create_index(["day"], if_not_exists=True)
+
+    @m(name="0005_input_tokens_exact")
+    def _m0005(db) -> None:  # noqa: ANN001 - exact or estimated input tokens (InputTokensCounted)
+        if "input_tokens_exact" not in db["job_status"].columns_dict:
+            db["job_status"].add_column("input_tokens_exact", int)
 
     return m
 
@@ -261,6 +267,7 @@ def job_row(job: JobState) -> dict[str, Any]:
         "cached_rows": job.cached_rows + job.duplicates_answered,
         "duplicate_rows": job.duplicates_answered,
         "saved_usd": job.saved_usd,
+        "input_tokens_exact": int(job.input_tokens_exact),
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             ensure_ascii=False,
