@@ -165,6 +165,9 @@ def run_emulator(port: int, faults: str, seed: int, data_dir: str | None, **conf
         print(f"  stats: {emu.root_url}/_emulator/stats", flush=True)
         print("  export OPENAI_BASE_URL=" + emu.base_url + "  (any non-empty OPENAI_API_KEY works)", flush=True)
         print("  Anthropic: ANTHROPIC_BASE_URL=" + emu.root_url + "   Gemini: GOOGLE_GEMINI_BASE_URL=" + emu.root_url, flush=True)
+        print(
+            "  Azure OpenAI: export AZURE_OPENAI_ENDPOINT=" + emu.root_url + "  (any non-empty AZURE_OPENAI_API_KEY)", flush=True
+        )
         print("  Ctrl-C to stop.", flush=True)
         print("=" * 64, flush=True)
 
