@@ -16,7 +16,7 @@ from batchgrader.core.config import ConfigError, load_config, provider_key_probl
 from batchgrader.core.home import Home
 from batchgrader.core.queue import parse_queue_limit
 from batchgrader.pipeline.pricing import PricingError, load_pricing, with_deployments
-from batchgrader.pipeline.results import iter_outcomes, sum_usage
+from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.provider.azure_api import AzureOpenAIProvider, raw_id
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import (
@@ -111,10 +111,10 @@ def test_adapter_ids_say_azure_and_usage_is_exact(provider: AzureOpenAIProvider,
     assert done.status == "completed" and done.output_file_id and done.output_file_id.startswith("azure:")
     out = tmp_path / "out.jsonl"
     provider.download(done.output_file_id, out)
-    usage = sum_usage(iter_outcomes(out))
-    assert usage.succeeded == 4
-    assert done.usage is not None and usage.prompt_tokens == done.usage.input_tokens > 0
-    assert usage.completion_tokens == done.usage.output_tokens
+    outcomes = list(iter_outcomes(out))
+    assert len(outcomes) == 4 and all(o.ok for o in outcomes)
+    assert done.usage is not None and sum(o.prompt_tokens for o in outcomes) == done.usage.input_tokens > 0
+    assert sum(o.completion_tokens for o in outcomes) == done.usage.output_tokens
     assert provider.find_batches(f.id, {"bg_key": "job1:0:0"})[0].id == b.id
     assert provider.delete_file(f.id) is True and provider.delete_file(f.id) is False
     assert raw_id(b.id) in emu.store.batches
