@@ -286,3 +286,21 @@ def test_sandbox_serves_azure_profiles_without_any_key(tmp_path: Path) -> None:
     assert {s["state"] for s in status} == {"completed"} and all(s["sandbox"] for s in status)
     rows = list(csv.DictReader(io.StringIO((home / "outbox" / "a_results.csv").read_text())))
     assert len(rows) == 7 and all(r["grade"] for r in rows)
+
+
+def test_queue_limit_is_learned_per_endpoint_and_deployment(tmp_path: Path) -> None:
+    """Azure's enqueued-token quota is per deployment: a refusal teaches a limit kept under the
+    resource endpoint and the deployment name, and the job still finishes within it."""
+    home = tmp_path / "home"
+    make_inputs(home)
+    (home / "inbox" / "b.jsonl").unlink()
+    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=2, token_limits={DEPLOYMENT: 60})) as emu:
+        finish(home, emu)
+        (job,) = state_of(home).jobs.values()
+        assert job.ended == "completed"
+        with EventStore(home / "batchgrader.db", readonly=True) as s:
+            learned = [e.payload for e in s.read() if e.type == "QueueLimitLearned"]
+        assert learned and {(p["base_url"], p["model"]) for p in learned} == {(emu.root_url, DEPLOYMENT)}
+        assert learned[0]["limit"] == 60 and learned[0]["exact"] is True
+        doctor_json = json.loads(run(home, emu, "status", "--json").stdout)
+        assert doctor_json[0]["state"] == "completed"

@@ -126,7 +126,7 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
         file,
         prof,
         prices,
-        base_url=cfg.default.base_url,
+        base_url=prof.get("azure_endpoint") if prof.provider == "azure" else cfg.default.base_url,  # whose answers
         sandbox=sandbox,
         schema_overhead=learned["per_request"] if learned else None,
         count_exact=hook,

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import Config, Profile
+from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
 from batchgrader.core.state import ChunkState, JobState, State, fold
@@ -124,6 +124,9 @@ class EngineBase:
     _last_scan: float = float("-inf")
     should_stop: Callable[[], bool] = lambda: False  # set by the daemon: SIGTERM finishes the current step
     on_progress: Callable[[], None] = lambda: None  # heartbeat for long steps (systemd watchdog)
+    # the counting hook per profile (provider/counting.py); set by the daemon (the sandbox points it
+    # at the emulator); None: built from the profile's settings (counter_for)
+    token_counter: Callable[[Profile], Any] | None = None
 
     def __post_init__(self) -> None:
         self.state = fold(self.store.read())
@@ -162,6 +165,29 @@ class EngineBase:
     def provider_key(self) -> str:
         return provider_id(self.settings.base_url, self.sandbox)
 
+    def provider_key_for(self, job: JobState) -> str:
+        """Whose answers a job's rows may reuse: an Azure deployment's are its endpoint's own."""
+        try:
+            profile = self.profile_of(job)
+        except ConfigError:
+            return self.provider_key()
+        if not self.sandbox and profile.provider == "azure":
+            return provider_id(self.queue_url_for(profile))
+        return self.provider_key()
+
+    def queue_url_for(self, of: JobState | Profile) -> str:
+        """:attr:`queue_url` for one job or profile: an Azure deployment's queue (enqueued-token
+        quota) is its resource endpoint's, so a limit learned there is kept per endpoint and
+        deployment (the model name); every other provider's is :attr:`queue_url`."""
+        try:
+            profile = of if isinstance(of, Profile) else self.profile_of(of)
+        except ConfigError:
+            return self.queue_url
+        if self.sandbox or profile.provider != "azure":
+            return self.queue_url
+        azure = getattr(self.provider, "providers", {}).get("azure", self.provider)
+        return str(getattr(azure, "base_url", "") or profile.get("azure_endpoint") or "").rstrip("/")
+
     def _cost(self, model: str, usage: dict[str, int]) -> float:
         try:
             price = self.prices.get(model)
@@ -172,7 +198,7 @@ class EngineBase:
     # --- the provider's queue limit -----------------------------------------------------------
     def _limits(self, profile: Profile) -> Limits | None:
         """The split limits, tightened to the model's queue limit (configured or learned)."""
-        cap = queue_limit(self.state, self.config, profile.model, self.queue_url)[0]
+        cap = queue_limit(self.state, self.config, profile.model, self.queue_url_for(profile))[0]
         if cap is None or (profile.split_token_limit is not None and cap >= profile.split_token_limit):
             return None
         price = self.prices.find(profile.model)

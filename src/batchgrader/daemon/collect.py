@@ -32,20 +32,23 @@ MAX_MALFORMED_DOWNLOADS = 2  # downloads again of a malformed result file before
 
 
 class CollectSteps(ReuseSteps):
-    def _learned_event(self, model: str, learned: queue.Learned | None, chunk: int, message: str | None) -> list[NewEvent]:
+    def _learned_event(
+        self, model: str, learned: queue.Learned | None, chunk: int, message: str | None, job: JobState | None = None
+    ) -> list[NewEvent]:
         if learned is None:
             return []
+        queue_url = self.queue_url_for(job) if job is not None else self.queue_url
         log.warning(
             "queue limit for %s at %s: %s tokens (%s)",
             model,
-            self.queue_url or "the provider",
+            queue_url or "the provider",
             f"{learned.limit:,}",
             learned.source,
         )
         return [
             _e(
                 "QueueLimitLearned",
-                base_url=self.queue_url,
+                base_url=queue_url,
                 model=model,
                 limit=learned.limit,
                 exact=learned.exact,
@@ -236,8 +239,8 @@ class CollectSteps(ReuseSteps):
             )
         )
         if c.status == "completed":
-            probe = probe_after_completion(self.state, job, self.queue_url)
-            events += self._learned_event(job.model or "", probe, c.index, None)
+            probe = probe_after_completion(self.state, job, self.queue_url_for(job))
+            events += self._learned_event(job.model or "", probe, c.index, None, job)
         store = self._answers_to_store(job, c, merged.records)
         keep_days = self.settings.cache_days
 
@@ -277,7 +280,7 @@ class CollectSteps(ReuseSteps):
             tokens,
             sizes,
             Limits(
-                token_limit=token_cap(self.state, self.config, profile, job.model or profile.model, self.queue_url),
+                token_limit=token_cap(self.state, self.config, profile, job.model or profile.model, self.queue_url_for(job)),
                 row_limit=profile.split_row_limit,
                 max_requests=profile.max_requests_per_batch,
                 max_bytes=profile.max_batch_bytes,

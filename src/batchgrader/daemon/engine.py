@@ -123,7 +123,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         ask again with what was done."""
         step = Step()
         while True:
-            action = next_action(self.state, job.job_id, self.config, now, self.timers(), step, self.queue_url)
+            action = next_action(self.state, job.job_id, self.config, now, self.timers(), step, self.queue_url_for(job))
             if action is None:
                 return
             step = step.after(action)
@@ -164,7 +164,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
                 self._delete_refused_file_of(job.chunks[a.chunk])  # a row alone over the queue limit
             self.emit(
                 job.job_id,
-                *self._learned_event(job.model or "", a.learned, a.chunk, a.message),
+                *self._learned_event(job.model or "", a.learned, a.chunk, a.message, job),
                 _e("ChunkFailed", chunk=a.chunk, batch_id=a.batch_id, code=a.code, error=a.error, retryable=a.retryable),
             )
             if a.retryable:

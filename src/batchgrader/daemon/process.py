@@ -282,6 +282,22 @@ class Daemon:
             return AzureOpenAIProvider(SANDBOX_KEY, self.emulator.root_url, config.azure_api_version, timeout=timeout)
         return AzureOpenAIProvider(config.azure_api_key, config.azure_endpoint, config.azure_api_version, timeout=timeout)
 
+    def _sandbox_counter(self, config: Config):  # noqa: ANN202
+        """The counting hook in the sandbox: the emulator's count_tokens, cached apart from real counts."""
+        from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
+
+        emulator = self.emulator
+        timeout = config.request_timeout_seconds
+
+        def counter(profile):  # noqa: ANN001, ANN202
+            if profile.provider != "anthropic" or emulator is None:
+                return None
+            return AnthropicTokenCounter(
+                AnthropicProvider(SANDBOX_KEY, emulator.root_url, timeout=timeout), name="anthropic-sandbox"
+            )
+
+        return counter
+
     def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
         from batchgrader.provider.openai_api import OpenAIProvider
 
@@ -365,6 +381,8 @@ class Daemon:
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
         if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
             provider.provider_of_job = lambda job_id: engine.profile_of(engine.state.jobs[job_id]).provider
+        if self.sandbox:
+            engine.token_counter = self._sandbox_counter(config)
         engine.should_stop = self.stop.is_set
         engine.on_progress = self._beat
         self.engine = engine

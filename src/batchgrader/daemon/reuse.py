@@ -39,7 +39,7 @@ class ReuseSteps(EngineBase):
                 conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
             )
 
-        return ReuseProbe(self.provider_key(), lookup)
+        return ReuseProbe(self.provider_key_for(job), lookup)
 
     def _decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
         """The reuse plan of a prepared job; None when every row is sent.  When some rows are
@@ -52,6 +52,42 @@ class ReuseSteps(EngineBase):
         limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
         prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
         return plan
+
+    def _count_exact(self, profile: Profile, requests_path: Path, prep: Any) -> dict[str, Any] | None:
+        """The counting hook at planning: exact counts for a provider without a public tokenizer
+        (``InputTokensCounted``), or None for one whose local count is exact."""
+        from batchgrader.provider.counting import (
+            DAEMON_MAX_UNCACHED,
+            OFFLINE_EXACT,
+            CountCache,
+            counter_for,
+            plan_with_exact_counts,
+        )
+        from batchgrader.provider.openai_api import ProviderError
+
+        if profile.provider in OFFLINE_EXACT:
+            return None
+        try:
+            counter = self.token_counter(profile) if self.token_counter is not None else counter_for(profile.provider, profile)
+        except ProviderError as exc:
+            log.warning("no token counting for %s: %s", profile.provider, exc)
+            counter = None
+        limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
+        cache = CountCache.of_home(self.home) if counter is not None else None
+        try:
+            return plan_with_exact_counts(
+                prep,
+                requests_path,
+                profile.provider,
+                counter,
+                cache,
+                limits,
+                max_uncached=DAEMON_MAX_UNCACHED,
+                progress=self.on_progress,
+            )
+        finally:
+            if cache is not None:
+                cache.close()
 
     def _context_window(self, profile: Profile) -> int | None:
         if profile.context_window is not None:
@@ -141,7 +177,7 @@ class ReuseSteps(EngineBase):
         ok = {r["custom_id"]: r for r in ordered if r["ok"] and isinstance(r.get("content"), str) and r.get("status_code") == 200}
         if not ok:
             return []
-        provider = self.provider_key()
+        provider = self.provider_key_for(job)
         rows = []
         for line in _lines(Path(c.path)):
             cid, key = line_key(provider, line)

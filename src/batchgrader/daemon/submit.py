@@ -148,6 +148,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
             return self._fail(
                 job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again.", "prepare", now
             )
+        counted = self._count_exact(profile, requests_path, prep)  # the provider's exact counts, if it has them
         sizes_path = job_dir / "tokens.bin"
         atomic_write(sizes_path, lambda f: _write_arrays(f, prep.tokens, prep.sizes))
         reuse = self._decide_reuse(job, profile, probe, prep)
@@ -191,6 +192,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 requests_path=str(requests_path),
                 settings=result_settings(profile),
             ),
+            *([_e("InputTokensCounted", **{**counted, "input_tokens": prep.input_tokens})] if counted else []),
             *self._reuse_events(job, reuse),
         )
 
@@ -369,11 +371,11 @@ class SubmitSteps(CollectSteps, FinishSteps):
             if capacity_refusal(exc.status_code, str(exc)):
                 learned = None
                 if queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc)):
-                    learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url)
+                    learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url_for(job))
                 if learned is None:
                     self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
                 else:  # some providers refuse at once: learn the limit from that too
-                    self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc)))
+                    self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc), job))
                 return
             self.emit(
                 job.job_id,

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 SLICE = 100
 #: above this many uncached requests a file is not counted one by one; its counts stay estimates
 MAX_UNCACHED = 20_000
+#: the daemon counts fewer while planning a job (one call per request, within the provider's rate
+#: limits, on the tick thread): run `bgctl count` first for a larger file, whose counts it then
+#: finds in the cache
+DAEMON_MAX_UNCACHED = 2_000
 #: the cache file in the home
 CACHE_FILE = "token_counts.sqlite"
 #: providers whose local (tiktoken) count is their exact count: no counting endpoint needed
@@ -125,6 +129,7 @@ def exact_counts(
     cache: CountCache | None = None,
     *,
     max_uncached: int = MAX_UNCACHED,
+    progress: Callable[[], None] = lambda: None,
 ) -> Counted:
     """Exact input tokens of every line from ``counter`` (behind ``cache``), or why not."""
     if counter is None:
@@ -155,6 +160,7 @@ def exact_counts(
             return Counted(None, "estimate", cached=len(keys) - len(missing), sent=sent, reason=f"counting failed: {exc}")
         if len(answer) != len(part):
             return Counted(None, "estimate", reason=f"{counter.name} answered {len(answer)} counts for {len(part)} requests")
+        progress()  # a heartbeat per slice (the daemon's watchdog)
         got = {k: int(n) for (k, _), n in zip(part, answer, strict=True)}
         known.update(got)
         sent += len(part)
@@ -164,13 +170,17 @@ def exact_counts(
 
 
 def count_hook(
-    counter: TokenCounter | None, cache: CountCache | None
+    counter: TokenCounter | None,
+    cache: CountCache | None,
+    *,
+    max_uncached: int = MAX_UNCACHED,
+    progress: Callable[[], None] = lambda: None,
 ) -> Callable[[list[bytes]], tuple[list[int] | None, dict[str, Any]]]:
     """The hook as :func:`batchgrader.pipeline.reuse.preview` (and the daemon's planning) call it:
     request lines -> (exact counts or None, :meth:`Counted.as_dict`)."""
 
     def run(lines: list[bytes]) -> tuple[list[int] | None, dict[str, Any]]:
-        found = exact_counts(counter, lines, cache)
+        found = exact_counts(counter, lines, cache, max_uncached=max_uncached, progress=progress)
         return found.counts, found.as_dict()
 
     return run
@@ -199,7 +209,15 @@ def counter_for(provider: str, settings: Any) -> TokenCounter | None:
 
 
 def plan_with_exact_counts(
-    prep: Any, requests_path: Path, provider: str, counter: TokenCounter | None, cache: CountCache | None, limits: Any
+    prep: Any,
+    requests_path: Path,
+    provider: str,
+    counter: TokenCounter | None,
+    cache: CountCache | None,
+    limits: Any,
+    *,
+    max_uncached: int = MAX_UNCACHED,
+    progress: Callable[[], None] = lambda: None,
 ) -> dict[str, Any] | None:
     """The daemon's job planning through the counting hook: for a provider whose tokenizer is not
     public, count every request the job can send with the provider's endpoint (cached) and plan
@@ -210,7 +228,8 @@ def plan_with_exact_counts(
 
     if provider in OFFLINE_EXACT:
         return None
-    info = apply_exact_counts(prep, requests_path, count_hook(counter, cache), limits)
+    hook = count_hook(counter, cache, max_uncached=max_uncached, progress=progress)
+    info = apply_exact_counts(prep, requests_path, hook, limits)
     return {
         "exact": bool(info.get("exact")),
         "source": info.get("source") if info.get("exact") else "estimate",
