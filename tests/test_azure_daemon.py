@@ -302,5 +302,5 @@ def test_queue_limit_is_learned_per_endpoint_and_deployment(tmp_path: Path) -> N
             learned = [e.payload for e in s.read() if e.type == "QueueLimitLearned"]
         assert learned and {(p["base_url"], p["model"]) for p in learned} == {(emu.root_url, DEPLOYMENT)}
         assert learned[0]["limit"] == 60 and learned[0]["exact"] is True
-        doctor_json = json.loads(run(home, emu, "status", "--json").stdout)
-        assert doctor_json[0]["state"] == "completed"
+        status = json.loads(run(home, emu, "status", "--json").stdout)
+        assert status[0]["state"] == "completed" and status[0]["input_tokens_exact"] is True

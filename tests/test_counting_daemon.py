@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from test_anthropic_daemon import ANTHROPIC_KEY, make_inputs, run, state_of
+from harness import BGCTL
+from test_anthropic_daemon import ANTHROPIC_KEY, env_for, make_inputs, run, state_of
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -50,11 +52,12 @@ def test_a_failing_counting_endpoint_leaves_labelled_estimates(tmp_path: Path) -
         emu.script_fault("POST", "/v1/messages/count_tokens", "status", status=400, message="counting is off", times=1000)
         assert run(home, emu, "daemon", "--once").returncode == 0
         status = json.loads(run(home, emu, "status", "--json").stdout)
-        table = run(home, emu, "status").stdout
+        wide = {**env_for(home, emu), "COLUMNS": "200"}
+        table = subprocess.run([BGCTL, "status"], env=wide, capture_output=True, text=True, timeout=60).stdout
         (job,) = status
         detail = run(home, emu, "status", job["job_id"]).stdout
     (counted,) = _counted(home)
     assert counted["exact"] is False and counted["source"] == "estimate" and "counting is off" in counted["reason"]
     assert job["input_tokens_exact"] is False and job["state"] == "completed"
     assert "ESTIMATE" in detail
-    assert table  # the list view renders (narrow terminals leave the token column out)
+    assert "in (est.)" in table  # the list's token column marks the estimate
