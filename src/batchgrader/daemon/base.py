@@ -185,8 +185,7 @@ class EngineBase:
             return self.queue_url
         if self.sandbox or profile.provider != "azure":
             return self.queue_url
-        azure = getattr(self.provider, "providers", {}).get("azure", self.provider)
-        return str(getattr(azure, "base_url", "") or profile.get("azure_endpoint") or "").rstrip("/")
+        return str(profile.get("azure_endpoint") or "").rstrip("/")  # the client's base_url (one resource per daemon)
 
     def _cost(self, model: str, usage: dict[str, int]) -> float:
         try:
