@@ -1,0 +1,62 @@
+"""When to look at a batch in flight again: pure rules (no clock, no I/O).
+
+A batch of the Batch API takes anything from a minute to a day, and nothing tells us when it
+will end.  Two rules keep both the calls and the wait for results small:
+
+* **A fraction of its age.**  The wait before the next poll is :data:`AGE_FRACTION` of the
+  time since the batch was created, at least :data:`MIN_DELAY` and at most
+  ``poll_interval_seconds``.  A batch is therefore seen done at most about a tenth of its
+  run time late (or ``poll_interval_seconds``, whichever is less), and a long batch costs a
+  poll per ``poll_interval_seconds`` instead of a poll per fixed short interval.
+* **When batches like it end.**  The daemon remembers how long the last batches of a model
+  took (:class:`Durations`, in memory only).  When a batch is expected to end before the next
+  poll by age, it is polled just after that time; once that time has passed, it is polled soon
+  and then less and less often (:data:`OVERDUE_FRACTION` of the time since), never more often
+  than the age rule would have.  Batches of one size that take about the same time are so
+  collected a fraction of a second after they end, from the second round on.
+
+With several batches in flight a poll round is one paged ``batches.list`` for all of them
+(``core/decide.list_round_due``), so these are rules for how often a round is due.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+MIN_DELAY = 0.5  # s, the shortest wait between two polls of a batch (and the first, after its create)
+AGE_FRACTION = 0.1  # the wait is at most this share of the batch's age
+OVERDUE_FRACTION = 0.5  # past the expected end: this share of the time since it
+EXPECTED_SLACK = 0.25  # s, polled this long after the expected end
+KEPT_DURATIONS = 5  # the expected run time is the median of a model's last few batches
+
+
+def next_poll_delay(age: float, poll_interval: float, expected_left: float | None = None) -> float:
+    """Seconds until the next poll of a batch created ``age`` seconds ago.
+
+    ``expected_left``: seconds until batches like it are expected to end (negative once that
+    time has passed), or None when nothing is known yet."""
+    cap = max(poll_interval, MIN_DELAY)
+    delay = min(max(AGE_FRACTION * age, MIN_DELAY), cap)
+    if expected_left is None:
+        return delay
+    if expected_left > 0:
+        return min(delay, expected_left + EXPECTED_SLACK)
+    return min(delay, max(MIN_DELAY, OVERDUE_FRACTION * -expected_left))
+
+
+@dataclass
+class Durations:
+    """How long the last batches of each model took (created to seen completed), in memory: the
+    daemon starts without it and learns again from the next batches."""
+
+    kept: dict[str, deque[float]] = field(default_factory=dict)
+
+    def record(self, model: str, seconds: float) -> None:
+        if seconds > 0:
+            self.kept.setdefault(model, deque(maxlen=KEPT_DURATIONS)).append(seconds)
+
+    def expected(self, model: str) -> float | None:
+        """The median of the model's last batches' run times, or None."""
+        got = sorted(self.kept.get(model, ()))
+        return got[len(got) // 2] if got else None
