@@ -25,7 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 MIN_DELAY = 0.5  # s, the shortest wait between two polls of a batch (and the first, after its create)
-AGE_FRACTION = 0.1  # the wait is at most this share of the batch's age
+AGE_FRACTION = 0.15  # the wait is at most this share of the batch's age
+KNOWN_FRACTION = 0.3  # ... while batches like it are known to take longer than it has run yet
 OVERDUE_FRACTION = 0.5  # past the expected end: this share of the time since it
 EXPECTED_SLACK = 0.25  # s, polled this long after the expected end
 KEPT_DURATIONS = 5  # the expected run time is the median of a model's last few batches
@@ -41,7 +42,7 @@ def next_poll_delay(age: float, poll_interval: float, expected_left: float | Non
     if expected_left is None:
         return delay
     if expected_left > 0:
-        return min(delay, expected_left + EXPECTED_SLACK)
+        return min(max(KNOWN_FRACTION * age, MIN_DELAY), cap, max(expected_left + EXPECTED_SLACK, MIN_DELAY))
     return min(delay, max(MIN_DELAY, OVERDUE_FRACTION * -expected_left))
 
 

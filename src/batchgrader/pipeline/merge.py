@@ -118,6 +118,47 @@ class StreamedMerge:
         return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], self.cache_write_tokens))
 
 
+class ChunkSpool:
+    """A chunk's outcomes as they are read, spooled to a temporary file: memory holds one offset
+    per answered row, never the parsed outcomes or the chunk's records.  :meth:`write` then
+    takes them back in the chunk's order."""
+
+    def __init__(self, expected: Sequence[str]):
+        self.expected = expected
+        self.wanted = set(expected)
+        self.found: dict[str, int] = {}  # custom_id -> offset of its record (later outcomes of a row win)
+        self.spool: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+
+    def read(self, outcomes: Iterable[Any]) -> None:
+        dumps, wanted, found, spool = json.dumps, self.wanted, self.found, self.spool
+        for o in outcomes:
+            if o.custom_id in wanted:
+                found[o.custom_id] = spool.tell()
+                spool.write(dumps(outcome_record(o), ensure_ascii=False).encode("utf-8") + b"\n")
+
+    def write(
+        self,
+        write: Callable[[bytes], Any],
+        status: str | None,
+        missing: tuple[str, str] | None = None,
+        followers: Mapping[str, Sequence[str]] | None = None,
+    ) -> StreamedMerge:
+        """One JSON line per row in the chunk's order (``write`` gets each line), then one line per
+        duplicate of a row (its leader's outcome under its own custom id; a duplicate that is one
+        of the chunk's own rows is not repeated).  A row without an outcome failed (see
+        :func:`merge_chunk`)."""
+        return _write_in_order(write, self.expected, self.wanted, self.found, self.spool, status, missing, followers)
+
+    def close(self) -> None:
+        self.spool.close()
+
+    def __enter__(self) -> ChunkSpool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def merge_chunk_into(
     write: Callable[[bytes], Any],
     expected: Sequence[str],
@@ -126,22 +167,11 @@ def merge_chunk_into(
     missing: tuple[str, str] | None = None,
     followers: Mapping[str, Sequence[str]] | None = None,
 ) -> StreamedMerge:
-    """:func:`merge_chunk` written out as it goes: one JSON line per row in the chunk's order
-    (``write`` gets each line), then one line per duplicate of a row (its leader's outcome under
-    its own custom id; a duplicate that is one of the chunk's own rows is not repeated).
-
-    Memory is one offset per answered row: the records are spooled to a temporary file as they
-    are read and taken back by offset in the chunk's order; the parsed outcomes and the records
-    of the whole chunk are never held."""
-    wanted = set(expected)
-    dumps = json.dumps
-    with tempfile.TemporaryFile() as spool:  # the records in the order they came, read back by offset
-        found: dict[str, int] = {}  # custom_id -> offset of its record (later outcomes of a row win)
-        for o in outcomes:
-            if o.custom_id in wanted:
-                found[o.custom_id] = spool.tell()
-                spool.write(dumps(outcome_record(o), ensure_ascii=False).encode("utf-8") + b"\n")
-        return _write_in_order(write, expected, wanted, found, spool, status, missing, followers)
+    """:func:`merge_chunk` written out as it goes (through a :class:`ChunkSpool`), with the
+    duplicates of the chunk's rows after them."""
+    with ChunkSpool(expected) as spool:
+        spool.read(outcomes)
+        return spool.write(write, status, missing, followers)
 
 
 def _write_in_order(

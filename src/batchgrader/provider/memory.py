@@ -161,7 +161,9 @@ class MemoryProvider:
                 self.ends.pop(bid)
             elif end <= now:
                 self.ends.pop(bid)
+                self.now = end  # stamped with the time it ended
                 done.append(self.finish(bid, "cancelled" if b.status == "cancelling" else "completed"))
+                self.now = now
             elif b.status == "validating" and now >= b.created_at + 0.05 * (end - b.created_at):
                 self.start(bid)
         return done
