@@ -44,3 +44,11 @@ def test_durations_are_the_median_of_the_last_five_per_model():
     assert d.expected("m") == 30  # 10, 30, 20, 1000, 40: the first one is forgotten
     d.record("m", -1)  # nonsense is ignored
     assert d.expected("m") == 30 and d.expected("other") is None
+
+
+def test_progress_left_is_the_rest_at_the_rate_seen():
+    from batchgrader.core.polling import progress_left
+
+    assert progress_left((10.0, 2), (30.0, 6), 10) == 20.0  # 4 requests in 20 s: 4 more in 20 s
+    assert progress_left((10.0, 2), (30.0, 2), 10) is None  # not moved: nothing known
+    assert progress_left((10.0, 2), (30.0, 10), 10) == 0.0

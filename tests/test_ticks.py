@@ -101,6 +101,33 @@ def test_a_batch_like_the_last_one_is_collected_just_after_its_expected_end(home
     rig.close()
 
 
+def test_a_batch_is_collected_just_after_the_end_its_progress_points_to(home):
+    import dataclasses
+
+    from batchgrader.provider.protocol import RequestCounts
+
+    rig = make(home, "poll_interval_seconds: 60\n")
+    rig.drop(500)
+    rig.tick()  # uploaded and created
+    created = rig.now
+    (batch_id,) = [b.id for b in rig.provider.open_batches()]
+    rig.provider.start(batch_id)
+    seen = None
+    for _ in range(400):  # 500 requests done at an even pace over 100 s, then the batch completes
+        age = rig.now + 0.5 - created
+        if age >= 100:
+            rig.provider.finish(batch_id)
+        else:
+            b = rig.provider.batches[batch_id]
+            rig.provider.batches[batch_id] = dataclasses.replace(b, request_counts=RequestCounts(500, int(5 * age), 0))
+        if "ChunkCompleted" in rig.tick(0.5):
+            seen = rig.now - created
+            break
+    assert seen is not None and seen - 100 <= 1.0  # the age rule alone would wait up to 15 s
+    assert rig.calls("retrieve") < 40
+    rig.close()
+
+
 def test_status_calls_stay_under_30_per_batch_hour_with_many_batches_in_flight(home):
     """Fourteen batches (two files) running 12 minutes to 9 hours, on a fake clock that jumps over
     the stretches where nothing is due: status calls (retrieve and list pages) per batch-hour."""

@@ -1,22 +1,23 @@
 """When to look at a batch in flight again: pure rules (no clock, no I/O).
 
-A batch of the Batch API takes anything from a minute to a day, and nothing tells us when it
-will end.  Two rules keep both the calls and the wait for results small:
+A batch of the Batch API takes anything from a minute to a day, and the API does not say when it
+will end.  The wait before the next poll of a batch is:
 
-* **A fraction of its age.**  The wait before the next poll is :data:`AGE_FRACTION` of the
-  time since the batch was created, at least :data:`MIN_DELAY` and at most
-  ``poll_interval_seconds``.  A batch is therefore seen done at most about a tenth of its
-  run time late (or ``poll_interval_seconds``, whichever is less), and a long batch costs a
-  poll per ``poll_interval_seconds`` instead of a poll per fixed short interval.
-* **When batches like it end.**  The daemon remembers how long the last batches of a model
-  took (:class:`Durations`, in memory only).  When a batch is expected to end before the next
-  poll by age, it is polled just after that time; once that time has passed, it is polled soon
-  and then less and less often (:data:`OVERDUE_FRACTION` of the time since), never more often
-  than the age rule would have.  Batches of one size that take about the same time are so
-  collected a fraction of a second after they end, from the second round on.
+* **a fraction of its age**: :data:`AGE_FRACTION` of the time since it was created, at least
+  :data:`MIN_DELAY` and at most ``poll_interval_seconds``.  A batch is seen done at most about
+  15 % of its run time late (or ``poll_interval_seconds``, whichever is less), and a long batch
+  costs a poll per ``poll_interval_seconds``;
+* **shorter when its end is expected sooner**: the expected end is the batch's own progress
+  while it is in progress and its count of finished requests moves (the rate since the first
+  poll that saw some finished, :func:`progress_left`), else the run time of the last batches of
+  the same model (:class:`Durations`, kept in memory only).  The batch is polled just after
+  that time (and, until then, at most every :data:`KNOWN_FRACTION` of its age); once it has
+  passed, soon and then less and less often (:data:`OVERDUE_FRACTION` of the time since), but
+  never less often than the age rule.  Batches that take about as long as the ones before them
+  are so collected within about a second of their end.
 
 With several batches in flight a poll round is one paged ``batches.list`` for all of them
-(``core/decide.list_round_due``), so these are rules for how often a round is due.
+(``core/decide.list_round_due``), so these rules set how often a round is due.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def next_poll_delay(age: float, poll_interval: float, expected_left: float | Non
     if expected_left > 0:
         return min(max(KNOWN_FRACTION * age, MIN_DELAY), cap, max(expected_left + EXPECTED_SLACK, MIN_DELAY))
     return min(delay, max(MIN_DELAY, OVERDUE_FRACTION * -expected_left))
+
+
+def progress_left(first: tuple[float, int], last: tuple[float, int], total: int) -> float | None:
+    """Seconds until ``total`` requests are done, at the rate seen between two polls of a batch in
+    progress (``(time, requests done)`` each); None until the count has moved."""
+    (t1, n1), (t2, n2) = first, last
+    if n2 <= n1 or t2 <= t1:
+        return None
+    return (total - n2) * (t2 - t1) / (n2 - n1)
 
 
 @dataclass

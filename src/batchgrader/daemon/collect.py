@@ -13,7 +13,7 @@ from typing import Any
 
 from batchgrader.core import queue
 from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
-from batchgrader.core.polling import next_poll_delay
+from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
 from batchgrader.daemon.reuse import ReuseSteps
@@ -97,8 +97,26 @@ class CollectSteps(ReuseSteps):
             self._durations.record(model, took)
         expected = self._durations.expected(model)
         left = None if expected is None else created + expected - now
+        ahead = self._progress_left(key, b, now)
+        if ahead is not None:  # this batch's own progress says more than batches before it
+            left = ahead
         delay = next_poll_delay(now - created, self.settings.poll_interval_seconds, left)
         self._next_poll[key] = (now + delay, delay)
+
+    def _progress_left(self, key: tuple[str, int], b: Any, now: float) -> float | None:
+        """Seconds until the batch's requests are all done, at the rate they were done since we
+        first saw some done (:func:`progress_left`); None while that is not known."""
+        counts = b.request_counts
+        done = counts.completed + counts.failed
+        if b.status != "in_progress" or not done:
+            if b.is_terminal:
+                self._progress.pop(key, None)
+            return None
+        first = self._progress.get(key)
+        if first is None or done < first[1]:
+            self._progress[key] = (now, done)
+            return None
+        return progress_left(first, (now, done), counts.total)
 
     def _download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
         """Download one result file: one intent per download (not per tick), a pause between
