@@ -15,7 +15,7 @@ from batchgrader.core.polling import AGE_FRACTION, MIN_DELAY, Durations, next_po
 )
 def test_the_wait_is_within_the_bounds(age, interval, left):
     d = next_poll_delay(age, interval, left)
-    assert MIN_DELAY <= d <= max(interval, MIN_DELAY)
+    assert min(MIN_DELAY, interval) <= d <= interval
     # never later than the age rule allows, whatever is expected
     assert d <= max(AGE_FRACTION * age, MIN_DELAY) or (left is not None and left > 0)
     if left is not None and left > 0:
@@ -27,6 +27,7 @@ def test_the_wait_grows_with_the_age_up_to_the_interval():
     assert next_poll_delay(100, 60) == 15.0
     assert next_poll_delay(10_000, 60) == 60
     assert next_poll_delay(10_000, 600) == 600
+    assert next_poll_delay(0, 0.05) == 0.05  # a shorter poll_interval_seconds wins (tests use it)
 
 
 def test_the_expected_end_brings_the_poll_forward_and_then_backs_off():

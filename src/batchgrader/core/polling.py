@@ -34,17 +34,17 @@ KEPT_DURATIONS = 5  # the expected run time is the median of a model's last few 
 
 
 def next_poll_delay(age: float, poll_interval: float, expected_left: float | None = None) -> float:
-    """Seconds until the next poll of a batch created ``age`` seconds ago.
+    """Seconds until the next poll of a batch created ``age`` seconds ago (never more than
+    ``poll_interval``; at least :data:`MIN_DELAY` unless ``poll_interval`` is shorter).
 
-    ``expected_left``: seconds until batches like it are expected to end (negative once that
-    time has passed), or None when nothing is known yet."""
-    cap = max(poll_interval, MIN_DELAY)
-    delay = min(max(AGE_FRACTION * age, MIN_DELAY), cap)
-    if expected_left is None:
-        return delay
-    if expected_left > 0:
-        return min(max(KNOWN_FRACTION * age, MIN_DELAY), cap, max(expected_left + EXPECTED_SLACK, MIN_DELAY))
-    return min(delay, max(MIN_DELAY, OVERDUE_FRACTION * -expected_left))
+    ``expected_left``: seconds until the batch is expected to end (negative once that time has
+    passed), or None when nothing is known yet."""
+    delay = max(AGE_FRACTION * age, MIN_DELAY)
+    if expected_left is not None and expected_left > 0:
+        delay = min(max(KNOWN_FRACTION * age, MIN_DELAY), max(expected_left + EXPECTED_SLACK, MIN_DELAY))
+    elif expected_left is not None:
+        delay = min(delay, max(MIN_DELAY, OVERDUE_FRACTION * -expected_left))
+    return min(delay, poll_interval)
 
 
 def progress_left(first: tuple[float, int], last: tuple[float, int], total: int) -> float | None:
