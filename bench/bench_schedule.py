@@ -52,9 +52,9 @@ WORDS = (
     "excellent terrible helpful rude package arrived late early broken working perfectly expected better worse "
     "recommend never again friendly staff store online website checkout shipping tracking return exchange"
 ).split()
-# Local settings for the runs: the poll interval is scaled with the batch time (60 s against
-# batches of minutes or hours is what the default is for; here a batch takes 30 s).
-CONFIG = "stable_seconds: 0.2\nrescan_interval_seconds: 1\nmax_completion_tokens: 50\npoll_interval_seconds: {poll}\n"
+# Local settings for the runs (the inbox is looked at quickly); polling is the default one, which
+# adapts to a batch's age (core/polling.py), so poll_interval_seconds keeps its default of 60 s.
+CONFIG = "stable_seconds: 0.2\nrescan_interval_seconds: 1\nmax_completion_tokens: 50\n"
 
 
 def make_csv(path: Path, rows: int, seed: int = 9) -> None:
@@ -81,34 +81,90 @@ def count(home: Path, csv: Path) -> tuple[float, int]:
     return time.perf_counter() - t, int(json.loads(out.stdout)["input_tokens"])
 
 
-def phases(home: Path, started: float) -> dict[str, float]:
-    """Where the time went, from the event log: daemon start to JobAccepted, preparing, the
-    batches (first upload to the last merge) and writing the result."""
+def _events(home: Path) -> list[tuple[float, str, dict]]:
     conn = sqlite3.connect(f"file:{home / 'batchgrader.db'}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT ts, type FROM events ORDER BY seq").fetchall()
+        rows = conn.execute("SELECT ts, type, payload FROM events ORDER BY seq").fetchall()
     finally:
         conn.close()
-    at: dict[str, list[float]] = {}
-    for ts, type_ in rows:
-        at.setdefault(type_, []).append(datetime.fromisoformat(ts).timestamp())
-    return {
-        "startup": at["JobAccepted"][0] - started,
-        "prepare": at["JobPrepared"][0] - at["JobAccepted"][0],
-        "batches": at["ChunkCompleted"][-1] - at["JobPrepared"][0],
-        "result": at["ResultWritten"][0] - at["ChunkCompleted"][-1],
+    return [(datetime.fromisoformat(ts).timestamp(), t, json.loads(p)) for ts, t, p in rows]
+
+
+def phases(home: Path, started: float, ended: float, batch_s: float) -> dict[str, float]:
+    """Where the time went, from the event log (seconds, summed over batches where several):
+
+    * ``startup``: daemon start to JobAccepted (imports, the inbox's stable wait, hashing);
+    * ``prepare``: JobAccepted to JobPrepared (counting, writing requests and chunks);
+    * ``submit``: JobPrepared to the first BatchCreated (upload and create);
+    * ``provider``: time the emulator's batches ran (created to due end), the part the schedule
+      cannot shorten when they run in sequence (rounds x batch time);
+    * ``poll_lag``: a batch's due end to the daemon's seeing it (poll interval overshoot);
+    * ``collect``: seeing a batch end to its ChunkCompleted (download and merge);
+    * ``refill``: a ChunkCompleted or a refusal seen to the next BatchCreated (queue room to create);
+    * ``result``: the last ChunkCompleted to ResultWritten; ``exit``: to the daemon's exit.
+    """
+    ev = _events(home)
+    first = {}
+    for ts, t, _p in ev:
+        first.setdefault(t, ts)
+    out = {
+        "startup": first["JobAccepted"] - started,
+        "prepare": first["JobPrepared"] - first["JobAccepted"],
+        "submit": first["BatchCreated"] - first["JobPrepared"],
+        "provider": 0.0,
+        "poll_lag": 0.0,
+        "collect": 0.0,
+        "refill": 0.0,
     }
+    created: dict[int, float] = {}
+    seen_end: dict[int, float] = {}
+    last_free: float | None = None  # when queue room was last seen (a batch ended or was refused)
+    for ts, t, p in ev:
+        if t == "BatchCreated":
+            created[p["chunk"]] = ts
+            if last_free is not None:
+                out["refill"] += ts - last_free
+                last_free = None
+        elif t == "BatchStatusChanged" and p["status"] in ("completed", "failed") and p["chunk"] in created:
+            due = created[p["chunk"]] + (batch_s if p["status"] == "completed" else batch_s * 0.05)
+            out["provider"] += due - created.pop(p["chunk"])
+            out["poll_lag"] += max(0.0, ts - due)
+            seen_end[p["chunk"]] = ts
+            if p["status"] == "failed":
+                last_free = ts
+        elif t == "ChunkCompleted" and p["chunk"] in seen_end:
+            out["collect"] += ts - seen_end.pop(p["chunk"])
+            last_free = ts
+    chunk_done = [ts for ts, t, _p in ev if t == "ChunkCompleted"]
+    out["result"] = first["ResultWritten"] - chunk_done[-1]
+    out["exit"] = ended - first["ResultWritten"]
+    return out
 
 
-def _hwm_kib(pid: int) -> int:
-    """The process's peak resident set so far (VmHWM), 0 if it is gone."""
+def peak_phase(home: Path) -> str:
+    """The last event before the highest sampled resident set of the run (where the peak was)."""
+    if not SAMPLES:
+        return "?"
+    t_peak = max(SAMPLES, key=lambda s: s[1])[0]
+    before = [t for ts, t, _p in _events(home) if ts <= t_peak]
+    return f"after {before[-1]}" if before else "before JobAccepted"
+
+
+def _mem_kib(pid: int) -> tuple[int, int]:
+    """The process's resident set now and its peak so far (VmRSS, VmHWM), 0 if it is gone."""
+    rss = hwm = 0
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
-                return int(line.split()[1])
+                hwm = int(line.split()[1])
+            elif line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return rss, hwm
+
+
+SAMPLES: list[tuple[float, int]] = []  # (time, VmRSS KiB) of the last daemon run
 
 
 def run_daemon(home: Path, emu: Emulator) -> tuple[float, int, int]:
@@ -121,8 +177,11 @@ def run_daemon(home: Path, emu: Emulator) -> tuple[float, int, int]:
         [BGCTL, "daemon", "--once"], env=env(home, emu.base_url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     peak = 0
+    SAMPLES.clear()
     while proc.poll() is None:
-        peak = max(peak, _hwm_kib(proc.pid))
+        rss, hwm = _mem_kib(proc.pid)
+        peak = max(peak, hwm)
+        SAMPLES.append((time.time(), rss))
         time.sleep(0.05)  # sampling interval of the peak; VmHWM itself never misses a peak
     seconds = time.perf_counter() - t
     if proc.returncode != 0:
@@ -133,7 +192,7 @@ def run_daemon(home: Path, emu: Emulator) -> tuple[float, int, int]:
 def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float | None, tokens: int) -> dict:
     home = work / f"home-{csv.stem}-{'limit' if limit_share else 'free'}"
     home.mkdir(parents=True)
-    (home / "config.yaml").write_text(CONFIG.format(poll=max(1.0, batch_s / 6)))
+    (home / "config.yaml").write_text(CONFIG)
     (home / "inbox").mkdir()
     try:
         os.link(csv, home / "inbox" / csv.name)
@@ -148,9 +207,11 @@ def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float
         token_limits={MODEL: limit} if limit else {},
         shuffle_output=True,
     )
+    load = benchdocs.load_average()
     with Emulator(cfg) as emu:
         started = time.time()
         seconds, _code, rss_kib = run_daemon(home, emu)
+        ended = time.time()
         stats = emu.stats()
         batches = emu.batches()
     req = stats["requests"]
@@ -163,6 +224,7 @@ def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float
     answered = sum(1 for line in result.read_text(encoding="utf-8").splitlines()[1:] if line.endswith(","))
     return {
         "rows": rows,
+        "load": load,
         "case": "b" if limit else "a",
         "limit": limit,
         "seconds": seconds,
@@ -174,7 +236,8 @@ def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float
         "status_calls": status_calls,
         "status_per_batch_hour": status_calls / batch_hours if batch_hours else float("nan"),
         "answered": answered,
-        "phases": phases(home, started),
+        "phases": phases(home, started, ended, batch_s),
+        "peak_at": peak_phase(home),
     }
 
 
@@ -193,7 +256,8 @@ def schedule(rows_list: list[int], batch_s: float, work: Path) -> list[dict]:
                 f"{rows:>9,} rows ({r['case']}) {tokens:>12,} tokens: {r['seconds']:7.1f} s, ideal {r['ideal']:6.1f} s "
                 f"(ratio {r['ratio']:.2f}); {r['batches']} batches ({r['refused']} refused), {r['api_calls']} API calls, "
                 f"{r['status_per_batch_hour']:.0f} status calls/batch-hour; peak RSS {r['rss_mib']:.0f} MiB; "
-                f"{r['answered']:,} rows answered; " + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items()),
+                f"{r['answered']:,} rows answered; load {r['load']:.1f}; "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items()),
                 flush=True,
             )
             out.append(r)
@@ -206,7 +270,10 @@ def memory(rows_list: list[int], work: Path) -> list[dict]:
         csv = work / f"mem_{rows}.csv"
         make_csv(csv, rows, seed=rows)
         r = one_run(work, csv, rows, 1.0, None, 0)
-        print(f"memory {rows:>9,} rows: peak RSS {r['rss_mib']:.0f} MiB in {r['seconds']:.0f} s", flush=True)
+        print(
+            f"memory {rows:>9,} rows: peak RSS {r['rss_mib']:.0f} MiB in {r['seconds']:.0f} s ({r['peak_at']}; load {r['load']:.1f})",
+            flush=True,
+        )
         out.append(r)
     return out
 
@@ -220,22 +287,22 @@ def write_docs(sched: list[dict], mem: list[dict], batch_s: float, argv: str) ->
         + benchdocs.machine("the emulator in the benchmark's process")
         + f" (load average {benchdocs.load_average():.1f} at the end).",
         "",
-        f"Default settings (no `max_simultaneous_batches`, no `split_token_limit`), except `poll_interval_seconds` "
-        f"{max(1.0, batch_s / 6):g} s: the interval is scaled with the batch time (the default of 60 s is meant for "
-        f"batches of minutes to hours; here a batch takes {batch_s:g} s: 5 % validating, 90 % in progress, 5 % finalizing). "
+        "Default settings (no `max_simultaneous_batches`, no `split_token_limit`, `poll_interval_seconds` 60: the wait "
+        f"between polls adapts to the batch's age); a batch takes {batch_s:g} s (5 % validating, 90 % in progress, "
+        "5 % finalizing). "
         "Requests are ~370 prompt tokens (gpt-4o-mini). Ideal = ceil(tokens / limit) rounds x batch time + `bgctl count` "
         "of the same file. (a) no queue limit; (b) a limit of 45 % of the file's tokens that the daemon is not told "
         "(it learns it from the first refusal).",
         "",
-        "| rows | case | tokens | limit | time to results | ideal | ratio | batches (refused) | API calls | status calls / batch-hour | peak RSS | start / prepare / batches / result |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| rows | case | tokens | limit | time to results | ideal | ratio | batches (refused) | API calls | status calls / batch-hour | peak RSS | load | startup / prepare / submit / provider / poll lag / collect / refill / result / exit |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in sched:
         lim = f"{r['limit']:,}" if r["limit"] else "none"
         lines.append(
             f"| {r['rows']:,} | ({r['case']}) | {r['tokens']:,} | {lim} | {r['seconds']:.1f} s | {r['ideal']:.1f} s | "
             f"{r['ratio']:.2f} | {r['batches']} ({r['refused']}) | {r['api_calls']} | {r['status_per_batch_hour']:.0f} | "
-            f"{r['rss_mib']:.0f} MiB | " + " / ".join(f"{v:.0f}" for v in r["phases"].values()) + " s |"
+            f"{r['rss_mib']:.0f} MiB | {r['load']:.1f} | " + " / ".join(f"{v:.1f}" for v in r["phases"].values()) + " s |"
         )
     lines += ["", "Target: time to results ≤ 1.25 × the ideal; ≤ 30 status calls per batch-hour.", ""]
     if mem:
@@ -244,10 +311,12 @@ def write_docs(sched: list[dict], mem: list[dict], batch_s: float, argv: str) ->
             "",
             "Batches of 1 s, no queue limit, the same ~370-token rows. Peak RSS: the daemon process's own VmHWM.",
             "",
-            "| rows | peak RSS | time |",
-            "|---:|---:|---:|",
+            "| rows | peak RSS | time | load | peak |",
+            "|---:|---:|---:|---:|---|",
         ]
-        lines += [f"| {r['rows']:,} | {r['rss_mib']:.0f} MiB | {r['seconds']:.0f} s |" for r in mem]
+        lines += [
+            f"| {r['rows']:,} | {r['rss_mib']:.0f} MiB | {r['seconds']:.0f} s | {r['load']:.1f} | {r['peak_at']} |" for r in mem
+        ]
         lines += ["", "Target: ≤ 400 MB at 1,000,000 rows, and 10x the rows ≤ 1.3x the memory.", ""]
     return write_section(SECTION, "\n".join(lines))
 

@@ -187,6 +187,34 @@ def test_row_order_does_not_change_what_is_reused():
     assert len(a.keep) == len(b.keep) == 3 and len(a.followers) == len(b.followers) == 6
 
 
+def test_duplicates_across_blocks_follow_the_first_row_of_the_file(monkeypatch):
+    import batchgrader.pipeline.reuse as reuse_mod
+
+    monkeypatch.setattr(reuse_mod, "BLOCK", 4)  # a leader in one block, its duplicates in later ones
+    lines = [_line(f"c{i}", f"t{i % 3}") for i in range(11)]
+    stored = {line_key(PROVIDER, lines[4])[1]}  # t1: every row of it is answered from the store
+    plan = plan_reuse(lines, PROVIDER, {0}, lambda keys: {k: _answer(k, "x") for k in keys if k in stored})
+    assert plan.keep == [2, 3]  # 0 is oversized; t0's leader is c3, t2's is c2
+    assert {cid for cid, _ in plan.cached} == {"c1", "c4", "c7", "c10"}
+    assert plan.followers == {"c5": "c2", "c6": "c3", "c8": "c2", "c9": "c3"}
+
+
+@pytest.mark.slow
+def test_planning_reuse_holds_no_key_per_row():
+    """30,000 distinct rows: the peak of Python allocations stays well under a key per row (the
+    seen keys are in a temporary database on disk; a dict of them took about 350 bytes a row)."""
+    import tracemalloc
+
+    n = 30_000
+    lines = (_line(f"row-{i:06d}", f"text number {i}") for i in range(n))
+    tracemalloc.start()
+    plan = plan_reuse(lines, PROVIDER, set(), lambda keys: {})
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(plan.keep) == n and not plan.followers
+    assert peak / n < 120, peak / n  # the positions to send (a list of ints) and one block
+
+
 class _P:
     def __init__(self, **kw: Any):
         self.cache_days, self.reuse_answers, self.temperature = kw.get("cache_days", 30.0), kw.get("reuse"), kw.get("t")

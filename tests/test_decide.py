@@ -25,7 +25,6 @@ from batchgrader.core.decide import (
     decide_job,
     ending,
     next_action,
-    next_poll_delay,
     upload_name,
 )
 from batchgrader.core.state import fold
@@ -127,13 +126,6 @@ def test_poll_due_and_cancel_sent_are_inputs(rig):
     assert [a for a in actions if isinstance(a, FailUnstarted)] == []  # one chunk, already sent
     sent = Timers(next_poll=due.next_poll, cancel_sent=frozenset({c.batch_id}))
     assert CancelBatch(j, c.index, c.batch_id) not in decide_job(rig.engine.state, j, cfg, rig.now, sent)
-
-
-def test_polling_backs_off_to_the_interval():
-    assert next_poll_delay(0.5, changed=False, status_changed=False, poll_interval=2.0) == 0.8
-    assert next_poll_delay(1.5, changed=False, status_changed=False, poll_interval=2.0) == 2.0
-    assert next_poll_delay(1.5, changed=True, status_changed=True, poll_interval=2.0) == 0.5
-    assert next_poll_delay(1.5, changed=True, status_changed=False, poll_interval=2.0) == 1.5
 
 
 FINISH_EVENTS = ("OutboxWriteStarted", "ResultWritten", "InputArchived", "ProviderFilesDeleted", "JobCompleted")

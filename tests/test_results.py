@@ -384,3 +384,63 @@ def test_results_join_takes_rows_in_input_order_with_the_latest_chunk_winning(tm
         got = [join.take(f"r{i}") for i in range(6)]
     assert [g and g["ok"] for g in got] == [True, True, True, None, True, False]
     assert got[1] == {"custom_id": "r1", "ok": True}  # the retry's answer, not the first failure
+
+
+def test_merge_chunk_into_writes_what_merge_chunk_returns_plus_the_duplicates(tmp_path):
+    import io
+    import random
+
+    from batchgrader.pipeline.merge import iter_records, merge_chunk_into
+
+    rng = random.Random(7)
+    n = 400
+    ids = [f"row-{i}" for i in range(n)]
+    lines = [_answer_line(f"row-{i}", tokens=i) for i in range(n) if i % 3]  # every third row unanswered
+    lines.append(_answer_line("row-1", tokens=1000))  # a later outcome of the same row wins
+    lines.append(_answer_line("stranger"))
+    rng.shuffle(lines[:-2])
+    out_file = tmp_path / "out.jsonl"
+    out_file.write_text("\n".join(lines) + "\n")
+    followers = {"row-1": ["dup-a", "row-2"], "row-3": ["dup-b"]}  # row-2 is the chunk's own: not repeated
+    buf = io.BytesIO()
+    m = merge_chunk_into(buf.write, ids, iter_outcomes(out_file), "completed", followers=followers)
+    old = merge_chunk(ids, iter_outcomes(out_file), "completed")
+    path = tmp_path / "chunk.jsonl"
+    path.write_bytes(buf.getvalue())
+    recs = list(iter_records(path))
+    assert recs[:n] == old.records  # the same records, in the chunk's order
+    assert m.rows == n and m.failed_rows == old.failed_rows and m.usage == old.usage and m.succeeded == old.succeeded
+    assert m.usage["prompt_tokens"] == sum(i for i in range(n) if i % 3) - 1 + 1000
+    dups = recs[n:]
+    assert [(d["custom_id"], d["leader"], d["ok"]) for d in dups] == [("dup-a", "row-1", True), ("dup-b", "row-3", False)]
+    assert dups[0]["content"] == "ok row-1" and dups[0]["prompt_tokens"] == 1000 and dups[0]["reused"] == "duplicate"
+    assert m.duplicates == 2 and [f["custom_id"] for f in m.duplicates_failed] == ["dup-b"]
+    assert m.duplicates_usage["prompt_tokens"] == 1000 and not m.all_ok
+
+
+def test_merge_chunk_into_holds_no_parsed_records(tmp_path):
+    """Streaming merge of 50,000 rows: the peak of Python allocations stays far below what the
+    parsed outcomes and records of the chunk take (measured by tracemalloc, not by time)."""
+    import random
+    import tracemalloc
+
+    from batchgrader.pipeline.merge import merge_chunk_into
+
+    n = 50_000
+    ids = [f"row-{i}" for i in range(n)]
+    lines = [_answer_line(f"row-{i}") for i in range(n)]
+    random.Random(3).shuffle(lines)
+    out_file = tmp_path / "out.jsonl"
+    out_file.write_text("\n".join(lines) + "\n")
+    with open(tmp_path / "merged.jsonl", "wb") as f:
+        tracemalloc.start()
+        m = merge_chunk_into(f.write, ids, iter_outcomes(out_file), "completed")
+        _, streamed = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert m.succeeded == n
+    tracemalloc.start()
+    old = merge_chunk(ids, iter_outcomes(out_file), "completed")
+    _, held = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert old.succeeded == n
+    assert streamed < held / 2, (streamed, held)

@@ -49,35 +49,127 @@ def test_happy_path_event_order_and_result(rig):
     assert rig.engine.idle
 
 
-def test_polling_backs_off_while_nothing_changes(rig):
-    rig.drop(2)
-    rig.tick()
-    polls = []
-    for _ in range(8):
-        rig.tick(0.5)
-        polls.append(rig.calls("retrieve"))
-    # first poll after 0.5 s, then ever longer waits (1.6x) up to poll_interval_seconds (2 s)
-    assert polls[0] == 1 and polls[-1] < 8
-    gaps = [b - a for a, b in zip(polls, polls[1:])]
-    assert 0 in gaps
+def _poll_times(rig, seconds: float, step: float = 0.5) -> list[float]:
+    """Tick every ``step`` s for ``seconds``; the clock times at which a retrieve was made."""
+    times = []
+    for _ in range(int(seconds / step)):
+        before = rig.calls("retrieve")
+        rig.tick(step)
+        if rig.calls("retrieve") > before:
+            times.append(rig.now)
+    return times
 
 
-def test_polling_is_quick_again_after_the_batch_changes_status(rig):
+def test_polling_waits_a_growing_fraction_of_the_batch_age(home):
+    rig = make(home, "poll_interval_seconds: 30\n")
     rig.drop(2)
     rig.tick()  # uploaded and created
-    for _ in range(12):  # nothing changes: the wait between polls grows to poll_interval (2 s)
-        rig.tick(0.5)
+    created = rig.now
+    times = _poll_times(rig, 300)
+    assert times[0] - created <= 1.0  # the first poll comes at once
+    for a, b in zip(times, times[1:]):
+        # never later than 15 % of the age (and the tick), never more often than every 0.5 s
+        assert 0.5 <= b - a <= max(0.5, 0.15 * (a - created)) + 0.5
+    assert max(b - a for a, b in zip(times, times[1:])) == 30  # poll_interval_seconds caps the wait
+    # a fixed 0.5 s backoff would be 600 polls, a fixed 30 s one 10 (and 30 s late at the start)
+    assert len(times) < 45
+    rig.provider.start(rig.provider.open_batches()[0].id)  # a change of status does not start over
+    later = _poll_times(rig, 60)
+    assert len(later) == 2
+    rig.close()
+
+
+def test_a_batch_like_the_last_one_is_collected_just_after_its_expected_end(home):
+    rig = make(home, "poll_interval_seconds: 60\n")
+    rig.provider.lifetime = lambda b: 200.0
+    ends = []
+    for name in ("a.csv", "b.csv"):
+        (rig.home.inbox / name).write_text("id,response\n0,text of " + name + "\n")
+        for _ in range(1000):
+            rig.provider.advance(rig.now + 0.5)
+            types = rig.tick(0.5)
+            if rig.provider.ends:
+                end = next(iter(rig.provider.ends.values()))
+            if "ChunkCompleted" in types:
+                ends.append(rig.now - end)
+                break
+        while rig.engine.busy():
+            rig.tick(0.5)
+    first, second = ends
+    assert first <= 0.15 * 200 + 0.5  # at most 15 % of its age late
+    assert second <= 1.0  # polled just after the time the first one took
+    rig.close()
+
+
+def test_a_batch_is_collected_just_after_the_end_its_progress_points_to(home):
+    import dataclasses
+
+    from batchgrader.provider.protocol import RequestCounts
+
+    rig = make(home, "poll_interval_seconds: 60\n")
+    rig.drop(500)
+    rig.tick()  # uploaded and created
+    created = rig.now
     (batch_id,) = [b.id for b in rig.provider.open_batches()]
-    rig.provider.start(batch_id)  # validating -> in_progress
-    before = rig.calls("retrieve")
-    for _ in range(4):
-        rig.tick(0.5)
-        if rig.calls("retrieve") > before:
+    rig.provider.start(batch_id)
+    seen = None
+    for _ in range(400):  # 500 requests done at an even pace over 100 s, then the batch completes
+        age = rig.now + 0.5 - created
+        if age >= 100:
+            rig.provider.finish(batch_id)
+        else:
+            b = rig.provider.batches[batch_id]
+            rig.provider.batches[batch_id] = dataclasses.replace(b, request_counts=RequestCounts(500, int(5 * age), 0))
+        if "ChunkCompleted" in rig.tick(0.5):
+            seen = rig.now - created
             break
-    assert rig.events("BatchStatusChanged")[-1]["status"] == "in_progress"
-    seen = rig.calls("retrieve")
-    rig.tick(0.6)  # a change of status brings the first-poll delay (0.5 s) back
-    assert rig.calls("retrieve") == seen + 1
+    assert seen is not None and seen - 100 <= 1.0  # the age rule alone would wait up to 15 s
+    assert rig.calls("retrieve") < 40
+    rig.close()
+
+
+def test_status_calls_stay_under_30_per_batch_hour_with_many_batches_in_flight(home):
+    """Fourteen batches (two files) running 12 minutes to 9 hours, on a fake clock that jumps over
+    the stretches where nothing is due: status calls (retrieve and list pages) per batch-hour."""
+    rig = make(home, "poll_interval_seconds: 60\nsplit_row_limit: 1\n")
+    runs = iter([720, 1800, 3600, 5400, 7200, 14400, 32400, 900, 2700, 4000, 10800, 20000, 1500, 6000])
+    rig.provider.lifetime = lambda b: float(next(runs))
+    (rig.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},first file row {i}\n" for i in range(7)))
+    second_at = rig.now + 1800
+    ends: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    for _ in range(20_000):
+        if second_at and rig.now >= second_at:
+            (rig.home.inbox / "b.csv").write_text("id,response\n" + "".join(f"{i},second file row {i}\n" for i in range(7)))
+            second_at = 0.0
+        rig.provider.advance(rig.now)
+        types = rig.tick(0.0)
+        ends.update({k: v for k, v in rig.provider.ends.items() if k not in ends})
+        for bid, (job_id, index) in rig.engine.state.batch_index.items():
+            if bid not in seen and rig.engine.state.jobs[job_id].chunks[index].status == "completed":
+                seen[bid] = rig.now
+        jobs = [j for j in rig.engine.state.jobs.values() if not j.rejected]
+        if not second_at and len(jobs) == 2 and all(j.terminal for j in jobs):
+            break
+        flying = {(j.job_id, c.index) for j in jobs for c in j.chunks.values() if c.in_flight}
+        dues = [due for key, (due, _d) in rig.engine.timers().next_poll.items() if key in flying]
+        dues += [t for t in (rig.provider.next_end(), second_at) if t]
+        step = (
+            0.5
+            if types or rig.engine.inbox_pending()
+            else max(0.5, min((d for d in dues if d > rig.now), default=rig.now + 0.5) - rig.now)
+        )
+        rig.now += step
+    else:
+        raise AssertionError("the jobs did not finish")
+    assert len(ends) == len(seen) == 14
+    batch_hours = sum(ends[b] - rig.provider.batches[b].created_at for b in ends) / 3600
+    calls = rig.calls("retrieve") + rig.calls("list_batches")
+    assert calls / batch_hours <= 30, (calls, batch_hours)
+    for bid, end in ends.items():  # and each batch was collected soon after it ended
+        run = end - rig.provider.batches[bid].created_at
+        assert seen[bid] - end <= min(60.0, 0.15 * run) + 1.0, (run, seen[bid] - end)
+    rig.close()
 
 
 def test_budget_cap_holds_before_anything_is_sent_and_retry_releases(home):

@@ -288,7 +288,9 @@ KEYS: dict[str, Key] = {
     ),
     "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
     "poll_interval_seconds": Key(
-        60.0, _opt_float(0.01), "Longest wait between polls of a running batch (polling starts quicker and backs off to this)."
+        60.0,
+        _opt_float(0.01),
+        "Longest wait between polls of a running batch (the wait is 15% of the batch's age, shorter when its end is expected).",
     ),
     "max_row_retries": Key(2, _int(0), "Times a failed row is resubmitted automatically."),
     "enqueued_token_limit": Key(

@@ -50,11 +50,11 @@ from batchgrader.core.actions import (
     WriteResult,
 )
 from batchgrader.core.config import Config, Profile
+from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
-FIRST_POLL_DELAY = 0.5
-POLL_BACKOFF = 1.6
+FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row error codes never resubmitted automatically (the row can never be accepted as it is).
 NEVER_RETRIED = frozenset({"request_too_large"})
 
@@ -62,14 +62,6 @@ NEVER_RETRIED = frozenset({"request_too_large"})
 def resubmit_delay(poll_interval: float) -> float:
     """How long a chunk refused for the enqueued-token limit waits before it is sent again."""
     return min(max(2 * poll_interval, 1.0), 600.0)
-
-
-def next_poll_delay(delay: float, changed: bool, status_changed: bool, poll_interval: float) -> float:
-    """The wait before the next poll of a batch: short after a change of status, backing off
-    (up to ``poll_interval``) while nothing changes."""
-    if changed:
-        return FIRST_POLL_DELAY if status_changed else delay
-    return min(delay * POLL_BACKOFF, poll_interval)
 
 
 def capacity_refusal(status_code: int | None, message: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
+from batchgrader.core.polling import Durations
 from batchgrader.core.state import ChunkState, JobState, State, fold
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.answerkey import provider_id
@@ -118,6 +119,8 @@ class EngineBase:
     _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
     _followers: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # job -> leader -> duplicates
     _answered: dict[str, Any] = field(default_factory=dict)  # job -> its ReusePlan, when no row is left to send
+    _durations: Durations = field(default_factory=Durations)  # how long the last batches of each model took
+    _progress: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)  # (when, requests done) first seen
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
     scan_requested: bool = True  # set by the daemon when the watcher saw a change

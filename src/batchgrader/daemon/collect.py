@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 import logging
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from batchgrader.core import queue
-from batchgrader.core.decide import FIRST_POLL_DELAY, list_round_due, next_poll_delay, probe_after_completion, token_cap, utc_day
+from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
+from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
 from batchgrader.daemon.reuse import ReuseSteps
-from batchgrader.fsio import atomic_write_bytes
+from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.calibration import overhead_payload
-from batchgrader.pipeline.merge import merge_chunk
+from batchgrader.pipeline.merge import ChunkSpool, StreamedMerge
 from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
@@ -72,17 +74,49 @@ class CollectSteps(ReuseSteps):
                 self._poll(j, c, now, b)
 
     def _poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
+        """Refresh one batch (``b``: as a list round saw it; else one ``retrieve``) and set when it
+        is polled next (:mod:`batchgrader.core.polling`: a fraction of its age, and just after the
+        time batches of its model have been taking)."""
         assert self.provider is not None and c.batch_id
         key = (job.job_id, c.index)
-        _due, delay = self._next_poll.get(key, (now, FIRST_POLL_DELAY))
+        due, delay = self._next_poll.get(key, (now, 0.0))
         if b is None:
             b = self.provider.retrieve(c.batch_id)
         ev = _status_event(c, b)
-        status_changed = b.status != c.status  # compared before emit folds the new status into c
+        was = c.status  # read before emit folds the new status into c
         if ev is not None:
             self.emit(job.job_id, ev)
-        delay = next_poll_delay(delay, ev is not None, status_changed, self.settings.poll_interval_seconds)
+        # when it was asked for: on this process's clock, or the log's (BatchCreateRequested) after a restart
+        created = min(self._requested_at.get(key) or epoch(c.requested_ts, now), now)
+        model = job.model or ""
+        if b.status == "completed" and was != "completed":
+            if b.created_at and b.completed_at and b.completed_at >= b.created_at:
+                took = float(b.completed_at - b.created_at)  # the provider's own clock, to the second
+            else:  # it ended between the last poll (still running then) and this one: the middle of that
+                took = (min(due - delay, now) + now) / 2 - created
+            self._durations.record(model, took)
+        expected = self._durations.expected(model)
+        left = None if expected is None else created + expected - now
+        ahead = self._progress_left(key, b, now)
+        if ahead is not None:  # this batch's own progress says more than batches before it
+            left = ahead
+        delay = next_poll_delay(now - created, self.settings.poll_interval_seconds, left)
         self._next_poll[key] = (now + delay, delay)
+
+    def _progress_left(self, key: tuple[str, int], b: Any, now: float) -> float | None:
+        """Seconds until the batch's requests are all done, at the rate they were done since we
+        first saw some done (:func:`progress_left`); None while that is not known."""
+        counts = b.request_counts
+        done = counts.completed + counts.failed
+        if b.status != "in_progress" or not done:
+            if b.is_terminal:
+                self._progress.pop(key, None)
+            return None
+        first = self._progress.get(key)
+        if first is None or done < first[1]:
+            self._progress[key] = (now, done)
+            return None
+        return progress_left(first, (now, done), counts.total)
 
     def _download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
         """Download one result file: one intent per download (not per tick), a pause between
@@ -135,20 +169,16 @@ class CollectSteps(ReuseSteps):
             ),
         )
 
-    def _read_outcomes(self, job: JobState, c: ChunkState) -> tuple[list[Any], list[Any], list[str]]:
-        """The rows' outcomes from the downloaded files; the malformed lines (skipped, never
-        stopping the merge) and the kinds of file they were in."""
-        outcomes: list[Any] = []
-        malformed: list[Any] = []
-        bad_kinds: list[str] = []
+    def _outcomes(self, c: ChunkState, malformed: list[Any], bad_kinds: list[str]) -> Iterator[Any]:
+        """The rows' outcomes from the downloaded files, one at a time; the malformed lines (skipped,
+        never stopping the merge) go to ``malformed`` and the kinds of file they were in to ``bad_kinds``."""
         for kind in ("output", "error"):
             d = c.downloads.get(kind)
             if d and d.get("path") and d.get("state") == "done":
                 before = len(malformed)
-                outcomes += iter_outcomes(Path(d["path"]), on_malformed="skip", malformed=malformed)
+                yield from iter_outcomes(Path(d["path"]), on_malformed="skip", malformed=malformed)
                 if len(malformed) > before:
                     bad_kinds.append(kind)
-        return outcomes, malformed, bad_kinds
 
     def _missing_reason(self, c: ChunkState, malformed: list[Any]) -> tuple[str, str] | None:
         """Code and message for a row the downloaded files do not answer (None: the usual ones)."""
@@ -167,34 +197,35 @@ class CollectSteps(ReuseSteps):
         """Merge a finished batch's rows; its events (and the answers they record) go in one
         transaction.  A malformed file is downloaded again (at most MAX_MALFORMED_DOWNLOADS times);
         then its good lines are kept.  Duplicates of the chunk's rows (identical requests of the
-        same file) get their leader's outcome."""
-        outcomes, malformed, bad_kinds = self._read_outcomes(job, c)
-        if malformed and c.malformed_downloads < MAX_MALFORMED_DOWNLOADS:
-            log.warning("job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, malformed[0])
-            self.emit(
-                job.job_id,
-                _e(
-                    "OutputFileMalformed",
-                    chunk=c.index,
-                    batch_id=c.batch_id,
-                    kinds=bad_kinds,
-                    lines=len(malformed),
-                    problem=str(malformed[0]),
-                ),
-            )
-            return
+        same file) get their leader's outcome.  Streamed: the outcomes are spooled to a temporary
+        file and the chunk's results written from it in order (one offset per row in memory)."""
+        malformed: list[Any] = []
+        bad_kinds: list[str] = []
         expected = self._sent_ids(job, chunk_custom_ids(c))  # a retried leader's duplicates are not in the file
-        merged = merge_chunk(expected, outcomes, c.status, self._missing_reason(c, malformed))
-        dups = self._duplicate_records(job, merged.records, expected)
-        dup_failed = [
-            {"custom_id": r["custom_id"], "code": r.get("error_code"), "message": r.get("error_message")}
-            for r in dups
-            if not r["ok"]
-        ]
         results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
-        atomic_write_bytes(
-            results_path, b"".join((json.dumps(r, ensure_ascii=False) + "\n").encode() for r in [*merged.records, *dups])
-        )
+        with ChunkSpool(expected) as spool:
+            spool.read(self._outcomes(c, malformed, bad_kinds))
+            if malformed and c.malformed_downloads < MAX_MALFORMED_DOWNLOADS:
+                log.warning(
+                    "job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, malformed[0]
+                )
+                self.emit(
+                    job.job_id,
+                    _e(
+                        "OutputFileMalformed",
+                        chunk=c.index,
+                        batch_id=c.batch_id,
+                        kinds=bad_kinds,
+                        lines=len(malformed),
+                        problem=str(malformed[0]),
+                    ),
+                )
+                return
+            missing = self._missing_reason(c, malformed)
+            followers = self.followers_of(job)
+            got: list[StreamedMerge] = []
+            atomic_write(results_path, lambda f: got.append(spool.write(f.write, c.status, missing, followers)))
+        merged = got[0]
         try:
             cost = merged.cost(self.prices.get(job.model or ""))
         except PricingError:
@@ -210,21 +241,22 @@ class CollectSteps(ReuseSteps):
                 **merged.usage,
             )
         ]
-        learned = overhead_payload(job, c, merged.records, self.profile_of(job).response_format)
+        learned = overhead_payload(
+            job, c, merged.rows, merged.all_ok, merged.usage["prompt_tokens"], self.profile_of(job).response_format
+        )
         if learned is not None:
             events.append(_e("SchemaOverheadLearned", **learned))
+        dup_failed = merged.duplicates_failed
         if merged.failed_rows or dup_failed:
             events.append(_e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=[*merged.failed_rows, *dup_failed]))
-        if dups:
-            answered = [r for r in dups if r["ok"]]
-            dup_usage = {k: sum(int(r.get(k) or 0) for r in answered) for k in merged.usage}
+        if merged.duplicates:
             events.append(
                 _e(
                     "DuplicatesAnswered",
                     chunk=c.index,
-                    rows=len(dups),
-                    succeeded=len(answered),
-                    saved_usd=self._cost(job.model or "", dup_usage),
+                    rows=merged.duplicates,
+                    succeeded=merged.duplicates - len(dup_failed),
+                    saved_usd=self._cost(job.model or "", merged.duplicates_usage),
                 )
             )
         events.append(
@@ -233,7 +265,7 @@ class CollectSteps(ReuseSteps):
                 chunk=c.index,
                 batch_id=c.batch_id,
                 status=c.status,
-                succeeded=merged.succeeded + len(dups) - len(dup_failed),
+                succeeded=merged.succeeded + merged.duplicates - len(dup_failed),
                 failed=len(merged.failed_rows) + len(dup_failed),
                 results_path=str(results_path),
             )
@@ -241,12 +273,12 @@ class CollectSteps(ReuseSteps):
         if c.status == "completed":
             probe = probe_after_completion(self.state, job, self.queue_url_for(job))
             events += self._learned_event(job.model or "", probe, c.index, None, job)
-        store = self._answers_to_store(job, c, merged.records)
         keep_days = self.settings.cache_days
+        succeeded = merged.succeeded
 
         def put(conn: Any) -> None:
-            if store:
-                answers.put(conn, store, now=now, keep_days=keep_days)
+            if succeeded and keep_days > 0:
+                answers.put(conn, self._answers_to_store(job, c, results_path, len(expected)), now=now, keep_days=keep_days)
 
         self.emit(job.job_id, *events, also=put)
 

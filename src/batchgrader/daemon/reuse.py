@@ -4,8 +4,10 @@ duplicate rows (followers) of a job, and the answers a merged chunk adds to the 
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -157,47 +159,49 @@ class ReuseSteps(EngineBase):
         ride = {f for fs in riders.values() for f in fs}
         return [x for x in ids if x not in ride]
 
-    def _duplicate_records(self, job: JobState, ordered: list[dict[str, Any]], expected: list[str]) -> list[dict[str, Any]]:
-        """The outcome of each duplicate of a row in ``ordered``: its leader's, under its own custom_id."""
-        followers = self.followers_of(job)
-        if not followers:
-            return []
-        here = set(expected)
-        out = []
-        for rec in ordered:
-            for cid in followers.get(rec["custom_id"], ()):
-                if cid not in here:  # a duplicate resent in a retry chunk has its own outcome
-                    out.append({**rec, "custom_id": cid, "reused": "duplicate", "leader": rec["custom_id"]})
-        return out
-
-    def _answers_to_store(self, job: JobState, c: ChunkState, ordered: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The successful, complete answers of a merged chunk, by request key."""
-        if self.settings.cache_days <= 0:
-            return []
-        ok = {r["custom_id"]: r for r in ordered if r["ok"] and isinstance(r.get("content"), str) and r.get("status_code") == 200}
-        if not ok:
-            return []
+    def _answers_to_store(self, job: JobState, c: ChunkState, results_path: Path, rows: int) -> Iterator[dict[str, Any]]:
+        """The successful, complete answers of a merged chunk, by request key, one at a time: the
+        chunk's request lines and the first ``rows`` lines of its results file (the same rows in the
+        same order) are read side by side."""
         provider = self.provider_key_for(job)
-        rows = []
+        with open(results_path, "rb") as results:
+            pairs = zip(_lines(Path(c.path)), islice(results, rows))
+            for line, raw in pairs:
+                cid, key = line_key(provider, line)
+                r = json.loads(raw)
+                if r["custom_id"] != cid:  # not in one order (never expected): match the rest by custom id
+                    yield from self._answers_by_id(job, c, results_path, rows, provider)
+                    return
+                if _storable(r):
+                    yield _answer_row(job, c, provider, key, r)
+
+    def _answers_by_id(
+        self, job: JobState, c: ChunkState, results_path: Path, rows: int, provider: str
+    ) -> Iterator[dict[str, Any]]:
+        with open(results_path, "rb") as results:
+            ok = {r["custom_id"]: r for r in map(json.loads, islice(results, rows)) if _storable(r)}
         for line in _lines(Path(c.path)):
             cid, key = line_key(provider, line)
-            r = ok.get(cid)
-            if r is None:
-                continue
-            rows.append(
-                {
-                    "key": key,
-                    "provider": provider,
-                    "model": job.model or "",
-                    "content": r["content"],
-                    "finish_reason": r.get("finish_reason"),
-                    "prompt_tokens": int(r.get("prompt_tokens") or 0),
-                    "cached_tokens": int(r.get("cached_tokens") or 0),
-                    "completion_tokens": int(r.get("completion_tokens") or 0),
-                    "reasoning_tokens": int(r.get("reasoning_tokens") or 0),
-                    "job_id": job.job_id,
-                    "custom_id": cid,
-                    "batch_id": c.batch_id,
-                }
-            )
-        return rows
+            if cid in ok:
+                yield _answer_row(job, c, provider, key, ok[cid])
+
+
+def _storable(r: dict[str, Any]) -> bool:
+    return bool(r["ok"] and isinstance(r.get("content"), str) and r.get("status_code") == 200)
+
+
+def _answer_row(job: JobState, c: ChunkState, provider: str, key: str, r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "key": key,
+        "provider": provider,
+        "model": job.model or "",
+        "content": r["content"],
+        "finish_reason": r.get("finish_reason"),
+        "prompt_tokens": int(r.get("prompt_tokens") or 0),
+        "cached_tokens": int(r.get("cached_tokens") or 0),
+        "completion_tokens": int(r.get("completion_tokens") or 0),
+        "reasoning_tokens": int(r.get("reasoning_tokens") or 0),
+        "job_id": job.job_id,
+        "custom_id": r["custom_id"],
+        "batch_id": c.batch_id,
+    }

@@ -10,7 +10,6 @@ newest value per (model, schema), and later estimates use it (:func:`learned_ove
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from batchgrader.core.state import ChunkState, JobState, State
@@ -26,27 +25,27 @@ def learned_overhead(state: State, model: str | None, response_format: dict[str,
 
 
 def overhead_payload(
-    job: JobState, chunk: ChunkState, ordered: Sequence[dict[str, Any]], response_format: dict[str, Any] | None
+    job: JobState, chunk: ChunkState, rows: int, all_ok: bool, billed: int, response_format: dict[str, Any] | None
 ) -> dict[str, Any] | None:
-    """The ``SchemaOverheadLearned`` payload to record when ``chunk`` is merged, or None.
+    """The ``SchemaOverheadLearned`` payload to record when ``chunk`` is merged (``rows`` rows,
+    ``all_ok`` when every one was answered, ``billed`` prompt tokens over them), or None.
 
     Only for the job's first chunk to come back, with a JSON schema, and when every row of the
     chunk was answered (then the chunk's counted tokens are exactly those of the billed rows)."""
     sha = schema_sha256(response_format)
-    if sha is None or not job.model or not ordered:
+    if sha is None or not job.model or not rows:
         return None
     if any(c.done for c in job.chunks.values() if c.index != chunk.index):
         return None  # not the first batch of this job
-    if len(ordered) != chunk.requests or not all(r.get("ok") for r in ordered):
+    if rows != chunk.requests or not all_ok:
         return None
-    billed = sum(int(r.get("prompt_tokens") or 0) for r in ordered)
     counted = chunk.input_tokens
     return {
         "model": job.model,
         "schema_sha256": sha,
         "chunk": chunk.index,
-        "requests": len(ordered),
+        "requests": rows,
         "counted_tokens": counted,
         "billed_prompt_tokens": billed,
-        "per_request": round((billed - counted) / len(ordered), 2),
+        "per_request": round((billed - counted) / rows, 2),
     }

@@ -7,9 +7,12 @@ what comes back: one record per row in the chunk's order, the rows that failed, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from batchgrader.pipeline.pricing import Price, billed_cost
 
@@ -85,3 +88,159 @@ def merge_chunk(
     usage = {k: sum(int(r.get(k) or 0) for r in records if r["ok"]) for k in USAGE_KEYS}
     writes = sum(int(r.get("cache_write_tokens") or 0) for r in records if r["ok"])
     return ChunkMerge(records, failed_rows, usage, writes)
+
+
+@dataclass(frozen=True)
+class StreamedMerge:
+    """What :func:`merge_chunk_into` wrote: the figures of the chunk's rows and of their
+    duplicates (rows of the same file that take a leader's outcome)."""
+
+    rows: int
+    failed_rows: list[dict[str, Any]]  # {custom_id, code, message}
+    usage: dict[str, int]  # summed over the rows that succeeded
+    duplicates: int = 0
+    duplicates_failed: list[dict[str, Any]] = field(default_factory=list)
+    duplicates_usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
+    cache_write_tokens: int = 0  # of usage["prompt_tokens"]: prompt-cache writes (billed at 1.25 x input)
+
+    @property
+    def succeeded(self) -> int:
+        return self.rows - len(self.failed_rows)
+
+    @property
+    def all_ok(self) -> bool:
+        return not self.failed_rows
+
+    def cost(self, price: Price | None) -> float:
+        if price is None:
+            return 0.0
+        u = self.usage
+        return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], self.cache_write_tokens))
+
+
+class ChunkSpool:
+    """A chunk's outcomes as they are read, spooled to a temporary file: memory holds one offset
+    per answered row, never the parsed outcomes or the chunk's records.  :meth:`write` then
+    takes them back in the chunk's order."""
+
+    def __init__(self, expected: Sequence[str]):
+        self.expected = expected
+        self.wanted = set(expected)
+        self.found: dict[str, int] = {}  # custom_id -> offset of its record (later outcomes of a row win)
+        self.spool: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+
+    def read(self, outcomes: Iterable[Any]) -> None:
+        dumps, wanted, found, spool = json.dumps, self.wanted, self.found, self.spool
+        for o in outcomes:
+            if o.custom_id in wanted:
+                found[o.custom_id] = spool.tell()
+                spool.write(dumps(outcome_record(o), ensure_ascii=False).encode("utf-8") + b"\n")
+
+    def write(
+        self,
+        write: Callable[[bytes], Any],
+        status: str | None,
+        missing: tuple[str, str] | None = None,
+        followers: Mapping[str, Sequence[str]] | None = None,
+    ) -> StreamedMerge:
+        """One JSON line per row in the chunk's order (``write`` gets each line), then one line per
+        duplicate of a row (its leader's outcome under its own custom id; a duplicate that is one
+        of the chunk's own rows is not repeated).  A row without an outcome failed (see
+        :func:`merge_chunk`)."""
+        return _write_in_order(write, self.expected, self.wanted, self.found, self.spool, status, missing, followers)
+
+    def close(self) -> None:
+        self.spool.close()
+
+    def __enter__(self) -> ChunkSpool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def merge_chunk_into(
+    write: Callable[[bytes], Any],
+    expected: Sequence[str],
+    outcomes: Iterable[Any],
+    status: str | None,
+    missing: tuple[str, str] | None = None,
+    followers: Mapping[str, Sequence[str]] | None = None,
+) -> StreamedMerge:
+    """:func:`merge_chunk` written out as it goes (through a :class:`ChunkSpool`), with the
+    duplicates of the chunk's rows after them."""
+    with ChunkSpool(expected) as spool:
+        spool.read(outcomes)
+        return spool.write(write, status, missing, followers)
+
+
+def _write_in_order(
+    write: Callable[[bytes], Any],
+    expected: Sequence[str],
+    wanted: set[str],
+    found: dict[str, int],
+    spool: IO[bytes],
+    status: str | None,
+    missing: tuple[str, str] | None,
+    followers: Mapping[str, Sequence[str]] | None,
+) -> StreamedMerge:
+    dumps, loads = json.dumps, json.loads
+    missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(status or "", "missing_result")
+    missing_msg = {
+        "batch_expired": "the batch expired before this row was processed",
+        "batch_cancelled": "the batch was cancelled before this row was processed",
+    }.get(missing_code, "the provider returned no result for this row")
+    if missing is not None and missing_code == "missing_result":
+        missing_code, missing_msg = missing
+    failed: list[dict[str, Any]] = []
+    totals = dict.fromkeys(USAGE_KEYS, 0)
+    writes = 0
+    dup_lines: list[bytes] = []
+    dup_failed: list[dict[str, Any]] = []
+    dup_totals = dict.fromkeys(USAGE_KEYS, 0)
+    for cid in expected:
+        at = found.pop(cid, None)
+        line = None
+        if at is not None:
+            spool.seek(at)
+            line = spool.readline().rstrip(b"\n")
+        if line is None:
+            rec: dict[str, Any] = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
+            line = dumps(rec, ensure_ascii=False).encode("utf-8")
+        else:
+            rec = loads(line)
+        write(line + b"\n")
+        if rec["ok"]:
+            for k in USAGE_KEYS:
+                totals[k] += int(rec.get(k) or 0)
+            writes += int(rec.get("cache_write_tokens") or 0)
+        else:
+            failed.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
+        for dup in followers.get(cid, ()) if followers else ():
+            if dup in wanted:
+                continue  # a duplicate resent in a retry chunk has its own outcome
+            dup_lines.append(dumps({**rec, "custom_id": dup, "reused": "duplicate", "leader": cid}, ensure_ascii=False).encode())
+            if rec["ok"]:
+                for k in USAGE_KEYS:
+                    dup_totals[k] += int(rec.get(k) or 0)
+            else:
+                dup_failed.append({"custom_id": dup, "code": rec.get("error_code"), "message": rec.get("error_message")})
+    for line in dup_lines:
+        write(line + b"\n")
+    return StreamedMerge(
+        rows=len(expected),
+        failed_rows=failed,
+        usage=totals,
+        duplicates=len(dup_lines),
+        duplicates_failed=dup_failed,
+        duplicates_usage=dup_totals,
+        cache_write_tokens=writes,
+    )
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The records of a chunk's results file, one at a time."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                yield json.loads(raw)

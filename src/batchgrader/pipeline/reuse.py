@@ -17,9 +17,11 @@ the same transaction as ``JobPrepared``, before any chunk exists; see docs/event
 from __future__ import annotations
 
 import json
+import sqlite3
 import tempfile
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,32 @@ def read_reuse_file(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, li
     return cached, followers
 
 
+BLOCK = 4096  # request lines keyed, looked up and deduplicated together
+
+
+class _Leaders:
+    """The request keys seen so far in a file, each with the custom id of its first row (the
+    leader), in a private temporary SQLite database on disk: memory stays flat whatever the
+    number of rows (a dict of a million keys took about 350 MB)."""
+
+    def __init__(self) -> None:
+        self.conn = sqlite3.connect("")  # "": a temporary database on disk, deleted when closed
+        self.conn.execute("CREATE TABLE seen (key TEXT PRIMARY KEY, cid TEXT NOT NULL) WITHOUT ROWID")
+
+    def find(self, keys: Sequence[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            out.update(self.conn.execute(f"SELECT key, cid FROM seen WHERE key IN ({','.join('?' * len(part))})", part))
+        return out
+
+    def add(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.conn.executemany("INSERT OR IGNORE INTO seen (key, cid) VALUES (?, ?)", pairs)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def plan_reuse(
     lines: Iterable[bytes], provider: str, skip: Container[int], lookup: Lookup | None, dedupe: bool = True
 ) -> ReusePlan:
@@ -137,6 +165,8 @@ def plan_reuse(
 
     ``skip``: positions that are never sent (oversized); ``lookup``: stored answers by key, or
     None to use no stored answer; ``dedupe``: send identical requests within the file once.
+    Lines are taken in blocks of :data:`BLOCK` (keyed, looked up, deduplicated), so memory holds
+    one block, the positions to send and the rows reused, never a key per row.
     """
     positions: list[int] = []
 
@@ -146,25 +176,40 @@ def plan_reuse(
                 positions.append(pos)
                 yield line
 
-    pairs = list(line_keys(provider, kept()))
-    stored = lookup([k for _, k in pairs]) if lookup is not None else {}
     plan = ReusePlan()
-    leaders: dict[str, str] = {}
+    keep = plan.keep
     usage = plan.cached_usage
     pt = ct = comp = rt = 0
-    for pos, (cid, key) in zip(positions, pairs):
-        answer = stored.get(key)
-        if answer is not None:
-            plan.cached.append((cid, answer))
-            pt += answer.prompt_tokens
-            ct += answer.cached_tokens
-            comp += answer.completion_tokens
-            rt += answer.reasoning_tokens
-        elif dedupe and key in leaders:
-            plan.followers[cid] = leaders[key]
-        else:
-            leaders.setdefault(key, cid)
-            plan.keep.append(pos)
+    leaders = _Leaders() if dedupe else None
+    pairs_iter = line_keys(provider, kept())
+    try:
+        while True:
+            block = list(islice(pairs_iter, BLOCK))
+            if not block:
+                break
+            block_pos, positions[:] = positions[: len(block)], positions[len(block) :]
+            keys = [k for _, k in block]
+            stored = lookup(keys) if lookup is not None else {}
+            earlier = leaders.find(keys) if leaders is not None else {}
+            new: dict[str, str] = {}
+            for pos, (cid, key) in zip(block_pos, block):
+                answer = stored.get(key)
+                if answer is not None:
+                    plan.cached.append((cid, answer))
+                    pt += answer.prompt_tokens
+                    ct += answer.cached_tokens
+                    comp += answer.completion_tokens
+                    rt += answer.reasoning_tokens
+                elif leaders is not None and (key in earlier or key in new):
+                    plan.followers[cid] = earlier.get(key) or new[key]
+                else:
+                    new.setdefault(key, cid)
+                    keep.append(pos)
+            if leaders is not None:
+                leaders.add(new.items())
+    finally:
+        if leaders is not None:
+            leaders.close()
     usage.update(prompt_tokens=pt, cached_tokens=ct, completion_tokens=comp, reasoning_tokens=rt)
     return plan
 

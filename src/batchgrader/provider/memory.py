@@ -85,6 +85,10 @@ class MemoryProvider:
     files: dict[str, _File] = field(default_factory=dict)
     batches: dict[str, BatchInfo] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    # timed batches: seconds from create to completed for a new batch (None: batches move only
+    # when told); :meth:`advance` then moves them as the clock passes
+    lifetime: Callable[[BatchInfo], float] | None = None
+    ends: dict[str, float] = field(default_factory=dict)  # batch id -> when it completes (timed batches)
     _faults: dict[str, deque[Fault]] = field(default_factory=dict)
     _ids: int = 0
 
@@ -146,6 +150,28 @@ class MemoryProvider:
         self.batches[batch_id] = b
         return b
 
+    def advance(self, now: float) -> list[BatchInfo]:
+        """Set the clock; timed batches past their first 5 % are in progress, and those whose
+        end has come are completed (in the order they end).  Returns the batches completed."""
+        self.now = now
+        done = []
+        for bid, end in sorted(self.ends.items(), key=lambda kv: kv[1]):
+            b = self.batches[bid]
+            if b.is_terminal:
+                self.ends.pop(bid)
+            elif end <= now:
+                self.ends.pop(bid)
+                self.now = end  # stamped with the time it ended
+                done.append(self.finish(bid, "cancelled" if b.status == "cancelling" else "completed"))
+                self.now = now
+            elif b.status == "validating" and now >= b.created_at + 0.05 * (end - b.created_at):
+                self.start(bid)
+        return done
+
+    def next_end(self) -> float | None:
+        """When the next timed batch completes (None: none is running)."""
+        return min(self.ends.values(), default=None)
+
     def finish_all(self, status: str = "completed", **kw: Any) -> list[BatchInfo]:
         return [self.finish(b.id, "cancelled" if b.status == "cancelling" else status, **kw) for b in self.open_batches()]
 
@@ -195,6 +221,8 @@ class MemoryProvider:
             request_counts=RequestCounts(total, 0, 0),
             metadata=FrozenMap(metadata or {}),
         )
+        if self.lifetime is not None:
+            self.ends[bid] = self.now + self.lifetime(self.batches[bid])
         if fault is not None:
             raise self._error("batches.create", fault)
         return self.batches[bid]

@@ -19,7 +19,7 @@ an answer is never stored for a chunk the log does not know as merged, nor lost 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -108,9 +108,16 @@ def put(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]], *, now: float,
     if keep_days is not None:
         conn.execute("DELETE FROM answers WHERE ts < ?", (cutoff(now, keep_days),))
     ts = iso(now)
-    data = [tuple(r.get(c) if c != "ts" else ts for c in COLUMNS) for r in rows]
-    conn.executemany(_INSERT, data)
-    return len(data)
+    n = 0
+
+    def data() -> Iterator[tuple[Any, ...]]:  # one row at a time: a chunk's answers are never all held
+        nonlocal n
+        for r in rows:
+            n += 1
+            yield tuple(r.get(c) if c != "ts" else ts for c in COLUMNS)
+
+    conn.executemany(_INSERT, data())
+    return n
 
 
 def lookup(
