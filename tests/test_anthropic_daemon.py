@@ -242,16 +242,14 @@ def test_kill_inside_api_call(tmp_path: Path, golden: dict[str, bytes], method: 
         emu.stop()
 
 
+# After each intent this provider's records are reconciled (upload, create, download), and after
+# the create's outcome.  Kills after the other outcome events exercise engine steps that are the
+# same for every provider; tests/test_crash.py covers them (OpenAI), which keeps the suite's time.
 EVENT_POINTS = [
     ("UploadStarted", 1),
-    ("FileUploaded", 2),
     ("BatchCreateRequested", 1),
     ("BatchCreated", 1),
-    ("BatchStatusChanged", 3),
     ("OutputDownloadStarted", 1),
-    ("OutputDownloaded", 1),
-    ("ChunkCompleted", 2),
-    ("ResultWritten", 1),
 ]
 
 
