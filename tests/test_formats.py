@@ -116,6 +116,7 @@ def test_parquet_end_to_end_keeps_types_and_order_and_types_added_columns(home):
     assert out.column("error").to_pylist() == [None] * 4
 
 
+@pytest.mark.slow  # runs bgctl count as a process on both formats (over 5 s)
 def test_count_reads_excel_and_parquet(home, tmp_path):
     _workbook(tmp_path / "w.xlsx")
     pq.write_table(_parquet_table(), tmp_path / "p.parquet")

@@ -418,6 +418,7 @@ def test_merge_chunk_into_writes_what_merge_chunk_returns_plus_the_duplicates(tm
     assert m.duplicates_usage["prompt_tokens"] == 1000 and not m.all_ok
 
 
+@pytest.mark.slow  # measures memory over a large chunk (over 5 s)
 def test_merge_chunk_into_holds_no_parsed_records(tmp_path):
     """Streaming merge of 50,000 rows: the peak of Python allocations stays far below what the
     parsed outcomes and records of the chunk take (measured by tracemalloc, not by time)."""
