@@ -39,6 +39,7 @@ from batchgrader.provider.openai_api import (
     ProviderRejected,
     ProviderUnavailable,
 )
+from batchgrader.provider.protocol import content_text
 from batchgrader.secrets import mask_secret
 
 CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -76,18 +77,10 @@ def custom_id_problem(custom_id: str) -> str | None:
     return None
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
 def to_anthropic_request(line: Mapping[str, Any]) -> dict[str, Any]:
     """One OpenAI chat-completions batch line -> one Message Batches request."""
     body = line["body"]
-    system = [_text(m.get("content")) for m in body.get("messages", []) if m.get("role") in ("system", "developer")]
+    system = [content_text(m.get("content")) for m in body.get("messages", []) if m.get("role") in ("system", "developer")]
     messages = [
         {"role": m["role"], "content": m["content"]} for m in body.get("messages", []) if m.get("role") in ("user", "assistant")
     ]

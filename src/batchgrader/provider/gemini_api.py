@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from batchgrader.provider.protocol import content_text
+
 DEFAULT_MAX_TOKENS = 1024
 MAX_INLINE_BYTES = 20 * 1024 * 1024
 MAX_FILE_BYTES = 2 * 1024 * 1024 * 1024
@@ -95,20 +97,12 @@ def key_problem(custom_id: str) -> str | None:
     return None
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
 def to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenAI chat-completions body -> a Gemini ``GenerateContentRequest`` (REST JSON)."""
     messages = body.get("messages") or []
-    system = [_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
+    system = [content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
     contents = [
-        {"role": "model" if m["role"] == "assistant" else "user", "parts": [{"text": _text(m.get("content"))}]}
+        {"role": "model" if m["role"] == "assistant" else "user", "parts": [{"text": content_text(m.get("content"))}]}
         for m in messages
         if m.get("role") in ("user", "assistant")
     ]

@@ -351,3 +351,12 @@ class Provider(Protocol):
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int: ...
 
     def delete_file(self, file_id: str) -> bool: ...
+
+
+def content_text(content: Any) -> str:
+    """A chat message's ``content`` as text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
