@@ -182,44 +182,67 @@ def _counter_for(model: str) -> Any:
 class AnswersMixin(_StoreBase):
     """The results of a batch."""
 
-    def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None:
+    def _answer_upto(self, b: _Batch, processed: int, t: float) -> None:
+        """Generate the answers of the first ``processed`` requests that have none yet, as of time
+        ``t`` (their ``created``).  Called while the batch runs, so that, as at a real provider,
+        the answers exist by the time the batch ends and the retrieve that finds it done does not
+        generate them all at once."""
         plan = self._ensure_plan(b)
+        processed = min(processed, len(plan))
+        if processed <= b.answered:
+            return
         model = b.obj.get("model") or ""
         created = _now_int(t)
-        ok_lines: list[str] = []
-        err_lines: list[str] = []
-        usage = _empty_usage()
-        for req in plan[:processed]:
-            line_id = "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32)
-            request_id = "req_" + _hex("req", b.obj["id"], req.custom_id, n=32)
+        bid = b.obj["id"]
+        for req in plan[b.answered : processed]:
+            line_id = "batch_req_" + _hex(bid, req.custom_id, n=32)
+            request_id = "req_" + _hex("req", bid, req.custom_id, n=32)
             if req.fail_status is not None:
-                err_lines.append(
-                    json.dumps(
-                        {
-                            "id": line_id,
-                            "custom_id": req.custom_id,
-                            "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
-                            "error": None,
-                        }
-                    )
+                req.line = json.dumps(
+                    {
+                        "id": line_id,
+                        "custom_id": req.custom_id,
+                        "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
+                        "error": None,
+                    }
                 )
                 continue
             body = self._answer(req, model, created)
             u = body["usage"]
-            usage["input_tokens"] += u["prompt_tokens"]
-            usage["input_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
-            usage["output_tokens"] += u["completion_tokens"]
-            usage["output_tokens_details"]["reasoning_tokens"] += u["completion_tokens_details"]["reasoning_tokens"]
-            ok_lines.append(
-                json.dumps(
-                    {
-                        "id": line_id,
-                        "custom_id": req.custom_id,
-                        "response": {"status_code": 200, "request_id": request_id, "body": body},
-                        "error": None,
-                    }
-                )
+            req.tokens = (
+                u["prompt_tokens"],
+                u["prompt_tokens_details"]["cached_tokens"],
+                u["completion_tokens"],
+                u["completion_tokens_details"]["reasoning_tokens"],
             )
+            req.line = json.dumps(
+                {
+                    "id": line_id,
+                    "custom_id": req.custom_id,
+                    "response": {"status_code": 200, "request_id": request_id, "body": body},
+                    "error": None,
+                }
+            )
+        b.answered = processed
+
+    def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None:
+        plan = self._ensure_plan(b)
+        created = _now_int(t)
+        self._answer_upto(b, processed, t)
+        ok_lines: list[str] = []
+        err_lines: list[str] = []
+        usage = _empty_usage()
+        for req in plan[:processed]:
+            assert req.line is not None
+            if req.tokens is None:
+                err_lines.append(req.line)
+                continue
+            prompt, cached, completion, reasoning = req.tokens
+            usage["input_tokens"] += prompt
+            usage["input_tokens_details"]["cached_tokens"] += cached
+            usage["output_tokens"] += completion
+            usage["output_tokens_details"]["reasoning_tokens"] += reasoning
+            ok_lines.append(req.line)
         if expired:
             for req in plan[processed:]:
                 err_lines.append(

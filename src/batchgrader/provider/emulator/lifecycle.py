@@ -206,7 +206,9 @@ class BatchesMixin(_StoreBase):
     def _view(self, b: _Batch) -> dict[str, Any]:
         obj = json.loads(json.dumps(b.obj))
         if b.status == "in_progress":
-            done = self._processed(b, self.clock())
+            now = self.clock()
+            done = self._processed(b, now)
+            self._answer_upto(b, done, now)
             ok, bad = self._split_counts(b, done)
             obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
         if self.cfg.drop_metadata:

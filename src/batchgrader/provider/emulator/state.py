@@ -32,6 +32,10 @@ class _Req:
     cached_tokens: int
     fail_status: int | None = None
     fail_body: dict[str, Any] | None = None
+    # Generated while the batch runs (at the time the request is processed), like a real provider:
+    # the output line and its (input, cached, output, reasoning) tokens; None until then.
+    line: str | None = None
+    tokens: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -48,6 +52,7 @@ class _Batch:
     enqueued_tokens: int = 0
     input_data: bytes | None = None
     plan: list[_Req] | None = None
+    answered: int = 0  # requests of ``plan`` whose answer is generated (not persisted: regenerated)
 
     @property
     def status(self) -> str:
@@ -113,6 +118,7 @@ class _StoreBase:
         def _validate(self, b: _Batch) -> list[dict[str, Any]]: ...
         def _ensure_plan(self, b: _Batch) -> list[_Req]: ...
         def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None: ...
+        def _answer_upto(self, b: _Batch, processed: int, t: float) -> None: ...
         @staticmethod
         def _int_param(query: dict[str, str], name: str, default: int, lo: int, hi: int) -> int: ...
         @staticmethod
