@@ -850,3 +850,23 @@ def test_run_emulator_in_another_process_prints_banner_and_serves_stats(tmp_path
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_answers_are_made_while_the_batch_runs_and_dated_when_each_request_was_processed(emu_factory):
+    """As at a real provider, a request's answer exists (and is dated) once it is processed: the
+    retrieve that finds the batch done does not generate every answer at that moment."""
+    clk = ManualClock()
+    c = sdk_client(emu_factory(clock=clk, validating_s=1.0, in_progress_s=100.0, finalizing_s=10.0))
+    b = create_batch(c, simple_input(4))
+    start = clk()
+    clk.advance(1.0)
+    assert c.batches.retrieve(b.id).status == "in_progress"
+    clk.advance(50.0)  # half-way: two requests are done, and answered now
+    assert c.batches.retrieve(b.id).request_counts.completed == 2
+    clk.advance(200.0)  # finalized at start + 101, completed at start + 111, seen only now
+    done = c.batches.retrieve(b.id)
+    assert done.status == "completed" and done.completed_at == int(start + 111)
+    created = {l["custom_id"]: l["response"]["body"]["created"] for l in read_jsonl(c, done.output_file_id)}
+    first, last = sorted(created)[:2], sorted(created)[2:]
+    assert {created[k] for k in first} == {int(start + 51)}
+    assert {created[k] for k in last} == {int(start + 101)}

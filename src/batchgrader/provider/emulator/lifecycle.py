@@ -290,6 +290,7 @@ class BatchesMixin(_StoreBase):
             obj["status"] = "finalizing"
             obj["finalizing_at"] = ts
             b.t_finalizing = t
+            self._answer_upto(b, b.n, t)
             ok, bad = self._split_counts(b, b.n)
             obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
         elif event == "complete":
