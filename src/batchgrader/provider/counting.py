@@ -2,7 +2,8 @@
 
 tiktoken gives OpenAI's (and Azure OpenAI's) exact count offline.  For a provider whose
 tokenizer is not public (Anthropic ``messages.count_tokens``; Gemini ``models.count_tokens``) the
-only exact figure is the provider's own answer, so a provider adapter may offer the
+only exact figure is the provider's own answer (Gemini's counts the whole
+``GenerateContentRequest``: see ``GeminiBatchProvider.count_tokens``), so a provider adapter may offer the
 :class:`TokenCounter` capability:
 
     ``count_tokens(lines) -> list[int]``: the exact input tokens of each OpenAI-shaped batch
@@ -196,9 +197,17 @@ def _anthropic(settings: Any) -> TokenCounter | None:
     return AnthropicTokenCounter(AnthropicProvider(key, settings.get("anthropic_base_url"), timeout=timeout))
 
 
+def _gemini(settings: Any) -> TokenCounter | None:
+    if not settings.get("gemini_api_key"):
+        return None
+    from batchgrader.provider.gemini_batches import gemini_counter
+
+    return gemini_counter(settings)
+
+
 #: provider name -> the factory of its counting hook from a profile's settings (None: no key).
 #: A provider with a counting endpoint adds itself here.
-COUNTERS: dict[str, Callable[[Any], TokenCounter | None]] = {"anthropic": _anthropic}
+COUNTERS: dict[str, Callable[[Any], TokenCounter | None]] = {"anthropic": _anthropic, "gemini": _gemini}
 
 
 def counter_for(provider: str, settings: Any) -> TokenCounter | None:
