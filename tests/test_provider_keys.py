@@ -4,7 +4,8 @@
 The real daemon (subprocess) grades one file through each provider's API on one emulator (every
 provider behind one address, as behind a proxy), then a second file that repeats some rows:
 ``bgctl count`` predicts exactly the cache hits the daemon then has, for each provider, and an
-OpenAI job whose request bodies are identical to the Anthropic job's reuses none of its answers."""
+OpenAI job whose request bodies are identical to the Anthropic job's reuses none of its answers.
+Also: bad provider settings are refused naming the profile and the key to fix."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import pytest
 
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from harness import BGCTL, FAST_CONFIG, daemon_env
-
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 CLAUDE = "claude-haiku-4-5"
 PROFILES = {
@@ -66,6 +65,8 @@ def events(home: Path, type_: str) -> dict[str, dict]:
     return {job: json.loads(p) for job, p in got}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_answers_are_keyed_by_who_answers_and_count_predicts_the_daemons_reuse(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -115,3 +116,46 @@ def test_answers_are_keyed_by_who_answers_and_count_predicts_the_daemons_reuse(t
     }
     assert bodies["a"] == bodies["oc"] and len(bodies["a"]) == 4
     assert events(home, "JobPrepared")[new["oc"]]["requests"] == 4
+
+
+@pytest.mark.parametrize(
+    "profile,environ,needles",
+    [
+        ("provider: mistral\n    model: x", {}, ["profiles.p: key 'provider'", "'anthropic'", "'mistral'"]),
+        (
+            "provider: gemini\n    model: claude-haiku-4-5",
+            {},
+            ["profiles.p: key 'model'", "does not offer", "set 'model' or 'provider'"],
+        ),
+        ("provider: anthropic\n    model: gpt-4o-mini", {}, ["profiles.p: key 'model'", "'claude-'"]),
+        (f"provider: anthropic\n    model: {CLAUDE}", {}, ["profile 'p'", "ANTHROPIC_API_KEY"]),
+        ("provider: gemini\n    model: gemini-2.5-flash", {}, ["profile 'p'", "GEMINI_API_KEY (or GOOGLE_API_KEY)"]),
+        ("provider: azure\n    model: dep\n    azure_model: gpt-4o-mini", {}, ["profile 'p'", "AZURE_OPENAI_API_KEY"]),
+        (
+            "provider: azure\n    model: dep\n    azure_model: gpt-4o-mini",
+            {"AZURE_OPENAI_API_KEY": "k"},
+            ["profile 'p'", "AZURE_OPENAI_ENDPOINT"],
+        ),
+    ],
+    ids=[
+        "unknown provider",
+        "claude model for gemini",
+        "gpt model for anthropic",
+        "no anthropic key",
+        "no gemini key",
+        "no azure key",
+        "no azure endpoint",
+    ],
+)
+def test_bad_provider_settings_name_the_profile_and_the_key(tmp_path: Path, profile: str, environ: dict, needles: list) -> None:
+    """Checked when the configuration loads (or, for keys, before the daemon makes a provider):
+    nothing can be sent, and the message names the profile and what to set."""
+    from batchgrader.core.config import ConfigError, load_config, provider_key_problem
+    from batchgrader.core.home import Home
+
+    (tmp_path / "config.yaml").write_text(f"profiles:\n  p:\n    {profile}\n")
+    try:
+        message = provider_key_problem(load_config(Home(tmp_path), environ=environ))
+    except ConfigError as exc:
+        message = str(exc)
+    assert message is not None and all(n in message for n in needles), message
