@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgrader.core.decide import reuse_allowed
-from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER, line_key, provider_id, request_key
+from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER, line_key, provider_id, provider_id_of, request_key
 from batchgrader.pipeline.reuse import plan_reuse
 from batchgrader.store.answers import StoredAnswer
 
@@ -140,6 +140,50 @@ def test_provider_id_normalises_the_base_url():
     assert provider_id(None) == provider_id("https://API.openai.com/v1/") == "https://api.openai.com/v1"
     assert provider_id("http://127.0.0.1:8765/v1") == "http://127.0.0.1:8765/v1"
     assert provider_id("https://api.openai.com/v1", sandbox=True) == SANDBOX_PROVIDER
+
+
+def _profiles(tmp_path, environ: dict[str, str]) -> dict[str, Any]:
+    from batchgrader.core.config import load_config
+    from batchgrader.core.home import Home
+
+    (tmp_path / "config.yaml").write_text(
+        "profiles:\n"
+        "  o:\n    provider: openai\n    model: claude-haiku-4-5\n"
+        "  a:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
+        "  g:\n    provider: gemini\n    model: gemini-2.5-flash\n"
+        "  z:\n    provider: azure\n    model: my-deployment\n    azure_model: gpt-4o-mini\n"
+    )
+    cfg = load_config(Home(tmp_path), environ=environ)
+    return {name: cfg.profile(name) for name in ("o", "a", "g", "z")}
+
+
+def test_provider_id_of_names_who_answers_each_profile(tmp_path):
+    """One rule for the daemon and `bgctl count`: each provider's own API base, never OpenAI's
+    for an Anthropic or Gemini profile; the OpenAI and Azure ids are those used before."""
+    p = _profiles(tmp_path, {"AZURE_OPENAI_ENDPOINT": "https://Res.openai.azure.com/"})
+    assert provider_id_of(p["o"]) == provider_id(None) == "https://api.openai.com/v1"
+    assert provider_id_of(p["a"]) == "anthropic:https://api.anthropic.com"
+    assert provider_id_of(p["g"]) == "gemini:https://generativelanguage.googleapis.com"
+    assert provider_id_of(p["z"]) == provider_id("https://res.openai.azure.com") == "https://res.openai.azure.com"
+    assert [provider_id_of(x, sandbox=True) for x in p.values()] == [
+        SANDBOX_PROVIDER,
+        "sandbox:anthropic",
+        "sandbox:gemini",
+        "sandbox:azure",
+    ]
+    # every provider behind one address (a proxy, the emulator): still four answerers
+    url = "http://127.0.0.1:8765"
+    env = {
+        "OPENAI_BASE_URL": url + "/v1",
+        "ANTHROPIC_BASE_URL": url,
+        "GOOGLE_GEMINI_BASE_URL": url + "/",
+        "AZURE_OPENAI_ENDPOINT": url,
+    }
+    ids = {name: provider_id_of(x) for name, x in _profiles(tmp_path, env).items()}
+    assert ids == {"o": url + "/v1", "a": "anthropic:" + url, "g": "gemini:" + url, "z": url}
+    # the same body sent to OpenAI and to Anthropic has two keys: neither reuses the other's answer
+    req = json.loads(_line("c1", "hi", model="claude-haiku-4-5"))
+    assert request_key(ids["o"], req) != request_key(ids["a"], req)
 
 
 # --- the plan ------------------------------------------------------------------------------------

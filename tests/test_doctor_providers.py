@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from batchgrader.core.home import Home
+from batchgrader.ops.checks import WARN
 from batchgrader.ops.doctor import FAIL, OK, Check, checks_as_json, render_checks, run_checks
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 
@@ -103,6 +104,7 @@ def test_gemini_profile_is_checked(home: Home, emu: Emulator) -> None:
     assert c["gemini key"].status == OK and "gem" in c["gemini key"].detail and "GOOGLE_API_KEY" in c["gemini key"].detail
     assert c["gemini endpoint"].status == OK
     assert c["gemini token counting"].status == OK and "gemini-2.5-flash" in c["gemini token counting"].detail
+    assert "whole requests" in c["gemini token counting"].detail
     assert c["pricing: gemini-2.5-flash"].status == OK and "$0.15 in" in c["pricing: gemini-2.5-flash"].detail
 
 
@@ -117,3 +119,11 @@ def test_rejected_gemini_key_fails_without_showing_it(home: Home) -> None:
         c = gemini_checks(home, strict, GEM_KEY)
     assert c["gemini endpoint"].status == FAIL and "400" in c["gemini endpoint"].detail
     assert "rejected" in c["gemini endpoint"].fix
+
+
+def test_gemini_counting_that_leaves_the_system_prompt_out_is_a_warning(home: Home) -> None:
+    with Emulator(EmulatorConfig(gemini_count_contents_only=True)) as partial:
+        c = gemini_checks(home, partial, GEM_KEY)
+    assert c["gemini endpoint"].status == OK
+    assert c["gemini token counting"].status == WARN and "ignored generateContentRequest" in c["gemini token counting"].detail
+    assert "estimates" in c["gemini token counting"].fix

@@ -430,37 +430,103 @@ def test_a_read_told_to_wait_is_transient_not_a_refusal(
     assert provider.download(out, tmp_path / "o.jsonl") > 0
 
 
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "g", "strict": True, "schema": {"type": "object"}}}
+
+
 def test_token_counter_gives_the_counts_the_batch_is_billed(
     emu: Emulator, provider: GeminiBatchProvider, clock: ManualClock, tmp_path: Path
 ) -> None:
+    """Exact: the whole request (system prompt and generation config) is counted, as billed."""
     from batchgrader.provider.gemini_batches import GeminiTokenCounter, gemini_counter
 
     path = tmp_path / "bg-j-c0000-a1.jsonl"
-    lines = [chat_line(f"c-{i}", f"Essay {i}: " + "words " * i, model=MODEL, max_completion_tokens=200) for i in range(3)]
+    lines = [
+        chat_line(
+            f"c-{i}", f"Essay {i}: " + "words " * i, model=MODEL, system="You grade essays strictly.", response_format=SCHEMA
+        )
+        for i in range(3)
+    ]
     path.write_bytes(jsonl(lines))
     counter = GeminiTokenCounter(provider)
     assert counter.name == "gemini"
     counts = counter.count_tokens(lines)
-    assert emu.request_count("POST", "/v1beta/models/{model}:countTokens") == 3
+    # one call per request, plus the one check that the full request was honoured
+    assert emu.request_count("POST", "/v1beta/models/{model}:countTokens") == 3 + 1
     b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "j:0:1"})
     clock.advance(20)
     provider.download(provider.retrieve(b.id).output_file_id or "", tmp_path / "o.jsonl")
     billed = {k: o.prompt_tokens for k, o in outcomes_of(tmp_path / "o.jsonl").items()}
-    assert [billed[f"c-{i}"] for i in range(3)] == counts  # exact (no system prompt in these lines)
+    assert [billed[f"c-{i}"] for i in range(3)] == counts  # exact, system prompt included
+    assert all(n > provider.count_contents_tokens(MODEL, line) for n, line in zip(counts, lines, strict=True))
+    assert counter.count_tokens(lines[:1]) == counts[:1]  # checked once per counter
+    assert emu.request_count("POST", "/v1beta/models/{model}:countTokens") == 3 + 1 + 3 + 1
     assert gemini_counter({"gemini_api_key": None}) is None
     assert isinstance(gemini_counter({"gemini_api_key": KEY, "gemini_base_url": emu.root_url}), GeminiTokenCounter)
 
 
-def test_count_marks_gemini_token_counts_as_an_estimate(tmp_path: Path, home) -> None:  # noqa: ANN001
+def test_sdk_count_tokens_takes_the_whole_request_only_through_extra_body(client: genai.Client) -> None:
+    """The SDK refuses a system instruction on the Developer API before sending; the API's own
+    ``generateContentRequest`` field, given through ``HttpOptions.extra_body``, counts it; a
+    system instruction at the top level is refused as the API refuses it."""
+    contents = [{"role": "user", "parts": [{"text": "Grade this essay."}]}]
+    system = {"parts": [{"text": "You are a strict grader of essays."}]}
+    with pytest.raises(ValueError, match="not in Gemini Developer API mode"):
+        client.models.count_tokens(model=MODEL, contents=contents, config=types.CountTokensConfig(system_instruction="x"))
+    alone = client.models.count_tokens(model=MODEL, contents=contents).total_tokens
+    full = {
+        "model": f"models/{MODEL}",
+        "contents": contents,
+        "systemInstruction": system,
+        "generationConfig": {"maxOutputTokens": 9},
+    }
+    opts = types.HttpOptions(extra_body={"generateContentRequest": full})
+    both = client.models.count_tokens(model=MODEL, contents=contents, config=types.CountTokensConfig(http_options=opts))
+    assert alone and both.total_tokens and both.total_tokens > alone
+    stray = types.HttpOptions(extra_body={"systemInstruction": system})
+    with pytest.raises(errors.ClientError) as exc:
+        client.models.count_tokens(model=MODEL, contents=contents, config=types.CountTokensConfig(http_options=stray))
+    assert exc.value.code == 400 and "generate_content_request.model: model is not specified" in str(exc.value.message)
+
+
+def test_token_counter_refuses_an_endpoint_that_ignores_the_full_request(tmp_path: Path) -> None:
+    """Counts without the system prompt must not be called exact: the counter raises, and the
+    counting hook keeps the estimates with the reason."""
+    from batchgrader.provider.counting import exact_counts
+    from batchgrader.provider.gemini_batches import GeminiTokenCounter
+
+    with Emulator(EmulatorConfig(api_key=KEY, gemini_count_contents_only=True)) as e:
+        counter = GeminiTokenCounter(GeminiBatchProvider(KEY, e.root_url, timeout=10, max_retries=0))
+        plain = [chat_line("p", "no system prompt here", model=MODEL)]
+        assert counter.count_tokens(plain)  # exact: nothing but contents to count
+        found = exact_counts(counter, [chat_line("s", "Essay.", model=MODEL, system="You grade.")])
+    assert not found.exact and "ignored generateContentRequest" in (found.reason or "")
+
+
+def test_count_gives_exact_gemini_counts_with_a_key_and_estimates_without(tmp_path: Path, home, emu, monkeypatch) -> None:  # noqa: ANN001
     from click.testing import CliRunner
 
     from batchgrader.cli.commands import cli
 
-    home.config_file.write_text("profiles:\n  gem:\n    provider: gemini\n    model: gemini-2.5-flash\n")
+    for var in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    home.config_file.write_text(
+        "profiles:\n  gem:\n    provider: gemini\n    model: gemini-2.5-flash\n    system_prompt: You grade.\n"
+    )
     f = tmp_path / "data.csv"
     f.write_text("response\nfirst essay\nsecond essay\n")
     runner = CliRunner()
     res = json.loads(runner.invoke(cli, ["count", str(f), "--json", "--profile", "gem"]).output)
     assert res["input_tokens_exact"] is False and res["provider"] == "gemini" and res["input_tokens"] > 0
+    assert "no API key" in res["token_count"]["reason"]
     assert res["estimated_cost_usd"]  # priced from the shipped Gemini batch prices
     assert "ESTIMATE" in runner.invoke(cli, ["count", str(f), "--profile", "gem"]).output
+    monkeypatch.setenv("GEMINI_API_KEY", KEY)
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", emu.root_url)
+    exact = json.loads(runner.invoke(cli, ["count", str(f), "--json", "--profile", "gem"]).output)
+    assert exact["input_tokens_exact"] is True and exact["token_count"]["source"] == "gemini counting endpoint"
+    billed = emu.request_count("POST", "/v1beta/models/{model}:countTokens")
+    assert billed == 2 + 1 and exact["token_count"]["sent"] == 2
+    again = json.loads(runner.invoke(cli, ["count", str(f), "--json", "--profile", "gem"]).output)
+    assert again["input_tokens"] == exact["input_tokens"] and again["token_count"]["cached"] == 2
+    assert emu.request_count("POST", "/v1beta/models/{model}:countTokens") == billed  # the cache answered
+    assert "ESTIMATE" not in runner.invoke(cli, ["count", str(f), "--profile", "gem"]).output

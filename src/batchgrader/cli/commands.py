@@ -114,7 +114,7 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     from batchgrader.store.answers import count_preview
     from batchgrader.store.queries import learned_schema_overhead
 
-    cfg, prof, prices = _load(obj, profile)
+    _cfg, prof, prices = _load(obj, profile)
     learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format))
     hook, cache = None, None
     if prof.provider not in OFFLINE_EXACT:  # the counting hook: the provider's own exact counts
@@ -126,7 +126,6 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
         file,
         prof,
         prices,
-        base_url=prof.get("azure_endpoint") if prof.provider == "azure" else cfg.default.base_url,  # whose answers
         sandbox=sandbox,
         schema_overhead=learned["per_request"] if learned else None,
         count_exact=hook,

@@ -23,7 +23,7 @@ from batchgrader.core.home import Home
 from batchgrader.core.polling import Durations
 from batchgrader.core.state import ChunkState, JobState, State, fold
 from batchgrader.pipeline import inbox as inbox_mod
-from batchgrader.pipeline.answerkey import provider_id
+from batchgrader.pipeline.answerkey import provider_id_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.provider.openai_api import Provider
@@ -166,17 +166,17 @@ class EngineBase:
         return Timers(self._next_poll, self._not_before, self._cancel_sent)
 
     def provider_key(self) -> str:
-        return provider_id(self.settings.base_url, self.sandbox)
+        return provider_id_of(self.settings, self.sandbox)
 
     def provider_key_for(self, job: JobState) -> str:
-        """Whose answers a job's rows may reuse: an Azure deployment's are its endpoint's own."""
+        """Who answers a job's rows (whose stored answers they may reuse, and under whom their
+        answers are stored): :func:`~batchgrader.pipeline.answerkey.provider_id_of` of its
+        profile, the rule ``bgctl count`` follows too."""
         try:
             profile = self.profile_of(job)
         except ConfigError:
             return self.provider_key()
-        if not self.sandbox and profile.provider == "azure":
-            return provider_id(self.queue_url_for(profile))
-        return self.provider_key()
+        return provider_id_of(profile, self.sandbox)
 
     def queue_url_for(self, of: JobState | Profile) -> str:
         """:attr:`queue_url` for one job or profile: an Azure deployment's queue (enqueued-token

@@ -55,15 +55,30 @@ def check_gemini(config: Config | None, timeout: float, scrub: Callable[[str], s
         checks.append(Check("gemini endpoint", FAIL, detail, "check the network, and gemini_base_url / GOOGLE_GEMINI_BASE_URL"))
         return checks
     model = users[0].values["model"]
+    from batchgrader.provider.gemini_batches import GeminiBatchProvider, GeminiTokenCounter
+    from batchgrader.provider.openai_api import ProviderError
+
+    # the very call `bgctl count` and the daemon make: a whole request, system prompt included
+    probe = {
+        "custom_id": "doctor",
+        "body": {"model": model, "messages": [{"role": "system", "content": "You grade."}, {"role": "user", "content": "ping"}]},
+    }
     try:
-        n = client.models.count_tokens(model=model, contents="ping").total_tokens
-        checks.append(Check("gemini token counting", OK, f"models.count_tokens answers for {model} ({n} tokens for 'ping')"))
-    except Exception as exc:  # an API error or a transport error: counting is then an estimate
+        counter = GeminiTokenCounter(GeminiBatchProvider(key, base_url, timeout=timeout, max_retries=0), workers=1)
+        (n,) = counter.count_tokens([probe])
+        checks.append(
+            Check(
+                "gemini token counting",
+                OK,
+                f"models.countTokens counts whole requests for {model} ({n} tokens for a system prompt and 'ping')",
+            )
+        )
+    except (ProviderError, ValueError) as exc:  # refused, unreachable, or the full request ignored: estimates
         checks.append(
             Check(
                 "gemini token counting",
                 WARN,
-                scrub(f"models.count_tokens for {model}: {type(exc).__name__}"),
+                scrub(f"models.countTokens for {model}: {type(exc).__name__}: {exc}")[:300],
                 "bgctl count then estimates Gemini input tokens with tiktoken; billed costs still come from reported usage",
             )
         )

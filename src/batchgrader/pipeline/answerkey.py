@@ -21,6 +21,21 @@ SANDBOX_PROVIDER = "sandbox"  # the emulator's simulated answers are never reuse
 KEY_VERSION = 1  # part of the hashed text: a future change of the canonical form starts afresh
 
 
+#: each provider's API base when its setting is not set (what its official SDK uses)
+DEFAULT_API_BASE = {
+    "openai": DEFAULT_BASE_URL,
+    "anthropic": "https://api.anthropic.com",
+    "gemini": "https://generativelanguage.googleapis.com",
+}
+#: the profile setting that holds each provider's API base (Azure: the resource endpoint)
+API_BASE_SETTING = {
+    "openai": "base_url",
+    "azure": "azure_endpoint",
+    "anthropic": "anthropic_base_url",
+    "gemini": "gemini_base_url",
+}
+
+
 def provider_id(base_url: str | None, sandbox: bool = False) -> str:
     """Who answers: ``sandbox`` for the built-in emulator, else the normalised API base URL."""
     if sandbox:
@@ -29,6 +44,31 @@ def provider_id(base_url: str | None, sandbox: bool = False) -> str:
     host = (u.hostname or "").lower()
     port = f":{u.port}" if u.port else ""
     return f"{u.scheme.lower()}://{host}{port}{u.path.rstrip('/')}"
+
+
+def provider_id_of(profile: Any, sandbox: bool = False) -> str:
+    """Who answers a profile's requests: the one rule the daemon (storing and reusing answers)
+    and ``bgctl count`` (predicting the reuse) both follow.
+
+    * ``openai``: the normalised ``base_url`` (OpenAI's by default);
+    * ``azure``: the normalised resource endpoint (``azure_endpoint``);
+    * ``anthropic`` / ``gemini``: ``<provider>:`` and the normalised API base
+      (``anthropic_base_url`` / ``gemini_base_url``, else the provider's own), so their answers
+      are never keyed under another provider's, even behind one address (a proxy, the emulator);
+    * in the sandbox: ``sandbox`` (OpenAI) or ``sandbox:<provider>``: simulated answers are never
+      reused for real jobs, nor one provider's for another's.
+
+    The OpenAI and Azure ids are the ones used before this rule, so answers stored then are still
+    found."""
+    provider = str(profile.get("provider") or "openai")
+    if sandbox:
+        return SANDBOX_PROVIDER if provider == "openai" else f"{SANDBOX_PROVIDER}:{provider}"
+    base = profile.get(API_BASE_SETTING.get(provider, "base_url"))
+    if provider == "openai":
+        return provider_id(base)
+    if provider == "azure":
+        return provider_id(base) if base else "azure:"  # no endpoint: refused before any job runs
+    return f"{provider}:{provider_id(base or DEFAULT_API_BASE.get(provider))}"
 
 
 def canonical_request(provider: str, request: dict[str, Any]) -> bytes:

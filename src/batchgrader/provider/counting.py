@@ -2,7 +2,8 @@
 
 tiktoken gives OpenAI's (and Azure OpenAI's) exact count offline.  For a provider whose
 tokenizer is not public (Anthropic ``messages.count_tokens``; Gemini ``models.count_tokens``) the
-only exact figure is the provider's own answer, so a provider adapter may offer the
+only exact figure is the provider's own answer (Gemini's counts the whole
+``GenerateContentRequest``: see ``GeminiBatchProvider.count_tokens``), so a provider adapter may offer the
 :class:`TokenCounter` capability:
 
     ``count_tokens(lines) -> list[int]``: the exact input tokens of each OpenAI-shaped batch
@@ -37,9 +38,12 @@ log = logging.getLogger(__name__)
 SLICE = 100
 #: above this many uncached requests a file is not counted one by one; its counts stay estimates
 MAX_UNCACHED = 20_000
-#: the daemon counts fewer while planning a job (one call per request, within the provider's rate
-#: limits, on the tick thread): run `bgctl count` first for a larger file, whose counts it then
-#: finds in the cache
+#: the daemon counts fewer while planning a job: one call per request, on the tick thread (every
+#: other job waits), and the counting endpoints are rate limited (Anthropic: 100 requests per
+#: minute at usage tier 1, 2,000 at tier 2; Gemini through Vertex AI / Firebase: 3,000 per minute;
+#: docs/architecture.md).  Above it the job's counts all stay estimates, labelled so in
+#: ``InputTokensCounted`` (the reason names the remedy), ``bgctl status`` and the daemon's log:
+#: run `bgctl count` first for a larger file, whose counts the daemon then finds in the cache
 DAEMON_MAX_UNCACHED = 2_000
 #: the cache file in the home
 CACHE_FILE = "token_counts.sqlite"
@@ -69,6 +73,7 @@ class Counted:
     cached: int = 0
     sent: int = 0
     reason: str | None = None
+    capped: bool = False  # more uncached requests than the caller counts one by one
 
     @property
     def exact(self) -> bool:
@@ -76,7 +81,10 @@ class Counted:
 
     def as_dict(self) -> dict[str, Any]:
         """``token_count`` in ``bgctl count --json``."""
-        return {"exact": self.exact, "source": self.source, "cached": self.cached, "sent": self.sent, "reason": self.reason}
+        out = {"exact": self.exact, "source": self.source, "cached": self.cached, "sent": self.sent, "reason": self.reason}
+        if self.capped:
+            out["capped"] = True
+        return out
 
 
 class CountCache:
@@ -148,6 +156,7 @@ def exact_counts(
             "estimate",
             cached=len(keys) - len(missing),
             reason=f"{len(missing):,} requests not counted yet (more than {max_uncached:,} are not counted one by one)",
+            capped=True,
         )
     todo = list(missing.items())
     sent = 0
@@ -196,9 +205,17 @@ def _anthropic(settings: Any) -> TokenCounter | None:
     return AnthropicTokenCounter(AnthropicProvider(key, settings.get("anthropic_base_url"), timeout=timeout))
 
 
+def _gemini(settings: Any) -> TokenCounter | None:
+    if not settings.get("gemini_api_key"):
+        return None
+    from batchgrader.provider.gemini_batches import gemini_counter
+
+    return gemini_counter(settings)
+
+
 #: provider name -> the factory of its counting hook from a profile's settings (None: no key).
 #: A provider with a counting endpoint adds itself here.
-COUNTERS: dict[str, Callable[[Any], TokenCounter | None]] = {"anthropic": _anthropic}
+COUNTERS: dict[str, Callable[[Any], TokenCounter | None]] = {"anthropic": _anthropic, "gemini": _gemini}
 
 
 def counter_for(provider: str, settings: Any) -> TokenCounter | None:
@@ -230,6 +247,13 @@ def plan_with_exact_counts(
         return None
     hook = count_hook(counter, cache, max_uncached=max_uncached, progress=progress)
     info = apply_exact_counts(prep, requests_path, hook, limits)
+    if info.get("capped"):
+        # the whole job keeps its estimates (a plan is made on one kind of count); say what to do
+        info["reason"] = (
+            f"{info.get('reason')}; the daemon counts at most {max_uncached:,} uncached requests of a job itself: "
+            "run `bgctl count FILE --profile NAME` before submitting, and the daemon finds its counts in the cache"
+        )
+        log.warning("input tokens of this %s job stay estimates: %s", provider, info["reason"])
     return {
         "exact": bool(info.get("exact")),
         "source": info.get("source") if info.get("exact") else "estimate",

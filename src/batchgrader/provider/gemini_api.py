@@ -22,8 +22,10 @@ both ways, so nothing upstream or downstream knows which provider ran the batch:
 * :class:`GeminiBatch`: a batch job in the project's terms (``JOB_STATE_*`` -> the job model).
 
 Limits (Gemini API docs, https://ai.google.dev/gemini-api/docs/batch-api, checked 2026-11-23):
-inline requests up to 20 MB in total, larger jobs as an uploaded JSONL file; batches that are
-still pending or running after 48 hours expire; uploaded files are kept 48 hours.
+inline requests up to 20 MB in total, larger jobs as an uploaded JSONL file; the Files API
+(https://ai.google.dev/gemini-api/docs/files, checked 2026-11-23) keeps uploaded files 48 hours,
+at most 2 GB each.  Not confirmed from a stored page: batches still pending or running after
+48 hours expire (:data:`JOB_EXPIRY_S`; docs/architecture.md says what was searched).
 """
 
 from __future__ import annotations

@@ -344,30 +344,89 @@ class GeminiBatchProvider:
         return len(data)
 
     def count_tokens(self, model: str, line: Mapping[str, Any]) -> int:
-        """Input tokens of one request from the free ``models.countTokens`` endpoint (the
-        Developer API counts ``contents`` only: a system prompt is sent as a first user turn)."""
-        req = to_gemini_line({"custom_id": "count", "body": line["body"]})["request"]
-        contents = list(req["contents"])
-        system = req.get("systemInstruction")
-        if system:
-            contents = [{"role": "user", "parts": system["parts"]}, *contents]
-        res = self._call("models.count_tokens", lambda: self._reads.models.count_tokens(model=model, contents=contents))
+        """Input tokens of one request from the free ``models.countTokens`` endpoint, counted as
+        the batch will send it: the line's whole ``GenerateContentRequest`` (system instruction
+        and generation config included) goes in the API's ``generateContentRequest`` field.
+
+        The SDK's ``count_tokens`` has no such field and, on the Gemini Developer API, refuses
+        ``CountTokensConfig(system_instruction=..., generation_config=...)`` before sending
+        (google-genai 3.4.0 ``_CountTokensConfig_to_mldev``); the request body is therefore
+        given through the SDK's documented ``HttpOptions.extra_body`` (merged into the JSON
+        body as it is).  The SDK also requires ``contents``: the same contents go at the top
+        level, which the API ignores when ``generateContentRequest`` is set
+        (https://ai.google.dev/api/tokens, docs/architecture.md "Token counts")."""
+        from google.genai import types
+
+        request = to_gemini_line({"custom_id": "count", "body": line["body"]})["request"]
+        full = {"model": f"models/{model.removeprefix('models/')}", **request}
+        config = types.CountTokensConfig(http_options=types.HttpOptions(extra_body={"generateContentRequest": full}))
+        res = self._call(
+            "models.count_tokens",
+            lambda: self._reads.models.count_tokens(model=model, contents=request["contents"], config=config),
+        )
+        return int(res.total_tokens or 0)
+
+    def count_contents_tokens(self, model: str, line: Mapping[str, Any]) -> int:
+        """The tokens of the line's ``contents`` alone (the SDK's plain ``count_tokens``): what the
+        endpoint would answer if it ignored ``generateContentRequest``."""
+        request = to_gemini_line({"custom_id": "count", "body": line["body"]})["request"]
+        res = self._call(
+            "models.count_tokens", lambda: self._reads.models.count_tokens(model=model, contents=request["contents"])
+        )
         return int(res.total_tokens or 0)
 
 
 class GeminiTokenCounter:
     """The counting hook's ``TokenCounter`` capability for Gemini (``name`` and
-    ``count_tokens(lines) -> list[int]``, the protocol of ``provider/counting.py``): the input
-    tokens of each OpenAI-shaped batch line from the free ``models.countTokens`` endpoint, one
-    call per line (the endpoint counts one request).  The hook caches the counts."""
+    ``count_tokens(lines) -> list[int]``, the protocol of ``provider/counting.py``): the exact
+    input tokens of each OpenAI-shaped batch line from the free ``models.countTokens`` endpoint
+    (the whole request, :meth:`GeminiBatchProvider.count_tokens`), one call per line,
+    ``workers`` at a time.  The hook caches the counts.
 
-    name = "gemini"
+    Before its first count of a request with a system prompt it checks once that the endpoint
+    honoured ``generateContentRequest``: the full request must count more tokens than its
+    ``contents`` alone.  An endpoint that ignored it would give counts without the system
+    prompt; the check turns that into a :class:`ProviderRejected`, so the counts stay labelled
+    estimates instead of being called exact."""
 
-    def __init__(self, provider: GeminiBatchProvider):
+    def __init__(self, provider: GeminiBatchProvider, name: str = "gemini", workers: int = 8):
         self.provider = provider
+        self.name = name
+        self.workers = max(1, workers)
+        self._checked = False
+
+    def __repr__(self) -> str:
+        return f"GeminiTokenCounter({self.name!r}, {self.provider!r})"
+
+    def _check(self, lines: Sequence[Mapping[str, Any]], counts: list[int]) -> None:
+        for line, n in zip(lines, counts, strict=True):
+            if any(m.get("role") in ("system", "developer") for m in line["body"].get("messages") or []):
+                alone = self.provider.count_contents_tokens(model_of(line), line)
+                if n <= alone:
+                    raise ProviderRejected(
+                        "models.count_tokens",
+                        400,
+                        f"the counting endpoint ignored generateContentRequest ({n} tokens with the system prompt, "
+                        f"{alone} without): its counts would leave the system prompt out",
+                        type="FAILED_PRECONDITION",
+                    )
+                self._checked = True
+                return
 
     def count_tokens(self, lines: Sequence[Mapping[str, Any]]) -> list[int]:
-        return [self.provider.count_tokens(model_of(line), line) for line in lines]
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(line: Mapping[str, Any]) -> int:
+            return self.provider.count_tokens(model_of(line), line)
+
+        if len(lines) <= 1 or self.workers == 1:
+            counts = [one(line) for line in lines]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(lines))) as pool:
+                counts = list(pool.map(one, lines))
+        if not self._checked:
+            self._check(lines, counts)
+        return counts
 
 
 def gemini_counter(settings: Any) -> GeminiTokenCounter | None:

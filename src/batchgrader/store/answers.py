@@ -199,16 +199,17 @@ def count_preview(
     profile: Any,
     prices: Any,
     *,
-    base_url: str | None,
     sandbox: bool,
     schema_overhead: float | None = None,
     count_exact: Any = None,
 ) -> dict[str, Any]:
     """`bgctl count`: :func:`batchgrader.pipeline.reuse.preview` against this home's stored answers
-    (read-only; no database yet means no stored answer).  ``count_exact``: the counting hook."""
+    (read-only; no database yet means no stored answer), keyed under
+    :func:`~batchgrader.pipeline.answerkey.provider_id_of` of ``profile``, as the daemon keys
+    them.  ``count_exact``: the counting hook."""
     import time
 
-    from batchgrader.pipeline.answerkey import provider_id
+    from batchgrader.pipeline.answerkey import provider_id_of
     from batchgrader.pipeline.reuse import preview
 
     conn = open_readonly(home.db)
@@ -225,7 +226,7 @@ def count_preview(
             profile,
             home,
             prices=prices,
-            provider=provider_id(base_url, sandbox),
+            provider=provider_id_of(profile, sandbox),
             lookup=lookup_keys,
             schema_overhead=schema_overhead,
             count_exact=count_exact,

@@ -68,6 +68,9 @@ class EmulatorConfig:
     # endpoints that ignore the ``after`` cursor (always the first page); file content sent
     # gzip-compressed with the compressed Content-Length (as a compressing proxy does).
     drop_metadata: bool = False
+    # Gemini's countTokens counts the top-level ``contents`` and ignores ``generateContentRequest``
+    # (an endpoint that does not honour the full request: the counting hook must notice)
+    gemini_count_contents_only: bool = False
     ignore_after_cursor: bool = False
     gzip_content: bool = False
     # prompt tokens billed on top of the messages for a request with a json_schema response_format

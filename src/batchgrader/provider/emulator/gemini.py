@@ -332,9 +332,32 @@ class GeminiMixin(_StoreBase):
             return {}
 
     def gem_count_tokens(self, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict) or not isinstance(body.get("contents"), list):
+        """``models.countTokens``: ``contents`` alone, or a whole ``generateContentRequest``
+        (``model`` and ``contents`` required; ``systemInstruction`` counted as the batch bills it;
+        top-level ``contents`` then ignored).  Request fields other than ``contents`` at the top
+        level are refused as the API refuses them (it reads them as a ``generateContentRequest``
+        without its model and contents)."""
+        if not isinstance(body, dict):
+            raise GeminiApiError(400, "Invalid JSON payload received.")
+        full = None if self.cfg.gemini_count_contents_only else body.get("generateContentRequest")
+        stray = [k for k in ("systemInstruction", "generationConfig", "tools", "toolConfig", "safetySettings") if k in body]
+        if full is None and stray:
+            full = {k: body[k] for k in stray}
+        if full is not None:
+            missing = [
+                f"* CountTokensRequest.generate_content_request.{f}: {f} is not specified\n"
+                for f in ("contents", "model")
+                if not (full.get(f) if isinstance(full, dict) else None)
+            ]
+            if missing:
+                raise GeminiApiError(400, "".join(missing))
+            if not isinstance(full["contents"], list):
+                raise GeminiApiError(400, "Invalid value at 'generate_content_request.contents'")
+            n = self._gem_tokens(full)
+        elif isinstance(body.get("contents"), list) and body["contents"]:
+            n = self._gem_tokens({"contents": body["contents"]})
+        else:
             raise GeminiApiError(400, "contents is required.")
-        n = self._gem_tokens({"contents": body["contents"]})
         return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
 
     # --- the lifecycle -----------------------------------------------------------------------
