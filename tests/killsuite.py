@@ -39,6 +39,17 @@ def make_inputs(home: Path, config: str) -> None:
     (home / "inbox" / "b.jsonl").write_text('{"response": "one"}\n{"response": "two"}\n')
 
 
+# The kills after an event for Anthropic, Azure OpenAI and Gemini: after each intent the provider's
+# own records are reconciled (upload, create, download), and after the create's outcome.  Kills
+# after the other events exercise engine steps that are the same for every provider;
+# tests/test_crash.py covers them (OpenAI), which keeps the suite's time.
+PROVIDER_EVENT_POINTS = [
+    ("UploadStarted", 1),
+    ("BatchCreateRequested", 1),
+    ("BatchCreated", 1),
+    ("OutputDownloadStarted", 1),
+]
+
 Hook = Callable[[str, str, str], None]
 
 

@@ -18,7 +18,7 @@ from batchgrader.core.state import fold
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, daemon_env, outbox_files
-from killsuite import SPLIT, KillSuite
+from killsuite import PROVIDER_EVENT_POINTS, SPLIT, KillSuite
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -174,18 +174,7 @@ def test_kill_inside_api_call(tmp_path: Path, golden: dict[str, bytes], method: 
     SUITE.kill_inside_api_call(tmp_path / "home", golden, method, route, phase, nth)
 
 
-# After each intent this provider's records are reconciled (upload, create, download), and after
-# the create's outcome.  Kills after the other outcome events exercise engine steps that are the
-# same for every provider; tests/test_crash.py covers them (OpenAI), which keeps the suite's time.
-EVENT_POINTS = [
-    ("UploadStarted", 1),
-    ("BatchCreateRequested", 1),
-    ("BatchCreated", 1),
-    ("OutputDownloadStarted", 1),
-]
-
-
-@pytest.mark.parametrize("event,nth", EVENT_POINTS, ids=[f"after {e} #{n}" for e, n in EVENT_POINTS])
+@pytest.mark.parametrize("event,nth", PROVIDER_EVENT_POINTS, ids=[f"after {e} #{n}" for e, n in PROVIDER_EVENT_POINTS])
 def test_kill_after_event(tmp_path: Path, golden: dict[str, bytes], event: str, nth: int) -> None:
     SUITE.kill_after_event(tmp_path / "home", golden, event, nth)
 
