@@ -1,14 +1,20 @@
-"""Helpers for tests that run the real daemon as a subprocess against the real emulator."""
+"""Helpers for tests that run the real daemon as a subprocess against the real emulator, and
+``merged``: a chunk's results merged the way the engine merges them."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from batchgrader.pipeline.merge import ChunkSpool, StreamedMerge
 
 TEST_KEY = "sk-test-DO-NOT-LEAK-0123456789abcdef"
 BGCTL = str(Path(sys.executable).parent / "bgctl")
@@ -85,3 +91,19 @@ def integrity(db: Path) -> str:
 
 def temp_leftovers(home: Path) -> list[Path]:
     return [p for p in home.rglob("*") if p.name.startswith(".bg-tmp-") or p.name.endswith((".tmp", ".part"))]
+
+
+def merged(
+    expected: Sequence[str],
+    outcomes: Iterable[Any],
+    status: str | None,
+    missing: tuple[str, str] | None = None,
+    followers: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[list[dict[str, Any]], StreamedMerge]:
+    """A chunk's outcomes merged as ``daemon/collect.py`` does (spooled, then written in the
+    chunk's order): the records written, one a line, and the figures returned."""
+    buf = io.BytesIO()
+    with ChunkSpool(expected) as spool:
+        spool.read(outcomes)
+        m = spool.write(buf.write, status, missing, followers)
+    return [json.loads(line) for line in buf.getvalue().splitlines()], m

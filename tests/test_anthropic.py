@@ -10,7 +10,6 @@ from typing import Any
 import anthropic
 import pytest
 
-from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.results import iter_outcomes, parse_line
 from batchgrader.provider.anthropic_api import (
     AnthropicProvider,
@@ -21,6 +20,7 @@ from batchgrader.provider.anthropic_api import (
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.provider.openai_api import OutcomeUnknown, ProviderConfigError, ProviderRejected
 from emulator_fixtures import chat_line
+from harness import merged
 
 KEY = "sk-ant-emulator-test-0123456789abcdef"
 MODEL = "claude-sonnet-4-5"
@@ -221,10 +221,10 @@ def test_result_parsing_from_documented_examples() -> None:
     assert ok.ok and ok.content == "Hello again! It's nice to see you." and ok.finish_reason == "stop"
     assert (ok.prompt_tokens, ok.cached_tokens, ok.completion_tokens, ok.reasoning_tokens) == (11 + 7 + 2048, 2048, 36, 20)
     bad = parse_line(to_openai_result_line(DOC_ERRORED))
-    assert not bad.ok and bad.status_code == 400 and bad.error_message == "Validation error..." and not bad.retryable
+    assert not bad.ok and bad.status_code == 400 and bad.error_message == "Validation error..."
     for kind, code in (("canceled", "batch_cancelled"), ("expired", "batch_expired")):
         o = parse_line(to_openai_result_line({"custom_id": "r", "result": {"type": kind}}))
-        assert not o.ok and o.error_code == code and o.retryable
+        assert not o.ok and o.error_code == code
     with pytest.raises(ValueError):
         to_openai_result_line({"custom_id": "r", "result": {"type": "mystery"}})
 
@@ -240,8 +240,10 @@ def test_adapter_end_to_end_usage_is_exact(provider: AnthropicProvider, client: 
     clock.advance(12)
     b = provider.retrieve(b.id)
     assert (b.job_status, b.succeeded, b.errored) == ("completed", 6, 1)
-    m = merge_chunk([x["custom_id"] for x in lines], iter_outcomes(json.dumps(x) for x in provider.results(b.id)), "completed")
-    assert not [r for r in m.records if r.get("error_code") == "missing_result"]  # every row has its outcome
+    records, m = merged(
+        [x["custom_id"] for x in lines], iter_outcomes(json.dumps(x) for x in provider.results(b.id)), "completed"
+    )
+    assert not [r for r in records if r.get("error_code") == "missing_result"]  # every row has its outcome
     raw = {r.custom_id: r.result for r in client.messages.batches.results(b.id)}
     expected_in = sum(r.message.usage.input_tokens for r in raw.values() if r.type == "succeeded")  # type: ignore[union-attr]
     expected_out = sum(r.message.usage.output_tokens for r in raw.values() if r.type == "succeeded")  # type: ignore[union-attr]

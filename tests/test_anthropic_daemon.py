@@ -8,10 +8,7 @@ import csv
 import io
 import json
 import os
-import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,14 +16,14 @@ import pytest
 from batchgrader.core.state import fold
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
-from harness import BGCTL, FAST_CONFIG, TEST_KEY, daemon_env, event_types, integrity, outbox_files, temp_leftovers, wait_for
+from harness import BGCTL, FAST_CONFIG, daemon_env, outbox_files
+from killsuite import CHUNKS, PROVIDER_EVENT_POINTS, SPLIT, KillSuite
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 ANTHROPIC_KEY = "sk-ant-test-key-never-written-0123456789"
 MODEL = "claude-haiku-4-5"
-CONFIG = FAST_CONFIG + f"split_row_limit: 3\nmax_simultaneous_batches: 2\nprovider: anthropic\nmodel: {MODEL}\n"
-CHUNKS = 3 + 1  # a.csv: 7 rows / 3 per chunk; b.jsonl: 2 rows
+CONFIG = FAST_CONFIG + SPLIT + f"provider: anthropic\nmodel: {MODEL}\n"
 
 
 def env_for(home: Path, emu: Emulator, key: str | None = ANTHROPIC_KEY) -> dict[str, str]:
@@ -41,55 +38,22 @@ def run(home: Path, emu: Emulator, *args: str, key: str | None = ANTHROPIC_KEY) 
     return subprocess.run([BGCTL, *args], env=env_for(home, emu, key), capture_output=True, text=True, timeout=180, check=False)
 
 
-def make_inputs(home: Path, config: str = CONFIG) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "config.yaml").write_text(config)
-    (home / "inbox").mkdir(parents=True, exist_ok=True)
-    (home / "inbox" / "a.csv").write_text("id,response\n" + "".join(f"{i},row {i} =cmd\n" for i in range(7)))
-    (home / "inbox" / "b.jsonl").write_text('{"response": "one"}\n{"response": "two"}\n')
-
-
-def emulator(hook=None) -> Emulator:  # noqa: ANN001
-    return Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=11, on_request=hook)).start()
-
-
-def finish(home: Path, emu: Emulator, attempts: int = 6) -> None:
-    for _ in range(attempts):
-        res = run(home, emu, "daemon", "--once")
-        if res.returncode == 0:
-            return
-    raise AssertionError(f"daemon did not finish: {res.stderr[-2000:]}")
-
-
 def state_of(home: Path):  # noqa: ANN201
     with EventStore(home / "batchgrader.db", readonly=True) as s:
         return fold(s.read())
 
 
+SUITE = KillSuite(config=CONFIG, api_key=ANTHROPIC_KEY, env_for=env_for, finish_attempts=6)
+
+
 @pytest.fixture(scope="module")
-def golden(tmp_path_factory):  # noqa: ANN001, ANN201
-    home = tmp_path_factory.mktemp("golden")
-    make_inputs(home)
-    emu = emulator()
-    try:
-        finish(home, emu, attempts=1)
-        assert emu.batches_created() == CHUNKS
-        return outbox_files(home)
-    finally:
-        emu.stop()
-
-
-def check(home: Path, emu: Emulator, golden: dict[str, bytes]) -> None:
-    assert outbox_files(home) == golden
-    assert emu.batches_created() == CHUNKS, emu.stats()
-    assert not temp_leftovers(home)
-    assert integrity(home / "batchgrader.db") == "ok"
-    assert sorted(p.name for p in (home / "archive").iterdir()) == ["a.csv", "b.jsonl"]
+def golden(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    return SUITE.golden(tmp_path_factory.mktemp("golden"))
 
 
 def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_inputs(
+    SUITE.make_inputs(
         home,
         CONFIG
         + """profiles:
@@ -141,7 +105,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
 
 def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_inputs(home)
+    SUITE.make_inputs(home)
     (home / "inbox" / "b.jsonl").unlink()
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=5)) as emu:
         assert run(home, emu, "daemon", "--once").returncode == 0
@@ -179,7 +143,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
 )
 def test_bad_provider_settings_refused_before_anything_is_sent(tmp_path: Path, config: str, key: str | None, needle: str) -> None:
     home = tmp_path / "home"
-    make_inputs(home, config)
+    SUITE.make_inputs(home, config)
     with Emulator(EmulatorConfig(seed=1)) as emu:
         res = run(home, emu, "daemon", "--once", key=key)
         assert res.returncode == 78 and needle in res.stderr, res.stderr
@@ -188,7 +152,7 @@ def test_bad_provider_settings_refused_before_anything_is_sent(tmp_path: Path, c
 
 def test_custom_id_anthropic_refuses_fails_the_job_before_sending(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_inputs(home, CONFIG + "id_column: id\n")
+    SUITE.make_inputs(home, CONFIG + "id_column: id\n")
     (home / "inbox" / "b.jsonl").unlink()
     (home / "inbox" / "a.csv").write_text("id,response\nok-1,x\nnot ok!,y\n")
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=1)) as emu:
@@ -214,73 +178,17 @@ API_POINTS = [
 
 @pytest.mark.parametrize("method,route,phase,nth", API_POINTS, ids=[f"{m} {r} {p} #{n}" for m, r, p, n in API_POINTS])
 def test_kill_inside_api_call(tmp_path: Path, golden: dict[str, bytes], method: str, route: str, phase: str, nth: int) -> None:
-    home = tmp_path / "home"
-    make_inputs(home)
-    target: dict[str, int] = {}
-    seen = {"n": 0}
-    killed = threading.Event()
-
-    def hook(m: str, r: str, p: str) -> None:
-        if (m, r, p) == (method, route, phase) and not killed.is_set():
-            seen["n"] += 1
-            if seen["n"] == nth and "pid" in target:
-                os.kill(target["pid"], signal.SIGKILL)
-                killed.set()
-                time.sleep(0.2)  # the handler must not answer a dead client before it is gone
-
-    emu = emulator(hook)
-    try:
-        proc = subprocess.Popen(
-            [BGCTL, "daemon", "--once"], env=env_for(home, emu), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        target["pid"] = proc.pid
-        proc.wait(timeout=180)
-        assert killed.is_set(), f"kill point {method} {route} {phase} #{nth} never reached"
-        finish(home, emu)
-        check(home, emu, golden)
-    finally:
-        emu.stop()
+    SUITE.kill_inside_api_call(tmp_path / "home", golden, method, route, phase, nth)
 
 
-# After each intent this provider's records are reconciled (upload, create, download), and after
-# the create's outcome.  Kills after the other outcome events exercise engine steps that are the
-# same for every provider; tests/test_crash.py covers them (OpenAI), which keeps the suite's time.
-EVENT_POINTS = [
-    ("UploadStarted", 1),
-    ("BatchCreateRequested", 1),
-    ("BatchCreated", 1),
-    ("OutputDownloadStarted", 1),
-]
-
-
-@pytest.mark.parametrize("event,nth", EVENT_POINTS, ids=[f"after {e} #{n}" for e, n in EVENT_POINTS])
+@pytest.mark.parametrize("event,nth", PROVIDER_EVENT_POINTS, ids=[f"after {e} #{n}" for e, n in PROVIDER_EVENT_POINTS])
 def test_kill_after_event(tmp_path: Path, golden: dict[str, bytes], event: str, nth: int) -> None:
-    home = tmp_path / "home"
-    make_inputs(home)
-    emu = emulator()
-    try:
-        proc = subprocess.Popen(
-            [BGCTL, "daemon", "--once"], env=env_for(home, emu), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        try:
-            wait_for(
-                lambda: event_types(home / "batchgrader.db").count(event) >= nth or proc.poll() is not None,
-                timeout=120,
-                interval=0.002,
-                what=f"{event} #{nth}",
-            )
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.wait(timeout=30)
-        finish(home, emu)
-        check(home, emu, golden)
-    finally:
-        emu.stop()
+    SUITE.kill_after_event(tmp_path / "home", golden, event, nth)
 
 
 def test_sandbox_serves_anthropic_profiles_without_any_key(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_inputs(home)
+    SUITE.make_inputs(home)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "BATCHGRADER_", "ANTHROPIC_"))}
     env["BATCHGRADER_HOME"] = str(home)
     res = subprocess.run([BGCTL, "daemon", "--sandbox", "--once"], env=env, capture_output=True, text=True, timeout=180)

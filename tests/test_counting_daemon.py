@@ -13,7 +13,7 @@ import pytest
 
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from harness import BGCTL
-from test_anthropic_daemon import ANTHROPIC_KEY, env_for, make_inputs, run, state_of
+from test_anthropic_daemon import ANTHROPIC_KEY, SUITE, env_for, run, state_of
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -26,7 +26,7 @@ def _counted(home: Path) -> list[dict]:
 
 def test_anthropic_jobs_are_planned_on_exact_counts(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_inputs(home)
+    SUITE.make_inputs(home)
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=4)) as emu:
         assert run(home, emu, "daemon", "--once").returncode == 0
         assert emu.request_count("POST", "/v1/messages/count_tokens") == 9  # a.csv 7 + b.jsonl 2, each once
@@ -46,7 +46,7 @@ def test_anthropic_jobs_are_planned_on_exact_counts(tmp_path: Path) -> None:
 
 def test_a_failing_counting_endpoint_leaves_labelled_estimates(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_inputs(home)
+    SUITE.make_inputs(home)
     (home / "inbox" / "b.jsonl").unlink()
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=4)) as emu:
         emu.script_fault("POST", "/v1/messages/count_tokens", "status", status=400, message="counting is off", times=1000)

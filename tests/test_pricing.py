@@ -20,6 +20,7 @@ from batchgrader.pipeline.pricing import (
     estimate,
     load_pricing,
 )
+from harness import merged
 
 HEADER = ",".join(COLUMNS) + "\n"
 
@@ -308,7 +309,6 @@ def test_cache_writes_cost_one_and_a_quarter_times_the_input_price():
 
 def test_anthropic_cache_writes_are_parsed_and_costed_from_the_result_line():
     """An Anthropic result's ``cache_creation_input_tokens`` reach the merged chunk's cost at 1.25x input."""
-    from batchgrader.pipeline.merge import merge_chunk
     from batchgrader.pipeline.results import parse_line
     from batchgrader.provider.anthropic_api import to_openai_result_line
 
@@ -322,8 +322,8 @@ def test_anthropic_cache_writes_are_parsed_and_costed_from_the_result_line():
     }
     outcome = parse_line(json.loads(json.dumps(to_openai_result_line(item))))
     assert (outcome.prompt_tokens, outcome.cached_tokens, outcome.cache_write_tokens) == (1000, 300, 100)
-    merged = merge_chunk(["row-1"], [outcome], "completed")
-    assert merged.records[0]["cache_write_tokens"] == 100 and merged.cache_write_tokens == 100
+    records, m = merged(["row-1"], [outcome], "completed")
+    assert records[0]["cache_write_tokens"] == 100 and m.cache_write_tokens == 100
     price = load_pricing().get("claude-sonnet-5-5")
-    assert merged.cost(price) == billed_cost(price, 1000, 300, 200, cache_write_tokens=100)
-    assert merged.cost(price) == (600 * 1.00 + 300 * 0.10 + 100 * 1.25 + 200 * 5.00) / 1_000_000
+    assert m.cost(price) == billed_cost(price, 1000, 300, 200, cache_write_tokens=100)
+    assert m.cost(price) == (600 * 1.00 + 300 * 0.10 + 100 * 1.25 + 200 * 5.00) / 1_000_000

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.pipeline.merge import merge_chunk
 from batchgrader.pipeline.results import (
     ResultsFormatError,
     RowOutcome,
@@ -32,6 +31,7 @@ from emulator_fixtures import (  # noqa: F401 - fixtures
     sleeper,
     write_input,
 )
+from harness import merged
 
 # The guide's success example, verbatim.
 GUIDE_SUCCESS = (
@@ -84,16 +84,15 @@ def one(line: str) -> RowOutcome:
 def test_success_line_from_the_guide():
     o = one(GUIDE_SUCCESS)
     assert o.ok and o.custom_id == "request-2" and o.content == "Hello." and o.status_code == 200
-    assert (o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens, o.total_tokens) == (22, 2, 0, 0, 24)
+    assert (o.prompt_tokens, o.completion_tokens, o.cached_tokens, o.reasoning_tokens) == (22, 2, 0, 0)
     assert o.finish_reason == "stop" and o.request_id == "req_123" and o.line_id == "batch_req_123"
-    assert o.error_code is None and o.error_message is None and not o.retryable
+    assert o.error_code is None and o.error_message is None
 
 
 def test_expired_line_from_the_guide():
     o = one(GUIDE_EXPIRED)
     assert not o.ok and o.status_code is None and o.error_code == "batch_expired"
     assert o.error_message == "This request could not be executed before the completion window expired."
-    assert o.retryable
 
 
 def test_http_level_failures_are_errors_even_though_error_is_null():
@@ -104,9 +103,8 @@ def test_http_level_failures_are_errors_even_though_error_is_null():
         and bad.error_code == "invalid_request_error"
         and bad.error_message == "max_tokens is too large"
     )
-    assert not bad.retryable
     boom = one(HTTP_500)
-    assert not boom.ok and boom.status_code == 500 and boom.error_code == "server_error" and boom.retryable
+    assert not boom.ok and boom.status_code == 500 and boom.error_code == "server_error"
 
 
 def test_success_is_decided_by_status_code_only():
@@ -205,9 +203,9 @@ def test_parsing_is_streamed_line_by_line():
 
 def test_merge_chunk_fails_rows_without_an_answer_and_sums_the_answered_rows_usage():
     outcomes = list(iter_outcomes([GUIDE_SUCCESS, GUIDE_EXPIRED, HTTP_400, HTTP_500]))
-    m = merge_chunk(["request-1", "request-2", "request-3", "bad", "boom"], outcomes, "expired")
-    assert [r["custom_id"] for r in m.records] == ["request-1", "request-2", "request-3", "bad", "boom"]
-    assert m.succeeded == 1 and m.records[1]["content"] == "Hello."
+    records, m = merged(["request-1", "request-2", "request-3", "bad", "boom"], outcomes, "expired")
+    assert [r["custom_id"] for r in records] == ["request-1", "request-2", "request-3", "bad", "boom"]
+    assert m.succeeded == 1 and records[1]["content"] == "Hello."
     failed = {r["custom_id"]: r["code"] for r in m.failed_rows}
     assert failed["request-1"] == "batch_expired"  # in neither file: the batch expired before it
     assert failed["request-3"] == "batch_expired"
@@ -239,8 +237,8 @@ def test_merge_chunk_matches_a_simple_model(kinds, status):
                 )
             )
     lines.reverse()  # output order never matters
-    m = merge_chunk(submitted, iter_outcomes(lines), status)
-    assert [r["custom_id"] for r in m.records] == submitted
+    records, m = merged(submitted, iter_outcomes(lines), status)
+    assert [r["custom_id"] for r in records] == submitted
     missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(status, "missing_result")
     model = {"ok": None, "expired": "batch_expired", "400": "t", "500": "t", "missing": missing_code}
     assert [(r["custom_id"], r["code"]) for r in m.failed_rows] == [
@@ -274,14 +272,14 @@ def download_and_merge(provider, b, tmp_path: Path, expected: list[str]):
         if fid:
             provider.download(fid, tmp_path / name)
             outcomes += iter_outcomes(tmp_path / name)
-    return merge_chunk(expected, outcomes, b.status)
+    return merged(expected, outcomes, b.status)
 
 
 def test_expired_batch_partial_output_and_remaining(provider, clock, tmp_path):
     path = write_input(tmp_path, simple_input(8), "in.jsonl")
     b = run(provider, clock, path, **{EXPIRE_AFTER_METADATA_KEY: "5"})
     assert b.status == "expired"
-    m = download_and_merge(provider, b, tmp_path, custom_ids(path))
+    records, m = download_and_merge(provider, b, tmp_path, custom_ids(path))
     assert [(r["custom_id"], r["code"]) for r in m.failed_rows] == [(f"row-{i}", "batch_expired") for i in range(5, 8)]
     assert m.succeeded == 5 == b.request_counts.completed
     assert m.usage["prompt_tokens"] == b.usage.input_tokens and m.usage["completion_tokens"] == b.usage.output_tokens
@@ -299,8 +297,8 @@ def test_cancelled_batch_rows_missing_from_both_files_are_remaining(emu_factory,
     clock.advance(1)
     b = p.retrieve(b.id)
     assert b.status == "cancelled"
-    m = download_and_merge(p, b, tmp_path, custom_ids(path))
-    assert [r["custom_id"] for r in m.records if r["ok"]] == ["row-0", "row-1", "row-2"]
+    records, m = download_and_merge(p, b, tmp_path, custom_ids(path))
+    assert [r["custom_id"] for r in records if r["ok"]] == ["row-0", "row-1", "row-2"]
     assert [(r["custom_id"], r["code"]) for r in m.failed_rows] == [(f"row-{i}", "batch_cancelled") for i in range(3, 10)]
 
 
@@ -311,13 +309,13 @@ def test_mixed_results_match_by_custom_id_despite_shuffled_order(provider, clock
     ]
     path = write_input(tmp_path, jsonl(rows), "in.jsonl")
     b = run(provider, clock, path)
-    m = download_and_merge(provider, b, tmp_path, custom_ids(path))
+    records, m = download_and_merge(provider, b, tmp_path, custom_ids(path))
     raw_order = [json.loads(l)["custom_id"] for l in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert raw_order != sorted(raw_order, key=lambda c: int(c[1:]))
-    assert [r["custom_id"] for r in m.records] == [f"q{i}" for i in range(12)]  # the input's order
-    assert {r["custom_id"] for r in m.records if r["ok"]} == {f"q{i}" for i in range(12) if i % 4 in (0, 3)}
-    assert {r["custom_id"] for r in m.records if r["status_code"] == 400} == {f"q{i}" for i in range(12) if i % 4 == 1}
-    assert {r["custom_id"] for r in m.records if r["status_code"] == 500} == {f"q{i}" for i in range(12) if i % 4 == 2}
+    assert [r["custom_id"] for r in records] == [f"q{i}" for i in range(12)]  # the input's order
+    assert {r["custom_id"] for r in records if r["ok"]} == {f"q{i}" for i in range(12) if i % 4 in (0, 3)}
+    assert {r["custom_id"] for r in records if r["status_code"] == 400} == {f"q{i}" for i in range(12) if i % 4 == 1}
+    assert {r["custom_id"] for r in records if r["status_code"] == 500} == {f"q{i}" for i in range(12) if i % 4 == 2}
     assert m.usage["prompt_tokens"] == b.usage.input_tokens
 
 
@@ -351,22 +349,22 @@ def test_merge_chunk_is_linear_in_the_rows(tmp_path):
     out_file = tmp_path / "out.jsonl"
     out_file.write_text("\n".join(lines) + "\n")
     CountingId.compared = 0
-    m = merge_chunk(ids, iter_outcomes(out_file), "completed")
+    records, m = merged(ids, iter_outcomes(out_file), "completed")
     # a hash join compares each id about once; a list membership test would compare ~n*n/2 times
     assert CountingId.compared <= 4 * n
     assert m.succeeded == n // 2 and len(m.failed_rows) == n // 2
     assert m.usage["prompt_tokens"] == 7 * (n // 2)
-    assert [r["custom_id"] for r in m.records] == [f"row-{i}" for i in range(n)]  # the chunk's order
-    assert all(r["ok"] == (i % 2 == 0) for i, r in enumerate(m.records))
-    assert m.records[1]["error_code"] == "missing_result"
+    assert [r["custom_id"] for r in records] == [f"row-{i}" for i in range(n)]  # the chunk's order
+    assert all(r["ok"] == (i % 2 == 0) for i, r in enumerate(records))
+    assert records[1]["error_code"] == "missing_result"
 
 
 def test_merge_chunk_ignores_lines_of_other_rows(tmp_path):
     out_file = tmp_path / "out.jsonl"
     out_file.write_text(_answer_line("a") + "\n" + _answer_line("stranger") + "\n")
-    m = merge_chunk(["a", "b"], iter_outcomes(out_file), "expired")
+    records, m = merged(["a", "b"], iter_outcomes(out_file), "expired")
     assert m.succeeded == 1 and m.failed_rows[0]["custom_id"] == "b" and m.failed_rows[0]["code"] == "batch_expired"
-    assert all(r["custom_id"] != "stranger" for r in m.records)
+    assert [r["custom_id"] for r in records] == ["a", "b"]  # no line for the stranger
 
 
 def test_results_join_takes_rows_in_input_order_with_the_latest_chunk_winning(tmp_path):
@@ -386,11 +384,8 @@ def test_results_join_takes_rows_in_input_order_with_the_latest_chunk_winning(tm
     assert got[1] == {"custom_id": "r1", "ok": True}  # the retry's answer, not the first failure
 
 
-def test_merge_chunk_into_writes_what_merge_chunk_returns_plus_the_duplicates(tmp_path):
-    import io
+def test_merge_writes_every_row_in_order_then_the_duplicates(tmp_path):
     import random
-
-    from batchgrader.pipeline.merge import iter_records, merge_chunk_into
 
     rng = random.Random(7)
     n = 400
@@ -402,15 +397,18 @@ def test_merge_chunk_into_writes_what_merge_chunk_returns_plus_the_duplicates(tm
     out_file = tmp_path / "out.jsonl"
     out_file.write_text("\n".join(lines) + "\n")
     followers = {"row-1": ["dup-a", "row-2"], "row-3": ["dup-b"]}  # row-2 is the chunk's own: not repeated
-    buf = io.BytesIO()
-    m = merge_chunk_into(buf.write, ids, iter_outcomes(out_file), "completed", followers=followers)
-    old = merge_chunk(ids, iter_outcomes(out_file), "completed")
-    path = tmp_path / "chunk.jsonl"
-    path.write_bytes(buf.getvalue())
-    recs = list(iter_records(path))
-    assert recs[:n] == old.records  # the same records, in the chunk's order
-    assert m.rows == n and m.failed_rows == old.failed_rows and m.usage == old.usage and m.succeeded == old.succeeded
+    recs, m = merged(ids, iter_outcomes(out_file), "completed", followers=followers)
+    assert [r["custom_id"] for r in recs[:n]] == ids  # every row once, in the chunk's order
+    tokens = {i: (1000 if i == 1 else i) for i in range(n) if i % 3}
+    assert [(r["ok"], r.get("content"), r.get("prompt_tokens")) for r in recs[:n]] == [
+        (True, f"ok row-{i}", tokens[i]) if i % 3 else (False, None, None) for i in range(n)
+    ]
+    unanswered = [f"row-{i}" for i in range(0, n, 3)]
+    assert all(r["error_code"] == "missing_result" for r in recs[:n] if not r["ok"])
+    assert m.rows == n and [f["custom_id"] for f in m.failed_rows] == unanswered
+    assert {f["code"] for f in m.failed_rows} == {"missing_result"} and m.succeeded == n - len(unanswered)
     assert m.usage["prompt_tokens"] == sum(i for i in range(n) if i % 3) - 1 + 1000
+    assert m.usage["completion_tokens"] == 2 * m.succeeded
     dups = recs[n:]
     assert [(d["custom_id"], d["leader"], d["ok"]) for d in dups] == [("dup-a", "row-1", True), ("dup-b", "row-3", False)]
     assert dups[0]["content"] == "ok row-1" and dups[0]["prompt_tokens"] == 1000 and dups[0]["reused"] == "duplicate"
@@ -419,13 +417,13 @@ def test_merge_chunk_into_writes_what_merge_chunk_returns_plus_the_duplicates(tm
 
 
 @pytest.mark.slow  # measures memory over a large chunk (over 5 s)
-def test_merge_chunk_into_holds_no_parsed_records(tmp_path):
+def test_merge_holds_no_parsed_records(tmp_path):
     """Streaming merge of 50,000 rows: the peak of Python allocations stays far below what the
     parsed outcomes and records of the chunk take (measured by tracemalloc, not by time)."""
     import random
     import tracemalloc
 
-    from batchgrader.pipeline.merge import merge_chunk_into
+    from batchgrader.pipeline.merge import ChunkSpool, outcome_record
 
     n = 50_000
     ids = [f"row-{i}" for i in range(n)]
@@ -435,13 +433,16 @@ def test_merge_chunk_into_holds_no_parsed_records(tmp_path):
     out_file.write_text("\n".join(lines) + "\n")
     with open(tmp_path / "merged.jsonl", "wb") as f:
         tracemalloc.start()
-        m = merge_chunk_into(f.write, ids, iter_outcomes(out_file), "completed")
+        with ChunkSpool(ids) as spool:  # as daemon/collect.py merges a chunk
+            spool.read(iter_outcomes(out_file))
+            m = spool.write(f.write, "completed")
         _, streamed = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert m.succeeded == n
     tracemalloc.start()
-    old = merge_chunk(ids, iter_outcomes(out_file), "completed")
+    found = {o.custom_id: outcome_record(o) for o in iter_outcomes(out_file)}  # a merge that holds what it read
+    held_records = [found[c] for c in ids]
     _, held = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert old.succeeded == n
+    assert len(held_records) == n
     assert streamed < held / 2, (streamed, held)

@@ -1,16 +1,16 @@
 """Merging a batch's results into the chunk's rows: a pure data transform.
 
-The engine reads the downloaded output and error files (:func:`pipeline.results.iter_outcomes`),
-hands the outcomes here with the chunk's custom ids and the batch's final status, and writes
-what comes back: one record per row in the chunk's order, the rows that failed, and the usage.
+The engine reads the downloaded output and error files (:func:`pipeline.results.iter_outcomes`)
+into a :class:`ChunkSpool` made with the chunk's custom ids, and has it write, given the batch's
+final status, one record per row in the chunk's order; it returns the rows that failed and the
+usage (:class:`StreamedMerge`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -41,58 +41,8 @@ def outcome_record(o: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ChunkMerge:
-    records: list[dict[str, Any]]  # one per expected row, in order
-    failed_rows: list[dict[str, Any]]  # {custom_id, code, message}
-    usage: dict[str, int]  # summed over the rows that succeeded
-    cache_write_tokens: int = 0  # of usage["prompt_tokens"]: prompt-cache writes (billed at 1.25 x input)
-
-    @property
-    def succeeded(self) -> int:
-        return len(self.records) - len(self.failed_rows)
-
-    def cost(self, price: Price | None) -> float:
-        if price is None:
-            return 0.0
-        u = self.usage
-        return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], self.cache_write_tokens))
-
-
-def merge_chunk(
-    expected: Sequence[str], outcomes: Iterable[Any], status: str | None, missing: tuple[str, str] | None = None
-) -> ChunkMerge:
-    """The rows of a chunk whose batch ended with ``status``, given the outcomes read from its
-    files (later outcomes of the same row win; rows the chunk did not send are ignored).  A row
-    without an outcome failed: the batch expired, was cancelled, or left it out."""
-    wanted = set(expected)
-    found: dict[str, dict[str, Any]] = {}
-    for o in outcomes:
-        if o.custom_id in wanted:
-            found[o.custom_id] = outcome_record(o)
-    missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(status or "", "missing_result")
-    missing_msg = {
-        "batch_expired": "the batch expired before this row was processed",
-        "batch_cancelled": "the batch was cancelled before this row was processed",
-    }.get(missing_code, "the provider returned no result for this row")
-    if missing is not None and missing_code == "missing_result":
-        missing_code, missing_msg = missing  # the files could not be had, or had unreadable lines
-    failed_rows: list[dict[str, Any]] = []
-    records: list[dict[str, Any]] = []
-    for cid in expected:
-        rec = found.get(cid)
-        if rec is None:
-            rec = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
-        records.append(rec)
-        if not rec["ok"]:
-            failed_rows.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
-    usage = {k: sum(int(r.get(k) or 0) for r in records if r["ok"]) for k in USAGE_KEYS}
-    writes = sum(int(r.get("cache_write_tokens") or 0) for r in records if r["ok"])
-    return ChunkMerge(records, failed_rows, usage, writes)
-
-
-@dataclass(frozen=True)
 class StreamedMerge:
-    """What :func:`merge_chunk_into` wrote: the figures of the chunk's rows and of their
+    """What :meth:`ChunkSpool.write` wrote: the figures of the chunk's rows and of their
     duplicates (rows of the same file that take a leader's outcome)."""
 
     rows: int
@@ -145,8 +95,11 @@ class ChunkSpool:
     ) -> StreamedMerge:
         """One JSON line per row in the chunk's order (``write`` gets each line), then one line per
         duplicate of a row (its leader's outcome under its own custom id; a duplicate that is one
-        of the chunk's own rows is not repeated).  A row without an outcome failed (see
-        :func:`merge_chunk`)."""
+        of the chunk's own rows is not repeated).  Later outcomes of the same row win; rows the
+        chunk did not send are ignored.  A row without an outcome failed: the batch expired
+        (``batch_expired``), was cancelled (``batch_cancelled``) or left it out
+        (``missing_result``, or ``missing`` when the files could not be had or had unreadable
+        lines)."""
         return _write_in_order(write, self.expected, self.wanted, self.found, self.spool, status, missing, followers)
 
     def close(self) -> None:
@@ -157,21 +110,6 @@ class ChunkSpool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def merge_chunk_into(
-    write: Callable[[bytes], Any],
-    expected: Sequence[str],
-    outcomes: Iterable[Any],
-    status: str | None,
-    missing: tuple[str, str] | None = None,
-    followers: Mapping[str, Sequence[str]] | None = None,
-) -> StreamedMerge:
-    """:func:`merge_chunk` written out as it goes (through a :class:`ChunkSpool`), with the
-    duplicates of the chunk's rows after them."""
-    with ChunkSpool(expected) as spool:
-        spool.read(outcomes)
-        return spool.write(write, status, missing, followers)
 
 
 def _write_in_order(
@@ -236,11 +174,3 @@ def _write_in_order(
         duplicates_usage=dup_totals,
         cache_write_tokens=writes,
     )
-
-
-def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The records of a chunk's results file, one at a time."""
-    with open(path, "rb") as f:
-        for raw in f:
-            if raw.strip():
-                yield json.loads(raw)

@@ -15,9 +15,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-#: Error codes that mean "the request never ran" — it should be sent again.
-NOT_RUN_ERROR_CODES = frozenset({"batch_expired", "batch_cancelled"})
-
 
 class ResultsFormatError(ValueError):
     """A line of a result file cannot be attributed to a row (not JSON, no custom_id)."""
@@ -46,19 +43,6 @@ class RowOutcome:
     request_id: str | None = None
     line_id: str | None = None
     cache_write_tokens: int = 0  # of prompt_tokens: prompt-cache writes (billed above the input price)
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    @property
-    def retryable(self) -> bool:
-        """The request did not run (expired/cancelled) or failed on the server side (5xx, 429)."""
-        if self.ok:
-            return False
-        if self.error_code in NOT_RUN_ERROR_CODES:
-            return True
-        return self.status_code is not None and (self.status_code >= 500 or self.status_code == 429)
 
 
 def _int(v: Any) -> int:
