@@ -168,9 +168,15 @@ class Hold(Action):
 
 @dataclass(frozen=True)
 class Upload(Action):
+    """Upload a chunk's file (intent UploadStarted).  ``ahead``: while the chunk waits for room
+    in the provider's queue (UploadAheadPlanned in the same append); created when room appears."""
+
     chunk: int
     attempt: int
     filename: str
+    ahead: bool = False
+    limit: int | None = None
+    enqueued: int = 0
     stage: ClassVar[int] = 7
 
 

@@ -134,6 +134,8 @@ def batches_in_use(state: State) -> int:
     used = 0
     for j in state.active_jobs():
         for c in j.chunks.values():
+            if c.staged:
+                continue  # uploaded ahead of queue room: not a batch yet
             if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and not c.done):
                 used += 1
     return used
@@ -449,6 +451,8 @@ def _submit(
     cap = settings.max_simultaneous_batches
     free = (1 << 30) if cap is None else cap - batches_in_use(state)
     enqueued = enqueued_tokens(state, model)
+    # files uploaded ahead of queue room: at most one queue limit's worth per model
+    ahead_room = None if limit is None else limit - queue.staged_tokens(state, model)
     for c in waiting:
         if timers.not_before.get((job.job_id, c.index), 0) > now:
             continue
@@ -458,15 +462,30 @@ def _submit(
                 out.append(Replan(job.job_id, c.index, limit, exact))
             continue
         if c.upload == "done" and c.create in ("none", "failed"):
-            counted = c.input_tokens if c.failure is None else 0  # enqueued_tokens counts it already
+            staged = c.staged  # uploaded ahead: not counted by enqueued_tokens nor batches_in_use
+            counted = c.input_tokens if c.failure is None and not staged else 0  # enqueued_tokens counts it already
+            if staged and free <= 0:
+                continue
             if ("Create", c.index, None) not in step.done and queue.has_room(limit, enqueued - counted, c.input_tokens, exact):
                 out.append(Create(job.job_id, c.index))  # uploaded earlier: create (again) with the same file
                 enqueued += c.input_tokens - counted
+                free -= 1 if staged else 0
             continue
         if free <= 0:
             break
         if not queue.has_room(limit, enqueued, c.input_tokens, exact):
-            continue  # waiting for room in the provider's queue
+            # waiting for room in the provider's queue: upload the file now, so that only the
+            # create is left when room appears
+            if (
+                ahead_room is not None
+                and c.upload != "started"
+                and c.input_tokens <= ahead_room
+                and ("Upload", c.index, None) not in step.done
+            ):
+                attempt = c.attempt + 1
+                out.append(Upload(job.job_id, c.index, attempt, upload_name(job.job_id, c.index, attempt), True, limit, enqueued))
+                ahead_room -= c.input_tokens
+            continue
         if ("Upload", c.index, None) in step.done:
             continue
         attempt = c.attempt + 1

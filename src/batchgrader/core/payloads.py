@@ -280,6 +280,13 @@ class ChunkReplanned(TypedDict):
     oversized: list[dict[str, Any]]
 
 
+class UploadAheadPlanned(TypedDict):
+    chunk: int
+    attempt: int
+    limit: int | None
+    enqueued: int
+
+
 # --- the end of a job -------------------------------------------------------------------------------
 
 
@@ -412,6 +419,7 @@ PAYLOADS: dict[str, type] = {
         InputRestored,
         QueueLimitLearned,
         ChunkReplanned,
+        UploadAheadPlanned,
         JobEndHookStarted,
         FreshAnswersRequested,
         RequestsReused,

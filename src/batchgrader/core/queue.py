@@ -130,17 +130,24 @@ def fails_alone(requests: int, others_in_flight: int) -> bool:
 
 def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = None) -> int:
     """Input tokens of ``model`` at the provider or on their way there, across all jobs
-    (conservative: a batch counts from its upload until we see it terminal)."""
+    (conservative: a batch counts from its upload until we see it terminal; a file uploaded
+    ahead of queue room counts from its create)."""
     total = 0
     for j in state.active_jobs():
         if j.model != model:
             continue
         for c in j.chunks.values():
-            if exclude == (j.job_id, c.index) or c.done:
+            if exclude == (j.job_id, c.index) or c.done or c.staged:
                 continue
             if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and c.failure is None):
                 total += c.input_tokens
     return total
+
+
+def staged_tokens(state: State, model: str) -> int:
+    """Input tokens of ``model`` whose files are uploaded (or being uploaded) ahead of queue room,
+    across all jobs: they wait for room and are not in the queue (see UploadAheadPlanned)."""
+    return sum(c.input_tokens for j in state.active_jobs() if j.model == model for c in j.chunks.values() if c.staged)
 
 
 def known_limit(state: State, queue_url: str, model: str) -> dict[str, Any] | None:

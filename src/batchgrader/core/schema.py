@@ -384,6 +384,17 @@ EVENTS: dict[str, EventType] = {
             },
         ),
         _t(
+            "UploadAheadPlanned",
+            1,
+            "schedule",
+            {
+                "chunk": "the chunk whose file is uploaded ahead of queue room (by the UploadStarted just before, in the same append)",
+                "attempt": "the upload's attempt number",
+                "limit": "the queue limit in force for the model when it was decided",
+                "enqueued": "the model's prompt tokens in flight then (the chunk waits until its tokens fit beside them)",
+            },
+        ),
+        _t(
             "JobEndHookStarted",
             1,
             "job end",

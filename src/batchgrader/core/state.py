@@ -61,6 +61,12 @@ class ChunkState:
     dup_check_due: str | None = None
     malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
     replanned: bool = False  # refused for the queue limit and split into smaller chunks
+    ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
+
+    @property
+    def staged(self) -> bool:
+        """Uploaded (or being uploaded) ahead of queue room, no create asked yet: not in the queue."""
+        return self.ahead and self.create == "none" and not self.done
 
     @property
     def in_flight(self) -> bool:
@@ -313,6 +319,7 @@ def _upload_started(s: State, job: JobState, p: P.UploadStarted, e: Event) -> No
     c.create, c.file_id, c.batch_id, c.status, c.failure = "none", None, None, None, None
     c.downloads, c.output_file_id, c.error_file_id, c.batch_errors, c.request_counts = {}, None, None, [], {}
     c.create_retried, c.dup_check_due, c.malformed_downloads = False, None, 0
+    c.ahead = False
 
 
 def _file_uploaded(s: State, job: JobState, p: P.FileUploaded, e: Event) -> None:
@@ -329,6 +336,7 @@ def _upload_failed(s: State, job: JobState, p: P.UploadFailed, e: Event) -> None
 def _batch_create_requested(s: State, job: JobState, p: P.BatchCreateRequested, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.create, c.metadata, c.requested_ts = "requested", dict(p["metadata"]), e.ts
+    c.ahead = False
 
 
 def _batch_created(s: State, job: JobState, p: P.BatchCreated, e: Event) -> None:
@@ -528,6 +536,12 @@ def _chunk_replanned(s: State, job: JobState, p: P.ChunkReplanned, e: Event) -> 
         )
 
 
+def _upload_ahead_planned(s: State, job: JobState, p: P.UploadAheadPlanned, e: Event) -> None:
+    c = _chunk(job, p["chunk"])
+    if c.attempt == p["attempt"] and c.create == "none":
+        c.ahead = True
+
+
 def _job_end_hook_started(s: State, job: JobState, p: P.JobEndHookStarted, e: Event) -> None:
     job.end_hook_seq = p["end_seq"]
 
@@ -591,6 +605,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "SchemaOverheadLearned": _schema_overhead_learned,
     "QueueLimitLearned": _queue_limit_learned,
     "ChunkReplanned": _chunk_replanned,
+    "UploadAheadPlanned": _upload_ahead_planned,
     "JobEndHookStarted": _job_end_hook_started,
     "FreshAnswersRequested": _fresh_requested,
     "RequestsReused": _requests_reused,

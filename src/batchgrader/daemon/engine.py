@@ -179,6 +179,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         elif isinstance(a, Merge):
             self._merge(job, job.chunks[a.chunk], now)
         elif isinstance(a, FailUnstarted):
+            self._delete_refused_file(job.chunks[a.chunk])  # a file uploaded ahead of queue room is not left behind
             self.emit(job.job_id, _e("ChunkFailed", chunk=a.chunk, batch_id=None, code=a.code, error=a.error, retryable=False))
             self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.row_message)
         elif isinstance(a, Hold):

@@ -197,12 +197,14 @@ class SubmitSteps(CollectSteps, FinishSteps):
         )
 
     def _delete_refused_file(self, c: ChunkState) -> None:
-        """The input file of a batch refused for the queue limit is deleted before its rows are
-        sent again (a new upload, or new chunks), so it is never left at the provider.  Deleting
-        is idempotent: after a crash it is simply done again."""
+        """The input file of a batch refused for the queue limit, or of a chunk uploaded ahead of
+        queue room and never created, is deleted before its rows are sent again (a new upload, or
+        new chunks) or given up, so it is never left at the provider.  Deleting is idempotent:
+        after a crash it is simply done again."""
         refused_batch = c.failure is not None and c.failure.get("retryable")
         refused_create = c.upload == "done" and c.create == "failed"  # refused at once: no batch uses the file
-        if refused_batch or refused_create:
+        staged = c.staged and c.upload == "done"  # uploaded ahead of queue room, never created
+        if refused_batch or refused_create or staged:
             self._delete_refused_file_of(c)
 
     def _delete_refused_file_of(self, c: ChunkState) -> None:
@@ -306,7 +308,13 @@ class SubmitSteps(CollectSteps, FinishSteps):
     def _upload(self, job: JobState, c: ChunkState, a: Upload) -> None:
         assert self.provider is not None
         self._delete_refused_file(c)
-        self.emit(job.job_id, _e("UploadStarted", chunk=c.index, attempt=a.attempt, filename=a.filename, bytes=c.bytes))
+        started = _e("UploadStarted", chunk=c.index, attempt=a.attempt, filename=a.filename, bytes=c.bytes)
+        if a.ahead:  # one append: the upload is ahead of queue room from its intent on
+            ahead = _e("UploadAheadPlanned", chunk=c.index, attempt=a.attempt, limit=a.limit, enqueued=a.enqueued)
+            self.emit(job.job_id, started, ahead)
+            log.info("job %s chunk %s: uploading ahead of queue room", job.job_id, c.index)
+        else:
+            self.emit(job.job_id, started)
         self._do_upload(job, job.chunks[c.index])
 
     def _do_upload(self, job: JobState, c: ChunkState) -> None:

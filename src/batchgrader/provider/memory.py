@@ -63,6 +63,7 @@ class Fault:
     status_code: int = 400
     message: str = "refused by the in-memory provider"
     code: str | None = None
+    match: str | None = None  # only a call whose argument (file name, id) contains this
 
 
 def default_answer(custom_id: str, body: Mapping[str, Any]) -> str:
@@ -94,7 +95,8 @@ class MemoryProvider:
 
     # --- scripting ------------------------------------------------------------------------------
     def fail_next(self, operation: str, kind: str, **details: Any) -> None:
-        """The next call of ``operation`` fails with ``kind`` (queued: one fault per call)."""
+        """The next call of ``operation`` fails with ``kind`` (queued: one fault per call).
+        ``match=...``: the next call whose argument (file name, id) contains that text."""
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r}; one of {', '.join(OPERATIONS)}")
         if kind not in FAULT_KINDS:
@@ -287,7 +289,12 @@ class MemoryProvider:
     def _fault(self, operation: str, arg: str) -> Fault | None:
         self.calls.append((operation, arg))
         queue = self._faults.get(operation)
-        return queue.popleft() if queue else None
+        for fault in queue or ():
+            if fault.match is None or fault.match in arg:
+                assert queue is not None
+                queue.remove(fault)
+                return fault
+        return None
 
     def _raise_if_faulted(self, operation: str, arg: str, op_name: str) -> None:
         fault = self._fault(operation, arg)
