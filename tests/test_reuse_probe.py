@@ -49,7 +49,7 @@ def test_probe_plans_like_plan_reuse_and_counts_only_the_rows_sent(tmp_path, hom
     prep, probe_lines = _prepared(path, profile, home, probe)
     plan = probe.finish(oversized_positions(prep))
     assert probe_lines == lines  # every row's line is still written, in order
-    assert plan.keep == expected.keep and plan.followers == expected.followers
+    assert list(plan.keep) == expected.keep and plan.followers == expected.followers
     assert [(c, a.key) for c, a in plan.cached] == [(c, a.key) for c, a in expected.cached]
     assert plan.cached_usage == expected.cached_usage and plan.cached_usage["prompt_tokens"] == 21 * len(plan.cached)
     cached_pos = {int(c.rsplit("-", 1)[-1]) - 1 for c, _ in plan.cached}
@@ -72,5 +72,50 @@ def test_probe_oversized_leader_takes_its_duplicates_with_it(tmp_path, home):
     prep, _ = _prepared(path, profile, home, probe, limits=limits)
     plan = probe.finish(oversized_positions(prep))
     assert oversized_positions(prep) == oversized_positions(full) == {1, 3}
-    assert plan.keep == expected.keep == [0, 4]
+    assert list(plan.keep) == expected.keep == [0, 4]
     assert plan.followers == expected.followers and len(plan.followers) == 1  # row 3 follows nothing: refused too
+
+
+def test_seen_keys_confirm_a_fingerprint_match_with_the_key_itself():
+    """The keys seen are kept as 64-bit fingerprints in memory and confirmed on disk: with every
+    fingerprint equal (all keys collide), only an equal key is found, with its leader."""
+    from batchgrader.pipeline.reuse import _Leaders
+
+    class Colliding(_Leaders):
+        _M64 = 0  # every key gets fingerprint 0
+
+    for seen in (_Leaders(), Colliding()):
+        seen.add((f"k{i}", f"c{i}", 10 * i) for i in range(300))  # past the first table's half: it grows
+        assert seen.find(["k7", "k299", "nope", "k7x"]) == {"k7": ("c7", 70), "k299": ("c299", 2990)}
+        seen.add([("nope", "c-new", 5)])
+        assert seen.find(["nope"]) == {"nope": ("c-new", 5)}
+        seen.close()
+
+
+def test_the_probe_holds_a_few_bytes_per_row_sent():
+    """A million rows must not mean a dict of a million keys: the probe keeps an array of
+    positions and a fingerprint table (about 30 bytes a row, not ~320)."""
+    import tracemalloc
+
+    from batchgrader.pipeline.prepare import dumps_line
+
+    def line(i: int) -> bytes:
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"text number {i}"}]}
+        return dumps_line(
+            {"custom_id": f"bg-0123456789abcdef-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+
+    n, block = 40_000, 4096
+    blocks = [[line(i) for i in range(s, min(n, s + block))] for s in range(0, n, block)]
+    probe = ReuseProbe(PROVIDER, None)
+    probe.block(blocks[0][:1])  # the key template, built once
+    tracemalloc.start()
+    try:
+        for b in blocks:
+            probe.block(b[1:] if b is blocks[0] else b)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    plan = probe.finish(set())
+    assert len(plan.keep) == n and not plan.followers
+    assert held / n < 60, f"{held / n:.0f} bytes a row"

@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import tempfile
-from collections.abc import Callable, Container, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Container, Iterable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -54,7 +55,7 @@ def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, 
 
 @dataclass
 class ReusePlan:
-    keep: list[int] = field(default_factory=list)  # positions still to send, in order
+    keep: MutableSequence[int] = field(default_factory=list)  # positions still to send, in order (an array('q') from ReuseProbe)
     cached: list[tuple[str, Any]] = field(default_factory=list)  # (custom_id, stored answer) of rows answered from the cache
     followers: dict[str, str] = field(default_factory=dict)  # duplicate custom_id -> its leader's custom_id
     cached_usage: dict[str, int] = field(
@@ -136,23 +137,75 @@ BLOCK = 4096  # request lines keyed, looked up and deduplicated together
 
 
 class _Leaders:
-    """The request keys seen so far in a file, each with the custom id of its first row (the
-    leader), in a private temporary SQLite database on disk: memory stays flat whatever the
-    number of rows (a dict of a million keys took about 350 MB)."""
+    """The request keys seen so far in a file, each with the custom id and position of its first
+    row (the leader).  Memory stays small whatever the number of rows (a dict of a million keys
+    took about 320-350 MB): in memory only a 64-bit fingerprint per key (``hash``) and an
+    open-addressing table of int32 slots (16-24 bytes a key); the keys themselves, with their
+    custom id and position, are appended to a private temporary SQLite database on disk, read
+    back only to confirm a fingerprint match (a duplicate, or a rare fingerprint collision), so a
+    row is called a duplicate only when its key is equal."""
+
+    _M64 = (1 << 64) - 1
 
     def __init__(self) -> None:
         self.conn = sqlite3.connect("")  # "": a temporary database on disk, deleted when closed
-        self.conn.execute("CREATE TABLE seen (key TEXT PRIMARY KEY, cid TEXT NOT NULL) WITHOUT ROWID")
+        self.conn.execute("CREATE TABLE seen (n INTEGER PRIMARY KEY, key TEXT NOT NULL, cid TEXT NOT NULL, pos INTEGER NOT NULL)")
+        self._fps = array("Q")  # fingerprint of the n-th key added
+        self._slots = array("i", bytes(4 * 65536))  # n + 1 of the key in a slot, 0 for an empty one
+        self._mask = 65535
 
-    def find(self, keys: Sequence[str]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for i in range(0, len(keys), 500):
-            part = keys[i : i + 500]
-            out.update(self.conn.execute(f"SELECT key, cid FROM seen WHERE key IN ({','.join('?' * len(part))})", part))
+    def _place(self, n: int, h: int) -> None:
+        slots, mask = self._slots, self._mask
+        i = h & mask
+        while slots[i]:
+            i = (i + 1) & mask
+        slots[i] = n + 1
+
+    def find(self, keys: Iterable[str]) -> dict[str, tuple[str, int]]:
+        """key -> (leader's custom id, its position), for the keys seen before."""
+        slots, fps, mask, m64 = self._slots, self._fps, self._mask, self._M64
+        candidates: dict[int, set[str]] = {}  # n -> the keys it may be
+        for key in keys:
+            h = hash(key) & m64
+            i = h & mask
+            while s := slots[i]:
+                if fps[s - 1] == h:
+                    candidates.setdefault(s - 1, set()).add(key)
+                i = (i + 1) & mask
+        out: dict[str, tuple[str, int]] = {}
+        ns = list(candidates)
+        for j in range(0, len(ns), 500):
+            part = ns[j : j + 500]
+            sql = f"SELECT n, key, cid, pos FROM seen WHERE n IN ({','.join('?' * len(part))})"
+            for n, key, cid, pos in self.conn.execute(sql, part):
+                if key in candidates[n]:
+                    out[key] = (cid, pos)
         return out
 
-    def add(self, pairs: Iterable[tuple[str, str]]) -> None:
-        self.conn.executemany("INSERT OR IGNORE INTO seen (key, cid) VALUES (?, ?)", pairs)
+    def add(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        """Keys not seen before (each once), with their custom id and position."""
+        fps, m64 = self._fps, self._M64
+        batch = []
+        for key, cid, pos in rows:
+            n = len(fps)
+            h = hash(key) & m64
+            fps.append(h)
+            if 2 * (n + 1) > self._mask + 1:
+                self._grow()
+            else:
+                slots, mask = self._slots, self._mask
+                i = h & mask
+                while slots[i]:
+                    i = (i + 1) & mask
+                slots[i] = n + 1
+            batch.append((n, key, cid, pos))
+        self.conn.executemany("INSERT INTO seen (n, key, cid, pos) VALUES (?, ?, ?, ?)", batch)
+
+    def _grow(self) -> None:
+        size = 2 * (self._mask + 1)
+        self._slots, self._mask = array("i", bytes(4 * size)), size - 1
+        for n, h in enumerate(self._fps):
+            self._place(n, h)
 
     def close(self) -> None:
         self.conn.close()
@@ -191,7 +244,7 @@ def plan_reuse(
             keys = [k for _, k in block]
             stored = lookup(keys) if lookup is not None else {}
             earlier = leaders.find(keys) if leaders is not None else {}
-            new: dict[str, str] = {}
+            new: dict[str, tuple[str, int]] = {}
             for pos, (cid, key) in zip(block_pos, block):
                 answer = stored.get(key)
                 if answer is not None:
@@ -201,12 +254,12 @@ def plan_reuse(
                     comp += answer.completion_tokens
                     rt += answer.reasoning_tokens
                 elif leaders is not None and (key in earlier or key in new):
-                    plan.followers[cid] = earlier.get(key) or new[key]
+                    plan.followers[cid] = (earlier.get(key) or new[key])[0]
                 else:
-                    new.setdefault(key, cid)
+                    new.setdefault(key, (cid, pos))
                     keep.append(pos)
             if leaders is not None:
-                leaders.add(new.items())
+                leaders.add((k, c, p) for k, (c, p) in new.items())
     finally:
         if leaders is not None:
             leaders.close()
@@ -225,8 +278,10 @@ class ReuseProbe:
 
     def __init__(self, provider: str, lookup: Lookup | None, dedupe: bool = True):
         self.provider, self.lookup, self.dedupe = provider, lookup, dedupe
-        self._plan = ReusePlan()
-        self._leaders: dict[str, tuple[str, int]] = {}  # key -> (custom_id, position) of the row sent
+        self._plan = ReusePlan(keep=array("q"))  # 8 bytes a row sent
+        # the keys of the rows sent, with their custom_id and position: on disk, not a dict of
+        # a million keys (about 320 bytes a row)
+        self._leaders: _Leaders | None = _Leaders() if dedupe else None
         self._leader_pos: dict[int, int] = {}  # duplicate position -> its leader's position
         self._cached_pos: set[int] = set()
         self._positions: dict[str, int] = {}  # custom_id -> position, of duplicates
@@ -264,7 +319,11 @@ class ReuseProbe:
         built from one template) let the keys be computed without parsing the lines."""
         pairs = self._keys(lines, cids, contents)
         stored = self.lookup([k for _, k in pairs]) if self.lookup is not None else {}
-        plan, leaders, usage = self._plan, self._leaders, self._usage
+        plan, usage = self._plan, self._usage
+        earlier: dict[str, tuple[str, int]] = {}
+        if self._leaders is not None:
+            earlier = self._leaders.find([k for _, k in pairs if k not in stored])
+        new: dict[str, tuple[str, int]] = {}  # this block's leaders
         send: list[bool] = []
         pos = self._pos
         for cid, key in pairs:
@@ -277,18 +336,21 @@ class ReuseProbe:
                 usage[2] += answer.completion_tokens
                 usage[3] += answer.reasoning_tokens
                 send.append(False)
-            elif self.dedupe and key in leaders:
-                leader_cid, leader_pos = leaders[key]
+            elif self.dedupe and (key in earlier or key in new):
+                leader_cid, leader_pos = earlier.get(key) or new[key]
                 plan.followers[cid] = leader_cid
                 self._leader_pos[pos] = leader_pos
                 self._positions[cid] = pos
                 send.append(False)
             else:
-                leaders[key] = (cid, pos)
+                if self.dedupe:
+                    new[key] = (cid, pos)
                 plan.keep.append(pos)
                 send.append(True)
             pos += 1
         self._pos = pos
+        if self._leaders is not None and new:
+            self._leaders.add((k, c, p) for k, (c, p) in new.items())
         return send
 
     def leader_position(self, pos: int) -> int | None:
@@ -299,7 +361,11 @@ class ReuseProbe:
         """The plan, leaving out ``skip`` (oversized rows: never sent; their duplicates are
         oversized too and are reported with them)."""
         plan = self._plan
-        plan.keep = [p for p in plan.keep if p not in skip]
+        if self._leaders is not None:
+            self._leaders.close()
+            self._leaders = None
+        if skip:
+            plan.keep = array("q", (p for p in plan.keep if p not in skip))
         plan.followers = {c: leader for c, leader in plan.followers.items() if self._positions[c] not in skip}
         u = self._usage
         plan.cached_usage.update(prompt_tokens=u[0], cached_tokens=u[1], completion_tokens=u[2], reasoning_tokens=u[3])
