@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from array import array
 from collections.abc import Callable, Iterable
 from itertools import islice
@@ -30,7 +31,6 @@ from batchgrader.daemon.base import (
     CLOCK_SKEW_SLACK,
     _e,
     _lines,
-    _load_token_sizes,
     _status_event,
     chunk_custom_ids,
     result_settings,
@@ -74,14 +74,42 @@ def _write_arrays(f: Any, *arrays: array) -> None:
         a.tofile(f)
 
 
-def _kept_lines(path: Path, keep: list[int]) -> Iterable[bytes]:
+_CUSTOM_ID = re.compile(rb'^\{"custom_id":("(?:[^"\\]|\\.)*")')
+
+
+def _custom_id(line: bytes) -> str:
+    """The custom_id of a request line (read from the start of the line when it is there, as
+    the daemon writes it; otherwise the line is parsed)."""
+    m = _CUSTOM_ID.match(line)
+    return str(json.loads(m.group(1)) if m else json.loads(line)["custom_id"])
+
+
+def _token_sizes(path: Path, first: int, last: int | None) -> tuple[array, array]:
+    """The token counts and sizes (tokens.bin: every row's tokens, then every row's sizes) of
+    the rows ``first`` to ``last`` (None: to the end); only that range is read."""
+    n = path.stat().st_size // 16
+    last = n if last is None else min(last, n)
+    tokens, sizes = array("Q"), array("Q")
+    with open(path, "rb") as f:
+        f.seek(first * 8)
+        tokens.frombytes(f.read((last - first) * 8))
+        f.seek((n + first) * 8)
+        sizes.frombytes(f.read((last - first) * 8))
+    return tokens, sizes
+
+
+def _kept_lines(path: Path, keep: Iterable[int]) -> Iterable[bytes]:
     """The lines of ``path`` at the positions in ``keep`` (ascending)."""
     wanted = iter(keep)
     nxt = next(wanted, None)
+    if nxt is None:
+        return
     for pos, line in enumerate(_lines(path)):
         if pos == nxt:
             yield line
             nxt = next(wanted, None)
+            if nxt is None:
+                return
 
 
 class SubmitSteps(CollectSteps, FinishSteps):
@@ -223,18 +251,21 @@ class SubmitSteps(CollectSteps, FinishSteps):
         self._delete_refused_file(c)
         riders = self._riders(job, chunk_custom_ids(c))  # duplicates riding with their leader stay with it
         ids = set(self._sent_ids(job, chunk_custom_ids(c)))
-        lines: list[bytes] = []
+        # the chunk's lines are read twice (to plan, then to write), never held: a refused chunk
+        # may be the whole file
         cids: list[str] = []
-        tokens, sizes = array("Q"), array("Q")
-        tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        positions, tokens, sizes = array("q"), array("Q"), array("Q")
         first, last = (c.start, c.end) if c.custom_ids is None else (0, None)
-        for pos, line in enumerate(islice(_lines(Path(job.requests_path or "")), first, last), start=first):
-            cid = json.loads(line)["custom_id"]
+        tok_all, size_all = _token_sizes(self.home.job_dir(job.job_id) / "tokens.bin", first, last)
+        requests_path = Path(job.requests_path or "")
+        for pos, line in enumerate(islice(_lines(requests_path), first, last), start=first):
+            cid = _custom_id(line)
             if cid in ids:
-                lines.append(line)
+                positions.append(pos)
                 cids.append(cid)
-                tokens.append(tok_all[pos])
-                sizes.append(size_all[pos])
+                tokens.append(tok_all[pos - first])
+                sizes.append(size_all[pos - first])
+        del tok_all, size_all
         profile = self.profile_of(job)
         caps = Limits(
             token_limit=min(limit, profile.split_token_limit or limit),
@@ -247,7 +278,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         base = max(job.chunks) + 1
         out_dir = self.home.job_dir(job.job_id) / "chunks"
         skip = {o.position for o in over}
-        paths = write_chunk_files(iter(lines), chunks, skip, out_dir, f"{job.job_id}-replan{base:04d}")
+        paths = write_chunk_files(_kept_lines(requests_path, positions), chunks, skip, out_dir, f"{job.job_id}-replan{base:04d}")
         new = [
             {
                 "index": base + i,
@@ -264,7 +295,11 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 Chunk(index=i, start=i, end=i + 1, requests=1, input_tokens=o.tokens, bytes=o.bytes) for i, o in enumerate(over)
             ]
             spaths = write_chunk_files(
-                (lines[o.position] for o in over), singles, set(), out_dir, f"{job.job_id}-replan{base:04d}-alone"
+                _kept_lines(requests_path, [positions[o.position] for o in over]),
+                singles,
+                set(),
+                out_dir,
+                f"{job.job_id}-replan{base:04d}-alone",
             )
             for o, ch, p in zip(over, singles, spaths):
                 new.append(
