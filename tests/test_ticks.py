@@ -128,6 +128,40 @@ def test_a_batch_is_collected_just_after_the_end_its_progress_points_to(home):
     rig.close()
 
 
+def test_a_finalizing_batch_is_polled_soon_and_seen_done_just_after_its_end(home):
+    """The first batch of a model (no run time known): its progress points to the end of its
+    requests; once they are all done (finalizing) the end is due, so it is polled every ~0.5 s
+    at first instead of at 15 % of its age (which would see it up to ~15 s late here)."""
+    import dataclasses
+
+    from batchgrader.provider.protocol import RequestCounts
+
+    rig = make(home, "poll_interval_seconds: 60\n")
+    rig.drop(500)
+    rig.tick()  # uploaded and created
+    created = rig.now
+    (batch_id,) = [b.id for b in rig.provider.open_batches()]
+    rig.provider.start(batch_id)
+    seen = None
+    for _ in range(400):  # 500 requests over 100 s, finalizing for 8 s, then completed
+        age = rig.now + 0.5 - created
+        b = rig.provider.batches[batch_id]
+        if age >= 108:
+            rig.provider.finish(batch_id)
+        elif age >= 100:
+            rig.provider.batches[batch_id] = dataclasses.replace(
+                b, status="finalizing", request_counts=RequestCounts(500, 500, 0)
+            )
+        else:
+            rig.provider.batches[batch_id] = dataclasses.replace(b, request_counts=RequestCounts(500, int(5 * age), 0))
+        if "ChunkCompleted" in rig.tick(0.5):
+            seen = rig.now - created
+            break
+    assert seen is not None and seen - 108 <= 2.0  # ~1.5 s: polls 0.5 s apart, then growing by half
+    assert rig.calls("retrieve") < 45
+    rig.close()
+
+
 def test_status_calls_stay_under_30_per_batch_hour_with_many_batches_in_flight(home):
     """Fourteen batches (two files) running 12 minutes to 9 hours, on a fake clock that jumps over
     the stretches where nothing is due: status calls (retrieve and list pages) per batch-hour."""

@@ -121,6 +121,7 @@ class EngineBase:
     _answered: dict[str, Any] = field(default_factory=dict)  # job -> its ReusePlan, when no row is left to send
     _durations: Durations = field(default_factory=Durations)  # how long the last batches of each model took
     _progress: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)  # (when, requests done) first seen
+    _finalizing: dict[tuple[str, int], float] = field(default_factory=dict)  # when a batch was first seen finishing
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
     scan_requested: bool = True  # set by the daemon when the watcher saw a change

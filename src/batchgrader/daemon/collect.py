@@ -105,12 +105,17 @@ class CollectSteps(ReuseSteps):
 
     def _progress_left(self, key: tuple[str, int], b: Any, now: float) -> float | None:
         """Seconds until the batch's requests are all done, at the rate they were done since we
-        first saw some done (:func:`progress_left`); None while that is not known."""
+        first saw some done (:func:`progress_left`); None while that is not known.  Once every
+        request is done (``finalizing``, or all counted), the end is due: minus the time since
+        that was first seen, so the batch is polled soon, then less and less often."""
         counts = b.request_counts
         done = counts.completed + counts.failed
+        if b.status == "finalizing" or (b.status == "in_progress" and counts.total and done >= counts.total):
+            return -(now - self._finalizing.setdefault(key, now))
         if b.status != "in_progress" or not done:
             if b.is_terminal:
                 self._progress.pop(key, None)
+                self._finalizing.pop(key, None)
             return None
         first = self._progress.get(key)
         if first is None or done < first[1]:
