@@ -187,6 +187,19 @@ class Create(Action):
 
 
 @dataclass(frozen=True)
+class CreateStaged(Create):
+    """The create of a chunk uploaded ahead of queue room, once there is room: decided right
+    after the polls, so it does not wait for the batch that made room to be downloaded and
+    merged.  The same action as a Create for "at most once per tick"."""
+
+    stage: ClassVar[int] = 5
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return ("Create", self.chunk, None)
+
+
+@dataclass(frozen=True)
 class Replan(Action):
     """A chunk larger than the queue limit: split its rows into chunks that fit (ChunkReplanned).
     Under an estimated limit a row over it goes alone; under a stated one it fails."""

@@ -28,6 +28,7 @@ from batchgrader.core.actions import (
     CancelBatch,
     CheckDuplicates,
     Create,
+    CreateStaged,
     DeleteProviderFiles,
     Download,
     FailBatch,
@@ -378,6 +379,17 @@ def decide_job(
     for c in chunks:
         if duplicate_check_due(c, config, now):
             out.append(CheckDuplicates(job_id, c.index))
+    if (
+        not job.cancel_requested
+        and any(c.staged and c.upload == "done" for c in chunks)
+        and not _refusal_to_learn(state, job.model)
+    ):
+        # room may have just appeared: a chunk uploaded ahead is created before any collect
+        # (not before a refused batch of the model is collected: it may teach a lower limit)
+        staged = {c.index for c in chunks if c.staged}
+        for a in _submit(state, job, config, now, timers, step, queue_url):
+            if type(a) is Create and a.chunk in staged:
+                out.append(CreateStaged(job_id, a.chunk))
     for c in chunks:
         if collectable(c):
             out += _collect(state, job, c, settings.poll_interval_seconds, queue_url)
@@ -403,6 +415,13 @@ def decide_job(
             return out
         out += _finish(job, config)
     return out
+
+
+def _refusal_to_learn(state: State, model: str | None) -> bool:
+    """A failed batch of ``model`` not collected yet (a refusal may teach a lower queue limit)."""
+    return any(
+        collectable(c) and c.status == "failed" for j in state.active_jobs() if j.model == model for c in j.chunks.values()
+    )
 
 
 def _collect(state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str) -> list[Action]:
