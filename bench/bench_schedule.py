@@ -100,7 +100,8 @@ def phases(home: Path, started: float, ended: float, batch_s: float) -> dict[str
       cannot shorten when they run in sequence (rounds x batch time);
     * ``poll_lag``: a batch's due end to the daemon's seeing it (poll interval overshoot);
     * ``collect``: seeing a batch end to its ChunkCompleted (download and merge);
-    * ``refill``: a ChunkCompleted or a refusal seen to the next BatchCreated (queue room to create);
+    * ``refill``: a batch seen ended (completed: queue room; or refused) to the next BatchCreated
+      (queue room to create; a chunk uploaded ahead is created before the ended batch is collected);
     * ``result``: the last ChunkCompleted to ResultWritten; ``exit``: to the daemon's exit.
     """
     ev = _events(home)
@@ -130,11 +131,9 @@ def phases(home: Path, started: float, ended: float, batch_s: float) -> dict[str
             out["provider"] += due - created.pop(p["chunk"])
             out["poll_lag"] += max(0.0, ts - due)
             seen_end[p["chunk"]] = ts
-            if p["status"] == "failed":
-                last_free = ts
+            last_free = ts
         elif t == "ChunkCompleted" and p["chunk"] in seen_end:
             out["collect"] += ts - seen_end.pop(p["chunk"])
-            last_free = ts
     chunk_done = [ts for ts, t, _p in ev if t == "ChunkCompleted"]
     out["result"] = first["ResultWritten"] - chunk_done[-1]
     out["exit"] = ended - first["ResultWritten"]
