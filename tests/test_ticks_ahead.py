@@ -110,6 +110,22 @@ def test_a_cancelled_job_deletes_the_file_it_uploaded_ahead(home):
     rig.close()
 
 
+def test_a_halted_job_fails_the_chunk_uploaded_ahead_and_deletes_its_file(home):
+    rig = _limited(home, 6)  # three chunks; room for one
+    rig.reconfigure(_extra(rig) + "halt_on_chunk_failure: true\n")
+    rig.tick()
+    (staged_file,) = _batch_files(rig, 1)
+    (batch,) = rig.provider.open_batches()
+    rig.provider.finish(batch.id, "failed", errors=[("invalid_request", "model not allowed for this project")])
+    types = rig.tick()
+    assert types[-1] == "JobFailed" and rig.job().error["code"] == "halted"
+    halted = sorted(e["chunk"] for e in rig.events("ChunkFailed") if e["code"] == "halted")
+    assert halted == [1, 2]  # the chunk uploaded ahead too: the job does not wait for it forever
+    assert staged_file not in rig.provider.files
+    assert rig.calls("create_batch") == 1
+    rig.close()
+
+
 def _extra(rig: Rig) -> str:
     """The rig's configuration beyond the base one."""
     text = rig.home.config_file.read_text()

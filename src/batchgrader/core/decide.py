@@ -447,8 +447,8 @@ def _submit(
     reason = halt_reason(job, profile)
     if reason is not None:
         for c in job.chunks.values():
-            if not c.done and c.upload == "none" and c.custom_ids is None:
-                out.append(FailUnstarted(job.job_id, c.index, "halted", reason, reason))
+            if not c.done and (c.upload == "none" or c.staged) and c.custom_ids is None:
+                out.append(FailUnstarted(job.job_id, c.index, "halted", reason, reason))  # a file uploaded ahead is deleted
         return out
     waiting = [c for c in job.chunks.values() if pending(c)]
     if not waiting:
