@@ -332,15 +332,17 @@ def test_cancel_while_a_chunk_waits_on_the_queue_limit_ends_the_job_cancelled(ho
     cfg = EmulatorConfig(api_key=TEST_KEY, token_limits={"gpt-4o-mini": 300}, in_progress_s=3.0)
     with Emulator(cfg) as emu, EventStore(home.db) as store:
         engine = make_engine(home, emu, store, "split_row_limit: 5\nmax_simultaneous_batches: 2\n")
+        # refused, and waiting for room (its file uploaded ahead of it, or not yet)
         run_until(
             engine,
             lambda: any(
-                c.failure and c.failure.get("code") == "token_limit_exceeded"
+                (c.failure and c.failure.get("code") == "token_limit_exceeded") or c.staged
                 for j in engine.state.jobs.values()
                 for c in j.chunks.values()
             ),
         )
         (job,) = engine.state.jobs.values()
+        assert any(e.payload.get("code") == "token_limit_exceeded" for e in store.read() if e.type == "ChunkFailed")
         engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": "test"}))
         run_until(engine, lambda: all_ended(engine), timeout=40, started=True)
     (job,) = engine.state.jobs.values()

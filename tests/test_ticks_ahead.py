@@ -5,6 +5,7 @@ Tick by tick with the in-memory provider (no sleeps)."""
 from __future__ import annotations
 
 from batchgrader.core.decide import upload_name
+from batchgrader.store.readmodels import chunk_label
 from ticks import BASE_CONFIG, Rig
 
 SPLIT = "split_row_limit: 2\nmax_simultaneous_batches: 5\n"
@@ -40,6 +41,7 @@ def test_a_chunk_waiting_for_queue_room_is_uploaded_ahead_and_created_with_that_
     assert ahead["chunk"] == 1 and ahead["attempt"] == 1 and ahead["enqueued"] == rig.job().chunks[0].input_tokens
     staged = rig.job().chunks[1]
     assert staged.staged and staged.upload == "done" and staged.create == "none"
+    assert chunk_label(staged) == "waiting"  # `bgctl status`: the job waits for queue room
     assert not rig.job().chunks[2].staged and rig.job().chunks[2].upload == "none"  # ahead: one limit's worth at most
     (file_1,) = _batch_files(rig, 1)
     assert rig.tick() == ["BatchStatusChanged"]  # still no room: nothing more is uploaded or created

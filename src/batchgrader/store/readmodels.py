@@ -186,8 +186,8 @@ def chunk_label(c: ChunkState) -> str:
     """One word for where a chunk is (for display; the job label is :attr:`JobState.state`)."""
     if c.done:
         return "failed" if c.failure else "done"
-    if c.failure and c.failure.get("retryable"):
-        return "waiting"  # resubmitted later (token limit)
+    if (c.failure and c.failure.get("retryable")) or (c.staged and c.upload == "done"):
+        return "waiting"  # resubmitted later (token limit), or uploaded ahead of queue room
     if c.create == "done" and c.status:
         return "downloading" if c.status in TERMINAL_BATCH else c.status
     if c.create == "requested":
