@@ -21,7 +21,7 @@ from batchgrader.pipeline.prepare import default_custom_id
 from batchgrader.pipeline.results import ResultsJoin
 from batchgrader.pipeline.reuse import read_reuse_file
 from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
-from batchgrader.provider.openai_api import ProviderError
+from batchgrader.provider.protocol import ProviderError
 
 _FORMULA_START = frozenset("=+-@\t\r")  # what defuse_formula may prefix (it checks again)
 
@@ -125,7 +125,9 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         def write(f) -> None:
             nonlocal count
             with (
-                open_table(Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8")) as reader,
+                open_table(
+                    Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8"), validated=True
+                ) as reader,
                 ResultsJoin(paths) as results,
             ):
                 cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
