@@ -143,7 +143,12 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                         if outcome is None:
                             outcome = stored(cid)
                             if outcome is None and cid in leader_of and leader_of[cid] in led:
-                                outcome = {**led[leader_of[cid]], "custom_id": cid, "reused": "duplicate", "leader": leader_of[cid]}
+                                outcome = {
+                                    **led[leader_of[cid]],
+                                    "custom_id": cid,
+                                    "reused": "duplicate",
+                                    "leader": leader_of[cid],
+                                }
                         if cid in leads and outcome is not None:
                             led[cid] = outcome
                         err = None

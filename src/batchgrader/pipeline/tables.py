@@ -6,7 +6,7 @@ Memory stays flat whatever the file size, and cell text is kept exactly.
 
 This module is the one entry point; the work is done per format in
 :mod:`batchgrader.pipeline.formats`: ``common`` (errors, rows, ``text_of``, the formula
-guard), ``jsonvalue`` (exact JSON values), ``text`` (CSV/JSON/JSONL reader), ``writer``
+guard), ``jsonvalue`` (exact JSON values), ``text`` and ``jsontext`` (CSV/JSON/JSONL reader), ``writer``
 (CSV/JSON/JSONL writer), ``excel`` (``.xlsx``/``.xlsm``, through openpyxl) and ``parquet``
 (through pyarrow).  The text formats use the standard library only; openpyxl and pyarrow
 are imported only when an Excel or Parquet file is opened.  Excel and Parquet are described
