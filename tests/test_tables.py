@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchgrader.pipeline import tables
-from batchgrader.pipeline.formats import text as text_reader
+from batchgrader.pipeline.formats import jsontext as text_reader
 from batchgrader.pipeline.tables import (
     ExactFloat,
     InputError,

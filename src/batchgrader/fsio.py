@@ -122,8 +122,16 @@ def move_no_clobber(src: Path, folder: Path, name: str, stamp: str) -> Path:
     file, even one that appears between the check and the move: the move is a hard link (which
     fails on an existing name) then an unlink of the source; where links are not possible (a file
     system without them), ``renameat2(RENAME_NOREPLACE)`` is used, and only if neither exists a plain
-    rename after the check."""
+    rename after the check.  A move cut short between its link and its unlink (``kill -9``) left
+    ``src`` in ``folder`` already: that link is kept and ``src`` unlinked, so a redone move never
+    makes a second copy."""
     folder.mkdir(parents=True, exist_ok=True)
+    left = _link_in(src, folder)
+    if left is not None:
+        os.unlink(src)
+        fsync_dir(folder)
+        fsync_dir(src.parent)
+        return left
     for _ in range(1000):
         dest = free_path(folder, name, stamp)
         try:
@@ -134,6 +142,21 @@ def move_no_clobber(src: Path, folder: Path, name: str, stamp: str) -> Path:
         fsync_dir(src.parent)
         return dest
     raise FileExistsError(f"no free name for {name} in {folder}")
+
+
+def _link_in(src: Path, folder: Path) -> Path | None:
+    """A name in ``folder`` for the very file ``src`` is (a hard link), or None."""
+    try:
+        st = os.stat(src, follow_symlinks=False)
+    except OSError:
+        return None
+    if st.st_nlink < 2:
+        return None  # the usual case: no other name, nothing to look for
+    with os.scandir(folder) as entries:
+        for e in entries:
+            if e.inode() == st.st_ino and e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_dev == st.st_dev:
+                return Path(e.path)
+    return None
 
 
 def _link_or_rename_noreplace(src: Path, dest: Path) -> None:

@@ -26,7 +26,7 @@ from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.answerkey import provider_id_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
 from batchgrader.pipeline.splitting import Limits
-from batchgrader.provider.openai_api import Provider
+from batchgrader.provider.protocol import Provider
 from batchgrader.store import answers
 from batchgrader.store.eventstore import EventStore, NewEvent
 

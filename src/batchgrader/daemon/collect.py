@@ -23,7 +23,8 @@ from batchgrader.pipeline.merge import ChunkSpool, StreamedMerge
 from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
-from batchgrader.provider.openai_api import ProviderError, ProviderRejected, list_statuses
+from batchgrader.provider.protocol import ProviderError, ProviderRejected
+from batchgrader.provider.reconcile import list_statuses
 from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent
 

@@ -51,7 +51,7 @@ from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
 from batchgrader.fsio import move_no_clobber, remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
-from batchgrader.provider.openai_api import ProviderError
+from batchgrader.provider.protocol import ProviderError
 from batchgrader.store.eventstore import DatabaseMoved
 
 log = logging.getLogger("batchgrader.engine")

@@ -21,7 +21,7 @@ from batchgrader.pipeline.prepare import default_custom_id
 from batchgrader.pipeline.results import ResultsJoin
 from batchgrader.pipeline.reuse import read_reuse_file
 from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
-from batchgrader.provider.openai_api import ProviderError
+from batchgrader.provider.protocol import ProviderError
 
 _FORMULA_START = frozenset("=+-@\t\r")  # what defuse_formula may prefix (it checks again)
 
@@ -125,7 +125,9 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         def write(f) -> None:
             nonlocal count
             with (
-                open_table(Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8")) as reader,
+                open_table(
+                    Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8"), validated=True
+                ) as reader,
                 ResultsJoin(paths) as results,
             ):
                 cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
@@ -133,28 +135,34 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 guard = fixed["csv_formula_guard"] and reader.fmt in ("csv", "xlsx")
                 types = added_column_types(cols, fixed["response_format"])
                 with TableWriter(f, reader, cols.names(), column_types=types) as w:
+                    write_row, take, stored, sha = w.write, results.take, cached.get, job.sha256
                     for row in reader:
-                        cid = text_of(row.values[id_column]) if id_column else default_custom_id(job.sha256, row.number)
-                        outcome = results.take(cid)
+                        vals = row.values  # every reader yields a new dict per row
+                        cid = text_of(vals[id_column]) if id_column else default_custom_id(sha, row.number)
+                        outcome = take(cid)
                         if outcome is None:
-                            outcome = cached.get(cid)
-                        if outcome is None and cid in leader_of and leader_of[cid] in led:
-                            outcome = {**led[leader_of[cid]], "custom_id": cid, "reused": "duplicate", "leader": leader_of[cid]}
+                            outcome = stored(cid)
+                            if outcome is None and cid in leader_of and leader_of[cid] in led:
+                                outcome = {
+                                    **led[leader_of[cid]],
+                                    "custom_id": cid,
+                                    "reused": "duplicate",
+                                    "leader": leader_of[cid],
+                                }
                         if cid in leads and outcome is not None:
                             led[cid] = outcome
                         err = None
                         if cid in row_errors:
                             err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
-                        elif cid in failed_info and outcome is None:
+                        elif outcome is None and cid in failed_info:
                             err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
-                        vals = row.values  # every reader yields a new dict per row
                         added = result_values(cols, outcome, err, json_values)
                         if guard:  # the model's output is attacker-influenced; input cells stay unchanged
                             for k, v in added.items():
                                 if type(v) is str and v and v[0] in _FORMULA_START:
                                     added[k] = defuse_formula(v)
                         vals.update(added)
-                        w.write(vals)
+                        write_row(vals)
                         count += 1
 
         atomic_write(path, write, overwrite=False)

@@ -21,9 +21,11 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
@@ -202,6 +204,54 @@ def sandbox_emulator(data_dir: Path):
     ).start()
 
 
+class DeferredProvider:
+    """A provider built at its first use: attribute access builds it (once) with ``build`` and
+    forwards to it.  Until then no SDK is imported and no emulator is started, so a daemon whose
+    jobs send nothing (every row answered from the answers store) does not pay for them.  Only
+    the tick thread calls providers; the lock keeps a second caller from building twice."""
+
+    def __init__(self, name: str, build: Callable[[], Any]):
+        self._name = name
+        self._build = build
+        self._real: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def built(self) -> bool:
+        return self._real is not None
+
+    def _get(self) -> Any:
+        if self._real is None:
+            with self._lock:
+                if self._real is None:
+                    self._real = self._build()
+                    log.info("provider %s ready", self._name)
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends look for dunders: never build for them
+            raise AttributeError(name)
+        return getattr(self._get(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._get(), name, value)
+
+    def __repr__(self) -> str:
+        return f"DeferredProvider({self._name!r}, built={self.built})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a provider holds an API key and cannot be pickled")
+
+
+def _openai(key: str | None, url: str | None, timeout: float):  # noqa: ANN202
+    from batchgrader.provider.openai_api import OpenAIProvider
+
+    return OpenAIProvider(api_key=key, base_url=url, timeout=timeout)
+
+
 # --- the daemon --------------------------------------------------------------------------------------
 
 
@@ -220,6 +270,7 @@ class Daemon:
     snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
+    emulator: Any = None  # the sandbox's emulator, started at the first provider call (see _sandbox_url)
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -240,9 +291,20 @@ class Daemon:
         openai = self._openai_provider(config, required="openai" in used)
         return self._provider_router(config, openai, used)
 
+    def _sandbox_url(self, root: bool = True) -> str:
+        """The emulator's URL (its root, or its OpenAI ``/v1`` base), started at the first call."""
+        if self.emulator is None:
+            self.emulator = sandbox_emulator(self.home.root / "sandbox")
+        return str(self.emulator.root_url if root else self.emulator.base_url)
+
     def _provider_router(self, config: Config, openai, used: set[str]):  # noqa: ANN001
         """Every provider behind one: each job goes to its profile's provider (ids say which
-        provider made them).  A provider first used after a reload needs a restart."""
+        provider made them).  A provider first used after a reload needs a restart.
+
+        Each provider is built (its SDK imported, the sandbox's emulator started) at its first
+        call (:class:`DeferredProvider`): a daemon whose jobs are answered from the answers store
+        never pays for them.  What can be refused (a missing key or endpoint) is checked here,
+        at start-up."""
         from batchgrader.core.config import provider_key_problem
         from batchgrader.provider.router import ProviderRouter
 
@@ -253,64 +315,77 @@ class Daemon:
         azure = self._azure_provider(config, used)
         if azure is not None:
             providers["azure"] = azure
-        if "anthropic" in used:  # the Anthropic SDK takes ~1.5 s of CPU to import: only when a profile needs it
-            from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+        timeout = config.request_timeout_seconds
+        if "anthropic" in used:
 
-            if self.sandbox:
-                providers["anthropic"] = AnthropicBatchProvider(
-                    SANDBOX_KEY, self.emulator.root_url, timeout=config.request_timeout_seconds
-                )
-            else:
-                providers["anthropic"] = AnthropicBatchProvider(
-                    config.anthropic_api_key, config.anthropic_base_url, timeout=config.request_timeout_seconds
-                )
+            def anthropic():  # noqa: ANN202
+                from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+
+                if self.sandbox:
+                    return AnthropicBatchProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout)
+                return AnthropicBatchProvider(config.anthropic_api_key, config.anthropic_base_url, timeout=timeout)
+
+            providers["anthropic"] = DeferredProvider("anthropic", anthropic)
         if "gemini" in used:  # google-genai is imported only here, when a profile needs it
-            from batchgrader.provider.gemini_batches import GeminiBatchProvider
 
-            key, url = (SANDBOX_KEY, self.emulator.root_url) if self.sandbox else (config.gemini_api_key, config.gemini_base_url)
-            providers["gemini"] = GeminiBatchProvider(key, url, timeout=config.request_timeout_seconds)
+            def gemini():  # noqa: ANN202
+                from batchgrader.provider.gemini_batches import GeminiBatchProvider
+
+                if self.sandbox:
+                    return GeminiBatchProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout)
+                return GeminiBatchProvider(config.gemini_api_key, config.gemini_base_url, timeout=timeout)
+
+            # outside the sandbox it is built now: its constructor refuses a missing key
+            providers["gemini"] = DeferredProvider("gemini", gemini) if self.sandbox else gemini()
         return ProviderRouter(providers)
 
     def _azure_provider(self, config: Config, used: set[str]):  # noqa: ANN202
-        """Azure OpenAI (one resource endpoint per daemon); in the sandbox, the emulator's Azure routes."""
+        """Azure OpenAI (one resource endpoint per daemon); in the sandbox, the emulator's Azure routes
+        (built at its first call).  Outside the sandbox it is built now: its constructor refuses a
+        missing key or endpoint."""
         if "azure" not in used:
             return None
-        from batchgrader.provider.azure_api import AzureOpenAIProvider
-
         timeout = config.request_timeout_seconds
-        if self.sandbox:
-            return AzureOpenAIProvider(SANDBOX_KEY, self.emulator.root_url, config.azure_api_version, timeout=timeout)
-        return AzureOpenAIProvider(config.azure_api_key, config.azure_endpoint, config.azure_api_version, timeout=timeout)
+
+        def azure():  # noqa: ANN202
+            from batchgrader.provider.azure_api import AzureOpenAIProvider
+
+            if self.sandbox:
+                return AzureOpenAIProvider(SANDBOX_KEY, self._sandbox_url(), config.azure_api_version, timeout=timeout)
+            return AzureOpenAIProvider(config.azure_api_key, config.azure_endpoint, config.azure_api_version, timeout=timeout)
+
+        return DeferredProvider("azure", azure) if self.sandbox else azure()
 
     def _sandbox_counter(self, config: Config):  # noqa: ANN202
-        """The counting hook in the sandbox: the emulator's count_tokens, cached apart from real counts."""
-        from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
-
-        emulator = self.emulator
+        """The counting hook in the sandbox: the emulator's count_tokens, cached apart from real counts
+        (the Anthropic SDK is imported, and the emulator started, only when an Anthropic profile counts)."""
         timeout = config.request_timeout_seconds
 
         def counter(profile):  # noqa: ANN001, ANN202
-            if profile.provider != "anthropic" or emulator is None:
+            if profile.provider != "anthropic":
                 return None
+            from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
+
             return AnthropicTokenCounter(
-                AnthropicProvider(SANDBOX_KEY, emulator.root_url, timeout=timeout), name="anthropic-sandbox"
+                AnthropicProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout), name="anthropic-sandbox"
             )
 
         return counter
 
     def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
-        from batchgrader.provider.openai_api import OpenAIProvider
-
+        """The OpenAI provider, built at its first call (the SDK costs about a second to import);
+        a missing key is refused now."""
+        timeout = config.request_timeout_seconds
         if self.sandbox:
-            self.emulator = sandbox_emulator(self.home.root / "sandbox")
-            return OpenAIProvider(api_key=SANDBOX_KEY, base_url=self.emulator.base_url, timeout=config.request_timeout_seconds)
+            return DeferredProvider("openai", lambda: _openai(SANDBOX_KEY, self._sandbox_url(root=False), timeout))
         if not config.api_key and not required:
             return None
         if not config.api_key:
             raise DaemonError(
                 "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
             )
-        return OpenAIProvider(api_key=config.api_key, base_url=config.base_url, timeout=config.request_timeout_seconds)
+        key, url = config.api_key, config.base_url
+        return DeferredProvider("openai", lambda: _openai(key, url, timeout))
 
     def install_signal_handlers(self) -> None:
         def on_stop(signum, frame):  # noqa: ANN001

@@ -65,7 +65,7 @@ class ReuseSteps(EngineBase):
             counter_for,
             plan_with_exact_counts,
         )
-        from batchgrader.provider.openai_api import ProviderError
+        from batchgrader.provider.protocol import ProviderError
 
         if profile.provider in OFFLINE_EXACT:
             return None

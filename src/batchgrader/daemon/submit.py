@@ -43,7 +43,8 @@ from batchgrader.pipeline.prepare import ENDPOINT, oversized_positions, prepare
 from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError
-from batchgrader.provider.openai_api import OutcomeUnknown, ProviderError, ProviderRejected, reconcile_batch, reconcile_upload
+from batchgrader.provider.protocol import OutcomeUnknown, ProviderError, ProviderRejected
+from batchgrader.provider.reconcile import reconcile_batch, reconcile_upload
 
 log = logging.getLogger("batchgrader.engine")
 

@@ -6,7 +6,7 @@ Memory stays flat whatever the file size, and cell text is kept exactly.
 
 This module is the one entry point; the work is done per format in
 :mod:`batchgrader.pipeline.formats`: ``common`` (errors, rows, ``text_of``, the formula
-guard), ``jsonvalue`` (exact JSON values), ``text`` (CSV/JSON/JSONL reader), ``writer``
+guard), ``jsonvalue`` (exact JSON values), ``text`` and ``jsontext`` (CSV/JSON/JSONL reader), ``writer``
 (CSV/JSON/JSONL writer), ``excel`` (``.xlsx``/``.xlsm``, through openpyxl) and ``parquet``
 (through pyarrow).  The text formats use the standard library only; openpyxl and pyarrow
 are imported only when an Excel or Parquet file is opened.  Excel and Parquet are described
@@ -142,11 +142,14 @@ def open_table(
     max_field_size: int = DEFAULT_MAX_FIELD_SIZE,
     max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    validated: bool = False,
 ) -> Any:
     """Open a table for streaming; see the module docstring for what is checked up front.
 
     ``encoding`` applies to the text formats, ``sheet`` to Excel workbooks (default: the
-    first sheet).  Returns a reader: ``fmt``, ``columns``, ``layout``, ``iter()`` of
+    first sheet).  ``validated``: the file was read in full before, with every check (the
+    daemon writing a result reads its input again); a CSV file is then read by the ``csv``
+    module alone, checking only the number of fields (the rows are the same).  Returns a reader: ``fmt``, ``columns``, ``layout``, ``iter()`` of
     :class:`Row`, ``close()``, and a context manager.
     """
     if fmt is None:
@@ -170,6 +173,7 @@ def open_table(
         max_field_size=max_field_size,
         max_record_size=max_record_size,
         max_depth=max_depth,
+        validated=validated,
     )
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from batchgrader.pipeline.answerkey import request_key
-from batchgrader.provider.openai_api import ProviderError
+from batchgrader.provider.protocol import ProviderError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from batchgrader.provider.openai_api import BatchInfo, BatchPage, FileInfo, Provider, ProviderError
+from batchgrader.provider.protocol import BatchInfo, BatchPage, FileInfo, Provider, ProviderError
 
 log = logging.getLogger(__name__)
 

@@ -176,6 +176,10 @@ def migrate(conn: sqlite3.Connection) -> None:
         for t in READ_TABLES:
             conn.execute(f"DROP TABLE IF EXISTS {t}")
         conn.execute(f"DELETE FROM {MIGRATIONS_TABLE} WHERE migration_set = ?", (MIGRATION_SET,))
+    elif MIGRATIONS_TABLE in names:
+        sql = f"SELECT name FROM {MIGRATIONS_TABLE} WHERE migration_set = ?"
+        if {r[0] for r in conn.execute(sql, (MIGRATION_SET,))}.issuperset(MIGRATION_NAMES):
+            return  # nothing pending: sqlite_utils (which imports pandas, ~1 s) is not loaded
     _migrations().apply(_database(conn))
 
 

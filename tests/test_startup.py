@@ -1,0 +1,100 @@
+"""Start-up pays only for what it uses: a daemon builds a provider (imports its SDK, starts the
+sandbox's emulator) at the provider's first call, so a job answered entirely from the answers
+store runs without either."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchgrader.core.state import fold
+from batchgrader.daemon.process import DeferredProvider
+from batchgrader.store.eventstore import EventStore
+from harness import FAST_CONFIG, daemon_env
+
+
+def imported(importtime_stderr: str) -> set[str]:
+    """The modules a ``python -X importtime`` run imported (its stderr)."""
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def daemon_once(home: Path) -> tuple[subprocess.CompletedProcess, set[str]]:
+    env = daemon_env(home, None, key=None)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "batchgrader.cli", "daemon", "--sandbox", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res, imported(res.stderr)
+
+
+OPENAI = {"openai", "batchgrader.provider.openai_api", "batchgrader.provider.emulator"}
+SDKS = OPENAI | {"anthropic", "google.genai"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_job_answered_from_the_store_runs_without_the_provider_sdk_or_the_emulator(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG)
+    src = tmp_path / "essays.csv"
+    src.write_text("id,response\n1,first essay\n2,second essay\n3,first essay\n", encoding="utf-8")
+    shutil.copy(src, home.inbox / "essays.csv")
+    _, first = daemon_once(home.root)  # rows to send: the provider is built, the emulator started
+    assert OPENAI <= first and "anthropic" not in first
+    assert (home.root / "sandbox").is_dir()
+    shutil.rmtree(home.root / "sandbox")
+    shutil.copy(src, home.inbox / "again.csv")
+    _, second = daemon_once(home.root)
+    assert not SDKS & second, sorted(SDKS & second)
+    assert not (home.root / "sandbox").exists()  # the emulator was never started
+    with EventStore(home.db, readonly=True) as s:
+        jobs = sorted(fold(s.read()).jobs.values(), key=lambda j: j.created_ts)
+    assert [j.ended for j in jobs] == ["completed", "completed"]
+    assert jobs[1].cached_rows == 3 and jobs[1].requests == 0 and jobs[1].chunks == {}
+    a, b = (Path(j.result_path or "").read_bytes() for j in jobs)
+    assert a == b
+
+
+def test_a_deferred_provider_is_built_once_at_its_first_use_and_not_for_its_repr():
+    built: list[int] = []
+
+    class Real:
+        base_url = "http://x"
+
+        def retrieve(self, batch_id: str) -> str:
+            return f"batch {batch_id}"
+
+    def build() -> Real:
+        built.append(1)
+        return Real()
+
+    p = DeferredProvider("openai", build)
+    assert "built=False" in repr(p) and not p.built and built == []
+    with pytest.raises(TypeError):
+        import pickle
+
+        pickle.dumps(p)
+    assert built == []
+    assert p.retrieve("b1") == "batch b1" and p.base_url == "http://x"
+    p.on_page = print  # set on the provider itself
+    assert built == [1] and p.built and p._real.on_page is print
+
+
+def test_a_missing_api_key_is_still_refused_at_start_up(home):
+    env = {**daemon_env(home.root, None, key=None), "PATH": os.environ.get("PATH", "")}
+    res = subprocess.run(
+        [sys.executable, "-m", "batchgrader.cli", "daemon", "--once"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 78 and "OPENAI_API_KEY" in res.stderr
