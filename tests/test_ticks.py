@@ -559,3 +559,27 @@ def test_bgctl_retry_reopens_a_finished_job_and_writes_a_new_result(home):
     assert all(r["error"] == "" for r in rig.result_rows(newest.name))
     assert (home.archive / "a.csv").exists()
     rig.close()
+
+
+def test_a_halt_also_fails_the_retry_chunks_waiting_to_be_sent(home):
+    """Rows planned for an automatic retry when another chunk fails for good are failed as
+    halted with the rest: the job ends instead of waiting for chunks it will never send."""
+    rig = make(home, "split_row_limit: 2\nmax_simultaneous_batches: 1\nhalt_on_chunk_failure: true\nmax_row_retries: 1\n")
+    rig.drop(4)
+    rig.tick()
+    ids = rig.provider._requests(next(iter(rig.provider.files)))
+    rig.provider.row_errors = {ids[1]["custom_id"]: ("server_error", "try again")}
+    rig.provider.finish_all()
+    rig.tick()  # chunk 0 merged (a row to retry), chunk 1 sent
+    (batch,) = rig.provider.open_batches()
+    rig.provider.finish(batch.id, "failed", errors=[("invalid_request", "model not allowed for this project")])
+    rig.tick()
+    types = rig.tick()
+    assert types[-1] == "JobFailed" and rig.job().error["code"] == "halted"
+    retry_chunks = [c for c in rig.job().chunks.values() if c.custom_ids]
+    assert retry_chunks and all(c.done and (c.failure or {}).get("code") == "halted" for c in retry_chunks)
+    assert rig.calls("create_batch") == 2  # nothing was sent after the failure
+    errors = [r["error"] for r in rig.result_rows()]
+    assert errors[0] == "" and errors[1] == "server_error: try again"  # the row to retry keeps its own error
+    assert all(e.startswith("halted: ") and "model not allowed" in e for e in errors[2:])
+    rig.close()

@@ -447,7 +447,7 @@ def _submit(
     reason = halt_reason(job, profile)
     if reason is not None:
         for c in job.chunks.values():
-            if not c.done and (c.upload == "none" or c.staged) and c.custom_ids is None:
+            if pending(c):  # retry and re-planned chunks too, or the job would wait for them forever
                 out.append(FailUnstarted(job.job_id, c.index, "halted", reason, reason))  # a file uploaded ahead is deleted
         return out
     waiting = [c for c in job.chunks.values() if pending(c)]
