@@ -4,6 +4,7 @@ HTTP, and the adapter maps requests and results to and from the pipeline's OpenA
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from batchgrader.provider.anthropic_api import (
     to_openai_result_line,
 )
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
-from batchgrader.provider.openai_api import OutcomeUnknown, ProviderConfigError, ProviderRejected
+from batchgrader.provider.openai_api import OutcomeUnknown, ProviderConfigError, ProviderRejected, ProviderUnavailable
 from emulator_fixtures import chat_line
 from harness import merged
 
@@ -235,7 +236,7 @@ def test_result_parsing_from_documented_examples() -> None:
 def test_adapter_end_to_end_usage_is_exact(provider: AnthropicProvider, client: anthropic.Anthropic, clock: ManualClock) -> None:
     lines = [chat_line(f"row-{i}", f"Essay {i} about bridges.", model=MODEL, system="Grade it.") for i in range(6)]
     lines.append(chat_line("row-bad", "__FAIL_400__", model=MODEL))
-    b = provider.create_from_lines(lines)
+    b = create_from_lines(provider, lines)
     assert (b.status, b.job_status, b.total) == ("in_progress", "in_progress", 7)
     clock.advance(12)
     b = provider.retrieve(b.id)
@@ -253,7 +254,7 @@ def test_adapter_end_to_end_usage_is_exact(provider: AnthropicProvider, client: 
 
 
 def test_adapter_cancel_maps_to_cancelled(provider: AnthropicProvider, clock: ManualClock) -> None:
-    b = provider.create_from_lines([chat_line(f"r-{i}", "x", model=MODEL) for i in range(3)])
+    b = create_from_lines(provider, [chat_line(f"r-{i}", "x", model=MODEL) for i in range(3)])
     assert provider.cancel(b.id).job_status == "cancelling"
     clock.advance(1)
     done = provider.retrieve(b.id)
@@ -263,7 +264,7 @@ def test_adapter_cancel_maps_to_cancelled(provider: AnthropicProvider, clock: Ma
 
 def test_adapter_refuses_bad_input_before_sending(emu: Emulator, provider: AnthropicProvider) -> None:
     with pytest.raises(ValueError, match="custom_id"):
-        provider.create_from_lines([chat_line("not ok!", "x", model=MODEL)])
+        create_from_lines(provider, [chat_line("not ok!", "x", model=MODEL)])
     with pytest.raises(ValueError, match="1 to 100,000"):
         provider.create([])
     assert emu.request_count("POST", "/v1/messages/batches") == 0
@@ -271,39 +272,60 @@ def test_adapter_refuses_bad_input_before_sending(emu: Emulator, provider: Anthr
         AnthropicProvider(None)
 
 
-def test_create_outcome_unknown_then_reconciled_by_the_matching_rule(
-    emu: Emulator, provider: AnthropicProvider, clock: ManualClock
-) -> None:
-    lines = [chat_line(f"job1-{i}", f"essay {i}", model=MODEL) for i in range(4)]
-    other = provider.create_from_lines([chat_line(f"other-{i}", "x", model=MODEL) for i in range(3)])
-    t0 = int(clock())
-    emu.script_fault("POST", "/v1/messages/batches", Fault("drop_after"))
-    with pytest.raises(OutcomeUnknown):
-        provider.create_from_lines(lines)
-    assert emu.batches_created() == 2  # the create took effect; the answer was lost
-    found = provider.find_unknown_create(
-        created_after=t0, created_before=int(clock()), request_count=4, custom_ids=[x["custom_id"] for x in lines]
-    )
-    assert found is not None and found.id != other.id and found.total == 4
-    clock.advance(12)  # once results exist, the custom_ids confirm it
-    again = provider.find_unknown_create(
-        created_after=t0, created_before=t0, request_count=4, custom_ids=[x["custom_id"] for x in lines]
-    )
-    assert again is not None and again.id == found.id
-    assert provider.find_unknown_create(created_after=t0, created_before=t0, request_count=4, custom_ids=["x"]) is None
-    emu.script_fault("POST", "/v1/messages/batches", Fault("drop_before"))
-    with pytest.raises(OutcomeUnknown):
-        provider.create_from_lines([chat_line("job2-0", "y", model=MODEL)])
-    assert provider.find_unknown_create(created_after=t0, created_before=t0, request_count=1, custom_ids=["job2-0"]) is None
+def create_from_lines(provider: AnthropicProvider, lines: list[dict[str, Any]]) -> Any:
+    """Create a batch from the pipeline's OpenAI-shaped lines, as ``AnthropicBatchProvider`` does."""
+    return provider.create([to_anthropic_request(line) for line in lines])
+
+
+def test_create_outcome_unknown_then_reconciled_by_the_matching_rule(tmp_path) -> None:  # noqa: ANN001
+    """The product's rule (``AnthropicBatchProvider.find_batches``, in a fresh process that knows
+    no batch ids): a batch created since the chunk file was written, with exactly its request
+    count, is adopted once its results name exactly its custom_ids; while a candidate runs, the
+    answer is "not yet" (ProviderUnavailable), never a guess."""
+    from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+
+    clock = ManualClock(start=float(int(time.time())))  # the rule compares batch times with the file's mtime
+    cfg = EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=10, finalizing_s=1)
+    with Emulator(cfg) as emu:
+
+        def staged(name: str, lines: list[dict[str, Any]]) -> str:
+            path = tmp_path / name
+            path.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+            return AnthropicBatchProvider(KEY, emu.root_url, timeout=10, max_retries=0).upload(path, name).id
+
+        lines = [chat_line(f"job1-{i}", f"essay {i}", model=MODEL) for i in range(4)]
+        mine = staged("job1.jsonl", lines)
+        other = staged("other.jsonl", [chat_line(f"other-{i}", "x", model=MODEL) for i in range(4)])  # same count
+        sender = AnthropicBatchProvider(KEY, emu.root_url, timeout=10, max_retries=0)
+        sender.create_batch(other)
+        emu.script_fault("POST", "/v1/messages/batches", Fault("drop_after"))
+        with pytest.raises(OutcomeUnknown):
+            sender.create_batch(mine)
+        assert emu.batches_created() == 2  # the create took effect; the answer was lost
+
+        after_restart = AnthropicBatchProvider(KEY, emu.root_url, timeout=10, max_retries=0)
+        with pytest.raises(ProviderUnavailable, match="custom_ids can be checked once it has ended"):
+            after_restart.find_batches(mine)  # two running candidates of 4 requests: wait
+        clock.advance(13)  # both ended: their results tell them apart
+        (found,) = after_restart.find_batches(mine)
+        (theirs,) = after_restart.find_batches(other)
+        assert found.id != theirs.id and found.request_counts.total == 4 and found.input_file_id == mine
+
+        lonely = staged("job2.jsonl", [chat_line("job2-0", "y", model=MODEL)])
+        emu.script_fault("POST", "/v1/messages/batches", Fault("drop_before"))
+        with pytest.raises(OutcomeUnknown):
+            sender.create_batch(lonely)
+        assert after_restart.find_batches(lonely) == []  # never created: it may be sent again
+        assert emu.batches_created() == 2
 
 
 def test_create_5xx_is_outcome_unknown_and_4xx_is_rejected(emu: Emulator, provider: AnthropicProvider) -> None:
     emu.script_fault("POST", "/v1/messages/batches", Fault("status", status=500))
     with pytest.raises(OutcomeUnknown):
-        provider.create_from_lines([chat_line("a", "x", model=MODEL)])
+        create_from_lines(provider, [chat_line("a", "x", model=MODEL)])
     emu.script_fault("POST", "/v1/messages/batches", Fault("status", status=429, retry_after=1))
     with pytest.raises(ProviderRejected) as rj:
-        provider.create_from_lines([chat_line("a", "x", model=MODEL)])
+        create_from_lines(provider, [chat_line("a", "x", model=MODEL)])
     assert rj.value.retryable and rj.value.type == "rate_limit_error"
     assert emu.request_count("POST", "/v1/messages/batches") == 2  # create is never retried blindly
 

@@ -14,9 +14,9 @@ both ways, so nothing upstream or downstream knows which provider ran the batch:
   kept verbatim under ``anthropic_usage``.  ``errored`` -> the error's HTTP status and message;
   ``canceled`` / ``expired`` -> ``batch_cancelled`` / ``batch_expired`` (not run, resubmittable).
 * :class:`AnthropicProvider`: create (requests inline, no file upload), retrieve, list, cancel,
-  results, count_tokens, and :meth:`AnthropicProvider.find_unknown_create`, the matching rule
-  used to reconcile a create whose outcome is unknown (Anthropic batches carry no metadata;
-  see docs/architecture.md).
+  results and count_tokens.  Reconciling a create whose outcome is unknown (Anthropic batches
+  carry no metadata) is :meth:`AnthropicBatchProvider.find_batches` in ``anthropic_batches``
+  (the matching rule in docs/architecture.md).
 
 Limits (Anthropic docs, checked 2026-11-23): at most 100,000 requests or 256 MB per batch;
 ``custom_id`` 1-64 characters of ``[a-zA-Z0-9_-]``; results downloadable for 29 days.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -217,7 +217,7 @@ def _batch(obj: Any) -> AnthropicBatch:
 class AnthropicProvider:
     """Calls the Message Batches API. Reads are retried by the SDK; ``create`` is sent once
     (``max_retries=0``): a connection error or a 5xx answer raises :class:`OutcomeUnknown`,
-    and the caller reconciles with :meth:`find_unknown_create` before sending again."""
+    and the caller reconciles (``AnthropicBatchProvider.find_batches``) before sending again."""
 
     def __init__(self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = 4):
         if not api_key:
@@ -268,10 +268,6 @@ class AnthropicProvider:
             self._call("create batch", lambda: self._once.messages.batches.create(requests=requests), idempotent=False)  # type: ignore[arg-type]
         )
 
-    def create_from_lines(self, lines: Iterable[Mapping[str, Any]]) -> AnthropicBatch:
-        """Create a batch from the pipeline's OpenAI-shaped chat-completions lines."""
-        return self.create([to_anthropic_request(line) for line in lines])
-
     def retrieve(self, batch_id: str) -> AnthropicBatch:
         return _batch(self._call("retrieve batch", lambda: self._client.messages.batches.retrieve(batch_id)))
 
@@ -298,33 +294,6 @@ class AnthropicProvider:
             kwargs["system"] = p["system"]
         res = self._call("count tokens", lambda: self._client.messages.count_tokens(**kwargs))
         return int(res.input_tokens)
-
-    def find_unknown_create(
-        self, *, created_after: int, created_before: int, request_count: int, custom_ids: Iterable[str]
-    ) -> AnthropicBatch | None:
-        """The batch an unknown create made, by the matching rule (docs/architecture.md):
-        created inside ``[created_after - 60, created_before + 60]``, holding exactly
-        ``request_count`` requests, and, once it has ended, whose results name exactly
-        ``custom_ids``.  Several candidates that cannot be told apart yet: ``ValueError``
-        (wait until they end).  None: the create did not take effect."""
-        wanted = set(custom_ids)
-        candidates = [
-            b
-            for b in self.list_batches()
-            if created_after - 60 <= b.created_at <= created_before + 60 and b.total == request_count
-        ]
-        confirmed = []
-        for b in candidates:
-            if not b.is_terminal:
-                confirmed.append(b)
-                continue
-            if {line["custom_id"] for line in self.results(b.id)} == wanted:
-                confirmed.append(b)
-        if len(confirmed) > 1:
-            raise ValueError(
-                f"{len(confirmed)} Message Batches match the unknown create; wait until they end to compare their custom_ids"
-            )
-        return confirmed[0] if confirmed else None
 
 
 class AnthropicTokenCounter:
