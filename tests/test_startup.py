@@ -15,6 +15,7 @@ import pytest
 from batchgrader.core.state import fold
 from batchgrader.daemon.process import DeferredProvider
 from batchgrader.store.eventstore import EventStore
+from emulator_fixtures import API_KEY, clock, emu, emu_factory  # noqa: F401 - fixtures
 from harness import FAST_CONFIG, daemon_env
 
 
@@ -72,6 +73,7 @@ def test_a_deferred_provider_is_built_once_at_its_first_use_and_not_for_its_repr
 
     class Real:
         base_url = "http://x"
+        on_page = None
 
         def retrieve(self, batch_id: str) -> str:
             return f"batch {batch_id}"
@@ -88,8 +90,26 @@ def test_a_deferred_provider_is_built_once_at_its_first_use_and_not_for_its_repr
         pickle.dumps(p)
     assert built == []
     assert p.retrieve("b1") == "batch b1" and p.base_url == "http://x"
-    p.on_page = print  # set on the provider itself
+    p.on_page = print  # passed on to the provider built
     assert built == [1] and p.built and p._real.on_page is print
+
+
+def test_the_listing_heartbeat_reaches_a_deferred_provider_behind_the_router(emu):
+    """The engine sets ``on_page`` on whatever provider it has (a router of deferred providers in
+    the daemon): setting it builds nothing, and once built, every page listed feeds the heartbeat
+    (the systemd watchdog during a long listing)."""
+    from batchgrader.provider.openai_api import OpenAIProvider
+    from batchgrader.provider.router import ProviderRouter
+
+    deferred = DeferredProvider("openai", lambda: OpenAIProvider(api_key=API_KEY, base_url=emu.base_url, timeout=10))
+    router = ProviderRouter({"openai": deferred})
+    beats: list[int] = []
+    router.on_page = lambda: beats.append(1)
+    assert not deferred.built and beats == []
+    router.list_batches()
+    assert deferred.built and len(beats) == 1
+    deferred.find_files("nothing.jsonl")
+    assert len(beats) == 2
 
 
 def test_a_missing_api_key_is_still_refused_at_start_up(home):

@@ -215,6 +215,20 @@ class DeferredProvider:
         self._build = build
         self._real: Any = None
         self._lock = threading.Lock()
+        self._on_page: Callable[[], None] | None = None
+
+    @property
+    def on_page(self) -> Callable[[], None]:
+        """The listing heartbeat: kept until the provider is built (setting it builds nothing)."""
+        if self._real is not None and hasattr(self._real, "on_page"):
+            return self._real.on_page  # type: ignore[no-any-return]
+        return self._on_page or (lambda: None)
+
+    @on_page.setter
+    def on_page(self, fn: Callable[[], None]) -> None:
+        self._on_page = fn
+        if self._real is not None and hasattr(self._real, "on_page"):
+            self._real.on_page = fn
 
     @property
     def built(self) -> bool:
@@ -224,7 +238,10 @@ class DeferredProvider:
         if self._real is None:
             with self._lock:
                 if self._real is None:
-                    self._real = self._build()
+                    real = self._build()
+                    if self._on_page is not None and hasattr(real, "on_page"):
+                        real.on_page = self._on_page
+                    self._real = real
                     log.info("provider %s ready", self._name)
         return self._real
 
@@ -234,7 +251,7 @@ class DeferredProvider:
         return getattr(self._get(), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
+        if name.startswith("_") or name == "on_page":
             object.__setattr__(self, name, value)
         else:
             setattr(self._get(), name, value)

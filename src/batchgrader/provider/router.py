@@ -40,6 +40,20 @@ class ProviderRouter:
     def __init__(self, providers: Mapping[str, Provider], provider_of_job: Callable[[str], str] | None = None):
         self.providers = dict(providers)
         self.provider_of_job: Callable[[str], str] = provider_of_job or (lambda job_id: "openai")
+        self._on_page: Callable[[], None] = lambda: None
+
+    @property
+    def on_page(self) -> Callable[[], None]:
+        """The engine's heartbeat per listing page (``Provider`` protocol), passed on to every
+        provider that pages (a provider built later gets it when it is built)."""
+        return self._on_page
+
+    @on_page.setter
+    def on_page(self, fn: Callable[[], None]) -> None:
+        self._on_page = fn
+        for p in self.providers.values():
+            if hasattr(p, "on_page"):
+                p.on_page = fn  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return f"ProviderRouter({sorted(self.providers)})"
