@@ -64,6 +64,15 @@ def wait_for(cond: Callable[[], object], timeout: float = 60, interval: float = 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def events_of(home: Path, type_: str) -> list[dict[str, Any]]:
+    """The payloads of the home's events of one type, in order (read-only)."""
+    conn = sqlite3.connect(f"file:{home / 'batchgrader.db'}?mode=ro", uri=True)
+    try:
+        return [json.loads(p) for (p,) in conn.execute("SELECT payload FROM events WHERE type = ? ORDER BY seq", (type_,))]
+    finally:
+        conn.close()
+
+
 def event_types(db: Path) -> list[str]:
     if not db.exists():
         return []

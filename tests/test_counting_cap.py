@@ -13,18 +13,12 @@ import pytest
 
 from batchgrader.provider.counting import DAEMON_MAX_UNCACHED
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from harness import FAST_CONFIG
+from harness import FAST_CONFIG, events_of
 from test_anthropic_daemon import ANTHROPIC_KEY, MODEL, run
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 COUNT = ("POST", "/v1/messages/count_tokens")
-
-
-def _counted(home: Path) -> list[dict]:
-    with sqlite3.connect(home / "batchgrader.db") as conn:
-        rows = conn.execute("SELECT payload FROM events WHERE type = 'InputTokensCounted' ORDER BY seq").fetchall()
-    return [json.loads(r[0]) for r in rows]
 
 
 def test_a_job_over_the_daemons_counting_cap_is_labelled_and_bgctl_count_lifts_it(tmp_path: Path) -> None:
@@ -40,7 +34,7 @@ def test_a_job_over_the_daemons_counting_cap_is_labelled_and_bgctl_count_lifts_i
         assert emu.request_count(*COUNT) == 0  # nothing counted one by one: over the cap
         (job,) = json.loads(run(home, emu, "status", "--json").stdout)
         detail = run(home, emu, "status", job["job_id"]).stdout
-        (capped,) = _counted(home)
+        (capped,) = events_of(home, "InputTokensCounted")
         assert capped["exact"] is False and capped["source"] == "estimate"
         assert f"{n:,} requests not counted yet" in capped["reason"]
         assert f"at most {DAEMON_MAX_UNCACHED:,} uncached requests" in capped["reason"] and "bgctl count" in capped["reason"]
@@ -55,6 +49,6 @@ def test_a_job_over_the_daemons_counting_cap_is_labelled_and_bgctl_count_lifts_i
         assert run(home, emu, "submit", str(other)).returncode == 0
         assert run(home, emu, "daemon", "--once").returncode == 0
         assert emu.request_count(*COUNT) == n  # the daemon found every count in the cache
-    first, second = _counted(home)
+    first, second = events_of(home, "InputTokensCounted")
     assert second["exact"] is True and second["input_tokens"] == summary["input_tokens"]
     assert first == capped

@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from harness import BGCTL
+from harness import BGCTL, events_of
 from test_anthropic_daemon import ANTHROPIC_KEY, SUITE, env_for, run, state_of
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-
-
-def _counted(home: Path) -> list[dict]:
-    with sqlite3.connect(home / "batchgrader.db") as conn:
-        rows = conn.execute("SELECT payload FROM events WHERE type = 'InputTokensCounted' ORDER BY seq").fetchall()
-    return [json.loads(r[0]) for r in rows]
 
 
 def test_anthropic_jobs_are_planned_on_exact_counts(tmp_path: Path) -> None:
@@ -34,7 +28,7 @@ def test_anthropic_jobs_are_planned_on_exact_counts(tmp_path: Path) -> None:
         table = run(home, emu, "status").stdout
         # the prompt tokens the batches billed are exactly the counts the plan was made on
         st = state_of(home)
-    counted = _counted(home)
+    counted = events_of(home, "InputTokensCounted")
     assert len(counted) == 2 and all(c["exact"] and c["source"] == "anthropic counting endpoint" for c in counted)
     assert all(s["input_tokens_exact"] is True for s in status) and "(est.)" not in table
     for job in st.jobs.values():
@@ -56,7 +50,7 @@ def test_a_failing_counting_endpoint_leaves_labelled_estimates(tmp_path: Path) -
         table = subprocess.run([BGCTL, "status"], env=wide, capture_output=True, text=True, timeout=60).stdout
         (job,) = status
         detail = run(home, emu, "status", job["job_id"]).stdout
-    (counted,) = _counted(home)
+    (counted,) = events_of(home, "InputTokensCounted")
     assert counted["exact"] is False and counted["source"] == "estimate" and "counting is off" in counted["reason"]
     assert job["input_tokens_exact"] is False and job["state"] == "completed"
     assert "ESTIMATE" in detail

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, integrity, start_daemon, temp_leftovers
+from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, events_of, integrity, start_daemon, temp_leftovers
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 MODEL = "gpt-4o-mini"
@@ -32,16 +32,6 @@ def write_input(home: Path) -> Path:
 def file_tokens(home: Path, src: Path) -> int:
     res = bgctl(home, "count", str(src), "--json", check=True)
     return int(json.loads(res.stdout)["input_tokens"])
-
-
-def events(home: Path, type_: str) -> list[dict]:
-    import sqlite3
-
-    conn = sqlite3.connect(f"file:{home / 'batchgrader.db'}?mode=ro", uri=True)
-    try:
-        return [json.loads(p) for (p,) in conn.execute("SELECT payload FROM events WHERE type = ? ORDER BY seq", (type_,))]
-    finally:
-        conn.close()
 
 
 def paid_once(emu: Emulator) -> None:
@@ -68,9 +58,9 @@ def test_the_daemon_learns_the_queue_limit_and_answers_every_row_once(tmp_path):
         assert len(refused) == 1 and refused[0]["errors"]["data"][0]["code"] == "token_limit_exceeded"
         assert emu.store.files[refused[0]["input_file_id"]].deleted
         doctor = bgctl(home, "doctor", "--json", base_url=emu.base_url)
-    (learned,) = events(home, "QueueLimitLearned")
+    (learned,) = events_of(home, "QueueLimitLearned")
     assert (learned["model"], learned["limit"], learned["exact"]) == (MODEL, limit, True)
-    assert events(home, "ChunkReplanned")
+    assert events_of(home, "ChunkReplanned")
     (job,) = json.loads(bgctl(home, "status", "--json").stdout)
     assert job["state"] == "completed" and job["succeeded"] == ROWS
     assert job["queue"]["limit"] == limit and job["queue"]["exact"] is True and job["queue"]["waiting"] is False
@@ -118,7 +108,7 @@ def test_kill_while_a_refused_batch_is_replanned(tmp_path, point):
         assert res.returncode == 0, res.stderr[-2000:]
         paid_once(emu)
         assert len([b for b in emu.batches() if b["status"] == "failed"]) == 1
-    assert len(events(home, "ChunkReplanned")) == 1
+    assert len(events_of(home, "ChunkReplanned")) == 1
     (job,) = json.loads(bgctl(home, "status", "--json").stdout)
     assert job["state"] == "completed" and job["succeeded"] == ROWS
     assert not temp_leftovers(home) and integrity(db) == "ok"
