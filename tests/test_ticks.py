@@ -101,7 +101,9 @@ def test_a_batch_like_the_last_one_is_collected_just_after_its_expected_end(home
     rig.close()
 
 
-def test_a_batch_is_collected_just_after_the_end_its_progress_points_to(home):
+def _progressing_batch(home, finalizing: float) -> tuple[float | None, Rig]:
+    """A lone batch of 500 requests done at an even pace over 100 s, then ``finalizing`` s of
+    finalizing, then completed: how long after its create the daemon collected it, and the rig."""
     import dataclasses
 
     from batchgrader.provider.protocol import RequestCounts
@@ -112,17 +114,24 @@ def test_a_batch_is_collected_just_after_the_end_its_progress_points_to(home):
     created = rig.now
     (batch_id,) = [b.id for b in rig.provider.open_batches()]
     rig.provider.start(batch_id)
-    seen = None
-    for _ in range(400):  # 500 requests done at an even pace over 100 s, then the batch completes
+    for _ in range(400):
         age = rig.now + 0.5 - created
-        if age >= 100:
+        b = rig.provider.batches[batch_id]
+        if age >= 100 + finalizing:
             rig.provider.finish(batch_id)
+        elif age >= 100:
+            rig.provider.batches[batch_id] = dataclasses.replace(
+                b, status="finalizing", request_counts=RequestCounts(500, 500, 0)
+            )
         else:
-            b = rig.provider.batches[batch_id]
             rig.provider.batches[batch_id] = dataclasses.replace(b, request_counts=RequestCounts(500, int(5 * age), 0))
         if "ChunkCompleted" in rig.tick(0.5):
-            seen = rig.now - created
-            break
+            return rig.now - created, rig
+    return None, rig
+
+
+def test_a_batch_is_collected_just_after_the_end_its_progress_points_to(home):
+    seen, rig = _progressing_batch(home, finalizing=0)
     assert seen is not None and seen - 100 <= 1.0  # the age rule alone would wait up to 15 s
     assert rig.calls("retrieve") < 40
     rig.close()
@@ -132,31 +141,7 @@ def test_a_finalizing_batch_is_polled_soon_and_seen_done_just_after_its_end(home
     """The first batch of a model (no run time known): its progress points to the end of its
     requests; once they are all done (finalizing) the end is due, so it is polled every ~0.5 s
     at first instead of at 15 % of its age (which would see it up to ~15 s late here)."""
-    import dataclasses
-
-    from batchgrader.provider.protocol import RequestCounts
-
-    rig = make(home, "poll_interval_seconds: 60\n")
-    rig.drop(500)
-    rig.tick()  # uploaded and created
-    created = rig.now
-    (batch_id,) = [b.id for b in rig.provider.open_batches()]
-    rig.provider.start(batch_id)
-    seen = None
-    for _ in range(400):  # 500 requests over 100 s, finalizing for 8 s, then completed
-        age = rig.now + 0.5 - created
-        b = rig.provider.batches[batch_id]
-        if age >= 108:
-            rig.provider.finish(batch_id)
-        elif age >= 100:
-            rig.provider.batches[batch_id] = dataclasses.replace(
-                b, status="finalizing", request_counts=RequestCounts(500, 500, 0)
-            )
-        else:
-            rig.provider.batches[batch_id] = dataclasses.replace(b, request_counts=RequestCounts(500, int(5 * age), 0))
-        if "ChunkCompleted" in rig.tick(0.5):
-            seen = rig.now - created
-            break
+    seen, rig = _progressing_batch(home, finalizing=8)
     assert seen is not None and seen - 108 <= 2.0  # ~1.5 s: polls 0.5 s apart, then growing by half
     assert rig.calls("retrieve") < 45
     rig.close()
