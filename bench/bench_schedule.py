@@ -163,6 +163,22 @@ def _mem_kib(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+CASES: list[float | None] = [None, 0.45]  # queue limit as a share of the file's tokens (None: no limit)
+TIMELINE = [False]
+SHOWN = (
+    "JobAccepted JobPrepared UploadCompleted BatchCreateRequested BatchCreated BatchStatusChanged ChunkReplanned "
+    "QueueLimitLearned OutputDownloaded ChunkCompleted ResultWritten"
+).split()
+
+
+def timeline(home: Path, started: float) -> None:
+    """The run's main events, in seconds from the daemon's start."""
+    for ts, t, p in _events(home):
+        if t in SHOWN:
+            about = {k: p[k] for k in ("chunk", "status", "limit", "batch_id", "requests") if k in p}
+            print(f"    {ts - started:7.1f} s  {t} {about}")
+
+
 SAMPLES: list[tuple[float, int]] = []  # (time, VmRSS KiB) of the last daemon run
 
 
@@ -211,6 +227,8 @@ def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float
         started = time.time()
         seconds, _code, rss_kib = run_daemon(home, emu)
         ended = time.time()
+        if TIMELINE[0]:
+            timeline(home, started)
         stats = emu.stats()
         batches = emu.batches()
     req = stats["requests"]
@@ -246,7 +264,7 @@ def schedule(rows_list: list[int], batch_s: float, work: Path) -> list[dict]:
         csv = work / f"reviews_{rows}.csv"
         make_csv(csv, rows)
         count_s, tokens = count(work / "count-home", csv)
-        for share in (None, 0.45):
+        for share in CASES:
             r = one_run(work, csv, rows, batch_s, share, tokens)
             rounds = 1 if share is None else math.ceil(tokens / r["limit"])
             r.update(tokens=tokens, count_s=count_s, rounds=rounds, ideal=rounds * batch_s + count_s)
@@ -326,9 +344,17 @@ def main() -> None:
     ap.add_argument("--batch-seconds", type=float, default=30.0)
     ap.add_argument("--memory-rows", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--cases", default="ab", help="which cases to run: a (no queue limit), b (unknown limit), or ab")
+    ap.add_argument("--timeline", action="store_true", help="print each run's batch and chunk events, timed from its start")
+    ap.add_argument("--keep", type=Path, help="keep the runs' homes under this (new) folder")
     args = ap.parse_args()
+    CASES[:] = [None if c == "a" else 0.45 for c in args.cases]
+    TIMELINE[0] = args.timeline
     with tempfile.TemporaryDirectory(prefix="bench-schedule-") as tmp:
         work = Path(tmp)
+        if args.keep:
+            args.keep.mkdir(parents=True)
+            work = args.keep
         sched = schedule(args.rows, args.batch_seconds, work)
         mem = memory(args.memory_rows, work)
     if args.write_docs:
