@@ -359,6 +359,57 @@ def test_token_limit_exceeded_with_a_figure_waits_for_room(rig):
     assert rig.tick()[-1] == "JobCompleted"
 
 
+def test_a_second_refusal_that_teaches_nothing_new_is_replanned_at_once(rig):
+    """Two chunks over the limit are in flight; the first refusal teaches the limit, the second
+    (the same message) teaches nothing new.  The second chunk is still too large for the queue:
+    it is re-planned and its rows sent at once, not after the wait before sending a refused
+    chunk again (that wait, two poll intervals, is for a chunk that fits)."""
+    rig.reconfigure("split_row_limit: 2\n")
+    job = rig.drop(4)
+    rig.tick()
+    first, second = rig.provider.open_batches()
+    limit = max(c.input_tokens for c in job.chunks.values()) - 1  # one row fits, two do not
+    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
+    rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.tick()
+    assert [r["chunk"] for r in rig.events("ChunkReplanned")] == [0]
+    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.tick()  # 1 s later: well inside the resend wait
+    assert 1.0 < resubmit_delay(2.0)
+    assert len(rig.events("QueueLimitLearned")) == 1  # nothing new was learned from the second
+    assert [r["chunk"] for r in rig.events("ChunkReplanned")] == [0, 1]
+    for _ in range(4):  # one row in flight at a time
+        rig.provider.finish_all()
+        rig.tick()
+    assert rig.events("JobCompleted") and all(r["error"] == "" for r in rig.result_rows())
+
+
+def test_the_largest_waiting_chunk_that_fits_is_sent_first(home):
+    """First-fit decreasing: chunks of (about) 3, 3, 7 and 7 units under a limit of 10 go in two
+    rounds (7+3, 7+3).  In chunk order they would take three (3+3, then 7, then 7)."""
+    rig = make(home, "split_row_limit: 1\n")
+    small, big = "good " * 30, "good " * 120
+    (rig.home.inbox / "a.csv").write_text(
+        "id,response\n" + "".join(f"{i},{t}{i}\n" for i, t in enumerate([small, small, big, big]))
+    )
+    rig.tick()
+    rig.tick()
+    job = rig.job()
+    sizes = [job.chunks[i].input_tokens for i in range(4)]
+    limit = sizes[2] + sizes[0] + 2  # a big and a small chunk fit together, two bigs do not
+    assert sizes[0] + sizes[1] + sizes[2] > limit
+    rig.reconfigure(f"split_row_limit: 1\nenqueued_token_limit: {{gpt-4o-mini: {limit}}}\n")
+    rounds: list[set[int]] = []
+    while not rig.events("JobCompleted") and len(rounds) < 5:
+        rig.tick()
+        sent = {int(b.metadata["bg_chunk"]) for b in rig.provider.open_batches()}
+        if sent:
+            rounds.append(sent)
+        rig.provider.finish_all()
+    assert rounds == [{2, 0}, {3, 1}]  # the largest first, then the largest that still fits
+    assert rig.events("JobCompleted")
+
+
 def test_create_refused_for_a_rate_limit_waits_then_creates_with_the_same_file(rig):
     rig.drop(2)
     rig.provider.fail_next("create_batch", "refused", status_code=429, message="Rate limit reached", code="rate_limit_exceeded")

@@ -472,13 +472,13 @@ def _submit(
     enqueued = enqueued_tokens(state, model)
     # files uploaded ahead of queue room: at most one queue limit's worth per model
     ahead_room = None if limit is None else limit - queue.staged_tokens(state, model)
-    for c in waiting:
-        if timers.not_before.get((job.job_id, c.index), 0) > now:
-            continue
+    for c in queue.fill_order(waiting):
         if queue.needs_replan(limit, c.input_tokens, c.requests, exact):
-            assert limit is not None
+            assert limit is not None  # re-planned at once: the wait after a refusal is for sending again
             if ("Replan", c.index, None) not in step.done:
                 out.append(Replan(job.job_id, c.index, limit, exact))
+            continue
+        if timers.not_before.get((job.job_id, c.index), 0) > now:
             continue
         if c.upload == "done" and c.create in ("none", "failed"):
             staged = c.staged  # uploaded ahead: not counted by enqueued_tokens nor batches_in_use

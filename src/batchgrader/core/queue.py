@@ -120,6 +120,14 @@ def needs_replan(limit: int | None, tokens: int, requests: int = 2, exact: bool 
     return limit is not None and tokens > limit and (exact or requests > 1)
 
 
+def fill_order(chunks: list[ChunkState]) -> list[ChunkState]:
+    """The order in which a job's waiting chunks are offered the queue's room: largest first
+    (first-fit decreasing), in chunk order among equals.  A re-planned chunk leaves a small
+    remainder beside each limit-sized chunk; offered first, a remainder would take the room a
+    full chunk needs, and cost a round of its own."""
+    return sorted(chunks, key=lambda c: -c.input_tokens)
+
+
 def fails_alone(requests: int, others_in_flight: int) -> bool:
     """A single row refused while nothing else was in flight can never be accepted."""
     return requests == 1 and others_in_flight == 0
