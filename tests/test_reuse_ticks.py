@@ -86,3 +86,63 @@ def test_identical_rows_in_one_file_are_sent_once(rig):
     for r in rig.result_rows("dups_results.csv"):
         by_text.setdefault(r["response"], set()).add((r["grade"], r["input_tokens"], r["output_tokens"]))
     assert all(len(v) == 1 for v in by_text.values())  # every copy carries its leader's answer and counts
+
+
+def _restart_after(rig: Rig, last: str) -> tuple[Rig, JobState]:
+    """The state a kill -9 leaves right after the job's ``last`` event committed: a new log with
+    the events up to it (and an empty answer store: nothing stored after it), the input back in
+    work/, and a new engine on it."""
+    from pathlib import Path
+
+    from batchgrader.store.eventstore import EventStore, NewEvent
+
+    job = rig.job()
+    kept = []
+    for e in rig.store.read():
+        kept.append(e)
+        if e.type == last:
+            break
+    rig.close()
+    Path(job.archived_path or "").rename(job.input_path)
+    for f in rig.home.outbox.glob("*.html"):
+        f.unlink()
+    rig.home.db.unlink()
+    with EventStore(rig.home.db) as store:
+        for e in kept:
+            store.append(e.job_id, [NewEvent(e.type, e.payload)])
+    again = Rig(rig.home)
+    return again, again.job()
+
+
+def test_answers_are_stored_after_the_result_and_again_after_a_kill_in_between(home):
+    """The answers of a merged chunk are stored after the job's result file is written
+    (``AnswersToStore`` with the merge, ``AnswersStored`` after ``ResultWritten``).  Killed in
+    between, the restarted engine stores them, and the same rows again cost nothing."""
+    rig = Rig(home)
+    first = run_file(rig, "a.csv", TEXTS)
+    types = [e.type for e in rig.store.read(job_id=first.job_id)]
+    assert types.index("AnswersToStore") < types.index("ResultWritten") < types.index("AnswersStored")
+    rig, job = _restart_after(rig, "ResultWritten")
+    assert not job.ended and [c.answers_due for c in job.chunks.values()] == [12]
+    rig.tick()
+    job = rig.job()
+    assert job.ended == "completed" and [e["error"] for e in rig.events("AnswersStored")] == [None]
+    creates = rig.calls("create_batch")
+    second = run_file(rig, "b.csv", TEXTS)
+    assert second.cached_rows == 12 and rig.calls("create_batch") == creates
+    rig.close()
+
+
+def test_answers_that_cannot_be_read_are_not_stored_and_the_job_still_ends(home):
+    from pathlib import Path
+
+    rig = Rig(home)
+    run_file(rig, "a.csv", TEXTS)
+    rig, job = _restart_after(rig, "ResultWritten")
+    Path(job.chunks[0].results_path or "").unlink()  # gone before its answers were stored
+    rig.tick()
+    (stored,) = rig.events("AnswersStored")
+    assert "could not be read" in stored["error"] and rig.job().ended == "completed"
+    second = run_file(rig, "b.csv", TEXTS)
+    assert second.cached_rows == 0 and second.requests == 12  # nothing was stored: sent again
+    rig.close()

@@ -35,8 +35,10 @@ def test_happy_path_event_order_and_result(rig):
         "OutputDownloaded",
         "TokensUsed",
         "ChunkCompleted",
+        "AnswersToStore",
         "OutboxWriteStarted",
         "ResultWritten",
+        "AnswersStored",  # kept for reuse after the result is written: storing never delays it
         "InputArchived",
         "ProviderFilesDeleted",
         "JobCompleted",

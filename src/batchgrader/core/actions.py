@@ -228,6 +228,15 @@ class WriteResult(Action):
 
 
 @dataclass(frozen=True)
+class StoreAnswers(Action):
+    """Store a merged chunk's successful answers for reuse (AnswersStored, in the answers'
+    transaction).  After the job's other work: collecting, sending, and its result file."""
+
+    chunk: int
+    stage: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
 class Archive(Action):
     to_failed: bool
     stage: ClassVar[int] = 8

@@ -46,6 +46,7 @@ from batchgrader.core.actions import (
     RestoreInput,
     SearchRecovered,
     Step,
+    StoreAnswers,
     Timers,
     Upload,
     WriteResult,
@@ -407,13 +408,17 @@ def decide_job(
                 )
     else:
         out += _submit(state, job, config, now, timers, step, queue_url)
+    # a merged chunk's answers are stored after everything that brings results sooner
+    store = [StoreAnswers(job_id, c.index) for c in chunks if c.answers_due is not None]
     if all(c.done for c in chunks):
         profile = config.profile(job.profile)
         ids = [] if job.cancel_requested else retry_ids(job, profile)
         if ids:
             out.append(PlanRetries(job_id, tuple(ids)))
             return out
-        out += _finish(job, config)
+        out += _finish(job, config, store)
+    else:
+        out += store
     return out
 
 
@@ -515,12 +520,13 @@ def _submit(
     return out
 
 
-def _finish(job: JobState, config: Config) -> list[Action]:
+def _finish(job: JobState, config: Config, store: list[StoreAnswers]) -> list[Action]:
     final, payload = ending(job)
     failed = final == "JobFailed"
     out: list[Action] = []
     if job.outbox != "done":
         out.append(WriteResult(job.job_id, failed, str(payload.get("error", "")), str(payload.get("hint", ""))))
+    out += store  # after the result file: the user has the results first; before the end
     if not job.archived_path:
         out.append(Archive(job.job_id, failed))
     if config.default.delete_provider_files and not job.provider_files_deleted:

@@ -371,6 +371,17 @@ class DuplicatesAnswered(TypedDict):
     saved_usd: float | None
 
 
+class AnswersToStore(TypedDict):
+    chunk: int
+    rows: int
+    answers: int
+
+
+class AnswersStored(TypedDict):
+    chunk: int
+    error: str | None
+
+
 class InputTokensCounted(TypedDict):
     exact: bool
     source: str
@@ -424,6 +435,8 @@ PAYLOADS: dict[str, type] = {
         FreshAnswersRequested,
         RequestsReused,
         DuplicatesAnswered,
+        AnswersToStore,
+        AnswersStored,
         InputTokensCounted,
     )
 }

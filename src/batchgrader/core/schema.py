@@ -434,6 +434,25 @@ EVENTS: dict[str, EventType] = {
             },
         ),
         _t(
+            "AnswersToStore",
+            1,
+            "merge",
+            {
+                "chunk": "the merged chunk (appended with its ChunkCompleted) whose successful answers go into the answer store",
+                "rows": "result records of the chunk's sent rows to read (the first lines of its results file)",
+                "answers": "successful answers among them",
+            },
+        ),
+        _t(
+            "AnswersStored",
+            1,
+            "merge",
+            {
+                "chunk": "the chunk whose answers were stored (in the same transaction as the answers)",
+                "error": "null, or why none were stored (its results file could not be read); the job goes on",
+            },
+        ),
+        _t(
             "InputTokensCounted",
             1,
             "prepare",

@@ -62,6 +62,7 @@ class ChunkState:
     malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
     replanned: bool = False  # refused for the queue limit and split into smaller chunks
     ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
+    answers_due: int | None = None  # merged, its answers not stored yet (AnswersToStore): result records to read
 
     @property
     def staged(self) -> bool:
@@ -562,6 +563,14 @@ def _duplicates_answered(s: State, job: JobState, p: P.DuplicatesAnswered, e: Ev
     job.saved_usd += float(p["saved_usd"] or 0.0)
 
 
+def _answers_to_store(s: State, job: JobState, p: P.AnswersToStore, e: Event) -> None:
+    _chunk(job, p["chunk"]).answers_due = int(p["rows"])
+
+
+def _answers_stored(s: State, job: JobState, p: P.AnswersStored, e: Event) -> None:
+    _chunk(job, p["chunk"]).answers_due = None
+
+
 def _input_tokens_counted(s: State, job: JobState, p: P.InputTokensCounted, e: Event) -> None:
     job.input_tokens_exact = bool(p["exact"])
     job.input_tokens_source = p["source"]
@@ -610,5 +619,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "FreshAnswersRequested": _fresh_requested,
     "RequestsReused": _requests_reused,
     "DuplicatesAnswered": _duplicates_answered,
+    "AnswersToStore": _answers_to_store,
+    "AnswersStored": _answers_stored,
     "InputTokensCounted": _input_tokens_counted,
 }

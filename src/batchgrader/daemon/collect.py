@@ -25,7 +25,6 @@ from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import list_statuses
-from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
@@ -279,14 +278,9 @@ class CollectSteps(ReuseSteps):
         if c.status == "completed":
             probe = probe_after_completion(self.state, job, self.queue_url_for(job))
             events += self._learned_event(job.model or "", probe, c.index, None, job)
-        keep_days = self.settings.cache_days
-        succeeded = merged.succeeded
-
-        def put(conn: Any) -> None:
-            if succeeded and keep_days > 0:
-                answers.put(conn, self._answers_to_store(job, c, results_path, len(expected)), now=now, keep_days=keep_days)
-
-        self.emit(job.job_id, *events, also=put)
+        if merged.succeeded and self.settings.cache_days > 0:  # stored later (StoreAnswers), off the results' path
+            events.append(_e("AnswersToStore", chunk=c.index, rows=len(expected), answers=merged.succeeded))
+        self.emit(job.job_id, *events)
 
     def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
         cids = chunk_custom_ids(c)

@@ -36,6 +36,7 @@ from batchgrader.core.decide import (
     RestoreInput,
     SearchRecovered,
     Step,
+    StoreAnswers,
     Upload,
     WriteResult,
     next_action,
@@ -192,6 +193,8 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             self._plan_retries(job, list(a.custom_ids))
         elif isinstance(a, WriteResult):
             self._write_outbox(job, a, now)
+        elif isinstance(a, StoreAnswers):
+            self._store_answers(job, job.chunks[a.chunk], now)
         elif isinstance(a, Archive):
             src = Path(job.input_path)
             if src.exists():

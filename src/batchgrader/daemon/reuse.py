@@ -16,7 +16,7 @@ from batchgrader.core.decide import reuse_enabled
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import EngineBase, _e, _lines
 from batchgrader.fsio import atomic_write_bytes
-from batchgrader.pipeline.answerkey import line_key
+from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.prepare import oversized_positions
 from batchgrader.pipeline.reuse import ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
@@ -159,15 +159,34 @@ class ReuseSteps(EngineBase):
         ride = {f for fs in riders.values() for f in fs}
         return [x for x in ids if x not in ride]
 
+    def _store_answers(self, job: JobState, c: ChunkState, now: float) -> None:
+        """Store a merged chunk's successful answers (``AnswersToStore``), recorded by
+        ``AnswersStored`` in the same transaction.  Done after the job's result file is written,
+        so storing never delays the results; after a crash in between it is simply done again
+        (a stored answer is never duplicated).  A results file that cannot be read stores
+        nothing, says why, and lets the job end."""
+        rows, path = c.answers_due or 0, Path(c.results_path or "")
+        keep_days = self.settings.cache_days
+
+        def put(conn: Any) -> None:
+            if keep_days > 0:
+                answers.put(conn, self._answers_to_store(job, c, path, rows), now=now, keep_days=keep_days)
+
+        try:
+            self.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=None), also=put)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # the transaction was rolled back
+            error = f"the chunk's results could not be read: {exc}"
+            log.warning("job %s chunk %s: answers not stored: %s", job.job_id, c.index, error)
+            self.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=error))
+
     def _answers_to_store(self, job: JobState, c: ChunkState, results_path: Path, rows: int) -> Iterator[dict[str, Any]]:
         """The successful, complete answers of a merged chunk, by request key, one at a time: the
         chunk's request lines and the first ``rows`` lines of its results file (the same rows in the
         same order) are read side by side."""
         provider = self.provider_key_for(job)
         with open(results_path, "rb") as results:
-            pairs = zip(_lines(Path(c.path)), islice(results, rows))
-            for line, raw in pairs:
-                cid, key = line_key(provider, line)
+            pairs = zip(line_keys(provider, _lines(Path(c.path))), islice(results, rows))
+            for (cid, key), raw in pairs:
                 r = json.loads(raw)
                 if r["custom_id"] != cid:  # not in one order (never expected): match the rest by custom id
                     yield from self._answers_by_id(job, c, results_path, rows, provider)
@@ -180,8 +199,7 @@ class ReuseSteps(EngineBase):
     ) -> Iterator[dict[str, Any]]:
         with open(results_path, "rb") as results:
             ok = {r["custom_id"]: r for r in map(json.loads, islice(results, rows)) if _storable(r)}
-        for line in _lines(Path(c.path)):
-            cid, key = line_key(provider, line)
+        for cid, key in line_keys(provider, _lines(Path(c.path))):
             if cid in ok:
                 yield _answer_row(job, c, provider, key, ok[cid])
 
