@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -82,10 +83,20 @@ def _load_token_sizes(path: Path) -> tuple[array, array]:
     return data[:half], data[half:]
 
 
+_CUSTOM_ID = re.compile(rb'^\{"custom_id":("(?:[^"\\]|\\.)*")')
+
+
+def _custom_id(line: bytes) -> str:
+    """The custom_id of a request line (read from the start of the line when it is there, as
+    the daemon writes it; otherwise the line is parsed)."""
+    m = _CUSTOM_ID.match(line)
+    return str(json.loads(m.group(1)) if m else json.loads(line)["custom_id"])
+
+
 def chunk_custom_ids(c: ChunkState) -> list[str]:
     if c.custom_ids is not None:
         return list(c.custom_ids)
-    return [json.loads(line)["custom_id"] for line in _lines(Path(c.path))]
+    return [_custom_id(line) for line in _lines(Path(c.path))]
 
 
 def result_settings(profile: Profile) -> dict[str, Any]:

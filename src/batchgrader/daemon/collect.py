@@ -15,7 +15,7 @@ from batchgrader.core import queue
 from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
 from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
-from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
+from batchgrader.daemon.base import _custom_id, _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.calibration import overhead_payload
@@ -303,7 +303,7 @@ class CollectSteps(ReuseSteps):
         sizes = array("Q")
         tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
         for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
-            cid = json.loads(line)["custom_id"]
+            cid = _custom_id(line)
             if cid in wanted:
                 lines.append(line)
                 tokens.append(tok_all[pos])

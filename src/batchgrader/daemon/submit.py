@@ -4,10 +4,8 @@ create the batch, reconcile an intent without an outcome, detect duplicates, can
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 from array import array
 from collections.abc import Callable, Iterable
 from itertools import islice
@@ -29,6 +27,7 @@ from batchgrader.core.decide import (
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.base import (
     CLOCK_SKEW_SLACK,
+    _custom_id,
     _e,
     _lines,
     _status_event,
@@ -73,16 +72,6 @@ class _Heartbeat:
 def _write_arrays(f: Any, *arrays: array) -> None:
     for a in arrays:
         a.tofile(f)
-
-
-_CUSTOM_ID = re.compile(rb'^\{"custom_id":("(?:[^"\\]|\\.)*")')
-
-
-def _custom_id(line: bytes) -> str:
-    """The custom_id of a request line (read from the start of the line when it is there, as
-    the daemon writes it; otherwise the line is parsed)."""
-    m = _CUSTOM_ID.match(line)
-    return str(json.loads(m.group(1)) if m else json.loads(line)["custom_id"])
 
 
 def _token_sizes(path: Path, first: int, last: int | None) -> tuple[array, array]:
@@ -250,8 +239,10 @@ class SubmitSteps(CollectSteps, FinishSteps):
         is tried alone.  Retry counters do not move.  Chunk files first, then one append; a
         crash in between plans the same chunks again."""
         self._delete_refused_file(c)
-        riders = self._riders(job, chunk_custom_ids(c))  # duplicates riding with their leader stay with it
-        ids = set(self._sent_ids(job, chunk_custom_ids(c)))
+        in_chunk = chunk_custom_ids(c)
+        riders = self._riders(job, in_chunk)  # duplicates riding with their leader stay with it
+        ids = set(self._sent_ids(job, in_chunk))
+        del in_chunk
         # the chunk's lines are read twice (to plan, then to write), never held: a refused chunk
         # may be the whole file
         cids: list[str] = []
