@@ -386,6 +386,22 @@ def test_a_second_refusal_that_teaches_nothing_new_is_replanned_at_once(rig):
     assert rig.events("JobCompleted") and all(r["error"] == "" for r in rig.result_rows())
 
 
+def test_a_chunk_that_fits_is_sent_before_the_next_refused_chunk_is_replanned(rig):
+    """Two chunks refused in one poll: the first is re-planned, one of its new chunks is sent at
+    once, and only then is the second re-planned (a re-plan reads and writes the chunk's rows:
+    the queue's room does not wait for it)."""
+    rig.reconfigure("split_row_limit: 2\n")
+    job = rig.drop(4)
+    rig.tick()
+    limit = max(c.input_tokens for c in job.chunks.values()) - 1  # one row fits, two do not
+    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
+    rig.provider.finish_all("failed", errors=[("token_limit_exceeded", message)])
+    types = rig.tick()
+    first_replan = types.index("ChunkReplanned")
+    second_replan = types.index("ChunkReplanned", first_replan + 1)
+    assert first_replan < types.index("BatchCreateRequested", first_replan) < second_replan
+
+
 def test_the_largest_waiting_chunk_that_fits_is_sent_first(home):
     """First-fit decreasing: chunks of (about) 3, 3, 7 and 7 units under a limit of 10 go in two
     rounds (7+3, 7+3).  In chunk order they would take three (3+3, then 7, then 7)."""

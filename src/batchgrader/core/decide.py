@@ -477,11 +477,15 @@ def _submit(
     enqueued = enqueued_tokens(state, model)
     # files uploaded ahead of queue room: at most one queue limit's worth per model
     ahead_room = None if limit is None else limit - queue.staged_tokens(state, model)
+    # a chunk over the limit is re-planned at once (the wait after a refusal is for sending it
+    # again), after the chunks that can be sent now: a re-plan takes a while, the queue's room
+    # does not wait for it
+    replans: list[Action] = []
     for c in queue.fill_order(waiting):
         if queue.needs_replan(limit, c.input_tokens, c.requests, exact):
-            assert limit is not None  # re-planned at once: the wait after a refusal is for sending again
+            assert limit is not None
             if ("Replan", c.index, None) not in step.done:
-                out.append(Replan(job.job_id, c.index, limit, exact))
+                replans.append(Replan(job.job_id, c.index, limit, exact))
             continue
         if timers.not_before.get((job.job_id, c.index), 0) > now:
             continue
@@ -517,7 +521,7 @@ def _submit(
         out.append(Create(job.job_id, c.index))
         free -= 1
         enqueued += c.input_tokens
-    return out
+    return out + replans
 
 
 def _finish(job: JobState, config: Config, store: list[StoreAnswers]) -> list[Action]:
