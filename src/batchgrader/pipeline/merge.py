@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -17,6 +18,8 @@ from typing import IO, Any
 from batchgrader.pipeline.pricing import Price, billed_cost
 
 USAGE_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+_dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False) without an encoder per call
+FIGURES = 2 + len(USAGE_KEYS)  # numbers a ChunkSpool keeps per record: ok, the USAGE_KEYS tokens, cache-write tokens
 
 
 def outcome_record(o: Any) -> dict[str, Any]:
@@ -69,22 +72,38 @@ class StreamedMerge:
 
 
 class ChunkSpool:
-    """A chunk's outcomes as they are read, spooled to a temporary file: memory holds one offset
-    per answered row, never the parsed outcomes or the chunk's records.  :meth:`write` then
-    takes them back in the chunk's order."""
+    """A chunk's outcomes as they are read, spooled to a temporary file: memory holds, per
+    answered row, where its record is and the few figures the merge sums, in flat arrays (never
+    the parsed outcomes or the chunk's records, which are not parsed again).  :meth:`write`
+    then takes them back in the chunk's order."""
 
     def __init__(self, expected: Sequence[str]):
         self.expected = expected
         self.wanted = set(expected)
-        self.found: dict[str, int] = {}  # custom_id -> offset of its record (later outcomes of a row win)
+        self.found: dict[str, int] = {}  # custom_id -> slot of its record (later outcomes of a row win)
+        self.at = array("q")  # per slot: the record's offset in the spool ...
+        self.size = array("q")  # ... its size with its newline ...
+        self.figures = array("q")  # ... and FIGURES numbers: ok, the USAGE_KEYS tokens, cache-write tokens
+        self.errors: dict[int, tuple[Any, Any]] = {}  # slot of a failed row -> (error code, message)
         self.spool: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
 
     def read(self, outcomes: Iterable[Any]) -> None:
-        dumps, wanted, found, spool = json.dumps, self.wanted, self.found, self.spool
+        dumps, wanted, found, spool = _dumps, self.wanted, self.found, self.spool
+        at = spool.tell()
         for o in outcomes:
             if o.custom_id in wanted:
-                found[o.custom_id] = spool.tell()
-                spool.write(dumps(outcome_record(o), ensure_ascii=False).encode("utf-8") + b"\n")
+                rec = outcome_record(o)
+                line = dumps(rec).encode("utf-8") + b"\n"
+                slot = found[o.custom_id] = len(self.at)
+                self.at.append(at)
+                self.size.append(len(line))
+                if rec["ok"]:
+                    self.figures.extend((1, *(int(rec.get(k) or 0) for k in USAGE_KEYS), int(rec.get("cache_write_tokens") or 0)))
+                else:
+                    self.figures.extend((0, 0, 0, 0, 0, 0))
+                    self.errors[slot] = (rec.get("error_code"), rec.get("error_message"))
+                spool.write(line)
+                at += len(line)
 
     def write(
         self,
@@ -100,7 +119,7 @@ class ChunkSpool:
         (``batch_expired``), was cancelled (``batch_cancelled``) or left it out
         (``missing_result``, or ``missing`` when the files could not be had or had unreadable
         lines)."""
-        return _write_in_order(write, self.expected, self.wanted, self.found, self.spool, status, missing, followers)
+        return _write_in_order(write, self, status, missing, followers)
 
     def close(self) -> None:
         self.spool.close()
@@ -114,15 +133,12 @@ class ChunkSpool:
 
 def _write_in_order(
     write: Callable[[bytes], Any],
-    expected: Sequence[str],
-    wanted: set[str],
-    found: dict[str, int],
-    spool: IO[bytes],
+    sp: ChunkSpool,
     status: str | None,
     missing: tuple[str, str] | None,
     followers: Mapping[str, Sequence[str]] | None,
 ) -> StreamedMerge:
-    dumps, loads = json.dumps, json.loads
+    dumps, loads = _dumps, json.loads
     missing_code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(status or "", "missing_result")
     missing_msg = {
         "batch_expired": "the batch expired before this row was processed",
@@ -136,33 +152,45 @@ def _write_in_order(
     dup_lines: list[bytes] = []
     dup_failed: list[dict[str, Any]] = []
     dup_totals = dict.fromkeys(USAGE_KEYS, 0)
+    expected, wanted, found, spool, figures = sp.expected, sp.wanted, sp.found, sp.spool, sp.figures
+    spool.flush()
+    pos = spool.tell()  # where the spool's file position is (a seek is skipped when it is there)
     for cid in expected:
-        at = found.pop(cid, None)
-        line = None
-        if at is not None:
-            spool.seek(at)
-            line = spool.readline().rstrip(b"\n")
-        if line is None:
-            rec: dict[str, Any] = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
-            line = dumps(rec, ensure_ascii=False).encode("utf-8")
+        slot = found.pop(cid, None)
+        if slot is None:
+            rec: dict[str, Any] | None = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
+            line = dumps(rec).encode("utf-8") + b"\n"
+            ok, pt, ct, comp, rt, cw = 0, 0, 0, 0, 0, 0
+            code, message = missing_code, missing_msg
         else:
-            rec = loads(line)
-        write(line + b"\n")
-        if rec["ok"]:
-            for k in USAGE_KEYS:
-                totals[k] += int(rec.get(k) or 0)
-            writes += int(rec.get("cache_write_tokens") or 0)
+            at = sp.at[slot]
+            if at != pos:
+                spool.seek(at)
+            line = spool.read(sp.size[slot])
+            pos = at + len(line)
+            rec = None
+            ok, pt, ct, comp, rt, cw = figures[slot * FIGURES : slot * FIGURES + FIGURES]
+            code, message = sp.errors.get(slot, (None, None))
+        write(line)
+        if ok:
+            totals["prompt_tokens"] += pt
+            totals["cached_tokens"] += ct
+            totals["completion_tokens"] += comp
+            totals["reasoning_tokens"] += rt
+            writes += cw
         else:
-            failed.append({"custom_id": cid, "code": rec.get("error_code"), "message": rec.get("error_message")})
+            failed.append({"custom_id": cid, "code": code, "message": message})
         for dup in followers.get(cid, ()) if followers else ():
             if dup in wanted:
                 continue  # a duplicate resent in a retry chunk has its own outcome
-            dup_lines.append(dumps({**rec, "custom_id": dup, "reused": "duplicate", "leader": cid}, ensure_ascii=False).encode())
-            if rec["ok"]:
-                for k in USAGE_KEYS:
-                    dup_totals[k] += int(rec.get(k) or 0)
+            if rec is None:
+                rec = loads(line)
+            dup_lines.append(dumps({**rec, "custom_id": dup, "reused": "duplicate", "leader": cid}).encode())
+            if ok:
+                for k, v in zip(USAGE_KEYS, (pt, ct, comp, rt), strict=True):
+                    dup_totals[k] += v
             else:
-                dup_failed.append({"custom_id": dup, "code": rec.get("error_code"), "message": rec.get("error_message")})
+                dup_failed.append({"custom_id": dup, "code": code, "message": message})
     for line in dup_lines:
         write(line + b"\n")
     return StreamedMerge(
