@@ -179,3 +179,41 @@ def test_a_kill_between_the_upload_ahead_and_the_create_neither_leaks_nor_pays_t
     assert len(rig.provider.batches) == 2 and all(r["error"] == "" for r in rig.result_rows())
     assert not rig.provider.files
     rig.close()
+
+
+def test_the_room_ahead_goes_to_the_largest_waiting_chunk_not_to_a_remainder_uploaded_earlier(home):
+    """Two chunks refused for the queue limit (rows big, big, small each): each is re-planned into
+    a full chunk (big, big) and a remainder (small).  When the second refusal is seen, the first
+    full chunk is created, the first remainder is uploaded ahead (the room ahead was free), and
+    the second chunk is re-planned: its full chunk is uploaded ahead too, since it is sent next
+    (largest first), although the remainder holds a part of one limit's worth."""
+    rig = Rig(home, "split_row_limit: 3\n")
+    big, small = "good " * 200, "ok"
+    texts = [big, big, small, big, big, small]
+    (rig.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},{t} {i}\n" for i, t in enumerate(texts)))
+    for _ in range(5):
+        rig.tick()
+        if len(rig.provider.open_batches()) == 2:
+            break
+    first, second = rig.provider.open_batches()
+    tokens = {c.index: c.input_tokens for c in rig.job().chunks.values()}
+    limit = tokens[0] - 1  # the full chunks (big, big) fit, a whole chunk does not
+    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
+    rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.tick()
+    assert rig.job().chunks[2].staged and not rig.job().chunks[3].staged  # the full chunk waits uploaded
+    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.tick()
+    job = rig.job()
+    assert job.chunks[2].in_flight and job.chunks[3].staged  # created; the remainder uploaded ahead
+    assert job.chunks[4].input_tokens + job.chunks[3].input_tokens > limit  # both do not fit the room ahead ...
+    assert job.chunks[4].staged  # ... and the full chunk, sent next, is uploaded ahead
+    (batch,) = rig.provider.open_batches()
+    rig.provider.finish(batch.id)
+    rig.tick()
+    assert rig.job().chunks[4].in_flight  # created with the file uploaded ahead
+    for _ in range(3):
+        rig.provider.finish_all()
+        rig.tick()
+    assert rig.events("JobCompleted")
+    rig.close()

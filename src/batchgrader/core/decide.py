@@ -475,8 +475,11 @@ def _submit(
     cap = settings.max_simultaneous_batches
     free = (1 << 30) if cap is None else cap - batches_in_use(state)
     enqueued = enqueued_tokens(state, model)
-    # files uploaded ahead of queue room: at most one queue limit's worth per model
-    ahead_room = None if limit is None else limit - queue.staged_tokens(state, model)
+    # files uploaded ahead of queue room: one queue limit's worth per model, the chunks that will
+    # be sent next (largest first: a waiting chunk already uploaded ahead keeps a part of it only
+    # when it fits there, as a larger one is sent before it)
+    waiting_here = {c.index for c in waiting}
+    ahead_room = None if limit is None else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here))
     # a chunk over the limit is re-planned at once (the wait after a refusal is for sending it
     # again), after the chunks that can be sent now: a re-plan takes a while, the queue's room
     # does not wait for it
@@ -492,12 +495,16 @@ def _submit(
         if c.upload == "done" and c.create in ("none", "failed"):
             staged = c.staged  # uploaded ahead: not counted by enqueued_tokens nor batches_in_use
             counted = c.input_tokens if c.failure is None and not staged else 0  # enqueued_tokens counts it already
-            if staged and free <= 0:
-                continue
-            if ("Create", c.index, None) not in step.done and queue.has_room(limit, enqueued - counted, c.input_tokens, exact):
+            if (
+                (free > 0 or not staged)
+                and ("Create", c.index, None) not in step.done
+                and queue.has_room(limit, enqueued - counted, c.input_tokens, exact)
+            ):
                 out.append(Create(job.job_id, c.index))  # uploaded earlier: create (again) with the same file
                 enqueued += c.input_tokens - counted
                 free -= 1 if staged else 0
+            elif staged and ahead_room is not None and c.input_tokens <= ahead_room:
+                ahead_room -= c.input_tokens  # still waiting, uploaded: it holds its part of the room ahead
             continue
         if free <= 0:
             break

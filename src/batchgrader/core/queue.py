@@ -16,6 +16,7 @@ restarts; the fold keeps the latest one in ``State.queue_limits``.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,10 +153,18 @@ def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = 
     return total
 
 
-def staged_tokens(state: State, model: str) -> int:
+def staged_tokens(state: State, model: str, but: tuple[str, Container[int]] = ("", ())) -> int:
     """Input tokens of ``model`` whose files are uploaded (or being uploaded) ahead of queue room,
-    across all jobs: they wait for room and are not in the queue (see UploadAheadPlanned)."""
-    return sum(c.input_tokens for j in state.active_jobs() if j.model == model for c in j.chunks.values() if c.staged)
+    across all jobs: they wait for room and are not in the queue (see UploadAheadPlanned).
+    ``but``: a job id and chunks of it left out."""
+    job_id, chunks = but
+    return sum(
+        c.input_tokens
+        for j in state.active_jobs()
+        if j.model == model
+        for c in j.chunks.values()
+        if c.staged and not (j.job_id == job_id and c.index in chunks)
+    )
 
 
 def known_limit(state: State, queue_url: str, model: str) -> dict[str, Any] | None:
