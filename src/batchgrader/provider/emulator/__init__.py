@@ -10,7 +10,9 @@ What it does (see ``/work/shared/reference/openai-batch-api-facts.md`` for the r
 * Batches move ``validating -> in_progress -> finalizing -> completed`` on a configurable clock.
   Transitions are computed lazily, in time order across all batches, whenever state is read,
   so a test can drive an injected :class:`ManualClock` and get the same result however often
-  it polls.  Also ``failed`` (validation, token limit, missing file), ``expired`` (deadline or
+  it polls.  An input file is parsed and counted in a background worker (not in a client's
+  request), so on the real clock a batch validates when that work is done; on another clock a
+  due validation waits for it.  Also ``failed`` (validation, token limit, missing file), ``expired`` (deadline or
   forced, with partial output) and ``cancelling -> cancelled`` (partial output).
 * Outputs are deterministic answers (hash of custom_id + messages), valid JSON for
   ``response_format`` json_schema/json_object, exact prompt tokens (the project's
@@ -27,7 +29,8 @@ validation errors are 1-based.
 
 The package, by concept: ``config`` (constants, :class:`EmulatorConfig`), ``faults`` (profiles
 and scripted faults), ``lifecycle`` (batches and the clock), ``validation`` (input checks and
-request plans), ``answers`` (answer generation and result files), ``files`` (Files API),
+request plans), ``background`` (token counts cached by content, and the worker that parses and
+counts input files off the request path), ``answers`` (answer generation and result files), ``files`` (Files API),
 ``persistence`` (``data_dir``), ``state`` and ``store`` (the store built from those parts),
 ``routing`` (HTTP) and ``server`` (:class:`Emulator`, :func:`run_emulator`).
 """

@@ -139,6 +139,7 @@ class BatchesMixin(_StoreBase):
                     pass
             self.batches[bid] = b
             self.batches_created += 1
+            self._start_validation(b)
             self._save_batch(b)
             return json.loads(json.dumps(obj))
 
@@ -173,6 +174,7 @@ class BatchesMixin(_StoreBase):
                 return self._view(b)
             if s == "validating":
                 b.stop_count = 0
+                b.checking = None  # its background validation's result is not needed
             elif s == "in_progress":
                 b.stop_count = self._processed(b, now)
             else:  # finalizing: all requests ran
@@ -236,7 +238,8 @@ class BatchesMixin(_StoreBase):
         s = b.status
         cfg = self.cfg
         if s == "validating":
-            return (b.t_created + cfg.validating_s, 1, "validate")
+            ready, t = self._validation_ready(b)
+            return (t, 1, "validate") if ready else None
         if s == "in_progress":
             assert b.t_in_progress is not None
             t_fin = b.t_in_progress + cfg.in_progress_s

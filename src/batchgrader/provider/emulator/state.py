@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from batchgrader.provider.emulator.background import Pending, TokenCache, Worker
     from batchgrader.provider.emulator.config import EmulatorConfig
     from batchgrader.provider.emulator.faults import FaultRates
 
@@ -53,6 +54,8 @@ class _Batch:
     input_data: bytes | None = None
     plan: list[_Req] | None = None
     answered: int = 0  # requests of ``plan`` whose answer is generated (not persisted: regenerated)
+    # The background parse-and-count of the input file while validating (not persisted: restarted)
+    checking: Pending | None = None
 
     @property
     def status(self) -> str:
@@ -104,6 +107,9 @@ class _StoreBase:
     rates: FaultRates
     fault_rng: random.Random
     data_dir: Path | None
+    token_cache: TokenCache
+    worker: Worker
+    validation_waits: bool  # a due validation waits for its background work (manual clocks)
 
     if TYPE_CHECKING:  # implemented by the mixins
 
@@ -116,6 +122,8 @@ class _StoreBase:
         def _cursor(self, query: dict[str, str]) -> str | None: ...
         def _processed(self, b: _Batch, t: float) -> int: ...
         def _validate(self, b: _Batch) -> list[dict[str, Any]]: ...
+        def _start_validation(self, b: _Batch) -> None: ...
+        def _validation_ready(self, b: _Batch) -> tuple[bool, float]: ...
         def _ensure_plan(self, b: _Batch) -> list[_Req]: ...
         def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None: ...
         def _answer_upto(self, b: _Batch, processed: int, t: float) -> None: ...

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from batchgrader.provider.emulator.answers import AnswersMixin
 from batchgrader.provider.emulator.anthropic import AnthropicMixin, _MsgBatch
+from batchgrader.provider.emulator.background import TokenCache, Worker
 from batchgrader.provider.emulator.config import EmulatorConfig
 from batchgrader.provider.emulator.faults import FaultsMixin
 from batchgrader.provider.emulator.files import FilesMixin
@@ -43,10 +45,19 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         self.rates = config.fault_rates()
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.data_dir = Path(config.data_dir) if config.data_dir else None
+        self.token_cache = TokenCache()
+        self.worker = Worker(self.clock)
+        # On the real clock a batch stays validating until its background parse-and-count is
+        # done, as long as that takes; on another (a test's manual) clock, a due validation waits
+        # for it, so that the outcome does not depend on the machine's speed.
+        self.validation_waits = self.clock is not time.time
         if self.data_dir:
             self._load()
             self._msg_load()
             self._gem_load()
+            for b in self.batches.values():
+                if b.status == "validating":  # restarted mid-validation
+                    self._start_validation(b)
 
     # --- inspection ------------------------------------------------------------------------
 
@@ -64,6 +75,8 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
                 "faults_injected": dict(self.faults_injected),
                 "files_created": self.files_created,
                 "batches_created": self.batches_created,
+                # requests whose prompt tokens the tokenizer counted (not found in the token cache)
+                "tokens_counted_requests": self.token_cache.counted_requests,
                 "batches": [
                     {
                         "id": b.obj["id"],
