@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 from batchgrader.pipeline.tokens import ChatTokenCounter
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
@@ -146,3 +147,84 @@ def test_a_restart_mid_validation_still_validates_the_batch(tmp_path: Path):
         c = sdk_client(e2)
         seen = wait_for(lambda: (x := c.batches.retrieve(b.id)).status != "validating" and x, timeout=60)
         assert seen.status == "in_progress" and seen.request_counts.total == 3_000
+
+
+# --- answers off the request path -----------------------------------------------------------
+
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "grade",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5}, "reason": {"type": "string"}},
+            "required": ["score", "reason"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def undated(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Output lines without what names the batch (line and request ids) or dates the answer."""
+    out = {}
+    for line in lines:
+        line = json.loads(json.dumps(line))
+        del line["id"]
+        if line["response"] is not None:
+            del line["response"]["request_id"]
+            line["response"]["body"].pop("created", None)
+        out[line["custom_id"]] = line
+    return out
+
+
+def test_answers_drafted_in_the_background_are_the_answers_made_in_place(emu_factory, clock):
+    rows = essays(30)
+    rows[1]["body"]["response_format"] = SCHEMA
+    rows[2]["body"]["n"] = 2
+    rows[3]["body"]["max_completion_tokens"] = 3
+    rows[4]["body"]["messages"][1]["content"] += " __FAIL_500__"
+    data = jsonl(rows)
+    manual = sdk_client(emu_factory())
+    in_place = run_to_terminal(manual, clock, create_batch(manual, data).id)
+    real = sdk_client(emu_factory(clock=time.time, validating_s=0.0, in_progress_s=0.3, finalizing_s=0.0))
+    b = create_batch(real, data)
+    drafted = wait_for(lambda: (x := real.batches.retrieve(b.id)).status == "completed" and x, timeout=30)
+    assert drafted.request_counts == in_place.request_counts and drafted.usage == in_place.usage
+    ok = read_jsonl(real, drafted.output_file_id)
+    assert undated(ok) == undated(read_jsonl(manual, in_place.output_file_id))
+    assert undated(read_jsonl(real, drafted.error_file_id)) == undated(read_jsonl(manual, in_place.error_file_id))
+    assert all(drafted.in_progress_at <= l["response"]["body"]["created"] <= drafted.completed_at for l in ok)
+
+
+@pytest.mark.slow
+def test_a_retrieve_that_finds_a_large_batch_processed_returns_at_once(emu_factory):
+    """On the real clock the answers of a running batch are drafted in the background, so the
+    retrieve that finds all 20,000 requests processed (and the batch completed) only dates them
+    and writes the result files (before, it generated every answer under the lock)."""
+    e = emu_factory(clock=time.time, validating_s=0.0, in_progress_s=2.0, finalizing_s=0.0)
+    c = sdk_client(e, timeout=60.0)
+    rows = [
+        json.dumps(
+            {
+                "custom_id": f"s-{i}",
+                "method": "POST",
+                "url": CHAT,
+                "body": {**json.loads(line)["body"], "response_format": SCHEMA},
+            }
+        )
+        for i, line in enumerate(big_input(20_000, 30).decode().splitlines())
+    ]
+    b = create_batch(c, ("\n".join(rows) + "\n").encode())
+    running = wait_for(lambda: (x := c.batches.retrieve(b.id)).status != "validating" and x, timeout=60)
+    assert running.status == "in_progress"
+    wait_for(lambda: time.time() > running.in_progress_at + 1 + 2.0 + 1.5, timeout=10)  # done and then some
+    t0 = time.monotonic()
+    done = c.batches.retrieve(b.id)
+    took = time.monotonic() - t0
+    assert done.status == "completed" and done.request_counts.completed == 20_000
+    assert took < 1.0, took
+    lines = read_jsonl(c, done.output_file_id)
+    assert len(lines) == 20_000
+    assert all(running.in_progress_at <= l["response"]["body"]["created"] <= done.completed_at for l in lines)

@@ -179,8 +179,72 @@ def _counter_for(model: str) -> Any:
         return c
 
 
+#: Stands for ``created`` in a drafted output line (the line is made before it is dated).
+_CREATED_SLOT = 8_164_093_251_076_543_219
+_CREATED_KEY = f'"created": {_CREATED_SLOT}'
+
+_Draft = tuple[str, str | None, tuple[int, int, int, int] | None]
+
+
 class AnswersMixin(_StoreBase):
     """The results of a batch."""
+
+    def _draft(self, req: _Req, model: str, bid: str) -> _Draft:
+        """A request's output line, undated: ``(head, tail, tokens)``; the line dated ``created`` is
+        ``head + str(created) + tail`` (a failed request's line has no date: ``(line, None, None)``).
+        ``tokens`` is (input, cached, output, reasoning)."""
+        line_id = "batch_req_" + _hex(bid, req.custom_id, n=32)
+        request_id = "req_" + _hex("req", bid, req.custom_id, n=32)
+        if req.fail_status is not None:
+            line = json.dumps(
+                {
+                    "id": line_id,
+                    "custom_id": req.custom_id,
+                    "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
+                    "error": None,
+                }
+            )
+            return line, None, None
+        body = self._answer(req, model, _CREATED_SLOT)
+        u = body["usage"]
+        tokens = (
+            u["prompt_tokens"],
+            u["prompt_tokens_details"]["cached_tokens"],
+            u["completion_tokens"],
+            u["completion_tokens_details"]["reasoning_tokens"],
+        )
+        line = json.dumps(
+            {
+                "id": line_id,
+                "custom_id": req.custom_id,
+                "response": {"status_code": 200, "request_id": request_id, "body": body},
+                "error": None,
+            }
+        )
+        # The first '"created": N' outside a string (a string holds no bare quote) is the body's.
+        head, tail = line.split(_CREATED_KEY, 1)
+        return head + '"created": ', tail, tokens
+
+    def _start_answers(self, b: _Batch) -> None:
+        """On the real clock, draft the answers of a batch that starts running in the background,
+        in request order, so that the look at the batch that finds requests processed only dates
+        their lines (``_answer_upto``) instead of generating them in a client's request."""
+        plan = b.plan
+        if not self.real_clock or self.cfg.answer_fn is not None or not plan:
+            return  # a test's clock or answer function: answers are made in place, as they are due
+        drafts: list[_Draft | None] = [None] * len(plan)
+        b.drafts = drafts
+        model = b.obj.get("model") or ""
+        bid = b.obj["id"]
+
+        def draft_all() -> None:
+            for i, req in enumerate(plan):
+                if i % 256 == 0 and (b.drafts is not drafts or b.status not in ("in_progress", "finalizing")):
+                    return  # done with, cancelled or expired: the rest is not needed
+                if i >= b.answered:
+                    drafts[i] = self._draft(req, model, bid)
+
+        self.answerer.submit(draft_all)
 
     def _answer_upto(self, b: _Batch, processed: int, t: float) -> None:
         """Generate the answers of the first ``processed`` requests that have none yet, as of time
@@ -192,38 +256,18 @@ class AnswersMixin(_StoreBase):
         if processed <= b.answered:
             return
         model = b.obj.get("model") or ""
-        created = _now_int(t)
+        created = str(_now_int(t))
         bid = b.obj["id"]
+        drafts = b.drafts
         for req in plan[b.answered : processed]:
-            line_id = "batch_req_" + _hex(bid, req.custom_id, n=32)
-            request_id = "req_" + _hex("req", bid, req.custom_id, n=32)
-            if req.fail_status is not None:
-                req.line = json.dumps(
-                    {
-                        "id": line_id,
-                        "custom_id": req.custom_id,
-                        "response": {"status_code": req.fail_status, "request_id": request_id, "body": req.fail_body},
-                        "error": None,
-                    }
-                )
-                continue
-            body = self._answer(req, model, created)
-            u = body["usage"]
-            req.tokens = (
-                u["prompt_tokens"],
-                u["prompt_tokens_details"]["cached_tokens"],
-                u["completion_tokens"],
-                u["completion_tokens_details"]["reasoning_tokens"],
-            )
-            req.line = json.dumps(
-                {
-                    "id": line_id,
-                    "custom_id": req.custom_id,
-                    "response": {"status_code": 200, "request_id": request_id, "body": body},
-                    "error": None,
-                }
-            )
+            # drafted in the background (real clock), or made now: the same line either way
+            d = drafts[req.index] if drafts is not None else None
+            head, tail, tokens = d if d is not None else self._draft(req, model, bid)
+            req.line = head if tail is None else head + created + tail
+            req.tokens = tokens
         b.answered = processed
+        if drafts is not None and processed >= len(plan):
+            b.drafts = None  # all used
 
     def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None:
         plan = self._ensure_plan(b)
@@ -276,6 +320,7 @@ class AnswersMixin(_StoreBase):
             b.obj["error_file_id"] = f.obj["id"]
         b.obj["request_counts"] = {"total": b.n, "completed": len(ok_lines), "failed": len(err_lines)}
         b.obj["usage"] = usage
+        b.drafts = None
 
     def _answer(self, req: _Req, model: str, created: int) -> dict[str, Any]:
         counter = _counter_for(model)

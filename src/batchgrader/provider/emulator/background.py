@@ -4,7 +4,7 @@
   BLAKE2b digest of the model and the request's countable messages), so that a re-planned or
   retried batch costs only its parsing.  Bounded: when it holds more than its cap, it keeps only the newest half of the cap.
 * :class:`Worker`: one background thread that runs jobs (the parse-and-count of a batch's input
-  file) in the order they were submitted, outside the store's lock, so that no client request
+  file; in another worker, the drafting of a running batch's answers) in the order they were submitted, outside the store's lock, so that no client request
   waits for them.  The thread ends when it has nothing left to do.
 """
 

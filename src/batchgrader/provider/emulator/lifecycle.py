@@ -289,6 +289,7 @@ class BatchesMixin(_StoreBase):
                 obj["status"] = "in_progress"
                 obj["in_progress_at"] = ts
                 b.t_in_progress = t
+                self._start_answers(b)
         elif event == "finalize":
             obj["status"] = "finalizing"
             obj["finalizing_at"] = ts

@@ -56,6 +56,9 @@ class _Batch:
     answered: int = 0  # requests of ``plan`` whose answer is generated (not persisted: regenerated)
     # The background parse-and-count of the input file while validating (not persisted: restarted)
     checking: Pending | None = None
+    # Answers drafted in the background while the batch runs (real clock; not persisted): per
+    # request, its output line without ``created`` (see AnswersMixin._draft), None until drafted
+    drafts: list[tuple[str, str | None, tuple[int, int, int, int] | None] | None] | None = None
 
     @property
     def status(self) -> str:
@@ -109,7 +112,11 @@ class _StoreBase:
     data_dir: Path | None
     token_cache: TokenCache
     worker: Worker
-    validation_waits: bool  # a due validation waits for its background work (manual clocks)
+    # The clock is the real one: background work is applied when done; on another (a test's
+    # manual) clock a due validation waits for it and answers are made in place, so that the
+    # outcome does not depend on the machine's speed.
+    real_clock: bool
+    answerer: Worker
 
     if TYPE_CHECKING:  # implemented by the mixins
 
@@ -123,6 +130,7 @@ class _StoreBase:
         def _processed(self, b: _Batch, t: float) -> int: ...
         def _validate(self, b: _Batch) -> list[dict[str, Any]]: ...
         def _start_validation(self, b: _Batch) -> None: ...
+        def _start_answers(self, b: _Batch) -> None: ...
         def _validation_ready(self, b: _Batch) -> tuple[bool, float]: ...
         def _ensure_plan(self, b: _Batch) -> list[_Req]: ...
         def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None: ...

@@ -46,11 +46,13 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.data_dir = Path(config.data_dir) if config.data_dir else None
         self.token_cache = TokenCache()
-        self.worker = Worker(self.clock)
+        self.worker = Worker(self.clock, "emulator-validation")
+        self.answerer = Worker(self.clock, "emulator-answers")
         # On the real clock a batch stays validating until its background parse-and-count is
-        # done, as long as that takes; on another (a test's manual) clock, a due validation waits
-        # for it, so that the outcome does not depend on the machine's speed.
-        self.validation_waits = self.clock is not time.time
+        # done, as long as that takes, and its answers are drafted in the background while it
+        # runs; on another (a test's manual) clock a due validation waits for that work and
+        # answers are made in place, so that the outcome does not depend on the machine's speed.
+        self.real_clock = self.clock is time.time
         if self.data_dir:
             self._load()
             self._msg_load()

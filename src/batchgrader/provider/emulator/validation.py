@@ -213,7 +213,7 @@ class ValidationMixin(_StoreBase):
         the validation is always ready on time (``_validate`` then waits for the work)."""
         due = b.t_created + self.cfg.validating_s
         p = b.checking
-        if p is None or self.validation_waits:
+        if p is None or not self.real_clock:
             return True, due
         if not p.done() or p.t_done is None:
             return False, due
