@@ -219,7 +219,8 @@ def test_a_retrieve_that_finds_a_large_batch_processed_returns_at_once(emu_facto
     b = create_batch(c, ("\n".join(rows) + "\n").encode())
     running = wait_for(lambda: (x := c.batches.retrieve(b.id)).status != "validating" and x, timeout=60)
     assert running.status == "in_progress"
-    wait_for(lambda: time.time() > running.in_progress_at + 1 + 2.0 + 1.5, timeout=10)  # done and then some
+    wait_for(lambda: e.background_jobs() == 0, timeout=60)  # every answer drafted (nothing retrieved meanwhile)
+    wait_for(lambda: time.time() > running.in_progress_at + 1 + 2.0 + 0.5, timeout=10)  # all processed
     t0 = time.monotonic()
     done = c.batches.retrieve(b.id)
     took = time.monotonic() - t0

@@ -96,6 +96,7 @@ class Worker:
         self._jobs: deque[tuple[Callable[[], Any], Pending]] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._running = 0  # jobs taken and not finished
 
     def submit(self, job: Callable[[], Any]) -> Pending:
         pending = Pending()
@@ -113,10 +114,26 @@ class Worker:
                     self._thread = None
                     return
                 job, pending = self._jobs.popleft()
+                self._running += 1
             result: Any = None
             error: BaseException | None = None
             try:
                 result = job()
             except Exception as exc:  # handed to whoever applies the result
                 error = exc
+            with self._lock:
+                self._running -= 1
             pending.finish(result, error, self._clock())
+
+    def jobs(self) -> int:
+        """Jobs queued or running."""
+        with self._lock:
+            return len(self._jobs) + self._running
+
+    def drop_queued(self) -> None:
+        """Forget the jobs not yet started; whoever needs their result does the work itself."""
+        with self._lock:
+            dropped = list(self._jobs)
+            self._jobs.clear()
+        for _, pending in dropped:
+            pending.finish(None, RuntimeError("dropped: the emulator stopped"), self._clock())

@@ -57,6 +57,7 @@ class Emulator:
             self._thread.join(timeout=5)
         self._server = None
         self._thread = None
+        self.store.stop_background()
 
     def __enter__(self) -> Emulator:
         return self.start()
@@ -98,6 +99,11 @@ class Emulator:
         """Files uploaded through POST /v1/files that took effect (outputs not counted)."""
         with self.store.lock:
             return self.store.files_created
+
+    def background_jobs(self) -> int:
+        """The emulator's own background jobs (parsing and counting input files, drafting the
+        answers of running batches) queued or running; 0 when it has nothing left to do."""
+        return self.store.background_jobs()
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         return self.store.retrieve_batch(batch_id)

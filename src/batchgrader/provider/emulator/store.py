@@ -67,6 +67,19 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         with self.lock:
             self.requests[f"{method} {route}"] += 1
 
+    def background_jobs(self) -> int:
+        """Background jobs (validations, answer drafts) queued or running."""
+        return self.worker.jobs() + self.answerer.jobs()
+
+    def stop_background(self) -> None:
+        """Drop queued background work and stop drafting answers (the emulator stops); what a
+        later request needs is then done in place."""
+        with self.lock:
+            for b in self.batches.values():
+                b.drafts = None
+        self.worker.drop_queued()
+        self.answerer.drop_queued()
+
     def stats(self) -> dict[str, Any]:
         with self.lock:
             self._advance_all()
@@ -79,6 +92,7 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
                 "batches_created": self.batches_created,
                 # requests whose prompt tokens the tokenizer counted (not found in the token cache)
                 "tokens_counted_requests": self.token_cache.counted_requests,
+                "background_jobs": self.background_jobs(),
                 "batches": [
                     {
                         "id": b.obj["id"],
