@@ -209,7 +209,7 @@ class ValidationMixin(_StoreBase):
 
     def _validation_ready(self, b: _Batch) -> tuple[bool, float]:
         """Whether ``b``'s validation may be applied, and from when (``validating_s`` after its
-        create, or later if its background parse-and-count finished later).  On a manual clock
+        create, or later if its background parse-and-count finished later).  On any clock but the real one (a test's manual clock)
         the validation is always ready on time (``_validate`` then waits for the work)."""
         due = b.t_created + self.cfg.validating_s
         p = b.checking
