@@ -288,7 +288,10 @@ class BatchesMixin(_StoreBase):
             else:
                 obj["status"] = "in_progress"
                 obj["in_progress_at"] = ts
-                b.t_in_progress = t
+                # the batch's requests run from the configured end of validating: this process's
+                # parse-and-count (background work, on the real clock) does not lengthen the
+                # batch beyond its configured phase times, as a real provider's servers would not
+                b.t_in_progress = min(t, b.t_created + self.cfg.validating_s)
                 self._start_answers(b)
         elif event == "finalize":
             obj["status"] = "finalizing"
