@@ -246,19 +246,26 @@ class AnswersMixin(_StoreBase):
 
         self.answerer.submit(draft_all)
 
-    def _answer_upto(self, b: _Batch, processed: int, t: float) -> None:
+    def _answer_upto(self, b: _Batch, processed: int, t: float, drafted_only: bool = False) -> None:
         """Generate the answers of the first ``processed`` requests that have none yet, as of time
         ``t`` (their ``created``).  Called while the batch runs, so that, as at a real provider,
         the answers exist by the time the batch ends and the retrieve that finds it done does not
-        generate them all at once."""
+        generate them all at once.  ``drafted_only`` (a look at a running batch): only the answers
+        drafted in the background are dated, none is made in the client's request; the rest are
+        dated by a later look, or made when the batch ends."""
         plan = self._ensure_plan(b)
         processed = min(processed, len(plan))
+        drafts = b.drafts
+        if drafted_only and drafts is not None:
+            ready = b.answered
+            while ready < processed and drafts[ready] is not None:
+                ready += 1
+            processed = ready
         if processed <= b.answered:
             return
         model = b.obj.get("model") or ""
         created = str(_now_int(t))
         bid = b.obj["id"]
-        drafts = b.drafts
         for req in plan[b.answered : processed]:
             # drafted in the background (real clock), or made now: the same line either way
             d = drafts[req.index] if drafts is not None else None

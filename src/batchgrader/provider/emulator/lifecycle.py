@@ -210,7 +210,7 @@ class BatchesMixin(_StoreBase):
         if b.status == "in_progress":
             now = self.clock()
             done = self._processed(b, now)
-            self._answer_upto(b, done, now)
+            self._answer_upto(b, done, now, drafted_only=True)
             ok, bad = self._split_counts(b, done)
             obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
         if self.cfg.drop_metadata:
