@@ -402,6 +402,31 @@ def test_a_chunk_that_fits_is_sent_before_the_next_refused_chunk_is_replanned(ri
     assert first_replan < types.index("BatchCreateRequested", first_replan) < second_replan
 
 
+def test_a_batch_still_validating_that_alone_exceeds_a_stated_limit_holds_no_room(rig):
+    """The first refusal states the limit; the other batch in flight is still validating and is
+    larger than that limit on its own, so the provider will refuse it whatever else is queued.
+    The first chunk's re-planned rows are sent at once instead of waiting for that refusal (a
+    provider may validate batches one after the other); every row is still answered once."""
+    rig.reconfigure("split_row_limit: 2\n")
+    job = rig.drop(4)
+    rig.tick()
+    first, second = rig.provider.open_batches()
+    limit = max(c.input_tokens for c in job.chunks.values()) - 1  # one row fits, two do not
+    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
+    rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
+    assert rig.provider.batches[second.id].status == "validating"
+    rig.tick()
+    assert rig.calls("create_batch") == 3  # a re-planned row is sent beside the doomed batch
+    assert rig.job().chunks[1].in_flight  # which is still waited for, not given up
+    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    for _ in range(6):
+        rig.provider.finish_all()
+        rig.tick()
+    assert rig.events("JobCompleted") and all(r["error"] == "" for r in rig.result_rows())
+    answered = [b for b in rig.provider.batches.values() if b.status == "completed"]
+    assert sorted(b.request_counts.total for b in answered) == [1, 1, 1, 1]  # each row answered once
+
+
 def test_the_largest_waiting_chunk_that_fits_is_sent_first(home):
     """First-fit decreasing: chunks of (about) 3, 3, 7 and 7 units under a limit of 10 go in two
     rounds (7+3, 7+3).  In chunk order they would take three (3+3, then 7, then 7)."""

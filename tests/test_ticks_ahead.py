@@ -183,10 +183,10 @@ def test_a_kill_between_the_upload_ahead_and_the_create_neither_leaks_nor_pays_t
 
 def test_the_room_ahead_goes_to_the_largest_waiting_chunk_not_to_a_remainder_uploaded_earlier(home):
     """Two chunks refused for the queue limit (rows big, big, small each): each is re-planned into
-    a full chunk (big, big) and a remainder (small).  When the second refusal is seen, the first
-    full chunk is created, the first remainder is uploaded ahead (the room ahead was free), and
-    the second chunk is re-planned: its full chunk is uploaded ahead too, since it is sent next
-    (largest first), although the remainder holds a part of one limit's worth."""
+    a full chunk (big, big) and a remainder (small).  At the first refusal the first full chunk
+    is created (the other batch, larger than the stated limit, holds no room) and its remainder
+    is uploaded ahead.  At the second, its full chunk is uploaded ahead too, since it is sent
+    next (largest first), although the remainder holds a part of one limit's worth."""
     rig = Rig(home, "split_row_limit: 3\n")
     big, small = "good " * 200, "ok"
     texts = [big, big, small, big, big, small]
@@ -201,11 +201,12 @@ def test_the_room_ahead_goes_to_the_largest_waiting_chunk_not_to_a_remainder_upl
     message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
     rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
     rig.tick()
-    assert rig.job().chunks[2].staged and not rig.job().chunks[3].staged  # the full chunk waits uploaded
+    job = rig.job()
+    assert job.chunks[2].in_flight and job.chunks[3].staged  # created; the remainder uploaded ahead
     rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
     rig.tick()
     job = rig.job()
-    assert job.chunks[2].in_flight and job.chunks[3].staged  # created; the remainder uploaded ahead
+    assert job.chunks[2].in_flight and job.chunks[3].staged
     assert job.chunks[4].input_tokens + job.chunks[3].input_tokens > limit  # both do not fit the room ahead ...
     assert job.chunks[4].staged  # ... and the full chunk, sent next, is uploaded ahead
     (batch,) = rig.provider.open_batches()

@@ -474,7 +474,7 @@ def _submit(
         return out  # only "halted" chunks failed: nothing more is sent
     cap = settings.max_simultaneous_batches
     free = (1 << 30) if cap is None else cap - batches_in_use(state)
-    enqueued = enqueued_tokens(state, model)
+    enqueued = enqueued_tokens(state, model) - queue.doomed_tokens(state, model, known_limit(state, queue_url, model))
     # files uploaded ahead of queue room: one queue limit's worth per model, the chunks that will
     # be sent next (largest first: a waiting chunk already uploaded ahead keeps a part of it only
     # when it fits there, as a larger one is sent before it)

@@ -153,6 +153,25 @@ def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = 
     return total
 
 
+def doomed_tokens(state: State, model: str, known: dict[str, Any] | None) -> int:
+    """Input tokens of ``model``'s batches still validating that are larger on their own than a
+    limit the provider stated (a learned, exact one): the provider refuses them whatever else is
+    in flight, so they hold no queue room.  The chunk waiting for room need not wait for their
+    refusals (a provider may validate batches one after the other).  Were one accepted after
+    all, the chunk sent beside it would be refused for the limit: sent again later, never paid
+    twice."""
+    if not known or not known.get("exact"):
+        return 0
+    limit = int(known["limit"])
+    return sum(
+        c.input_tokens
+        for j in state.active_jobs()
+        if j.model == model
+        for c in j.chunks.values()
+        if c.in_flight and c.status == "validating" and c.input_tokens > limit
+    )
+
+
 def staged_tokens(state: State, model: str, but: tuple[str, Container[int]] = ("", ())) -> int:
     """Input tokens of ``model`` whose files are uploaded (or being uploaded) ahead of queue room,
     across all jobs: they wait for room and are not in the queue (see UploadAheadPlanned).
