@@ -9,7 +9,7 @@ import json
 import pytest
 
 from batchgrader.core.decide import resubmit_delay
-from ticks import Rig
+from ticks import Rig, refusal
 
 
 @pytest.fixture
@@ -348,8 +348,7 @@ def test_token_limit_exceeded_with_a_figure_waits_for_room(rig):
     rig.tick()
     first, second = rig.provider.open_batches()
     limit = rig.job().chunks[0].input_tokens + 5  # room for one chunk, not two
-    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
-    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(second.id, "failed", errors=refusal(limit))
     rig.tick()
     (learned,) = rig.events("QueueLimitLearned")
     assert (learned["limit"], learned["exact"]) == (limit, True)
@@ -361,21 +360,25 @@ def test_token_limit_exceeded_with_a_figure_waits_for_room(rig):
     assert rig.tick()[-1] == "JobCompleted"
 
 
+def _two_chunks_in_flight_over_a_limit(rig) -> int:
+    """Four rows in two chunks of two, both sent; a queue limit one row fits under and two do not."""
+    rig.reconfigure("split_row_limit: 2\n")
+    job = rig.drop(4)
+    rig.tick()
+    return max(c.input_tokens for c in job.chunks.values()) - 1
+
+
 def test_a_second_refusal_that_teaches_nothing_new_is_replanned_at_once(rig):
     """Two chunks over the limit are in flight; the first refusal teaches the limit, the second
     (the same message) teaches nothing new.  The second chunk is still too large for the queue:
     it is re-planned and its rows sent at once, not after the wait before sending a refused
     chunk again (that wait, two poll intervals, is for a chunk that fits)."""
-    rig.reconfigure("split_row_limit: 2\n")
-    job = rig.drop(4)
-    rig.tick()
+    limit = _two_chunks_in_flight_over_a_limit(rig)
     first, second = rig.provider.open_batches()
-    limit = max(c.input_tokens for c in job.chunks.values()) - 1  # one row fits, two do not
-    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
-    rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(first.id, "failed", errors=refusal(limit))
     rig.tick()
     assert [r["chunk"] for r in rig.events("ChunkReplanned")] == [0]
-    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(second.id, "failed", errors=refusal(limit))
     rig.tick()  # 1 s later: well inside the resend wait
     assert 1.0 < resubmit_delay(2.0)
     assert len(rig.events("QueueLimitLearned")) == 1  # nothing new was learned from the second
@@ -390,12 +393,8 @@ def test_a_chunk_that_fits_is_sent_before_the_next_refused_chunk_is_replanned(ri
     """Two chunks refused in one poll: the first is re-planned, one of its new chunks is sent at
     once, and only then is the second re-planned (a re-plan reads and writes the chunk's rows:
     the queue's room does not wait for it)."""
-    rig.reconfigure("split_row_limit: 2\n")
-    job = rig.drop(4)
-    rig.tick()
-    limit = max(c.input_tokens for c in job.chunks.values()) - 1  # one row fits, two do not
-    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
-    rig.provider.finish_all("failed", errors=[("token_limit_exceeded", message)])
+    limit = _two_chunks_in_flight_over_a_limit(rig)
+    rig.provider.finish_all("failed", errors=refusal(limit))
     types = rig.tick()
     first_replan = types.index("ChunkReplanned")
     second_replan = types.index("ChunkReplanned", first_replan + 1)
@@ -407,18 +406,14 @@ def test_a_batch_still_validating_that_alone_exceeds_a_stated_limit_holds_no_roo
     larger than that limit on its own, so the provider will refuse it whatever else is queued.
     The first chunk's re-planned rows are sent at once instead of waiting for that refusal (a
     provider may validate batches one after the other); every row is still answered once."""
-    rig.reconfigure("split_row_limit: 2\n")
-    job = rig.drop(4)
-    rig.tick()
+    limit = _two_chunks_in_flight_over_a_limit(rig)
     first, second = rig.provider.open_batches()
-    limit = max(c.input_tokens for c in job.chunks.values()) - 1  # one row fits, two do not
-    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
-    rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(first.id, "failed", errors=refusal(limit))
     assert rig.provider.batches[second.id].status == "validating"
     rig.tick()
     assert rig.calls("create_batch") == 3  # a re-planned row is sent beside the doomed batch
     assert rig.job().chunks[1].in_flight  # which is still waited for, not given up
-    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(second.id, "failed", errors=refusal(limit))
     for _ in range(6):
         rig.provider.finish_all()
         rig.tick()

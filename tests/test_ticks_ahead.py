@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from batchgrader.core.decide import upload_name
 from batchgrader.store.readmodels import chunk_label
-from ticks import BASE_CONFIG, Rig
+from ticks import BASE_CONFIG, Rig, refusal
 
 SPLIT = "split_row_limit: 2\nmax_simultaneous_batches: 5\n"
 
@@ -79,8 +79,7 @@ def test_a_chunk_uploaded_ahead_then_replanned_has_its_file_deleted(home):
     (staged_file,) = _batch_files(rig, 1)
     # the provider states a lower limit: one row fits, two do not; both chunks are re-planned
     limit = max(c.input_tokens for c in rig.job().chunks.values()) * 2 // 3
-    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
-    rig.provider.finish(batch.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(batch.id, "failed", errors=refusal(limit))
     rig.tick()
     replanned = {e["chunk"]: e for e in rig.events("ChunkReplanned")}
     assert set(replanned) == {0, 1}
@@ -198,12 +197,11 @@ def test_the_room_ahead_goes_to_the_largest_waiting_chunk_not_to_a_remainder_upl
     first, second = rig.provider.open_batches()
     tokens = {c.index: c.input_tokens for c in rig.job().chunks.values()}
     limit = tokens[0] - 1  # the full chunks (big, big) fit, a whole chunk does not
-    message = f"Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: {limit:,} enqueued tokens."
-    rig.provider.finish(first.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(first.id, "failed", errors=refusal(limit))
     rig.tick()
     job = rig.job()
     assert job.chunks[2].in_flight and job.chunks[3].staged  # created; the remainder uploaded ahead
-    rig.provider.finish(second.id, "failed", errors=[("token_limit_exceeded", message)])
+    rig.provider.finish(second.id, "failed", errors=refusal(limit))
     rig.tick()
     job = rig.job()
     assert job.chunks[2].in_flight and job.chunks[3].staged

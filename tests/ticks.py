@@ -13,6 +13,7 @@ from batchgrader.core.home import Home
 from batchgrader.core.state import JobState
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.provider.emulator.config import token_limit_message
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.store.eventstore import EventStore, NewEvent
 
@@ -66,6 +67,12 @@ class Rig:
 
     def calls(self, op: str) -> int:
         return sum(1 for o, _ in self.provider.calls if o == op)
+
+
+def refusal(limit: int) -> list[tuple[str, str]]:
+    """The errors of a batch refused for the enqueued-token limit (``finish(..., errors=...)``),
+    with the real API's message stating ``limit``."""
+    return [("token_limit_exceeded", token_limit_message("gpt-4o-mini", "org-x", limit))]
 
 
 def leftovers(path: Path) -> list[Path]:
