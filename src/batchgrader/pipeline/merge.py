@@ -100,7 +100,7 @@ class ChunkSpool:
                 if rec["ok"]:
                     self.figures.extend((1, *(int(rec.get(k) or 0) for k in USAGE_KEYS), int(rec.get("cache_write_tokens") or 0)))
                 else:
-                    self.figures.extend((0, 0, 0, 0, 0, 0))
+                    self.figures.extend((0,) * FIGURES)
                     self.errors[slot] = (rec.get("error_code"), rec.get("error_message"))
                 spool.write(line)
                 at += len(line)
@@ -172,11 +172,10 @@ def _write_in_order(
             ok, pt, ct, comp, rt, cw = figures[slot * FIGURES : slot * FIGURES + FIGURES]
             code, message = sp.errors.get(slot, (None, None))
         write(line)
+        usage = (pt, ct, comp, rt)  # in USAGE_KEYS order
         if ok:
-            totals["prompt_tokens"] += pt
-            totals["cached_tokens"] += ct
-            totals["completion_tokens"] += comp
-            totals["reasoning_tokens"] += rt
+            for k, v in zip(USAGE_KEYS, usage, strict=True):
+                totals[k] += v
             writes += cw
         else:
             failed.append({"custom_id": cid, "code": code, "message": message})
@@ -187,7 +186,7 @@ def _write_in_order(
                 rec = loads(line)
             dup_lines.append(dumps({**rec, "custom_id": dup, "reused": "duplicate", "leader": cid}).encode())
             if ok:
-                for k, v in zip(USAGE_KEYS, (pt, ct, comp, rt), strict=True):
+                for k, v in zip(USAGE_KEYS, usage, strict=True):
                     dup_totals[k] += v
             else:
                 dup_failed.append({"custom_id": dup, "code": code, "message": message})
