@@ -133,6 +133,30 @@ def test_answers_are_stored_after_the_result_and_again_after_a_kill_in_between(h
     rig.close()
 
 
+def test_no_answers_are_stored_while_a_batch_is_in_flight(rig):
+    """Storing a chunk's answers takes seconds per 50,000 rows with no poll meanwhile, so a
+    merged chunk's answers wait while another batch runs (its end would be seen late): they are
+    stored once no batch is in flight, here after the job's result."""
+    rig.reconfigure("split_row_limit: 6\n")
+    (rig.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(TEXTS)))
+    for _ in range(6):
+        rig.tick()
+    first, second = sorted(rig.provider.open_batches(), key=lambda b: b.created_at or 0)
+    rig.provider.finish(first.id)
+    for _ in range(6):
+        rig.tick()
+    job = rig.job()
+    assert [c.answers_due for c in job.chunks.values()] == [6, None] and job.chunks[1].in_flight
+    assert rig.events("AnswersStored") == []
+    rig.provider.finish(second.id)
+    for _ in range(6):
+        rig.tick()
+    types = [e.type for e in rig.store.read(job_id=job.job_id)]
+    assert rig.job().ended == "completed" and types.count("AnswersStored") == 2
+    assert types.index("ResultWritten") < types.index("AnswersStored")
+    assert run_file(rig, "b.csv", TEXTS).cached_rows == 12
+
+
 def test_answers_that_cannot_be_read_are_not_stored_and_the_job_still_ends(home):
     from pathlib import Path
 

@@ -417,9 +417,15 @@ def decide_job(
             out.append(PlanRetries(job_id, tuple(ids)))
             return out
         out += _finish(job, config, store)
-    else:
-        out += store
+    elif store and not batches_in_flight(state):
+        out += store  # ... and not while a batch runs: the end of a batch seen seconds late costs more
     return out
+
+
+def batches_in_flight(state: State) -> bool:
+    """Whether a batch of any job is at the provider and not ended (or its create is asked).
+    Storing a chunk's answers takes seconds per 50,000 rows, and no poll is made meanwhile."""
+    return any(c.in_flight or c.create == "requested" for j in state.active_jobs() for c in j.chunks.values())
 
 
 def _refusal_to_learn(state: State, model: str | None) -> bool:
