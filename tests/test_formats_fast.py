@@ -101,6 +101,55 @@ def test_a_validated_csv_is_read_again_as_the_checked_reader_reads_it(
         assert a.layout == b.layout and a.columns == b.columns
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(st.tuples(st.lists(FIELD, min_size=2, max_size=2), st.booleans()), min_size=1, max_size=8),
+    answers=st.lists(FIELD, min_size=4, max_size=4),
+    lineterminator=st.sampled_from(["\n", "\r\n"]),
+    delimiter=st.sampled_from([",", "\t"]),
+)
+def test_a_result_that_copies_the_validated_lines_is_the_one_written_from_the_values(
+    tmp_path, rows, answers, lineterminator, delimiter
+):
+    """The second read of a validated CSV keeps a quote-free line's text (``Row.text``), and a
+    writer of its layout copies it instead of joining the cells again: the result is byte for
+    byte the one written from the values, whatever the quoting of the input (minimal, or every
+    cell quoted) and of the added cell."""
+    body = "".join(
+        encode_csv_dialect([r], lineterminator, delimiter, csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL)
+        for r, quote_all in rows
+    )
+    path = tmp_path / ("in.tsv" if delimiter == "\t" else "in.csv")
+    path.write_bytes((encode_csv_dialect([["id", "text"]], lineterminator, delimiter, csv.QUOTE_MINIMAL) + body).encode())
+    try:
+        rows_of(path)
+    except ValueError:  # e.g. every row empty: refused
+        return
+    outputs = []
+    for copy in (True, False):
+        out = tmp_path / f"out-{copy}.csv"
+        texts = 0
+        with open_table(path, validated=True) as reader, TableWriter(out, reader, ["answer"]) as w:
+            for i, row in enumerate(reader):
+                values = {**row.values, "answer": answers[i % len(answers)]}
+                if copy and row.text is not None:
+                    texts += 1
+                    w.write(values, row.text)
+                else:
+                    w.write(values)
+        outputs.append(out.read_bytes())
+        if copy:  # at least every line of plain cells was copied
+            plain = [r for r, quote_all in rows if not quote_all and not any(c in f for f in r for c in '"\r\n' + delimiter)]
+            assert texts >= len(plain)
+    assert outputs[0] == outputs[1]
+
+
+def encode_csv_dialect(rows: list[list[str]], lineterminator: str, delimiter: str, quoting: int) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator=lineterminator, delimiter=delimiter, quoting=quoting).writerows(rows)
+    return buf.getvalue()
+
+
 def test_a_validated_read_of_another_encoding_gives_the_same_rows(tmp_path):
     path = tmp_path / "in.csv"
     path.write_bytes('id,text\n1,caf\u00e9\n2,na\u00efve, "quoted"\n'.replace(', "quoted"', "").encode("cp1252"))

@@ -162,7 +162,10 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                                 if type(v) is str and v and v[0] in _FORMULA_START:
                                     added[k] = defuse_formula(v)
                         vals.update(added)
-                        write_row(vals)
+                        if row.text is None:
+                            write_row(vals)
+                        else:  # a CSV line read as it is written: copied, not joined again
+                            write_row(vals, row.text)
                         count += 1
 
         atomic_write(path, write, overwrite=False)

@@ -123,6 +123,10 @@ class Row:
     number: int  # 1-based record number
     line: int  # physical line where the record starts
     values: dict[str, Any]
+    # A CSV record read again (``validated``) from one physical line without a quote: the line
+    # without its terminator, which is exactly what a writer of the same layout makes of ``values``
+    # (no cell holds a quote, CR, LF or the delimiter), so a writer can copy it (None: otherwise)
+    text: str | None = None
 
 
 @dataclass(frozen=True)

@@ -370,32 +370,76 @@ class TableReader(JsonRecords):
 
     def _iter_csv_validated(self) -> Iterator[Row]:
         """The rows of a CSV file that was read in full through :meth:`_iter_csv` before (the
-        daemon writing a result reads its input a second time): the same rows, read by the
-        ``csv`` module straight from a text stream (CR, LF and CRLF are line breaks there too),
-        checking only the number of fields.  Record line numbers come from ``line_num``."""
+        daemon writing a result reads its input a second time): the same rows, checking only the
+        number of fields.  The lines come from a text stream (CR, LF and CRLF are line breaks
+        there, as for the ``csv`` module).  A line without a quote is a record of its own, split
+        at the delimiter, and its text is kept in :attr:`Row.text`; a line with a quote starts a
+        record that the ``csv`` module reads (with the lines it needs after it)."""
         text = io.TextIOWrapper(self._file, encoding=self.encoding, errors="strict", newline="")  # type: ignore[type-var]
         try:
-            reader = csv.reader(text, delimiter=self.delimiter, quotechar='"', doublequote=True, strict=True)
+            feed = _LineFeed(text)
+            reader = csv.reader(feed, delimiter=self.delimiter, quotechar='"', doublequote=True, strict=True)
             cols = self.columns
             ncols = len(cols)
-            base = self._line  # physical lines up to the end of the header
-            start = 1  # reader.line_num + 1 before each record
+            delim = self.delimiter
+            seps = ncols - 1
+            line = self._line  # physical lines up to the end of the header, then up to the record
             number = 0
             while True:
                 try:
-                    fields = next(reader)
+                    raw = next(feed)
                 except StopIteration:
                     return
+                except UnicodeDecodeError as e:
+                    raise self._error(f"unreadable CSV: {e}", line + 1) from None
+                line += 1
+                if '"' not in raw:
+                    body = raw[:-2] if raw[-2:] == "\r\n" else raw[:-1] if raw[-1:] in ("\n", "\r") else raw
+                    if not body:  # an empty line
+                        continue
+                    if body.count(delim) != seps:
+                        raise self._error(f"expected {ncols} fields (as in the header), found {body.count(delim) + 1}", line)
+                    number += 1
+                    yield Row(number, line, dict(zip(cols, body.split(delim))), body)
+                    continue
+                feed.back(raw)
+                before = reader.line_num
+                try:
+                    fields = next(reader)
                 except (csv.Error, UnicodeDecodeError) as e:
-                    raise self._error(f"unreadable CSV: {e}", base + start) from None
-                line = base + start
-                start = reader.line_num + 1
+                    raise self._error(f"unreadable CSV: {e}", line) from None
+                start, line = line, line + reader.line_num - before - 1
                 if not fields:  # an empty line
                     continue
                 if len(fields) != ncols:
-                    raise self._error(f"expected {ncols} fields (as in the header), found {len(fields)}", line)
+                    raise self._error(f"expected {ncols} fields (as in the header), found {len(fields)}", start)
                 number += 1
-                yield Row(number, line, dict(zip(cols, fields)))
+                yield Row(number, start, dict(zip(cols, fields)))
         finally:
             if not self._file.closed:
                 text.detach()  # the binary file stays open: close() (or its owner) closes it
+
+
+class _LineFeed:
+    """The lines of a text stream, with one line that can be handed back (:meth:`back`): the
+    validated CSV reader takes lines itself and gives a line with a quote to the ``csv`` module,
+    which reads it again from here, then the lines the record needs after it."""
+
+    __slots__ = ("_lines", "_back")
+
+    def __init__(self, lines: Iterable[str]):
+        self._lines = iter(lines)
+        self._back: str | None = None
+
+    def __iter__(self) -> _LineFeed:
+        return self
+
+    def __next__(self) -> str:
+        line = self._back
+        if line is not None:
+            self._back = None
+            return line
+        return next(self._lines)
+
+    def back(self, line: str) -> None:
+        self._back = line

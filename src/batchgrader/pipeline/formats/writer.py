@@ -26,16 +26,28 @@ def _csv_quoter(delimiter: str) -> Any:
     row of one empty cell is ``""``.  A row with none of those characters (the usual case) is
     joined in one step; the ``csv`` module looks at every character twice, in C, which cost
     about a second per 100,000 rows of essays."""
-    special = re.compile(f'[{re.escape(delimiter)}"\r\n]').search
     join = delimiter.join
+    quoted = _csv_cells_quoter(delimiter)
 
     def line(cells: list[str]) -> str:
         text = join(cells)
         if '"' in text or "\r" in text or "\n" in text or text.count(delimiter) != len(cells) - 1:
-            return join(['"' + c.replace('"', '""') + '"' if special(c) else c for c in cells])
+            return quoted(cells)
         return text if text or len(cells) != 1 else '""'
 
     return line
+
+
+def _csv_cells_quoter(delimiter: str) -> Any:
+    """``cells -> text``: the cells joined by the delimiter, each quoted (its quotes doubled) when
+    it holds the delimiter, a quote, CR or LF, as ``csv.writer`` quotes a cell."""
+    special = re.compile(f'[{re.escape(delimiter)}"\r\n]').search
+    join = delimiter.join
+
+    def quoted(cells: Iterable[str]) -> str:
+        return join(['"' + c.replace('"', '""') + '"' if special(c) else c for c in cells])
+
+    return quoted
 
 
 _BLOCK_ROWS = 512  # rows held before they are written out (one write call per block)
@@ -67,6 +79,7 @@ class TextTableWriter:
                     raise ValueError("an output column name is empty")
                 seen.add(name)
         self._colset = frozenset(self.columns)
+        self._added = added
         self._detach: io.TextIOWrapper | None = None
         self._owned: IO[str] | None = None
         if isinstance(target, (str, os.PathLike)):
@@ -86,6 +99,7 @@ class TextTableWriter:
                 if layout.bom:
                     self._out.write("\ufeff")
                 self._line = _csv_quoter(layout.delimiter)
+                self._quoted = _csv_cells_quoter(layout.delimiter)
                 self._rows.append(self._line(self._cells(self.columns)) + lt)
             elif layout.fmt == "json":
                 self._out.write("[")
@@ -99,10 +113,14 @@ class TextTableWriter:
             out = [defuse_formula(c) for c in out]
         return out
 
-    def write(self, values: Mapping[str, Any]) -> None:
+    def write(self, values: Mapping[str, Any], text: str | None = None) -> None:
         """Write one record.  CSV: keys must be output columns (missing ones are written
         empty; non-str values as :func:`text_of`).  JSON/JSONL: the mapping is written as
-        one object, keys in its order, values exactly (``ExactFloat`` as spelled)."""
+        one object, keys in its order, values exactly (``ExactFloat`` as spelled).
+
+        ``text`` (CSV): the :attr:`Row.text` of the record ``values`` was read as, by a reader of
+        this layout; its input cells are then copied from it (the line they would be written
+        as), and only the added columns are made from ``values``."""
         if self._closed:
             raise ValueError("write to a closed TableWriter")
         lt = self.layout.lineterminator
@@ -110,7 +128,11 @@ class TextTableWriter:
             if not self._colset.issuperset(values):
                 extra = ", ".join(repr(k) for k in values if k not in self._colset)
                 raise ValueError(f"not an output column: {extra}")
-            self._rows.append(self._line(self._cells(map(values.get, self.columns))) + lt)
+            if text is not None and not self.formula_guard:
+                tail = self._quoted(self._cells(map(values.get, self._added))) if self._added else None
+                self._rows.append(text + lt if tail is None else text + self.layout.delimiter + tail + lt)
+            else:
+                self._rows.append(self._line(self._cells(map(values.get, self.columns))) + lt)
             if len(self._rows) >= _BLOCK_ROWS:
                 self._flush_rows()
         else:
