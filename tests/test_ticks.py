@@ -657,3 +657,17 @@ def test_a_halt_also_fails_the_retry_chunks_waiting_to_be_sent(home):
     assert errors[0] == "" and errors[1] == "server_error: try again"  # the row to retry keeps its own error
     assert all(e.startswith("halted: ") and "model not allowed" in e for e in errors[2:])
     rig.close()
+
+
+def test_a_tick_that_prepares_a_job_asks_for_the_next_at_once(home):
+    """``Prepare`` ends the job's tick with its uploads due now: the engine says so (``again``),
+    and the daemon ticks again at once instead of a tick interval later; a tick that only waits
+    on the provider does not ask."""
+    rig = Rig(home)
+    (rig.home.inbox / "a.csv").write_text("id,response\n1,an essay\n2,another essay\n")
+    rig.tick()  # first look at the inbox
+    assert rig.tick()[:2] == ["JobAccepted", "JobPrepared"] and rig.engine.again
+    assert "BatchCreated" in rig.tick() and not rig.engine.again
+    rig.tick()  # a poll
+    assert not rig.engine.again
+    rig.close()

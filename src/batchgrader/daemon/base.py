@@ -135,10 +135,14 @@ class EngineBase:
     _finalizing: dict[tuple[str, int], float] = field(default_factory=dict)  # when a batch was first seen finishing
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
+    again: bool = False  # a job stopped its tick after an action with more to do now (tick again at once)
     scan_requested: bool = True  # set by the daemon when the watcher saw a change
     _last_scan: float = float("-inf")
     should_stop: Callable[[], bool] = lambda: False  # set by the daemon: SIGTERM finishes the current step
     on_progress: Callable[[], None] = lambda: None  # heartbeat for long steps (systemd watchdog)
+    # set by the daemon: a job being prepared has rows to send to this provider (its SDK can be
+    # readied meanwhile)
+    on_rows_to_send: Callable[[str], None] = lambda provider: None
     # the counting hook per profile (provider/counting.py); set by the daemon (the sandbox points it
     # at the emulator); None: built from the profile's settings (counter_for)
     token_counter: Callable[[Profile], Any] | None = None

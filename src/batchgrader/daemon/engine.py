@@ -92,8 +92,11 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
 
     def tick(self, now: float) -> None:
         """One pass over every job. Sets ``idle`` when, at the end of the pass, no job is active
-        and no inbox file is waiting (decided here, not by another thread, to avoid races)."""
+        and no inbox file is waiting (decided here, not by another thread, to avoid races), and
+        ``again`` when a job stopped after an action that ends its tick (``Prepare``,
+        ``SearchRecovered``, ``PlanRetries``) with what follows due now."""
         self.idle = False
+        self.again = False
         self.intake(now)
         self._advance_all(now)
         self.idle = not self.busy() and not self.inbox_pending()
@@ -130,6 +133,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             step = step.after(action)
             self.act(action, now)
             if action.ends_step:
+                self.again = True
                 return
 
     def act(self, a: Action, now: float) -> None:

@@ -12,6 +12,7 @@ publishes after each tick.
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import logging
 import logging.handlers
@@ -210,9 +211,11 @@ class DeferredProvider:
     jobs send nothing (every row answered from the answers store) does not pay for them.  Only
     the tick thread calls providers; the lock keeps a second caller from building twice."""
 
-    def __init__(self, name: str, build: Callable[[], Any]):
+    def __init__(self, name: str, build: Callable[[], Any], sdk: str | None = None):
         self._name = name
         self._build = build
+        self._sdk = sdk  # the module ``build`` imports (the costly part), for :meth:`prefetch`
+        self._prefetching: threading.Thread | None = None
         self._real: Any = None
         self._lock = threading.Lock()
         self._on_page: Callable[[], None] | None = None
@@ -233,6 +236,25 @@ class DeferredProvider:
     @property
     def built(self) -> bool:
         return self._real is not None
+
+    def prefetch(self) -> threading.Thread | None:
+        """Import the SDK module in a background thread (once, and not once built), so that the
+        first call, an upload after the job is prepared, does not wait about a second for it.
+        Nothing is built and nothing is sent; an import that fails fails again at the build,
+        which reports it.  Returns the thread started (None: nothing to do)."""
+        if self._sdk is None or self._real is not None or self._prefetching is not None:
+            return None
+        sdk = self._sdk
+
+        def load() -> None:
+            try:
+                importlib.import_module(sdk)
+            except Exception as exc:  # reported by the build, where it matters
+                log.debug("prefetching %s: %s", sdk, exc)
+
+        self._prefetching = threading.Thread(target=load, name=f"prefetch-{self._name}", daemon=True)
+        self._prefetching.start()
+        return self._prefetching
 
     def _get(self) -> Any:
         if self._real is None:
@@ -263,6 +285,9 @@ class DeferredProvider:
         raise TypeError("a provider holds an API key and cannot be pickled")
 
 
+OPENAI_SDK = "batchgrader.provider.openai_api"
+
+
 def _openai(key: str | None, url: str | None, timeout: float):  # noqa: ANN202
     from batchgrader.provider.openai_api import OpenAIProvider
 
@@ -288,6 +313,14 @@ class Daemon:
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
     emulator: Any = None  # the sandbox's emulator, started at the first provider call (see _sandbox_url)
+    deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
+
+    def prefetch(self, name: str) -> None:
+        """Ready provider ``name``'s SDK in the background (a job has rows to send to it), when it
+        is built at its first call and not yet."""
+        p = self.deferred.get(name)
+        if p is not None:
+            p.prefetch()
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -342,7 +375,7 @@ class Daemon:
                     return AnthropicBatchProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout)
                 return AnthropicBatchProvider(config.anthropic_api_key, config.anthropic_base_url, timeout=timeout)
 
-            providers["anthropic"] = DeferredProvider("anthropic", anthropic)
+            providers["anthropic"] = DeferredProvider("anthropic", anthropic, "batchgrader.provider.anthropic_batches")
         if "gemini" in used:  # google-genai is imported only here, when a profile needs it
 
             def gemini():  # noqa: ANN202
@@ -353,7 +386,10 @@ class Daemon:
                 return GeminiBatchProvider(config.gemini_api_key, config.gemini_base_url, timeout=timeout)
 
             # outside the sandbox it is built now: its constructor refuses a missing key
-            providers["gemini"] = DeferredProvider("gemini", gemini) if self.sandbox else gemini()
+            providers["gemini"] = (
+                DeferredProvider("gemini", gemini, "batchgrader.provider.gemini_batches") if self.sandbox else gemini()
+            )
+        self.deferred = {name: p for name, p in providers.items() if isinstance(p, DeferredProvider)}
         return ProviderRouter(providers)
 
     def _azure_provider(self, config: Config, used: set[str]):  # noqa: ANN202
@@ -371,7 +407,7 @@ class Daemon:
                 return AzureOpenAIProvider(SANDBOX_KEY, self._sandbox_url(), config.azure_api_version, timeout=timeout)
             return AzureOpenAIProvider(config.azure_api_key, config.azure_endpoint, config.azure_api_version, timeout=timeout)
 
-        return DeferredProvider("azure", azure) if self.sandbox else azure()
+        return DeferredProvider("azure", azure, "batchgrader.provider.azure_api") if self.sandbox else azure()
 
     def _sandbox_counter(self, config: Config):  # noqa: ANN202
         """The counting hook in the sandbox: the emulator's count_tokens, cached apart from real counts
@@ -394,7 +430,7 @@ class Daemon:
         a missing key is refused now."""
         timeout = config.request_timeout_seconds
         if self.sandbox:
-            return DeferredProvider("openai", lambda: _openai(SANDBOX_KEY, self._sandbox_url(root=False), timeout))
+            return DeferredProvider("openai", lambda: _openai(SANDBOX_KEY, self._sandbox_url(root=False), timeout), OPENAI_SDK)
         if not config.api_key and not required:
             return None
         if not config.api_key:
@@ -402,7 +438,7 @@ class Daemon:
                 "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
             )
         key, url = config.api_key, config.base_url
-        return DeferredProvider("openai", lambda: _openai(key, url, timeout))
+        return DeferredProvider("openai", lambda: _openai(key, url, timeout), OPENAI_SDK)
 
     def install_signal_handlers(self) -> None:
         def on_stop(signum, frame):  # noqa: ANN001
@@ -477,6 +513,8 @@ class Daemon:
             engine.token_counter = self._sandbox_counter(config)
         engine.should_stop = self.stop.is_set
         engine.on_progress = self._beat
+
+        engine.on_rows_to_send = self.prefetch
         self.engine = engine
         engine.startup(time.time())
         self._controls(engine)
@@ -524,6 +562,8 @@ class Daemon:
             self.engine.store.check_file()
             self.engine.tick(time.time())
             self.tick_error = None
+            if self.engine.again:  # e.g. a job just prepared: its uploads are due now, not a tick later
+                self.wake.set()
         except DatabaseMoved as exc:
             log.error("%s", exc)
             self.fatal = exc

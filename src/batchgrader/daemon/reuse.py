@@ -41,7 +41,8 @@ class ReuseSteps(EngineBase):
                 conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
             )
 
-        return ReuseProbe(self.provider_key_for(job), lookup)
+        provider = profile.provider
+        return ReuseProbe(self.provider_key_for(job), lookup, on_send=lambda: self.on_rows_to_send(provider))
 
     def _decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
         """The reuse plan of a prepared job; None when every row is sent.  When some rows are

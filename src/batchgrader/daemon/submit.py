@@ -130,6 +130,8 @@ class SubmitSteps(CollectSteps, FinishSteps):
             )
         requests_path = job_dir / "requests.jsonl"
         probe = self._reuse_probe(job, profile, now)
+        if probe is None:  # every row is sent (else the probe says so at the first row to send)
+            self.on_rows_to_send(profile.provider)
         try:
             with open(requests_path, "wb") as f:
                 prep = prepare(

@@ -276,8 +276,9 @@ class ReuseProbe:
     ``plan_reuse(lines, provider, skip, lookup, dedupe)``, except that a row that is oversized
     but has a stored answer is answered from the cache rather than refused."""
 
-    def __init__(self, provider: str, lookup: Lookup | None, dedupe: bool = True):
+    def __init__(self, provider: str, lookup: Lookup | None, dedupe: bool = True, on_send: Callable[[], None] | None = None):
         self.provider, self.lookup, self.dedupe = provider, lookup, dedupe
+        self.on_send = on_send  # called once, at the first row found to need a request
         self._plan = ReusePlan(keep=array("q"))  # 8 bytes a row sent
         # the keys of the rows sent, with their custom_id and position: on disk, not a dict of
         # a million keys (about 320 bytes a row)
@@ -351,6 +352,9 @@ class ReuseProbe:
         self._pos = pos
         if self._leaders is not None and new:
             self._leaders.add((k, c, p) for k, (c, p) in new.items())
+        if self.on_send is not None and len(plan.keep):
+            on_send, self.on_send = self.on_send, None
+            on_send()
         return send
 
     def leader_position(self, pos: int) -> int | None:
