@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+_decode = json.JSONDecoder().decode  # json.loads without its per-call checks (a str: no encoding to detect)
+
 
 class ResultsFormatError(ValueError):
     """A line of a result file cannot be attributed to a row (not JSON, no custom_id)."""
@@ -220,7 +222,7 @@ class ResultsJoin:
     def _advance(self, i: int) -> None:
         for raw in self._files[i]:
             if raw.strip():
-                rec = json.loads(raw)
+                rec = _decode(raw.decode("utf-8"))  # our own UTF-8 records: no encoding to detect
                 self._records[i] = rec
                 self._heads.setdefault(rec["custom_id"], []).append(i)
                 return
