@@ -430,9 +430,7 @@ def batches_in_flight(state: State) -> bool:
 
 def _refusal_to_learn(state: State, model: str | None) -> bool:
     """A failed batch of ``model`` not collected yet (a refusal may teach a lower queue limit)."""
-    return any(
-        collectable(c) and c.status == "failed" for j in state.active_jobs() if j.model == model for c in j.chunks.values()
-    )
+    return any(collectable(c) and c.status == "failed" for _, c in queue.model_chunks(state, model))
 
 
 def _collect(state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str) -> list[Action]:

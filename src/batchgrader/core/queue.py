@@ -16,7 +16,7 @@ restarts; the fold keeps the latest one in ``State.queue_limits``.
 from __future__ import annotations
 
 import re
-from collections.abc import Container
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,19 +137,24 @@ def fails_alone(requests: int, others_in_flight: int) -> bool:
 # --- applied to the folded state -------------------------------------------------------------------
 
 
+def model_chunks(state: State, model: str | None) -> Iterator[tuple[str, ChunkState]]:
+    """``(job id, chunk)`` of every active job of ``model``."""
+    for j in state.active_jobs():
+        if j.model == model:
+            for c in j.chunks.values():
+                yield j.job_id, c
+
+
 def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = None) -> int:
     """Input tokens of ``model`` at the provider or on their way there, across all jobs
     (conservative: a batch counts from its upload until we see it terminal; a file uploaded
     ahead of queue room counts from its create)."""
     total = 0
-    for j in state.active_jobs():
-        if j.model != model:
+    for job_id, c in model_chunks(state, model):
+        if exclude == (job_id, c.index) or c.done or c.staged:
             continue
-        for c in j.chunks.values():
-            if exclude == (j.job_id, c.index) or c.done or c.staged:
-                continue
-            if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and c.failure is None):
-                total += c.input_tokens
+        if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and c.failure is None):
+            total += c.input_tokens
     return total
 
 
@@ -165,9 +170,7 @@ def doomed_tokens(state: State, model: str, known: dict[str, Any] | None) -> int
     limit = int(known["limit"])
     return sum(
         c.input_tokens
-        for j in state.active_jobs()
-        if j.model == model
-        for c in j.chunks.values()
+        for _, c in model_chunks(state, model)
         if c.in_flight and c.status == "validating" and c.input_tokens > limit
     )
 
@@ -176,13 +179,9 @@ def staged_tokens(state: State, model: str, but: tuple[str, Container[int]] = ("
     """Input tokens of ``model`` whose files are uploaded (or being uploaded) ahead of queue room,
     across all jobs: they wait for room and are not in the queue (see UploadAheadPlanned).
     ``but``: a job id and chunks of it left out."""
-    job_id, chunks = but
+    left_out, chunks = but
     return sum(
-        c.input_tokens
-        for j in state.active_jobs()
-        if j.model == model
-        for c in j.chunks.values()
-        if c.staged and not (j.job_id == job_id and c.index in chunks)
+        c.input_tokens for job_id, c in model_chunks(state, model) if c.staged and not (job_id == left_out and c.index in chunks)
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from batchgrader.provider.emulator.answers import _Draft
     from batchgrader.provider.emulator.background import Pending, TokenCache, Worker
     from batchgrader.provider.emulator.config import EmulatorConfig
     from batchgrader.provider.emulator.faults import FaultRates
@@ -58,7 +59,7 @@ class _Batch:
     checking: Pending | None = None
     # Answers drafted in the background while the batch runs (real clock; not persisted): per
     # request, its output line without ``created`` (see AnswersMixin._draft), None until drafted
-    drafts: list[tuple[str, str | None, tuple[int, int, int, int] | None] | None] | None = None
+    drafts: list[_Draft | None] | None = None
 
     @property
     def status(self) -> str:
@@ -112,9 +113,10 @@ class _StoreBase:
     data_dir: Path | None
     token_cache: TokenCache
     worker: Worker
-    # The clock is the real one: background work is applied when done; on another (a test's
-    # manual) clock a due validation waits for it and answers are made in place, so that the
-    # outcome does not depend on the machine's speed.
+    # The clock is the real one: a batch stays validating until its background parse-and-count
+    # is done, and its answers are drafted in the background while it runs; on another (a test's
+    # manual) clock a due validation waits for that work and answers are made in place, so that
+    # the outcome does not depend on the machine's speed.
     real_clock: bool
     answerer: Worker
 

@@ -48,11 +48,7 @@ class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicM
         self.token_cache = TokenCache()
         self.worker = Worker(self.clock, "emulator-validation")
         self.answerer = Worker(self.clock, "emulator-answers")
-        # On the real clock a batch stays validating until its background parse-and-count is
-        # done, as long as that takes, and its answers are drafted in the background while it
-        # runs; on another (a test's manual) clock a due validation waits for that work and
-        # answers are made in place, so that the outcome does not depend on the machine's speed.
-        self.real_clock = self.clock is time.time
+        self.real_clock = self.clock is time.time  # see _StoreBase.real_clock
         if self.data_dir:
             self._load()
             self._msg_load()
