@@ -12,6 +12,7 @@ is left and the database passes PRAGMA integrity_check.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,20 @@ EVENT_POINTS = [
 @pytest.mark.parametrize("event,nth", EVENT_POINTS, ids=[f"after {e} #{n}" for e, n in EVENT_POINTS])
 def test_kill_after_event(tmp_path: Path, golden: dict[str, bytes], event: str, nth: int) -> None:
     SUITE.kill_after_event(tmp_path / "home", golden, event, nth)
+
+
+# every chunk merged in a worker process (daemon/workers.py), killed while one merges
+IN_WORKERS = dataclasses.replace(SUITE, config=SUITE.config + "merge_worker_rows: 1\n")
+WORKER_POINTS = [("OutputDownloaded", 1), ("ChunkCompleted", 1)]
+
+
+@pytest.mark.parametrize("event,nth", WORKER_POINTS, ids=[f"after {e} #{n}" for e, n in WORKER_POINTS])
+def test_kill_while_chunks_are_merged_in_worker_processes(tmp_path: Path, golden: dict[str, bytes], event: str, nth: int) -> None:
+    """The golden run merged in the daemon; this one in workers, with a kill while they run:
+    the same outbox, one batch per chunk, no temporary file left."""
+    home = tmp_path / "home"
+    IN_WORKERS.kill_after_event(home, golden, event, nth)
+    assert list((home / "work").glob("*/merging")), "no chunk was merged in a worker"
 
 
 def test_repeated_kills_at_random_times(tmp_path: Path, golden: dict[str, bytes]) -> None:

@@ -134,6 +134,11 @@ KEYS: dict[str, Key] = {
     "max_simultaneous_batches": Key(
         None, _opt_int(1), "Batches in flight at once across all jobs; null: no cap (the provider's queue limit rules)."
     ),
+    "merge_worker_rows": Key(
+        10000,
+        _opt_int(1),
+        "An ended batch of at least this many rows is merged into its rows in a separate process, while the daemon goes on polling and submitting; null: every batch is merged in the daemon's own process.",
+    ),
     "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
     "poll_interval_seconds": Key(
         60.0,
@@ -230,6 +235,7 @@ KEYS: dict[str, Key] = {
 # Keys that make no sense inside a profile (they configure the daemon, not a job).
 GLOBAL_ONLY = {
     "max_simultaneous_batches",
+    "merge_worker_rows",
     "poll_interval_seconds",
     "enqueued_token_limit",
     "daily_cost_limit_usd",

@@ -423,9 +423,10 @@ def decide_job(
 
 
 def batches_in_flight(state: State) -> bool:
-    """Whether a batch of any job is at the provider and not ended (or its create is asked).
-    Storing a chunk's answers takes seconds per 50,000 rows, and no poll is made meanwhile."""
-    return any(c.in_flight or c.create == "requested" for j in state.active_jobs() for c in j.chunks.values())
+    """Whether a batch of any job is at the provider and not collected (running, its create
+    asked, or ended and not merged yet).  Storing a chunk's answers takes seconds per 50,000
+    rows, with no poll meanwhile and the CPU a merge in a worker process needs."""
+    return any(c.in_flight or c.create == "requested" or collectable(c) for j in state.active_jobs() for c in j.chunks.values())
 
 
 def _refusal_to_learn(state: State, model: str | None) -> bool:

@@ -23,6 +23,7 @@ from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
 from batchgrader.core.polling import Durations
 from batchgrader.core.state import ChunkState, JobState, State, fold
+from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.answerkey import provider_id_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
@@ -146,6 +147,9 @@ class EngineBase:
     # the counting hook per profile (provider/counting.py); set by the daemon (the sandbox points it
     # at the emulator); None: built from the profile's settings (counter_for)
     token_counter: Callable[[Profile], Any] | None = None
+    # set by the daemon: where chunks of at least ``merge_worker_rows`` rows are merged (worker
+    # processes); None: every chunk is merged in this process, within its tick
+    merge_workers: MergeWorkers | None = None
 
     def __post_init__(self) -> None:
         self.state = fold(self.store.read())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import _custom_id, _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
 from batchgrader.daemon.reuse import ReuseSteps
-from batchgrader.fsio import atomic_write
+from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
-from batchgrader.pipeline.merge import ChunkSpool, StreamedMerge
+from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
 from batchgrader.pipeline.pricing import PricingError
-from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import list_statuses
@@ -174,63 +172,67 @@ class CollectSteps(ReuseSteps):
             ),
         )
 
-    def _outcomes(self, c: ChunkState, malformed: list[Any], bad_kinds: list[str]) -> Iterator[Any]:
-        """The rows' outcomes from the downloaded files, one at a time; the malformed lines (skipped,
-        never stopping the merge) go to ``malformed`` and the kinds of file they were in to ``bad_kinds``."""
-        for kind in ("output", "error"):
-            d = c.downloads.get(kind)
-            if d and d.get("path") and d.get("state") == "done":
-                before = len(malformed)
-                yield from iter_outcomes(Path(d["path"]), on_malformed="skip", malformed=malformed)
-                if len(malformed) > before:
-                    bad_kinds.append(kind)
+    def _results_path(self, job: JobState, c: ChunkState) -> str:
+        return str(self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl")
 
-    def _missing_reason(self, c: ChunkState, malformed: list[Any]) -> tuple[str, str] | None:
-        """Code and message for a row the downloaded files do not answer (None: the usual ones)."""
-        unavailable = [d.get("error") for d in c.downloads.values() if d.get("state") == "failed"]
-        if unavailable:
-            return "output_unavailable", "; ".join(str(u) for u in unavailable)
-        if malformed:
-            return (
-                "malformed_result",
-                f"the provider's result file had {len(malformed)} malformed line(s) after "
-                f"{c.malformed_downloads + 1} downloads (first: {malformed[0]})",
-            )
-        return None
+    def _merge_inputs(self, job: JobState, c: ChunkState) -> MergeInputs:
+        done = [(k, d) for k in ("output", "error") if (d := c.downloads.get(k)) and d.get("path") and d.get("state") == "done"]
+        return MergeInputs(
+            expected=tuple(self._sent_ids(job, chunk_custom_ids(c))),  # a retried leader's duplicates are not in the file
+            files=tuple((k, str(d["path"])) for k, d in done),
+            status=c.status,
+            results_path=self._results_path(job, c),
+            unavailable=tuple(str(d.get("error")) for d in c.downloads.values() if d.get("state") == "failed"),
+            malformed_downloads=c.malformed_downloads,
+            download_malformed_again=c.malformed_downloads < MAX_MALFORMED_DOWNLOADS,
+            followers=self.followers_of(job),
+        )
 
     def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
-        """Merge a finished batch's rows; its events (and the answers they record) go in one
-        transaction.  A malformed file is downloaded again (at most MAX_MALFORMED_DOWNLOADS times);
-        then its good lines are kept.  Duplicates of the chunk's rows (identical requests of the
-        same file) get their leader's outcome.  Streamed: the outcomes are spooled to a temporary
-        file and the chunk's results written from it in order (one offset per row in memory)."""
-        malformed: list[Any] = []
-        bad_kinds: list[str] = []
-        expected = self._sent_ids(job, chunk_custom_ids(c))  # a retried leader's duplicates are not in the file
-        results_path = self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl"
-        with ChunkSpool(expected) as spool:
-            spool.read(self._outcomes(c, malformed, bad_kinds))
-            if malformed and c.malformed_downloads < MAX_MALFORMED_DOWNLOADS:
-                log.warning(
-                    "job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, malformed[0]
-                )
-                self.emit(
-                    job.job_id,
-                    _e(
-                        "OutputFileMalformed",
-                        chunk=c.index,
-                        batch_id=c.batch_id,
-                        kinds=bad_kinds,
-                        lines=len(malformed),
-                        problem=str(malformed[0]),
-                    ),
-                )
+        """Merge a finished batch's rows (:func:`~batchgrader.pipeline.merge.merge_chunk`); its
+        events (and the answers they record) go in one transaction.  A chunk of at least
+        ``merge_worker_rows`` rows is merged in a worker process (:mod:`batchgrader.daemon.workers`)
+        while the daemon goes on: this step starts it, and records its outcome on the first tick
+        after it ended (if the worker fails, the chunk is merged here).  A malformed file is
+        downloaded again (at most MAX_MALFORMED_DOWNLOADS times); then its good lines are kept."""
+        key = (job.job_id, c.index)
+        workers, at_least = self.merge_workers, self.settings.merge_worker_rows
+        if workers is not None and workers.running(key):
+            try:
+                outcome = workers.poll(key)
+            except MergeWorkerFailed as exc:
+                log.warning("job %s chunk %s: %s; merging in the daemon", job.job_id, c.index, exc)
+                outcome = merge_chunk(self._merge_inputs(job, c))
+            if outcome is not None:  # else still merging: the worker wakes the daemon when it ends
+                self._merged(job, c, outcome, now)
+            return
+        inputs = self._merge_inputs(job, c)
+        if workers is not None and at_least is not None and len(inputs.expected) >= at_least:
+            try:
+                workers.start(key, inputs, self.home.job_dir(job.job_id) / "merging")
                 return
-            missing = self._missing_reason(c, malformed)
-            followers = self.followers_of(job)
-            got: list[StreamedMerge] = []
-            atomic_write(results_path, lambda f: got.append(spool.write(f.write, c.status, missing, followers)))
-        merged = got[0]
+            except MergeWorkerFailed as exc:
+                log.warning("job %s chunk %s: %s; merging in the daemon", job.job_id, c.index, exc)
+        self._merged(job, c, merge_chunk(inputs), now)
+
+    def _merged(self, job: JobState, c: ChunkState, outcome: MergeOutcome, now: float) -> None:
+        """Record a chunk's merge (``outcome``): ask for a malformed file again, or the chunk's
+        usage, failed rows and completion."""
+        if outcome.merged is None:
+            log.warning("job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, outcome.problem)
+            self.emit(
+                job.job_id,
+                _e(
+                    "OutputFileMalformed",
+                    chunk=c.index,
+                    batch_id=c.batch_id,
+                    kinds=list(outcome.bad_kinds),
+                    lines=outcome.malformed_lines,
+                    problem=outcome.problem,
+                ),
+            )
+            return
+        merged = outcome.merged
         try:
             cost = merged.cost(self.prices.get(job.model or ""))
         except PricingError:
@@ -272,14 +274,14 @@ class CollectSteps(ReuseSteps):
                 status=c.status,
                 succeeded=merged.succeeded + merged.duplicates - len(dup_failed),
                 failed=len(merged.failed_rows) + len(dup_failed),
-                results_path=str(results_path),
+                results_path=self._results_path(job, c),
             )
         )
         if c.status == "completed":
             probe = probe_after_completion(self.state, job, self.queue_url_for(job))
             events += self._learned_event(job.model or "", probe, c.index, None, job)
         if merged.succeeded and self.settings.cache_days > 0:  # stored later (StoreAnswers), off the results' path
-            events.append(_e("AnswersToStore", chunk=c.index, rows=len(expected), answers=merged.succeeded))
+            events.append(_e("AnswersToStore", chunk=c.index, rows=merged.rows, answers=merged.succeeded))
         self.emit(job.job_id, *events)
 
     def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
 from batchgrader.daemon.snapshot import Snapshot, take
+from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.ops.service import ServiceError
 from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing, with_deployments
 from batchgrader.secrets import EnvFileError, MaskSecrets
@@ -515,6 +516,7 @@ class Daemon:
         engine.on_progress = self._beat
 
         engine.on_rows_to_send = self.prefetch
+        engine.merge_workers = MergeWorkers(wake=self.wake.set)
         self.engine = engine
         engine.startup(time.time())
         self._controls(engine)

@@ -1,21 +1,27 @@
-"""Merging a batch's results into the chunk's rows: a pure data transform.
+"""Merging a batch's results into the chunk's rows: a data transform from files to a file.
 
-The engine reads the downloaded output and error files (:func:`pipeline.results.iter_outcomes`)
-into a :class:`ChunkSpool` made with the chunk's custom ids, and has it write, given the batch's
-final status, one record per row in the chunk's order; it returns the rows that failed and the
-usage (:class:`StreamedMerge`).
+:func:`merge_chunk` reads the downloaded output and error files
+(:func:`pipeline.results.iter_outcomes`) into a :class:`ChunkSpool` made with the chunk's custom
+ids, which writes, given the batch's final status, one record per row in the chunk's order to
+the chunk's results file; it returns the rows that failed and the usage (:class:`StreamedMerge`)
+in a :class:`MergeOutcome`.  Its inputs and outcome are plain values (:class:`MergeInputs`,
+JSON both ways), so the daemon can run it in a separate process (``daemon/workers.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
+from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.pricing import Price, billed_cost
+from batchgrader.pipeline.results import iter_outcomes
 
 USAGE_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 _dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False) without an encoder per call
@@ -201,3 +207,105 @@ def _write_in_order(
         duplicates_usage=dup_totals,
         cache_write_tokens=writes,
     )
+
+
+@dataclass(frozen=True)
+class MergeInputs:
+    """What merging one ended batch's chunk needs, as plain values: the custom ids of the rows
+    it sent (in the chunk's order), the downloaded files as ``(kind, path)`` (output first),
+    the batch's final status, why files could not be had (failed downloads), how many times a
+    malformed file was downloaded again and whether it is to be again (else its good lines are
+    kept), the duplicates that take a leader's outcome, and where the results go."""
+
+    expected: tuple[str, ...]
+    files: tuple[tuple[str, str], ...]
+    status: str | None
+    results_path: str
+    unavailable: tuple[str, ...] = ()
+    malformed_downloads: int = 0
+    download_malformed_again: bool = False
+    followers: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MergeInputs:
+        return cls(
+            expected=tuple(d["expected"]),
+            files=tuple((k, p) for k, p in d["files"]),
+            status=d["status"],
+            results_path=d["results_path"],
+            unavailable=tuple(d["unavailable"]),
+            malformed_downloads=int(d["malformed_downloads"]),
+            download_malformed_again=bool(d["download_malformed_again"]),
+            followers=dict(d["followers"]),
+        )
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What :func:`merge_chunk` did: ``merged`` (the results file is written), or None when a
+    malformed file is to be downloaded again (nothing written); the malformed lines seen, the
+    kinds of file they were in and the first one's problem."""
+
+    merged: StreamedMerge | None
+    malformed_lines: int = 0
+    bad_kinds: tuple[str, ...] = ()
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MergeOutcome:
+        m = d["merged"]
+        return cls(
+            merged=None if m is None else StreamedMerge(**m),
+            malformed_lines=int(d["malformed_lines"]),
+            bad_kinds=tuple(d["bad_kinds"]),
+            problem=d["problem"],
+        )
+
+
+def merge_chunk(inputs: MergeInputs) -> MergeOutcome:
+    """Merge a chunk's downloaded files into its results file (written atomically, so a merge
+    done twice, or by two processes at once, leaves one whole file).  A malformed line never
+    stops the merge: it is skipped and counted; with ``download_malformed_again`` nothing is
+    written and the outcome asks for the files again."""
+    malformed: list[Any] = []
+    bad_kinds: list[str] = []
+    with ChunkSpool(inputs.expected) as spool:
+        spool.read(_outcomes(inputs.files, malformed, bad_kinds))
+        problem = str(malformed[0]) if malformed else None
+        if malformed and inputs.download_malformed_again:
+            return MergeOutcome(None, len(malformed), tuple(bad_kinds), problem)
+        missing = _missing_reason(inputs, malformed)
+        got: list[StreamedMerge] = []
+        atomic_write(
+            Path(inputs.results_path), lambda f: got.append(spool.write(f.write, inputs.status, missing, inputs.followers))
+        )
+    return MergeOutcome(got[0], len(malformed), tuple(bad_kinds), problem)
+
+
+def _outcomes(files: Iterable[tuple[str, str]], malformed: list[Any], bad_kinds: list[str]) -> Iterator[Any]:
+    """The rows' outcomes from the downloaded files, one at a time; the malformed lines (skipped)
+    go to ``malformed`` and the kinds of file they were in to ``bad_kinds``."""
+    for kind, path in files:
+        before = len(malformed)
+        yield from iter_outcomes(Path(path), on_malformed="skip", malformed=malformed)
+        if len(malformed) > before:
+            bad_kinds.append(kind)
+
+
+def _missing_reason(inputs: MergeInputs, malformed: list[Any]) -> tuple[str, str] | None:
+    """Code and message for a row the downloaded files do not answer (None: the usual ones)."""
+    if inputs.unavailable:
+        return "output_unavailable", "; ".join(inputs.unavailable)
+    if malformed:
+        return (
+            "malformed_result",
+            f"the provider's result file had {len(malformed)} malformed line(s) after "
+            f"{inputs.malformed_downloads + 1} downloads (first: {malformed[0]})",
+        )
+    return None

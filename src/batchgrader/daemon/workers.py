@@ -1,0 +1,110 @@
+"""Merging a large chunk in a separate process, so the daemon goes on polling, downloading and
+submitting meanwhile (and two ended chunks are merged on two cores).
+
+The engine starts a merge with :meth:`MergeWorkers.start` and asks :meth:`MergeWorkers.poll`
+on later ticks; the worker (``python -m batchgrader.daemon.workers``) runs
+:func:`batchgrader.pipeline.merge.merge_chunk` on the inputs it is given and writes the outcome
+for the daemon to read, and a thread that waits for it wakes the daemon.  Nothing about a merge
+is recorded until the daemon has its outcome, so a merge that is lost (the daemon or the worker
+killed, the outcome unreadable) is simply done again; the results file is written atomically,
+so a worker left running by a killed daemon and the one the next daemon starts leave one whole
+file (the same, from the same inputs).  A worker whose daemon has gone writes no outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchgrader.fsio import TMP_PREFIX, atomic_write_bytes
+from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
+
+
+class MergeWorkerFailed(RuntimeError):
+    """The worker ended without an outcome (it could not start, failed, or was killed)."""
+
+
+@dataclass
+class _Run:
+    proc: subprocess.Popen[bytes]
+    outcome_path: Path
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+class MergeWorkers:
+    """The merges running in worker processes, by key (the engine's (job, chunk)).  ``wake`` is
+    called, from a waiting thread, when one ends; ``python`` is the interpreter that runs them."""
+
+    def __init__(self, wake: Callable[[], None] = lambda: None, python: str = sys.executable) -> None:
+        self.wake = wake
+        self.python = python
+        self._runs: dict[Hashable, _Run] = {}
+
+    def running(self, key: Hashable) -> bool:
+        return key in self._runs
+
+    def start(self, key: Hashable, inputs: MergeInputs, folder: Path) -> None:
+        """Start merging in a worker; its inputs and outcome are files in ``folder`` (temporary
+        names, so a daemon starting after a crash removes what a lost merge left).  Raises
+        :class:`MergeWorkerFailed` when the worker cannot be started."""
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{TMP_PREFIX}merge-{uuid.uuid4().hex}"
+        spec, outcome = folder / f"{name}.in.json", folder / f"{name}.out.json"
+        atomic_write_bytes(spec, json.dumps(inputs.to_json()).encode())
+        args = [self.python, "-m", "batchgrader.daemon.workers", str(spec), str(outcome), str(os.getpid())]
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            spec.unlink(missing_ok=True)
+            raise MergeWorkerFailed(f"the merge worker could not be started: {exc}") from None
+        run = self._runs[key] = _Run(proc, outcome)
+        threading.Thread(target=self._wait, args=(run, spec), name=f"merge-{key}", daemon=True).start()
+
+    def _wait(self, run: _Run, spec: Path) -> None:
+        run.proc.wait()
+        spec.unlink(missing_ok=True)  # the worker removes it once read; not if it could not start Python
+        run.ended.set()
+        self.wake()
+
+    def poll(self, key: Hashable) -> MergeOutcome | None:
+        """The outcome of the merge started for ``key`` once its worker has ended (the run is then
+        forgotten), None while it runs.  Raises :class:`MergeWorkerFailed` when it ended without one."""
+        run = self._runs[key]
+        if not run.ended.is_set():
+            return None
+        del self._runs[key]
+        try:
+            data = run.outcome_path.read_bytes()
+        except OSError:
+            raise MergeWorkerFailed(f"the merge worker ended (exit code {run.proc.returncode}) without an outcome") from None
+        finally:
+            run.outcome_path.unlink(missing_ok=True)
+        return MergeOutcome.from_json(json.loads(data))
+
+    def wait(self, key: Hashable, timeout: float | None = None) -> bool:
+        """Block until the worker for ``key`` has ended (True) or ``timeout`` passed (False)."""
+        return self._runs[key].ended.wait(timeout)
+
+
+def main(argv: list[str]) -> int:
+    """The worker: merge with the inputs in ``argv[0]`` (removed once read), write the outcome
+    to ``argv[1]``, unless the daemon (pid ``argv[2]``) has gone meanwhile."""
+    spec, outcome, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
+    inputs = MergeInputs.from_json(json.loads(spec.read_bytes()))
+    spec.unlink(missing_ok=True)
+    result = merge_chunk(inputs)
+    if os.getppid() != parent:
+        return 3  # nobody to read it: the next daemon merges again
+    atomic_write_bytes(outcome, json.dumps(result.to_json()).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
