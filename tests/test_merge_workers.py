@@ -180,7 +180,7 @@ def _inputs(tmp_path: Path) -> MergeInputs:
     ]
     out.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return MergeInputs(
-        expected=("r0", "r1", "r2", "r3"),
+        custom_ids=("r0", "r1", "r2", "r3"),
         files=(("output", str(out)),),
         status="completed",
         results_path=str(tmp_path / "results" / "chunk-0000.jsonl"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.answerkey import provider_id_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
-from batchgrader.pipeline.splitting import Limits
+from batchgrader.pipeline.splitting import Limits, custom_ids_in
 from batchgrader.provider.protocol import Provider
 from batchgrader.store import answers
 from batchgrader.store.eventstore import EventStore, NewEvent
@@ -84,20 +83,10 @@ def _load_token_sizes(path: Path) -> tuple[array, array]:
     return data[:half], data[half:]
 
 
-_CUSTOM_ID = re.compile(rb'^\{"custom_id":("(?:[^"\\]|\\.)*")')
-
-
-def _custom_id(line: bytes) -> str:
-    """The custom_id of a request line (read from the start of the line when it is there, as
-    the daemon writes it; otherwise the line is parsed)."""
-    m = _CUSTOM_ID.match(line)
-    return str(json.loads(m.group(1)) if m else json.loads(line)["custom_id"])
-
-
 def chunk_custom_ids(c: ChunkState) -> list[str]:
     if c.custom_ids is not None:
         return list(c.custom_ids)
-    return [_custom_id(line) for line in _lines(Path(c.path))]
+    return custom_ids_in(Path(c.path))
 
 
 def result_settings(profile: Profile) -> dict[str, Any]:

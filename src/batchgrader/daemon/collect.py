@@ -14,13 +14,13 @@ from batchgrader.core import queue
 from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
 from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
-from batchgrader.daemon.base import _custom_id, _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
+from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
 from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
 from batchgrader.pipeline.pricing import PricingError
-from batchgrader.pipeline.splitting import Limits, plan_chunks, write_chunk_files
+from batchgrader.pipeline.splitting import Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import list_statuses
 from batchgrader.store.eventstore import NewEvent
@@ -178,8 +178,9 @@ class CollectSteps(ReuseSteps):
     def _merge_inputs(self, job: JobState, c: ChunkState) -> MergeInputs:
         done = [(k, d) for k in ("output", "error") if (d := c.downloads.get(k)) and d.get("path") and d.get("state") == "done"]
         return MergeInputs(
-            expected=tuple(self._sent_ids(job, chunk_custom_ids(c))),  # a retried leader's duplicates are not in the file
             files=tuple((k, str(d["path"])) for k, d in done),
+            custom_ids=None if c.custom_ids is None else tuple(c.custom_ids),
+            requests_path=c.path,
             status=c.status,
             results_path=self._results_path(job, c),
             unavailable=tuple(str(d.get("error")) for d in c.downloads.values() if d.get("state") == "failed"),
@@ -207,7 +208,7 @@ class CollectSteps(ReuseSteps):
                 self._merged(job, c, outcome, now)
             return
         inputs = self._merge_inputs(job, c)
-        if workers is not None and at_least is not None and len(inputs.expected) >= at_least:
+        if workers is not None and at_least is not None and c.requests >= at_least:
             try:
                 workers.start(key, inputs, self.home.job_dir(job.job_id) / "merging")
                 return
@@ -305,7 +306,7 @@ class CollectSteps(ReuseSteps):
         sizes = array("Q")
         tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
         for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
-            cid = _custom_id(line)
+            cid = request_custom_id(line)
             if cid in wanted:
                 lines.append(line)
                 tokens.append(tok_all[pos])

@@ -68,6 +68,11 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         """Files seen in the inbox but not yet taken (waiting to be stable)."""
         return self._scanner is not None and self._scanner.pending()
 
+    def intake_due(self) -> float | None:
+        """When a file seen in the inbox can next be found stable and taken (None: none waits):
+        the daemon ticks then rather than at its next interval."""
+        return self._scanner.due() if self._scanner is not None else None
+
     def busy(self) -> bool:
         """True while a job can still make progress on its own (held jobs wait for the user)."""
         return any(not j.held for j in self.state.active_jobs())

@@ -315,6 +315,8 @@ class Daemon:
     stop_reason: str = "stopped"
     emulator: Any = None  # the sandbox's emulator, started at the first provider call (see _sandbox_url)
     deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
+    _intake_timer: threading.Timer | None = None  # wakes the daemon when an inbox file can be found stable
+    _intake_due: float = 0.0
 
     def prefetch(self, name: str) -> None:
         """Ready provider ``name``'s SDK in the background (a job has rows to send to it), when it
@@ -322,6 +324,20 @@ class Daemon:
         p = self.deferred.get(name)
         if p is not None:
             p.prefetch()
+
+    def wake_for_intake(self) -> None:
+        """Wake the daemon when a file waiting in the inbox can be found stable (``stable_seconds``
+        after it was last seen changing), not at the tick after: called on the tick thread."""
+        due = self.engine.intake_due()
+        if due is None:
+            return
+        t = self._intake_timer
+        if t is not None and t.is_alive() and self._intake_due <= due:
+            return
+        timer = threading.Timer(max(0.0, due - time.time()), self.wake.set)
+        timer.daemon = True
+        timer.start()
+        self._intake_timer, self._intake_due = timer, due
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -519,6 +535,7 @@ class Daemon:
         engine.merge_workers = MergeWorkers(wake=self.wake.set)
         self.engine = engine
         engine.startup(time.time())
+        self.wake_for_intake()
         self._controls(engine)
         self._publish()
         notifier = Notifier()
@@ -563,6 +580,7 @@ class Daemon:
             self._controls(self.engine)
             self.engine.store.check_file()
             self.engine.tick(time.time())
+            self.wake_for_intake()
             self.tick_error = None
             if self.engine.again:  # e.g. a job just prepared: its uploads are due now, not a tick later
                 self.wake.set()

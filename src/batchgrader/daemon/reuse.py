@@ -17,6 +17,7 @@ from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import EngineBase, _e, _lines
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.merge import riders, sent_ids
 from batchgrader.pipeline.prepare import oversized_positions
 from batchgrader.pipeline.reuse import ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
@@ -136,29 +137,12 @@ class ReuseSteps(EngineBase):
         return got
 
     def _riders(self, job: JobState, ids: Sequence[str]) -> dict[str, list[str]]:
-        """Of ``ids``, the duplicates whose leader is in ``ids`` too, by leader.  In a chunk they
-        ride with their leader: only the leader is sent, they take its outcome when the chunk is
-        merged (a retry keeps the grouping)."""
-        followers = self.followers_of(job)
-        if not followers:
-            return {}
-        wanted = set(ids)
-        out: dict[str, list[str]] = {}
-        for leader in ids:
-            fs = followers.get(leader)
-            if fs:
-                riding = [f for f in fs if f in wanted]
-                if riding:
-                    out[leader] = riding
-        return out
+        """Of ``ids``, the duplicates that ride with their leader (:func:`~batchgrader.pipeline.reuse.riders`)."""
+        return riders(ids, self.followers_of(job))
 
     def _sent_ids(self, job: JobState, ids: list[str]) -> list[str]:
-        """``ids`` without the duplicates that ride with their leader (see ``_riders``)."""
-        riders = self._riders(job, ids)
-        if not riders:
-            return ids
-        ride = {f for fs in riders.values() for f in fs}
-        return [x for x in ids if x not in ride]
+        """``ids`` without the duplicates that ride with their leader."""
+        return sent_ids(ids, self.followers_of(job))
 
     def _store_answers(self, job: JobState, c: ChunkState, now: float) -> None:
         """Store a merged chunk's successful answers (``AnswersToStore``), recorded by

@@ -27,7 +27,6 @@ from batchgrader.core.decide import (
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.base import (
     CLOCK_SKEW_SLACK,
-    _custom_id,
     _e,
     _lines,
     _status_event,
@@ -40,7 +39,7 @@ from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.calibration import learned_overhead
 from batchgrader.pipeline.prepare import ENDPOINT, oversized_positions, prepare
 from batchgrader.pipeline.pricing import PricingError
-from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
+from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import reconcile_batch, reconcile_upload
@@ -253,7 +252,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         tok_all, size_all = _token_sizes(self.home.job_dir(job.job_id) / "tokens.bin", first, last)
         requests_path = Path(job.requests_path or "")
         for pos, line in enumerate(islice(_lines(requests_path), first, last), start=first):
-            cid = _custom_id(line)
+            cid = request_custom_id(line)
             if cid in ids:
                 positions.append(pos)
                 cids.append(cid)

@@ -125,6 +125,11 @@ class InboxScanner:
     def pending(self) -> bool:
         return bool(self._looks)
 
+    def due(self) -> float | None:
+        """When a file waiting to be stable can next be found so (its last change seen plus
+        ``stable_seconds``); None when none waits."""
+        return min((seen + self.stable_seconds for _, _, seen in self._looks.values()), default=None)
+
     def forget(self, path: Path) -> None:
         self._looks.pop(path, None)
 

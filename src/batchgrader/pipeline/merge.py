@@ -22,6 +22,7 @@ from typing import IO, Any
 from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.pricing import Price, billed_cost
 from batchgrader.pipeline.results import iter_outcomes
+from batchgrader.pipeline.splitting import custom_ids_in
 
 USAGE_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 _dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False) without an encoder per call
@@ -211,31 +212,54 @@ def _write_in_order(
 
 @dataclass(frozen=True)
 class MergeInputs:
-    """What merging one ended batch's chunk needs, as plain values: the custom ids of the rows
-    it sent (in the chunk's order), the downloaded files as ``(kind, path)`` (output first),
-    the batch's final status, why files could not be had (failed downloads), how many times a
-    malformed file was downloaded again and whether it is to be again (else its good lines are
-    kept), the duplicates that take a leader's outcome, and where the results go."""
+    """What merging one ended batch's chunk needs, as plain values: the chunk's rows (its
+    ``custom_ids`` as recorded, or None: those of its ``requests_path``, the request file it was
+    sent as, in order), the downloaded files as ``(kind, path)`` (output first), the batch's
+    final status, where the results go, why files could not be had (failed downloads), how many
+    times a malformed file was downloaded again and whether it is to be again (else its good
+    lines are kept), and the duplicates (leader -> rows) that take a leader's outcome."""
 
-    expected: tuple[str, ...]
     files: tuple[tuple[str, str], ...]
     status: str | None
     results_path: str
+    custom_ids: tuple[str, ...] | None = None
+    requests_path: str | None = None
     unavailable: tuple[str, ...] = ()
     malformed_downloads: int = 0
     download_malformed_again: bool = False
     followers: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
+    def expected(self) -> list[str]:
+        """The custom_ids of the rows the batch was sent, in the chunk's order: a duplicate that
+        rides with its leader in the chunk is not among them (it takes the leader's outcome)."""
+        if self.custom_ids is not None:
+            ids = list(self.custom_ids)
+        else:
+            ids = custom_ids_in(Path(self.requests_path or ""))
+        return sent_ids(ids, self.followers)
+
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "files": [list(f) for f in self.files],
+            "status": self.status,
+            "results_path": self.results_path,
+            "custom_ids": None if self.custom_ids is None else list(self.custom_ids),
+            "requests_path": self.requests_path,
+            "unavailable": list(self.unavailable),
+            "malformed_downloads": self.malformed_downloads,
+            "download_malformed_again": self.download_malformed_again,
+            "followers": {k: list(v) for k, v in self.followers.items()},
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MergeInputs:
+        ids = d["custom_ids"]
         return cls(
-            expected=tuple(d["expected"]),
             files=tuple((k, p) for k, p in d["files"]),
             status=d["status"],
             results_path=d["results_path"],
+            custom_ids=None if ids is None else tuple(ids),
+            requests_path=d["requests_path"],
             unavailable=tuple(d["unavailable"]),
             malformed_downloads=int(d["malformed_downloads"]),
             download_malformed_again=bool(d["download_malformed_again"]),
@@ -275,7 +299,7 @@ def merge_chunk(inputs: MergeInputs) -> MergeOutcome:
     written and the outcome asks for the files again."""
     malformed: list[Any] = []
     bad_kinds: list[str] = []
-    with ChunkSpool(inputs.expected) as spool:
+    with ChunkSpool(inputs.expected()) as spool:
         spool.read(_outcomes(inputs.files, malformed, bad_kinds))
         problem = str(malformed[0]) if malformed else None
         if malformed and inputs.download_malformed_again:
@@ -309,3 +333,26 @@ def _missing_reason(inputs: MergeInputs, malformed: list[Any]) -> tuple[str, str
             f"{inputs.malformed_downloads + 1} downloads (first: {malformed[0]})",
         )
     return None
+
+
+def riders(ids: Sequence[str], followers: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Of ``ids``, the duplicates whose leader is in ``ids`` too, by leader (``followers``:
+    leader -> its duplicates).  In a chunk they ride with their leader: only the leader is
+    sent, they take its outcome when the chunk is merged (a retry keeps the grouping)."""
+    if not followers:
+        return {}
+    wanted = set(ids)
+    out: dict[str, list[str]] = {}
+    for leader in ids:
+        fs = followers.get(leader)
+        if fs:
+            riding = [f for f in fs if f in wanted]
+            if riding:
+                out[leader] = riding
+    return out
+
+
+def sent_ids(ids: list[str], followers: Mapping[str, Sequence[str]]) -> list[str]:
+    """``ids`` without the duplicates that ride with their leader (see :func:`riders`)."""
+    ride = {f for fs in riders(ids, followers).values() for f in fs}
+    return [x for x in ids if x not in ride] if ride else ids

@@ -25,7 +25,9 @@ Byte sizes are plain bytes; the provider's "200 MB" input-file cap is taken as t
 from __future__ import annotations
 
 import heapq
+import json
 import os
+import re
 import tempfile
 from array import array
 from bisect import bisect_left, bisect_right
@@ -482,3 +484,19 @@ def write_chunk_files(
             except FileNotFoundError:
                 pass
     return finals
+
+
+_CUSTOM_ID = re.compile(rb'^\{"custom_id":("(?:[^"\\]|\\.)*")')
+
+
+def request_custom_id(line: bytes) -> str:
+    """The custom_id of a request line (read from the start of the line when it is there, as
+    the daemon writes it; otherwise the line is parsed)."""
+    m = _CUSTOM_ID.match(line)
+    return str(json.loads(m.group(1)) if m else json.loads(line)["custom_id"])
+
+
+def custom_ids_in(path: Path) -> list[str]:
+    """The custom_ids of a chunk's request file, in its order."""
+    with open(path, "rb") as f:
+        return [request_custom_id(line) for line in f]
