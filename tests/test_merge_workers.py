@@ -218,3 +218,23 @@ def test_a_worker_that_ends_without_an_outcome_is_reported(tmp_path):
     with pytest.raises(MergeWorkerFailed, match="without an outcome"):
         workers.poll("k")
     assert not workers.running("k") and not list((tmp_path / "merging").iterdir())
+
+
+def test_the_rows_merged_are_those_sent_without_the_duplicates_that_ride_with_their_leader(tmp_path):
+    """A worker reads the chunk's rows from its request file (custom_ids at the start of each
+    line as the daemon writes them, or anywhere in a line written otherwise); a duplicate whose
+    leader is in the chunk is not among them (it takes the leader's outcome)."""
+    requests = tmp_path / "chunk.jsonl"
+    lines = [
+        '{"custom_id":"a","body":{}}',
+        '{"custom_id":"b","body":{}}',
+        '{"custom_id":"c\\"q\\u00e9","body":{}}',
+        '{"body": {}, "custom_id": "d"}',
+    ]
+    requests.write_text("".join(x + "\n" for x in lines))
+    inputs = MergeInputs(files=(), status="completed", results_path=str(tmp_path / "r.jsonl"), requests_path=str(requests))
+    assert inputs.expected() == ["a", "b", 'c"qé', "d"]
+    rides = MergeInputs.from_json({**inputs.to_json(), "followers": {"a": ["b", "zz"], "d": ["x"]}})
+    assert rides.expected() == ["a", 'c"qé', "d"]  # b rides with a; zz and x are not in the chunk
+    recorded = MergeInputs.from_json({**rides.to_json(), "custom_ids": ["d", "a", "b"]})
+    assert recorded.expected() == ["d", "a"]  # a retry chunk's recorded rows, not its file
