@@ -238,3 +238,18 @@ def test_the_rows_merged_are_those_sent_without_the_duplicates_that_ride_with_th
     assert rides.expected() == ["a", 'c"qé', "d"]  # b rides with a; zz and x are not in the chunk
     recorded = MergeInputs.from_json({**rides.to_json(), "custom_ids": ["d", "a", "b"]})
     assert recorded.expected() == ["d", "a"]  # a retry chunk's recorded rows, not its file
+
+
+def test_a_worker_that_runs_too_long_is_stopped_and_reported(tmp_path):
+    """No merge holds its job forever (a stalled disk): past the timeout the worker is killed
+    and the engine merges in the daemon (see test_a_merge_whose_worker_fails_is_done_in_the_daemon)."""
+    stuck = tmp_path / "stuck-python"
+    stuck.write_text("#!/bin/sh\nexec sleep 300\n")
+    stuck.chmod(0o755)
+    workers = MergeWorkers(python=str(stuck), timeout=0.0)
+    workers.start("k", _inputs(tmp_path), tmp_path / "merging")
+    proc = workers._runs["k"].proc
+    with pytest.raises(MergeWorkerFailed, match="stopped after 0 s"):
+        workers.poll("k")
+    assert proc.poll() is not None and not workers.running("k")
+    assert not list((tmp_path / "merging").iterdir())  # the inputs' file is removed

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -26,25 +27,37 @@ from pathlib import Path
 from batchgrader.fsio import TMP_PREFIX, atomic_write_bytes
 from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
 
+#: A merge running longer than this is stopped and done in the daemon instead (a 50,000-row
+#: chunk takes about 2 s here): a worker stuck on a stalled disk never holds its job forever.
+MERGE_WORKER_TIMEOUT_SECONDS = 600.0
+
 
 class MergeWorkerFailed(RuntimeError):
-    """The worker ended without an outcome (it could not start, failed, or was killed)."""
+    """The worker ended without an outcome (it could not start, failed, was killed or took too long)."""
 
 
 @dataclass
 class _Run:
     proc: subprocess.Popen[bytes]
     outcome_path: Path
+    started: float = field(default_factory=time.monotonic)
     ended: threading.Event = field(default_factory=threading.Event)
 
 
 class MergeWorkers:
     """The merges running in worker processes, by key (the engine's (job, chunk)).  ``wake`` is
-    called, from a waiting thread, when one ends; ``python`` is the interpreter that runs them."""
+    called, from a waiting thread, when one ends; ``python`` is the interpreter that runs them;
+    a worker still running after ``timeout`` seconds is killed (:meth:`poll` then raises)."""
 
-    def __init__(self, wake: Callable[[], None] = lambda: None, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        wake: Callable[[], None] = lambda: None,
+        python: str = sys.executable,
+        timeout: float = MERGE_WORKER_TIMEOUT_SECONDS,
+    ) -> None:
         self.wake = wake
         self.python = python
+        self.timeout = timeout
         self._runs: dict[Hashable, _Run] = {}
 
     def running(self, key: Hashable) -> bool:
@@ -75,10 +88,16 @@ class MergeWorkers:
 
     def poll(self, key: Hashable) -> MergeOutcome | None:
         """The outcome of the merge started for ``key`` once its worker has ended (the run is then
-        forgotten), None while it runs.  Raises :class:`MergeWorkerFailed` when it ended without one."""
+        forgotten), None while it runs.  Raises :class:`MergeWorkerFailed` when it ended without one,
+        or ran longer than ``timeout`` (it is killed then)."""
         run = self._runs[key]
         if not run.ended.is_set():
-            return None
+            if time.monotonic() - run.started < self.timeout:
+                return None
+            run.proc.kill()
+            run.ended.wait()
+            del self._runs[key]
+            raise MergeWorkerFailed(f"the merge worker was stopped after {self.timeout:g} s")
         del self._runs[key]
         try:
             data = run.outcome_path.read_bytes()
