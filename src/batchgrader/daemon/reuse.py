@@ -137,7 +137,7 @@ class ReuseSteps(EngineBase):
         return got
 
     def _riders(self, job: JobState, ids: Sequence[str]) -> dict[str, list[str]]:
-        """Of ``ids``, the duplicates that ride with their leader (:func:`~batchgrader.pipeline.reuse.riders`)."""
+        """Of ``ids``, the duplicates that ride with their leader (:func:`~batchgrader.pipeline.merge.riders`)."""
         return riders(ids, self.followers_of(job))
 
     def _sent_ids(self, job: JobState, ids: list[str]) -> list[str]:
