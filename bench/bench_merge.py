@@ -5,7 +5,8 @@ bare ``json.loads`` of every line of the same output file (the least any merge m
     .venv/bin/python bench/bench_merge.py --rows 10000
 
 The output file is shuffled (the Batch API does not keep the input order) and each answer is
-about 300 characters.  The merge is what the daemon does (``daemon/collect.py``): the outcomes
+about 300 characters.  The merge is what the daemon does (``pipeline/merge.merge_chunk``, in
+the daemon or, for a chunk of ``merge_worker_rows`` rows or more, a worker process): the outcomes
 read (``pipeline/results.iter_outcomes``) into a ``ChunkSpool`` and written in the chunk's order.
 Best of three runs each, measured in one run, so the ratio holds on a noisy machine.
 """
