@@ -253,3 +253,20 @@ def test_a_worker_that_runs_too_long_is_stopped_and_reported(tmp_path):
         workers.poll("k")
     assert proc.poll() is not None and not workers.running("k")
     assert not list((tmp_path / "merging").iterdir())  # the inputs' file is removed
+
+
+def test_a_chunk_whose_worker_failed_is_not_sent_to_a_worker_again(home):
+    """When the merge fails in the daemon too (here its downloaded file is gone), later tries
+    are made in the daemon, each tick, not by starting a worker process per tick."""
+    rig = Rig(home)
+    workers = HeldWorkers(fail=True)
+    first, _ = _two_chunks(rig, workers)
+    rig.provider.finish(first)
+    rig.tick()
+    key = (rig.job().job_id, 0)
+    Path(rig.job().chunks[0].downloads["output"]["path"]).unlink()
+    workers.end(key)
+    for _ in range(3):
+        rig.tick()
+    assert workers.started == [key] and not rig.job().chunks[0].done
+    rig.close()

@@ -194,7 +194,7 @@ class CollectSteps(ReuseSteps):
         events (and the answers they record) go in one transaction.  A chunk of at least
         ``merge_worker_rows`` rows is merged in a worker process (:mod:`batchgrader.daemon.workers`)
         while the daemon goes on: this step starts it, and records its outcome on the first tick
-        after it ended (if the worker fails, the chunk is merged here).  A malformed file is
+        after it ended (if the worker fails, the chunk is merged here, and so are its later tries).  A malformed file is
         downloaded again (at most MAX_MALFORMED_DOWNLOADS times); then its good lines are kept."""
         key = (job.job_id, c.index)
         workers, at_least = self.merge_workers, self.settings.merge_worker_rows
@@ -203,17 +203,19 @@ class CollectSteps(ReuseSteps):
                 outcome = workers.poll(key)
             except MergeWorkerFailed as exc:
                 log.warning("job %s chunk %s: %s; merging in the daemon", job.job_id, c.index, exc)
+                self._merge_here.add(key)  # from now on (if this merge fails too, it is retried here)
                 outcome = merge_chunk(self._merge_inputs(job, c))
             if outcome is not None:  # else still merging: the worker wakes the daemon when it ends
                 self._merged(job, c, outcome, now)
             return
         inputs = self._merge_inputs(job, c)
-        if workers is not None and at_least is not None and c.requests >= at_least:
+        if workers is not None and at_least is not None and c.requests >= at_least and key not in self._merge_here:
             try:
                 workers.start(key, inputs, self.home.job_dir(job.job_id) / "merging")
                 return
             except MergeWorkerFailed as exc:
                 log.warning("job %s chunk %s: %s; merging in the daemon", job.job_id, c.index, exc)
+                self._merge_here.add(key)
         self._merged(job, c, merge_chunk(inputs), now)
 
     def _merged(self, job: JobState, c: ChunkState, outcome: MergeOutcome, now: float) -> None:
