@@ -61,6 +61,15 @@ def _two_chunks(rig: Rig, workers: MergeWorkers) -> tuple[str, str]:
     return first.id, second.id
 
 
+def _first_chunk_ended(rig: Rig, workers: MergeWorkers) -> tuple[str, int]:
+    """The 5-row file of :func:`_two_chunks`, its first batch ended and collected (one tick):
+    the key of its merge."""
+    first, _ = _two_chunks(rig, workers)
+    rig.provider.finish(first)
+    rig.tick()
+    return rig.job().job_id, 0
+
+
 def test_a_large_chunk_is_merged_off_the_tick_while_the_other_batch_is_polled(home):
     rig = Rig(home)
     workers = HeldWorkers()
@@ -106,10 +115,7 @@ def test_a_chunk_under_merge_worker_rows_is_merged_within_its_tick(home):
 def test_a_merge_whose_worker_fails_is_done_in_the_daemon(home):
     rig = Rig(home)
     workers = HeldWorkers(fail=True)
-    first, _ = _two_chunks(rig, workers)
-    rig.provider.finish(first)
-    rig.tick()
-    key = (rig.job().job_id, 0)
+    key = _first_chunk_ended(rig, workers)
     assert workers.started == [key]
     workers.end(key)
     seen = rig.tick()
@@ -260,10 +266,7 @@ def test_a_chunk_whose_worker_failed_is_not_sent_to_a_worker_again(home):
     are made in the daemon, each tick, not by starting a worker process per tick."""
     rig = Rig(home)
     workers = HeldWorkers(fail=True)
-    first, _ = _two_chunks(rig, workers)
-    rig.provider.finish(first)
-    rig.tick()
-    key = (rig.job().job_id, 0)
+    key = _first_chunk_ended(rig, workers)
     Path(rig.job().chunks[0].downloads["output"]["path"]).unlink()
     workers.end(key)
     for _ in range(3):
