@@ -77,7 +77,7 @@ def test_key_with_other_control_characters_is_refused_without_quoting_it(home):
 def test_every_key_form_is_masked_in_log_lines_and_exceptions():
     import logging
 
-    from batchgrader.secrets import MaskSecrets
+    from batchgrader.core.secrets import MaskSecrets
 
     key = "AbCdEf/gh+ij=KLmn0987"  # not sk- shaped, with characters that get escaped
     mask = MaskSecrets([key])

@@ -10,6 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from batchgrader.core.secrets import mask_secret
 from batchgrader.provider.emulator import FAULT_PROFILES, Fault
 from batchgrader.provider.openai_api import (
     BatchInfo,
@@ -27,7 +28,6 @@ from batchgrader.provider.openai_api import (
     reconcile_upload,
     upload_reconciled,
 )
-from batchgrader.secrets import mask_secret
 from emulator_fixtures import (  # noqa: F401 - fixtures
     API_KEY,
     CHAT,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core.home import Home
+from batchgrader.core.secrets import EnvFileError, apply_env_file, env_file_path, load_env_file, parse_env_text, write_env_file
 from batchgrader.ops import service
 from batchgrader.ops.service import (
     CommandResult,
@@ -25,7 +26,6 @@ from batchgrader.ops.service import (
     status,
     uninstall,
 )
-from batchgrader.secrets import EnvFileError, apply_env_file, env_file_path, load_env_file, parse_env_text, write_env_file
 
 KEY = "sk-test-Secret0123456789abcdef"
 ME = pwd.getpwuid(os.geteuid()).pw_name

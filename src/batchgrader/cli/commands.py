@@ -527,8 +527,8 @@ def service_install(obj: Ctx, mode: str, print_only: bool, store_key: bool, acti
     """Write the service definition; the API key goes only to a 0600 env file, never into the unit."""
     import os
 
+    from batchgrader.core.secrets import EnvFileError
     from batchgrader.ops.service import ServiceError, install
-    from batchgrader.secrets import EnvFileError
 
     key = os.environ.get("OPENAI_API_KEY") if store_key else None
     if store_key and not key:

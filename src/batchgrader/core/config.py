@@ -34,7 +34,7 @@ from batchgrader.core.config_values import (
     _str,
 )
 from batchgrader.core.home import Home
-from batchgrader.secrets import mask_secret
+from batchgrader.core.secrets import mask_secret
 
 ENV_PREFIX = "BATCHGRADER_"
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from batchgrader.secrets import clean_api_key
+from batchgrader.core.secrets import clean_api_key
 
 
 def _str(v: Any) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgrader.core import payloads as P
-from batchgrader.store.eventstore import CORRUPT_KEY, Event
+from batchgrader.core.events import CORRUPT_KEY, Event
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")

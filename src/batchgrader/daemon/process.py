@@ -30,11 +30,11 @@ from typing import Any
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
+from batchgrader.core.secrets import EnvFileError, MaskSecrets
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.ops.service import ServiceError
 from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing, with_deployments
-from batchgrader.secrets import EnvFileError, MaskSecrets
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 CONTROL_DIR = "control"
@@ -345,7 +345,7 @@ class Daemon:
         return projectors()
 
     def _load(self) -> tuple[Config, PriceTable]:
-        from batchgrader.secrets import apply_env_file, env_file_path
+        from batchgrader.core.secrets import apply_env_file, env_file_path
 
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
+from batchgrader.core.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check, _mode, _q, _scrubber
 from batchgrader.ops.checks import checks_as_json as checks_as_json  # re-exported
 from batchgrader.ops.checks import exit_code as exit_code
@@ -35,7 +36,6 @@ from batchgrader.ops.doctor_home import (
     check_permissions,
     check_queue_limits,
 )
-from batchgrader.secrets import mask_secret
 
 __all__ = [
     "OK",
@@ -114,7 +114,7 @@ def _config_file_secrets(home: Home) -> list[str]:
 def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str, str], list[str]]:
     """The secrets file's safety. Returns the check, the environment the daemon would see (the
     file's variables filled in where unset, only when the file is safe), and the secrets seen."""
-    from batchgrader.secrets import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
+    from batchgrader.core.secrets import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
 
     path = env_file_path(home)
     seen: list[str] = []
@@ -157,7 +157,7 @@ def check_api_key(
     """``from_file``: the variables the secrets file filled in (to name it as the key's source).
     ``require_key`` (``bgctl doctor`` without ``--sandbox``): no key is a failure, because the
     daemon refuses to start without one; otherwise it is a warning."""
-    from batchgrader.secrets import API_KEY_VAR, env_file_path
+    from batchgrader.core.secrets import API_KEY_VAR, env_file_path
 
     secrets = env_file_path(home)
     from_file = from_file or {}

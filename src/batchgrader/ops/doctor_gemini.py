@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from batchgrader.core.config import Config
+from batchgrader.core.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check
-from batchgrader.secrets import mask_secret
 
 KEY_VARS = "GEMINI_API_KEY (or GOOGLE_API_KEY)"
 

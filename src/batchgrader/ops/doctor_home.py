@@ -21,7 +21,7 @@ ServiceStatus = Callable[[Home], "Mapping[str, Any] | None"]
 
 
 def check_permissions(home: Home) -> Check:
-    from batchgrader.secrets import ENV_FILE_NAME
+    from batchgrader.core.secrets import ENV_FILE_NAME
 
     root = home.root
     if not root.is_dir():

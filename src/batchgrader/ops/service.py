@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.home import Home
+from batchgrader.core.secrets import API_KEY_VAR, env_file_path, write_env_file
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.ops.unitfiles import (
     LAUNCHD_LABEL,
@@ -47,7 +48,6 @@ from batchgrader.ops.unitfiles import (
 )
 from batchgrader.ops.unitfiles import daemon_argv as daemon_argv  # re-exported
 from batchgrader.ops.unitfiles import default_bgctl_command as default_bgctl_command
-from batchgrader.secrets import API_KEY_VAR, env_file_path, write_env_file
 
 Runner = Callable[[Sequence[str]], "CommandResult"]
 

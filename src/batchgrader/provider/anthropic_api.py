@@ -33,6 +33,7 @@ from typing import Any
 
 import anthropic
 
+from batchgrader.core.secrets import mask_secret
 from batchgrader.provider.openai_api import (
     OutcomeUnknown,
     ProviderConfigError,
@@ -40,7 +41,6 @@ from batchgrader.provider.openai_api import (
     ProviderUnavailable,
 )
 from batchgrader.provider.protocol import content_text
-from batchgrader.secrets import mask_secret
 
 CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_REQUESTS = 100_000

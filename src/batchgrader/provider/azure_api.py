@@ -33,6 +33,7 @@ from typing import Any
 import openai
 
 from batchgrader.core.config import AZURE_DEFAULT_API_VERSION
+from batchgrader.core.secrets import mask_secret
 from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
     BatchInfo,
@@ -41,7 +42,6 @@ from batchgrader.provider.openai_api import (
     OpenAIProvider,
     ProviderConfigError,
 )
-from batchgrader.secrets import mask_secret
 
 ID_PREFIX = "azure:"
 MAX_REQUESTS = 50_000

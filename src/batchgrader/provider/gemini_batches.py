@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from batchgrader.core.decide import upload_name
+from batchgrader.core.secrets import mask_secret
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.provider.gemini_api import (
     FILE_KEPT_S,
@@ -56,7 +57,6 @@ from batchgrader.provider.protocol import (
     ProviderUnavailable,
     RequestCounts,
 )
-from batchgrader.secrets import mask_secret
 
 T = TypeVar("T")
 INLINE_PREFIX = "gemini-inline:"

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import httpx2
 import openai
 
+from batchgrader.core.secrets import mask_secret
 from batchgrader.fsio import TMP_PREFIX, fsync_dir
 from batchgrader.provider.protocol import (
     DEFAULT_ENDPOINT,
@@ -64,7 +65,6 @@ from batchgrader.provider.reconcile import (
     reconcile_upload,
     upload_reconciled,
 )
-from batchgrader.secrets import mask_secret
 
 log = logging.getLogger(__name__)
 

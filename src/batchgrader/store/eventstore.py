@@ -16,11 +16,17 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+# The event records live in core/events.py.  They are re-exported here (`X as X`) so that
+# `from batchgrader.store.eventstore import NewEvent, Event, ...` keeps working while other
+# branches still import them from here; new code imports them from batchgrader.core.events.
+from batchgrader.core.events import CORRUPT_KEY as CORRUPT_KEY
+from batchgrader.core.events import Event as Event
+from batchgrader.core.events import NewEvent as NewEvent
+from batchgrader.core.events import UnknownEventType as UnknownEventType
 from batchgrader.core.schema import EVENTS, EVENTS_DDL, SCHEMA_VERSION, check_payload, upcast
 
 BUSY_TIMEOUT_MS = 10_000
@@ -28,32 +34,6 @@ BUSY_TIMEOUT_MS = 10_000
 
 class ConcurrencyError(RuntimeError):
     """Another writer appended to the same job first."""
-
-
-class UnknownEventType(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class NewEvent:
-    type: str
-    payload: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.type not in EVENTS:
-            raise UnknownEventType(f"unknown event type {self.type!r}")
-        check_payload(self.type, self.payload)  # a missing or misspelt field fails here, where it is made
-
-
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    job_id: str
-    job_seq: int
-    type: str
-    version: int
-    ts: str
-    payload: dict[str, Any]
 
 
 class Projector(Protocol):
@@ -82,9 +62,6 @@ def json_loads_many(texts: list[str]) -> list[Any]:
             if len(out) == len(texts):
                 return out
     return [json.loads(t) for t in texts]
-
-
-CORRUPT_KEY = "__bg_corrupt__"  # payload of an event this code cannot read (the fold sets the job aside)
 
 
 def _loads_or_corrupt(text: str) -> Any:
