@@ -219,7 +219,7 @@ def test_daemon_refuses_to_start_on_a_newer_database(home):
 
 def test_control_requests_that_cannot_be_applied_are_reasons_not_crashes(home):
     from adversarial_engine import make_engine
-    from batchgrader.daemon.process import apply_control
+    from batchgrader.daemon.control import apply_control
     from batchgrader.store.eventstore import EventStore
 
     with EventStore(home.db) as store:

@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 
 from batchgrader.core.home import Home
+from batchgrader.core.lock import InstanceLock
 from batchgrader.core.secrets import env_file_path
-from batchgrader.daemon.process import InstanceLock
 from batchgrader.ops.doctor import (
     FAIL,
     OK,

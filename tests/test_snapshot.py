@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from batchgrader.cli.render import LiveView
 from batchgrader.core.state import State
 from batchgrader.daemon.process import Daemon
 from batchgrader.daemon.snapshot import Snapshot, take
@@ -49,7 +50,7 @@ def test_the_main_loop_never_iterates_the_state_the_tick_thread_mutates(home):
     state = State()
     state.jobs = MutatingJobs()
     engine = SimpleNamespace(state=state, idle=True, scan_requested=False)
-    daemon = Daemon(home, once=True, live=True)
+    daemon = Daemon(home, once=True, view=LiveView(sandbox=False))
     daemon.snapshot = Snapshot()
     notifier = Notifier()
     assert daemon._main_loop(engine, notifier, job=None, tick_seconds=0.01) == 0

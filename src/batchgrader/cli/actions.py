@@ -18,7 +18,7 @@ START_COMMANDS = ("bgctl daemon", "bgctl daemon --sandbox    # try it without an
 
 def daemon_info(home: Home) -> dict[str, Any]:
     """``{running, pid, start}``: is a daemon holding this home's lock, and how to start one."""
-    from batchgrader.daemon.process import daemon_pid
+    from batchgrader.core.lock import daemon_pid
 
     pid = daemon_pid(home) if home.root.exists() else None
     return {"running": pid is not None, "pid": pid, "start": START_COMMANDS}
@@ -128,7 +128,8 @@ def control_action(home: Home, action: str, job_id: str, reason: str) -> dict[st
     The daemon cancels a job that has not ended, and retries a job that has ended or is held
     (:meth:`batchgrader.daemon.process.Daemon._controls`); anything else is refused here with the
     reason, and nothing is recorded."""
-    from batchgrader.daemon.process import daemon_pid, request_control
+    from batchgrader.core.lock import daemon_pid
+    from batchgrader.daemon.control import request_control
     from batchgrader.store import queries
 
     (job,) = queries.status(home, job_id)

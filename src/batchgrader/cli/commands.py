@@ -194,13 +194,13 @@ def submit(obj: Ctx, file: Path, profile: str | None, as_json: bool, fresh: bool
 @click.pass_obj
 def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
     """Run the daemon in the foreground (as systemd and launchd expect)."""
-    from batchgrader.cli.render import render_summary, sandbox_banner
+    from batchgrader.cli.render import LiveView, render_summary, sandbox_banner
     from batchgrader.daemon.process import Daemon, DaemonError
 
-    live = sys.stdout.isatty()
+    view = LiveView(sandbox=sandbox) if sys.stdout.isatty() else None
     if sandbox:
         sandbox_banner()
-    d = Daemon(obj.home, sandbox=sandbox, once=once, live=live)
+    d = Daemon(obj.home, sandbox=sandbox, once=once, view=view)
     d.install_signal_handlers()
     started = datetime.now(UTC).isoformat(timespec="microseconds")
     try:

@@ -1,17 +1,17 @@
 """`bgctl daemon`: the long-running process around :class:`batchgrader.daemon.engine.Engine`.
 
-Small roles, each with one job: a lock (one daemon per home), signal handlers that only set
-flags, an APScheduler job that runs the engine's tick, a watchdog observer that only wakes it,
-control requests from `bgctl cancel` / `bgctl retry` (files in ``control/``, so the daemon stays
-the only writer of the event log), sd_notify for systemd, masked rotating logs, and a live table
-when attached to a terminal.  Only the tick thread touches the engine's state; the main loop's
+Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.lock`),
+signal handlers that only set flags, an APScheduler job that runs the engine's tick, a watchdog
+observer that only wakes it, control requests from `bgctl cancel` / `bgctl retry` (files in
+``control/``, :mod:`batchgrader.daemon.control`, so the daemon stays the only writer of the event
+log), sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when it
+runs in a terminal.  Only the tick thread touches the engine's state; the main loop's
 status line and live table read the immutable :class:`~batchgrader.daemon.snapshot.Snapshot` it
 publishes after each tick.
 """
 
 from __future__ import annotations
 
-import fcntl
 import importlib
 import json
 import logging
@@ -21,34 +21,25 @@ import signal
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.home import Home
+from batchgrader.core.lock import AlreadyRunning as AlreadyRunning  # re-exported
+from batchgrader.core.lock import DaemonError as DaemonError  # re-exported
+from batchgrader.core.lock import InstanceLock
 from batchgrader.core.secrets import EnvFileError, MaskSecrets
+from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
-from batchgrader.ops.service import ServiceError
 from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing, with_deployments
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
-CONTROL_DIR = "control"
 log = logging.getLogger("batchgrader")
-
-
-class DaemonError(RuntimeError):
-    """A reason the daemon cannot start, with the fix in the message. Exit code 78 (EX_CONFIG):
-    the service unit does not restart on it (RestartPreventExitStatus=78)."""
-
-    exit_code = 78
-
-
-# --- single instance --------------------------------------------------------------------------
 
 
 class DatabaseLost(DaemonError):
@@ -56,116 +47,6 @@ class DatabaseLost(DaemonError):
     manager may start it again, on the file that is there now)."""
 
     exit_code = 1
-
-
-class AlreadyRunning(DaemonError):
-    exit_code = 75  # EX_TEMPFAIL
-
-
-class InstanceLock:
-    """flock on ``daemon.lock``: released by the kernel when the process dies (even kill -9)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                pid = os.read(fd, 32).decode().strip()
-            finally:
-                os.close(fd)
-            raise AlreadyRunning(
-                f"another bgctl daemon (pid {pid or '?'}) is already running for {self.path.parent}; "
-                "stop it first, or use another --home"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-
-def daemon_pid(home: Home) -> int | None:
-    """The pid of the daemon holding the home's lock, or None."""
-    if not home.lock_file.exists():
-        return None
-    fd = os.open(home.lock_file, os.O_RDWR)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = os.read(fd, 32).decode().strip()
-            return int(text) if text.isdigit() else -1
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-# --- control requests (bgctl cancel / retry) --------------------------------------------------------
-
-
-def request_control(home: Home, action: str, job_id: str, reason: str = "") -> Path:
-    """Queue a request for the daemon (atomic file in ``control/``)."""
-    from batchgrader.fsio import atomic_write_bytes
-
-    folder = home.root / CONTROL_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{time.time_ns()}-{action}-{uuid.uuid4().hex[:8]}.json"
-    atomic_write_bytes(path, json.dumps({"action": action, "job_id": job_id, "reason": reason}).encode())
-    return path
-
-
-def pending_controls(home: Home) -> list[Path]:
-    folder = home.root / CONTROL_DIR
-    return sorted(p for p in folder.glob("*.json") if not p.name.startswith(".")) if folder.is_dir() else []
-
-
-CONTROL_REJECTED_DIR = "rejected"  # control/rejected/: requests that could not be applied, kept for a look
-
-
-def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
-    """Apply one control request; the reason it cannot be applied, or None when it was."""
-    from batchgrader.store.eventstore import NewEvent
-
-    if not isinstance(req, dict):
-        return f"not a JSON object (a {type(req).__name__})"
-    job_id = req.get("job_id")
-    job = engine.state.jobs.get(job_id) if isinstance(job_id, str) else None
-    if job is None:
-        return f"unknown job {job_id!r}"
-    action, reason = req.get("action"), str(req.get("reason", ""))
-    if action == "cancel":
-        if not job.terminal and not job.corrupt:
-            engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
-        return None
-    if action == "retry":
-        if job.rejected:
-            return f"job {job.job_id} is a rejected file ({job.last_error}); it cannot be retried"
-        if (job.terminal or job.held) and not job.corrupt:
-            engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": reason}))
-        return None
-    return f"unknown action {action!r}"
-
-
-def set_control_aside(home: Home, path: Path, problem: str) -> None:
-    """Move a control request that cannot be applied to ``control/rejected/`` with a log line."""
-    from batchgrader.fsio import move_no_clobber
-
-    log.warning("control request %s set aside (%s)", path.name, problem)
-    try:
-        move_no_clobber(path, path.parent / CONTROL_REJECTED_DIR, path.name, str(time.time_ns()))
-    except OSError as exc:
-        log.warning("could not move %s aside (%s); removing it", path.name, exc)
-        path.unlink(missing_ok=True)
 
 
 # --- logging with the key masked ---------------------------------------------------------------------
@@ -298,12 +179,21 @@ def _openai(key: str | None, url: str | None, timeout: float):  # noqa: ANN202
 # --- the daemon --------------------------------------------------------------------------------------
 
 
+class View(Protocol):
+    """What the daemon shows while it runs in a terminal (the CLI's live table): started, given
+    each new snapshot on the main loop, stopped."""
+
+    def start(self) -> None: ...
+    def update(self, snapshot: Snapshot) -> None: ...
+    def stop(self) -> None: ...
+
+
 @dataclass
 class Daemon:
     home: Home
     sandbox: bool = False
     once: bool = False
-    live: bool = False
+    view: View | None = None  # the live view the CLI hands in when it runs in a terminal (warnings then go to the log only)
     environ: dict[str, str] | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event = field(default_factory=threading.Event)
@@ -481,13 +371,13 @@ class Daemon:
         try:
             try:
                 config, prices = self._load()
-            except (ConfigError, PricingError, ServiceError, EnvFileError) as exc:
+            except (ConfigError, PricingError, EnvFileError) as exc:
                 raise DaemonError(str(exc)) from None
             setup_logging(
                 self.home,
                 config.log_level,
                 [config.api_key or "", config.anthropic_api_key or "", config.gemini_api_key or "", config.azure_api_key or ""],
-                to_stderr=not self.live,
+                to_stderr=self.view is None,
             )
             try:
                 return self._serve(config, prices)
@@ -618,9 +508,7 @@ class Daemon:
         return engine.idle and not pending_controls(self.home)
 
     def _main_loop(self, engine, notifier, job, tick_seconds: float) -> int:  # noqa: ANN001
-        from batchgrader.cli.render import LiveView
-
-        view = LiveView(sandbox=self.sandbox) if self.live else None
+        view = self.view
         wd = notifier.watchdog_interval()
         last_wd = 0.0
         last_status = ""

@@ -134,7 +134,7 @@ def check_queue_limits(home: Home, config: Config | None) -> Check:
 
 
 def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
-    from batchgrader.daemon.process import daemon_pid
+    from batchgrader.core.lock import daemon_pid
 
     try:
         pid = daemon_pid(home)

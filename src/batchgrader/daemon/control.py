@@ -1,0 +1,69 @@
+"""The control-file protocol: ``bgctl cancel`` and ``bgctl retry`` leave a request as a JSON file
+in the home's ``control/`` folder (:func:`request_control`); the daemon reads them in order
+(:func:`pending_controls`), applies each (:func:`apply_control`), and sets aside what it cannot
+apply in ``control/rejected/`` (:func:`set_control_aside`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from batchgrader.core.events import NewEvent
+from batchgrader.core.home import Home
+from batchgrader.fsio import atomic_write_bytes, move_no_clobber
+
+CONTROL_DIR = "control"
+log = logging.getLogger("batchgrader")
+
+
+def request_control(home: Home, action: str, job_id: str, reason: str = "") -> Path:
+    """Queue a request for the daemon (atomic file in ``control/``)."""
+    folder = home.root / CONTROL_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{time.time_ns()}-{action}-{uuid.uuid4().hex[:8]}.json"
+    atomic_write_bytes(path, json.dumps({"action": action, "job_id": job_id, "reason": reason}).encode())
+    return path
+
+
+def pending_controls(home: Home) -> list[Path]:
+    folder = home.root / CONTROL_DIR
+    return sorted(p for p in folder.glob("*.json") if not p.name.startswith(".")) if folder.is_dir() else []
+
+
+CONTROL_REJECTED_DIR = "rejected"  # control/rejected/: requests that could not be applied, kept for a look
+
+
+def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
+    """Apply one control request; the reason it cannot be applied, or None when it was."""
+    if not isinstance(req, dict):
+        return f"not a JSON object (a {type(req).__name__})"
+    job_id = req.get("job_id")
+    job = engine.state.jobs.get(job_id) if isinstance(job_id, str) else None
+    if job is None:
+        return f"unknown job {job_id!r}"
+    action, reason = req.get("action"), str(req.get("reason", ""))
+    if action == "cancel":
+        if not job.terminal and not job.corrupt:
+            engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
+        return None
+    if action == "retry":
+        if job.rejected:
+            return f"job {job.job_id} is a rejected file ({job.last_error}); it cannot be retried"
+        if (job.terminal or job.held) and not job.corrupt:
+            engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": reason}))
+        return None
+    return f"unknown action {action!r}"
+
+
+def set_control_aside(home: Home, path: Path, problem: str) -> None:
+    """Move a control request that cannot be applied to ``control/rejected/`` with a log line."""
+    log.warning("control request %s set aside (%s)", path.name, problem)
+    try:
+        move_no_clobber(path, path.parent / CONTROL_REJECTED_DIR, path.name, str(time.time_ns()))
+    except OSError as exc:
+        log.warning("could not move %s aside (%s); removing it", path.name, exc)
+        path.unlink(missing_ok=True)
