@@ -21,16 +21,6 @@ EXIT_JOBS_FAILED = 4  # `daemon --once`: every job ended, and at least one of th
 EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: another daemon holds the home's lock
 EXIT_CONFIG = 78  # EX_CONFIG: config.yaml, pricing.csv, the API key or secrets.env is wrong
 
-EXIT_CODES: dict[int, str] = {
-    EXIT_OK: "success",
-    EXIT_FAILURE: "the command ran and found a problem (doctor: a failed check; cancel/retry: refused)",
-    EXIT_USAGE: "usage error: a bad option or argument, an unknown job id, an unreadable input file",
-    EXIT_COUNT_PROBLEMS: "count/split: some rows can never be sent, or the model has no price",
-    EXIT_JOBS_FAILED: "daemon --once: at least one job ended `failed`",
-    EXIT_TEMPFAIL: "daemon: another daemon is already running for this home",
-    EXIT_CONFIG: "configuration error: config.yaml, pricing.csv, the API key or secrets.env",
-}
-
 
 class BgctlError(click.ClickException):
     """A refusal or failure with its own exit code (``bgctl: error: <message>`` on stderr)."""

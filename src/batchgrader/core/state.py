@@ -60,7 +60,6 @@ class ChunkState:
     create_retried: bool = False
     dup_check_due: str | None = None
     malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
-    replanned: bool = False  # refused for the queue limit and split into smaller chunks
     ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
     answers_due: int | None = None  # merged, its answers not stored yet (AnswersToStore): result records to read
 
@@ -137,9 +136,8 @@ class JobState:
     # reuse
     fresh: bool = False  # bgctl submit --fresh: nothing reused
     # InputTokensCounted: whether input_tokens are the provider's exact counts (tiktoken is exact for
-    # OpenAI and Azure OpenAI, whose jobs have no such event) or estimates, and who counted
+    # OpenAI and Azure OpenAI, whose jobs have no such event) or estimates
     input_tokens_exact: bool = True
-    input_tokens_source: str | None = None
     cached_rows: int = 0  # answered from the answers store
     duplicate_rows: int = 0  # planned: copied from an identical row's answer at merge
     duplicates_answered: int = 0
@@ -525,7 +523,7 @@ def _chunk_replanned(s: State, job: JobState, p: P.ChunkReplanned, e: Event) -> 
     """The refused chunk is done (nothing was answered or billed); its rows live on in new
     chunks.  Unlike RetryPlanned, no row's retry counter moves."""
     c = _chunk(job, p["chunk"])
-    c.done, c.replanned, c.failure = True, True, None
+    c.done, c.failure = True, None
     for n in p["chunks"]:
         job.chunks[n["index"]] = ChunkState(
             index=n["index"],
@@ -573,7 +571,6 @@ def _answers_stored(s: State, job: JobState, p: P.AnswersStored, e: Event) -> No
 
 def _input_tokens_counted(s: State, job: JobState, p: P.InputTokensCounted, e: Event) -> None:
     job.input_tokens_exact = bool(p["exact"])
-    job.input_tokens_source = p["source"]
 
 
 _HANDLERS: dict[str, Callable[..., None]] = {

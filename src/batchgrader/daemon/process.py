@@ -199,7 +199,6 @@ class Daemon:
     wake: threading.Event = field(default_factory=threading.Event)
     reload_requested: threading.Event = field(default_factory=threading.Event)
     heartbeat: float = field(default_factory=time.monotonic)
-    tick_error: BaseException | None = None
     snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
@@ -471,7 +470,6 @@ class Daemon:
             self.engine.store.check_file()
             self.engine.tick(time.time())
             self.wake_for_intake()
-            self.tick_error = None
             if self.engine.again:  # e.g. a job just prepared: its uploads are due now, not a tick later
                 self.wake.set()
         except DatabaseMoved as exc:
@@ -479,8 +477,7 @@ class Daemon:
             self.fatal = exc
             self.stop.set()
             self.wake.set()
-        except Exception as exc:  # the daemon keeps serving; the error is logged and shown
-            self.tick_error = exc
+        except Exception as exc:  # the daemon keeps serving; the error is logged
             log.exception("tick failed: %s", exc)
         finally:
             self._publish()

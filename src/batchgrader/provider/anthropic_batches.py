@@ -112,9 +112,6 @@ class AnthropicBatchProvider:
             status="processed",
         )
 
-    def find_uploaded(self, filename: str, size: int, created_after: int | None = None) -> FileInfo | None:
-        return None  # staging is local and free: stage again
-
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
         return []
 

@@ -314,9 +314,6 @@ class GeminiBatchProvider:
         token = pager.config.get("page_token")
         return BatchPage(items, bool(token), token or None)
 
-    def delete_batch(self, batch_id: str) -> None:
-        self._call("batches.delete", lambda: self._reads.batches.delete(name=batch_id))
-
     # --- results -----------------------------------------------------------------------------
 
     def result_lines(self, file_id: str) -> Iterator[dict[str, Any]]:
