@@ -16,6 +16,7 @@ from batchgrader.daemon.base import _e, result_settings, stamp
 from batchgrader.daemon.intake import IntakeSteps
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber
+from batchgrader.pipeline.formats.registry import format_spec
 from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_values
 from batchgrader.pipeline.prepare import default_custom_id
 from batchgrader.pipeline.results import ResultsJoin
@@ -131,8 +132,9 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 ResultsJoin(paths) as results,
             ):
                 cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
-                json_values = reader.fmt != "csv"
-                guard = fixed["csv_formula_guard"] and reader.fmt in ("csv", "xlsx")
+                spec = format_spec(reader.fmt)
+                json_values = spec.typed_cells
+                guard = fixed["csv_formula_guard"] and spec.formula_guard
                 types = added_column_types(cols, fixed["response_format"])
                 with TableWriter(f, reader, cols.names(), column_types=types) as w:
                     write_row, take, stored, sha = w.write, results.take, cached.get, job.sha256

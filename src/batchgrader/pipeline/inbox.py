@@ -19,8 +19,8 @@ from pathlib import Path
 
 from batchgrader.core.home import Home
 from batchgrader.fsio import atomic_write_bytes, fsync_dir
+from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by cli/actions too
 
-SUPPORTED_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".xlsx", ".xlsm", ".parquet")
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
 CLAIM_FILE = "claim.json"
 

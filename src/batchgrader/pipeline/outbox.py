@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgrader.pipeline.formats.registry import result_suffix
+
 
 def result_name(input_name: str) -> str:
     p = Path(input_name)
-    suffix = {".ndjson": ".jsonl", ".xlsm": ".xlsx"}.get(p.suffix.lower(), p.suffix.lower())
-    return f"{p.stem}_results{suffix}"
+    return f"{p.stem}_results{result_suffix(p.suffix)}"
 
 
 def error_name(input_name: str) -> str:

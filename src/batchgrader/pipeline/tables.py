@@ -4,7 +4,8 @@ The product reads a data file, builds one request per row, and later writes a re
 the same format: every input column unchanged, in input row order, plus added columns.
 Memory stays flat whatever the file size, and cell text is kept exactly.
 
-This module is the one entry point; the work is done per format in
+This module is the one entry point; it finds each format's reader and writer in
+:mod:`batchgrader.pipeline.formats.registry`, and the work is done per format in
 :mod:`batchgrader.pipeline.formats`: ``common`` (errors, rows, ``text_of``, the formula
 guard), ``jsonvalue`` (exact JSON values), ``text`` and ``jsontext`` (CSV/JSON/JSONL reader), ``writer``
 (CSV/JSON/JSONL writer), ``excel`` (``.xlsx``/``.xlsm``, through openpyxl) and ``parquet``
@@ -20,9 +21,11 @@ Public API
     ``"data.csv: line 7: expected 3 fields (as in the header), found 4"``; the file is shown
     by its base name (``repr`` of it if it holds control characters), ``.path`` keeps the
     full path.
-``detect_format(path) -> "csv" | "jsonl" | "json"``
-    By extension: ``.csv``/``.tsv`` -> ``"csv"``, ``.jsonl``/``.ndjson`` -> ``"jsonl"``,
-    ``.json`` -> ``"json"``; anything else is an ``InputError`` naming the supported ones.
+``detect_format(path) -> "csv" | "jsonl" | "json" | "xlsx" | "parquet"``
+    By extension, from the registry in :mod:`batchgrader.pipeline.formats.registry`
+    (``.csv``/``.tsv`` -> ``"csv"``, ``.jsonl``/``.ndjson`` -> ``"jsonl"``, ``.json`` ->
+    ``"json"``, ``.xlsx``/``.xlsm`` -> ``"xlsx"``, ``.parquet``); anything else is an
+    ``InputError`` naming the supported ones.
 ``open_table(source, fmt=None, required_columns=(), *, delimiter=None, max_field_size=...,
 max_record_size=..., max_depth=...) -> TableReader``
     ``source`` is a path, or a binary file object (then the caller keeps ownership and
@@ -106,12 +109,11 @@ from batchgrader.pipeline.formats.common import (
     Layout,
     Row,
     defuse_formula,
-    detect_format,
     text_of,
 )
 from batchgrader.pipeline.formats.jsonvalue import ExactFloat
+from batchgrader.pipeline.formats.registry import FORMATS, ReadOptions, WriteOptions, detect_format
 from batchgrader.pipeline.formats.text import TableReader
-from batchgrader.pipeline.formats.writer import TextTableWriter
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -156,25 +158,9 @@ def open_table(
         name = source if isinstance(source, (str, os.PathLike)) else getattr(source, "name", None)
         if isinstance(name, (str, os.PathLike)):
             fmt = detect_format(name)
-    if fmt == "xlsx":
-        from batchgrader.pipeline.formats.excel import ExcelReader
-
-        return ExcelReader(source, required_columns, sheet=sheet, max_field_size=max_field_size)
-    if fmt == "parquet":
-        from batchgrader.pipeline.formats.parquet import ParquetReader
-
-        return ParquetReader(source, required_columns)
-    return TableReader(
-        source,
-        fmt,
-        required_columns,
-        delimiter=delimiter,
-        encoding=encoding,
-        max_field_size=max_field_size,
-        max_record_size=max_record_size,
-        max_depth=max_depth,
-        validated=validated,
-    )
+    options = ReadOptions(delimiter, encoding, sheet, max_field_size, max_record_size, max_depth, validated)
+    spec = FORMATS[fmt] if fmt in FORMATS else FORMATS["csv"]  # the text reader detects the format itself, or refuses it
+    return spec.read(source, fmt, required_columns, options)
 
 
 def TableWriter(  # noqa: N802 - a factory that reads like the class it used to be
@@ -193,12 +179,5 @@ def TableWriter(  # noqa: N802 - a factory that reads like the class it used to 
     """
     layout = getattr(like, "layout", like)
     fmt = getattr(layout, "fmt", None)
-    if fmt == "xlsx":
-        from batchgrader.pipeline.formats.excel import ExcelWriter
-
-        return ExcelWriter(target, layout, added_columns, formula_guard=formula_guard)
-    if fmt == "parquet":
-        from batchgrader.pipeline.formats.parquet import ParquetWriter
-
-        return ParquetWriter(target, layout, added_columns, column_types=column_types)
-    return TextTableWriter(target, layout, added_columns, formula_guard=formula_guard)
+    spec = FORMATS[fmt] if fmt in FORMATS else FORMATS["csv"]  # the text writer refuses what it cannot write
+    return spec.write(target, layout, added_columns, WriteOptions(formula_guard, column_types))

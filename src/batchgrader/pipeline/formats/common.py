@@ -8,7 +8,6 @@ import decimal
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from batchgrader.pipeline.formats.jsonvalue import _dumps
@@ -19,16 +18,6 @@ DEFAULT_MAX_FIELD_SIZE = 10 * 1024 * 1024  # characters in one CSV field
 DEFAULT_MAX_RECORD_SIZE = 64 * 1024 * 1024  # bytes in one CSV row / JSONL line / JSON element
 DEFAULT_MAX_DEPTH = 100  # nesting levels inside one JSON record
 
-_EXTENSIONS: dict[str, Format] = {
-    ".csv": "csv",
-    ".tsv": "csv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "json",
-    ".xlsx": "xlsx",
-    ".xlsm": "xlsx",
-    ".parquet": "parquet",
-}
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 # --- errors ------------------------------------------------------------------------------------
@@ -99,20 +88,6 @@ def defuse_formula(text: str) -> str:
     if text and text[0] in _FORMULA_START and not _PLAIN_NUMBER.match(text):
         return "'" + text
     return text
-
-
-# --- format detection --------------------------------------------------------------------------
-
-
-def detect_format(path: str | os.PathLike[str]) -> Format:
-    """``"csv"``, ``"jsonl"`` or ``"json"`` from the file extension (case-insensitive)."""
-    suffix = Path(os.fspath(path)).suffix.lower()
-    try:
-        return _EXTENSIONS[suffix]
-    except KeyError:
-        supported = ", ".join(_EXTENSIONS)
-        what = f"extension {suffix!r}" if suffix else "no extension"
-        raise InputError(path, f"unsupported file type ({what}); supported extensions are {supported}") from None
 
 
 # --- data types --------------------------------------------------------------------------------

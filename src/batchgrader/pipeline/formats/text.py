@@ -23,9 +23,9 @@ from batchgrader.pipeline.formats.common import (
     Layout,
     Row,
     check_encoding,
-    detect_format,
 )
 from batchgrader.pipeline.formats.jsontext import JsonRecords
+from batchgrader.pipeline.formats.registry import detect_format
 
 # --- reading -----------------------------------------------------------------------------------
 
