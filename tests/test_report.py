@@ -13,7 +13,7 @@ import pytest
 from batchgrader.core.state import fold
 from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
-from batchgrader.store.report import distribution
+from batchgrader.store.report_columns import distribution
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -76,7 +76,7 @@ def test_report_figures_match_the_result_file_and_html_has_one_chart_per_column(
     assert {p["phase"] for p in rep["phases"]} >= {"prepare", "total"}
     assert all(p["seconds"] is not None and p["seconds"] >= 0 for p in rep["phases"])
     cols = {c["name"]: c for c in rep["columns"]}
-    assert set(cols) == {"grade", "score", "label"}
+    assert set(cols) == {"score", "label"}  # the answer column holds the whole JSON: its fields are charted
     scores = Counter(float(x["score"]) for x in answered)
     assert cols["score"]["kind"] == "numeric"
     assert {b["low"]: b["count"] for b in cols["score"]["bins"]} == dict(scores)
@@ -91,7 +91,7 @@ def test_report_figures_match_the_result_file_and_html_has_one_chart_per_column(
     for page_path in (html_path, home.outbox / "essays_report.html"):
         page = _Page()
         page.feed(page_path.read_text(encoding="utf-8"))
-        assert page.charts == [c["name"] for c in rep["columns"]] and sorted(page.charts) == ["grade", "label", "score"]
+        assert page.charts == [c["name"] for c in rep["columns"]] and sorted(page.charts) == ["label", "score"]
         assert page.external == []  # self-contained: nothing is fetched
         assert page.tags["script"] == 0
         if failed:
