@@ -138,3 +138,110 @@ def test_distribution_numbers_and_categories():
     assert sum(b["count"] for b in d["bins"]) == 3 and len(d["bins"]) == 10
     c = distribution("y", ["Score: 1", "Score: 2", "Score: 1", None])
     assert c["kind"] == "categorical" and c["counts"] == [{"value": "Score: 1", "count": 2}, {"value": "Score: 2", "count": 1}]
+
+
+LABELLED = """\
+reference_column: human
+reference_field: score
+group_column: topic
+"""
+
+
+def _kappa(pairs):
+    """Cohen's kappa by its definition: (p_o - p_e) / (1 - p_e)."""
+    n = len(pairs)
+    p_o = sum(a == b for a, b in pairs) / n
+    labels, answers = Counter(a for a, _b in pairs), Counter(b for _a, b in pairs)
+    p_e = sum(labels[c] * answers[c] for c in set(labels) | set(answers)) / n**2
+    return (p_o - p_e) / (1 - p_e)
+
+
+def test_agreement_with_human_labels_and_the_disagreements_file(home, tmp_path):
+    home.config_file.write_text(FAST_CONFIG + SCHEMA + LABELLED + "max_row_retries: 0\n")
+    lines = "".join(f"{i},essay {i},{'' if i % 7 == 0 else 1 + i % 5},{'t' + str(i % 3)}\n" for i in range(60))
+    (home.inbox / "essays.csv").write_text("id,response,human,topic\n" + lines)
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, request_failure_rate=0.1, seed=11)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+    job = only_job(home)
+    rows = list(csv.DictReader(io.StringIO((home.outbox / "essays_results.csv").read_text(encoding="utf-8"))))
+    pairs = [(int(x["human"]), int(x["score"])) for x in rows if x["human"] and not x["error"]]
+    rep = json.loads(bgctl(home.root, "report", job.job_id, "--json").stdout)
+    a = rep["agreement"]
+    for key in (
+        "n",
+        "accuracy",
+        "cohen_kappa",
+        "weighted_kappa",
+        "confusion",
+        "baseline_accuracy",
+        "mae",
+        "rmse",
+        "pearson",
+        "spearman",
+        "ci",
+    ):
+        assert key in a, key
+    assert a["n"] == len(pairs) > 20
+    assert a["labelled"] == sum(1 for x in rows if x["human"]) and a["unanswered"] == sum(
+        1 for x in rows if x["human"] and x["error"]
+    )
+    assert a["accuracy"] == pytest.approx(sum(h == s for h, s in pairs) / len(pairs))
+    assert a["cohen_kappa"] == pytest.approx(_kappa(pairs))
+    assert a["mae"] == pytest.approx(sum(abs(h - s) for h, s in pairs) / len(pairs))
+    assert a["baseline_accuracy"] == pytest.approx(Counter(h for h, _s in pairs).most_common(1)[0][1] / len(pairs))
+    assert {(int(h), int(s)): n for h, row in a["confusion"].items() for s, n in row.items() if n} == Counter(pairs)
+    assert a["ci"]["cohen_kappa"][0] <= a["cohen_kappa"] <= a["ci"]["cohen_kappa"][1]
+    assert {g["value"] for g in rep["groups"]["groups"]} == {"t0", "t1", "t2"}
+    assert sum(g["answered"] + g["failed"] for g in rep["groups"]["groups"]) == 60
+    # terminal and HTML show the figures, the HTML the confusion matrix as a heat map
+    page_path = tmp_path / "r.html"
+    out = tmp_path / "to_label.csv"
+    r = bgctl(home.root, "report", job.job_id, "--html", str(page_path), "--disagreements", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "Cohen's kappa" in r.stdout and "95% CI" in r.stdout and "by topic" in r.stdout
+    page = page_path.read_text(encoding="utf-8")
+    assert '<table class="heat">' in page and "Cohen&#x27;s kappa" in page
+    written = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8"))))
+    expected = [x for x in rows if x["human"] and not x["error"] and int(x["human"]) != int(x["score"])]
+    assert [w["id"] for w in written] == [x["id"] for x in expected] and written
+    assert list(written[0]) == ["id", "response", "human", "topic", "model_answer"]
+    assert all(w["model_answer"] == x["score"] for w, x in zip(written, expected))
+    assert f"{len(expected)} of {len(pairs)} labelled answers differ" in r.stdout
+    # never replaces a file (it may hold labels already)
+    r = bgctl(home.root, "report", job.job_id, "--disagreements", str(out))
+    assert r.returncode != 0 and "exists already" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "header", "row", "message"),
+    [
+        (
+            LABELLED,
+            "id,response,humn,topic",
+            "1,x,3,a",
+            "key 'reference_column' is 'human', which is not a column of the file (did you mean 'humn'?)",
+        ),
+        (LABELLED, "id,response,human,subject", "1,x,3,a", "key 'group_column' is 'topic', which is not a column"),
+        (
+            LABELLED,
+            "id,response,human,topic",
+            "1,x,good,a",
+            "key 'reference_column' is 'human': its label 'good' in row 1 is not a whole number",
+        ),
+        (
+            LABELLED.replace("score", "label"),
+            "id,response,human,topic",
+            "1,x,maybe,a",
+            "is not one of the schema's values ('pass', 'fail')",
+        ),
+    ],
+)
+def test_labels_that_cannot_be_compared_fail_the_job_before_anything_is_sent(home, extra, header, row, message):
+    home.config_file.write_text(FAST_CONFIG + SCHEMA + extra)
+    (home.inbox / "a.csv").write_text(f"{header}\n{row}\n")
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1)) as emu:
+        bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
+        assert emu.batches_created() == 0
+    job = only_job(home)
+    assert job.state == "failed" and message in job.error["error"], job.error
+    assert "BatchCreated" not in event_types(home.db)

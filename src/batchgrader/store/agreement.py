@@ -74,28 +74,28 @@ def agreement(labels: Sequence[Any], answers: Sequence[Any]) -> dict[str, Any]:
     """The figures for the pairs (label, answer); pairs with an empty label are left out, and so
     are answers of another kind than the labels (counted as ``not_comparable``).  Raises
     :class:`NotComparable` when no answer is of the labels' kind (numbers against words)."""
+    num, norm = _memo(number), _memo(normal)  # a column holds few distinct values: each is read once
     pairs = [(lab, ans) for lab, ans in zip(labels, answers) if _present(lab) and _present(ans)]
     out = _empty_figures()
     if not pairs:
         out["n"] = 0
         return out
-    label_nums = [number(lab) for lab, _a in pairs]
-    numeric = all(n is not None for n in label_nums)
+    numeric = all(num(lab) is not None for lab, _a in pairs)
     if numeric:
-        kept = [(lab, ans) for (lab, ans), ln in zip(pairs, label_nums) if number(ans) is not None]
+        kept = [(lab, ans) for lab, ans in pairs if num(ans) is not None]
         if not kept:
             raise NotComparable(f"the labels are numbers (e.g. {pairs[0][0]!r}) but no answer is (e.g. {pairs[0][1]!r})")
     else:
         kept = pairs
-        if all(number(ans) is not None for _l, ans in pairs) and not any(number(lab) is not None for lab, _a in pairs):
+        if all(num(ans) is not None for _l, ans in pairs) and not any(num(lab) is not None for lab, _a in pairs):
             raise NotComparable(f"the answers are numbers (e.g. {pairs[0][1]!r}) but the labels are words (e.g. {pairs[0][0]!r})")
     out["not_comparable"] = len(pairs) - len(kept)
     out["n"] = len(kept)
-    y_true = [normal(lab) for lab, _a in kept]
-    y_pred = [normal(ans) for _l, ans in kept]
-    xs = [number(lab) for lab, _a in kept] if numeric else []
-    ys = [number(ans) for _l, ans in kept] if numeric else []
-    whole = numeric and all(x is not None and x.is_integer() for x in [*xs, *ys])
+    y_true = [norm(lab) for lab, _a in kept]
+    y_pred = [norm(ans) for _l, ans in kept]
+    xs = [num(lab) for lab, _a in kept] if numeric else []
+    ys = [num(ans) for _l, ans in kept] if numeric else []
+    whole = numeric and all(x is not None and x.is_integer() for x in {*xs, *ys})
     parts = []
     ordered = whole and len(set(y_true) | set(y_pred)) <= MAX_ORDERED
     if not numeric or ordered:
@@ -112,6 +112,21 @@ def agreement(labels: Sequence[Any], answers: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
+def _memo(f: Any) -> Any:
+    cache: dict[Any, Any] = {}
+
+    def memo(v: Any) -> Any:
+        try:
+            return cache[v]
+        except KeyError:
+            cache[v] = f(v)
+            return cache[v]
+        except TypeError:  # not hashable (a JSON list or object)
+            return f(v)
+
+    return memo
+
+
 def _present(v: Any) -> bool:
     return v is not None and str(v).strip() != ""
 
@@ -125,18 +140,25 @@ def _classes(y_true: list[str], y_pred: list[str], ordered: bool) -> list[str]:
 
 
 def _categorical(y_true: list[str], y_pred: list[str], ordered: bool) -> dict[str, Any]:
+    import numpy as np
     from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix, precision_recall_fscore_support
 
     classes = _classes(y_true, y_pred, ordered)
-    table = confusion_matrix(y_true, y_pred, labels=classes)
+    # integer codes: the library's checks of 100,000 strings cost more than the figures.  Ordered
+    # classes are their own numbers, so the quadratic weights are the numbers' distances.
+    code = {c: int(c) for c in classes} if ordered else {c: i for i, c in enumerate(classes)}
+    codes = [code[c] for c in classes]
+    t = np.fromiter((code[c] for c in y_true), dtype=np.int64, count=len(y_true))
+    p = np.fromiter((code[c] for c in y_pred), dtype=np.int64, count=len(y_pred))
+    table = confusion_matrix(t, p, labels=codes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        precision, recall, _f, support = precision_recall_fscore_support(y_true, y_pred, labels=classes, zero_division=0)
-        accuracy = float(accuracy_score(y_true, y_pred))
-        kappa = _finite(cohen_kappa_score(y_true, y_pred, labels=classes))
-        # quadratic weights by the numbers' distance: every whole number between the extremes is a class
-        span = [str(i) for i in range(int(classes[0]), int(classes[-1]) + 1)] if ordered else classes
-        weighted = _finite(cohen_kappa_score(y_true, y_pred, labels=span, weights="quadratic")) if ordered else None
+        precision, recall, _f, support = precision_recall_fscore_support(t, p, labels=codes, zero_division=0)
+        accuracy = float(accuracy_score(t, p))
+        kappa = _finite(cohen_kappa_score(t, p, labels=codes))
+        # every whole number between the extremes is a class of the weights
+        span = list(range(codes[0], codes[-1] + 1)) if ordered else codes
+        weighted = _finite(cohen_kappa_score(t, p, labels=span, weights="quadratic")) if ordered else None
     counts = Counter(y_true)
     out: dict[str, Any] = {
         "accuracy": accuracy,

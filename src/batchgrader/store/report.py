@@ -209,13 +209,16 @@ def _collect(reader: Any, lay: ResultLayout) -> _Collected:
 
 
 def _columns(got: _Collected, lay: ResultLayout) -> list[dict[str, Any]]:
-    from batchgrader.store.report_columns import guess_kind, text_summary
+    from batchgrader.store.report_columns import guess_kind, numbers, text_summary
 
     kinds = {c: lay.kinds.get(c) or guess_kind(v) for c, v in got.values.items()}
     scores = [c for c in got.values if kinds[c] == "score"]
-    level = scores[0] if scores else None
+    # examples of free text by the compared score, else by the first numeric score, else the first score
+    numeric = [c for c in scores if all(n is not None for n in numbers([v for v in got.values[c] if v not in (None, "")]))]
+    preferred = [lay.compared] if lay.compared in scores else []
+    level = next(iter([*preferred, *numeric, *scores]), None)
     out = []
-    for c, values in got.values.items():
+    for c, values in sorted(got.values.items(), key=lambda cv: kinds[cv[0]] != "score"):  # scores first
         if kinds[c] == "score":
             out.append(distribution(c, values))
         else:

@@ -40,6 +40,21 @@ def _number(v: Any) -> float | None:
     return None
 
 
+def numbers(values: Sequence[Any]) -> list[float | None]:
+    """Each value as a number (None where it is not one); each distinct value is read once."""
+    cache: dict[Any, float | None] = {}
+    out = []
+    for v in values:
+        try:
+            n = cache[v]
+        except KeyError:
+            n = cache[v] = _number(v)
+        except TypeError:  # not hashable
+            n = _number(v)
+        out.append(n)
+    return out
+
+
 def field_kinds(schema: Mapping[str, Any] | None) -> dict[str, str]:
     """Schema field -> ``score`` or ``text`` (fields of other shapes are text: JSON)."""
     out: dict[str, str] = {}
@@ -61,7 +76,7 @@ def guess_kind(values: Sequence[Any]) -> str:
     from batchgrader.pipeline.tables import text_of
 
     present = _present(values)
-    if present and all(_number(v) is not None for v in present):
+    if present and all(n is not None for n in numbers(present)):
         return "score"
     return "score" if len({text_of(v) for v in present}) <= MAX_CATEGORIES else "text"
 
@@ -72,7 +87,7 @@ def distribution(name: str, values: Sequence[Any]) -> dict[str, Any]:
 
     present = _present(values)
     out: dict[str, Any] = {"name": name, "values": len(present), "missing": len(values) - len(present)}
-    nums = [_number(v) for v in present]
+    nums = numbers(present)
     if present and all(n is not None for n in nums):
         xs = [n for n in nums if n is not None]
         out["kind"] = "numeric"
@@ -150,7 +165,7 @@ def groups(name: str, keys: Sequence[str], scores: Mapping[str, Sequence[Any]], 
         figures: dict[str, Any] = {}
         for col, values in scores.items():
             vals = [values[i] for i in idx if values[i] is not None and values[i] != ""]
-            nums = [_number(v) for v in vals]
+            nums = numbers(vals)
             if vals and all(n is not None for n in nums):
                 figures[col] = {"mean": sum(n for n in nums if n is not None) / len(nums)}
             elif vals:

@@ -140,7 +140,7 @@ def agreement_lines(a: dict[str, Any]) -> list[str]:
     )
     for key, label in AGREEMENT_LABELS:
         if a.get(key) is not None:
-            lines.append(f"  {label:<28}{figure(a[key])}{interval(a['ci'].get(key))}")
+            lines.append(f"  {label:<28}{figure(a[key]):>7}{interval(a['ci'].get(key))}")
     confusion = a.get("confusion")
     if confusion:
         classes = list(confusion)
