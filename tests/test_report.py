@@ -245,3 +245,45 @@ def test_labels_that_cannot_be_compared_fail_the_job_before_anything_is_sent(hom
     job = only_job(home)
     assert job.state == "failed" and message in job.error["error"], job.error
     assert "BatchCreated" not in event_types(home.db)
+
+
+def _write_input(path, rows):
+    """``rows`` (dicts) as a file of the format ``path``'s suffix names."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif path.suffix == ".xlsx":
+        import openpyxl
+
+        wb = openpyxl.Workbook()
+        wb.active.append(list(rows[0]))
+        for r in rows:
+            wb.active.append(list(r.values()))
+        wb.save(path)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".xlsx", ".parquet"])
+def test_disagreements_are_written_in_the_input_format(home, tmp_path, suffix):
+    from batchgrader.pipeline.tables import open_table
+
+    home.config_file.write_text(FAST_CONFIG + SCHEMA + LABELLED)
+    rows = [{"id": i, "response": f"essay {i}", "human": 1 + i % 5, "topic": f"t{i % 2}"} for i in range(30)]
+    _write_input(home.inbox / f"essays{suffix}", rows)
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=3)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+    job = only_job(home)
+    with open_table(job.result_path) as reader:
+        results = [r.values for r in reader]
+    expected = [str(r["id"]) for r in results if int(float(str(r["human"]))) != int(float(str(r["score"])))]
+    out = tmp_path / f"review{suffix}"
+    r = bgctl(home.root, "report", job.job_id, "--disagreements", str(out))
+    assert r.returncode == 0, r.stderr
+    with open_table(out) as reader:
+        assert reader.fmt == {".jsonl": "jsonl", ".xlsx": "xlsx", ".parquet": "parquet"}[suffix]
+        assert list(reader.columns) == ["id", "response", "human", "topic", "model_answer"]
+        written = [r.values for r in reader]
+    assert [str(w["id"]) for w in written] == expected and expected

@@ -150,9 +150,9 @@ def _categorical(y_true: list[str], y_pred: list[str], ordered: bool) -> dict[st
     codes = [code[c] for c in classes]
     t = np.fromiter((code[c] for c in y_true), dtype=np.int64, count=len(y_true))
     p = np.fromiter((code[c] for c in y_pred), dtype=np.int64, count=len(y_pred))
-    table = confusion_matrix(t, p, labels=codes)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # e.g. "a single label was found": all the labels are given
+        table = confusion_matrix(t, p, labels=codes)
         precision, recall, _f, support = precision_recall_fscore_support(t, p, labels=codes, zero_division=0)
         accuracy = float(accuracy_score(t, p))
         kappa = _finite(cohen_kappa_score(t, p, labels=codes))
