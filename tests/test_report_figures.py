@@ -120,3 +120,15 @@ def test_groups_break_the_scores_down():
         "scores": {"score": {"mean": 3.0}, "verdict": {"top": "pass", "share": 1.0}},
     }
     assert by["q2"]["failed"] == 1 and by["q3"] == {"value": "q3", "answered": 0, "failed": 2, "scores": {}}
+
+
+def test_the_terminal_confusion_matrix_fits_80_columns():
+    from batchgrader.store.report_text import _confusion
+
+    classes = [f"category_number_{i}" for i in range(8)]
+    m = {a: {b: (1234 if a == b else 5) for b in classes} for a in classes}
+    lines = _confusion(m)
+    assert max(len(line) for line in lines) <= 80
+    assert "1,234" in lines[2]  # counts stay whole
+    small = _confusion({"1": {"1": 3, "2": 1}, "2": {"1": 0, "2": 4}})
+    assert small[1].split() == ["1", "2"] and small[2].split() == ["1", "3", "1"]

@@ -42,7 +42,7 @@ def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
         )
     if not job.result_path or not Path(job.result_path).exists():
         raise DisagreementsError(f"job {job.job_id} has no result file to compare (state {job.state})")
-    with open_table(Path(job.result_path), sheet=settings.get("sheet")) as reader:
+    with open_table(Path(job.result_path), sheet=settings.get("sheet"), validated=True) as reader:
         lay = result_layout(list(reader.columns), settings)
         if not lay.reference or not lay.compared:
             raise DisagreementsError(

@@ -246,7 +246,8 @@ def _read_result(path: str, settings: dict[str, Any]) -> dict[str, Any]:
     from batchgrader.pipeline.tables import open_table
     from batchgrader.store.report_columns import groups
 
-    with open_table(Path(path), sheet=settings.get("sheet")) as reader:
+    # our own output, written from a fully checked input: read by the csv module alone
+    with open_table(Path(path), sheet=settings.get("sheet"), validated=True) as reader:
         lay = result_layout(list(reader.columns), settings)
         got = _collect(reader, lay)
     columns = _columns(got, lay)

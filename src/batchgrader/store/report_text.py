@@ -143,13 +143,22 @@ def agreement_lines(a: dict[str, Any]) -> list[str]:
             lines.append(f"  {label:<28}{figure(a[key]):>7}{interval(a['ci'].get(key))}")
     confusion = a.get("confusion")
     if confusion:
-        classes = list(confusion)
-        w = max(7, *(len(c[:12]) for c in classes))
-        lines.append("  confusion (rows: label, columns: answer)")
-        lines.append("  " + " " * w + "".join(f"{c[:12]:>{w + 1}}" for c in classes))
-        for c in classes:
-            lines.append(f"  {c[:12]:<{w}}" + "".join(f"{num(confusion[c][d]):>{w + 1}}" for d in classes))
+        lines += _confusion(confusion)
     return lines
+
+
+def _confusion(confusion: dict[str, dict[str, int]], width: int = 78) -> list[str]:
+    """The confusion matrix within ``width`` columns where it can be: class names are cut
+    first, never below the widest count."""
+    classes = list(confusion)
+    counts = max(len(num(n)) for row in confusion.values() for n in row.values())
+    names = max(len(c) for c in classes)
+    w = max(counts, min(12, names, (width - 2) // (len(classes) + 1) - 1), 3)
+    out = ["  confusion (rows: label, columns: answer)"]
+    out.append("  " + " " * w + "".join(f"{c[:w]:>{w + 1}}" for c in classes))
+    for c in classes:
+        out.append(f"  {c[:w]:<{w}}" + "".join(f"{num(confusion[c][d]):>{w + 1}}" for d in classes))
+    return out
 
 
 def _failed(rows: list[dict[str, Any]]) -> list[str]:
