@@ -132,3 +132,40 @@ def test_the_terminal_confusion_matrix_fits_80_columns():
     assert "1,234" in lines[2]  # counts stay whole
     small = _confusion({"1": {"1": 3, "2": 1}, "2": {"1": 0, "2": 4}})
     assert small[1].split() == ["1", "2"] and small[2].split() == ["1", "3", "1"]
+
+
+SCORED = """\
+response_format:
+  type: object
+  properties:
+    score: {type: integer}
+    reason: {type: string}
+  required: [score, reason]
+  additionalProperties: false
+"""
+
+
+def test_reference_keys_are_checked_when_the_config_is_loaded(home):
+    import pytest
+
+    from batchgrader.core.config import ConfigError, load_config
+
+    home.config_file.write_text(SCORED + "profiles:\n  p1:\n    reference_column: human\n    reference_field: scor\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(home, environ={})
+    assert (
+        "profiles.p1: key 'reference_field' is 'scor', which is not a field of the schema (the schema's fields are 'score', 'reason')"
+        in str(e.value)
+    )
+    home.config_file.write_text(SCORED + "reference_column: human\n")
+    with pytest.raises(
+        ConfigError, match="the default profile: key 'reference_column' is 'human' but 'reference_field' is not set"
+    ):
+        load_config(home, environ={})
+    home.config_file.write_text("reference_field: score\n")
+    with pytest.raises(ConfigError, match="the profile has no response_format schema"):
+        load_config(home, environ={})
+    home.config_file.write_text(SCORED + "reference_column: human\nreference_field: score\ngroup_column: q\n")
+    assert load_config(home, environ={}).default.reference_field == "score"
+    home.config_file.write_text("reference_column: human\n")  # no schema: the output column is compared
+    assert load_config(home, environ={}).default.reference_column == "human"
