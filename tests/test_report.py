@@ -199,6 +199,7 @@ def test_agreement_with_human_labels_and_the_disagreements_file(home, tmp_path):
     r = bgctl(home.root, "report", job.job_id, "--html", str(page_path), "--disagreements", str(out))
     assert r.returncode == 0, r.stderr
     assert "Cohen's kappa" in r.stdout and "95% CI" in r.stdout and "by topic" in r.stdout
+    assert "class  precision  recall  labelled" in r.stdout
     page = page_path.read_text(encoding="utf-8")
     assert '<table class="heat">' in page and "Cohen&#x27;s kappa" in page
     written = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8"))))

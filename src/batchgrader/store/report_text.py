@@ -144,6 +144,12 @@ def agreement_lines(a: dict[str, Any]) -> list[str]:
     confusion = a.get("confusion")
     if confusion:
         lines += _confusion(confusion)
+    per_class = a.get("per_class") or {}
+    if per_class:
+        w = max(5, min(16, max(len(c) for c in per_class)))
+        lines.append("  " + "class".ljust(w) + "  precision  recall  labelled")
+        for c, f in per_class.items():
+            lines.append(f"  {c[:w]:<{w}}  {f['precision']:>9.3f}  {f['recall']:>6.3f}  {num(f['support']):>8}")
     return lines
 
 
