@@ -288,3 +288,26 @@ def test_disagreements_are_written_in_the_input_format(home, tmp_path, suffix):
         assert list(reader.columns) == ["id", "response", "human", "topic", "model_answer"]
         written = [r.values for r in reader]
     assert [str(w["id"]) for w in written] == expected and expected
+
+
+def test_after_bgctl_retry_the_report_times_each_attempt_and_names_follow_the_results(home):
+    home.config_file.write_text(FAST_CONFIG + "max_row_retries: 0\nwrite_report: true\n")
+    (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(20)))
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, request_failure_rate=0.5, seed=5)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+        job = only_job(home)
+        assert job.ended == "completed_with_errors"
+        assert bgctl(home.root, "retry", job.job_id).returncode == 0
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+    rep = json.loads(bgctl(home.root, "report", job.job_id, "--json").stdout)
+    phases = rep["phases"]
+    assert all(p["seconds"] is not None and p["seconds"] >= 0 for p in phases), phases
+    assert {(p["attempt"], p["phase"]) for p in phases} >= {(1, "batches"), (2, "idle before retry"), (2, "write result")}
+    total = next(p["seconds"] for p in phases if p["phase"] == "total")
+    assert sum(p["seconds"] for p in phases if p["attempt"] is not None) == pytest.approx(total, abs=0.5)
+    text = bgctl(home.root, "report", job.job_id).stdout
+    assert "retry 1: idle before retry" in text and "-" not in text.split("time", 1)[1].split("\n", 1)[0]
+    # each result has its report beside it, with the same suffix
+    results = sorted(p.name for p in home.outbox.glob("a_results*.csv"))
+    reports = sorted(p.name for p in home.outbox.glob("a_report*.html"))
+    assert len(results) == 2 and reports == [r.replace("_results", "_report").replace(".csv", ".html") for r in results]
