@@ -387,14 +387,31 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
     default=None,
     help="Also write a self-contained HTML page (inline SVG charts, works offline).",
 )
+@click.option(
+    "--disagreements",
+    "disagreements_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the labelled rows whose answer differs from the label (reference_column), in the input's format.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the same figures).")
 @click.pass_obj
-def report(obj: Ctx, job_id: str, html_file: Path | None, as_json: bool) -> None:
-    """How a job went: rows answered and failed, tokens and cost against the estimate, time per phase, result distributions."""
-    from batchgrader.store.report import load_report, render_text
+def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Path | None, as_json: bool) -> None:
+    """How a job went: rows, tokens and cost, time per phase, score distributions, agreement with human labels."""
+    from batchgrader.store.report import load_report
+    from batchgrader.store.report_text import render_text
 
     _no_db_guard(obj)
     figures = load_report(obj.home, job_id)
+    if disagreements_file is not None:
+        from batchgrader.store.disagreements import DisagreementsError, write_disagreements
+
+        try:
+            figures["disagreements"] = write_disagreements(obj.home, job_id, disagreements_file)
+        except DisagreementsError as exc:
+            raise click.ClickException(str(exc)) from None
+        except FileExistsError:
+            raise click.ClickException(f"{disagreements_file} exists already: name a new file (it is never replaced)") from None
     if html_file is not None:
         from batchgrader.fsio import atomic_write_bytes
         from batchgrader.store.report_html import render_html
@@ -406,6 +423,9 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, as_json: bool) -> None
         click.echo(render_text(figures), nl=False)
         if html_file is not None:
             click.echo(f"HTML report: {html_file}")
+        if disagreements_file is not None:
+            d = figures["disagreements"]
+            click.echo(f"Disagreements: {d['rows']:,} of {d['compared']:,} labelled answers differ from their label: {d['path']}")
 
 
 @cli.command()

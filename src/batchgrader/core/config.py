@@ -167,7 +167,25 @@ KEYS: dict[str, Key] = {
         _encoding,
         "Text encoding of CSV/TSV/JSON/JSONL inputs (utf-8 is read with or without a BOM; e.g. cp1252, latin-1); results are always UTF-8.",
     ),
-    "write_report": Key(False, _bool, "Write NAME_report.html (the `bgctl report --html` page) beside each result."),
+    "write_report": Key(
+        False,
+        _bool,
+        "Write the `bgctl report --html` page beside each result, named after it (answers_results.csv: answers_report.html).",
+    ),
+    # judging the grader (store/agreement.py, pipeline/labels.py)
+    "reference_column": Key(
+        None,
+        _opt_str,
+        "Input column of human labels; `bgctl report` then shows the answers' agreement with them (rows with an empty label are left out).",
+    ),
+    "reference_field": Key(
+        None,
+        _opt_str,
+        "Field of the response_format schema compared with the reference_column's labels; default: the output column (required with a schema).",
+    ),
+    "group_column": Key(
+        None, _opt_str, "Input column by whose values `bgctl report` breaks the scores down (e.g. the question)."
+    ),
     "on_job_end": Key(
         None,
         _opt_str,
@@ -484,9 +502,9 @@ def load_config(
                 pv[key], ps[key] = values[key], sources[key]
         profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
     for prof in (default, *profiles.values()):
-        problem = _check_provider_model(prof, home.config_file)
-        if problem:
-            errors.append(problem)
+        for problem in (_check_provider_model(prof, home.config_file), _check_reference(prof, home.config_file)):
+            if problem:
+                errors.append(problem)
     _raise_all(errors)
     return Config(home=home, default=default, profiles=MappingProxyType(profiles))
 
@@ -502,6 +520,28 @@ def _check_provider_model(profile: Profile, config_file: Path) -> str | None:
         return (
             f"{config_file}: {where}: key 'model' is {model!r}, which provider {provider!r} does not offer "
             f"(its models start with {prefix!r}); set 'model' or 'provider'"
+        )
+    return None
+
+
+def _check_reference(profile: Profile, config_file: Path) -> str | None:
+    """A ``reference_field`` the schema does not have, or a schema without one while labels are
+    compared, is refused before anything is sent (the message, collected with the others)."""
+    column, field_name = profile.values.get("reference_column"), profile.values.get("reference_field")
+    rf = profile.values.get("response_format") or {}
+    schema = rf.get("json_schema", {}).get("schema") if isinstance(rf.get("json_schema"), Mapping) else None
+    fields = list((schema or {}).get("properties") or {}) if isinstance(schema, Mapping) else []
+    where = "the default profile" if profile.name == "default" else f"profiles.{profile.name}"
+    if field_name is not None and field_name not in fields:
+        known = (
+            f"the schema's fields are {', '.join(map(repr, fields))}" if fields else "the profile has no response_format schema"
+        )
+        return f"{config_file}: {where}: key 'reference_field' is {field_name!r}, which is not a field of the schema ({known})"
+    if column is not None and field_name is None and fields:
+        return (
+            f"{config_file}: {where}: key 'reference_column' is {column!r} but 'reference_field' is not set: with a "
+            f"response_format the answer column holds the whole JSON answer; set 'reference_field' to the field the "
+            f"labels are compared with (one of {', '.join(map(repr, fields))})"
         )
     return None
 

@@ -226,7 +226,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 from batchgrader.store.report_html import render_html
 
                 page = render_html(build_report(list(self.store.read(job_id=job_id))))
-                dest = free_path(self.home.outbox, jobhook.report_name(job.file), stamp(now))
+                dest = free_path(self.home.outbox, jobhook.report_name(job.result_path), stamp(now))
                 atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
             except Exception as exc:  # a report is a convenience: never let it stop the daemon
                 log.warning("could not write the HTML report of job %s: %s", job_id, exc)

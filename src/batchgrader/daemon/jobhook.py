@@ -81,5 +81,10 @@ def start_hook(command: str, variables: Mapping[str, str], timeout: float) -> th
     return t
 
 
-def report_name(input_name: str) -> str:
-    return f"{Path(input_name).stem}_report.html"
+def report_name(result_path: str) -> str:
+    """The HTML report's name, following the result's: ``answers_results.csv`` gives
+    ``answers_report.html``, a result renamed with a timestamp (``answers_results_20261125T101500Z.csv``)
+    gives the report the same suffix (``answers_report_20261125T101500Z.html``)."""
+    stem = Path(result_path).stem
+    head, found, tail = stem.rpartition("_results")
+    return f"{head}_report{tail}.html" if found else f"{stem}_report.html"

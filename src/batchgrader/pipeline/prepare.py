@@ -20,6 +20,7 @@ from typing import IO, Any, Protocol
 
 from batchgrader.core.config import Profile
 from batchgrader.core.home import Home
+from batchgrader.pipeline.labels import check_columns, label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
@@ -390,6 +391,7 @@ def prepare(
             max_completion_tokens=profile.max_completion_tokens,
             response_format=profile.response_format,
         )
+        check_columns(path, profile, prep.columns)
         prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
         if not counting.tokenizer.known:
             prep.warnings.append(
@@ -442,8 +444,15 @@ def prepare(
             pending = (started, send, start)
 
         rows = 0
+        check_label = label_checker(profile)
+        label_column = profile.get("reference_column")
         for row in reader:
             user = user_message(row.values, text_of)
+            if check_label is not None:
+                label = text_of(row.values.get(label_column))
+                problem = check_label(label) if label.strip() else None
+                if problem:
+                    raise label_error(path, profile, label, problem, row.number, row.line)
             if id_column is None:
                 cid = id_prefix + str(row.number)
             else:

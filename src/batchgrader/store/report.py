@@ -7,30 +7,38 @@ Figures (all in :func:`build_report`'s dict, which ``--json`` prints as is):
   chunk planned by ``RetryPlanned``, from that chunk's stored per-row results);
 * ``tokens`` and ``cost_usd``: billed figures (the ``TokensUsed`` events) next to the
   estimate made before sending (``JobPrepared``);
-* ``phases``: seconds between the events that bound each phase;
-* ``columns``: for each result column (the answer column and every structured-output field),
-  the distribution of its values: a histogram when every value is a number, else the counts of
-  the most frequent values;
-* ``failed_rows``: the first 50 failed rows and their errors.
+* ``phases``: seconds of each phase of each attempt (the first run, then one per
+  ``bgctl retry``), the idle time before each retry, and the total;
+* ``columns``: for each answer column, the distribution of a score or the summary of a free
+  text (:mod:`batchgrader.store.report_columns`);
+* ``groups``: the scores broken down by the job's ``group_column``, or null;
+* ``agreement``: agreement with the human labels of the job's ``reference_column``
+  (:mod:`batchgrader.store.agreement`), or null;
+* ``failed_rows``: the first 50 failed rows, their errors and their partial answers.
 
-Nothing here writes; the HTML page is :mod:`batchgrader.store.report_html`.
+Nothing here writes; the terminal summary is :mod:`batchgrader.store.report_text`, the HTML
+page :mod:`batchgrader.store.report_html`, the disagreements file
+:mod:`batchgrader.store.disagreements`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from batchgrader.store.eventstore import Event
+from batchgrader.store.report_columns import distribution
+
+__all__ = ["MAX_FAILED_ROWS", "ResultLayout", "build_report", "distribution", "load_report", "read_events_of", "result_layout"]
 
 MAX_FAILED_ROWS = 50
-MAX_CATEGORIES = 12
-HISTOGRAM_BINS = 10
+ANSWER_CHARS = 200
+_ENDS = ("ResultWritten", "JobCompleted", "JobFailed", "JobCancelled")
 
 
 def _seconds(a: str | None, b: str | None) -> float | None:
@@ -39,68 +47,48 @@ def _seconds(a: str | None, b: str | None) -> float | None:
     return round((datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds(), 3)
 
 
-def _phases(events: Sequence[Event]) -> list[dict[str, Any]]:
+def _attempts(events: Sequence[Event]) -> list[list[Event]]:
+    """The events of each attempt: the first run, then one per ``RetryRequested``."""
+    out: list[list[Event]] = [[]]
+    for e in events:
+        if e.type == "RetryRequested" and out[-1]:
+            out.append([])
+        out[-1].append(e)
+    return out
+
+
+def _attempt_phases(n: int, events: list[Event]) -> list[dict[str, Any]]:
     first: dict[str, str] = {}
     last: dict[str, str] = {}
     for e in events:
         first.setdefault(e.type, e.ts)
         last[e.type] = e.ts
-    end = next((e.ts for e in reversed(events) if e.type in ("JobCompleted", "JobFailed", "JobCancelled")), None)
-    start = events[0].ts if events else None
-    spans = [
-        ("prepare", first.get("JobAccepted"), first.get("JobPrepared")),
-        ("submit", first.get("JobPrepared"), first.get("BatchCreated")),
-        ("batches (incl. retries)", first.get("BatchCreated"), last.get("ChunkCompleted")),
-        ("write result", last.get("ChunkCompleted") or first.get("JobPrepared"), first.get("ResultWritten")),
-        ("total", start, end),
+    start = events[0].ts
+    batches_end = last.get("ChunkCompleted")
+    written = next((e.ts for e in events if e.type == "ResultWritten" and (not batches_end or e.ts >= batches_end)), None)
+    spans = []
+    if n == 1:
+        spans.append(("prepare", first.get("JobAccepted"), first.get("JobPrepared")))
+    spans += [
+        ("submit", first.get("JobPrepared") if n == 1 else start, first.get("BatchCreated")),
+        ("batches", first.get("BatchCreated"), batches_end),
+        ("write result", batches_end or first.get("JobPrepared"), written),
     ]
-    return [{"phase": name, "seconds": _seconds(a, b)} for name, a, b in spans]
+    return [{"attempt": n, "phase": name, "seconds": _seconds(a, b)} for name, a, b in spans]
 
 
-def _number(v: Any) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v) if math.isfinite(v) else None
-    if isinstance(v, str):
-        try:
-            f = float(v)
-        except ValueError:
-            return None
-        return f if math.isfinite(f) else None
-    return None
-
-
-def distribution(name: str, values: Sequence[Any]) -> dict[str, Any]:
-    """The distribution of one column: a histogram of numbers, or counts of categories."""
-    from batchgrader.pipeline.tables import text_of
-
-    present = [v for v in values if v is not None and v != ""]
-    out: dict[str, Any] = {"name": name, "values": len(present), "missing": len(values) - len(present)}
-    nums = [_number(v) for v in present]
-    if present and all(n is not None for n in nums):
-        xs = [n for n in nums if n is not None]
-        out["kind"] = "numeric"
-        out["min"], out["max"] = min(xs), max(xs)
-        out["mean"] = sum(xs) / len(xs)
-        distinct = sorted(set(xs))
-        if all(x.is_integer() for x in distinct) and len(distinct) <= 2 * HISTOGRAM_BINS:
-            int_counts = Counter(xs)
-            out["bins"] = [{"low": x, "high": x, "count": int_counts[x]} for x in distinct]
-        else:
-            lo, hi = out["min"], out["max"]
-            width = (hi - lo) / HISTOGRAM_BINS or 1.0
-            bins = [0] * HISTOGRAM_BINS
-            for x in xs:
-                bins[min(int((x - lo) / width), HISTOGRAM_BINS - 1)] += 1
-            out["bins"] = [{"low": lo + i * width, "high": lo + (i + 1) * width, "count": c} for i, c in enumerate(bins)]
-        return out
-    counts: Counter[str] = Counter(text_of(v) for v in present)
-    top = counts.most_common(MAX_CATEGORIES)
-    out["kind"] = "categorical"
-    out["distinct"] = len(counts)
-    out["counts"] = [{"value": v, "count": c} for v, c in top]
-    out["other"] = sum(counts.values()) - sum(c for _v, c in top)
+def _phases(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The phases of each attempt, the idle time before each retry, and the total (from the
+    first event to the last end): all measured between events in order, so never negative."""
+    out: list[dict[str, Any]] = []
+    previous_end: str | None = None
+    for n, attempt in enumerate(_attempts(events), 1):
+        if n > 1:
+            out.append({"attempt": n, "phase": "idle before retry", "seconds": _seconds(previous_end, attempt[0].ts)})
+        out += _attempt_phases(n, attempt)
+        previous_end = next((e.ts for e in reversed(attempt) if e.type in _ENDS), attempt[-1].ts)
+    end = next((e.ts for e in reversed(events) if e.type in ("JobCompleted", "JobFailed", "JobCancelled")), None)
+    out.append({"attempt": None, "phase": "total", "seconds": _seconds(events[0].ts if events else None, end)})
     return out
 
 
@@ -121,53 +109,169 @@ def _answered_on_retry(events: Sequence[Event], chunk_results: dict[int, str]) -
     return len(answered)
 
 
-def _result_columns(header: list[str], settings: dict[str, Any]) -> tuple[list[str], str | None, list[str]]:
-    """(result columns to chart, the error column, the input columns) of a result file."""
+@dataclass(frozen=True)
+class ResultLayout:
+    """Where a result file keeps what the report reads."""
+
+    inputs: list[str]  # the input's columns
+    output: str | None = None  # the answer column
+    fields: dict[str, str] = field(default_factory=dict)  # schema field -> its column
+    error: str | None = None
+    kinds: dict[str, str] = field(default_factory=dict)  # answer column -> score/text (schema fields only)
+    reference: str | None = None  # the labels' input column
+    compared: str | None = None  # the answer column compared with the labels
+    group: str | None = None  # the grouping input column
+
+    def answer_columns(self) -> list[str]:
+        """The columns charted or summarised: the schema's fields, else the answer column."""
+        if self.fields:
+            return list(self.fields.values())
+        return [self.output] if self.output else []
+
+
+def result_layout(header: list[str], settings: dict[str, Any]) -> ResultLayout:
+    """The layout of a result file with ``header``, written under ``settings`` (the job's)."""
     from batchgrader.pipeline.outbox import added_columns
+    from batchgrader.store.report_columns import field_kinds
 
     rf = settings.get("response_format")
     schema = (rf or {}).get("json_schema", {}).get("schema") if rf else None
-    n_fields = len((schema or {}).get("properties") or {}) if isinstance(schema, dict) else 0
-    n_added = 4 + n_fields
+    schema = schema if isinstance(schema, dict) else None
+    n_added = 4 + len((schema or {}).get("properties") or {})
     if len(header) < n_added:
-        return [], None, header
+        return ResultLayout(inputs=header)
     inputs = header[:-n_added]
     cols = added_columns(inputs, settings.get("output_column") or "grade", rf)
     if cols.names() != header[-n_added:]:
-        return [], None, header
-    return [cols.output, *(c for _f, c in cols.fields)], cols.error, inputs
+        return ResultLayout(inputs=header)
+    fields = dict(cols.fields)
+    kinds = {fields[f]: k for f, k in field_kinds(schema).items() if f in fields}
+    ref = settings.get("reference_column")
+    ref_field = settings.get("reference_field")
+    compared = fields.get(ref_field) if ref_field else cols.output
+    group = settings.get("group_column")
+    return ResultLayout(
+        inputs=inputs,
+        output=cols.output,
+        fields=fields,
+        error=cols.error,
+        kinds=kinds,
+        reference=ref if ref in inputs else None,
+        compared=compared if ref in inputs else None,
+        group=group if group in inputs else None,
+    )
+
+
+@dataclass
+class _Collected:
+    rows: int = 0
+    answered: int = 0
+    by_code: Counter[str] = field(default_factory=Counter)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    labels: list[Any] = field(default_factory=list)
+    compared: list[Any] = field(default_factory=list)
+    unanswered_labelled: int = 0
+    group_keys: list[str] = field(default_factory=list)
+    failed_groups: Counter[str] = field(default_factory=Counter)
+
+
+def _collect(reader: Any, lay: ResultLayout) -> _Collected:
+    from batchgrader.pipeline.tables import text_of
+
+    got = _Collected(values={c: [] for c in lay.answer_columns()})
+    charted = list(got.values.items())
+    for row in reader:
+        got.rows += 1
+        vals = row.values
+        err = text_of(vals.get(lay.error)) if lay.error else ""
+        group = text_of(vals.get(lay.group)) if lay.group else ""
+        if err:
+            code = err.split(":", 1)[0].strip() if ":" in err else err
+            got.by_code[code] += 1
+            got.failed_groups[group] += 1
+            if lay.reference and text_of(vals.get(lay.reference)).strip():
+                got.unanswered_labelled += 1
+            if len(got.failed) < MAX_FAILED_ROWS:
+                first = {k: text_of(vals[k])[:80] for k in lay.inputs[:2]}
+                answer = text_of(vals.get(lay.output))[:ANSWER_CHARS] if lay.output else ""
+                got.failed.append({"row": row.number, "input": first, "error": err, "answer": answer})
+            continue
+        got.answered += 1
+        for c, values in charted:
+            values.append(vals.get(c))
+        if lay.reference and lay.compared:
+            got.labels.append(vals.get(lay.reference))
+            got.compared.append(vals.get(lay.compared))
+        if lay.group:
+            got.group_keys.append(group)
+    return got
+
+
+def _columns(got: _Collected, lay: ResultLayout) -> list[dict[str, Any]]:
+    from batchgrader.store.report_columns import guess_kind, numbers, text_summary
+
+    kinds = {c: lay.kinds.get(c) or guess_kind(v) for c, v in got.values.items()}
+    scores = [c for c in got.values if kinds[c] == "score"]
+    # examples of free text by the compared score, else by the first numeric score, else the first score
+    numeric = [c for c in scores if all(n is not None for n in numbers([v for v in got.values[c] if v not in (None, "")]))]
+    preferred = [lay.compared] if lay.compared in scores else []
+    level = next(iter([*preferred, *numeric, *scores]), None)
+    out = []
+    for c, values in sorted(got.values.items(), key=lambda cv: kinds[cv[0]] != "score"):  # scores first
+        if kinds[c] == "score":
+            out.append(distribution(c, values))
+        else:
+            out.append(text_summary(c, values, got.values[level] if level else None, level))
+    return out
+
+
+def _agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
+    from batchgrader.store.agreement import NotComparable, agreement
+
+    if not settings.get("reference_column"):
+        return None
+    where = {"reference_column": settings.get("reference_column"), "reference_field": settings.get("reference_field")}
+    if not lay.reference or not lay.compared:
+        return {**where, "error": "the reference column or the compared answer column is not in the result file"}
+    labelled = sum(1 for v in got.labels if v is not None and str(v).strip() != "")
+    try:
+        figures = agreement(got.labels, got.compared)
+    except NotComparable as exc:
+        return {**where, "error": f"labels cannot be compared with the answers: {exc}"}
+    return {**where, "labelled": labelled + got.unanswered_labelled, "unanswered": got.unanswered_labelled, **figures}
 
 
 def _read_result(path: str, settings: dict[str, Any]) -> dict[str, Any]:
-    from batchgrader.pipeline.tables import open_table, text_of
+    from batchgrader.pipeline.tables import open_table
+    from batchgrader.store.report_columns import groups
 
-    with open_table(Path(path), sheet=settings.get("sheet")) as reader:
-        charted, error_col, inputs = _result_columns(list(reader.columns), settings)
-        values: dict[str, list[Any]] = {c: [] for c in charted}
-        rows = answered = 0
-        by_code: Counter[str] = Counter()
-        failed: list[dict[str, Any]] = []
-        for row in reader:
-            rows += 1
-            err = text_of(row.values.get(error_col)) if error_col else ""
-            if err:
-                code = err.split(":", 1)[0].strip() if ":" in err else err
-                by_code[code] += 1
-                if len(failed) < MAX_FAILED_ROWS:
-                    first = {k: text_of(row.values[k])[:80] for k in inputs[:2]}
-                    failed.append({"row": row.number, "input": first, "error": err})
-                continue
-            answered += 1
-            for c in charted:
-                values[c].append(row.values.get(c))
+    # our own output, written from a fully checked input: read by the csv module alone
+    with open_table(Path(path), sheet=settings.get("sheet"), validated=True) as reader:
+        lay = result_layout(list(reader.columns), settings)
+        got = _collect(reader, lay)
+    columns = _columns(got, lay)
+    scores = {c["name"]: got.values[c["name"]] for c in columns if c["kind"] != "text"}
     return {
-        "rows": rows,
-        "answered": answered,
-        "failed": sum(by_code.values()),
-        "failed_by_code": dict(by_code.most_common()),
-        "columns": [distribution(c, values[c]) for c in charted],
-        "failed_rows": failed,
+        "rows": got.rows,
+        "answered": got.answered,
+        "failed": sum(got.by_code.values()),
+        "failed_by_code": dict(got.by_code.most_common()),
+        "columns": columns,
+        "groups": groups(lay.group, got.group_keys, scores, got.failed_groups) if lay.group else None,
+        "agreement": _agreement(got, lay, settings),
+        "failed_rows": got.failed,
     }
+
+
+def read_events_of(home: Any, job_id: str) -> list[Event]:
+    """The events of the job ``job_id`` (or a unique prefix of it) in ``home``."""
+    from batchgrader.store.eventstore import read_events
+    from batchgrader.store.queries import reading, resolve_job
+
+    with reading(home) as conn:
+        jid = resolve_job(conn, job_id)
+        return list(read_events(conn, job_id=jid))
 
 
 def build_report(events: Sequence[Event]) -> dict[str, Any]:
@@ -202,83 +306,21 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
         "phases": _phases(events),
     }
     rows: dict[str, Any] = {"total": job.rows, "answered_on_retry": _answered_on_retry(events, chunk_results)}
-    columns: list[dict[str, Any]] = []
-    failed_rows: list[dict[str, Any]] = []
+    figures: dict[str, Any] = {"columns": [], "groups": None, "agreement": None, "failed_rows": []}
     if job.result_path and Path(job.result_path).exists():
         figures = _read_result(job.result_path, job.settings)
         rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
         rows["in_result"] = figures["rows"]
-        columns, failed_rows = figures["columns"], figures["failed_rows"]
     else:
         rows.update(answered=job.succeeded_rows, failed=len(job.failed_rows) + len(job.row_errors))
         codes: Counter[str] = Counter(str(i.get("code")) for i in [*job.failed_rows.values(), *job.row_errors.values()])
         rows["failed_by_code"] = dict(codes.most_common())
     report["rows"] = rows
-    report["columns"] = columns
-    report["failed_rows"] = failed_rows
+    for key in ("columns", "groups", "agreement", "failed_rows"):
+        report[key] = figures[key]
     return report
 
 
 def load_report(home: Any, job_id: str) -> dict[str, Any]:
     """The report of the job ``job_id`` (or a unique prefix of it) in ``home``."""
-    from batchgrader.store.eventstore import read_events
-    from batchgrader.store.queries import reading, resolve_job
-
-    with reading(home) as conn:
-        jid = resolve_job(conn, job_id)
-        events = list(read_events(conn, job_id=jid))
-    return build_report(events)
-
-
-def _fmt_num(x: float) -> str:
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.3g}"
-
-
-def render_text(report: dict[str, Any], width: int = 40) -> str:
-    """The compact terminal summary."""
-    j, r, t, c = report["job"], report["rows"], report["tokens"], report["cost_usd"]
-    lines = [f"job {j['id']}  {j['file']}  {j['state']}" + ("  (SIMULATED)" if j["sandbox"] else "")]
-    if j.get("error"):
-        lines.append(f"  error: {j['error']}")
-    retry = r.get("answered_on_retry")
-    lines.append(
-        f"rows      {r['total']} total, {r['answered']} answered"
-        + (f" ({retry} on retry)" if retry else "")
-        + f", {r['failed']} failed"
-    )
-    for code, n in (r.get("failed_by_code") or {}).items():
-        lines.append(f"            {n:>6}  {code}")
-    est = c.get("estimate") or {}
-    lines.append(
-        f"tokens    {t['prompt']} input (estimated {t['estimated_input']}), {t['completion']} output"
-        + (f", {t['cached']} cached" if t["cached"] else "")
-    )
-    lines.append(
-        f"cost      ${c['billed']:.4f}"
-        + (
-            f" (estimated before sending: ${est.get('input', 0):.4f} input, at most ${est.get('max_total', 0):.4f})"
-            if est
-            else ""
-        )
-    )
-    lines.append(
-        "time      " + ", ".join(f"{p['phase']} {p['seconds']:.1f}s" for p in report["phases"] if p["seconds"] is not None)
-    )
-    for col in report["columns"]:
-        lines.append("")
-        lines.append(f"{col['name']}  ({col['values']} values, {col['missing']} empty)")
-        if col["kind"] == "numeric":
-            items = [
-                (_fmt_num(b["low"]) if b["low"] == b["high"] else f"{_fmt_num(b['low'])}–{_fmt_num(b['high'])}", b["count"])
-                for b in col["bins"]
-            ]
-        else:
-            items = [(v["value"].replace("\n", " ")[:30], v["count"]) for v in col["counts"]]
-            if col["other"]:
-                items.append((f"({col['distinct'] - len(col['counts'])} others)", col["other"]))
-        top = max((n for _l, n in items), default=0) or 1
-        label_w = max((len(label) for label, _n in items), default=0)
-        for label, n in items:
-            bar = "█" * max(1 if n else 0, round(n * width / top))
-            lines.append(f"  {label:<{label_w}}  {bar} {n}")
-    return "\n".join(lines) + "\n"
+    return build_report(read_events_of(home, job_id))

@@ -1,0 +1,116 @@
+"""`bgctl report JOB --disagreements FILE`: the labelled rows whose answer differs from the
+human label, written in the input's format, ready to be labelled again and fed back.
+
+A row is written when its ``reference_column`` label is not empty, it was answered, and the
+answer compared with the label (``reference_field``, or the output column) differs from it the
+way :mod:`batchgrader.store.agreement` compares (case and surrounding space ignored, numbers
+as numbers).  Each row keeps the input's columns as they are in the result file (the label
+column with them, to be corrected) and gains one column, :data:`ANSWER_COLUMN`, holding the
+answer (renamed ``bg_model_answer`` and so on if the input has such a column).  The file is
+written atomically; an existing file is never replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any
+
+from batchgrader.store.report import read_events_of, result_layout
+
+ANSWER_COLUMN = "model_answer"
+
+
+class DisagreementsError(ValueError):
+    """The job has nothing to compare (no reference column, no result file)."""
+
+
+def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
+    """Write the disagreements of the job ``job_id`` to ``dest``; returns ``{"path", "rows",
+    "compared", "format"}``."""
+    from batchgrader.core.state import fold
+    from batchgrader.pipeline.tables import open_table
+
+    events = read_events_of(home, job_id)
+    job = fold(events).jobs[events[0].job_id]
+    settings = job.settings
+    if not settings.get("reference_column"):
+        raise DisagreementsError(
+            f"job {job.job_id} has no reference_column: set 'reference_column' (the column of human labels) "
+            f"in profile {job.profile or 'default'!r} and run the labelled rows again"
+        )
+    if not job.result_path or not Path(job.result_path).exists():
+        raise DisagreementsError(f"job {job.job_id} has no result file to compare (state {job.state})")
+    with open_table(Path(job.result_path), sheet=settings.get("sheet"), validated=True) as reader:
+        lay = result_layout(list(reader.columns), settings)
+        if not lay.reference or not lay.compared:
+            raise DisagreementsError(
+                f"the result file {job.result_path} has no column {settings['reference_column']!r} "
+                "or no answer column to compare it with"
+            )
+        answer_column = ANSWER_COLUMN
+        while answer_column in lay.inputs:
+            answer_column = "bg_" + answer_column
+        rows, compared = _disagreeing(reader, lay, answer_column)
+        fmt, layout = reader.fmt, getattr(reader, "layout", None)
+    data = _encode(fmt, layout, [*lay.inputs, answer_column], rows)
+    from batchgrader.fsio import atomic_write_bytes
+
+    atomic_write_bytes(dest, data, overwrite=False)
+    return {"path": str(dest), "rows": len(rows), "compared": compared, "format": fmt}
+
+
+def _disagreeing(reader: Any, lay: Any, answer_column: str) -> tuple[list[dict[str, Any]], int]:
+    from batchgrader.pipeline.tables import text_of
+    from batchgrader.store.agreement import normal
+
+    out: list[dict[str, Any]] = []
+    compared = 0
+    for row in reader:
+        vals = row.values
+        label, answer = vals.get(lay.reference), vals.get(lay.compared)
+        if not text_of(label).strip() or (lay.error and text_of(vals.get(lay.error))) or not text_of(answer).strip():
+            continue
+        compared += 1
+        if normal(text_of(label)) != normal(text_of(answer)):
+            out.append({**{c: vals.get(c) for c in lay.inputs}, answer_column: answer})
+    return out, compared
+
+
+def _encode(fmt: str, layout: Any, columns: list[str], rows: list[dict[str, Any]]) -> bytes:
+    """``rows`` as a file of format ``fmt`` (CSV/TSV and JSON/JSONL laid out as the input)."""
+    if fmt == "xlsx":
+        import openpyxl
+
+        wb = openpyxl.Workbook()
+        ws = wb.active
+        ws.append(columns)
+        for r in rows:
+            ws.append([_cell(r.get(c)) for c in columns])
+        buf = io.BytesIO()
+        wb.save(buf)
+        return buf.getvalue()
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist([{c: _cell(r.get(c)) for c in columns} for r in rows]) if rows else None
+        if table is None:
+            table = pa.table({c: pa.array([], type=pa.string()) for c in columns})
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        return buf.getvalue()
+    from batchgrader.pipeline.tables import TableWriter
+
+    buf = io.BytesIO()
+    with TableWriter(buf, dataclasses.replace(layout, columns=tuple(columns)), ()) as w:
+        for r in rows:
+            w.write(r)
+    return buf.getvalue()
+
+
+def _cell(v: Any) -> Any:
+    from batchgrader.pipeline.tables import text_of
+
+    return v if v is None or isinstance(v, (str, int, float, bool)) else text_of(v)
