@@ -33,7 +33,7 @@ from batchgrader.core.home import Home
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.ops.service import ServiceError
-from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing, with_deployments
+from batchgrader.pipeline.pricing import PriceTable, PricingError
 from batchgrader.secrets import EnvFileError, MaskSecrets
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
@@ -349,9 +349,9 @@ class Daemon:
 
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes
-        config = load_config(self.home, environ=self.environ)
-        prices = with_deployments(load_pricing(config.pricing_path()), (config.default, *config.profiles.values()))
-        return config, prices
+        from batchgrader.pipeline.catalogue import load_checked
+
+        return load_checked(load_config(self.home, environ=self.environ))
 
     def _provider(self, config: Config):
         used = {p.values["provider"] for p in (config.default, *config.profiles.values())}

@@ -224,6 +224,8 @@ class RequestBuilder:
         }
         if self.profile.temperature is not None:
             body["temperature"] = self.profile.temperature
+        if self.profile.get("reasoning_effort") is not None:
+            body["reasoning_effort"] = self.profile.reasoning_effort
         if self.profile.response_format is not None:
             body["response_format"] = self.profile.response_format
         return {"custom_id": cid, "method": "POST", "url": ENDPOINT, "body": body}
