@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from batchgrader.core.config import ConfigError, load_config
@@ -234,3 +236,54 @@ def test_the_columns_are_documented():
 
     doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert all(f"`{c}`" in doc for c in COLUMNS)
+
+
+# --- through the commands ---------------------------------------------------------------------
+
+
+def test_count_refuses_a_setting_the_model_refuses(home: Home, tmp_path):
+    from cli_fixtures import run
+
+    data = tmp_path / "a.csv"
+    data.write_text("id,response\n1,fine\n", encoding="utf-8")
+    home.config_file.write_text("model: gpt-5-mini\ntemperature: 0\n", encoding="utf-8")
+    res = run("count", str(data))
+    assert res.exit_code == 78, res.output
+    assert "key 'temperature' is 0, but model 'gpt-5-mini' accepts only its default" in res.output
+    home.config_file.write_text("model: gpt-5-mini\n", encoding="utf-8")
+    out = run("count", str(data), "--json")
+    assert out.exit_code == 0, out.output
+    # the estimate uses the model's reasoning bound and says the output part is an upper bound
+    assert json.loads(out.output)["estimated_cost_usd"]["max_output"] == pytest.approx(25_000 * 1.00 / 1e6)
+
+
+def test_doctor_fails_the_model_settings_check(home: Home):
+    from batchgrader.ops.doctor import FAIL, run_checks
+
+    home.config_file.write_text("provider: anthropic\nmodel: claude-sonnet-5\ntemperature: 0.2\n", encoding="utf-8")
+    checks = [c for c in run_checks(home, environ={}, require_key=False) if c.name == "model settings"]
+    assert [c.status for c in checks] == [FAIL]
+    assert "deprecated for this model" in checks[0].detail and "bgctl models" in checks[0].fix
+
+
+def test_models_lists_the_catalogue(home: Home):
+    from cli_fixtures import run
+
+    home.pricing_file.write_text("model,input_per_1m,output_per_1m,provider\nacme-1,1,2,openai\n", encoding="utf-8")
+    rows = json.loads(run("models", "--json").output)["models"]
+    by = {r["model"]: r for r in rows}
+    assert by["acme-1"]["origin"] == str(home.pricing_file) and by["gpt-6-sol"]["origin"] == "shipped"
+    assert by["claude-haiku-4-5"]["aliases"] == ["claude-haiku-4-5-20251001"]
+    only = json.loads(run("models", "--provider", "gemini", "--json").output)["models"]
+    assert only and {r["provider"] for r in only} == {"gemini"}
+
+
+@pytest.mark.slow  # a real daemon process
+def test_daemon_exits_78_on_a_setting_the_model_refuses(home: Home):
+    from harness import bgctl
+
+    home.config_file.write_text("model: o4-mini\ntemperature: 0\n", encoding="utf-8")
+    res = bgctl(home.root, "daemon", "--once", "--sandbox", timeout=60)
+    assert res.returncode == 78, res.stderr
+    assert "key 'temperature' is 0, but model 'o4-mini' accepts only its default" in res.stderr
+    assert not home.db.exists() or "submitted" not in res.stderr

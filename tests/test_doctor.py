@@ -113,6 +113,7 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
         "base url",
         "pricing: gpt-4o-mini",
         "pricing: gpt-4o",
+        "model settings",
         "tokenizer: gpt-4o-mini",
         "tokenizer: gpt-4o",
         "home permissions",

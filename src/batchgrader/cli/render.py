@@ -129,6 +129,9 @@ def render_count(summary: dict[str, Any]) -> None:
     est = summary.get("estimated_cost_usd")
     if est:
         t.add_row("estimated cost: input" + (" (estimate)" if schema or not exact else " (exact)"), _usd(est["input"]))
+        if est.get("output_bound"):
+            t.add_row("output bound per request (reasoning incl.)", f"{est['output_bound']:,}")
+        t.add_row("estimated cost: output (upper bound)", _usd(est["max_output"]))
         t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")

@@ -154,6 +154,11 @@ class Preparation:
                     "input": float(est.input_usd),
                     "max_output": float(est.max_output_usd),
                     "max_total": float(est.max_total_usd),
+                    "output_bound": self.max_completion_tokens,
+                    "output_note": (
+                        f"upper bound: every request spends its whole output bound of {self.max_completion_tokens:,} "
+                        "tokens, reasoning tokens included"
+                    ),
                 }
         return out
 
