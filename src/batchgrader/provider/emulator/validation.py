@@ -20,6 +20,7 @@ from batchgrader.provider.emulator.config import (
     FAIL_500_TRIGGER,
     token_limit_message,
 )
+from batchgrader.provider.emulator.rules import openai_request_error
 from batchgrader.provider.emulator.state import _Batch, _Req, _StoreBase
 
 if TYPE_CHECKING:
@@ -182,6 +183,8 @@ def plan_requests(
                     "unsupported_endpoint",
                 ),
             )
+        elif (refused := openai_request_error(body)) is not None:
+            req.fail_status, req.fail_body = refused
         elif _is_reasoning_model(model) and "max_tokens" in body:
             req.fail_status, req.fail_body = (
                 400,
