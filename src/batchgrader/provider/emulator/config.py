@@ -23,6 +23,9 @@ VALID_ENDPOINTS = (
     "/v1/videos",
 )
 CHAT_ENDPOINT = "/v1/chat/completions"
+#: Azure OpenAI's chat endpoint on its date-versioned (api-version) surface: the batch's
+#: ``endpoint`` and every line's ``url`` (learn.microsoft.com batch how-to, Python tab)
+AZURE_CHAT_ENDPOINT = "/chat/completions"
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 # Batches whose input tokens count against the per-model enqueued-token limit.

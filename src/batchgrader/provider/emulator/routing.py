@@ -224,6 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
         params: dict[str, str] = {}
         action = None
         azure = path.startswith(AZURE_PREFIX) and not path.startswith("/openai/v1/messages")
+        self._azure_route = azure
         match_path = "/v1/" + path[len(AZURE_PREFIX) :] if azure else path
         for m, rx, template, name in _ROUTES:
             mt = rx.match(match_path)
@@ -477,7 +478,7 @@ class _Handler(BaseHTTPRequestHandler):
                     400,
                     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
                 ) from None
-            return 200, store.create_batch(parsed)
+            return 200, store.create_batch(parsed, azure=self._azure_route)
         if action == "list_batches":
             return 200, store.list_batches(query)
         if action == "retrieve_batch":
