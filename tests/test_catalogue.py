@@ -287,3 +287,9 @@ def test_daemon_exits_78_on_a_setting_the_model_refuses(home: Home):
     assert res.returncode == 78, res.stderr
     assert "key 'temperature' is 0, but model 'o4-mini' accepts only its default" in res.stderr
     assert not home.db.exists() or "submitted" not in res.stderr
+
+
+def test_temperature_with_anthropic_thinking_only_when_the_profile_asks_for_thinking(home: Home):
+    assert problems(home, "provider: anthropic\nmodel: claude-sonnet-4-6\ntemperature: 0\n") == []
+    [msg] = problems(home, "provider: anthropic\nmodel: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
+    assert "Anthropic accepts no other temperature than 1 with thinking" in msg

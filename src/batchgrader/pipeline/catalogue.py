@@ -124,7 +124,7 @@ def _temperature_problems(profile: Profile, spec: ModelSpec, effort: str | None,
             f"{where}: key 'temperature' is {t:g}, but model {model!r} accepts a temperature only at reasoning_effort "
             f"'none' (this profile runs at {effort!r}); {fix}, or set 'reasoning_effort: none'"
         ]
-    if spec.provider == "anthropic" and spec.reasons(profile.values.get("reasoning_effort")) and t != 1:
+    if spec.provider == "anthropic" and profile.values.get("reasoning_effort") not in (None, "none") and t != 1:
         return [
             f"{where}: key 'temperature' is {t:g}, but model {model!r} thinks at reasoning_effort {effort!r} and "
             f"Anthropic accepts no other temperature than 1 with thinking; {fix}, or set 'reasoning_effort: none'"
