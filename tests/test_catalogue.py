@@ -293,3 +293,13 @@ def test_temperature_with_anthropic_thinking_only_when_the_profile_asks_for_thin
     assert problems(home, "provider: anthropic\nmodel: claude-sonnet-4-6\ntemperature: 0\n") == []
     [msg] = problems(home, "provider: anthropic\nmodel: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
     assert "Anthropic accepts no other temperature than 1 with thinking" in msg
+
+
+@pytest.mark.slow  # a real daemon process
+def test_daemon_exits_78_on_a_model_missing_from_the_catalogue(home: Home):
+    from harness import bgctl
+
+    home.config_file.write_text("model: gpt-6-sool\n", encoding="utf-8")
+    res = bgctl(home.root, "daemon", "--once", "--sandbox", timeout=60)
+    assert res.returncode == 78, res.stderr
+    assert "no price for model 'gpt-6-sool'" in res.stderr and "'gpt-6-sol'" in res.stderr and "add a row" in res.stderr
