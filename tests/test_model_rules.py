@@ -97,6 +97,8 @@ def test_openai_refuses_an_effort_the_model_lacks_and_a_bound_above_its_maximum(
         ],
     )
     rows |= openai_batch(emu, clock, [chat_line("xh", "Grade.", model="gpt-5", reasoning_effort="xhigh")])
+    rows |= openai_batch(emu, clock, [chat_line("mt", "Grade.", model="gpt-6-sol", max_tokens=500)])
+    assert rows["mt"]["response"]["body"]["error"]["code"] == "unsupported_parameter"  # gpt-6: a reasoning model too
     assert rows["xh"]["response"]["body"]["error"]["code"] == "unsupported_value"
     assert "'reasoning_effort' does not support 'xhigh'" in rows["xh"]["response"]["body"]["error"]["message"]
     assert rows["4o"]["response"]["body"]["error"]["code"] == "unsupported_parameter"

@@ -5,7 +5,7 @@ synchronous endpoints call the same functions, so a request the sandbox refuses 
 refuses on the other, with the provider's own error shape:
 
 * :func:`openai_request_error` -> ``(status, error_body)`` of an OpenAI chat-completions request:
-  a ``temperature`` other than 1 on a model that takes only its default (400 ``unsupported_value``,
+  ``max_tokens`` on a reasoning model (400 ``unsupported_parameter``), a ``temperature`` other than 1 on a model that takes only its default (400 ``unsupported_value``,
   the message OpenAI gives), a ``reasoning_effort`` the model lacks or does not take, an output
   bound above the model's maximum;
 * :func:`anthropic_request_error` -> the message of a 400 ``invalid_request_error`` for Messages
@@ -83,6 +83,12 @@ def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] 
                 "reasoning_effort",
                 "unsupported_value",
             )
+    if "max_tokens" in body and spec.provider == "openai" and spec.reasoning is not None:
+        return 400, _openai_error(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            "max_tokens",
+            "unsupported_parameter",
+        )
     t = body.get("temperature")
     if isinstance(t, (int, float)) and t != 1 and _temperature_refused(spec, spec.effective_effort(effort)):
         return 400, _openai_error(
