@@ -303,3 +303,15 @@ def test_daemon_exits_78_on_a_model_missing_from_the_catalogue(home: Home):
     res = bgctl(home.root, "daemon", "--once", "--sandbox", timeout=60)
     assert res.returncode == 78, res.stderr
     assert "no price for model 'gpt-6-sool'" in res.stderr and "'gpt-6-sol'" in res.stderr and "add a row" in res.stderr
+
+
+def test_config_show_says_the_bound_comes_from_the_catalogue(home: Home):
+    from cli_fixtures import run
+
+    home.config_file.write_text("model: o4-mini\n", encoding="utf-8")
+    rows = {r["key"]: r for r in json.loads(run("config", "show", "--json").output)["settings"]}
+    assert rows["max_completion_tokens"] == {
+        "key": "max_completion_tokens",
+        "value": 25_000,
+        "source": "catalogue: reasoning_bound of o4-mini",
+    }

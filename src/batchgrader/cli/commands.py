@@ -78,8 +78,9 @@ def config() -> None:
 def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
     """Print every effective setting and where its value came from (API key masked)."""
     from batchgrader.cli.render import render_config
+    from batchgrader.pipeline.catalogue import with_catalogue_bounds
 
-    rows = obj.config().explain(profile)
+    rows = with_catalogue_bounds(obj.config()).explain(profile)
     if as_json:
         emit_json({"home": str(obj.home.root), "profile": profile or "default", "settings": rows})
     else:

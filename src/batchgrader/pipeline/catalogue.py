@@ -169,6 +169,16 @@ def with_output_bounds(config: Config, table: PriceTable) -> Config:
     return dataclasses.replace(config, default=resolved(config.default), profiles=MappingProxyType(profiles))
 
 
+def with_catalogue_bounds(config: Config) -> Config:
+    """``config`` with the output bounds the daemon would use (:func:`with_output_bounds`), for
+    display; unchanged when the user's catalogue file does not load (doctor names its problem)."""
+    try:
+        table = load_pricing(config.pricing_path())
+    except PricingError:
+        return config
+    return with_output_bounds(config, table)
+
+
 def _all_profiles(config: Config) -> Iterable[Profile]:
     return (config.default, *config.profiles.values())
 
