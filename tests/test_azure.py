@@ -294,3 +294,17 @@ def test_a_failed_batch_with_null_counts_reads_as_zero(
     counts = provider.retrieve(b.id).request_counts
     assert (counts.completed, counts.failed) == (0, 0)
     assert counts.completed + counts.failed == 0  # what daemon/collect.py adds
+
+
+def test_a_resource_holds_a_capped_number_of_files_without_expiry(clock, tmp_path) -> None:  # noqa: ANN001
+    cfg = EmulatorConfig(clock=clock, api_key=KEY, azure_files_without_expiry=2)
+    with Emulator(cfg) as emu:
+        sdk = openai.AzureOpenAI(api_key=KEY, azure_endpoint=emu.root_url, api_version=VERSION, max_retries=0)
+        path = _input(tmp_path, 1, url="/chat/completions")
+        for _ in range(2):
+            assert sdk.files.create(file=path.open("rb"), purpose="batch").expires_at is None  # no default expiry on Azure
+        with pytest.raises(openai.BadRequestError) as exc:
+            sdk.files.create(file=path.open("rb"), purpose="batch")
+        assert "without an expiration" in str(exc.value.message)
+        adapter = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10, retry=RetryPolicy(max_attempts=1, base_delay=0.01))
+        assert adapter.upload(path, path.name).id.startswith("azure:file-")  # it sets expires_after

@@ -118,6 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "BatchgraderEmulator/1.0"
     timeout = 60
     emulator: Emulator  # set on the subclass made per server
+    _azure_route = False  # whether the request being handled came through Azure OpenAI's routes
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -461,7 +462,7 @@ class _Handler(BaseHTTPRequestHandler):
             for k in ("anchor", "seconds"):
                 if f"expires_after[{k}]" in form:
                     expires_after[k] = form[f"expires_after[{k}]"][1].decode()
-            return 200, store.create_file(filename or "upload", data, purpose, expires_after)
+            return 200, store.create_file(filename or "upload", data, purpose, expires_after, azure=self._azure_route)
         if action == "list_files":
             return 200, store.list_files(query)
         if action == "retrieve_file":
