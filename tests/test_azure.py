@@ -101,7 +101,7 @@ def test_azure_error_shapes(emu: Emulator) -> None:
 
 
 def test_adapter_ids_say_azure_and_usage_is_exact(provider: AzureOpenAIProvider, emu: Emulator, tmp_path, clock) -> None:  # noqa: ANN001
-    path = _input(tmp_path, 4)
+    path = _input(tmp_path, 4, url="/chat/completions")  # the api-version surface's line url
     f = provider.upload(path, path.name)
     assert f.id.startswith("azure:file-") and provider_of_id(f.id) == "azure"
     b = provider.create_batch(f.id, metadata={"bg_key": "job1:0:0"})
@@ -243,3 +243,68 @@ def test_azure_queue_refusal_message_gives_the_limit() -> None:
     assert parse_queue_limit("... configured limit of 1.5M for the deployment 'x' ...") == 1_500_000
     assert parse_queue_limit("... configured limit of 250,000 for the deployment 'x' ...") == 250_000
     assert parse_queue_limit("Enqueued token limit reached for gpt-4o. Limit: 2,000,000 enqueued tokens.") == 2_000_000
+
+
+# --- the api-version surface's paths, file expiry, null counts (issue 22) -----------------------------
+
+
+def test_prepared_azure_lines_and_the_create_use_chat_completions(
+    home: Home, provider: AzureOpenAIProvider, client: openai.AzureOpenAI, tmp_path, clock
+) -> None:  # noqa: ANN001
+    from batchgrader.pipeline.prepare import RequestBuilder
+
+    home.config_file.write_text(f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-4o-mini\n", encoding="utf-8")
+    prof = load_config(home, environ={}).default
+    builder = RequestBuilder(prof, home, "0" * 64)
+    path = tmp_path / "bg-job1-c0-a0.jsonl"
+    path.write_bytes(jsonl(builder.request(f"row-{i}", [{"role": "user", "content": f"essay {i}"}]) for i in range(3)))
+    assert all(json.loads(x)["url"] == "/chat/completions" for x in path.read_text().splitlines())
+    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "job1:0:0"})
+    assert b.endpoint == "/chat/completions"
+    clock.advance(10)
+    assert provider.retrieve(b.id).status == "completed"
+
+
+def test_the_emulator_refuses_a_line_url_that_is_not_the_endpoint_as_azure_does(
+    provider: AzureOpenAIProvider, tmp_path, clock
+) -> None:  # noqa: ANN001
+    path = _input(tmp_path, 2)  # lines with /v1/chat/completions
+    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "job1:0:0"})
+    clock.advance(10)
+    done = provider.retrieve(b.id)
+    assert done.status == "failed"
+    assert {e.code for e in done.errors} == {"url_mismatch"}
+
+
+def test_uploads_carry_expires_after(provider: AzureOpenAIProvider, client: openai.AzureOpenAI, tmp_path) -> None:  # noqa: ANN001
+    path = _input(tmp_path, 1, url="/chat/completions")
+    f = client.files.retrieve(raw_id(provider.upload(path, path.name).id))
+    assert f.expires_at is not None and f.expires_at - f.created_at == 14 * 86_400
+
+
+def test_a_failed_batch_with_null_counts_reads_as_zero(
+    provider: AzureOpenAIProvider, client: openai.AzureOpenAI, tmp_path, clock
+) -> None:  # noqa: ANN001
+    path = _input(tmp_path, 2)  # a url mismatch: the batch fails validation
+    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "job1:0:0"})
+    clock.advance(10)
+    raw = client.batches.retrieve(raw_id(b.id))
+    assert raw.status == "failed" and raw.request_counts is not None
+    assert (raw.request_counts.completed, raw.request_counts.failed) == (None, None)  # as Azure's own example
+    counts = provider.retrieve(b.id).request_counts
+    assert (counts.completed, counts.failed) == (0, 0)
+    assert counts.completed + counts.failed == 0  # what daemon/collect.py adds
+
+
+def test_a_resource_holds_a_capped_number_of_files_without_expiry(clock, tmp_path) -> None:  # noqa: ANN001
+    cfg = EmulatorConfig(clock=clock, api_key=KEY, azure_files_without_expiry=2)
+    with Emulator(cfg) as emu:
+        sdk = openai.AzureOpenAI(api_key=KEY, azure_endpoint=emu.root_url, api_version=VERSION, max_retries=0)
+        path = _input(tmp_path, 1, url="/chat/completions")
+        for _ in range(2):
+            assert sdk.files.create(file=path.open("rb"), purpose="batch").expires_at is None  # no default expiry on Azure
+        with pytest.raises(openai.BadRequestError) as exc:
+            sdk.files.create(file=path.open("rb"), purpose="batch")
+        assert "without an expiration" in str(exc.value.message)
+        adapter = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10, retry=RetryPolicy(max_attempts=1, base_delay=0.01))
+        assert adapter.upload(path, path.name).id.startswith("azure:file-")  # it sets expires_after

@@ -114,3 +114,9 @@ def test_doctor_and_config_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> Non
         check_snapshot("80col/config_show.txt", res.output.replace(root, placeholder))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_models_at_80_columns(home) -> None:  # noqa: ANN001
+    res = run("models", "--provider", "anthropic")
+    assert res.exit_code == 0, res.output
+    check_snapshot("80col/models_anthropic.txt", res.output)

@@ -113,6 +113,7 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
         "base url",
         "pricing: gpt-4o-mini",
         "pricing: gpt-4o",
+        "model settings",
         "tokenizer: gpt-4o-mini",
         "tokenizer: gpt-4o",
         "home permissions",
@@ -133,7 +134,7 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
     assert all(x.fix == "" for x in checks)
     assert KEY not in all_text(checks)
     out = checks_as_json(checks)
-    assert out["ok"] is True and out["exit_code"] == 0 and out["counts"] == {"ok": 12, "warn": 0, "fail": 0}
+    assert out["ok"] is True and out["exit_code"] == 0 and out["counts"] == {"ok": 13, "warn": 0, "fail": 0}
     assert out["checks"][0] == {"name": "config", "status": "ok", "detail": c["config"].detail, "fix": ""}
     text = rendered(checks)
     assert "✓" in text and "✗" not in text and "all checks passed" in text

@@ -81,7 +81,7 @@ def chunk(tmp_path: Path, n: int, name: str = "bg-job1-c0000-a1.jsonl", model: s
 
 def test_sdk_upload_create_get_download_lifecycle(client: genai.Client, clock: ManualClock, tmp_path: Path) -> None:
     name = upload(
-        client, tmp_path, [gline("a-1", maxOutputTokens=200), gline("a-2", "__FAIL_400__"), gline("a-3", "__FAIL_500__")]
+        client, tmp_path, [gline("a-1", maxOutputTokens=8000), gline("a-2", "__FAIL_400__"), gline("a-3", "__FAIL_500__")]
     )
     b = client.batches.create(model=MODEL, src=name, config={"display_name": "job:0:1"})
     assert b.state == types.JobState.JOB_STATE_PENDING and b.display_name == "job:0:1" and b.name.startswith("batches/")

@@ -78,8 +78,9 @@ def config() -> None:
 def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
     """Print every effective setting and where its value came from (API key masked)."""
     from batchgrader.cli.render import render_config
+    from batchgrader.pipeline.catalogue import with_catalogue_bounds
 
-    rows = obj.config().explain(profile)
+    rows = with_catalogue_bounds(obj.config()).explain(profile)
     if as_json:
         emit_json({"home": str(obj.home.root), "profile": profile or "default", "settings": rows})
     else:
@@ -91,11 +92,13 @@ def _profile_opt(f):
 
 
 def _load(obj: Ctx, profile: str | None):
-    from batchgrader.pipeline.pricing import load_pricing, with_deployments
+    from batchgrader.pipeline.catalogue import load_checked
 
     cfg = obj.config()
-    prof = cfg.profile(profile)
-    return cfg, prof, with_deployments(load_pricing(cfg.pricing_path()), [prof])
+    cfg.profile(profile)  # an unknown profile is named before anything else
+    # a model missing from the catalogue is reported by the count itself (exit 3), not here
+    cfg, table = load_checked(cfg, missing=False)
+    return cfg, cfg.profile(profile), table
 
 
 @cli.command()
@@ -512,6 +515,24 @@ def _no_db_guard(obj: Ctx) -> None:
         raise click.ClickException(
             f"no event log yet at {obj.home.db}: start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
         )
+
+
+@cli.command()
+@click.option(
+    "--provider", type=click.Choice(["openai", "anthropic", "gemini"]), default=None, help="Only this provider's models."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: every column, source and notes included.")
+@click.pass_obj
+def models(obj: Ctx, provider: str | None, as_json: bool) -> None:
+    """List the model catalogue: Batch prices, limits, reasoning and temperature rules, sources.
+
+    The shipped rows with your pricing file's rows merged over them (docs/providers.md)."""
+    from batchgrader.cli.render import render_models
+    from batchgrader.pipeline.catalogue import catalogue_rows
+    from batchgrader.pipeline.pricing import load_pricing
+
+    rows = [r for r in catalogue_rows(load_pricing(obj.config().pricing_path())) if provider in (None, r["provider"])]
+    emit_json({"models": rows}) if as_json else render_models(rows)
 
 
 @cli.command()

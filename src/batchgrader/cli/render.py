@@ -38,6 +38,33 @@ def render_config(rows: list[dict[str, Any]], home, profile: str | None) -> None
     console.print(t)
 
 
+def render_models(rows: list[dict[str, Any]]) -> None:
+    console = make_console()
+    t = Table(title="Model catalogue (Batch USD per 1M tokens)")
+    t.add_column("model", no_wrap=True)
+    for col in ("in", "out", "context", "max out", "reasons", "temp"):
+        t.add_column(col, no_wrap=True)
+
+    def k(n: int | None) -> str:
+        return "-" if not n else f"{n // 1000:,}K" if n >= 10_000 else f"{n:,}"
+
+    for r in rows:
+        t.add_row(
+            r["model"] + ("" if r["origin"] == "shipped" else " *"),
+            f"{r['batch']['input_per_1m']:g}",
+            f"{r['batch']['output_per_1m']:g}",
+            k(r["context_window"]),
+            k(r["max_output"]),
+            "-" if not r["reasoning"] else f"{r['reasoning_default']}",
+            r["temperature"],
+        )
+    console.print(t)
+    console.print(
+        "reasons: the effort a reasoning model uses by default; temp: which temperatures it takes.  * from your pricing file.  "
+        "`bgctl models --json` adds the provider, efforts, cached and standard prices, sources and notes."
+    )
+
+
 def _usd(v: float | None) -> str:
     if v is None:
         return "-"
@@ -102,6 +129,9 @@ def render_count(summary: dict[str, Any]) -> None:
     est = summary.get("estimated_cost_usd")
     if est:
         t.add_row("estimated cost: input" + (" (estimate)" if schema or not exact else " (exact)"), _usd(est["input"]))
+        if est.get("output_bound"):
+            t.add_row("output bound per request (reasoning incl.)", f"{est['output_bound']:,}")
+        t.add_row("estimated cost: output (upper bound)", _usd(est["max_output"]))
         t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")

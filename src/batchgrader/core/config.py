@@ -27,6 +27,7 @@ from batchgrader.core.config_values import (
     _int,
     _int_map,
     _opt_bool,
+    _opt_choice,
     _opt_float,
     _opt_int,
     _opt_str,
@@ -51,6 +52,8 @@ PROVIDER_MODEL_PREFIX = {"anthropic": "claude-", "gemini": "gemini-"}
 #: the latest dated release listed on learn.microsoft.com/azure/ai-services/openai/authoring-reference-preview
 #: (checked 2026-11-23; the latest GA release there is 2024-10-21, which newer models do not support)
 AZURE_DEFAULT_API_VERSION = "2025-04-01-preview"
+#: the values of the reasoning_effort key (the catalogue says which ones each model takes)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 #: the environment variable that holds each provider's key (also read from secrets.env)
 PROVIDER_KEY_VAR = {
     "openai": "OPENAI_API_KEY",
@@ -104,7 +107,16 @@ KEYS: dict[str, Key] = {
     "examples_file": Key(
         None, _opt_str, "Text file inserted where the system prompt says {examples} (relative paths are under the home)."
     ),
-    "max_completion_tokens": Key(1000, _int(1), "Upper bound on output tokens per request (also bounds the cost estimate)."),
+    "max_completion_tokens": Key(
+        1000,
+        _int(1),
+        "Upper bound on output tokens per request, reasoning tokens included (also bounds the cost estimate); left unset, a model that reasons gets its catalogue bound (reasoning_bound), any other model 1000.",
+    ),
+    "reasoning_effort": Key(
+        None,
+        _opt_choice(*REASONING_EFFORTS),
+        "How hard a reasoning model thinks: OpenAI reasoning_effort, Anthropic thinking (budget or effort), Gemini thinkingBudget/thinkingLevel; null: the model's default. Checked against the model's catalogue row.",
+    ),
     "token_param": Key(
         "auto",
         _choice("auto", "max_completion_tokens", "max_tokens"),

@@ -115,6 +115,17 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return check
 
 
+def _opt_choice(*options: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if v is None or v == "":
+            return None
+        if v not in options:
+            raise ValueError("null or one of " + ", ".join(repr(o) for o in options))
+        return v  # type: ignore[no-any-return]
+
+    return check
+
+
 def _response_format(v: Any) -> dict | None:
     if v is None or v == "":
         return None

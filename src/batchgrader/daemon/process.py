@@ -36,7 +36,7 @@ from batchgrader.core.secrets import EnvFileError, MaskSecrets
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
-from batchgrader.pipeline.pricing import PriceTable, PricingError, load_pricing, with_deployments
+from batchgrader.pipeline.pricing import PriceTable, PricingError
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 log = logging.getLogger("batchgrader")
@@ -238,9 +238,9 @@ class Daemon:
 
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes
-        config = load_config(self.home, environ=self.environ)
-        prices = with_deployments(load_pricing(config.pricing_path()), (config.default, *config.profiles.values()))
-        return config, prices
+        from batchgrader.pipeline.catalogue import load_checked
+
+        return load_checked(load_config(self.home, environ=self.environ))
 
     def _provider(self, config: Config):
         used = {p.values["provider"] for p in (config.default, *config.profiles.values())}

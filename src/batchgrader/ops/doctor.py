@@ -319,6 +319,25 @@ def check_pricing(home: Home, config: Config | None) -> list[Check]:
     return out
 
 
+def check_model_settings(config: Config | None) -> list[Check]:
+    """Each profile's settings against its model's catalogue row (temperature, reasoning effort,
+    output bound, structured output); a model without a row is the pricing check's."""
+    from batchgrader.pipeline.catalogue import catalogue_problems
+    from batchgrader.pipeline.pricing import PricingError, load_pricing
+
+    if config is None:
+        return []
+    try:
+        table = load_pricing(config.pricing_path())
+    except PricingError:
+        return []  # the pricing check names the file, line and column
+    problems = catalogue_problems(config, table, missing=False)
+    if not problems:
+        return [Check("model settings", OK, "every profile's settings are ones its model accepts")]
+    fix = f"edit {config.home.config_file} as each message says (`bgctl models` lists what each model accepts)"
+    return [Check("model settings", FAIL, p, fix) for p in problems]
+
+
 def check_encodings(config: Config | None, loader: EncodingLoader | None = None) -> list[Check]:
     from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding, tokenizer_for_model
 
@@ -475,6 +494,7 @@ def run_checks(
     checks += check_gemini(config, timeout, _scrubber(secrets))
     checks += check_azure(config, timeout)
     checks += check_pricing(home, config)
+    checks += check_model_settings(config)
     checks += check_encodings(config, encoding_loader)
     checks.append(check_permissions(home))
     checks.append(check_database(home))

@@ -28,6 +28,9 @@ from batchgrader.pipeline.tables import InputError, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
 ENDPOINT = "/v1/chat/completions"
+#: Azure OpenAI's request-line ``url`` on its api-version surface (learn.microsoft.com batch
+#: how-to; the same constant as ``provider/azure_api.py`` AZURE_ENDPOINT, which sends it as ``endpoint``)
+AZURE_LINE_URL = "/chat/completions"
 BLOCK_ROWS = 4096
 
 
@@ -155,6 +158,11 @@ class Preparation:
                     "input": float(est.input_usd),
                     "max_output": float(est.max_output_usd),
                     "max_total": float(est.max_total_usd),
+                    "output_bound": self.max_completion_tokens,
+                    "output_note": (
+                        f"upper bound: every request spends its whole output bound of {self.max_completion_tokens:,} "
+                        "tokens, reasoning tokens included"
+                    ),
                 }
         return out
 
@@ -204,6 +212,7 @@ class RequestBuilder:
         self.file_hash = file_hash
         self.token_param = token_param_for(profile.model, profile.token_param)
         self.id_column = profile.id_column
+        self.url = AZURE_LINE_URL if profile.get("provider") == "azure" else ENDPOINT
 
     def required_columns(self) -> list[str]:
         cols = [self.profile.response_field, *self.spec.user_fields]
@@ -225,9 +234,11 @@ class RequestBuilder:
         }
         if self.profile.temperature is not None:
             body["temperature"] = self.profile.temperature
+        if self.profile.get("reasoning_effort") is not None:
+            body["reasoning_effort"] = self.profile.reasoning_effort
         if self.profile.response_format is not None:
             body["response_format"] = self.profile.response_format
-        return {"custom_id": cid, "method": "POST", "url": ENDPOINT, "body": body}
+        return {"custom_id": cid, "method": "POST", "url": self.url, "body": body}
 
     def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
         messages = self.spec.messages(row.values, text_of)

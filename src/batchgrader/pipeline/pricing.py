@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from batchgrader.pipeline.modelspec import SPEC_COLUMNS, CatalogueFormatError, ModelSpec, parse_spec
+
 __all__ = [
     "COLUMNS",
     "PricingError",
@@ -42,12 +44,13 @@ __all__ = [
     "with_deployments",
 ]
 
-COLUMNS = ("model", "input_per_1m", "cached_input_per_1m", "output_per_1m", "context_window", "taken_on", "source")
+COLUMNS = ("model", "input_per_1m", "cached_input_per_1m", "output_per_1m", "context_window", "taken_on", "source", *SPEC_COLUMNS)
 REQUIRED = ("model", "input_per_1m", "output_per_1m")
 SHIPPED = "shipped"
 
 _MILLION = Decimal(1_000_000)
 _DATED = re.compile(r"^(?P<base>.+)-(?P<date>\d{4}-\d{2}-\d{2})$")
+_DATED_COMPACT = re.compile(r"^(?P<base>.+)-(?P<date>\d{8})$")
 
 
 PRICING_DOCS = "https://developers.openai.com/api/docs/pricing"
@@ -73,6 +76,8 @@ class Price:
     taken_on: str | None = None
     source: str | None = None
     origin: str = SHIPPED
+    #: what the model accepts (provider, limits, reasoning, temperature, ...): the catalogue columns
+    spec: ModelSpec = ModelSpec()
 
     @property
     def effective_cached_per_1m(self) -> float:
@@ -116,6 +121,13 @@ def estimate(price: Price, input_tokens: int, requests: int, max_completion_toke
 CACHE_WRITE_MULTIPLIER = Decimal("1.25")
 
 
+def _cache_write_price(price: Price) -> Decimal:
+    """The catalogue's cache-write price when the row has one, else :data:`CACHE_WRITE_MULTIPLIER` x input."""
+    if price.spec.cache_write_per_1m is not None:
+        return _d(price.spec.cache_write_per_1m)
+    return _d(price.input_per_1m) * CACHE_WRITE_MULTIPLIER
+
+
 def billed_cost(
     price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int, cache_write_tokens: int = 0
 ) -> float:
@@ -123,8 +135,8 @@ def billed_cost(
 
     ``prompt_tokens`` includes ``cached_tokens`` and ``cache_write_tokens`` (as in the usage the
     adapters report); the rest is billed at the input price, the cached part at the cached price
-    (or the input price when the model has none), the cache writes at
-    :data:`CACHE_WRITE_MULTIPLIER` x the input price.  ``completion_tokens`` includes reasoning
+    (or the input price when the model has none), the cache writes at the row's
+    ``cache_write_per_1m`` (else :data:`CACHE_WRITE_MULTIPLIER` x the input price).  ``completion_tokens`` includes reasoning
     tokens and is billed at the output price.
     """
     _count("prompt_tokens", prompt_tokens)
@@ -138,7 +150,7 @@ def billed_cost(
     total = (
         Decimal(prompt_tokens - cached_tokens - cache_write_tokens) * _d(price.input_per_1m)
         + Decimal(cached_tokens) * _d(price.effective_cached_per_1m)
-        + Decimal(cache_write_tokens) * _d(price.input_per_1m) * CACHE_WRITE_MULTIPLIER
+        + Decimal(cache_write_tokens) * _cache_write_price(price)
         + Decimal(completion_tokens) * _d(price.output_per_1m)
     ) / _MILLION
     return float(total)
@@ -150,6 +162,7 @@ class PriceTable(Mapping[str, Price]):
     def __init__(self, prices: Mapping[str, Price], user_file: Path | None = None):
         self._prices = {k.lower(): v for k, v in prices.items()}
         self.user_file = user_file
+        self._aliases = {a: k for k, v in self._prices.items() for a in v.spec.aliases if a not in self._prices}
 
     def __getitem__(self, model: str) -> Price:
         return self._prices[model.strip().lower()]
@@ -166,16 +179,26 @@ class PriceTable(Mapping[str, Price]):
     def find(self, model: str) -> Price | None:
         """Like :meth:`get` but returns ``None`` for an unknown model."""
         key = model.strip().lower()
-        price = self._prices.get(key)
+        price = self._lookup(key)
         if price is None:
             m = _DATED.match(key)
             if m and _is_date(m.group("date")):
-                price = self._prices.get(m.group("base"))
+                price = self._lookup(m.group("base"))
+        if price is None:
+            m = _DATED_COMPACT.match(key)
+            if m and _is_compact_date(m.group("date")):
+                price = self._lookup(m.group("base"))
+        return price
+
+    def _lookup(self, key: str) -> Price | None:
+        price = self._prices.get(key)
+        if price is None and key in self._aliases:
+            price = self._prices.get(self._aliases[key])
         return price
 
     def get(self, model: str) -> Price:  # type: ignore[override]  # raises instead of returning a default
-        """The price of ``model``: an exact (case-insensitive) match, else for a dated snapshot
-        ``<base>-YYYY-MM-DD`` the price of ``<base>``.  Unknown models raise :class:`PricingError`."""
+        """The price of ``model``: an exact (case-insensitive) match or alias, else for a dated
+        snapshot ``<base>-YYYY-MM-DD`` or ``<base>-YYYYMMDD`` the price of ``<base>``.  Unknown models raise :class:`PricingError`."""
         price = self.find(model)
         if price is not None:
             return price
@@ -194,6 +217,11 @@ class PriceTable(Mapping[str, Price]):
             f"using the Batch prices (USD per 1M tokens) published at {PRICING_DOCS} "
             "(see docs/configuration.md, 'Prices')"
         )
+
+
+def _is_compact_date(text: str) -> bool:
+    """``YYYYMMDD`` (Anthropic's snapshot suffix, e.g. ``claude-haiku-4-5-20251001``)."""
+    return _is_date(f"{text[:4]}-{text[4:6]}-{text[6:]}")
 
 
 def _is_date(text: str) -> bool:
@@ -219,7 +247,9 @@ def _price_value(text: str, where: str, column: str, required: bool) -> float | 
     return value
 
 
-def _parse(text: str, name: str, origin: str) -> dict[str, Price]:
+def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None = None) -> dict[str, Price]:
+    """The rows of one catalogue file; a catalogue column the header leaves out is taken from
+    ``base``'s row of the same model (the shipped row, for a user file)."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
     header = reader.fieldnames
     if not header:
@@ -270,6 +300,11 @@ def _parse(text: str, name: str, origin: str) -> dict[str, Price]:
         taken = cells.get("taken_on", "").strip() or None
         if taken is not None and not _is_date(taken):
             raise PricingError(f"{where}, column 'taken_on': {taken!r} must be a date YYYY-MM-DD, or empty")
+        shipped = (base or {}).get(key)
+        try:
+            spec = parse_spec(cells, shipped.spec if shipped is not None else None)
+        except CatalogueFormatError as exc:
+            raise PricingError(f"{where}, {exc}") from None
         out[key] = Price(
             model=model,
             input_per_1m=inp,  # type: ignore[arg-type]  # required: never None
@@ -279,6 +314,7 @@ def _parse(text: str, name: str, origin: str) -> dict[str, Price]:
             taken_on=taken,
             source=cells.get("source", "").strip() or None,
             origin=origin,
+            spec=spec,
         )
     return out
 
@@ -307,7 +343,7 @@ def load_pricing(user_file: str | Path | None = None) -> PriceTable:
             raise PricingError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except OSError as exc:
             raise PricingError(f"{path}: cannot read pricing file ({exc.strerror or exc})") from None
-        prices.update(_parse(text, str(path), str(path)))
+        prices.update(_parse(text, str(path), str(path), base=prices))
     return PriceTable(prices, user_file=path)
 
 

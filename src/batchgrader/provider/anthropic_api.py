@@ -34,6 +34,7 @@ from typing import Any
 import anthropic
 
 from batchgrader.core.secrets import mask_secret
+from batchgrader.pipeline.catalogue import anthropic_thinking
 from batchgrader.provider.openai_api import (
     OutcomeUnknown,
     ProviderConfigError,
@@ -93,10 +94,11 @@ def to_anthropic_request(line: Mapping[str, Any]) -> dict[str, Any]:
         params["system"] = "\n\n".join(system)
     if body.get("temperature") is not None:
         params["temperature"] = min(float(body["temperature"]), 1.0)  # Anthropic's range is 0..1
+    params.update(anthropic_thinking(body["model"], body.get("reasoning_effort")))
     rf = body.get("response_format")
     if isinstance(rf, dict) and rf.get("type") == "json_schema":
         schema = (rf.get("json_schema") or {}).get("schema") or {"type": "object"}
-        params["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+        params["output_config"] = {**params.get("output_config", {}), "format": {"type": "json_schema", "schema": schema}}
     return {"custom_id": line["custom_id"], "params": params}
 
 

@@ -15,9 +15,18 @@ reads, listing to reconcile) with two differences:
   endpoint and deployment (see :attr:`base_url`).  Prices come from the profile's
   ``azure_model`` (the model the deployment runs) or a price row named after the deployment.
 
-Facts (learn.microsoft.com, checked 2026-11-23): input files are JSONL uploaded with purpose
-``batch`` (files of purpose batch expire after 30 days unless ``expires_after`` says otherwise,
-3600 s to 30 days); a batch holds up to 50,000 requests and 200 MB; ``completion_window`` is
+* **the api-version surface's paths**: on ``AzureOpenAI(api_version=...)`` Azure documents the
+  request lines' ``url`` and the create ``endpoint`` as ``/chat/completions`` (its v1 surface uses
+  ``/v1/chat/completions`` lines with ``endpoint=/chat/completions``); a line whose ``url`` is not
+  the endpoint fails validation with ``url_mismatch``.  The pipeline writes Azure lines with
+  :data:`AZURE_ENDPOINT` and :meth:`AzureOpenAIProvider.create_batch` sends it.
+* **uploads expire**: every upload carries ``expires_after`` (:data:`FILE_EXPIRY_S`): without it
+  Azure caps a resource at 500 batch files, with it at 10,000.
+
+Facts (learn.microsoft.com, MicrosoftDocs/azure-ai-docs ``how-to/batch.md`` @0880196 and
+``includes/batch/batch-python.md`` @068add6/@1813309, checked 2026-11-25): input files are JSONL
+uploaded with purpose ``batch``; ``expires_after`` takes 14 to 30 days (1,209,600 to 2,592,000 s);
+a failed batch may report ``request_counts`` of ``null`` (read as 0); a batch holds up to 50,000 requests and 200 MB; ``completion_window`` is
 ``24h`` only; ``metadata`` up to 16 pairs; enqueued-token quota per deployment, refused with
 ``token_limit_exceeded`` ("... configured limit of 30K for the deployment ..."); the latest
 data-plane authoring api-version is ``2025-04-01-preview`` (GA ``2024-10-21``).
@@ -44,6 +53,11 @@ from batchgrader.provider.openai_api import (
 )
 
 ID_PREFIX = "azure:"
+#: the request lines' ``url`` and the create ``endpoint`` on the api-version surface
+AZURE_ENDPOINT = "/chat/completions"
+#: ``expires_after.seconds`` of every upload: 14 days, the shortest Azure takes (results are
+#: collected and the files deleted long before; the expiry only lifts the 500-file cap)
+FILE_EXPIRY_S = 14 * 86_400
 MAX_REQUESTS = 50_000
 MAX_BATCH_BYTES = 200 * 1024 * 1024
 
@@ -118,6 +132,9 @@ class AzureOpenAIProvider(OpenAIProvider):
     def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
         return _file(super().upload(path, filename))
 
+    def _upload_options(self) -> dict[str, Any]:
+        return {"expires_after": {"anchor": "created_at", "seconds": FILE_EXPIRY_S}}
+
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
         return [_file(f) for f in super().find_files(filename, size, created_after)]
 
@@ -136,6 +153,7 @@ class AzureOpenAIProvider(OpenAIProvider):
         completion_window: str = "24h",
         metadata: Mapping[str, str] | None = None,
     ) -> BatchInfo:
+        endpoint = AZURE_ENDPOINT if endpoint == DEFAULT_ENDPOINT else endpoint
         return _batch(super().create_batch(raw_id(input_file_id), endpoint, completion_window, metadata))
 
     def retrieve(self, batch_id: str) -> BatchInfo:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from batchgrader.pipeline.catalogue import gemini_thinking
 from batchgrader.provider.protocol import content_text
 
 DEFAULT_MAX_TOKENS = 1024
@@ -116,6 +117,9 @@ def to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
     }
     if body.get("temperature") is not None:
         gen["temperature"] = float(body["temperature"])
+    thinking = gemini_thinking(str(body.get("model") or ""), body.get("reasoning_effort"))
+    if thinking is not None:
+        gen["thinkingConfig"] = thinking
     rf = body.get("response_format")
     if isinstance(rf, dict) and rf.get("type") == "json_schema":
         gen["responseMimeType"] = "application/json"

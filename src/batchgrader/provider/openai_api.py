@@ -283,9 +283,15 @@ class OpenAIProvider:
         with open(path, "rb") as fh:  # streamed by the HTTP client, not read into memory here
             obj = self._once(
                 "files.create",
-                lambda: self._client.files.create(file=(filename, fh, "application/jsonl"), purpose="batch"),
+                lambda: self._client.files.create(
+                    file=(filename, fh, "application/jsonl"), purpose="batch", **self._upload_options()
+                ),
             )
         return _file_info(obj)
+
+    def _upload_options(self) -> dict[str, Any]:
+        """Extra ``files.create`` arguments (none for OpenAI: batch files expire after 30 days)."""
+        return {}
 
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
         """Uploaded batch files named ``filename`` (and of ``size`` bytes), oldest first.

@@ -159,7 +159,8 @@ def _batch_info(obj: Any) -> BatchInfo:
         model=getattr(obj, "model", None),
         output_file_id=obj.output_file_id,
         error_file_id=obj.error_file_id,
-        request_counts=RequestCounts(rc.total, rc.completed, rc.failed) if rc is not None else RequestCounts(),
+        # Azure reports null counts in a failed batch: read as 0
+        request_counts=RequestCounts(rc.total or 0, rc.completed or 0, rc.failed or 0) if rc is not None else RequestCounts(),
         errors=errors,
         metadata=_frozen_map(obj.metadata),
         usage=usage,

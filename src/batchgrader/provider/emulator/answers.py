@@ -19,6 +19,18 @@ def _is_reasoning_model(model: str) -> bool:
     return model.startswith(REASONING_PREFIXES)
 
 
+def _reasoning_draw(model: str, effort: Any, rng: random.Random) -> int:
+    """Reasoning tokens of one answer: from the catalogue's rules for the model (hundreds to
+    thousands by effort); a reasoning model the catalogue lacks draws 16-128."""
+    from batchgrader.pipeline.catalogue import shipped_spec
+    from batchgrader.provider.emulator.rules import reasoning_tokens
+
+    spec = shipped_spec(model)
+    if spec.reasoning is not None:
+        return reasoning_tokens(spec, effort if isinstance(effort, str) else None, rng)
+    return rng.randint(16, 128) if _is_reasoning_model(model) else 0
+
+
 def _text_of_content(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -344,7 +356,7 @@ class AnswersMixin(_StoreBase):
             rng = random.Random(_hex("answer", req.custom_id, seed_material, ci, n=32))
             content = self._content(req, rng, ci)
             tokens = enc.encode_ordinary(content)
-            reasoning = rng.randint(16, 128) if _is_reasoning_model(model) else 0
+            reasoning = _reasoning_draw(model, body.get("reasoning_effort"), rng)
             finish = "stop"
             if cap is not None and reasoning + len(tokens) > cap:
                 finish = "length"

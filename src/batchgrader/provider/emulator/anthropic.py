@@ -27,9 +27,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batchgrader.fsio import atomic_write_bytes
+from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
 from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
 from batchgrader.provider.emulator.state import _StoreBase
 
 ANTHROPIC_CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -289,6 +291,9 @@ class AnthropicMixin(_StoreBase):
             return errored(400, "messages: Field required")
         if p.get("stream"):
             return errored(400, "stream: streaming is not supported in the Message Batches API")
+        refused = anthropic_request_error(p)
+        if refused is not None:
+            return errored(400, refused)
         text = " ".join(x.get("content", "") for x in _countable_messages(p["messages"]))
         if FAIL_400_TRIGGER in text:
             return errored(400, "Invalid request (emulated failure triggered by __FAIL_400__).")
@@ -304,24 +309,36 @@ class AnthropicMixin(_StoreBase):
             content = _sentence(rng)
         enc = _counter_for(COUNTING_STAND_IN).encoding
         tokens = enc.encode_ordinary(content)
+        effort, budget = anthropic_thinking_effort(p)
+        spec = shipped_spec(p["model"])
+        thinking = reasoning_tokens(spec, effort, rng, budget) if (spec.reasoning or budget) else 0
+        thinking = min(thinking, p["max_tokens"])
         stop = "end_turn"
-        if len(tokens) > p["max_tokens"]:
-            tokens, stop = tokens[: p["max_tokens"]], "max_tokens"
+        if thinking + len(tokens) > p["max_tokens"]:
+            tokens, stop = tokens[: p["max_tokens"] - thinking], "max_tokens"
             content = enc.decode(tokens)
+        blocks: list[dict[str, Any]] = []
+        if thinking:
+            blocks.append({"type": "thinking", "thinking": "(emulated reasoning)", "signature": _hex("sig", m.id, cid)})
+        if content or not thinking:
+            blocks.append({"type": "text", "text": content})
+        usage: dict[str, Any] = {
+            "input_tokens": self._msg_input_tokens(p),
+            "output_tokens": thinking + len(tokens),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "service_tier": "batch",
+        }
+        if thinking:
+            usage["output_tokens_details"] = {"thinking_tokens": thinking}
         message = {
             "id": "msg_" + _hex("msg", m.id, cid),
             "type": "message",
             "role": "assistant",
             "model": p["model"],
-            "content": [{"type": "text", "text": content}],
+            "content": blocks,
             "stop_reason": stop,
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": self._msg_input_tokens(p),
-                "output_tokens": len(tokens),
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-                "service_tier": "batch",
-            },
+            "usage": usage,
         }
         return {"custom_id": cid, "result": {"type": "succeeded", "message": message}}

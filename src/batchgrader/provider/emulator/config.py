@@ -23,6 +23,9 @@ VALID_ENDPOINTS = (
     "/v1/videos",
 )
 CHAT_ENDPOINT = "/v1/chat/completions"
+#: Azure OpenAI's chat endpoint on its date-versioned (api-version) surface: the batch's
+#: ``endpoint`` and every line's ``url`` (learn.microsoft.com batch how-to, Python tab)
+AZURE_CHAT_ENDPOINT = "/chat/completions"
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 # Batches whose input tokens count against the per-model enqueued-token limit.
@@ -57,6 +60,9 @@ class EmulatorConfig:
     token_limit_figure: bool = True
     max_requests_per_batch: int = 50_000
     max_batch_file_bytes: int = 200 * 1024 * 1024
+    # Azure OpenAI: live batch files uploaded without ``expires_after`` a resource may hold
+    # (learn.microsoft.com batch how-to: 500; 10,000 with an expiry of 14 to 30 days)
+    azure_files_without_expiry: int = 500
     request_failure_rate: float = 0.0  # seeded fraction of requests that fail with a 500
     faults: str | FaultRates = "none"
     seed: int = 0

@@ -9,11 +9,19 @@ from batchgrader.provider.emulator.common import ApiError, _now_int
 from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
 from batchgrader.provider.emulator.state import _File, _StoreBase
 
+#: Azure OpenAI's shortest ``expires_after`` for batch files: 14 days (learn.microsoft.com batch how-to)
+AZURE_MIN_EXPIRY_S = 14 * 86_400
+
 
 class FilesMixin(_StoreBase):
     """Files, and the list paging the Batches API shares."""
 
-    def create_file(self, filename: str, data: bytes, purpose: str | None, expires_after: dict[str, Any]) -> dict[str, Any]:
+    def create_file(
+        self, filename: str, data: bytes, purpose: str | None, expires_after: dict[str, Any], azure: bool = False
+    ) -> dict[str, Any]:
+        """Upload a file.  ``azure``: through Azure OpenAI's routes, where a batch file has no
+        default expiry, ``expires_after`` takes 14 to 30 days, and a resource holds at most
+        ``azure_files_without_expiry`` live batch files without one."""
         if not purpose:
             raise ApiError(400, "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter")
         if purpose not in UPLOAD_PURPOSES:
@@ -43,19 +51,36 @@ class FilesMixin(_StoreBase):
                         param="expires_after.seconds",
                         code="invalid_type",
                     ) from None
-                if not 3600 <= seconds <= 2592000:
+                low = AZURE_MIN_EXPIRY_S if azure else 3600
+                if not low <= seconds <= 2592000:
                     raise ApiError(
                         400,
-                        "Invalid 'expires_after.seconds': must be between 3600 and 2592000.",
+                        f"Invalid 'expires_after.seconds': must be between {low} and 2592000.",
                         param="expires_after.seconds",
                         code="invalid_value",
                     )
                 expires_at = created + seconds
+            elif purpose == "batch" and azure:
+                self._azure_file_cap()
             elif purpose == "batch":
                 expires_at = created + THIRTY_DAYS
             f = self._add_file(filename, data, purpose, created, expires_at)
             self.files_created += 1
             return dict(f.obj)
+
+    def _azure_file_cap(self) -> None:
+        cap = self.cfg.azure_files_without_expiry
+        live = sum(
+            1 for f in self.files.values() if not f.deleted and f.obj["purpose"] == "batch" and f.obj["expires_at"] is None
+        )
+        if live >= cap:
+            raise ApiError(
+                400,
+                f"This resource already holds {cap} batch files without an expiration, the most allowed. "
+                "Set expires_after on uploads (up to 10,000 files), or delete files. (emulated wording)",
+                param="file",
+                code="quota_exceeded",
+            )
 
     def _add_file(self, filename: str, data: bytes, purpose: str, created: int, expires_at: int | None) -> _File:
         fid = "file-" + uuid.uuid4().hex[:24]

@@ -35,9 +35,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batchgrader.fsio import atomic_write_bytes
+from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.provider.emulator.answers import _counter_for, _sentence, generate_from_schema
 from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.rules import gemini_request_error, gemini_thinking_effort, reasoning_tokens
 from batchgrader.provider.emulator.state import _StoreBase
 
 COUNTING_STAND_IN = "gpt-4o"
@@ -452,6 +454,16 @@ class GeminiMixin(_StoreBase):
             msgs = [{"role": "system", "content": self._gem_text(system)}, *msgs]
         return int(_counter_for(COUNTING_STAND_IN).count(msgs))
 
+    @staticmethod
+    def _gem_thoughts(model: str, req: dict[str, Any], rng: random.Random) -> int:
+        """Thinking tokens of one answer: by the catalogue's rules for the model (hundreds to
+        thousands by level or budget); a model the catalogue lacks thinks 4-24 tokens unless it is a Lite one."""
+        spec = shipped_spec(model)
+        if spec.reasoning is None:
+            return rng.randint(4, 24) if "-lite" not in model and not spec.provider else 0
+        effort, budget = gemini_thinking_effort(model, req)
+        return reasoning_tokens(spec, effort, rng, budget)
+
     def _gem_result(self, b: _GemBatch, line: dict[str, Any]) -> dict[str, Any]:
         key, req = str(line.get("key")), line["request"]
 
@@ -466,6 +478,9 @@ class GeminiMixin(_StoreBase):
             return error(3, "INVALID_ARGUMENT", "Invalid request (emulated failure triggered by __FAIL_400__).")
         if FAIL_500_TRIGGER in text:
             return error(13, "INTERNAL", "An internal error has occurred.")
+        refused = gemini_request_error(b.model, req)
+        if refused is not None:
+            return error(*refused)
         gen = req.get("generationConfig") or req.get("generation_config") or {}
         rng = random.Random(_hex("answer", key, json.dumps(contents, sort_keys=True), n=32))
         schema = gen.get("responseJsonSchema") or gen.get("responseSchema") or gen.get("response_json_schema")
@@ -477,7 +492,7 @@ class GeminiMixin(_StoreBase):
             content = _sentence(rng)
         enc = _counter_for(COUNTING_STAND_IN).encoding
         tokens = enc.encode_ordinary(content)
-        thoughts = rng.randint(4, 24) if "-lite" not in b.model else 0  # thinking models report thoughtsTokenCount
+        thoughts = self._gem_thoughts(b.model, req, rng)  # thinking models report thoughtsTokenCount
         cap = gen.get("maxOutputTokens") or gen.get("max_output_tokens")
         finish = "STOP"
         if isinstance(cap, int) and thoughts + len(tokens) > cap:

@@ -67,6 +67,7 @@ class PersistenceMixin(_StoreBase):
                 i["forced_expire_after"],
                 i["stop_count"],
                 i["enqueued_tokens"],
+                i.get("azure", False),
             )
             inp = bdir / f"{b.obj['id']}.input"
             if inp.exists():

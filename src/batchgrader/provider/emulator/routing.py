@@ -118,6 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "BatchgraderEmulator/1.0"
     timeout = 60
     emulator: Emulator  # set on the subclass made per server
+    _azure_route = False  # whether the request being handled came through Azure OpenAI's routes
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -224,6 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
         params: dict[str, str] = {}
         action = None
         azure = path.startswith(AZURE_PREFIX) and not path.startswith("/openai/v1/messages")
+        self._azure_route = azure
         match_path = "/v1/" + path[len(AZURE_PREFIX) :] if azure else path
         for m, rx, template, name in _ROUTES:
             mt = rx.match(match_path)
@@ -460,7 +462,7 @@ class _Handler(BaseHTTPRequestHandler):
             for k in ("anchor", "seconds"):
                 if f"expires_after[{k}]" in form:
                     expires_after[k] = form[f"expires_after[{k}]"][1].decode()
-            return 200, store.create_file(filename or "upload", data, purpose, expires_after)
+            return 200, store.create_file(filename or "upload", data, purpose, expires_after, azure=self._azure_route)
         if action == "list_files":
             return 200, store.list_files(query)
         if action == "retrieve_file":
@@ -477,7 +479,7 @@ class _Handler(BaseHTTPRequestHandler):
                     400,
                     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
                 ) from None
-            return 200, store.create_batch(parsed)
+            return 200, store.create_batch(parsed, azure=self._azure_route)
         if action == "list_batches":
             return 200, store.list_batches(query)
         if action == "retrieve_batch":

@@ -52,6 +52,7 @@ class _Batch:
     forced_expire_after: int | None = None
     stop_count: int | None = None  # requests processed when cancelled/expired
     enqueued_tokens: int = 0
+    azure: bool = False  # created through Azure OpenAI's routes (its endpoint and url rules)
     input_data: bytes | None = None
     plan: list[_Req] | None = None
     answered: int = 0  # requests of ``plan`` whose answer is generated (not persisted: regenerated)
@@ -80,6 +81,7 @@ class _Batch:
             "forced_expire_after": self.forced_expire_after,
             "stop_count": self.stop_count,
             "enqueued_tokens": self.enqueued_tokens,
+            "azure": self.azure,
         }
 
 

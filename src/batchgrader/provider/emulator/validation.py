@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 from batchgrader.provider.emulator.answers import _countable_messages, _is_reasoning_model
 from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
 from batchgrader.provider.emulator.config import (
+    AZURE_CHAT_ENDPOINT,
     CHAT_ENDPOINT,
     ENQUEUED_STATUSES,
     FAIL_400_TRIGGER,
     FAIL_500_TRIGGER,
     token_limit_message,
 )
+from batchgrader.provider.emulator.rules import openai_request_error
 from batchgrader.provider.emulator.state import _Batch, _Req, _StoreBase
 
 if TYPE_CHECKING:
@@ -43,9 +45,13 @@ class _Checked:
     tokens: int
 
 
-def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCache) -> _Checked:
-    """Parse and check every line of an input file like the Batch API does, then plan it."""
+def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool = False) -> _Checked:
+    """Parse and check every line of an input file like the Batch API does, then plan it.
+
+    ``azure``: as Azure OpenAI does, a line whose ``url`` is not the batch's endpoint is refused
+    with ``url_mismatch``, and its api-version chat endpoint ``/chat/completions`` is chat."""
     errors: list[dict[str, Any]] = []
+    chat = endpoint == CHAT_ENDPOINT or (azure and endpoint == AZURE_CHAT_ENDPOINT)
 
     def err(code: str, message: str, param: str | None, line: int | None) -> None:
         if len(errors) < 1000:
@@ -98,14 +104,22 @@ def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCac
             err("invalid_request", "Invalid value for 'method': only 'POST' is supported.", "method", lineno)
             continue
         if item["url"] != endpoint:
-            err("invalid_url", "The URL provided for this request does not match the batch endpoint.", "url", lineno)
+            if azure:
+                err(
+                    "url_mismatch",
+                    f"The provided url '{item['url']}' does not match the endpoint '{endpoint}' of the batch.",
+                    "url",
+                    lineno,
+                )
+            else:
+                err("invalid_url", "The URL provided for this request does not match the batch endpoint.", "url", lineno)
             continue
         body = item["body"]
         if not isinstance(body, dict):
             err("invalid_request", "Invalid type for 'body': expected an object.", "body", lineno)
             continue
         if body.get("stream") is True:
-            name = "Chat Completions" if endpoint == CHAT_ENDPOINT else endpoint
+            name = "Chat Completions" if chat else endpoint
             err("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.", "body.stream", lineno)
             continue
         m = body.get("model")
@@ -122,7 +136,7 @@ def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCac
                 lineno,
             )
             continue
-        if endpoint == CHAT_ENDPOINT and not isinstance(body.get("messages"), list):
+        if chat and not isinstance(body.get("messages"), list):
             err("invalid_request", "Messages parameter is required.", "body.messages", lineno)
             continue
         parsed.append((cid, body))
@@ -137,8 +151,9 @@ def plan_requests(
     endpoint: str, parsed: list[tuple[str, dict[str, Any]]], model: str, cfg: EmulatorConfig, cache: TokenCache
 ) -> list[_Req]:
     """Each request's prompt and cached tokens, and the failures decided by its content alone."""
+    chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT)  # the Azure one only exists on Azure batches
     messages = [_countable_messages(body.get("messages")) for _, body in parsed]
-    if endpoint == CHAT_ENDPOINT:
+    if chat:
         prompt = cache.count_many(model, messages)
     else:
         prompt = [0] * len(parsed)
@@ -172,7 +187,7 @@ def plan_requests(
             )
         elif FAIL_500_TRIGGER in user_text:
             req.fail_status, req.fail_body = 500, _server_error_body()
-        elif endpoint != CHAT_ENDPOINT:
+        elif not chat:
             req.fail_status, req.fail_body = (
                 400,
                 _error_body(
@@ -182,6 +197,8 @@ def plan_requests(
                     "unsupported_endpoint",
                 ),
             )
+        elif (refused := openai_request_error(body)) is not None:
+            req.fail_status, req.fail_body = refused
         elif _is_reasoning_model(model) and "max_tokens" in body:
             req.fail_status, req.fail_body = (
                 400,
@@ -204,8 +221,8 @@ class ValidationMixin(_StoreBase):
         f = self.files.get(b.obj["input_file_id"])
         if f is None or f.deleted or f.obj["purpose"] != "batch":
             return  # _validate reports it; nothing to compute
-        data, endpoint, cfg, cache = f.data, b.obj["endpoint"], self.cfg, self.token_cache
-        b.checking = self.worker.submit(lambda: check_input(data, endpoint, cfg, cache))
+        data, endpoint, cfg, cache, azure = f.data, b.obj["endpoint"], self.cfg, self.token_cache, b.azure
+        b.checking = self.worker.submit(lambda: check_input(data, endpoint, cfg, cache, azure))
 
     def _validation_ready(self, b: _Batch) -> tuple[bool, float]:
         """Whether ``b``'s validation may be applied, and from when (``validating_s`` after its
@@ -224,7 +241,7 @@ class ValidationMixin(_StoreBase):
         b.checking = None
         if p is not None and p.wait(VALIDATION_WAIT_S) and p.error is None:
             return p.result  # type: ignore[no-any-return]
-        return check_input(data, b.obj["endpoint"], self.cfg, self.token_cache)
+        return check_input(data, b.obj["endpoint"], self.cfg, self.token_cache, b.azure)
 
     def _validate(self, b: _Batch) -> list[dict[str, Any]]:
         obj = b.obj

@@ -1,0 +1,291 @@
+"""Profiles checked against the model catalogue before anything is sent.
+
+The catalogue is the shipped ``data/pricing.csv`` (prices plus what each model accepts, see
+:mod:`batchgrader.pipeline.modelspec`) with the user's rows merged over it
+(:func:`batchgrader.pipeline.pricing.load_pricing`).  :func:`load_checked` is what the daemon,
+``bgctl count`` and ``doctor`` call once the configuration has loaded: every setting a model
+refuses (a temperature it does not take, a reasoning effort it lacks, an output bound above its
+maximum, a JSON schema it cannot follow) and every model missing from the catalogue is one
+:class:`~batchgrader.core.config.ConfigError` naming the profile, the key, the model and the fix.
+A profile that leaves ``max_completion_tokens`` unset gets the model's reasoning bound when the
+model reasons (:func:`output_bound`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable
+from types import MappingProxyType
+from typing import Any
+
+from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.pipeline.modelspec import ModelSpec
+from batchgrader.pipeline.pricing import Price, PriceTable, PricingError, load_pricing, shipped_prices, with_deployments
+
+__all__ = [
+    "ANTHROPIC_THINKING_BUDGET",
+    "GEMINI_THINKING_BUDGET",
+    "ANSWER_ROOM",
+    "load_checked",
+    "profile_problems",
+    "output_bound",
+    "with_output_bounds",
+]
+
+#: Anthropic extended thinking: ``budget_tokens`` per effort (the API's minimum is 1,024 and the
+#: budget must stay below ``max_tokens``: platform.claude.com/docs/en/build-with-claude/extended-thinking)
+ANTHROPIC_THINKING_BUDGET = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 16384, "max": 16384}
+#: Gemini 2.5 ``thinkingConfig.thinkingBudget`` per effort (0 turns thinking off where the model allows it;
+#: ai.google.dev/gemini-api/docs/thinking)
+GEMINI_THINKING_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576, "xhigh": 24576, "max": 24576}
+#: output tokens kept for the visible answer above a thinking budget
+ANSWER_ROOM = 1024
+
+
+def _where(profile: Profile) -> str:
+    return "the default profile" if profile.name == "default" else f"profile {profile.name!r}"
+
+
+def thinking_budget(spec: ModelSpec, effort: str | None) -> int | None:
+    """The thinking budget a request carries under ``effort`` (None: the model has no budget control
+    or the request does not think)."""
+    if spec.reasoning != "budget" or effort is None or effort == "auto":
+        return None
+    table = ANTHROPIC_THINKING_BUDGET if spec.provider == "anthropic" else GEMINI_THINKING_BUDGET
+    if spec.provider == "anthropic" and effort == "none":
+        return None
+    return table.get(effort)
+
+
+def output_bound(profile: Profile, spec: ModelSpec) -> int:
+    """The output bound a request carries: the profile's ``max_completion_tokens`` when it is set
+    anywhere, else the model's ``reasoning_bound`` when the model reasons, else the key's default."""
+    value = int(profile.values["max_completion_tokens"])
+    if profile.sources.get("max_completion_tokens") != "default":
+        return value
+    if spec.reasons(profile.values.get("reasoning_effort")) and spec.reasoning_bound:
+        return spec.reasoning_bound
+    return value
+
+
+def profile_problems(profile: Profile, price: Price) -> list[str]:
+    """Each setting of ``profile`` that ``price``'s model refuses, as a message naming the fix."""
+    spec, model, where = price.spec, profile.values["model"], _where(profile)
+    effort_setting = profile.values.get("reasoning_effort")
+    effort = spec.effective_effort(effort_setting)
+    out: list[str] = []
+    out += _temperature_problems(profile, spec, effort, where, model)
+    out += _effort_problems(spec, effort_setting, where, model)
+    bound = output_bound(profile, spec)
+    if spec.max_output is not None and bound > spec.max_output:
+        out.append(
+            f"{where}: key 'max_completion_tokens' is {bound}, above the {spec.max_output}-token output maximum of "
+            f"model {model!r}; set 'max_completion_tokens' to at most {spec.max_output}"
+        )
+    budget = thinking_budget(spec, effort)
+    if budget and bound < budget + ANSWER_ROOM:
+        out.append(
+            f"{where}: key 'max_completion_tokens' is {bound}, but model {model!r} thinks with a budget of {budget} tokens "
+            f"at reasoning_effort {effort!r} and the bound includes them; set 'max_completion_tokens' to at least "
+            f"{budget + ANSWER_ROOM} or choose a lower 'reasoning_effort'"
+        )
+    rf = profile.values.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "json_schema" and spec.structured_output is False:
+        out.append(
+            f"{where}: key 'response_format' asks for a JSON schema, which model {model!r} does not support "
+            "(no structured outputs); remove 'response_format' or choose a model that has them (`bgctl models`)"
+        )
+    if profile.values.get("token_param") == "max_tokens" and spec.reasoning is not None and spec.provider == "openai":
+        out.append(
+            f"{where}: key 'token_param' is 'max_tokens', which reasoning model {model!r} refuses "
+            "(400 unsupported_parameter); set 'token_param' to 'auto'"
+        )
+    return out
+
+
+def _temperature_problems(profile: Profile, spec: ModelSpec, effort: str | None, where: str, model: str) -> list[str]:
+    t = profile.values.get("temperature")
+    if t is None:
+        return []
+    fix = f"remove 'temperature' from {where} (graders get repeatable answers from stored-answer reuse, not from temperature 0)"
+    if spec.temperature == "deprecated":
+        return [
+            f"{where}: key 'temperature' is {t:g}, but model {model!r} refuses any temperature "
+            f"(Anthropic answers 400 '`temperature` is deprecated for this model.'); {fix}"
+        ]
+    if spec.temperature == "default" and t != 1:
+        return [
+            f"{where}: key 'temperature' is {t:g}, but model {model!r} accepts only its default temperature 1 "
+            f"(OpenAI answers 400 unsupported_value); {fix}"
+        ]
+    if spec.temperature == "effort-none" and effort != "none" and t != 1:
+        return [
+            f"{where}: key 'temperature' is {t:g}, but model {model!r} accepts a temperature only at reasoning_effort "
+            f"'none' (this profile runs at {effort!r}); {fix}, or set 'reasoning_effort: none'"
+        ]
+    if spec.provider == "anthropic" and profile.values.get("reasoning_effort") not in (None, "none") and t != 1:
+        return [
+            f"{where}: key 'temperature' is {t:g}, but model {model!r} thinks at reasoning_effort {effort!r} and "
+            f"Anthropic accepts no other temperature than 1 with thinking; {fix}, or set 'reasoning_effort: none'"
+        ]
+    return []
+
+
+def _effort_problems(spec: ModelSpec, setting: str | None, where: str, model: str) -> list[str]:
+    if setting is None:
+        return []
+    if spec.reasoning is None:
+        return [
+            f"{where}: key 'reasoning_effort' is {setting!r}, but model {model!r} does not reason; "
+            "remove 'reasoning_effort' or choose a reasoning model (`bgctl models`)"
+        ]
+    if setting not in spec.reasoning_efforts:
+        return [
+            f"{where}: key 'reasoning_effort' is {setting!r}, which model {model!r} does not take; "
+            f"set it to one of {', '.join(spec.reasoning_efforts)} (or remove it for the model's default)"
+        ]
+    return []
+
+
+def with_output_bounds(config: Config, table: PriceTable) -> Config:
+    """``config`` with every profile's unset ``max_completion_tokens`` replaced by its model's bound
+    (:func:`output_bound`); its source then says so."""
+
+    def resolved(profile: Profile) -> Profile:
+        price = table.find(profile.values["model"])
+        if price is None or profile.sources.get("max_completion_tokens") != "default":
+            return profile
+        bound = output_bound(profile, price.spec)
+        if bound == profile.values["max_completion_tokens"]:
+            return profile
+        values: dict[str, Any] = dict(profile.values)
+        sources = dict(profile.sources)
+        values["max_completion_tokens"] = bound
+        sources["max_completion_tokens"] = f"catalogue: reasoning_bound of {price.model}"
+        return Profile(profile.name, MappingProxyType(values), MappingProxyType(sources))
+
+    profiles = {name: resolved(p) for name, p in config.profiles.items()}
+    return dataclasses.replace(config, default=resolved(config.default), profiles=MappingProxyType(profiles))
+
+
+def with_catalogue_bounds(config: Config) -> Config:
+    """``config`` with the output bounds the daemon would use (:func:`with_output_bounds`), for
+    display; unchanged when the user's catalogue file does not load (doctor names its problem)."""
+    try:
+        table = load_pricing(config.pricing_path())
+    except PricingError:
+        return config
+    return with_output_bounds(config, table)
+
+
+def _all_profiles(config: Config) -> Iterable[Profile]:
+    return (config.default, *config.profiles.values())
+
+
+def catalogue_problems(config: Config, table: PriceTable, missing: bool = True) -> list[str]:
+    """Every problem of every profile against ``table``; with ``missing``, a model the catalogue
+    lacks is one too (its message names the closest known ids and how to add a row)."""
+    out: list[str] = []
+    for profile in _all_profiles(config):
+        model = profile.values["model"]
+        try:
+            price = table.get(model)
+        except PricingError as exc:
+            if missing:
+                out.append(f"{_where(profile)}: key 'model': {exc}")
+            continue
+        out += profile_problems(profile, price)
+    return out
+
+
+def load_checked(config: Config, missing: bool = True) -> tuple[Config, PriceTable]:
+    """The catalogue (shipped rows, the user's rows, Azure deployments) and ``config`` with its
+    output bounds resolved.  Raises :class:`PricingError` for a malformed user file (naming its
+    file, line and column) and :class:`ConfigError` listing every setting a model refuses (and,
+    with ``missing``, every model the catalogue lacks)."""
+    table = with_deployments(load_pricing(config.pricing_path()), _all_profiles(config))
+    problems = catalogue_problems(config, table, missing)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} settings the models refuse (nothing was sent):\n"
+            + "\n".join(f"  {i}. {p}" for i, p in enumerate(problems, 1))
+        )
+    return with_output_bounds(config, table), table
+
+
+@functools.lru_cache(maxsize=256)
+def shipped_spec(model: str) -> ModelSpec:
+    """The shipped catalogue's rules for ``model`` (an empty :class:`ModelSpec` when it has no row):
+    what the request translators and the emulators go by."""
+    price = PriceTable(shipped_prices()).find(model)
+    return price.spec if price is not None else ModelSpec()
+
+
+def anthropic_thinking(model: str, effort: str | None) -> dict[str, Any]:
+    """The Messages API parameters that carry ``reasoning_effort`` for ``model``: extended thinking
+    with a ``budget_tokens`` (models whose control is a budget, and models the catalogue lacks), or
+    adaptive thinking with ``output_config.effort``.  Empty when no effort is set."""
+    if effort is None:
+        return {}
+    spec = shipped_spec(model)
+    if spec.reasoning == "effort":
+        if effort == "none":
+            return {"thinking": {"type": "disabled"}}
+        return {"thinking": {"type": "adaptive"}, "output_config": {"effort": effort}}
+    if effort == "none":
+        return {}
+    return {"thinking": {"type": "enabled", "budget_tokens": ANTHROPIC_THINKING_BUDGET.get(effort, 1024)}}
+
+
+def gemini_thinking(model: str, effort: str | None) -> dict[str, Any] | None:
+    """The ``generationConfig.thinkingConfig`` that carries ``reasoning_effort`` for ``model``:
+    ``thinkingLevel`` for Gemini 3 models, else ``thinkingBudget``.  None when no effort is set."""
+    if effort is None:
+        return None
+    if shipped_spec(model).reasoning == "level":
+        return {"thinkingLevel": effort.upper()}
+    return {"thinkingBudget": GEMINI_THINKING_BUDGET.get(effort, 1024)}
+
+
+def catalogue_rows(table: PriceTable) -> list[dict[str, Any]]:
+    """One dict per catalogue row (``bgctl models``): its prices, limits, rules, source and origin."""
+    out = []
+    for key in sorted(table, key=lambda k: (table[k].spec.provider or "~", k)):
+        p = table[key]
+        spec = p.spec
+        out.append(
+            {
+                "model": p.model,
+                "provider": spec.provider,
+                "aliases": list(spec.aliases),
+                "batch": {
+                    "input_per_1m": p.input_per_1m,
+                    "cached_input_per_1m": p.cached_input_per_1m,
+                    "output_per_1m": p.output_per_1m,
+                    "cache_write_per_1m": spec.cache_write_per_1m,
+                },
+                "standard": {
+                    "input_per_1m": spec.standard_input_per_1m,
+                    "cached_input_per_1m": spec.standard_cached_input_per_1m,
+                    "output_per_1m": spec.standard_output_per_1m,
+                },
+                "context_window": p.context_window,
+                "max_output": spec.max_output,
+                "reasoning": spec.reasoning,
+                "reasoning_efforts": list(spec.reasoning_efforts),
+                "reasoning_default": spec.reasoning_default,
+                "reasoning_bound": spec.reasoning_bound,
+                "temperature": spec.temperature,
+                "output_param": spec.output_param,
+                "structured_output": spec.structured_output,
+                "min_cache_prefix": spec.min_cache_prefix,
+                "taken_on": p.taken_on,
+                "source": p.source,
+                "notes": spec.notes,
+                "origin": p.origin,
+            }
+        )
+    return out

@@ -1,0 +1,186 @@
+"""Per-request rules of the real APIs, from the model catalogue, for every emulated endpoint.
+
+The batch paths (OpenAI/Azure input lines, Anthropic batch requests, Gemini JSONL lines) and the
+synchronous endpoints call the same functions, so a request the sandbox refuses on one path it
+refuses on the other, with the provider's own error shape:
+
+* :func:`openai_request_error` -> ``(status, error_body)`` of an OpenAI chat-completions request:
+  ``max_tokens`` on a reasoning model (400 ``unsupported_parameter``), a ``temperature`` other than 1 on a model that takes only its default (400 ``unsupported_value``,
+  the message OpenAI gives), a ``reasoning_effort`` the model lacks or does not take, an output
+  bound above the model's maximum;
+* :func:`anthropic_request_error` -> the message of a 400 ``invalid_request_error`` for Messages
+  params: ``temperature`` on a model that deprecated it, ``max_tokens`` above the maximum, a
+  thinking budget not below ``max_tokens``;
+* :func:`gemini_request_error` -> ``(code, status, message)`` for a ``GenerateContentRequest``;
+* :func:`reasoning_tokens` -> how many reasoning tokens one answer spends: hundreds to thousands
+  by effort (as reasoning models spend them), so a small output bound truncates in the sandbox
+  as it does live.
+
+Models the catalogue lacks are accepted (their rules are unknown here).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from batchgrader.pipeline.catalogue import shipped_spec
+from batchgrader.pipeline.modelspec import ModelSpec
+
+__all__ = [
+    "REASONING_DRAW",
+    "openai_request_error",
+    "anthropic_request_error",
+    "gemini_request_error",
+    "reasoning_tokens",
+]
+
+#: reasoning tokens one answer spends, by effort (low, high): hundreds to thousands
+REASONING_DRAW = {
+    "none": (0, 0),
+    "minimal": (16, 200),
+    "low": (200, 1_000),
+    "medium": (600, 3_000),
+    "auto": (600, 3_000),
+    "high": (1_500, 8_000),
+    "xhigh": (3_000, 12_000),
+    "max": (3_000, 16_000),
+}
+
+
+def reasoning_tokens(spec: ModelSpec, effort: str | None, rng: random.Random, budget: int | None = None) -> int:
+    """Reasoning tokens of one answer of a model with ``spec`` at ``effort`` (None: the model's
+    default); at most ``budget`` when a thinking budget is set."""
+    eff = spec.effective_effort(effort)
+    if eff is None:
+        return 0
+    low, high = REASONING_DRAW.get(eff, REASONING_DRAW["medium"])
+    n = rng.randint(low, high) if high else 0
+    return min(n, budget) if budget is not None else n
+
+
+def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+
+def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
+    spec = shipped_spec(str(body.get("model") or ""))
+    effort = body.get("reasoning_effort")
+    if effort is not None and spec.provider == "openai":
+        if spec.reasoning is None:
+            return 400, _openai_error(
+                "Unsupported parameter: 'reasoning_effort' is not supported with this model.",
+                "reasoning_effort",
+                "unsupported_parameter",
+            )
+        if effort not in spec.reasoning_efforts:
+            supported = ", ".join(f"'{e}'" for e in spec.reasoning_efforts)
+            return 400, _openai_error(
+                f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model. "
+                f"Supported values are: {supported}.",
+                "reasoning_effort",
+                "unsupported_value",
+            )
+    if "max_tokens" in body and spec.provider == "openai" and spec.reasoning is not None:
+        return 400, _openai_error(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            "max_tokens",
+            "unsupported_parameter",
+        )
+    t = body.get("temperature")
+    if isinstance(t, (int, float)) and t != 1 and _temperature_refused(spec, spec.effective_effort(effort)):
+        return 400, _openai_error(
+            f"Unsupported value: 'temperature' does not support {t:g} with this model. Only the default (1) value is supported.",
+            "temperature",
+            "unsupported_value",
+        )
+    cap = body.get("max_completion_tokens", body.get("max_tokens"))
+    if isinstance(cap, int) and spec.max_output is not None and cap > spec.max_output:
+        return 400, _openai_error(
+            f"max_tokens is too large: {cap}. This model supports at most {spec.max_output} completion tokens, "
+            f"whereas you provided {cap}.",
+            "max_tokens",
+            "invalid_value",
+        )
+    return None
+
+
+def _temperature_refused(spec: ModelSpec, effort: str | None) -> bool:
+    if spec.temperature in ("default", "deprecated"):
+        return True
+    return spec.temperature == "effort-none" and effort != "none"
+
+
+def anthropic_request_error(params: Mapping[str, Any]) -> str | None:
+    """The message of the 400 ``invalid_request_error`` Anthropic answers for these Messages params, or None."""
+    spec = shipped_spec(str(params.get("model") or ""))
+    if params.get("temperature") is not None and spec.temperature == "deprecated":
+        return "`temperature` is deprecated for this model."
+    max_tokens = params.get("max_tokens")
+    if isinstance(max_tokens, int) and spec.max_output is not None and max_tokens > spec.max_output:
+        return (
+            f"max_tokens: {max_tokens} > {spec.max_output}, which is the maximum allowed number of output tokens "
+            f"for {params.get('model')}"
+        )
+    thinking = params.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or budget < 1024:
+            return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+        if isinstance(max_tokens, int) and max_tokens <= budget:
+            return "`max_tokens` must be greater than `thinking.budget_tokens`."
+        t = params.get("temperature")
+        if t is not None and t != 1:
+            return "`temperature` may only be set to 1 when thinking is enabled."
+    return None
+
+
+def anthropic_thinking_effort(params: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The effort and the budget (if any) a Messages request thinks at, from its params."""
+    thinking = params.get("thinking")
+    if isinstance(thinking, Mapping):
+        if thinking.get("type") == "disabled":
+            return "none", None
+        if thinking.get("type") == "enabled":
+            budget = thinking.get("budget_tokens")
+            return "high", budget if isinstance(budget, int) else None
+        if thinking.get("type") == "adaptive":
+            oc = params.get("output_config")
+            effort = oc.get("effort") if isinstance(oc, Mapping) else None
+            return effort or "auto", None
+    return None, None
+
+
+def gemini_request_error(model: str, request: Mapping[str, Any]) -> tuple[int, str, str] | None:
+    """The (gRPC code, status, message) Gemini answers for this ``GenerateContentRequest``, or None."""
+    spec = shipped_spec(model)
+    gen = request.get("generationConfig") or {}
+    cap = gen.get("maxOutputTokens")
+    if isinstance(cap, int) and spec.max_output is not None and cap > spec.max_output:
+        return (
+            3,
+            "INVALID_ARGUMENT",
+            f"The specified maxOutputTokens value {cap} is out of range: the supported range is from 1 (inclusive) "
+            f"to {spec.max_output + 1} (exclusive).",
+        )
+    thinking = gen.get("thinkingConfig") or {}
+    if thinking.get("thinkingBudget") == 0 and spec.reasoning is not None and "none" not in spec.reasoning_efforts:
+        return 3, "INVALID_ARGUMENT", "Budget 0 is invalid. This model only works in thinking mode."
+    return None
+
+
+def gemini_thinking_effort(model: str, request: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The effort and the budget (if any) a Gemini request thinks at."""
+    spec = shipped_spec(model)
+    gen = request.get("generationConfig") or {}
+    thinking = gen.get("thinkingConfig") or {}
+    if "thinkingBudget" in thinking:
+        budget = int(thinking["thinkingBudget"])
+        if budget < 0:
+            return "auto", None  # -1: dynamic thinking
+        return ("none" if budget == 0 else "high"), (budget if budget > 0 else None)
+    if thinking.get("thinkingLevel"):
+        return str(thinking["thinkingLevel"]).lower(), None
+    return spec.reasoning_default if spec.reasoning is not None else None, None
