@@ -54,12 +54,15 @@ from batchgrader.core.actions import (
 from batchgrader.core.config import Config, Profile
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
-from batchgrader.core.settle import LOST_REPLY_SLACK
+from batchgrader.core.settle import CREATE_SETTLE_SLACK, create_settle_seconds  # noqa: F401 - part of the rules' interface
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row error codes never resubmitted automatically (the row can never be accepted as it is).
 NEVER_RETRIED = frozenset({"request_too_large"})
+#: Row error codes resubmitted only by `bgctl retry`: sending them again at once would fail the
+#: same way (the provider's queue stayed full through every round).
+RETRIED_ON_REQUEST = frozenset({"queue_full"})
 
 
 def resubmit_delay(poll_interval: float) -> float:
@@ -160,16 +163,9 @@ def collectable(c: ChunkState) -> bool:
     )
 
 
-CREATE_SETTLE_SLACK = LOST_REPLY_SLACK  # s, added to the request timeout before a create is believed absent
 # rows answered (and paid for) whose answer could not be read: never resubmitted automatically
 # (that would pay twice); `bgctl retry` still resubmits them on request
 PAID_ANSWER_LOST = frozenset({"output_unavailable", "malformed_result"})
-
-
-def create_settle_seconds(config: Config) -> float:
-    """How long after a create request left a listing must be taken before "absent" is believed
-    when no reply came (:func:`batchgrader.core.settle.absent_after` counts it from the give-up)."""
-    return config.default.request_timeout_seconds + CREATE_SETTLE_SLACK
 
 
 def epoch(iso_ts: str | None, default: float) -> float:
@@ -262,9 +258,23 @@ def batch_failure(state: State, job: JobState, c: ChunkState, poll_interval: flo
             why = f"this row alone ({c.input_tokens:,} input tokens) is over the provider's enqueued-token limit: {refusal}"
             return FailBatch(job.job_id, c.index, c.batch_id, "request_too_large", why, False, message=refusal)
         learned = refusal_lesson(state, job, c, refusal, queue_url)
-        # nothing new to go by (a queue shared with others): wait a while before sending again
-        delay = resubmit_delay(poll_interval) if learned is None else 0.0
-        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, delay, learned, refusal)
+        if learned is not None:
+            return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, 0.0, learned, refusal)
+        # nothing new to go by (a queue shared with others): wait longer each round, then give up
+        rounds = c.refusals + 1
+        if queue.queue_full(rounds):
+            why = (
+                f"refused {rounds} times for the provider's queue limit although it fits the limit known "
+                f"(the queue may be shared with other work); last refusal: {refusal}"
+            )
+            return FailBatch(job.job_id, c.index, c.batch_id, "queue_full", why, False, message=refusal)
+        delay = queue.refusal_wait(resubmit_delay(poll_interval), rounds)
+        waiting = (
+            f"{msg} [waiting for room in the provider's queue: refusal {rounds} of {queue.QUEUE_FULL_ROUNDS} "
+            f"although the chunk fits the limit known; sent again in {delay:.0f} s; after "
+            f"{queue.QUEUE_FULL_ROUNDS} its rows fail as queue_full]"
+        )
+        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", waiting, True, delay, None, refusal)
     return FailBatch(job.job_id, c.index, c.batch_id, str(codes[0]) if codes else "batch_failed", msg, False)
 
 
@@ -283,6 +293,7 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         if job.row_attempts.get(cid, 0) < profile.max_row_retries
         and info.get("code") not in PAID_ANSWER_LOST
         and info.get("code") not in NEVER_RETRIED
+        and info.get("code") not in RETRIED_ON_REQUEST
     ]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchgrader.core.config import Config
+
 #: s a provider may still carry out a create after the client gave up waiting for its reply
 #: (the request may have reached it just before); counted from the give-up, not from the send
 LOST_REPLY_SLACK = 3.0
@@ -20,6 +22,16 @@ LOST_REPLY_SLACK = 3.0
 ANSWERED_SETTLE = 1.0
 #: s between two listings while the duplicate watch after a create sent again lasts
 DUPLICATE_CHECK_EVERY = 2.0
+
+
+CREATE_SETTLE_SLACK = LOST_REPLY_SLACK  # s, added to the request timeout before a create is believed absent
+
+
+def create_settle_seconds(config: Config) -> float:
+    """How long after a create request left a listing must be taken before "absent" is believed
+    when no reply came (:func:`absent_after` counts it from the give-up); also how far back a
+    reconciliation listing reaches before the request."""
+    return config.default.request_timeout_seconds + CREATE_SETTLE_SLACK
 
 
 @dataclass(frozen=True)

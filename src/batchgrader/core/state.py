@@ -64,6 +64,7 @@ class ChunkState:
     dup_check_due: str | None = None
     malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
     replanned: bool = False  # refused for the queue limit and split into smaller chunks
+    refusals: int = 0  # batches of this chunk refused for the queue limit (ChunkFailed retryable), every attempt
     ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
     answers_due: int | None = None  # merged, its answers not stored yet (AnswersToStore): result records to read
 
@@ -442,7 +443,9 @@ def _chunk_failed(s: State, job: JobState, p: P.ChunkFailed, e: Event) -> None:
     c.failure = {"code": p["code"], "error": p["error"], "retryable": bool(p["retryable"]), "ts": e.ts}
     c.last_error = p["error"]
     job.last_error = p["error"]
-    if not p["retryable"]:
+    if p["retryable"]:
+        c.refusals += 1
+    else:
         c.done = True
         c.failed = c.requests
 

@@ -175,8 +175,8 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         elif isinstance(a, SearchRecovered):
             self._adopt_recovered(job, self._mono)  # its time is when the adopted batches are polled
         elif isinstance(a, FailBatch):
-            if a.code == "request_too_large":
-                self._delete_refused_file_of(job.chunks[a.chunk])  # a row alone over the queue limit
+            if a.code in ("request_too_large", "queue_full"):
+                self._delete_refused_file_of(job.chunks[a.chunk])  # refused for the queue limit, not sent again
             self.emit(
                 job.job_id,
                 *self._learned_event(job.model or "", a.learned, a.chunk, a.message, job),
