@@ -88,8 +88,9 @@ def test_a_completed_batch_without_result_files_fails_its_rows_as_output_unavail
 
 def test_a_wall_clock_stepped_back_an_hour_moves_no_poll(home):
     """The wall clock steps back an hour right after the create: the batch, ended 3 s later, is
-    still collected within 30 s (the polls run on the monotonic clock)."""
-    rig = Rig(home)
+    still collected within 30 s (the polls, and the list round of two batches, run on the
+    monotonic clock)."""
+    rig = Rig(home, "split_row_limit: 1\n")
     rig.drop(2)
     wall, mono = rig.now, 5_000.0
     rig.engine.tick(wall, mono)

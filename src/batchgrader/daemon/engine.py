@@ -80,6 +80,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
     # --- the tick -------------------------------------------------------------------------------
     def startup(self, now: float) -> None:
         """Recover after a crash: our temp files, claimed-but-unrecorded inputs."""
+        self._wall = now  # the clocks of a tick are set by tick(); what start-up stamps is on the wall clock
         remove_stale_temp_files(self.home.outbox)
         for job_dir in sorted(self.home.work.glob("*")) if self.home.work.is_dir() else []:
             remove_stale_temp_files(job_dir, recursive=True)
@@ -113,7 +114,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
 
     def _advance_all(self, now: float) -> None:
         try:
-            self._list_round(now)
+            self._list_round(self._mono)  # polls run on the monotonic clock
         except ProviderError as exc:
             log.warning("listing batches: %s (polling them one by one)", exc)
         for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
