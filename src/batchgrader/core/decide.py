@@ -270,9 +270,9 @@ def batch_failure(state: State, job: JobState, c: ChunkState, poll_interval: flo
             return FailBatch(job.job_id, c.index, c.batch_id, "queue_full", why, False, message=refusal)
         delay = queue.refusal_wait(resubmit_delay(poll_interval), rounds)
         waiting = (
-            f"{msg} [waiting for room in the provider's queue: refusal {rounds} of {queue.QUEUE_FULL_ROUNDS} "
-            f"although the chunk fits the limit known; sent again in {delay:.0f} s; after "
-            f"{queue.QUEUE_FULL_ROUNDS} its rows fail as queue_full]"
+            f"waiting for room in the provider's queue (refusal {rounds} of {queue.QUEUE_FULL_ROUNDS} although the "
+            f"chunk fits the limit known: the queue may be shared; sent again in {delay:.0f} s, after "
+            f"{queue.QUEUE_FULL_ROUNDS} refusals its rows fail as queue_full): {msg}"
         )
         return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", waiting, True, delay, None, refusal)
     return FailBatch(job.job_id, c.index, c.batch_id, str(codes[0]) if codes else "batch_failed", msg, False)
