@@ -140,3 +140,23 @@ def test_a_create_is_believed_absent_from_its_give_up_and_an_answered_error_at_o
     after_restart = CreateSent(sent=100.0)  # only when it left is known
     assert absent_after(after_restart, 120.0) == 100.0 + 120.0 + LOST_REPLY_SLACK
     assert duplicate_watch_ends(200.0, 1.0) == 200.0 + 1.0 + LOST_REPLY_SLACK
+
+
+def test_a_create_refused_at_once_for_the_queue_limit_is_bounded_too(home):
+    """A provider that refuses the create itself (no batch) for the enqueued-token limit, each
+    time with the same stated limit the chunk fits: waits that double, then queue_full."""
+    rig = Rig(home)
+    rig.drop(2)
+    rig.provider.fail_next("create_batch", "refused", status_code=400, message=refusal(10_000)[0][1], code="token_limit_exceeded")
+    rig.tick()
+    for _ in range(3 * queue.QUEUE_FULL_ROUNDS):
+        if rig.job().ended:
+            break
+        rig.provider.fail_next(
+            "create_batch", "refused", status_code=400, message=refusal(10_000)[0][1], code="token_limit_exceeded"
+        )
+        rig.tick(queue.MAX_REFUSAL_WAIT)
+    job = rig.job()
+    assert job.ended == "failed" and {i["code"] for i in job.failed_rows.values()} == {"queue_full"}
+    assert rig.calls("create_batch") == queue.QUEUE_FULL_ROUNDS + 1  # the first refusal taught the limit
+    assert rig.calls("upload") == 1

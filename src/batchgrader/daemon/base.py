@@ -129,6 +129,7 @@ class EngineBase:
     _created_at: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: when a batch was recorded created
     _dup_next: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: next duplicate listing
     _dup_cancelled: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # duplicates cancelled so far
+    _create_refusals: dict[tuple[str, int], int] = field(default_factory=dict)  # creates refused at once for capacity
     _corrupt_logged: set[str] = field(default_factory=set)
     _effects_checked: set[str] = field(default_factory=set)
     _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)

@@ -409,9 +409,12 @@ class SubmitSteps(CollectSteps, FinishSteps):
             self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
             if capacity_refusal(exc.status_code, str(exc)):
                 learned = None
-                if queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc)):
+                queue_refusal = queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc))
+                if queue_refusal:
                     learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url_for(job))
-                if learned is None:
+                if learned is None and queue_refusal:
+                    self._create_refused_again(job, c, str(exc))
+                elif learned is None:  # a rate limit: sent again a while later
                     self._not_before[key] = self._mono + resubmit_delay(self.settings.poll_interval_seconds)
                 else:  # some providers refuse at once: learn the limit from that too
                     self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc), job))
@@ -430,6 +433,23 @@ class SubmitSteps(CollectSteps, FinishSteps):
             self._reconcile_create(job, c)
             return
         self._batch_created(job, c, b, reconciled=False)
+
+    def _create_refused_again(self, job: JobState, c: ChunkState, error: str) -> None:
+        """A create refused at once for the queue limit, with nothing to learn: sent again after a
+        wait that doubles each round (counted by this process); after ``QUEUE_FULL_ROUNDS`` its
+        rows fail as ``queue_full`` (``bgctl retry`` sends them again), so ``daemon --once`` ends."""
+        key = (job.job_id, c.index)
+        rounds = self._create_refusals.get(key, 0) + 1
+        self._create_refusals[key] = rounds
+        if not queue.queue_full(rounds):
+            wait = queue.refusal_wait(resubmit_delay(self.settings.poll_interval_seconds), rounds)
+            self._not_before[key] = self._mono + wait
+            return
+        self._create_refusals.pop(key, None)
+        why = f"the provider refused to create the batch {rounds} times for its queue limit; last refusal: {error}"
+        self._delete_refused_file_of(c)
+        self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="queue_full", error=why, retryable=False))
+        self._rows_failed_for_chunk(job, job.chunks[c.index], "queue_full", why)
 
     def _batch_created(self, job: JobState, c: ChunkState, b: Any, reconciled: bool) -> None:
         """Record a batch created (or adopted) for ``c``.  A batch the reply names ended (a
