@@ -6,6 +6,7 @@ until a condition holds; nothing is mocked."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,7 @@ def run_until(engine: Engine, cond: Callable[[], Any], timeout: float = 60.0, st
         engine.startup(time.time())
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        engine.tick(time.time())
+        engine.tick(time.time(), time.monotonic())  # as the daemon does: wall for stamps, monotonic for waits
         v = cond()
         if v:
             return v
@@ -49,3 +50,30 @@ def run_until(engine: Engine, cond: Callable[[], Any], timeout: float = 60.0, st
 
 def all_ended(engine: Engine) -> bool:
     return bool(engine.state.jobs) and all(j.ended for j in engine.state.jobs.values())
+
+
+def write_rows(path, n: int) -> None:
+    path.write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(n)))
+
+
+class CreateTracker:
+    """Counts POST /v1/batches received and carried out, so a test can wait for late ones."""
+
+    def __init__(self) -> None:
+        self.seen: Counter = Counter()
+
+    def __call__(self, method: str, route: str, phase: str) -> None:
+        if method == "POST" and route == "/v1/batches":
+            self.seen[phase] += 1
+
+    def settled(self) -> bool:
+        return self.seen["received"] == self.seen["effected"]
+
+
+def paid_per_key(emu: Emulator) -> Counter:
+    """bg_key -> batches that answered at least one request (a request answered twice is paid twice)."""
+    out: Counter = Counter()
+    for b in emu.batches():
+        if (b["request_counts"] or {}).get("completed", 0) or (b["request_counts"] or {}).get("failed", 0):
+            out[b["metadata"]["bg_key"]] += 1
+    return out

@@ -3,44 +3,16 @@ engine, the real SDK and the emulator over real HTTP."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from adversarial_engine import all_ended, make_engine, run_until
+from adversarial_engine import CreateTracker, all_ended, make_engine, paid_per_key, run_until, write_rows
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault
 from batchgrader.store.eventstore import EventStore
 from harness import TEST_KEY
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def write_rows(path, n: int) -> None:
-    path.write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(n)))
-
-
-class CreateTracker:
-    """Counts POST /v1/batches received and carried out, so a test can wait for late ones."""
-
-    def __init__(self) -> None:
-        self.seen: Counter = Counter()
-
-    def __call__(self, method: str, route: str, phase: str) -> None:
-        if method == "POST" and route == "/v1/batches":
-            self.seen[phase] += 1
-
-    def settled(self) -> bool:
-        return self.seen["received"] == self.seen["effected"]
-
-
-def paid_per_key(emu: Emulator) -> Counter:
-    """bg_key -> batches that answered at least one request (a request answered twice is paid twice)."""
-    out: Counter = Counter()
-    for b in emu.batches():
-        if (b["request_counts"] or {}).get("completed", 0) or (b["request_counts"] or {}).get("failed", 0):
-            out[b["metadata"]["bg_key"]] += 1
-    return out
 
 
 @pytest.mark.slow

@@ -344,15 +344,19 @@ def test_definite_read_failures_are_not_retried(provider, emu, sleeper, clock, i
     assert emu.request_count("POST", "/v1/batches/{id}/cancel") == 1
 
 
-def test_cancel_retries_transient_errors_and_returns_the_batch(emu, clock, input_path):
-    sleeper = RecordingSleep()  # backoff must not move the emulator clock here
+def test_cancel_asks_once_and_a_transient_error_is_asked_again_by_the_caller(emu, clock, input_path):
+    """A cancel is never retried inside the call (that held every other job up for about 20 s):
+    a transient error is ProviderUnavailable at once, and asking again works."""
+    sleeper = RecordingSleep()
     provider = make_provider(emu, sleeper)
     f = uploaded(provider, input_path)
     b = provider.create_batch(f.id)
     emu.script_fault("POST", "/v1/batches/{id}/cancel", Fault("status", status=500))
+    with pytest.raises(ProviderUnavailable):
+        provider.cancel(b.id)
+    assert sleeper.calls == [] and emu.request_count("POST", "/v1/batches/{id}/cancel") == 1
     assert provider.cancel(b.id).status == "cancelling"
     assert run_until_terminal(provider, clock, b.id).status == "cancelled"
-    assert len(sleeper.calls) == 1
 
 
 # --- secrets ----------------------------------------------------------------------------------

@@ -21,11 +21,21 @@ class Timers:
     """The daemon's timing state (not in the event log: it restarts fresh with the process).
 
     ``next_poll[(job, chunk)] = (due, delay)``; ``not_before[(job, chunk)]`` is the time before
-    which a refused chunk is not sent again; ``cancel_sent`` holds batch ids already cancelled."""
+    which a refused chunk is not sent again; ``cancel_sent`` holds batch ids already cancelled;
+    ``dup_next[(job, chunk)]`` when a chunk created again is next listed for a late duplicate.
+
+    Every time here is on the monotonic clock, ``mono`` now (a wall-clock step moves no wait);
+    ``mono=None``: the timers are on the clock of the ``now`` given to the rules (one clock)."""
 
     next_poll: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     not_before: Mapping[tuple[str, int], float] = field(default_factory=dict)
     cancel_sent: AbstractSet[str] = frozenset()
+    mono: float | None = None
+    dup_next: Mapping[tuple[str, int], float] = field(default_factory=dict)
+
+    def clock(self, now: float) -> float:
+        """The time the timers are compared with: ``mono``, else the rules' ``now``."""
+        return now if self.mono is None else self.mono
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,15 @@ from batchgrader.core.actions import (
 from batchgrader.core.config import Config, Profile
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
+from batchgrader.core.settle import CREATE_SETTLE_SLACK, create_settle_seconds  # noqa: F401 - part of the rules' interface
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row error codes never resubmitted automatically (the row can never be accepted as it is).
 NEVER_RETRIED = frozenset({"request_too_large"})
+#: Row error codes resubmitted only by `bgctl retry`: sending them again at once would fail the
+#: same way (the provider's queue stayed full through every round).
+RETRIED_ON_REQUEST = frozenset({"queue_full"})
 
 
 def resubmit_delay(poll_interval: float) -> float:
@@ -147,23 +151,21 @@ def list_round_due(state: State, timers: Timers, now: float) -> bool:
     """With two or more batches in flight, one paged batches.list refreshes them all; it is due
     when any of them is due by its own backoff."""
     flying = [(j.job_id, c.index) for j in state.active_jobs() for c in j.chunks.values() if c.in_flight and c.batch_id]
-    return len(flying) >= 2 and any(timers.next_poll.get(k, (now, 0.0))[0] <= now for k in flying)
+    t = timers.clock(now)
+    return len(flying) >= 2 and any(timers.next_poll.get(k, (t, 0.0))[0] <= t for k in flying)
 
 
 def collectable(c: ChunkState) -> bool:
-    return c.create == "done" and c.status in TERMINAL_BATCH and not c.done and not c.failure and not c.dup_check_due
+    """A batch seen ended (read back from the provider, not only named so in a create reply),
+    not collected yet, with no duplicate check pending."""
+    return (
+        c.create == "done" and c.status in TERMINAL_BATCH and c.read_back and not c.done and not c.failure and not c.dup_check_due
+    )
 
 
-CREATE_SETTLE_SLACK = 3.0  # s, added to the request timeout before a create is believed absent
 # rows answered (and paid for) whose answer could not be read: never resubmitted automatically
 # (that would pay twice); `bgctl retry` still resubmits them on request
 PAID_ANSWER_LOST = frozenset({"output_unavailable", "malformed_result"})
-
-
-def create_settle_seconds(config: Config) -> float:
-    """How long after a create request a listing must be taken before "absent" is believed: the
-    provider may carry out a request after the client gave up on it (a late create)."""
-    return config.default.request_timeout_seconds + CREATE_SETTLE_SLACK
 
 
 def epoch(iso_ts: str | None, default: float) -> float:
@@ -176,11 +178,17 @@ def epoch(iso_ts: str | None, default: float) -> float:
         return default
 
 
-def duplicate_check_due(c: ChunkState, config: Config, now: float) -> bool:
-    """Once the earlier request can no longer land, and always before a terminal batch is collected."""
+def duplicate_check_due(c: ChunkState, now: float, timers: Timers, key: tuple[str, int]) -> bool:
+    """A chunk created again after an absent or refused create of the same attempt is listed for
+    a late batch of the earlier request at once, then every few seconds while the watch lasts
+    (``timers.dup_next``; unknown to this process, e.g. after a restart: at once), and always
+    before its terminal batch is collected."""
     if not (c.dup_check_due and c.create == "done" and c.batch_id and not c.done):
         return False
-    return c.status in TERMINAL_BATCH or now >= min(epoch(c.dup_check_due, now), now) + create_settle_seconds(config)
+    if c.status in TERMINAL_BATCH:
+        return True
+    due = timers.dup_next.get(key)
+    return due is None or timers.clock(now) >= due
 
 
 def committed_tokens(state: State, config: Config, exclude: str) -> int:
@@ -250,9 +258,23 @@ def batch_failure(state: State, job: JobState, c: ChunkState, poll_interval: flo
             why = f"this row alone ({c.input_tokens:,} input tokens) is over the provider's enqueued-token limit: {refusal}"
             return FailBatch(job.job_id, c.index, c.batch_id, "request_too_large", why, False, message=refusal)
         learned = refusal_lesson(state, job, c, refusal, queue_url)
-        # nothing new to go by (a queue shared with others): wait a while before sending again
-        delay = resubmit_delay(poll_interval) if learned is None else 0.0
-        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, delay, learned, refusal)
+        if learned is not None:
+            return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", msg, True, 0.0, learned, refusal)
+        # nothing new to go by (a queue shared with others): wait longer each round, then give up
+        rounds = c.refusals + 1
+        if queue.queue_full(rounds):
+            why = (
+                f"refused {rounds} times for the provider's queue limit although it fits the limit known "
+                f"(the queue may be shared with other work); last refusal: {refusal}"
+            )
+            return FailBatch(job.job_id, c.index, c.batch_id, "queue_full", why, False, message=refusal)
+        delay = queue.refusal_wait(resubmit_delay(poll_interval), rounds)
+        waiting = (
+            f"waiting for room in the provider's queue (refusal {rounds} of {queue.QUEUE_FULL_ROUNDS} although the "
+            f"chunk fits the limit known: the queue may be shared; sent again in {delay:.0f} s, after "
+            f"{queue.QUEUE_FULL_ROUNDS} refusals its rows fail as queue_full): {msg}"
+        )
+        return FailBatch(job.job_id, c.index, c.batch_id, "token_limit_exceeded", waiting, True, delay, None, refusal)
     return FailBatch(job.job_id, c.index, c.batch_id, str(codes[0]) if codes else "batch_failed", msg, False)
 
 
@@ -271,6 +293,7 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         if job.row_attempts.get(cid, 0) < profile.max_row_retries
         and info.get("code") not in PAID_ANSWER_LOST
         and info.get("code") not in NEVER_RETRIED
+        and info.get("code") not in RETRIED_ON_REQUEST
     ]
 
 
@@ -364,7 +387,12 @@ def decide_job(
     settings = config.default
     if job.cancel_requested:
         for c in job.chunks.values():
-            if c.in_flight and c.batch_id and c.batch_id not in timers.cancel_sent and c.status != "cancelling":
+            if (
+                c.in_flight
+                and c.batch_id
+                and c.batch_id not in timers.cancel_sent
+                and c.status not in ("cancelling", *TERMINAL_BATCH)
+            ):
                 out.append(CancelBatch(job_id, c.index, c.batch_id))
     elif job.held:
         if not (job.override_budget or budget_problem(state, job, config, now) is None):
@@ -374,11 +402,12 @@ def decide_job(
     for c in chunks:
         if c.open_intent:
             out.append(Reconcile(job_id, c.index, c.open_intent))
+    t = timers.clock(now)
     for c in chunks:
-        if c.in_flight and c.batch_id and timers.next_poll.get((job_id, c.index), (now, 0.0))[0] <= now:
+        if c.in_flight and c.batch_id and timers.next_poll.get((job_id, c.index), (t, 0.0))[0] <= t:
             out.append(Poll(job_id, c.index, c.batch_id))
     for c in chunks:
-        if duplicate_check_due(c, config, now):
+        if duplicate_check_due(c, now, timers, (job_id, c.index)):
             out.append(CheckDuplicates(job_id, c.index))
     if (
         not job.cancel_requested
@@ -495,7 +524,7 @@ def _submit(
             if ("Replan", c.index, None) not in step.done:
                 replans.append(Replan(job.job_id, c.index, limit, exact))
             continue
-        if timers.not_before.get((job.job_id, c.index), 0) > now:
+        if timers.not_before.get((job.job_id, c.index), float("-inf")) > timers.clock(now):
             continue
         if c.upload == "done" and c.create in ("none", "failed"):
             staged = c.staged  # uploaded ahead: not counted by enqueued_tokens nor batches_in_use

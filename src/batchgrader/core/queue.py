@@ -215,3 +215,24 @@ def refusal_lesson(state: State, job: JobState, c: ChunkState, message: str | No
 def probe_after_completion(state: State, job: JobState, queue_url: str) -> Learned | None:
     """After a batch completed, an estimated (figure-less) limit is probed upward."""
     return after_completion(known_limit(state, queue_url, job.model or ""))
+
+
+# --- refusals that teach nothing ------------------------------------------------------------------
+
+#: refusals of one chunk for the queue limit (each after a wait twice as long as the one before)
+#: before its rows fail as ``queue_full``: a refusal of a chunk that fits the limit the provider
+#: states teaches nothing (the queue is shared with other tools, or the limit is not what it says)
+QUEUE_FULL_ROUNDS = 6
+MAX_REFUSAL_WAIT = 600.0  # s, the longest wait before a refused chunk is sent again
+
+
+def refusal_wait(base: float, rounds: int) -> float:
+    """Seconds before a chunk refused ``rounds`` times (this one included) without a lesson is
+    sent again: ``base``, doubled at each round, at most :data:`MAX_REFUSAL_WAIT`."""
+    return min(base * 2.0 ** max(0, rounds - 1), MAX_REFUSAL_WAIT)
+
+
+def queue_full(rounds: int) -> bool:
+    """Whether a chunk refused ``rounds`` times for the queue limit stops being sent (its rows
+    fail as ``queue_full``; ``bgctl retry`` sends them again)."""
+    return rounds >= QUEUE_FULL_ROUNDS

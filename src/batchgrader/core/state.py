@@ -46,6 +46,9 @@ class ChunkState:
     request_counts: dict[str, int] = field(default_factory=dict)
     output_file_id: str | None = None
     error_file_id: str | None = None
+    # the batch's state was read from the provider (BatchStatusChanged) since its BatchCreated: a
+    # create reply that already names a terminal status is read back before the batch is collected
+    read_back: bool = False
     batch_errors: list[dict[str, Any]] = field(default_factory=list)
     downloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> {state, file_id, path}
     # end
@@ -60,6 +63,7 @@ class ChunkState:
     create_retried: bool = False
     dup_check_due: str | None = None
     malformed_downloads: int = 0  # OutputFileMalformed seen for the current batch
+    refusals: int = 0  # batches of this chunk refused for the queue limit (ChunkFailed retryable), every attempt
     ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
     answers_due: int | None = None  # merged, its answers not stored yet (AnswersToStore): result records to read
 
@@ -70,7 +74,11 @@ class ChunkState:
 
     @property
     def in_flight(self) -> bool:
-        return self.create == "done" and self.status in IN_FLIGHT and not self.done
+        """At the provider and not seen ended: running, or named ended only by its create reply
+        (read back by a poll before it is collected)."""
+        if self.create != "done" or self.done:
+            return False
+        return self.status in IN_FLIGHT or (self.status in TERMINAL_BATCH and not self.read_back)
 
     @property
     def open_intent(self) -> str | None:
@@ -341,6 +349,7 @@ def _batch_create_requested(s: State, job: JobState, p: P.BatchCreateRequested, 
 def _batch_created(s: State, job: JobState, p: P.BatchCreated, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.create, c.batch_id, c.status = "done", p["batch_id"], p["status"] or "validating"
+    c.read_back = False
     s.batch_index[p["batch_id"]] = (job.job_id, c.index)
     if c.create_retried:
         c.dup_check_due = e.ts  # an earlier create of this attempt may land late: look again
@@ -384,7 +393,7 @@ def _batch_status_changed(s: State, job: JobState, p: P.BatchStatusChanged, e: E
     c = _chunk(job, p["chunk"])
     if c.batch_id != p["batch_id"]:
         return
-    c.status = p["status"]
+    c.status, c.read_back = p["status"], True
     c.request_counts = dict(p["request_counts"] or {})
     c.output_file_id = p["output_file_id"]
     c.error_file_id = p["error_file_id"]
@@ -432,7 +441,9 @@ def _chunk_failed(s: State, job: JobState, p: P.ChunkFailed, e: Event) -> None:
     c.failure = {"code": p["code"], "error": p["error"], "retryable": bool(p["retryable"]), "ts": e.ts}
     c.last_error = p["error"]
     job.last_error = p["error"]
-    if not p["retryable"]:
+    if p["retryable"]:
+        c.refusals += 1
+    else:
         c.done = True
         c.failed = c.requests
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
 from batchgrader.core.polling import Durations
+from batchgrader.core.settle import CreateSent
 from batchgrader.core.state import ChunkState, JobState, State, fold
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline import inbox as inbox_mod
@@ -45,9 +47,16 @@ def stamp(ts: float) -> str:
 
 
 def _status_event(c: ChunkState, b: Any) -> NewEvent | None:
-    """A BatchStatusChanged for what the provider says of ``c``'s batch, or None if nothing changed."""
+    """A BatchStatusChanged for what the provider says of ``c``'s batch, or None if nothing changed
+    (always one for a batch not read back since its create reply: that it was read is recorded)."""
     counts = dataclasses.asdict(b.request_counts)
-    if (b.status, counts, b.output_file_id, b.error_file_id) == (c.status, c.request_counts, c.output_file_id, c.error_file_id):
+    same = (b.status, counts, b.output_file_id, b.error_file_id) == (
+        c.status,
+        c.request_counts,
+        c.output_file_id,
+        c.error_file_id,
+    )
+    if same and c.read_back:
         return None
     return _e(
         "BatchStatusChanged",
@@ -116,7 +125,13 @@ class EngineBase:
     _not_before: dict[tuple[str, int], float] = field(default_factory=dict)
     _cancel_sent: set[str] = field(default_factory=set)
     _next_listing: dict[tuple[str, int], float] = field(default_factory=dict)
-    _requested_at: dict[tuple[str, int], float] = field(default_factory=dict)
+    # a create's request as this process sent it (monotonic stamps), until its outcome is known
+    _create_sent: dict[tuple[str, int], CreateSent] = field(default_factory=dict)
+    _requested_at: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: when a create left
+    _created_at: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: when a batch was recorded created
+    _dup_next: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: next duplicate listing
+    _dup_cancelled: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # duplicates cancelled so far
+    _create_refusals: dict[tuple[str, int], int] = field(default_factory=dict)  # creates refused at once for capacity
     _corrupt_logged: set[str] = field(default_factory=set)
     _effects_checked: set[str] = field(default_factory=set)
     _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
@@ -131,6 +146,12 @@ class EngineBase:
     again: bool = False  # a job stopped its tick after an action with more to do now (tick again at once)
     scan_requested: bool = True  # set by the daemon when the watcher saw a change
     _last_scan: float = float("-inf")
+    # the clocks of the tick under way: the wall clock (timestamps, UTC days, retention) and the
+    # monotonic clock (every wait); _mono_started: time.monotonic() when the tick began
+    _wall: float = 0.0
+    _mono: float = 0.0
+    _mono_started: float = 0.0
+    _anchor: tuple[float, float] | None = None  # (wall, mono) of the first tick
     should_stop: Callable[[], bool] = lambda: False  # set by the daemon: SIGTERM finishes the current step
     on_progress: Callable[[], None] = lambda: None  # heartbeat for long steps (systemd watchdog)
     # set by the daemon: a job being prepared has rows to send to this provider (its SDK can be
@@ -175,7 +196,31 @@ class EngineBase:
         return self.config.default
 
     def timers(self) -> Timers:
-        return Timers(self._next_poll, self._not_before, self._cancel_sent)
+        return Timers(self._next_poll, self._not_before, self._cancel_sent, mono=self._mono, dup_next=self._dup_next)
+
+    # --- clocks -------------------------------------------------------------------------------
+    def set_clocks(self, wall: float, mono: float | None) -> None:
+        """The clocks of a tick: ``wall`` for timestamps, ``mono`` (default: ``wall``, one clock
+        for both, as tick tests with one fake clock use) for every wait."""
+        self._wall = wall
+        self._mono = wall if mono is None else mono
+        self._mono_started = time.monotonic()
+        if self._anchor is None:
+            self._anchor = (self._wall, self._mono)
+
+    def mono_now(self) -> float:
+        """The monotonic time at this moment of the tick (a request is stamped when it leaves,
+        not when the tick began): the tick's, plus what the tick has taken so far."""
+        return self._mono + (time.monotonic() - self._mono_started)
+
+    def trusted_wall(self) -> float:
+        """The wall-clock time, never ahead of what the monotonic clock measured since the first
+        tick (a clock stepped forward must not age stored answers: late retention is harmless,
+        early retention loses answers)."""
+        if self._anchor is None:
+            return self._wall
+        wall0, mono0 = self._anchor
+        return min(self._wall, wall0 + (self._mono - mono0))
 
     def provider_key(self) -> str:
         return provider_id_of(self.settings, self.sandbox)

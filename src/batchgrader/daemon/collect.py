@@ -84,8 +84,9 @@ class CollectSteps(ReuseSteps):
         was = c.status  # read before emit folds the new status into c
         if ev is not None:
             self.emit(job.job_id, ev)
-        # when it was asked for: on this process's clock, or the log's (BatchCreateRequested) after a restart
-        created = min(self._requested_at.get(key) or epoch(c.requested_ts, now), now)
+        # when it was asked for (``now`` is monotonic): this process's stamp, or the log's
+        # (BatchCreateRequested, wall clock) after a restart
+        created = now - self._create_age(key, c)
         model = job.model or ""
         if b.status == "completed" and was != "completed":
             if b.created_at and b.completed_at and b.completed_at >= b.created_at:
@@ -100,6 +101,14 @@ class CollectSteps(ReuseSteps):
             left = ahead
         delay = next_poll_delay(now - created, self.settings.poll_interval_seconds, left)
         self._next_poll[key] = (now + delay, delay)
+
+    def _create_age(self, key: tuple[str, int], c: ChunkState) -> float:
+        """Seconds since the chunk's batch was asked for: on the monotonic clock when this
+        process sent it, else from the log's wall-clock time of the request."""
+        sent = self._requested_at.get(key)
+        if sent is not None:
+            return max(0.0, self._mono - sent)
+        return max(0.0, self._wall - epoch(c.requested_ts, self._wall))
 
     def _progress_left(self, key: tuple[str, int], b: Any, now: float) -> float | None:
         """Seconds until the batch's requests are all done, at the rate they were done since we

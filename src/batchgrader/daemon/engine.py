@@ -80,6 +80,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
     # --- the tick -------------------------------------------------------------------------------
     def startup(self, now: float) -> None:
         """Recover after a crash: our temp files, claimed-but-unrecorded inputs."""
+        self._wall = now  # the clocks of a tick are set by tick(); what start-up stamps is on the wall clock
         remove_stale_temp_files(self.home.outbox)
         for job_dir in sorted(self.home.work.glob("*")) if self.home.work.is_dir() else []:
             remove_stale_temp_files(job_dir, recursive=True)
@@ -95,11 +96,16 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             self._mark_recovered(job_dir)
         self.intake(now)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, mono: float | None = None) -> None:
         """One pass over every job. Sets ``idle`` when, at the end of the pass, no job is active
         and no inbox file is waiting (decided here, not by another thread, to avoid races), and
         ``again`` when a job stopped after an action that ends its tick (``Prepare``,
-        ``SearchRecovered``, ``PlanRetries``) with what follows due now."""
+        ``SearchRecovered``, ``PlanRetries``) with what follows due now.
+
+        ``now`` is the wall clock (timestamps, UTC days); ``mono`` the monotonic clock every
+        wait runs on (polls, resubmits, settle waits), so a wall-clock step moves none of them;
+        None: ``now`` serves as both (a test's one fake clock)."""
+        self.set_clocks(now, mono)
         self.idle = False
         self.again = False
         self.intake(now)
@@ -108,7 +114,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
 
     def _advance_all(self, now: float) -> None:
         try:
-            self._list_round(now)
+            self._list_round(self._mono)  # polls run on the monotonic clock
         except ProviderError as exc:
             log.warning("listing batches: %s (polling them one by one)", exc)
         for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
@@ -154,7 +160,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         elif isinstance(a, Prepare):
             self._prepare(job, now)
         elif isinstance(a, CancelBatch):
-            self._cancel_batch(a, now)
+            self._cancel_batch(a, self._mono)
         elif isinstance(a, Release):
             self.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False))
         elif isinstance(a, Reconcile):
@@ -162,16 +168,16 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             if a.intent == "upload":
                 self._reconcile_upload(job, c)
             else:
-                self._reconcile_create(job, c, now)
+                self._reconcile_create(job, c)
         elif isinstance(a, Poll):
-            self._poll(job, job.chunks[a.chunk], now)
+            self._poll(job, job.chunks[a.chunk], self._mono)
         elif isinstance(a, CheckDuplicates):
-            self._check_duplicates(job, job.chunks[a.chunk], now)
+            self._check_duplicates(job, job.chunks[a.chunk])
         elif isinstance(a, SearchRecovered):
-            self._adopt_recovered(job, now)
+            self._adopt_recovered(job, self._mono)  # its time is when the adopted batches are polled
         elif isinstance(a, FailBatch):
-            if a.code == "request_too_large":
-                self._delete_refused_file_of(job.chunks[a.chunk])  # a row alone over the queue limit
+            if a.code in ("request_too_large", "queue_full"):
+                self._delete_refused_file_of(job.chunks[a.chunk])  # refused for the queue limit, not sent again
             self.emit(
                 job.job_id,
                 *self._learned_event(job.model or "", a.learned, a.chunk, a.message, job),
@@ -179,13 +185,13 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             )
             if a.retryable:
                 if a.retry_delay:
-                    self._not_before[(job.job_id, a.chunk)] = now + a.retry_delay
+                    self._not_before[(job.job_id, a.chunk)] = self._mono + a.retry_delay
             else:
                 self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.error)
         elif isinstance(a, Replan):
             self._replan(job, job.chunks[a.chunk], a.limit, a.exact)
         elif isinstance(a, Download):
-            self._download(job, job.chunks[a.chunk], a.kind, a.file_id, now)
+            self._download(job, job.chunks[a.chunk], a.kind, a.file_id, self._mono)
         elif isinstance(a, Merge):
             self._merge(job, job.chunks[a.chunk], now)
         elif isinstance(a, FailUnstarted):
@@ -197,7 +203,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         elif isinstance(a, Upload):
             self._upload(job, job.chunks[a.chunk], a)
         elif isinstance(a, Create):
-            self._create(job, job.chunks[a.chunk], now)
+            self._create(job, job.chunks[a.chunk])
         elif isinstance(a, PlanRetries):
             self._plan_retries(job, list(a.custom_ids))
         elif isinstance(a, WriteResult):

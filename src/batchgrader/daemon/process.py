@@ -468,7 +468,7 @@ class Daemon:
                     log.error("config reload failed, keeping the old configuration: %s", exc)
             self._controls(self.engine)
             self.engine.store.check_file()
-            self.engine.tick(time.time())
+            self.engine.tick(time.time(), time.monotonic())  # wall for timestamps, monotonic for waits
             self.wake_for_intake()
             if self.engine.again:  # e.g. a job just prepared: its uploads are due now, not a tick later
                 self.wake.set()

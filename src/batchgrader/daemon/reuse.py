@@ -155,7 +155,8 @@ class ReuseSteps(EngineBase):
 
         def put(conn: Any) -> None:
             if keep_days > 0:
-                answers.put(conn, self._answers_to_store(job, c, path, rows), now=now, keep_days=keep_days)
+                # the retention's clock never runs ahead of the monotonic one (a forward step purges nothing)
+                answers.put(conn, self._answers_to_store(job, c, path, rows), now=self.trusted_wall(), keep_days=keep_days)
 
         try:
             self.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=None), also=put)

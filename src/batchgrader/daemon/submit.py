@@ -24,6 +24,7 @@ from batchgrader.core.decide import (
     refusal_lesson,
     resubmit_delay,
 )
+from batchgrader.core.settle import CreateSent, absent_after, duplicate_check_in, duplicate_watch_ends, next_listing_in
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.base import (
     CLOCK_SKEW_SLACK,
@@ -128,7 +129,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 now,
             )
         requests_path = job_dir / "requests.jsonl"
-        probe = self._reuse_probe(job, profile, now)
+        probe = self._reuse_probe(job, profile, self.trusted_wall())  # retention: not by a clock stepped forward
         if probe is None:  # every row is sent (else the probe says so at the first row to send)
             self.on_rows_to_send(profile.provider)
         try:
@@ -387,7 +388,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
             "bg_key": f"{job.job_id}:{c.index}:{c.attempt}",
         }
 
-    def _create(self, job: JobState, c: ChunkState, now: float) -> None:
+    def _create(self, job: JobState, c: ChunkState) -> None:
         assert self.provider is not None and c.file_id
         self.emit(
             job.job_id,
@@ -395,21 +396,26 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 "BatchCreateRequested", chunk=c.index, attempt=c.attempt, input_file_id=c.file_id, metadata=self._metadata(job, c)
             ),
         )
-        self._requested_at[(job.job_id, c.index)] = now  # on this process's clock (the log's after a restart)
-        self._do_create(job, job.chunks[c.index], now)
+        self._do_create(job, job.chunks[c.index])
 
-    def _do_create(self, job: JobState, c: ChunkState, now: float) -> None:
+    def _do_create(self, job: JobState, c: ChunkState) -> None:
         assert self.provider is not None and c.file_id
+        key = (job.job_id, c.index)
+        sent = self.mono_now()  # when this request leaves (not when the tick began)
+        self._requested_at[key] = sent
         try:
             b = self.provider.create_batch(c.file_id, ENDPOINT, self.settings.completion_window, dict(c.metadata))
         except ProviderRejected as exc:
             self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
             if capacity_refusal(exc.status_code, str(exc)):
                 learned = None
-                if queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc)):
+                queue_refusal = queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc))
+                if queue_refusal:
                     learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url_for(job))
-                if learned is None:
-                    self._not_before[(job.job_id, c.index)] = now + resubmit_delay(self.settings.poll_interval_seconds)
+                if learned is None and queue_refusal:
+                    self._create_refused_again(job, c, str(exc))
+                elif learned is None:  # a rate limit: sent again a while later
+                    self._not_before[key] = self._mono + resubmit_delay(self.settings.poll_interval_seconds)
                 else:  # some providers refuse at once: learn the limit from that too
                     self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc), job))
                 return
@@ -420,54 +426,95 @@ class SubmitSteps(CollectSteps, FinishSteps):
             self._rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", str(exc))
             return
         except OutcomeUnknown as exc:
+            # an error answer (5xx) was given by the provider: what it did is listed at once; no
+            # reply (timeout, connection lost): it may still carry the request out a while later
+            self._create_sent[key] = CreateSent(sent, self.mono_now(), answered=exc.status_code is not None)
             log.warning("job %s chunk %s: batch create outcome unknown (%s); reconciling", job.job_id, c.index, exc)
-            self._reconcile_create(job, c, now)
+            self._reconcile_create(job, c)
             return
+        self._batch_created(job, c, b, reconciled=False)
+
+    def _create_refused_again(self, job: JobState, c: ChunkState, error: str) -> None:
+        """A create refused at once for the queue limit, with nothing to learn: sent again after a
+        wait that doubles each round (counted by this process); after ``QUEUE_FULL_ROUNDS`` its
+        rows fail as ``queue_full`` (``bgctl retry`` sends them again), so ``daemon --once`` ends."""
+        key = (job.job_id, c.index)
+        rounds = self._create_refusals.get(key, 0) + 1
+        self._create_refusals[key] = rounds
+        if not queue.queue_full(rounds):
+            wait = queue.refusal_wait(resubmit_delay(self.settings.poll_interval_seconds), rounds)
+            self._not_before[key] = self._mono + wait
+            return
+        self._create_refusals.pop(key, None)
+        why = f"the provider refused to create the batch {rounds} times for its queue limit; last refusal: {error}"
+        self._delete_refused_file_of(c)
+        self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="queue_full", error=why, retryable=False))
+        self._rows_failed_for_chunk(job, job.chunks[c.index], "queue_full", why)
+
+    def _batch_created(self, job: JobState, c: ChunkState, b: Any, reconciled: bool) -> None:
+        """Record a batch created (or adopted) for ``c``.  A batch the reply names ended (a
+        provider that validates and runs it before replying, or a fast small batch) is read back
+        at once for its result files: it is never collected from a create reply alone."""
+        key = (job.job_id, c.index)
+        self._create_sent.pop(key, None)
+        self._next_listing.pop(key, None)
+        self._created_at[key] = self.mono_now()
+        self._dup_next.pop(key, None)
+        status = b.status if not reconciled else "validating"
         self.emit(
-            job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=b.status, reconciled=False)
+            job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=status, reconciled=reconciled)
         )
-        self._next_poll[(job.job_id, c.index)] = (now + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
+        self._next_poll[key] = (self._mono if reconciled or b.is_terminal else self._mono + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
+        c = self.state.jobs[job.job_id].chunks[c.index]
+        if reconciled:  # the adopted batch may have moved on (even finished): record where it is
+            ev = _status_event(c, b)
+            if ev is not None:
+                self.emit(job.job_id, ev)
+        elif b.is_terminal:
+            try:
+                self._poll(job, c, self._mono)
+            except ProviderError as exc:  # read back at the next tick (it is due now)
+                log.warning("job %s chunk %s: reading back batch %s: %s", job.job_id, c.index, b.id, exc)
 
-    def _create_settle_seconds(self) -> float:
-        return create_settle_seconds(self.config)
+    def _create_request(self, job: JobState, c: ChunkState) -> tuple[CreateSent, bool]:
+        """The open create of ``c`` as sent (monotonic, this process) or, after a restart, as the
+        log has it (its wall-clock time; compared with the wall clock); and whether it is on the
+        monotonic clock."""
+        sent = self._create_sent.get((job.job_id, c.index))
+        if sent is not None:
+            return sent, True
+        return CreateSent(min(epoch(c.requested_ts, self._wall), self._wall)), False
 
-    def _listing_floor(self, requested_at: float) -> int:
-        """``created_after`` for a reconciliation listing (provider clocks may differ from ours)."""
-        return int(requested_at - self._create_settle_seconds() - CLOCK_SKEW_SLACK)
+    def _listing_floor(self, c: ChunkState) -> int:
+        """``created_after`` for a reconciliation listing: the intent's wall-clock time less the
+        request timeout and the skew between our clock and the provider's."""
+        requested = min(epoch(c.requested_ts, self._wall), self._wall)
+        return int(requested - create_settle_seconds(self.config) - CLOCK_SKEW_SLACK)
 
-    def _reconcile_create(self, job: JobState, c: ChunkState, now: float) -> None:
+    def _reconcile_create(self, job: JobState, c: ChunkState) -> None:
         assert self.provider is not None and c.file_id
         key = (job.job_id, c.index)
-        if self._next_listing.get(key, float("-inf")) > now:
+        if self._next_listing.get(key, float("-inf")) > self._mono:
             return
-        requested_at = self._requested_at.get(key, min(epoch(c.requested_ts, now), now))
+        request, monotonic = self._create_request(job, c)
+        now = self.mono_now() if monotonic else self._wall
+        timeout = self.settings.request_timeout_seconds
         found = reconcile_batch(
             self.provider,
             c.file_id,
             {"bg_key": c.metadata.get("bg_key", "")},
-            created_after=self._listing_floor(requested_at),
+            created_after=self._listing_floor(c),
         )
         keep = found.batch
-        if keep is None and now < requested_at + self._create_settle_seconds():
-            self._next_listing[key] = now + min(5.0, self._create_settle_seconds() / 4)
+        if keep is None and now < absent_after(request, timeout):
+            self._next_listing[key] = self._mono + next_listing_in(request, timeout, now)
             return  # a late create may still land: the outcome stays unknown, look again later
         if keep is not None:
-            for extra in found.duplicates:  # should never happen; never pay twice
-                log.error("job %s chunk %s: duplicate batch %s found; cancelling it", job.job_id, c.index, extra.id)
-                try:
-                    self.provider.cancel(extra.id)
-                except ProviderError as exc:
-                    log.error("could not cancel duplicate batch %s: %s", extra.id, exc)
-            self.emit(
-                job.job_id,
-                _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=keep.id, status="validating", reconciled=True),
-            )
-            # the adopted batch may have moved on (even finished) while we were down: record where it is
-            ev = _status_event(self.state.jobs[job.job_id].chunks[c.index], keep)
-            if ev is not None:
-                self.emit(job.job_id, ev)
-            self._next_poll[(job.job_id, c.index)] = (now, FIRST_POLL_DELAY)
+            self._cancel_duplicates(job, c, list(found.duplicates))  # should never happen; never pay twice
+            self._batch_created(job, c, keep, reconciled=True)
         else:
+            self._create_sent.pop(key, None)
+            self._next_listing.pop(key, None)
             self.emit(
                 job.job_id,
                 _e(
@@ -480,29 +527,54 @@ class SubmitSteps(CollectSteps, FinishSteps):
             )
             # the file is uploaded: _submit creates again with it, under the same attempt's metadata
 
-    def _check_duplicates(self, job: JobState, c: ChunkState, now: float) -> None:
-        """After a create that followed a failed or absent one of the same attempt, look again by
-        ``bg_key`` once the earlier request can no longer land, and cancel any extra batch (never
-        pay twice).  Forced (whatever the time) before a terminal batch is collected."""
+    def _cancel_duplicates(self, job: JobState, c: ChunkState, extras: list[Any]) -> list[str]:
+        """Ask once each (no retries inside the tick: the next duplicate listing asks again) for
+        the cancel of every extra batch of the chunk not ended; the ids cancelled."""
+        assert self.provider is not None
+        key = (job.job_id, c.index)
+        done = self._dup_cancelled.setdefault(key, set())
+        for b in extras:
+            if b.is_terminal or b.status in ("cancelling", "cancelled") or b.id in done:
+                continue
+            log.error("job %s chunk %s: duplicate batch %s (late create); cancelling it", job.job_id, c.index, b.id)
+            try:
+                self.provider.cancel(b.id)
+                done.add(b.id)
+            except ProviderRejected as exc:  # ended meanwhile: nothing to cancel
+                log.error("could not cancel duplicate batch %s: %s", b.id, exc)
+            except ProviderError as exc:
+                log.error("could not cancel duplicate batch %s (asked again at the next listing): %s", b.id, exc)
+        return sorted(done)
+
+    def _check_duplicates(self, job: JobState, c: ChunkState) -> None:
+        """After a create that followed a failed or absent one of the same attempt, list by
+        ``bg_key`` at once and every few seconds while the earlier request could still be carried
+        out, cancelling any extra batch at once (never pay twice); the last listing (the watch's
+        end, or forced before a terminal batch is collected) is recorded."""
         assert self.provider is not None and c.file_id and c.batch_id and c.dup_check_due
-        if c.status not in TERMINAL_BATCH and now < epoch(c.dup_check_due, now) + self._create_settle_seconds():
-            return
+        key = (job.job_id, c.index)
+        timeout = self.settings.request_timeout_seconds
+        created = self._created_at.get(key)
+        if created is not None:
+            now, ends = self.mono_now(), duplicate_watch_ends(created, timeout)
+        else:  # created before a restart: the log's time, on the wall clock
+            now, ends = self._wall, duplicate_watch_ends(epoch(c.dup_check_due, self._wall), timeout)
         found = self.provider.find_batches(
             input_file_id=c.file_id,
             metadata={"bg_key": c.metadata.get("bg_key", "")},
-            created_after=self._listing_floor(min(epoch(c.requested_ts, now), now)),
+            created_after=self._listing_floor(c),
         )
         extras = [b for b in found if b.id != c.batch_id]
-        cancelled = []
-        for b in extras:
-            log.error("job %s chunk %s: duplicate batch %s (late create); cancelling it", job.job_id, c.index, b.id)
-            if b.is_terminal:
-                continue
-            try:
-                self.provider.cancel(b.id)
-                cancelled.append(b.id)
-            except ProviderRejected as exc:
-                log.error("could not cancel duplicate batch %s: %s", b.id, exc)
+        cancelled = self._cancel_duplicates(job, c, extras)
+        pending = [
+            b for b in extras if not b.is_terminal and b.status not in ("cancelling", "cancelled") and b.id not in cancelled
+        ]
+        final = (c.status in TERMINAL_BATCH or now >= ends) and not pending
+        if not final:
+            self._dup_next[key] = self._mono + duplicate_check_in(now, ends)
+            return
+        self._dup_next.pop(key, None)
+        self._dup_cancelled.pop(key, None)
         self.emit(
             job.job_id,
             _e(
@@ -521,5 +593,8 @@ class SubmitSteps(CollectSteps, FinishSteps):
             self.provider.cancel(a.batch_id)
         except ProviderRejected as exc:
             log.info("cancel %s: %s", a.batch_id, exc)  # already terminal: collected as usual
+        except ProviderError as exc:  # asked once per tick: the next tick asks again
+            log.warning("cancel %s: %s (asked again at the next tick)", a.batch_id, exc)
+            return
         self._cancel_sent.add(a.batch_id)
         self._next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)

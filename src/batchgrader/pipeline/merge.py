@@ -326,6 +326,10 @@ def _missing_reason(inputs: MergeInputs, malformed: list[Any]) -> tuple[str, str
     """Code and message for a row the downloaded files do not answer (None: the usual ones)."""
     if inputs.unavailable:
         return "output_unavailable", "; ".join(inputs.unavailable)
+    if inputs.status == "completed" and not inputs.files:
+        # read back from the provider and still no result file: what it answered (and billed)
+        # cannot be had; sending the rows again would pay twice (`bgctl retry` does it on request)
+        return "output_unavailable", "the batch completed but the provider named no output or error file for it"
     if malformed:
         return (
             "malformed_result",

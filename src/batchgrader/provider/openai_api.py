@@ -18,6 +18,7 @@ Rules this module enforces (see ``reliability-notes.md`` §2 and ``openai-batch-
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -234,9 +235,14 @@ class OpenAIProvider:
         except ValueError as exc:  # a 200 whose body is not JSON (the SDK lets JSONDecodeError out)
             raise OutcomeUnknown(op, f"unreadable response body: {self._describe(exc)}") from None
 
-    def _with_retries(self, op: str, fn: Callable[[], T], *, retry_statuses: frozenset[int] = RETRYABLE_STATUSES) -> T:
-        """An idempotent call: retried on transient failures per :class:`RetryPolicy`."""
+    def _with_retries(
+        self, op: str, fn: Callable[[], T], *, retry_statuses: frozenset[int] = RETRYABLE_STATUSES, attempts: int | None = None
+    ) -> T:
+        """An idempotent call: retried on transient failures per :class:`RetryPolicy` (at most
+        ``attempts`` tries when given)."""
         policy = self.retry
+        if attempts is not None:
+            policy = dataclasses.replace(policy, max_attempts=max(1, attempts))
         last: _Transient | None = None
         for attempt in range(policy.max_attempts):
             try:
@@ -397,11 +403,16 @@ class OpenAIProvider:
         return _batch_info(self._with_retries("batches.retrieve", lambda: self._client.batches.retrieve(batch_id)))
 
     def cancel(self, batch_id: str) -> BatchInfo:
-        """Ask for cancellation (idempotent on the API side). A 409 — the batch is already
-        completed/failed/expired — is a definite :class:`ProviderRejected`, not retried."""
+        """Ask for cancellation, once (idempotent on the API side: the engine asks again at its
+        next tick, rather than holding every other job up with retries inside one).  A 409 — the
+        batch is already completed/failed/expired — is a definite :class:`ProviderRejected`; a
+        transient failure (408, 429, 5xx, no reply) is :class:`ProviderUnavailable`."""
         return _batch_info(
             self._with_retries(
-                "batches.cancel", lambda: self._client.batches.cancel(batch_id), retry_statuses=frozenset({408, 429})
+                "batches.cancel",
+                lambda: self._client.batches.cancel(batch_id),
+                retry_statuses=frozenset({408, 429}),
+                attempts=1,
             )
         )
 

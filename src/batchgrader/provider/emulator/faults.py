@@ -30,7 +30,7 @@ FAULT_PROFILES: dict[str, FaultRates] = {
     "chaos": FaultRates(rate_429=0.06, rate_500=0.03, rate_503=0.03, drop_before=0.04, drop_after=0.04, slow=0.2),
 }
 
-FAULT_KINDS = ("status", "drop_before", "drop_after", "delay", "hang_after", "truncate", "garbage", "garble_line")
+FAULT_KINDS = ("status", "drop_before", "drop_after", "delay", "hang_after", "truncate", "garbage", "garble_line", "ended_reply")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ class Fault:
       ``garbage``     perform the call, answer 200 with a body that is not JSON.
       ``garble_line`` perform the call; in a file's content, replace the first line by one that
                       is not JSON (a malformed output file whose other lines are good).
+      ``ended_reply`` a batch create: perform it, wait until the batch has ended (at most
+                      ``seconds``, 10 when 0), then answer with the batch as it is then, its
+                      result files left out (a server that validates and runs a batch before
+                      its create reply returns; the files are named on a retrieve).
     """
 
     kind: str

@@ -7,6 +7,7 @@ import logging
 import math
 import re
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
@@ -15,6 +16,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from batchgrader.provider.emulator.anthropic import AnthropicApiError, anthropic_error_type
 from batchgrader.provider.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
+from batchgrader.provider.emulator.config import TERMINAL_STATUSES
 from batchgrader.provider.emulator.faults import Fault
 from batchgrader.provider.emulator.gemini import GeminiApiError, gemini_error_body
 
@@ -314,6 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
             if after.kind == "garbage":
                 self._send_bytes(200, b'{"id": "trunc', "application/json")
                 return
+            if after.kind == "ended_reply" and result[0] == 200 and isinstance(result[1], dict):
+                result = (200, _ended_reply(emu, str(result[1].get("id")), after.seconds or 10.0))
         status, payload = result[0], result[1]
         headers: Mapping[str, str] | None = result[2] if len(result) > 2 else None  # type: ignore[misc]
         if after is not None and after.kind == "garble_line" and isinstance(payload, bytes):
@@ -518,6 +522,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(e.status, e.body())
         except (ValueError, KeyError, TypeError) as e:
             self._send_json(400, _error_body(f"bad admin request: {e}", "invalid_request_error", None, None))
+
+
+def _ended_reply(emu: Any, batch_id: str, within: float) -> dict[str, Any]:
+    """The ``ended_reply`` fault: the batch once it has ended (or after ``within`` seconds), as a
+    create reply would show it (without its result files)."""
+    deadline = time.monotonic() + within
+    view = emu.store.retrieve_batch(batch_id)
+    while view["status"] not in TERMINAL_STATUSES and time.monotonic() < deadline:
+        if emu._stopping.wait(0.02):
+            break
+        view = emu.store.retrieve_batch(batch_id)
+    return {**view, "output_file_id": None, "error_file_id": None}
 
 
 def _garble_first_line(data: bytes) -> bytes:
