@@ -264,18 +264,20 @@ def _answer(res: dict, as_json: bool) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from batchgrader.cli.actions import daemon_info, inbox_files
+    from batchgrader.cli.actions import daemon_info, inbox_files, note_unknown_profiles
     from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting
     from batchgrader.store import queries as queries
 
     def show() -> None:
-        has_db = obj.home.db.exists()
+        has_db = queries.log_exists(obj.home)  # False also while the daemon is creating it
         if job_id:
             _no_db_guard(obj)
             detail = queries.job_detail(obj.home, job_id, now=fixed_now())
             emit_json(detail) if as_json else render_job(detail)
             return
         inbox = inbox_files(obj.home)
+        if any(f["profile"] != "default" for f in inbox):
+            note_unknown_profiles(obj.home, inbox, _profile_names(obj))
         if as_json:  # the jobs, then the files still waiting in the inbox (state "inbox", no job id yet)
             jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
             emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
@@ -487,10 +489,24 @@ def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
     run_emulator(port, faults, seed, data_dir)
 
 
+def _profile_names(obj: Ctx) -> list[str] | None:
+    """The config's profile names, or None when the config cannot be read (its error is shown by
+    the commands that need it)."""
+    from batchgrader.core.config import ConfigError
+
+    try:
+        return list(obj.config().profiles)
+    except ConfigError:
+        return None
+
+
 def _no_db_guard(obj: Ctx) -> None:
-    if not obj.home.db.exists():
+    from batchgrader.store.queries import log_exists
+
+    if not log_exists(obj.home):  # no database yet, or the daemon is creating it
         raise click.ClickException(
-            f"no event log yet at {obj.home.db}: start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
+            f"no jobs yet: no event log at {obj.home.db} (a daemon starting now creates it): "
+            "start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
         )
 
 

@@ -64,6 +64,25 @@ def db_path(home: HomeLike) -> Path:
     return p if p.suffix == ".db" or p.is_file() else Home.resolve(p).db
 
 
+def log_exists(home: HomeLike) -> bool:
+    """Whether the home has an event log to read: the database file with its ``events`` table.
+    False before the daemon first ran, and while it is creating the database (the file is there,
+    its tables not yet): both mean "no jobs yet"."""
+    path = db_path(home)
+    if not path.exists():
+        return False
+    try:
+        conn = connect(path, readonly=True)
+    except (FileNotFoundError, sqlite3.DatabaseError):
+        return False
+    try:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").fetchone() is not None
+    except sqlite3.DatabaseError:  # not a database yet (being written), or locked past the busy timeout
+        return False
+    finally:
+        conn.close()
+
+
 @contextmanager
 def reading(home: HomeLike) -> Iterator[sqlite3.Connection]:
     """A read-only connection inside one read transaction (a consistent snapshot)."""
@@ -411,7 +430,7 @@ def follow_events(
 def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | None) -> dict[str, Any] | None:
     """The newest ``SchemaOverheadLearned`` payload for this model and schema (plus ``job_id``
     and ``ts``), or None: when there is no event log yet, or nothing was learned."""
-    if schema_sha256 is None or not db_path(home).exists():
+    if schema_sha256 is None or not log_exists(home):
         return None
     with reading(home) as conn:
         rows = conn.execute(
