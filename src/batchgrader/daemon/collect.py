@@ -64,7 +64,13 @@ class CollectSteps(ReuseSteps):
         ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is refreshed."""
         if self.provider is None or not list_round_due(self.state, self.timers(), now):
             return
-        flying = [(j, c) for j in self.state.active_jobs() for c in j.chunks.values() if c.in_flight and c.batch_id]
+        flying = [
+            (j, c)
+            for j in self.state.active_jobs()
+            if self.left_alone_because(j) is None  # another mode's or endpoint's batches are not asked for here
+            for c in j.chunks.values()
+            if c.in_flight and c.batch_id
+        ]
         listed = list_statuses(self.provider, {c.batch_id for _, c in flying if c.batch_id})
         for j, c in flying:
             b = listed.get(c.batch_id or "")
@@ -86,7 +92,7 @@ class CollectSteps(ReuseSteps):
             self.emit(job.job_id, ev)
         # when it was asked for: on this process's clock, or the log's (BatchCreateRequested) after a restart
         created = min(self._requested_at.get(key) or epoch(c.requested_ts, now), now)
-        model = job.model or ""
+        model = f"{self.provider_key_for(job)} {job.model or ''}"  # run times are learned per provider (and sandbox) and model
         if b.status == "completed" and was != "completed":
             if b.created_at and b.completed_at and b.completed_at >= b.created_at:
                 took = float(b.completed_at - b.created_at)  # the provider's own clock, to the second
