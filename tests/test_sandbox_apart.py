@@ -269,3 +269,34 @@ def test_learned_figures_of_an_older_log_stay_with_their_mode(home: Home) -> Non
     assert learned_overhead(state, "m", rf, "sandbox") == 0.0
     assert queries.learned_schema_overhead(home, "m", schema_sha256(rf), "https://api.openai.com/v1")["per_request"] == 21.0
     assert queries.learned_schema_overhead(home, "m", schema_sha256(rf), "sandbox")["per_request"] == 0.0
+
+
+def test_simulated_answers_an_older_version_stored_under_a_real_key_are_removed(home: Home) -> None:
+    from batchgrader.store import answers
+    from batchgrader.store.eventstore import NewEvent
+
+    home.config_file.write_text(CONFIG)
+    with EventStore(home.db) as store:
+        for job, sandbox in (("sim", True), ("real", False)):
+            accepted = {"file": "a.csv", "source": "x", "profile": "default", "sha256": job, "bytes": 1}
+            accepted |= {"input_path": "x", "result_name": "a_results.csv", "sandbox": sandbox}
+            store.append(
+                job,
+                [NewEvent("JobAccepted", accepted), NewEvent("JobCancelled", {"succeeded": 0, "failed": 0})],
+                expected_version=0,
+            )
+        with store.write() as conn:
+            row = {"model": "m", "content": "x", "finish_reason": "stop", "prompt_tokens": 1, "cached_tokens": 0}
+            row |= {"completion_tokens": 1, "reasoning_tokens": 0, "custom_id": "c", "batch_id": "b"}
+            answers.put(
+                conn,
+                [
+                    {**row, "key": "k1", "provider": "https://api.openai.com/v1", "job_id": "sim"},  # the old bug
+                    {**row, "key": "k2", "provider": "sandbox", "job_id": "sim"},
+                    {**row, "key": "k3", "provider": "https://api.openai.com/v1", "job_id": "real"},
+                ],
+                now=1_000_000.0,
+            )
+    d = Daemon(home, sandbox=False, now=1_000_000.0)
+    assert {r[0] for r in d.store.conn.execute("SELECT key FROM answers")} == {"k2", "k3"}
+    d.close()

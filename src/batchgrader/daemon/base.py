@@ -149,6 +149,9 @@ class EngineBase:
         if not self.store.readonly:
             with self.store.write() as conn:
                 answers.ensure(conn)
+                removed = answers.forget_simulated(conn, (j.job_id for j in self.state.jobs.values() if j.sandbox))
+            if removed:
+                log.warning("removed %d simulated answers stored under a real provider's key by an older version", removed)
 
     # --- plumbing -----------------------------------------------------------------------------
     def emit(self, job_id: str, *events: NewEvent, also: Callable[[Any], None] | None = None) -> None:
