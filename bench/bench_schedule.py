@@ -5,6 +5,7 @@ schedule, the API calls, and the daemon's peak memory.  Not a test.
     .venv/bin/python bench/bench_schedule.py --write-docs          # ... and record docs/benchmarks.md
     .venv/bin/python bench/bench_schedule.py --rows 2000 --batch-seconds 6   # a quick look
     .venv/bin/python bench/bench_schedule.py --memory-rows 10000 100000 1000000 --rows
+    .venv/bin/python bench/bench_schedule.py --rows --memory-rows --sandbox-rows 1000000   # the sandbox daemon
 
 For each file size, two runs of the real daemon (`bgctl daemon --once`, a subprocess, default
 settings) against the emulator (in this process, real HTTP), whose batches take
@@ -309,6 +310,72 @@ def memory(rows_list: list[int], work: Path) -> list[dict]:
     return out
 
 
+def _is_emulator(pid: int) -> bool:
+    try:
+        return b"emulator.child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def run_sandbox_daemon(home: Path) -> tuple[float, int, int]:
+    """Run `bgctl daemon --sandbox --once` until it exits: (seconds, the daemon's peak in KiB,
+    the sandbox emulator process's peak in KiB).  The daemon's peak is as in :func:`run_daemon`
+    (its VmHWM, or its resident set plus its merge workers', sampled); the emulator's is its own
+    VmHWM, read while it runs."""
+    t = time.perf_counter()
+    e = {k: v for k, v in env(home).items() if k != "OPENAI_API_KEY"}
+    proc = subprocess.Popen([BGCTL, "daemon", "--sandbox", "--once"], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = emu_peak = 0
+    SAMPLES.clear()
+    while proc.poll() is None:
+        rss, hwm = _mem_kib(proc.pid)
+        kids = _children(proc.pid)
+        emus = [c for c in kids if _is_emulator(c)]
+        workers = sum(_mem_kib(c)[0] for c in kids if c not in emus)
+        emu_peak = max([emu_peak, *(_mem_kib(c)[1] for c in emus)])
+        peak = max(peak, hwm, rss + workers)
+        SAMPLES.append((time.time(), rss + workers))
+        time.sleep(0.05)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"daemon exited {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+    return seconds, peak, emu_peak
+
+
+def sandbox_memory(rows_list: list[int], work: Path) -> list[dict]:
+    """`bgctl daemon --sandbox --once` on files of ``rows_list`` rows: the daemon's peak and its
+    emulator process's, apart."""
+    out = []
+    for rows in rows_list:
+        csv = work / f"sandbox_{rows}.csv"
+        make_csv(csv, rows, seed=rows)
+        home = work / f"home-sandbox-{rows}"
+        (home / "inbox").mkdir(parents=True)
+        (home / "config.yaml").write_text(CONFIG)
+        try:
+            os.link(csv, home / "inbox" / csv.name)
+        except OSError:
+            shutil.copyfile(csv, home / "inbox" / csv.name)
+        load = benchdocs.load_average()
+        seconds, peak, emu_peak = run_sandbox_daemon(home)
+        r = {
+            "rows": rows,
+            "rss_mib": peak / 1024,
+            "emulator_mib": emu_peak / 1024,
+            "exit_s": seconds,
+            "load": load,
+            "load_end": benchdocs.load_average(),
+            "peak_at": peak_phase(home),
+        }
+        print(
+            f"sandbox {rows:>9,} rows: daemon peak RSS {r['rss_mib']:.0f} MiB, emulator process {r['emulator_mib']:.0f} MiB, "
+            f"in {seconds:.0f} s ({r['peak_at']}; load {load:.1f} at the start, {r['load_end']:.1f} at the end)",
+            flush=True,
+        )
+        out.append(r)
+    return out
+
+
 def write_docs(sched: list[dict], mem: list[dict], batch_s: float, argv: str) -> Path:
     when = datetime.now(UTC).strftime("%Y-%m-%d")
     lines = [
@@ -361,6 +428,9 @@ def main() -> None:
     ap.add_argument("--cases", default="ab", help="which cases to run: a (no queue limit), b (unknown limit), or ab")
     ap.add_argument("--timeline", action="store_true", help="print each run's batch and chunk events, timed from its start")
     ap.add_argument("--keep", type=Path, help="keep the runs' homes under this (new) folder")
+    ap.add_argument(
+        "--sandbox-rows", type=int, nargs="*", default=[], help="also run `bgctl daemon --sandbox --once` on files of these sizes"
+    )
     args = ap.parse_args()
     CASES[:] = [None if c == "a" else 0.45 for c in args.cases]
     TIMELINE[0] = args.timeline
@@ -371,6 +441,7 @@ def main() -> None:
             work = args.keep
         sched = schedule(args.rows, args.batch_seconds, work)
         mem = memory(args.memory_rows, work)
+        sandbox_memory(args.sandbox_rows, work)
     if args.write_docs:
         argv = " ".join(a for a in sys.argv[1:] if a != "--write-docs")
         print("wrote", write_docs(sched, mem, args.batch_seconds, argv))

@@ -237,12 +237,15 @@ def test_item5_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrat
         (ev,) = [e for e in learned if e["type"] == "SchemaOverheadLearned"]
         assert ev["payload"]["per_request"] == 37.0 and ev["payload"]["requests"] == 4
         assert ev["payload"]["billed_prompt_tokens"] - ev["payload"]["counted_tokens"] == 4 * 37
-        # count now uses the learned overhead, and says so
+        # count (for the same provider endpoint) now uses the learned overhead, and says so
         data = write_rows(tmp_path / "later.csv", 6)
-        s = json.loads(run("count", str(data), "--json").output)
+        at_emu = {"OPENAI_BASE_URL": emu.base_url}
+        s = json.loads(run("count", str(data), "--json", env=at_emu).output)
         assert s["schema"]["source"] == "calibrated" and s["schema"]["per_request"] == 37.0
         assert s["input_tokens_estimate"] == s["input_tokens"] + 6 * 37
-        assert "calibrated: 37 tokens/request learned from job" in run("count", str(data), columns=140).output
+        assert "calibrated: 37 tokens/request learned from job" in run("count", str(data), columns=140, env=at_emu).output
+        # ... and another provider's estimate does not: what is learned is kept per provider
+        assert json.loads(run("count", str(data), "--json").output)["schema"]["source"] == "allowance"
         # and so does the daemon's estimate of a later job
         write_rows(home.inbox / "second.csv", 6)
         assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0

@@ -122,6 +122,47 @@ def test_on_job_end_runs_once_with_the_job_figures_and_never_affects_the_job(hom
     assert event_types(home.db).count("JobEndHookStarted") == 1
 
 
+def test_on_job_end_environment_holds_no_key_of_any_provider(home):
+    """Issue 23 (7): the hook dumps its whole environment; no key variable the config knows is in
+    it (set in the environment or read from secrets.env), nor a copy of a key under another name."""
+    import subprocess
+
+    from batchgrader.core.secrets import write_env_file
+    from harness import BGCTL, daemon_env
+
+    out = home.root / "hook-env.txt"
+    home.config_file.write_text(FAST_CONFIG + f"on_job_end: 'env > {out}'\n")
+    file_keys = {
+        "ANTHROPIC_API_KEY": "sk-ant-from-file-0123456789",
+        "GEMINI_API_KEY": "gemini-from-file-0123456789",
+        "GOOGLE_API_KEY": "google-from-file-0123456789",
+        "AZURE_OPENAI_API_KEY": "azure-from-file-0123456789",
+    }
+    write_env_file(home.root / "secrets.env", file_keys)
+    env_keys = {
+        "BATCHGRADER_ANTHROPIC_API_KEY": "bg-anthropic-env-0123456789",
+        "BATCHGRADER_GEMINI_API_KEY": "bg-gemini-env-0123456789",
+        "BATCHGRADER_AZURE_API_KEY": "bg-azure-env-0123456789",
+        "COPY_OF_THE_KEY": TEST_KEY,  # a key's value under a name the config does not know
+    }
+    (home.inbox / "a.csv").write_text("id,response\n1,x\n")
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1)) as emu:
+        env = {
+            k: v
+            for k, v in daemon_env(home.root, emu.base_url).items()
+            if not k.startswith(("ANTHROPIC_", "GEMINI_", "GOOGLE_", "AZURE_"))
+        }
+        env.update(env_keys)
+        res = subprocess.run([BGCTL, "daemon", "--once"], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    dumped = out.read_text()
+    assert "BG_JOB_ID=" in dumped and f"BATCHGRADER_HOME={home.root}" in dumped  # the hook ran, with the rest of the environment
+    for secret in (TEST_KEY, *file_keys.values(), *env_keys.values()):
+        assert secret not in dumped
+    names = {line.split("=", 1)[0] for line in dumped.splitlines() if "=" in line}
+    assert not names & {"OPENAI_API_KEY", "BATCHGRADER_API_KEY", *file_keys, *env_keys}
+
+
 def test_on_job_end_is_killed_after_its_timeout(home):
     home.config_file.write_text(FAST_CONFIG + "on_job_end: 'sleep 30'\non_job_end_timeout_seconds: 0.5\n")
     (home.inbox / "a.csv").write_text("id,response\n1,x\n")

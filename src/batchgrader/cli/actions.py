@@ -6,7 +6,8 @@ is what will happen.  Each function returns a plain dict (the ``--json`` answer)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +46,38 @@ def inbox_files(home: Home) -> list[dict[str, Any]]:
                 continue
             if not e.is_file(follow_symlinks=False):
                 continue
+            supported = e.name.lower().endswith(SUPPORTED_SUFFIXES)
             out.append(
                 {
                     "file": e.name,
                     "path": e.path,
                     "profile": profile,
                     "bytes": e.stat(follow_symlinks=False).st_size,
-                    "supported": e.name.lower().endswith(SUPPORTED_SUFFIXES),
+                    "supported": supported,
+                    "note": None if supported else "unsupported type: will be rejected",
                 }
             )
 
     add(home.inbox, "default")
     return out
+
+
+def note_unknown_profiles(home: Home, files: list[dict[str, Any]], profiles: Collection[str] | None) -> None:
+    """Set the ``note`` of each file waiting in an inbox folder that names no profile of the config
+    (``profiles``; None: the config cannot be read, nothing is said): the daemon reports it as a
+    failed job and leaves it there, so it waits until the profile exists or the file is moved."""
+    if profiles is None:
+        return
+    known = sorted(profiles)
+    for f in files:
+        if f["profile"] == "default" or f["profile"] in known:
+            continue
+        dest = home.inbox / known[0] if len(known) == 1 else home.inbox  # the one profile, else the default
+        f["note"] = (
+            f"folder {f['profile']!r} is not a profile in config.yaml (profiles: {', '.join(known) or 'none defined'}): "
+            f"the file waits here (reported as a failed job). Fix: add profile {f['profile']!r} to config.yaml, "
+            f"or move the file to a profile's folder: mv {shlex.quote(f['path'])} {shlex.quote(str(dest))}/"
+        )
 
 
 def check_submittable(file: Path) -> None:

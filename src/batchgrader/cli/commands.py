@@ -112,13 +112,14 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
 
     Rows that stored answers (or identical rows of the file) would answer are shown apart."""
     from batchgrader.cli.render import render_count
+    from batchgrader.pipeline.answerkey import provider_id_of
     from batchgrader.pipeline.prepare import schema_sha256
     from batchgrader.provider.counting import OFFLINE_EXACT, CountCache, count_hook, counter_for
     from batchgrader.store.answers import count_preview
     from batchgrader.store.queries import learned_schema_overhead
 
     _cfg, prof, prices = _load(obj, profile)
-    learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format))
+    learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format), provider_id_of(prof, sandbox))
     hook, cache = None, None
     if prof.provider not in OFFLINE_EXACT:  # the counting hook: the provider's own exact counts
         counter = counter_for(prof.provider, prof)
@@ -267,18 +268,20 @@ def _answer(res: dict, as_json: bool) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from batchgrader.cli.actions import daemon_info, inbox_files
+    from batchgrader.cli.actions import daemon_info, inbox_files, note_unknown_profiles
     from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting
     from batchgrader.store import queries as queries
 
     def show() -> None:
-        has_db = obj.home.db.exists()
+        has_db = queries.log_exists(obj.home)  # False also while the daemon is creating it
         if job_id:
             _no_db_guard(obj)
             detail = queries.job_detail(obj.home, job_id, now=fixed_now())
             emit_json(detail) if as_json else render_job(detail)
             return
         inbox = inbox_files(obj.home)
+        if any(f["profile"] != "default" for f in inbox):
+            note_unknown_profiles(obj.home, inbox, _profile_names(obj))
         if as_json:  # the jobs, then the files still waiting in the inbox (state "inbox", no job id yet)
             jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
             emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
@@ -510,10 +513,24 @@ def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
     run_emulator(port, faults, seed, data_dir)
 
 
+def _profile_names(obj: Ctx) -> list[str] | None:
+    """The config's profile names, or None when the config cannot be read (its error is shown by
+    the commands that need it)."""
+    from batchgrader.core.config import ConfigError
+
+    try:
+        return list(obj.config().profiles)
+    except ConfigError:
+        return None
+
+
 def _no_db_guard(obj: Ctx) -> None:
-    if not obj.home.db.exists():
+    from batchgrader.store.queries import log_exists
+
+    if not log_exists(obj.home):  # no database yet, or the daemon is creating it
         raise click.ClickException(
-            f"no event log yet at {obj.home.db}: start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
+            f"no jobs yet: no event log at {obj.home.db} (a daemon starting now creates it): "
+            "start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
         )
 
 

@@ -367,7 +367,7 @@ def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], cons
         t.add_column("bytes", justify="right", no_wrap=True)
         t.add_column("note", overflow="fold")
         for f in inbox:
-            note = "" if f.get("supported", True) else "unsupported type: will be rejected"
+            note = f.get("note") or ("" if f.get("supported", True) else "unsupported type: will be rejected")
             t.add_row(*_cells(f["file"], f.get("profile") or "default", count(f.get("bytes")), note))
         console.print(t)
     if daemon.get("running"):

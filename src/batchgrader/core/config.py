@@ -306,6 +306,12 @@ SDK_ENV = {
 SECRET_KEYS = ("api_key", "anthropic_api_key", "gemini_api_key", "azure_api_key")
 
 
+def secret_env_names() -> frozenset[str]:
+    """Every environment variable the config reads a secret from (the SDKs' own names and the
+    ``BATCHGRADER_*`` ones): what a child process such as the ``on_job_end`` command never gets."""
+    return frozenset({name for name, key in SDK_ENV.items() if key in SECRET_KEYS} | {env_name(k) for k in SECRET_KEYS})
+
+
 def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper()
 

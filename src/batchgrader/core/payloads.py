@@ -69,6 +69,8 @@ class JobAccepted(TypedDict):
     input_path: str
     result_name: str
     sandbox: bool
+    provider: NotRequired[str | None]
+    provider_id: NotRequired[str | None]
 
 
 class JobPrepared(TypedDict):
@@ -227,6 +229,7 @@ class SchemaOverheadLearned(TypedDict):
     counted_tokens: int
     billed_prompt_tokens: int
     per_request: float
+    provider: NotRequired[str | None]
 
 
 class RowsFailed(TypedDict):
@@ -327,6 +330,15 @@ class JobFailed(TypedDict):
 class JobEndHookStarted(TypedDict):
     end_seq: int | None
     timeout_seconds: float
+
+
+class JobLeftAlone(TypedDict):
+    code: str
+    reason: str
+
+
+class JobTakenUp(TypedDict):
+    sandbox: bool
 
 
 # --- control ----------------------------------------------------------------------------------------
@@ -432,6 +444,8 @@ PAYLOADS: dict[str, type] = {
         ChunkReplanned,
         UploadAheadPlanned,
         JobEndHookStarted,
+        JobLeftAlone,
+        JobTakenUp,
         FreshAnswersRequested,
         RequestsReused,
         DuplicatesAnswered,

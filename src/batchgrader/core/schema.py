@@ -62,7 +62,10 @@ EVENTS: dict[str, EventType] = {
                 "input_path": "its path in the work area",
                 "result_name": "outbox file name for the result",
                 "sandbox": "true when results are simulated by the emulator",
+                "provider": "(optional) the profile's provider when the job was accepted (openai, azure, anthropic, gemini): the job's batches go there, whatever the profile says later",
+                "provider_id": "(optional) who answers the job: the endpoint identity of pipeline/answerkey.provider_id_of (sandbox or sandbox:<provider> in the sandbox); its answers are stored under it",
             },
+            optional=("provider", "provider_id"),  # absent from payloads written before they were added
         ),
         _t(
             "JobPrepared",
@@ -276,7 +279,9 @@ EVENTS: dict[str, EventType] = {
                 "counted_tokens": "input tokens counted locally (tiktoken) for those rows",
                 "billed_prompt_tokens": "prompt tokens the provider billed for them",
                 "per_request": "(billed - counted) / requests: the schema's overhead per request",
+                "provider": "(optional) who billed it: the job's provider_id (sandbox or sandbox:<provider> in the sandbox); absent in older logs, where the job's sandbox flag tells sandbox from real",
             },
+            optional=("provider",),
         ),
         _t(
             "RowsFailed",
@@ -393,6 +398,21 @@ EVENTS: dict[str, EventType] = {
                 "limit": "the queue limit in force for the model when it was decided",
                 "enqueued": "the model's prompt tokens in flight then (the chunk waits until its tokens fit beside them)",
             },
+        ),
+        _t(
+            "JobLeftAlone",
+            1,
+            "engine",
+            {
+                "code": "sandbox_job (a sandbox job met by a normal daemon), real_job (a real job met by a sandbox daemon) or endpoint_changed (the job's provider endpoint is not this daemon's)",
+                "reason": "human-readable reason and how to finish the job",
+            },
+        ),
+        _t(
+            "JobTakenUp",
+            1,
+            "engine",
+            {"sandbox": "the mode of the daemon that took the job up again after JobLeftAlone"},
         ),
         _t(
             "JobEndHookStarted",

@@ -101,6 +101,11 @@ class JobState:
     input_path: str = ""
     result_name: str = ""
     sandbox: bool = False
+    # fixed when accepted (JobAccepted; None in older logs): the provider the job's batches go to,
+    # and who answers it (pipeline/answerkey.provider_id_of), whatever the profile says later
+    provider: str | None = None
+    provider_id: str | None = None
+    left_alone: str | None = None  # JobLeftAlone: why the running daemon does not touch this job
     created_ts: str = ""
     updated_ts: str = ""
     # preparation
@@ -207,7 +212,8 @@ class State:
     # (base_url, model) -> {limit, exact, source, ts}: the latest QueueLimitLearned
     queue_limits: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     last_seq: int = 0
-    schema_overhead: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, schema sha) -> tokens/request
+    # (provider, model, schema sha) -> tokens/request: learned apart per sandbox and provider (overhead_provider)
+    schema_overhead: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     def apply(self, e: Event) -> None:
         """Apply one event in place (the daemon's private state). Deterministic, no I/O."""
@@ -287,6 +293,7 @@ def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
     job.file, job.source, job.profile = p["file"], p["source"], p["profile"]
     job.sha256, job.bytes, job.input_path = p["sha256"], p["bytes"], p["input_path"]
     job.result_name, job.sandbox = p["result_name"], bool(p["sandbox"])
+    job.provider, job.provider_id = p.get("provider"), p.get("provider_id")  # optional: absent in older logs
     s.sha_jobs.setdefault(job.sha256, []).append(job.job_id)
 
 
@@ -513,7 +520,27 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
 
 
 def _schema_overhead_learned(s: State, job: JobState, p: P.SchemaOverheadLearned, e: Event) -> None:
-    s.schema_overhead[(p["model"], p["schema_sha256"])] = float(p["per_request"])
+    s.schema_overhead[(overhead_provider(p.get("provider"), job.sandbox), p["model"], p["schema_sha256"])] = float(
+        p["per_request"]
+    )
+
+
+def overhead_provider(provider: str | None, sandbox: bool) -> str:
+    """Whose schema overhead a ``SchemaOverheadLearned`` is: its ``provider``; in older logs,
+    which do not say, ``sandbox`` for a sandbox job's and "" (any real provider) for another's."""
+    if provider:
+        return provider
+    return "sandbox" if sandbox else ""
+
+
+def _job_left_alone(s: State, job: JobState, p: P.JobLeftAlone, e: Event) -> None:
+    job.left_alone = job.last_error = p["reason"]
+
+
+def _job_taken_up(s: State, job: JobState, p: P.JobTakenUp, e: Event) -> None:
+    if job.last_error == job.left_alone:
+        job.last_error = None
+    job.left_alone = None
 
 
 def _input_restored(s: State, job: JobState, p: P.InputRestored, e: Event) -> None:
@@ -624,6 +651,8 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "ChunkReplanned": _chunk_replanned,
     "UploadAheadPlanned": _upload_ahead_planned,
     "JobEndHookStarted": _job_end_hook_started,
+    "JobLeftAlone": _job_left_alone,
+    "JobTakenUp": _job_taken_up,
     "FreshAnswersRequested": _fresh_requested,
     "RequestsReused": _requests_reused,
     "DuplicatesAnswered": _duplicates_answered,

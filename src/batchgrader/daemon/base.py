@@ -172,6 +172,9 @@ class EngineBase:
         if not self.store.readonly:
             with self.store.write() as conn:
                 answers.ensure(conn)
+                removed = answers.forget_simulated(conn, (j.job_id for j in self.state.jobs.values() if j.sandbox))
+            if removed:
+                log.warning("removed %d simulated answers stored under a real provider's key by an older version", removed)
 
     # --- plumbing -----------------------------------------------------------------------------
     def emit(self, job_id: str, *events: NewEvent, also: Callable[[Any], None] | None = None) -> None:
@@ -182,7 +185,56 @@ class EngineBase:
             log.info("event %s %s %s", job_id, ev.type, _short(ev.payload))
 
     def profile_of(self, job: JobState) -> Profile:
-        return self.config.profile(job.profile)
+        """The job's profile, with the provider recorded when it was accepted: an edit of the
+        profile's ``provider`` never re-routes a job in flight."""
+        profile = self.config.profile(job.profile)
+        if job.provider and profile.provider != job.provider:
+            profile = Profile(profile.name, {**profile.values, "provider": job.provider}, profile.sources)
+        return profile
+
+    def provider_name_of(self, job_id: str) -> str:
+        """The provider a job's calls go to (``ProviderRouter.provider_of_job``): the one recorded
+        when it was accepted, else its profile's."""
+        job = self.state.jobs[job_id]
+        return job.provider or self.profile_of(job).provider
+
+    def accepted_as(self, profile: Profile, sandbox: bool) -> dict[str, Any]:
+        """What ``JobAccepted`` records of who answers a job of ``profile`` (fixed from then on)."""
+        return {"sandbox": sandbox, "provider": profile.provider, "provider_id": provider_id_of(profile, sandbox)}
+
+    def left_alone_because(self, job: JobState) -> tuple[str, str] | None:
+        """``(code, reason)`` when this daemon must not touch ``job``: a sandbox job met by a
+        normal daemon (it would pay a real provider for it and poll it for the emulator's batch
+        ids), a real job met by a sandbox daemon (it would put simulated answers in a real
+        result), or a job whose provider endpoint is no longer this daemon's (its batches are
+        there).  None: the job is this daemon's."""
+        if job.rejected or job.corrupt:
+            return None
+        if job.sandbox and not self.sandbox:
+            return (
+                "sandbox_job",
+                "accepted by a sandbox daemon (SIMULATED): a normal daemon leaves it alone; "
+                "finish it with `bgctl daemon --sandbox` (or cancel it: `bgctl cancel`, then that daemon)",
+            )
+        if self.sandbox and not job.sandbox:
+            return (
+                "real_job",
+                "accepted by a normal daemon (real provider): the sandbox daemon leaves it alone; "
+                "finish it with `bgctl daemon` (without --sandbox)",
+            )
+        if job.provider_id is None:
+            return None  # an older log: the job follows its profile as before
+        try:
+            now = provider_id_of(self.profile_of(job), self.sandbox)
+        except ConfigError:
+            return None  # reported where the profile is needed
+        if now != job.provider_id:
+            return (
+                "endpoint_changed",
+                f"its batches belong to {job.provider_id}, but this daemon's {job.provider} endpoint is {now}: "
+                "left alone; set the endpoint back in config.yaml (or the environment) and restart the daemon to finish it",
+            )
+        return None
 
     def reload(self, config: Config, prices: PriceTable) -> None:
         self.config, self.prices = config, prices
@@ -227,23 +279,32 @@ class EngineBase:
 
     def provider_key_for(self, job: JobState) -> str:
         """Who answers a job's rows (whose stored answers they may reuse, and under whom their
-        answers are stored): :func:`~batchgrader.pipeline.answerkey.provider_id_of` of its
-        profile, the rule ``bgctl count`` follows too."""
+        answers are stored): the ``provider_id`` recorded when it was accepted; in an older log,
+        :func:`~batchgrader.pipeline.answerkey.provider_id_of` of its profile in the job's own
+        mode (sandbox or not), the rule ``bgctl count`` follows too."""
+        if job.provider_id:
+            return job.provider_id
         try:
             profile = self.profile_of(job)
         except ConfigError:
-            return self.provider_key()
-        return provider_id_of(profile, self.sandbox)
+            return provider_id_of(self.settings, job.sandbox)
+        return provider_id_of(profile, job.sandbox)
 
     def queue_url_for(self, of: JobState | Profile) -> str:
-        """:attr:`queue_url` for one job or profile: an Azure deployment's queue (enqueued-token
-        quota) is its resource endpoint's, so a limit learned there is kept per endpoint and
-        deployment (the model name); every other provider's is :attr:`queue_url`."""
+        """Whose queue a job or profile's batches wait in, which a learned limit belongs to: in
+        the sandbox, the emulator's for that provider (``sandbox`` for OpenAI, else
+        ``sandbox:<provider>``, never a real provider's); an Azure deployment's (enqueued-token
+        quota) is its resource endpoint's, kept per endpoint and deployment (the model name);
+        Anthropic's and Gemini's are their provider ids; OpenAI's is :attr:`queue_url`."""
         try:
             profile = of if isinstance(of, Profile) else self.profile_of(of)
         except ConfigError:
             return self.queue_url
-        if self.sandbox or profile.provider != "azure":
+        if self.sandbox:
+            return provider_id_of(profile, sandbox=True)
+        if profile.provider in ("anthropic", "gemini"):
+            return provider_id_of(profile)
+        if profile.provider != "azure":
             return self.queue_url
         return str(profile.get("azure_endpoint") or "").rstrip("/")  # the client's base_url (one resource per daemon)
 

@@ -64,7 +64,13 @@ class CollectSteps(ReuseSteps):
         ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is refreshed."""
         if self.provider is None or not list_round_due(self.state, self.timers(), now):
             return
-        flying = [(j, c) for j in self.state.active_jobs() for c in j.chunks.values() if c.in_flight and c.batch_id]
+        flying = [
+            (j, c)
+            for j in self.state.active_jobs()
+            if self.left_alone_because(j) is None  # another mode's or endpoint's batches are not asked for here
+            for c in j.chunks.values()
+            if c.in_flight and c.batch_id
+        ]
         listed = list_statuses(self.provider, {c.batch_id for _, c in flying if c.batch_id})
         for j, c in flying:
             b = listed.get(c.batch_id or "")
@@ -87,7 +93,7 @@ class CollectSteps(ReuseSteps):
         # when it was asked for (``now`` is monotonic): this process's stamp, or the log's
         # (BatchCreateRequested, wall clock) after a restart
         created = now - self._create_age(key, c)
-        model = job.model or ""
+        model = f"{self.provider_key_for(job)} {job.model or ''}"  # run times are learned per provider (and sandbox) and model
         if b.status == "completed" and was != "completed":
             if b.created_at and b.completed_at and b.completed_at >= b.created_at:
                 took = float(b.completed_at - b.created_at)  # the provider's own clock, to the second

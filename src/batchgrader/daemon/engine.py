@@ -74,8 +74,9 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
         return self._scanner.due() if self._scanner is not None else None
 
     def busy(self) -> bool:
-        """True while a job can still make progress on its own (held jobs wait for the user)."""
-        return any(not j.held for j in self.state.active_jobs())
+        """True while a job can still make progress on its own (held jobs wait for the user, and
+        jobs this daemon leaves alone for a daemon of the other mode or endpoint)."""
+        return any(not j.held and self.left_alone_because(j) is None for j in self.state.active_jobs())
 
     # --- the tick -------------------------------------------------------------------------------
     def startup(self, now: float) -> None:
@@ -123,6 +124,8 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             if job.corrupt:
                 self._report_corrupt(job)
                 continue
+            if not self._ours(job):
+                continue
             self.on_progress()
             try:
                 self.advance(job, now)
@@ -132,6 +135,21 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
                 log.exception("job %s: unexpected error (will retry): %s", job.job_id, exc)
+
+    def _ours(self, job: JobState) -> bool:
+        """Whether this daemon takes ``job`` further.  A job it must leave alone
+        (:meth:`left_alone_because`) gets a ``JobLeftAlone`` with the reason, once per change, for
+        ``bgctl status``; a job left alone before, now this daemon's, gets ``JobTakenUp``."""
+        why = self.left_alone_because(job)
+        if why is None:
+            if job.left_alone is not None:
+                self.emit(job.job_id, _e("JobTakenUp", sandbox=self.sandbox))
+            return True
+        code, reason = why
+        if not job.terminal and job.left_alone != reason:
+            log.warning("job %s left alone: %s", job.job_id, reason)
+            self.emit(job.job_id, _e("JobLeftAlone", code=code, reason=reason))
+        return False
 
     def advance(self, job: JobState, now: float) -> None:
         """Take one job as far as it goes in this tick: ask :func:`next_action`, carry it out,

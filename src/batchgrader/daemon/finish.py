@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import ConfigError, Profile
+from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
 from batchgrader.core.decide import WriteResult
 from batchgrader.core.state import JobState
 from batchgrader.daemon import jobhook
@@ -234,7 +234,11 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         if command and job.end_hook_seq != job.version:
             timeout = float(self.settings.get("on_job_end_timeout_seconds") or 60.0)
             self.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
-            jobhook.start_hook(command, jobhook.hook_env(self.state.jobs[job_id]), timeout)
+            jobhook.start_hook(command, jobhook.hook_env(self.state.jobs[job_id]), timeout, self._secrets())
+
+    def _secrets(self) -> list[str]:
+        """Every API key the config holds (the default settings and each profile's)."""
+        return [str(p.get(k)) for p in (self.config.default, *self.config.profiles.values()) for k in SECRET_KEYS if p.get(k)]
 
     def _redo_final_effects(self, job: JobState, now: float) -> None:
         """On restart, redo every effect a final event implies that is missing: the error report

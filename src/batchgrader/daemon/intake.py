@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.config import ConfigError
 from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import CLOCK_SKEW_SLACK, EngineBase, _e, _status_event, stamp
@@ -66,7 +67,12 @@ class IntakeSteps(EngineBase):
                 cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
                 sha = file_sha256(cand.path)
                 job_id = self._new_job_id(sha)
-                record: dict[str, Any] = {"file": cand.path.name, "source": str(cand.path), "profile": cand.profile}
+                record: dict[str, Any] = {
+                    "file": cand.path.name,
+                    "source": str(cand.path),
+                    "profile": cand.profile,
+                    "sandbox": self.sandbox,  # the claim's mode: a recovered claim keeps it
+                }
                 if inbox_mod.fresh_marker(cand.path).exists():
                     record["fresh"] = True  # bgctl submit --fresh: kept in the claim record
                 input_path = inbox_mod.claim(self.home.job_dir(job_id), cand, record)
@@ -112,6 +118,11 @@ class IntakeSteps(EngineBase):
     def _accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
         sha = sha or file_sha256(input_path)
         fresh = [_e("FreshAnswersRequested", reason="bgctl submit --fresh")] if record.get("fresh") else []
+        sandbox = bool(record.get("sandbox", self.sandbox))  # a claim before the mode was recorded: this daemon's
+        try:  # who answers the job, fixed from now on
+            answered_by = self.accepted_as(self.config.profile(record["profile"]), sandbox)
+        except ConfigError:  # a recovered claim whose profile is gone: it fails in prepare, naming it
+            answered_by = {"sandbox": sandbox}
         self.emit(
             job_id,
             _e(
@@ -123,7 +134,7 @@ class IntakeSteps(EngineBase):
                 bytes=input_path.stat().st_size,
                 input_path=str(input_path),
                 result_name=result_name(record["file"]),
-                sandbox=self.sandbox,
+                **answered_by,
             ),
             *fresh,
         )

@@ -1,7 +1,9 @@
 """Effects of a job's end that never change the job: the ``on_job_end`` command and the HTML report.
 
 The command runs in a thread of its own (the engine does not wait for it), through the shell,
-with the job's figures in ``BG_*`` environment variables and without the API key.  Its output
+with the job's figures in ``BG_*`` environment variables and without any API key: every variable
+the config reads a key from (:func:`~batchgrader.core.config.secret_env_names`, also when
+``secrets.env`` set it) and every variable holding a key's value is left out.  Its output
 and exit status go to the daemon log; after ``timeout`` seconds its whole process group is
 killed.  Nothing it does is reported back to the engine: a failing command never affects the
 job.  The engine records ``JobEndHookStarted`` before starting it, so it runs at most once per
@@ -15,13 +17,13 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("batchgrader.jobhook")
+from batchgrader.core.config import secret_env_names
 
-_SECRET_ENV = ("OPENAI_API_KEY", "BATCHGRADER_API_KEY")
+log = logging.getLogger("batchgrader.jobhook")
 
 
 def hook_env(job: Any) -> dict[str, str]:
@@ -70,10 +72,22 @@ def _run(command: str, env: dict[str, str], timeout: float, job_id: str) -> None
         log.info("on_job_end for job %s finished", job_id)
 
 
-def start_hook(command: str, variables: Mapping[str, str], timeout: float) -> threading.Thread:
-    """Start ``command`` in a (non-daemon) thread: a ``daemon --once`` exit waits for it."""
-    env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+def hook_environment(
+    variables: Mapping[str, str], secrets: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The command's environment: the daemon's, less every key variable the config knows and
+    every variable whose value is one of ``secrets`` (the keys in use), plus ``variables``."""
+    names = secret_env_names()
+    values = {s for s in secrets if s}
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if k not in names and v not in values}
     env.update(variables)
+    return env
+
+
+def start_hook(command: str, variables: Mapping[str, str], timeout: float, secrets: Iterable[str] = ()) -> threading.Thread:
+    """Start ``command`` in a (non-daemon) thread: a ``daemon --once`` exit waits for it."""
+    env = hook_environment(variables, secrets)
     t = threading.Thread(
         target=_run, args=(command, env, timeout, variables.get("BG_JOB_ID", "")), name="on_job_end", daemon=False
     )

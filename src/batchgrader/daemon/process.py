@@ -76,15 +76,12 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
     return handler
 
 
-def sandbox_emulator(data_dir: Path):
-    """The in-process emulator behind `--sandbox`: state kept under the home, so a restarted
-    sandbox daemon finds its batches again."""
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+def sandbox_emulator(data_dir: Path, label: str = "sandbox emulator"):
+    """The emulator behind `--sandbox`, in a child process (:mod:`batchgrader.daemon.sandbox`):
+    state kept under the home, so a restarted sandbox daemon finds its batches again."""
+    from batchgrader.daemon.sandbox import SandboxEmulator
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return Emulator(
-        EmulatorConfig(api_key=SANDBOX_KEY, data_dir=str(data_dir), validating_s=0.5, in_progress_s=1.5, finalizing_s=0.5)
-    ).start()
+    return SandboxEmulator(data_dir, SANDBOX_KEY, label).start()
 
 
 class DeferredProvider:
@@ -202,7 +199,7 @@ class Daemon:
     snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
-    emulator: Any = None  # the sandbox's emulator, started at the first provider call (see _sandbox_url)
+    emulator: Any = None  # the sandbox's emulator process, started at the first provider call (see _sandbox_url)
     deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
     _intake_timer: threading.Timer | None = None  # wakes the daemon when an inbox file can be found stable
     _intake_due: float = 0.0
@@ -250,7 +247,7 @@ class Daemon:
     def _sandbox_url(self, root: bool = True) -> str:
         """The emulator's URL (its root, or its OpenAI ``/v1`` base), started at the first call."""
         if self.emulator is None:
-            self.emulator = sandbox_emulator(self.home.root / "sandbox")
+            self.emulator = sandbox_emulator(self.home.root / "sandbox", f"sandbox emulator of {self.home.root}")
         return str(self.emulator.root_url if root else self.emulator.base_url)
 
     def _provider_router(self, config: Config, openai, used: set[str]):  # noqa: ANN001
@@ -414,7 +411,7 @@ class Daemon:
             raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
         if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
-            provider.provider_of_job = lambda job_id: engine.profile_of(engine.state.jobs[job_id]).provider
+            provider.provider_of_job = engine.provider_name_of  # the provider recorded when the job was accepted
         if self.sandbox:
             engine.token_counter = self._sandbox_counter(config)
         engine.should_stop = self.stop.is_set

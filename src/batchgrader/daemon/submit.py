@@ -177,7 +177,9 @@ class SubmitSteps(CollectSteps, FinishSteps):
             paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
         else:
             paths = write_chunk_files(_kept_lines(requests_path, reuse.keep), prep.chunks, set(), chunk_dir, job.job_id)
-        summary = prep.summary(self.prices, learned_overhead(self.state, prep.model, profile.response_format))
+        summary = prep.summary(
+            self.prices, learned_overhead(self.state, prep.model, profile.response_format, self.provider_key_for(job))
+        )
         chunks = [
             {
                 "index": c.index,

@@ -5,7 +5,13 @@ Until it is known, estimates add a stated allowance per request (:func:`prepare.
 After the first batch of a job with a schema comes back, the billed prompt tokens minus the
 tokens counted locally, per request, is the real overhead for that model and schema; the daemon
 records it as a ``SchemaOverheadLearned`` event (:func:`overhead_payload`), the state keeps the
-newest value per (model, schema), and later estimates use it (:func:`learned_overhead`).
+newest value per (provider, model, schema), and later estimates use it (:func:`learned_overhead`).
+
+What is learned is kept apart per provider, and the sandbox's apart from every real provider's:
+a sandbox job's lesson (the emulator's billing) never calibrates a real estimate.  The provider is
+the job's ``provider_id`` (:func:`~batchgrader.pipeline.answerkey.provider_id_of`, recorded when
+it was accepted); an event of an older log, which does not name it, counts for every real
+provider (a real job's) or for the sandbox (a sandbox job's).
 """
 
 from __future__ import annotations
@@ -13,15 +19,29 @@ from __future__ import annotations
 from typing import Any
 
 from batchgrader.core.state import ChunkState, JobState, State
+from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER
 from batchgrader.pipeline.prepare import schema_sha256
 
 
-def learned_overhead(state: State, model: str | None, response_format: dict[str, Any] | None) -> float | None:
-    """The newest learned overhead per request for this model and schema, or None."""
+def is_sandbox(provider: str) -> bool:
+    """Whether a provider id is the sandbox's (``sandbox`` or ``sandbox:<provider>``)."""
+    return provider == SANDBOX_PROVIDER or provider.startswith(SANDBOX_PROVIDER + ":")
+
+
+def learned_overhead(state: State, model: str | None, response_format: dict[str, Any] | None, provider: str) -> float | None:
+    """The newest learned overhead per request at ``provider`` for this model and schema, or None."""
     sha = schema_sha256(response_format)
     if sha is None or not model:
         return None
-    return state.schema_overhead.get((model, sha))
+    found = state.schema_overhead.get((provider, model, sha))
+    if found is None:  # an older log's lesson: kept by sandbox or real only
+        found = state.schema_overhead.get((SANDBOX_PROVIDER if is_sandbox(provider) else "", model, sha))
+    return found
+
+
+def job_provider(job: JobState) -> str:
+    """Who answered ``job``: its recorded ``provider_id``; in an older log, ``sandbox`` or "" (real)."""
+    return job.provider_id or (SANDBOX_PROVIDER if job.sandbox else "")
 
 
 def overhead_payload(
@@ -48,4 +68,5 @@ def overhead_payload(
         "counted_tokens": counted,
         "billed_prompt_tokens": billed,
         "per_request": round((billed - counted) / rows, 2),
+        "provider": job_provider(job) or None,
     }

@@ -9,7 +9,9 @@ an answer is never stored for a chunk the log does not know as merged, nor lost 
   (:func:`batchgrader.pipeline.answerkey.request_key`).  The first answer stored for a key
   stays; a later one for the same key is ignored (``INSERT OR IGNORE``).
 * **Append-only.**  A trigger refuses ``UPDATE``.  Rows are only ever removed as a whole:
-  by retention (older than ``cache_days``) and by ``bgctl cache clear``.  Removing answers never
+  by retention (older than ``cache_days``), by ``bgctl cache clear``, and, when the daemon starts,
+  the answers a sandbox job stored under a real provider's key in an older version
+  (:func:`forget_simulated`).  Removing answers never
   touches the event log: the facts of what was asked, answered and paid stay there.
 * **Not a read model.**  ``bgctl rebuild`` drops and recreates the read-side tables only; this
   table is left alone (its content is not derivable from the log, which records counts, not
@@ -181,6 +183,22 @@ def clear(conn: sqlite3.Connection, *, now: float, older_than_days: float | None
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+    return removed
+
+
+def forget_simulated(conn: sqlite3.Connection, sandbox_jobs: Iterable[str]) -> int:
+    """Remove the answers sandbox jobs stored under a real provider's key (inside the caller's
+    transaction): before ``JobAccepted`` fixed who answers a job, a sandbox job finished by a
+    normal daemon stored the emulator's text as a real answer.  Simulated text never answers a
+    real job.  Returns the rows removed."""
+    jobs = list(sandbox_jobs)
+    removed = 0
+    for i in range(0, len(jobs), LOOKUP_BATCH):
+        part = jobs[i : i + LOOKUP_BATCH]
+        cur = conn.execute(
+            f"DELETE FROM answers WHERE provider NOT LIKE 'sandbox%' AND job_id IN ({', '.join('?' * len(part))})", part
+        )
+        removed += cur.rowcount
     return removed
 
 

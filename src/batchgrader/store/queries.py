@@ -64,6 +64,25 @@ def db_path(home: HomeLike) -> Path:
     return p if p.suffix == ".db" or p.is_file() else Home.resolve(p).db
 
 
+def log_exists(home: HomeLike) -> bool:
+    """Whether the home has an event log to read: the database file with its ``events`` table.
+    False before the daemon first ran, and while it is creating the database (the file is there,
+    its tables not yet): both mean "no jobs yet"."""
+    path = db_path(home)
+    if not path.exists():
+        return False
+    try:
+        conn = connect(path, readonly=True)
+    except (FileNotFoundError, sqlite3.DatabaseError):
+        return False
+    try:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").fetchone() is not None
+    except sqlite3.DatabaseError:  # not a database yet (being written), or locked past the busy timeout
+        return False
+    finally:
+        conn.close()
+
+
 @contextmanager
 def reading(home: HomeLike) -> Iterator[sqlite3.Connection]:
     """A read-only connection inside one read transaction (a consistent snapshot)."""
@@ -171,32 +190,47 @@ def _present(
     return out
 
 
-def queue_limits(conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
-    """The latest learned queue limit per model (read model ``queue_limits``)."""
-    out: dict[str, dict[str, Any]] = {}
+def _sandbox_queue(base_url: str | None) -> bool:
+    """Whether a learned limit is the sandbox's (its queue is ``sandbox`` or ``sandbox:<provider>``)."""
+    return (base_url or "").startswith("sandbox")
+
+
+def queue_limits(conn: sqlite3.Connection) -> dict[tuple[bool, str], dict[str, Any]]:
+    """The latest learned queue limit per (sandbox or not, model) (read model ``queue_limits``)."""
+    out: dict[tuple[bool, str], dict[str, Any]] = {}
     try:
         rows = conn.execute("SELECT base_url, model, limit_tokens, exact, source, ts FROM queue_limits ORDER BY ts").fetchall()
     except sqlite3.OperationalError:  # an older read model: no such table
         return out
     for base_url, model, limit, exact, source, ts in rows:
-        out[model] = {"base_url": base_url, "limit": limit, "exact": bool(exact), "source": source, "ts": ts}
+        out[(_sandbox_queue(base_url), model)] = {
+            "base_url": base_url,
+            "limit": limit,
+            "exact": bool(exact),
+            "source": source,
+            "ts": ts,
+        }
     return out
 
 
-def _limits_of_state(state: Any) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _limits_of_state(state: Any) -> dict[tuple[bool, str], dict[str, Any]]:
+    out: dict[tuple[bool, str], dict[str, Any]] = {}
     for (base_url, model), q in sorted(state.queue_limits.items(), key=lambda kv: kv[1].get("ts") or ""):
-        out[model] = {"base_url": base_url, **{k: q.get(k) for k in ("limit", "exact", "source", "ts")}}
+        out[(_sandbox_queue(base_url), model)] = {
+            "base_url": base_url,
+            **{k: q.get(k) for k in ("limit", "exact", "source", "ts")},
+        }
     return out
 
 
 WAITING_CHUNKS = ("waiting", "pending")
 
 
-def _attach_queue(jobs: list[dict[str, Any]], limits: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each job's ``queue``: the learned limit of its model and whether it waits for room, or None."""
+def _attach_queue(jobs: list[dict[str, Any]], limits: dict[tuple[bool, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each job's ``queue``: the learned limit of its model (the sandbox's for a sandbox job, a
+    real provider's for another) and whether it waits for room, or None."""
     for d in jobs:
-        q = limits.get(d.get("model") or "")
+        q = limits.get((bool(d.get("sandbox")), d.get("model") or ""))
         if q is None:
             d["queue"] = None
             continue
@@ -408,21 +442,41 @@ def follow_events(
 # --- schema overhead ---------------------------------------------------------------------------
 
 
-def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | None) -> dict[str, Any] | None:
-    """The newest ``SchemaOverheadLearned`` payload for this model and schema (plus ``job_id``
-    and ``ts``), or None: when there is no event log yet, or nothing was learned."""
-    if schema_sha256 is None or not db_path(home).exists():
+def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | None, provider: str) -> dict[str, Any] | None:
+    """The newest ``SchemaOverheadLearned`` payload for this model and schema at ``provider`` (a
+    provider id, :func:`~batchgrader.pipeline.answerkey.provider_id_of`), plus ``job_id`` and
+    ``ts``; or None: when there is no event log yet, or nothing was learned there.  An event of
+    an older log, which does not name its provider, counts for every real provider when its job
+    was real and for the sandbox when it was a sandbox job: a sandbox lesson never calibrates a
+    real estimate."""
+    if schema_sha256 is None or not log_exists(home):
         return None
+    import json
+
+    from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER
+
+    sandbox = provider == SANDBOX_PROVIDER or provider.startswith(SANDBOX_PROVIDER + ":")
     with reading(home) as conn:
         rows = conn.execute(
             "SELECT job_id, ts, payload FROM events WHERE type = 'SchemaOverheadLearned' ORDER BY seq DESC"
         ).fetchall()
-    import json
-
-    for job_id, ts, payload in rows:
-        p = json.loads(payload)
-        if p.get("model") == model and p.get("schema_sha256") == schema_sha256:
-            return {**p, "job_id": job_id, "ts": ts}
+        sandbox_jobs: set[str] | None = None
+        for job_id, ts, payload in rows:
+            p = json.loads(payload)
+            if p.get("model") != model or p.get("schema_sha256") != schema_sha256:
+                continue
+            if p.get("provider"):
+                if p["provider"] == provider:
+                    return {**p, "job_id": job_id, "ts": ts}
+                continue
+            if sandbox_jobs is None:
+                sandbox_jobs = {
+                    j
+                    for j, a in conn.execute("SELECT job_id, payload FROM events WHERE type = 'JobAccepted'")
+                    if json.loads(a).get("sandbox")
+                }
+            if (job_id in sandbox_jobs) == sandbox:
+                return {**p, "job_id": job_id, "ts": ts}
     return None
 
 

@@ -80,8 +80,9 @@ class EmulatorConfig:
     ignore_after_cursor: bool = False
     gzip_content: bool = False
     # prompt tokens billed on top of the messages for a request with a json_schema response_format
-    # (the real provider bills the schema too, in an amount it does not publish); 0: none
-    schema_overhead_tokens: int = 0
+    # (the real provider bills the schema too, in an amount it does not publish); None: the tokens
+    # of the json_schema object as compact JSON (validation.schema_tokens); 0: none
+    schema_overhead_tokens: int | None = None
     # Called in the handler thread as on_request(method, route, phase) with phase "received"
     # (before the call takes effect) and "effected" (after it took effect, before the answer is
     # sent); route is the template, e.g. "/v1/batches/{id}".  May block (crash tests kill the

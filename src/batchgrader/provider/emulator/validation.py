@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.provider.emulator.answers import _countable_messages, _is_reasoning_model
+from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
 from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
 from batchgrader.provider.emulator.config import (
     AZURE_CHAT_ENDPOINT,
@@ -147,6 +147,22 @@ def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCac
     return _Checked([], model, plan, sum(r.prompt_tokens for r in plan))
 
 
+def schema_tokens(model: str, response_format: Any, cfg: EmulatorConfig, cache: dict[str, int]) -> int:
+    """Prompt tokens billed for a request's ``json_schema`` ``response_format``, as the real API
+    bills the schema on top of the messages: ``cfg.schema_overhead_tokens`` when set, else the
+    tokens of the ``json_schema`` object as compact JSON in the model's encoding (the allowance
+    ``bgctl count`` states, ``pipeline/prepare.schema_allowance``).  0 without a schema."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return 0
+    if cfg.schema_overhead_tokens is not None:
+        return cfg.schema_overhead_tokens
+    text = json.dumps(response_format.get("json_schema") or {}, separators=(",", ":"), ensure_ascii=False)
+    found = cache.get(text)
+    if found is None:
+        found = cache[text] = _counter_for(model).text_tokens([text])[0]
+    return found
+
+
 def plan_requests(
     endpoint: str, parsed: list[tuple[str, dict[str, Any]]], model: str, cfg: EmulatorConfig, cache: TokenCache
 ) -> list[_Req]:
@@ -159,6 +175,7 @@ def plan_requests(
         prompt = [0] * len(parsed)
     first_seen: set[str] = set()
     prefix_tokens: dict[str, int] = {}
+    schema_cache: dict[str, int] = {}
     plan: list[_Req] = []
     for i, ((cid, body), msgs, pt) in enumerate(zip(parsed, messages, prompt)):
         cached = 0
@@ -171,8 +188,7 @@ def plan_requests(
                 cached = min(pt, prefix) // 128 * 128
                 cached = cached if cached >= 1024 else 0
             first_seen.add(first)
-        if cfg.schema_overhead_tokens and (body.get("response_format") or {}).get("type") == "json_schema":
-            pt += cfg.schema_overhead_tokens
+        pt += schema_tokens(model, body.get("response_format"), cfg, schema_cache)
         req = _Req(i, cid, body, pt, cached)
         user_text = " ".join(m.get("content", "") for m in msgs)
         if FAIL_400_TRIGGER in user_text:
