@@ -227,7 +227,9 @@ KEYS: dict[str, Key] = {
         "Answer a request identical to one already answered (same file or earlier jobs) from the stored answer instead of sending it; null: on, except when temperature > 0.",
     ),
     "reuse_truncated_answers": Key(
-        False, _bool, "Also reuse stored answers that were cut off by the output limit (finish_reason 'length')."
+        False,
+        _bool,
+        "Deprecated, no effect: an answer cut off by the output limit is a failed row (truncated), never stored or reused.",
     ),
     "cache_days": Key(30.0, _days, "Stored answers are reused for this many days, then dropped; 0 turns reuse off."),
 }

@@ -58,7 +58,10 @@ from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row error codes never resubmitted automatically (the row can never be accepted as it is).
-NEVER_RETRIED = frozenset({"request_too_large"})
+#: row codes never retried automatically (`bgctl retry` still sends them): the same request
+#: fails again the same way (a row over the limit; an answer cut off by the same output bound,
+#: or refused by the same model)
+NEVER_RETRIED = frozenset({"request_too_large", "truncated", "refused"})
 
 
 def resubmit_delay(poll_interval: float) -> float:

@@ -343,6 +343,7 @@ class JobCancelled(TypedDict):
 
 class RetryRequested(TypedDict):
     reason: str
+    max_completion_tokens: NotRequired[int]
 
 
 class InputRestored(TypedDict):

@@ -355,7 +355,16 @@ EVENTS: dict[str, EventType] = {
         ),
         _t("CancelRequested", 1, "bgctl cancel", {"reason": "why"}),
         _t("JobCancelled", 1, "cancel", {"succeeded": "rows answered before the cancel", "failed": "rows without an answer"}),
-        _t("RetryRequested", 1, "bgctl retry", {"reason": "why"}),
+        _t(
+            "RetryRequested",
+            1,
+            "bgctl retry",
+            {
+                "reason": "why",
+                "max_completion_tokens": "(optional) the output bound of the rows sent again (`bgctl retry --max-completion-tokens`)",
+            },
+            optional=("max_completion_tokens",),
+        ),
         _t("InputRestored", 1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"}),
         # --- scheduling: the provider's queue limit ---------------------------------------------
         _t(

@@ -122,6 +122,7 @@ class JobState:
     override_budget: bool = False
     cancel_requested: bool = False
     retry_requested: bool = False
+    retry_bound: int | None = None  # `bgctl retry --max-completion-tokens`: the bound of rows sent again
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
     error_path: str | None = None
@@ -495,6 +496,7 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
     if job.held:
         job.override_budget = True  # retry on a held job means "submit anyway"
     job.retry_requested = True
+    job.retry_bound = p.get("max_completion_tokens")
     job.ended = None
     job.error = None
     job.held = None

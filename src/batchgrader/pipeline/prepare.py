@@ -53,6 +53,16 @@ def token_param_for(model: str, setting: str = "auto") -> str:
     return "max_completion_tokens"
 
 
+def with_output_bound(line: bytes, bound: int) -> bytes:
+    """A request line with its output bound set to ``bound`` (the token parameter it carries,
+    ``max_completion_tokens`` when it carries none), for rows sent again with a raised bound."""
+    obj = json.loads(line)
+    body = obj["body"]
+    key = "max_tokens" if "max_tokens" in body and "max_completion_tokens" not in body else "max_completion_tokens"
+    body[key] = int(bound)
+    return dumps_line(obj)
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

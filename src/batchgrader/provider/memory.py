@@ -12,7 +12,8 @@ sets (``provider.now``).  Faults are scripted per operation and consumed one per
 * ``unavailable``: the provider cannot be reached (:class:`ProviderUnavailable`).
 
 Rows answer with :attr:`MemoryProvider.answer` (a function of the custom id and the request
-body) unless listed in :attr:`MemoryProvider.row_errors`.  Results are SIMULATED.  Every call
+body), ending with :attr:`MemoryProvider.finish_reason` (the same arguments; ``stop`` unless
+told, e.g. ``length`` under a small bound) unless listed in :attr:`MemoryProvider.row_errors`.  Results are SIMULATED.  Every call
 is recorded in :attr:`MemoryProvider.calls`.
 """
 
@@ -70,6 +71,10 @@ def default_answer(custom_id: str, body: Mapping[str, Any]) -> str:
     return f"SIMULATED answer for {custom_id}"
 
 
+def default_finish(custom_id: str, body: Mapping[str, Any]) -> str:
+    return "stop"
+
+
 @dataclass
 class _File:
     info: FileInfo
@@ -80,6 +85,7 @@ class _File:
 class MemoryProvider:
     now: float = 0.0
     answer: Callable[[str, Mapping[str, Any]], str] = default_answer
+    finish_reason: Callable[[str, Mapping[str, Any]], str] = default_finish
     row_errors: dict[str, tuple[str, str]] = field(default_factory=dict)  # custom_id -> (code, message)
     prompt_tokens: int = 10
     completion_tokens: int = 5
@@ -333,7 +339,7 @@ class MemoryProvider:
                         {
                             "index": 0,
                             "message": {"role": "assistant", "content": self.answer(cid, body)},
-                            "finish_reason": "stop",
+                            "finish_reason": self.finish_reason(cid, body),
                         }
                     ],
                     "usage": {
