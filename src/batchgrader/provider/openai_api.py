@@ -387,6 +387,16 @@ class OpenAIProvider:
             kwargs["metadata"] = dict(metadata)
         return _batch_info(self._once("batches.create", lambda: self._client.batches.create(**kwargs)))
 
+    def complete(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """One request line through the synchronous API (``client.chat.completions.create``) with
+        exactly the body a batch would carry, sent once (a 5xx or a lost reply is
+        :class:`OutcomeUnknown`, a 4xx :class:`ProviderRejected`): the answer as a batch output
+        line, for :func:`~batchgrader.pipeline.results.parse_line`."""
+        body = dict(line["body"])
+        resp = self._once("chat.completions.create", lambda: self._client.chat.completions.create(**body))
+        out = resp.model_dump(mode="json", exclude_unset=True)
+        return {"custom_id": line["custom_id"], "response": {"status_code": 200, "body": out}, "error": None}
+
     def retrieve(self, batch_id: str) -> BatchInfo:
         return _batch_info(self._with_retries("batches.retrieve", lambda: self._client.batches.retrieve(batch_id)))
 

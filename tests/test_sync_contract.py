@@ -1,0 +1,174 @@
+"""The emulators' synchronous endpoints, through each provider's official SDK, and the contract
+that what the emulators answer parses into the SDK's own types with every required field
+present and no field the types do not know (issue 22, deliverable 6).  One module,
+parametrised over the providers."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+import pytest
+
+from batchgrader.pipeline.results import parse_line
+from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+from batchgrader.provider.azure_api import AzureOpenAIProvider
+from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
+from batchgrader.provider.gemini_batches import GeminiBatchProvider
+from batchgrader.provider.openai_api import OpenAIProvider, ProviderRejected, RetryPolicy
+
+KEY = "sk-emulator-contract-0123456789abcdef"
+AZURE_VERSION = "2025-04-01-preview"
+
+
+def strict_problems(model: Any, path: str = "$") -> list[str]:
+    """Fields an SDK model was given that its type does not know, and required fields it lacks,
+    recursively (pydantic models, lists and dicts of them)."""
+    problems: list[str] = []
+    if isinstance(model, pydantic.BaseModel):
+        problems += [f"{path}.{k}: not a field of {type(model).__name__}" for k in (model.model_extra or {})]
+        for name, field in type(model).model_fields.items():
+            if field.is_required() and name not in model.model_fields_set:
+                problems.append(f"{path}.{name}: required by {type(model).__name__}, missing")
+            problems += strict_problems(getattr(model, name), f"{path}.{name}")
+    elif isinstance(model, (list, tuple)):
+        for i, x in enumerate(model):
+            problems += strict_problems(x, f"{path}[{i}]")
+    elif isinstance(model, dict):
+        for k, v in model.items():
+            problems += strict_problems(v, f"{path}.{k}")
+    return problems
+
+
+def conforms(sdk_type: Any, obj: Any) -> None:
+    """``obj`` (JSON from the emulator) is a valid ``sdk_type`` with nothing unknown, nothing missing."""
+    model = sdk_type.model_validate(obj)
+    assert strict_problems(model) == []
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    provider: Callable[[Emulator], Any]
+    path: Callable[[str], str]  # model -> the synchronous endpoint's path
+    request: Callable[[str, str], dict[str, Any]]  # (model, text) -> the native request body
+    headers: dict[str, str]
+    response_type: Callable[[], Any]
+
+
+def _chat(model: str, text: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_completion_tokens": 400}
+
+
+def _chat_completion_type() -> Any:
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion
+
+
+def _message_type() -> Any:
+    from anthropic.types import Message
+
+    return Message
+
+
+def _generate_type() -> Any:
+    from google.genai.types import GenerateContentResponse
+
+    return GenerateContentResponse
+
+
+CASES = [
+    Case(
+        "openai",
+        "gpt-4o-mini",
+        lambda e: OpenAIProvider(api_key=KEY, base_url=e.base_url, timeout=10, retry=RetryPolicy(max_attempts=1)),
+        lambda m: "/v1/chat/completions",
+        _chat,
+        {"Authorization": f"Bearer {KEY}"},
+        _chat_completion_type,
+    ),
+    Case(
+        "azure",
+        "grader-4o-mini",
+        lambda e: AzureOpenAIProvider(KEY, e.root_url, AZURE_VERSION, timeout=10, retry=RetryPolicy(max_attempts=1)),
+        lambda m: f"/openai/deployments/{m}/chat/completions?api-version={AZURE_VERSION}",
+        _chat,
+        {"api-key": KEY},
+        _chat_completion_type,
+    ),
+    Case(
+        "anthropic",
+        "claude-sonnet-4-5",
+        lambda e: AnthropicBatchProvider(KEY, e.root_url, timeout=10, max_retries=0),
+        lambda m: "/v1/messages",
+        lambda m, t: {"model": m, "max_tokens": 400, "messages": [{"role": "user", "content": t}]},
+        {"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+        _message_type,
+    ),
+    Case(
+        "gemini",
+        "gemini-2.5-flash",
+        lambda e: GeminiBatchProvider(KEY, e.root_url, timeout=10, max_retries=0),
+        lambda m: f"/v1beta/models/{m}:generateContent",
+        lambda m, t: {"contents": [{"role": "user", "parts": [{"text": t}]}], "generationConfig": {"maxOutputTokens": 400}},
+        {"x-goog-api-key": KEY},
+        _generate_type,
+    ),
+]
+
+
+@pytest.fixture
+def emu() -> Iterator[Emulator]:
+    with Emulator(EmulatorConfig(clock=ManualClock(), api_key=KEY)) as e:
+        yield e
+
+
+def _post(emu: Emulator, case: Case, body: dict[str, Any]) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        emu.root_url.rstrip("/") + case.path(case.model),
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **case.headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _line(case: Case, text: str, bound: int = 400) -> dict[str, Any]:
+    body = {"model": case.model, "messages": [{"role": "user", "content": text}], "max_completion_tokens": bound}
+    return {"custom_id": "row-1", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_sync_endpoint_answers_in_the_sdk_type(emu, case):
+    status, obj = _post(emu, case, case.request(case.model, "Grade this essay: it is fine."))
+    assert status == 200, obj
+    conforms(case.response_type(), obj)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_provider_sends_one_request_through_the_sdk(emu, case):
+    o = parse_line(case.provider(emu).complete(_line(case, "Grade this essay: it is fine.")))
+    assert o.ok and o.custom_id == "row-1" and o.content and o.prompt_tokens > 0 and o.completion_tokens > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_small_bound_truncates_the_sync_answer_as_in_a_batch(emu, case):
+    o = parse_line(case.provider(emu).complete(_line(case, "Grade this essay: it is fine.", bound=2)))
+    assert not o.ok and o.error_code == "truncated"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_request_the_batch_path_fails_is_an_http_error_in_the_providers_shape(emu, case):
+    with pytest.raises(ProviderRejected) as err:
+        case.provider(emu).complete(_line(case, "please __FAIL_400__"))
+    assert err.value.status_code == 400 and "__FAIL_400__" in str(err.value)
