@@ -146,6 +146,11 @@ KEYS: dict[str, Key] = {
         "Longest wait between polls of a running batch (the wait is 15% of the batch's age, shorter when its end is expected).",
     ),
     "max_row_retries": Key(2, _int(0), "Times a failed row is resubmitted automatically."),
+    "preflight_rows": Key(
+        3,
+        _int(0),
+        "Before a job's first batch, send its first rows through the provider's synchronous API; any failure fails the job before a batch is created. 0 turns it off.",
+    ),
     "enqueued_token_limit": Key(
         {}, _int_map, "Per-model cap on input tokens in flight (model -> tokens); a chunk waits for capacity."
     ),

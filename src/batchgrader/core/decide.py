@@ -38,6 +38,7 @@ from batchgrader.core.actions import (
     Merge,
     PlanRetries,
     Poll,
+    Preflight,
     Prepare,
     Reconcile,
     RecoverEnded,
@@ -51,7 +52,7 @@ from batchgrader.core.actions import (
     Upload,
     WriteResult,
 )
-from batchgrader.core.config import Config, Profile
+from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
@@ -277,6 +278,29 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
     ]
 
 
+PREFLIGHT_FIRST_DELAY = 5.0  # seconds before the first preflight sent again after the provider could not be reached
+PREFLIGHT_MAX_DELAY = 300.0
+
+
+def preflight_due(job: JobState, config: Config) -> bool:
+    """Whether the job's preflight is still to be (or being) sent: its profile asks for one
+    (``preflight_rows`` > 0) and it has not passed.  An unknown profile has none (prepare
+    fails the job for it)."""
+    if job.preflight == "passed":
+        return False
+    try:
+        rows = int(config.profile(job.profile).preflight_rows or 0)
+    except ConfigError:
+        return False
+    return rows > 0
+
+
+def preflight_delay(attempt: int) -> float:
+    """How long after the ``attempt``-th try that could not reach the provider the preflight is
+    sent again: 5 s, doubling, at most 5 minutes."""
+    return min(PREFLIGHT_MAX_DELAY, PREFLIGHT_FIRST_DELAY * 2 ** max(0, attempt - 1))
+
+
 def first_error(job: JobState) -> str:
     for info in list(job.failed_rows.values())[:1]:
         return f"{info.get('code')}: {info.get('message')}"
@@ -362,6 +386,11 @@ def decide_job(
     if job.archived_path:
         out.append(RestoreInput(job_id))
     if not job.prepared:
+        if preflight_due(job, config):
+            if job.preflight == "unreachable" and job.preflight_retry_at is not None and now < job.preflight_retry_at:
+                return out  # the provider could not be reached: wait for the backoff
+            out.append(Preflight(job_id))
+            return out
         out.append(Prepare(job_id))
         return out
     settings = config.default

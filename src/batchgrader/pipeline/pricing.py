@@ -116,6 +116,23 @@ def estimate(price: Price, input_tokens: int, requests: int, max_completion_toke
 CACHE_WRITE_MULTIPLIER = Decimal("1.25")
 
 
+#: Batch prices are half the standard (synchronous) prices at OpenAI, Anthropic and Gemini.
+STANDARD_OVER_BATCH = 2.0
+
+
+def standard_price(price: Price) -> Price:
+    """A model's standard (synchronous API) prices, as the preflight pays them: the batch prices
+    times :data:`STANDARD_OVER_BATCH`, until the model catalogue carries standard prices of its
+    own (then this is the one place to read them from)."""
+    cached = None if price.cached_input_per_1m is None else price.cached_input_per_1m * STANDARD_OVER_BATCH
+    return dataclasses.replace(
+        price,
+        input_per_1m=price.input_per_1m * STANDARD_OVER_BATCH,
+        cached_input_per_1m=cached,
+        output_per_1m=price.output_per_1m * STANDARD_OVER_BATCH,
+    )
+
+
 def billed_cost(
     price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int, cache_write_tokens: int = 0
 ) -> float:

@@ -177,7 +177,7 @@ class AnthropicBatchProvider:
         found.sort(key=lambda b: (b.created_at, b.id))
         return found
 
-    def complete(self, line: Mapping[str, Any]) -> dict[str, Any]:
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
         """One request line through the synchronous API (``client.messages.create``, sent once)
         with the params a batch would carry: the answer as an OpenAI batch output line."""
         request = to_anthropic_request(line)

@@ -295,7 +295,7 @@ class GeminiBatchProvider:
         found.sort(key=lambda b: (b.created_at, b.id))
         return found
 
-    def complete(self, line: Mapping[str, Any]) -> dict[str, Any]:
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
         """One request line through the synchronous API (``client.models.generate_content``, sent
         once) with the request a batch would carry: the answer as an OpenAI batch output line (a
         blocked prompt: the ``refused`` error line a batch gives)."""

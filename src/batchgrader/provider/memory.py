@@ -13,7 +13,8 @@ sets (``provider.now``).  Faults are scripted per operation and consumed one per
 
 Rows answer with :attr:`MemoryProvider.answer` (a function of the custom id and the request
 body), ending with :attr:`MemoryProvider.finish_reason` (the same arguments; ``stop`` unless
-told, e.g. ``length`` under a small bound) unless listed in :attr:`MemoryProvider.row_errors`.  Results are SIMULATED.  Every call
+told, e.g. ``length`` under a small bound) unless listed in :attr:`MemoryProvider.row_errors`,
+in a batch and through :meth:`MemoryProvider.complete` (the synchronous API) alike.  Results are SIMULATED.  Every call
 is recorded in :attr:`MemoryProvider.calls`.
 """
 
@@ -54,6 +55,7 @@ OPERATIONS = (
     "cancel",
     "download",
     "delete_file",
+    "complete",
 )
 FAULT_KINDS = ("lost", "dropped", "refused", "unavailable")
 
@@ -281,6 +283,21 @@ class MemoryProvider:
         if self.files.pop(file_id, None) is None:
             raise ProviderRejected("files.delete", 404, f"no such file: {file_id}", code="not_found")
         return True
+
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One request line through the synchronous API: the batch output line a batch would give
+        it; a row listed in ``row_errors`` is a definite 400."""
+        cid = str(line.get("custom_id") or "")
+        fault = self._fault("complete", cid)
+        if fault is not None and fault.kind != "lost":
+            raise self._error("chat.completions.create", fault)
+        if cid in self.row_errors:
+            code, message = self.row_errors[cid]
+            raise ProviderRejected("chat.completions.create", 400, message, code=code)
+        out = self._output_line(cid, line.get("body") or {})
+        if fault is not None:
+            raise self._error("chat.completions.create", fault)
+        return out
 
     # --- internals --------------------------------------------------------------------------------
     def _new_id(self, prefix: str) -> str:

@@ -387,7 +387,7 @@ class OpenAIProvider:
             kwargs["metadata"] = dict(metadata)
         return _batch_info(self._once("batches.create", lambda: self._client.batches.create(**kwargs)))
 
-    def complete(self, line: Mapping[str, Any]) -> dict[str, Any]:
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
         """One request line through the synchronous API (``client.chat.completions.create``) with
         exactly the body a batch would carry, sent once (a 5xx or a lost reply is
         :class:`OutcomeUnknown`, a 4xx :class:`ProviderRejected`): the answer as a batch output
