@@ -112,3 +112,13 @@ def test_the_preflight_goes_through_each_providers_sync_endpoint(home, provider)
     job = only_job(home)
     assert job.preflight == "passed" and job.ended == "completed", job.last_error
     assert sum(c.requests for c in job.chunks.values()) == 2  # the preflight's 3 rows were not sent again
+
+
+def test_the_preflight_runs_in_the_sandbox(home):
+    home.config_file.write_text(BASE)  # preflight_rows: 3, the default
+    (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(5)))
+    res = bgctl(home.root, "daemon", "--once", "--sandbox", key=None, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    job = only_job(home)
+    assert job.sandbox and job.preflight == "passed" and job.ended == "completed"
+    assert len(events(home, "PreflightRequested")) == 1 and sum(c.requests for c in job.chunks.values()) == 2
