@@ -124,23 +124,33 @@ CASES = [
 
 
 @pytest.fixture
-def emu() -> Iterator[Emulator]:
-    with Emulator(EmulatorConfig(clock=ManualClock(), api_key=KEY)) as e:
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def emu(clock: ManualClock) -> Iterator[Emulator]:
+    with Emulator(EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=5, finalizing_s=1)) as e:
         yield e
 
 
-def _post(emu: Emulator, case: Case, body: dict[str, Any]) -> tuple[int, Any]:
+def _http(emu: Emulator, method: str, path: str, headers: dict[str, str], body: Any = None) -> tuple[int, bytes]:
     req = urllib.request.Request(
-        emu.root_url.rstrip("/") + case.path(case.model),
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **case.headers},
-        method="POST",
+        emu.root_url.rstrip("/") + path,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method=method,
     )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
+            return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        return exc.code, exc.read()
+
+
+def _post(emu: Emulator, case: Case, body: dict[str, Any]) -> tuple[int, Any]:
+    status, data = _http(emu, "POST", case.path(case.model), case.headers, body)
+    return status, json.loads(data)
 
 
 def _line(case: Case, text: str, bound: int = 400) -> dict[str, Any]:
@@ -172,3 +182,117 @@ def test_a_request_the_batch_path_fails_is_an_http_error_in_the_providers_shape(
     with pytest.raises(ProviderRejected) as err:
         case.provider(emu).complete(_line(case, "please __FAIL_400__"))
     assert err.value.status_code == 400 and "__FAIL_400__" in str(err.value)
+
+
+# --- the batch path: batch objects, result lines, errors ------------------------------------------
+
+
+def _lines(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in data.splitlines() if x.strip()]
+
+
+def _chat_line(cid: str, text: str, model: str) -> dict[str, Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_completion_tokens": 300}
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def _openai_batch(emu: Emulator, clock: ManualClock, tmp_path: Any) -> list[tuple[Any, Any]]:
+    from openai.types import Batch, FileObject
+    from openai.types.chat import ChatCompletion
+    from openai.types.shared import ErrorObject
+
+    case = CASES[0]
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        "".join(json.dumps(_chat_line(f"r{i}", t, case.model)) + "\n" for i, t in enumerate(["fine", "__FAIL_400__"]))
+    )
+    p = case.provider(emu)
+    f = p.upload(path, path.name)
+    b = p.create_batch(f.id)
+    for _ in range(40):
+        if p.retrieve(b.id).status == "completed":
+            break
+        clock.advance(1)
+    _, raw_batch = _http(emu, "GET", f"/v1/batches/{b.id}", case.headers)
+    batch = json.loads(raw_batch)
+    _, raw_file = _http(emu, "GET", f"/v1/files/{f.id}", case.headers)
+    out = _lines(_http(emu, "GET", f"/v1/files/{batch['output_file_id']}/content", case.headers)[1])
+    err = _lines(_http(emu, "GET", f"/v1/files/{batch['error_file_id']}/content", case.headers)[1])
+    _, missing = _http(emu, "GET", "/v1/batches/batch_nope", case.headers)
+    return [
+        (Batch, batch),
+        (FileObject, json.loads(raw_file)),
+        *[(ChatCompletion, x["response"]["body"]) for x in out],
+        *[(ErrorObject, x["response"]["body"]["error"]) for x in err],
+        (ErrorObject, json.loads(missing)["error"]),
+    ]
+
+
+def _anthropic_batch(emu: Emulator, clock: ManualClock, tmp_path: Any) -> list[tuple[Any, Any]]:
+    import anthropic
+    from anthropic.types import ErrorResponse
+    from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
+
+    case = CASES[2]
+    client = anthropic.Anthropic(base_url=emu.root_url, api_key=KEY, max_retries=0)
+    params = {"model": case.model, "max_tokens": 300}
+    reqs = [
+        {"custom_id": f"r{i}", "params": {**params, "messages": [{"role": "user", "content": t}]}}
+        for i, t in enumerate(["fine", "__FAIL_400__"])
+    ]
+    b = client.messages.batches.create(requests=reqs)  # type: ignore[arg-type]
+    clock.advance(20)
+    _, raw = _http(emu, "GET", f"/v1/messages/batches/{b.id}", case.headers)
+    results = _lines(_http(emu, "GET", f"/v1/messages/batches/{b.id}/results", case.headers)[1])
+    _, missing = _http(emu, "GET", "/v1/messages/batches/msgbatch_nope", case.headers)
+    return [
+        (MessageBatch, json.loads(raw)),
+        *[(MessageBatchIndividualResponse, r) for r in results],
+        (ErrorResponse, json.loads(missing)),
+    ]
+
+
+def _gemini_batch(emu: Emulator, clock: ManualClock, tmp_path: Any) -> list[tuple[Any, Any]]:
+    from google.genai.types import GenerateContentResponse
+
+    case = CASES[3]
+    path = tmp_path / "bg-job1-c0000-a1.jsonl"
+    path.write_text("".join(json.dumps(_chat_line(f"r{i}", f"essay {i}", case.model)) + "\n" for i in range(2)))
+    p = case.provider(emu)
+    b = p.create_batch(p.upload(path, path.name).id, metadata={"bg_key": "job1:0:1"})
+    clock.advance(20)
+    done = p.retrieve(b.id)
+    from google import genai
+
+    client = genai.Client(api_key=KEY, http_options=genai.types.HttpOptions(base_url=emu.root_url))
+    raw = client.files.download(file=done.output_file_id or "")
+    return [(GenerateContentResponse, line["response"]) for line in _lines(raw)]
+
+
+BATCH_PATHS = {"openai": _openai_batch, "anthropic": _anthropic_batch, "gemini": _gemini_batch}
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_PATHS))
+def test_every_batch_response_parses_into_the_sdk_types(emu, clock, tmp_path, name):
+    got = BATCH_PATHS[name](emu, clock, tmp_path)
+    assert len(got) >= 2
+    for sdk_type, obj in got:
+        model = sdk_type.model_validate(obj)
+        assert strict_problems(model) == [], (sdk_type.__name__, obj)
+
+
+def test_the_strict_check_sees_an_unknown_field_and_a_missing_one():
+    from openai.types.chat import ChatCompletion
+
+    good = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}],
+    }
+    assert strict_problems(ChatCompletion.model_validate(good)) == []
+    extra = {**good, "choices": [{**good["choices"][0], "surprise": 1}]}
+    assert strict_problems(ChatCompletion.model_validate(extra)) == ["$.choices[0].surprise: not a field of Choice"]
+    with pytest.raises(pydantic.ValidationError):
+        ChatCompletion.model_validate({k: v for k, v in good.items() if k != "choices"})
