@@ -10,7 +10,8 @@ before they are sent again, which batches a cancel was already sent for) is an e
 :class:`Step` (the stage reached and the actions already carried out), so that every decision
 sees the outcome of the previous one, and each action is tried at most once per tick.
 
-The stages, in order: 0 recover an ended job, 1 restore a reopened input, 2 prepare, 3 cancel
+The stages, in order: 0 recover an ended job, 1 restore a reopened input, 2 preflight (the
+first rows through the synchronous API, when ``preflight_rows`` > 0) and prepare, 3 cancel
 or hold/release, 4 reconcile open intents, 5 poll, 6 collect (download, merge), 7 halt or
 cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows or finish
 (write the result, archive the input, delete provider files, end).
