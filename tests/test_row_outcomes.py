@@ -176,7 +176,13 @@ def test_truncated_rows_fail_are_not_stored_and_retry_raises_the_bound(rig):
     assert not rig.events("AnswersToStore")  # nothing stored for reuse
     rows = rig.result_rows()
     assert all(r["error"].startswith("truncated:") and "SIMULATED" in r["grade"] for r in rows)
-    rig.control("RetryRequested", max_completion_tokens=800)
+    from batchgrader.daemon.process import apply_control, request_control
+
+    bad = {"action": "retry", "job_id": job.job_id, "reason": "r", "max_completion_tokens": 0}
+    assert "not a positive integer" in (apply_control(rig.engine, bad) or "")
+    path = request_control(rig.home, "retry", job.job_id, "raise the bound", max_completion_tokens=800)  # bgctl retry
+    assert apply_control(rig.engine, json.loads(path.read_text())) is None
+    assert rig.events("RetryRequested")[-1]["max_completion_tokens"] == 800  # a restarted daemon reads it here
     assert rig.engine.state.jobs[job.job_id].retry_bound == 800
     for _ in range(3):
         rig.tick()
