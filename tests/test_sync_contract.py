@@ -296,3 +296,10 @@ def test_the_strict_check_sees_an_unknown_field_and_a_missing_one():
     assert strict_problems(ChatCompletion.model_validate(extra)) == ["$.choices[0].surprise: not a field of Choice"]
     with pytest.raises(pydantic.ValidationError):
         ChatCompletion.model_validate({k: v for k, v in good.items() if k != "choices"})
+
+
+def test_a_body_key_the_sdk_has_no_argument_for_is_still_sent(emu):
+    line = _line(CASES[0], "Grade this essay: it is fine.")
+    line["body"]["bg_unknown_setting"] = 1  # e.g. a newer API parameter than the installed SDK knows
+    o = parse_line(CASES[0].provider(emu).complete(line))
+    assert o.ok

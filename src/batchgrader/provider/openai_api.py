@@ -392,8 +392,13 @@ class OpenAIProvider:
         exactly the body a batch would carry, sent once (a 5xx or a lost reply is
         :class:`OutcomeUnknown`, a 4xx :class:`ProviderRejected`): the answer as a batch output
         line, for :func:`~batchgrader.pipeline.results.parse_line`."""
-        body = dict(line["body"])
-        resp = self._once("chat.completions.create", lambda: self._client.chat.completions.create(**body))
+        import inspect
+
+        create = self._client.chat.completions.create
+        known = set(inspect.signature(create).parameters)
+        kwargs = {k: v for k, v in line["body"].items() if k in known}
+        extra = {k: v for k, v in line["body"].items() if k not in known}  # sent as they are, in the same body
+        resp = self._once("chat.completions.create", lambda: create(**kwargs, extra_body=extra or None))
         out = resp.model_dump(mode="json", exclude_unset=True)
         return {"custom_id": line["custom_id"], "response": {"status_code": 200, "body": out}, "error": None}
 
