@@ -58,6 +58,7 @@ WORDS = (
 # Local settings for the runs (the inbox is looked at quickly); polling is the default one, which
 # adapts to a batch's age (core/polling.py), so poll_interval_seconds keeps its default of 60 s.
 CONFIG = "stable_seconds: 0.2\nrescan_interval_seconds: 1\nmax_completion_tokens: 50\n"
+PREFLIGHT_ROWS: list[int | None] = [None]  # --preflight-rows: None keeps the default (3)
 
 
 def make_csv(path: Path, rows: int, seed: int = 9) -> None:
@@ -219,7 +220,8 @@ def run_daemon(home: Path, emu: Emulator) -> tuple[float, int, int]:
 def one_run(work: Path, csv: Path, rows: int, batch_s: float, limit_share: float | None, tokens: int) -> dict:
     home = work / f"home-{csv.stem}-{'limit' if limit_share else 'free'}"
     home.mkdir(parents=True)
-    (home / "config.yaml").write_text(CONFIG)
+    rows_setting = PREFLIGHT_ROWS[0]
+    (home / "config.yaml").write_text(CONFIG + ("" if rows_setting is None else f"preflight_rows: {rows_setting}\n"))
     (home / "inbox").mkdir()
     try:
         os.link(csv, home / "inbox" / csv.name)
@@ -431,7 +433,9 @@ def main() -> None:
     ap.add_argument(
         "--sandbox-rows", type=int, nargs="*", default=[], help="also run `bgctl daemon --sandbox --once` on files of these sizes"
     )
+    ap.add_argument("--preflight-rows", type=int, help="preflight_rows of the runs (default: the product's, 3; 0: off)")
     args = ap.parse_args()
+    PREFLIGHT_ROWS[0] = args.preflight_rows
     CASES[:] = [None if c == "a" else 0.45 for c in args.cases]
     TIMELINE[0] = args.timeline
     with tempfile.TemporaryDirectory(prefix="bench-schedule-") as tmp:

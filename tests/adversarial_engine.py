@@ -21,7 +21,8 @@ from harness import FAST_CONFIG, TEST_KEY
 
 
 def make_engine(home: Home, emu: Emulator | None, store: EventStore, extra_config: str = "") -> Engine:
-    home.config_file.write_text(FAST_CONFIG + extra_config)
+    # the rules tested here start at prepare: the preflight (tests/test_preflight*.py) is off
+    home.config_file.write_text(FAST_CONFIG + ("" if "preflight_rows" in extra_config else "preflight_rows: 0\n") + extra_config)
     cfg = load_config(home, environ={})
     provider = None
     if emu is not None:

@@ -25,7 +25,8 @@ stable_seconds: 0.05
 rescan_interval_seconds: 0.2
 max_completion_tokens: 50
 request_timeout_seconds: 5
-"""
+preflight_rows: 0
+"""  # the preflight is off: the suites built on this test the batch path (tests/test_preflight*.py turn it on)
 
 
 def daemon_env(home: Path, base_url: str | None, key: str | None = TEST_KEY) -> dict[str, str]:

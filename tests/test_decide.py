@@ -28,7 +28,7 @@ from batchgrader.core.decide import (
     upload_name,
 )
 from batchgrader.core.state import fold
-from ticks import BASE_CONFIG, Rig
+from ticks import Rig, config_text
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def rig(home):
 
 
 def config(home, extra: str):
-    home.config_file.write_text(BASE_CONFIG + extra)
+    home.config_file.write_text(config_text(extra))
     return load_config(home, environ={})
 
 

@@ -50,6 +50,7 @@ def test_the_engine_calls_exactly_the_protocol():
         "list_batches",
         "download",
         "delete_file",
+        "complete",
     }
     assert used - OPTIONAL == methods  # nothing called outside the protocol, nothing in it unused
     assert probed <= OPTIONAL

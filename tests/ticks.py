@@ -20,10 +20,15 @@ from batchgrader.store.eventstore import EventStore, NewEvent
 BASE_CONFIG = "stable_seconds: 0\npoll_interval_seconds: 2\nmax_completion_tokens: 50\n"
 
 
+def config_text(config: str) -> str:
+    """The rig's config: the preflight is off unless the test's own config sets it."""
+    return BASE_CONFIG + ("" if "preflight_rows" in config else "preflight_rows: 0\n") + config
+
+
 class Rig:
     def __init__(self, home: Home, config: str = "") -> None:
         self.home = home
-        home.config_file.write_text(BASE_CONFIG + config)
+        home.config_file.write_text(config_text(config))
         self.store = EventStore(home.db)
         self.provider = MemoryProvider()
         self.now = 1_000_000.0
@@ -34,7 +39,7 @@ class Rig:
         self.store.close()
 
     def reconfigure(self, config: str) -> None:
-        self.home.config_file.write_text(BASE_CONFIG + config)
+        self.home.config_file.write_text(config_text(config))
         self.engine.reload(load_config(self.home, environ={}), load_pricing())
 
     def tick(self, seconds: float = 1.0) -> list[str]:

@@ -143,7 +143,9 @@ def _rejected_reason(home: Home, job_id: str) -> str | None:
         return ""
 
 
-def control_action(home: Home, action: str, job_id: str, reason: str) -> dict[str, Any]:
+def control_action(
+    home: Home, action: str, job_id: str, reason: str, *, max_completion_tokens: int | None = None
+) -> dict[str, Any]:
     """`bgctl cancel` / `bgctl retry`: record the request only if the daemon will act on it.
 
     The daemon cancels a job that has not ended, and retries a job that has ended or is held
@@ -177,7 +179,7 @@ def control_action(home: Home, action: str, job_id: str, reason: str) -> dict[st
     if refusal:
         res["message"] = refusal
         return res
-    request_control(home.ensure(), action, jid, reason)
+    request_control(home.ensure(), action, jid, reason, max_completion_tokens=max_completion_tokens)
     running = daemon_pid(home) is not None
     res["daemon_running"] = running
     res["message"] = f"{action} requested for job {jid}" + (

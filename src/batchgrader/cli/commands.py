@@ -236,14 +236,21 @@ def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("job_id")
 @click.option("--reason", default="retry requested by user", help="Recorded with the request.")
+@click.option(
+    "--max-completion-tokens",
+    "bound",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The output bound of the rows sent again (e.g. for rows failed as truncated).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
-def retry(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
+def retry(obj: Ctx, job_id: str, reason: str, bound: int | None, as_json: bool) -> None:
     """Resubmit the failed rows of a finished JOB (or submit a held JOB anyway) and rewrite its result."""
     from batchgrader.cli.actions import control_action
 
     _no_db_guard(obj)
-    _answer(control_action(obj.home, "retry", job_id, reason), as_json)
+    _answer(control_action(obj.home, "retry", job_id, reason, max_completion_tokens=bound), as_json)
 
 
 def _answer(res: dict, as_json: bool) -> None:

@@ -78,6 +78,16 @@ class RestoreInput(Action):
 
 
 @dataclass(frozen=True)
+class Preflight(Action):
+    """Send the job's first rows through the provider's synchronous API before it is prepared
+    into batches (intent ``PreflightRequested``, outcome ``PreflightPassed`` / ``PreflightFailed``
+    / ``PreflightUnreachable``)."""
+
+    stage: ClassVar[int] = 2
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
 class Prepare(Action):
     stage: ClassVar[int] = 2
     ends_step: ClassVar[bool] = True

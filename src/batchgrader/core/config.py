@@ -158,6 +158,11 @@ KEYS: dict[str, Key] = {
         "Longest wait between polls of a running batch (the wait is 15% of the batch's age, shorter when its end is expected).",
     ),
     "max_row_retries": Key(2, _int(0), "Times a failed row is resubmitted automatically."),
+    "preflight_rows": Key(
+        3,
+        _int(0),
+        "Before a job's first batch, send its first rows through the provider's synchronous API; any failure fails the job before a batch is created. 0 turns it off.",
+    ),
     "enqueued_token_limit": Key(
         {}, _int_map, "Per-model cap on input tokens in flight (model -> tokens); a chunk waits for capacity."
     ),
@@ -257,7 +262,9 @@ KEYS: dict[str, Key] = {
         "Answer a request identical to one already answered (same file or earlier jobs) from the stored answer instead of sending it; null: on, except when temperature > 0.",
     ),
     "reuse_truncated_answers": Key(
-        False, _bool, "Also reuse stored answers that were cut off by the output limit (finish_reason 'length')."
+        False,
+        _bool,
+        "Deprecated, no effect: an answer cut off by the output limit is a failed row (truncated), never stored or reused.",
     ),
     "cache_days": Key(30.0, _days, "Stored answers are reused for this many days, then dropped; 0 turns reuse off."),
 }

@@ -10,7 +10,8 @@ before they are sent again, which batches a cancel was already sent for) is an e
 :class:`Step` (the stage reached and the actions already carried out), so that every decision
 sees the outcome of the previous one, and each action is tried at most once per tick.
 
-The stages, in order: 0 recover an ended job, 1 restore a reopened input, 2 prepare, 3 cancel
+The stages, in order: 0 recover an ended job, 1 restore a reopened input, 2 preflight (the
+first rows through the synchronous API, when ``preflight_rows`` > 0) and prepare, 3 cancel
 or hold/release, 4 reconcile open intents, 5 poll, 6 collect (download, merge), 7 halt or
 cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows or finish
 (write the result, archive the input, delete provider files, end).
@@ -38,6 +39,7 @@ from batchgrader.core.actions import (
     Merge,
     PlanRetries,
     Poll,
+    Preflight,
     Prepare,
     Reconcile,
     RecoverEnded,
@@ -51,7 +53,7 @@ from batchgrader.core.actions import (
     Upload,
     WriteResult,
 )
-from batchgrader.core.config import Config, Profile
+from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.settle import CREATE_SETTLE_SLACK, create_settle_seconds  # noqa: F401 - part of the rules' interface
@@ -59,7 +61,10 @@ from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row error codes never resubmitted automatically (the row can never be accepted as it is).
-NEVER_RETRIED = frozenset({"request_too_large"})
+#: Row codes never retried automatically (`bgctl retry` still sends them): the same request fails
+#: again the same way (a row over the limit; an answer cut off by the same output bound, or refused
+#: by the same model).
+NEVER_RETRIED = frozenset({"request_too_large", "truncated", "refused"})
 #: Row error codes resubmitted only by `bgctl retry`: sending them again at once would fail the
 #: same way (the provider's queue stayed full through every round).
 RETRIED_ON_REQUEST = frozenset({"queue_full"})
@@ -297,6 +302,29 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
     ]
 
 
+PREFLIGHT_FIRST_DELAY = 5.0  # seconds before the first preflight sent again after the provider could not be reached
+PREFLIGHT_MAX_DELAY = 300.0
+
+
+def preflight_due(job: JobState, config: Config) -> bool:
+    """Whether the job's preflight is still to be (or being) sent: its profile asks for one
+    (``preflight_rows`` > 0) and it has not passed.  An unknown profile has none (prepare
+    fails the job for it)."""
+    if job.preflight == "passed":
+        return False
+    try:
+        rows = int(config.profile(job.profile).preflight_rows or 0)
+    except ConfigError:
+        return False
+    return rows > 0
+
+
+def preflight_delay(attempt: int) -> float:
+    """How long after the ``attempt``-th try that could not reach the provider the preflight is
+    sent again: 5 s, doubling, at most 5 minutes."""
+    return min(PREFLIGHT_MAX_DELAY, PREFLIGHT_FIRST_DELAY * 2 ** max(0, attempt - 1))
+
+
 def first_error(job: JobState) -> str:
     for info in list(job.failed_rows.values())[:1]:
         return f"{info.get('code')}: {info.get('message')}"
@@ -382,6 +410,11 @@ def decide_job(
     if job.archived_path:
         out.append(RestoreInput(job_id))
     if not job.prepared:
+        if preflight_due(job, config):
+            if job.preflight == "unreachable" and job.preflight_retry_at is not None and now < job.preflight_retry_at:
+                return out  # the provider could not be reached: wait for the backoff
+            out.append(Preflight(job_id))
+            return out
         out.append(Prepare(job_id))
         return out
     settings = config.default

@@ -353,8 +353,31 @@ class JobCancelled(TypedDict):
     failed: int
 
 
+class PreflightRequested(TypedDict):
+    rows: list[str]
+    attempt: int
+
+
+class PreflightPassed(TypedDict):
+    answers: list[dict[str, Any]]
+    cost_usd: float
+
+
+class PreflightFailed(TypedDict):
+    custom_id: str
+    row_code: str
+    error: str
+    hint: str
+
+
+class PreflightUnreachable(TypedDict):
+    error: str
+    retry_at: float
+
+
 class RetryRequested(TypedDict):
     reason: str
+    max_completion_tokens: NotRequired[int]
 
 
 class InputRestored(TypedDict):
@@ -410,6 +433,10 @@ PAYLOADS: dict[str, type] = {
         JobPrepared,
         JobHeld,
         JobReleased,
+        PreflightRequested,
+        PreflightPassed,
+        PreflightFailed,
+        PreflightUnreachable,
         UploadStarted,
         FileUploaded,
         UploadFailed,

@@ -95,6 +95,46 @@ EVENTS: dict[str, EventType] = {
             "budget / bgctl retry",
             {"reason": "why it may go on", "override": "true when the user chose to submit despite the budget"},
         ),
+        # --- the preflight: the first rows through the synchronous API, before any batch ----
+        _t(
+            "PreflightRequested",
+            1,
+            "preflight",
+            {
+                "rows": "custom_ids of the rows sent (the first `preflight_rows` rows)",
+                "attempt": "1 for the first try; one more for each try after the provider could not be reached or a crash",
+            },
+            intent_for="PreflightPassed|PreflightFailed|PreflightUnreachable",
+        ),
+        _t(
+            "PreflightPassed",
+            1,
+            "preflight",
+            {
+                "answers": "per row: {custom_id, key, content, finish_reason, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens}; these rows are answered and not sent in a batch",
+                "cost_usd": "what the rows cost at the standard (not batch) price (also in the TokensUsed with chunk -1 beside it)",
+            },
+        ),
+        _t(
+            "PreflightFailed",
+            1,
+            "preflight",
+            {
+                "custom_id": "the row that failed",
+                "row_code": "its code: the provider's HTTP error code, or truncated, refused, invalid_output, unexpected_finish",
+                "error": "the provider's own message",
+                "hint": "the fix",
+            },
+        ),
+        _t(
+            "PreflightUnreachable",
+            1,
+            "preflight",
+            {
+                "error": "why the provider could not be reached (or asked to wait)",
+                "retry_at": "when the preflight is sent again (epoch seconds; backoff doubling from 5 s to 5 min)",
+            },
+        ),
         # --- per chunk: upload ---------------------------------------------------------------
         _t(
             "UploadStarted",
@@ -360,7 +400,16 @@ EVENTS: dict[str, EventType] = {
         ),
         _t("CancelRequested", 1, "bgctl cancel", {"reason": "why"}),
         _t("JobCancelled", 1, "cancel", {"succeeded": "rows answered before the cancel", "failed": "rows without an answer"}),
-        _t("RetryRequested", 1, "bgctl retry", {"reason": "why"}),
+        _t(
+            "RetryRequested",
+            1,
+            "bgctl retry",
+            {
+                "reason": "why",
+                "max_completion_tokens": "(optional) the output bound of the rows sent again (`bgctl retry --max-completion-tokens`)",
+            },
+            optional=("max_completion_tokens",),
+        ),
         _t("InputRestored", 1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"}),
         # --- scheduling: the provider's queue limit ---------------------------------------------
         _t(

@@ -134,6 +134,14 @@ class JobState:
     override_budget: bool = False
     cancel_requested: bool = False
     retry_requested: bool = False
+    retry_bound: int | None = None  # `bgctl retry --max-completion-tokens`: the bound of rows sent again
+    # the preflight: None (not run), requested (intent open), unreachable (retry at preflight_retry_at),
+    # passed (its answers in preflight_answers) or failed
+    preflight: str | None = None
+    preflight_attempts: int = 0
+    preflight_retry_at: float | None = None
+    preflight_error: str | None = None
+    preflight_answers: list[dict[str, Any]] = field(default_factory=list)
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
     error_path: str | None = None
@@ -506,11 +514,39 @@ def _job_cancelled(s: State, job: JobState, p: P.JobCancelled, e: Event) -> None
     job.ended = "cancelled"
 
 
+PREFLIGHT_UNREACHABLE = "preflight: the provider could not be reached"
+
+
+def _preflight_requested(s: State, job: JobState, p: P.PreflightRequested, e: Event) -> None:
+    job.preflight = "requested"
+    job.preflight_attempts = int(p["attempt"])
+
+
+def _preflight_passed(s: State, job: JobState, p: P.PreflightPassed, e: Event) -> None:
+    if (job.last_error or "").startswith(PREFLIGHT_UNREACHABLE):
+        job.last_error = None
+    job.preflight, job.preflight_retry_at, job.preflight_error = "passed", None, None
+    job.preflight_answers = list(p["answers"])
+
+
+def _preflight_failed(s: State, job: JobState, p: P.PreflightFailed, e: Event) -> None:
+    job.preflight, job.preflight_retry_at = "failed", None
+    job.preflight_error = f"{p['row_code']}: {p['error']}"
+
+
+def _preflight_unreachable(s: State, job: JobState, p: P.PreflightUnreachable, e: Event) -> None:
+    job.preflight, job.preflight_retry_at, job.preflight_error = "unreachable", float(p["retry_at"]), p["error"]
+    job.last_error = f"{PREFLIGHT_UNREACHABLE} ({p['error']}); it is sent again"
+
+
 def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> None:
     """`bgctl retry`: a finished job goes back to work on its failed rows."""
     if job.held:
         job.override_budget = True  # retry on a held job means "submit anyway"
     job.retry_requested = True
+    job.retry_bound = p.get("max_completion_tokens")
+    if job.preflight == "failed":  # after a config change the preflight runs again
+        job.preflight, job.preflight_attempts, job.preflight_error = None, 0, None
     job.ended = None
     job.error = None
     job.held = None
@@ -640,6 +676,10 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "CancelRequested": _cancel_requested,
     "JobCancelled": _job_cancelled,
     "RetryRequested": _retry_requested,
+    "PreflightRequested": _preflight_requested,
+    "PreflightPassed": _preflight_passed,
+    "PreflightFailed": _preflight_failed,
+    "PreflightUnreachable": _preflight_unreachable,
     "InputRestored": _input_restored,
     "DuplicateBatchesChecked": _duplicate_batches_checked,
     "OutputDownloadFailed": _download_failed,

@@ -19,6 +19,8 @@ from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
 from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
+from batchgrader.pipeline.outputschema import schema_of
+from batchgrader.pipeline.prepare import with_output_bound
 from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.splitting import Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
@@ -202,6 +204,7 @@ class CollectSteps(ReuseSteps):
             malformed_downloads=c.malformed_downloads,
             download_malformed_again=c.malformed_downloads < MAX_MALFORMED_DOWNLOADS,
             followers=self.followers_of(job),
+            schema=schema_of(job.settings.get("response_format")),  # as prepared
         )
 
     def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
@@ -322,12 +325,15 @@ class CollectSteps(ReuseSteps):
         tokens = array("Q")
         sizes = array("Q")
         tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        bound = job.retry_bound if job.retry_requested else None
         for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
             cid = request_custom_id(line)
             if cid in wanted:
+                if bound is not None:
+                    line = with_output_bound(line, bound)
                 lines.append(line)
                 tokens.append(tok_all[pos])
-                sizes.append(size_all[pos])
+                sizes.append(len(line) if bound is not None else size_all[pos])
         chunks, _over = plan_chunks(
             tokens,
             sizes,

@@ -20,12 +20,16 @@ CONTROL_DIR = "control"
 log = logging.getLogger("batchgrader")
 
 
-def request_control(home: Home, action: str, job_id: str, reason: str = "") -> Path:
-    """Queue a request for the daemon (atomic file in ``control/``)."""
+def request_control(home: Home, action: str, job_id: str, reason: str = "", *, max_completion_tokens: int | None = None) -> Path:
+    """Queue a request for the daemon (atomic file in ``control/``); a retry may carry the output
+    bound of the rows it sends again."""
     folder = home.root / CONTROL_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{time.time_ns()}-{action}-{uuid.uuid4().hex[:8]}.json"
-    atomic_write_bytes(path, json.dumps({"action": action, "job_id": job_id, "reason": reason}).encode())
+    req: dict[str, object] = {"action": action, "job_id": job_id, "reason": reason}
+    if max_completion_tokens is not None:
+        req["max_completion_tokens"] = int(max_completion_tokens)
+    atomic_write_bytes(path, json.dumps(req).encode())
     return path
 
 
@@ -53,8 +57,14 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
     if action == "retry":
         if job.rejected:
             return f"job {job.job_id} is a rejected file ({job.last_error}); it cannot be retried"
+        bound = req.get("max_completion_tokens")
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
+            return f"max_completion_tokens {bound!r} is not a positive integer"
         if (job.terminal or job.held) and not job.corrupt:
-            engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": reason}))
+            payload: dict[str, object] = {"reason": reason}
+            if bound is not None:
+                payload["max_completion_tokens"] = bound
+            engine.emit(job.job_id, NewEvent("RetryRequested", payload))
         return None
     return f"unknown action {action!r}"
 

@@ -28,6 +28,7 @@ from batchgrader.core.decide import (
     Merge,
     PlanRetries,
     Poll,
+    Preflight,
     Prepare,
     Reconcile,
     RecoverEnded,
@@ -48,6 +49,7 @@ from batchgrader.daemon.base import _e, stamp
 from batchgrader.daemon.collect import CollectSteps
 from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.intake import IntakeSteps
+from batchgrader.daemon.preflight import run_preflight
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
 from batchgrader.fsio import move_no_clobber, remove_stale_temp_files
@@ -175,6 +177,8 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
                 # reopened by `bgctl retry`: bring the input back into the work area
                 os.rename(job.archived_path, job.input_path)
                 self.emit(job.job_id, _e("InputRestored", path=job.input_path))
+        elif isinstance(a, Preflight):
+            run_preflight(self, job, now)
         elif isinstance(a, Prepare):
             self._prepare(job, now)
         elif isinstance(a, CancelBatch):

@@ -33,17 +33,27 @@ class ReuseSteps(EngineBase):
         request key has a stored answer, and rows identical to an earlier row of the file
         (one batched lookup per block of rows; those rows are not token-counted).  None when
         every row is sent."""
+        preflighted = preflight_answers(job)
+        provider = profile.provider
+        on_send = lambda: self.on_rows_to_send(provider)  # noqa: E731
         if not reuse_enabled(job, profile):
-            return None
+            if not preflighted:
+                return None
+
+            def preflight_only(keys: Any) -> dict[str, Any]:
+                return {k: preflighted[k] for k in keys if k in preflighted}
+
+            return ReuseProbe(self.provider_key_for(job), preflight_only, dedupe=False, on_send=on_send)
         conn = self.store.conn
 
         def lookup(keys: Any) -> dict[str, Any]:
-            return answers.lookup(
+            found = answers.lookup(
                 conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
             )
+            found.update({k: preflighted[k] for k in keys if k in preflighted})  # this job's own answers first
+            return found
 
-        provider = profile.provider
-        return ReuseProbe(self.provider_key_for(job), lookup, on_send=lambda: self.on_rows_to_send(provider))
+        return ReuseProbe(self.provider_key_for(job), lookup, on_send=on_send)
 
     def _decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
         """The reuse plan of a prepared job; None when every row is sent.  When some rows are
@@ -115,7 +125,11 @@ class ReuseSteps(EngineBase):
             self._answered.pop(job.job_id, None)
         else:
             self._answered[job.job_id] = plan
-        u = plan.cached_usage
+        u = dict(plan.cached_usage)
+        for _cid, a in plan.cached:  # the preflight's rows were paid for (PreflightPassed): nothing saved
+            if a.ts == PREFLIGHT_TS:
+                for k in u:
+                    u[k] -= int(getattr(a, k))
         return [
             _e(
                 "RequestsReused",
@@ -188,6 +202,29 @@ class ReuseSteps(EngineBase):
         for cid, key in line_keys(provider, _lines(Path(c.path))):
             if cid in ok:
                 yield _answer_row(job, c, provider, key, ok[cid])
+
+
+PREFLIGHT_TS = "preflight"  # the ``ts`` of a preflight's answer taken as a stored answer
+
+
+def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
+    """The answers of the job's passed preflight, by request key, as stored answers: prepare
+    takes them like answers from the answers store, so those rows are not sent in a batch."""
+    return {
+        a["key"]: answers.StoredAnswer(
+            a["key"],
+            a["content"],
+            a.get("finish_reason"),
+            int(a["prompt_tokens"]),
+            int(a["cached_tokens"]),
+            int(a["completion_tokens"]),
+            int(a["reasoning_tokens"]),
+            job.job_id,
+            a["custom_id"],
+            PREFLIGHT_TS,
+        )
+        for a in job.preflight_answers
+    }
 
 
 def _storable(r: dict[str, Any]) -> bool:

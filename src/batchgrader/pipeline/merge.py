@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from batchgrader.fsio import atomic_write
+from batchgrader.pipeline.outputschema import output_problem
 from batchgrader.pipeline.pricing import Price, billed_cost
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import custom_ids_in
@@ -29,9 +30,10 @@ _dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_a
 FIGURES = 2 + len(USAGE_KEYS)  # numbers a ChunkSpool keeps per record: ok, the USAGE_KEYS tokens, cache-write tokens
 
 
-def outcome_record(o: Any) -> dict[str, Any]:
+def outcome_record(o: Any, schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One row's outcome as stored in the chunk's results file (``cache_write_tokens`` only when
-    the provider reported prompt-cache writes)."""
+    the provider reported prompt-cache writes).  With ``schema`` (the profile's JSON schema) an
+    answer that does not parse under it fails as ``invalid_output`` (its text kept)."""
     rec = {
         "custom_id": o.custom_id,
         "ok": bool(o.ok),
@@ -47,6 +49,14 @@ def outcome_record(o: Any) -> dict[str, Any]:
     }
     if getattr(o, "cache_write_tokens", 0):
         rec["cache_write_tokens"] = int(o.cache_write_tokens)
+    if schema is not None and rec["ok"]:
+        problem = output_problem(o.content, schema)
+        if problem is not None:
+            rec.update(
+                ok=False,
+                error_code="invalid_output",
+                error_message=f"the answer does not parse under the profile's JSON schema: {problem}",
+            )
     return rec
 
 
@@ -57,7 +67,7 @@ class StreamedMerge:
 
     rows: int
     failed_rows: list[dict[str, Any]]  # {custom_id, code, message}
-    usage: dict[str, int]  # summed over the rows that succeeded
+    usage: dict[str, int]  # summed over the rows billed: answered, and answered but failed (truncated, refused, ...)
     duplicates: int = 0
     duplicates_failed: list[dict[str, Any]] = field(default_factory=list)
     duplicates_usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_KEYS, 0))
@@ -84,8 +94,9 @@ class ChunkSpool:
     the parsed outcomes or the chunk's records, which are not parsed again).  :meth:`write`
     then takes them back in the chunk's order."""
 
-    def __init__(self, expected: Sequence[str]):
+    def __init__(self, expected: Sequence[str], schema: Mapping[str, Any] | None = None):
         self.expected = expected
+        self.schema = schema
         self.wanted = set(expected)
         self.found: dict[str, int] = {}  # custom_id -> slot of its record (later outcomes of a row win)
         self.at = array("q")  # per slot: the record's offset in the spool ...
@@ -99,15 +110,19 @@ class ChunkSpool:
         at = spool.tell()
         for o in outcomes:
             if o.custom_id in wanted:
-                rec = outcome_record(o)
+                rec = outcome_record(o, self.schema)
                 line = dumps(rec).encode("utf-8") + b"\n"
                 slot = found[o.custom_id] = len(self.at)
                 self.at.append(at)
                 self.size.append(len(line))
-                if rec["ok"]:
-                    self.figures.extend((1, *(int(rec.get(k) or 0) for k in USAGE_KEYS), int(rec.get("cache_write_tokens") or 0)))
+                if rec["ok"] or rec.get("status_code") == 200:  # billed: an answer, or one that is not (truncated, ...)
+                    ok = 1 if rec["ok"] else 0
+                    self.figures.extend(
+                        (ok, *(int(rec.get(k) or 0) for k in USAGE_KEYS), int(rec.get("cache_write_tokens") or 0))
+                    )
                 else:
                     self.figures.extend((0,) * FIGURES)
+                if not rec["ok"]:
                     self.errors[slot] = (rec.get("error_code"), rec.get("error_message"))
                 spool.write(line)
                 at += len(line)
@@ -179,12 +194,11 @@ def _write_in_order(
             ok, pt, ct, comp, rt, cw = figures[slot * FIGURES : slot * FIGURES + FIGURES]
             code, message = sp.errors.get(slot, (None, None))
         write(line)
-        usage = (pt, ct, comp, rt)  # in USAGE_KEYS order
-        if ok:
-            for k, v in zip(USAGE_KEYS, usage, strict=True):
-                totals[k] += v
-            writes += cw
-        else:
+        usage = (pt, ct, comp, rt)  # in USAGE_KEYS order; zeros for a row not billed
+        for k, v in zip(USAGE_KEYS, usage, strict=True):
+            totals[k] += v
+        writes += cw
+        if not ok:
             failed.append({"custom_id": cid, "code": code, "message": message})
         for dup in followers.get(cid, ()) if followers else ():
             if dup in wanted:
@@ -192,10 +206,9 @@ def _write_in_order(
             if rec is None:
                 rec = loads(line)
             dup_lines.append(dumps({**rec, "custom_id": dup, "reused": "duplicate", "leader": cid}).encode())
-            if ok:
-                for k, v in zip(USAGE_KEYS, usage, strict=True):
-                    dup_totals[k] += v
-            else:
+            for k, v in zip(USAGE_KEYS, usage, strict=True):
+                dup_totals[k] += v
+            if not ok:
                 dup_failed.append({"custom_id": dup, "code": code, "message": message})
     for line in dup_lines:
         write(line + b"\n")
@@ -228,6 +241,7 @@ class MergeInputs:
     malformed_downloads: int = 0
     download_malformed_again: bool = False
     followers: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    schema: Mapping[str, Any] | None = None  # the profile's JSON schema: an answer outside it is invalid_output
 
     def expected(self) -> list[str]:
         """The custom_ids of the rows the batch was sent, in the chunk's order: a duplicate that
@@ -249,6 +263,7 @@ class MergeInputs:
             "malformed_downloads": self.malformed_downloads,
             "download_malformed_again": self.download_malformed_again,
             "followers": {k: list(v) for k, v in self.followers.items()},
+            "schema": None if self.schema is None else dict(self.schema),
         }
 
     @classmethod
@@ -264,6 +279,7 @@ class MergeInputs:
             malformed_downloads=int(d["malformed_downloads"]),
             download_malformed_again=bool(d["download_malformed_again"]),
             followers=dict(d["followers"]),
+            schema=d.get("schema"),
         )
 
 
@@ -299,7 +315,7 @@ def merge_chunk(inputs: MergeInputs) -> MergeOutcome:
     written and the outcome asks for the files again."""
     malformed: list[Any] = []
     bad_kinds: list[str] = []
-    with ChunkSpool(inputs.expected()) as spool:
+    with ChunkSpool(inputs.expected(), inputs.schema) as spool:
         spool.read(_outcomes(inputs.files, malformed, bad_kinds))
         problem = str(malformed[0]) if malformed else None
         if malformed and inputs.download_malformed_again:

@@ -109,7 +109,8 @@ def result_values(
         out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
         out[cols.error] = blank
     else:
-        out[cols.output] = blank
+        partial = outcome.get("content") if outcome else None  # a truncated/refused/invalid answer's text is kept
+        out[cols.output] = partial if isinstance(partial, str) and partial else blank
         for _f, c in cols.fields:
             out[c] = blank
         out[cols.input_tokens] = blank

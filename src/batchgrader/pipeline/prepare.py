@@ -57,6 +57,31 @@ def token_param_for(model: str, setting: str = "auto") -> str:
     return "max_completion_tokens"
 
 
+def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: int) -> list[bytes]:
+    """The request lines of the first ``n`` rows of ``path``, exactly as :func:`prepare` writes
+    them (the preflight's requests).  Raises what :func:`prepare` raises for the same input."""
+    builder = RequestBuilder(profile, home, file_hash)
+    out: list[bytes] = []
+    with open_table(
+        path, required_columns=builder.required_columns(), sheet=profile.get("sheet"), encoding=profile.get("encoding", "utf-8")
+    ) as reader:
+        for row in reader:
+            if len(out) >= n:
+                break
+            out.append(dumps_line(builder.line(row)[2]))
+    return out
+
+
+def with_output_bound(line: bytes, bound: int) -> bytes:
+    """A request line with its output bound set to ``bound`` (the token parameter it carries,
+    ``max_completion_tokens`` when it carries none), for rows sent again with a raised bound."""
+    obj = json.loads(line)
+    body = obj["body"]
+    key = "max_tokens" if "max_tokens" in body and "max_completion_tokens" not in body else "max_completion_tokens"
+    body[key] = int(bound)
+    return dumps_line(obj)
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -128,6 +128,29 @@ def _cache_write_price(price: Price) -> Decimal:
     return _d(price.input_per_1m) * CACHE_WRITE_MULTIPLIER
 
 
+#: Batch prices are half the standard (synchronous) prices at OpenAI, Anthropic and Gemini: the
+#: standard price of a catalogue row without ``standard_*`` prices of its own.
+STANDARD_OVER_BATCH = 2.0
+
+
+def standard_price(price: Price) -> Price:
+    """A model's standard (synchronous API) prices, as the preflight pays them: the catalogue row's
+    ``standard_*`` prices, each one it lacks taken as the batch price times :data:`STANDARD_OVER_BATCH`."""
+    spec = price.spec
+
+    def std(own: float | None, batch: float | None) -> float | None:
+        if own is not None:
+            return own
+        return None if batch is None else batch * STANDARD_OVER_BATCH
+
+    return dataclasses.replace(
+        price,
+        input_per_1m=std(spec.standard_input_per_1m, price.input_per_1m) or 0.0,
+        cached_input_per_1m=std(spec.standard_cached_input_per_1m, price.cached_input_per_1m),
+        output_per_1m=std(spec.standard_output_per_1m, price.output_per_1m) or 0.0,
+    )
+
+
 def billed_cost(
     price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int, cache_write_tokens: int = 0
 ) -> float:

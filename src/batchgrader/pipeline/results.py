@@ -113,6 +113,43 @@ def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
+#: finish reasons of a complete answer (chat completions; a /v1/responses body's status)
+ANSWERED = frozenset({"stop", "completed"})
+#: cut off by the output bound: OpenAI ``length`` (``max_output_tokens`` on /v1/responses);
+#: the Anthropic and Gemini adapters translate ``max_tokens`` / ``MAX_TOKENS`` to ``length``
+TRUNCATED = frozenset({"length", "max_output_tokens"})
+#: refused or filtered: OpenAI ``content_filter`` (the adapters translate Anthropic ``refusal``
+#: and Gemini ``SAFETY``/``RECITATION``/``BLOCKLIST``/``PROHIBITED_CONTENT``/``SPII`` to it)
+REFUSED = frozenset({"content_filter"})
+#: the row outcome codes of an HTTP-200 answer that is not an answer (never stored for reuse,
+#: never retried automatically: the same request fails again the same way)
+NOT_ANSWERS = frozenset({"truncated", "refused", "invalid_output", "unexpected_finish"})
+BOUND_FIX = "raise max_completion_tokens in the profile, or `bgctl retry JOB --max-completion-tokens N`"
+
+
+def answer_problem(finish: Any, refusal: Any, completion_tokens: int = 0, reasoning_tokens: int = 0) -> tuple[str, str] | None:
+    """Why an HTTP-200 answer is not an answer, as (code, message), from the provider's own
+    finish reason and refusal field; None for a complete answer.  A missing finish reason is
+    taken as complete (nothing says otherwise); a finish reason not known here never is."""
+    if isinstance(refusal, str) and refusal:
+        return "refused", f"the model refused: {refusal}"
+    if finish is None or finish in ANSWERED:
+        return None
+    if finish in TRUNCATED:
+        spent = f"{completion_tokens:,} output tokens, {reasoning_tokens:,} of them reasoning" if completion_tokens else ""
+        return "truncated", (
+            f"the answer was cut off by the output bound (finish_reason: {finish}"
+            + (f"; {spent}" if spent else "")
+            + f"); {BOUND_FIX}"
+        )
+    if finish in REFUSED:
+        return "refused", f"the provider refused or filtered the answer (finish_reason: {finish})"
+    return "unexpected_finish", (
+        f"the answer ended with finish reason {finish!r}, which is not a complete answer; see the provider's "
+        "documentation of that reason, then `bgctl retry JOB`"
+    )
+
+
 def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome:
     """One decoded output/error line → :class:`RowOutcome`."""
     if not isinstance(obj, dict):
@@ -132,7 +169,10 @@ def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome
             content, finish, refusal = _content(body)
             p, c, o, r = _usage(body)
             w = _cache_writes(body)
-            return RowOutcome(cid, True, content, 200, None, None, p, c, o, r, finish, refusal, request_id, line_id, w)
+            problem = answer_problem(finish, refusal, o, r)
+            code, message = problem if problem else (None, None)
+            ok = problem is None
+            return RowOutcome(cid, ok, content, 200, code, message, p, c, o, r, finish, refusal, request_id, line_id, w)
         e: dict[str, Any] = body.get("error") if isinstance(body.get("error"), dict) else {}  # type: ignore[assignment]
         if not e and isinstance(err, dict):
             e = err

@@ -71,6 +71,14 @@ STOP_TO_FINISH = {
 }
 
 
+def finish_reason(stop_reason: Any) -> str | None:
+    """An Anthropic ``stop_reason`` in OpenAI's terms; one not known here is kept as it is
+    (``pause_turn``, ...), so the row fails as ``unexpected_finish`` rather than pass as an answer."""
+    if stop_reason is None:
+        return None
+    return STOP_TO_FINISH.get(str(stop_reason), str(stop_reason))
+
+
 def custom_id_problem(custom_id: str) -> str | None:
     """Why Anthropic would refuse this custom_id, or None."""
     if not CUSTOM_ID_RE.match(custom_id):
@@ -124,7 +132,7 @@ def to_openai_result_line(item: Mapping[str, Any]) -> dict[str, Any]:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text, "refusal": None},
-                    "finish_reason": STOP_TO_FINISH.get(msg.get("stop_reason") or "", "stop"),
+                    "finish_reason": finish_reason(msg.get("stop_reason")),
                 }
             ],
             "usage": {

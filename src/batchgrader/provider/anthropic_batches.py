@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from batchgrader.provider.anthropic_api import (
     _batch,
     custom_id_problem,
     to_anthropic_request,
+    to_openai_result_line,
 )
 from batchgrader.provider.openai_api import (
     BatchInfo,
@@ -171,6 +173,14 @@ class AnthropicBatchProvider:
                 found.append(_info(b, input_file_id))
         found.sort(key=lambda b: (b.created_at, b.id))
         return found
+
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One request line through the synchronous API (``client.messages.create``, sent once)
+        with the params a batch would carry: the answer as an OpenAI batch output line."""
+        request = to_anthropic_request(line)
+        msg = self.api._call("messages.create", lambda: self.api._once.messages.create(**request["params"]), idempotent=False)
+        item = {"custom_id": request["custom_id"], "result": {"type": "succeeded", "message": msg.model_dump(mode="json")}}
+        return to_openai_result_line(item)
 
     def retrieve(self, batch_id: str) -> BatchInfo:
         return _info(self.api.retrieve(batch_id), self._inputs.get(batch_id, ""))

@@ -18,7 +18,7 @@ both ways, so nothing upstream or downstream knows which provider ran the batch:
   ``candidatesTokenCount + thoughtsTokenCount`` (thinking is billed as output) and
   ``reasoning_tokens`` = ``thoughtsTokenCount``; the provider's own usage is kept verbatim
   under ``gemini_usage``.  An ``error`` (a ``google.rpc.Status``) -> its HTTP status and message.
-  A prompt blocked by the safety filters (no candidate) -> a 400 ``content_filter`` error.
+  A prompt blocked by the safety filters (no candidate) -> a 400 ``refused`` error.
 * :class:`GeminiBatch`: a batch job in the project's terms (``JOB_STATE_*`` -> the job model).
 
 Limits (Gemini API docs, https://ai.google.dev/gemini-api/docs/batch-api, checked 2026-11-23):
@@ -74,7 +74,6 @@ FINISH_TO_OPENAI = {
     "PROHIBITED_CONTENT": "content_filter",
     "SPII": "content_filter",
     "IMAGE_SAFETY": "content_filter",
-    "MALFORMED_FUNCTION_CALL": "stop",
 }
 #: JOB_STATE_* (the SDK's names for the API's BATCH_STATE_*) -> the job model's batch status
 STATE_TO_STATUS = {
@@ -153,6 +152,14 @@ def _error_line(cid: str, status: int, message: str, etype: str) -> dict[str, An
     return {"custom_id": cid, "response": {"status_code": status, "body": body}, "error": None}
 
 
+def finish_reason(reason: Any) -> str:
+    """A Gemini ``finishReason`` in OpenAI's terms; one not known here (``OTHER``, ``LANGUAGE``,
+    ``MALFORMED_FUNCTION_CALL``, ...) is kept as it is, so the row fails as ``unexpected_finish``
+    rather than pass as an answer.  A candidate without one is complete (``STOP``)."""
+    r = str(reason or "STOP")
+    return FINISH_TO_OPENAI.get(r, r)
+
+
 def response_to_chat_completion(resp: Mapping[str, Any], model: str | None = None) -> dict[str, Any] | None:
     """A ``GenerateContentResponse`` -> a ``chat.completion`` body, or None when the prompt
     was blocked (no candidate)."""
@@ -175,7 +182,7 @@ def response_to_chat_completion(resp: Mapping[str, Any], model: str | None = Non
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "refusal": None},
-                "finish_reason": FINISH_TO_OPENAI.get(str(cand.get("finishReason") or "STOP"), "stop"),
+                "finish_reason": finish_reason(cand.get("finishReason")),
             }
         ],
         "usage": {
@@ -206,7 +213,7 @@ def to_openai_result_line(item: Mapping[str, Any]) -> dict[str, Any]:
     body = response_to_chat_completion(resp)
     if body is None:
         reason = (resp.get("promptFeedback") or {}).get("blockReason") or "no candidate"
-        return _error_line(cid, 400, f"the prompt was blocked by Gemini ({reason})", "content_filter")
+        return _error_line(cid, 400, f"the prompt was blocked by Gemini ({reason})", "refused")
     return {"custom_id": cid, "response": {"status_code": 200, "body": body}, "error": None}
 
 

@@ -44,6 +44,7 @@ from batchgrader.provider.gemini_api import (
     model_of,
     parse_display_name,
     to_gemini_line,
+    to_gemini_request,
     to_openai_result_line,
 )
 from batchgrader.provider.protocol import (
@@ -293,6 +294,29 @@ class GeminiBatchProvider:
             found.append(_info(b, source))
         found.sort(key=lambda b: (b.created_at, b.id))
         return found
+
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One request line through the synchronous API (``client.models.generate_content``, sent
+        once) with the request a batch would carry: the answer as an OpenAI batch output line (a
+        blocked prompt: the ``refused`` error line a batch gives)."""
+        from google.genai import types
+
+        request = to_gemini_request(line["body"])
+        config = dict(request.get("generationConfig") or {})
+        if request.get("systemInstruction"):
+            config["systemInstruction"] = request["systemInstruction"]
+        model = str(line["body"]["model"])
+        resp = self._call(
+            "models.generate_content",
+            lambda: self._client.models.generate_content(
+                model=model,
+                contents=request["contents"],
+                config=types.GenerateContentConfig.model_validate(config),
+            ),
+            idempotent=False,
+        )
+        data = resp.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return to_openai_result_line({"key": line["custom_id"], "response": data})
 
     def retrieve(self, batch_id: str) -> BatchInfo:
         b = batch_of(self._call("batches.get", lambda: self._reads.batches.get(name=batch_id)))

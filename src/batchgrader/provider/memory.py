@@ -12,7 +12,9 @@ sets (``provider.now``).  Faults are scripted per operation and consumed one per
 * ``unavailable``: the provider cannot be reached (:class:`ProviderUnavailable`).
 
 Rows answer with :attr:`MemoryProvider.answer` (a function of the custom id and the request
-body) unless listed in :attr:`MemoryProvider.row_errors`.  Results are SIMULATED.  Every call
+body), ending with :attr:`MemoryProvider.finish_reason` (the same arguments; ``stop`` unless
+told, e.g. ``length`` under a small bound) unless listed in :attr:`MemoryProvider.row_errors`,
+in a batch and through :meth:`MemoryProvider.complete` (the synchronous API) alike.  Results are SIMULATED.  Every call
 is recorded in :attr:`MemoryProvider.calls`.
 """
 
@@ -53,6 +55,7 @@ OPERATIONS = (
     "cancel",
     "download",
     "delete_file",
+    "complete",
 )
 FAULT_KINDS = ("lost", "dropped", "refused", "unavailable")
 
@@ -70,6 +73,10 @@ def default_answer(custom_id: str, body: Mapping[str, Any]) -> str:
     return f"SIMULATED answer for {custom_id}"
 
 
+def default_finish(custom_id: str, body: Mapping[str, Any]) -> str:
+    return "stop"
+
+
 @dataclass
 class _File:
     info: FileInfo
@@ -80,6 +87,7 @@ class _File:
 class MemoryProvider:
     now: float = 0.0
     answer: Callable[[str, Mapping[str, Any]], str] = default_answer
+    finish_reason: Callable[[str, Mapping[str, Any]], str] = default_finish
     row_errors: dict[str, tuple[str, str]] = field(default_factory=dict)  # custom_id -> (code, message)
     prompt_tokens: int = 10
     completion_tokens: int = 5
@@ -276,6 +284,21 @@ class MemoryProvider:
             raise ProviderRejected("files.delete", 404, f"no such file: {file_id}", code="not_found")
         return True
 
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One request line through the synchronous API: the batch output line a batch would give
+        it; a row listed in ``row_errors`` is a definite 400."""
+        cid = str(line.get("custom_id") or "")
+        fault = self._fault("complete", cid)
+        if fault is not None and fault.kind != "lost":
+            raise self._error("chat.completions.create", fault)
+        if cid in self.row_errors:
+            code, message = self.row_errors[cid]
+            raise ProviderRejected("chat.completions.create", 400, message, code=code)
+        out = self._output_line(cid, line.get("body") or {})
+        if fault is not None:
+            raise self._error("chat.completions.create", fault)
+        return out
+
     # --- internals --------------------------------------------------------------------------------
     def _new_id(self, prefix: str) -> str:
         self._ids += 1
@@ -333,7 +356,7 @@ class MemoryProvider:
                         {
                             "index": 0,
                             "message": {"role": "assistant", "content": self.answer(cid, body)},
-                            "finish_reason": "stop",
+                            "finish_reason": self.finish_reason(cid, body),
                         }
                     ],
                     "usage": {

@@ -399,6 +399,21 @@ class OpenAIProvider:
             kwargs["metadata"] = dict(metadata)
         return _batch_info(self._once("batches.create", lambda: self._client.batches.create(**kwargs)))
 
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One request line through the synchronous API (``client.chat.completions.create``) with
+        exactly the body a batch would carry, sent once (a 5xx or a lost reply is
+        :class:`OutcomeUnknown`, a 4xx :class:`ProviderRejected`): the answer as a batch output
+        line, for :func:`~batchgrader.pipeline.results.parse_line`."""
+        import inspect
+
+        create = self._client.chat.completions.create
+        known = set(inspect.signature(create).parameters)
+        kwargs = {k: v for k, v in line["body"].items() if k in known}
+        extra = {k: v for k, v in line["body"].items() if k not in known}  # sent as they are, in the same body
+        resp = self._once("chat.completions.create", lambda: create(**kwargs, extra_body=extra or None))
+        out = resp.model_dump(mode="json", exclude_unset=True)
+        return {"custom_id": line["custom_id"], "response": {"status_code": 200, "body": out}, "error": None}
+
     def retrieve(self, batch_id: str) -> BatchInfo:
         return _batch_info(self._with_retries("batches.retrieve", lambda: self._client.batches.retrieve(batch_id)))
 

@@ -312,8 +312,9 @@ class Provider(Protocol):
     """What the engine needs from a provider, and nothing more: the calls it makes
     (``upload``, ``create_batch``, ``retrieve``, ``cancel``, ``download``, ``delete_file``), the
     two listings it reconciles with (``find_files``, ``find_batches``; see :func:`reconcile_upload`
-    and :func:`reconcile_batch`), and ``list_batches``, one page of which refreshes up to 100
-    batches in flight per poll round (:func:`list_statuses`).
+    and :func:`reconcile_batch`), ``list_batches``, one page of which refreshes up to 100
+    batches in flight per poll round (:func:`list_statuses`), and ``complete``, one request
+    through the synchronous API (a job's preflight).
 
     Writes (``upload``, ``create_batch``) are sent once: an ambiguous failure raises
     :class:`OutcomeUnknown` and the caller reconciles before sending again.  A definite refusal
@@ -352,6 +353,13 @@ class Provider(Protocol):
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int: ...
 
     def delete_file(self, file_id: str) -> bool: ...
+
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One request line through the provider's synchronous API (the preflight), sent once, with
+        exactly the body its batch would carry: the answer as an OpenAI batch output line.  A 4xx
+        raises :class:`ProviderRejected`; a 5xx, a timeout or a lost reply :class:`OutcomeUnknown`
+        or :class:`ProviderUnavailable`.  ``job_id`` routes it (a router: to the job's provider)."""
+        ...
 
 
 def content_text(content: Any) -> str:

@@ -137,5 +137,9 @@ class ProviderRouter:
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
         return self._by_id(file_id).download(file_id, dest_path)
 
+    def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
+        """One synchronous request, through the provider of ``job_id``'s profile."""
+        return self._by_name(self.provider_of_job(job_id) if job_id else "openai").complete(line, job_id)
+
     def delete_file(self, file_id: str) -> bool:
         return self._by_id(file_id).delete_file(file_id)

@@ -27,6 +27,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from batchgrader.pipeline.results import answer_problem
+
 TABLE = "answers"
 
 ANSWERS_DDL: tuple[str, ...] = (
@@ -126,7 +128,10 @@ def lookup(
     conn: sqlite3.Connection, keys: Sequence[str], *, now: float, keep_days: float, allow_truncated: bool = False
 ) -> dict[str, StoredAnswer]:
     """The usable stored answer of each key that has one: stored within ``keep_days`` of ``now``,
-    and (unless ``allow_truncated``) not cut off by the output limit (``finish_reason = length``)."""
+    and a complete answer: one whose finish reason says it is not (``length``, ``content_filter``,
+    an unknown reason: stored before such rows failed) is never reused.  ``allow_truncated``
+    (the ``reuse_truncated_answers`` key) is accepted and has no effect: a truncated answer is a
+    failed row (``truncated``), and reusing one would turn that failure into a success."""
     if not keys or keep_days <= 0:
         return {}
     try:
@@ -145,7 +150,7 @@ def lookup(
             (*part, since),
         ).fetchall()
         for r in rows:
-            if r[2] == "length" and not allow_truncated:
+            if answer_problem(r[2], None) is not None:
                 continue
             out[r[0]] = StoredAnswer(*r)
     return out

@@ -33,11 +33,19 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
     ("DELETE", re.compile(r"^/v1/files/(?P<id>[^/]+)$"), "/v1/files/{id}", "delete_file"),
     ("GET", re.compile(r"^/v1/files/(?P<id>[^/]+)/content$"), "/v1/files/{id}/content", "file_content"),
     ("POST", re.compile(r"^/v1/batches$"), "/v1/batches", "create_batch"),
+    ("POST", re.compile(r"^/v1/chat/completions$"), "/v1/chat/completions", "chat_completion"),
+    (
+        "POST",
+        re.compile(r"^/v1/deployments/(?P<id>[^/]+)/chat/completions$"),
+        "/v1/deployments/{id}/chat/completions",
+        "chat_completion",
+    ),
     ("GET", re.compile(r"^/v1/batches$"), "/v1/batches", "list_batches"),
     ("GET", re.compile(r"^/v1/batches/(?P<id>[^/]+)$"), "/v1/batches/{id}", "retrieve_batch"),
     ("POST", re.compile(r"^/v1/batches/(?P<id>[^/]+)/cancel$"), "/v1/batches/{id}/cancel", "cancel_batch"),
     # Anthropic Message Batches (see anthropic.py)
     ("POST", re.compile(r"^/v1/messages/batches$"), "/v1/messages/batches", "msg_create_batch"),
+    ("POST", re.compile(r"^/v1/messages$"), "/v1/messages", "msg_message"),
     ("GET", re.compile(r"^/v1/messages/batches$"), "/v1/messages/batches", "msg_list"),
     ("GET", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)$"), "/v1/messages/batches/{id}", "msg_retrieve"),
     ("DELETE", re.compile(r"^/v1/messages/batches/(?P<id>[^/]+)$"), "/v1/messages/batches/{id}", "msg_delete"),
@@ -55,6 +63,12 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         re.compile(r"^/v1beta/models/(?P<id>[^/:]+):batchGenerateContent$"),
         "/v1beta/models/{model}:batchGenerateContent",
         "gem_create_batch",
+    ),
+    (
+        "POST",
+        re.compile(r"^/v1beta/models/(?P<id>[^/:]+):generateContent$"),
+        "/v1beta/models/{model}:generateContent",
+        "gem_generate",
     ),
     (
         "POST",
@@ -409,10 +423,12 @@ class _Handler(BaseHTTPRequestHandler):
             return (200, *store.gem_upload_start(parsed, self.headers, root))
         if action == "gem_download":
             return 200, store.gem_download(params["id"])
-        if action in ("gem_create_batch", "gem_count_tokens"):
+        if action in ("gem_create_batch", "gem_count_tokens", "gem_generate"):
             parsed = self._gemini_json(body)
             if action == "gem_count_tokens":
                 return 200, store.gem_count_tokens(parsed)
+            if action == "gem_generate":
+                return 200, store.generate_content(params["id"], parsed)
             return 200, store.gem_create_batch(params["id"], parsed)
         if action in ("gem_list_files", "gem_list_batches"):
             return 200, getattr(store, action)(query)
@@ -429,13 +445,15 @@ class _Handler(BaseHTTPRequestHandler):
         store = self.emulator.store
         if action == "msg_results":
             return 200, store.msg_results(params["id"])
-        if action in ("msg_create_batch", "msg_count_tokens"):
+        if action in ("msg_create_batch", "msg_count_tokens", "msg_message"):
             try:
                 parsed = json.loads(body or b"null")
             except ValueError:
                 raise AnthropicApiError(400, "There was an issue with your request body: not valid JSON.") from None
             if action == "msg_count_tokens":
                 return 200, store.msg_count_tokens(parsed)
+            if action == "msg_message":
+                return 200, store.message(parsed)
             out = store.msg_create_batch(parsed, len(body))
         elif action == "msg_list":
             out = store.msg_list(query)
@@ -475,7 +493,7 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, store.delete_file(params["id"])
         if action == "file_content":
             return 200, store.file_content(params["id"])
-        if action == "create_batch":
+        if action in ("create_batch", "chat_completion"):
             try:
                 parsed = json.loads(body or b"null")
             except ValueError:
@@ -483,6 +501,8 @@ class _Handler(BaseHTTPRequestHandler):
                     400,
                     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)",
                 ) from None
+            if action == "chat_completion":
+                return 200, store.chat_completion(parsed, params.get("id"))
             return 200, store.create_batch(parsed, azure=self._azure_route)
         if action == "list_batches":
             return 200, store.list_batches(query)

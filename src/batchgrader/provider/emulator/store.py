@@ -19,10 +19,13 @@ from batchgrader.provider.emulator.gemini import GeminiMixin, _GemBatch, _GemFil
 from batchgrader.provider.emulator.lifecycle import BatchesMixin
 from batchgrader.provider.emulator.persistence import PersistenceMixin
 from batchgrader.provider.emulator.state import _Batch, _File
+from batchgrader.provider.emulator.sync import SyncMixin
 from batchgrader.provider.emulator.validation import ValidationMixin
 
 
-class _Store(FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicMixin, GeminiMixin, FaultsMixin, PersistenceMixin):
+class _Store(
+    SyncMixin, FilesMixin, BatchesMixin, ValidationMixin, AnswersMixin, AnthropicMixin, GeminiMixin, FaultsMixin, PersistenceMixin
+):
     """All API state and behaviour, independent of HTTP. Every public method takes the lock."""
 
     def __init__(self, config: EmulatorConfig):

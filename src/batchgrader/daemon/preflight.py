@@ -1,0 +1,133 @@
+"""The engine step that runs a job's preflight: its first rows through the provider's synchronous
+API, with exactly the bodies its batches would carry, before it is prepared into batches.
+
+Intent -> call -> outcome: ``PreflightRequested`` (stamped before the first request leaves),
+then one ``complete`` call per row, then one outcome:
+
+* ``PreflightPassed`` (with a ``TokensUsed`` of chunk -1 at the standard price, in the same
+  transaction): the rows' answers are kept in the event; when the job is prepared they are
+  taken like answers from the answers store (``daemon/reuse.py``), so those rows are not sent in
+  a batch;
+* ``PreflightFailed``, then the job fails with ``preflight_failed`` (error report, input moved to
+  failed/, ``JobFailed``): an HTTP error, or an answer that is ``truncated``, ``refused``,
+  ``invalid_output`` or ``unexpected_finish``;
+* ``PreflightUnreachable``: the provider could not be reached, answered 5xx or asked to wait
+  (429); the preflight is sent again after a backoff (:func:`~batchgrader.core.decide.preflight_delay`).
+
+A synchronous request has no record at the provider to reconcile with, so a daemon killed
+between ``PreflightRequested`` and its outcome sends the preflight again on restart: each such
+crash costs at most one more preflight (``preflight_rows`` requests at the standard price).
+Input that cannot be read, an unknown profile or a missing price are left to prepare, which fails
+the job for them with their own codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core.config import ConfigError
+from batchgrader.core.decide import preflight_delay, utc_day
+from batchgrader.core.state import JobState
+from batchgrader.daemon.base import _e
+from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.merge import outcome_record
+from batchgrader.pipeline.outputschema import schema_of
+from batchgrader.pipeline.prepare import first_requests
+from batchgrader.pipeline.pricing import PricingError, billed_cost, standard_price
+from batchgrader.pipeline.results import RowOutcome, parse_line
+from batchgrader.pipeline.tables import InputError
+from batchgrader.provider.protocol import OutcomeUnknown, ProviderRejected, ProviderUnavailable
+
+log = logging.getLogger("batchgrader.engine")
+
+USAGE = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+
+
+def fix_for(code: str, job_id: str) -> str:
+    """What to do about a preflight that failed with a row ``code``."""
+    retry = f"then `bgctl retry {job_id}` runs the preflight again"
+    if code == "truncated":
+        return f"Raise max_completion_tokens in the profile (reasoning models spend output tokens on reasoning), {retry}."
+    if code == "refused":
+        return f"Change the prompts so the model answers them, {retry}."
+    if code == "invalid_output":
+        return f"Check the profile's response_format schema and the prompts, {retry}."
+    if code == "unexpected_finish":
+        return f"See the provider's documentation of that finish reason, {retry}."
+    return f"Fix the setting the provider names (model, parameters, key, deployment) in config.yaml, {retry}."
+
+
+def run_preflight(engine: Any, job: JobState, now: float) -> None:
+    """Send ``job``'s preflight and record its outcome (see the module docstring)."""
+    try:
+        profile = engine.profile_of(job)
+        engine.prices.get(profile.model)
+        lines = first_requests(Path(job.input_path), profile, engine.home, job.sha256, int(profile.preflight_rows))
+    except (ConfigError, InputError, PricingError, UnicodeError, OSError):
+        lines = []
+    if not lines:  # nothing to send, or input prepare fails the job for
+        engine._prepare(job, now)
+        return
+    keys = dict(line_keys(engine.provider_key_for(job), lines))
+    engine.emit(job.job_id, _e("PreflightRequested", rows=list(keys), attempt=job.preflight_attempts + 1))
+    assert engine.provider is not None
+    schema = schema_of(profile.response_format)
+    answers: list[dict[str, Any]] = []
+    for raw in lines:
+        line = json.loads(raw)
+        try:
+            got = engine.provider.complete(line, job.job_id)
+        except ProviderRejected as exc:
+            if exc.retryable:
+                return _unreachable(engine, job, f"{exc}", now)
+            return _failed(engine, job, line["custom_id"], str(exc.code or f"http_{exc.status_code}"), str(exc), now)
+        except (OutcomeUnknown, ProviderUnavailable) as exc:
+            return _unreachable(engine, job, str(exc), now)
+        o: RowOutcome = parse_line(got)
+        rec = outcome_record(o, schema)
+        if not rec["ok"]:
+            return _failed(engine, job, o.custom_id, str(rec["error_code"]), str(rec["error_message"]), now)
+        answers.append(
+            {
+                "custom_id": o.custom_id,
+                "key": keys[o.custom_id],
+                "content": o.content or "",
+                "finish_reason": o.finish_reason,
+                **{k: int(rec.get(k) or 0) for k in USAGE},
+            }
+        )
+    _passed(engine, job, profile.model, answers, now)
+
+
+def _passed(engine: Any, job: JobState, model: str, answers: list[dict[str, Any]], now: float) -> None:
+    usage = {k: sum(a[k] for a in answers) for k in USAGE}
+    try:
+        cost = billed_cost(
+            standard_price(engine.prices.get(model)), usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]
+        )
+    except PricingError:
+        cost = 0.0
+    engine.emit(
+        job.job_id,
+        _e("PreflightPassed", answers=answers, cost_usd=float(cost)),
+        _e("TokensUsed", chunk=-1, batch_id=None, model=model, cost_usd=float(cost), day=utc_day(now), **usage),
+    )
+    log.info("job %s: preflight passed (%d rows, $%.6f at the standard price)", job.job_id, len(answers), cost)
+
+
+def _failed(engine: Any, job: JobState, custom_id: str, code: str, message: str, now: float) -> None:
+    hint = fix_for(code, job.job_id)
+    engine.emit(job.job_id, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
+    log.warning("job %s: preflight failed on row %s: %s: %s", job.job_id, custom_id, code, message)
+    error = f"the preflight (the first rows through the provider's synchronous API, before any batch) failed on row {custom_id}: {code}: {message}"
+    engine._fail(job, "preflight_failed", error, hint + " No batch was created.", "preflight", now)
+
+
+def _unreachable(engine: Any, job: JobState, error: str, now: float) -> None:
+    attempt = engine.state.jobs[job.job_id].preflight_attempts
+    retry_at = now + preflight_delay(attempt)
+    engine.emit(job.job_id, _e("PreflightUnreachable", error=error, retry_at=retry_at))
+    log.warning("job %s: preflight could not reach the provider (%s); sent again in %.0f s", job.job_id, error, retry_at - now)
