@@ -21,7 +21,8 @@ from batchgrader.provider.router import ProviderRouter
 from batchgrader.store import queries
 from batchgrader.store.eventstore import EventStore
 
-CONFIG = "stable_seconds: 0\npoll_interval_seconds: 2\nmax_completion_tokens: 50\ncache_days: 30\n"
+# preflight off: these rules are about the batch path (a 3-row job would be answered by its preflight alone)
+CONFIG = "stable_seconds: 0\npoll_interval_seconds: 2\nmax_completion_tokens: 50\ncache_days: 30\npreflight_rows: 0\n"
 
 
 class Daemon:

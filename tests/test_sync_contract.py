@@ -116,7 +116,10 @@ CASES = [
         "gemini-2.5-flash",
         lambda e: GeminiBatchProvider(KEY, e.root_url, timeout=10, max_retries=0),
         lambda m: f"/v1beta/models/{m}:generateContent",
-        lambda m, t: {"contents": [{"role": "user", "parts": [{"text": t}]}], "generationConfig": {"maxOutputTokens": 400}},
+        lambda m, t: {
+            "contents": [{"role": "user", "parts": [{"text": t}]}],
+            "generationConfig": {"maxOutputTokens": 16000},
+        },  # 2.5 Flash thinks by default
         {"x-goog-api-key": KEY},
         _generate_type,
     ),
@@ -153,7 +156,8 @@ def _post(emu: Emulator, case: Case, body: dict[str, Any]) -> tuple[int, Any]:
     return status, json.loads(data)
 
 
-def _line(case: Case, text: str, bound: int = 400) -> dict[str, Any]:
+def _line(case: Case, text: str, bound: int = 16000) -> dict[str, Any]:
+    """One request line as the batch would carry it; the default bound leaves room for thinking (2.5 Flash thinks by default)."""
     body = {"model": case.model, "messages": [{"role": "user", "content": text}], "max_completion_tokens": bound}
     return {"custom_id": "row-1", "method": "POST", "url": "/v1/chat/completions", "body": body}
 
