@@ -288,19 +288,34 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
             render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
         render_waiting(inbox, daemon_info(obj.home))
 
-    if not watch:
+    if not watch or job_id or as_json:
         return show()
     import time
 
-    from batchgrader.cli.render import console
+    from batchgrader.cli.render import make_console
+    from batchgrader.cli.render_watch import watch_screen
 
     try:
         while True:
+            console = make_console()
+            overview = _watch_overview(obj, show_all)
+            screen = watch_screen(overview, inbox_files(obj.home), daemon_info(obj.home), console, console.height - 1)
             console.clear()
-            show()
+            console.file.write(screen)
+            console.file.flush()
             time.sleep(1.0)
     except KeyboardInterrupt:
         pass
+
+
+def _watch_overview(obj: Ctx, show_all: bool) -> dict:
+    from batchgrader.store import queries as queries
+
+    if not obj.home.db.exists():
+        return {"jobs": []}
+    if show_all:
+        return {"jobs": queries.status(obj.home, now=fixed_now())}
+    return queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now())
 
 
 @cli.command()

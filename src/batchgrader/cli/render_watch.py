@@ -1,0 +1,55 @@
+"""``bgctl status --watch``: the status screen cut to the terminal's height.
+
+Unfinished jobs come first (newest first), then finished ones (newest first); jobs are left out
+from the end until the whole screen (table, notes, inbox) fits, and a ``+N more`` line counts
+them, so the header never scrolls off the top."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from batchgrader.cli.render_status import FINISHED, render_status, render_waiting
+
+
+def watch_order(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Unfinished jobs newest first, then finished jobs newest first."""
+    newest = sorted(jobs, key=lambda r: (r.get("created_ts") or "", r["job_id"]), reverse=True)
+    return [r for r in newest if r["state"] not in FINISHED] + [r for r in newest if r["state"] in FINISHED]
+
+
+def screen_rows(text: str, width: int) -> int:
+    """How many terminal rows ``text`` (possibly with ANSI styles) takes at ``width`` columns."""
+    rows = 0
+    for line in text.rstrip("\n").split("\n"):
+        rows += max(1, math.ceil(Text.from_ansi(line).cell_len / max(1, width)))
+    return rows
+
+
+def _screen(
+    console: Console, jobs: Sequence[dict[str, Any]], more: int, inbox: Sequence[dict[str, Any]], daemon: dict[str, Any]
+) -> str:
+    with console.capture() as cap:
+        render_status(jobs, console, max_finished=None)
+        if more:
+            console.print(Text(f"+{more:,} more jobs: `bgctl status --all` lists every job", style="dim"))
+        render_waiting(inbox, daemon, console)
+    return cap.get()
+
+
+def watch_screen(
+    overview: dict[str, Any], inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console, height: int
+) -> str:
+    """The text of one ``--watch`` screen of at most ``height`` rows (at least the header and one job)."""
+    jobs = watch_order(overview["jobs"])
+    elsewhere = int(overview.get("hidden_active") or 0) + int(overview.get("hidden_finished") or 0)
+    n = len(jobs)
+    while True:
+        text = _screen(console, jobs[:n], len(jobs) - n + elsewhere, inbox, daemon)
+        if n <= 1 or screen_rows(text, console.width) <= height:
+            return text
+        n -= 1
