@@ -16,12 +16,17 @@ from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_com
 # --- inputs ---------------------------------------------------------------------------------------
 
 
+OUTBOX_TIMER = -1  # the "chunk" of Timers.not_before that holds a job's next outbox write
+
+
 @dataclass(frozen=True)
 class Timers:
     """The daemon's timing state (not in the event log: it restarts fresh with the process).
 
     ``next_poll[(job, chunk)] = (due, delay)``; ``not_before[(job, chunk)]`` is the time before
-    which a refused chunk is not sent again; ``cancel_sent`` holds batch ids already cancelled."""
+    which a refused chunk is not sent again (``not_before[(job, OUTBOX_TIMER)]``: before which a
+    result that could not be written is not tried again); ``cancel_sent`` holds batch ids already
+    cancelled."""
 
     next_poll: Mapping[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     not_before: Mapping[tuple[str, int], float] = field(default_factory=dict)

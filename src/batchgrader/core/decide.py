@@ -23,6 +23,7 @@ from typing import Any
 
 from batchgrader.core import queue
 from batchgrader.core.actions import (
+    OUTBOX_TIMER,
     Action,
     Archive,
     CancelBatch,
@@ -416,7 +417,7 @@ def decide_job(
         if ids:
             out.append(PlanRetries(job_id, tuple(ids)))
             return out
-        out += _finish(job, config, store)
+        out += _finish(job, config, store, now, timers)
     elif store and not batches_in_flight(state):
         out += store  # ... and not while a batch runs: the end of a batch seen seconds late costs more
     return out
@@ -536,7 +537,9 @@ def _submit(
     return out + replans
 
 
-def _finish(job: JobState, config: Config, store: list[StoreAnswers]) -> list[Action]:
+def _finish(job: JobState, config: Config, store: list[StoreAnswers], now: float, timers: Timers) -> list[Action]:
+    if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
+        return []  # the result could not be written: tried again once the back-off has passed
     final, payload = ending(job)
     failed = final == "JobFailed"
     out: list[Action] = []

@@ -389,6 +389,12 @@ class InputTokensCounted(TypedDict):
     reason: str | None
 
 
+class OutboxWriteFailed(TypedDict):
+    path: str
+    error: str
+    code: str
+
+
 #: event type -> its payload's TypedDict (every type of the catalogue)
 PAYLOADS: dict[str, type] = {
     t.__name__: t
@@ -438,5 +444,6 @@ PAYLOADS: dict[str, type] = {
         AnswersToStore,
         AnswersStored,
         InputTokensCounted,
+        OutboxWriteFailed,
     )
 }

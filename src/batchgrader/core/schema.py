@@ -463,6 +463,16 @@ EVENTS: dict[str, EventType] = {
                 "reason": "why the counts are estimates (null when exact)",
             },
         ),
+        _t(
+            "OutboxWriteFailed",
+            1,
+            "outbox",
+            {
+                "path": "the file that could not be written (result or error report)",
+                "error": "what the user sees as the job's last error, e.g. 'cannot write the outbox: permission denied: PATH'",
+                "code": "the cause in one word: permission_denied, no_space, read_only, not_found or os_error",
+            },
+        ),
     ]
 }
 

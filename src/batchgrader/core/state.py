@@ -132,6 +132,7 @@ class JobState:
     recovered_since: float | None = None  # re-accepted from its work folder: search the provider first
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
     last_error: str | None = None
+    outbox_error: str | None = None  # OutboxWriteFailed.error until the result is written
     rejected: bool = False
     end_hook_seq: int | None = None  # JobEndHookStarted.end_seq: the on_job_end command ran for that end
     # reuse
@@ -462,6 +463,10 @@ def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) 
 
 def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
+    if job.outbox_error is not None:  # written after all: the outbox error is over
+        if job.last_error == job.outbox_error:
+            job.last_error = None
+        job.outbox_error = None
 
 
 def _input_archived(s: State, job: JobState, p: P.InputArchived, e: Event) -> None:
@@ -488,6 +493,11 @@ def _cancel_requested(s: State, job: JobState, p: P.CancelRequested, e: Event) -
 
 def _job_cancelled(s: State, job: JobState, p: P.JobCancelled, e: Event) -> None:
     job.ended = "cancelled"
+
+
+def _outbox_write_failed(s: State, job: JobState, p: P.OutboxWriteFailed, e: Event) -> None:
+    """The result could not be written (the daemon tries again later): the job's last error."""
+    job.last_error = job.outbox_error = p["error"]
 
 
 def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> None:
@@ -597,6 +607,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "ChunkFailed": _chunk_failed,
     "RetryPlanned": _retry_planned,
     "OutboxWriteStarted": _outbox_started,
+    "OutboxWriteFailed": _outbox_write_failed,
     "ResultWritten": _result_written,
     "InputArchived": _input_archived,
     "ProviderFilesDeleted": _provider_files_deleted,

@@ -1,0 +1,76 @@
+"""A result that cannot be written (issue 27, item 2): the cause is the job's last error in
+`status`, `status JOB` and `--json`, the write is tried again with a back-off, and the cause is
+recorded and logged once per change, not twice a second."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from batchgrader.store import queries
+from cli_fixtures import run
+from ticks import Rig
+
+
+def _lock(outbox: Path) -> None:
+    """Make the outbox a folder nobody may write to (for root, who ignores modes: /sys)."""
+    shutil.rmtree(outbox)
+    if os.geteuid() == 0:
+        if not Path("/sys").is_dir() or os.access("/sys", os.W_OK) and Path("/sys").stat().st_mode & 0o200:
+            pytest.skip("running as root without a read-only /sys to stand for an unwritable folder")
+        outbox.symlink_to("/sys")
+    else:
+        outbox.mkdir()
+        outbox.chmod(0o500)
+
+
+def _unlock(outbox: Path) -> None:
+    if outbox.is_symlink():
+        outbox.unlink()
+        outbox.mkdir()
+    else:
+        outbox.chmod(0o700)
+
+
+def test_an_unwritable_outbox_is_the_jobs_last_error_and_is_tried_again_later(home, caplog, monkeypatch):
+    rig = Rig(home)
+    try:
+        job = rig.drop(3)
+        rig.tick()
+        rig.tick()
+        rig.provider.finish_all()
+        _lock(home.outbox)
+        with caplog.at_level(logging.WARNING, logger="batchgrader.engine"):
+            first = rig.tick()
+            for _ in range(3):
+                assert rig.tick() == []  # backing off: nothing recorded, nothing tried
+        expected = f"cannot write the outbox: permission denied: {home.outbox}"
+        assert first[-1] == "OutboxWriteFailed" and "ResultWritten" not in first
+        assert rig.events("OutboxWriteFailed") == [{"path": str(home.outbox), "error": expected, "code": "permission_denied"}]
+        warnings = [r.getMessage() for r in caplog.records if "cannot write the outbox" in r.getMessage()]
+        assert len(warnings) == 1
+        assert rig.engine.state.jobs[job.job_id].last_error == expected
+        rig.store.close()
+        (row,) = queries.status(home)
+        assert row["last_error"] == expected and row["state"] == "downloading"
+        assert queries.job_detail(home, job.job_id)["last_error"] == expected
+        monkeypatch.setenv("BATCHGRADER_HOME", str(home.root))
+        assert expected in run("status", columns=200).output.replace("\n", "")
+        assert expected in run("status", job.job_id, columns=300).output
+        rig = Rig(home)  # the daemon restarts: it tries at once, and records the same cause no second time
+        assert rig.tick() == []
+        assert len(rig.events("OutboxWriteFailed")) == 1
+        _unlock(home.outbox)
+        assert "ResultWritten" not in rig.tick(2.0)  # the back-off (5 s) has not passed yet
+        done = rig.tick(5.0)
+        assert "ResultWritten" in done and done[-1] == "JobCompleted"
+        assert rig.engine.state.jobs[job.job_id].last_error is None  # the outbox error is over
+        assert [r["id"] for r in rig.result_rows()] == ["0", "1", "2"]
+    finally:
+        if home.outbox.is_symlink():
+            _unlock(home.outbox)
+        rig.close()
