@@ -177,7 +177,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 json_values = reader.fmt != "csv"
                 guard = fixed["csv_formula_guard"] and reader.fmt in ("csv", "xlsx")
                 types = added_column_types(cols, fixed["response_format"])
-                with TableWriter(f, reader, cols.names(), column_types=types) as w:
+                with TableWriter(f, reader, cols.written(), column_types=types) as w:
                     write_row, take, stored, sha = w.write, results.take, cached.get, job.sha256
                     for row in reader:
                         vals = row.values  # every reader yields a new dict per row
