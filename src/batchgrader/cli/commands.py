@@ -520,7 +520,7 @@ def doctor(obj: Ctx, as_json: bool, sandbox: bool) -> None:
     from batchgrader.cli.render import make_console
     from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
 
-    checks = run_checks(obj.home, require_key=not sandbox)
+    checks = run_checks(obj.home, require_key=not sandbox, sandbox=sandbox)
     emit_json(checks_as_json(checks)) if as_json else render_checks(checks, make_console())
     sys.exit(exit_code(checks))
 
