@@ -23,7 +23,7 @@ from batchgrader.core.home import Home
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
-from batchgrader.pipeline.tables import InputError, open_table, text_of
+from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
 ENDPOINT = "/v1/chat/completions"
@@ -326,7 +326,75 @@ class _Counting:
             self._pool.close()
 
 
+def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec) -> InputError:
+    """``exc`` with the fix named: which setting asks for the column, and the file's closest
+    column to set it to (or to rename)."""
+    import difflib
+
+    name = exc.column or ""
+    why = []
+    if name == profile.response_field:
+        why.append("`response_field`")
+    if name in spec.user_fields:
+        why.append(f"the `user_prompt` placeholder {{{name}}}")
+    if name == profile.id_column:
+        why.append("`id_column`")
+    if not why:
+        return exc
+    where = "config.yaml" if profile.name == "default" else f"profile {profile.name!r} in config.yaml"
+    close = difflib.get_close_matches(name, exc.available, n=1, cutoff=0.3)
+    target = f"{close[0]!r} (the closest column)" if close else "one of the file's columns"
+    them = "it" if len(why) == 1 else "them"
+    advice = (
+        f"this column is asked for by {' and '.join(why)} ({where}): change {them} to {target}, or rename the column in the file"
+    )
+    return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
+
+
+def check_input(path: Path, profile: Profile, home: Home) -> int:
+    """Read ``path`` through as :func:`prepare` would (its format, encoding, sheet and the
+    columns the profile's prompts need), without counting tokens: the number of rows, or the
+    :class:`InputError` :func:`prepare` (and ``bgctl count``) would raise for an empty,
+    undecodable or malformed file, or one without a required column.  For ``bgctl submit``."""
+    builder = RequestBuilder(profile, home, "0" * 64)
+    rows = 0
+    try:
+        with open_table(
+            Path(path),
+            required_columns=builder.required_columns(),
+            sheet=profile.get("sheet"),
+            encoding=profile.get("encoding", "utf-8"),
+        ) as reader:
+            for _row in reader:
+                rows += 1
+    except MissingColumn as exc:
+        raise missing_column_advice(exc, profile, builder.spec) from None
+    return rows
+
+
 def prepare(
+    path: Path,
+    profile: Profile,
+    home: Home,
+    *,
+    requests_out: IO[bytes] | None = None,
+    prices: PriceTable | None = None,
+    file_hash: str | None = None,
+    limits: Limits | None = None,
+    reuse: ReuseProbeLike | None = None,
+) -> Preparation:
+    """Stream ``path`` once; count every request exactly; plan the chunks (:func:`_prepare`).  A
+    required column missing from the file names the setting that asks for it and the closest
+    column (:func:`missing_column_advice`)."""
+    try:
+        return _prepare(
+            path, profile, home, requests_out=requests_out, prices=prices, file_hash=file_hash, limits=limits, reuse=reuse
+        )
+    except MissingColumn as exc:
+        raise missing_column_advice(exc, profile, resolve_prompts(profile, home)) from None
+
+
+def _prepare(
     path: Path,
     profile: Profile,
     home: Home,

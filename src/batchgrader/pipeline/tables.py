@@ -104,6 +104,7 @@ from batchgrader.pipeline.formats.common import (
     Format,
     InputError,
     Layout,
+    MissingColumn,
     Row,
     defuse_formula,
     detect_format,
@@ -114,6 +115,7 @@ from batchgrader.pipeline.formats.text import TableReader
 from batchgrader.pipeline.formats.writer import TextTableWriter
 
 __all__ = [
+    "MissingColumn",
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_MAX_FIELD_SIZE",
     "DEFAULT_MAX_RECORD_SIZE",

@@ -1,0 +1,63 @@
+"""Issue 27, "what the user sees is true": the items checked through the command line (click's
+runner at a fixed width; the tables have their snapshots in test_cli_snapshots.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batchgrader.core.home import Home
+from cli_fixtures import run
+
+# --- 9. advice that names the fix ----------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_a_latin1_file_names_the_encoding_key(home: Home, tmp_path: Path) -> None:
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("id,response\n1,café crème\n".encode("latin-1"))
+    res = run("count", str(latin), columns=300)
+    assert res.exit_code == 2
+    out = _one_line(res.output)
+    assert "not valid UTF-8" in out and "save the file as UTF-8" in out and "`encoding: cp1252` (or latin-1)" in out
+    home.config_file.write_text("encoding: latin-1\n")  # the advice works
+    assert run("count", str(latin)).exit_code == 0
+
+
+def test_a_missing_column_names_the_setting_and_the_closest_column(home: Home, tmp_path: Path) -> None:
+    f = tmp_path / "answers.csv"
+    f.write_text("id,responses\n1,a fine answer\n", encoding="utf-8")
+    res = run("count", str(f), columns=300)
+    assert res.exit_code == 2
+    out = _one_line(res.output)
+    assert "required column not found" in out
+    assert "`response_field` and the `user_prompt` placeholder {response} (config.yaml)" in out
+    assert "'responses' (the closest column)" in out
+    home.config_file.write_text("profiles:\n  essay:\n    response_field: responses\n    user_prompt: 'Grade: {essay}'\n")
+    out = _one_line(run("count", str(f), "--profile", "essay", columns=300).output)
+    assert "asked for by the `user_prompt` placeholder {essay} (profile 'essay' in config.yaml)" in out
+
+
+@pytest.mark.parametrize(
+    "name, data, expected",
+    [
+        ("empty.csv", b"id,response\n", "has a header but no data rows"),
+        ("latin.csv", "id,response\n1,café\n".encode("latin-1"), "`encoding: cp1252`"),
+        ("other.csv", b"id,text\n1,hello\n", "asked for by `response_field`"),
+    ],
+)
+def test_submit_refuses_what_count_refuses_with_the_same_message(
+    home: Home, tmp_path: Path, name: str, data: bytes, expected: str
+) -> None:
+    f = tmp_path / name
+    f.write_bytes(data)
+    counted = run("count", str(f), columns=300)
+    submitted = run("submit", str(f), columns=300)
+    assert submitted.exit_code == counted.exit_code == 2
+    assert expected in _one_line(submitted.output) and "queued" not in submitted.output
+    assert _one_line(submitted.output) == _one_line(counted.output)
+    assert not any(home.inbox.iterdir())  # nothing queued
