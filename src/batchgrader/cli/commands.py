@@ -163,6 +163,7 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
     out_dir = out_dir or obj.home.work / "split" / file.stem
     prep, files = split_file(file, prof, obj.home, out_dir, prices=prices)
     summary = prep.summary(prices)
+    summary["duplicate_rows"] = prep.duplicate_rows
     for chunk, path in zip(summary["chunks"], files):
         chunk["path"] = str(path)
     emit_json(summary) if as_json else render_split(summary)

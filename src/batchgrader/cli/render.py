@@ -114,6 +114,11 @@ def render_split(summary: dict[str, Any]) -> None:
     console = make_console()
     console.print(_chunk_table(summary, with_path=True))
     console.print(f"{summary['requests']:,} requests, {summary['input_tokens']:,} input tokens in {len(summary['chunks'])} files")
+    if summary.get("duplicate_rows"):
+        console.print(
+            f"{summary['duplicate_rows']:,} rows identical to an earlier row are not written: sent once, as the daemon "
+            "does (stored answers of earlier jobs are not consulted; `bgctl count` shows those too)"
+        )
     _problems(summary)
 
 

@@ -99,6 +99,7 @@ class Preparation:
     warnings: list[str] = field(default_factory=list)
     max_completion_tokens: int = 0
     response_format: dict[str, Any] | None = None
+    duplicate_rows: int = 0  # rows left out of split's chunk files: identical to an earlier row (sent once)
 
     @property
     def requests(self) -> int:
@@ -578,14 +579,34 @@ def oversized_positions(prep: Preparation) -> set[int]:
 def split_file(
     path: Path, profile: Profile, home: Home, out_dir: Path, prices: PriceTable | None = None
 ) -> tuple[Preparation, list[Path]]:
-    """`bgctl split`: prepare, then write batch-ready chunk files into ``out_dir``."""
+    """`bgctl split`: prepare, then write batch-ready chunk files into ``out_dir``: what the
+    daemon would send for this file, so identical rows are written once (unless the profile
+    turns reuse off), as ``bgctl count`` counts them.  Stored answers of earlier jobs are not
+    consulted (a split is for the file alone); ``prep.duplicate_rows`` counts the rows left out.
+    Files are numbered as the tables number chunks: ``NAME-chunk-0000.jsonl`` is chunk 0."""
+    from batchgrader.core.decide import reuse_allowed
+    from batchgrader.pipeline.reuse import plan_reuse, replan
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{path.name}.requests.tmp"
     try:
         with open(tmp, "wb") as f:
             prep = prepare(path, profile, home, requests_out=f, prices=prices)
-        files = write_chunk_files(iter_lines(tmp), prep.chunks, oversized_positions(prep), out_dir, Path(path).stem)
+        skip = oversized_positions(prep)
+        plan = plan_reuse(iter_lines(tmp), "split", skip, None, dedupe=True) if reuse_allowed(profile) else None
+        if plan is not None and plan.followers:
+            window = profile.context_window
+            if window is None and prices is not None:
+                price = prices.find(profile.model)
+                window = price.context_window if price else None
+            prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits_for(profile, window))
+            prep.duplicate_rows = len(plan.followers)
+            keep = set(plan.keep)
+            lines = (line for pos, line in enumerate(iter_lines(tmp)) if pos in keep)
+            files = write_chunk_files(lines, prep.chunks, (), out_dir, Path(path).stem)
+        else:
+            files = write_chunk_files(iter_lines(tmp), prep.chunks, skip, out_dir, Path(path).stem)
     finally:
         if tmp.exists():
             os.unlink(tmp)
