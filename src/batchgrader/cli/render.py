@@ -46,11 +46,11 @@ def _usd(v: float | None) -> str:
     return f"${v:,.4f}"
 
 
-def _chunk_table(summary: dict[str, Any], with_path: bool = False) -> Table:
+def _chunk_table(summary: dict[str, Any], with_path: bool = False, schema: bool = False) -> Table:
     t = Table(title="Chunk plan")
     t.add_column("chunk", justify="right")
     t.add_column("requests", justify="right")
-    t.add_column("input tokens", justify="right")
+    t.add_column("input tokens" + (" (without the schema)" if schema else ""), justify="right")
     t.add_column("bytes", justify="right")
     if with_path:
         t.add_column("file", overflow="fold")
@@ -97,7 +97,12 @@ def render_count(summary: dict[str, Any]) -> None:
     why = (summary.get("token_count") or {}).get("reason")
     if not exact and why:
         t.add_row("why an estimate", str(why))
-    t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
+    if schema:  # as priced: with the schema's tokens per request
+        per = float(schema["per_request"])
+        mean, top = round(summary["mean_request_tokens"] + per, 1), round(summary["max_request_tokens"] + per)
+        t.add_row("mean / max tokens per request (with the schema)", f"{mean:,} / {top:,}")
+    else:
+        t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")
     if est:
@@ -106,7 +111,7 @@ def render_count(summary: dict[str, Any]) -> None:
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")
     console.print(t)
-    console.print(_chunk_table(summary))
+    console.print(_chunk_table(summary, schema=bool(schema)))
     _problems(summary)
 
 
