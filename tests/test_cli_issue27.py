@@ -61,3 +61,23 @@ def test_submit_refuses_what_count_refuses_with_the_same_message(
     assert expected in _one_line(submitted.output) and "queued" not in submitted.output
     assert _one_line(submitted.output) == _one_line(counted.output)
     assert not any(home.inbox.iterdir())  # nothing queued
+
+
+# --- 11. a `daemon --once` summary lists only this run's jobs ------------------------------------
+
+
+@pytest.mark.slow  # two real daemon runs
+def test_daemon_once_summary_lists_only_this_runs_jobs(home: Home) -> None:
+    from harness import FAST_CONFIG, bgctl
+
+    home.config_file.write_text(FAST_CONFIG)
+    (home.inbox / "first.csv").write_text("id,response\n1,one answer\n")
+    res = bgctl(home.root, "daemon", "--sandbox", "--once", key=None)
+    assert res.returncode == 0, res.stderr
+    assert "first.csv" in res.stdout
+    (home.inbox / "second.csv").write_text("id,response\n1,another answer\n")
+    res = bgctl(home.root, "daemon", "--sandbox", "--once", key=None)
+    assert res.returncode == 0, res.stderr
+    assert "second.csv" in res.stdout and "first.csv" not in res.stdout
+    res = bgctl(home.root, "daemon", "--sandbox", "--once", key=None)  # nothing to do
+    assert "no job had anything to do in this run" in res.stdout and ".csv" not in res.stdout

@@ -165,10 +165,15 @@ def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
     return t
 
 
-def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
+def render_summary(state, sandbox: bool, since: str | None = None) -> None:  # noqa: ANN001
+    """The jobs of a ``daemon --once`` run: those with an event since ``since``."""
     from batchgrader.daemon.snapshot import take
 
-    make_console().print(jobs_table(take(state), sandbox, "Summary"))
+    snapshot = take(state, since)
+    if not snapshot.jobs:
+        make_console().print("Summary: no job had anything to do in this run.")
+        return
+    make_console().print(jobs_table(snapshot, sandbox, "Summary (this run's jobs)"))
 
 
 class LiveView:
