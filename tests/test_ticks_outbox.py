@@ -74,3 +74,35 @@ def test_an_unwritable_outbox_is_the_jobs_last_error_and_is_tried_again_later(ho
         if home.outbox.is_symlink():
             _unlock(home.outbox)
         rig.close()
+
+
+def test_cancelling_a_retry_leaves_a_completed_with_errors_job_as_it_was(home):
+    """Issue 27, item 11: `bgctl retry` then `bgctl cancel` ends the job as its rows say
+    (completed_with_errors), not `cancelled`; a job that was never ended before is cancelled."""
+    rig = Rig(home, "max_row_retries: 0\n")
+    try:
+        rig.drop(3)
+        rig.tick()
+        ids = rig.provider._requests(next(iter(rig.provider.files)))
+        rig.provider.row_errors = {ids[1]["custom_id"]: ("server_error", "try again")}
+        rig.provider.finish_all()
+        rig.tick()
+        assert rig.job().ended == "completed_with_errors"
+        rig.control("RetryRequested")
+        rig.tick()
+        rig.tick()
+        (batch,) = rig.provider.open_batches()
+        rig.control("CancelRequested")
+        rig.tick()
+        assert rig.calls("cancel") == 1  # the retry's batch is cancelled at the provider
+        rig.provider.finish(batch.id, "cancelled", answered=0)
+        types = rig.tick()
+        for _ in range(3):
+            if rig.job().ended:
+                break
+            types = rig.tick()
+        assert rig.job().ended == "completed_with_errors" and "JobCancelled" not in types
+        errors = [r["error"] for r in rig.result_rows(sorted(p.name for p in home.outbox.iterdir())[-1])]
+        assert errors.count("") == 2 and rig.job().succeeded_rows == 2
+    finally:
+        rig.close()

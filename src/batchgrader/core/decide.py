@@ -287,8 +287,9 @@ def ending(job: JobState) -> tuple[str, dict[str, Any]]:
     """How a job whose chunks are all done ends: the final event and its payload."""
     succeeded = job.succeeded_rows
     failed = len(job.failed_rows) + len(job.row_errors)
-    if job.cancel_requested:
+    if job.cancel_requested and job.reopened_from in (None, "cancelled"):
         return "JobCancelled", {"succeeded": succeeded, "failed": failed}
+    # a cancelled `bgctl retry` leaves the job as its rows say (completed_with_errors, say), not cancelled
     halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
     if halted:
         return "JobFailed", {

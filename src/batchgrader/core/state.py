@@ -122,6 +122,7 @@ class JobState:
     override_budget: bool = False
     cancel_requested: bool = False
     retry_requested: bool = False
+    reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
     error_path: str | None = None
@@ -505,6 +506,8 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
     if job.held:
         job.override_budget = True  # retry on a held job means "submit anyway"
     job.retry_requested = True
+    if job.ended:
+        job.reopened_from = job.ended
     job.ended = None
     job.error = None
     job.held = None
