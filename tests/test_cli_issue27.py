@@ -81,3 +81,33 @@ def test_daemon_once_summary_lists_only_this_runs_jobs(home: Home) -> None:
     assert "second.csv" in res.stdout and "first.csv" not in res.stdout
     res = bgctl(home.root, "daemon", "--sandbox", "--once", key=None)  # nothing to do
     assert "no job had anything to do in this run" in res.stdout and ".csv" not in res.stdout
+
+
+# --- 11. shell completion completes job ids and profile names ------------------------------------
+
+
+def _complete(words: str) -> list[str]:
+    from click.testing import CliRunner
+
+    from batchgrader.cli.commands import cli
+
+    env = {
+        "_BGCTL_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+    }
+    res = CliRunner().invoke(cli, [], env=env, prog_name="bgctl")
+    return [line.split(",", 1)[1] for line in res.output.splitlines() if line.startswith("plain,")]
+
+
+def test_shell_completion_completes_job_ids_and_profile_names(home: Home) -> None:
+    from cli_fixtures import golden_home
+
+    assert _complete("bgctl status ") == []  # no database yet: nothing, and no error
+    golden_home(home)
+    assert _complete("bgctl status 194352796bbb-") == ["194352796bbb-4", "194352796bbb-3", "194352796bbb-2"]
+    assert _complete("bgctl cancel x-") == ["x-52fbb30faf37"]
+    assert set(_complete("bgctl report ")) >= {"32c86eafae56", "194352796bbb"}
+    home.config_file.write_text("profiles:\n  essays:\n    model: gpt-4o\n  emails:\n    model: gpt-4o-mini\n")
+    assert _complete("bgctl count --profile e") == ["emails", "essays"]
+    assert _complete("bgctl submit -p es") == ["essays"]

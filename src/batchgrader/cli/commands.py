@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from batchgrader import __version__
+from batchgrader.cli.complete import complete_job_id, complete_profile
 from batchgrader.cli.errors import (
     EXIT_COUNT_PROBLEMS,
     EXIT_FAILURE,
@@ -72,7 +73,7 @@ def config() -> None:
 
 
 @config.command("show")
-@click.option("--profile", "-p", default=None, help="Profile to show (default: the top level).")
+@click.option("--profile", "-p", default=None, help="Profile to show (default: the top level).", shell_complete=complete_profile)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
@@ -87,7 +88,13 @@ def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
 
 
 def _profile_opt(f):
-    return click.option("--profile", "-p", default=None, help="Profile from config.yaml (default: the top level).")(f)
+    return click.option(
+        "--profile",
+        "-p",
+        default=None,
+        help="Profile from config.yaml (default: the top level).",
+        shell_complete=complete_profile,
+    )(f)
 
 
 def _load(obj: Ctx, profile: str | None):
@@ -218,7 +225,7 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option("--reason", default="cancelled by user", help="Recorded with the request.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -231,7 +238,7 @@ def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option("--reason", default="retry requested by user", help="Recorded with the request.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -256,7 +263,7 @@ def _answer(res: dict, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", required=False, shell_complete=complete_job_id)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
 @click.option(
@@ -291,36 +298,13 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
 
     if not watch or job_id or as_json:
         return show()
-    import time
+    from batchgrader.cli.render_watch import watch_loop
 
-    from batchgrader.cli.render import make_console
-    from batchgrader.cli.render_watch import watch_screen
-
-    try:
-        while True:
-            console = make_console()
-            overview = _watch_overview(obj, show_all)
-            screen = watch_screen(overview, inbox_files(obj.home), daemon_info(obj.home), console, console.height - 1)
-            console.clear()
-            console.file.write(screen)
-            console.file.flush()
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
-
-
-def _watch_overview(obj: Ctx, show_all: bool) -> dict:
-    from batchgrader.store import queries as queries
-
-    if not obj.home.db.exists():
-        return {"jobs": []}
-    if show_all:
-        return {"jobs": queries.status(obj.home, now=fixed_now())}
-    return queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now())
+    watch_loop(obj.home, show_all, fixed_now())
 
 
 @cli.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", required=False, shell_complete=complete_job_id)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are recorded.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--last", type=int, default=None, help="Only the last N events.")
@@ -395,7 +379,7 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option(
     "--html",
     "html_file",

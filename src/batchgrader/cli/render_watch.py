@@ -53,3 +53,34 @@ def watch_screen(
         if n <= 1 or screen_rows(text, console.width) <= height:
             return text
         n -= 1
+
+
+def watch_overview(home: Any, show_all: bool, now: float | None) -> dict[str, Any]:
+    """The jobs one ``--watch`` screen picks from (all of them with ``--all``)."""
+    from batchgrader.store import queries
+
+    if not home.db.exists():
+        return {"jobs": []}
+    if show_all:
+        return {"jobs": queries.status(home, now=now)}
+    return queries.status_overview(home, active_limit=20, finished_limit=10, now=now)
+
+
+def watch_loop(home: Any, show_all: bool, now: float | None) -> None:
+    """``bgctl status --watch``: a screen fitted to the terminal, every second, until Ctrl-C."""
+    import time
+
+    from batchgrader.cli.actions import daemon_info, inbox_files
+
+    try:
+        while True:
+            console = Console()  # the terminal's size now: a resized window gets a fitted screen
+            screen = watch_screen(
+                watch_overview(home, show_all, now), inbox_files(home), daemon_info(home), console, console.height - 1
+            )
+            console.clear()
+            console.file.write(screen)
+            console.file.flush()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass

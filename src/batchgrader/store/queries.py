@@ -336,6 +336,18 @@ def job_detail(
     return out
 
 
+def job_ids(home: HomeLike, prefix: str = "", limit: int = 200) -> list[tuple[str, str | None, str]]:
+    """``(job_id, file, state)`` of the jobs whose id starts with ``prefix``, newest first (for
+    shell completion: from the read model only, never a fold)."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    with reading(home) as conn:
+        rows = conn.execute(
+            "SELECT job_id, file, state FROM job_status WHERE job_id LIKE ? ESCAPE '\\' ORDER BY created_ts DESC LIMIT ?",
+            (escaped + "%", limit),
+        ).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
 # --- events ----------------------------------------------------------------------------------------
 
 
