@@ -354,7 +354,7 @@ def test_status_row_shape(fed: Home):
         assert need <= set(r)
         assert r["age_seconds"] >= 0
         for b in r["batches"]:
-            assert set(b) == {"chunk", "batch_id", "status", "request_counts"}
+            assert set(b) == {"chunk", "batch_id", "status", "request_counts", "requested_ts"}
     happy = queries.status(fed, "v1_happy")[0]
     assert happy["state"] == "completed" and happy["chunks_done"] == happy["chunks_total"] == 3
     assert [b["status"] for b in happy["batches"]] == ["done"] * 3

@@ -156,6 +156,21 @@ def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[C
     return [*cols, state, chunks, batches, rows_col, tokens, cost, age]
 
 
+def progress_line(r: dict[str, Any]) -> str | None:
+    """``40/100 rows answered; expected to finish in about 12m (estimate: ...)`` for a job with
+    batches sent, or None."""
+    p = r.get("progress") or {}
+    if not p.get("sent") or r["state"] in FINISHED:
+        return None
+    line = f"{p['answered']:,}/{p['sent']:,} rows answered"
+    if r.get("eta_seconds") is not None:
+        when = "any moment now" if r["eta_seconds"] < 1 else f"in about {duration(r['eta_seconds'])}"
+        line += f"; expected to finish {when} (estimate: {r['eta_basis']})"
+    elif any(b.get("status") in ("validating", "in_progress", "finalizing") for b in r.get("batches") or ()):
+        line += f"; no finish estimate yet: no {r.get('model') or ''} batch has completed here to learn its run time"
+    return line
+
+
 def render_overview(overview: dict[str, Any], console: Console | None = None) -> None:
     """The `bgctl status` table from :func:`queries.status_overview`, with what was left out."""
     console = _console(console)
@@ -211,6 +226,9 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
             )
         )
     for r in rows:
+        line = progress_line(r)
+        if line:
+            console.print(Text(f"{r['job_id']} {line}", style="cyan"), soft_wrap=True)
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
             console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
         q = r.get("queue")
@@ -251,6 +269,7 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
+        ("progress", progress_line(d)),
         (
             "input tokens (estimated)"
             if d.get("input_tokens_exact", True)
