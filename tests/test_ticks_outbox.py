@@ -106,3 +106,32 @@ def test_cancelling_a_retry_leaves_a_completed_with_errors_job_as_it_was(home):
         assert errors.count("") == 2 and rig.job().succeeded_rows == 2
     finally:
         rig.close()
+
+
+def test_a_row_refused_with_400_is_not_retried_automatically_but_bgctl_retry_resends_it(home):
+    """Issue 27, item 11: a 400 (a refused request) fails again if resent as it is, so it is not
+    resent automatically; a 500 is.  `bgctl retry` still resends both."""
+    rig = Rig(home, "max_row_retries: 2\n")
+    try:
+        rig.drop(3)
+        rig.tick()
+        ids = [r["custom_id"] for r in rig.provider._requests(next(iter(rig.provider.files)))]
+        rig.provider.row_errors = {ids[0]: ("invalid_value", "bad parameter"), ids[1]: ("server_error", "try again")}
+        rig.provider.finish_all()
+        types = rig.tick()
+        assert types[-1] == "RetryPlanned"
+        (retry,) = rig.events("RetryPlanned")
+        assert retry["custom_ids"] == [ids[1]]  # the 500 only
+        (failed,) = rig.events("RowsFailed")
+        assert {r["custom_id"]: r.get("status") for r in failed["rows"]} == {ids[0]: 400, ids[1]: 500}
+        rig.provider.row_errors = {}
+        rig.tick()
+        rig.provider.finish_all()
+        types = rig.tick()
+        assert types[-1] == "JobCompleted" and rig.job().ended == "completed_with_errors"
+        assert list(rig.job().failed_rows) == [ids[0]]
+        rig.control("RetryRequested")  # the user fixed the cause: bgctl retry resends it
+        rig.tick()
+        assert rig.events("RetryPlanned")[-1]["custom_ids"] == [ids[0]]
+    finally:
+        rig.close()

@@ -60,6 +60,10 @@ from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row error codes never resubmitted automatically (the row can never be accepted as it is).
 NEVER_RETRIED = frozenset({"request_too_large"})
+# A row the provider answered with one of these HTTP statuses is not resent automatically: the
+# request itself is refused (bad parameter, too long, invalid schema) and would fail again.
+# `bgctl retry` still resends it (after the profile or the input was fixed).
+NEVER_RETRIED_STATUS = frozenset({400, 404, 413, 422})
 
 
 def resubmit_delay(poll_interval: float) -> float:
@@ -272,6 +276,7 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         if job.row_attempts.get(cid, 0) < profile.max_row_retries
         and info.get("code") not in PAID_ANSWER_LOST
         and info.get("code") not in NEVER_RETRIED
+        and info.get("status") not in NEVER_RETRIED_STATUS
     ]
 
 

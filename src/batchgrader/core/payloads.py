@@ -47,6 +47,7 @@ class FailedRow(TypedDict):
     custom_id: str
     code: str | None
     message: str | None
+    status: NotRequired[int]  # the HTTP status of the row's answer, when it had one (absent in older logs)
 
 
 # --- intake ----------------------------------------------------------------------------------------

@@ -282,7 +282,11 @@ EVENTS: dict[str, EventType] = {
             "RowsFailed",
             1,
             "merge",
-            {"chunk": "chunk index", "batch_id": "batch or null", "rows": "list of {custom_id, code, message}"},
+            {
+                "chunk": "chunk index",
+                "batch_id": "batch or null",
+                "rows": "list of {custom_id, code, message[, status: HTTP status]}",
+            },
         ),
         _t(
             "ChunkCompleted",

@@ -421,7 +421,10 @@ def _tokens_used(s: State, job: JobState, p: P.TokensUsed, e: Event) -> None:
 
 def _rows_failed(s: State, job: JobState, p: P.RowsFailed, e: Event) -> None:
     for r in p["rows"]:
-        job.failed_rows[r["custom_id"]] = {"code": r["code"], "message": r["message"], "chunk": p["chunk"]}
+        info: dict[str, Any] = {"code": r["code"], "message": r["message"], "chunk": p["chunk"]}
+        if "status" in r:  # the HTTP status of the row's answer (absent in older logs)
+            info["status"] = r["status"]
+        job.failed_rows[r["custom_id"]] = info
 
 
 def _chunk_completed(s: State, job: JobState, p: P.ChunkCompleted, e: Event) -> None:
