@@ -50,6 +50,33 @@ def golden_home(home: Home) -> Home:
     return home
 
 
+def busy_home(home: Home) -> Home:
+    """The golden home as a heavy user's: a long profile name and token counts and costs in the
+    millions and dollars (to check that tables keep ids, states, counts and amounts whole)."""
+    EventStore(home.db).close()
+    rows = []
+    for name, job_id in GOLDEN_JOBS:
+        for line in (GOLDEN / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            p = d["payload"]
+            if d["type"] == "JobAccepted":
+                p["profile"] = "essays-claude-long"
+            if d["type"] == "TokensUsed":
+                for k in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                    p[k] *= 123457
+                p["cost_usd"] *= 1234567
+            rows.append((d["ts"], job_id, d["job_seq"], d["type"], d["version"], json.dumps(p, sort_keys=True)))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    conn = sqlite3.connect(home.db)
+    with conn:
+        conn.executemany("INSERT INTO events (ts, job_id, job_seq, type, version, payload) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    conn.close()
+    rebuild(home.db)
+    return home
+
+
 def run(*args: str, columns: int = 80, env: dict[str, str] | None = None) -> Result:
     """``bgctl ARGS`` through click's runner: fixed width, no colours, fixed "now"."""
     base = {"COLUMNS": str(columns), "LINES": "50", "NO_COLOR": "1", "TERM": "dumb", "BGCTL_NOW": NOW}

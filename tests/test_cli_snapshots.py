@@ -12,6 +12,7 @@ and review the diff.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from batchgrader.cli.commands import cli
 from batchgrader.core.home import Home
-from cli_fixtures import check_snapshot, golden_home, run
+from cli_fixtures import busy_home, check_snapshot, golden_home, run
 
 ESSAYS = "id,response\n" + "".join(f"{i},essay number {i} about the sea and the sky\n" for i in range(7))
 
@@ -57,13 +58,39 @@ TABLES = {
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
-def test_table_at_80_columns(home: Home, name: str) -> None:
+@pytest.mark.parametrize("columns", [80, 120])
+def test_table_at_80_and_120_columns(home: Home, name: str, columns: int) -> None:
     golden_home(home)
-    res = run(*TABLES[name])
+    res = run(*TABLES[name], columns=columns)
     assert res.exit_code == 0, res.output
-    check_snapshot(f"80col/{name}.txt", res.output)
+    check_snapshot(f"{columns}col/{name}.txt", res.output)
     # ids, states and counts stay whole: nothing in a table row is cut with an ellipsis
     assert "…" not in res.output
+
+
+BUSY_TABLES = {"status": ["status"], "costs_by_job": ["costs", "--by", "job"], "costs_by_model": ["costs", "--by", "model"]}
+
+
+@pytest.mark.parametrize("name", sorted(BUSY_TABLES))
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_busy_tables_keep_ids_states_counts_and_amounts_whole(home: Home, name: str, columns: int) -> None:
+    """A profile, token counts in the millions and costs in dollars (issue 27, item 6): other
+    columns give way, and what is shown is whole and fits the width."""
+    busy_home(home)
+    res = run(*BUSY_TABLES[name], columns=columns)
+    assert res.exit_code == 0, res.output
+    check_snapshot(f"{columns}col/busy_{name}.txt", res.output)
+    table = res.output.split("\n\n")[0] if name == "status" else res.output
+    assert "…" not in res.output
+    if name == "status":
+        wholes = ["completed_with_errors", "194352796bbb-4", "$53.7963", "$39.9074", "5 ok/7", "2 failed"]
+    else:
+        wholes = ["115,555,752", "40,370,439", "$167.8702", "$39.9074"]
+        wholes += ["194352796bbb-4", "$53.7963"] if name == "costs_by_job" else ["gpt-4o-mini"]
+    for whole in wholes:
+        assert whole in res.output
+    rows = [ln for ln in table.splitlines() if ln.startswith(" ")]
+    assert all(len(ln) <= columns for ln in rows), rows
 
 
 def test_count_at_80_columns(home: Home, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,3 +147,28 @@ def test_models_at_80_columns(home) -> None:  # noqa: ANN001
     res = run("models", "--provider", "anthropic")
     assert res.exit_code == 0, res.output
     check_snapshot("80col/models_anthropic.txt", res.output)
+
+
+def test_watch_screen_fits_the_terminal_newest_and_active_first(home: Home) -> None:
+    """`status --watch` with more jobs than the screen holds (issue 27, item 6): the header stays,
+    unfinished jobs come first, then the newest finished, and a "+N more" line counts the rest."""
+    from rich.console import Console
+
+    from batchgrader.cli.render_watch import screen_rows, watch_screen
+    from batchgrader.store import queries
+
+    golden_home(home)
+    overview = queries.status_overview(home, now=0.0)
+    jobs = overview["jobs"]
+    many = [dict(j, job_id=f"{j['job_id']}-{k}", created_ts=f"{j['created_ts']}{k:03d}") for k in range(4) for j in jobs]
+    overview = {**overview, "jobs": many}
+    console = Console(width=80, height=24, color_system=None, force_terminal=False)
+    screen = watch_screen(overview, [], {"running": True, "pid": 1}, console, height=24)
+    assert screen_rows(screen, 80) <= 24
+    lines = screen.splitlines()
+    assert lines[0].startswith("BatchGrader jobs") and "state" in lines[2]
+    listed = [m.group(1) for ln in lines if (m := re.match(r" ((?:x-)?[0-9a-f]{12}[-0-9]*) ", ln))]
+    assert listed[0] == "194352796bbb-3-3"  # the one held (unfinished) job, newest copy first
+    assert listed[1] == "194352796bbb-3-2"
+    more = [ln for ln in lines if ln.startswith("+")]
+    assert more and more[0].startswith(f"+{len(many) - len(listed)} more jobs")

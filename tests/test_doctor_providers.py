@@ -127,3 +127,28 @@ def test_gemini_counting_that_leaves_the_system_prompt_out_is_a_warning(home: Ho
     assert c["gemini endpoint"].status == OK
     assert c["gemini token counting"].status == WARN and "ignored generateContentRequest" in c["gemini token counting"].detail
     assert "estimates" in c["gemini token counting"].fix
+
+
+def test_sandbox_needs_no_key_for_any_provider_and_counts_claude_and_gemini_with_their_endpoints(home: Home) -> None:
+    """`bgctl doctor --sandbox` on a working sandbox config (issue 27, item 8): no failure for
+    the Anthropic, Gemini or Azure keys the sandbox does not need, no hint to use --sandbox (it
+    was given), and no tokenizer warning whose fix (default_encoding) cannot apply to Claude or
+    Gemini models."""
+    from batchgrader.ops.doctor import OK, WARN, exit_code, run_checks
+
+    home.config_file.write_text(
+        "profiles:\n"
+        "  claude:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
+        "  gem:\n    provider: gemini\n    model: gemini-2.5-flash\n"
+        "  az:\n    provider: azure\n    model: my-deployment\n    azure_model: gpt-4o-mini\n"
+    )
+    home.config_file.chmod(0o600)
+    checks = run_checks(home, {"HOME": "/tmp"}, service_status=None, timeout=3.0, require_key=False, sandbox=True)
+    by = {c.name: c for c in checks}
+    assert exit_code(checks) == 0, [c for c in checks if c.status not in (OK, WARN)]
+    assert not [c for c in checks if "key" in c.name and c.status != OK]
+    assert by["api keys"].status == OK and "anthropic, azure, gemini, openai" in by["api keys"].detail
+    assert not [c for c in checks if "--sandbox" in c.fix]
+    for model in ("claude-haiku-4-5", "gemini-2.5-flash"):
+        assert by[f"tokenizer: {model}"].status == OK and "count_tokens" in by[f"tokenizer: {model}"].detail
+    assert all("default_encoding" not in c.fix for c in checks)

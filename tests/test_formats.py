@@ -58,8 +58,8 @@ def test_xlsx_second_sheet_end_to_end_keeps_values_and_types(home):
     assert wb.sheetnames == ["Notes", "Data"]
     assert [[c.value for c in r] for r in wb["Notes"].iter_rows()] == [["about", "total"], ["kept as is", "=1+2"]]
     rows = [[c.value for c in r] for r in wb["Data"].iter_rows()]
-    assert rows[0][:6] == ["id", "response", "when", "amount", "note", "grade"]
-    assert sorted(rows[0][6:8]) == ["label", "score"] and rows[0][8:] == ["input_tokens", "output_tokens", "error"]
+    assert rows[0][:7] == ["id", "response", "when", "amount", "note", "answered_by", "grade"]
+    assert sorted(rows[0][7:9]) == ["label", "score"] and rows[0][9:] == ["input_tokens", "output_tokens", "error"]
     at = {name: i for i, name in enumerate(rows[0])}
     original = [
         [1, "first answer", datetime.datetime(2024, 1, 2, 3, 4, 5), 1.5, None],
@@ -68,17 +68,17 @@ def test_xlsx_second_sheet_end_to_end_keeps_values_and_types(home):
         [3, "=HYPERLINK(1)", datetime.datetime(2022, 6, 1), 7, None],
     ]
     assert [r[:5] for r in rows[1:]] == original
-    assert rows[3][5:] == [None] * 6  # the empty row gets no result
+    assert rows[3][5:] == [None] * 7  # the empty row gets no result
     for r in (rows[1], rows[2], rows[4]):
         grade, score, label = r[at["grade"]], r[at["score"]], r[at["label"]]
         tin, tout, err = r[at["input_tokens"]], r[at["output_tokens"]], r[at["error"]]
-        assert err is None
+        assert err is None and r[at["answered_by"]] == "batch"
         assert isinstance(score, int) and not isinstance(score, bool)
         assert label in ("good", "bad")
         assert isinstance(tin, int) and tin > 0 and isinstance(tout, int) and tout > 0
         assert isinstance(grade, str) and grade.startswith("{")
     # added text cells are text, never formulas; input cells stay as they were
-    assert wb["Data"].cell(row=2, column=6).data_type == "s"
+    assert wb["Data"].cell(row=2, column=7).data_type == "s"
     assert wb["Data"].cell(row=2, column=3).is_date and wb["Data"].cell(row=3, column=4).value is None
 
 

@@ -74,3 +74,22 @@ def test_submit_copies_atomically_and_never_overwrites(home, tmp_path):
     assert second == home.inbox / "scored" / "data.csv"
     assert not [p for p in home.inbox.rglob(".*")]
     assert src.read_text() == first.read_text()
+
+
+def test_watchdogs_stop_race_line_does_not_reach_the_log(home, caplog):
+    """Issue 27, item 11: watchdog's "InotifyEmitter.queue_events() called when the thread is
+    inactive" (a harmless race when the watcher stops) no longer reaches stderr or the log."""
+    import logging
+    import threading
+
+    from batchgrader.pipeline.inbox import InboxWatcher
+
+    watcher = InboxWatcher(home, threading.Event())
+    watcher.start()
+    watcher.stop()
+    noisy = logging.getLogger("watchdog.observers.inotify")
+    with caplog.at_level(logging.ERROR):
+        noisy.error("InotifyEmitter.queue_events() called when the thread is inactive")
+        noisy.error("a real inotify problem")
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["a real inotify problem"]

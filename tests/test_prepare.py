@@ -174,10 +174,30 @@ def test_split_writes_every_request_once_in_order(tmp_path, home):
     home.config_file.write_text("split_row_limit: 500\n")
     out = tmp_path / "out"
     prep, files = split_file(f, load_config(home, environ={}).default, home, out)
-    assert [p.name for p in files] == ["data-chunk-0001.jsonl", "data-chunk-0002.jsonl", "data-chunk-0003.jsonl"]
+    assert [p.name for p in files] == ["data-chunk-0000.jsonl", "data-chunk-0001.jsonl", "data-chunk-0002.jsonl"]
     ids = [json.loads(l)["custom_id"] for p in files for l in p.read_text().splitlines()]
     assert ids == [default_custom_id(prep.sha256, i) for i in range(1, n + 1)]
     assert not list(out.glob(".*"))  # no temporary files left
+
+
+def test_split_writes_identical_rows_once_as_count_and_the_daemon_send_them(tmp_path, home):
+    """Issue 27, item 4: `split` writes what the daemon would send: 800 rows, 398 distinct."""
+    from batchgrader.pipeline.reuse import preview
+
+    texts = [f"essay {i % 398}" for i in range(800)]
+    f = csv_file(tmp_path, "response\n" + "\n".join(texts) + "\n")
+    home.config_file.write_text("split_row_limit: 150\n")
+    profile = load_config(home, environ={}).default
+    prep, files = split_file(f, profile, home, tmp_path / "out")
+    written = [json.loads(l) for p in files for l in p.read_text().splitlines()]
+    assert len(written) == 398 == sum(c.requests for c in prep.chunks) and prep.duplicate_rows == 402
+    assert len({r["body"]["messages"][-1]["content"] for r in written}) == 398
+    counted = preview(f, profile, home, prices=None, provider="openai", lookup=None)
+    assert counted["requests"] == 398 and [c["requests"] for c in counted["chunks"]] == [c.requests for c in prep.chunks]
+    assert [p.name for p in files] == [f"data-chunk-{c.index:04d}.jsonl" for c in prep.chunks]
+    home.config_file.write_text("split_row_limit: 150\nreuse_answers: false\n")  # reuse off: every row is sent
+    prep, files = split_file(f, load_config(home, environ={}).default, home, tmp_path / "out2")
+    assert sum(len(p.read_text().splitlines()) for p in files) == 800 and prep.duplicate_rows == 0
     assert not list(home.inbox.iterdir())  # chunk files never go into the inbox
 
 

@@ -354,7 +354,7 @@ def test_status_row_shape(fed: Home):
         assert need <= set(r)
         assert r["age_seconds"] >= 0
         for b in r["batches"]:
-            assert set(b) == {"chunk", "batch_id", "status", "request_counts"}
+            assert set(b) == {"chunk", "batch_id", "status", "request_counts", "requested_ts"}
     happy = queries.status(fed, "v1_happy")[0]
     assert happy["state"] == "completed" and happy["chunks_done"] == happy["chunks_total"] == 3
     assert [b["status"] for b in happy["batches"]] == ["done"] * 3
@@ -622,13 +622,18 @@ def test_render_status_shows_the_fallback_note(db: Path):
     assert "folded from the event log" in c.export_text()
 
 
-def test_render_events_one_line_each(fed: Home):
+def test_render_events_one_line_each_when_it_fits(fed: Home):
+    """One line per event; a payload too long for the line goes on the lines below, whole."""
     c = _console()
     evs = queries.events(fed, "v1_happy")
     render_events(evs, c)
     lines = [ln for ln in c.export_text().splitlines() if ln.strip()]
-    assert len(lines) == len(evs)
-    assert "JobCompleted" in lines[-1]
+    heads = [ln for ln in lines if not ln.startswith("        ")]
+    assert len(heads) == len(evs)
+    assert "JobCompleted" in heads[-1]
+    assert "…" not in c.export_text()
+    short = [h for h, e in zip(heads, evs) if e["type"] == "JobCompleted"]
+    assert "succeeded=" in short[0]  # a payload that fits stays on the event's line
 
 
 def test_render_costs_with_a_bar_chart(db: Path):

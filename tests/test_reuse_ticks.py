@@ -84,8 +84,8 @@ def test_identical_rows_in_one_file_are_sent_once(rig):
     assert job.succeeded_rows == 50 and job.duplicates_answered == 50 - distinct
     by_text: dict[str, set[tuple[str, str, str]]] = {}
     for r in rig.result_rows("dups_results.csv"):
-        by_text.setdefault(r["response"], set()).add((r["grade"], r["input_tokens"], r["output_tokens"]))
-    assert all(len(v) == 1 for v in by_text.values())  # every copy carries its leader's answer and counts
+        by_text.setdefault(r["response"], set()).add(r["grade"])
+    assert all(len(v) == 1 for v in by_text.values())  # every copy carries its leader's answer
 
 
 def _restart_after(rig: Rig, last: str) -> tuple[Rig, JobState]:
@@ -170,3 +170,20 @@ def test_answers_that_cannot_be_read_are_not_stored_and_the_job_still_ends(home)
     second = run_file(rig, "b.csv", TEXTS)
     assert second.cached_rows == 0 and second.requests == 12  # nothing was stored: sent again
     rig.close()
+
+
+def test_row_token_columns_sum_to_the_bill_and_say_how_each_row_was_answered(rig):
+    """Issue 27, item 7: a duplicate or reused row carries no billed tokens (its answer was paid
+    for once, by its leader or an earlier job), and ``answered_by`` says how it was answered."""
+    texts = [f"answer {i % 4}" for i in range(10)]  # 4 distinct, 6 duplicates
+    first = run_file(rig, "a.csv", texts)
+    rows = rig.result_rows("a_results.csv")
+    assert [r["answered_by"] for r in rows] == ["batch"] * 4 + ["duplicate"] * 6
+    assert all(r["input_tokens"] == "0" and r["output_tokens"] == "0" for r in rows[4:])
+    assert sum(int(r["input_tokens"]) for r in rows) == first.prompt_tokens > 0
+    assert sum(int(r["output_tokens"]) for r in rows) == first.completion_tokens > 0
+    second = run_file(rig, "b.csv", texts)  # every row answered from the stored answers: billed 0
+    rows = rig.result_rows("b_results.csv")
+    assert second.cost_usd == 0 and second.prompt_tokens == 0
+    assert {r["answered_by"] for r in rows[:4]} == {"reused"} and all(r["grade"] for r in rows)
+    assert sum(int(r["input_tokens"]) + int(r["output_tokens"]) for r in rows) == 0

@@ -393,8 +393,8 @@ def test_write_chunk_files_skips_oversized_and_names_files(tmp_path: Path):
     over = {o.position for o in oversized}
     assert over == {2, 8}
     paths = write_chunk_files((x for x in lines), chunks, over, tmp_path / "out", "job-7")
-    assert [p.name for p in paths] == [f"job-7-chunk-{i:04d}.jsonl" for i in range(1, len(chunks) + 1)]
-    assert paths[0].name == chunk_file_name("job-7", 0) == "job-7-chunk-0001.jsonl"
+    assert [p.name for p in paths] == [f"job-7-chunk-{i:04d}.jsonl" for i in range(len(chunks))]  # as the tables number them
+    assert paths[0].name == chunk_file_name("job-7", 0) == "job-7-chunk-0000.jsonl"
     for c, p in zip(chunks, paths):
         data = p.read_bytes()
         assert data == b"".join(lines[i] for i in chunk_positions(c, over))
@@ -410,7 +410,7 @@ def test_write_chunk_files_adds_missing_newline(tmp_path: Path):
 
 
 def test_write_chunk_files_replaces_existing_file(tmp_path: Path):
-    (tmp_path / "j-chunk-0001.jsonl").write_bytes(b"old\n")
+    (tmp_path / "j-chunk-0000.jsonl").write_bytes(b"old\n")
     chunks, _ = plan_chunks([1], [4], Limits(token_limit=10))
     (p,) = write_chunk_files([b"new\n"], chunks, set(), tmp_path, "j")
     assert p.read_bytes() == b"new\n"

@@ -65,8 +65,13 @@ def test_a_job_answered_from_the_store_runs_without_the_provider_sdk_or_the_emul
         jobs = sorted(fold(s.read()).jobs.values(), key=lambda j: j.created_ts)
     assert [j.ended for j in jobs] == ["completed", "completed"]
     assert jobs[1].cached_rows == 3 and jobs[1].requests == 0 and jobs[1].chunks == {}
-    a, b = (Path(j.result_path or "").read_bytes() for j in jobs)
-    assert a == b
+    import csv
+
+    a, b = (list(csv.DictReader(Path(j.result_path or "").open(encoding="utf-8"))) for j in jobs)
+    # the same answers; the second job's rows are reused and bill no token (issue 27, item 7)
+    assert [(r["id"], r["grade"], r["error"]) for r in a] == [(r["id"], r["grade"], r["error"]) for r in b]
+    assert [r["answered_by"] for r in b] == ["reused"] * 3
+    assert all(r["input_tokens"] == r["output_tokens"] == "0" for r in b)
 
 
 def test_a_deferred_provider_is_built_once_at_its_first_use_and_not_for_its_repr():

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from batchgrader.pipeline import tables
 from batchgrader.pipeline.formats import jsontext as text_reader
+from batchgrader.pipeline.formats.common import NOT_UTF8_FIX
 from batchgrader.pipeline.tables import (
     ExactFloat,
     InputError,
@@ -237,7 +238,7 @@ def test_csv_nul_byte(tmp_path):
 def test_csv_latin1_bytes(tmp_path):
     p = put(tmp_path, "data.csv", "id,name\n1,Jos\u00e9\n2,Ren\u00e9e\n".encode("latin-1"))
     e = error_of(p)
-    assert str(e) == ("data.csv: line 2: not valid UTF-8 (byte 0xe9 at column 6) — save the file as UTF-8")
+    assert str(e) == ("data.csv: line 2: not valid UTF-8 (byte 0xe9 at column 6) — " + NOT_UTF8_FIX)
 
 
 def test_csv_bad_byte_column_counts_characters(tmp_path):
@@ -609,7 +610,7 @@ def test_jsonl_nan_and_infinity_are_rejected(tmp_path, lit):
 
 def test_jsonl_invalid_utf8(tmp_path):
     p = put(tmp_path, "data.jsonl", b'{"a": "ok"}\n{"a": "Jos\xe9"}\n')
-    assert str(error_of(p)) == ("data.jsonl: line 2: not valid UTF-8 (byte 0xe9 at column 11) — save the file as UTF-8")
+    assert str(error_of(p)) == ("data.jsonl: line 2: not valid UTF-8 (byte 0xe9 at column 11) — " + NOT_UTF8_FIX)
 
 
 @pytest.mark.parametrize("data", [b"", b"\n \n\t\n", b"\xef\xbb\xbf\n"])
@@ -772,7 +773,7 @@ def test_json_duplicate_keys_and_nan(tmp_path):
 def test_json_invalid_utf8_reports_line_and_column(tmp_path, monkeypatch):
     monkeypatch.setattr(text_reader, "_CHUNK", 5)
     p = put(tmp_path, "data.json", b'[{"a": "x"},\n {"a": "Ren\xe9e"}]')
-    assert str(error_of(p)) == "data.json: line 2: not valid UTF-8 (byte 0xe9 at column 12) — save the file as UTF-8"
+    assert str(error_of(p)) == "data.json: line 2: not valid UTF-8 (byte 0xe9 at column 12) — " + NOT_UTF8_FIX
 
 
 def test_json_required_column(tmp_path):

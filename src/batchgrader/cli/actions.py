@@ -102,12 +102,14 @@ def check_submittable(file: Path) -> None:
 def submit_action(
     home: Home, file: Path, profile: str | None, load_config: Callable[[], Any], *, fresh: bool = False
 ) -> dict[str, Any]:
-    """`bgctl submit`: check the type and the profile, then copy into the inbox atomically."""
+    """`bgctl submit`: check the type, the profile and the file's contents (as `bgctl count` reads
+    them: an empty, undecodable or malformed file, or one without a column the prompts need, is
+    refused with count's message), then copy into the inbox atomically."""
     from batchgrader.pipeline.inbox import submit_file
+    from batchgrader.pipeline.prepare import check_input
 
     check_submittable(file)
-    if profile:
-        load_config().profile(profile)  # fail now on an unknown profile
+    check_input(file, load_config().profile(profile), home)  # an unknown profile fails here too
     dest = submit_file(home.ensure(), file, profile, fresh=fresh)
     daemon = daemon_info(home)
     when = (

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from batchgrader import __version__
+from batchgrader.cli.complete import complete_job_id, complete_profile
 from batchgrader.cli.errors import (
     EXIT_COUNT_PROBLEMS,
     EXIT_FAILURE,
@@ -72,7 +73,7 @@ def config() -> None:
 
 
 @config.command("show")
-@click.option("--profile", "-p", default=None, help="Profile to show (default: the top level).")
+@click.option("--profile", "-p", default=None, help="Profile to show (default: the top level).", shell_complete=complete_profile)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
@@ -88,7 +89,13 @@ def config_show(obj: Ctx, profile: str | None, as_json: bool) -> None:
 
 
 def _profile_opt(f):
-    return click.option("--profile", "-p", default=None, help="Profile from config.yaml (default: the top level).")(f)
+    return click.option(
+        "--profile",
+        "-p",
+        default=None,
+        help="Profile from config.yaml (default: the top level).",
+        shell_complete=complete_profile,
+    )(f)
 
 
 def _load(obj: Ctx, profile: str | None):
@@ -167,6 +174,7 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
     out_dir = out_dir or obj.home.work / "split" / file.stem
     prep, files = split_file(file, prof, obj.home, out_dir, prices=prices)
     summary = prep.summary(prices)
+    summary["duplicate_rows"] = prep.duplicate_rows
     for chunk, path in zip(summary["chunks"], files):
         chunk["path"] = str(path)
     emit_json(summary) if as_json else render_split(summary)
@@ -212,7 +220,7 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
     except DaemonError as exc:
         raise BgctlError(str(exc), exc.exit_code) from None
     if once:
-        render_summary(d.engine.state, sandbox)
+        render_summary(d.engine.state, sandbox, since=started)
         failed = sorted(j.job_id for j in d.engine.state.jobs.values() if j.ended == "failed" and j.updated_ts >= started)
         if code == 0 and failed:
             click.echo(f"bgctl: {len(failed)} job(s) failed: {', '.join(failed)} (exit {EXIT_JOBS_FAILED})", err=True)
@@ -221,7 +229,7 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option("--reason", default="cancelled by user", help="Recorded with the request.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -234,7 +242,7 @@ def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option("--reason", default="retry requested by user", help="Recorded with the request.")
 @click.option(
     "--max-completion-tokens",
@@ -266,7 +274,7 @@ def _answer(res: dict, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", required=False, shell_complete=complete_job_id)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every second until interrupted.")
 @click.option(
@@ -301,23 +309,15 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
             render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
         render_waiting(inbox, daemon_info(obj.home))
 
-    if not watch:
+    if not watch or job_id or as_json:
         return show()
-    import time
+    from batchgrader.cli.render_watch import watch_loop
 
-    from batchgrader.cli.render import console
-
-    try:
-        while True:
-            console.clear()
-            show()
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
+    watch_loop(obj.home, show_all, fixed_now())
 
 
 @cli.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", required=False, shell_complete=complete_job_id)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are recorded.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--last", type=int, default=None, help="Only the last N events.")
@@ -392,7 +392,7 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
 
 
 @cli.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option(
     "--html",
     "html_file",
@@ -570,7 +570,7 @@ def doctor(obj: Ctx, as_json: bool, sandbox: bool) -> None:
     from batchgrader.cli.render import make_console
     from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
 
-    checks = run_checks(obj.home, require_key=not sandbox)
+    checks = run_checks(obj.home, require_key=not sandbox, sandbox=sandbox)
     emit_json(checks_as_json(checks)) if as_json else render_checks(checks, make_console())
     sys.exit(exit_code(checks))
 

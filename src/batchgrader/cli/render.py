@@ -73,11 +73,11 @@ def _usd(v: float | None) -> str:
     return f"${v:,.4f}"
 
 
-def _chunk_table(summary: dict[str, Any], with_path: bool = False) -> Table:
+def _chunk_table(summary: dict[str, Any], with_path: bool = False, schema: bool = False) -> Table:
     t = Table(title="Chunk plan")
     t.add_column("chunk", justify="right")
     t.add_column("requests", justify="right")
-    t.add_column("input tokens", justify="right")
+    t.add_column("input tokens" + (" (without the schema)" if schema else ""), justify="right")
     t.add_column("bytes", justify="right")
     if with_path:
         t.add_column("file", overflow="fold")
@@ -124,7 +124,12 @@ def render_count(summary: dict[str, Any]) -> None:
     why = (summary.get("token_count") or {}).get("reason")
     if not exact and why:
         t.add_row("why an estimate", str(why))
-    t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
+    if schema:  # as priced: with the schema's tokens per request
+        per = float(schema["per_request"])
+        mean, top = round(summary["mean_request_tokens"] + per, 1), round(summary["max_request_tokens"] + per)
+        t.add_row("mean / max tokens per request (with the schema)", f"{mean:,} / {top:,}")
+    else:
+        t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
     t.add_row("chunks", str(len(summary["chunks"])))
     est = summary.get("estimated_cost_usd")
     if est:
@@ -136,7 +141,7 @@ def render_count(summary: dict[str, Any]) -> None:
     else:
         t.add_row("estimated cost", "[red]unknown[/red]")
     console.print(t)
-    console.print(_chunk_table(summary))
+    console.print(_chunk_table(summary, schema=bool(schema)))
     _problems(summary)
 
 
@@ -144,6 +149,11 @@ def render_split(summary: dict[str, Any]) -> None:
     console = make_console()
     console.print(_chunk_table(summary, with_path=True))
     console.print(f"{summary['requests']:,} requests, {summary['input_tokens']:,} input tokens in {len(summary['chunks'])} files")
+    if summary.get("duplicate_rows"):
+        console.print(
+            f"{summary['duplicate_rows']:,} rows identical to an earlier row are not written: sent once, as the daemon "
+            "does (stored answers of earlier jobs are not consulted; `bgctl count` shows those too)"
+        )
     _problems(summary)
 
 
@@ -185,10 +195,15 @@ def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
     return t
 
 
-def render_summary(state, sandbox: bool) -> None:  # noqa: ANN001
+def render_summary(state, sandbox: bool, since: str | None = None) -> None:  # noqa: ANN001
+    """The jobs of a ``daemon --once`` run: those with an event since ``since``."""
     from batchgrader.daemon.snapshot import take
 
-    make_console().print(jobs_table(take(state), sandbox, "Summary"))
+    snapshot = take(state, since)
+    if not snapshot.jobs:
+        make_console().print("Summary: no job had anything to do in this run.")
+        return
+    make_console().print(jobs_table(snapshot, sandbox, "Summary (this run's jobs)"))
 
 
 class LiveView:

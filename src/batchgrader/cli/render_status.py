@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from batchgrader.cli.fit import Col, fitted_table
+
 SIMULATED = "SIMULATED"
 
 STATE_STYLE = {
@@ -30,9 +32,9 @@ STATE_STYLE = {
 FINISHED = ("completed", "completed_with_errors", "failed", "cancelled")
 CHUNK_STYLE = {"done": "green", "failed": "red", "waiting": "magenta", "pending": "dim"}
 BLOCKS = " ▏▎▍▌▋▊▉█"
-# Below this many columns the status table drops its `batches` and `tokens` columns (shown by
-# `bgctl status JOB`), events put their payload on the lines below, so that ids, states and
-# counts stay whole and nothing a user pastes is broken.
+# Below this many columns `status JOB` drops its chunks' `tokens` column and events put their
+# payload on the lines below (ids and paths stay whole). The job and cost tables fit any width
+# with batchgrader.cli.fit.
 NARROW = 100
 
 
@@ -111,6 +113,64 @@ def batches_text(batches: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts) or "-"
 
 
+def rows_cell(r: dict[str, Any]) -> str:
+    """Rows answered of rows, then failed and reused rows, one short line each."""
+    lines = [f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"]
+    if r.get("failed"):
+        lines.append(f"{count(r.get('failed'))} failed")
+    if r.get("cached_rows"):
+        lines += [f"{count(r.get('requests'))} sent", f"{count(r.get('cached_rows'))} reused"]
+    return "\n".join(lines)
+
+
+def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[Col]:
+    """The columns of the job list.  Ids, states, chunks, rows and costs are whole at every width;
+    batches and tokens give way first, then the file name shrinks to the id, then the profile
+    and the age (see :mod:`batchgrader.cli.fit`)."""
+    width = max(len(r["job_id"]) for r in rows)  # ids are shown whole: `bgctl status <id>` opens that job
+    job = Col("job / file", min_width=max(width, 10), give_way=3)
+    profile = Col("profile", min_width=8, give_way=4, droppable=True)
+    state = Col("state")
+    chunks = Col("chunks", justify="right")
+    batches = Col("batches", give_way=1, droppable=True)
+    rows_col = Col("rows", justify="right")
+    tokens = Col("tokens", justify="right", give_way=2, droppable=True)
+    cost = Col("cost", justify="right")
+    age = Col("age", justify="right", give_way=5, droppable=True)
+    for r in rows:
+        sandbox = bool(r.get("sandbox"))
+        cell = Text(r["job_id"], style="bold")
+        cell.append("\n" + (r.get("file") or "-"), style="dim")
+        job.cells.append(cell)
+        profile.cells.append(r.get("profile") or "-")
+        state.cells.append(state_text(r["state"], sandbox, newline=True))
+        chunks.cells.append(f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}")
+        batches.cells.append(batches_text(r.get("batches") or []))
+        rows_col.cells.append(rows_cell(r))
+        est = "" if r.get("input_tokens_exact", True) else " (est.)"  # InputTokensCounted: not the provider's count
+        tokens.cells.append(f"{count(r.get('input_tokens'))} in{est}\n{count(r.get('output_tokens'))} out")
+        money_text = money(r.get("cost_usd")) + (f"\nsaved {money(r.get('saved_usd'))}" if r.get("saved_usd") else "")
+        cost.cells.append(Text(money_text, style="yellow" if sandbox else ""))
+        age.cells.append(duration(r.get("age_seconds")))
+    cols = [job, profile] if show_profile else [job]
+    return [*cols, state, chunks, batches, rows_col, tokens, cost, age]
+
+
+def progress_line(r: dict[str, Any]) -> str | None:
+    """``40/100 rows answered; expected to finish in about 12m (estimate: ...)`` for a job with
+    batches sent, or None."""
+    p = r.get("progress") or {}
+    if not p.get("sent") or r["state"] in FINISHED:
+        return None
+    line = f"{p['answered']:,}/{p['sent']:,} rows answered"
+    if r.get("eta_seconds") is not None:
+        when = "any moment now" if r["eta_seconds"] < 1 else f"in about {duration(r['eta_seconds'])}"
+        line += f"; expected to finish {when} (estimate: {r['eta_basis']})"
+    elif any(b.get("status") in ("validating", "in_progress", "finalizing") for b in r.get("batches") or ()):
+        line += f"; no finish estimate yet: no {r.get('model') or ''} batch has completed here to learn its run time"
+    return line
+
+
 def render_overview(overview: dict[str, Any], console: Console | None = None) -> None:
     """The `bgctl status` table from :func:`queries.status_overview`, with what was left out."""
     console = _console(console)
@@ -146,55 +206,14 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
         hidden = set(finished[: len(finished) - max_finished])
         rows = [r for i, r in enumerate(rows) if i not in hidden]
     show_profile = any((r.get("profile") or "default") != "default" for r in rows)
-    narrow = console.width < NARROW
-    t = Table(
-        title="BatchGrader jobs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False, collapse_padding=True
-    )
-    width = max(len(r["job_id"]) for r in rows)  # ids are shown whole: `bgctl status <id>` opens that job
-    t.add_column("job / file", no_wrap=True, min_width=max(12, width), max_width=max(18, width), overflow="ellipsis")
-    if show_profile:
-        t.add_column("profile", no_wrap=True, max_width=12 if narrow else 16, overflow="ellipsis")
-    t.add_column("state", no_wrap=True)
-    t.add_column("chunks", justify="right", no_wrap=True)
-    if not narrow:
-        t.add_column("batches", min_width=11, max_width=22)
-    t.add_column("rows", justify="right", no_wrap=True)
-    if not narrow:
-        t.add_column("tokens", justify="right", no_wrap=True)
-    t.add_column("cost", justify="right", no_wrap=True)
-    t.add_column("age", justify="right", no_wrap=True)
-    for r in rows:
-        sandbox = bool(r.get("sandbox"))
-        job = Text(r["job_id"], style="bold")
-        job.append("\n" + (r.get("file") or "-"), style="dim")
-        cells: list[Any] = [job]
-        if show_profile:
-            cells.append(r.get("profile") or "-")
-        cells += [state_text(r["state"], sandbox, newline=True), f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}"]
-        if not narrow:
-            cells.append(batches_text(r.get("batches") or []))
-        cells.append(
-            f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"
-            + (f"\n{count(r.get('failed'))} failed" if r.get("failed") else "")
-            + (f"\n{count(r.get('requests'))} sent, {count(r.get('cached_rows'))} cached" if r.get("cached_rows") else "")
-        )
-        if not narrow:
-            est = "" if r.get("input_tokens_exact", True) else " (est.)"  # InputTokensCounted: not the provider's count
-            cells.append(f"{count(r.get('input_tokens'))} in{est}\n{count(r.get('output_tokens'))} out")
-        cells += [
-            Text(
-                money(r.get("cost_usd")) + (f"\nsaved {money(r.get('saved_usd'))}" if r.get("saved_usd") else ""),
-                style="yellow" if sandbox else "",
-            ),
-            duration(r.get("age_seconds")),
-        ]
-        t.add_row(*_cells(*cells))
+    table, dropped = fitted_table(status_columns(rows, show_profile), console.width, title="BatchGrader jobs")
     if any(r.get("sandbox") for r in rows):
-        t.caption = f"{SIMULATED}: sandbox jobs, answered by the local emulator; their costs are not real."
-        t.caption_justify = "left"
-    console.print(t)
-    if narrow:
-        console.print(Text("(narrow terminal: batches and tokens are in `bgctl status <job>`)", style="dim"))
+        table.caption = f"{SIMULATED}: sandbox jobs, answered by the local emulator; their costs are not real."
+        table.caption_justify = "left"
+    console.print(table)
+    if dropped:
+        names = ", ".join(c.header for c in dropped)
+        console.print(Text(f"(not shown at this width: {names}; `bgctl status <job>` has them)", style="dim"))
     if hidden:
         by_state: dict[str, int] = {}
         for i in sorted(hidden):
@@ -207,6 +226,9 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
             )
         )
     for r in rows:
+        line = progress_line(r)
+        if line:
+            console.print(Text(f"{r['job_id']} {line}", style="cyan"), soft_wrap=True)
         if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
             console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
         q = r.get("queue")
@@ -247,6 +269,7 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
+        ("progress", progress_line(d)),
         (
             "input tokens (estimated)"
             if d.get("input_tokens_exact", True)
@@ -440,13 +463,15 @@ def render_events(events: Sequence[dict[str, Any]], console: Console | None = No
             if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected")
             else ("green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
         )
-        if narrow:  # the payload on its own lines, wrapped between words: paths stay whole
+        brief = _brief(e.get("payload") or {}, width=10**6)
+        if narrow or line.cell_len + 22 + len(brief) > console.width:
+            # the payload on its own lines, wrapped between words: ids and paths stay whole
             line.append(e["type"], style=style)
             console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
             _print_packed(_brief_parts(e.get("payload") or {}), console, indent=8)
             continue
         line.append(f"{e['type']:<22}", style=style)
-        line.append(_brief(e.get("payload") or {}))
+        line.append(brief)
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
 
@@ -462,6 +487,42 @@ def bar(value: float, maximum: float, width: int) -> str:
     return "█" * full + (BLOCKS[rest] if rest else "")
 
 
+def cost_columns(result: dict[str, Any]) -> list[Col]:
+    """The columns of ``bgctl costs``: the key (day, model or job id), counts and amounts are whole
+    at every width; the file name shrinks, then it and the cached tokens give way."""
+    rows = result.get("rows") or []
+    by = result.get("by", "day")
+    tot = result["totals"]
+    key = Col(by, footer="total", style="bold")
+    file = Col("file", min_width=8, give_way=2, droppable=True)
+    batches = Col("batches", justify="right", footer=count(tot["batches"]))
+    jobs = Col("jobs", justify="right", footer=count(tot["jobs"]))
+    prompt = Col("prompt", justify="right", footer=count(tot["prompt_tokens"]))
+    cached = Col("cached", justify="right", footer=count(tot["cached_tokens"]), give_way=1, droppable=True)
+    output = Col("output", justify="right", footer=count(tot["completion_tokens"]))
+    cost = Col("cost", justify="right", footer=money(tot["cost_usd"]))
+    simulated = Col(SIMULATED, justify="right", style="yellow", footer=money(tot.get("simulated_usd")))
+    saved = Col("saved", justify="right", style="green", footer=money(tot.get("saved_usd")))
+    simulated_saved = Col(f"saved {SIMULATED}", justify="right", style="yellow", footer=money(tot.get("simulated_saved_usd")))
+    for r in rows:
+        key.cells.append(str(r["key"]))
+        file.cells.append(r.get("file") or "-")
+        batches.cells.append(count(r["batches"]))
+        jobs.cells.append(count(r["jobs"]))
+        prompt.cells.append(count(r["prompt_tokens"]))
+        cached.cells.append(count(r["cached_tokens"]))
+        output.cells.append(count(r["completion_tokens"]))
+        cost.cells.append(money(r["cost_usd"]))
+        simulated.cells.append(money(r.get("simulated_usd")))
+        saved.cells.append(money(r.get("saved_usd")))
+        simulated_saved.cells.append(money(r.get("simulated_saved_usd")))
+    cols = [key] + ([file, batches] if by == "job" else [batches, jobs]) + [prompt, cached, output, cost]
+    for col, name in ((simulated, "simulated_usd"), (saved, "saved_usd"), (simulated_saved, "simulated_saved_usd")):
+        if any(r.get(name) for r in rows):
+            cols.append(col)
+    return cols
+
+
 def render_costs(result: dict[str, Any], console: Console | None = None, chart_width: int = 40) -> None:
     """The ``bgctl costs`` table and a bar chart of spend per day."""
     console = _console(console)
@@ -472,53 +533,11 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
         console.print(f"No billed usage {span}.")
         _note(result.get("note"), console)
         return
-    simulated = any(r.get("simulated_usd") for r in rows)
-    narrow = console.width < NARROW
-    saved = any(r.get("saved_usd") for r in rows)
-    simulated_saved = any(r.get("simulated_saved_usd") for r in rows)
-    t = Table(title=f"Billed usage by {by}, {span}", title_justify="left", show_footer=True, box=box.SIMPLE_HEAD, pad_edge=False)
-    tot = result["totals"]
-    t.add_column(by, footer="total", style="bold", no_wrap=True)
-    if by == "job" and not narrow:
-        t.add_column("file", no_wrap=True, max_width=20)
-    t.add_column("batches", justify="right", footer=count(tot["batches"]), no_wrap=True)
-    if by != "job":
-        t.add_column("jobs", justify="right", footer=count(tot["jobs"]), no_wrap=True)
-    t.add_column("prompt", justify="right", footer=count(tot["prompt_tokens"]), no_wrap=True)
-    if not narrow:
-        t.add_column("cached", justify="right", footer=count(tot["cached_tokens"]), no_wrap=True)
-    t.add_column("output", justify="right", footer=count(tot["completion_tokens"]), no_wrap=True)
-    t.add_column("cost", justify="right", footer=money(tot["cost_usd"]), no_wrap=True)
-    if simulated:
-        t.add_column(SIMULATED, justify="right", style="yellow", footer=money(tot["simulated_usd"]), no_wrap=True)
-    if saved:
-        t.add_column("saved", justify="right", style="green", footer=money(tot["saved_usd"]), no_wrap=True)
-    if simulated_saved:
-        t.add_column(
-            f"saved {SIMULATED}", justify="right", style="yellow", footer=money(tot["simulated_saved_usd"]), no_wrap=True
-        )
-    for r in rows:
-        cells = [str(r["key"])]
-        if by == "job" and not narrow:
-            cells.append(r.get("file") or "-")
-        cells.append(count(r["batches"]))
-        if by != "job":
-            cells.append(count(r["jobs"]))
-        cells.append(count(r["prompt_tokens"]))
-        if not narrow:
-            cells.append(count(r["cached_tokens"]))
-        cells += [count(r["completion_tokens"]), money(r["cost_usd"])]
-        if simulated:
-            cells.append(money(r["simulated_usd"]))
-        if saved:
-            cells.append(money(r.get("saved_usd")))
-        if simulated_saved:
-            cells.append(money(r.get("simulated_saved_usd")))
-        t.add_row(*_cells(*cells))
-    console.print(t)
-    if narrow:
-        left_out = "cached tokens" + (" and files" if by == "job" else "")
-        console.print(Text(f"(narrow terminal: {left_out} are in `bgctl costs --json`)", style="dim"))
+    table, dropped = fitted_table(cost_columns(result), console.width, title=f"Billed usage by {by}, {span}", footer=True)
+    console.print(table)
+    if dropped:
+        names = " and ".join(c.header for c in dropped)
+        console.print(Text(f"(not shown at this width: {names}; `bgctl costs --json` has them)", style="dim"))
 
     daily = result.get("daily") or []
     if daily:

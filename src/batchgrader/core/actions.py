@@ -16,13 +16,18 @@ from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_com
 # --- inputs ---------------------------------------------------------------------------------------
 
 
+OUTBOX_TIMER = -1  # the "chunk" of Timers.not_before that holds a job's next outbox write
+
+
 @dataclass(frozen=True)
 class Timers:
     """The daemon's timing state (not in the event log: it restarts fresh with the process).
 
     ``next_poll[(job, chunk)] = (due, delay)``; ``not_before[(job, chunk)]`` is the time before
-    which a refused chunk is not sent again; ``cancel_sent`` holds batch ids already cancelled;
-    ``dup_next[(job, chunk)]`` when a chunk created again is next listed for a late duplicate.
+    which a refused chunk is not sent again (``not_before[(job, OUTBOX_TIMER)]``: before which a
+    result that could not be written is not tried again); ``cancel_sent`` holds batch ids already
+    cancelled; ``dup_next[(job, chunk)]`` when a chunk created again is next listed for a late
+    duplicate.
 
     Every time here is on the monotonic clock, ``mono`` now (a wall-clock step moves no wait);
     ``mono=None``: the timers are on the clock of the ``now`` given to the rules (one clock)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from batchgrader.core import queue
 from batchgrader.core.actions import (
+    OUTBOX_TIMER,
     Action,
     Archive,
     CancelBatch,
@@ -60,7 +61,6 @@ from batchgrader.core.settle import CREATE_SETTLE_SLACK, create_settle_seconds  
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
-#: Row error codes never resubmitted automatically (the row can never be accepted as it is).
 #: Row codes never retried automatically (`bgctl retry` still sends them): the same request fails
 #: again the same way (a row over the limit; an answer cut off by the same output bound, or refused
 #: by the same model).
@@ -68,6 +68,10 @@ NEVER_RETRIED = frozenset({"request_too_large", "truncated", "refused"})
 #: Row error codes resubmitted only by `bgctl retry`: sending them again at once would fail the
 #: same way (the provider's queue stayed full through every round).
 RETRIED_ON_REQUEST = frozenset({"queue_full"})
+#: A row the provider answered with one of these HTTP statuses is not resent automatically: the
+#: request itself is refused (bad parameter, too long, invalid schema) and would fail again.
+#: `bgctl retry` still resends it (after the profile or the input was fixed).
+NEVER_RETRIED_STATUS = frozenset({400, 404, 413, 422})
 
 
 def resubmit_delay(poll_interval: float) -> float:
@@ -299,6 +303,7 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         and info.get("code") not in PAID_ANSWER_LOST
         and info.get("code") not in NEVER_RETRIED
         and info.get("code") not in RETRIED_ON_REQUEST
+        and info.get("status") not in NEVER_RETRIED_STATUS
     ]
 
 
@@ -337,8 +342,9 @@ def ending(job: JobState) -> tuple[str, dict[str, Any]]:
     """How a job whose chunks are all done ends: the final event and its payload."""
     succeeded = job.succeeded_rows
     failed = len(job.failed_rows) + len(job.row_errors)
-    if job.cancel_requested:
+    if job.cancel_requested and job.reopened_from in (None, "cancelled"):
         return "JobCancelled", {"succeeded": succeeded, "failed": failed}
+    # a cancelled `bgctl retry` leaves the job as its rows say (completed_with_errors, say), not cancelled
     halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
     if halted:
         return "JobFailed", {
@@ -478,7 +484,7 @@ def decide_job(
         if ids:
             out.append(PlanRetries(job_id, tuple(ids)))
             return out
-        out += _finish(job, config, store)
+        out += _finish(job, config, store, now, timers)
     elif store and not batches_in_flight(state):
         out += store  # ... and not while a batch runs: the end of a batch seen seconds late costs more
     return out
@@ -598,7 +604,9 @@ def _submit(
     return out + replans
 
 
-def _finish(job: JobState, config: Config, store: list[StoreAnswers]) -> list[Action]:
+def _finish(job: JobState, config: Config, store: list[StoreAnswers], now: float, timers: Timers) -> list[Action]:
+    if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
+        return []  # the result could not be written: tried again once the back-off has passed
     final, payload = ending(job)
     failed = final == "JobFailed"
     out: list[Action] = []

@@ -47,6 +47,7 @@ class FailedRow(TypedDict):
     custom_id: str
     code: str | None
     message: str | None
+    status: NotRequired[int]  # the HTTP status of the row's answer, when it had one (absent in older logs)
 
 
 # --- intake ----------------------------------------------------------------------------------------
@@ -424,6 +425,12 @@ class InputTokensCounted(TypedDict):
     reason: str | None
 
 
+class OutboxWriteFailed(TypedDict):
+    path: str
+    error: str
+    code: str
+
+
 #: event type -> its payload's TypedDict (every type of the catalogue)
 PAYLOADS: dict[str, type] = {
     t.__name__: t
@@ -479,5 +486,6 @@ PAYLOADS: dict[str, type] = {
         AnswersToStore,
         AnswersStored,
         InputTokensCounted,
+        OutboxWriteFailed,
     )
 }

@@ -327,7 +327,11 @@ EVENTS: dict[str, EventType] = {
             "RowsFailed",
             1,
             "merge",
-            {"chunk": "chunk index", "batch_id": "batch or null", "rows": "list of {custom_id, code, message}"},
+            {
+                "chunk": "chunk index",
+                "batch_id": "batch or null",
+                "rows": "list of {custom_id, code, message[, status: HTTP status]}",
+            },
         ),
         _t(
             "ChunkCompleted",
@@ -530,6 +534,16 @@ EVENTS: dict[str, EventType] = {
                 "source": "who counted: '<provider> counting endpoint' or 'estimate'",
                 "input_tokens": "the planned chunks' input tokens (as in JobPrepared)",
                 "reason": "why the counts are estimates (null when exact)",
+            },
+        ),
+        _t(
+            "OutboxWriteFailed",
+            1,
+            "outbox",
+            {
+                "path": "the file that could not be written (result or error report)",
+                "error": "what the user sees as the job's last error, e.g. 'cannot write the outbox: permission denied: PATH'",
+                "code": "the cause in one word: permission_denied, no_space, read_only, not_found or os_error",
             },
         ),
     ]

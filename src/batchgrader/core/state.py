@@ -142,6 +142,7 @@ class JobState:
     preflight_retry_at: float | None = None
     preflight_error: str | None = None
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
+    reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
     error_path: str | None = None
@@ -152,6 +153,7 @@ class JobState:
     recovered_since: float | None = None  # re-accepted from its work folder: search the provider first
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
     last_error: str | None = None
+    outbox_error: str | None = None  # OutboxWriteFailed.error until the result is written
     rejected: bool = False
     end_hook_seq: int | None = None  # JobEndHookStarted.end_seq: the on_job_end command ran for that end
     # reuse
@@ -441,7 +443,10 @@ def _tokens_used(s: State, job: JobState, p: P.TokensUsed, e: Event) -> None:
 
 def _rows_failed(s: State, job: JobState, p: P.RowsFailed, e: Event) -> None:
     for r in p["rows"]:
-        job.failed_rows[r["custom_id"]] = {"code": r["code"], "message": r["message"], "chunk": p["chunk"]}
+        info: dict[str, Any] = {"code": r["code"], "message": r["message"], "chunk": p["chunk"]}
+        if "status" in r:  # the HTTP status of the row's answer (absent in older logs)
+            info["status"] = r["status"]
+        job.failed_rows[r["custom_id"]] = info
 
 
 def _chunk_completed(s: State, job: JobState, p: P.ChunkCompleted, e: Event) -> None:
@@ -486,6 +491,10 @@ def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) 
 
 def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
+    if job.outbox_error is not None:  # written after all: the outbox error is over
+        if job.last_error == job.outbox_error:
+            job.last_error = None
+        job.outbox_error = None
 
 
 def _input_archived(s: State, job: JobState, p: P.InputArchived, e: Event) -> None:
@@ -539,6 +548,11 @@ def _preflight_unreachable(s: State, job: JobState, p: P.PreflightUnreachable, e
     job.last_error = f"{PREFLIGHT_UNREACHABLE} ({p['error']}); it is sent again"
 
 
+def _outbox_write_failed(s: State, job: JobState, p: P.OutboxWriteFailed, e: Event) -> None:
+    """The result could not be written (the daemon tries again later): the job's last error."""
+    job.last_error = job.outbox_error = p["error"]
+
+
 def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> None:
     """`bgctl retry`: a finished job goes back to work on its failed rows."""
     if job.held:
@@ -547,6 +561,8 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
     job.retry_bound = p.get("max_completion_tokens")
     if job.preflight == "failed":  # after a config change the preflight runs again
         job.preflight, job.preflight_attempts, job.preflight_error = None, 0, None
+    if job.ended:
+        job.reopened_from = job.ended
     job.ended = None
     job.error = None
     job.held = None
@@ -668,6 +684,7 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "ChunkFailed": _chunk_failed,
     "RetryPlanned": _retry_planned,
     "OutboxWriteStarted": _outbox_started,
+    "OutboxWriteFailed": _outbox_write_failed,
     "ResultWritten": _result_written,
     "InputArchived": _input_archived,
     "ProviderFilesDeleted": _provider_files_deleted,

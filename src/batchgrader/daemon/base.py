@@ -135,6 +135,7 @@ class EngineBase:
     _corrupt_logged: set[str] = field(default_factory=set)
     _effects_checked: set[str] = field(default_factory=set)
     _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
+    _outbox_failures: dict[str, int] = field(default_factory=dict)  # job -> results not written in a row
     _merge_here: set[tuple[str, int]] = field(default_factory=set)  # chunks whose merge worker failed
     _followers: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # job -> leader -> duplicates
     _answered: dict[str, Any] = field(default_factory=dict)  # job -> its ReusePlan, when no row is left to send

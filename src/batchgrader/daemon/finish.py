@@ -4,10 +4,12 @@ provider files, archive the input, fail a job, and redo final effects after a cr
 
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.actions import OUTBOX_TIMER
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
 from batchgrader.core.decide import WriteResult
 from batchgrader.core.state import JobState
@@ -15,7 +17,7 @@ from batchgrader.daemon import jobhook
 from batchgrader.daemon.base import _e, result_settings, stamp
 from batchgrader.daemon.intake import IntakeSteps
 from batchgrader.daemon.reuse import ReuseSteps
-from batchgrader.fsio import atomic_write, atomic_write_bytes, free_path, move_no_clobber
+from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, free_path, move_no_clobber
 from batchgrader.pipeline.formats.registry import format_spec
 from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_values
 from batchgrader.pipeline.prepare import default_custom_id
@@ -31,9 +33,50 @@ log = logging.getLogger("batchgrader.engine")
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
 
 
+OUTBOX_RETRY_FIRST = 5.0  # seconds before a result that could not be written is tried again
+OUTBOX_RETRY_MAX = 300.0
+_OUTBOX_CAUSES = {
+    errno.EACCES: ("permission_denied", "permission denied"),
+    errno.EPERM: ("permission_denied", "permission denied"),
+    errno.ENOSPC: ("no_space", "no space left on the device"),
+    errno.EDQUOT: ("no_space", "disk quota exceeded"),
+    errno.EROFS: ("read_only", "read-only file system"),
+    errno.ENOENT: ("not_found", "no such folder"),
+}
+
+
+def outbox_error(exc: OSError, path: str) -> tuple[str, str]:
+    """(code, message) for a result that could not be written, e.g. ``("permission_denied",
+    "cannot write the outbox: permission denied: /home/u/outbox/a_results.csv")``."""
+    code, cause = _OUTBOX_CAUSES.get(exc.errno or 0, ("os_error", exc.strerror or str(exc)))
+    return code, f"cannot write the outbox: {cause}: {path}"
+
+
 class FinishSteps(IntakeSteps, ReuseSteps):
     # --- finish ---------------------------------------------------------------------------------
     def _write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
+        """Write the result; one that cannot be written (a folder without write permission, a
+        full disk) is the job's last error (``OutboxWriteFailed``, recorded and logged once per
+        change of cause) and is tried again after a back-off of 5 s doubling up to 5 minutes."""
+        try:
+            self._write_outbox_once(job, a, now)
+        except OSError as exc:
+            job = self.state.jobs[job.job_id]
+            path = str(exc.filename or job.result_path or self.home.outbox)
+            if exc.filename and Path(exc.filename).name.startswith(TMP_PREFIX):
+                path = str(Path(exc.filename).parent)  # the temporary file: name its folder
+            code, error = outbox_error(exc, path)
+            n = self._outbox_failures.get(job.job_id, 0) + 1
+            self._outbox_failures[job.job_id] = n
+            self._not_before[(job.job_id, OUTBOX_TIMER)] = now + min(OUTBOX_RETRY_MAX, OUTBOX_RETRY_FIRST * 2 ** (n - 1))
+            if job.outbox_error != error:
+                log.warning("job %s: %s (tried again with a back-off)", job.job_id, error)
+                self.emit(job.job_id, _e("OutboxWriteFailed", path=path, error=error, code=code))
+            return
+        self._outbox_failures.pop(job.job_id, None)
+        self._not_before.pop((job.job_id, OUTBOX_TIMER), None)
+
+    def _write_outbox_once(self, job: JobState, a: WriteResult, now: float) -> None:
         """Name the result (and error report) in an intent event, write them, record them."""
         taken = job.outbox == "started" and bool(job.result_path) and self._outbox_owner(job.result_path or "", job.job_id)
         if taken:  # never accept another job's file as ours: record a new name
@@ -136,7 +179,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 json_values = spec.typed_cells
                 guard = fixed["csv_formula_guard"] and spec.formula_guard
                 types = added_column_types(cols, fixed["response_format"])
-                with TableWriter(f, reader, cols.names(), column_types=types) as w:
+                with TableWriter(f, reader, cols.written(), column_types=types) as w:
                     write_row, take, stored, sha = w.write, results.take, cached.get, job.sha256
                     for row in reader:
                         vals = row.values  # every reader yields a new dict per row

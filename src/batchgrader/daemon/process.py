@@ -33,6 +33,7 @@ from batchgrader.core.lock import AlreadyRunning as AlreadyRunning  # re-exporte
 from batchgrader.core.lock import DaemonError as DaemonError  # re-exported
 from batchgrader.core.lock import InstanceLock
 from batchgrader.core.secrets import EnvFileError, MaskSecrets
+from batchgrader.daemon.configwatch import ConfigWatch
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
@@ -201,6 +202,7 @@ class Daemon:
     stop_reason: str = "stopped"
     emulator: Any = None  # the sandbox's emulator process, started at the first provider call (see _sandbox_url)
     deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
+    config_watch: ConfigWatch | None = None  # config.yaml and pricing.csv as last loaded: an edit reloads them
     _intake_timer: threading.Timer | None = None  # wakes the daemon when an inbox file can be found stable
     _intake_due: float = 0.0
 
@@ -365,6 +367,7 @@ class Daemon:
         lock.acquire()
         self.emulator = None
         try:
+            self.config_watch = ConfigWatch([self.home.config_file, self.home.pricing_file])  # before the load it watches
             try:
                 config, prices = self._load()
             except (ConfigError, PricingError, EnvFileError) as exc:
@@ -455,6 +458,10 @@ class Daemon:
         if self.stop.is_set():
             return
         try:
+            edited = self.config_watch.changed() if self.config_watch is not None else []
+            if edited:
+                log.info("%s changed: reloading the configuration", ", ".join(p.name for p in edited))
+                self.reload_requested.set()
             if self.reload_requested.is_set():
                 self.reload_requested.clear()
                 try:

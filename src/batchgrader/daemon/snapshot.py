@@ -39,12 +39,15 @@ class Snapshot:
         return f"{'SANDBOX (simulated) ' if sandbox else ''}{len(active)} active jobs, {running} batches running, {finished} finished"
 
 
-def take(state: State) -> Snapshot:
-    """A snapshot of ``state``; call it on the thread that owns the state."""
+def take(state: State, since: str | None = None) -> Snapshot:
+    """A snapshot of ``state``; call it on the thread that owns the state.  ``since`` (an ISO
+    time): only the jobs with an event recorded since then (``daemon --once``: this run's jobs)."""
     from batchgrader.store.readmodels import chunk_label  # the same step names as `bgctl status`
 
     rows = []
     for j in sorted(state.jobs.values(), key=lambda j: j.created_ts):
+        if since is not None and (j.updated_ts or "") < since:
+            continue
         chunks = sorted(j.chunks.values(), key=lambda c: c.index)
         rows.append(
             JobRow(

@@ -185,6 +185,22 @@ def check_api_key(
     return Check("api key", OK, detail)
 
 
+def sandbox_checks(config: Config | None, env: Mapping[str, str]) -> list[Check]:
+    """The key and endpoint checks for ``bgctl daemon --sandbox``: none is needed, since the
+    built-in emulator answers every provider the profiles use; one line says so."""
+    providers = ["openai"]
+    if config is not None:
+        providers = sorted({str(p.values["provider"]) for p in (config.default, *config.profiles.values())})
+    return [
+        Check(
+            "api keys",
+            OK,
+            f"not needed in the sandbox: the built-in emulator answers for {', '.join(providers)} "
+            "(SIMULATED results, no cost); `bgctl doctor` without --sandbox checks the real keys",
+        )
+    ]
+
+
 # --- 3. the base URL answers -------------------------------------------------------------------
 
 
@@ -338,6 +354,29 @@ def check_model_settings(config: Config | None) -> list[Check]:
     return [Check("model settings", FAIL, p, fix) for p in problems]
 
 
+_COUNTING_ENDPOINT = {"anthropic": "Anthropic's messages.count_tokens", "gemini": "Gemini's models.count_tokens"}
+
+
+def _counted_by_provider(config: Config) -> dict[str, Check]:
+    """model -> its tokenizer check, for the models only Anthropic or Gemini profiles use: their
+    tokens are counted by the provider's counting endpoint (tiktoken is only a stand-in estimate
+    there, and default_encoding cannot make it exact, so no warning suggests it)."""
+    providers: dict[str, set[str]] = {}
+    for prof in [config.default, *config.profiles.values()]:
+        model = (prof.get("azure_model") or prof.model) if prof.get("provider") == "azure" else prof.model
+        providers.setdefault(model, set()).add(str(prof.get("provider") or "openai"))
+    out = {}
+    for model, used in providers.items():
+        if len(used) == 1 and (provider := next(iter(used))) in _COUNTING_ENDPOINT:
+            out[model] = Check(
+                f"tokenizer: {model}",
+                OK,
+                f"counted by {_COUNTING_ENDPOINT[provider]} endpoint (needs the key; without it `bgctl count` "
+                "shows a tiktoken ESTIMATE and says so)",
+            )
+    return out
+
+
 def check_encodings(config: Config | None, loader: EncodingLoader | None = None) -> list[Check]:
     from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding, tokenizer_for_model
 
@@ -345,7 +384,11 @@ def check_encodings(config: Config | None, loader: EncodingLoader | None = None)
     if config is None:
         return [Check("tokenizer", WARN, "not checked: config.yaml does not load", "fix the config check first")]
     out = []
+    counted_by_provider = _counted_by_provider(config)
     for model, users in configured_models(config).items():
+        if model in counted_by_provider:
+            out.append(counted_by_provider[model])
+            continue
         by_encoding: dict[str, list[tuple[str, str]]] = {}
         for profile, default_encoding in users:
             by_encoding.setdefault(tokenizer_for_model(model, default_encoding).encoding, []).append((profile, default_encoding))
@@ -460,6 +503,7 @@ def run_checks(
     encoding_loader: EncodingLoader | None = None,
     service_status: ServiceStatus | None | Literal["auto"] = "auto",
     require_key: bool = False,
+    sandbox: bool = False,
 ) -> list[Check]:
     """Run every check, in order: config, api key, secrets file, base url, pricing (per model),
     tokenizer (per model), home permissions, database, daemon.
@@ -468,7 +512,8 @@ def run_checks(
     call and the service manager query.  ``encoding_loader`` replaces
     :func:`batchgrader.tokens.get_encoding` (tests); ``service_status`` replaces the service
     manager query (``None``: do not query it).  ``require_key``: a missing API key fails (see
-    :func:`check_api_key`)."""
+    :func:`check_api_key`).  ``sandbox`` (``bgctl doctor --sandbox``): the checks for
+    ``bgctl daemon --sandbox``, which needs no key and calls no provider (:func:`sandbox_checks`)."""
     base_env = dict(os.environ if environ is None else environ)
     secrets_check, env, file_secrets = check_secrets_file(home, base_env)
     from_file = {k: v for k, v in env.items() if base_env.get(k) != v}
@@ -486,13 +531,16 @@ def run_checks(
     if service_status == "auto":
         service_status = _default_service_status(env, timeout)
 
-    checks = [config_check, check_api_key(home, config, env, from_file, require_key), secrets_check]
-    checks.append(check_base_url(config, timeout))
-    checks += check_anthropic(config, timeout)
-    from batchgrader.ops.doctor_gemini import check_gemini
+    if sandbox:  # the emulator answers every provider: no key, no endpoint to check
+        checks = [config_check, *sandbox_checks(config, env), secrets_check]
+    else:
+        checks = [config_check, check_api_key(home, config, env, from_file, require_key), secrets_check]
+        checks.append(check_base_url(config, timeout))
+        checks += check_anthropic(config, timeout)
+        from batchgrader.ops.doctor_gemini import check_gemini
 
-    checks += check_gemini(config, timeout, _scrubber(secrets))
-    checks += check_azure(config, timeout)
+        checks += check_gemini(config, timeout, _scrubber(secrets))
+        checks += check_azure(config, timeout)
     checks += check_pricing(home, config)
     checks += check_model_settings(config)
     checks += check_encodings(config, encoding_loader)

@@ -10,6 +10,7 @@ crash between the two is recovered at start-up from the work folder.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -227,12 +228,26 @@ def submit_file(home: Home, src: Path, profile: str | None = None, fresh: bool =
     return dest
 
 
+class _StopRace(logging.Filter):
+    """Drops watchdog's "queue_events() called when the thread is inactive": logged (as an error)
+    when its reading thread wakes up after :meth:`InboxWatcher.stop` deactivated it, a race
+    that loses nothing (the daemon is stopping and scans the inbox at its next start)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in str(record.msg)
+
+
+_STOP_RACE = _StopRace()
+
+
 class InboxWatcher:
     """A watchdog observer whose only job is to wake the daemon; scanning does the rest."""
 
     def __init__(self, home: Home, wake: threading.Event):
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
+
+        logging.getLogger("watchdog.observers.inotify").addFilter(_STOP_RACE)  # once: a filter is added once
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:  # noqa: ANN001

@@ -60,13 +60,21 @@ def outcome_record(o: Any, schema: Mapping[str, Any] | None = None) -> dict[str,
     return rec
 
 
+def failed_row(custom_id: str, code: Any, message: Any, status: int | None) -> dict[str, Any]:
+    """A ``RowsFailed`` row; ``status``: the HTTP status of the row's answer, when it had one."""
+    row: dict[str, Any] = {"custom_id": custom_id, "code": code, "message": message}
+    if status is not None:
+        row["status"] = status
+    return row
+
+
 @dataclass(frozen=True)
 class StreamedMerge:
     """What :meth:`ChunkSpool.write` wrote: the figures of the chunk's rows and of their
     duplicates (rows of the same file that take a leader's outcome)."""
 
     rows: int
-    failed_rows: list[dict[str, Any]]  # {custom_id, code, message}
+    failed_rows: list[dict[str, Any]]  # {custom_id, code, message[, status]}
     usage: dict[str, int]  # summed over the rows billed: answered, and answered but failed (truncated, refused, ...)
     duplicates: int = 0
     duplicates_failed: list[dict[str, Any]] = field(default_factory=list)
@@ -102,7 +110,7 @@ class ChunkSpool:
         self.at = array("q")  # per slot: the record's offset in the spool ...
         self.size = array("q")  # ... its size with its newline ...
         self.figures = array("q")  # ... and FIGURES numbers: ok, the USAGE_KEYS tokens, cache-write tokens
-        self.errors: dict[int, tuple[Any, Any]] = {}  # slot of a failed row -> (error code, message)
+        self.errors: dict[int, tuple[Any, Any, Any]] = {}  # slot of a failed row -> (error code, message, HTTP status)
         self.spool: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
 
     def read(self, outcomes: Iterable[Any]) -> None:
@@ -123,7 +131,7 @@ class ChunkSpool:
                 else:
                     self.figures.extend((0,) * FIGURES)
                 if not rec["ok"]:
-                    self.errors[slot] = (rec.get("error_code"), rec.get("error_message"))
+                    self.errors[slot] = (rec.get("error_code"), rec.get("error_message"), o.status_code)
                 spool.write(line)
                 at += len(line)
 
@@ -183,7 +191,7 @@ def _write_in_order(
             rec: dict[str, Any] | None = {"custom_id": cid, "ok": False, "error_code": missing_code, "error_message": missing_msg}
             line = dumps(rec).encode("utf-8") + b"\n"
             ok, pt, ct, comp, rt, cw = 0, 0, 0, 0, 0, 0
-            code, message = missing_code, missing_msg
+            code, message, http = missing_code, missing_msg, None
         else:
             at = sp.at[slot]
             if at != pos:
@@ -192,14 +200,14 @@ def _write_in_order(
             pos = at + len(line)
             rec = None
             ok, pt, ct, comp, rt, cw = figures[slot * FIGURES : slot * FIGURES + FIGURES]
-            code, message = sp.errors.get(slot, (None, None))
+            code, message, http = sp.errors.get(slot, (None, None, None))
         write(line)
         usage = (pt, ct, comp, rt)  # in USAGE_KEYS order; zeros for a row not billed
         for k, v in zip(USAGE_KEYS, usage, strict=True):
             totals[k] += v
         writes += cw
         if not ok:
-            failed.append({"custom_id": cid, "code": code, "message": message})
+            failed.append(failed_row(cid, code, message, http))
         for dup in followers.get(cid, ()) if followers else ():
             if dup in wanted:
                 continue  # a duplicate resent in a retry chunk has its own outcome
@@ -209,7 +217,7 @@ def _write_in_order(
             for k, v in zip(USAGE_KEYS, usage, strict=True):
                 dup_totals[k] += v
             if not ok:
-                dup_failed.append({"custom_id": dup, "code": code, "message": message})
+                dup_failed.append(failed_row(dup, code, message, http))
     for line in dup_lines:
         write(line + b"\n")
     return StreamedMerge(

@@ -29,6 +29,11 @@ def error_name(input_name: str) -> str:
 # --- result rows --------------------------------------------------------------------------------
 
 
+#: ``answered_by``: how a row got its answer.  Only ``batch`` rows were billed in this job; the
+#: token columns of ``duplicate`` and ``reused`` rows are 0, so each column sums to the bill.
+ANSWERED_BY = {None: "batch", "duplicate": "duplicate", "cache": "reused"}
+
+
 @dataclass(frozen=True)
 class AddedColumns:
     output: str
@@ -36,9 +41,16 @@ class AddedColumns:
     input_tokens: str
     output_tokens: str
     error: str
+    answered_by: str = "answered_by"
 
     def names(self) -> list[str]:
+        """The added columns after the input's columns, in order (``answered_by`` is
+        written before them: :meth:`written`)."""
         return [self.output, *(c for _f, c in self.fields), self.input_tokens, self.output_tokens, self.error]
+
+    def written(self) -> list[str]:
+        """Every added column as the result file has them: ``answered_by`` then :meth:`names`."""
+        return [self.answered_by, *self.names()]
 
 
 def added_columns(input_columns: Iterable[str], output_column: str, response_format: Mapping[str, Any] | None) -> AddedColumns:
@@ -57,7 +69,7 @@ def added_columns(input_columns: Iterable[str], output_column: str, response_for
     if isinstance(schema, Mapping):
         for f in schema.get("properties") or {}:
             fields.append((f, name(f)))
-    return AddedColumns(out_col, tuple(fields), name("input_tokens"), name("output_tokens"), name("error"))
+    return AddedColumns(out_col, tuple(fields), name("input_tokens"), name("output_tokens"), name("error"), name("answered_by"))
 
 
 _SCHEMA_TYPES = {"integer": "int64", "number": "double", "boolean": "bool", "string": "string"}
@@ -71,6 +83,7 @@ def added_column_types(cols: AddedColumns, response_format: Mapping[str, Any] | 
     its non-null type); anything else (objects, arrays, unions) is its JSON text.
     """
     types = {cols.output: "string", cols.input_tokens: "int64", cols.output_tokens: "int64", cols.error: "string"}
+    types[cols.answered_by] = "string"
     schema = (response_format or {}).get("json_schema", {}).get("schema") if response_format else None
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     for f, c in cols.fields:
@@ -86,10 +99,13 @@ def added_column_types(cols: AddedColumns, response_format: Mapping[str, Any] | 
 def result_values(
     cols: AddedColumns, outcome: Mapping[str, Any] | None, row_error: str | None, json_values: bool
 ) -> dict[str, Any]:
-    """The added cells of one row. ``outcome`` is a stored per-row result (or None)."""
+    """The added cells of one row. ``outcome`` is a stored per-row result (or None).  The token
+    cells are what was billed for the row in this job: 0 for a row answered by an identical row
+    (``duplicate``) or a stored answer (``reused``), whose tokens were billed once, elsewhere."""
     out: dict[str, Any] = {}
     blank: Any = None if json_values else ""
     if outcome and outcome.get("ok"):
+        out[cols.answered_by] = ANSWERED_BY.get(outcome.get("reused"), "batch")
         content = outcome.get("content")
         out[cols.output] = content if content is not None else blank
         parsed: Any = None
@@ -105,6 +121,8 @@ def result_values(
             else:
                 out[c] = "" if v is None else v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
         pt, ct = outcome.get("prompt_tokens"), outcome.get("completion_tokens")
+        if outcome.get("reused"):
+            pt = ct = 0  # billed once, for the row (or the earlier job) that answered it
         out[cols.input_tokens] = pt if json_values else ("" if pt is None else str(pt))
         out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
         out[cols.error] = blank
@@ -113,8 +131,15 @@ def result_values(
         out[cols.output] = partial if isinstance(partial, str) and partial else blank
         for _f, c in cols.fields:
             out[c] = blank
-        out[cols.input_tokens] = blank
-        out[cols.output_tokens] = blank
+        if outcome is not None and outcome.get("status_code") == 200:  # answered, not an answer (truncated, ...): billed
+            out[cols.answered_by] = ANSWERED_BY.get(outcome.get("reused"), "batch")
+            pt, ct = (0, 0) if outcome.get("reused") else (outcome.get("prompt_tokens"), outcome.get("completion_tokens"))
+            out[cols.input_tokens] = pt if json_values else ("" if pt is None else str(pt))
+            out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
+        else:
+            out[cols.answered_by] = blank
+            out[cols.input_tokens] = blank
+            out[cols.output_tokens] = blank
         if row_error is None and outcome is not None:
             row_error = f"{outcome.get('error_code') or 'error'}: {outcome.get('error_message') or ''}".strip()
         out[cols.error] = row_error or "no result (row was not processed)"

@@ -24,7 +24,7 @@ from batchgrader.pipeline.labels import check_columns, label_checker, label_erro
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
-from batchgrader.pipeline.tables import InputError, open_table, text_of
+from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
 ENDPOINT = "/v1/chat/completions"
@@ -128,6 +128,7 @@ class Preparation:
     warnings: list[str] = field(default_factory=list)
     max_completion_tokens: int = 0
     response_format: dict[str, Any] | None = None
+    duplicate_rows: int = 0  # rows left out of split's chunk files: identical to an earlier row (sent once)
 
     @property
     def requests(self) -> int:
@@ -363,7 +364,75 @@ class _Counting:
             self._pool.close()
 
 
+def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec) -> InputError:
+    """``exc`` with the fix named: which setting asks for the column, and the file's closest
+    column to set it to (or to rename)."""
+    import difflib
+
+    name = exc.column or ""
+    why = []
+    if name == profile.response_field:
+        why.append("`response_field`")
+    if name in spec.user_fields:
+        why.append(f"the `user_prompt` placeholder {{{name}}}")
+    if name == profile.id_column:
+        why.append("`id_column`")
+    if not why:
+        return exc
+    where = "config.yaml" if profile.name == "default" else f"profile {profile.name!r} in config.yaml"
+    close = difflib.get_close_matches(name, exc.available, n=1, cutoff=0.3)
+    target = f"{close[0]!r} (the closest column)" if close else "one of the file's columns"
+    them = "it" if len(why) == 1 else "them"
+    advice = (
+        f"this column is asked for by {' and '.join(why)} ({where}): change {them} to {target}, or rename the column in the file"
+    )
+    return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
+
+
+def check_input(path: Path, profile: Profile, home: Home) -> int:
+    """Read ``path`` through as :func:`prepare` would (its format, encoding, sheet and the
+    columns the profile's prompts need), without counting tokens: the number of rows, or the
+    :class:`InputError` :func:`prepare` (and ``bgctl count``) would raise for an empty,
+    undecodable or malformed file, or one without a required column.  For ``bgctl submit``."""
+    builder = RequestBuilder(profile, home, "0" * 64)
+    rows = 0
+    try:
+        with open_table(
+            Path(path),
+            required_columns=builder.required_columns(),
+            sheet=profile.get("sheet"),
+            encoding=profile.get("encoding", "utf-8"),
+        ) as reader:
+            for _row in reader:
+                rows += 1
+    except MissingColumn as exc:
+        raise missing_column_advice(exc, profile, builder.spec) from None
+    return rows
+
+
 def prepare(
+    path: Path,
+    profile: Profile,
+    home: Home,
+    *,
+    requests_out: IO[bytes] | None = None,
+    prices: PriceTable | None = None,
+    file_hash: str | None = None,
+    limits: Limits | None = None,
+    reuse: ReuseProbeLike | None = None,
+) -> Preparation:
+    """Stream ``path`` once; count every request exactly; plan the chunks (:func:`_prepare`).  A
+    required column missing from the file names the setting that asks for it and the closest
+    column (:func:`missing_column_advice`)."""
+    try:
+        return _prepare(
+            path, profile, home, requests_out=requests_out, prices=prices, file_hash=file_hash, limits=limits, reuse=reuse
+        )
+    except MissingColumn as exc:
+        raise missing_column_advice(exc, profile, resolve_prompts(profile, home)) from None
+
+
+def _prepare(
     path: Path,
     profile: Profile,
     home: Home,
@@ -555,14 +624,34 @@ def oversized_positions(prep: Preparation) -> set[int]:
 def split_file(
     path: Path, profile: Profile, home: Home, out_dir: Path, prices: PriceTable | None = None
 ) -> tuple[Preparation, list[Path]]:
-    """`bgctl split`: prepare, then write batch-ready chunk files into ``out_dir``."""
+    """`bgctl split`: prepare, then write batch-ready chunk files into ``out_dir``: what the
+    daemon would send for this file, so identical rows are written once (unless the profile
+    turns reuse off), as ``bgctl count`` counts them.  Stored answers of earlier jobs are not
+    consulted (a split is for the file alone); ``prep.duplicate_rows`` counts the rows left out.
+    Files are numbered as the tables number chunks: ``NAME-chunk-0000.jsonl`` is chunk 0."""
+    from batchgrader.core.decide import reuse_allowed
+    from batchgrader.pipeline.reuse import plan_reuse, replan
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{path.name}.requests.tmp"
     try:
         with open(tmp, "wb") as f:
             prep = prepare(path, profile, home, requests_out=f, prices=prices)
-        files = write_chunk_files(iter_lines(tmp), prep.chunks, oversized_positions(prep), out_dir, Path(path).stem)
+        skip = oversized_positions(prep)
+        plan = plan_reuse(iter_lines(tmp), "split", skip, None, dedupe=True) if reuse_allowed(profile) else None
+        if plan is not None and plan.followers:
+            window = profile.context_window
+            if window is None and prices is not None:
+                price = prices.find(profile.model)
+                window = price.context_window if price else None
+            prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits_for(profile, window))
+            prep.duplicate_rows = len(plan.followers)
+            keep = set(plan.keep)
+            lines = (line for pos, line in enumerate(iter_lines(tmp)) if pos in keep)
+            files = write_chunk_files(lines, prep.chunks, (), out_dir, Path(path).stem)
+        else:
+            files = write_chunk_files(iter_lines(tmp), prep.chunks, skip, out_dir, Path(path).stem)
     finally:
         if tmp.exists():
             os.unlink(tmp)

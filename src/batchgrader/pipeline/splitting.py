@@ -398,8 +398,9 @@ def chunk_positions(chunk: Chunk, oversized_positions: Container[int]) -> Iterat
 
 
 def chunk_file_name(prefix: str, index: int) -> str:
-    """File name of chunk ``index`` (0-based); the number in the name is 1-based: ``{prefix}-chunk-0001.jsonl``."""
-    return f"{prefix}-chunk-{index + 1:04d}.jsonl"
+    """File name of chunk ``index``, numbered as the tables (`count`, `split`, `status JOB`) and
+    the events number chunks, from 0: ``{prefix}-chunk-0000.jsonl`` is chunk 0."""
+    return f"{prefix}-chunk-{index:04d}.jsonl"
 
 
 def write_chunk_files(

@@ -107,6 +107,7 @@ from batchgrader.pipeline.formats.common import (
     Format,
     InputError,
     Layout,
+    MissingColumn,
     Row,
     defuse_formula,
     text_of,
@@ -116,6 +117,7 @@ from batchgrader.pipeline.formats.registry import FORMATS, ReadOptions, WriteOpt
 from batchgrader.pipeline.formats.text import TableReader
 
 __all__ = [
+    "MissingColumn",
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_MAX_FIELD_SIZE",
     "DEFAULT_MAX_RECORD_SIZE",

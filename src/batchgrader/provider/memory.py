@@ -60,6 +60,10 @@ OPERATIONS = (
 FAULT_KINDS = ("lost", "dropped", "refused", "unavailable")
 
 
+# The HTTP status of a row error, as the real API answers it (a code not listed: 400, a bad request).
+ROW_ERROR_STATUS = {"server_error": 500, "rate_limit_exceeded": 429, "timeout": 504, "service_unavailable": 503}
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str  # lost | dropped | refused | unavailable
@@ -374,7 +378,7 @@ class MemoryProvider:
             "id": self._new_id("batch_req"),
             "custom_id": cid,
             "response": {
-                "status_code": 400,
+                "status_code": ROW_ERROR_STATUS.get(code, 400),
                 "request_id": self._new_id("req"),
                 "body": {"error": {"code": code, "message": message}},
             },

@@ -28,6 +28,7 @@ from batchgrader.store import readside
 if TYPE_CHECKING:
     from batchgrader.core.state import JobState
 from batchgrader.store.eventstore import EVENT_COLUMNS, connect, events_from_rows, json_loads_many
+from batchgrader.store.runtimes import attach_progress
 
 HomeLike = Home | str | os.PathLike[str]
 
@@ -269,13 +270,14 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
                 rows.sort(key=_ORDER_KEY)
             else:
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
-            return _attach_queue(_present(rows, now, SOURCE_READ_MODEL, None), queue_limits(conn))
+            found = _attach_queue(_present(rows, now, SOURCE_READ_MODEL, None), queue_limits(conn))
+            return attach_progress(found, conn, now)
         from batchgrader.store import readmodels as rm  # the fold: only when the read model cannot answer
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
         found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, _fallback_note(problem))
-        return _attach_queue(found, _limits_of_state(state))
+        return attach_progress(_attach_queue(found, _limits_of_state(state)), conn, now)
 
 
 FINISHED_STATES = ("completed", "completed_with_errors", "failed", "cancelled")
@@ -298,7 +300,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
             finished = conn.execute(sql.format(""), (*FINISHED_STATES, finished_limit)).fetchall()
             rows = sorted(active + finished, key=_ORDER_KEY)
             jobs, source, note = _present(rows, now, SOURCE_READ_MODEL, None), SOURCE_READ_MODEL, None
-            _attach_queue(jobs, queue_limits(conn))
+            attach_progress(_attach_queue(jobs, queue_limits(conn)), conn, now)
         else:
             everything = status(home, now=now)
             counts = {}
@@ -350,8 +352,9 @@ def job_detail(
             f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?) ORDER BY seq",
             (jid, recent_events),
         )
-    job: JobState = state.jobs[jid]
-    (out,) = _present([tuple(rm.job_row(job).values())], now, SOURCE_LOG, None, tuple(rm.JOB_STATUS_COLUMNS))
+        job: JobState = state.jobs[jid]
+        (out,) = _present([tuple(rm.job_row(job).values())], now, SOURCE_LOG, None, tuple(rm.JOB_STATUS_COLUMNS))
+        attach_progress([out], conn, now)
     out.update(
         {
             "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
@@ -368,6 +371,18 @@ def job_detail(
         }
     )
     return out
+
+
+def job_ids(home: HomeLike, prefix: str = "", limit: int = 200) -> list[tuple[str, str | None, str]]:
+    """``(job_id, file, state)`` of the jobs whose id starts with ``prefix``, newest first (for
+    shell completion: from the read model only, never a fold)."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    with reading(home) as conn:
+        rows = conn.execute(
+            "SELECT job_id, file, state FROM job_status WHERE job_id LIKE ? ESCAPE '\\' ORDER BY created_ts DESC LIMIT ?",
+            (escaped + "%", limit),
+        ).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
 
 
 # --- events ----------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from batchgrader.store.readside import (  # noqa: F401 - re-exported: the cheap 
     log_last_seq,
     projection_last_seq,
 )
+from batchgrader.store.runtimes import BATCH_RUN_COLUMNS, batch_run_row
 
 # Column -> SQLite type.  The order is the INSERT order; migrations create exactly these.
 JOB_STATUS_COLUMNS: dict[str, type] = {
@@ -155,6 +156,11 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
         if "input_tokens_exact" not in db["job_status"].columns_dict:
             db["job_status"].add_column("input_tokens_exact", int)
 
+    @m(name="0006_batch_runs")
+    def _m0006(db) -> None:  # noqa: ANN001 - batch run times, for the ETA of running jobs (issue 27)
+        db["batch_runs"].create(dict(BATCH_RUN_COLUMNS), pk="batch_id", if_not_exists=True)
+        db["batch_runs"].create_index(["model", "ts"], if_not_exists=True)
+
     return m
 
 
@@ -208,7 +214,13 @@ def chunk_label(c: ChunkState) -> str:
 def chunk_row(c: ChunkState) -> dict[str, Any]:
     """A chunk in ``job_status.chunks`` (and ``bgctl status``'s ``batches``): kept small, since
     ``bgctl status`` decodes it for every job."""
-    return {"chunk": c.index, "status": chunk_label(c), "batch_id": c.batch_id, "request_counts": dict(c.request_counts)}
+    return {
+        "chunk": c.index,
+        "status": chunk_label(c),
+        "batch_id": c.batch_id,
+        "request_counts": dict(c.request_counts),
+        "requested_ts": c.requested_ts,  # when its batch's create was asked: the start of its run (the ETA)
+    }
 
 
 def chunk_detail(c: ChunkState) -> dict[str, Any]:
@@ -317,6 +329,17 @@ def saving_row(e: Event, job: JobState) -> dict[str, Any]:
     }
 
 
+_BATCH_RUN_SQL = (
+    f"INSERT OR REPLACE INTO batch_runs ({', '.join(BATCH_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(BATCH_RUN_COLUMNS))})"
+)
+
+
+def _write_batch_runs(conn: sqlite3.Connection, events: Iterable[Event], jobs: Any) -> None:
+    """``jobs``: job_id -> the job's folded state after ``events``."""
+    rows = (batch_run_row(e, jobs[e.job_id]) for e in events if e.type == "BatchStatusChanged" and e.job_id in jobs)
+    conn.executemany(_BATCH_RUN_SQL, (tuple(r.values()) for r in rows if r is not None))
+
+
 _JOB_SQL = (
     f"INSERT OR REPLACE INTO job_status ({', '.join(JOB_STATUS_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_STATUS_COLUMNS))})"
 )
@@ -421,6 +444,7 @@ class StatusProjector:
             _write_usage(conn, (usage_row(e, touched[e.job_id].jobs[e.job_id].sandbox) for e in events if e.type == "TokensUsed"))
             _write_queue_limits(conn, events)
             _write_savings(conn, (saving_row(e, touched[e.job_id].jobs[e.job_id]) for e in events if e.type in SAVING_EVENTS))
+            _write_batch_runs(conn, events, {j: st.jobs[j] for j, st in touched.items()})
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):
                 raise
@@ -452,6 +476,7 @@ class StatusProjector:
             conn.execute("DELETE FROM usage")
             conn.execute("DELETE FROM queue_limits")
             conn.execute("DELETE FROM savings")
+            conn.execute("DELETE FROM batch_runs")
             last = None
         start = last or 0
         if last is None or start < log_last:
@@ -465,6 +490,7 @@ class StatusProjector:
             _write_usage(conn, (usage_row(e, jobs[e.job_id].sandbox) for e in _tokens_used(conn, start)))
             _write_queue_limits(conn, _of_type(conn, start, "QueueLimitLearned"))
             _write_savings(conn, (saving_row(e, jobs[e.job_id]) for e in _of_types(conn, start, SAVING_EVENTS)))
+            _write_batch_runs(conn, _of_type(conn, start, "BatchStatusChanged"), jobs)
             _set_last_seq(conn, log_last)
             for j in touched:
                 self.jobs.pop(j, None)
@@ -511,11 +537,14 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
         tokens_used: list[Event] = []
         queue_limits: list[Event] = []
         savings: list[Event] = []
+        status_changes: list[Event] = []
 
         def log() -> Iterator[Event]:
             for e in iter_events(conn):
                 if e.type == "TokensUsed":
                     tokens_used.append(e)
+                elif e.type == "BatchStatusChanged" and e.payload.get("status") == "completed":
+                    status_changes.append(e)
                 elif e.type == "QueueLimitLearned":
                     queue_limits.append(e)
                 elif e.type in SAVING_EVENTS:
@@ -537,6 +566,7 @@ def rebuild(db_path: str | Path) -> dict[str, int]:
             _write_usage(conn, (usage_row(e, state.jobs[e.job_id].sandbox) for e in tokens_used))
             _write_queue_limits(conn, queue_limits)
             _write_savings(conn, (saving_row(e, state.jobs[e.job_id]) for e in savings))
+            _write_batch_runs(conn, status_changes, state.jobs)
             _set_last_seq(conn, state.last_seq)
             projector = StatusProjector()
             projector.setup(conn)  # the events appended since the snapshot, if any

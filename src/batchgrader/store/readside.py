@@ -11,13 +11,14 @@ import sqlite3
 PROJECTION = "status"
 MIGRATION_SET = "batchgrader.readmodels"
 MIGRATIONS_TABLE = "_sqlite_migrations"
-READ_TABLES = ("job_status", "usage", "projection_state", "queue_limits", "savings")
+READ_TABLES = ("job_status", "usage", "projection_state", "queue_limits", "savings", "batch_runs")
 MIGRATION_NAMES = (
     "0001_job_status_usage",
     "0002_job_status_state_index",
     "0003_queue_limits",
     "0004_reuse",
     "0005_input_tokens_exact",
+    "0006_batch_runs",
 )
 
 

@@ -7,6 +7,7 @@ import datetime
 import decimal
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +57,19 @@ class InputError(ValueError):
             parts.append(f"column {self.column!r}")
         parts.append(self.reason)
         return ": ".join(parts)
+
+
+class MissingColumn(InputError):
+    """A required column (or JSON key) is not in the file; ``available`` lists the file's columns
+    (or the record's keys), so a caller that knows why the column is required can name the
+    setting to change and the closest column."""
+
+    def __init__(self, path: Any, reason: str, line: int | None, column: str, available: Iterable[Any] = ()):
+        super().__init__(path, reason, line, column)
+        self.available = [str(c) for c in available]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason, self.line, self.column, self.available))
 
 
 def text_of(value: Any) -> str:
@@ -144,3 +158,7 @@ def check_encoding(name: str) -> str:
     if not ok:
         raise ValueError(f"encoding {name!r} is not ASCII-compatible (use UTF-8, or a single-byte code page such as cp1252)")
     return codec
+
+
+# What an input that is not valid UTF-8 is told to do: both fixes, the file or the config.
+NOT_UTF8_FIX = "save the file as UTF-8, or set `encoding: cp1252` (or latin-1) in config.yaml or the profile to read it as it is"

@@ -38,7 +38,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from batchgrader.pipeline.formats.common import DEFAULT_MAX_FIELD_SIZE, InputError, Row, defuse_formula, text_of
+from batchgrader.pipeline.formats.common import (
+    DEFAULT_MAX_FIELD_SIZE,
+    InputError,
+    MissingColumn,
+    Row,
+    defuse_formula,
+    text_of,
+)
 
 _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # encrypted OOXML and old .xls are OLE2 files
 
@@ -210,7 +217,8 @@ class ExcelReader:
         for name in required:
             if name not in positions:
                 found = ", ".join(repr(c) for c in names_)
-                raise self._error(f"sheet {sheet!r}: required column not found; the header has: {found}", line, name)
+                reason = f"sheet {sheet!r}: required column not found; the header has: {found}"
+                raise MissingColumn(self.path, reason, line, name, names_)
         self.columns = names_
         self._max_field = max_field
         self._data_lines = tuple(n for n, values in enumerate(rows, line + 1) if any(v != "" for v in values))

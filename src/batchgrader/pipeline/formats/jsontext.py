@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
-from batchgrader.pipeline.formats.common import _UTF8_BOM, InputError, Row
+from batchgrader.pipeline.formats.common import _UTF8_BOM, NOT_UTF8_FIX, InputError, MissingColumn, Row
 from batchgrader.pipeline.formats.jsonvalue import _BadConstant, _decoder, _DuplicateKey, _kind, _too_deep
 
 _CHUNK = 64 * 1024
@@ -26,6 +26,7 @@ class JsonRecords:
         bom: bool
         encoding: str
         required_columns: tuple[str, ...]
+        path: Any
         _file: IO[bytes]
         _utf8: bool
         _json_decoder: Any
@@ -47,7 +48,7 @@ class JsonRecords:
         for name in self.required_columns:
             if name not in obj:
                 keys = ", ".join(repr(k) for k in obj) or "none"
-                raise self._error(f"{where} has no key {name!r} (its keys: {keys})", line, name)
+                raise MissingColumn(self.path, f"{where} has no key {name!r} (its keys: {keys})", line, name, obj)
         cols = self.columns
         if len(obj) > len(cols) or any(k not in self._colset for k in obj):
             for k in obj:
@@ -252,7 +253,7 @@ class JsonRecords:
             else:
                 col = self._col_at(end) + len(data[: e.start].decode("utf-8", errors="replace"))
             raise self._error(
-                f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {col}) — save the file as UTF-8",
+                f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {col}) — {NOT_UTF8_FIX}",
                 line,
             ) from None
         self._pending = data[used:]

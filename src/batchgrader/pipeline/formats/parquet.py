@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from batchgrader.pipeline.formats.common import InputError, Row, text_of
+from batchgrader.pipeline.formats.common import InputError, MissingColumn, Row, text_of
 
 BATCH_ROWS = 8192
 
@@ -72,7 +72,7 @@ class ParquetReader:
             for name in required_columns:
                 if name not in seen:
                     found = ", ".join(repr(c) for c in names)
-                    raise InputError(self.path, f"required column not found; the file has: {found}", None, name)
+                    raise MissingColumn(self.path, f"required column not found; the file has: {found}", None, name, names)
             if self._file.metadata.num_rows == 0:
                 raise InputError(self.path, "the file has no rows")
         except BaseException:

@@ -18,9 +18,11 @@ from batchgrader.pipeline.formats.common import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_FIELD_SIZE,
     DEFAULT_MAX_RECORD_SIZE,
+    NOT_UTF8_FIX,
     Format,
     InputError,
     Layout,
+    MissingColumn,
     Row,
     check_encoding,
 )
@@ -190,8 +192,7 @@ class TableReader(JsonRecords):
                         f"not valid {self.encoding} (byte 0x{raw[e.start]:02x}) — check the profile's encoding", line_no
                     ) from None
                 raise self._error(
-                    f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column "
-                    f"{_char_column(raw, e.start)}) — save the file as UTF-8",
+                    f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {_char_column(raw, e.start)}) — {NOT_UTF8_FIX}",
                     line_no,
                 ) from None
             # readline() splits on b"\n" only; a lone CR is a line break for CSV too.
@@ -276,7 +277,7 @@ class TableReader(JsonRecords):
         for name in self.required_columns:
             if name not in positions:
                 found = ", ".join(repr(c) for c in header)
-                raise self._error(f"required column not found; the header has: {found}", line, name)
+                raise MissingColumn(self.path, f"required column not found; the header has: {found}", line, name, header)
 
     def _csv_error(self, e: csv.Error) -> InputError:
         msg = str(e)
