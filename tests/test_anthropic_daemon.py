@@ -60,6 +60,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
   scored:
     provider: anthropic
     model: claude-sonnet-5
+    max_completion_tokens: 24000  # Claude 5 thinks by default: a 50-token bound would truncate every answer
     output_column: verdict
     response_format:
       type: object

@@ -108,7 +108,9 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
 
 def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    SUITE.make_inputs(home, CONFIG.replace(MODEL, "gemini-2.5-flash") + "max_completion_tokens: 300\n")
+    SUITE.make_inputs(
+        home, CONFIG.replace(MODEL, "gemini-2.5-flash") + "max_completion_tokens: 16000\n"
+    )  # room for 2.5 Flash's default thinking
     (home / "inbox" / "b.jsonl").unlink()
     with Emulator(EmulatorConfig(api_key=GEMINI_KEY, seed=5)) as emu:
         assert run(home, emu, "daemon", "--once").returncode == 0

@@ -61,9 +61,10 @@ def outcome_record(o: Any, schema: Mapping[str, Any] | None = None) -> dict[str,
 
 
 def failed_row(custom_id: str, code: Any, message: Any, status: int | None) -> dict[str, Any]:
-    """A ``RowsFailed`` row; ``status``: the HTTP status of the row's answer, when it had one."""
+    """A ``RowsFailed`` row; ``status``: the HTTP status of the row's error answer, when it had one
+    (an answer that is not one, ``truncated`` and the like, came with 200 and carries none)."""
     row: dict[str, Any] = {"custom_id": custom_id, "code": code, "message": message}
-    if status is not None:
+    if status is not None and status != 200:
         row["status"] = status
     return row
 
