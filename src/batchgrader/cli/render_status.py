@@ -260,6 +260,15 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ),
         ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
         (
+            "prompt cache",
+            (
+                f"{count(d.get('cached_tokens'))} tokens read, {count(d.get('cache_write_tokens'))} written; "
+                f"saved {money(d.get('cache_saved_usd'))}"
+            )
+            if d.get("cached_tokens") or d.get("cache_write_tokens")
+            else None,
+        ),
+        (
             "reused answers",
             (
                 f"{count(d.get('cached_rows'))} rows answered without a request "
@@ -476,6 +485,8 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
     narrow = console.width < NARROW
     saved = any(r.get("saved_usd") for r in rows)
     simulated_saved = any(r.get("simulated_saved_usd") for r in rows)
+    cache_saved = any(r.get("cache_saved_usd") for r in rows)
+    simulated_cache_saved = any(r.get("simulated_cache_saved_usd") for r in rows)
     t = Table(title=f"Billed usage by {by}, {span}", title_justify="left", show_footer=True, box=box.SIMPLE_HEAD, pad_edge=False)
     tot = result["totals"]
     t.add_column(by, footer="total", style="bold", no_wrap=True)
@@ -497,6 +508,16 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
         t.add_column(
             f"saved {SIMULATED}", justify="right", style="yellow", footer=money(tot["simulated_saved_usd"]), no_wrap=True
         )
+    if cache_saved:
+        t.add_column("cache saved", justify="right", style="green", footer=money(tot["cache_saved_usd"]), no_wrap=True)
+    if simulated_cache_saved:
+        t.add_column(
+            f"cache saved {SIMULATED}",
+            justify="right",
+            style="yellow",
+            footer=money(tot["simulated_cache_saved_usd"]),
+            no_wrap=True,
+        )
     for r in rows:
         cells = [str(r["key"])]
         if by == "job" and not narrow:
@@ -514,6 +535,10 @@ def render_costs(result: dict[str, Any], console: Console | None = None, chart_w
             cells.append(money(r.get("saved_usd")))
         if simulated_saved:
             cells.append(money(r.get("simulated_saved_usd")))
+        if cache_saved:
+            cells.append(money(r.get("cache_saved_usd")))
+        if simulated_cache_saved:
+            cells.append(money(r.get("simulated_cache_saved_usd")))
         t.add_row(*_cells(*cells))
     console.print(t)
     if narrow:

@@ -18,7 +18,7 @@ from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
-from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
+from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, cache_figures, merge_chunk
 from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.splitting import Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
@@ -249,6 +249,7 @@ class CollectSteps(ReuseSteps):
                 cost_usd=float(cost),
                 day=utc_day(now),
                 **merged.usage,
+                **cache_figures(merged, self.prices.find(job.model or "")),
             )
         ]
         learned = overhead_payload(
