@@ -18,6 +18,7 @@ MIGRATION_NAMES = (
     "0003_queue_limits",
     "0004_reuse",
     "0005_input_tokens_exact",
+    "0006_prompt_cache",
 )
 
 
