@@ -306,3 +306,52 @@ def test_gemini_emulator_does_not_cache_under_the_pro_minimum(emu: Emulator, clo
     lines = [chat_line(f"p-{i}", f"Essay {i}.", model="gemini-2.5-pro", system=RUBRIC) for i in range(2)]
     out = _gemini_usages(emu, clock, tmp_path, "gemini-2.5-pro", lines)
     assert all("cachedContentTokenCount" not in o["response"]["usageMetadata"] for o in out)
+
+
+# --- end to end: the daemon against the emulator ------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sandbox_anthropic_job_records_and_shows_what_caching_saved(tmp_path: Path) -> None:
+    from batchgrader.core.state import fold
+    from batchgrader.store.eventstore import EventStore
+    from harness import FAST_CONFIG
+    from test_anthropic_daemon import ANTHROPIC_KEY, run
+
+    home = tmp_path / "home"
+    (home / "inbox").mkdir(parents=True)
+    (home / "config.yaml").write_text(
+        FAST_CONFIG + f"provider: anthropic\nmodel: claude-sonnet-4-5\nwrite_report: true\nsystem_prompt: {json.dumps(RUBRIC)}\n"
+    )
+    (home / "inbox" / "essays.csv").write_text("id,response\n" + "".join(f"{i},essay {i} on bridges\n" for i in range(5)))
+    with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=7)) as emu:
+        res = run(home, emu, "daemon", "--once")
+        assert res.returncode == 0, res.stderr
+        with EventStore(home / "batchgrader.db", readonly=True) as s:
+            events = list(s.read())
+        (job,) = fold(events).jobs.values()
+        used = [e.payload for e in events if e.type == "TokensUsed"]
+        prefix = system_tokens(RUBRIC)
+        # one batch: the first request writes the prefix, the four others read it
+        assert (job.cache_write_tokens, job.cached_tokens) == (prefix, 4 * prefix)
+        price = PRICES.get("claude-sonnet-4-5")
+        expected = sum(
+            cache_saving(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], u["cache_write_tokens"])
+            for u in used
+        )
+        assert job.cache_saved_usd == pytest.approx(expected) and expected > 0
+        assert job.cost_usd == pytest.approx(
+            sum(
+                billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], u["cache_write_tokens"])
+                for u in used
+            )
+        )
+        detail = run(home, emu, "status", job.job_id)
+        assert "prompt cache" in detail.stdout and f"{4 * prefix:,} tokens read, {prefix:,} written" in detail.stdout
+        costs = json.loads(run(home, emu, "costs", "--json").stdout)
+        assert costs["totals"]["cache_saved_usd"] == pytest.approx(expected)  # a real job (its provider is the emulator)
+        text = run(home, emu, "report", job.job_id).stdout
+        assert f"cache     {4 * prefix:,} tokens read, {prefix:,} written; saved ${expected:,.4f}" in text
+    (page,) = [p for p in (home / "outbox").rglob("*.html")]
+    assert "prompt-cache writes (tokens)" in page.read_text() and "saved by prompt caching (USD)" in page.read_text()
