@@ -669,3 +669,36 @@ def test_every_event_type_is_documented():
         assert f"version {et.version}" in section, f"{name}: version not documented"
         for field in et.fields:
             assert f"`{field}`" in section, f"{name}: payload field {field!r} not documented"
+
+
+def _cached_usage_event(day: str, cost: float, saved: float, writes: int) -> NewEvent:
+    e = _usage_event(day, cost, model="claude-sonnet-4-5", prompt=5000)
+    return NewEvent("TokensUsed", {**e.payload, "cached_tokens": 2000, "cache_write_tokens": writes, "cache_saved_usd": saved})
+
+
+def test_what_prompt_caching_saved_shows_in_costs_and_status_job(db: Path, home: Home):
+    with EventStore(db, projectors=projectors()) as s:
+        s.append("j1", [_accept("j1"), _cached_usage_event("2026-01-01", 0.5, 0.25, 2000), _usage_event("2026-01-02", 0.1)])
+        s.append("sim", [_accept("sim", sandbox=True), _cached_usage_event("2026-01-02", 0.2, 0.125, 0)])
+    for source in ("read_model", "log"):
+        if source == "log":
+            with sqlite3.connect(db) as conn:
+                conn.execute("DROP TABLE usage")
+        result = queries.costs(db, by="job")
+        t = result["totals"]
+        assert (t["cache_saved_usd"], t["simulated_cache_saved_usd"]) == (0.25, 0.125)
+        console = Console(width=200, record=True, color_system=None)
+        render_costs(result, console=console)
+        out = console.export_text()
+        assert "cache saved" in out and "$0.25" in out and f"cache saved {'SIMULATED'}" in out
+    detail = queries.job_detail(db, "j1")
+    assert (detail["cached_tokens"], detail["cache_write_tokens"], detail["cache_saved_usd"]) == (2010, 2000, 0.25)
+    console = Console(width=120, record=True, color_system=None)
+    render_job(detail, console=console)
+    assert re.search(r"prompt cache\s+2,010 tokens read, 2,000 written; saved \$0\.25", console.export_text())
+    # a job whose provider reported no cache use shows no such line, and its events carry no cache fields
+    with EventStore(db, projectors=projectors()) as s:
+        s.append("j2", [_accept("j2"), NewEvent("TokensUsed", {**_usage_event("2026-01-03", 0.1).payload, "cached_tokens": 0})])
+    console = Console(width=120, record=True, color_system=None)
+    render_job(queries.job_detail(db, "j2"), console=console)
+    assert "prompt cache" not in console.export_text()

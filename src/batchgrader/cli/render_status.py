@@ -283,6 +283,15 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         ),
         ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
         (
+            "prompt cache",
+            (
+                f"{count(d.get('cached_tokens'))} tokens read, {count(d.get('cache_write_tokens'))} written; "
+                f"saved {money(d.get('cache_saved_usd'))}"
+            )
+            if d.get("cached_tokens") or d.get("cache_write_tokens")
+            else None,
+        ),
+        (
             "reused answers",
             (
                 f"{count(d.get('cached_rows'))} rows answered without a request "
@@ -504,6 +513,10 @@ def cost_columns(result: dict[str, Any]) -> list[Col]:
     simulated = Col(SIMULATED, justify="right", style="yellow", footer=money(tot.get("simulated_usd")))
     saved = Col("saved", justify="right", style="green", footer=money(tot.get("saved_usd")))
     simulated_saved = Col(f"saved {SIMULATED}", justify="right", style="yellow", footer=money(tot.get("simulated_saved_usd")))
+    cache_saved = Col("cache saved", justify="right", style="green", footer=money(tot.get("cache_saved_usd")))
+    simulated_cache_saved = Col(
+        f"cache saved {SIMULATED}", justify="right", style="yellow", footer=money(tot.get("simulated_cache_saved_usd"))
+    )
     for r in rows:
         key.cells.append(str(r["key"]))
         file.cells.append(r.get("file") or "-")
@@ -516,8 +529,17 @@ def cost_columns(result: dict[str, Any]) -> list[Col]:
         simulated.cells.append(money(r.get("simulated_usd")))
         saved.cells.append(money(r.get("saved_usd")))
         simulated_saved.cells.append(money(r.get("simulated_saved_usd")))
+        cache_saved.cells.append(money(r.get("cache_saved_usd")))
+        simulated_cache_saved.cells.append(money(r.get("simulated_cache_saved_usd")))
     cols = [key] + ([file, batches] if by == "job" else [batches, jobs]) + [prompt, cached, output, cost]
-    for col, name in ((simulated, "simulated_usd"), (saved, "saved_usd"), (simulated_saved, "simulated_saved_usd")):
+    optional = (
+        (simulated, "simulated_usd"),
+        (saved, "saved_usd"),
+        (simulated_saved, "simulated_saved_usd"),
+        (cache_saved, "cache_saved_usd"),
+        (simulated_cache_saved, "simulated_cache_saved_usd"),
+    )
+    for col, name in optional:
         if any(r.get(name) for r in rows):
             cols.append(col)
     return cols

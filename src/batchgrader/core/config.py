@@ -267,6 +267,12 @@ KEYS: dict[str, Key] = {
         "Deprecated, no effect: an answer cut off by the output limit is a failed row (truncated), never stored or reused.",
     ),
     "cache_days": Key(30.0, _days, "Stored answers are reused for this many days, then dropped; 0 turns reuse off."),
+    # prompt-prefix caching at the provider (pipeline/caching.py)
+    "prompt_caching": Key(
+        True,
+        _bool,
+        "Lay requests out for the provider's prompt cache: an OpenAI prompt_cache_key per job, Anthropic cache_control on a shared part long enough to cache; false sends neither.",
+    ),
 }
 
 # Keys that make no sense inside a profile (they configure the daemon, not a job).

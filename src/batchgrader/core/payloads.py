@@ -220,6 +220,8 @@ class TokensUsed(TypedDict):
     reasoning_tokens: int
     cost_usd: float | None
     day: NotRequired[str | None]
+    cache_write_tokens: NotRequired[int]
+    cache_saved_usd: NotRequired[float]
 
 
 class SchemaOverheadLearned(TypedDict):

@@ -129,6 +129,8 @@ class JobState:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cost_usd: float = 0.0
+    cache_write_tokens: int = 0  # of prompt_tokens: prompt-cache writes
+    cache_saved_usd: float = 0.0  # what prompt caching saved (TokensUsed.cache_saved_usd)
     # control
     held: dict[str, str] | None = None
     override_budget: bool = False
@@ -434,6 +436,8 @@ def _tokens_used(s: State, job: JobState, p: P.TokensUsed, e: Event) -> None:
     job.reasoning_tokens += p["reasoning_tokens"]
     cost = float(p["cost_usd"] or 0.0)
     job.cost_usd += cost
+    job.cache_write_tokens += int(p.get("cache_write_tokens") or 0)
+    job.cache_saved_usd += float(p.get("cache_saved_usd") or 0.0)
     if job.sandbox:
         return  # simulated: never counts towards real budgets
     day = p.get("day") or e.ts[:10]  # optional: absent, the event's own day

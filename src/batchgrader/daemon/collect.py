@@ -18,7 +18,7 @@ from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
-from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
+from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, cache_figures, merge_chunk
 from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import with_output_bound
 from batchgrader.pipeline.pricing import PricingError
@@ -267,6 +267,7 @@ class CollectSteps(ReuseSteps):
                 cost_usd=float(cost),
                 day=utc_day(now),
                 **merged.usage,
+                **cache_figures(merged, self.prices.find(job.model or "")),
             )
         ]
         learned = overhead_payload(

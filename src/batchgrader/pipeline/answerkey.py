@@ -2,7 +2,8 @@
 
 A request's key is the sha256 of its canonical body: the provider it goes to, the endpoint,
 and the whole request body (model, every message, and every parameter that shapes the answer:
-``max_completion_tokens``/``max_tokens``, ``temperature``, ``response_format``, ...).  The
+``max_completion_tokens``/``max_tokens``, ``temperature``, ``response_format``, ...; not the
+``prompt_cache_key``, which only routes the request).  The
 ``custom_id`` is left out, so the same question asked from another row, another file or another
 job has the same key.  Canonical means JSON with sorted keys and no insignificant whitespace:
 the order in which a body's fields were written does not matter, anything else does.
@@ -71,14 +72,23 @@ def provider_id_of(profile: Any, sandbox: bool = False) -> str:
     return f"{provider}:{provider_id(base or DEFAULT_API_BASE.get(provider))}"
 
 
+#: body fields that route a request without shaping its answer: left out of the key, so that
+#: turning ``prompt_caching`` on or off (or another file's cache key) finds the same answers
+ROUTING_FIELDS = frozenset({"prompt_cache_key"})
+
+
 def canonical_request(provider: str, request: dict[str, Any]) -> bytes:
-    """The exact text a key is the hash of: everything in ``request`` but its ``custom_id``."""
+    """The exact text a key is the hash of: everything in ``request`` but its ``custom_id``
+    and the body's :data:`ROUTING_FIELDS`."""
+    body = request.get("body")
+    if isinstance(body, dict) and not ROUTING_FIELDS.isdisjoint(body):
+        body = {k: v for k, v in body.items() if k not in ROUTING_FIELDS}
     doc = {
         "v": KEY_VERSION,
         "provider": provider,
         "method": request.get("method", "POST"),
         "url": request.get("url"),
-        "body": request.get("body"),
+        "body": body,
     }
     return json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 

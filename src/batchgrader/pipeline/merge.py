@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.outputschema import output_problem
-from batchgrader.pipeline.pricing import Price, billed_cost
+from batchgrader.pipeline.pricing import Price, billed_cost, cache_saving
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import custom_ids_in
 
@@ -95,6 +95,14 @@ class StreamedMerge:
             return 0.0
         u = self.usage
         return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], self.cache_write_tokens))
+
+    def cache_saving(self, price: Price | None) -> float:
+        """What prompt caching saved on these rows: their cost with every prompt token at the
+        input price, minus :meth:`cost` (negative when cache writes cost more than reads saved)."""
+        if price is None:
+            return 0.0
+        u = self.usage
+        return float(cache_saving(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"], self.cache_write_tokens))
 
 
 class ChunkSpool:
@@ -230,6 +238,15 @@ def _write_in_order(
         duplicates_usage=dup_totals,
         cache_write_tokens=writes,
     )
+
+
+def cache_figures(merged: StreamedMerge, price: Price | None) -> dict[str, Any]:
+    """The optional ``TokensUsed`` fields of a merge: ``cache_write_tokens`` and
+    ``cache_saved_usd``, only when the provider reported cache reads or writes (so the events of
+    a job without caching stay as they were)."""
+    if not merged.usage["cached_tokens"] and not merged.cache_write_tokens:
+        return {}
+    return {"cache_write_tokens": merged.cache_write_tokens, "cache_saved_usd": merged.cache_saving(price)}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from typing import IO, Any, Protocol
 
 from batchgrader.core.config import Profile
 from batchgrader.core.home import Home
+from batchgrader.pipeline.caching import caching_fields
+from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.labels import check_columns, label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
@@ -239,6 +241,7 @@ class RequestBuilder:
         self.token_param = token_param_for(profile.model, profile.token_param)
         self.id_column = profile.id_column
         self.url = AZURE_LINE_URL if profile.get("provider") == "azure" else ENDPOINT
+        self.caching = caching_fields(profile, self.spec.system, file_hash, shipped_spec(profile.model).min_cache_prefix)
 
     def required_columns(self) -> list[str]:
         cols = [self.profile.response_field, *self.spec.user_fields]
@@ -264,6 +267,7 @@ class RequestBuilder:
             body["reasoning_effort"] = self.profile.reasoning_effort
         if self.profile.response_format is not None:
             body["response_format"] = self.profile.response_format
+        body.update(self.caching)  # per job: the shared part stays byte-identical across rows
         return {"custom_id": cid, "method": "POST", "url": self.url, "body": body}
 
     def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:

@@ -41,6 +41,7 @@ __all__ = [
     "load_pricing",
     "estimate",
     "billed_cost",
+    "cache_saving",
     "with_deployments",
 ]
 
@@ -177,6 +178,26 @@ def billed_cost(
         + Decimal(completion_tokens) * _d(price.output_per_1m)
     ) / _MILLION
     return float(total)
+
+
+def cache_saving(
+    price: Price, prompt_tokens: int, cached_tokens: int, completion_tokens: int, cache_write_tokens: int = 0
+) -> float:
+    """What prompt caching saved on reported usage: :func:`billed_cost` with every prompt token
+    at the input price, minus the billed cost (negative when the cache writes cost more than the
+    reads saved).  Computed on the decimal prices, so no saving shows where none was made."""
+    _count("prompt_tokens", prompt_tokens)
+    _count("cached_tokens", cached_tokens)
+    _count("cache_write_tokens", cache_write_tokens)
+    if cached_tokens + cache_write_tokens > prompt_tokens:
+        raise ValueError(
+            f"cached_tokens ({cached_tokens}) plus cache_write_tokens ({cache_write_tokens}) cannot exceed prompt_tokens ({prompt_tokens})"
+        )
+    inp = _d(price.input_per_1m)
+    saved = Decimal(cached_tokens) * (inp - _d(price.effective_cached_per_1m)) + Decimal(cache_write_tokens) * (
+        inp - _cache_write_price(price)
+    )
+    return float(saved / _MILLION)
 
 
 class PriceTable(Mapping[str, Price]):

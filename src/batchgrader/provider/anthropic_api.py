@@ -6,7 +6,9 @@ both ways, so nothing upstream or downstream knows which provider ran the batch:
 
 * :func:`to_anthropic_request`: a chat-completions line -> ``{"custom_id", "params"}``
   (system messages -> ``system``; ``max_completion_tokens``/``max_tokens`` -> ``max_tokens``;
-  a ``json_schema`` ``response_format`` -> ``output_config.format``).
+  a ``json_schema`` ``response_format`` -> ``output_config.format``; a ``prompt_cache_key`` ->
+  ``cache_control: {"type": "ephemeral"}`` on the system prompt, which the pipeline sets only when
+  the shared part is at least the model's minimum cacheable prefix).
 * :func:`to_openai_result_line`: one Anthropic result -> one OpenAI output/error line.
   ``succeeded`` -> status 200 with a ``chat.completion`` body whose usage counts every input
   token (``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``), cached
@@ -34,6 +36,7 @@ from typing import Any
 import anthropic
 
 from batchgrader.core.secrets import mask_secret
+from batchgrader.pipeline.caching import CACHE_KEY_FIELD
 from batchgrader.pipeline.catalogue import anthropic_thinking
 from batchgrader.provider.openai_api import (
     OutcomeUnknown,
@@ -48,6 +51,8 @@ MAX_REQUESTS = 100_000
 MAX_BATCH_BYTES = 256 * 1024 * 1024
 RESULTS_KEPT_DAYS = 29
 DEFAULT_MAX_TOKENS = 1024
+#: the breakpoint that caches everything up to and including the block it is on (5-minute cache)
+CACHE_MARK = {"cache_control": {"type": "ephemeral"}}
 
 #: Anthropic error type -> the HTTP status the Messages API answers it with
 ERROR_STATUS = {
@@ -99,7 +104,9 @@ def to_anthropic_request(line: Mapping[str, Any]) -> dict[str, Any]:
         "messages": messages,
     }
     if system:
-        params["system"] = "\n\n".join(system)
+        text = "\n\n".join(system)
+        # the pipeline sets a cache key only on a shared part long enough to cache (pipeline/caching.py)
+        params["system"] = [{"type": "text", "text": text, **CACHE_MARK}] if body.get(CACHE_KEY_FIELD) else text
     if body.get("temperature") is not None:
         params["temperature"] = min(float(body["temperature"]), 1.0)  # Anthropic's range is 0..1
     params.update(anthropic_thinking(body["model"], body.get("reasoning_effort")))

@@ -521,6 +521,8 @@ def _zero() -> dict[str, Any]:
         "simulated_usd": 0.0,
         "saved_usd": 0.0,
         "simulated_saved_usd": 0.0,
+        "cache_saved_usd": 0.0,
+        "simulated_cache_saved_usd": 0.0,
         "reused_rows": 0,
         "batches": 0,
         "jobs": set(),
@@ -537,6 +539,7 @@ def _add(acc: dict[str, Any], u: dict[str, Any]) -> None:
     for k in _SUMS:
         acc[k] += u[k]
     acc["cost_usd" if not u["sandbox"] else "simulated_usd"] += u["cost_usd"]
+    acc["cache_saved_usd" if not u["sandbox"] else "simulated_cache_saved_usd"] += u.get("cache_saved_usd") or 0.0
     acc["batches"] += 1
     acc["jobs"].add(u["job_id"])
 

@@ -77,6 +77,8 @@ JOB_STATUS_COLUMNS: dict[str, type] = {
     "duplicate_rows": int,  # of which copied from an identical row of the same file
     "saved_usd": float,  # what those rows' answers cost when they were paid for
     "input_tokens_exact": int,  # 1: input_tokens are exact (tiktoken or the provider's counts); 0: estimates
+    "cache_write_tokens": int,  # billed, part of prompt_tokens: prompt-cache writes
+    "cache_saved_usd": float,  # what prompt caching saved (TokensUsed.cache_saved_usd)
     "chunks": str,  # JSON list of {chunk, status, batch_id, request_counts}, see chunk_row(); stays last
 }
 
@@ -94,6 +96,8 @@ USAGE_COLUMNS: dict[str, type] = {
     "reasoning_tokens": int,
     "cost_usd": float,
     "sandbox": int,  # 1: SIMULATED (sandbox job), not real spend
+    "cache_write_tokens": int,  # of prompt_tokens: prompt-cache writes (NULL: before migration 0007)
+    "cache_saved_usd": float,  # what prompt caching saved (NULL: before migration 0007)
 }
 
 QUEUE_LIMIT_COLUMNS: dict[str, type] = {
@@ -160,6 +164,13 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
     def _m0006(db) -> None:  # noqa: ANN001 - batch run times, for the ETA of running jobs (issue 27)
         db["batch_runs"].create(dict(BATCH_RUN_COLUMNS), pk="batch_id", if_not_exists=True)
         db["batch_runs"].create_index(["model", "ts"], if_not_exists=True)
+
+    @m(name="0007_prompt_cache")
+    def _m0007(db) -> None:  # noqa: ANN001 - prompt-cache writes and what caching saved (issue 26)
+        for table, columns in (("job_status", JOB_STATUS_COLUMNS), ("usage", USAGE_COLUMNS)):
+            for col in ("cache_write_tokens", "cache_saved_usd"):
+                if col not in db[table].columns_dict:
+                    db[table].add_column(col, columns[col])
 
     return m
 
@@ -284,6 +295,8 @@ def job_row(job: JobState) -> dict[str, Any]:
         "duplicate_rows": job.duplicates_answered,
         "saved_usd": job.saved_usd,
         "input_tokens_exact": int(job.input_tokens_exact),
+        "cache_write_tokens": job.cache_write_tokens,
+        "cache_saved_usd": job.cache_saved_usd,
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             ensure_ascii=False,
@@ -310,6 +323,8 @@ def usage_row(e: Event, sandbox: bool) -> dict[str, Any]:
         "reasoning_tokens": int(p.get("reasoning_tokens", 0) or 0),
         "cost_usd": float(p.get("cost_usd") or 0.0),
         "sandbox": int(sandbox),
+        "cache_write_tokens": int(p.get("cache_write_tokens") or 0),
+        "cache_saved_usd": float(p.get("cache_saved_usd") or 0.0),
     }
 
 

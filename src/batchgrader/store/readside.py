@@ -19,6 +19,7 @@ MIGRATION_NAMES = (
     "0004_reuse",
     "0005_input_tokens_exact",
     "0006_batch_runs",
+    "0007_prompt_cache",
 )
 
 

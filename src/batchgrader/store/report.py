@@ -302,7 +302,12 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
             "completion": job.completion_tokens,
             "reasoning": job.reasoning_tokens,
         },
-        "cost_usd": {"billed": round(job.cost_usd, 6), "estimate": job.estimate},
+        "cost_usd": {
+            "billed": round(job.cost_usd, 6),
+            "estimate": job.estimate,
+            "cache_saved": round(job.cache_saved_usd, 6),
+            "cache_write_tokens": job.cache_write_tokens,
+        },
         "phases": _phases(events),
     }
     rows: dict[str, Any] = {"total": job.rows, "answered_on_retry": _answered_on_retry(events, chunk_results)}

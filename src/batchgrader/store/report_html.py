@@ -151,6 +151,14 @@ def _failed_rows(rows: list[dict[str, Any]]) -> list[str]:
     return [f"<h2>Failed rows (first {num(len(rows))})</h2>", f'<table class="failed">{head}{body}</table>']
 
 
+def _cache_items(t: dict[str, Any], c: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The prompt cache's lines of the cost table (none when nothing was read or written)."""
+    writes = c.get("cache_write_tokens") or 0
+    if not t["cached"] and not writes:
+        return []
+    return [("prompt-cache writes (tokens)", writes), ("saved by prompt caching (USD)", f"{c.get('cache_saved') or 0:,.4f}")]
+
+
 def render_html(report: dict[str, Any]) -> str:
     j, r, t, c = report["job"], report["rows"], report["tokens"], report["cost_usd"]
     est = c.get("estimate") or {}
@@ -196,6 +204,7 @@ def render_html(report: dict[str, Any]) -> str:
                 ("estimate before sending: input (USD)", f"{est.get('input', 0):,.4f}" if est else "n/a"),
                 ("estimate before sending: at most (USD)", f"{est.get('max_total', 0):,.4f}" if est else "n/a"),
             ]
+            + _cache_items(t, c)
         )
     )
     out.append("<h2>Time</h2>")

@@ -76,7 +76,15 @@ def _money(t: dict[str, Any], c: dict[str, Any]) -> list[str]:
             if est
             else ""
         ),
-    ]
+    ] + _cache_line(t, c)
+
+
+def _cache_line(t: dict[str, Any], c: dict[str, Any]) -> list[str]:
+    """What the prompt cache read, wrote and saved (nothing when it was not used)."""
+    writes = c.get("cache_write_tokens") or 0
+    if not t["cached"] and not writes:
+        return []
+    return [f"cache     {num(t['cached'])} tokens read, {num(writes)} written; saved ${c.get('cache_saved') or 0:,.4f}"]
 
 
 def _bars(items: list[tuple[str, int]], width: int) -> list[str]:

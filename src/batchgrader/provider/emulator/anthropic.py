@@ -12,7 +12,8 @@ unprocessed requests ``canceled``; past ``completion_window_s`` the rest are ``e
 Requests are checked when created (custom_id ``^[a-zA-Z0-9_-]{1,64}$``, unique, 1 to
 100,000 requests) and their params when processed (an ``errored`` result, as the real API
 does).  Input tokens are counted with the project's tiktoken counter: a stand-in, since
-Claude's tokenizer is not public.  With ``data_dir``, batches are kept in ``msgbatches/``
+Claude's tokenizer is not public.  A ``cache_control`` breakpoint on the system prompt is
+cached by the rules in ``prompt_cache`` (writes, then reads, within the batch).  With ``data_dir``, batches are kept in ``msgbatches/``
 (their results are recomputed, deterministically, after a restart).
 """
 
@@ -31,6 +32,7 @@ from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
 from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
 from batchgrader.provider.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
 from batchgrader.provider.emulator.state import _StoreBase
 
@@ -131,7 +133,8 @@ class AnthropicMixin(_StoreBase):
             self._msg_finish(m, t_end, len(m.requests), "expired")
 
     def _msg_finish(self, m: _MsgBatch, t: float, processed: int, rest: str) -> None:
-        results = [self._msg_result(m, r) for r in m.requests[:processed]]
+        seen: BatchCache = set()  # the batch's prompt cache, filled in request order
+        results = [self._msg_result(m, r, seen) for r in m.requests[:processed]]
         results += [{"custom_id": r["custom_id"], "result": {"type": rest}} for r in m.requests[processed:]]
         if self.cfg.shuffle_output and len(results) > 1:
             random.Random(f"shuffle:{self.cfg.seed}:{m.id}").shuffle(results)
@@ -273,7 +276,7 @@ class AnthropicMixin(_StoreBase):
             msgs = [{"role": "system", "content": system}, *msgs]
         return int(_counter_for(COUNTING_STAND_IN).count(msgs))
 
-    def _msg_result(self, m: _MsgBatch, req: dict[str, Any]) -> dict[str, Any]:
+    def _msg_result(self, m: _MsgBatch, req: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
         cid, p = req["custom_id"], req["params"]
 
         def errored(status: int, message: str) -> dict[str, Any]:
@@ -322,11 +325,12 @@ class AnthropicMixin(_StoreBase):
             blocks.append({"type": "thinking", "thinking": "(emulated reasoning)", "signature": _hex("sig", m.id, cid)})
         if content or not thinking:
             blocks.append({"type": "text", "text": content})
+        write, read = anthropic_cache_split(seen, p["model"], p.get("system"), system_tokens)
         usage: dict[str, Any] = {
-            "input_tokens": self._msg_input_tokens(p),
+            "input_tokens": self._msg_input_tokens(p) - write - read,
             "output_tokens": thinking + len(tokens),
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": write,
+            "cache_read_input_tokens": read,
             "service_tier": "batch",
         }
         if thinking:

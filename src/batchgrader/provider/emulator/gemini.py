@@ -39,6 +39,7 @@ from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.provider.emulator.answers import _counter_for, _sentence, generate_from_schema
 from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.provider.emulator.prompt_cache import BatchCache, gemini_cached_tokens, system_tokens
 from batchgrader.provider.emulator.rules import gemini_request_error, gemini_thinking_effort, reasoning_tokens
 from batchgrader.provider.emulator.state import _StoreBase
 
@@ -396,7 +397,8 @@ class GeminiMixin(_StoreBase):
             b.state = "BATCH_STATE_PENDING" if now < b.t_created + self.cfg.validating_s else "BATCH_STATE_RUNNING"
 
     def _gem_finish(self, b: _GemBatch, t: float, processed: int, state: str) -> None:
-        results = [self._gem_result(b, r) for r in b.requests[:processed]]
+        seen: BatchCache = set()  # the batch's implicit prompt cache, filled in request order
+        results = [self._gem_result(b, r, seen) for r in b.requests[:processed]]
         if self.cfg.shuffle_output and len(results) > 1:
             random.Random(f"shuffle:{self.cfg.seed}:{b.name}").shuffle(results)
         b.results, b.t_ended, b.state = results, t, state
@@ -464,7 +466,7 @@ class GeminiMixin(_StoreBase):
         effort, budget = gemini_thinking_effort(model, req)
         return reasoning_tokens(spec, effort, rng, budget)
 
-    def _gem_result(self, b: _GemBatch, line: dict[str, Any]) -> dict[str, Any]:
+    def _gem_result(self, b: _GemBatch, line: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
         key, req = str(line.get("key")), line["request"]
 
         def error(code: int, status: str, message: str) -> dict[str, Any]:
@@ -500,12 +502,17 @@ class GeminiMixin(_StoreBase):
             tokens, finish = tokens[: cap - thoughts], "MAX_TOKENS"
             content = enc.decode(tokens)
         prompt = self._gem_tokens(req)
-        usage = {
+        system = req.get("systemInstruction") or req.get("system_instruction")
+        cached = gemini_cached_tokens(seen, b.model, self._gem_text(system) if system else "", system_tokens)
+        usage: dict[str, Any] = {
             "promptTokenCount": prompt,
             "candidatesTokenCount": len(tokens),
             "totalTokenCount": prompt + len(tokens) + thoughts,
             "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
         }
+        if cached:  # promptTokenCount includes the cached tokens
+            usage["cachedContentTokenCount"] = cached
+            usage["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
         if thoughts:
             usage["thoughtsTokenCount"] = thoughts
         response = {

@@ -10,7 +10,9 @@ Each shares the batch path's per-request checks and answers: the request is chec
 of a batch input file (:func:`~batchgrader.provider.emulator.validation.check_input`) and
 answered by the same code as a batch's request (``_answer``, ``_msg_result``, ``_gem_result``),
 so a setting the batch path refuses or truncates is refused or truncated here the same way.  A
-request that fails is an HTTP error with the provider's own error shape.
+request that fails is an HTTP error with the provider's own error shape.  Each synchronous request
+is answered with a prompt cache of its own (the emulator caches prefixes within a batch only), so
+no cache read is reported on this path.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
             raise AnthropicApiError(400, "There was an issue with your request body: not valid JSON.")
         cid = "sync_" + _request_id("msg", body)
         one = _One("msgsync_" + cid, cid, str(body.get("model") or ""))
-        result = self._msg_result(one, {"custom_id": cid, "params": body})["result"]  # type: ignore[arg-type]
+        result = self._msg_result(one, {"custom_id": cid, "params": body}, set())["result"]  # type: ignore[arg-type]
         if result["type"] == "succeeded":
             msg = dict(result["message"])
             msg["usage"] = {**msg["usage"], "service_tier": "standard"}
@@ -98,7 +100,7 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
         if not isinstance(body, dict):
             raise GeminiApiError(400, "Invalid JSON payload received.")
         key = _request_id("gen", body)
-        out = self._gem_result(_One(key, "sync/" + key, model), {"key": key, "request": body})  # type: ignore[arg-type]
+        out = self._gem_result(_One(key, "sync/" + key, model), {"key": key, "request": body}, set())  # type: ignore[arg-type]
         if "error" in out:
             err = out["error"]
             status = {3: 400, 7: 403, 5: 404, 8: 429, 13: 500, 14: 503}.get(int(err["code"]), 500)

@@ -21,6 +21,7 @@ from batchgrader.provider.emulator.config import (
     FAIL_500_TRIGGER,
     token_limit_message,
 )
+from batchgrader.provider.emulator.prompt_cache import BatchCache, openai_cached_tokens
 from batchgrader.provider.emulator.rules import openai_request_error
 from batchgrader.provider.emulator.state import _Batch, _Req, _StoreBase
 
@@ -173,21 +174,21 @@ def plan_requests(
         prompt = cache.count_many(model, messages)
     else:
         prompt = [0] * len(parsed)
-    first_seen: set[str] = set()
+    seen: BatchCache = set()
     prefix_tokens: dict[str, int] = {}
     schema_cache: dict[str, int] = {}
     plan: list[_Req] = []
     for i, ((cid, body), msgs, pt) in enumerate(zip(parsed, messages, prompt)):
         cached = 0
-        if msgs and pt >= 1024:
+        if msgs:
             first = json.dumps(msgs[0], sort_keys=True)
-            if first in first_seen:
-                prefix = prefix_tokens.get(first)
-                if prefix is None:
-                    prefix = prefix_tokens[first] = cache.count_many(model, [[msgs[0]]])[0] - 3
-                cached = min(pt, prefix) // 128 * 128
-                cached = cached if cached >= 1024 else 0
-            first_seen.add(first)
+
+            def count_first(first: str = first, msg: dict[str, str] = msgs[0]) -> int:
+                if first not in prefix_tokens:
+                    prefix_tokens[first] = cache.count_many(model, [[msg]])[0] - 3
+                return prefix_tokens[first]
+
+            cached = openai_cached_tokens(seen, model, pt, first, count_first, body.get("prompt_cache_key"))
         pt += schema_tokens(model, body.get("response_format"), cfg, schema_cache)
         req = _Req(i, cid, body, pt, cached)
         user_text = " ".join(m.get("content", "") for m in msgs)
