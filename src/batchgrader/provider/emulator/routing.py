@@ -94,16 +94,25 @@ def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | No
     boundary = m.group(1).encode("latin-1")
     out: dict[str, tuple[str | None, bytes]] = {}
     delim = b"--" + boundary
-    for part in body.split(delim)[1:]:
-        if part.startswith(b"--"):
+    # found by offset, so that only each part's content is copied (an upload is not copied whole
+    # again for each step of the parse)
+    pos = body.find(delim)
+    while pos >= 0:
+        start = pos + len(delim)
+        if body.startswith(b"--", start):
             break
-        if part.startswith(b"\r\n"):
-            part = part[2:]
-        head, sep, content = part.partition(b"\r\n\r\n")
-        if not sep:
+        nxt = body.find(delim, start)
+        end = len(body) if nxt < 0 else nxt
+        if body.startswith(b"\r\n", start):
+            start += 2
+        sep = body.find(b"\r\n\r\n", start, end)
+        pos = nxt
+        if sep < 0:
             continue
-        if content.endswith(b"\r\n"):
-            content = content[:-2]
+        head = body[start:sep]
+        c_start, c_end = sep + 4, end
+        if c_end - c_start >= 2 and body.startswith(b"\r\n", c_end - 2):
+            c_end -= 2
         disp = ""
         for line in head.decode("utf-8", "replace").split("\r\n"):
             if line.lower().startswith("content-disposition:"):
@@ -111,7 +120,7 @@ def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | No
         nm = re.search(r'\bname="([^"]*)"', disp)
         fn = re.search(r'\bfilename="([^"]*)"', disp) or re.search(r"\bfilename\*=(?:UTF-8'')?([^;]+)", disp)
         if nm:
-            out[nm.group(1)] = (unquote(fn.group(1)) if fn else None, content)
+            out[nm.group(1)] = (unquote(fn.group(1)) if fn else None, body[c_start:c_end])
     return out
 
 
