@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from batchgrader.fsio import atomic_write_bytes
+from batchgrader.fsio import atomic_write
 from batchgrader.provider.emulator.common import ApiError, _now_int
 from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
 from batchgrader.provider.emulator.state import _File, _StoreBase
@@ -20,7 +20,7 @@ class FilesMixin(_StoreBase):
     """Files, and the list paging the Batches API shares."""
 
     def create_file(
-        self, filename: str, data: bytes, purpose: str | None, expires_after: dict[str, Any], azure: bool = False
+        self, filename: str, data: bytes | memoryview, purpose: str | None, expires_after: dict[str, Any], azure: bool = False
     ) -> dict[str, Any]:
         """Upload a file.  ``azure``: through Azure OpenAI's routes, where a batch file has no
         default expiry, ``expires_after`` takes 14 to 30 days, and a resource holds at most
@@ -92,14 +92,17 @@ class FilesMixin(_StoreBase):
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def _add_file(self, filename: str, data: bytes | Path, purpose: str, created: int, expires_at: int | None) -> _File:
+    def _add_file(
+        self, filename: str, data: bytes | memoryview | Path, purpose: str, created: int, expires_at: int | None
+    ) -> _File:
         """A new file of ``data``: bytes, or a finished file of this process (moved into place)."""
         fid = "file-" + uuid.uuid4().hex[:24]
         path = self._blob_dir("files") / f"{fid}.data"
         if isinstance(data, Path):
             shutil.move(data, path)
         else:
-            atomic_write_bytes(path, data)
+            view = data
+            atomic_write(path, lambda fh: None if fh.write(view) else None)
         obj = {
             "id": fid,
             "object": "file",
