@@ -8,11 +8,13 @@ import math
 import random
 import threading
 import uuid
+from array import array
+from pathlib import Path
 from typing import Any
 
 from batchgrader.provider.emulator.common import _hex, _now_int
 from batchgrader.provider.emulator.config import BATCH_EXPIRED_MESSAGE, REASONING_PREFIXES, THIRTY_DAYS
-from batchgrader.provider.emulator.state import _Batch, _empty_usage, _Req, _StoreBase
+from batchgrader.provider.emulator.state import _Batch, _empty_usage, _Lines, _Out, _Req, _StoreBase
 
 
 def _is_reasoning_model(model: str) -> bool:
@@ -198,6 +200,65 @@ _CREATED_KEY = f'"created": {_CREATED_SLOT}'
 _Draft = tuple[str, str | None, tuple[int, int, int, int] | None]
 
 
+def _encode_draft(d: _Draft | None) -> bytes:
+    """A draft as one line of text (JSON text holds no raw tab or newline): ``head`` alone for a
+    failed request's line, ``head TAB tail TAB tokens``, or an empty line for none."""
+    if d is None:
+        return b"\n"
+    head, tail, tokens = d
+    if tail is None:
+        return head.encode() + b"\n"
+    assert tokens is not None
+    return f"{head}\t{tail}\t{tokens[0]},{tokens[1]},{tokens[2]},{tokens[3]}\n".encode()
+
+
+def _decode_draft(raw: bytes) -> _Draft | None:
+    text = raw.decode().rstrip("\n")
+    if not text:
+        return None
+    parts = text.split("\t")
+    if len(parts) == 1:
+        return text, None, None
+    head, tail, tok = parts
+    p, c, o, r = (int(x) for x in tok.split(","))
+    return head, tail, (p, c, o, r)
+
+
+class _Drafts:
+    """A running batch's answers drafted in the background, spooled to a file line by line in
+    request order; ``ready`` lines are written out (the drafter's thread raises it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ready = 0
+        self._lines: _Lines | None = None
+
+    def take(self, i: int) -> _Draft | None:
+        """Draft ``i`` (below ``ready``; never one before the last taken), None if it was skipped."""
+        if self._lines is None:
+            self._lines = _Lines(self.path)
+        return _decode_draft(self._lines.get(i))
+
+    def discard(self) -> None:
+        if self._lines is not None:
+            self._lines.close()
+        self.path.unlink(missing_ok=True)
+
+
+#: Drafted lines written out between two raises of ``_Drafts.ready``.
+DRAFT_FLUSH = 64
+
+
+def _shuffled(src: Path, offsets: array[int], order: list[int], dest: Path) -> Path:
+    """``src``'s lines (starting at ``offsets``) in ``order``, written to ``dest``."""
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        for k in order:
+            fin.seek(offsets[k])
+            fout.write(fin.readline())
+    src.unlink()
+    return dest
+
+
 class AnswersMixin(_StoreBase):
     """The results of a batch."""
 
@@ -242,104 +303,120 @@ class AnswersMixin(_StoreBase):
         in request order, so that the look at the batch that finds requests processed only dates
         their lines (``_answer_upto``) instead of generating them in a client's request."""
         plan = b.plan
-        if not self.real_clock or self.cfg.answer_fn is not None or not plan:
+        if not self.real_clock or self.cfg.answer_fn is not None or not plan or b.input_path is None:
             return  # a test's clock or answer function: answers are made in place, as they are due
-        drafts: list[_Draft | None] = [None] * len(plan)
+        drafts = _Drafts(self.scratch / f"{b.obj['id']}.drafts")
+        drafts.path.touch()
         b.drafts = drafts
         model = b.obj.get("model") or ""
         bid = b.obj["id"]
+        source = b.input_path
 
         def draft_all() -> None:
-            for i, req in enumerate(plan):
-                if i % 256 == 0 and (b.drafts is not drafts or b.status not in ("in_progress", "finalizing")):
-                    return  # done with, cancelled or expired: the rest is not needed
-                if i >= b.answered:
-                    drafts[i] = self._draft(req, model, bid)
+            from batchgrader.provider.emulator.validation import request_of  # (it imports this module)
+
+            lines = _Lines(source)
+            try:
+                with open(drafts.path, "wb") as out:
+                    for i in range(plan.n):
+                        if i % 256 == 0 and (b.drafts is not drafts or b.status not in ("in_progress", "finalizing")):
+                            return  # done with, cancelled or expired: the rest is not needed
+                        raw = lines.get(i)
+                        d = self._draft(request_of(plan, i, raw), model, bid) if i >= b.answered else None
+                        out.write(_encode_draft(d))
+                        if (i + 1) % DRAFT_FLUSH == 0:
+                            out.flush()
+                            drafts.ready = i + 1
+                    out.flush()
+                    drafts.ready = plan.n
+            finally:
+                lines.close()
 
         self.answerer.submit(draft_all)
 
     def _answer_upto(self, b: _Batch, processed: int, t: float, drafted_only: bool = False) -> None:
         """Generate the answers of the first ``processed`` requests that have none yet, as of time
-        ``t`` (their ``created``).  Called while the batch runs, so that, as at a real provider,
-        the answers exist by the time the batch ends and the retrieve that finds it done does not
-        generate them all at once.  ``drafted_only`` (a look at a running batch): only the answers
-        drafted in the background are dated, none is made in the client's request; the rest are
-        dated by a later look, or made when the batch ends."""
+        ``t`` (their ``created``), and spool them to disk (``b.out``).  Called while the batch
+        runs, so that, as at a real provider, the answers exist by the time the batch ends and the
+        retrieve that finds it done does not generate them all at once.  ``drafted_only`` (a look
+        at a running batch): only the answers drafted in the background are dated, none is made in
+        the client's request; the rest are dated by a later look, or made when the batch ends."""
         plan = self._ensure_plan(b)
-        processed = min(processed, len(plan))
+        processed = min(processed, plan.n)
         drafts = b.drafts
         if drafted_only and drafts is not None:
-            ready = b.answered
-            while ready < processed and drafts[ready] is not None:
-                ready += 1
-            processed = ready
+            processed = max(b.answered, min(processed, drafts.ready))
         if processed <= b.answered:
             return
+        if b.out is None:
+            b.out = _Out(self.scratch, b.obj["id"])
         model = b.obj.get("model") or ""
         created = str(_now_int(t))
         bid = b.obj["id"]
-        for req in plan[b.answered : processed]:
+        for i in range(b.answered, processed):
             # drafted in the background (real clock), or made now: the same line either way
-            d = drafts[req.index] if drafts is not None else None
-            head, tail, tokens = d if d is not None else self._draft(req, model, bid)
-            req.line = head if tail is None else head + created + tail
-            req.tokens = tokens
+            d = drafts.take(i) if drafts is not None and i < drafts.ready else None
+            head, tail, tokens = d if d is not None else self._draft(self._request(b, i), model, bid)
+            b.out.add(head if tail is None else head + created + tail, tokens)
         b.answered = processed
-        if drafts is not None and processed >= len(plan):
+        if drafts is not None and processed >= plan.n:
+            drafts.discard()
             b.drafts = None  # all used
 
     def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None:
         plan = self._ensure_plan(b)
         created = _now_int(t)
         self._answer_upto(b, processed, t)
-        ok_lines: list[str] = []
-        err_lines: list[str] = []
-        usage = _empty_usage()
-        for req in plan[:processed]:
-            assert req.line is not None
-            if req.tokens is None:
-                err_lines.append(req.line)
-                continue
-            prompt, cached, completion, reasoning = req.tokens
-            usage["input_tokens"] += prompt
-            usage["input_tokens_details"]["cached_tokens"] += cached
-            usage["output_tokens"] += completion
-            usage["output_tokens_details"]["reasoning_tokens"] += reasoning
-            ok_lines.append(req.line)
+        if b.out is None:
+            b.out = _Out(self.scratch, b.obj["id"])
+        out = b.out
         if expired:
-            for req in plan[processed:]:
-                err_lines.append(
-                    json.dumps(
-                        {
-                            "id": "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32),
-                            "custom_id": req.custom_id,
-                            "response": None,
-                            "error": {"code": "batch_expired", "message": BATCH_EXPIRED_MESSAGE},
-                        }
-                    )
+            for i in range(processed, plan.n):
+                req = self._request(b, i)
+                line = json.dumps(
+                    {
+                        "id": "batch_req_" + _hex(b.obj["id"], req.custom_id, n=32),
+                        "custom_id": req.custom_id,
+                        "response": None,
+                        "error": {"code": "batch_expired", "message": BATCH_EXPIRED_MESSAGE},
+                    }
                 )
-        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        if self.cfg.shuffle_output:
-            rng = random.Random(f"shuffle:{self.cfg.seed}:{b.obj['id']}")
-            for lines in (ok_lines, err_lines):
-                before = list(lines)
-                rng.shuffle(lines)
-                if len(lines) > 1 and lines == before:  # never hand back input order by luck
-                    lines.append(lines.pop(0))
+                out.add(line, None)
+        out.close()
+        prompt, cached, completion, reasoning = out.usage
+        usage = _empty_usage()
+        usage["input_tokens"] = prompt
+        usage["input_tokens_details"]["cached_tokens"] = cached
+        usage["output_tokens"] = completion
+        usage["output_tokens_details"]["reasoning_tokens"] = reasoning
+        usage["total_tokens"] = prompt + completion
+        rng = random.Random(f"shuffle:{self.cfg.seed}:{b.obj['id']}")
         bid = b.obj["id"]
-        if ok_lines:
-            f = self._add_file(
-                f"{bid}_output.jsonl", ("\n".join(ok_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS
-            )
-            b.obj["output_file_id"] = f.obj["id"]
-        if err_lines:
-            f = self._add_file(
-                f"{bid}_error.jsonl", ("\n".join(err_lines) + "\n").encode(), "batch_output", created, created + THIRTY_DAYS
-            )
-            b.obj["error_file_id"] = f.obj["id"]
-        b.obj["request_counts"] = {"total": b.n, "completed": len(ok_lines), "failed": len(err_lines)}
+        counts = []
+        for (path, offsets), (suffix, key) in zip(
+            zip(out.paths, out.offsets), (("output", "output_file_id"), ("error", "error_file_id"))
+        ):
+            counts.append(len(offsets))
+            if not offsets:
+                continue
+            if self.cfg.shuffle_output:
+                order = list(range(len(offsets)))
+                rng.shuffle(order)
+                if len(order) > 1 and all(k == i for i, k in enumerate(order)):  # never hand back input order by luck
+                    order.append(order.pop(0))
+                path = _shuffled(path, offsets, order, path.with_suffix(".shuffled"))
+            f = self._add_file(f"{bid}_{suffix}.jsonl", path, "batch_output", created, created + THIRTY_DAYS)
+            b.obj[key] = f.obj["id"]
+        b.obj["request_counts"] = {"total": b.n, "completed": counts[0], "failed": counts[1]}
         b.obj["usage"] = usage
+        out.discard()
+        b.out = None
+        if b.drafts is not None:
+            b.drafts.discard()
         b.drafts = None
+        if b.inputs is not None:
+            b.inputs.close()
+            b.inputs = None
 
     def _answer(self, req: _Req, model: str, created: int) -> dict[str, Any]:
         counter = _counter_for(model)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from pathlib import Path
 from typing import Any
 
+from batchgrader.fsio import atomic_write
 from batchgrader.provider.emulator.common import ApiError, _now_int
 from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
 from batchgrader.provider.emulator.state import _File, _StoreBase
@@ -17,7 +20,7 @@ class FilesMixin(_StoreBase):
     """Files, and the list paging the Batches API shares."""
 
     def create_file(
-        self, filename: str, data: bytes, purpose: str | None, expires_after: dict[str, Any], azure: bool = False
+        self, filename: str, data: bytes | memoryview, purpose: str | None, expires_after: dict[str, Any], azure: bool = False
     ) -> dict[str, Any]:
         """Upload a file.  ``azure``: through Azure OpenAI's routes, where a batch file has no
         default expiry, ``expires_after`` takes 14 to 30 days, and a resource holds at most
@@ -82,12 +85,28 @@ class FilesMixin(_StoreBase):
                 code="quota_exceeded",
             )
 
-    def _add_file(self, filename: str, data: bytes, purpose: str, created: int, expires_at: int | None) -> _File:
+    def _blob_dir(self, kind: str) -> Path:
+        """Where files' bytes (``files``) and batches' inputs (``batches``) are kept: in
+        ``data_dir`` (kept across restarts), else in this process's scratch folder."""
+        d = (self.data_dir or self.scratch) / kind
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _add_file(
+        self, filename: str, data: bytes | memoryview | Path, purpose: str, created: int, expires_at: int | None
+    ) -> _File:
+        """A new file of ``data``: bytes, or a finished file of this process (moved into place)."""
         fid = "file-" + uuid.uuid4().hex[:24]
+        path = self._blob_dir("files") / f"{fid}.data"
+        if isinstance(data, Path):
+            shutil.move(data, path)
+        else:
+            view = data
+            atomic_write(path, lambda fh: None if fh.write(view) else None)
         obj = {
             "id": fid,
             "object": "file",
-            "bytes": len(data),
+            "bytes": path.stat().st_size,
             "created_at": created,
             "filename": filename,
             "purpose": purpose,
@@ -95,9 +114,9 @@ class FilesMixin(_StoreBase):
             "expires_at": expires_at,
             "status_details": None,
         }
-        f = _File(obj, self._next_seq(), data)
+        f = _File(obj, self._next_seq(), path)
         self.files[fid] = f
-        self._save_file(f, with_data=True)
+        self._save_file(f)
         return f
 
     def _get_file(self, file_id: str) -> _File:
@@ -114,19 +133,16 @@ class FilesMixin(_StoreBase):
     def file_content(self, file_id: str) -> bytes:
         with self.lock:
             self._advance_all()
-            return self._get_file(file_id).data
+            return self._get_file(file_id).content()
 
     def delete_file(self, file_id: str) -> dict[str, Any]:
         with self.lock:
             f = self._get_file(file_id)
             f.deleted = True
             self._save_file(f)
-            if self.data_dir:
-                try:
-                    (self.data_dir / "files" / f"{file_id}.data").unlink()
-                except FileNotFoundError:
-                    pass
-            f.data = b""
+            if f.path is not None:
+                f.path.unlink(missing_ok=True)  # a batch that read it keeps its own link
+            f.path = None
             return {"id": file_id, "object": "file", "deleted": True}
 
     def list_files(self, query: dict[str, str]) -> dict[str, Any]:

@@ -225,8 +225,7 @@ class BatchesMixin(_StoreBase):
         return obj
 
     def _split_counts(self, b: _Batch, done: int) -> tuple[int, int]:
-        plan = self._ensure_plan(b)
-        bad = sum(1 for r in plan[:done] if r.fail_status is not None)
+        bad = self._ensure_plan(b).bad_upto(done)
         return done - bad, bad
 
     def _processed(self, b: _Batch, t: float) -> int:

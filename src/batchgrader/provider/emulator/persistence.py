@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from batchgrader.fsio import atomic_write_bytes
@@ -16,27 +15,19 @@ class PersistenceMixin(_StoreBase):
     def _write_atomic(self, path: Path, data: bytes) -> None:
         atomic_write_bytes(path, data)
 
-    def _save_file(self, f: _File, with_data: bool = False) -> None:
+    def _save_file(self, f: _File) -> None:
+        """Its record (its bytes are already in ``data_dir``: see ``FilesMixin._blob_dir``)."""
         if not self.data_dir:
             return
         d = self.data_dir / "files"
-        if with_data:
-            self._write_atomic(d / f"{f.obj['id']}.data", f.data)
         meta = {"obj": f.obj, "seq": f.seq, "deleted": f.deleted}
         self._write_atomic(d / f"{f.obj['id']}.json", json.dumps(meta).encode())
 
     def _save_batch(self, b: _Batch) -> None:
+        """Its record (its input is already linked in ``data_dir``: see ``ValidationMixin._validate``)."""
         if not self.data_dir:
             return
         d = self.data_dir / "batches"
-        inp = d / f"{b.obj['id']}.input"
-        if b.input_data is not None and not inp.exists():
-            src = self.data_dir / "files" / f"{b.obj['input_file_id']}.data"
-            try:
-                d.mkdir(parents=True, exist_ok=True)
-                os.link(src, inp)
-            except OSError:
-                self._write_atomic(inp, b.input_data)
         meta = {"obj": b.obj, "internal": b.internal()}
         self._write_atomic(d / f"{b.obj['id']}.json", json.dumps(meta).encode())
 
@@ -47,8 +38,7 @@ class PersistenceMixin(_StoreBase):
         for p in sorted(fdir.glob("*.json")) if fdir.exists() else []:
             meta = json.loads(p.read_text())
             data_path = fdir / f"{meta['obj']['id']}.data"
-            data = data_path.read_bytes() if data_path.exists() else b""
-            f = _File(meta["obj"], meta["seq"], data, meta.get("deleted", False))
+            f = _File(meta["obj"], meta["seq"], data_path if data_path.exists() else None, meta.get("deleted", False))
             self.files[f.obj["id"]] = f
             self.seq = max(self.seq, f.seq)
             if f.obj["purpose"] != "batch_output":
@@ -71,7 +61,7 @@ class PersistenceMixin(_StoreBase):
             )
             inp = bdir / f"{b.obj['id']}.input"
             if inp.exists():
-                b.input_data = inp.read_bytes()
+                b.input_path = inp
             self.batches[b.obj["id"]] = b
             self.seq = max(self.seq, b.seq)
             self.batches_created += 1

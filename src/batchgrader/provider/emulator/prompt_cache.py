@@ -5,7 +5,7 @@ Each batch has its own cache, filled in request order (the first request with a 
 writes it, later ones read it), so a batch's results are the same after an emulator restart.
 Real caches also serve later batches for a few minutes; the emulator does not model that.
 
-* OpenAI (``validation.plan_requests``): automatic for prompts of 1,024 tokens or more; the
+* OpenAI (``validation._Planner``): automatic for prompts of 1,024 tokens or more; the
   shared prefix (the first message) is cached in 128-token increments, keyed by the model, the
   prefix and the ``prompt_cache_key`` when one is sent.
 * Anthropic (:func:`anthropic_cache_split`): only a ``cache_control`` breakpoint caches, and only

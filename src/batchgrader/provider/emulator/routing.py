@@ -101,23 +101,32 @@ def _azure_body(status: int, message: str, code: str | None = None, param: str |
     return {"error": err}
 
 
-def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
+def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, memoryview]]:
     m = re.search(r'boundary="?([^";]+)"?', content_type)
     if not m:
         raise ApiError(400, "Could not parse multipart form: missing boundary.")
     boundary = m.group(1).encode("latin-1")
-    out: dict[str, tuple[str | None, bytes]] = {}
+    out: dict[str, tuple[str | None, memoryview]] = {}
     delim = b"--" + boundary
-    for part in body.split(delim)[1:]:
-        if part.startswith(b"--"):
+    # found by offset, each part's content a view of the body: an upload is not copied (it is
+    # written to disk by the store)
+    pos = body.find(delim)
+    while pos >= 0:
+        start = pos + len(delim)
+        if body.startswith(b"--", start):
             break
-        if part.startswith(b"\r\n"):
-            part = part[2:]
-        head, sep, content = part.partition(b"\r\n\r\n")
-        if not sep:
+        nxt = body.find(delim, start)
+        end = len(body) if nxt < 0 else nxt
+        if body.startswith(b"\r\n", start):
+            start += 2
+        sep = body.find(b"\r\n\r\n", start, end)
+        pos = nxt
+        if sep < 0:
             continue
-        if content.endswith(b"\r\n"):
-            content = content[:-2]
+        head = body[start:sep]
+        c_start, c_end = sep + 4, end
+        if c_end - c_start >= 2 and body.startswith(b"\r\n", c_end - 2):
+            c_end -= 2
         disp = ""
         for line in head.decode("utf-8", "replace").split("\r\n"):
             if line.lower().startswith("content-disposition:"):
@@ -125,7 +134,7 @@ def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | No
         nm = re.search(r'\bname="([^"]*)"', disp)
         fn = re.search(r'\bfilename="([^"]*)"', disp) or re.search(r"\bfilename\*=(?:UTF-8'')?([^;]+)", disp)
         if nm:
-            out[nm.group(1)] = (unquote(fn.group(1)) if fn else None, content)
+            out[nm.group(1)] = (unquote(fn.group(1)) if fn else None, memoryview(body)[c_start:c_end])
     return out
 
 
@@ -479,11 +488,11 @@ class _Handler(BaseHTTPRequestHandler):
             if "file" not in form:
                 raise ApiError(400, "Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
             filename, data = form["file"]
-            purpose = form.get("purpose", (None, b""))[1].decode("utf-8", "replace") or None
+            purpose = (bytes(form["purpose"][1]).decode("utf-8", "replace") if "purpose" in form else "") or None
             expires_after = {}
             for k in ("anchor", "seconds"):
                 if f"expires_after[{k}]" in form:
-                    expires_after[k] = form[f"expires_after[{k}]"][1].decode()
+                    expires_after[k] = bytes(form[f"expires_after[{k}]"][1]).decode()
             return 200, store.create_file(filename or "upload", data, purpose, expires_after, azure=self._azure_route)
         if action == "list_files":
             return 200, store.list_files(query)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from batchgrader.provider.emulator.answers import _Draft
+    from batchgrader.provider.emulator.answers import _Drafts
     from batchgrader.provider.emulator.background import Pending, TokenCache, Worker
     from batchgrader.provider.emulator.config import EmulatorConfig
     from batchgrader.provider.emulator.faults import FaultRates
@@ -21,8 +22,16 @@ if TYPE_CHECKING:
 class _File:
     obj: dict[str, Any]
     seq: int
-    data: bytes
+    path: Path | None  # where its bytes are kept (None: deleted, or lost)
     deleted: bool = False
+
+    def content(self) -> bytes:
+        if self.path is None:
+            return b""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
 
 
 @dataclass
@@ -34,10 +43,82 @@ class _Req:
     cached_tokens: int
     fail_status: int | None = None
     fail_body: dict[str, Any] | None = None
-    # Generated while the batch runs (at the time the request is processed), like a real provider:
-    # the output line and its (input, cached, output, reasoning) tokens; None until then.
-    line: str | None = None
-    tokens: tuple[int, int, int, int] | None = None
+
+
+#: How a planned request fails (``_Plan.fail``): it does not, by its content (the reply is
+#: decided again from its body when it is answered), or by the seeded ``request_failure_rate``.
+FAIL_NONE, FAIL_CONTENT, FAIL_SEEDED = 0, 1, 2
+
+
+@dataclass
+class _Plan:
+    """What a validated batch keeps per request: its prompt and cached tokens and how it fails
+    (a few bytes a request); the request itself is read again from the batch's input file,
+    line ``i`` being request ``i``, when it is answered."""
+
+    model: str
+    endpoint: str
+    prompt: array[int]
+    cached: array[int]
+    fail: bytearray
+
+    @property
+    def n(self) -> int:
+        return len(self.prompt)
+
+    def bad_upto(self, done: int) -> int:
+        """Failed requests among the first ``done``."""
+        return done - self.fail[:done].count(FAIL_NONE)
+
+
+class _Lines:
+    """A file's lines read forward: ``get(i)`` is line ``i`` (0-based), never one before the last
+    read."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "rb")  # noqa: SIM115 (closed by close(), or with the object)
+        self._next = 0
+
+    def get(self, i: int) -> bytes:
+        while self._next < i:
+            self._fh.readline()
+            self._next += 1
+        self._next += 1
+        return self._fh.readline()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class _Out:
+    """The answered lines of a running batch, spooled to disk as they are made: the output and
+    error lines apart, each line's offset, and the usage summed."""
+
+    def __init__(self, folder: Path, bid: str) -> None:
+        self.paths = (folder / f"{bid}.ok", folder / f"{bid}.err")
+        self._fhs = [open(p, "wb") for p in self.paths]  # noqa: SIM115 (closed by close())
+        self._pos = [0, 0]
+        self.offsets: tuple[array[int], array[int]] = (array("q"), array("q"))
+        self.usage = [0, 0, 0, 0]  # input, cached, output, reasoning tokens of the answered lines
+
+    def add(self, line: str, tokens: tuple[int, int, int, int] | None) -> None:
+        k = 1 if tokens is None else 0
+        data = line.encode() + b"\n"
+        self.offsets[k].append(self._pos[k])
+        self._fhs[k].write(data)
+        self._pos[k] += len(data)
+        if tokens is not None:
+            for j, v in enumerate(tokens):
+                self.usage[j] += v
+
+    def close(self) -> None:
+        for fh in self._fhs:
+            fh.close()
+
+    def discard(self) -> None:
+        self.close()
+        for p in self.paths:
+            p.unlink(missing_ok=True)
 
 
 @dataclass
@@ -53,14 +134,16 @@ class _Batch:
     stop_count: int | None = None  # requests processed when cancelled/expired
     enqueued_tokens: int = 0
     azure: bool = False  # created through Azure OpenAI's routes (its endpoint and url rules)
-    input_data: bytes | None = None
-    plan: list[_Req] | None = None
+    input_path: Path | None = None  # its own link to its input file's bytes, once validated
+    plan: _Plan | None = None
     answered: int = 0  # requests of ``plan`` whose answer is generated (not persisted: regenerated)
     # The background parse-and-count of the input file while validating (not persisted: restarted)
     checking: Pending | None = None
-    # Answers drafted in the background while the batch runs (real clock; not persisted): per
-    # request, its output line without ``created`` (see AnswersMixin._draft), None until drafted
-    drafts: list[_Draft | None] | None = None
+    # Answers drafted in the background while the batch runs (real clock; not persisted): each
+    # request's output line without ``created`` (see AnswersMixin._draft), spooled to disk
+    drafts: _Drafts | None = None
+    inputs: _Lines | None = None  # its input file read forward, as requests are answered in place
+    out: _Out | None = None  # the answers generated so far, spooled to disk
 
     @property
     def status(self) -> str:
@@ -113,6 +196,7 @@ class _StoreBase:
     rates: FaultRates
     fault_rng: random.Random
     data_dir: Path | None
+    scratch: Path  # a folder of this process (removed with the store): spooled answers, and files without data_dir
     token_cache: TokenCache
     worker: Worker
     # The clock is the real one: a batch stays validating until its background parse-and-count
@@ -125,9 +209,10 @@ class _StoreBase:
     if TYPE_CHECKING:  # implemented by the mixins
 
         def _next_seq(self) -> int: ...
-        def _save_file(self, f: _File, with_data: bool = False) -> None: ...
+        def _save_file(self, f: _File) -> None: ...
         def _save_batch(self, b: _Batch) -> None: ...
-        def _add_file(self, filename: str, data: bytes, purpose: str, created: int, expires_at: int | None) -> _File: ...
+        def _add_file(self, filename: str, data: bytes | Path, purpose: str, created: int, expires_at: int | None) -> _File: ...
+        def _blob_dir(self, kind: str) -> Path: ...
         def _advance_all(self) -> None: ...
         def _view(self, b: _Batch) -> dict[str, Any]: ...
         def _cursor(self, query: dict[str, str]) -> str | None: ...
@@ -136,7 +221,8 @@ class _StoreBase:
         def _start_validation(self, b: _Batch) -> None: ...
         def _start_answers(self, b: _Batch) -> None: ...
         def _validation_ready(self, b: _Batch) -> tuple[bool, float]: ...
-        def _ensure_plan(self, b: _Batch) -> list[_Req]: ...
+        def _ensure_plan(self, b: _Batch) -> _Plan: ...
+        def _request(self, b: _Batch, i: int) -> _Req: ...
         def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None: ...
         def _answer_upto(self, b: _Batch, processed: int, t: float, drafted_only: bool = False) -> None: ...
         @staticmethod

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,8 @@ class _Store(
         self.rates = config.fault_rates()
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.data_dir = Path(config.data_dir) if config.data_dir else None
+        self.scratch = Path(tempfile.mkdtemp(prefix="bg-emulator-"))
+        weakref.finalize(self, shutil.rmtree, self.scratch, True)  # removed with the store (or at exit)
         self.token_cache = TokenCache()
         self.worker = Worker(self.clock, "emulator-validation")
         self.answerer = Worker(self.clock, "emulator-answers")
@@ -75,6 +80,8 @@ class _Store(
         later request needs is then done in place."""
         with self.lock:
             for b in self.batches.values():
+                if b.drafts is not None:
+                    b.drafts.discard()
                 b.drafts = None
         self.worker.drop_queued()
         self.answerer.drop_queued()

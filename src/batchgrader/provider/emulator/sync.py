@@ -18,6 +18,7 @@ no cache read is reported on this path.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from batchgrader.provider.emulator.anthropic import AnthropicApiError, Anthropic
 from batchgrader.provider.emulator.common import ApiError
 from batchgrader.provider.emulator.config import CHAT_ENDPOINT
 from batchgrader.provider.emulator.gemini import GeminiApiError, GeminiMixin
-from batchgrader.provider.emulator.validation import check_input
+from batchgrader.provider.emulator.validation import check_input, request_of
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,14 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
             raise ApiError(400, "The emulator does not stream; send stream=false.", param="stream", code="unsupported_value")
         cid = "sync-" + _request_id("chat", body)
         line = json.dumps({"custom_id": cid, "method": "POST", "url": CHAT_ENDPOINT, "body": {**body, "stream": False}})
-        checked = check_input(line.encode("utf-8"), CHAT_ENDPOINT, self.cfg, self.token_cache)
+        raw = line.encode("utf-8")
+        checked = check_input(io.BytesIO(raw), CHAT_ENDPOINT, self.cfg, self.token_cache)
         if checked.errors:
             e = checked.errors[0]
             param = (e.get("param") or "").removeprefix("body.") or None
             raise ApiError(400, str(e["message"]), code=e.get("code"), param=param)
         assert checked.plan is not None and checked.model is not None
-        req = checked.plan[0]
+        req = request_of(checked.plan, 0, raw)
         if req.fail_status is not None:
             err = (req.fail_body or {}).get("error") or {}
             raise ApiError(

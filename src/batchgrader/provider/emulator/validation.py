@@ -8,8 +8,13 @@ create) only applies its result, and decides the enqueued-token limit, under the
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
 from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
@@ -23,7 +28,16 @@ from batchgrader.provider.emulator.config import (
 )
 from batchgrader.provider.emulator.prompt_cache import BatchCache, openai_cached_tokens
 from batchgrader.provider.emulator.rules import openai_request_error
-from batchgrader.provider.emulator.state import _Batch, _Req, _StoreBase
+from batchgrader.provider.emulator.state import (
+    FAIL_CONTENT,
+    FAIL_NONE,
+    FAIL_SEEDED,
+    _Batch,
+    _Lines,
+    _Plan,
+    _Req,
+    _StoreBase,
+)
 
 if TYPE_CHECKING:
     from batchgrader.provider.emulator.background import TokenCache
@@ -42,15 +56,38 @@ class _Checked:
 
     errors: list[dict[str, Any]]
     model: str | None
-    plan: list[_Req] | None
+    plan: _Plan | None
     tokens: int
 
 
-def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool = False) -> _Checked:
-    """Parse and check every line of an input file like the Batch API does, then plan it.
+#: Requests planned (their prompts counted) at a time while an input file is read.
+PLAN_CHUNK = 2048
+
+
+def _request_lines(fh: BinaryIO) -> tuple[int, int]:
+    """(lines, requests) of an input file: its lines, and the lines up to its last non-blank one
+    (trailing blank lines are not requests)."""
+    lines = last = 0
+    for raw in fh:
+        lines += 1
+        if raw.strip():
+            last = lines
+    fh.seek(0)
+    return lines, last
+
+
+def check_input(source: Path | BinaryIO, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool = False) -> _Checked:
+    """Parse and check every line of an input file like the Batch API does, then plan it, reading
+    the file line by line (``source``: its path, or the file open for reading, closed here).
 
     ``azure``: as Azure OpenAI does, a line whose ``url`` is not the batch's endpoint is refused
     with ``url_mismatch``, and its api-version chat endpoint ``/chat/completions`` is chat."""
+    fh = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115 (closed below)
+    with fh:
+        return _check_lines(fh, endpoint, cfg, cache, azure)
+
+
+def _check_lines(fh: BinaryIO, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool) -> _Checked:
     errors: list[dict[str, Any]] = []
     chat = endpoint == CHAT_ENDPOINT or (azure and endpoint == AZURE_CHAT_ENDPOINT)
 
@@ -58,24 +95,25 @@ def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCac
         if len(errors) < 1000:
             errors.append({"code": code, "message": message, "param": param, "line": line})
 
-    raw_lines = data.split(b"\n")
-    while raw_lines and not raw_lines[-1].strip():
-        raw_lines.pop()
-    if not raw_lines:
+    _, n_requests = _request_lines(fh)
+    if not n_requests:
         err("empty_file", "The batch input file is empty.", None, None)
         return _Checked(errors, None, None, 0)
-    if len(raw_lines) > cfg.max_requests_per_batch:
+    if n_requests > cfg.max_requests_per_batch:
         err(
             "too_many_tasks",
-            f"The batch input file has {len(raw_lines):,} requests, but a batch can hold at most {cfg.max_requests_per_batch:,}.",
+            f"The batch input file has {n_requests:,} requests, but a batch can hold at most {cfg.max_requests_per_batch:,}.",
             None,
             None,
         )
         return _Checked(errors, None, None, 0)
     model: str | None = None
     seen: set[str] = set()
-    parsed: list[tuple[str, dict[str, Any]]] = []
-    for lineno, raw in enumerate(raw_lines, start=1):
+    planner: _Planner | None = None
+    parsed: list[tuple[str, dict[str, Any]]] = []  # waiting to be planned (PLAN_CHUNK at a time)
+    for lineno, raw in enumerate(fh, start=1):
+        if lineno > n_requests:
+            break
         try:
             item = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -129,6 +167,7 @@ def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCac
             continue
         if model is None:
             model = m
+            planner = _Planner(endpoint, model, cfg, cache)
         elif m != model:
             err(
                 "mismatched_model",
@@ -140,12 +179,19 @@ def check_input(data: bytes, endpoint: str, cfg: EmulatorConfig, cache: TokenCac
         if chat and not isinstance(body.get("messages"), list):
             err("invalid_request", "Messages parameter is required.", "body.messages", lineno)
             continue
+        if errors:
+            continue  # no plan for a file with errors: only the rest of its errors are looked for
         parsed.append((cid, body))
+        if len(parsed) >= PLAN_CHUNK:
+            assert planner is not None
+            planner.add(parsed)
+            parsed = []
     if errors:
         return _Checked(errors, model, None, 0)
-    assert model is not None
-    plan = plan_requests(endpoint, parsed, model, cfg, cache)
-    return _Checked([], model, plan, sum(r.prompt_tokens for r in plan))
+    assert model is not None and planner is not None
+    planner.add(parsed)
+    plan = planner.plan
+    return _Checked([], model, plan, sum(plan.prompt))
 
 
 def schema_tokens(model: str, response_format: Any, cfg: EmulatorConfig, cache: dict[str, int]) -> int:
@@ -164,70 +210,95 @@ def schema_tokens(model: str, response_format: Any, cfg: EmulatorConfig, cache: 
     return found
 
 
-def plan_requests(
-    endpoint: str, parsed: list[tuple[str, dict[str, Any]]], model: str, cfg: EmulatorConfig, cache: TokenCache
-) -> list[_Req]:
-    """Each request's prompt and cached tokens, and the failures decided by its content alone."""
+def content_failure(endpoint: str, body: dict[str, Any], model: str) -> tuple[int, dict[str, Any]] | None:
+    """The reply of a request that fails by its content alone (status, body), or None."""
     chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT)  # the Azure one only exists on Azure batches
-    messages = [_countable_messages(body.get("messages")) for _, body in parsed]
-    if chat:
-        prompt = cache.count_many(model, messages)
-    else:
-        prompt = [0] * len(parsed)
-    seen: BatchCache = set()
-    prefix_tokens: dict[str, int] = {}
-    schema_cache: dict[str, int] = {}
-    plan: list[_Req] = []
-    for i, ((cid, body), msgs, pt) in enumerate(zip(parsed, messages, prompt)):
-        cached = 0
-        if msgs:
-            first = json.dumps(msgs[0], sort_keys=True)
+    msgs = _countable_messages(body.get("messages"))
+    user_text = " ".join(m.get("content", "") for m in msgs)
+    if FAIL_400_TRIGGER in user_text:
+        return (
+            400,
+            _error_body(
+                "Invalid request (emulated failure triggered by __FAIL_400__).",
+                "invalid_request_error",
+                None,
+                "invalid_value",
+            ),
+        )
+    if FAIL_500_TRIGGER in user_text:
+        return 500, _server_error_body()
+    if not chat:
+        return (
+            400,
+            _error_body(
+                f"The emulator does not implement {endpoint}; only {CHAT_ENDPOINT} requests are answered.",
+                "invalid_request_error",
+                "url",
+                "unsupported_endpoint",
+            ),
+        )
+    if (refused := openai_request_error(body)) is not None:
+        return refused
+    if _is_reasoning_model(model) and "max_tokens" in body:
+        return (
+            400,
+            _error_body(
+                "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+                "invalid_request_error",
+                "max_tokens",
+                "unsupported_parameter",
+            ),
+        )
+    return None
 
-            def count_first(first: str = first, msg: dict[str, str] = msgs[0]) -> int:
-                if first not in prefix_tokens:
-                    prefix_tokens[first] = cache.count_many(model, [[msg]])[0] - 3
-                return prefix_tokens[first]
 
-            cached = openai_cached_tokens(seen, model, pt, first, count_first, body.get("prompt_cache_key"))
-        pt += schema_tokens(model, body.get("response_format"), cfg, schema_cache)
-        req = _Req(i, cid, body, pt, cached)
-        user_text = " ".join(m.get("content", "") for m in msgs)
-        if FAIL_400_TRIGGER in user_text:
-            req.fail_status, req.fail_body = (
-                400,
-                _error_body(
-                    "Invalid request (emulated failure triggered by __FAIL_400__).",
-                    "invalid_request_error",
-                    None,
-                    "invalid_value",
-                ),
-            )
-        elif FAIL_500_TRIGGER in user_text:
-            req.fail_status, req.fail_body = 500, _server_error_body()
-        elif not chat:
-            req.fail_status, req.fail_body = (
-                400,
-                _error_body(
-                    f"The emulator does not implement {endpoint}; only {CHAT_ENDPOINT} requests are answered.",
-                    "invalid_request_error",
-                    "url",
-                    "unsupported_endpoint",
-                ),
-            )
-        elif (refused := openai_request_error(body)) is not None:
-            req.fail_status, req.fail_body = refused
-        elif _is_reasoning_model(model) and "max_tokens" in body:
-            req.fail_status, req.fail_body = (
-                400,
-                _error_body(
-                    "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
-                    "invalid_request_error",
-                    "max_tokens",
-                    "unsupported_parameter",
-                ),
-            )
-        plan.append(req)
-    return plan
+class _Planner:
+    """Plans a batch's requests a chunk at a time, in order: each request's prompt and cached
+    tokens, and whether it fails by its content alone."""
+
+    def __init__(self, endpoint: str, model: str, cfg: EmulatorConfig, cache: TokenCache) -> None:
+        self.endpoint, self.model, self.cfg, self.cache = endpoint, model, cfg, cache
+        self.chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT)
+        self.plan = _Plan(model, endpoint, array("q"), array("q"), bytearray())
+        self.seen: BatchCache = set()  # prompt-cache prefixes written so far in this batch
+        self.prefix_tokens: dict[str, int] = {}
+        self.schema_cache: dict[str, int] = {}
+
+    def add(self, parsed: list[tuple[str, dict[str, Any]]]) -> None:
+        model, cache, plan = self.model, self.cache, self.plan
+        messages = [_countable_messages(body.get("messages")) for _, body in parsed]
+        prompt = cache.count_many(model, messages) if self.chat else [0] * len(parsed)
+        for (_, body), msgs, pt in zip(parsed, messages, prompt):
+            cached = 0
+            if msgs:
+                first = json.dumps(msgs[0], sort_keys=True)
+
+                def count_first(first: str = first, msg: dict[str, str] = msgs[0]) -> int:
+                    if first not in self.prefix_tokens:
+                        self.prefix_tokens[first] = cache.count_many(model, [[msg]])[0] - 3
+                    return self.prefix_tokens[first]
+
+                cached = openai_cached_tokens(self.seen, model, pt, first, count_first, body.get("prompt_cache_key"))
+            pt += schema_tokens(model, body.get("response_format"), self.cfg, self.schema_cache)
+            plan.prompt.append(pt)
+            plan.cached.append(cached)
+            failed = content_failure(self.endpoint, body, model) is not None
+            plan.fail.append(FAIL_CONTENT if failed else FAIL_NONE)
+
+
+def request_of(plan: _Plan, i: int, raw: bytes) -> _Req:
+    """Request ``i`` of a planned batch, from its input line ``raw``, with its planned outcome."""
+    item = json.loads(raw)
+    body = item["body"]
+    req = _Req(i, item["custom_id"], body, plan.prompt[i], plan.cached[i])
+    kind = plan.fail[i]
+    if kind == FAIL_CONTENT:
+        failure = content_failure(plan.endpoint, body, plan.model)
+        assert failure is not None
+        req.fail_status, req.fail_body = failure
+    elif kind == FAIL_SEEDED:
+        req.fail_status, req.fail_body = 500, _server_error_body()
+    return req
 
 
 class ValidationMixin(_StoreBase):
@@ -236,10 +307,14 @@ class ValidationMixin(_StoreBase):
     def _start_validation(self, b: _Batch) -> None:
         """Start the parse-and-count of ``b``'s input file in the background (if it has one)."""
         f = self.files.get(b.obj["input_file_id"])
-        if f is None or f.deleted or f.obj["purpose"] != "batch":
+        if f is None or f.deleted or f.obj["purpose"] != "batch" or f.path is None:
             return  # _validate reports it; nothing to compute
-        data, endpoint, cfg, cache, azure = f.data, b.obj["endpoint"], self.cfg, self.token_cache, b.azure
-        b.checking = self.worker.submit(lambda: check_input(data, endpoint, cfg, cache, azure))
+        try:
+            fh = open(f.path, "rb")  # noqa: SIM115 (closed by check_input): read as it is now
+        except FileNotFoundError:
+            return
+        endpoint, cfg, cache, azure = b.obj["endpoint"], self.cfg, self.token_cache, b.azure
+        b.checking = self.worker.submit(lambda: check_input(fh, endpoint, cfg, cache, azure))
 
     def _validation_ready(self, b: _Batch) -> tuple[bool, float]:
         """Whether ``b``'s validation may be applied, and from when (``validating_s`` after its
@@ -253,12 +328,12 @@ class ValidationMixin(_StoreBase):
             return False, due
         return True, max(due, p.t_done)
 
-    def _checked(self, b: _Batch, data: bytes) -> _Checked:
+    def _checked(self, b: _Batch, path: Path) -> _Checked:
         p = b.checking
         b.checking = None
         if p is not None and p.wait(VALIDATION_WAIT_S) and p.error is None:
             return p.result  # type: ignore[no-any-return]
-        return check_input(data, b.obj["endpoint"], self.cfg, self.token_cache, b.azure)
+        return check_input(path, b.obj["endpoint"], self.cfg, self.token_cache, b.azure)
 
     def _validate(self, b: _Batch) -> list[dict[str, Any]]:
         obj = b.obj
@@ -284,15 +359,15 @@ class ValidationMixin(_StoreBase):
                     "line": None,
                 }
             ]
-        data = f.data
-        checked = self._checked(b, data)
+        assert f.path is not None  # a file not deleted has its bytes
+        checked = self._checked(b, f.path)
         model = checked.model
         if model is not None:
             obj["model"] = model
         if checked.errors:
             return checked.errors
         assert model is not None and checked.plan is not None
-        plan = self._fail_seeded(checked.plan, self.custom_id_seen)
+        plan = checked.plan
         tokens = checked.tokens
         limit = self.cfg.token_limits.get(model)
         if limit is not None:
@@ -312,40 +387,64 @@ class ValidationMixin(_StoreBase):
                         "line": None,
                     }
                 ]
-        for req in plan:
-            self.custom_id_seen[req.custom_id] += 1
-        b.plan = plan
-        b.input_data = data  # the batch keeps its input even if the file is deleted later
+        # the batch keeps its input even if the file is deleted later: a link of its own
+        inp = self._blob_dir("batches") / f"{obj['id']}.input"
+        inp.unlink(missing_ok=True)
+        try:
+            os.link(f.path, inp)
+        except OSError:
+            shutil.copyfile(f.path, inp)
+        b.input_path = inp
+        seen = self.custom_id_seen
+        b.plan = self._fail_seeded(plan, inp, lambda cid: seen.get(cid, 0), count=True)
         b.enqueued_tokens = tokens
-        obj["request_counts"] = {"total": len(plan), "completed": 0, "failed": 0}
+        obj["request_counts"] = {"total": plan.n, "completed": 0, "failed": 0}
         return []
 
-    def _fail_seeded(self, plan: list[_Req], occurrences: dict[str, int]) -> list[_Req]:
+    def _fail_seeded(self, plan: _Plan, path: Path, seen_before: Callable[[str], int], count: bool = False) -> _Plan:
         """The seeded fraction of requests that fail with a 500 (``request_failure_rate``); a
-        custom_id's draw depends on how often it was seen before (a retry may succeed)."""
+        custom_id's draw depends on how often it was seen before (a retry may succeed).
+        ``count``: each custom_id is counted as seen once more (only with a failure rate: the
+        count is used only for the draw)."""
         rate = self.cfg.request_failure_rate
-        if rate > 0:
-            for req in plan:
-                if (
-                    req.fail_status is None
-                    and _unit("fail", self.cfg.seed, req.custom_id, occurrences.get(req.custom_id, 0)) < rate
-                ):
-                    req.fail_status, req.fail_body = 500, _server_error_body()
+        if rate <= 0:
+            return plan
+        with open(path, "rb") as fh:
+            for i in range(plan.n):
+                cid = json.loads(fh.readline())["custom_id"]
+                if plan.fail[i] == FAIL_NONE and _unit("fail", self.cfg.seed, cid, seen_before(cid)) < rate:
+                    plan.fail[i] = FAIL_SEEDED
+                if count:
+                    self.custom_id_seen[cid] += 1
         return plan
 
-    def _ensure_plan(self, b: _Batch) -> list[_Req]:
+    def _ensure_plan(self, b: _Batch) -> _Plan:
         if b.plan is not None:
             return b.plan
-        if b.n == 0 or b.input_data is None:
-            b.plan = []
+        if b.n == 0 or b.input_path is None:
+            b.plan = _Plan(b.obj.get("model") or "", b.obj["endpoint"], array("q"), array("q"), bytearray())
             return b.plan
         # Rebuild after a restart: same parse, same deterministic outcomes.
-        parsed = []
-        for raw in b.input_data.split(b"\n"):
-            if raw.strip():
-                item = json.loads(raw)
-                parsed.append((item["custom_id"], item["body"]))
-        occurrence = {cid: max(0, self.custom_id_seen.get(cid, 1) - 1) for cid, _ in parsed}
-        plan = plan_requests(b.obj["endpoint"], parsed, b.obj["model"], self.cfg, self.token_cache)
-        b.plan = self._fail_seeded(plan, occurrence)
+        model = b.obj["model"]
+        planner = _Planner(b.obj["endpoint"], model, self.cfg, self.token_cache)
+        parsed: list[tuple[str, dict[str, Any]]] = []
+        with open(b.input_path, "rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    item = json.loads(raw)
+                    parsed.append((item["custom_id"], item["body"]))
+                if len(parsed) >= PLAN_CHUNK:
+                    planner.add(parsed)
+                    parsed = []
+        planner.add(parsed)
+        seen = self.custom_id_seen
+        b.plan = self._fail_seeded(planner.plan, b.input_path, lambda cid: max(0, seen.get(cid, 1) - 1))
         return b.plan
+
+    def _request(self, b: _Batch, i: int) -> _Req:
+        """Request ``i`` of ``b``, read from its input file (forward: ``i`` never decreases)."""
+        plan = self._ensure_plan(b)
+        if b.inputs is None:
+            assert b.input_path is not None
+            b.inputs = _Lines(b.input_path)
+        return request_of(plan, i, b.inputs.get(i))
