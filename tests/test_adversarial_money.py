@@ -56,7 +56,13 @@ def test_a_late_duplicate_is_listed_and_cancelled_before_it_runs(home):
     with Emulator(cfg) as emu, EventStore(home.db) as store:
         emu.script_fault("POST", "/v1/batches", Fault("delay", seconds=5.0))
         engine = make_engine(home, emu, store, "request_timeout_seconds: 0.5\n")
-        run_until(engine, lambda: all_ended(engine) and creates.settled(), timeout=90)
+        # the job can end while the emulator is still moving the cancelled batch from cancelling
+        # to cancelled (it takes a moment under load): wait for that too
+        run_until(
+            engine,
+            lambda: all_ended(engine) and creates.settled() and all(b["status"] != "cancelling" for b in emu.batches()),
+            timeout=90,
+        )
         assert sorted(b["status"] for b in emu.batches()) == ["cancelled", "completed"]
         assert all(n == 1 for n in paid_per_key(emu).values()), "the late batch ran: its rows were paid twice"
         (checked,) = [e.payload for e in store.read() if e.type == "DuplicateBatchesChecked"]

@@ -109,9 +109,15 @@ def test_answers_are_keyed_by_who_answers_and_count_predicts_the_daemons_reuse(t
     got = {name: reused[job]["cached_rows"] if job in reused else 0 for name, job in new.items()}
     assert got == predicted
     assert set(events(home, "JobCompleted")) == set(accepted.values()) | set(new.values())  # all 9 jobs done
-    # the OpenAI job asked exactly the Anthropic job's questions, and still sent every row
+    # the OpenAI job asked exactly the Anthropic job's questions (the prompt-cache key routes a
+    # request, it is not part of the question), and still sent every row
+    from batchgrader.pipeline.answerkey import ROUTING_FIELDS
+
     bodies = {
-        name: [json.loads(line)["body"] for line in (home / "work" / job / "requests.jsonl").read_text().splitlines()]
+        name: [
+            {k: v for k, v in json.loads(line)["body"].items() if k not in ROUTING_FIELDS}
+            for line in (home / "work" / job / "requests.jsonl").read_text().splitlines()
+        ]
         for name, job in (("a", accepted["a"]), ("oc", new["oc"]))
     }
     assert bodies["a"] == bodies["oc"] and len(bodies["a"]) == 4

@@ -137,12 +137,17 @@ def result_layout(header: list[str], settings: dict[str, Any]) -> ResultLayout:
     rf = settings.get("response_format")
     schema = (rf or {}).get("json_schema", {}).get("schema") if rf else None
     schema = schema if isinstance(schema, dict) else None
-    n_added = 4 + len((schema or {}).get("properties") or {})
-    if len(header) < n_added:
-        return ResultLayout(inputs=header)
-    inputs = header[:-n_added]
-    cols = added_columns(inputs, settings.get("output_column") or "grade", rf)
-    if cols.names() != header[-n_added:]:
+    n_fields = len((schema or {}).get("properties") or {})
+    # the added columns: answered_by, the answer, its fields, the token counts and the error (a
+    # result written before answered_by existed has the others only)
+    for n_added, written in ((5 + n_fields, True), (4 + n_fields, False)):
+        if len(header) < n_added:
+            continue
+        inputs = header[:-n_added]
+        cols = added_columns(inputs, settings.get("output_column") or "grade", rf)
+        if (cols.written() if written else cols.names()) == header[-n_added:]:
+            break
+    else:
         return ResultLayout(inputs=header)
     fields = dict(cols.fields)
     kinds = {fields[f]: k for f, k in field_kinds(schema).items() if f in fields}
