@@ -63,6 +63,12 @@ def test_a_passed_preflight_answers_its_rows_and_the_batch_carries_the_rest(rig)
     want = billed_cost(standard_price(price), 2 * rig.provider.prompt_tokens, 0, 2 * rig.provider.completion_tokens)
     assert used["batch_id"] is None and want > 0 and used["cost_usd"] == pytest.approx(want)
     assert standard_price(price).input_per_1m == price.spec.standard_input_per_1m  # the catalogue's standard price
+    # the preflight's rows say so and keep their tokens: every token column sums to what was billed
+    by = {r["id"]: r["answered_by"] for r in rows}
+    assert [by[str(int(c.rsplit("-", 1)[-1]) - 1)] for c in answered] == ["preflight", "preflight"]  # row n is custom id n+1
+    assert list(by.values()).count("batch") == 3
+    billed = sum(u["prompt_tokens"] for u in rig.events("TokensUsed"))
+    assert sum(int(r["input_tokens"]) for r in rows) == billed > 0
 
 
 def test_the_standard_price_is_the_catalogues_own_or_twice_the_batch_price():

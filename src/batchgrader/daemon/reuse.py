@@ -19,7 +19,7 @@ from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import riders, sent_ids
 from batchgrader.pipeline.prepare import oversized_positions
-from batchgrader.pipeline.reuse import ReusePlan, ReuseProbe, read_reuse_file, replan
+from batchgrader.pipeline.reuse import PREFLIGHT, ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent
@@ -204,7 +204,7 @@ class ReuseSteps(EngineBase):
                 yield _answer_row(job, c, provider, key, ok[cid])
 
 
-PREFLIGHT_TS = "preflight"  # the ``ts`` of a preflight's answer taken as a stored answer
+PREFLIGHT_TS = PREFLIGHT  # the ``ts`` of a preflight's answer taken as a stored answer
 
 
 def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:

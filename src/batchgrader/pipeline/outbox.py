@@ -31,7 +31,9 @@ def error_name(input_name: str) -> str:
 
 #: ``answered_by``: how a row got its answer.  Only ``batch`` rows were billed in this job; the
 #: token columns of ``duplicate`` and ``reused`` rows are 0, so each column sums to the bill.
-ANSWERED_BY = {None: "batch", "duplicate": "duplicate", "cache": "reused"}
+ANSWERED_BY = {None: "batch", "duplicate": "duplicate", "cache": "reused", "preflight": "preflight"}
+#: answers billed elsewhere: their rows carry 0 tokens (a preflight's answer was billed in this job)
+BILLED_ELSEWHERE = frozenset({"duplicate", "cache"})
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def result_values(
             else:
                 out[c] = "" if v is None else v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
         pt, ct = outcome.get("prompt_tokens"), outcome.get("completion_tokens")
-        if outcome.get("reused"):
+        if outcome.get("reused") in BILLED_ELSEWHERE:
             pt = ct = 0  # billed once, for the row (or the earlier job) that answered it
         out[cols.input_tokens] = pt if json_values else ("" if pt is None else str(pt))
         out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
@@ -133,7 +135,11 @@ def result_values(
             out[c] = blank
         if outcome is not None and outcome.get("status_code") == 200:  # answered, not an answer (truncated, ...): billed
             out[cols.answered_by] = ANSWERED_BY.get(outcome.get("reused"), "batch")
-            pt, ct = (0, 0) if outcome.get("reused") else (outcome.get("prompt_tokens"), outcome.get("completion_tokens"))
+            pt, ct = (
+                (0, 0)
+                if outcome.get("reused") in BILLED_ELSEWHERE
+                else (outcome.get("prompt_tokens"), outcome.get("completion_tokens"))
+            )
             out[cols.input_tokens] = pt if json_values else ("" if pt is None else str(pt))
             out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
         else:

@@ -35,6 +35,12 @@ Lookup = Callable[[Sequence[str]], dict[str, Any]]  # keys -> {key: StoredAnswer
 ExactCount = Callable[[list[bytes]], tuple[list[int] | None, dict[str, Any]]]
 
 
+#: how an answer of the job's own preflight is marked among its reused answers (its ``ts`` as a
+#: stored answer, the reuse file's last field, the result record's ``reused``): it was billed in
+#: this job, so its row keeps its tokens and is ``answered_by: preflight``
+PREFLIGHT = "preflight"
+
+
 def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, counting: dict[str, Any] | None) -> bool:
     """Put exact counts (one per line at ``positions``: the rows that are sent) in place of
     ``prep.tokens``; True when they were applied.  Other rows (oversized, answered from the
@@ -69,11 +75,11 @@ class ReusePlan:
     def lines(self) -> Iterable[bytes]:
         """The reuse file: one JSON array per line, ``["cache", custom_id, key, content, finish_reason,
         prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, answered_in]`` per cached
-        row and ``["duplicate", custom_id, leader]`` per duplicate (see :func:`read_reuse_file`)."""
+        row (``+ ["preflight"]`` for an answer of this job's preflight) and ``["duplicate", custom_id, leader]`` per duplicate (see :func:`read_reuse_file`)."""
         dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), one encoder
         for cid, a in self.cached:
             row = ["cache", cid, a.key, a.content, a.finish_reason, a.prompt_tokens, a.cached_tokens]
-            row += [a.completion_tokens, a.reasoning_tokens, a.job_id]
+            row += [a.completion_tokens, a.reasoning_tokens, a.job_id, *_answered_by(a)]
             yield (dumps(row) + "\n").encode("utf-8")
         for cid, leader in self.followers.items():
             yield (dumps(["duplicate", cid, leader]) + "\n").encode("utf-8")
@@ -92,15 +98,22 @@ class ReusePlan:
                     a.completion_tokens,
                     a.reasoning_tokens,
                     a.job_id,
+                    *_answered_by(a),
                 ]
             )
             for cid, a in self.cached
         ]
 
 
+def _answered_by(a: Any) -> list[str]:
+    """The reuse file's optional last field: ``preflight`` for this job's own preflight answer
+    (billed in this job), nothing for an answer from the store."""
+    return [PREFLIGHT] if a.ts == PREFLIGHT else []
+
+
 def _record(row: list[Any]) -> dict[str, Any]:
     """A cached row's result record (the shape of a merged chunk's results file)."""
-    _, cid, key, content, finish, pt, ct, comp, rt, job = row
+    _, cid, key, content, finish, pt, ct, comp, rt, job, *how = row
     return {
         "custom_id": cid,
         "ok": True,
@@ -113,7 +126,7 @@ def _record(row: list[Any]) -> dict[str, Any]:
         "completion_tokens": comp,
         "reasoning_tokens": rt,
         "finish_reason": finish,
-        "reused": "cache",
+        "reused": PREFLIGHT if how == [PREFLIGHT] else "cache",
         "key": key,
         "answered_in": job,
     }
