@@ -90,8 +90,14 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
         # a.csv 3 + b.jsonl 1 + s.jsonl 2 (4 rows, 3 a chunk) + list.json 1 batches, all on the Azure paths
         assert requests.get("POST /openai/batches") == 7 and requests.get("POST /openai/files") == 7
         assert not any(k.startswith(("POST /v1/", "GET /v1/")) for k in requests)
-        bodies = [json.loads(line)["body"]["model"] for f in emu.store.files.values() for line in f.data.splitlines() if line]
-        assert set(bodies) <= {DEPLOYMENT, "scorer-4o"}  # the deployment names travel in the lines
+        bodies = [  # every batch's input lines (each batch keeps a link to its input once validated)
+            json.loads(line)["body"]["model"]
+            for b in emu.store.batches.values()
+            if b.input_path is not None
+            for line in b.input_path.read_bytes().splitlines()
+            if line.strip()
+        ]
+        assert bodies and set(bodies) <= {DEPLOYMENT, "scorer-4o"}  # the deployment names travel in the lines
         st = state_of(home)
         jobs = {j.file: j for j in st.jobs.values()}
         assert jobs["a.csv"].chunks_total == 3 and all(j.ended == "completed" for j in jobs.values())

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,13 @@ def paid_once(emu: Emulator) -> None:
     assert sum(b["request_counts"]["completed"] for b in done) == ROWS
     assert all(b["status"] in ("completed", "failed") for b in emu.batches())
     assert all(b["request_counts"]["completed"] == 0 for b in emu.batches() if b["status"] == "failed")
-    seen = emu.store.custom_id_seen  # counted when a batch passes validation
+    seen = Counter(  # the custom ids of every batch that passed validation (read from its own input link)
+        json.loads(line)["custom_id"]
+        for b in emu.store.batches.values()
+        if b.input_path is not None
+        for line in b.input_path.read_bytes().splitlines()
+        if line.strip()
+    )
     assert len(seen) == ROWS and set(seen.values()) == {1}
 
 
