@@ -61,13 +61,11 @@ from batchgrader.core.settle import CREATE_SETTLE_SLACK, create_settle_seconds  
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
-#: Row codes never retried automatically (`bgctl retry` still sends them): the same request fails
-#: again the same way (a row over the limit; an answer cut off by the same output bound, or refused
-#: by the same model).
-NEVER_RETRIED = frozenset({"request_too_large", "truncated", "refused"})
-#: Row error codes resubmitted only by `bgctl retry`: sending them again at once would fail the
-#: same way (the provider's queue stayed full through every round).
-RETRIED_ON_REQUEST = frozenset({"queue_full"})
+#: Row codes never resubmitted automatically; `bgctl retry` still sends them.  Sending them again
+#: at once would fail the same way (a row over the limit; an answer cut off by the same output
+#: bound or refused by the same model; a chunk the provider's queue refused through every round),
+#: or pay twice (rows answered and paid for whose answer could not be read).
+NEVER_RETRIED = frozenset({"request_too_large", "truncated", "refused", "queue_full", "output_unavailable", "malformed_result"})
 #: A row the provider answered with one of these HTTP statuses is not resent automatically: the
 #: request itself is refused (bad parameter, too long, invalid schema) and would fail again.
 #: `bgctl retry` still resends it (after the profile or the input was fixed).
@@ -170,11 +168,6 @@ def collectable(c: ChunkState) -> bool:
     return (
         c.create == "done" and c.status in TERMINAL_BATCH and c.read_back and not c.done and not c.failure and not c.dup_check_due
     )
-
-
-# rows answered (and paid for) whose answer could not be read: never resubmitted automatically
-# (that would pay twice); `bgctl retry` still resubmits them on request
-PAID_ANSWER_LOST = frozenset({"output_unavailable", "malformed_result"})
 
 
 def epoch(iso_ts: str | None, default: float) -> float:
@@ -300,9 +293,7 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         cid
         for cid, info in job.failed_rows.items()
         if job.row_attempts.get(cid, 0) < profile.max_row_retries
-        and info.get("code") not in PAID_ANSWER_LOST
         and info.get("code") not in NEVER_RETRIED
-        and info.get("code") not in RETRIED_ON_REQUEST
         and info.get("status") not in NEVER_RETRIED_STATUS
     ]
 
