@@ -57,7 +57,6 @@ from batchgrader.core.actions import (
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
-from batchgrader.core.settle import CREATE_SETTLE_SLACK, create_settle_seconds  # noqa: F401 - part of the rules' interface
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)

@@ -24,14 +24,11 @@ ANSWERED_SETTLE = 1.0
 DUPLICATE_CHECK_EVERY = 2.0
 
 
-CREATE_SETTLE_SLACK = LOST_REPLY_SLACK  # s, added to the request timeout before a create is believed absent
-
-
 def create_settle_seconds(config: Config) -> float:
     """How long after a create request left a listing must be taken before "absent" is believed
     when no reply came (:func:`absent_after` counts it from the give-up); also how far back a
     reconciliation listing reaches before the request."""
-    return config.default.request_timeout_seconds + CREATE_SETTLE_SLACK
+    return config.default.request_timeout_seconds + LOST_REPLY_SLACK
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class ReuseSteps(EngineBase):
             self._answered[job.job_id] = plan
         u = dict(plan.cached_usage)
         for _cid, a in plan.cached:  # the preflight's rows were paid for (PreflightPassed): nothing saved
-            if a.ts == PREFLIGHT_TS:
+            if a.ts == PREFLIGHT:
                 for k in u:
                     u[k] -= int(getattr(a, k))
         return [
@@ -204,9 +204,6 @@ class ReuseSteps(EngineBase):
                 yield _answer_row(job, c, provider, key, ok[cid])
 
 
-PREFLIGHT_TS = PREFLIGHT  # the ``ts`` of a preflight's answer taken as a stored answer
-
-
 def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
     """The answers of the job's passed preflight, by request key, as stored answers: prepare
     takes them like answers from the answers store, so those rows are not sent in a batch."""
@@ -221,7 +218,7 @@ def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
             int(a["reasoning_tokens"]),
             job.job_id,
             a["custom_id"],
-            PREFLIGHT_TS,
+            PREFLIGHT,
         )
         for a in job.preflight_answers
     }

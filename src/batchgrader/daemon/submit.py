@@ -19,12 +19,18 @@ from batchgrader.core.decide import (
     CancelBatch,
     Upload,
     capacity_refusal,
-    create_settle_seconds,
     epoch,
     refusal_lesson,
     resubmit_delay,
 )
-from batchgrader.core.settle import CreateSent, absent_after, duplicate_check_in, duplicate_watch_ends, next_listing_in
+from batchgrader.core.settle import (
+    CreateSent,
+    absent_after,
+    create_settle_seconds,
+    duplicate_check_in,
+    duplicate_watch_ends,
+    next_listing_in,
+)
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.base import (
     CLOCK_SKEW_SLACK,
