@@ -47,3 +47,23 @@ def test_an_edited_config_is_reloaded_without_sighup(home):
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
+
+
+def test_a_reload_names_the_changes_only_a_restart_applies(tmp_path):
+    from batchgrader.core.config import load_config
+    from batchgrader.core.home import Home
+    from batchgrader.daemon.configwatch import restart_only_changes
+
+    home = Home(tmp_path)
+    home.ensure()
+    home.config_file.write_text("model: gpt-4o-mini\npoll_interval_seconds: 30\n")
+    old = load_config(home)
+    home.config_file.write_text(
+        "model: gpt-4o-mini\npoll_interval_seconds: 30\nmax_row_retries: 5\n"
+        "profiles:\n  claude:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
+    )
+    assert restart_only_changes(old, load_config(home)) == ["provider anthropic"]
+    home.config_file.write_text("model: gpt-4o-mini\npoll_interval_seconds: 5\napi_key: sk-new-secret-value\n")
+    changed = restart_only_changes(old, load_config(home))
+    assert changed == ["api_key", "poll_interval_seconds"]  # names only: a key's value is never shown
+    assert restart_only_changes(old, old) == []

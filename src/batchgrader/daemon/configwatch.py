@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 Fingerprint = tuple[int, int, int] | None
 
@@ -43,3 +44,34 @@ class ConfigWatch:
         out = [p for p, a, b in zip(self.paths, self.seen, now) if a != b]
         self.seen = now
         return out
+
+
+# Settings read only when the daemon starts (the provider clients, the log, the tick period): a
+# reload keeps the old value, so a change of one of them is reported with the fix (a restart).
+RESTART_ONLY_KEYS = (
+    "api_key",
+    "base_url",
+    "anthropic_api_key",
+    "anthropic_base_url",
+    "gemini_api_key",
+    "gemini_base_url",
+    "azure_api_key",
+    "azure_endpoint",
+    "azure_api_version",
+    "request_timeout_seconds",
+    "log_level",
+    "poll_interval_seconds",
+)
+
+
+def _providers(config: Any) -> set[str]:
+    return {str(p.get("provider") or "openai") for p in [config.default, *config.profiles.values()]}
+
+
+def restart_only_changes(old: Any, new: Any) -> list[str]:
+    """What a reload from ``old`` to ``new`` (two :class:`~batchgrader.core.config.Config`) changed
+    that only a restart applies: the names of the changed start-up keys (a key's value is never
+    returned), and ``provider <name>`` for a provider no profile used before."""
+    changed = [k for k in RESTART_ONLY_KEYS if old.default.get(k) != new.default.get(k)]
+    changed += [f"provider {p}" for p in sorted(_providers(new) - _providers(old))]
+    return changed

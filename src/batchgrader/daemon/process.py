@@ -33,7 +33,7 @@ from batchgrader.core.lock import AlreadyRunning as AlreadyRunning  # re-exporte
 from batchgrader.core.lock import DaemonError as DaemonError  # re-exported
 from batchgrader.core.lock import InstanceLock
 from batchgrader.core.secrets import EnvFileError, MaskSecrets
-from batchgrader.daemon.configwatch import ConfigWatch
+from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
@@ -466,8 +466,15 @@ class Daemon:
                 self.reload_requested.clear()
                 try:
                     config, prices = self._load()
+                    restart = restart_only_changes(self.engine.config, config)
                     self.engine.reload(config, prices)
                     log.info("configuration reloaded")
+                    if restart:
+                        log.warning(
+                            "configuration reloaded, but these changes apply only after a restart "
+                            "(bgctl daemon, or the service's restart): %s",
+                            ", ".join(restart),
+                        )
                 except (ConfigError, Exception) as exc:  # keep running on the old config
                     log.error("config reload failed, keeping the old configuration: %s", exc)
             self._controls(self.engine)
