@@ -156,6 +156,16 @@ def test_truncated_and_refused_rows_are_not_retried_automatically(home):
     assert sorted(retry_ids(job, profile)) == ["i", "r", "t", "u"]  # `bgctl retry` sends them all
 
 
+def test_bgctl_retry_leaves_rows_too_large_to_send_failed_unless_it_sets_a_new_bound(home):
+    profile = load_config(home, environ={}).profile("default")
+    job = JobState("j", retry_requested=True)
+    job.failed_rows["big"] = {"code": "request_too_large", "message": "m", "chunk": 0}
+    job.failed_rows["x"] = {"code": "batch_expired", "message": "m", "chunk": 0}
+    assert retry_ids(job, profile) == ["x"]  # README: rows that can never be sent stay failed
+    job.retry_bound = 200  # `bgctl retry --max-completion-tokens 200`: prompt + bound may now fit
+    assert sorted(retry_ids(job, profile)) == ["big", "x"]
+
+
 @pytest.fixture
 def rig(home):
     r = Rig(home, "max_row_retries: 2\n")

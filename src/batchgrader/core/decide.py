@@ -280,12 +280,16 @@ def batch_failure(state: State, job: JobState, c: ChunkState, poll_interval: flo
 
 
 def retry_ids(job: JobState, profile: Profile) -> list[str]:
-    """Failed rows to send again: all on `bgctl retry`, else those under max_row_retries
-    (none after a halt or a cancel)."""
+    """Failed rows to send again: on `bgctl retry` all but those too large to be accepted
+    (``request_too_large``: they would fail the same way; a retry with a new
+    ``--max-completion-tokens`` sends them too), else those under max_row_retries (none after a
+    halt or a cancel)."""
     if not job.failed_rows:
         return []
     if job.retry_requested:
-        return list(job.failed_rows)
+        if job.retry_bound is not None:  # a new output bound may make a request that was too large fit
+            return list(job.failed_rows)
+        return [cid for cid, info in job.failed_rows.items() if info.get("code") != "request_too_large"]
     if any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values()):
         return []
     return [
