@@ -16,7 +16,7 @@ from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, TEST_KEY, bgctl, daemon_env
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # each test runs a daemon process (tick tests: test_preflight.py)
 BASE = FAST_CONFIG.replace("preflight_rows: 0\n", "")  # the product's default: preflight_rows 3
 
 
