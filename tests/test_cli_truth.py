@@ -40,7 +40,7 @@ def assert_clean_error(res, code: int) -> None:
 # --- 1. job ids you can tell apart ------------------------------------------------------------------
 
 
-def test_item1_ids_are_whole_unique_and_open_exactly_that_job(home: Home) -> None:
+def test_ids_are_whole_unique_and_open_exactly_that_job(home: Home) -> None:
     golden_home(home)
     table = run("status").output
     for jid in ("194352796bbb", "194352796bbb-2", "194352796bbb-3", "194352796bbb-4", "32c86eafae56", "x-52fbb30faf37"):
@@ -87,14 +87,14 @@ BAD_ARGUMENTS = [
 
 
 @pytest.mark.parametrize(("args", "code", "says"), BAD_ARGUMENTS, ids=[" ".join(a) for a, _, _ in BAD_ARGUMENTS])
-def test_item2_bad_arguments_give_a_message_and_a_code_never_a_traceback(home: Home, args, code, says) -> None:
+def test_bad_arguments_give_a_message_and_a_code_never_a_traceback(home: Home, args, code, says) -> None:
     golden_home(home)
     res = run(*args)
     assert_clean_error(res, code)
     assert says in res.output
 
 
-def test_item2_every_command_rejects_an_unknown_option_without_a_traceback(home: Home) -> None:
+def test_every_command_rejects_an_unknown_option_without_a_traceback(home: Home) -> None:
     commands = list(_commands(cli))
     assert len(commands) >= 16
     for path in commands:
@@ -103,7 +103,7 @@ def test_item2_every_command_rejects_an_unknown_option_without_a_traceback(home:
         assert "No such option" in res.output, path
 
 
-def test_item2_the_installed_bgctl_prints_no_traceback(home: Home) -> None:
+def test_the_installed_bgctl_prints_no_traceback(home: Home) -> None:
     golden_home(home)
     for args, code in ((["costs", "--since", "yesterday"], 2), (["status", "nosuchjob"], 2)):
         p = bgctl(home.root, *args)
@@ -111,7 +111,7 @@ def test_item2_the_installed_bgctl_prints_no_traceback(home: Home) -> None:
         assert p.stderr.startswith("bgctl: error: ")
 
 
-def test_item2_input_file_problems_are_usage_errors(home: Home, tmp_path: Path) -> None:
+def test_input_file_problems_are_usage_errors(home: Home, tmp_path: Path) -> None:
     bad = tmp_path / "notes.txt"
     bad.write_text("hello")
     res = run("count", str(bad))
@@ -122,7 +122,7 @@ def test_item2_input_file_problems_are_usage_errors(home: Home, tmp_path: Path) 
 # --- 3. cancel, retry and submit say what will really happen ----------------------------------------
 
 
-def test_item3_cancel_of_a_finished_job_is_refused_and_nothing_is_recorded(home: Home) -> None:
+def test_cancel_of_a_finished_job_is_refused_and_nothing_is_recorded(home: Home) -> None:
     golden_home(home)
     res = run("cancel", "194352796bbb-2")
     assert_clean_error(res, 1)
@@ -134,7 +134,7 @@ def test_item3_cancel_of_a_finished_job_is_refused_and_nothing_is_recorded(home:
     assert not list((home.root / "control").glob("*.json"))
 
 
-def test_item3_cancel_of_an_unfinished_job_is_recorded(home: Home) -> None:
+def test_cancel_of_an_unfinished_job_is_recorded(home: Home) -> None:
     golden_home(home)
     res = run("cancel", "194352796bbb-3", "--json")  # held: not finished
     assert res.exit_code == 0, res.output
@@ -144,7 +144,7 @@ def test_item3_cancel_of_an_unfinished_job_is_recorded(home: Home) -> None:
     assert json.loads(req.read_text())["job_id"] == "194352796bbb-3"
 
 
-def test_item3_retry_says_whether_there_is_anything_to_retry(home: Home) -> None:
+def test_retry_says_whether_there_is_anything_to_retry(home: Home) -> None:
     golden_home(home)
     res = run("retry", "194352796bbb")
     assert_clean_error(res, 1)
@@ -155,7 +155,7 @@ def test_item3_retry_says_whether_there_is_anything_to_retry(home: Home) -> None
     assert res.exit_code == 0 and "retry requested for job 194352796bbb-3" in res.output
 
 
-def test_item3_submit_checks_the_type_first(home: Home, tmp_path: Path) -> None:
+def test_submit_checks_the_type_first(home: Home, tmp_path: Path) -> None:
     bad = tmp_path / "report.docx"
     bad.write_bytes(b"PK\x03\x04")
     res = run("submit", str(bad))
@@ -172,7 +172,7 @@ def test_item3_submit_checks_the_type_first(home: Home, tmp_path: Path) -> None:
 # --- 4. status shows what is waiting and whether anyone is working ----------------------------------
 
 
-def test_item4_status_before_the_first_daemon_run_lists_the_inbox(home: Home, tmp_path: Path) -> None:
+def test_status_before_the_first_daemon_run_lists_the_inbox(home: Home, tmp_path: Path) -> None:
     assert run("submit", str(write_rows(tmp_path / "reviews.csv", 3))).exit_code == 0
     res = run("status")
     assert res.exit_code == 0, res.output
@@ -185,7 +185,7 @@ def test_item4_status_before_the_first_daemon_run_lists_the_inbox(home: Home, tm
     assert entry["supported"] is True
 
 
-def test_item4_status_json_of_an_empty_home_is_an_empty_list(home: Home) -> None:
+def test_status_json_of_an_empty_home_is_an_empty_list(home: Home) -> None:
     res = run("status", "--json")
     assert res.exit_code == 0 and json.loads(res.output) == []
 
@@ -193,7 +193,7 @@ def test_item4_status_json_of_an_empty_home_is_an_empty_list(home: Home) -> None
 # --- 5. structured output is checked and counted honestly -------------------------------------------
 
 
-def test_item5_a_schema_strict_mode_rejects_is_refused_naming_the_path(home: Home) -> None:
+def test_a_schema_strict_mode_rejects_is_refused_naming_the_path(home: Home) -> None:
     home.config_file.write_text(
         "response_format:\n  type: object\n  properties:\n    score: {type: integer}\n"
         "    tags: {type: array, items: {type: object, properties: {t: {type: string}}, required: [t]}}\n"
@@ -205,7 +205,7 @@ def test_item5_a_schema_strict_mode_rejects_is_refused_naming_the_path(home: Hom
     assert "$.properties.tags.items: every object needs additionalProperties: false" in res.output
 
 
-def test_item5_count_with_a_schema_is_an_estimate_with_a_stated_allowance(home: Home, tmp_path: Path) -> None:
+def test_count_with_a_schema_is_an_estimate_with_a_stated_allowance(home: Home, tmp_path: Path) -> None:
     data = write_rows(tmp_path / "a.csv", 5)
     plain = json.loads(run("count", str(data), "--json").output)
     assert "schema" not in plain and "input_tokens_estimate" not in plain
@@ -224,7 +224,7 @@ def test_item5_count_with_a_schema_is_an_estimate_with_a_stated_allowance(home: 
 
 
 @pytest.mark.slow
-def test_item5_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrated(home: Home, tmp_path: Path) -> None:
+def test_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrated(home: Home, tmp_path: Path) -> None:
     from batchgrader.provider.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
@@ -257,7 +257,7 @@ def test_item5_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrat
 # --- 6. exit codes a script can trust ---------------------------------------------------------------
 
 
-def test_item6_count_exits_3_when_the_model_has_no_price(home: Home, tmp_path: Path) -> None:
+def test_count_exits_3_when_the_model_has_no_price(home: Home, tmp_path: Path) -> None:
     home.config_file.write_text("model: acme-grader-1\ndefault_encoding: o200k_base\n")
     res = run("count", str(write_rows(tmp_path / "a.csv", 2)))
     assert_clean_error(res, 3)
@@ -265,7 +265,7 @@ def test_item6_count_exits_3_when_the_model_has_no_price(home: Home, tmp_path: P
     assert_clean_error(res, 3)
 
 
-def test_item6_count_exits_3_when_rows_can_never_be_sent(home: Home, tmp_path: Path) -> None:
+def test_count_exits_3_when_rows_can_never_be_sent(home: Home, tmp_path: Path) -> None:
     data = tmp_path / "a.csv"
     data.write_text("id,response\n1,short\n2," + "word " * 3000 + "\n")
     home.config_file.write_text("context_window: 1000\nmax_completion_tokens: 100\n")
@@ -275,7 +275,7 @@ def test_item6_count_exits_3_when_rows_can_never_be_sent(home: Home, tmp_path: P
     assert run("count", str(write_rows(tmp_path / "ok.csv", 2))).exit_code == 0
 
 
-def test_item6_config_errors_exit_78_usage_errors_exit_2(home: Home, tmp_path: Path) -> None:
+def test_config_errors_exit_78_usage_errors_exit_2(home: Home, tmp_path: Path) -> None:
     data = write_rows(tmp_path / "a.csv", 2)
     assert run("count", str(data), "--bogus").exit_code == 2
     home.config_file.write_text("temperature: hot\n")
@@ -283,7 +283,7 @@ def test_item6_config_errors_exit_78_usage_errors_exit_2(home: Home, tmp_path: P
         assert_clean_error(run(*args), 78)
 
 
-def test_item6_doctor_fails_without_a_key_unless_sandbox(home: Home) -> None:
+def test_doctor_fails_without_a_key_unless_sandbox(home: Home) -> None:
     res = run("doctor", "--json")
     out = json.loads(res.output)
     assert res.exit_code == 1 and out["exit_code"] == 1
@@ -296,7 +296,7 @@ def test_item6_doctor_fails_without_a_key_unless_sandbox(home: Home) -> None:
 
 
 @pytest.mark.slow
-def test_item6_item7_daemon_once_exits_4_when_a_job_failed_and_names_the_users_file(home: Home) -> None:
+def test_daemon_once_exits_4_when_a_job_failed_and_names_the_users_file(home: Home) -> None:
     from batchgrader.provider.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
@@ -319,7 +319,7 @@ def test_item6_item7_daemon_once_exits_4_when_a_job_failed_and_names_the_users_f
 # --- 7. messages that name the user's file and key ---------------------------------------------------
 
 
-def test_item7_unknown_model_gets_did_you_mean_and_the_docs_not_a_price_line(home: Home, tmp_path: Path) -> None:
+def test_unknown_model_gets_did_you_mean_and_the_docs_not_a_price_line(home: Home, tmp_path: Path) -> None:
     home.config_file.write_text("model: gpt-4o-mni\ndefault_encoding: o200k_base\n")
     res = run("count", str(write_rows(tmp_path / "a.csv", 2)), columns=200)
     assert res.exit_code == 3
@@ -328,7 +328,7 @@ def test_item7_unknown_model_gets_did_you_mean_and_the_docs_not_a_price_line(hom
     assert "gpt-4o-mni," not in res.output
 
 
-def test_item7_a_config_with_several_errors_lists_them_all(home: Home) -> None:
+def test_a_config_with_several_errors_lists_them_all(home: Home) -> None:
     home.config_file.write_text("temprature: 0.2\nmax_completion_tokens: -5\nprofiles:\n  p:\n    api_key: sk-x\n")
     res = run("config", "show", columns=200)
     assert_clean_error(res, 78)
@@ -341,7 +341,7 @@ def test_item7_a_config_with_several_errors_lists_them_all(home: Home) -> None:
 # --- 9. bgctl logs --------------------------------------------------------------------------------------
 
 
-def test_item9_logs_since_and_a_bounded_follow(home: Home) -> None:
+def test_logs_since_and_a_bounded_follow(home: Home) -> None:
     home.logs.mkdir(parents=True, exist_ok=True)
     (home.logs / "daemon.log.1").write_text("2026-11-20 10:00:00,000 INFO batchgrader: daemon starting (pid 1)\n")
     (home.logs / "daemon.log").write_text(
@@ -362,14 +362,14 @@ def test_item9_logs_since_and_a_bounded_follow(home: Home) -> None:
     assert res.exit_code == 0 and res.output == ""
 
 
-def test_item9_logs_without_a_log_says_so(home: Home) -> None:
+def test_logs_without_a_log_says_so(home: Home) -> None:
     res = run("logs")
     assert_clean_error(res, 1)
     assert "no daemon log yet" in res.output
 
 
 @pytest.mark.slow
-def test_item9_logs_follow_shows_the_daemon_start_and_stop_and_why(home: Home) -> None:
+def test_logs_follow_shows_the_daemon_start_and_stop_and_why(home: Home) -> None:
     from batchgrader.provider.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
@@ -403,7 +403,7 @@ def test_item9_logs_follow_shows_the_daemon_start_and_stop_and_why(home: Home) -
 
 
 @pytest.mark.parametrize("model", ["gpt-4", "gpt-4-turbo", "gpt-3.5-turbo"])
-def test_item10_legacy_chat_models_have_a_price(home: Home, tmp_path: Path, model: str) -> None:
+def test_legacy_chat_models_have_a_price(home: Home, tmp_path: Path, model: str) -> None:
     home.config_file.write_text(f"model: {model}\n")
     res = run("count", str(write_rows(tmp_path / "a.csv", 2)), "--json")
     assert res.exit_code == 0, res.output

@@ -1,4 +1,4 @@
-"""Issue 27, "what the user sees is true": the items checked through the command line (click's
+"""What the user sees is true: bad input, start-up and completion checked through the command line (click's
 runner at a fixed width; the tables have their snapshots in test_cli_snapshots.py)."""
 
 from __future__ import annotations
