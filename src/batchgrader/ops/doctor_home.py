@@ -21,8 +21,6 @@ ServiceStatus = Callable[[Home], "Mapping[str, Any] | None"]
 
 
 def check_permissions(home: Home) -> Check:
-    from batchgrader.core.secrets import ENV_FILE_NAME
-
     root = home.root
     if not root.is_dir():
         return Check(
@@ -32,40 +30,48 @@ def check_permissions(home: Home) -> Check:
             f"mkdir -p -m 700 {_q(root)}",
         )
     dirs = [root] + sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-    files = [home.config_file, home.prompts_file, home.db, Path(f"{home.db}-wal"), Path(f"{home.db}-shm"), home.lock_file]
-    if home.logs.is_dir():
-        files += sorted(p for p in home.logs.iterdir() if p.is_file() and not p.is_symlink())
-    # secrets.env has its own check (a fail, not a warning)
-    files = [f for f in files if f.name != ENV_FILE_NAME]
-    loose_dirs, loose_files = [], []
-    for d in dirs:
-        try:
-            if _mode(d) & 0o077:
-                loose_dirs.append((d, _mode(d)))
-        except OSError:
-            pass
-    for f in files:
-        try:
-            if f.is_file() and _mode(f) & 0o077:
-                loose_files.append((f, _mode(f)))
-        except OSError:
-            pass
+    loose_dirs = _loose(dirs)
+    loose_files = _loose([f for f in _home_files(home) if f.is_file()])
     if not loose_dirs and not loose_files:
         return Check(
             "home permissions", OK, f"{root} and its {len(dirs) - 1} folders are 0700 or stricter; its files 0600 or stricter"
         )
     found = [f"{p} is {m:04o}" for p, m in loose_dirs + loose_files]
     detail = "group/others can access: " + "; ".join(found[:8]) + (f"; and {len(found) - 8} more" if len(found) > 8 else "")
-    if len(found) > 8:
-        fix = f"chmod -R go-rwx {_q(root)}"
-    else:
-        cmds = []
-        if loose_dirs:
-            cmds.append("chmod 700 " + " ".join(_q(p) for p, _ in loose_dirs))
-        if loose_files:
-            cmds.append("chmod 600 " + " ".join(_q(p) for p, _ in loose_files))
-        fix = " && ".join(cmds)
-    return Check("home permissions", WARN, detail, fix)
+    return Check("home permissions", WARN, detail, _permissions_fix(root, loose_dirs, loose_files))
+
+
+def _home_files(home: Home) -> list[Path]:
+    """The home's files whose mode matters (secrets.env has its own check: a fail, not a warning)."""
+    from batchgrader.core.secrets import ENV_FILE_NAME
+
+    files = [home.config_file, home.prompts_file, home.db, Path(f"{home.db}-wal"), Path(f"{home.db}-shm"), home.lock_file]
+    if home.logs.is_dir():
+        files += sorted(p for p in home.logs.iterdir() if p.is_file() and not p.is_symlink())
+    return [f for f in files if f.name != ENV_FILE_NAME]
+
+
+def _loose(paths: list[Path]) -> list[tuple[Path, int]]:
+    """The paths group or others can access, with their modes; a path that cannot be read is skipped."""
+    out = []
+    for p in paths:
+        try:
+            if _mode(p) & 0o077:
+                out.append((p, _mode(p)))
+        except OSError:
+            pass
+    return out
+
+
+def _permissions_fix(root: Path, loose_dirs: list[tuple[Path, int]], loose_files: list[tuple[Path, int]]) -> str:
+    if len(loose_dirs) + len(loose_files) > 8:
+        return f"chmod -R go-rwx {_q(root)}"
+    cmds = []
+    if loose_dirs:
+        cmds.append("chmod 700 " + " ".join(_q(p) for p, _ in loose_dirs))
+    if loose_files:
+        cmds.append("chmod 600 " + " ".join(_q(p) for p, _ in loose_files))
+    return " && ".join(cmds)
 
 
 # --- 7. database integrity -----------------------------------------------------------------------

@@ -205,39 +205,10 @@ def install(
     if not (os.path.isfile(argv[0]) and os.access(argv[0], os.X_OK)):
         warnings.append(f"{argv[0]} is not an executable file; the service will fail to start")
 
-    uid = gid = None
-    if manager == "systemd":
-        if mode == "system":
-            user, group, uid, gid = _invoking_user(env, run_as)
-            if uid == 0:
-                warnings.append(
-                    "the system unit will run the daemon as root; prefer your own account "
-                    "(run with sudo from it, or pass the user to run as)"
-                )
-            _check_home_owner(home, uid, user)
-            content = render_systemd_unit(home, argv, False, env_file, user=user, group=group)
-        else:
-            if os.geteuid() == 0:
-                warnings.append(
-                    "installing a user unit for root; for a service that runs as you, run without sudo (or use --system)"
-                )
-            content = render_systemd_unit(home, argv, True, env_file)
-    else:
-        if os.geteuid() == 0:
-            warnings.append("running as root: the LaunchAgent belongs in your own account; run without sudo")
-        content = render_launchd_plist(home, argv)
-
+    content, uid, gid = _render_for(manager, mode, home, argv, env_file, env, run_as, warnings)
     existed = dest.exists()
     steps = _install_steps(manager, mode, dest, existed)
-    if manager == "systemd" and mode == "user":
-        notes.append(
-            "A user service runs only while you are logged in unless lingering is on: "
-            f"loginctl enable-linger {env.get('USER') or _invoking_user(env)[0]}"
-        )
-    if manager == "systemd":
-        notes.append("Logs: journalctl " + ("--user " if mode == "user" else "") + "-u batchgrader -f")
-    else:
-        notes.append(f"Logs: {home.logs / 'launchd.err.log'} and {home.logs / 'launchd.out.log'}")
+    notes += _install_notes(manager, mode, home, env)
 
     result = InstallResult(manager, mode, dest, content, False, env_file, False, steps, notes, warnings)
     if print_only:
@@ -245,23 +216,72 @@ def install(
             notes.append(f"--print: the API key was not written; it belongs in {env_file} (mode 0600)")
         return result
 
-    try:
-        _prepare_home(home, uid, gid)
-        if api_key:
-            write_env_file(env_file, {API_KEY_VAR: api_key}, uid=uid, gid=gid)
-            result.env_file_written = True
-        _atomic_write(dest, content.encode("utf-8"), 0o644)
-        result.written = True
-    except PermissionError as exc:
-        raise ServiceError(
-            f"permission denied writing {exc.filename or dest}"
-            + (": run as root (sudo), or use --print and install it yourself" if mode == "system" else "")
-        ) from exc
+    _write_install(result, home, api_key, uid, gid)
     if not result.env_file_written and not env_file.exists():
         notes.append(f"No API key stored: put {API_KEY_VAR}=... in {env_file} (chmod 600) or the daemon will start without one")
     if activate:
         result.activation = _run_steps(steps, runner or run_command)
     return result
+
+
+def _render_for(
+    manager: str,
+    mode: str,
+    home: Home,
+    argv: list[str],
+    env_file: Path,
+    env: Mapping[str, str],
+    run_as: str | None,
+    warnings: list[str],
+) -> tuple[str, int | None, int | None]:
+    """The unit file or plist for ``manager`` and ``mode``, and the uid and gid a system unit runs
+    as (None for the others); what deserves a warning is added to ``warnings``."""
+    if manager != "systemd":
+        if os.geteuid() == 0:
+            warnings.append("running as root: the LaunchAgent belongs in your own account; run without sudo")
+        return render_launchd_plist(home, argv), None, None
+    if mode != "system":
+        if os.geteuid() == 0:
+            warnings.append("installing a user unit for root; for a service that runs as you, run without sudo (or use --system)")
+        return render_systemd_unit(home, argv, True, env_file), None, None
+    user, group, uid, gid = _invoking_user(env, run_as)
+    if uid == 0:
+        warnings.append(
+            "the system unit will run the daemon as root; prefer your own account "
+            "(run with sudo from it, or pass the user to run as)"
+        )
+    _check_home_owner(home, uid, user)
+    return render_systemd_unit(home, argv, False, env_file, user=user, group=group), uid, gid
+
+
+def _install_notes(manager: str, mode: str, home: Home, env: Mapping[str, str]) -> list[str]:
+    """Where the service's logs go, and (user units) that it runs only while the user is logged in."""
+    if manager != "systemd":
+        return [f"Logs: {home.logs / 'launchd.err.log'} and {home.logs / 'launchd.out.log'}"]
+    notes = []
+    if mode == "user":
+        notes.append(
+            "A user service runs only while you are logged in unless lingering is on: "
+            f"loginctl enable-linger {env.get('USER') or _invoking_user(env)[0]}"
+        )
+    notes.append("Logs: journalctl " + ("--user " if mode == "user" else "") + "-u batchgrader -f")
+    return notes
+
+
+def _write_install(result: InstallResult, home: Home, api_key: str | None, uid: int | None, gid: int | None) -> None:
+    """Create the home, write the key (0600) when given, then the unit file; a refusal names the fix."""
+    try:
+        _prepare_home(home, uid, gid)
+        if api_key:
+            write_env_file(result.env_file, {API_KEY_VAR: api_key}, uid=uid, gid=gid)
+            result.env_file_written = True
+        _atomic_write(result.path, result.content.encode("utf-8"), 0o644)
+        result.written = True
+    except PermissionError as exc:
+        raise ServiceError(
+            f"permission denied writing {exc.filename or result.path}"
+            + (": run as root (sudo), or use --print and install it yourself" if result.mode == "system" else "")
+        ) from exc
 
 
 def _install_steps(manager: str, mode: str, dest: Path, existed: bool) -> list[Step]:
