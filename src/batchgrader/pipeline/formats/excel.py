@@ -131,48 +131,11 @@ class ExcelReader:
         return InputError(self.path, reason, line, column)
 
     def _open(self, source: Any, sheet: str | None, required: tuple[str, ...], max_field: int) -> None:
-        import zipfile
-
-        import pandas as pd
-        from openpyxl.utils.exceptions import InvalidFileException
-
-        if isinstance(source, (str, os.PathLike)):
-            with open(source, "rb") as f:
-                magic = f.read(8)
-        else:
-            pos = source.tell()
-            magic = source.read(8)
-            source.seek(pos)
-        if magic.startswith(_OLE_MAGIC):
-            raise self._error(
-                "the workbook is password-protected (encrypted) or in the old .xls format; save it as .xlsx without a password"
-            )
-        if not magic.startswith(b"PK"):
-            raise self._error("not a readable .xlsx workbook (the file is not a zip archive: corrupt or misnamed?)")
-        corrupt = (zipfile.BadZipFile, InvalidFileException, KeyError, ValueError, TypeError, OSError)
-        try:
-            self._xl = pd.ExcelFile(source, engine="openpyxl")
-            names = list(self._xl.sheet_names)
-        except corrupt as exc:
-            raise self._error(f"not a readable .xlsx workbook (corrupt?): {type(exc).__name__}: {exc}") from None
-        if sheet is None:
-            if not names:
-                raise self._error("the workbook has no sheets")
-            sheet = names[0]
-        elif sheet not in names:
-            have = ", ".join(repr(n) for n in names)
-            raise self._error(f"the workbook has no sheet named {sheet!r}; its sheets are: {have}")
-        self.sheet = sheet
-        if not hasattr(self._xl.book[sheet], "iter_rows"):
-            raise self._error(f"sheet {sheet!r} is a chart sheet, not a table")
-        try:
-            frame = pd.read_excel(self._xl, sheet_name=sheet, header=None, dtype=object, na_filter=False, keep_default_na=False)
-        except corrupt as exc:
-            raise self._error(f"sheet {sheet!r} is not readable (corrupt?): {type(exc).__name__}: {exc}") from None
-        finally:
-            self._xl.close()  # the cells are all in ``frame`` now
-            self._xl = None
-        if not isinstance(source, (str, os.PathLike)):
+        pos = None if isinstance(source, (str, os.PathLike)) else source.tell()
+        self._check_magic(source)
+        frame = self._read_sheet(source, sheet)
+        sheet = self.sheet
+        if pos is not None:
             source.seek(pos)
         charts, images = drawings(source)
         if charts or images:
@@ -192,11 +155,72 @@ class ExcelReader:
                 break
         if header is None:
             raise self._error(f"sheet {sheet!r} is empty")
-        cells = list(header)
+        self.header_row = line
+        names_ = self._header_names(list(header), line, max_field)
+        self._check_columns(names_, required, line)
+        self.columns = names_
+        self._max_field = max_field
+        self._data_lines = tuple(n for n, values in enumerate(rows, line + 1) if any(v != "" for v in values))
+        self._gen = self._iter(line)
+        try:
+            self._first = next(self._gen)
+        except StopIteration:
+            raise self._error(f"sheet {sheet!r} has a header but no data rows", line) from None
+
+    def _check_magic(self, source: Any) -> None:
+        """Refuse at once what is not an .xlsx workbook (an encrypted or .xls file, not a zip)."""
+        if isinstance(source, (str, os.PathLike)):
+            with open(source, "rb") as f:
+                magic = f.read(8)
+        else:
+            pos = source.tell()
+            magic = source.read(8)
+            source.seek(pos)
+        if magic.startswith(_OLE_MAGIC):
+            raise self._error(
+                "the workbook is password-protected (encrypted) or in the old .xls format; save it as .xlsx without a password"
+            )
+        if not magic.startswith(b"PK"):
+            raise self._error("not a readable .xlsx workbook (the file is not a zip archive: corrupt or misnamed?)")
+
+    def _read_sheet(self, source: Any, sheet: str | None) -> Any:
+        """The cells of ``sheet`` (the first when None) as a frame of strings and values; sets ``self.sheet``."""
+        import zipfile
+
+        import pandas as pd
+        from openpyxl.utils.exceptions import InvalidFileException
+
+        corrupt = (zipfile.BadZipFile, InvalidFileException, KeyError, ValueError, TypeError, OSError)
+        try:
+            self._xl = pd.ExcelFile(source, engine="openpyxl")
+            names = list(self._xl.sheet_names)
+        except corrupt as exc:
+            raise self._error(f"not a readable .xlsx workbook (corrupt?): {type(exc).__name__}: {exc}") from None
+        if sheet is None:
+            if not names:
+                raise self._error("the workbook has no sheets")
+            sheet = names[0]
+        elif sheet not in names:
+            have = ", ".join(repr(n) for n in names)
+            raise self._error(f"the workbook has no sheet named {sheet!r}; its sheets are: {have}")
+        self.sheet = sheet
+        if not hasattr(self._xl.book[sheet], "iter_rows"):
+            raise self._error(f"sheet {sheet!r} is a chart sheet, not a table")
+        try:
+            return pd.read_excel(self._xl, sheet_name=sheet, header=None, dtype=object, na_filter=False, keep_default_na=False)
+        except corrupt as exc:
+            raise self._error(f"sheet {sheet!r} is not readable (corrupt?): {type(exc).__name__}: {exc}") from None
+        finally:
+            self._xl.close()  # the cells are all in the frame now
+            self._xl = None
+
+    def _header_names(self, cells: list[Any], line: int, max_field: int) -> list[str]:
+        """The header row's column names (trailing empty cells dropped); an error value, an empty or
+        an over-long name is refused with its column letter."""
+        sheet = self.sheet
         while cells and cells[-1] == "":
             cells.pop()
-        self.header_row = line
-        names_: list[str] = []
+        names: list[str] = []
         for i, v in enumerate(cells, 1):
             if _is_error(v):
                 raise self._error(f"sheet {sheet!r}: header column {_column_letter(i)} is an error value (#N/A, #REF! ...)", line)
@@ -206,9 +230,14 @@ class ExcelReader:
             name = text_of(v)
             if len(name) > max_field:
                 raise self._error(f"sheet {sheet!r}: header column {_column_letter(i)} is too long", line)
-            names_.append(name)
+            names.append(name)
+        return names
+
+    def _check_columns(self, names: list[str], required: tuple[str, ...], line: int) -> None:
+        """No duplicate column names, and every required column present."""
+        sheet = self.sheet
         positions: dict[str, list[str]] = {}
-        for i, n in enumerate(names_, 1):
+        for i, n in enumerate(names, 1):
             positions.setdefault(n, []).append(_column_letter(i))
         dups = {n: p for n, p in positions.items() if len(p) > 1}
         if dups:
@@ -216,17 +245,9 @@ class ExcelReader:
             raise self._error(f"sheet {sheet!r}: duplicate column names in the header: {desc}", line, next(iter(dups)))
         for name in required:
             if name not in positions:
-                found = ", ".join(repr(c) for c in names_)
+                found = ", ".join(repr(c) for c in names)
                 reason = f"sheet {sheet!r}: required column not found; the header has: {found}"
-                raise MissingColumn(self.path, reason, line, name, names_)
-        self.columns = names_
-        self._max_field = max_field
-        self._data_lines = tuple(n for n, values in enumerate(rows, line + 1) if any(v != "" for v in values))
-        self._gen = self._iter(line)
-        try:
-            self._first = next(self._gen)
-        except StopIteration:
-            raise self._error(f"sheet {sheet!r} has a header but no data rows", line) from None
+                raise MissingColumn(self.path, reason, line, name, names)
 
     def _iter(self, header_line: int) -> Iterator[Row]:
         import itertools
