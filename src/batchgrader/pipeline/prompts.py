@@ -111,44 +111,12 @@ class PromptSpec:
 
 def resolve_prompts(profile: Profile, home: Home) -> PromptSpec:
     """Resolve the system prompt (named or literal, with examples) and the user template."""
-    system = profile.system_prompt
-    if profile.system_prompt_name:
-        named = load_named_prompts(home)
-        if profile.system_prompt_name not in named:
-            known = ", ".join(sorted(named)) or "none"
-            raise ConfigError(
-                f"system_prompt_name {profile.system_prompt_name!r} is not in {home.prompts_file} (prompts there: {known})"
-            )
-        system = named[profile.system_prompt_name]
-
-    examples_text: str | None = None
-    if profile.examples_file:
-        path = Path(profile.examples_file).expanduser()
-        if not path.is_absolute():
-            path = home.root / path
-        try:
-            examples_text = path.read_text(encoding="utf-8-sig")
-        except FileNotFoundError:
-            raise ConfigError(f"examples_file {str(path)!r} does not exist") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"examples_file {str(path)!r} is not UTF-8 text ({exc})") from None
-
+    system = _system_text(profile, home)
+    examples_text = _examples_text(profile, home)
     if system is not None:
-        names = placeholders(system)
-        unknown = [n for n in names if n != EXAMPLES_PLACEHOLDER]
-        if unknown:
-            raise ConfigError(
-                f"system prompt has placeholder(s) {', '.join('{' + n + '}' for n in unknown)}; only {{examples}} is "
-                "allowed there (row fields go in user_prompt; write {{ and }} for literal braces)"
-            )
-        if EXAMPLES_PLACEHOLDER in names and examples_text is None:
-            raise ConfigError("system prompt uses {examples} but no examples_file is configured")
-        system = render(system, lambda _n: examples_text or "")
-        if examples_text is not None and EXAMPLES_PLACEHOLDER not in names:
-            system = system.rstrip() + "\n\n" + examples_text
+        system = _with_examples(system, examples_text)
     elif examples_text is not None:
         system = examples_text
-
     template = profile.user_prompt or f"Please evaluate the following text: {{{profile.response_field}}}"
     try:
         fields = tuple(placeholders(template))
@@ -157,3 +125,49 @@ def resolve_prompts(profile: Profile, home: Home) -> PromptSpec:
     if not fields:
         raise ConfigError(f"user_prompt has no {{column}} placeholder, so every request would be identical: {template!r}")
     return PromptSpec(system=system or None, user_template=template, user_fields=fields)
+
+
+def _system_text(profile: Profile, home: Home) -> str | None:
+    """The system prompt as configured: the named prompt from prompts.yaml, else the literal one."""
+    if not profile.system_prompt_name:
+        return profile.system_prompt
+    named = load_named_prompts(home)
+    if profile.system_prompt_name not in named:
+        known = ", ".join(sorted(named)) or "none"
+        raise ConfigError(
+            f"system_prompt_name {profile.system_prompt_name!r} is not in {home.prompts_file} (prompts there: {known})"
+        )
+    return named[profile.system_prompt_name]
+
+
+def _examples_text(profile: Profile, home: Home) -> str | None:
+    """The examples file's text (paths relative to the home), or None when none is configured."""
+    if not profile.examples_file:
+        return None
+    path = Path(profile.examples_file).expanduser()
+    if not path.is_absolute():
+        path = home.root / path
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"examples_file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"examples_file {str(path)!r} is not UTF-8 text ({exc})") from None
+
+
+def _with_examples(system: str, examples_text: str | None) -> str:
+    """The system prompt with the examples where it says {examples}, else after it; any other
+    placeholder is refused (row fields belong in the user prompt)."""
+    names = placeholders(system)
+    unknown = [n for n in names if n != EXAMPLES_PLACEHOLDER]
+    if unknown:
+        raise ConfigError(
+            f"system prompt has placeholder(s) {', '.join('{' + n + '}' for n in unknown)}; only {{examples}} is "
+            "allowed there (row fields go in user_prompt; write {{ and }} for literal braces)"
+        )
+    if EXAMPLES_PLACEHOLDER in names and examples_text is None:
+        raise ConfigError("system prompt uses {examples} but no examples_file is configured")
+    system = render(system, lambda _n: examples_text or "")
+    if examples_text is not None and EXAMPLES_PLACEHOLDER not in names:
+        system = system.rstrip() + "\n\n" + examples_text
+    return system
