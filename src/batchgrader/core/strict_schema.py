@@ -60,18 +60,7 @@ class _Checker:
             return
         types = s.get("type")
         type_list = types if isinstance(types, list) else [types] if types is not None else []
-        for t in type_list:
-            if t not in TYPES:
-                self.add(_key_path(path, "type"), f"type {t!r} is not supported (use one of {', '.join(sorted(TYPES))})")
-        if types is None and not any(k in s for k in ("anyOf", "$ref", "enum", "const")):
-            self.add(path, "has no 'type' (or anyOf / $ref / enum / const)")
-        allowed = set(COMMON)
-        for t in type_list:
-            allowed |= BY_TYPE.get(t, set())
-        for k in s:
-            if k not in allowed:
-                why = "is not supported in strict mode" if k not in ALL_KEYWORDS else f"does not apply to type {types!r}"
-                self.add(_key_path(path, k), f"keyword {k!r} {why}")
+        self.keywords(s, path, types, type_list)
         if "object" in type_list or "properties" in s:
             self.object(s, path, depth)
         if "array" in type_list:
@@ -85,6 +74,20 @@ class _Checker:
         for defs in ("$defs", "definitions"):
             for name, sub in (s.get(defs) or {}).items():
                 self.node(sub, _key_path(_key_path(path, defs), name), depth)
+
+    def keywords(self, s: dict, path: str, types: Any, type_list: list[Any]) -> None:
+        """Known types only, something that says what the node is, and only the keywords strict
+        mode supports for its types."""
+        for t in type_list:
+            if t not in TYPES:
+                self.add(_key_path(path, "type"), f"type {t!r} is not supported (use one of {', '.join(sorted(TYPES))})")
+        if types is None and not any(k in s for k in ("anyOf", "$ref", "enum", "const")):
+            self.add(path, "has no 'type' (or anyOf / $ref / enum / const)")
+        allowed = set(COMMON).union(*(BY_TYPE.get(t, set()) for t in type_list))
+        for k in s:
+            if k not in allowed:
+                why = "is not supported in strict mode" if k not in ALL_KEYWORDS else f"does not apply to type {types!r}"
+                self.add(_key_path(path, k), f"keyword {k!r} {why}")
 
     def object(self, s: dict, path: str, depth: int) -> None:
         props = s.get("properties")
