@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,6 +24,7 @@ from batchgrader.core.config_values import (
     _choice,
     _days,
     _encoding,
+    _float,
     _int,
     _int_map,
     _opt_bool,
@@ -36,6 +37,7 @@ from batchgrader.core.config_values import (
 )
 from batchgrader.core.home import Home
 from batchgrader.core.secrets import mask_secret
+from batchgrader.core.settings import Settings
 
 ENV_PREFIX = "BATCHGRADER_"
 
@@ -154,7 +156,7 @@ KEYS: dict[str, Key] = {
     "halt_on_chunk_failure": Key(False, _bool, "Stop submitting a job's remaining chunks after one of its batches fails."),
     "poll_interval_seconds": Key(
         60.0,
-        _opt_float(0.01),
+        _float(0.01),
         "Longest wait between polls of a running batch (the wait is 15% of the batch's age, shorter when its end is expected).",
     ),
     "max_row_retries": Key(2, _int(0), "Times a failed row is resubmitted automatically."),
@@ -208,7 +210,7 @@ KEYS: dict[str, Key] = {
         _opt_str,
         "Shell command run once when a job ends, with BG_JOB_ID, BG_JOB_STATE, BG_RESULT_PATH, BG_COST_USD set; its output goes to the log.",
     ),
-    "on_job_end_timeout_seconds": Key(60.0, _opt_float(0.1), "Time limit of the on_job_end command (it is killed after it)."),
+    "on_job_end_timeout_seconds": Key(60.0, _float(0.1), "Time limit of the on_job_end command (it is killed after it)."),
     "pricing_file": Key(
         None,
         _opt_str,
@@ -217,7 +219,7 @@ KEYS: dict[str, Key] = {
     # provider
     "base_url": Key(None, _opt_str, "OpenAI-compatible API base URL (env OPENAI_BASE_URL)."),
     "api_key": Key(None, _api_key, "API key (env OPENAI_API_KEY); never written to logs, the database or outputs."),
-    "request_timeout_seconds": Key(120.0, _opt_float(0.1), "Timeout of one HTTP request to the provider."),
+    "request_timeout_seconds": Key(120.0, _float(0.1), "Timeout of one HTTP request to the provider."),
     "provider": Key(
         "openai",
         _choice(*PROVIDERS),
@@ -250,9 +252,9 @@ KEYS: dict[str, Key] = {
         "provider 'azure': the model the deployment named by 'model' runs (e.g. gpt-4.1-mini), for its price, tokenizer and context window; unset: the deployment name itself must be in the price table.",
     ),
     # housekeeping
-    "rescan_interval_seconds": Key(30.0, _opt_float(0.05), "Full inbox rescan period (file events can be lost)."),
+    "rescan_interval_seconds": Key(30.0, _float(0.05), "Full inbox rescan period (file events can be lost)."),
     "stable_seconds": Key(
-        1.0, _opt_float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."
+        1.0, _float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."
     ),
     "log_level": Key("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "Daemon log level."),
     # reusing answers (pipeline/answerkey.py, store/answers.py)
@@ -330,18 +332,20 @@ def env_name(key: str) -> str:
 
 
 @dataclass(frozen=True)
-class Profile:
-    """The effective settings of one profile (immutable)."""
+class Profile(Settings):
+    """The effective settings of one profile (immutable), typed by :class:`Settings`."""
 
     name: str
     values: Mapping[str, Any]
     sources: Mapping[str, str]
 
-    def __getattr__(self, item: str) -> Any:
-        try:
-            return self.values[item]
-        except KeyError:
-            raise AttributeError(item) from None
+    if not TYPE_CHECKING:  # the type checker reads the attributes' types from Settings
+
+        def __getattr__(self, item: str) -> Any:
+            try:
+                return self.values[item]
+            except KeyError:
+                raise AttributeError(item) from None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
@@ -358,7 +362,7 @@ class Profile:
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(Settings):
     home: Home
     default: Profile
     profiles: Mapping[str, Profile] = field(default_factory=dict)
@@ -372,8 +376,10 @@ class Config:
             known = ", ".join(sorted(self.profiles)) or "none defined"
             raise ConfigError(f"unknown profile {name!r} (profiles in {self.home.config_file}: {known})") from None
 
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self.default, item)
+    if not TYPE_CHECKING:  # the type checker reads the attributes' types from Settings
+
+        def __getattr__(self, item: str) -> Any:
+            return getattr(self.default, item)
 
     def pricing_path(self) -> Path | None:
         """The user's pricing overrides file, if any (relative paths are under the home)."""

@@ -61,6 +61,19 @@ def _opt_int(minimum: int) -> Callable[[Any], int | None]:
     return check
 
 
+def _float(minimum: float) -> Callable[[Any], float]:
+    """A number of at least ``minimum``; null is refused (the setting has no "unset" meaning)."""
+    inner = _opt_float(minimum)
+
+    def check(v: Any) -> float:
+        f = inner(v)
+        if f is None:
+            raise ValueError(f"a number >= {minimum}")
+        return f
+
+    return check
+
+
 def _opt_float(minimum: float, maximum: float | None = None) -> Callable[[Any], float | None]:
     form = f"a number >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "") + ", or null"
 
