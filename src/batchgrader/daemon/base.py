@@ -21,8 +21,7 @@ from typing import Any
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
-from batchgrader.core.polling import Durations
-from batchgrader.core.settle import CreateSent
+from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import ChunkState, JobState, State, fold
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline import inbox as inbox_mod
@@ -121,27 +120,12 @@ class EngineBase:
     prices: PriceTable
     sandbox: bool = False
     state: State = field(default_factory=State)
-    _next_poll: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
-    _not_before: dict[tuple[str, int], float] = field(default_factory=dict)
-    _cancel_sent: set[str] = field(default_factory=set)
-    _next_listing: dict[tuple[str, int], float] = field(default_factory=dict)
-    # a create's request as this process sent it (monotonic stamps), until its outcome is known
-    _create_sent: dict[tuple[str, int], CreateSent] = field(default_factory=dict)
-    _requested_at: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: when a create left
-    _created_at: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: when a batch was recorded created
-    _dup_next: dict[tuple[str, int], float] = field(default_factory=dict)  # monotonic: next duplicate listing
-    _dup_cancelled: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # duplicates cancelled so far
-    _create_refusals: dict[tuple[str, int], int] = field(default_factory=dict)  # creates refused at once for capacity
+    schedule: Schedule = field(default_factory=Schedule)  # all timing state (core/schedule.py)
     _corrupt_logged: set[str] = field(default_factory=set)
     _effects_checked: set[str] = field(default_factory=set)
-    _download_failures: dict[tuple[str, int, str], tuple[int, float]] = field(default_factory=dict)
-    _outbox_failures: dict[str, int] = field(default_factory=dict)  # job -> results not written in a row
     _merge_here: set[tuple[str, int]] = field(default_factory=set)  # chunks whose merge worker failed
     _followers: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # job -> leader -> duplicates
     _answered: dict[str, Any] = field(default_factory=dict)  # job -> its ReusePlan, when no row is left to send
-    _durations: Durations = field(default_factory=Durations)  # how long the last batches of each model took
-    _progress: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)  # (when, requests done) first seen
-    _finalizing: dict[tuple[str, int], float] = field(default_factory=dict)  # when a batch was first seen finishing
     _scanner: inbox_mod.InboxScanner | None = None
     idle: bool = False
     again: bool = False  # a job stopped its tick after an action with more to do now (tick again at once)
@@ -249,7 +233,7 @@ class EngineBase:
         return self.config.default
 
     def timers(self) -> Timers:
-        return Timers(self._next_poll, self._not_before, self._cancel_sent, mono=self._mono, dup_next=self._dup_next)
+        return self.schedule.timers(self._mono)
 
     # --- clocks -------------------------------------------------------------------------------
     def set_clocks(self, wall: float, mono: float | None) -> None:

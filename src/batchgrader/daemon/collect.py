@@ -85,7 +85,7 @@ class CollectSteps(ReuseSteps):
         time batches of its model have been taking)."""
         assert self.provider is not None and c.batch_id
         key = (job.job_id, c.index)
-        due, delay = self._next_poll.get(key, (now, 0.0))
+        due, delay = self.schedule.next_poll.get(key, (now, 0.0))
         if b is None:
             b = self.provider.retrieve(c.batch_id)
         ev = _status_event(c, b)
@@ -101,19 +101,19 @@ class CollectSteps(ReuseSteps):
                 took = float(b.completed_at - b.created_at)  # the provider's own clock, to the second
             else:  # it ended between the last poll (still running then) and this one: the middle of that
                 took = (min(due - delay, now) + now) / 2 - created
-            self._durations.record(model, took)
-        expected = self._durations.expected(model)
+            self.schedule.durations.record(model, took)
+        expected = self.schedule.durations.expected(model)
         left = None if expected is None else created + expected - now
         ahead = self._progress_left(key, b, now)
         if ahead is not None:  # this batch's own progress says more than batches before it
             left = ahead
         delay = next_poll_delay(now - created, self.settings.poll_interval_seconds, left)
-        self._next_poll[key] = (now + delay, delay)
+        self.schedule.next_poll[key] = (now + delay, delay)
 
     def _create_age(self, key: tuple[str, int], c: ChunkState) -> float:
         """Seconds since the chunk's batch was asked for: on the monotonic clock when this
         process sent it, else from the log's wall-clock time of the request."""
-        sent = self._requested_at.get(key)
+        sent = self.schedule.requested_at.get(key)
         if sent is not None:
             return max(0.0, self._mono - sent)
         return max(0.0, self._wall - epoch(c.requested_ts, self._wall))
@@ -126,15 +126,15 @@ class CollectSteps(ReuseSteps):
         counts = b.request_counts
         done = counts.completed + counts.failed
         if b.status == "finalizing" or (b.status == "in_progress" and counts.total and done >= counts.total):
-            return -(now - self._finalizing.setdefault(key, now))
+            return -(now - self.schedule.finalizing.setdefault(key, now))
         if b.status != "in_progress" or not done:
             if b.is_terminal:
-                self._progress.pop(key, None)
-                self._finalizing.pop(key, None)
+                self.schedule.progress.pop(key, None)
+                self.schedule.finalizing.pop(key, None)
             return None
-        first = self._progress.get(key)
+        first = self.schedule.progress.get(key)
         if first is None or done < first[1]:
-            self._progress[key] = (now, done)
+            self.schedule.progress[key] = (now, done)
             return None
         return progress_left(first, (now, done), counts.total)
 
@@ -145,7 +145,7 @@ class CollectSteps(ReuseSteps):
         the job can finish.  True when the file is settled (downloaded or given up)."""
         assert self.provider is not None
         key = (job.job_id, c.index, kind)
-        tries, not_before = self._download_failures.get(key, (0, float("-inf")))
+        tries, not_before = self.schedule.download_failures.get(key, (0, float("-inf")))
         if not_before > now:
             return False
         d = c.downloads.get(kind, {})
@@ -164,9 +164,9 @@ class CollectSteps(ReuseSteps):
                 self._download_failed(job, c, kind, file_id, msg, tries)
                 return True
             log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
-            self._download_failures[key] = (tries, now + min(60.0, 2.0**tries))
+            self.schedule.download_failures[key] = (tries, now + min(60.0, 2.0**tries))
             return False
-        self._download_failures.pop(key, None)
+        self.schedule.download_failures.pop(key, None)
         self.emit(
             job.job_id,
             _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n),
@@ -174,7 +174,7 @@ class CollectSteps(ReuseSteps):
         return True
 
     def _download_failed(self, job: JobState, c: ChunkState, kind: str, file_id: str, error: str, attempts: int) -> None:
-        self._download_failures.pop((job.job_id, c.index, kind), None)
+        self.schedule.download_failures.pop((job.job_id, c.index, kind), None)
         log.error("job %s chunk %s: %s", job.job_id, c.index, error)
         self.emit(
             job.job_id,

@@ -207,7 +207,7 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
             )
             if a.retryable:
                 if a.retry_delay:
-                    self._not_before[(job.job_id, a.chunk)] = self._mono + a.retry_delay
+                    self.schedule.not_before[(job.job_id, a.chunk)] = self._mono + a.retry_delay
             else:
                 self._rows_failed_for_chunk(job, job.chunks[a.chunk], a.code, a.error)
         elif isinstance(a, Replan):

@@ -66,15 +66,14 @@ class FinishSteps(IntakeSteps, ReuseSteps):
             if exc.filename and Path(exc.filename).name.startswith(TMP_PREFIX):
                 path = str(Path(exc.filename).parent)  # the temporary file: name its folder
             code, error = outbox_error(exc, path)
-            n = self._outbox_failures.get(job.job_id, 0) + 1
-            self._outbox_failures[job.job_id] = n
-            self._not_before[(job.job_id, OUTBOX_TIMER)] = now + min(OUTBOX_RETRY_MAX, OUTBOX_RETRY_FIRST * 2 ** (n - 1))
+            n = self.schedule.outbox_failures.get(job.job_id, 0) + 1
+            self.schedule.outbox_failures[job.job_id] = n
+            self.schedule.not_before[(job.job_id, OUTBOX_TIMER)] = now + min(OUTBOX_RETRY_MAX, OUTBOX_RETRY_FIRST * 2 ** (n - 1))
             if job.outbox_error != error:
                 log.warning("job %s: %s (tried again with a back-off)", job.job_id, error)
                 self.emit(job.job_id, _e("OutboxWriteFailed", path=path, error=error, code=code))
             return
-        self._outbox_failures.pop(job.job_id, None)
-        self._not_before.pop((job.job_id, OUTBOX_TIMER), None)
+        self.schedule.outbox_written(job.job_id)
 
     def _write_outbox_once(self, job: JobState, a: WriteResult, now: float) -> None:
         """Name the result (and error report) in an intent event, write them, record them."""

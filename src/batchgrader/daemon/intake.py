@@ -231,7 +231,7 @@ class IntakeSteps(EngineBase):
         ev = _status_event(self.state.jobs[jid].chunks[c.index], b)
         if ev is not None:
             self.emit(jid, ev)
-        self._next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)
+        self.schedule.next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)
 
     def _report_corrupt(self, job: JobState) -> None:
         """A job whose log this code cannot read is set aside (never acted on); logged once."""

@@ -410,7 +410,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         assert self.provider is not None and c.file_id
         key = (job.job_id, c.index)
         sent = self.mono_now()  # when this request leaves (not when the tick began)
-        self._requested_at[key] = sent
+        self.schedule.requested_at[key] = sent
         try:
             b = self.provider.create_batch(c.file_id, ENDPOINT, self.settings.completion_window, dict(c.metadata))
         except ProviderRejected as exc:
@@ -423,7 +423,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
                 if learned is None and queue_refusal:
                     self._create_refused_again(job, c, str(exc))
                 elif learned is None:  # a rate limit: sent again a while later
-                    self._not_before[key] = self._mono + resubmit_delay(self.settings.poll_interval_seconds)
+                    self.schedule.not_before[key] = self._mono + resubmit_delay(self.settings.poll_interval_seconds)
                 else:  # some providers refuse at once: learn the limit from that too
                     self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc), job))
                 return
@@ -436,7 +436,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         except OutcomeUnknown as exc:
             # an error answer (5xx) was given by the provider: what it did is listed at once; no
             # reply (timeout, connection lost): it may still carry the request out a while later
-            self._create_sent[key] = CreateSent(sent, self.mono_now(), answered=exc.status_code is not None)
+            self.schedule.create_sent[key] = CreateSent(sent, self.mono_now(), answered=exc.status_code is not None)
             log.warning("job %s chunk %s: batch create outcome unknown (%s); reconciling", job.job_id, c.index, exc)
             self._reconcile_create(job, c)
             return
@@ -447,13 +447,13 @@ class SubmitSteps(CollectSteps, FinishSteps):
         wait that doubles each round (counted by this process); after ``QUEUE_FULL_ROUNDS`` its
         rows fail as ``queue_full`` (``bgctl retry`` sends them again), so ``daemon --once`` ends."""
         key = (job.job_id, c.index)
-        rounds = self._create_refusals.get(key, 0) + 1
-        self._create_refusals[key] = rounds
+        rounds = self.schedule.create_refusals.get(key, 0) + 1
+        self.schedule.create_refusals[key] = rounds
         if not queue.queue_full(rounds):
             wait = queue.refusal_wait(resubmit_delay(self.settings.poll_interval_seconds), rounds)
-            self._not_before[key] = self._mono + wait
+            self.schedule.not_before[key] = self._mono + wait
             return
-        self._create_refusals.pop(key, None)
+        self.schedule.create_refusals.pop(key, None)
         why = f"the provider refused to create the batch {rounds} times for its queue limit; last refusal: {error}"
         self._delete_refused_file_of(c)
         self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="queue_full", error=why, retryable=False))
@@ -463,16 +463,12 @@ class SubmitSteps(CollectSteps, FinishSteps):
         """Record a batch created (or adopted) for ``c``.  A batch the reply names ended (a
         provider that validates and runs it before replying, or a fast small batch) is read back
         at once for its result files: it is never collected from a create reply alone."""
-        key = (job.job_id, c.index)
-        self._create_sent.pop(key, None)
-        self._next_listing.pop(key, None)
-        self._created_at[key] = self.mono_now()
-        self._dup_next.pop(key, None)
+        first_poll = self._mono if reconciled or b.is_terminal else self._mono + FIRST_POLL_DELAY
+        self.schedule.batch_created((job.job_id, c.index), self.mono_now(), (first_poll, FIRST_POLL_DELAY))
         status = b.status if not reconciled else "validating"
         self.emit(
             job.job_id, _e("BatchCreated", chunk=c.index, attempt=c.attempt, batch_id=b.id, status=status, reconciled=reconciled)
         )
-        self._next_poll[key] = (self._mono if reconciled or b.is_terminal else self._mono + FIRST_POLL_DELAY, FIRST_POLL_DELAY)
         c = self.state.jobs[job.job_id].chunks[c.index]
         if reconciled:  # the adopted batch may have moved on (even finished): record where it is
             ev = _status_event(c, b)
@@ -488,7 +484,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         """The open create of ``c`` as sent (monotonic, this process) or, after a restart, as the
         log has it (its wall-clock time; compared with the wall clock); and whether it is on the
         monotonic clock."""
-        sent = self._create_sent.get((job.job_id, c.index))
+        sent = self.schedule.create_sent.get((job.job_id, c.index))
         if sent is not None:
             return sent, True
         return CreateSent(min(epoch(c.requested_ts, self._wall), self._wall)), False
@@ -502,7 +498,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
     def _reconcile_create(self, job: JobState, c: ChunkState) -> None:
         assert self.provider is not None and c.file_id
         key = (job.job_id, c.index)
-        if self._next_listing.get(key, float("-inf")) > self._mono:
+        if not self.schedule.listing_due(key, self._mono):
             return
         request, monotonic = self._create_request(job, c)
         now = self.mono_now() if monotonic else self._wall
@@ -515,14 +511,13 @@ class SubmitSteps(CollectSteps, FinishSteps):
         )
         keep = found.batch
         if keep is None and now < absent_after(request, timeout):
-            self._next_listing[key] = self._mono + next_listing_in(request, timeout, now)
+            self.schedule.next_listing[key] = self._mono + next_listing_in(request, timeout, now)
             return  # a late create may still land: the outcome stays unknown, look again later
         if keep is not None:
             self._cancel_duplicates(job, c, list(found.duplicates))  # should never happen; never pay twice
             self._batch_created(job, c, keep, reconciled=True)
         else:
-            self._create_sent.pop(key, None)
-            self._next_listing.pop(key, None)
+            self.schedule.create_settled(key)
             self.emit(
                 job.job_id,
                 _e(
@@ -540,7 +535,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         the cancel of every extra batch of the chunk not ended; the ids cancelled."""
         assert self.provider is not None
         key = (job.job_id, c.index)
-        done = self._dup_cancelled.setdefault(key, set())
+        done = self.schedule.dup_cancelled.setdefault(key, set())
         for b in extras:
             if b.is_terminal or b.status in ("cancelling", "cancelled") or b.id in done:
                 continue
@@ -562,7 +557,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
         assert self.provider is not None and c.file_id and c.batch_id and c.dup_check_due
         key = (job.job_id, c.index)
         timeout = self.settings.request_timeout_seconds
-        created = self._created_at.get(key)
+        created = self.schedule.created_at.get(key)
         if created is not None:
             now, ends = self.mono_now(), duplicate_watch_ends(created, timeout)
         else:  # created before a restart: the log's time, on the wall clock
@@ -579,10 +574,9 @@ class SubmitSteps(CollectSteps, FinishSteps):
         ]
         final = (c.status in TERMINAL_BATCH or now >= ends) and not pending
         if not final:
-            self._dup_next[key] = self._mono + duplicate_check_in(now, ends)
+            self.schedule.dup_next[key] = self._mono + duplicate_check_in(now, ends)
             return
-        self._dup_next.pop(key, None)
-        self._dup_cancelled.pop(key, None)
+        self.schedule.duplicates_checked(key)
         self.emit(
             job.job_id,
             _e(
@@ -604,5 +598,5 @@ class SubmitSteps(CollectSteps, FinishSteps):
         except ProviderError as exc:  # asked once per tick: the next tick asks again
             log.warning("cancel %s: %s (asked again at the next tick)", a.batch_id, exc)
             return
-        self._cancel_sent.add(a.batch_id)
-        self._next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)
+        self.schedule.cancel_sent.add(a.batch_id)
+        self.schedule.next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)
