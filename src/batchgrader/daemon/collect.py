@@ -12,6 +12,13 @@ from typing import Any
 
 from batchgrader.core import queue
 from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
+from batchgrader.core.outcomes import (
+    DownloadRetry,
+    download_failed,
+    download_may_start,
+    malformed_download_again,
+    merge_in_worker,
+)
 from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
@@ -28,9 +35,6 @@ from batchgrader.provider.reconcile import list_statuses
 from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
-
-MAX_DOWNLOAD_ATTEMPTS = 4  # failed downloads of one file (each with the client's own retries) before its rows fail
-MAX_MALFORMED_DOWNLOADS = 2  # downloads again of a malformed result file before its bad lines' rows fail
 
 
 class CollectSteps(ReuseSteps):
@@ -145,27 +149,29 @@ class CollectSteps(ReuseSteps):
         the job can finish.  True when the file is settled (downloaded or given up)."""
         assert self.provider is not None
         key = (job.job_id, c.index, kind)
-        tries, not_before = self.schedule.download_failures.get(key, (0, float("-inf")))
-        if not_before > now:
+        failures = self.schedule.download_failures.get(key)
+        if not download_may_start(failures, now):
             return False
+        tries = failures[0] if failures else 0
         d = c.downloads.get(kind, {})
         if d.get("state") != "started" or d.get("file_id") != file_id:
             self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
         dest = self.home.job_dir(job.job_id) / "downloads" / f"{c.batch_id}-{kind}.jsonl"
         try:
             n = self.provider.download(file_id, dest)
-        except ProviderRejected as exc:  # definite (404: expired or deleted; 403 ...): never comes back
-            self._download_failed(job, c, kind, file_id, f"the {kind} file cannot be downloaded: {exc}", tries + 1)
-            return True
         except (ProviderError, OSError) as exc:
-            tries += 1
-            if tries >= MAX_DOWNLOAD_ATTEMPTS:
-                msg = f"the {kind} file could not be downloaded after {tries} attempts: {exc}"
-                self._download_failed(job, c, kind, file_id, msg, tries)
-                return True
-            log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
-            self.schedule.download_failures[key] = (tries, now + min(60.0, 2.0**tries))
-            return False
+            definite = isinstance(exc, ProviderRejected)  # definite (404: expired or deleted; 403 ...): never comes back
+            outcome = download_failed(tries, definite, now)
+            if isinstance(outcome, DownloadRetry):
+                log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
+                self.schedule.download_failures[key] = (outcome.tries, outcome.at)
+                return False
+            if definite:
+                msg = f"the {kind} file cannot be downloaded: {exc}"
+            else:
+                msg = f"the {kind} file could not be downloaded after {outcome.attempts} attempts: {exc}"
+            self._download_failed(job, c, kind, file_id, msg, outcome.attempts)
+            return True
         self.schedule.download_failures.pop(key, None)
         self.emit(
             job.job_id,
@@ -202,7 +208,7 @@ class CollectSteps(ReuseSteps):
             results_path=self._results_path(job, c),
             unavailable=tuple(str(d.get("error")) for d in c.downloads.values() if d.get("state") == "failed"),
             malformed_downloads=c.malformed_downloads,
-            download_malformed_again=c.malformed_downloads < MAX_MALFORMED_DOWNLOADS,
+            download_malformed_again=malformed_download_again(c.malformed_downloads),
             followers=self.followers_of(job),
             schema=schema_of(job.settings.get("response_format")),  # as prepared
         )
@@ -227,7 +233,7 @@ class CollectSteps(ReuseSteps):
                 self._merged(job, c, outcome, now)
             return
         inputs = self._merge_inputs(job, c)
-        if workers is not None and at_least is not None and c.requests >= at_least and key not in self._merge_here:
+        if workers is not None and merge_in_worker(c.requests, at_least, True, key in self._merge_here):
             try:
                 workers.start(key, inputs, self.home.job_dir(job.job_id) / "merging")
                 return

@@ -12,6 +12,7 @@ from typing import Any
 from batchgrader.core.actions import OUTBOX_TIMER
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
 from batchgrader.core.decide import WriteResult
+from batchgrader.core.outcomes import outbox_retry_at
 from batchgrader.core.state import JobState
 from batchgrader.daemon import jobhook
 from batchgrader.daemon.base import _e, result_settings, stamp
@@ -33,8 +34,6 @@ log = logging.getLogger("batchgrader.engine")
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
 
 
-OUTBOX_RETRY_FIRST = 5.0  # seconds before a result that could not be written is tried again
-OUTBOX_RETRY_MAX = 300.0
 _OUTBOX_CAUSES = {
     errno.EACCES: ("permission_denied", "permission denied"),
     errno.EPERM: ("permission_denied", "permission denied"),
@@ -68,7 +67,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
             code, error = outbox_error(exc, path)
             n = self.schedule.outbox_failures.get(job.job_id, 0) + 1
             self.schedule.outbox_failures[job.job_id] = n
-            self.schedule.not_before[(job.job_id, OUTBOX_TIMER)] = now + min(OUTBOX_RETRY_MAX, OUTBOX_RETRY_FIRST * 2 ** (n - 1))
+            self.schedule.not_before[(job.job_id, OUTBOX_TIMER)] = outbox_retry_at(n, now)
             if job.outbox_error != error:
                 log.warning("job %s: %s (tried again with a back-off)", job.job_id, error)
                 self.emit(job.job_id, _e("OutboxWriteFailed", path=path, error=error, code=code))

@@ -18,18 +18,14 @@ from batchgrader.core.decide import (
     FIRST_POLL_DELAY,
     CancelBatch,
     Upload,
-    capacity_refusal,
     epoch,
     refusal_lesson,
-    resubmit_delay,
 )
+from batchgrader.core.outcomes import ListAgain, create_not_listed, create_refused, duplicate_watch_next, queue_full_error
 from batchgrader.core.settle import (
     CreateSent,
-    absent_after,
     create_settle_seconds,
-    duplicate_check_in,
     duplicate_watch_ends,
-    next_listing_in,
 )
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.base import (
@@ -415,23 +411,7 @@ class SubmitSteps(CollectSteps, FinishSteps):
             b = self.provider.create_batch(c.file_id, ENDPOINT, self.settings.completion_window, dict(c.metadata))
         except ProviderRejected as exc:
             self.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
-            if capacity_refusal(exc.status_code, str(exc)):
-                learned = None
-                queue_refusal = queue.is_token_limit_refusal(getattr(exc, "code", None), str(exc))
-                if queue_refusal:
-                    learned = refusal_lesson(self.state, job, c, str(exc), self.queue_url_for(job))
-                if learned is None and queue_refusal:
-                    self._create_refused_again(job, c, str(exc))
-                elif learned is None:  # a rate limit: sent again a while later
-                    self.schedule.not_before[key] = self._mono + resubmit_delay(self.settings.poll_interval_seconds)
-                else:  # some providers refuse at once: learn the limit from that too
-                    self.emit(job.job_id, *self._learned_event(job.model or "", learned, c.index, str(exc), job))
-                return
-            self.emit(
-                job.job_id,
-                _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=str(exc), retryable=False),
-            )
-            self._rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", str(exc))
+            self._create_refused(job, c, exc)
             return
         except OutcomeUnknown as exc:
             # an error answer (5xx) was given by the provider: what it did is listed at once; no
@@ -442,22 +422,38 @@ class SubmitSteps(CollectSteps, FinishSteps):
             return
         self._batch_created(job, c, b, reconciled=False)
 
-    def _create_refused_again(self, job: JobState, c: ChunkState, error: str) -> None:
-        """A create refused at once for the queue limit, with nothing to learn: sent again after a
-        wait that doubles each round (counted by this process); after ``QUEUE_FULL_ROUNDS`` its
-        rows fail as ``queue_full`` (``bgctl retry`` sends them again), so ``daemon --once`` ends."""
+    def _create_refused(self, job: JobState, c: ChunkState, exc: ProviderRejected) -> None:
+        """Carry out what a create refused at once means (:func:`~batchgrader.core.outcomes.create_refused`):
+        a bad request fails the chunk; a queue refusal that teaches the limit records it; a rate
+        limit, or a queue refusal that teaches nothing, waits (doubling per round, counted by this
+        process); after ``QUEUE_FULL_ROUNDS`` rounds its rows fail as ``queue_full`` (``bgctl
+        retry`` sends them again), so ``daemon --once`` ends."""
         key = (job.job_id, c.index)
-        rounds = self.schedule.create_refusals.get(key, 0) + 1
-        self.schedule.create_refusals[key] = rounds
-        if not queue.queue_full(rounds):
-            wait = queue.refusal_wait(resubmit_delay(self.settings.poll_interval_seconds), rounds)
-            self.schedule.not_before[key] = self._mono + wait
-            return
-        self.schedule.create_refusals.pop(key, None)
-        why = f"the provider refused to create the batch {rounds} times for its queue limit; last refusal: {error}"
-        self._delete_refused_file_of(c)
-        self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="queue_full", error=why, retryable=False))
-        self._rows_failed_for_chunk(job, job.chunks[c.index], "queue_full", why)
+        error, code = str(exc), getattr(exc, "code", None)
+        learned = None
+        if queue.is_token_limit_refusal(code, error):
+            learned = refusal_lesson(self.state, job, c, error, self.queue_url_for(job))
+        rounds = self.schedule.create_refusals.get(key, 0)
+        outcome = create_refused(exc.status_code, code, error, learned, rounds, self.settings.poll_interval_seconds, self._mono)
+        if outcome.kind == "wait":
+            assert outcome.not_before is not None
+            self.schedule.not_before[key] = outcome.not_before
+            if outcome.rounds:
+                self.schedule.create_refusals[key] = outcome.rounds
+        elif outcome.kind == "learn":
+            self.emit(job.job_id, *self._learned_event(job.model or "", outcome.learned, c.index, error, job))
+        elif outcome.kind == "queue_full":
+            self.schedule.create_refusals.pop(key, None)
+            why = queue_full_error(outcome.rounds, error)
+            self._delete_refused_file_of(c)
+            self.emit(job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="queue_full", error=why, retryable=False))
+            self._rows_failed_for_chunk(job, job.chunks[c.index], "queue_full", why)
+        else:
+            self.emit(
+                job.job_id,
+                _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=error, retryable=False),
+            )
+            self._rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", error)
 
     def _batch_created(self, job: JobState, c: ChunkState, b: Any, reconciled: bool) -> None:
         """Record a batch created (or adopted) for ``c``.  A batch the reply names ended (a
@@ -510,8 +506,9 @@ class SubmitSteps(CollectSteps, FinishSteps):
             created_after=self._listing_floor(c),
         )
         keep = found.batch
-        if keep is None and now < absent_after(request, timeout):
-            self.schedule.next_listing[key] = self._mono + next_listing_in(request, timeout, now)
+        outcome = create_not_listed(request, timeout, now) if keep is None else None
+        if isinstance(outcome, ListAgain):
+            self.schedule.next_listing[key] = self._mono + outcome.seconds
             return  # a late create may still land: the outcome stays unknown, look again later
         if keep is not None:
             self._cancel_duplicates(job, c, list(found.duplicates))  # should never happen; never pay twice
@@ -572,9 +569,9 @@ class SubmitSteps(CollectSteps, FinishSteps):
         pending = [
             b for b in extras if not b.is_terminal and b.status not in ("cancelling", "cancelled") and b.id not in cancelled
         ]
-        final = (c.status in TERMINAL_BATCH or now >= ends) and not pending
-        if not final:
-            self.schedule.dup_next[key] = self._mono + duplicate_check_in(now, ends)
+        again = duplicate_watch_next(now, ends, c.status in TERMINAL_BATCH, len(pending))
+        if again is not None:
+            self.schedule.dup_next[key] = self._mono + again
             return
         self.schedule.duplicates_checked(key)
         self.emit(
