@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, overload
 
 from batchgrader.core.config import Config, Profile
 from batchgrader.core.decide import Action, Step, Timers, next_action, resubmit_delay, utc_day
@@ -25,11 +25,34 @@ from batchgrader.fsio import remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store.eventstore import DatabaseMoved, EventStore, NewEvent
+from batchgrader.store.eventstore import DatabaseMoved, EventStore
 
 log = logging.getLogger("batchgrader.engine")
 
 __all__ = ["Engine", "resubmit_delay", "utc_day"]
+
+
+T = TypeVar("T")
+
+
+class OnContext(Generic[T]):
+    """An attribute of :class:`Engine` that is its context's attribute of the same name (read and
+    set there): the daemon and the tests keep addressing the engine."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, engine: None, owner: type | None = None) -> OnContext[T]: ...
+    @overload
+    def __get__(self, engine: Engine, owner: type | None = None) -> T: ...
+    def __get__(self, engine: Engine | None, owner: type | None = None) -> T | OnContext[T]:
+        if engine is None:  # read on the class (introspection)
+            return self
+        return cast(T, getattr(engine.ctx, self.name))
+
+    def __set__(self, engine: Engine, value: T) -> None:
+        setattr(engine.ctx, self.name, value)
 
 
 class Engine:
@@ -46,42 +69,25 @@ class Engine:
         self.idle = False
         self.again = False  # a job stopped its tick after an action with more to do now (tick again at once)
 
-    # --- what the daemon and the tests read and set ---------------------------------------------
-    @property
-    def home(self) -> Home:
-        return self.ctx.home
-
-    @property
-    def config(self) -> Config:
-        return self.ctx.config
-
-    @property
-    def store(self) -> EventStore:
-        return self.ctx.store
-
-    @store.setter
-    def store(self, store: EventStore) -> None:  # a test reopens the log with read models
-        self.ctx.store = store
-
-    @property
-    def provider(self) -> Provider | None:
-        return self.ctx.provider
-
-    @provider.setter
-    def provider(self, provider: Provider | None) -> None:  # a test swaps in a scripted provider
-        self.ctx.provider = provider
-
-    @property
-    def prices(self) -> PriceTable:
-        return self.ctx.prices
-
-    @property
-    def sandbox(self) -> bool:
-        return self.ctx.sandbox
-
-    @property
-    def state(self) -> State:
-        return self.ctx.state
+    # --- what the daemon and the tests read and set: the context's, under the engine's name ----
+    home = OnContext[Home]("home")
+    config = OnContext[Config]("config")
+    store = OnContext[EventStore]("store")  # a test may reopen the log (with read models)
+    provider = OnContext[Provider | None]("provider")  # a test may swap in a scripted provider
+    prices = OnContext[PriceTable]("prices")
+    sandbox = OnContext[bool]("sandbox")
+    state = OnContext[State]("state")
+    should_stop = OnContext[Callable[[], bool]]("should_stop")  # SIGTERM finishes the current step
+    on_progress = OnContext[Callable[[], None]]("on_progress")  # heartbeat (systemd watchdog)
+    on_rows_to_send = OnContext[Callable[[str], None]]("on_rows_to_send")  # a provider's SDK can be readied
+    token_counter = OnContext[Callable[[Profile], Any] | None]("token_counter")  # counting hook per profile
+    merge_workers = OnContext[MergeWorkers | None]("merge_workers")  # None: every chunk merged in the tick
+    emit = OnContext[Callable[..., None]]("emit")
+    timers = OnContext[Callable[[], Timers]]("timers")
+    profile_of = OnContext[Callable[[JobState], Profile]]("profile_of")
+    provider_name_of = OnContext[Callable[[str], str]]("provider_name_of")  # the router's provider_of_job
+    provider_key_for = OnContext[Callable[[JobState], str]]("provider_key_for")
+    queue_url = OnContext[str]("queue_url")
 
     @property
     def scan_requested(self) -> bool:
@@ -90,65 +96,6 @@ class Engine:
     @scan_requested.setter
     def scan_requested(self, value: bool) -> None:  # set by the daemon when the watcher saw a change
         self.steps.intake.scan_requested = value
-
-    @property
-    def should_stop(self) -> Callable[[], bool]:
-        return self.ctx.should_stop
-
-    @should_stop.setter
-    def should_stop(self, hook: Callable[[], bool]) -> None:
-        self.ctx.should_stop = hook
-
-    @property
-    def on_progress(self) -> Callable[[], None]:
-        return self.ctx.on_progress
-
-    @on_progress.setter
-    def on_progress(self, hook: Callable[[], None]) -> None:
-        self.ctx.on_progress = hook
-
-    @property
-    def on_rows_to_send(self) -> Callable[[str], None]:
-        return self.ctx.on_rows_to_send
-
-    @on_rows_to_send.setter
-    def on_rows_to_send(self, hook: Callable[[str], None]) -> None:
-        self.ctx.on_rows_to_send = hook
-
-    @property
-    def token_counter(self) -> Callable[[Profile], Any] | None:
-        return self.ctx.token_counter
-
-    @token_counter.setter
-    def token_counter(self, hook: Callable[[Profile], Any] | None) -> None:
-        self.ctx.token_counter = hook
-
-    @property
-    def merge_workers(self) -> MergeWorkers | None:
-        return self.ctx.merge_workers
-
-    @merge_workers.setter
-    def merge_workers(self, workers: MergeWorkers | None) -> None:
-        self.ctx.merge_workers = workers
-
-    def emit(self, job_id: str, *events: NewEvent, also: Callable[[Any], None] | None = None) -> None:
-        self.ctx.emit(job_id, *events, also=also)
-
-    def timers(self) -> Timers:
-        return self.ctx.timers()
-
-    def profile_of(self, job: JobState) -> Profile:
-        return self.ctx.profile_of(job)
-
-    def provider_name_of(self, job_id: str) -> str:
-        return self.ctx.provider_name_of(job_id)
-
-    def provider_key_for(self, job: JobState) -> str:
-        return self.ctx.provider_key_for(job)
-
-    @property
-    def queue_url(self) -> str:
-        return self.ctx.queue_url
 
     def reload(self, config: Config, prices: PriceTable) -> None:
         self.ctx.reload(config, prices)
