@@ -78,9 +78,8 @@ class CollectSteps:
         # when it was asked for (``now`` is monotonic): this process's stamp, or the log's
         # (BatchCreateRequested, wall clock) after a restart
         created = now - self._create_age(key, c)
-        model = (
-            f"{self.ctx.provider_key_for(job)} {job.model or ''}"  # run times are learned per provider (and sandbox) and model
-        )
+        # run times are learned per provider (and sandbox) and model
+        model = f"{self.ctx.provider_key_for(job)} {job.model or ''}"
         if b.status == "completed" and was != "completed":
             if b.created_at and b.completed_at and b.completed_at >= b.created_at:
                 took = float(b.completed_at - b.created_at)  # the provider's own clock, to the second

@@ -178,7 +178,7 @@ class Engine:
 
     def _ours(self, job: JobState) -> bool:
         """Whether this daemon takes ``job`` further.  A job it must leave alone
-        (:meth:`left_alone_because`) gets a ``JobLeftAlone`` with the reason, once per change, for
+        (:meth:`Context.left_alone_because`) gets a ``JobLeftAlone`` with the reason, once per change, for
         ``bgctl status``; a job left alone before, now this daemon's, gets ``JobTakenUp``."""
         why = self.ctx.left_alone_because(job)
         if why is None:

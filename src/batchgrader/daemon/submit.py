@@ -256,7 +256,7 @@ class SubmitSteps:
                     definite=True,
                 ),
             )
-            # the file is uploaded: _submit creates again with it, under the same attempt's metadata
+            # the file is uploaded: decide's Create sends it again, under the same attempt's metadata
 
     def _cancel_duplicates(self, job: JobState, c: ChunkState, extras: list[Any]) -> list[str]:
         """Ask once each (no retries inside the tick: the next duplicate listing asks again) for
