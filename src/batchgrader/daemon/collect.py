@@ -10,11 +10,18 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core import queue
 from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
+from batchgrader.core.outcomes import (
+    DownloadRetry,
+    download_failed,
+    download_may_start,
+    malformed_download_again,
+    merge_in_worker,
+)
 from batchgrader.core.polling import next_poll_delay, progress_left
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
+from batchgrader.daemon.context import Context
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
@@ -25,98 +32,75 @@ from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.splitting import Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import list_statuses
-from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
-MAX_DOWNLOAD_ATTEMPTS = 4  # failed downloads of one file (each with the client's own retries) before its rows fail
-MAX_MALFORMED_DOWNLOADS = 2  # downloads again of a malformed result file before its bad lines' rows fail
 
+class CollectSteps:
+    """The steps that bring results back, on the shared :class:`~batchgrader.daemon.context.Context`."""
 
-class CollectSteps(ReuseSteps):
-    def _learned_event(
-        self, model: str, learned: queue.Learned | None, chunk: int, message: str | None, job: JobState | None = None
-    ) -> list[NewEvent]:
-        if learned is None:
-            return []
-        queue_url = self.queue_url_for(job) if job is not None else self.queue_url
-        log.warning(
-            "queue limit for %s at %s: %s tokens (%s)",
-            model,
-            queue_url or "the provider",
-            f"{learned.limit:,}",
-            learned.source,
-        )
-        return [
-            _e(
-                "QueueLimitLearned",
-                base_url=queue_url,
-                model=model,
-                limit=learned.limit,
-                exact=learned.exact,
-                source=learned.source,
-                chunk=chunk,
-                message=message,
-            )
-        ]
+    def __init__(self, ctx: Context, reuse: ReuseSteps) -> None:
+        self.ctx = ctx
+        self.reuse = reuse
+        self._merge_here: set[tuple[str, int]] = set()  # chunks whose merge worker failed
 
-    # --- poll and collect ---------------------------------------------------------------------
-    def _list_round(self, now: float) -> None:
+    def list_round(self, now: float) -> None:
         """With several batches in flight, one paged ``batches.list`` per poll round replaces a
         ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is refreshed."""
-        if self.provider is None or not list_round_due(self.state, self.timers(), now):
+        if self.ctx.provider is None or not list_round_due(self.ctx.state, self.ctx.timers(), now):
             return
         flying = [
             (j, c)
-            for j in self.state.active_jobs()
-            if self.left_alone_because(j) is None  # another mode's or endpoint's batches are not asked for here
+            for j in self.ctx.state.active_jobs()
+            if self.ctx.left_alone_because(j) is None  # another mode's or endpoint's batches are not asked for here
             for c in j.chunks.values()
             if c.in_flight and c.batch_id
         ]
-        listed = list_statuses(self.provider, {c.batch_id for _, c in flying if c.batch_id})
+        listed = list_statuses(self.ctx.provider, {c.batch_id for _, c in flying if c.batch_id})
         for j, c in flying:
             b = listed.get(c.batch_id or "")
             if b is not None:
-                self._poll(j, c, now, b)
+                self.poll(j, c, now, b)
 
-    def _poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
+    def poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
         """Refresh one batch (``b``: as a list round saw it; else one ``retrieve``) and set when it
         is polled next (:mod:`batchgrader.core.polling`: a fraction of its age, and just after the
         time batches of its model have been taking)."""
-        assert self.provider is not None and c.batch_id
+        assert self.ctx.provider is not None and c.batch_id
         key = (job.job_id, c.index)
-        due, delay = self._next_poll.get(key, (now, 0.0))
+        due, delay = self.ctx.schedule.next_poll.get(key, (now, 0.0))
         if b is None:
-            b = self.provider.retrieve(c.batch_id)
+            b = self.ctx.provider.retrieve(c.batch_id)
         ev = _status_event(c, b)
         was = c.status  # read before emit folds the new status into c
         if ev is not None:
-            self.emit(job.job_id, ev)
+            self.ctx.emit(job.job_id, ev)
         # when it was asked for (``now`` is monotonic): this process's stamp, or the log's
         # (BatchCreateRequested, wall clock) after a restart
         created = now - self._create_age(key, c)
-        model = f"{self.provider_key_for(job)} {job.model or ''}"  # run times are learned per provider (and sandbox) and model
+        # run times are learned per provider (and sandbox) and model
+        model = f"{self.ctx.provider_key_for(job)} {job.model or ''}"
         if b.status == "completed" and was != "completed":
             if b.created_at and b.completed_at and b.completed_at >= b.created_at:
                 took = float(b.completed_at - b.created_at)  # the provider's own clock, to the second
             else:  # it ended between the last poll (still running then) and this one: the middle of that
                 took = (min(due - delay, now) + now) / 2 - created
-            self._durations.record(model, took)
-        expected = self._durations.expected(model)
+            self.ctx.schedule.durations.record(model, took)
+        expected = self.ctx.schedule.durations.expected(model)
         left = None if expected is None else created + expected - now
         ahead = self._progress_left(key, b, now)
         if ahead is not None:  # this batch's own progress says more than batches before it
             left = ahead
-        delay = next_poll_delay(now - created, self.settings.poll_interval_seconds, left)
-        self._next_poll[key] = (now + delay, delay)
+        delay = next_poll_delay(now - created, self.ctx.settings.poll_interval_seconds, left)
+        self.ctx.schedule.next_poll[key] = (now + delay, delay)
 
     def _create_age(self, key: tuple[str, int], c: ChunkState) -> float:
         """Seconds since the chunk's batch was asked for: on the monotonic clock when this
         process sent it, else from the log's wall-clock time of the request."""
-        sent = self._requested_at.get(key)
+        sent = self.ctx.schedule.requested_at.get(key)
         if sent is not None:
-            return max(0.0, self._mono - sent)
-        return max(0.0, self._wall - epoch(c.requested_ts, self._wall))
+            return max(0.0, self.ctx.mono - sent)
+        return max(0.0, self.ctx.wall - epoch(c.requested_ts, self.ctx.wall))
 
     def _progress_left(self, key: tuple[str, int], b: Any, now: float) -> float | None:
         """Seconds until the batch's requests are all done, at the rate they were done since we
@@ -126,57 +110,59 @@ class CollectSteps(ReuseSteps):
         counts = b.request_counts
         done = counts.completed + counts.failed
         if b.status == "finalizing" or (b.status == "in_progress" and counts.total and done >= counts.total):
-            return -(now - self._finalizing.setdefault(key, now))
+            return -(now - self.ctx.schedule.finalizing.setdefault(key, now))
         if b.status != "in_progress" or not done:
             if b.is_terminal:
-                self._progress.pop(key, None)
-                self._finalizing.pop(key, None)
+                self.ctx.schedule.progress.pop(key, None)
+                self.ctx.schedule.finalizing.pop(key, None)
             return None
-        first = self._progress.get(key)
+        first = self.ctx.schedule.progress.get(key)
         if first is None or done < first[1]:
-            self._progress[key] = (now, done)
+            self.ctx.schedule.progress[key] = (now, done)
             return None
         return progress_left(first, (now, done), counts.total)
 
-    def _download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
+    def download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
         """Download one result file: one intent per download (not per tick), a pause between
         failures, and after ``MAX_DOWNLOAD_ATTEMPTS`` failures or a definite refusal (404: the file
         expired or was deleted) an ``OutputDownloadFailed``: its rows then fail with the reason and
         the job can finish.  True when the file is settled (downloaded or given up)."""
-        assert self.provider is not None
+        assert self.ctx.provider is not None
         key = (job.job_id, c.index, kind)
-        tries, not_before = self._download_failures.get(key, (0, float("-inf")))
-        if not_before > now:
+        failures = self.ctx.schedule.download_failures.get(key)
+        if not download_may_start(failures, now):
             return False
+        tries = failures[0] if failures else 0
         d = c.downloads.get(kind, {})
         if d.get("state") != "started" or d.get("file_id") != file_id:
-            self.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
-        dest = self.home.job_dir(job.job_id) / "downloads" / f"{c.batch_id}-{kind}.jsonl"
+            self.ctx.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
+        dest = self.ctx.home.job_dir(job.job_id) / "downloads" / f"{c.batch_id}-{kind}.jsonl"
         try:
-            n = self.provider.download(file_id, dest)
-        except ProviderRejected as exc:  # definite (404: expired or deleted; 403 ...): never comes back
-            self._download_failed(job, c, kind, file_id, f"the {kind} file cannot be downloaded: {exc}", tries + 1)
-            return True
+            n = self.ctx.provider.download(file_id, dest)
         except (ProviderError, OSError) as exc:
-            tries += 1
-            if tries >= MAX_DOWNLOAD_ATTEMPTS:
-                msg = f"the {kind} file could not be downloaded after {tries} attempts: {exc}"
-                self._download_failed(job, c, kind, file_id, msg, tries)
-                return True
-            log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
-            self._download_failures[key] = (tries, now + min(60.0, 2.0**tries))
-            return False
-        self._download_failures.pop(key, None)
-        self.emit(
+            definite = isinstance(exc, ProviderRejected)  # definite (404: expired or deleted; 403 ...): never comes back
+            outcome = download_failed(tries, definite, now)
+            if isinstance(outcome, DownloadRetry):
+                log.warning("job %s chunk %s: download of %s failed (%s); trying again later", job.job_id, c.index, file_id, exc)
+                self.ctx.schedule.download_failures[key] = (outcome.tries, outcome.at)
+                return False
+            if definite:
+                msg = f"the {kind} file cannot be downloaded: {exc}"
+            else:
+                msg = f"the {kind} file could not be downloaded after {outcome.attempts} attempts: {exc}"
+            self._download_failed(job, c, kind, file_id, msg, outcome.attempts)
+            return True
+        self.ctx.schedule.download_failures.pop(key, None)
+        self.ctx.emit(
             job.job_id,
             _e("OutputDownloaded", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind, path=str(dest), bytes=n),
         )
         return True
 
     def _download_failed(self, job: JobState, c: ChunkState, kind: str, file_id: str, error: str, attempts: int) -> None:
-        self._download_failures.pop((job.job_id, c.index, kind), None)
+        self.ctx.schedule.download_failures.pop((job.job_id, c.index, kind), None)
         log.error("job %s chunk %s: %s", job.job_id, c.index, error)
-        self.emit(
+        self.ctx.emit(
             job.job_id,
             _e(
                 "OutputDownloadFailed",
@@ -190,7 +176,7 @@ class CollectSteps(ReuseSteps):
         )
 
     def _results_path(self, job: JobState, c: ChunkState) -> str:
-        return str(self.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl")
+        return str(self.ctx.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl")
 
     def _merge_inputs(self, job: JobState, c: ChunkState) -> MergeInputs:
         done = [(k, d) for k in ("output", "error") if (d := c.downloads.get(k)) and d.get("path") and d.get("state") == "done"]
@@ -202,12 +188,12 @@ class CollectSteps(ReuseSteps):
             results_path=self._results_path(job, c),
             unavailable=tuple(str(d.get("error")) for d in c.downloads.values() if d.get("state") == "failed"),
             malformed_downloads=c.malformed_downloads,
-            download_malformed_again=c.malformed_downloads < MAX_MALFORMED_DOWNLOADS,
-            followers=self.followers_of(job),
+            download_malformed_again=malformed_download_again(c.malformed_downloads),
+            followers=self.reuse.followers_of(job),
             schema=schema_of(job.settings.get("response_format")),  # as prepared
         )
 
-    def _merge(self, job: JobState, c: ChunkState, now: float) -> None:
+    def merge(self, job: JobState, c: ChunkState, now: float) -> None:
         """Merge a finished batch's rows (:func:`~batchgrader.pipeline.merge.merge_chunk`); its
         events (and the answers they record) go in one transaction.  A chunk of at least
         ``merge_worker_rows`` rows is merged in a worker process (:mod:`batchgrader.daemon.workers`)
@@ -215,7 +201,7 @@ class CollectSteps(ReuseSteps):
         after it ended (if the worker fails, the chunk is merged here, and so are its later tries).  A malformed file is
         downloaded again (at most MAX_MALFORMED_DOWNLOADS times); then its good lines are kept."""
         key = (job.job_id, c.index)
-        workers, at_least = self.merge_workers, self.settings.merge_worker_rows
+        workers, at_least = self.ctx.merge_workers, self.ctx.settings.merge_worker_rows
         if workers is not None and workers.running(key):
             try:
                 outcome = workers.poll(key)
@@ -227,9 +213,9 @@ class CollectSteps(ReuseSteps):
                 self._merged(job, c, outcome, now)
             return
         inputs = self._merge_inputs(job, c)
-        if workers is not None and at_least is not None and c.requests >= at_least and key not in self._merge_here:
+        if workers is not None and merge_in_worker(c.requests, at_least, True, key in self._merge_here):
             try:
-                workers.start(key, inputs, self.home.job_dir(job.job_id) / "merging")
+                workers.start(key, inputs, self.ctx.home.job_dir(job.job_id) / "merging")
                 return
             except MergeWorkerFailed as exc:
                 log.warning("job %s chunk %s: %s; merging in the daemon", job.job_id, c.index, exc)
@@ -241,7 +227,7 @@ class CollectSteps(ReuseSteps):
         usage, failed rows and completion."""
         if outcome.merged is None:
             log.warning("job %s chunk %s: malformed result file (%s); downloading it again", job.job_id, c.index, outcome.problem)
-            self.emit(
+            self.ctx.emit(
                 job.job_id,
                 _e(
                     "OutputFileMalformed",
@@ -255,7 +241,7 @@ class CollectSteps(ReuseSteps):
             return
         merged = outcome.merged
         try:
-            cost = merged.cost(self.prices.get(job.model or ""))
+            cost = merged.cost(self.ctx.prices.get(job.model or ""))
         except PricingError:
             cost = 0.0
         events = [
@@ -267,11 +253,11 @@ class CollectSteps(ReuseSteps):
                 cost_usd=float(cost),
                 day=utc_day(now),
                 **merged.usage,
-                **cache_figures(merged, self.prices.find(job.model or "")),
+                **cache_figures(merged, self.ctx.prices.find(job.model or "")),
             )
         ]
         learned = overhead_payload(
-            job, c, merged.rows, merged.all_ok, merged.usage["prompt_tokens"], self.profile_of(job).response_format
+            job, c, merged.rows, merged.all_ok, merged.usage["prompt_tokens"], self.ctx.profile_of(job).response_format
         )
         if learned is not None:
             events.append(_e("SchemaOverheadLearned", **learned))
@@ -285,7 +271,7 @@ class CollectSteps(ReuseSteps):
                     chunk=c.index,
                     rows=merged.duplicates,
                     succeeded=merged.duplicates - len(dup_failed),
-                    saved_usd=self._cost(job.model or "", merged.duplicates_usage),
+                    saved_usd=self.ctx.cost(job.model or "", merged.duplicates_usage),
                 )
             )
         events.append(
@@ -300,32 +286,32 @@ class CollectSteps(ReuseSteps):
             )
         )
         if c.status == "completed":
-            probe = probe_after_completion(self.state, job, self.queue_url_for(job))
-            events += self._learned_event(job.model or "", probe, c.index, None, job)
-        if merged.succeeded and self.settings.cache_days > 0:  # stored later (StoreAnswers), off the results' path
+            probe = probe_after_completion(self.ctx.state, job, self.ctx.queue_url_for(job))
+            events += self.ctx.learned_event(job.model or "", probe, c.index, None, job)
+        if merged.succeeded and self.ctx.settings.cache_days > 0:  # stored later (StoreAnswers), off the results' path
             events.append(_e("AnswersToStore", chunk=c.index, rows=merged.rows, answers=merged.succeeded))
-        self.emit(job.job_id, *events)
+        self.ctx.emit(job.job_id, *events)
 
-    def _rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
+    def rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
         cids = chunk_custom_ids(c)
-        followers = self.followers_of(job)
+        followers = self.reuse.followers_of(job)
         if followers:  # the duplicates of these rows fail with them
             here = set(cids)
             cids += [f for cid in list(cids) for f in followers.get(cid, ()) if f not in here]
         rows = [{"custom_id": cid, "code": code, "message": message} for cid in cids]
         if rows:
-            self.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
+            self.ctx.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
 
     # --- retrying -------------------------------------------------------------------------------
-    def _plan_retries(self, job: JobState, ids: list[str]) -> None:
+    def plan_retries(self, job: JobState, ids: list[str]) -> None:
         """Write the retry chunks of the rows ``ids`` and record them."""
-        profile = self.profile_of(job)
-        riders = self._riders(job, ids)  # a failed leader is sent once; its failed duplicates ride with it
-        wanted = set(self._sent_ids(job, ids))
+        profile = self.ctx.profile_of(job)
+        riders = self.reuse.riders(job, ids)  # a failed leader is sent once; its failed duplicates ride with it
+        wanted = set(self.reuse.sent_ids(job, ids))
         lines: list[bytes] = []
         tokens = array("Q")
         sizes = array("Q")
-        tok_all, size_all = _load_token_sizes(self.home.job_dir(job.job_id) / "tokens.bin")
+        tok_all, size_all = _load_token_sizes(self.ctx.home.job_dir(job.job_id) / "tokens.bin")
         bound = job.retry_bound if job.retry_requested else None
         for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
             cid = request_custom_id(line)
@@ -339,14 +325,16 @@ class CollectSteps(ReuseSteps):
             tokens,
             sizes,
             Limits(
-                token_limit=token_cap(self.state, self.config, profile, job.model or profile.model, self.queue_url_for(job)),
+                token_limit=token_cap(
+                    self.ctx.state, self.ctx.config, profile, job.model or profile.model, self.ctx.queue_url_for(job)
+                ),
                 row_limit=profile.split_row_limit,
                 max_requests=profile.max_requests_per_batch,
                 max_bytes=profile.max_batch_bytes,
             ),
         )
         base = max(job.chunks) + 1
-        out_dir = self.home.job_dir(job.job_id) / "chunks"
+        out_dir = self.ctx.home.job_dir(job.job_id) / "chunks"
         paths = write_chunk_files(iter(lines), chunks, set(), out_dir, f"{job.job_id}-retry{base:04d}")
         events = []
         for i, (ch, p) in enumerate(zip(chunks, paths)):
@@ -367,4 +355,4 @@ class CollectSteps(ReuseSteps):
                     manual=job.retry_requested,
                 )
             )
-        self.emit(job.job_id, *events)
+        self.ctx.emit(job.job_id, *events)

@@ -12,9 +12,11 @@ from typing import Any
 from batchgrader.core.actions import OUTBOX_TIMER
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
 from batchgrader.core.decide import WriteResult
+from batchgrader.core.outcomes import outbox_retry_at
 from batchgrader.core.state import JobState
 from batchgrader.daemon import jobhook
 from batchgrader.daemon.base import _e, result_settings, stamp
+from batchgrader.daemon.context import Context
 from batchgrader.daemon.intake import IntakeSteps
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, free_path, move_no_clobber
@@ -33,8 +35,6 @@ log = logging.getLogger("batchgrader.engine")
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
 
 
-OUTBOX_RETRY_FIRST = 5.0  # seconds before a result that could not be written is tried again
-OUTBOX_RETRY_MAX = 300.0
 _OUTBOX_CAUSES = {
     errno.EACCES: ("permission_denied", "permission denied"),
     errno.EPERM: ("permission_denied", "permission denied"),
@@ -52,29 +52,35 @@ def outbox_error(exc: OSError, path: str) -> tuple[str, str]:
     return code, f"cannot write the outbox: {cause}: {path}"
 
 
-class FinishSteps(IntakeSteps, ReuseSteps):
-    # --- finish ---------------------------------------------------------------------------------
-    def _write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
+class FinishSteps:
+    """The steps that end a job, on the shared :class:`~batchgrader.daemon.context.Context`."""
+
+    def __init__(self, ctx: Context, intake: IntakeSteps, reuse: ReuseSteps) -> None:
+        self.ctx = ctx
+        self.intake = intake
+        self.reuse = reuse
+        self._effects_checked: set[str] = set()
+
+    def write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
         """Write the result; one that cannot be written (a folder without write permission, a
         full disk) is the job's last error (``OutboxWriteFailed``, recorded and logged once per
         change of cause) and is tried again after a back-off of 5 s doubling up to 5 minutes."""
         try:
             self._write_outbox_once(job, a, now)
         except OSError as exc:
-            job = self.state.jobs[job.job_id]
-            path = str(exc.filename or job.result_path or self.home.outbox)
+            job = self.ctx.state.jobs[job.job_id]
+            path = str(exc.filename or job.result_path or self.ctx.home.outbox)
             if exc.filename and Path(exc.filename).name.startswith(TMP_PREFIX):
                 path = str(Path(exc.filename).parent)  # the temporary file: name its folder
             code, error = outbox_error(exc, path)
-            n = self._outbox_failures.get(job.job_id, 0) + 1
-            self._outbox_failures[job.job_id] = n
-            self._not_before[(job.job_id, OUTBOX_TIMER)] = now + min(OUTBOX_RETRY_MAX, OUTBOX_RETRY_FIRST * 2 ** (n - 1))
+            n = self.ctx.schedule.outbox_failures.get(job.job_id, 0) + 1
+            self.ctx.schedule.outbox_failures[job.job_id] = n
+            self.ctx.schedule.not_before[(job.job_id, OUTBOX_TIMER)] = outbox_retry_at(n, now)
             if job.outbox_error != error:
                 log.warning("job %s: %s (tried again with a back-off)", job.job_id, error)
-                self.emit(job.job_id, _e("OutboxWriteFailed", path=path, error=error, code=code))
+                self.ctx.emit(job.job_id, _e("OutboxWriteFailed", path=path, error=error, code=code))
             return
-        self._outbox_failures.pop(job.job_id, None)
-        self._not_before.pop((job.job_id, OUTBOX_TIMER), None)
+        self.ctx.schedule.outbox_written(job.job_id)
 
     def _write_outbox_once(self, job: JobState, a: WriteResult, now: float) -> None:
         """Name the result (and error report) in an intent event, write them, record them."""
@@ -84,12 +90,12 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         if job.outbox == "none" or taken:
             path = self._reserve_outbox_path(job.result_name, job.job_id, now)
             err = self._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
-            self.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
-        job = self.state.jobs[job.job_id]
+            self.ctx.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
+        job = self.ctx.state.jobs[job.job_id]
         if job.outbox != "started":
             return
         path = Path(job.result_path or "")
-        written = self._write_result(job, self.profile_of(job), path) if not path.exists() else job.rows
+        written = self._write_result(job, self.ctx.profile_of(job), path) if not path.exists() else job.rows
         if job.error_path and not Path(job.error_path).exists():
             atomic_write_bytes(
                 Path(job.error_path),
@@ -102,7 +108,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 ).encode(),
                 overwrite=False,
             )
-        self.emit(
+        self.ctx.emit(
             job.job_id,
             _e(
                 "ResultWritten",
@@ -116,7 +122,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
 
     def _outbox_owner(self, path: str, job_id: str) -> str | None:
         """Another job that recorded ``path`` as its result or error file, if any."""
-        for j in self.state.jobs.values():
+        for j in self.ctx.state.jobs.values():
             if j.job_id != job_id and path in (j.result_path, j.error_path):
                 return j.job_id
         return None
@@ -124,23 +130,23 @@ class FinishSteps(IntakeSteps, ReuseSteps):
     def _reserve_outbox_path(self, name: str, job_id: str, now: float) -> Path:
         """A free outbox path that no other job has recorded either (a job that recorded a path
         and crashed before writing it still owns it: two inputs with the same name never swap)."""
-        path = free_path(self.home.outbox, name, stamp(now))
+        path = free_path(self.ctx.home.outbox, name, stamp(now))
         if self._outbox_owner(str(path), job_id) is None:
             return path
         own = f"{Path(name).stem}_{job_id[:12]}{Path(name).suffix}"  # a name only this job uses
-        return free_path(self.home.outbox, own, stamp(now))
+        return free_path(self.ctx.home.outbox, own, stamp(now))
 
-    def _delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
-        if self.provider is None:
+    def delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
+        if self.ctx.provider is None:
             return
         deleted = []
         for fid in ids:
             try:
-                self.provider.delete_file(fid)
+                self.ctx.provider.delete_file(fid)
                 deleted.append(fid)
             except ProviderError as exc:
                 log.info("could not delete provider file %s: %s", fid, exc)
-        self.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
+        self.ctx.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
 
     def _write_result(self, job: JobState, profile: Profile, path: Path) -> int:
         """Stream the input and join each row to its result (ResultsJoin: O(chunks) memory).  A row
@@ -152,12 +158,12 @@ class FinishSteps(IntakeSteps, ReuseSteps):
             if c.results_path and Path(c.results_path).exists()
         ]
         cached: dict[str, dict[str, Any]] = {}
-        answered = self._answered.pop(job.job_id, None)  # prepared in this process: no need to read the file
+        answered = self.reuse.answered.pop(job.job_id, None)  # prepared in this process: no need to read the file
         if answered is not None:
             cached = {r["custom_id"]: r for r in answered.cached_records()}
         elif job.cached_rows and job.reuse_path:
             cached = read_reuse_file(Path(job.reuse_path))[0]
-        leader_of = {d: leader for leader, ds in self.followers_of(job).items() for d in ds}
+        leader_of = {d: leader for leader, ds in self.reuse.followers_of(job).items() for d in ds}
         leads = set(leader_of.values())
         led: dict[str, dict[str, Any]] = {}
         row_errors = job.row_errors
@@ -216,7 +222,7 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         atomic_write(path, write, overwrite=False)
         return count
 
-    def _finish_effects(self, job: JobState, now: float) -> None:
+    def finish_effects(self, job: JobState, now: float) -> None:
         """Effects of an ended job that a crash may have interrupted."""
         if job.outbox == "started" and job.error_path:
             p = Path(job.error_path)
@@ -225,42 +231,42 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 atomic_write_bytes(
                     p, error_report(job.file, job.job_id, err.get("error") or "", err.get("hint") or "").encode(), overwrite=False
                 )
-            self.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
-        self._redo_final_effects(self.state.jobs[job.job_id], now)
+            self.ctx.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
+        self._redo_final_effects(self.ctx.state.jobs[job.job_id], now)
 
-    def _fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
+    def fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
         """The error report and the move to failed/ first, the final event last (a crash between
         them leaves a job that is not ended, and is failed again on restart).  The report is on
         disk and recorded before ``JobFailed``, so ``on_job_end`` always finds ``BG_ERROR_PATH``."""
         self._error_report_before_end(job.job_id, error, hint, now)
         src = Path(job.input_path)
-        if src.exists() and not self.state.jobs[job.job_id].archived_path:
-            dest = move_no_clobber(src, self.home.failed, job.file, stamp(now))
-            self.emit(job.job_id, _e("InputArchived", path=str(dest)))
-        self.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
-        self._after_job_end(job.job_id, now)
+        if src.exists() and not self.ctx.state.jobs[job.job_id].archived_path:
+            dest = move_no_clobber(src, self.ctx.home.failed, job.file, stamp(now))
+            self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))
+        self.ctx.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
+        self.after_job_end(job.job_id, now)
 
     def _error_report_before_end(self, job_id: str, error: str, hint: str, now: float) -> None:
         """Write and record the error report of a job about to fail, unless it has one on disk.
         A report named by ``OutboxWriteStarted`` but never written (a crash in between) is
         written under that name; otherwise a new one is named, written and recorded."""
-        job = self.state.jobs[job_id]
+        job = self.ctx.state.jobs[job_id]
         if job.outbox == "done" and job.error_path and Path(job.error_path).is_file():
             return
         if job.outbox == "started" and job.error_path and not job.result_path:
             p = Path(job.error_path)
             if not p.exists():
                 atomic_write_bytes(p, error_report(job.file, job_id, error, hint).encode("utf-8"), overwrite=False)
-            self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
+            self.ctx.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
             return
-        self._write_error(job_id, job.file, free_path(self.home.outbox, error_name(job.file), stamp(now)), error, hint)
+        self.intake.write_error(job_id, job.file, free_path(self.ctx.home.outbox, error_name(job.file), stamp(now)), error, hint)
 
-    def _after_job_end(self, job_id: str, now: float) -> None:
+    def after_job_end(self, job_id: str, now: float) -> None:
         """Effects of a job's end that never change the job: the HTML report (``write_report``)
         and the ``on_job_end`` command (recorded first, so it runs at most once per end)."""
-        job = self.state.jobs[job_id]
+        job = self.ctx.state.jobs[job_id]
         try:
-            write_report = bool(self.profile_of(job).get("write_report"))
+            write_report = bool(self.ctx.profile_of(job).get("write_report"))
         except ConfigError:
             write_report = False
         if write_report and job.result_path:
@@ -268,20 +274,22 @@ class FinishSteps(IntakeSteps, ReuseSteps):
                 from batchgrader.store.report import build_report
                 from batchgrader.store.report_html import render_html
 
-                page = render_html(build_report(list(self.store.read(job_id=job_id))))
-                dest = free_path(self.home.outbox, jobhook.report_name(job.result_path), stamp(now))
+                page = render_html(build_report(list(self.ctx.store.read(job_id=job_id))))
+                dest = free_path(self.ctx.home.outbox, jobhook.report_name(job.result_path), stamp(now))
                 atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
             except Exception as exc:  # a report is a convenience: never let it stop the daemon
                 log.warning("could not write the HTML report of job %s: %s", job_id, exc)
-        command = self.settings.get("on_job_end")
+        command = self.ctx.settings.get("on_job_end")
         if command and job.end_hook_seq != job.version:
-            timeout = float(self.settings.get("on_job_end_timeout_seconds") or 60.0)
-            self.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
-            jobhook.start_hook(command, jobhook.hook_env(self.state.jobs[job_id]), timeout, self._secrets())
+            timeout = float(self.ctx.settings.get("on_job_end_timeout_seconds") or 60.0)
+            self.ctx.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
+            jobhook.start_hook(command, jobhook.hook_env(self.ctx.state.jobs[job_id]), timeout, self._secrets())
 
     def _secrets(self) -> list[str]:
         """Every API key the config holds (the default settings and each profile's)."""
-        return [str(p.get(k)) for p in (self.config.default, *self.config.profiles.values()) for k in SECRET_KEYS if p.get(k)]
+        return [
+            str(p.get(k)) for p in (self.ctx.config.default, *self.ctx.config.profiles.values()) for k in SECRET_KEYS if p.get(k)
+        ]
 
     def _redo_final_effects(self, job: JobState, now: float) -> None:
         """On restart, redo every effect a final event implies that is missing: the error report
@@ -292,9 +300,9 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         self._effects_checked.add(job.job_id)
         if job.ended == "failed" and job.outbox == "none":
             err = job.error or {}
-            path = free_path(self.home.outbox, error_name(job.file), stamp(now))
-            self._write_error(job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or "")
-        job = self.state.jobs[job.job_id]
+            path = free_path(self.ctx.home.outbox, error_name(job.file), stamp(now))
+            self.intake.write_error(job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or "")
+        job = self.ctx.state.jobs[job.job_id]
         if job.archived_path:
             return
         if job.rejected:
@@ -303,6 +311,6 @@ class FinishSteps(IntakeSteps, ReuseSteps):
         else:
             src = Path(job.input_path) if job.input_path else None
         if src is not None and src.is_file() and not src.is_symlink():
-            folder = self.home.failed if job.ended == "failed" else self.home.archive
+            folder = self.ctx.home.failed if job.ended == "failed" else self.ctx.home.archive
             dest = move_no_clobber(src, folder, job.file or src.name, stamp(now))
-            self.emit(job.job_id, _e("InputArchived", path=str(dest)))
+            self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))

@@ -15,7 +15,8 @@ from typing import Any
 from batchgrader.core.config import ConfigError
 from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
 from batchgrader.core.state import ChunkState, JobState
-from batchgrader.daemon.base import CLOCK_SKEW_SLACK, EngineBase, _e, _status_event, stamp
+from batchgrader.daemon.base import CLOCK_SKEW_SLACK, _e, _status_event, stamp
+from batchgrader.daemon.context import Context
 from batchgrader.fsio import atomic_write_bytes, free_path, move_no_clobber
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.outbox import error_name, error_report, result_name
@@ -37,30 +38,53 @@ def _shown(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-class IntakeSteps(EngineBase):
-    # --- intake ---------------------------------------------------------------------------------
+class IntakeSteps:
+    """The inbox and recovery steps, on the shared :class:`~batchgrader.daemon.context.Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.scanner: inbox_mod.InboxScanner | None = None
+        self.scan_requested = True  # set by the daemon when the watcher saw a change
+        self._last_scan = float("-inf")
+        self._corrupt_logged: set[str] = set()
+
+    def reload(self) -> None:
+        """The config was reloaded: the scanner follows its profiles and stable time, and scans at once."""
+        if self.scanner is not None:
+            self.scanner.profiles = set(self.ctx.config.profiles)
+            self.scanner.stable_seconds = self.ctx.config.default.stable_seconds
+        self.scan_requested = True
+
+    def pending(self) -> bool:
+        """Files seen in the inbox but not yet taken (waiting to be stable)."""
+        return self.scanner is not None and self.scanner.pending()
+
+    def due(self) -> float | None:
+        """When a file seen in the inbox can next be found stable and taken (None: none waits)."""
+        return self.scanner.due() if self.scanner is not None else None
+
     def intake(self, now: float) -> None:
         """Scan the inbox when woken by the watcher, while a file waits to become stable, and
         every rescan_interval_seconds regardless (file events can be lost)."""
-        if self._scanner is None:
-            self._scanner = inbox_mod.InboxScanner(self.home, set(self.config.profiles), self.settings.stable_seconds)
-        due = now - self._last_scan >= self.settings.rescan_interval_seconds
-        if not (self.scan_requested or self._scanner.pending() or due):
+        if self.scanner is None:
+            self.scanner = inbox_mod.InboxScanner(self.ctx.home, set(self.ctx.config.profiles), self.ctx.settings.stable_seconds)
+        due = now - self._last_scan >= self.ctx.settings.rescan_interval_seconds
+        if not (self.scan_requested or self.scanner.pending() or due):
             return
         self.scan_requested = False
         self._last_scan = now
-        ready, rejected = self._scanner.scan(now)
+        ready, rejected = self.scanner.scan(now)
         for r in rejected:
-            if r.fingerprint in self.state.rejected:
+            if r.fingerprint in self.ctx.state.rejected:
                 continue
             self._reject(r, now)
         for cand in ready:
-            self._scanner.forget(cand.path)
+            self.scanner.forget(cand.path)
             try:
                 fp = inbox_mod.fingerprint(cand.path, os.lstat(cand.path))
             except FileNotFoundError:
                 continue
-            if _shown(fp) in self.state.rejected:
+            if _shown(fp) in self.ctx.state.rejected:
                 continue  # reported already (it could not be taken)
             job_id = None
             try:
@@ -71,11 +95,11 @@ class IntakeSteps(EngineBase):
                     "file": cand.path.name,
                     "source": str(cand.path),
                     "profile": cand.profile,
-                    "sandbox": self.sandbox,  # the claim's mode: a recovered claim keeps it
+                    "sandbox": self.ctx.sandbox,  # the claim's mode: a recovered claim keeps it
                 }
                 if inbox_mod.fresh_marker(cand.path).exists():
                     record["fresh"] = True  # bgctl submit --fresh: kept in the claim record
-                input_path = inbox_mod.claim(self.home.job_dir(job_id), cand, record)
+                input_path = inbox_mod.claim(self.ctx.home.job_dir(job_id), cand, record)
             except FileNotFoundError:
                 self._drop_empty_claim(job_id)
                 continue
@@ -83,14 +107,14 @@ class IntakeSteps(EngineBase):
                 self._drop_empty_claim(job_id)
                 self._cannot_take(cand, fp, exc, now)
                 continue
-            self._accept(job_id, record, input_path, sha)
+            self.accept(job_id, record, input_path, sha)
 
     def _drop_empty_claim(self, job_id: str | None) -> None:
         """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
         if job_id is None:
             return
-        job_dir = self.home.job_dir(job_id)
-        if job_dir.is_dir() and inbox_mod.claimed_input(job_dir) is None and job_id not in self.state.jobs:
+        job_dir = self.ctx.home.job_dir(job_id)
+        if job_dir.is_dir() and inbox_mod.claimed_input(job_dir) is None and job_id not in self.ctx.state.jobs:
             shutil.rmtree(job_dir, ignore_errors=True)
 
     def _cannot_take(self, cand: inbox_mod.Candidate, fp: str, exc: BaseException, now: float) -> None:
@@ -110,20 +134,20 @@ class IntakeSteps(EngineBase):
     def _new_job_id(self, sha: str) -> str:
         base = sha[:12]
         n, job_id = 1, base
-        while job_id in self.state.jobs or self.home.job_dir(job_id).exists():
+        while job_id in self.ctx.state.jobs or self.ctx.home.job_dir(job_id).exists():
             n += 1
             job_id = f"{base}-{n}"
         return job_id
 
-    def _accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
+    def accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
         sha = sha or file_sha256(input_path)
         fresh = [_e("FreshAnswersRequested", reason="bgctl submit --fresh")] if record.get("fresh") else []
-        sandbox = bool(record.get("sandbox", self.sandbox))  # a claim before the mode was recorded: this daemon's
+        sandbox = bool(record.get("sandbox", self.ctx.sandbox))  # a claim before the mode was recorded: this daemon's
         try:  # who answers the job, fixed from now on
-            answered_by = self.accepted_as(self.config.profile(record["profile"]), sandbox)
+            answered_by = self.ctx.accepted_as(self.ctx.config.profile(record["profile"]), sandbox)
         except ConfigError:  # a recovered claim whose profile is gone: it fails in prepare, naming it
             answered_by = {"sandbox": sandbox}
-        self.emit(
+        self.ctx.emit(
             job_id,
             _e(
                 "JobAccepted",
@@ -143,11 +167,11 @@ class IntakeSteps(EngineBase):
 
     def _reject(self, r: inbox_mod.Rejection, now: float) -> None:
         job_id = "x-" + hashlib.sha256(_shown(r.fingerprint).encode()).hexdigest()[:12]
-        if job_id in self.state.jobs:
+        if job_id in self.ctx.state.jobs:
             return
         name = _shown(r.path.name)
-        err_path = free_path(self.home.outbox, error_name(name), stamp(now))
-        self.emit(
+        err_path = free_path(self.ctx.home.outbox, error_name(name), stamp(now))
+        self.ctx.emit(
             job_id,
             _e(
                 "FileRejected",
@@ -159,34 +183,34 @@ class IntakeSteps(EngineBase):
             ),
         )
         hint = REJECTION_HINTS.get(r.code, "Define the profile in config.yaml, or move the file to a profile folder that exists.")
-        self._write_error(job_id, name, err_path, _shown(r.reason), hint)
+        self.write_error(job_id, name, err_path, _shown(r.reason), hint)
         if r.movable and r.path.exists():
             try:
-                dest = move_no_clobber(r.path, self.home.failed, name, stamp(now))
+                dest = move_no_clobber(r.path, self.ctx.home.failed, name, stamp(now))
             except OSError as exc:
-                log.error("could not move %s to %s: %s", name, self.home.failed, exc)
+                log.error("could not move %s to %s: %s", name, self.ctx.home.failed, exc)
                 return
-            self.emit(job_id, _e("InputArchived", path=str(dest)))
+            self.ctx.emit(job_id, _e("InputArchived", path=str(dest)))
 
-    def _write_error(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
-        self.emit(job_id, _e("OutboxWriteStarted", path=None, error_path=str(path)))
+    def write_error(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
+        self.ctx.emit(job_id, _e("OutboxWriteStarted", path=None, error_path=str(path)))
         if not path.exists():
             atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
-        self.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
+        self.ctx.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
 
-    def _mark_recovered(self, job_dir: Path) -> None:
+    def mark_recovered(self, job_dir: Path) -> None:
         """A work folder claimed but unknown to the log (a crash before JobAccepted, or a lost or
         restored database): batches of this job may exist at the provider already; search for
         them before the first create."""
         since = job_dir.stat().st_mtime - CLOCK_SKEW_SLACK
-        self.emit(job_dir.name, _e("JobRecovered", since=since, reason="work folder with a claim but no JobAccepted"))
+        self.ctx.emit(job_dir.name, _e("JobRecovered", since=since, reason="work folder with a claim but no JobAccepted"))
 
-    def _adopt_recovered(self, job: JobState, now: float) -> None:
+    def adopt_recovered(self, job: JobState, now: float) -> None:
         """Before the first create of a recovered job: list the provider's batches since the
         claim, and adopt for each chunk the one created under its bg_key (same input size)."""
-        assert self.provider is not None and job.recovered_since is not None
+        assert self.ctx.provider is not None and job.recovered_since is not None
         mine: dict[int, list[Any]] = {}
-        for b in self.provider.find_batches(metadata={"bg_job": job.job_id}, created_after=int(job.recovered_since)):
+        for b in self.ctx.provider.find_batches(metadata={"bg_job": job.job_id}, created_after=int(job.recovered_since)):
             if str(b.metadata.get("bg_chunk", "")).isdigit():
                 mine.setdefault(int(b.metadata["bg_chunk"]), []).append(b)
         adopted: dict[str, str] = {}
@@ -203,16 +227,16 @@ class IntakeSteps(EngineBase):
             ignored += [b.id for b in found if b.id != keep.id]
         if ignored:
             log.warning("job %s: batches at the provider not adopted: %s", job.job_id, ", ".join(ignored))
-        self.emit(job.job_id, _e("RecoveredBatchesAdopted", adopted=adopted, ignored=ignored))
+        self.ctx.emit(job.job_id, _e("RecoveredBatchesAdopted", adopted=adopted, ignored=ignored))
 
     def _matching_batch(self, job: JobState, c: ChunkState, batches: list[Any]) -> Any:
         """The newest batch whose uploaded input is this chunk's (same upload name and size)."""
-        assert self.provider is not None
+        assert self.ctx.provider is not None
         for b in sorted(batches, key=lambda b: b.created_at, reverse=True):
             attempt = str(b.metadata.get("bg_attempt", ""))
             if not attempt.isdigit():
                 continue
-            files = self.provider.find_files(upload_name(job.job_id, c.index, int(attempt)), c.bytes)
+            files = self.ctx.provider.find_files(upload_name(job.job_id, c.index, int(attempt)), c.bytes)
             if any(f.id == b.input_file_id for f in files):
                 return b
         return None
@@ -221,19 +245,21 @@ class IntakeSteps(EngineBase):
         attempt = int(b.metadata["bg_attempt"])
         name = upload_name(job.job_id, c.index, attempt)
         jid = job.job_id
-        self.emit(jid, _e("UploadStarted", chunk=c.index, attempt=attempt, filename=name, bytes=c.bytes))
-        self.emit(jid, _e("FileUploaded", chunk=c.index, attempt=attempt, file_id=b.input_file_id, reconciled=True))
-        self.emit(
+        self.ctx.emit(jid, _e("UploadStarted", chunk=c.index, attempt=attempt, filename=name, bytes=c.bytes))
+        self.ctx.emit(jid, _e("FileUploaded", chunk=c.index, attempt=attempt, file_id=b.input_file_id, reconciled=True))
+        self.ctx.emit(
             jid,
             _e("BatchCreateRequested", chunk=c.index, attempt=attempt, input_file_id=b.input_file_id, metadata=dict(b.metadata)),
         )
-        self.emit(jid, _e("BatchCreated", chunk=c.index, attempt=attempt, batch_id=b.id, status="validating", reconciled=True))
-        ev = _status_event(self.state.jobs[jid].chunks[c.index], b)
+        self.ctx.emit(
+            jid, _e("BatchCreated", chunk=c.index, attempt=attempt, batch_id=b.id, status="validating", reconciled=True)
+        )
+        ev = _status_event(self.ctx.state.jobs[jid].chunks[c.index], b)
         if ev is not None:
-            self.emit(jid, ev)
-        self._next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)
+            self.ctx.emit(jid, ev)
+        self.ctx.schedule.next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)
 
-    def _report_corrupt(self, job: JobState) -> None:
+    def report_corrupt(self, job: JobState) -> None:
         """A job whose log this code cannot read is set aside (never acted on); logged once."""
         if job.job_id not in self._corrupt_logged:
             self._corrupt_logged.add(job.job_id)

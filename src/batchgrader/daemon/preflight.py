@@ -32,6 +32,9 @@ from batchgrader.core.config import ConfigError
 from batchgrader.core.decide import preflight_delay, utc_day
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
+from batchgrader.daemon.context import Context
+from batchgrader.daemon.finish import FinishSteps
+from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
@@ -60,74 +63,86 @@ def fix_for(code: str, job_id: str) -> str:
     return f"Fix the setting the provider names (model, parameters, key, deployment) in config.yaml, {retry}."
 
 
-def run_preflight(engine: Any, job: JobState, now: float) -> None:
-    """Send ``job``'s preflight and record its outcome (see the module docstring)."""
-    try:
-        profile = engine.profile_of(job)
-        engine.prices.get(profile.model)
-        lines = first_requests(Path(job.input_path), profile, engine.home, job.sha256, int(profile.preflight_rows))
-    except (ConfigError, InputError, PricingError, UnicodeError, OSError):
-        lines = []
-    if not lines:  # nothing to send, or input prepare fails the job for
-        engine._prepare(job, now)
-        return
-    keys = dict(line_keys(engine.provider_key_for(job), lines))
-    engine.emit(job.job_id, _e("PreflightRequested", rows=list(keys), attempt=job.preflight_attempts + 1))
-    assert engine.provider is not None
-    schema = schema_of(profile.response_format)
-    answers: list[dict[str, Any]] = []
-    for raw in lines:
-        line = json.loads(raw)
+class PreflightStep:
+    """The preflight step, on the shared :class:`~batchgrader.daemon.context.Context`; a job
+    with nothing to send goes on to :class:`~batchgrader.daemon.prepare.PrepareSteps`, a failed
+    preflight fails the job through :class:`~batchgrader.daemon.finish.FinishSteps`."""
+
+    def __init__(self, ctx: Context, prepare: PrepareSteps, finish: FinishSteps) -> None:
+        self.ctx = ctx
+        self.prepare = prepare
+        self.finish = finish
+
+    def run(self, job: JobState, now: float) -> None:
+        """Send ``job``'s preflight and record its outcome (see the module docstring)."""
         try:
-            got = engine.provider.complete(line, job.job_id)
-        except ProviderRejected as exc:
-            if exc.retryable:
-                return _unreachable(engine, job, f"{exc}", now)
-            return _failed(engine, job, line["custom_id"], str(exc.code or f"http_{exc.status_code}"), str(exc), now)
-        except (OutcomeUnknown, ProviderUnavailable) as exc:
-            return _unreachable(engine, job, str(exc), now)
-        o: RowOutcome = parse_line(got)
-        rec = outcome_record(o, schema)
-        if not rec["ok"]:
-            return _failed(engine, job, o.custom_id, str(rec["error_code"]), str(rec["error_message"]), now)
-        answers.append(
-            {
-                "custom_id": o.custom_id,
-                "key": keys[o.custom_id],
-                "content": o.content or "",
-                "finish_reason": o.finish_reason,
-                **{k: int(rec.get(k) or 0) for k in USAGE},
-            }
+            profile = self.ctx.profile_of(job)
+            self.ctx.prices.get(profile.model)
+            lines = first_requests(Path(job.input_path), profile, self.ctx.home, job.sha256, int(profile.preflight_rows))
+        except (ConfigError, InputError, PricingError, UnicodeError, OSError):
+            lines = []
+        if not lines:  # nothing to send, or input prepare fails the job for
+            self.prepare.prepare(job, now)
+            return
+        keys = dict(line_keys(self.ctx.provider_key_for(job), lines))
+        self.ctx.emit(job.job_id, _e("PreflightRequested", rows=list(keys), attempt=job.preflight_attempts + 1))
+        assert self.ctx.provider is not None
+        schema = schema_of(profile.response_format)
+        answers: list[dict[str, Any]] = []
+        for raw in lines:
+            line = json.loads(raw)
+            try:
+                got = self.ctx.provider.complete(line, job.job_id)
+            except ProviderRejected as exc:
+                if exc.retryable:
+                    return self._unreachable(job, f"{exc}", now)
+                return self._failed(job, line["custom_id"], str(exc.code or f"http_{exc.status_code}"), str(exc), now)
+            except (OutcomeUnknown, ProviderUnavailable) as exc:
+                return self._unreachable(job, str(exc), now)
+            o: RowOutcome = parse_line(got)
+            rec = outcome_record(o, schema)
+            if not rec["ok"]:
+                return self._failed(job, o.custom_id, str(rec["error_code"]), str(rec["error_message"]), now)
+            answers.append(
+                {
+                    "custom_id": o.custom_id,
+                    "key": keys[o.custom_id],
+                    "content": o.content or "",
+                    "finish_reason": o.finish_reason,
+                    **{k: int(rec.get(k) or 0) for k in USAGE},
+                }
+            )
+        self._passed(job, profile.model, answers, now)
+
+    def _passed(self, job: JobState, model: str, answers: list[dict[str, Any]], now: float) -> None:
+        usage = {k: sum(a[k] for a in answers) for k in USAGE}
+        try:
+            cost = billed_cost(
+                standard_price(self.ctx.prices.get(model)),
+                usage["prompt_tokens"],
+                usage["cached_tokens"],
+                usage["completion_tokens"],
+            )
+        except PricingError:
+            cost = 0.0
+        self.ctx.emit(
+            job.job_id,
+            _e("PreflightPassed", answers=answers, cost_usd=float(cost)),
+            _e("TokensUsed", chunk=-1, batch_id=None, model=model, cost_usd=float(cost), day=utc_day(now), **usage),
         )
-    _passed(engine, job, profile.model, answers, now)
+        log.info("job %s: preflight passed (%d rows, $%.6f at the standard price)", job.job_id, len(answers), cost)
 
+    def _failed(self, job: JobState, custom_id: str, code: str, message: str, now: float) -> None:
+        hint = fix_for(code, job.job_id)
+        self.ctx.emit(job.job_id, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
+        log.warning("job %s: preflight failed on row %s: %s: %s", job.job_id, custom_id, code, message)
+        error = f"the preflight (the first rows through the provider's synchronous API, before any batch) failed on row {custom_id}: {code}: {message}"
+        self.finish.fail(job, "preflight_failed", error, hint + " No batch was created.", "preflight", now)
 
-def _passed(engine: Any, job: JobState, model: str, answers: list[dict[str, Any]], now: float) -> None:
-    usage = {k: sum(a[k] for a in answers) for k in USAGE}
-    try:
-        cost = billed_cost(
-            standard_price(engine.prices.get(model)), usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]
+    def _unreachable(self, job: JobState, error: str, now: float) -> None:
+        attempt = self.ctx.state.jobs[job.job_id].preflight_attempts
+        retry_at = now + preflight_delay(attempt)
+        self.ctx.emit(job.job_id, _e("PreflightUnreachable", error=error, retry_at=retry_at))
+        log.warning(
+            "job %s: preflight could not reach the provider (%s); sent again in %.0f s", job.job_id, error, retry_at - now
         )
-    except PricingError:
-        cost = 0.0
-    engine.emit(
-        job.job_id,
-        _e("PreflightPassed", answers=answers, cost_usd=float(cost)),
-        _e("TokensUsed", chunk=-1, batch_id=None, model=model, cost_usd=float(cost), day=utc_day(now), **usage),
-    )
-    log.info("job %s: preflight passed (%d rows, $%.6f at the standard price)", job.job_id, len(answers), cost)
-
-
-def _failed(engine: Any, job: JobState, custom_id: str, code: str, message: str, now: float) -> None:
-    hint = fix_for(code, job.job_id)
-    engine.emit(job.job_id, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
-    log.warning("job %s: preflight failed on row %s: %s: %s", job.job_id, custom_id, code, message)
-    error = f"the preflight (the first rows through the provider's synchronous API, before any batch) failed on row {custom_id}: {code}: {message}"
-    engine._fail(job, "preflight_failed", error, hint + " No batch was created.", "preflight", now)
-
-
-def _unreachable(engine: Any, job: JobState, error: str, now: float) -> None:
-    attempt = engine.state.jobs[job.job_id].preflight_attempts
-    retry_at = now + preflight_delay(attempt)
-    engine.emit(job.job_id, _e("PreflightUnreachable", error=error, retry_at=retry_at))
-    log.warning("job %s: preflight could not reach the provider (%s); sent again in %.0f s", job.job_id, error, retry_at - now)

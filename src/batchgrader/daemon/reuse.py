@@ -14,7 +14,8 @@ from typing import Any
 from batchgrader.core.config import Profile
 from batchgrader.core.decide import reuse_enabled
 from batchgrader.core.state import ChunkState, JobState
-from batchgrader.daemon.base import EngineBase, _e, _lines
+from batchgrader.daemon.base import _e, _lines
+from batchgrader.daemon.context import Context
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import riders, sent_ids
@@ -27,15 +28,22 @@ from batchgrader.store.eventstore import NewEvent
 log = logging.getLogger("batchgrader.engine")
 
 
-class ReuseSteps(EngineBase):
-    def _reuse_probe(self, job: JobState, profile: Profile, now: float) -> ReuseProbe | None:
+class ReuseSteps:
+    """The answer-reuse steps, on the shared :class:`~batchgrader.daemon.context.Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._followers: dict[str, dict[str, list[str]]] = {}  # job -> leader -> duplicates
+        self.answered: dict[str, Any] = {}  # job -> its ReusePlan, when no row is left to send
+
+    def reuse_probe(self, job: JobState, profile: Profile, now: float) -> ReuseProbe | None:
         """What decides, while the job's rows are prepared, which need no request: rows whose
         request key has a stored answer, and rows identical to an earlier row of the file
         (one batched lookup per block of rows; those rows are not token-counted).  None when
         every row is sent."""
         preflighted = preflight_answers(job)
         provider = profile.provider
-        on_send = lambda: self.on_rows_to_send(provider)  # noqa: E731
+        on_send = lambda: self.ctx.on_rows_to_send(provider)  # noqa: E731
         if not reuse_enabled(job, profile):
             if not preflighted:
                 return None
@@ -43,8 +51,8 @@ class ReuseSteps(EngineBase):
             def preflight_only(keys: Any) -> dict[str, Any]:
                 return {k: preflighted[k] for k in keys if k in preflighted}
 
-            return ReuseProbe(self.provider_key_for(job), preflight_only, dedupe=False, on_send=on_send)
-        conn = self.store.conn
+            return ReuseProbe(self.ctx.provider_key_for(job), preflight_only, dedupe=False, on_send=on_send)
+        conn = self.ctx.store.conn
 
         def lookup(keys: Any) -> dict[str, Any]:
             found = answers.lookup(
@@ -53,9 +61,9 @@ class ReuseSteps(EngineBase):
             found.update({k: preflighted[k] for k in keys if k in preflighted})  # this job's own answers first
             return found
 
-        return ReuseProbe(self.provider_key_for(job), lookup, on_send=on_send)
+        return ReuseProbe(self.ctx.provider_key_for(job), lookup, on_send=on_send)
 
-    def _decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
+    def decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
         """The reuse plan of a prepared job; None when every row is sent.  When some rows are
         answered already, ``prep.chunks`` is planned again over the rows still to send."""
         if probe is None:
@@ -63,11 +71,11 @@ class ReuseSteps(EngineBase):
         plan = probe.finish(oversized_positions(prep))
         if not plan.reused:
             return None
-        limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
+        limits = self.ctx.limits(profile) or Limits.from_settings(profile, self._context_window(profile))
         prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
         return plan
 
-    def _count_exact(self, profile: Profile, requests_path: Path, prep: Any) -> dict[str, Any] | None:
+    def count_exact(self, profile: Profile, requests_path: Path, prep: Any) -> dict[str, Any] | None:
         """The counting hook at planning: exact counts for a provider without a public tokenizer
         (``InputTokensCounted``), or None for one whose local count is exact."""
         from batchgrader.provider.counting import (
@@ -82,12 +90,14 @@ class ReuseSteps(EngineBase):
         if profile.provider in OFFLINE_EXACT:
             return None
         try:
-            counter = self.token_counter(profile) if self.token_counter is not None else counter_for(profile.provider, profile)
+            counter = (
+                self.ctx.token_counter(profile) if self.ctx.token_counter is not None else counter_for(profile.provider, profile)
+            )
         except ProviderError as exc:
             log.warning("no token counting for %s: %s", profile.provider, exc)
             counter = None
-        limits = self._limits(profile) or Limits.from_settings(profile, self._context_window(profile))
-        cache = CountCache.of_home(self.home) if counter is not None else None
+        limits = self.ctx.limits(profile) or Limits.from_settings(profile, self._context_window(profile))
+        cache = CountCache.of_home(self.ctx.home) if counter is not None else None
         try:
             return plan_with_exact_counts(
                 prep,
@@ -97,7 +107,7 @@ class ReuseSteps(EngineBase):
                 cache,
                 limits,
                 max_uncached=DAEMON_MAX_UNCACHED,
-                progress=self.on_progress,
+                progress=self.ctx.on_progress,
             )
         finally:
             if cache is not None:
@@ -106,14 +116,14 @@ class ReuseSteps(EngineBase):
     def _context_window(self, profile: Profile) -> int | None:
         if profile.context_window is not None:
             return profile.context_window
-        price = self.prices.find(profile.model)
+        price = self.ctx.prices.find(profile.model)
         return price.context_window if price else None
 
-    def _reuse_events(self, job: JobState, plan: ReusePlan | None) -> list[NewEvent]:
+    def reuse_events(self, job: JobState, plan: ReusePlan | None) -> list[NewEvent]:
         """Write the per-row decision file, and the event that records it (appended with JobPrepared)."""
         if plan is None:
             return []
-        path = self.home.job_dir(job.job_id) / "results" / "reused.jsonl"
+        path = self.ctx.home.job_dir(job.job_id) / "results" / "reused.jsonl"
         atomic_write_bytes(path, b"".join(plan.lines()))
         # what this process reads back from that file, kept: the duplicates (small), and a job
         # answered entirely (its result is written at once, without reading the file again)
@@ -122,9 +132,9 @@ class ReuseSteps(EngineBase):
             followers.setdefault(leader, []).append(cid)
         self._followers[job.job_id] = followers
         if plan.keep:
-            self._answered.pop(job.job_id, None)
+            self.answered.pop(job.job_id, None)
         else:
-            self._answered[job.job_id] = plan
+            self.answered[job.job_id] = plan
         u = dict(plan.cached_usage)
         for _cid, a in plan.cached:  # the preflight's rows were paid for (PreflightPassed): nothing saved
             if a.ts == PREFLIGHT:
@@ -135,7 +145,7 @@ class ReuseSteps(EngineBase):
                 "RequestsReused",
                 cached_rows=len(plan.cached),
                 duplicate_rows=len(plan.followers),
-                saved_usd=self._cost(self.profile_of(job).model, u),
+                saved_usd=self.ctx.cost(self.ctx.profile_of(job).model, u),
                 usage=dict(u),
                 path=str(path),
             )
@@ -150,40 +160,40 @@ class ReuseSteps(EngineBase):
             got = self._followers[job.job_id] = read_reuse_file(Path(job.reuse_path))[1]
         return got
 
-    def _riders(self, job: JobState, ids: Sequence[str]) -> dict[str, list[str]]:
+    def riders(self, job: JobState, ids: Sequence[str]) -> dict[str, list[str]]:
         """Of ``ids``, the duplicates that ride with their leader (:func:`~batchgrader.pipeline.merge.riders`)."""
         return riders(ids, self.followers_of(job))
 
-    def _sent_ids(self, job: JobState, ids: list[str]) -> list[str]:
+    def sent_ids(self, job: JobState, ids: list[str]) -> list[str]:
         """``ids`` without the duplicates that ride with their leader."""
         return sent_ids(ids, self.followers_of(job))
 
-    def _store_answers(self, job: JobState, c: ChunkState, now: float) -> None:
+    def store_answers(self, job: JobState, c: ChunkState, now: float) -> None:
         """Store a merged chunk's successful answers (``AnswersToStore``), recorded by
         ``AnswersStored`` in the same transaction.  Done after the job's result file is written,
         so storing never delays the results; after a crash in between it is simply done again
         (a stored answer is never duplicated).  A results file that cannot be read stores
         nothing, says why, and lets the job end."""
         rows, path = c.answers_due or 0, Path(c.results_path or "")
-        keep_days = self.settings.cache_days
+        keep_days = self.ctx.settings.cache_days
 
         def put(conn: Any) -> None:
             if keep_days > 0:
                 # the retention's clock never runs ahead of the monotonic one (a forward step purges nothing)
-                answers.put(conn, self._answers_to_store(job, c, path, rows), now=self.trusted_wall(), keep_days=keep_days)
+                answers.put(conn, self._answers_to_store(job, c, path, rows), now=self.ctx.trusted_wall(), keep_days=keep_days)
 
         try:
-            self.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=None), also=put)
+            self.ctx.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=None), also=put)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # the transaction was rolled back
             error = f"the chunk's results could not be read: {exc}"
             log.warning("job %s chunk %s: answers not stored: %s", job.job_id, c.index, error)
-            self.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=error))
+            self.ctx.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=error))
 
     def _answers_to_store(self, job: JobState, c: ChunkState, results_path: Path, rows: int) -> Iterator[dict[str, Any]]:
         """The successful, complete answers of a merged chunk, by request key, one at a time: the
         chunk's request lines and the first ``rows`` lines of its results file (the same rows in the
         same order) are read side by side."""
-        provider = self.provider_key_for(job)
+        provider = self.ctx.provider_key_for(job)
         with open(results_path, "rb") as results:
             pairs = zip(line_keys(provider, _lines(Path(c.path))), islice(results, rows))
             for (cid, key), raw in pairs:
