@@ -141,3 +141,13 @@ def test_an_id_that_looks_like_a_sample_id_is_refused(home, tmp_path):
         prepare(src, _profile(home, "samples: 2\nid_column: key\n"), home)
     assert prepare(src, _profile(home, "id_column: key\n"), home).requests == 2
     assert sample_id("q1", 2) == "q1-s2"
+
+
+def test_an_oversized_row_is_reported_per_sample_with_its_row_number(home, tmp_path):
+    src = tmp_path / "a.csv"
+    src.write_text("id,response\n1,good\n2," + "long " * 400 + "\n3,bad\n")
+    prep = prepare(src, _profile(home, "samples: 2\nmax_batch_bytes: 1024\n"), home)
+    sha = prep.sha256
+    got = [(p.row, p.custom_id, p.code) for p in prep.problems]
+    assert got == [(2, f"bg-{sha[:16]}-2", "request_too_large"), (2, f"bg-{sha[:16]}-2-s2", "request_too_large")]
+    assert prep.requests == 4
