@@ -133,3 +133,35 @@ def test_an_interval_narrows_as_the_table_grows():
     width = lambda a: a["ci"]["cohen_kappa"][1] - a["ci"]["cohen_kappa"][0]
     assert small["cohen_kappa"] == pytest.approx(large["cohen_kappa"]) == pytest.approx(0.6)
     assert width(large) < width(small) / 5
+
+
+# --- a judge panel's statistics ------------------------------------------------------------------
+
+
+def test_panel_alpha_of_the_textbook_example():
+    from batchgrader.store.agreement import panel_alpha
+
+    n = None  # Krippendorff (2011): 4 observers, 12 units; alpha 0.743 nominal, 0.849 interval
+    judges = {
+        "a": [1, 2, 3, 3, 2, 1, 4, 1, 2, n, n, n],
+        "b": [1, 2, 3, 3, 2, 2, 4, 1, 2, 5, n, 3],
+        "c": [n, 3, 3, 3, 2, 3, 4, 2, 2, 5, 1, n],
+        "d": [1, 2, 3, 3, 2, 4, 4, 1, 2, 5, 1, ""],
+    }
+    assert panel_alpha(judges, "nominal") == pytest.approx(0.743, abs=5e-4)
+    assert panel_alpha(judges) == pytest.approx(0.849, abs=5e-4)
+    assert panel_alpha({"a": judges["a"]}) is None
+
+
+def test_pairwise_kappa_of_the_textbook_table_and_per_judge_agreement():
+    from batchgrader.store.agreement import pairwise_kappa, per_judge
+
+    first, second = _expand({("Yes", "yes"): 20, ("yes", "No"): 5, ("no", "yes"): 10, ("no", "no"): 15})
+    judges = {"first": first, "second": second, "copy": list(first)}
+    k = pairwise_kappa(judges)
+    assert k["first"]["second"] == k["second"]["first"] == pytest.approx(0.4)
+    assert k["first"]["copy"] == pytest.approx(1.0) and "first" not in k["first"]
+    assert pairwise_kappa({"a": ["x", "x"], "b": ["x", "x"]})["a"]["b"] is None  # one class: undefined
+    each = per_judge(first, {"second": second, "copy": first, "numbers": [1] * len(first)})
+    assert each["second"]["cohen_kappa"] == pytest.approx(0.4) and each["copy"]["accuracy"] == 1.0
+    assert "cannot be compared" in each["numbers"]["error"]

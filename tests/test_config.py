@@ -134,3 +134,18 @@ def test_relative_pricing_file_is_under_the_home(home):
     assert load_config(home, environ={}).pricing_path() is None
     home.pricing_file.write_text("model,input_per_1m,output_per_1m\nx,1,2\n")
     assert load_config(home, environ={}).pricing_path() == home.pricing_file
+
+
+@pytest.mark.parametrize("value", ["0", "21", "2.5", "three"])
+def test_samples_out_of_range_names_the_profile_and_key(home, value):
+    write(home, f"profiles:\n  voting:\n    samples: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(home, environ={})
+    msg = str(err.value)
+    assert "voting" in msg and "samples" in msg and "from 1 to 20" in msg
+
+
+def test_samples_default_and_profile_value(home):
+    write(home, "profiles:\n  voting:\n    samples: 3\n")
+    cfg = load_config(home, environ={})
+    assert cfg.default.samples == 1 and cfg.profile("voting").samples == 3

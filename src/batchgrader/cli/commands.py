@@ -438,7 +438,12 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Pa
             click.echo(f"HTML report: {html_file}")
         if disagreements_file is not None:
             d = figures["disagreements"]
-            click.echo(f"Disagreements: {d['rows']:,} of {d['compared']:,} labelled answers differ from their label: {d['path']}")
+            split = f"; {d['samples_disagree']:,} rows whose samples disagree" if "samples_disagree" in d else ""
+            click.echo(
+                f"Disagreements: {d['rows']:,} rows: {d['compared']:,} labelled answers compared{split}: {d['path']}"
+                if split
+                else f"Disagreements: {d['rows']:,} of {d['compared']:,} labelled answers differ from their label: {d['path']}"
+            )
 
 
 @cli.command()

@@ -113,9 +113,19 @@ def batches_text(batches: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts) or "-"
 
 
+def answers_wanted(r: dict[str, Any]) -> int:
+    """The answers a job needs: its rows, or with ``samples: k`` its rows x k (requests sent plus
+    rows answered without one; without samples that sum never exceeds the rows)."""
+    rows = int(r.get("rows") or 0)
+    return max(rows, int(r.get("requests") or 0) + int(r.get("cached_rows") or 0))
+
+
 def rows_cell(r: dict[str, Any]) -> str:
-    """Rows answered of rows, then failed and reused rows, one short line each."""
-    lines = [f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"]
+    """Rows answered of rows (with samples: answers of rows x k), then failed and reused rows,
+    one short line each."""
+    wanted = answers_wanted(r)
+    rows = count(r.get("rows")) if wanted == int(r.get("rows") or 0) else f"{count(wanted)} req"
+    lines = [f"{count(r.get('succeeded'))} ok/{rows}"]
     if r.get("failed"):
         lines.append(f"{count(r.get('failed'))} failed")
     if r.get("cached_rows"):
@@ -267,7 +277,13 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     pairs = [
         ("file", d.get("file")),
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
-        ("rows", f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"),
+        (
+            "rows",
+            f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"
+            if answers_wanted(d) == int(d.get("rows") or 0)
+            else f"{count(d.get('rows'))} x {answers_wanted(d) // max(1, int(d.get('rows') or 0))} samples: "
+            f"{count(answers_wanted(d))} requests ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)",
+        ),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
         ("progress", progress_line(d)),
         (

@@ -26,6 +26,7 @@ from batchgrader.core.config_values import (
     _encoding,
     _float,
     _int,
+    _int_between,
     _int_map,
     _opt_bool,
     _opt_choice,
@@ -48,6 +49,8 @@ class ConfigError(ValueError):
 
 #: selectable providers, and what a profile's model must look like for each (a model the
 #: provider does not offer is refused when the configuration is loaded)
+#: the most samples a row may ask for (the ``samples`` key): k requests per row multiply the bill by k
+MAX_SAMPLES = 20
 PROVIDERS = ("openai", "anthropic", "gemini", "azure")
 PROVIDER_MODEL_PREFIX = {"anthropic": "claude-", "gemini": "gemini-"}
 #: Azure OpenAI data-plane (authoring: files and batches) api-version used unless configured:
@@ -204,6 +207,11 @@ KEYS: dict[str, Key] = {
     ),
     "group_column": Key(
         None, _opt_str, "Input column by whose values `bgctl report` breaks the scores down (e.g. the question)."
+    ),
+    "samples": Key(
+        1,
+        _int_between(1, MAX_SAMPLES),
+        "Independent answers asked per row (k requests); the answer column holds their vote (majority, or median for numbers), a tie fails the row as no_majority.",
     ),
     "on_job_end": Key(
         None,

@@ -47,6 +47,21 @@ def _int(minimum: int) -> Callable[[Any], int]:
     return check
 
 
+def _int_between(minimum: int, maximum: int) -> Callable[[Any], int]:
+    inner = _int(minimum)
+
+    def check(v: Any) -> int:
+        try:
+            n = inner(v)
+        except ValueError:
+            raise ValueError(f"an integer from {minimum} to {maximum}") from None
+        if n > maximum:
+            raise ValueError(f"an integer from {minimum} to {maximum}")
+        return n
+
+    return check
+
+
 def _opt_int(minimum: int) -> Callable[[Any], int | None]:
     inner = _int(minimum)
 

@@ -7,6 +7,9 @@ and the whole request body (model, every message, and every parameter that shape
 ``custom_id`` is left out, so the same question asked from another row, another file or another
 job has the same key.  Canonical means JSON with sorted keys and no insignificant whitespace:
 the order in which a body's fields were written does not matter, anything else does.
+The samples of a row (``samples: k``) are k identical bodies: sample 2 and later mix their
+sample number into the key (:func:`~batchgrader.pipeline.samples.sample_key`), so a stored
+answer serves the same sample of another job and never two samples of one row.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
+
+from batchgrader.pipeline.samples import sample_key
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 SANDBOX_PROVIDER = "sandbox"  # the emulator's simulated answers are never reused for real jobs
@@ -99,9 +104,11 @@ def request_key(provider: str, request: dict[str, Any]) -> str:
 
 
 def line_key(provider: str, line: bytes | str) -> tuple[str, str]:
-    """``(custom_id, key)`` of one batch-input JSONL line."""
+    """``(custom_id, key)`` of one batch-input JSONL line (a sample's key of its own:
+    :func:`~batchgrader.pipeline.samples.sample_key`)."""
     request = json.loads(line)
-    return request["custom_id"], request_key(provider, request)
+    cid = request["custom_id"]
+    return cid, sample_key(cid, request_key(provider, request))
 
 
 scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
@@ -145,7 +152,8 @@ class _Template:
         return t if t.key(line) == line_key(provider, line) else None
 
     def content_key(self, content: str) -> str:
-        """The key of this job's request whose last message is ``content`` (no line needed)."""
+        """The key of this job's request whose last message is ``content`` (no line needed), as
+        sample 1 has it (:func:`~batchgrader.pipeline.samples.sample_key` gives another sample's)."""
         h = self.pre_hash.copy()
         h.update((_encode_str(content) + self.post).encode("utf-8"))
         return h.hexdigest()
@@ -170,7 +178,7 @@ class _Template:
             return None
         h = self.pre_hash.copy()  # the prefix (system prompt, examples) is hashed once per job
         h.update((_encode_str(user) + self.post).encode("utf-8"))
-        return cid, h.hexdigest()
+        return cid, sample_key(cid, h.hexdigest())
 
 
 def line_keys(provider: str, lines: Iterable[bytes]) -> Iterator[tuple[str, str]]:

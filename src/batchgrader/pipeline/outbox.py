@@ -44,18 +44,25 @@ class AddedColumns:
     output_tokens: str
     error: str
     answered_by: str = "answered_by"
+    samples: tuple[str, ...] = ()  # with samples: k > 1, the samples, their agreement, the valid ones (pipeline/samples.py)
 
     def names(self) -> list[str]:
         """The added columns after the input's columns, in order (``answered_by`` is
         written before them: :meth:`written`)."""
-        return [self.output, *(c for _f, c in self.fields), self.input_tokens, self.output_tokens, self.error]
+        return [self.output, *(c for _f, c in self.fields), self.input_tokens, self.output_tokens, self.error, *self.samples]
 
     def written(self) -> list[str]:
         """Every added column as the result file has them: ``answered_by`` then :meth:`names`."""
         return [self.answered_by, *self.names()]
 
 
-def added_columns(input_columns: Iterable[str], output_column: str, response_format: Mapping[str, Any] | None) -> AddedColumns:
+#: the columns a row with several samples gains (``samples: k``, k > 1), before renaming
+SAMPLE_COLUMNS = ("samples", "sample_agreement", "samples_valid")
+
+
+def added_columns(
+    input_columns: Iterable[str], output_column: str, response_format: Mapping[str, Any] | None, samples: int = 1
+) -> AddedColumns:
     taken = set(input_columns)
 
     def name(n: str) -> str:
@@ -71,7 +78,9 @@ def added_columns(input_columns: Iterable[str], output_column: str, response_for
     if isinstance(schema, Mapping):
         for f in schema.get("properties") or {}:
             fields.append((f, name(f)))
-    return AddedColumns(out_col, tuple(fields), name("input_tokens"), name("output_tokens"), name("error"), name("answered_by"))
+    base = (name("input_tokens"), name("output_tokens"), name("error"), name("answered_by"))
+    extra = tuple(name(c) for c in SAMPLE_COLUMNS) if samples > 1 else ()
+    return AddedColumns(out_col, tuple(fields), *base, samples=extra)
 
 
 _SCHEMA_TYPES = {"integer": "int64", "number": "double", "boolean": "bool", "string": "string"}
@@ -86,6 +95,7 @@ def added_column_types(cols: AddedColumns, response_format: Mapping[str, Any] | 
     """
     types = {cols.output: "string", cols.input_tokens: "int64", cols.output_tokens: "int64", cols.error: "string"}
     types[cols.answered_by] = "string"
+    types.update(zip(cols.samples, ("string", "double", "int64"), strict=False))
     schema = (response_format or {}).get("json_schema", {}).get("schema") if response_format else None
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     for f, c in cols.fields:

@@ -25,6 +25,7 @@ from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.labels import check_columns, label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
+from batchgrader.pipeline.samples import id_problem, sample_id, sample_ids
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
@@ -131,6 +132,7 @@ class Preparation:
     max_completion_tokens: int = 0
     response_format: dict[str, Any] | None = None
     duplicate_rows: int = 0  # rows left out of split's chunk files: identical to an earlier row (sent once)
+    samples: int = 1  # requests per row (``samples: k``): positions in tokens/sizes are requests, k per row
 
     @property
     def requests(self) -> int:
@@ -553,6 +555,7 @@ def _prepare(
             pending = (started, send, start)
 
         rows = 0
+        samples = prep.samples = int(profile.get("samples") or 1)
         check_label = label_checker(profile)
         label_column = profile.get("reference_column")
         for row in reader:
@@ -579,24 +582,27 @@ def _prepare(
                     )
                 seen_ids.add(cid)  # type: ignore[union-attr]
                 first_line_of_id[cid] = row.number
-            if template is None:
-                data = dumps_line(builder.request(cid, spec.chat(user)))
-                sizes_append(len(data))
-                if requests_out is not None:
+                if samples > 1 and (why := id_problem(cid, samples)):
+                    raise InputError(path, f"id column {id_column!r} value {cid!r} {why}", line=row.line, column=id_column)
+            for scid in sample_ids(cid, samples) if samples > 1 else (cid,):  # k requests per row (pipeline/samples.py)
+                if template is None:
+                    data = dumps_line(builder.request(scid, spec.chat(user)))
+                    sizes_append(len(data))
+                    if requests_out is not None:
+                        lines.append(data)
+                elif requests_out is None:
+                    try:
+                        sizes_append(template.size(scid, user))
+                    except UnicodeEncodeError:  # lone surrogates: fail exactly as serialising the line does
+                        template.line(scid, user)
+                        raise
+                else:
+                    data = template.line(scid, user)
+                    sizes_append(len(data))
                     lines.append(data)
-            elif requests_out is None:
-                try:
-                    sizes_append(template.size(cid, user))
-                except UnicodeEncodeError:  # lone surrogates: fail exactly as serialising the line does
-                    template.line(cid, user)
-                    raise
-            else:
-                data = template.line(cid, user)
-                sizes_append(len(data))
-                lines.append(data)
-            texts.append(user)
-            if reuse is not None:
-                cids.append(cid)
+                texts.append(user)
+                if reuse is not None:
+                    cids.append(scid)
             rows += 1
             if len(texts) >= BLOCK_ROWS:
                 flush()
@@ -613,7 +619,17 @@ def _prepare(
     ]
     if builder.id_column is None:
         prep.problems = [RowProblem(p.row, p.line, default_custom_id(file_hash, p.row), p.code, p.message) for p in prep.problems]
+    if prep.samples > 1:
+        prep.problems = [sample_problem(p, prep.samples, file_hash) for p in prep.problems]
     return prep
+
+
+def sample_problem(p: RowProblem, k: int, file_hash: str) -> RowProblem:
+    """A problem found at request position ``p.row - 1`` of a job with ``k`` samples per row, as
+    the problem of that row's sample (its row number and, with default ids, the sample's id)."""
+    row, j = divmod(p.row - 1, k)
+    cid = sample_id(default_custom_id(file_hash, row + 1), j + 1) if p.custom_id else None
+    return RowProblem(row + 1, p.line, cid, p.code, p.message)
 
 
 def iter_lines(requests_file: Path) -> Iterator[bytes]:

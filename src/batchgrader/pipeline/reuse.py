@@ -28,6 +28,7 @@ from typing import Any
 
 from batchgrader.core.decide import reuse_allowed
 from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.samples import sample_key
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks
 
 Lookup = Callable[[Sequence[str]], dict[str, Any]]  # keys -> {key: StoredAnswer-like with .record(cid)}
@@ -316,9 +317,9 @@ class ReuseProbe:
         if t is not None and cids is not None and contents is not None and lines:
             # lines built from one template differ only in custom_id and content: key the
             # contents, after checking the block's first line gives the same key both ways
-            if t.key(lines[0]) == (cids[0], t.content_key(contents[0])):
+            if t.key(lines[0]) == (cids[0], sample_key(cids[0], t.content_key(contents[0]))):
                 ck = t.content_key
-                return [(cid, ck(c)) for cid, c in zip(cids, contents)]
+                return [(cid, sample_key(cid, ck(c))) for cid, c in zip(cids, contents)]
         out = []
         for line in lines:
             got = t.key(line) if t is not None else None

@@ -14,6 +14,10 @@ of ``bgctl report``'s ``agreement`` object:
   resampled with replacement; ``bootstrap_resamples`` times, fewer for large numeric tables,
   seeded so the same table gives the same interval).
 
+For a panel of judges (issue 25 item 3; the panel's jobs are not built yet) the library has
+:func:`panel_alpha` (Krippendorff's α among the judges' answer columns), :func:`pairwise_kappa`
+(Cohen's κ of every pair) and :func:`per_judge` (each judge's figures against the labels).
+
 A figure that does not apply (or is undefined, e.g. κ when every label is the same) is null.
 Labels and answers are compared as text with case and surrounding space ignored; numbers are
 compared as numbers (``4`` and ``4.0`` agree).  The statistics are scikit-learn's and SciPy's,
@@ -291,3 +295,58 @@ def _percentiles(values: list[float], resamples: int) -> list[float] | None:
 def _finite(v: Any) -> float | None:
     f = float(v)
     return f if math.isfinite(f) else None
+
+
+# --- a panel of judges: agreement among several answer columns (issue 25 item 3) ----------------
+
+
+def panel_alpha(judges: dict[str, Sequence[Any]], level: str | None = None) -> float | None:
+    """Krippendorff's α among the judges of a panel (``judges``: judge -> its answer per row, all
+    of one length; an empty answer is a missing rating).  ``level``: ``nominal`` or
+    ``interval``; None: interval when every answer is a number."""
+    from batchgrader.store.reliability import krippendorff_alpha
+
+    columns = list(judges.values())
+    if len(columns) < 2:
+        return None
+    units = [[v if _present(v) else None for v in row] for row in zip(*columns, strict=True)]
+    return krippendorff_alpha(units, level)
+
+
+def pairwise_kappa(judges: dict[str, Sequence[Any]]) -> dict[str, dict[str, float | None]]:
+    """Cohen's κ of every pair of judges over the rows both answered (``judges``: judge -> its
+    answer per row): judge -> other judge -> κ (symmetric; None when undefined, e.g. both
+    judges gave one answer throughout)."""
+    names = list(judges)
+    out: dict[str, dict[str, float | None]] = {n: {} for n in names}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            k = _kappa_of(judges[a], judges[b])
+            out[a][b] = out[b][a] = k
+    return out
+
+
+def _kappa_of(xs: Sequence[Any], ys: Sequence[Any]) -> float | None:
+    pairs = [(normal(x), normal(y)) for x, y in zip(xs, ys, strict=True) if _present(x) and _present(y)]
+    if not pairs:
+        return None
+    from sklearn.metrics import cohen_kappa_score
+
+    classes = sorted({c for p in pairs for c in p})
+    code = {c: i for i, c in enumerate(classes)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one class throughout: κ is 0/0 (nan), reported as None
+        k = cohen_kappa_score([code[x] for x, _ in pairs], [code[y] for _, y in pairs], labels=list(code.values()))
+    return _finite(k)
+
+
+def per_judge(labels: Sequence[Any], judges: dict[str, Sequence[Any]]) -> dict[str, dict[str, Any]]:
+    """Each judge's agreement with the human ``labels`` (the figures of :func:`agreement`); a
+    judge whose answers cannot be compared with the labels gets ``{"error": ...}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, answers in judges.items():
+        try:
+            out[name] = agreement(labels, answers)
+        except NotComparable as exc:
+            out[name] = {"error": f"labels cannot be compared with the answers: {exc}"}
+    return out

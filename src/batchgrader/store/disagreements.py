@@ -1,5 +1,9 @@
 """`bgctl report JOB --disagreements FILE`: the labelled rows whose answer differs from the
-human label, written in the input's format, ready to be labelled again and fed back.
+human label, and with ``samples: k`` the rows whose samples disagree, written in the input's
+format, ready to be labelled again and fed back.
+
+A row's samples disagree when two of them answered differently, or their vote failed
+(``no_majority``); such a row also keeps the ``samples`` column (its k answers).
 
 A row is written when its ``reference_column`` label is not empty, it was answered, and the
 answer compared with the label (``reference_field``, or the output column) differs from it the
@@ -35,16 +39,17 @@ def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
     events = read_events_of(home, job_id)
     job = fold(events).jobs[events[0].job_id]
     settings = job.settings
-    if not settings.get("reference_column"):
+    if not settings.get("reference_column") and not _has_samples(job):
         raise DisagreementsError(
             f"job {job.job_id} has no reference_column: set 'reference_column' (the column of human labels) "
-            f"in profile {job.profile or 'default'!r} and run the labelled rows again"
+            f"in profile {job.profile or 'default'!r} and run the labelled rows again (or 'samples' above 1, "
+            "to find the rows whose samples disagree)"
         )
     if not job.result_path or not Path(job.result_path).exists():
         raise DisagreementsError(f"job {job.job_id} has no result file to compare (state {job.state})")
     with open_table(Path(job.result_path), sheet=settings.get("sheet"), validated=True) as reader:
         lay = result_layout(list(reader.columns), settings)
-        if not lay.reference or not lay.compared:
+        if (not lay.reference or not lay.compared) and not lay.samples:
             raise DisagreementsError(
                 f"the result file {job.result_path} has no column {settings['reference_column']!r} "
                 "or no answer column to compare it with"
@@ -52,30 +57,65 @@ def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
         answer_column = ANSWER_COLUMN
         while answer_column in lay.inputs:
             answer_column = "bg_" + answer_column
-        rows, compared = _disagreeing(reader, lay, answer_column)
+        rows, compared, split = _disagreeing(reader, lay, answer_column)
         fmt, layout = reader.fmt, getattr(reader, "layout", None)
-    data = _encode(fmt, layout, [*lay.inputs, answer_column], rows)
+    data = _encode(fmt, layout, [*lay.inputs, answer_column, *([lay.samples] if lay.samples else [])], rows)
     from batchgrader.fsio import atomic_write_bytes
 
     atomic_write_bytes(dest, data, overwrite=False)
-    return {"path": str(dest), "rows": len(rows), "compared": compared, "format": fmt}
+    out = {"path": str(dest), "rows": len(rows), "compared": compared, "format": fmt}
+    if lay.samples:
+        out["samples_disagree"] = split
+    return out
 
 
-def _disagreeing(reader: Any, lay: Any, answer_column: str) -> tuple[list[dict[str, Any]], int]:
+def _has_samples(job: Any) -> bool:
+    """Whether the job asked for several samples per row (its result then has their column)."""
+    if int(job.settings.get("samples") or 1) > 1:
+        return True
+    if not job.result_path or not Path(job.result_path).exists():
+        return False
+    from batchgrader.pipeline.tables import open_table
+
+    with open_table(Path(job.result_path), sheet=job.settings.get("sheet"), validated=True) as reader:
+        return result_layout(list(reader.columns), job.settings).samples is not None
+
+
+def _disagreeing(reader: Any, lay: Any, answer_column: str) -> tuple[list[dict[str, Any]], int, int]:
+    """The rows to write, the labelled rows compared, and the rows whose samples disagree."""
     from batchgrader.pipeline.tables import text_of
     from batchgrader.store.agreement import normal
 
     out: list[dict[str, Any]] = []
-    compared = 0
+    compared = split = 0
     for row in reader:
         vals = row.values
-        label, answer = vals.get(lay.reference), vals.get(lay.compared)
-        if not text_of(label).strip() or (lay.error and text_of(vals.get(lay.error))) or not text_of(answer).strip():
-            continue
-        compared += 1
-        if normal(text_of(label)) != normal(text_of(answer)):
-            out.append({**{c: vals.get(c) for c in lay.inputs}, answer_column: answer})
-    return out, compared
+        split_row = bool(lay.samples) and samples_disagree(vals.get(lay.samples), text_of(vals.get(lay.error)))
+        split += split_row
+        label, answer = (vals.get(lay.reference), vals.get(lay.compared)) if lay.reference and lay.compared else (None, None)
+        differs = False
+        if text_of(label).strip() and not (lay.error and text_of(vals.get(lay.error))) and text_of(answer).strip():
+            compared += 1
+            differs = normal(text_of(label)) != normal(text_of(answer))
+        if differs or split_row:
+            kept = {**{c: vals.get(c) for c in lay.inputs}, answer_column: vals.get(lay.compared or lay.output)}
+            if lay.samples:
+                kept[lay.samples] = vals.get(lay.samples)
+            out.append(kept)
+    return out, compared, split
+
+
+def samples_disagree(cell: Any, error: str) -> bool:
+    """Whether a row's samples disagree: two different answers among them, or a vote that failed
+    (``no_majority``).  A sample that failed is not a disagreement."""
+    from batchgrader.pipeline.samples import NO_MAJORITY
+    from batchgrader.store.agreement import normal
+    from batchgrader.store.reliability import samples_of
+
+    if error.startswith(NO_MAJORITY):
+        return True
+    samples = samples_of(cell) or []
+    return len({normal(v) for v in samples if v is not None and str(v).strip()}) > 1
 
 
 def _encode(fmt: str, layout: Any, columns: list[str], rows: list[dict[str, Any]]) -> bytes:

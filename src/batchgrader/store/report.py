@@ -121,6 +121,7 @@ class ResultLayout:
     reference: str | None = None  # the labels' input column
     compared: str | None = None  # the answer column compared with the labels
     group: str | None = None  # the grouping input column
+    samples: str | None = None  # the samples of each row (JSON lists), with samples: k > 1
 
     def answer_columns(self) -> list[str]:
         """The columns charted or summarised: the schema's fields, else the answer column."""
@@ -140,11 +141,12 @@ def result_layout(header: list[str], settings: dict[str, Any]) -> ResultLayout:
     n_fields = len((schema or {}).get("properties") or {})
     # the added columns: answered_by, the answer, its fields, the token counts and the error (a
     # result written before answered_by existed has the others only)
-    for n_added, written in ((5 + n_fields, True), (4 + n_fields, False)):
+    # (and, with samples: k > 1, the samples, their agreement and the valid ones)
+    for n_added, written, k in ((8 + n_fields, True, 2), (5 + n_fields, True, 1), (4 + n_fields, False, 1)):
         if len(header) < n_added:
             continue
         inputs = header[:-n_added]
-        cols = added_columns(inputs, settings.get("output_column") or "grade", rf)
+        cols = added_columns(inputs, settings.get("output_column") or "grade", rf, samples=k)
         if (cols.written() if written else cols.names()) == header[-n_added:]:
             break
     else:
@@ -164,6 +166,7 @@ def result_layout(header: list[str], settings: dict[str, Any]) -> ResultLayout:
         reference=ref if ref in inputs else None,
         compared=compared if ref in inputs else None,
         group=group if group in inputs else None,
+        samples=cols.samples[0] if cols.samples else None,
     )
 
 
@@ -179,6 +182,7 @@ class _Collected:
     unanswered_labelled: int = 0
     group_keys: list[str] = field(default_factory=list)
     failed_groups: Counter[str] = field(default_factory=Counter)
+    samples: list[Any] = field(default_factory=list)  # each row's samples cell (failed rows too)
 
 
 def _collect(reader: Any, lay: ResultLayout) -> _Collected:
@@ -191,6 +195,8 @@ def _collect(reader: Any, lay: ResultLayout) -> _Collected:
         vals = row.values
         err = text_of(vals.get(lay.error)) if lay.error else ""
         group = text_of(vals.get(lay.group)) if lay.group else ""
+        if lay.samples:
+            got.samples.append(vals.get(lay.samples))
         if err:
             code = err.split(":", 1)[0].strip() if ":" in err else err
             got.by_code[code] += 1
@@ -232,6 +238,20 @@ def _columns(got: _Collected, lay: ResultLayout) -> list[dict[str, Any]]:
 
 
 def _agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The agreement with the labels and, with samples, among the samples of each row
+    (``krippendorff_alpha`` and ``samples``: store/reliability.py)."""
+    figures = _label_agreement(got, lay, settings)
+    if lay.samples:
+        from batchgrader.store.reliability import sample_agreement
+
+        among = sample_agreement(got.samples)
+        if among is not None:
+            figures = figures or {"reference_column": None}
+            figures.update(krippendorff_alpha=among["krippendorff_alpha"], samples=among)
+    return figures
+
+
+def _label_agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
     from batchgrader.store.agreement import NotComparable, agreement
 
     if not settings.get("reference_column"):

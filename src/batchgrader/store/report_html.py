@@ -86,6 +86,22 @@ def _heat(confusion: dict[str, dict[str, int]]) -> str:
 
 
 def _agreement(a: dict[str, Any]) -> list[str]:
+    """Agreement with the labels (with a reference column), then among the samples (with samples)."""
+    out = _label_agreement(a) if a.get("reference_column") else []
+    return out + (_samples(a["samples"]) if a.get("samples") else [])
+
+
+def _samples(s: dict[str, Any]) -> list[str]:
+    alpha = s.get("krippendorff_alpha")
+    shown = f"{alpha:.3f}" if alpha is not None else "-"
+    return [
+        f"<h2>Agreement among the {num(s['k'])} samples of each row</h2>",
+        f"<p>{num(s['rows'])} rows; Krippendorff's alpha ({escape(s['level'])} level) over the samples: {shown};"
+        f" {num(s['unanimous'])} rows ({s['unanimous_share']:.1%}) unanimous.</p>",
+    ]
+
+
+def _label_agreement(a: dict[str, Any]) -> list[str]:
     compared = a.get("reference_field") or "the answer column"
     out = [f"<h2>Agreement with the labels in {escape(str(a['reference_column']))} ({escape(str(compared))})</h2>"]
     if a.get("error"):

@@ -136,6 +136,22 @@ AGREEMENT_LABELS = [
 
 
 def agreement_lines(a: dict[str, Any]) -> list[str]:
+    """Agreement with the labels (with a reference column), then among the samples (with samples)."""
+    lines = _label_lines(a) if a.get("reference_column") else []
+    return lines + (sample_lines(a["samples"]) if a.get("samples") else [])
+
+
+def sample_lines(s: dict[str, Any]) -> list[str]:
+    alpha = s.get("krippendorff_alpha")
+    return [
+        "",
+        f"agreement among the {s['k']} samples of each row ({num(s['rows'])} rows)",
+        f"  {'Krippendorff alpha (' + s['level'] + ')':<28}{figure(alpha) if alpha is not None else '-':>7}",
+        f"  {'unanimous rows':<28}{num(s['unanimous']):>7} ({s['unanimous_share']:.1%})",
+    ]
+
+
+def _label_lines(a: dict[str, Any]) -> list[str]:
     compared = a.get("reference_field") or "the answer column"
     lines = ["", f"agreement with the labels in {a['reference_column']!r} ({compared})"]
     if a.get("error"):
