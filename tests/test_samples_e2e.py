@@ -55,7 +55,6 @@ def test_three_samples_per_row_are_sent_and_billed(home):
     assert job.prompt_tokens >= counted["input_tokens"] > 0 and job.cost_usd > 0
 
 
-@pytest.mark.xfail(strict=True, reason="needs the daemon/finish.py and daemon/base.py hunk of the issue 25 samples report")
 def test_the_vote_the_agreement_among_samples_and_the_disagreements(home, tmp_path):
     _counted, job = _run(home)
     rows = list(csv.DictReader(io.StringIO((home.outbox / "essays_results.csv").read_text(encoding="utf-8"))))

@@ -104,7 +104,6 @@ def _scores(per_sample: dict[str, object]):
     return answer
 
 
-@pytest.mark.xfail(strict=True, reason="needs the daemon/finish.py and daemon/base.py hunk of the issue 25 samples report")
 def test_the_result_holds_the_vote_and_ties_fail_closed(home):
     rig = Rig(home, "samples: 3\nmax_row_retries: 0\n" + SCORE_SCHEMA)
     job = rig.drop(4)

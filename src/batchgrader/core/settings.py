@@ -55,6 +55,7 @@ class Settings:
     reference_column: str | None
     reference_field: str | None
     group_column: str | None
+    samples: int
     on_job_end: str | None
     on_job_end_timeout_seconds: float
     pricing_file: str | None

@@ -25,6 +25,7 @@ from batchgrader.pipeline.outbox import added_column_types, added_columns, error
 from batchgrader.pipeline.prepare import default_custom_id
 from batchgrader.pipeline.results import ResultsJoin
 from batchgrader.pipeline.reuse import read_reuse_file
+from batchgrader.pipeline.samples import VoteSpec, sample_ids, voted_values
 from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
 from batchgrader.provider.protocol import ProviderError
 
@@ -180,16 +181,17 @@ class FinishSteps:
                 ) as reader,
                 ResultsJoin(paths) as results,
             ):
-                cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"])
+                per_row = int(fixed.get("samples") or 1)
+                vote_spec = VoteSpec.of(fixed["response_format"], fixed.get("reference_field"))
+                cols = added_columns(reader.columns, fixed["output_column"], fixed["response_format"], per_row)
                 spec = format_spec(reader.fmt)
                 json_values = spec.typed_cells
                 guard = fixed["csv_formula_guard"] and spec.formula_guard
                 types = added_column_types(cols, fixed["response_format"])
                 with TableWriter(f, reader, cols.written(), column_types=types) as w:
                     write_row, take, stored, sha = w.write, results.take, cached.get, job.sha256
-                    for row in reader:
-                        vals = row.values  # every reader yields a new dict per row
-                        cid = text_of(vals[id_column]) if id_column else default_custom_id(sha, row.number)
+
+                    def lookup(cid: str) -> tuple[dict[str, Any] | None, str | None]:
                         outcome = take(cid)
                         if outcome is None:
                             outcome = stored(cid)
@@ -207,7 +209,16 @@ class FinishSteps:
                             err = f"{row_errors[cid].get('code')}: {row_errors[cid].get('message')}"
                         elif outcome is None and cid in failed_info:
                             err = f"{failed_info[cid].get('code')}: {failed_info[cid].get('message')}"
-                        added = result_values(cols, outcome, err, json_values)
+                        return outcome, err
+
+                    for row in reader:
+                        vals = row.values  # every reader yields a new dict per row
+                        cid = text_of(vals[id_column]) if id_column else default_custom_id(sha, row.number)
+                        if per_row > 1:  # the vote of the row's samples (pipeline/samples.py)
+                            got = [lookup(s) for s in sample_ids(cid, per_row)]
+                            added = voted_values(cols, [o for o, _ in got], [e for _, e in got], vote_spec, json_values)
+                        else:
+                            added = result_values(cols, *lookup(cid), json_values)
                         if guard:  # the model's output is attacker-influenced; input cells stay unchanged
                             for k, v in added.items():
                                 if type(v) is str and v and v[0] in _FORMULA_START:
