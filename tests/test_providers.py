@@ -63,6 +63,16 @@ def test_each_providers_settings_are_config_keys_read_from_its_sdks_variables():
         assert f.offline_exact or (f.counting_endpoint and PROVIDERS[f.name].counter is not None), f.name
 
 
+def test_every_provider_but_the_default_has_ids_of_its_own_shape():
+    prefixes = {name: spec.id_prefixes for name, spec in PROVIDERS.items()}
+    assert prefixes.pop("openai") == ()  # the fallback's default: every other id is OpenAI's
+    for name, own in prefixes.items():
+        assert own, f"{name}: no id_prefixes, so the fallback would send its ids to OpenAI"
+        for prefix in own:
+            assert provider_of_id(prefix + "x") == name
+    assert provider_of_id("batch_abc") == provider_of_id("file-abc") == "openai"
+
+
 def test_an_unknown_provider_is_refused_with_the_known_ones():
     with pytest.raises(KeyError, match="unknown provider 'mistral'; known: openai, anthropic, gemini, azure"):
         facts_of("mistral")

@@ -41,6 +41,7 @@ class ProviderFacts:
     cache_key: CacheKeyRule = None
     key_checked_by_profile: bool = True  # False: the daemon's own start-up check names the key
     deployment_model_setting: str | None = None  # the config key naming the model a deployment runs
+    request_url: str = "/v1/chat/completions"  # the ``url`` of each request line it is sent
     other_env: Mapping[str, str] = field(default_factory=dict)  # other SDK environment variables -> config key
     required_settings: Mapping[str, str] = field(default_factory=dict)  # config key -> what to set when it is missing
 
@@ -115,6 +116,8 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             offline_exact=True,
             in_catalogue=False,
             deployment_model_setting="azure_model",
+            # its api-version surface (learn.microsoft.com batch how-to; provider/azure_api.py AZURE_ENDPOINT)
+            request_url="/chat/completions",
             other_env={"OPENAI_API_VERSION": "azure_api_version"},
             required_settings={
                 "azure_endpoint": "set AZURE_OPENAI_ENDPOINT (or azure_endpoint in config.yaml) "

@@ -13,7 +13,8 @@ How a call finds its job:
 
 Fallback, documented: an id no chunk of any job holds (a batch found by listing that the log never
 recorded, an earlier attempt's file deleted at clean-up), or a router without those hooks (tests,
-tools), is routed by the id's shape (:func:`provider_of_id`: Anthropic staged files and results
+tools), is routed by the id's shape (:func:`provider_of_id`, from each registry spec's
+``id_prefixes``: Anthropic staged files and results
 start with ``anthropic-``, Anthropic batches with ``msgbatch_``; Gemini files and batches are
 resource names, ``files/...`` and ``batches/...``, and inline results ``gemini-inline:``; Azure
 OpenAI ids start with ``azure:``; anything else is OpenAI's).
@@ -30,6 +31,7 @@ from typing import Any
 
 from batchgrader.core.state import State
 from batchgrader.provider.protocol import BatchInfo, BatchPage, FileInfo, Provider, ProviderError
+from batchgrader.provider.registry import PROVIDERS
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +39,11 @@ _UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
 
 
 def provider_of_id(object_id: str) -> str:
-    """``anthropic``, ``gemini``, ``azure`` or ``openai``, from the shape of a file or batch id."""
-    if object_id.startswith(("anthropic-", "msgbatch_")):
-        return "anthropic"
-    if object_id.startswith(("files/", "batches/", "gemini-inline:")):
-        return "gemini"
-    if object_id.startswith("azure:"):  # provider/azure_api.py names every Azure id so
-        return "azure"
+    """The provider whose ids have the shape of ``object_id`` (each spec's ``id_prefixes`` in
+    :mod:`batchgrader.provider.registry`); ``openai`` when none does."""
+    for name, spec in PROVIDERS.items():
+        if spec.id_prefixes and object_id.startswith(spec.id_prefixes):
+            return name
     return "openai"
 
 
