@@ -71,6 +71,9 @@ def test_every_provider_but_the_default_has_ids_of_its_own_shape():
         for prefix in own:
             assert provider_of_id(prefix + "x") == name
     assert provider_of_id("batch_abc") == provider_of_id("file-abc") == "openai"
+    from batchgrader.provider import azure_api
+
+    assert PROVIDERS["azure"].id_prefixes == (azure_api.ID_PREFIX,)  # the adapter names every Azure id so
 
 
 def test_an_unknown_provider_is_refused_with_the_known_ones():

@@ -30,10 +30,8 @@ from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chu
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
+#: the request-line ``url`` of OpenAI's batches (each provider's is its ``request_url`` in core/providers.py)
 ENDPOINT = PROVIDER_FACTS["openai"].request_url
-#: Azure OpenAI's request-line ``url`` on its api-version surface (learn.microsoft.com batch
-#: how-to; the same constant as ``provider/azure_api.py`` AZURE_ENDPOINT, which sends it as ``endpoint``)
-AZURE_LINE_URL = PROVIDER_FACTS["azure"].request_url
 BLOCK_ROWS = 4096
 
 
