@@ -152,3 +152,36 @@ def test_the_object_index_is_rebuilt_only_when_the_state_moved_on():
     assert jobs("file-1") is None  # same last_seq: the index is not rebuilt for every unknown id
     state.last_seq = 2
     assert jobs("file-1") == "j1"
+
+
+# --- no provider known by name outside its own modules and the registry -------------------------------------
+
+SRC = ROOT / "src" / "batchgrader"
+#: where a provider's name may be written: the registry's two halves, the doctor's table of checks, and
+#: each provider's own modules (adapters, doctor checks, the emulator's routes)
+OWN = ("core/providers.py", "provider/registry.py", "ops/doctor.py", "provider/emulator/")
+#: provider-specific rules still keyed by name outside the registry (each a rule of its own, not a table):
+#: the queue a learned limit belongs to, the thinking budgets of reasoning_effort, Azure deployments' prices
+KNOWN_ELSEWHERE = {
+    "daemon/base.py": {"anthropic", "gemini", "azure"},
+    "pipeline/catalogue.py": {"anthropic"},
+    "pipeline/pricing.py": {"azure"},
+}
+
+
+def _own(rel: str, name: str) -> bool:
+    module = rel.rsplit("/", 1)[-1]
+    return rel.startswith(OWN) or module.startswith((f"{name}_", f"doctor_{name}"))
+
+
+def test_no_module_keys_a_rule_by_a_providers_name_outside_the_registry():
+    import ast
+
+    names = set(PROVIDERS) - {"openai"}  # "openai" is the default everywhere a provider is not set
+    found: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in names and not _own(rel, node.value):
+                found.setdefault(rel, set()).add(node.value)
+    assert found == KNOWN_ELSEWHERE, "a provider's name outside the registry: read core/providers.py or provider/registry.py"
