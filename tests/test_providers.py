@@ -122,9 +122,9 @@ def test_calls_that_carry_only_an_id_go_to_the_provider_recorded_for_its_job(tmp
     path = _chunk_file(tmp_path)
     f = router.upload(path, path.name)  # by the job named in the upload name
     assert provider_of_id(f.id) == "openai"  # its shape says OpenAI
-    state.jobs["j1"].chunks[0].file_id, state.last_seq = f.id, 2  # FileUploaded folded
+    state.jobs["j1"].chunks[0].file_id, state.jobs["j1"].version, state.last_seq = f.id, 2, 2  # FileUploaded folded
     b = router.create_batch(f.id, metadata={"bg_key": "j1:0:1"})
-    state.jobs["j1"].chunks[0].batch_id, state.last_seq = b.id, 3  # BatchCreated folded
+    state.jobs["j1"].chunks[0].batch_id, state.jobs["j1"].version, state.last_seq = b.id, 3, 3  # BatchCreated folded
     assert router.retrieve(b.id).id == b.id
     assert [x.id for x in other.open_batches()] == [b.id] and openai.open_batches() == []
 
@@ -144,14 +144,21 @@ def test_an_id_no_job_holds_is_routed_by_its_shape(tmp_path: Path):
     assert openai.open_batches() == [] and other.open_batches() == []
 
 
-def test_the_object_index_is_rebuilt_only_when_the_state_moved_on():
+def test_the_object_index_reads_again_only_the_jobs_with_new_events():
     state = _state_with_job("j1", "anthropic")
     jobs = ObjectJobs(lambda: state)
     assert jobs("file-1") is None
     state.jobs["j1"].chunks[0].file_id = "file-1"
-    assert jobs("file-1") is None  # same last_seq: the index is not rebuilt for every unknown id
+    state.jobs["j1"].version = 2
+    assert jobs("file-1") is None  # same last_seq: the index is not brought up to date for every unknown id
     state.last_seq = 2
     assert jobs("file-1") == "j1"
+    state.jobs["j1"].chunks[0].batch_id = "batch-1"  # changed without a new event of the job
+    state.last_seq = 3
+    assert jobs("batch-1") is None  # j1's version did not move: its chunks are not read again
+    state.jobs["j1"].version = 3
+    state.last_seq = 4
+    assert jobs("batch-1") == "j1" and jobs("file-1") == "j1"
 
 
 # --- no provider known by name outside its own modules and the registry -------------------------------------

@@ -49,12 +49,13 @@ def provider_of_id(object_id: str) -> str:
 
 class ObjectJobs:
     """File or batch id -> the job whose chunk holds it (upload, batch, output and error file), read
-    from the daemon's state; the index is rebuilt only when an id is not found and the state has
-    moved on since it was built."""
+    from the daemon's state.  The index is brought up to date only when an id is not found and the
+    state has moved on since; then only the jobs with new events are read again."""
 
     def __init__(self, state_of: Callable[[], State]):
         self._state_of = state_of
         self._index: dict[str, str] = {}
+        self._job_versions: dict[str, int] = {}  # job id -> its version when its chunks were indexed
         self._built_at = -1
 
     def __call__(self, object_id: str) -> str | None:
@@ -62,19 +63,19 @@ class ObjectJobs:
         if job is None:
             state = self._state_of()
             if state.last_seq != self._built_at:
-                self._index, self._built_at = _object_index(state), state.last_seq
+                self._update(state)
                 job = self._index.get(object_id)
         return job
 
-
-def _object_index(state: State) -> dict[str, str]:
-    index: dict[str, str] = {}
-    for job_id, job in state.jobs.items():
-        for c in job.chunks.values():
-            for object_id in (c.file_id, c.batch_id, c.output_file_id, c.error_file_id):
-                if object_id:
-                    index[object_id] = job_id
-    return index
+    def _update(self, state: State) -> None:
+        for job_id, job in state.jobs.items():
+            if self._job_versions.get(job_id) != job.version:
+                for c in job.chunks.values():
+                    for object_id in (c.file_id, c.batch_id, c.output_file_id, c.error_file_id):
+                        if object_id:
+                            self._index[object_id] = job_id
+                self._job_versions[job_id] = job.version
+        self._built_at = state.last_seq
 
 
 class ProviderRouter:
