@@ -118,6 +118,9 @@ def test_a_stale_event_table_or_a_missing_section_is_found():
     assert stale != text and regenerate(stale) == text
     older = text.replace("version 1 · emitted by: budget.", "version 0 · emitted by: budget.", 1)
     assert older != text and regenerate(older) == text
+    rows = "| `code` | budget key that holds it |\n| `reason` | human-readable reason and what to do |\n"
+    empty = text.replace(rows, "", 1)  # a new section starts with an empty table
+    assert empty != text and regenerate(empty) == text
     with pytest.raises(StaleSection, match="lacks a section for: JobHeld"):
         regenerate(text.replace("### `JobHeld`", "### `JobHold`"))
 
