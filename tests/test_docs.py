@@ -100,6 +100,31 @@ def test_no_documented_key_is_unknown():
     assert documented <= set(KEYS), f"docs/configuration.md documents unknown keys: {sorted(documented - set(KEYS))}"
 
 
+# --- events ------------------------------------------------------------------------------------------
+
+
+def test_the_event_tables_are_generated_from_the_declarations():
+    from batchgrader.core.eventdocs import regenerate
+
+    text = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
+    assert regenerate(text) == text, "docs/events.md is stale: run python -m batchgrader.core.eventdocs docs/events.md"
+
+
+def test_a_stale_event_table_or_a_missing_section_is_found():
+    from batchgrader.core.eventdocs import StaleSection, regenerate
+
+    text = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
+    stale = text.replace("| `reason` | human-readable reason and what to do |", "| `reason` | why |", 1)
+    assert stale != text and regenerate(stale) == text
+    older = text.replace("version 1 · emitted by: budget.", "version 0 · emitted by: budget.", 1)
+    assert older != text and regenerate(older) == text
+    rows = "| `code` | budget key that holds it |\n| `reason` | human-readable reason and what to do |\n"
+    empty = text.replace(rows, "", 1)  # a new section starts with an empty table
+    assert empty != text and regenerate(empty) == text
+    with pytest.raises(StaleSection, match="lacks a section for: JobHeld"):
+        regenerate(text.replace("### `JobHeld`", "### `JobHold`"))
+
+
 # --- architecture ------------------------------------------------------------------------------------
 
 

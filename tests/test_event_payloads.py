@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from batchgrader.core.events import new_event
 from batchgrader.core.schema import EVENTS, EventPayloadError, check_payload
 from batchgrader.store.eventstore import EventStore, NewEvent, UnknownEventType
 
@@ -72,3 +73,33 @@ def test_every_golden_event_matches_its_declared_fields(log):
         if line.strip():
             d = json.loads(line)
             check_payload(d["type"], d["payload"])
+
+
+def test_new_event_builds_a_checked_event_from_keywords():
+    ev = new_event("JobHeld", code="max_cost_per_job_usd", reason="over budget")
+    assert ev == NewEvent("JobHeld", {"code": "max_cost_per_job_usd", "reason": "over budget"})
+    assert new_event("RetryRequested", reason="r").payload == {"reason": "r"}  # an optional field left out
+    assert new_event("RetryRequested", reason="r", max_completion_tokens=9).payload["max_completion_tokens"] == 9
+
+
+@pytest.mark.parametrize(
+    "type_, payload, error, needle",
+    [
+        ("JobHold", {"code": "c", "reason": "r"}, UnknownEventType, "unknown event type 'JobHold' (did you mean 'JobHeld'?)"),
+        ("JobHeld", {"code": "c"}, EventPayloadError, "JobHeld v1: missing reason"),
+        (
+            "JobHeld",
+            {"code": "c", "reason": "r", "reson": "x"},
+            EventPayloadError,
+            "unknown field 'reson' (did you mean 'reason'?)",
+        ),
+    ],
+)
+def test_new_event_refuses_an_unknown_type_a_missing_field_or_an_unknown_field(type_, payload, error, needle):
+    with pytest.raises(error, match=re.escape(needle)):
+        new_event(type_, **payload)
+
+
+def test_an_unknown_type_is_a_payload_error_too():
+    with pytest.raises(EventPayloadError):
+        new_event("Nope")

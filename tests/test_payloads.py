@@ -26,6 +26,26 @@ def test_every_event_type_has_a_typed_payload_with_the_same_fields():
         assert td.__optional_keys__ == et.optional, name  # type: ignore[attr-defined]
 
 
+def test_a_declaration_names_exactly_its_payload_fields_and_a_name_once():
+    from typing import NotRequired, TypedDict
+
+    with pytest.raises(TypeError, match="the meanings name"):
+
+        @payloads.event(1, "test", {"a": "the a"})
+        class Mismatched(TypedDict):
+            a: int
+            b: NotRequired[str]
+
+    with pytest.raises(TypeError, match="'JobHeld' is declared twice"):
+
+        @payloads.event(1, "test", {"code": "c", "reason": "r"})
+        class JobHeld(TypedDict):
+            code: str
+            reason: str
+
+    assert payloads.declaration_of(payloads.JobHeld).payload is payloads.JobHeld  # the real one is untouched
+
+
 def _golden_events() -> list[Event]:
     out = []
     for path in sorted(GOLDEN.glob("*.jsonl")):

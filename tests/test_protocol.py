@@ -12,7 +12,7 @@ from batchgrader.provider.router import ProviderRouter
 SRC = Path(__file__).resolve().parents[1] / "src" / "batchgrader"
 # the engine and the reconciliation it runs before anything is sent again
 CALLERS = sorted((SRC / "daemon").glob("*.py")) + [SRC / "provider" / "reconcile.py"]
-OPTIONAL = {"base_url", "on_page", "provider_of_job"}  # documented in Provider's docstring
+OPTIONAL = {"base_url", "on_page", "provider_of_job", "job_of_object"}  # documented in Provider's docstring
 
 
 def _protocol_methods() -> set[str]:

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchgrader.core import payloads as P
 from batchgrader.core import state as state_mod
 from batchgrader.core.schema import EVENTS
 from batchgrader.core.state import JOB_STATES, JobState, State, fold
@@ -210,6 +211,25 @@ def finish(log: Log, succeeded: int, failed: int, state: str = "completed") -> N
 
 def test_every_catalogued_event_type_has_a_handler():
     assert set(state_mod._HANDLERS) == set(EVENTS)
+
+
+def test_each_handler_reads_the_payload_type_it_is_declared_for():
+    from typing import get_type_hints
+
+    from batchgrader.core.payloads import DECLARATIONS
+
+    for name, handler in state_mod._HANDLERS.items():
+        assert get_type_hints(handler, vars(state_mod))["p"] is DECLARATIONS[name].payload, name
+
+
+def test_a_handler_is_declared_only_for_a_declared_payload_and_only_once():
+    class NotAnEvent(dict):
+        pass
+
+    with pytest.raises(KeyError, match="NotAnEvent is not a declared event payload"):
+        state_mod.folds(NotAnEvent)
+    with pytest.raises(TypeError, match="JobHeld has two fold handlers"):
+        state_mod.folds(P.JobHeld)(lambda s, job, p, e: None)
 
 
 # --- each event type ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from batchgrader.cli.errors import (
     run_main,
 )
 from batchgrader.core.home import Home
+from batchgrader.core.providers import PROVIDER_FACTS
 
 
 class Ctx:
@@ -548,7 +549,10 @@ def _no_db_guard(obj: Ctx) -> None:
 
 @cli.command()
 @click.option(
-    "--provider", type=click.Choice(["openai", "anthropic", "gemini"]), default=None, help="Only this provider's models."
+    "--provider",
+    type=click.Choice([name for name, f in PROVIDER_FACTS.items() if f.in_catalogue]),
+    default=None,
+    help="Only this provider's models.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: every column, source and notes included.")
 @click.pass_obj

@@ -37,6 +37,7 @@ from batchgrader.core.config_values import (
     _str,
 )
 from batchgrader.core.home import Home
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.secrets import mask_secret
 from batchgrader.core.settings import Settings
 
@@ -47,12 +48,12 @@ class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type, or out of range."""
 
 
-#: selectable providers, and what a profile's model must look like for each (a model the
-#: provider does not offer is refused when the configuration is loaded)
 #: the most samples a row may ask for (the ``samples`` key): k requests per row multiply the bill by k
 MAX_SAMPLES = 20
-PROVIDERS = ("openai", "anthropic", "gemini", "azure")
-PROVIDER_MODEL_PREFIX = {"anthropic": "claude-", "gemini": "gemini-"}
+#: selectable providers, and what a profile's model must look like for each (a model the
+#: provider does not offer is refused when the configuration is loaded)
+PROVIDERS = tuple(PROVIDER_FACTS)
+PROVIDER_MODEL_PREFIX = {name: f.model_prefix for name, f in PROVIDER_FACTS.items() if f.model_prefix}
 #: Azure OpenAI data-plane (authoring: files and batches) api-version used unless configured:
 #: the latest dated release listed on learn.microsoft.com/azure/ai-services/openai/authoring-reference-preview
 #: (checked 2026-11-23; the latest GA release there is 2024-10-21, which newer models do not support)
@@ -60,18 +61,8 @@ AZURE_DEFAULT_API_VERSION = "2025-04-01-preview"
 #: the values of the reasoning_effort key (the catalogue says which ones each model takes)
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 #: the environment variable that holds each provider's key (also read from secrets.env)
-PROVIDER_KEY_VAR = {
-    "openai": "OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-    "gemini": "GEMINI_API_KEY (or GOOGLE_API_KEY)",
-    "azure": "AZURE_OPENAI_API_KEY",
-}
-PROVIDER_KEY_SETTING = {
-    "openai": "api_key",
-    "anthropic": "anthropic_api_key",
-    "gemini": "gemini_api_key",
-    "azure": "azure_api_key",
-}
+PROVIDER_KEY_VAR = {name: f.key_var_text for name, f in PROVIDER_FACTS.items()}
+PROVIDER_KEY_SETTING = {name: f.key_setting for name, f in PROVIDER_FACTS.items()}
 
 
 # --- key catalogue ---------------------------------------------------------------------------
@@ -313,20 +304,11 @@ GLOBAL_ONLY = {
     "on_job_end_timeout_seconds",
 }
 
-SDK_ENV = {
-    "OPENAI_API_KEY": "api_key",
-    "OPENAI_BASE_URL": "base_url",
-    "ANTHROPIC_API_KEY": "anthropic_api_key",
-    "ANTHROPIC_BASE_URL": "anthropic_base_url",
-    "GEMINI_API_KEY": "gemini_api_key",
-    "GOOGLE_API_KEY": "gemini_api_key",  # after GEMINI_API_KEY: it wins when both are set, as in google-genai
-    "GOOGLE_GEMINI_BASE_URL": "gemini_base_url",
-    "AZURE_OPENAI_API_KEY": "azure_api_key",
-    "AZURE_OPENAI_ENDPOINT": "azure_endpoint",
-    "OPENAI_API_VERSION": "azure_api_version",
-}
-#: config keys holding a secret: masked wherever a value is shown
-SECRET_KEYS = ("api_key", "anthropic_api_key", "gemini_api_key", "azure_api_key")
+#: every provider SDK's environment variable -> the config key it sets (core/providers.py), in the
+#: order read: a later variable for the same key wins (GOOGLE_API_KEY over GEMINI_API_KEY, as in google-genai)
+SDK_ENV = {var: key for f in PROVIDER_FACTS.values() for var, key in f.sdk_env.items()}
+#: config keys holding a secret: masked wherever a value is shown (each provider's key)
+SECRET_KEYS = tuple(f.key_setting for f in PROVIDER_FACTS.values())
 
 
 def secret_env_names() -> frozenset[str]:
@@ -597,15 +579,11 @@ def provider_key_problem(config: Config, sandbox: bool = False) -> str | None:
         return None
     for prof in (config.default, *config.profiles.values()):
         provider = prof.values["provider"]
-        if provider == "openai":
-            continue  # the daemon's own check names OPENAI_API_KEY
-        if not prof.values.get(PROVIDER_KEY_SETTING[provider]):
-            where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
-            return f"{where} uses provider {provider!r}: set {PROVIDER_KEY_VAR[provider]} (in the environment or secrets.env)"
-        if provider == "azure" and not prof.values.get("azure_endpoint"):
-            where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
-            return (
-                f"{where} uses provider 'azure': set AZURE_OPENAI_ENDPOINT (or azure_endpoint in config.yaml) "
-                "to the resource endpoint, e.g. https://NAME.openai.azure.com"
-            )
+        facts = PROVIDER_FACTS[provider]
+        where = "the default profile" if prof.name == "default" else f"profile {prof.name!r}"
+        if facts.key_checked_by_profile and not prof.values.get(facts.key_setting):
+            return f"{where} uses provider {provider!r}: set {facts.key_var_text} (in the environment or secrets.env)"
+        for setting, fix in facts.required_settings.items():
+            if not prof.values.get(setting):
+                return f"{where} uses provider {provider!r}: {fix}"
     return None

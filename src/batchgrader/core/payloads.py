@@ -1,58 +1,69 @@
-"""Typed payloads: one ``TypedDict`` per event type of :data:`batchgrader.core.schema.EVENTS`.
+"""The event catalogue, declared once: each event type is a ``TypedDict`` of its payload,
+decorated with :func:`event` (its version, the step that emits it, what each field means and,
+for an intent, the outcomes that close it).  The name is the class's name; a field the payload
+may leave out is ``NotRequired``.
 
-The catalogue in ``schema`` names each type's fields and which ones a payload may leave out;
-these classes give the same fields their Python types, so that the fold
-(:mod:`batchgrader.core.state`) reads ``p["field"]`` with a type the checker knows instead of
-``dict.get`` with a default.  A field the catalogue marks optional is ``NotRequired`` here;
-``tests/test_payloads.py`` keeps the two in step.  Nothing is converted at run time: a stored
-payload is the JSON object it was written as (upcast by :func:`batchgrader.core.schema.upcast`
-when its version is older), and appending checks it against the catalogue
-(:func:`batchgrader.core.schema.check_payload`), so a required field is always there.
+The chunks' events are declared in :mod:`batchgrader.core.payloads_chunks` and imported here, so
+``payloads.X`` names every payload type; :mod:`batchgrader.core.eventdecl` records each declaration.
+Everything else is derived from these declarations: :data:`batchgrader.core.schema.EVENTS`
+(name -> version and fields, what appending checks), :data:`PAYLOADS` (name -> payload type),
+the fold's handlers (:func:`batchgrader.core.state.folds` ties each to its payload type) and the
+field tables of ``docs/events.md`` (:mod:`batchgrader.core.eventdocs`).  Nothing is converted at
+run time: a stored payload is the JSON object it was written as (upcast by
+:func:`batchgrader.core.schema.upcast` when its version is older), and appending checks it
+against the catalogue (:func:`batchgrader.core.schema.check_payload`), so a required field is
+always there and the fold reads ``p["field"]`` with a type the checker knows.
 """
 
 # no `from __future__ import annotations` here: TypedDict must see NotRequired itself (Python 3.11)
 from typing import Any, NotRequired, TypedDict
 
-# --- parts -----------------------------------------------------------------------------------------
-
-
-class PlannedChunk(TypedDict):
-    index: int
-    start: int
-    end: int
-    requests: int
-    input_tokens: int
-    bytes: int
-    path: str
-
-
-class RowsChunk(TypedDict):  # a chunk of named rows (re-planned)
-    index: int
-    custom_ids: list[str]
-    requests: int
-    input_tokens: int
-    bytes: int
-    path: str
-
-
-class RowError(TypedDict):
-    row: int
-    line: NotRequired[int]
-    custom_id: str | None
-    code: str
-    message: str
-
-
-class FailedRow(TypedDict):
-    custom_id: str
-    code: str | None
-    message: str | None
-    status: NotRequired[int]  # the HTTP status of the row's answer, when it had one (absent in older logs)
-
+from batchgrader.core.eventdecl import DECLARATIONS as DECLARATIONS
+from batchgrader.core.eventdecl import EventDeclaration as EventDeclaration
+from batchgrader.core.eventdecl import declaration_of as declaration_of
+from batchgrader.core.eventdecl import event as event
+from batchgrader.core.payloads_chunks import BatchCreated as BatchCreated
+from batchgrader.core.payloads_chunks import BatchCreateFailed as BatchCreateFailed
+from batchgrader.core.payloads_chunks import BatchCreateRequested as BatchCreateRequested
+from batchgrader.core.payloads_chunks import BatchStatusChanged as BatchStatusChanged
+from batchgrader.core.payloads_chunks import ChunkCompleted as ChunkCompleted
+from batchgrader.core.payloads_chunks import ChunkFailed as ChunkFailed
+from batchgrader.core.payloads_chunks import ChunkReplanned as ChunkReplanned
+from batchgrader.core.payloads_chunks import DuplicateBatchesChecked as DuplicateBatchesChecked
+from batchgrader.core.payloads_chunks import FailedRow as FailedRow
+from batchgrader.core.payloads_chunks import FileUploaded as FileUploaded
+from batchgrader.core.payloads_chunks import JobRecovered as JobRecovered
+from batchgrader.core.payloads_chunks import OutputDownloaded as OutputDownloaded
+from batchgrader.core.payloads_chunks import OutputDownloadFailed as OutputDownloadFailed
+from batchgrader.core.payloads_chunks import OutputDownloadStarted as OutputDownloadStarted
+from batchgrader.core.payloads_chunks import OutputFileMalformed as OutputFileMalformed
+from batchgrader.core.payloads_chunks import PlannedChunk as PlannedChunk
+from batchgrader.core.payloads_chunks import QueueLimitLearned as QueueLimitLearned
+from batchgrader.core.payloads_chunks import RecoveredBatchesAdopted as RecoveredBatchesAdopted
+from batchgrader.core.payloads_chunks import RetryPlanned as RetryPlanned
+from batchgrader.core.payloads_chunks import RowError as RowError
+from batchgrader.core.payloads_chunks import RowsChunk as RowsChunk
+from batchgrader.core.payloads_chunks import RowsFailed as RowsFailed
+from batchgrader.core.payloads_chunks import SchemaOverheadLearned as SchemaOverheadLearned
+from batchgrader.core.payloads_chunks import TokensUsed as TokensUsed
+from batchgrader.core.payloads_chunks import UploadAheadPlanned as UploadAheadPlanned
+from batchgrader.core.payloads_chunks import UploadFailed as UploadFailed
+from batchgrader.core.payloads_chunks import UploadStarted as UploadStarted
 
 # --- intake ----------------------------------------------------------------------------------------
 
 
+@event(
+    1,
+    "inbox",
+    {
+        "file": "original file name",
+        "path": "where the file was found (left in place when it is not a regular file)",
+        "reason": "human-readable reason",
+        "code": "machine code (not_regular_file, unsupported_format, ...)",
+        "fingerprint": "inode/size/mtime key so the same file is not reported twice",
+    },
+)
 class FileRejected(TypedDict):
     file: str
     path: str
@@ -61,6 +72,22 @@ class FileRejected(TypedDict):
     fingerprint: str | None
 
 
+@event(
+    1,
+    "inbox",
+    {
+        "file": "original file name",
+        "source": "path in the inbox it came from",
+        "profile": "profile name",
+        "sha256": "content hash",
+        "bytes": "file size",
+        "input_path": "its path in the work area",
+        "result_name": "outbox file name for the result",
+        "sandbox": "true when results are simulated by the emulator",
+        "provider": "the profile's provider when the job was accepted (openai, azure, anthropic, gemini): the job's batches go there, whatever the profile says later",
+        "provider_id": "who answers the job: the endpoint identity of `pipeline/answerkey.provider_id_of` (`sandbox` or `sandbox:<provider>` in the sandbox); its answers are stored under it",
+    },
+)
 class JobAccepted(TypedDict):
     file: str
     source: str
@@ -74,6 +101,25 @@ class JobAccepted(TypedDict):
     provider_id: NotRequired[str | None]
 
 
+@event(
+    1,
+    "prepare",
+    {
+        "format": "csv/json/jsonl/xlsx/parquet",
+        "model": "model",
+        "encoding": "tiktoken encoding",
+        "rows": "data rows",
+        "requests": "requests in chunks",
+        "input_tokens": "exact prompt tokens of those requests",
+        "max_request_tokens": "largest single request (of the rows counted: a row answered from the stored answers is not token-counted)",
+        "chunks": "list of {index, start, end, requests, input_tokens, bytes, path}",
+        "row_errors": "rows that cannot be sent: list of {row, custom_id, code, message}",
+        "estimate_usd": "{input, max_output, max_total} or null",
+        "warnings": "list of strings",
+        "requests_path": "JSONL of every row's request, kept for retries",
+        "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard, sheet, encoding), and those `bgctl report` reads it by (reference_column, reference_field, group_column; present only when set), fixed at preparation",
+    },
+)
 class JobPrepared(TypedDict):
     format: str | None
     model: str | None
@@ -90,217 +136,40 @@ class JobPrepared(TypedDict):
     settings: NotRequired[dict[str, Any] | None]
 
 
+@event(1, "budget", {"code": "budget key that holds it", "reason": "human-readable reason and what to do"})
 class JobHeld(TypedDict):
     code: str
     reason: str
 
 
+@event(
+    1, "budget / bgctl retry", {"reason": "why it may go on", "override": "true when the user chose to submit despite the budget"}
+)
 class JobReleased(TypedDict):
     reason: str
     override: bool
 
 
-# --- per chunk: upload, create, poll ---------------------------------------------------------------
-
-
-class UploadStarted(TypedDict):
-    chunk: int
-    attempt: int
-    filename: str | None
-    bytes: int
-
-
-class FileUploaded(TypedDict):
-    chunk: int
-    attempt: int
-    file_id: str
-    reconciled: bool
-
-
-class UploadFailed(TypedDict):
-    chunk: int
-    attempt: int
-    error: str | None
-    definite: bool
-
-
-class BatchCreateRequested(TypedDict):
-    chunk: int
-    attempt: int
-    input_file_id: str
-    metadata: dict[str, str]
-
-
-class BatchCreated(TypedDict):
-    chunk: int
-    attempt: int
-    batch_id: str
-    status: str | None
-    reconciled: bool
-
-
-class BatchCreateFailed(TypedDict):
-    chunk: int
-    attempt: int
-    error: str | None
-    definite: bool
-
-
-class BatchStatusChanged(TypedDict):
-    chunk: int
-    batch_id: str | None
-    status: str
-    request_counts: dict[str, int] | None
-    output_file_id: str | None
-    error_file_id: str | None
-    errors: list[dict[str, Any]] | None
-
-
-class JobRecovered(TypedDict):
-    since: float | None
-    reason: str
-
-
-class RecoveredBatchesAdopted(TypedDict):
-    adopted: dict[str, str]
-    ignored: list[Any]
-
-
-class DuplicateBatchesChecked(TypedDict):
-    chunk: int
-    attempt: int | None
-    batch_id: str | None
-    extras: list[Any]
-    cancelled: list[Any]
-
-
-# --- per chunk: collect ----------------------------------------------------------------------------
-
-
-class OutputDownloadStarted(TypedDict):
-    chunk: int
-    batch_id: str | None
-    file_id: str
-    kind: str
-
-
-class OutputDownloaded(TypedDict):
-    chunk: int
-    batch_id: str | None
-    file_id: str
-    kind: str
-    path: str | None
-    bytes: int
-
-
-class OutputDownloadFailed(TypedDict):
-    chunk: int
-    batch_id: str | None
-    file_id: str
-    kind: str
-    error: str | None
-    attempts: int
-
-
-class OutputFileMalformed(TypedDict):
-    chunk: int
-    batch_id: str | None
-    kinds: list[str]
-    lines: int
-    problem: str
-
-
-class TokensUsed(TypedDict):
-    chunk: int | None
-    batch_id: str | None
-    model: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    cost_usd: float | None
-    day: NotRequired[str | None]
-    cache_write_tokens: NotRequired[int]
-    cache_saved_usd: NotRequired[float]
-
-
-class SchemaOverheadLearned(TypedDict):
-    model: str
-    schema_sha256: str
-    chunk: int
-    requests: int
-    counted_tokens: int
-    billed_prompt_tokens: int
-    per_request: float
-    provider: NotRequired[str | None]
-
-
-class RowsFailed(TypedDict):
-    chunk: int | None
-    batch_id: str | None
-    rows: list[FailedRow]
-
-
-class ChunkCompleted(TypedDict):
-    chunk: int
-    batch_id: str | None
-    status: str | None
-    succeeded: int
-    failed: int
-    results_path: str | None
-
-
-class ChunkFailed(TypedDict):
-    chunk: int
-    batch_id: str | None
-    code: str | None
-    error: str | None
-    retryable: bool
-
-
-class RetryPlanned(TypedDict):
-    chunk: int
-    source_chunks: list[int]
-    custom_ids: list[str]
-    requests: int
-    input_tokens: int
-    bytes: int
-    path: str
-    manual: bool
-
-
-class QueueLimitLearned(TypedDict):
-    base_url: str | None
-    model: str | None
-    limit: int | None
-    exact: bool
-    source: str | None
-    chunk: int | None
-    message: str | None
-
-
-class ChunkReplanned(TypedDict):
-    chunk: int
-    limit: int
-    chunks: list[RowsChunk]
-    oversized: list[dict[str, Any]]
-
-
-class UploadAheadPlanned(TypedDict):
-    chunk: int
-    attempt: int
-    limit: int | None
-    enqueued: int
-
-
 # --- the end of a job -------------------------------------------------------------------------------
 
 
+@event(1, "outbox (intent)", {"path": "final result path", "error_path": "error report path or null"}, intent_for="ResultWritten")
 class OutboxWriteStarted(TypedDict):
     path: str | None
     error_path: str | None
 
 
+@event(
+    1,
+    "outbox (outcome)",
+    {
+        "path": "result file",
+        "rows": "rows written",
+        "succeeded": "rows with an answer",
+        "failed": "rows with an error",
+        "error_path": "error report or null",
+    },
+)
 class ResultWritten(TypedDict):
     path: str | None
     rows: int
@@ -309,20 +178,24 @@ class ResultWritten(TypedDict):
     error_path: str | None
 
 
+@event(1, "outbox", {"path": "where the original input now lives (archive/ or failed/)"})
 class InputArchived(TypedDict):
     path: str | None
 
 
+@event(1, "cleanup", {"file_ids": "provider files deleted"})
 class ProviderFilesDeleted(TypedDict):
     file_ids: list[str]
 
 
+@event(1, "finish", {"state": "completed or completed_with_errors", "succeeded": "rows", "failed": "rows"})
 class JobCompleted(TypedDict):
     state: str
     succeeded: int
     failed: int
 
 
+@event(1, "any", {"code": "machine code", "error": "specific message", "stage": "step that failed", "hint": "what to do"})
 class JobFailed(TypedDict):
     code: str | None
     error: str | None
@@ -330,16 +203,33 @@ class JobFailed(TypedDict):
     hint: str | None
 
 
+@event(
+    1,
+    "job end",
+    {
+        "end_seq": "job_seq of the job's last event when it ended (one run per end)",
+        "timeout_seconds": "time limit of the command",
+    },
+)
 class JobEndHookStarted(TypedDict):
     end_seq: int | None
     timeout_seconds: float
 
 
+@event(
+    1,
+    "engine",
+    {
+        "code": "sandbox_job (a sandbox job met by a normal daemon), real_job (a real job met by a sandbox daemon) or endpoint_changed (the job's provider endpoint is not this daemon's)",
+        "reason": "human-readable reason and how to finish the job",
+    },
+)
 class JobLeftAlone(TypedDict):
     code: str
     reason: str
 
 
+@event(1, "engine", {"sandbox": "the mode of the daemon that took the job up again after JobLeftAlone"})
 class JobTakenUp(TypedDict):
     sandbox: bool
 
@@ -347,25 +237,54 @@ class JobTakenUp(TypedDict):
 # --- control ----------------------------------------------------------------------------------------
 
 
+@event(1, "bgctl cancel", {"reason": "why"})
 class CancelRequested(TypedDict):
     reason: str
 
 
+@event(1, "cancel", {"succeeded": "rows answered before the cancel", "failed": "rows without an answer"})
 class JobCancelled(TypedDict):
     succeeded: int
     failed: int
 
 
+@event(
+    1,
+    "preflight (intent)",
+    {
+        "rows": "custom_ids of the rows sent (the first `preflight_rows` rows)",
+        "attempt": "1 for the first try; one more for each try after the provider could not be reached or a crash",
+    },
+    intent_for="PreflightPassed|PreflightFailed|PreflightUnreachable",
+)
 class PreflightRequested(TypedDict):
     rows: list[str]
     attempt: int
 
 
+@event(
+    1,
+    "preflight",
+    {
+        "answers": "per row: {custom_id, key, content, finish_reason, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens}; these rows are answered and not sent in a batch",
+        "cost_usd": "what the rows cost at the standard (not batch) price (also in the TokensUsed with chunk -1 beside it)",
+    },
+)
 class PreflightPassed(TypedDict):
     answers: list[dict[str, Any]]
     cost_usd: float
 
 
+@event(
+    1,
+    "preflight",
+    {
+        "custom_id": "the row that failed",
+        "row_code": "its code: the provider's HTTP error code, or truncated, refused, invalid_output, unexpected_finish",
+        "error": "the provider's own message",
+        "hint": "the fix",
+    },
+)
 class PreflightFailed(TypedDict):
     custom_id: str
     row_code: str
@@ -373,16 +292,30 @@ class PreflightFailed(TypedDict):
     hint: str
 
 
+@event(
+    1,
+    "preflight",
+    {
+        "error": "why the provider could not be reached (or asked to wait)",
+        "retry_at": "when the preflight is sent again (epoch seconds; backoff doubling from 5 s to 5 min)",
+    },
+)
 class PreflightUnreachable(TypedDict):
     error: str
     retry_at: float
 
 
+@event(
+    1,
+    "bgctl retry",
+    {"reason": "why", "max_completion_tokens": "the output bound of the rows sent again (`bgctl retry --max-completion-tokens`)"},
+)
 class RetryRequested(TypedDict):
     reason: str
     max_completion_tokens: NotRequired[int]
 
 
+@event(1, "retry", {"path": "the input moved back from archive/ or failed/ into the work area"})
 class InputRestored(TypedDict):
     path: str
 
@@ -390,10 +323,26 @@ class InputRestored(TypedDict):
 # --- reusing answers ---------------------------------------------------------------------------------
 
 
+@event(
+    1,
+    "inbox (bgctl submit --fresh)",
+    {"reason": "why: every row of this job is sent, no stored answer is reused and no duplicate is merged"},
+)
 class FreshAnswersRequested(TypedDict):
     reason: str
 
 
+@event(
+    1,
+    "prepare",
+    {
+        "cached_rows": "rows answered from the answers store (not sent)",
+        "duplicate_rows": "rows whose request repeats an earlier row's in the file (sent once, answer copied at merge)",
+        "saved_usd": "what the cached rows' answers cost when first answered, at today's prices",
+        "usage": "`{prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens}` of the cached answers, as first billed",
+        "path": "the decision, per row: `results/reused.jsonl` (each cached row's answer, each duplicate's leader)",
+    },
+)
 class RequestsReused(TypedDict):
     cached_rows: int
     duplicate_rows: int
@@ -402,6 +351,16 @@ class RequestsReused(TypedDict):
     path: str | None
 
 
+@event(
+    1,
+    "merge",
+    {
+        "chunk": "chunk index whose rows led the duplicates",
+        "rows": "duplicate rows given their leader's outcome",
+        "succeeded": "of which answered",
+        "saved_usd": "what sending them would have cost (their leaders' billed usage)",
+    },
+)
 class DuplicatesAnswered(TypedDict):
     chunk: int
     rows: int
@@ -409,17 +368,44 @@ class DuplicatesAnswered(TypedDict):
     saved_usd: float | None
 
 
+@event(
+    1,
+    "merge",
+    {
+        "chunk": "the merged chunk (appended with its ChunkCompleted) whose successful answers go into the answer store",
+        "rows": "result records of the chunk's sent rows to read (the first lines of its results file)",
+        "answers": "successful answers among them",
+    },
+)
 class AnswersToStore(TypedDict):
     chunk: int
     rows: int
     answers: int
 
 
+@event(
+    1,
+    "merge",
+    {
+        "chunk": "the chunk whose answers were stored (in the same transaction as the answers)",
+        "error": "null, or why none were stored (its results file could not be read); the job goes on",
+    },
+)
 class AnswersStored(TypedDict):
     chunk: int
     error: str | None
 
 
+@event(
+    1,
+    "prepare",
+    {
+        "exact": "true: the provider's counting endpoint counted every request sent; false: tiktoken estimates",
+        "source": "who counted: `<provider> counting endpoint` or `estimate`",
+        "input_tokens": "the planned chunks' input tokens (as in `JobPrepared`)",
+        "reason": "why the counts are estimates (null when exact): no key, the endpoint's refusal, or more uncached requests than the daemon counts itself (2,000; the text then says to run `bgctl count` first)",
+    },
+)
 class InputTokensCounted(TypedDict):
     exact: bool
     source: str
@@ -427,6 +413,15 @@ class InputTokensCounted(TypedDict):
     reason: str | None
 
 
+@event(
+    1,
+    "outbox",
+    {
+        "path": "the file that could not be written (result or error report), or its folder",
+        "error": "what the user sees as the job's last error, e.g. `cannot write the outbox: permission denied: PATH`",
+        "code": "the cause in one word: `permission_denied`, `no_space`, `read_only`, `not_found` or `os_error`",
+    },
+)
 class OutboxWriteFailed(TypedDict):
     path: str
     error: str
@@ -434,60 +429,4 @@ class OutboxWriteFailed(TypedDict):
 
 
 #: event type -> its payload's TypedDict (every type of the catalogue)
-PAYLOADS: dict[str, type] = {
-    t.__name__: t
-    for t in (
-        FileRejected,
-        JobAccepted,
-        JobPrepared,
-        JobHeld,
-        JobReleased,
-        PreflightRequested,
-        PreflightPassed,
-        PreflightFailed,
-        PreflightUnreachable,
-        UploadStarted,
-        FileUploaded,
-        UploadFailed,
-        BatchCreateRequested,
-        BatchCreated,
-        BatchCreateFailed,
-        BatchStatusChanged,
-        JobRecovered,
-        RecoveredBatchesAdopted,
-        OutputDownloadFailed,
-        OutputFileMalformed,
-        DuplicateBatchesChecked,
-        OutputDownloadStarted,
-        OutputDownloaded,
-        TokensUsed,
-        SchemaOverheadLearned,
-        RowsFailed,
-        ChunkCompleted,
-        ChunkFailed,
-        RetryPlanned,
-        OutboxWriteStarted,
-        ResultWritten,
-        InputArchived,
-        ProviderFilesDeleted,
-        JobCompleted,
-        JobFailed,
-        CancelRequested,
-        JobCancelled,
-        RetryRequested,
-        InputRestored,
-        QueueLimitLearned,
-        ChunkReplanned,
-        UploadAheadPlanned,
-        JobEndHookStarted,
-        JobLeftAlone,
-        JobTakenUp,
-        FreshAnswersRequested,
-        RequestsReused,
-        DuplicatesAnswered,
-        AnswersToStore,
-        AnswersStored,
-        InputTokensCounted,
-        OutboxWriteFailed,
-    )
-}
+PAYLOADS: dict[str, type] = {name: d.payload for name, d in DECLARATIONS.items()}

@@ -11,7 +11,7 @@ import copy
 import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from batchgrader.core import payloads as P
 from batchgrader.core.events import CORRUPT_KEY, Event
@@ -287,11 +287,30 @@ def fold(events: Iterable[Event], initial: State | None = None) -> State:
 
 # --- handlers ------------------------------------------------------------------------------------
 
+#: event name -> its fold handler, each tied to its payload type by :func:`folds`
+_HANDLERS: dict[str, Callable[..., None]] = {}
+
+_H = TypeVar("_H", bound=Callable[..., None])
+
+
+def folds(payload: type) -> Callable[[_H], _H]:
+    """Make the decorated function the fold handler of the event whose payload type is ``payload``."""
+    name = P.declaration_of(payload).name
+
+    def register(handler: _H) -> _H:
+        if name in _HANDLERS:
+            raise TypeError(f"{name} has two fold handlers")
+        _HANDLERS[name] = handler
+        return handler
+
+    return register
+
 
 def _chunk(job: JobState, index: int) -> ChunkState:
     return job.chunks[index]
 
 
+@folds(P.FileRejected)
 def _file_rejected(s: State, job: JobState, p: P.FileRejected, e: Event) -> None:
     job.file, job.source, job.rejected = p["file"], p["path"], True
     job.error = {"code": p["code"], "error": p["reason"], "stage": "inbox", "hint": ""}
@@ -301,6 +320,7 @@ def _file_rejected(s: State, job: JobState, p: P.FileRejected, e: Event) -> None
         s.rejected[p["fingerprint"]] = job.job_id
 
 
+@folds(P.JobAccepted)
 def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
     job.file, job.source, job.profile = p["file"], p["source"], p["profile"]
     job.sha256, job.bytes, job.input_path = p["sha256"], p["bytes"], p["input_path"]
@@ -309,6 +329,7 @@ def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
     s.sha_jobs.setdefault(job.sha256, []).append(job.job_id)
 
 
+@folds(P.JobPrepared)
 def _job_prepared(s: State, job: JobState, p: P.JobPrepared, e: Event) -> None:
     job.prepared = True
     job.format, job.model, job.rows = p["format"], p["model"], p["rows"]
@@ -329,16 +350,19 @@ def _job_prepared(s: State, job: JobState, p: P.JobPrepared, e: Event) -> None:
         job.row_errors[r["custom_id"] or f"row-{r['row']}"] = dict(r)
 
 
+@folds(P.JobHeld)
 def _job_held(s: State, job: JobState, p: P.JobHeld, e: Event) -> None:
     job.held = {"code": p["code"], "reason": p["reason"]}
 
 
+@folds(P.JobReleased)
 def _job_released(s: State, job: JobState, p: P.JobReleased, e: Event) -> None:
     job.held = None
     if p["override"]:
         job.override_budget = True
 
 
+@folds(P.UploadStarted)
 def _upload_started(s: State, job: JobState, p: P.UploadStarted, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.attempt, c.upload, c.filename = p["attempt"], "started", p["filename"]
@@ -348,23 +372,27 @@ def _upload_started(s: State, job: JobState, p: P.UploadStarted, e: Event) -> No
     c.ahead = False
 
 
+@folds(P.FileUploaded)
 def _file_uploaded(s: State, job: JobState, p: P.FileUploaded, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.upload, c.file_id = "done", p["file_id"]
 
 
+@folds(P.UploadFailed)
 def _upload_failed(s: State, job: JobState, p: P.UploadFailed, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.upload, c.last_error = "failed", p["error"]
     job.last_error = p["error"]
 
 
+@folds(P.BatchCreateRequested)
 def _batch_create_requested(s: State, job: JobState, p: P.BatchCreateRequested, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.create, c.metadata, c.requested_ts = "requested", dict(p["metadata"]), e.ts
     c.ahead = False
 
 
+@folds(P.BatchCreated)
 def _batch_created(s: State, job: JobState, p: P.BatchCreated, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.create, c.batch_id, c.status = "done", p["batch_id"], p["status"] or "validating"
@@ -374,12 +402,14 @@ def _batch_created(s: State, job: JobState, p: P.BatchCreated, e: Event) -> None
         c.dup_check_due = e.ts  # an earlier create of this attempt may land late: look again
 
 
+@folds(P.OutputDownloadFailed)
 def _download_failed(s: State, job: JobState, p: P.OutputDownloadFailed, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.downloads[p["kind"]] = {"state": "failed", "file_id": p["file_id"], "path": None, "error": p["error"]}
     c.last_error = job.last_error = p["error"]
 
 
+@folds(P.OutputFileMalformed)
 def _output_file_malformed(s: State, job: JobState, p: P.OutputFileMalformed, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.malformed_downloads += 1
@@ -387,20 +417,24 @@ def _output_file_malformed(s: State, job: JobState, p: P.OutputFileMalformed, e:
         c.downloads.pop(kind, None)  # downloaded again
 
 
+@folds(P.JobRecovered)
 def _job_recovered(s: State, job: JobState, p: P.JobRecovered, e: Event) -> None:
     job.recovered_since = float(p["since"] or 0.0)
 
 
+@folds(P.RecoveredBatchesAdopted)
 def _recovered_batches_adopted(s: State, job: JobState, p: P.RecoveredBatchesAdopted, e: Event) -> None:
     job.recovered_since = None
 
 
+@folds(P.DuplicateBatchesChecked)
 def _duplicate_batches_checked(s: State, job: JobState, p: P.DuplicateBatchesChecked, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     if p["attempt"] == c.attempt:
         c.dup_check_due = None
 
 
+@folds(P.BatchCreateFailed)
 def _batch_create_failed(s: State, job: JobState, p: P.BatchCreateFailed, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.create, c.last_error = "failed", p["error"]
@@ -408,6 +442,7 @@ def _batch_create_failed(s: State, job: JobState, p: P.BatchCreateFailed, e: Eve
     job.last_error = p["error"]
 
 
+@folds(P.BatchStatusChanged)
 def _batch_status_changed(s: State, job: JobState, p: P.BatchStatusChanged, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     if c.batch_id != p["batch_id"]:
@@ -419,16 +454,19 @@ def _batch_status_changed(s: State, job: JobState, p: P.BatchStatusChanged, e: E
     c.batch_errors = list(p["errors"] or [])
 
 
+@folds(P.OutputDownloadStarted)
 def _download_started(s: State, job: JobState, p: P.OutputDownloadStarted, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.downloads[p["kind"]] = {"state": "started", "file_id": p["file_id"], "path": None}
 
 
+@folds(P.OutputDownloaded)
 def _downloaded(s: State, job: JobState, p: P.OutputDownloaded, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.downloads[p["kind"]] = {"state": "done", "file_id": p["file_id"], "path": p["path"], "bytes": p["bytes"]}
 
 
+@folds(P.TokensUsed)
 def _tokens_used(s: State, job: JobState, p: P.TokensUsed, e: Event) -> None:
     job.prompt_tokens += p["prompt_tokens"]
     job.cached_tokens += p["cached_tokens"]
@@ -445,6 +483,7 @@ def _tokens_used(s: State, job: JobState, p: P.TokensUsed, e: Event) -> None:
     s.tokens_by_day[day] = s.tokens_by_day.get(day, 0) + p["prompt_tokens"] + p["completion_tokens"]
 
 
+@folds(P.RowsFailed)
 def _rows_failed(s: State, job: JobState, p: P.RowsFailed, e: Event) -> None:
     for r in p["rows"]:
         info: dict[str, Any] = {"code": r["code"], "message": r["message"], "chunk": p["chunk"]}
@@ -453,6 +492,7 @@ def _rows_failed(s: State, job: JobState, p: P.RowsFailed, e: Event) -> None:
         job.failed_rows[r["custom_id"]] = info
 
 
+@folds(P.ChunkCompleted)
 def _chunk_completed(s: State, job: JobState, p: P.ChunkCompleted, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.done, c.failure = True, None
@@ -460,6 +500,7 @@ def _chunk_completed(s: State, job: JobState, p: P.ChunkCompleted, e: Event) -> 
     c.results_path = p["results_path"]
 
 
+@folds(P.ChunkFailed)
 def _chunk_failed(s: State, job: JobState, p: P.ChunkFailed, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     c.failure = {"code": p["code"], "error": p["error"], "retryable": bool(p["retryable"]), "ts": e.ts}
@@ -472,6 +513,7 @@ def _chunk_failed(s: State, job: JobState, p: P.ChunkFailed, e: Event) -> None:
         c.failed = c.requests
 
 
+@folds(P.RetryPlanned)
 def _retry_planned(s: State, job: JobState, p: P.RetryPlanned, e: Event) -> None:
     ids = list(p["custom_ids"])
     job.chunks[p["chunk"]] = ChunkState(
@@ -489,10 +531,12 @@ def _retry_planned(s: State, job: JobState, p: P.RetryPlanned, e: Event) -> None
         job.retry_requested = False
 
 
+@folds(P.OutboxWriteStarted)
 def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "started", p["path"], p["error_path"]
 
 
+@folds(P.ResultWritten)
 def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
     if job.outbox_error is not None:  # written after all: the outbox error is over
@@ -501,28 +545,34 @@ def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> No
         job.outbox_error = None
 
 
+@folds(P.InputArchived)
 def _input_archived(s: State, job: JobState, p: P.InputArchived, e: Event) -> None:
     job.archived_path = p["path"]
 
 
+@folds(P.ProviderFilesDeleted)
 def _provider_files_deleted(s: State, job: JobState, p: P.ProviderFilesDeleted, e: Event) -> None:
     job.provider_files_deleted = True
 
 
+@folds(P.JobCompleted)
 def _job_completed(s: State, job: JobState, p: P.JobCompleted, e: Event) -> None:
     job.ended = p["state"]
 
 
+@folds(P.JobFailed)
 def _job_failed(s: State, job: JobState, p: P.JobFailed, e: Event) -> None:
     job.ended = "failed"
     job.error = {"code": p["code"], "error": p["error"], "stage": p["stage"], "hint": p["hint"]}
     job.last_error = p["error"]
 
 
+@folds(P.CancelRequested)
 def _cancel_requested(s: State, job: JobState, p: P.CancelRequested, e: Event) -> None:
     job.cancel_requested = True
 
 
+@folds(P.JobCancelled)
 def _job_cancelled(s: State, job: JobState, p: P.JobCancelled, e: Event) -> None:
     job.ended = "cancelled"
 
@@ -530,11 +580,13 @@ def _job_cancelled(s: State, job: JobState, p: P.JobCancelled, e: Event) -> None
 PREFLIGHT_UNREACHABLE = "preflight: the provider could not be reached"
 
 
+@folds(P.PreflightRequested)
 def _preflight_requested(s: State, job: JobState, p: P.PreflightRequested, e: Event) -> None:
     job.preflight = "requested"
     job.preflight_attempts = int(p["attempt"])
 
 
+@folds(P.PreflightPassed)
 def _preflight_passed(s: State, job: JobState, p: P.PreflightPassed, e: Event) -> None:
     if (job.last_error or "").startswith(PREFLIGHT_UNREACHABLE):
         job.last_error = None
@@ -542,21 +594,25 @@ def _preflight_passed(s: State, job: JobState, p: P.PreflightPassed, e: Event) -
     job.preflight_answers = list(p["answers"])
 
 
+@folds(P.PreflightFailed)
 def _preflight_failed(s: State, job: JobState, p: P.PreflightFailed, e: Event) -> None:
     job.preflight, job.preflight_retry_at = "failed", None
     job.preflight_error = f"{p['row_code']}: {p['error']}"
 
 
+@folds(P.PreflightUnreachable)
 def _preflight_unreachable(s: State, job: JobState, p: P.PreflightUnreachable, e: Event) -> None:
     job.preflight, job.preflight_retry_at, job.preflight_error = "unreachable", float(p["retry_at"]), p["error"]
     job.last_error = f"{PREFLIGHT_UNREACHABLE} ({p['error']}); it is sent again"
 
 
+@folds(P.OutboxWriteFailed)
 def _outbox_write_failed(s: State, job: JobState, p: P.OutboxWriteFailed, e: Event) -> None:
     """The result could not be written (the daemon tries again later): the job's last error."""
     job.last_error = job.outbox_error = p["error"]
 
 
+@folds(P.RetryRequested)
 def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> None:
     """`bgctl retry`: a finished job goes back to work on its failed rows."""
     if job.held:
@@ -575,6 +631,7 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
     job.provider_files_deleted = False
 
 
+@folds(P.SchemaOverheadLearned)
 def _schema_overhead_learned(s: State, job: JobState, p: P.SchemaOverheadLearned, e: Event) -> None:
     s.schema_overhead[(overhead_provider(p.get("provider"), job.sandbox), p["model"], p["schema_sha256"])] = float(
         p["per_request"]
@@ -589,21 +646,25 @@ def overhead_provider(provider: str | None, sandbox: bool) -> str:
     return "sandbox" if sandbox else ""
 
 
+@folds(P.JobLeftAlone)
 def _job_left_alone(s: State, job: JobState, p: P.JobLeftAlone, e: Event) -> None:
     job.left_alone = job.last_error = p["reason"]
 
 
+@folds(P.JobTakenUp)
 def _job_taken_up(s: State, job: JobState, p: P.JobTakenUp, e: Event) -> None:
     if job.last_error == job.left_alone:
         job.last_error = None
     job.left_alone = None
 
 
+@folds(P.InputRestored)
 def _input_restored(s: State, job: JobState, p: P.InputRestored, e: Event) -> None:
     job.archived_path = None
     job.input_path = p["path"]
 
 
+@folds(P.QueueLimitLearned)
 def _queue_limit_learned(s: State, job: JobState, p: P.QueueLimitLearned, e: Event) -> None:
     s.queue_limits[(p["base_url"] or "", p["model"] or "")] = {
         "limit": int(p["limit"] or 0),
@@ -613,6 +674,7 @@ def _queue_limit_learned(s: State, job: JobState, p: P.QueueLimitLearned, e: Eve
     }
 
 
+@folds(P.ChunkReplanned)
 def _chunk_replanned(s: State, job: JobState, p: P.ChunkReplanned, e: Event) -> None:
     """The refused chunk is done (nothing was answered or billed); its rows live on in new
     chunks.  Unlike RetryPlanned, no row's retry counter moves."""
@@ -629,20 +691,24 @@ def _chunk_replanned(s: State, job: JobState, p: P.ChunkReplanned, e: Event) -> 
         )
 
 
+@folds(P.UploadAheadPlanned)
 def _upload_ahead_planned(s: State, job: JobState, p: P.UploadAheadPlanned, e: Event) -> None:
     c = _chunk(job, p["chunk"])
     if c.attempt == p["attempt"] and c.create == "none":
         c.ahead = True
 
 
+@folds(P.JobEndHookStarted)
 def _job_end_hook_started(s: State, job: JobState, p: P.JobEndHookStarted, e: Event) -> None:
     job.end_hook_seq = p["end_seq"]
 
 
+@folds(P.FreshAnswersRequested)
 def _fresh_requested(s: State, job: JobState, p: P.FreshAnswersRequested, e: Event) -> None:
     job.fresh = True
 
 
+@folds(P.RequestsReused)
 def _requests_reused(s: State, job: JobState, p: P.RequestsReused, e: Event) -> None:
     job.cached_rows = int(p["cached_rows"])
     job.duplicate_rows = int(p["duplicate_rows"])
@@ -650,74 +716,22 @@ def _requests_reused(s: State, job: JobState, p: P.RequestsReused, e: Event) -> 
     job.reuse_path = p["path"]
 
 
+@folds(P.DuplicatesAnswered)
 def _duplicates_answered(s: State, job: JobState, p: P.DuplicatesAnswered, e: Event) -> None:
     job.duplicates_answered += int(p["rows"])
     job.saved_usd += float(p["saved_usd"] or 0.0)
 
 
+@folds(P.AnswersToStore)
 def _answers_to_store(s: State, job: JobState, p: P.AnswersToStore, e: Event) -> None:
     _chunk(job, p["chunk"]).answers_due = int(p["rows"])
 
 
+@folds(P.AnswersStored)
 def _answers_stored(s: State, job: JobState, p: P.AnswersStored, e: Event) -> None:
     _chunk(job, p["chunk"]).answers_due = None
 
 
+@folds(P.InputTokensCounted)
 def _input_tokens_counted(s: State, job: JobState, p: P.InputTokensCounted, e: Event) -> None:
     job.input_tokens_exact = bool(p["exact"])
-
-
-_HANDLERS: dict[str, Callable[..., None]] = {
-    "FileRejected": _file_rejected,
-    "JobAccepted": _job_accepted,
-    "JobPrepared": _job_prepared,
-    "JobHeld": _job_held,
-    "JobReleased": _job_released,
-    "UploadStarted": _upload_started,
-    "FileUploaded": _file_uploaded,
-    "UploadFailed": _upload_failed,
-    "BatchCreateRequested": _batch_create_requested,
-    "BatchCreated": _batch_created,
-    "BatchCreateFailed": _batch_create_failed,
-    "BatchStatusChanged": _batch_status_changed,
-    "OutputDownloadStarted": _download_started,
-    "OutputDownloaded": _downloaded,
-    "TokensUsed": _tokens_used,
-    "RowsFailed": _rows_failed,
-    "ChunkCompleted": _chunk_completed,
-    "ChunkFailed": _chunk_failed,
-    "RetryPlanned": _retry_planned,
-    "OutboxWriteStarted": _outbox_started,
-    "OutboxWriteFailed": _outbox_write_failed,
-    "ResultWritten": _result_written,
-    "InputArchived": _input_archived,
-    "ProviderFilesDeleted": _provider_files_deleted,
-    "JobCompleted": _job_completed,
-    "JobFailed": _job_failed,
-    "CancelRequested": _cancel_requested,
-    "JobCancelled": _job_cancelled,
-    "RetryRequested": _retry_requested,
-    "PreflightRequested": _preflight_requested,
-    "PreflightPassed": _preflight_passed,
-    "PreflightFailed": _preflight_failed,
-    "PreflightUnreachable": _preflight_unreachable,
-    "InputRestored": _input_restored,
-    "DuplicateBatchesChecked": _duplicate_batches_checked,
-    "OutputDownloadFailed": _download_failed,
-    "JobRecovered": _job_recovered,
-    "RecoveredBatchesAdopted": _recovered_batches_adopted,
-    "OutputFileMalformed": _output_file_malformed,
-    "SchemaOverheadLearned": _schema_overhead_learned,
-    "QueueLimitLearned": _queue_limit_learned,
-    "ChunkReplanned": _chunk_replanned,
-    "UploadAheadPlanned": _upload_ahead_planned,
-    "JobEndHookStarted": _job_end_hook_started,
-    "JobLeftAlone": _job_left_alone,
-    "JobTakenUp": _job_taken_up,
-    "FreshAnswersRequested": _fresh_requested,
-    "RequestsReused": _requests_reused,
-    "DuplicatesAnswered": _duplicates_answered,
-    "AnswersToStore": _answers_to_store,
-    "AnswersStored": _answers_stored,
-    "InputTokensCounted": _input_tokens_counted,
-}

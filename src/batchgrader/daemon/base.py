@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.config import Profile
+from batchgrader.core.events import new_event
 from batchgrader.core.state import ChunkState
 from batchgrader.pipeline.splitting import custom_ids_in
 from batchgrader.store.eventstore import NewEvent
@@ -27,7 +28,8 @@ CLOCK_SKEW_SLACK = 600  # s, between our clock and the provider's, for created_a
 
 
 def _e(type_: str, **payload: Any) -> NewEvent:
-    return NewEvent(type_, payload)
+    """A new event of a declared type, its payload checked against the declaration."""
+    return new_event(type_, **payload)
 
 
 def stamp(ts: float) -> str:

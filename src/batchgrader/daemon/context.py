@@ -22,6 +22,7 @@ from batchgrader.core import queue
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import JobState, State, fold
 from batchgrader.daemon.base import _e, _short
@@ -200,11 +201,12 @@ class Context:
             return self.queue_url
         if self.sandbox:
             return provider_id_of(profile, sandbox=True)
-        if profile.provider in ("anthropic", "gemini"):
+        facts = PROVIDER_FACTS[profile.provider]
+        if facts.identity == "prefixed":
             return provider_id_of(profile)
-        if profile.provider != "azure":
+        if facts.identity == "base":
             return self.queue_url
-        return str(profile.get("azure_endpoint") or "").rstrip("/")  # the client's base_url (one resource per daemon)
+        return str(profile.get(facts.base_setting) or "").rstrip("/")  # the client's base_url (one resource per daemon)
 
     def cost(self, model: str, usage: dict[str, int]) -> float:
         try:

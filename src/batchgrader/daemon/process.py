@@ -165,15 +165,6 @@ class DeferredProvider:
         raise TypeError("a provider holds an API key and cannot be pickled")
 
 
-OPENAI_SDK = "batchgrader.provider.openai_api"
-
-
-def _openai(key: str | None, url: str | None, timeout: float):  # noqa: ANN202
-    from batchgrader.provider.openai_api import OpenAIProvider
-
-    return OpenAIProvider(api_key=key, base_url=url, timeout=timeout)
-
-
 # --- the daemon --------------------------------------------------------------------------------------
 
 
@@ -253,97 +244,73 @@ class Daemon:
         return str(self.emulator.root_url if root else self.emulator.base_url)
 
     def _provider_router(self, config: Config, openai, used: set[str]):  # noqa: ANN001
-        """Every provider behind one: each job goes to its profile's provider (ids say which
-        provider made them).  A provider first used after a reload needs a restart.
+        """Every provider behind one: each job goes to the provider recorded when it was accepted
+        (:mod:`batchgrader.provider.router`).  A provider first used after a reload needs a restart.
 
-        Each provider is built (its SDK imported, the sandbox's emulator started) at its first
-        call (:class:`DeferredProvider`): a daemon whose jobs are answered from the answers store
-        never pays for them.  What can be refused (a missing key or endpoint) is checked here,
-        at start-up."""
+        Each provider of the registry (:mod:`batchgrader.provider.registry`) that a profile uses is
+        built (its SDK imported, the sandbox's emulator started) at its first call
+        (:class:`DeferredProvider`): a daemon whose jobs are answered from the answers store never
+        pays for them.  What can be refused (a missing key or endpoint) is checked here, at
+        start-up; outside the sandbox a provider whose spec says so is built now, so that its
+        constructor refuses a missing key."""
         from batchgrader.core.config import provider_key_problem
+        from batchgrader.provider.registry import PROVIDERS
         from batchgrader.provider.router import ProviderRouter
 
         problem = provider_key_problem(config, sandbox=self.sandbox)
         if problem:
             raise DaemonError(problem)
         providers = {"openai": openai} if openai is not None else {}
-        azure = self._azure_provider(config, used)
-        if azure is not None:
-            providers["azure"] = azure
-        timeout = config.request_timeout_seconds
-        if "anthropic" in used:
-
-            def anthropic():  # noqa: ANN202
-                from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
-
-                if self.sandbox:
-                    return AnthropicBatchProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout)
-                return AnthropicBatchProvider(config.anthropic_api_key, config.anthropic_base_url, timeout=timeout)
-
-            providers["anthropic"] = DeferredProvider("anthropic", anthropic, "batchgrader.provider.anthropic_batches")
-        if "gemini" in used:  # google-genai is imported only here, when a profile needs it
-
-            def gemini():  # noqa: ANN202
-                from batchgrader.provider.gemini_batches import GeminiBatchProvider
-
-                if self.sandbox:
-                    return GeminiBatchProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout)
-                return GeminiBatchProvider(config.gemini_api_key, config.gemini_base_url, timeout=timeout)
-
-            # outside the sandbox it is built now: its constructor refuses a missing key
-            providers["gemini"] = (
-                DeferredProvider("gemini", gemini, "batchgrader.provider.gemini_batches") if self.sandbox else gemini()
-            )
+        for name, spec in PROVIDERS.items():
+            if name in used and name not in providers and name != "openai":
+                build = self._adapter_factory(spec, config)
+                eager = spec.built_at_start and not self.sandbox
+                providers[name] = build() if eager else DeferredProvider(name, build, spec.adapter_module)
         self.deferred = {name: p for name, p in providers.items() if isinstance(p, DeferredProvider)}
         return ProviderRouter(providers)
 
-    def _azure_provider(self, config: Config, used: set[str]):  # noqa: ANN202
-        """Azure OpenAI (one resource endpoint per daemon); in the sandbox, the emulator's Azure routes
-        (built at its first call).  Outside the sandbox it is built now: its constructor refuses a
-        missing key or endpoint."""
-        if "azure" not in used:
-            return None
+    def _adapter_factory(self, spec, config: Config) -> Callable[[], Any]:  # noqa: ANN001
+        """Build ``spec``'s batch adapter: with the profile settings' key and API base, or in the
+        sandbox with the emulator's (started at the first call)."""
         timeout = config.request_timeout_seconds
 
-        def azure():  # noqa: ANN202
-            from batchgrader.provider.azure_api import AzureOpenAIProvider
-
+        def build() -> Any:
             if self.sandbox:
-                return AzureOpenAIProvider(SANDBOX_KEY, self._sandbox_url(), config.azure_api_version, timeout=timeout)
-            return AzureOpenAIProvider(config.azure_api_key, config.azure_endpoint, config.azure_api_version, timeout=timeout)
+                return spec.batch(SANDBOX_KEY, self._sandbox_url(root=spec.sandbox_base == "root"), timeout, config)
+            facts = spec.facts
+            return spec.batch(getattr(config, facts.key_setting), getattr(config, facts.base_setting), timeout, config)
 
-        return DeferredProvider("azure", azure, "batchgrader.provider.azure_api") if self.sandbox else azure()
+        return build
 
     def _sandbox_counter(self, config: Config):  # noqa: ANN202
         """The counting hook in the sandbox: the emulator's count_tokens, cached apart from real counts
-        (the Anthropic SDK is imported, and the emulator started, only when an Anthropic profile counts)."""
+        (the provider's SDK is imported, and the emulator started, only when a profile of a provider
+        with a sandbox counter counts)."""
+        from batchgrader.provider.registry import PROVIDERS
+
         timeout = config.request_timeout_seconds
 
         def counter(profile):  # noqa: ANN001, ANN202
-            if profile.provider != "anthropic":
+            spec = PROVIDERS.get(profile.provider)
+            if spec is None or spec.sandbox_counter is None:
                 return None
-            from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
-
-            return AnthropicTokenCounter(
-                AnthropicProvider(SANDBOX_KEY, self._sandbox_url(), timeout=timeout), name="anthropic-sandbox"
-            )
+            return spec.sandbox_counter(SANDBOX_KEY, self._sandbox_url(), timeout)
 
         return counter
 
     def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
         """The OpenAI provider, built at its first call (the SDK costs about a second to import);
         a missing key is refused now."""
-        timeout = config.request_timeout_seconds
-        if self.sandbox:
-            return DeferredProvider("openai", lambda: _openai(SANDBOX_KEY, self._sandbox_url(root=False), timeout), OPENAI_SDK)
-        if not config.api_key and not required:
-            return None
-        if not config.api_key:
+        from batchgrader.provider.registry import PROVIDERS
+
+        spec = PROVIDERS["openai"]
+        if not self.sandbox and not config.api_key:
+            if not required:
+                return None
             raise DaemonError(
                 "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
             )
-        key, url = config.api_key, config.base_url
-        return DeferredProvider("openai", lambda: _openai(key, url, timeout), OPENAI_SDK)
+        return DeferredProvider("openai", self._adapter_factory(spec, config), spec.adapter_module)
 
     def install_signal_handlers(self) -> None:
         def on_stop(signum, frame):  # noqa: ANN001
@@ -413,8 +380,11 @@ class Daemon:
         except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
             raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
-        if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route uploads by the job's profile
+        if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route each job's calls to its provider
+            from batchgrader.provider.router import ObjectJobs
+
             provider.provider_of_job = engine.provider_name_of  # the provider recorded when the job was accepted
+            provider.job_of_object = ObjectJobs(lambda: engine.state)  # which job a file or batch id is of
         if self.sandbox:
             engine.token_counter = self._sandbox_counter(config)
         engine.should_stop = self.stop.is_set

@@ -20,8 +20,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
-from batchgrader.core.config import Config, ConfigError, load_config
+from batchgrader.core.config import Config, ConfigError, env_name, load_config
 from batchgrader.core.home import Home
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check, _mode, _q, _scrubber
 from batchgrader.ops.checks import checks_as_json as checks_as_json  # re-exported
@@ -279,12 +280,18 @@ def _api_message(exc: Any) -> str:
 # --- 4. pricing and 5. tokenizers, for every configured model ------------------------------------
 
 
+def priced_model(prof: Any) -> str:
+    """The model a profile is priced and counted as: for a deployment (Azure), the model it runs
+    (its provider's ``deployment_model_setting``, when set; doctor_azure checks the deployment)."""
+    setting = PROVIDER_FACTS[str(prof.get("provider") or "openai")].deployment_model_setting
+    return str((prof.get(setting) if setting else None) or prof.model)
+
+
 def configured_models(config: Config) -> dict[str, list[tuple[str, str]]]:
     """model -> [(profile name, its default_encoding)], in configuration order."""
     out: dict[str, list[tuple[str, str]]] = {}
     for prof in [config.default, *config.profiles.values()]:
-        # an Azure deployment is priced and counted as the model it runs (doctor_azure checks the deployment)
-        model = (prof.get("azure_model") or prof.model) if prof.get("provider") == "azure" else prof.model
+        model = priced_model(prof)
         out.setdefault(model, []).append((prof.name, prof.default_encoding))
     return out
 
@@ -354,7 +361,7 @@ def check_model_settings(config: Config | None) -> list[Check]:
     return [Check("model settings", FAIL, p, fix) for p in problems]
 
 
-_COUNTING_ENDPOINT = {"anthropic": "Anthropic's messages.count_tokens", "gemini": "Gemini's models.count_tokens"}
+_COUNTING_ENDPOINT = {name: f.counting_endpoint for name, f in PROVIDER_FACTS.items() if f.counting_endpoint}
 
 
 def _counted_by_provider(config: Config) -> dict[str, Check]:
@@ -363,7 +370,7 @@ def _counted_by_provider(config: Config) -> dict[str, Check]:
     there, and default_encoding cannot make it exact, so no warning suggests it)."""
     providers: dict[str, set[str]] = {}
     for prof in [config.default, *config.profiles.values()]:
-        model = (prof.get("azure_model") or prof.model) if prof.get("provider") == "azure" else prof.model
+        model = priced_model(prof)
         providers.setdefault(model, set()).add(str(prof.get("provider") or "openai"))
     out = {}
     for model, used in providers.items():
@@ -427,72 +434,34 @@ def check_encodings(config: Config | None, loader: EncodingLoader | None = None)
 
 # --- all of them -----------------------------------------------------------------------------------
 
+#: (config, timeout, scrub) -> the checks of one provider's profiles (none when no profile uses it)
+ProviderChecks = Callable[[Config | None, float, Callable[[str], str]], list[Check]]
 
-# --- 3b. other providers (one group of checks per provider a profile uses) ------------------------
+
+def provider_checks() -> dict[str, ProviderChecks]:
+    """Provider name -> its doctor checks (``ops/doctor_<name>.py``: key present, endpoint
+    reachable, what else it needs; none when no profile uses it), for every provider of
+    core/providers.py but OpenAI, whose key and base URL are checked for every daemon
+    (:func:`check_api_key`, :func:`check_base_url`)."""
+    from batchgrader.ops.doctor_anthropic import check_anthropic
+    from batchgrader.ops.doctor_gemini import check_gemini
+
+    return {
+        "anthropic": lambda config, timeout, scrub: check_anthropic(config, timeout),
+        "gemini": check_gemini,
+        "azure": lambda config, timeout, scrub: check_azure(config, timeout),
+    }
 
 
-def check_anthropic(config: Config | None, timeout: float) -> list[Check]:
-    """For profiles with ``provider: anthropic``: key present, endpoint reachable, token counting."""
-    if config is None:
-        return []
-    users = [p for p in (config.default, *config.profiles.values()) if p.values["provider"] == "anthropic"]
-    if not users:
-        return []
-    import anthropic
-
-    names = ", ".join("default" if p.name == "default" else p.name for p in users)
-    key = config.default.anthropic_api_key
-    if not key:
-        return [
-            Check(
-                "anthropic key",
-                FAIL,
-                f"profile(s) {names} use provider 'anthropic', but ANTHROPIC_API_KEY is not set",
-                "export ANTHROPIC_API_KEY=sk-ant-... (or add it to secrets.env); or try it with bgctl daemon --sandbox",
-            )
-        ]
-    source = config.default.sources.get("anthropic_api_key", "")
-    checks = [Check("anthropic key", OK, f"{mask_secret(key)} (from {source}; used by {names})")]
-    base_url = config.default.anthropic_base_url or "https://api.anthropic.com"
-    scrub = _scrubber([key])
-    client = anthropic.Anthropic(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
-    try:
-        client.messages.batches.list(limit=1)
-        checks.append(Check("anthropic endpoint", OK, f"GET {base_url}/v1/messages/batches answered 200 with the key"))
-    except anthropic.APIStatusError as exc:
-        fix = (
-            "the key was rejected: check it and set ANTHROPIC_API_KEY"
-            if exc.status_code in (401, 403)
-            else f"the server answered {exc.status_code}: check anthropic_base_url (or ANTHROPIC_BASE_URL) and retry later"
-        )
-        checks.append(
-            Check("anthropic endpoint", FAIL, scrub(f"GET {base_url}/v1/messages/batches: HTTP {exc.status_code}"), fix)
-        )
-        return checks
-    except anthropic.APIError as exc:
-        checks.append(
-            Check(
-                "anthropic endpoint",
-                FAIL,
-                scrub(f"GET {base_url}/v1/messages/batches: cannot connect ({type(exc).__name__})"),
-                "check the network, and anthropic_base_url / ANTHROPIC_BASE_URL",
-            )
-        )
-        return checks
-    model = users[0].values["model"]
-    try:
-        n = client.messages.count_tokens(model=model, messages=[{"role": "user", "content": "ping"}]).input_tokens
-        checks.append(Check("anthropic token counting", OK, f"messages.count_tokens answers for {model} ({n} tokens for 'ping')"))
-    except anthropic.APIError as exc:
-        checks.append(
-            Check(
-                "anthropic token counting",
-                WARN,
-                scrub(f"messages.count_tokens for {model}: {type(exc).__name__}"),
-                "bgctl count then estimates Claude input tokens with tiktoken; billed costs still come from reported usage",
-            )
-        )
-    return checks
+def _provider_keys(env: Mapping[str, str], config: Config | None) -> list[str]:
+    """Every provider's key as the environment (its SDK's variables, ``BATCHGRADER_*``) and the
+    configuration hold it: scrubbed from every check's text."""
+    keys = []
+    for f in PROVIDER_FACTS.values():
+        keys += [env.get(var, "") for var in (*f.key_vars, env_name(f.key_setting))]
+        if config is not None:
+            keys.append(str(config.default.get(f.key_setting) or ""))
+    return keys
 
 
 def run_checks(
@@ -518,16 +487,7 @@ def run_checks(
     secrets_check, env, file_secrets = check_secrets_file(home, base_env)
     from_file = {k: v for k, v in env.items() if base_env.get(k) != v}
     config_check, config = check_config(home, env)
-    secrets = [*file_secrets, *_config_file_secrets(home), env.get("OPENAI_API_KEY", ""), env.get("BATCHGRADER_API_KEY", "")]
-    secrets += [env.get("ANTHROPIC_API_KEY", ""), env.get("BATCHGRADER_ANTHROPIC_API_KEY", "")]
-    secrets += [env.get("GEMINI_API_KEY", ""), env.get("GOOGLE_API_KEY", ""), env.get("BATCHGRADER_GEMINI_API_KEY", "")]
-    if config is not None:
-        secrets.append(config.default.api_key or "")
-        secrets.append(config.default.anthropic_api_key or "")
-        secrets.append(config.default.gemini_api_key or "")
-    secrets += [env.get("AZURE_OPENAI_API_KEY", ""), env.get("BATCHGRADER_AZURE_API_KEY", "")]
-    if config is not None:
-        secrets.append(config.default.azure_api_key or "")
+    secrets = [*file_secrets, *_config_file_secrets(home), *_provider_keys(env, config)]
     if service_status == "auto":
         service_status = _default_service_status(env, timeout)
 
@@ -536,11 +496,8 @@ def run_checks(
     else:
         checks = [config_check, check_api_key(home, config, env, from_file, require_key), secrets_check]
         checks.append(check_base_url(config, timeout))
-        checks += check_anthropic(config, timeout)
-        from batchgrader.ops.doctor_gemini import check_gemini
-
-        checks += check_gemini(config, timeout, _scrubber(secrets))
-        checks += check_azure(config, timeout)
+        for check in provider_checks().values():
+            checks += check(config, timeout, _scrubber(secrets))
     checks += check_pricing(home, config)
     checks += check_model_settings(config)
     checks += check_encodings(config, encoding_loader)

@@ -20,26 +20,18 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from batchgrader.core.providers import OPENAI_DEFAULT_BASE, PROVIDER_FACTS
 from batchgrader.pipeline.samples import sample_key
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_BASE_URL = OPENAI_DEFAULT_BASE
 SANDBOX_PROVIDER = "sandbox"  # the emulator's simulated answers are never reused for real jobs
 KEY_VERSION = 1  # part of the hashed text: a future change of the canonical form starts afresh
 
 
-#: each provider's API base when its setting is not set (what its official SDK uses)
-DEFAULT_API_BASE = {
-    "openai": DEFAULT_BASE_URL,
-    "anthropic": "https://api.anthropic.com",
-    "gemini": "https://generativelanguage.googleapis.com",
-}
+#: each provider's API base when its setting is not set (what its official SDK uses; core/providers.py)
+DEFAULT_API_BASE = {name: f.default_base for name, f in PROVIDER_FACTS.items() if f.default_base}
 #: the profile setting that holds each provider's API base (Azure: the resource endpoint)
-API_BASE_SETTING = {
-    "openai": "base_url",
-    "azure": "azure_endpoint",
-    "anthropic": "anthropic_base_url",
-    "gemini": "gemini_base_url",
-}
+API_BASE_SETTING = {name: f.base_setting for name, f in PROVIDER_FACTS.items()}
 
 
 def provider_id(base_url: str | None, sandbox: bool = False) -> str:
@@ -56,9 +48,11 @@ def provider_id_of(profile: Any, sandbox: bool = False) -> str:
     """Who answers a profile's requests: the one rule the daemon (storing and reusing answers)
     and ``bgctl count`` (predicting the reuse) both follow.
 
-    * ``openai``: the normalised ``base_url`` (OpenAI's by default);
-    * ``azure``: the normalised resource endpoint (``azure_endpoint``);
-    * ``anthropic`` / ``gemini``: ``<provider>:`` and the normalised API base
+    Each provider's ``identity`` (:mod:`batchgrader.core.providers`) says which rule it follows:
+
+    * ``base`` (``openai``): the normalised ``base_url`` (OpenAI's by default);
+    * ``endpoint`` (``azure``): the normalised resource endpoint (``azure_endpoint``);
+    * ``prefixed`` (``anthropic`` / ``gemini``): ``<provider>:`` and the normalised API base
       (``anthropic_base_url`` / ``gemini_base_url``, else the provider's own), so their answers
       are never keyed under another provider's, even behind one address (a proxy, the emulator);
     * in the sandbox: ``sandbox`` (OpenAI) or ``sandbox:<provider>``: simulated answers are never
@@ -67,14 +61,16 @@ def provider_id_of(profile: Any, sandbox: bool = False) -> str:
     The OpenAI and Azure ids are the ones used before this rule, so answers stored then are still
     found."""
     provider = str(profile.get("provider") or "openai")
+    facts = PROVIDER_FACTS.get(provider)
+    identity = facts.identity if facts is not None else "prefixed"
     if sandbox:
-        return SANDBOX_PROVIDER if provider == "openai" else f"{SANDBOX_PROVIDER}:{provider}"
-    base = profile.get(API_BASE_SETTING.get(provider, "base_url"))
-    if provider == "openai":
+        return SANDBOX_PROVIDER if identity == "base" else f"{SANDBOX_PROVIDER}:{provider}"
+    base = profile.get(facts.base_setting if facts is not None else "base_url")
+    if identity == "base":
         return provider_id(base)
-    if provider == "azure":
-        return provider_id(base) if base else "azure:"  # no endpoint: refused before any job runs
-    return f"{provider}:{provider_id(base or DEFAULT_API_BASE.get(provider))}"
+    if identity == "endpoint":
+        return provider_id(base) if base else f"{provider}:"  # no endpoint: refused before any job runs
+    return f"{provider}:{provider_id(base or (facts.default_base if facts is not None else None))}"
 
 
 #: body fields that route a request without shaping its answer: left out of the key, so that

@@ -25,12 +25,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.pipeline.tokens import REPLY_PRIMING_TOKENS, ChatTokenCounter
 
 #: the body field that carries the job's cache key (OpenAI's own parameter name)
 CACHE_KEY_FIELD = "prompt_cache_key"
-#: providers whose requests are sent with the key (the others' adapters drop or translate it)
-KEYED_PROVIDERS = frozenset({"openai", "anthropic", "gemini"})
+#: providers whose requests may be sent with the key (core/providers.py ``cache_key``; the others' never are)
+KEYED_PROVIDERS = frozenset(name for name, f in PROVIDER_FACTS.items() if f.cache_key)
 
 
 def cache_key(profile_name: str, file_hash: str) -> str:
@@ -52,9 +53,11 @@ def marks_prefix(provider: str, prefix_tokens: int, min_cache_prefix: int | None
     """Whether a request is sent with the cache key: always for OpenAI (its cache is automatic;
     the key only routes), and for Anthropic when the shared part reaches the model's minimum
     (unknown minimum: marked).  Gemini's key is dropped by its adapter, so it is not set."""
-    if provider == "openai":
+    facts = PROVIDER_FACTS.get(provider)
+    rule = facts.cache_key if facts is not None else None
+    if rule == "always":
         return True
-    if provider == "anthropic":
+    if rule == "shared_prefix":
         return prefix_tokens > 0 and (min_cache_prefix is None or prefix_tokens >= min_cache_prefix)
     return False
 
@@ -68,7 +71,7 @@ def caching_fields(profile: Any, system: str | None, file_hash: str, min_cache_p
     if provider not in KEYED_PROVIDERS:
         return {}
     prefix = 0
-    if provider == "anthropic":
+    if PROVIDER_FACTS[provider].cache_key == "shared_prefix":
         prefix = shared_prefix_tokens(system, profile.model, profile.default_encoding)
     if not marks_prefix(provider, prefix, min_cache_prefix):
         return {}

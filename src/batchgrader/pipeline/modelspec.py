@@ -46,6 +46,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from batchgrader.core.config import REASONING_EFFORTS
+from batchgrader.core.providers import PROVIDER_FACTS
 
 __all__ = [
     "EFFORTS",
@@ -76,7 +77,7 @@ SPEC_COLUMNS = (
 
 #: every reasoning effort a profile may name, least to most
 EFFORTS = REASONING_EFFORTS
-PROVIDERS = ("openai", "anthropic", "gemini")
+PROVIDERS = tuple(name for name, f in PROVIDER_FACTS.items() if f.in_catalogue)  # core/providers.py
 CONTROLS = ("effort", "budget", "level")
 TEMPERATURE_RULES = ("any", "default", "effort-none", "deprecated")
 OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens", "max_output_tokens")

@@ -20,6 +20,7 @@ from typing import IO, Any, Protocol
 
 from batchgrader.core.config import Profile
 from batchgrader.core.home import Home
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.pipeline.caching import caching_fields
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.labels import check_columns, label_checker, label_error
@@ -30,10 +31,8 @@ from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chu
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
-ENDPOINT = "/v1/chat/completions"
-#: Azure OpenAI's request-line ``url`` on its api-version surface (learn.microsoft.com batch
-#: how-to; the same constant as ``provider/azure_api.py`` AZURE_ENDPOINT, which sends it as ``endpoint``)
-AZURE_LINE_URL = "/chat/completions"
+#: the request-line ``url`` of OpenAI's batches (each provider's is its ``request_url`` in core/providers.py)
+ENDPOINT = PROVIDER_FACTS["openai"].request_url
 BLOCK_ROWS = 4096
 
 
@@ -242,7 +241,7 @@ class RequestBuilder:
         self.file_hash = file_hash
         self.token_param = token_param_for(profile.model, profile.token_param)
         self.id_column = profile.id_column
-        self.url = AZURE_LINE_URL if profile.get("provider") == "azure" else ENDPOINT
+        self.url = PROVIDER_FACTS[str(profile.get("provider") or "openai")].request_url
         self.caching = caching_fields(profile, self.spec.system, file_hash, shipped_spec(profile.model).min_cache_prefix)
 
     def required_columns(self) -> list[str]:

@@ -19,7 +19,7 @@ reads, listing to reconcile) with two differences:
   request lines' ``url`` and the create ``endpoint`` as ``/chat/completions`` (its v1 surface uses
   ``/v1/chat/completions`` lines with ``endpoint=/chat/completions``); a line whose ``url`` is not
   the endpoint fails validation with ``url_mismatch``.  The pipeline writes Azure lines with
-  :data:`AZURE_ENDPOINT` and :meth:`AzureOpenAIProvider.create_batch` sends it.
+  :data:`AZURE_ENDPOINT` (Azure's ``request_url`` in :mod:`batchgrader.core.providers`) and :meth:`AzureOpenAIProvider.create_batch` sends it.
 * **uploads expire**: every upload carries ``expires_after`` (:data:`FILE_EXPIRY_S`): without it
   Azure caps a resource at 500 batch files, with it at 10,000.
 
@@ -42,6 +42,7 @@ from typing import Any
 import openai
 
 from batchgrader.core.config import AZURE_DEFAULT_API_VERSION
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.secrets import mask_secret
 from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
@@ -53,8 +54,9 @@ from batchgrader.provider.openai_api import (
 )
 
 ID_PREFIX = "azure:"
-#: the request lines' ``url`` and the create ``endpoint`` on the api-version surface
-AZURE_ENDPOINT = "/chat/completions"
+#: the request lines' ``url`` (the pipeline writes its ``request_url``, core/providers.py) and the
+#: create ``endpoint`` on the api-version surface
+AZURE_ENDPOINT = PROVIDER_FACTS["azure"].request_url
 #: ``expires_after.seconds`` of every upload: 14 days, the shortest Azure takes (results are
 #: collected and the files deleted long before; the expiry only lifts the 500-file cap)
 FILE_EXPIRY_S = 14 * 86_400

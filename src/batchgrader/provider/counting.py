@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.pipeline.answerkey import request_key
 from batchgrader.provider.protocol import ProviderError
 
@@ -47,8 +48,8 @@ MAX_UNCACHED = 20_000
 DAEMON_MAX_UNCACHED = 2_000
 #: the cache file in the home
 CACHE_FILE = "token_counts.sqlite"
-#: providers whose local (tiktoken) count is their exact count: no counting endpoint needed
-OFFLINE_EXACT = frozenset({"openai", "azure"})
+#: providers whose local (tiktoken) count is their exact count: no counting endpoint needed (core/providers.py)
+OFFLINE_EXACT = frozenset(name for name, f in PROVIDER_FACTS.items() if f.offline_exact)
 
 
 @runtime_checkable
@@ -195,34 +196,13 @@ def count_hook(
     return run
 
 
-def _anthropic(settings: Any) -> TokenCounter | None:
-    key = settings.get("anthropic_api_key")
-    if not key:
-        return None
-    from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
-
-    timeout = float(settings.get("request_timeout_seconds") or 120.0)
-    return AnthropicTokenCounter(AnthropicProvider(key, settings.get("anthropic_base_url"), timeout=timeout))
-
-
-def _gemini(settings: Any) -> TokenCounter | None:
-    if not settings.get("gemini_api_key"):
-        return None
-    from batchgrader.provider.gemini_batches import gemini_counter
-
-    return gemini_counter(settings)
-
-
-#: provider name -> the factory of its counting hook from a profile's settings (None: no key).
-#: A provider with a counting endpoint adds itself here.
-COUNTERS: dict[str, Callable[[Any], TokenCounter | None]] = {"anthropic": _anthropic, "gemini": _gemini}
-
-
 def counter_for(provider: str, settings: Any) -> TokenCounter | None:
     """The counting hook of ``provider`` configured by ``settings`` (a profile), or None when the
     provider has none or its key is not set."""
-    factory = COUNTERS.get(provider)
-    return factory(settings) if factory is not None else None
+    from batchgrader.provider.registry import PROVIDERS  # the registry names each provider's hook
+
+    spec = PROVIDERS.get(provider)
+    return spec.counter(settings) if spec is not None and spec.counter is not None else None
 
 
 def plan_with_exact_counts(

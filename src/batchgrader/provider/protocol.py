@@ -325,7 +325,8 @@ class Provider(Protocol):
     Optional attributes, used only when present: ``base_url`` (whose queue a learned limit
     belongs to), ``on_page`` (set by the engine, called after each listing page to keep the
     watchdog fed) and, on :class:`~batchgrader.provider.router.ProviderRouter`,
-    ``provider_of_job`` (set by the daemon to route uploads by the job's profile).
+    ``provider_of_job`` and ``job_of_object`` (set by the daemon to route each job's calls to the
+    provider recorded for the job).
     ``tests/test_protocol.py`` checks that this protocol is exactly what the engine calls."""
 
     def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo: ...

@@ -1,12 +1,23 @@
 """One :class:`~batchgrader.provider.openai_api.Provider` in front of several, so the engine
-needs no provider-specific code: each job goes to the provider its profile names.
+needs no provider-specific code: each job's calls go to the provider recorded when the job was
+accepted (``JobAccepted.provider``; ``provider_of_job``, set by the daemon).
 
-Calls that carry an id are routed by the id's shape (Anthropic staged files and results
+How a call finds its job:
+
+* an upload (and the search for it) names the job in its deterministic upload name
+  ``bg-<job>-c<chunk>-a<attempt>.jsonl``; a synchronous ``complete`` is given the job id; a
+  recovered job's batch search carries ``bg_job`` in its metadata;
+* a call that carries only a file or batch id (create, retrieve, cancel, download, delete) finds
+  the job whose chunk holds that id through ``job_of_object`` (set by the daemon: an
+  :class:`ObjectJobs` over its state).
+
+Fallback, documented: an id no chunk of any job holds (a batch found by listing that the log never
+recorded, an earlier attempt's file deleted at clean-up), or a router without those hooks (tests,
+tools), is routed by the id's shape (:func:`provider_of_id`, from each registry spec's
+``id_prefixes``: Anthropic staged files and results
 start with ``anthropic-``, Anthropic batches with ``msgbatch_``; Gemini files and batches are
 resource names, ``files/...`` and ``batches/...``, and inline results ``gemini-inline:``; Azure
-OpenAI ids start with ``azure:``); uploads are routed by the
-job named in the deterministic upload name ``bg-<job>-c<chunk>-a<attempt>.jsonl`` through
-``provider_of_job`` (set by the daemon: job id -> the ``provider`` of the job's profile).
+OpenAI ids start with ``azure:``; anything else is OpenAI's).
 """
 
 from __future__ import annotations
@@ -18,7 +29,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from batchgrader.core.state import State
 from batchgrader.provider.protocol import BatchInfo, BatchPage, FileInfo, Provider, ProviderError
+from batchgrader.provider.registry import PROVIDERS
 
 log = logging.getLogger(__name__)
 
@@ -26,20 +39,55 @@ _UPLOAD_NAME = re.compile(r"^bg-(?P<job>.+)-c\d+-a\d+\.jsonl$")
 
 
 def provider_of_id(object_id: str) -> str:
-    """``anthropic``, ``gemini``, ``azure`` or ``openai``, from the shape of a file or batch id."""
-    if object_id.startswith(("anthropic-", "msgbatch_")):
-        return "anthropic"
-    if object_id.startswith(("files/", "batches/", "gemini-inline:")):
-        return "gemini"
-    if object_id.startswith("azure:"):  # provider/azure_api.py names every Azure id so
-        return "azure"
+    """The provider whose ids have the shape of ``object_id`` (each spec's ``id_prefixes`` in
+    :mod:`batchgrader.provider.registry`); ``openai`` when none does."""
+    for name, spec in PROVIDERS.items():
+        if spec.id_prefixes and object_id.startswith(spec.id_prefixes):
+            return name
     return "openai"
 
 
+class ObjectJobs:
+    """File or batch id -> the job whose chunk holds it (upload, batch, output and error file), read
+    from the daemon's state.  The index is brought up to date only when an id is not found and the
+    state has moved on since; then only the jobs with new events are read again."""
+
+    def __init__(self, state_of: Callable[[], State]):
+        self._state_of = state_of
+        self._index: dict[str, str] = {}
+        self._job_versions: dict[str, int] = {}  # job id -> its version when its chunks were indexed
+        self._built_at = -1
+
+    def __call__(self, object_id: str) -> str | None:
+        job = self._index.get(object_id)
+        if job is None:
+            state = self._state_of()
+            if state.last_seq != self._built_at:
+                self._update(state)
+                job = self._index.get(object_id)
+        return job
+
+    def _update(self, state: State) -> None:
+        for job_id, job in state.jobs.items():
+            if self._job_versions.get(job_id) != job.version:
+                for c in job.chunks.values():
+                    for object_id in (c.file_id, c.batch_id, c.output_file_id, c.error_file_id):
+                        if object_id:
+                            self._index[object_id] = job_id
+                self._job_versions[job_id] = job.version
+        self._built_at = state.last_seq
+
+
 class ProviderRouter:
-    def __init__(self, providers: Mapping[str, Provider], provider_of_job: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        provider_of_job: Callable[[str], str] | None = None,
+        job_of_object: Callable[[str], str | None] | None = None,
+    ):
         self.providers = dict(providers)
         self.provider_of_job: Callable[[str], str] = provider_of_job or (lambda job_id: "openai")
+        self.job_of_object: Callable[[str], str | None] = job_of_object or (lambda object_id: None)
         self._on_page: Callable[[], None] = lambda: None
 
     @property
@@ -68,6 +116,13 @@ class ProviderRouter:
             raise ValueError(f"provider {name!r} is not configured in this daemon") from None
 
     def _by_id(self, object_id: str) -> Provider:
+        """The provider of the job that holds ``object_id``; else (no job holds it) by its shape."""
+        job = self.job_of_object(object_id) if object_id else None
+        if job is not None:
+            try:
+                return self._by_name(self.provider_of_job(job))
+            except KeyError:
+                pass
         return self._by_name(provider_of_id(object_id))
 
     def _by_upload_name(self, filename: str) -> Provider:
