@@ -87,30 +87,38 @@ def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     """(content, finish_reason, refusal) from a chat.completion or a /v1/responses body."""
     choices = body.get("choices")
     if isinstance(choices, list) and choices:
-        c0 = choices[0] if isinstance(choices[0], dict) else {}
-        msg: dict[str, Any] = c0.get("message") if isinstance(c0.get("message"), dict) else {}  # type: ignore[assignment]
-        content = msg.get("content")
-        if isinstance(content, list):  # content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return (content if isinstance(content, str) else None), c0.get("finish_reason"), msg.get("refusal")
+        return _chat_content(choices)
     output = body.get("output")
     if isinstance(output, list):
-        texts: list[str] = []
-        refusal = None
-        for item in output:
-            if not isinstance(item, dict):
-                continue
-            for part in item.get("content") or []:
-                if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str):
-                    texts.append(part["text"])
-                elif isinstance(part, dict) and part.get("type") == "refusal":
-                    refusal = part.get("refusal")
-        finish = body.get("status")
-        inc = body.get("incomplete_details")
-        if isinstance(inc, dict) and inc.get("reason"):
-            finish = inc["reason"]
-        return ("".join(texts) if texts else None), finish, refusal
+        return _responses_content(body, output)
     return None, None, None
+
+
+def _chat_content(choices: list[Any]) -> tuple[str | None, str | None, str | None]:
+    c0 = choices[0] if isinstance(choices[0], dict) else {}
+    msg: dict[str, Any] = c0.get("message") if isinstance(c0.get("message"), dict) else {}  # type: ignore[assignment]
+    content = msg.get("content")
+    if isinstance(content, list):  # content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return (content if isinstance(content, str) else None), c0.get("finish_reason"), msg.get("refusal")
+
+
+def _responses_content(body: dict[str, Any], output: list[Any]) -> tuple[str | None, str | None, str | None]:
+    texts: list[str] = []
+    refusal = None
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        for part in item.get("content") or []:
+            if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") == "refusal":
+                refusal = part.get("refusal")
+    finish = body.get("status")
+    inc = body.get("incomplete_details")
+    if isinstance(inc, dict) and inc.get("reason"):
+        finish = inc["reason"]
+    return ("".join(texts) if texts else None), finish, refusal
 
 
 #: finish reasons of a complete answer (chat completions; a /v1/responses body's status)
@@ -161,25 +169,7 @@ def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome
     resp = obj.get("response")
     err = obj.get("error")
     if isinstance(resp, dict):
-        status = resp.get("status_code")
-        status = status if isinstance(status, int) and not isinstance(status, bool) else None
-        body: dict[str, Any] = resp.get("body") if isinstance(resp.get("body"), dict) else {}  # type: ignore[assignment]
-        request_id = resp.get("request_id") if isinstance(resp.get("request_id"), str) else None
-        if status == 200:
-            content, finish, refusal = _content(body)
-            p, c, o, r = _usage(body)
-            w = _cache_writes(body)
-            problem = answer_problem(finish, refusal, o, r)
-            code, message = problem if problem else (None, None)
-            ok = problem is None
-            return RowOutcome(cid, ok, content, 200, code, message, p, c, o, r, finish, refusal, request_id, line_id, w)
-        e: dict[str, Any] = body.get("error") if isinstance(body.get("error"), dict) else {}  # type: ignore[assignment]
-        if not e and isinstance(err, dict):
-            e = err
-        code = e.get("code") or e.get("type") or (f"http_{status}" if status is not None else "unknown_error")
-        message = e.get("message") or (f"HTTP {status}" if status is not None else "request failed without a message")
-        p, c, o, r = _usage(body)
-        return RowOutcome(cid, False, None, status, str(code), str(message), p, c, o, r, None, None, request_id, line_id)
+        return _response_outcome(cid, resp, err, line_id)
     if isinstance(err, dict):
         return RowOutcome(
             cid,
@@ -191,6 +181,28 @@ def parse_line(obj: Any, *, source: str = "<line>", line: int = 0) -> RowOutcome
             line_id=line_id,
         )
     return RowOutcome(cid, False, None, None, "malformed_result", "line has neither a response nor an error", line_id=line_id)
+
+
+def _response_outcome(cid: str, resp: dict[str, Any], err: Any, line_id: str | None) -> RowOutcome:
+    """The outcome of a line with a ``response``: an answer (HTTP 200, complete or not) or the
+    HTTP error it carries (its body's error, else the line's own)."""
+    status = resp.get("status_code")
+    status = status if isinstance(status, int) and not isinstance(status, bool) else None
+    body: dict[str, Any] = resp.get("body") if isinstance(resp.get("body"), dict) else {}  # type: ignore[assignment]
+    request_id = resp.get("request_id") if isinstance(resp.get("request_id"), str) else None
+    p, c, o, r = _usage(body)
+    if status == 200:
+        content, finish, refusal = _content(body)
+        problem = answer_problem(finish, refusal, o, r)
+        code, message = problem if problem else (None, None)
+        w = _cache_writes(body)
+        return RowOutcome(cid, problem is None, content, 200, code, message, p, c, o, r, finish, refusal, request_id, line_id, w)
+    e: dict[str, Any] = body.get("error") if isinstance(body.get("error"), dict) else {}  # type: ignore[assignment]
+    if not e and isinstance(err, dict):
+        e = err
+    code = e.get("code") or e.get("type") or (f"http_{status}" if status is not None else "unknown_error")
+    message = e.get("message") or (f"HTTP {status}" if status is not None else "request failed without a message")
+    return RowOutcome(cid, False, None, status, str(code), str(message), p, c, o, r, None, None, request_id, line_id)
 
 
 def iter_outcomes(
