@@ -72,6 +72,20 @@ def value_problem(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]
     if isinstance(schema.get("anyOf"), list):
         if all(value_problem(value, s, root, path) for s in schema["anyOf"] if isinstance(s, Mapping)):
             return f"{path}: matches none of anyOf"
+    problem = _kind_problem(value, schema, path)
+    if problem is not None:
+        return problem
+    if isinstance(value, dict):
+        return _object_problem(value, schema, root, path)
+    if isinstance(value, list):
+        return _array_problem(value, schema, root, path)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _bounds_problem(value, schema, path)
+    return None
+
+
+def _kind_problem(value: Any, schema: Mapping[str, Any], path: str) -> str | None:
+    """The value's type against ``type``, and its value against ``enum`` and ``const``."""
     t = schema.get("type")
     types = t if isinstance(t, list) else [t] if isinstance(t, str) else []
     if types and not any(_is(value, x) for x in types):
@@ -80,15 +94,14 @@ def value_problem(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]
         return f"{path}: {value!r} is not one of {schema['enum']!r}"
     if "const" in schema and value != schema["const"]:
         return f"{path}: {value!r} is not {schema['const']!r}"
-    if isinstance(value, dict):
-        return _object_problem(value, schema, root, path)
-    if isinstance(value, list):
-        return _array_problem(value, schema, root, path)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        for key, ok in _BOUNDS:
-            b = schema.get(key)
-            if isinstance(b, (int, float)) and not ok(value, b):
-                return f"{path}: {value!r} breaks {key} {b!r}"
+    return None
+
+
+def _bounds_problem(value: float, schema: Mapping[str, Any], path: str) -> str | None:
+    for key, ok in _BOUNDS:
+        b = schema.get(key)
+        if isinstance(b, (int, float)) and not ok(value, b):
+            return f"{path}: {value!r} breaks {key} {b!r}"
     return None
 
 
