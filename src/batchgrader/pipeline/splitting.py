@@ -403,6 +403,46 @@ def chunk_file_name(prefix: str, index: int) -> str:
     return f"{prefix}-chunk-{index:04d}.jsonl"
 
 
+def _skip_to(it: Iterator[bytes], pos: int, chunk: Chunk, oversized_positions: Container[int]) -> int:
+    """Consume the lines before ``chunk`` (they must all be oversized ones); the chunk's start."""
+    while pos < chunk.start:
+        if next(it, None) is None:
+            raise ValueError(f"lines ended at position {pos}, before chunk {chunk.index} (starts at {chunk.start})")
+        if pos not in oversized_positions:
+            raise ValueError(f"position {pos} is in no chunk and not oversized")
+        pos += 1
+    return pos
+
+
+def _write_chunk(fd: int, it: Iterator[bytes], pos: int, chunk: Chunk, oversized_positions: Container[int]) -> int:
+    """Write ``chunk``'s lines (oversized ones skipped) to the open file ``fd`` and fsync it; check
+    the count and bytes against the plan; the position after the chunk."""
+    written = 0
+    count = 0
+    with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+        while pos < chunk.end:
+            line = next(it, None)
+            if line is None:
+                raise ValueError(f"lines ended at position {pos}, inside chunk {chunk.index} (ends at {chunk.end})")
+            if pos not in oversized_positions:
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                if b"\n" in line[:-1]:
+                    raise ValueError(f"line at position {pos} contains a newline inside the JSON")
+                fh.write(line)
+                written += len(line)
+                count += 1
+            pos += 1
+        fh.flush()
+        fsync_file(fh.fileno())
+    if count != chunk.requests or written != chunk.bytes:
+        raise ValueError(
+            f"chunk {chunk.index}: wrote {count} lines / {written} bytes but the plan says "
+            f"{chunk.requests} lines / {chunk.bytes} bytes (sizes must count each line with its newline)"
+        )
+    return pos
+
+
 def write_chunk_files(
     lines: Iterable[bytes],
     chunks: Sequence[Chunk],
@@ -436,39 +476,10 @@ def write_chunk_files(
                 raise ValueError(
                     f"chunk {chunk.index} starts at position {chunk.start}, before position {pos}: chunks overlap or are out of order"
                 )
-            # Lines between chunks must all be oversized ones.
-            while pos < chunk.start:
-                if next(it, None) is None:
-                    raise ValueError(f"lines ended at position {pos}, before chunk {chunk.index} (starts at {chunk.start})")
-                if pos not in oversized_positions:
-                    raise ValueError(f"position {pos} is in no chunk and not oversized")
-                pos += 1
+            pos = _skip_to(it, pos, chunk, oversized_positions)
             fd, tmp_name = tempfile.mkstemp(dir=out, prefix=f"{TMP_PREFIX}{name_prefix}-chunk-", suffix=".jsonl.tmp")
-            tmp = Path(tmp_name)
-            temps.append(tmp)
-            written = 0
-            count = 0
-            with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-                while pos < chunk.end:
-                    line = next(it, None)
-                    if line is None:
-                        raise ValueError(f"lines ended at position {pos}, inside chunk {chunk.index} (ends at {chunk.end})")
-                    if pos not in oversized_positions:
-                        if not line.endswith(b"\n"):
-                            line += b"\n"
-                        if b"\n" in line[:-1]:
-                            raise ValueError(f"line at position {pos} contains a newline inside the JSON")
-                        fh.write(line)
-                        written += len(line)
-                        count += 1
-                    pos += 1
-                fh.flush()
-                fsync_file(fh.fileno())
-            if count != chunk.requests or written != chunk.bytes:
-                raise ValueError(
-                    f"chunk {chunk.index}: wrote {count} lines / {written} bytes but the plan says "
-                    f"{chunk.requests} lines / {chunk.bytes} bytes (sizes must count each line with its newline)"
-                )
+            temps.append(Path(tmp_name))
+            pos = _write_chunk(fd, it, pos, chunk, oversized_positions)
         # Trailing lines after the last chunk must all be oversized.
         for _line in it:
             if pos not in oversized_positions:
