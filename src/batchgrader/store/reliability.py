@@ -30,12 +30,7 @@ def krippendorff_alpha(units: Sequence[Sequence[Any]], level: str | None = None)
     if level is None:
         level = "interval" if all(number(v) is not None for v in values) else "nominal"
     width = max(len(u) for u in units)
-    if level == "interval":
-        code = {v: number(v) for v in values}
-    else:
-        names = sorted({normal(v) for v in values})
-        index = {n: float(i) for i, n in enumerate(names)}
-        code = {v: index[normal(v)] for v in values}
+    code = _codes(values, level)
     if len(set(code.values())) < 2:
         return None  # one value throughout: agreement is perfect but α is 0/0
     import krippendorff
@@ -51,6 +46,15 @@ def krippendorff_alpha(units: Sequence[Sequence[Any]], level: str | None = None)
     except ValueError:
         return None
     return a if math.isfinite(a) else None
+
+
+def _codes(values: list[Any], level: str) -> dict[Any, float | None]:
+    """The number each rating stands for: its value (interval), else its category's index."""
+    if level == "interval":
+        return {v: number(v) for v in values}
+    names = sorted({normal(v) for v in values})
+    index = {n: float(i) for i, n in enumerate(names)}
+    return {v: index[normal(v)] for v in values}
 
 
 def _present(v: Any) -> bool:
