@@ -403,6 +403,37 @@ def replan(tokens: Sequence[int], sizes: Sequence[int], keep: Sequence[int], lim
     return chunks
 
 
+def _replan_preview(
+    prep: Any, plan: ReusePlan, counts: list[int] | None, counting: dict[str, Any] | None, limits: Limits
+) -> None:
+    """Plan the chunks of the rows left to send, on the exact counts when they apply (an exact
+    count that puts a row over a cap keeps the local counts, and says so in ``counting``)."""
+    local_tokens = prep.tokens
+    if counts_apply(prep, plan.keep, counts, counting):
+        try:
+            prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
+            return
+        except ValueError as exc:  # an exact count put a row over a cap: keep the local plan, labelled
+            prep.tokens = local_tokens
+            assert counting is not None
+            counting.update(exact=False, reason=f"exact counts do not fit the plan: {exc}")
+    if plan.reused:
+        prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
+
+
+def _saved_usd(plan: ReusePlan, prices: Any, model: str) -> float:
+    """What the stored answers cost when they were paid for (a duplicate's saving is known only
+    once its leader is answered, so it is not counted here); 0 without a price."""
+    from batchgrader.pipeline.pricing import PricingError, billed_cost
+
+    try:
+        price = prices.get(model)
+    except PricingError:
+        return 0.0
+    u = plan.cached_usage
+    return float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]))
+
+
 def preview(
     path: Path,
     profile: Any,
@@ -422,7 +453,6 @@ def preview(
     lines when the local count is only an estimate for the profile's provider; when it answers
     with a count for every line, those counts replace the local ones (``input_tokens_exact``)."""
     from batchgrader.pipeline.prepare import limits_for, oversized_positions, prepare
-    from batchgrader.pipeline.pricing import PricingError, billed_cost
 
     enabled = reuse_allowed(profile)
     info: dict[str, Any] = {"enabled": enabled, "cached_rows": 0, "duplicate_rows": 0, "saved_usd": 0.0}
@@ -445,33 +475,14 @@ def preview(
     if window is None and prices is not None:
         price = prices.find(profile.model)
         window = price.context_window if price else None
-    local_tokens = prep.tokens
-    if counts_apply(prep, plan.keep, counts, counting):
-        try:
-            prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits or limits_for(profile, window))
-        except ValueError as exc:  # an exact count put a row over a cap: keep the local plan, labelled
-            prep.tokens = local_tokens
-            assert counting is not None
-            counting.update(exact=False, reason=f"exact counts do not fit the plan: {exc}")
-            if plan.reused:
-                prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits or limits_for(profile, window))
-    elif plan.reused:
-        prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits or limits_for(profile, window))
+    _replan_preview(prep, plan, counts, counting, limits or limits_for(profile, window))
     summary = prep.summary(prices, schema_overhead)
     if counting is not None:
         summary["input_tokens_exact"] = bool(counting.get("exact"))
         summary["token_count"] = counting
     info["cached_rows"], info["duplicate_rows"] = len(plan.cached), len(plan.followers)
     if plan.reused and prices is not None:
-        try:
-            price = prices.get(profile.model)
-        except PricingError:
-            pass
-        else:
-            u = plan.cached_usage
-            # what the stored answers cost when they were paid for (a duplicate's saving is known
-            # only once its leader is answered, so it is not counted here)
-            info["saved_usd"] = float(billed_cost(price, u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]))
+        info["saved_usd"] = _saved_usd(plan, prices, profile.model)
     summary["reuse"] = info
     return summary
 
