@@ -22,7 +22,7 @@ import dataclasses
 import io
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
@@ -295,31 +295,14 @@ def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None =
     """The rows of one catalogue file; a catalogue column the header leaves out is taken from
     ``base``'s row of the same model (the shipped row, for a user file)."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    header = reader.fieldnames
-    if not header:
-        raise PricingError(f"{name}: empty file; expected a header line with the columns {','.join(COLUMNS)}")
-    header = [h.strip() if h is not None else "" for h in header]
-    reader.fieldnames = header
-    missing = [c for c in REQUIRED if c not in header]
-    unknown = [h for h in header if h not in COLUMNS]
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append(f"missing column(s) {', '.join(missing)}")
-        if unknown:
-            parts.append(f"unknown column(s) {', '.join(repr(u) for u in unknown)}")
-        raise PricingError(f"{name}, line 1 (header): {'; '.join(parts)}; the columns are {','.join(COLUMNS)}")
-    dupes = {h for h in header if header.count(h) > 1}
-    if dupes:
-        raise PricingError(f"{name}, line 1 (header): column(s) {', '.join(sorted(dupes))} appear more than once")
-
+    reader.fieldnames = _checked_header(reader.fieldnames, name)
     out: dict[str, Price] = {}
     first_line: dict[str, int] = {}
     for row in reader:
         line = reader.line_num
         where = f"{name}, line {line}"
         if None in row:
-            raise PricingError(f"{where}: more fields than the {len(header)} columns of the header")
+            raise PricingError(f"{where}: more fields than the {len(reader.fieldnames)} columns of the header")
         cells = {k: (v or "") for k, v in row.items()}
         model = cells["model"].strip()
         if not model:
@@ -330,37 +313,59 @@ def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None =
         if key in first_line:
             raise PricingError(f"{where}, column 'model': {model!r} is already listed on line {first_line[key]}")
         first_line[key] = line
-        inp = _price_value(cells["input_per_1m"], where, "input_per_1m", True)
-        cached = _price_value(cells.get("cached_input_per_1m", ""), where, "cached_input_per_1m", False)
-        outp = _price_value(cells["output_per_1m"], where, "output_per_1m", True)
-        cw_text = cells.get("context_window", "").strip().replace(",", "").replace("_", "")
-        cw: int | None = None
-        if cw_text:
-            if not cw_text.isdigit() or int(cw_text) < 1:
-                raise PricingError(
-                    f"{where}, column 'context_window': {cw_text!r} must be a whole number of tokens >= 1, or empty"
-                )
-            cw = int(cw_text)
-        taken = cells.get("taken_on", "").strip() or None
-        if taken is not None and not _is_date(taken):
-            raise PricingError(f"{where}, column 'taken_on': {taken!r} must be a date YYYY-MM-DD, or empty")
-        shipped = (base or {}).get(key)
-        try:
-            spec = parse_spec(cells, shipped.spec if shipped is not None else None)
-        except CatalogueFormatError as exc:
-            raise PricingError(f"{where}, {exc}") from None
-        out[key] = Price(
-            model=model,
-            input_per_1m=inp,  # type: ignore[arg-type]  # required: never None
-            cached_input_per_1m=cached,
-            output_per_1m=outp,  # type: ignore[arg-type]
-            context_window=cw,
-            taken_on=taken,
-            source=cells.get("source", "").strip() or None,
-            origin=origin,
-            spec=spec,
-        )
+        out[key] = _price_row(cells, model, where, origin, (base or {}).get(key))
     return out
+
+
+def _checked_header(header: Sequence[str | None] | None, name: str) -> list[str]:
+    """The header's column names, stripped; a missing required, unknown or repeated column is refused."""
+    if not header:
+        raise PricingError(f"{name}: empty file; expected a header line with the columns {','.join(COLUMNS)}")
+    names = [h.strip() if h is not None else "" for h in header]
+    missing = [c for c in REQUIRED if c not in names]
+    unknown = [h for h in names if h not in COLUMNS]
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing column(s) {', '.join(missing)}")
+        if unknown:
+            parts.append(f"unknown column(s) {', '.join(repr(u) for u in unknown)}")
+        raise PricingError(f"{name}, line 1 (header): {'; '.join(parts)}; the columns are {','.join(COLUMNS)}")
+    dupes = {h for h in names if names.count(h) > 1}
+    if dupes:
+        raise PricingError(f"{name}, line 1 (header): column(s) {', '.join(sorted(dupes))} appear more than once")
+    return names
+
+
+def _price_row(cells: dict[str, str], model: str, where: str, origin: str, shipped: Price | None) -> Price:
+    """One row's :class:`Price`; a cell out of form is refused naming its line and column."""
+    inp = _price_value(cells["input_per_1m"], where, "input_per_1m", True)
+    cached = _price_value(cells.get("cached_input_per_1m", ""), where, "cached_input_per_1m", False)
+    outp = _price_value(cells["output_per_1m"], where, "output_per_1m", True)
+    cw_text = cells.get("context_window", "").strip().replace(",", "").replace("_", "")
+    cw: int | None = None
+    if cw_text:
+        if not cw_text.isdigit() or int(cw_text) < 1:
+            raise PricingError(f"{where}, column 'context_window': {cw_text!r} must be a whole number of tokens >= 1, or empty")
+        cw = int(cw_text)
+    taken = cells.get("taken_on", "").strip() or None
+    if taken is not None and not _is_date(taken):
+        raise PricingError(f"{where}, column 'taken_on': {taken!r} must be a date YYYY-MM-DD, or empty")
+    try:
+        spec = parse_spec(cells, shipped.spec if shipped is not None else None)
+    except CatalogueFormatError as exc:
+        raise PricingError(f"{where}, {exc}") from None
+    return Price(
+        model=model,
+        input_per_1m=inp,  # type: ignore[arg-type]  # required: never None
+        cached_input_per_1m=cached,
+        output_per_1m=outp,  # type: ignore[arg-type]
+        context_window=cw,
+        taken_on=taken,
+        source=cells.get("source", "").strip() or None,
+        origin=origin,
+        spec=spec,
+    )
 
 
 def shipped_prices() -> dict[str, Price]:
