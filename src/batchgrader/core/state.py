@@ -193,24 +193,28 @@ class JobState:
             return "held"
         if not self.prepared:
             return "preparing"
-        chunks = list(self.chunks.values())
-        if any(c.in_flight for c in chunks):
-            return "running"
-        if any(c.open_intent for c in chunks):
-            return "submitting"
-        if any(c.failure and c.failure.get("retryable") and not c.done for c in chunks):
-            return "submitting"  # refused for the enqueued-token limit: waiting to be sent again
-        if any(c.create == "done" and c.status in TERMINAL_BATCH and not c.done for c in chunks):
-            return "downloading"
-        if chunks and all(c.done or c.failure for c in chunks):
-            return "downloading"  # merging and writing the result
-        if not any(c.upload != "none" for c in chunks):
-            return "queued"
-        return "submitting"
+        return _chunks_phase(list(self.chunks.values()))
 
     @property
     def terminal(self) -> bool:
         return self.ended is not None
+
+
+def _chunks_phase(chunks: list[ChunkState]) -> str:
+    """The state of a prepared job that has not ended, from its chunks."""
+    if any(c.in_flight for c in chunks):
+        return "running"
+    if any(c.open_intent for c in chunks):
+        return "submitting"
+    if any(c.failure and c.failure.get("retryable") and not c.done for c in chunks):
+        return "submitting"  # refused for the enqueued-token limit: waiting to be sent again
+    if any(c.create == "done" and c.status in TERMINAL_BATCH and not c.done for c in chunks):
+        return "downloading"
+    if chunks and all(c.done or c.failure for c in chunks):
+        return "downloading"  # merging and writing the result
+    if not any(c.upload != "none" for c in chunks):
+        return "queued"
+    return "submitting"
 
 
 @dataclass
