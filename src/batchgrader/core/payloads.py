@@ -378,6 +378,49 @@ class PreflightUnreachable(TypedDict):
     retry_at: float
 
 
+# --- the synchronous routes (route: flex | online | auto) ---------------------------------------
+class RouteChosen(TypedDict):
+    route: str
+    reason: str
+    rows: int
+
+
+class OnlineRequestSent(TypedDict):
+    custom_id: str
+    attempt: int
+    tier: str
+    resent_after_crash: bool
+
+
+class OnlineRequestAnswered(TypedDict):
+    custom_id: str
+    key: str
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    tier: str
+    cost_usd: float
+
+
+class OnlineRequestFailed(TypedDict):
+    custom_id: str
+    code: str
+    error: str
+    status_code: int | None
+    retry_at: float | None
+    final: bool
+
+
+class OnlineRowsDone(TypedDict):
+    answered: int
+    to_batch: int
+    resent_after_crash: int
+    cost_usd: float
+
+
 class RetryRequested(TypedDict):
     reason: str
     max_completion_tokens: NotRequired[int]
@@ -489,5 +532,10 @@ PAYLOADS: dict[str, type] = {
         AnswersStored,
         InputTokensCounted,
         OutboxWriteFailed,
+        RouteChosen,
+        OnlineRequestSent,
+        OnlineRequestAnswered,
+        OnlineRequestFailed,
+        OnlineRowsDone,
     )
 }

@@ -135,6 +135,70 @@ EVENTS: dict[str, EventType] = {
                 "retry_at": "when the preflight is sent again (epoch seconds; backoff doubling from 5 s to 5 min)",
             },
         ),
+        # --- the synchronous routes (route: flex | online | auto): rows one by one ----------
+        _t(
+            "RouteChosen",
+            1,
+            "route",
+            {
+                "route": "batch, flex or online: how the job's rows travel",
+                "reason": "why (the profile's route, or what route: auto weighed)",
+                "rows": "rows of the file (the requests the synchronous route sends)",
+            },
+        ),
+        _t(
+            "OnlineRequestSent",
+            1,
+            "route (intent)",
+            {
+                "custom_id": "the row sent",
+                "attempt": "1 for the first try, one more for each try after a 429, a 5xx or a crash",
+                "tier": "flex or online",
+                "resent_after_crash": "true when an earlier request of the row had no outcome (a crash): sent again once",
+            },
+            intent_for="OnlineRequestAnswered|OnlineRequestFailed",
+        ),
+        _t(
+            "OnlineRequestAnswered",
+            1,
+            "route",
+            {
+                "custom_id": "the row",
+                "key": "its request key (the answers store's key)",
+                "content": "the answer",
+                "finish_reason": "the provider's finish reason",
+                "prompt_tokens": "billed input tokens",
+                "cached_tokens": "of which read from the prompt cache",
+                "completion_tokens": "billed output tokens",
+                "reasoning_tokens": "of which reasoning",
+                "tier": "flex or online",
+                "cost_usd": "its cost (flex: the Batch price; online: the standard price; also in the TokensUsed with chunk -1 beside it)",
+            },
+        ),
+        _t(
+            "OnlineRequestFailed",
+            1,
+            "route",
+            {
+                "custom_id": "the row",
+                "code": "rate_limited, server_error, outcome_unknown, or the provider's error code (http_<status> when it has none)",
+                "error": "the provider's message",
+                "status_code": "the HTTP status (null: no answer)",
+                "retry_at": "when it may be sent again (epoch seconds; the provider's Retry-After when it gave one); null when final",
+                "final": "true: not sent on this route again (attempts used up, or refused for good); the row goes in the job's batch",
+            },
+        ),
+        _t(
+            "OnlineRowsDone",
+            1,
+            "route",
+            {
+                "answered": "rows answered on the route",
+                "to_batch": "rows whose requests failed for good: they go in the job's batch",
+                "resent_after_crash": "requests sent again because a crash left them without an outcome",
+                "cost_usd": "what the answered rows cost",
+            },
+        ),
         # --- per chunk: upload ---------------------------------------------------------------
         _t(
             "UploadStarted",

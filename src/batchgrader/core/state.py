@@ -15,6 +15,7 @@ from typing import Any
 
 from batchgrader.core import payloads as P
 from batchgrader.core.events import CORRUPT_KEY, Event
+from batchgrader.core.route_state import FOLD_ROUTES, RouteState
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")
@@ -144,6 +145,7 @@ class JobState:
     preflight_retry_at: float | None = None
     preflight_error: str | None = None
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
+    online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/route_state.py)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
@@ -720,4 +722,5 @@ _HANDLERS: dict[str, Callable[..., None]] = {
     "AnswersToStore": _answers_to_store,
     "AnswersStored": _answers_stored,
     "InputTokensCounted": _input_tokens_counted,
+    **FOLD_ROUTES,  # the synchronous routes: RouteChosen, OnlineRequest*, OnlineRowsDone
 }

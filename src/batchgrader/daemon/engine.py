@@ -36,6 +36,7 @@ from batchgrader.core.decide import (
     Replan,
     RestoreInput,
     SearchRecovered,
+    SendOnline,
     Step,
     StoreAnswers,
     Upload,
@@ -49,6 +50,7 @@ from batchgrader.daemon.base import _e, stamp
 from batchgrader.daemon.collect import CollectSteps
 from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.intake import IntakeSteps
+from batchgrader.daemon.online import OnlineStep
 from batchgrader.daemon.preflight import run_preflight
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
@@ -177,6 +179,8 @@ class Engine(SubmitSteps, CollectSteps, FinishSteps, IntakeSteps, ReuseSteps):
                 # reopened by `bgctl retry`: bring the input back into the work area
                 os.rename(job.archived_path, job.input_path)
                 self.emit(job.job_id, _e("InputRestored", path=job.input_path))
+        elif isinstance(a, SendOnline):
+            OnlineStep.of(self, job).run()
         elif isinstance(a, Preflight):
             run_preflight(self, job, now)
         elif isinstance(a, Prepare):
