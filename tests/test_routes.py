@@ -264,3 +264,41 @@ def test_auto_choosing_batch_leaves_the_job_to_the_preflight_and_prepare(home):
         assert decide(rig.engine.state, rig.engine.config, rig.now) == [Preflight(j)]
     finally:
         rig.close()
+
+
+# --- visible route and price -----------------------------------------------------------------------
+def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
+    from rich.console import Console
+
+    from batchgrader.cli.render_status import render_job
+    from batchgrader.store import queries
+    from batchgrader.store.report import load_report
+    from batchgrader.store.report_text import render_text
+
+    rig = online_rig(home)
+    try:
+        drop(rig, 3)
+        rig.provider.fail_next("complete", "refused", status_code=400, message="bad row", code="invalid_value", match="-3")
+        for _ in range(20):
+            rig.tick()
+            if rig.calls("create_batch"):
+                break
+        rig.provider.finish_all()
+        run_until_ended(rig)
+        job = rig.job()
+        online_cost = sum(e["cost_usd"] for e in rig.events("OnlineRequestAnswered"))
+        detail = queries.job_detail(home, job.job_id)
+        route = detail["route"]
+        assert route["route"] == "online" and route["rows"] == {"batch": 1, "flex": 0, "online": 2}
+        assert route["cost_usd"]["online"] == pytest.approx(online_cost) and route["to_batch"] == 1
+        console = Console(record=True, width=160)
+        render_job(detail, console)
+        shown = console.export_text()
+        assert "online 2 rows" in shown and "batch 1 rows" in shown
+        by_route = {r["key"]: r for r in queries.costs(home, by="route")["rows"]}
+        assert set(by_route) == {"online", "batch"} and by_route["online"]["batches"] == 2
+        assert by_route["online"]["simulated_usd"] + by_route["online"]["cost_usd"] == pytest.approx(online_cost)
+        report = load_report(home, job.job_id)
+        assert report["route"] == route and "route     online: online 2 rows" in render_text(report)
+    finally:
+        rig.close()

@@ -249,6 +249,20 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     _note(rows[0].get("note"), console)
 
 
+def route_line(route: dict[str, Any] | None) -> str | None:
+    """A job's route and its rows and cost by route (None for a job that went by batch alone)."""
+    if not route or (route["route"] == "batch" and not (route["rows"]["flex"] or route["rows"]["online"])):
+        return None
+    parts = [
+        f"{name} {count(route['rows'][name])} rows {money(route['cost_usd'][name])}"
+        for name in ("online", "flex", "batch")
+        if route["rows"][name] or route["cost_usd"][name]
+    ]
+    extra = [f"resent after a crash: {route['resent_after_crash']}"] if route.get("resent_after_crash") else []
+    why = f" ({route['reason']})" if route.get("reason") else ""
+    return f"{route['route']}{why}; " + ", ".join(parts + extra)
+
+
 def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     """One job in full (``bgctl status JOB``)."""
     console = _console(console)
@@ -301,6 +315,7 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
             if d.get("cached_rows")
             else None,
         ),
+        ("route", route_line(d.get("route"))),
         ("estimate (max)", money(d.get("estimate_usd"))),
         (
             "created / updated",

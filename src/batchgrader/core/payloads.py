@@ -222,6 +222,7 @@ class TokensUsed(TypedDict):
     day: NotRequired[str | None]
     cache_write_tokens: NotRequired[int]
     cache_saved_usd: NotRequired[float]
+    route: NotRequired[str]
 
 
 class SchemaOverheadLearned(TypedDict):

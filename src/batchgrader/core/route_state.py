@@ -85,6 +85,29 @@ def _online_done(s: Any, job: Any, p: Any, e: Any) -> None:
     job.online.done = True
 
 
+def route_summary(job: Any) -> dict[str, Any]:
+    """A job's route and its rows and cost by route, for ``bgctl status``, ``costs`` and the
+    report: ``{route, reason, rows: {batch, flex, online}, cost_usd: {...}, to_batch,
+    resent_after_crash}`` (``batch`` rows are those sent in batches; its cost is the rest of the
+    job's bill, a preflight's included)."""
+    r: RouteState = job.online
+    rows = {"batch": int(job.requests), "flex": r.rows_by_tier.get("flex", 0), "online": r.rows_by_tier.get("online", 0)}
+    sync_cost = sum(r.cost_by_tier.values())
+    cost = {
+        "batch": round(max(0.0, job.cost_usd - sync_cost), 6),
+        "flex": round(r.cost_by_tier.get("flex", 0.0), 6),
+        "online": round(r.cost_by_tier.get("online", 0.0), 6),
+    }
+    return {
+        "route": r.route or "batch",
+        "reason": r.reason,
+        "rows": rows,
+        "cost_usd": cost,
+        "to_batch": len(r.to_batch),
+        "resent_after_crash": len(r.resent),
+    }
+
+
 FOLD_ROUTES = {
     "RouteChosen": _route_chosen,
     "OnlineRequestSent": _online_sent,

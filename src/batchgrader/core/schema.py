@@ -370,9 +370,10 @@ EVENTS: dict[str, EventType] = {
                 "day": "(optional) UTC day (YYYY-MM-DD) of the fact; absent: the UTC day of the event's ts",
                 "cache_write_tokens": "(optional) of prompt_tokens, prompt-cache writes (billed at the cache-write price); absent: 0",
                 "cache_saved_usd": "(optional) what prompt caching saved: the cost with every prompt token at the input price, minus cost_usd (negative when writes cost more than reads saved); absent: 0",
+                "route": "(optional) flex or online: a row answered on a synchronous route; absent: a batch (chunk -1: the preflight)",
             },
-            # the fold has always taken the event's own day when it is absent; the cache figures were added later
-            optional=("day", "cache_write_tokens", "cache_saved_usd"),
+            # the fold has always taken the event's own day when it is absent; the cache figures and the route were added later
+            optional=("day", "cache_write_tokens", "cache_saved_usd", "route"),
         ),
         _t(
             "SchemaOverheadLearned",

@@ -223,7 +223,14 @@ class OnlineStep:
             **usage,
         )
         used = _e(
-            "TokensUsed", chunk=-1, batch_id=None, model=self.profile.model, cost_usd=cost, day=utc_day(self.wall()), **usage
+            "TokensUsed",
+            chunk=-1,
+            batch_id=None,
+            model=self.profile.model,
+            cost_usd=cost,
+            day=utc_day(self.wall()),
+            route=tier,
+            **usage,
         )
         self.emit(job.job_id, answer, used)
         return True

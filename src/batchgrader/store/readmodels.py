@@ -98,6 +98,7 @@ USAGE_COLUMNS: dict[str, type] = {
     "sandbox": int,  # 1: SIMULATED (sandbox job), not real spend
     "cache_write_tokens": int,  # of prompt_tokens: prompt-cache writes (NULL: before migration 0007)
     "cache_saved_usd": float,  # what prompt caching saved (NULL: before migration 0007)
+    "route": str,  # batch, preflight, flex or online (NULL: before migration 0008; see usage_route)
 }
 
 QUEUE_LIMIT_COLUMNS: dict[str, type] = {
@@ -171,6 +172,11 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
             for col in ("cache_write_tokens", "cache_saved_usd"):
                 if col not in db[table].columns_dict:
                     db[table].add_column(col, columns[col])
+
+    @m(name="0008_routes")
+    def _m0008(db) -> None:  # noqa: ANN001 - the route a usage row paid for (issue 26: flex and online)
+        if "route" not in db["usage"].columns_dict:
+            db["usage"].add_column("route", str)
 
     return m
 
@@ -325,7 +331,14 @@ def usage_row(e: Event, sandbox: bool) -> dict[str, Any]:
         "sandbox": int(sandbox),
         "cache_write_tokens": int(p.get("cache_write_tokens") or 0),
         "cache_saved_usd": float(p.get("cache_saved_usd") or 0.0),
+        "route": usage_route(p.get("route"), p.get("chunk")),
     }
+
+
+def usage_route(route: str | None, chunk: int | None) -> str:
+    """The route a ``TokensUsed`` paid for: its ``route`` (flex, online), else the preflight
+    (chunk -1) or a batch."""
+    return route or ("preflight" if chunk == -1 else "batch")
 
 
 def saving_row(e: Event, job: JobState) -> dict[str, Any]:
