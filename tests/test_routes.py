@@ -302,3 +302,24 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
         assert report["route"] == route and "route     online: online 2 rows" in render_text(report)
     finally:
         rig.close()
+
+
+def test_online_answers_are_stored_for_reuse_and_a_second_file_sends_none_of_them(home):
+    rig = online_rig(home)
+    try:
+        body = "id,response\n" + "".join(f"{i},review {i}\n" for i in range(3))
+        (rig.home.inbox / "a.csv").write_text(body)
+        run_until_ended(rig)
+        assert len(rig.provider.complete_times) == 3
+        (rig.home.inbox / "b.csv").write_text(body + "3,review 3\n")  # three rows answered before, one new
+        for _ in range(30):
+            rig.tick(5.0)  # the inbox is scanned again every few seconds
+            second = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+            if second and second[0].ended:
+                break
+        assert second[0].ended == "completed"
+        assert len(rig.provider.complete_times) == 4  # only the new row was sent
+        rows = rig.result_rows("b_results.csv")
+        assert sorted(r["answered_by"] for r in rows) == ["online", "reused", "reused", "reused"]
+    finally:
+        rig.close()

@@ -10,7 +10,8 @@ explicitly (home, profile, prices, provider, the event sink and the clocks):
 * every row not answered yet is sent, ``concurrency`` at a time (a small thread pool; events are
   written by the calling thread only): the intent ``OnlineRequestSent`` when the request leaves,
   then ``OnlineRequestAnswered`` (with a ``TokensUsed`` of chunk -1 in the same transaction:
-  flex at the catalogue's Batch price, online at its standard price) or ``OnlineRequestFailed``;
+  flex at the catalogue's Batch price, online at its standard price; the answer is put in the
+  answers store in that transaction too, as a batch's answers are) or ``OnlineRequestFailed``;
 * a 429 (or a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
   provider's ``Retry-After`` (else a backoff doubling from 1 s) has passed, on the monotonic clock
   (``not_before``) and, after a restart, the wall clock its event recorded; a row is tried at most
@@ -76,6 +77,10 @@ class OnlineStep:
     mono: Callable[[], float]
     batch_seconds: float = DEFAULT_BATCH_SECONDS
     on_progress: Callable[[], None] = lambda: None
+    keep_days: float = 0.0  # the answers store's retention (cache_days): 0 stores nothing
+    stored_at: Callable[[], float] | None = None  # the answers store's clock (default: wall)
+    # with answer reuse on: request keys -> those with a usable stored answer (None: reuse off)
+    lookup: Callable[[list[str]], set[str]] | None = None
 
     @classmethod
     def of(cls, engine: Any, job: JobState) -> OnlineStep:
@@ -93,6 +98,9 @@ class OnlineStep:
             mono=engine.mono_now,
             batch_seconds=batch_seconds(engine, engine.profile_of(job), job.sandbox),
             on_progress=engine.on_progress,
+            keep_days=float(engine.settings.cache_days),
+            stored_at=engine.trusted_wall,
+            lookup=_lookup(engine, job),
         )
 
     # --- the step -----------------------------------------------------------------------------
@@ -132,8 +140,9 @@ class OnlineStep:
     def _send_all(self, lines: list[bytes]) -> None:
         job = self.job()
         keys = dict(line_keys(self.provider_key, lines))
+        reused = self._reused(keys)
         todo = [json.loads(raw) for raw in lines]
-        todo = [line for line in todo if not job.online.settled(line["custom_id"])]
+        todo = [line for line in todo if not job.online.settled(line["custom_id"]) and line["custom_id"] not in reused]
         if self._given_up_after_crashes(job, todo):
             job = self.job()
             todo = [line for line in todo if not job.online.settled(line["custom_id"])]
@@ -144,7 +153,25 @@ class OnlineStep:
                     return
                 if not self._send_wave(pool, todo[start : start + concurrency], keys):
                     return  # asked to wait: the rest waits for the next step
-        self._maybe_done()
+        self._maybe_done(list(keys), reused)
+
+    def _reused(self, keys: dict[str, str]) -> set[str]:
+        """Rows not sent, with answer reuse on: those whose request has a usable stored answer,
+        and repeats of an earlier row of the file (its answer is stored when it comes).  Prepare
+        takes their answers from the store, as for a batch."""
+        if self.lookup is None:
+            return set()
+        job = self.job()
+        stored = self.lookup([k for cid, k in keys.items() if cid not in job.online.answers])
+        out, seen = set(), set()
+        for cid, key in keys.items():
+            if cid in job.online.answers:
+                seen.add(key)
+            elif key in stored or (key in seen and self.keep_days > 0):
+                out.add(cid)
+            else:
+                seen.add(key)
+        return out
 
     def _given_up_after_crashes(self, job: JobState, todo: list[dict[str, Any]]) -> bool:
         """A request left without an outcome by a crash, already sent again once after one: not
@@ -232,8 +259,33 @@ class OnlineStep:
             route=tier,
             **usage,
         )
-        self.emit(job.job_id, answer, used)
+        stored = {
+            "key": keys[cid],
+            "provider": self.provider_key,
+            "model": self.profile.model,
+            "content": rec.get("content") or "",
+            "finish_reason": rec.get("finish_reason"),
+            **usage,
+            "job_id": job.job_id,
+            "custom_id": cid,
+            "batch_id": None,
+        }
+        self.emit(job.job_id, answer, used, also=self._store(stored))  # stored for reuse as a batch's answers are
         return True
+
+    def _store(self, row: dict[str, Any]) -> Callable[[Any], None] | None:
+        """Put one answer in the answers store, in the transaction of its event (nothing when
+        ``cache_days`` is 0)."""
+        if self.keep_days <= 0:
+            return None
+        when = (self.stored_at or self.wall)()
+
+        def put(conn: Any) -> None:
+            from batchgrader.store import answers
+
+            answers.put(conn, [row], now=when, keep_days=self.keep_days)
+
+        return put
 
     def _retry_later(
         self, job: JobState, cid: str, attempt: int, code: str, error: str, status: int | None, retry_after: float | None
@@ -266,10 +318,10 @@ class OnlineStep:
             price = standard_price(price)
         return float(billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]))
 
-    def _maybe_done(self) -> None:
+    def _maybe_done(self, cids: list[str], reused: set[str]) -> None:
         job = self.job()
         r: RouteState = job.online
-        if r.open or any(not r.settled(cid) for cid in r.attempts) or len(r.answers) + len(r.to_batch) < r.rows:
+        if r.open or any(not r.settled(cid) and cid not in reused for cid in cids):
             return
         self.emit(
             job.job_id,
@@ -292,6 +344,29 @@ def _with_tier(line: dict[str, Any], tier: str) -> dict[str, Any]:
     if tier != "flex":
         return line
     return {**line, "body": {**line["body"], "service_tier": "flex"}}
+
+
+def _lookup(engine: Any, job: JobState) -> Callable[[list[str]], set[str]] | None:
+    """The answers store's lookup for the job, or None when it reuses no answers."""
+    from batchgrader.core.decide import reuse_enabled
+
+    profile = engine.profile_of(job)
+    if not reuse_enabled(job, profile):
+        return None
+
+    def lookup(keys: list[str]) -> set[str]:
+        from batchgrader.store import answers
+
+        found = answers.lookup(
+            engine.store.conn,
+            keys,
+            now=engine.trusted_wall(),
+            keep_days=profile.cache_days,
+            allow_truncated=profile.reuse_truncated_answers,
+        )
+        return set(found)
+
+    return lookup
 
 
 def _epoch(iso_ts: str, default: float) -> float:
