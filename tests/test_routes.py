@@ -323,3 +323,25 @@ def test_online_answers_are_stored_for_reuse_and_a_second_file_sends_none_of_the
         assert sorted(r["answered_by"] for r in rows) == ["online", "reused", "reused", "reused"]
     finally:
         rig.close()
+
+
+@pytest.mark.parametrize(
+    ("rows", "extra", "route"),
+    [
+        (3, "", "online"),
+        (8, "", "batch"),
+        (8, "deadline: 30m\n", "online"),
+        (3, "model: o4-mini\nmax_completion_tokens: 2000\n", "flex"),
+    ],
+)
+def test_auto_chooses_by_rows_and_deadline_and_records_why(home, rows, extra, route):
+    rig = Rig(home, "route: auto\nonline_max_rows: 5\nonline_concurrency: 2\n" + extra)
+    try:
+        drop(rig, rows)
+        rig.tick()
+        rig.tick()
+        (chosen,) = rig.events("RouteChosen")
+        assert chosen["route"] == route and chosen["rows"] == rows and chosen["reason"]
+        assert (rig.calls("complete") == rows) == (route != "batch")
+    finally:
+        rig.close()

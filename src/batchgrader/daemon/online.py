@@ -127,12 +127,13 @@ class OnlineStep:
             flex = self.profile.provider == "openai" and self.prices.get(self.profile.model).spec.flex is True
         except PricingError:
             flex = False
-        arrival = _epoch(job.created_ts, self.wall())
+        now = self.wall()
+        arrival = min(_epoch(job.created_ts, now), now)  # the job's arrival, never after now
         return choose_route(
             rows,
             int(self.profile.get("online_max_rows") or 0),
             deadline=deadline_at(self.profile.get("deadline"), arrival),
-            now=self.wall(),
+            now=now,
             flex=flex,
             batch_seconds=self.batch_seconds,
         )
