@@ -295,6 +295,7 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
         render_job(detail, console)
         shown = console.export_text()
         assert "online 2 rows" in shown and "batch 1 rows" in shown
+        assert "reused answers" not in shown  # the route's answers were sent and billed, not reused
         by_route = {r["key"]: r for r in queries.costs(home, by="route")["rows"]}
         assert set(by_route) == {"online", "batch"} and by_route["online"]["batches"] == 2
         assert by_route["online"]["simulated_usd"] + by_route["online"]["cost_usd"] == pytest.approx(online_cost)

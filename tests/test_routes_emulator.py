@@ -50,6 +50,20 @@ def test_anthropic_429_carries_its_own_rate_limit_headers():
         assert h["anthropic-ratelimit-requests-limit"] == "1" and h["anthropic-ratelimit-requests-remaining"] == "0"
         assert datetime.fromisoformat(h["anthropic-ratelimit-requests-reset"].replace("Z", "+00:00"))
         assert int(h["retry-after"]) >= 1
+        # the adapter hands the wait to the engine
+        from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+        from batchgrader.provider.protocol import ProviderRejected
+
+        provider = AnthropicBatchProvider(TEST_KEY, emu.root_url, max_retries=0)
+        line = {
+            "custom_id": "r1",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "claude-haiku-4-5", "messages": MESSAGES, "max_tokens": 20},
+        }
+        with pytest.raises(ProviderRejected) as rejected:
+            provider.complete(line, "job")
+        assert rejected.value.retryable and rejected.value.retry_after is not None and rejected.value.retry_after > 0
 
 
 def test_flex_is_served_only_for_models_that_have_it_and_the_answer_says_so():

@@ -249,6 +249,14 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     _note(rows[0].get("note"), console)
 
 
+def reused_rows(d: dict[str, Any]) -> int:
+    """Rows answered without a request of their own: the reused ones, less those answered on the
+    job's synchronous route (taken at prepare like stored answers, but each sent and billed)."""
+    route = d.get("route") or {}
+    sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online"))
+    return max(0, int(d.get("cached_rows") or 0) - sync)
+
+
 def route_line(route: dict[str, Any] | None) -> str | None:
     """A job's route and its rows and cost by route (None for a job that went by batch alone)."""
     if not route or (route["route"] == "batch" and not (route["rows"]["flex"] or route["rows"]["online"])):
@@ -308,11 +316,11 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         (
             "reused answers",
             (
-                f"{count(d.get('cached_rows'))} rows answered without a request "
+                f"{count(reused_rows(d))} rows answered without a request "
                 f"({count(d.get('duplicate_rows'))} of them copied from an identical row), "
                 f"{count(d.get('requests'))} sent; saved {money(d.get('saved_usd'))}"
             )
-            if d.get("cached_rows")
+            if reused_rows(d)
             else None,
         ),
         ("route", route_line(d.get("route"))),
