@@ -288,7 +288,7 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
         job = rig.job()
         online_cost = sum(e["cost_usd"] for e in rig.events("OnlineRequestAnswered"))
         detail = queries.job_detail(home, job.job_id)
-        route = detail["route"]
+        route = detail["route_summary"]
         assert route["route"] == "online" and route["rows"] == {"batch": 1, "flex": 0, "online": 2}
         assert route["cost_usd"]["online"] == pytest.approx(online_cost) and route["to_batch"] == 1
         console = Console(record=True, width=160)
@@ -344,5 +344,20 @@ def test_auto_chooses_by_rows_and_deadline_and_records_why(home, rows, extra, ro
         (chosen,) = rig.events("RouteChosen")
         assert chosen["route"] == route and chosen["rows"] == rows and chosen["reason"]
         assert (rig.calls("complete") == rows) == (route != "batch")
+    finally:
+        rig.close()
+
+
+def test_the_job_list_shows_the_rows_each_route_answered(home):
+    from batchgrader.cli.render_status import rows_cell
+    from batchgrader.store import queries
+
+    rig = online_rig(home)
+    try:
+        drop(rig, 3)
+        run_until_ended(rig)
+        (row,) = queries.status(home)
+        assert row["route_summary"]["route"] == "online" and row["route_summary"]["rows"]["online"] == 3
+        assert rows_cell(row).splitlines() == ["3 ok/3", "3 online"]  # not "reused": they were sent and billed
     finally:
         rig.close()

@@ -118,8 +118,12 @@ def rows_cell(r: dict[str, Any]) -> str:
     lines = [f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"]
     if r.get("failed"):
         lines.append(f"{count(r.get('failed'))} failed")
-    if r.get("cached_rows"):
-        lines += [f"{count(r.get('requests'))} sent", f"{count(r.get('cached_rows'))} reused"]
+    route = r.get("route_summary") or {}
+    for name in ("online", "flex"):
+        if (route.get("rows") or {}).get(name):
+            lines.append(f"{count(route['rows'][name])} {name}")
+    if reused_rows(r):
+        lines += [f"{count(r.get('requests'))} sent", f"{count(reused_rows(r))} reused"]
     return "\n".join(lines)
 
 
@@ -252,7 +256,7 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
 def reused_rows(d: dict[str, Any]) -> int:
     """Rows answered without a request of their own: the reused ones, less those answered on the
     job's synchronous route (taken at prepare like stored answers, but each sent and billed)."""
-    route = d.get("route") or {}
+    route = d.get("route_summary") or {}
     sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online"))
     return max(0, int(d.get("cached_rows") or 0) - sync)
 
@@ -323,7 +327,7 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
             if reused_rows(d)
             else None,
         ),
-        ("route", route_line(d.get("route"))),
+        ("route", route_line(d.get("route_summary"))),
         ("estimate (max)", money(d.get("estimate_usd"))),
         (
             "created / updated",

@@ -12,6 +12,7 @@ Job ids may be given as a unique prefix (:func:`resolve_job`).
 from __future__ import annotations
 
 import gc
+import json
 import operator
 import os
 import sqlite3
@@ -162,6 +163,7 @@ STATUS_COLUMNS = (
     "cached_rows",  # rows answered without a request of their own (stored answers, duplicates)
     "saved_usd",
     "input_tokens_exact",  # 1: exact input tokens; 0: estimates (InputTokensCounted); NULL: before it existed
+    "route",  # flex/online jobs: their route and rows and cost by route (JSON); NULL: batch
     "chunks",
 )
 _ORDER_KEY = operator.itemgetter(STATUS_COLUMNS.index("created_ts"), 0)  # (created_ts, job_id)
@@ -182,6 +184,7 @@ def _present(
         d["sandbox"] = bool(d["sandbox"])
         d["cancel_requested"] = bool(d["cancel_requested"])
         d["input_tokens_exact"] = d.get("input_tokens_exact") != 0  # NULL (older rows) counts as exact
+        d["route_summary"] = json.loads(d["route"]) if d.get("route") else None  # "route" keeps the column's JSON
         created, updated = d["created_ts"], d["updated_ts"]
         d["age_seconds"] = max(0.0, now - fromiso(created).timestamp()) if created else None
         d["idle_seconds"] = max(0.0, now - fromiso(updated).timestamp()) if updated else None
@@ -340,7 +343,8 @@ def job_detail(
     ``max_rows`` of ``{custom_id, code, message, chunk}``), ``failed_rows_total``,
     ``row_errors`` / ``row_errors_total`` (rows that could never be sent), ``input_path``,
     ``requests_path``, ``events_total``, ``recent_events`` (the last few, as :func:`events`) and
-    ``route`` (its route, and rows and cost by route: :func:`~batchgrader.core.route_state.route_summary`).
+    ``route_summary`` (its route, and rows and cost by route: :func:`~batchgrader.core.route_state.route_summary`;
+    the list's rows have it for jobs on a flex or online route, else None).
     """
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
 
@@ -370,7 +374,7 @@ def job_detail(
             "row_errors_total": len(job.row_errors),
             "events_total": n_events,
             "recent_events": recent,
-            "route": route_summary(job),
+            "route_summary": route_summary(job),
         }
     )
     return out
