@@ -379,7 +379,13 @@ def logs(obj: Ctx, follow: bool, since: str | None, lines: int | None, max_secon
 @cli.command()
 @click.option("--since", default=None, help="First UTC day (YYYY-MM-DD), inclusive.")
 @click.option("--until", default=None, help="Last UTC day (YYYY-MM-DD), inclusive.")
-@click.option("--by", type=click.Choice(["day", "model", "job"]), default="day", show_default=True)
+@click.option(
+    "--by",
+    type=click.Choice(["day", "model", "job", "route"]),
+    default="day",
+    show_default=True,
+    help="Group by UTC day, model, job, or route (batch, preflight, flex, online; reused answers' savings only in the totals).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool) -> None:

@@ -128,8 +128,12 @@ def rows_cell(r: dict[str, Any]) -> str:
     lines = [f"{count(r.get('succeeded'))} ok/{rows}"]
     if r.get("failed"):
         lines.append(f"{count(r.get('failed'))} failed")
-    if r.get("cached_rows"):
-        lines += [f"{count(r.get('requests'))} sent", f"{count(r.get('cached_rows'))} reused"]
+    route = r.get("route_summary") or {}
+    for name in ("online", "flex"):
+        if (route.get("rows") or {}).get(name):
+            lines.append(f"{count(route['rows'][name])} {name}")
+    if reused_rows(r):
+        lines += [f"{count(r.get('requests'))} sent", f"{count(reused_rows(r))} reused"]
     return "\n".join(lines)
 
 
@@ -259,6 +263,28 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     _note(rows[0].get("note"), console)
 
 
+def reused_rows(d: dict[str, Any]) -> int:
+    """Rows answered without a request of their own: the reused ones, less those answered on the
+    job's synchronous route (taken at prepare like stored answers, but each sent and billed)."""
+    route = d.get("route_summary") or {}
+    sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online"))
+    return max(0, int(d.get("cached_rows") or 0) - sync)
+
+
+def route_line(route: dict[str, Any] | None) -> str | None:
+    """A job's route and its rows and cost by route (None for a job that went by batch alone)."""
+    if not route or (route["route"] == "batch" and not (route["rows"]["flex"] or route["rows"]["online"])):
+        return None
+    parts = [
+        f"{name} {count(route['rows'][name])} rows {money(route['cost_usd'][name])}"
+        for name in ("online", "flex", "batch")
+        if route["rows"][name] or route["cost_usd"][name]
+    ]
+    extra = [f"resent after a crash: {route['resent_after_crash']}"] if route.get("resent_after_crash") else []
+    why = f" ({route['reason']})" if route.get("reason") else ""
+    return f"{route['route']}{why}; " + ", ".join(parts + extra)
+
+
 def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     """One job in full (``bgctl status JOB``)."""
     console = _console(console)
@@ -310,13 +336,14 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         (
             "reused answers",
             (
-                f"{count(d.get('cached_rows'))} rows answered without a request "
+                f"{count(reused_rows(d))} rows answered without a request "
                 f"({count(d.get('duplicate_rows'))} of them copied from an identical row), "
                 f"{count(d.get('requests'))} sent; saved {money(d.get('saved_usd'))}"
             )
-            if d.get("cached_rows")
+            if reused_rows(d)
             else None,
         ),
+        ("route", route_line(d.get("route_summary"))),
         ("estimate (max)", money(d.get("estimate_usd"))),
         (
             "created / updated",

@@ -17,6 +17,7 @@ from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_com
 
 
 OUTBOX_TIMER = -1  # the "chunk" of Timers.not_before that holds a job's next outbox write
+ONLINE_TIMER = -2  # the "chunk" of Timers.not_before before which a synchronous route sends no request
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,17 @@ class Preflight(Action):
     """Send the job's first rows through the provider's synchronous API before it is prepared
     into batches (intent ``PreflightRequested``, outcome ``PreflightPassed`` / ``PreflightFailed``
     / ``PreflightUnreachable``)."""
+
+    stage: ClassVar[int] = 2
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class SendOnline(Action):
+    """Send the job's rows through the provider's synchronous API (``route: flex`` or
+    ``online``; ``auto`` first chooses, ``RouteChosen``): per request the intent
+    ``OnlineRequestSent``, then ``OnlineRequestAnswered`` or ``OnlineRequestFailed``; once every
+    row is answered or failed for good, ``OnlineRowsDone`` (daemon/online.py)."""
 
     stage: ClassVar[int] = 2
     ends_step: ClassVar[bool] = True

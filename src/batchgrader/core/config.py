@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from batchgrader.core.config_values import (
 )
 from batchgrader.core.home import Home
 from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.routes import ROUTES, deadline_problem, parse_deadline
 from batchgrader.core.secrets import mask_secret
 from batchgrader.core.settings import Settings
 
@@ -158,6 +160,26 @@ KEYS: dict[str, Key] = {
         3,
         _int(0),
         "Before a job's first batch, send its first rows through the provider's synchronous API; any failure fails the job before a batch is created. 0 turns it off.",
+    ),
+    "route": Key(
+        "batch",
+        _choice(*ROUTES),
+        "How a job's rows travel: 'batch' (batches, half price), 'flex' (synchronous at the flex tier, Batch price; OpenAI models whose catalogue row has flex), 'online' (synchronous at the standard tier, standard price) or 'auto' (online_max_rows and deadline choose).",
+    ),
+    "deadline": Key(
+        None,
+        parse_deadline,
+        "When a job's results are wanted: a duration from its arrival (90s, 45m, 2h, 1d) or an ISO 8601 time with its offset; route 'auto' goes online when a batch would take longer. A time already past is refused.",
+    ),
+    "online_max_rows": Key(
+        100,
+        _int(0),
+        "Route 'auto': a file of at most this many rows goes through the synchronous API (flex where the model has it, else online).",
+    ),
+    "online_concurrency": Key(
+        4,
+        _int(1),
+        "Routes 'flex' and 'online': requests of one job in flight at once (the provider's per-minute limits and Retry-After are honoured on top).",
     ),
     "enqueued_token_limit": Key(
         {}, _int_map, "Per-model cap on input tokens in flight (model -> tokens); a chunk waits for capacity."
@@ -472,8 +494,10 @@ def load_config(
     home: Home,
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    now: float | None = None,
 ) -> Config:
-    """Build the effective configuration. Reads config.yaml (if any); no other I/O."""
+    """Build the effective configuration. Reads config.yaml (if any); no other I/O.  ``now``
+    (default: the wall clock) is what an absolute ``deadline`` is checked against."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {k: copy.deepcopy(spec.default) for k, spec in KEYS.items()}
     sources: dict[str, str] = {k: "default" for k in KEYS}
@@ -529,7 +553,11 @@ def load_config(
                 pv[key], ps[key] = values[key], sources[key]
         profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
     for prof in (default, *profiles.values()):
-        for problem in (_check_provider_model(prof, home.config_file), _check_reference(prof, home.config_file)):
+        for problem in (
+            _check_provider_model(prof, home.config_file),
+            _check_reference(prof, home.config_file),
+            _check_deadline(prof, home.config_file, time.time() if now is None else now),
+        ):
             if problem:
                 errors.append(problem)
     _raise_all(errors)
@@ -549,6 +577,15 @@ def _check_provider_model(profile: Profile, config_file: Path) -> str | None:
             f"(its models start with {prefix!r}); set 'model' or 'provider'"
         )
     return None
+
+
+def _check_deadline(profile: Profile, config_file: Path, now: float) -> str | None:
+    """A ``deadline`` already past is refused before anything is sent (the message)."""
+    problem = deadline_problem(profile.values.get("deadline"), now)
+    if problem is None:
+        return None
+    where = "the default profile" if profile.name == "default" else f"profiles.{profile.name}"
+    return f"{config_file}: {where}: key 'deadline' {problem}"
 
 
 def _check_reference(profile: Profile, config_file: Path) -> str | None:

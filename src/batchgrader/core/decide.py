@@ -48,6 +48,7 @@ from batchgrader.core.actions import (
     Replan,
     RestoreInput,
     SearchRecovered,
+    SendOnline,
     Step,
     StoreAnswers,
     Timers,
@@ -57,6 +58,8 @@ from batchgrader.core.actions import (
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
+from batchgrader.core.route_rules import online_waits, sync_route
+from batchgrader.core.routes import SYNC_ROUTES
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
@@ -410,7 +413,11 @@ def decide_job(
     if job.archived_path:
         out.append(RestoreInput(job_id))
     if not job.prepared:
-        if preflight_due(job, config):
+        if sync_route(job, config) is not None:
+            if not online_waits(job, now, timers):
+                out.append(SendOnline(job_id))
+            return out
+        if preflight_due(job, config) and job.online.route not in SYNC_ROUTES:
             if job.preflight == "unreachable" and job.preflight_retry_at is not None and now < job.preflight_retry_at:
                 return out  # the provider could not be reached: wait for the backoff
             out.append(Preflight(job_id))

@@ -305,6 +305,109 @@ class PreflightUnreachable(TypedDict):
     retry_at: float
 
 
+# --- the synchronous routes (route: flex | online | auto) ---------------------------------------
+
+
+@event(
+    1,
+    "route",
+    {
+        "route": "batch, flex or online: how the job's rows travel",
+        "reason": "why (the profile's route, or what route: auto weighed)",
+        "rows": "rows of the file (the requests the synchronous route sends)",
+    },
+)
+class RouteChosen(TypedDict):
+    route: str
+    reason: str
+    rows: int
+
+
+@event(
+    1,
+    "route (intent)",
+    {
+        "custom_id": "the row sent",
+        "attempt": "1 for the first try, one more for each try after a 429, a 5xx or a crash",
+        "tier": "flex or online",
+        "resent_after_crash": "true when an earlier request of the row had no outcome (a crash): sent again once",
+    },
+    intent_for="OnlineRequestAnswered|OnlineRequestFailed",
+)
+class OnlineRequestSent(TypedDict):
+    custom_id: str
+    attempt: int
+    tier: str
+    resent_after_crash: bool
+
+
+@event(
+    1,
+    "route",
+    {
+        "custom_id": "the row",
+        "key": "its request key (the answers store's key)",
+        "content": "the answer",
+        "finish_reason": "the provider's finish reason",
+        "prompt_tokens": "billed input tokens",
+        "cached_tokens": "of which read from the prompt cache",
+        "completion_tokens": "billed output tokens",
+        "reasoning_tokens": "of which reasoning",
+        "tier": "flex or online",
+        "cost_usd": "its cost (flex: the Batch price; online: the standard price; also in the TokensUsed with chunk -1 beside it)",
+    },
+)
+class OnlineRequestAnswered(TypedDict):
+    custom_id: str
+    key: str
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    tier: str
+    cost_usd: float
+
+
+@event(
+    1,
+    "route",
+    {
+        "custom_id": "the row",
+        "code": "rate_limited, server_error, outcome_unknown, or the provider's error code (http_<status> when it has none)",
+        "error": "the provider's message",
+        "status_code": "the HTTP status (null: no answer)",
+        "retry_at": "when it may be sent again (epoch seconds; the provider's Retry-After when it gave one); null when final",
+        "final": "true: not sent on this route again (attempts used up, or refused for good); the row goes in the job's batch",
+    },
+)
+class OnlineRequestFailed(TypedDict):
+    custom_id: str
+    code: str
+    error: str
+    status_code: int | None
+    retry_at: float | None
+    final: bool
+
+
+@event(
+    1,
+    "route",
+    {
+        "answered": "rows answered on the route",
+        "to_batch": "rows whose requests failed for good: they go in the job's batch",
+        "resent_after_crash": "requests sent again because a crash left them without an outcome",
+        "cost_usd": "what the answered rows cost",
+    },
+)
+class OnlineRowsDone(TypedDict):
+    answered: int
+    to_batch: int
+    resent_after_crash: int
+    cost_usd: float
+
+
 @event(
     1,
     "bgctl retry",

@@ -308,6 +308,7 @@ class OutputFileMalformed(TypedDict):
         "day": "UTC day (YYYY-MM-DD) of the fact; absent: the UTC day of the event's ts",
         "cache_write_tokens": "of prompt_tokens, prompt-cache writes (billed at the cache-write price); absent: 0",
         "cache_saved_usd": "what prompt caching saved: the cost with every prompt token at the input price, minus cost_usd (negative when writes cost more than reads saved); absent: 0",
+        "route": "flex or online: a row answered on a synchronous route; absent: a batch (chunk -1: the preflight)",
     },
 )
 class TokensUsed(TypedDict):
@@ -322,6 +323,7 @@ class TokensUsed(TypedDict):
     day: NotRequired[str | None]
     cache_write_tokens: NotRequired[int]
     cache_saved_usd: NotRequired[float]
+    route: NotRequired[str]
 
 
 @event(

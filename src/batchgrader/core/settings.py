@@ -76,6 +76,11 @@ class Settings:
     rescan_interval_seconds: float
     stable_seconds: float
     log_level: str
+    # routes: batch, flex, online
+    route: str
+    deadline: str | None
+    online_max_rows: int
+    online_concurrency: int
     # reusing answers and caching
     reuse_answers: bool | None
     reuse_truncated_answers: bool

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from batchgrader.core import payloads as P
 from batchgrader.core.events import CORRUPT_KEY, Event
+from batchgrader.core.route_state import ROUTE_FOLDS, RouteState
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")
@@ -144,6 +145,7 @@ class JobState:
     preflight_retry_at: float | None = None
     preflight_error: str | None = None
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
+    online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/route_state.py)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
@@ -739,3 +741,7 @@ def _answers_stored(s: State, job: JobState, p: P.AnswersStored, e: Event) -> No
 @folds(P.InputTokensCounted)
 def _input_tokens_counted(s: State, job: JobState, p: P.InputTokensCounted, e: Event) -> None:
     job.input_tokens_exact = bool(p["exact"])
+
+
+for _payload, _handler in ROUTE_FOLDS:  # the synchronous routes' handlers live with their state
+    folds(_payload)(_handler)

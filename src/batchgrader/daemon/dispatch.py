@@ -37,6 +37,7 @@ from batchgrader.core.decide import (
     Replan,
     RestoreInput,
     SearchRecovered,
+    SendOnline,
     StoreAnswers,
     Upload,
     WriteResult,
@@ -47,6 +48,7 @@ from batchgrader.daemon.collect import CollectSteps
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.intake import IntakeSteps
+from batchgrader.daemon.online import OnlineStep
 from batchgrader.daemon.preflight import PreflightStep
 from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.daemon.reuse import ReuseSteps
@@ -88,6 +90,7 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         RecoverEnded: lambda a, job, now: s.finish.finish_effects(job, now),
         RestoreInput: lambda a, job, now: restore_input(ctx, job),
         Preflight: lambda a, job, now: s.preflight.run(job, now),
+        SendOnline: lambda a, job, now: OnlineStep.of(ctx, job).run(),
         Prepare: lambda a, job, now: s.prepare.prepare(job, now),
         CancelBatch: lambda a, job, now: s.submit.cancel_batch(a, ctx.mono),
         Release: lambda a, job, now: ctx.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False)),

@@ -20,7 +20,7 @@ from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import riders, sent_ids
 from batchgrader.pipeline.prepare import oversized_positions
-from batchgrader.pipeline.reuse import PREFLIGHT, ReusePlan, ReuseProbe, read_reuse_file, replan
+from batchgrader.pipeline.reuse import ANSWERED_IN_JOB, PREFLIGHT, ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent
@@ -137,7 +137,7 @@ class ReuseSteps:
             self.answered[job.job_id] = plan
         u = dict(plan.cached_usage)
         for _cid, a in plan.cached:  # the preflight's rows were paid for (PreflightPassed): nothing saved
-            if a.ts == PREFLIGHT:
+            if a.ts in ANSWERED_IN_JOB:
                 for k in u:
                     u[k] -= int(getattr(a, k))
         return [
@@ -231,6 +231,20 @@ def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
             PREFLIGHT,
         )
         for a in job.preflight_answers
+    } | {  # and those of its synchronous route (daemon/online.py), marked with the route
+        a["key"]: answers.StoredAnswer(
+            a["key"],
+            a["content"],
+            a.get("finish_reason"),
+            int(a["prompt_tokens"]),
+            int(a["cached_tokens"]),
+            int(a["completion_tokens"]),
+            int(a["reasoning_tokens"]),
+            job.job_id,
+            a["custom_id"],
+            a["tier"],
+        )
+        for a in job.online.answers.values()
     }
 
 

@@ -96,12 +96,32 @@ def profile_problems(profile: Profile, price: Price) -> list[str]:
             f"{where}: key 'response_format' asks for a JSON schema, which model {model!r} does not support "
             "(no structured outputs); remove 'response_format' or choose a model that has them (`bgctl models`)"
         )
+    out += _route_problems(profile, spec, where, model)
     if profile.values.get("token_param") == "max_tokens" and spec.reasoning is not None and spec.provider == "openai":
         out.append(
             f"{where}: key 'token_param' is 'max_tokens', which reasoning model {model!r} refuses "
             "(400 unsupported_parameter); set 'token_param' to 'auto'"
         )
     return out
+
+
+def _route_problems(profile: Profile, spec: ModelSpec, where: str, model: str) -> list[str]:
+    """``route: flex`` on a provider or model without a flex tier (unknown counts as without)."""
+    if profile.values.get("route") != "flex":
+        return []
+    provider = profile.values["provider"]
+    if provider != "openai":
+        return [
+            f"{where}: key 'route' is 'flex', but provider {provider!r} offers no flex tier this program can use "
+            "(see docs/providers.md); set 'route' to 'online', 'batch' or 'auto'"
+        ]
+    if spec.flex is not True:
+        return [
+            f"{where}: key 'route' is 'flex', but model {model!r} has no flex tier (its catalogue row's flex column is "
+            f"{'no' if spec.flex is False else 'empty'}; `bgctl models` lists them); set 'route' to 'online', 'batch' or "
+            "'auto', or choose a model with flex"
+        ]
+    return []
 
 
 def _temperature_problems(profile: Profile, spec: ModelSpec, effort: str | None, where: str, model: str) -> list[str]:

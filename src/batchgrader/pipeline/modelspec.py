@@ -32,6 +32,10 @@ Each catalogue row carries, after the price columns (see :mod:`batchgrader.pipel
     ``yes`` or ``no``: whether a JSON-schema ``response_format`` is accepted (empty: unknown).
 ``min_cache_prefix``
     the shortest prompt prefix, in tokens, the provider caches (empty: unknown or none).
+``flex``
+    ``yes`` or ``no``: whether the synchronous API serves the model at the flex tier (OpenAI
+    ``service_tier: "flex"``, billed at the Batch prices of the row); empty: unknown, which
+    ``route: flex`` refuses (see docs/providers.md for the sources).
 ``notes``
     where each figure came from and what could not be verified.
 
@@ -72,6 +76,7 @@ SPEC_COLUMNS = (
     "output_param",
     "structured_output",
     "min_cache_prefix",
+    "flex",
     "notes",
 )
 
@@ -106,6 +111,7 @@ class ModelSpec:
     output_param: str | None = None
     structured_output: bool | None = None
     min_cache_prefix: int | None = None
+    flex: bool | None = None
     notes: str | None = None
 
     def effective_effort(self, setting: str | None) -> str | None:
@@ -188,7 +194,7 @@ def _parse_cell(column: str, text: str) -> Any:
         return _choice(text, column, TEMPERATURE_RULES) or "any"
     if column == "output_param":
         return _choice(text, column, OUTPUT_PARAMS)
-    if column == "structured_output":
+    if column in ("structured_output", "flex"):
         return _yes_no(text, column)
     return text or None  # notes
 

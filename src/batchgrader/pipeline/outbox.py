@@ -31,7 +31,14 @@ def error_name(input_name: str) -> str:
 
 #: ``answered_by``: how a row got its answer.  Only ``batch`` rows were billed in this job; the
 #: token columns of ``duplicate`` and ``reused`` rows are 0, so each column sums to the bill.
-ANSWERED_BY = {None: "batch", "duplicate": "duplicate", "cache": "reused", "preflight": "preflight"}
+ANSWERED_BY = {
+    None: "batch",
+    "duplicate": "duplicate",
+    "cache": "reused",
+    "preflight": "preflight",
+    "flex": "flex",
+    "online": "online",
+}
 #: answers billed elsewhere: their rows carry 0 tokens (a preflight's answer was billed in this job)
 BILLED_ELSEWHERE = frozenset({"duplicate", "cache"})
 

@@ -40,6 +40,9 @@ ExactCount = Callable[[list[bytes]], tuple[list[int] | None, dict[str, Any]]]
 #: stored answer, the reuse file's last field, the result record's ``reused``): it was billed in
 #: this job, so its row keeps its tokens and is ``answered_by: preflight``
 PREFLIGHT = "preflight"
+#: likewise an answer of the job's own synchronous route (``route: flex`` / ``online``): billed in
+#: this job, ``answered_by`` its route
+ANSWERED_IN_JOB = (PREFLIGHT, "flex", "online")
 
 
 def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, counting: dict[str, Any] | None) -> bool:
@@ -109,7 +112,7 @@ class ReusePlan:
 def _answered_by(a: Any) -> list[str]:
     """The reuse file's optional last field: ``preflight`` for this job's own preflight answer
     (billed in this job), nothing for an answer from the store."""
-    return [PREFLIGHT] if a.ts == PREFLIGHT else []
+    return [a.ts] if a.ts in ANSWERED_IN_JOB else []
 
 
 def _record(row: list[Any]) -> dict[str, Any]:
@@ -127,7 +130,7 @@ def _record(row: list[Any]) -> dict[str, Any]:
         "completion_tokens": comp,
         "reasoning_tokens": rt,
         "finish_reason": finish,
-        "reused": PREFLIGHT if how == [PREFLIGHT] else "cache",
+        "reused": how[0] if how and how[0] in ANSWERED_IN_JOB else "cache",
         "key": key,
         "answered_in": job,
     }

@@ -44,7 +44,7 @@ from batchgrader.provider.openai_api import (
     ProviderRejected,
     ProviderUnavailable,
 )
-from batchgrader.provider.protocol import content_text
+from batchgrader.provider.protocol import content_text, parse_retry_after
 
 CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_REQUESTS = 100_000
@@ -262,7 +262,14 @@ class AnthropicProvider:
                 raise OutcomeUnknown(op, f"HTTP {e.status_code}: {message}", status_code=e.status_code) from None
             if e.status_code >= 500:
                 raise ProviderUnavailable(op, 1, f"HTTP {e.status_code}: {message}", status_code=e.status_code) from None
-            raise ProviderRejected(op, e.status_code, message, type=err.get("type"), code=err.get("type")) from None
+            raise ProviderRejected(
+                op,
+                e.status_code,
+                message,
+                type=err.get("type"),
+                code=err.get("type"),
+                retry_after=parse_retry_after(e.response.headers),  # a 429's wait (retry-after)
+            ) from None
         except (anthropic.APIConnectionError, anthropic.APITimeoutError) as e:
             if not idempotent:
                 raise OutcomeUnknown(op, self._scrub(f"{type(e).__name__}: {e}")) from None

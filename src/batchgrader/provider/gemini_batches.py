@@ -57,6 +57,7 @@ from batchgrader.provider.protocol import (
     ProviderRejected,
     ProviderUnavailable,
     RequestCounts,
+    parse_retry_after,
 )
 
 T = TypeVar("T")
@@ -163,7 +164,9 @@ class GeminiBatchProvider:
                 if not idempotent:
                     raise OutcomeUnknown(op, f"HTTP {code}: {message}", status_code=code) from None
                 raise ProviderUnavailable(op, 1, f"HTTP {code}: {message}", status_code=code) from None
-            raise ProviderRejected(op, code, message, type=e.status, code=e.status) from None
+            headers = getattr(getattr(e, "response", None), "headers", None)
+            retry_after = parse_retry_after(headers) if headers is not None else None  # a 429's wait
+            raise ProviderRejected(op, code, message, type=e.status, code=e.status, retry_after=retry_after) from None
         except self._soft_errors as e:  # transport errors; UnknownApiResponseError is a ValueError
             cause = self._scrub(f"{type(e).__name__}: {e}")
             if not idempotent:

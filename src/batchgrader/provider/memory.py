@@ -71,6 +71,7 @@ class Fault:
     message: str = "refused by the in-memory provider"
     code: str | None = None
     match: str | None = None  # only a call whose argument (file name, id) contains this
+    retry_after: float | None = None  # refused: the seconds the provider asks to wait (Retry-After)
 
 
 def default_answer(custom_id: str, body: Mapping[str, Any]) -> str:
@@ -98,6 +99,7 @@ class MemoryProvider:
     files: dict[str, _File] = field(default_factory=dict)
     batches: dict[str, BatchInfo] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    complete_times: list[tuple[str, float]] = field(default_factory=list)  # (custom_id, now) of each synchronous request
     # timed batches: seconds from create to completed for a new batch (None: batches move only
     # when told); :meth:`advance` then moves them as the clock passes
     lifetime: Callable[[BatchInfo], float] | None = None
@@ -292,6 +294,7 @@ class MemoryProvider:
         """One request line through the synchronous API: the batch output line a batch would give
         it; a row listed in ``row_errors`` is a definite 400."""
         cid = str(line.get("custom_id") or "")
+        self.complete_times.append((cid, self.now))
         fault = self._fault("complete", cid)
         if fault is not None and fault.kind != "lost":
             raise self._error("chat.completions.create", fault)
@@ -331,7 +334,7 @@ class MemoryProvider:
     @staticmethod
     def _error(op: str, fault: Fault) -> ProviderError:
         if fault.kind == "refused":
-            return ProviderRejected(op, fault.status_code, fault.message, code=fault.code)
+            return ProviderRejected(op, fault.status_code, fault.message, code=fault.code, retry_after=fault.retry_after)
         if fault.kind == "unavailable":
             return ProviderUnavailable(op, 1, "scripted: provider unavailable")
         return OutcomeUnknown(op, f"scripted: reply {'lost' if fault.kind == 'lost' else 'never came'}")

@@ -12,6 +12,7 @@ Job ids may be given as a unique prefix (:func:`resolve_job`).
 from __future__ import annotations
 
 import gc
+import json
 import operator
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchgrader.core.home import Home
+from batchgrader.core.route_state import route_summary
 from batchgrader.store import readside
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ HomeLike = Home | str | os.PathLike[str]
 
 SOURCE_READ_MODEL = "read_model"
 SOURCE_LOG = "log"
-COST_GROUPS = ("day", "model", "job")
+COST_GROUPS = ("day", "model", "job", "route")
 
 
 class QueryError(Exception):
@@ -161,6 +163,7 @@ STATUS_COLUMNS = (
     "cached_rows",  # rows answered without a request of their own (stored answers, duplicates)
     "saved_usd",
     "input_tokens_exact",  # 1: exact input tokens; 0: estimates (InputTokensCounted); NULL: before it existed
+    "route",  # flex/online jobs: their route and rows and cost by route (JSON); NULL: batch
     "chunks",
 )
 _ORDER_KEY = operator.itemgetter(STATUS_COLUMNS.index("created_ts"), 0)  # (created_ts, job_id)
@@ -181,6 +184,7 @@ def _present(
         d["sandbox"] = bool(d["sandbox"])
         d["cancel_requested"] = bool(d["cancel_requested"])
         d["input_tokens_exact"] = d.get("input_tokens_exact") != 0  # NULL (older rows) counts as exact
+        d["route_summary"] = json.loads(d["route"]) if d.get("route") else None  # "route" keeps the column's JSON
         created, updated = d["created_ts"], d["updated_ts"]
         d["age_seconds"] = max(0.0, now - fromiso(created).timestamp()) if created else None
         d["idle_seconds"] = max(0.0, now - fromiso(updated).timestamp()) if updated else None
@@ -338,7 +342,9 @@ def job_detail(
     error), ``warnings``, ``estimate``, ``failed_rows`` (the first
     ``max_rows`` of ``{custom_id, code, message, chunk}``), ``failed_rows_total``,
     ``row_errors`` / ``row_errors_total`` (rows that could never be sent), ``input_path``,
-    ``requests_path``, ``events_total`` and ``recent_events`` (the last few, as :func:`events`).
+    ``requests_path``, ``events_total``, ``recent_events`` (the last few, as :func:`events`) and
+    ``route_summary`` (its route, and rows and cost by route: :func:`~batchgrader.core.route_state.route_summary`;
+    the list's rows have it for jobs on a flex or online route, else None).
     """
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
 
@@ -368,6 +374,7 @@ def job_detail(
             "row_errors_total": len(job.row_errors),
             "events_total": n_events,
             "recent_events": recent,
+            "route_summary": route_summary(job),
         }
     )
     return out
@@ -550,8 +557,15 @@ def _finish(acc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _route(u: dict[str, Any]) -> str:
+    """A usage row's route (a row projected before migration 0008 has none: from its chunk)."""
+    from batchgrader.store.readmodels import usage_route
+
+    return u.get("route") or usage_route(None, u.get("chunk"))
+
+
 def costs(home: HomeLike, since: str | date | None = None, until: str | date | None = None, by: str = "day") -> dict[str, Any]:
-    """Billed usage between two UTC days (inclusive), grouped ``by`` day, model or job.
+    """Billed usage between two UTC days (inclusive), grouped ``by`` day, model, job or route (batch, preflight, flex, online).
 
     From the ``usage`` table (one row per ``TokensUsed``: what was billed, never re-estimated).
     Sandbox usage is SIMULATED: it is summed into ``simulated_usd``, never into ``cost_usd``.
@@ -616,13 +630,14 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     daily: dict[str, dict[str, Any]] = {}
     totals = _zero()
     for u in usage:
-        key = {"day": u["day"], "model": u["model"] or "?", "job": u["job_id"]}[by]
+        key = {"day": u["day"], "model": u["model"] or "?", "job": u["job_id"], "route": _route(u)}[by]
         _add(groups.setdefault(key, _zero()), u)
         _add(daily.setdefault(u["day"], _zero()), u)
         _add(totals, u)
     for sv in saved:
-        key = {"day": sv["day"], "model": sv["model"] or "?", "job": sv["job_id"]}[by]
-        _add_saving(groups.setdefault(key, _zero()), sv)
+        if by != "route":  # a route groups what was billed; the savings stay in the totals
+            key = {"day": sv["day"], "model": sv["model"] or "?", "job": sv["job_id"]}[by]
+            _add_saving(groups.setdefault(key, _zero()), sv)
         _add_saving(daily.setdefault(sv["day"], _zero()), sv)
         _add_saving(totals, sv)
     rows = []

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.route_state import route_summary
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.store.eventstore import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
 from batchgrader.store.readside import (  # noqa: F401 - re-exported: the cheap freshness check lives there
@@ -79,6 +80,7 @@ JOB_STATUS_COLUMNS: dict[str, type] = {
     "input_tokens_exact": int,  # 1: input_tokens are exact (tiktoken or the provider's counts); 0: estimates
     "cache_write_tokens": int,  # billed, part of prompt_tokens: prompt-cache writes
     "cache_saved_usd": float,  # what prompt caching saved (TokensUsed.cache_saved_usd)
+    "route": str,  # JSON route_summary of a job on a flex/online route; NULL: batch (or before migration 0008)
     "chunks": str,  # JSON list of {chunk, status, batch_id, request_counts}, see chunk_row(); stays last
 }
 
@@ -98,6 +100,7 @@ USAGE_COLUMNS: dict[str, type] = {
     "sandbox": int,  # 1: SIMULATED (sandbox job), not real spend
     "cache_write_tokens": int,  # of prompt_tokens: prompt-cache writes (NULL: before migration 0007)
     "cache_saved_usd": float,  # what prompt caching saved (NULL: before migration 0007)
+    "route": str,  # batch, preflight, flex or online (NULL: before migration 0008; see usage_route)
 }
 
 QUEUE_LIMIT_COLUMNS: dict[str, type] = {
@@ -171,6 +174,12 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
             for col in ("cache_write_tokens", "cache_saved_usd"):
                 if col not in db[table].columns_dict:
                     db[table].add_column(col, columns[col])
+
+    @m(name="0008_routes")
+    def _m0008(db) -> None:  # noqa: ANN001 - the route a usage row paid for (issue 26: flex and online)
+        for table in ("usage", "job_status"):
+            if "route" not in db[table].columns_dict:
+                db[table].add_column("route", str)
 
     return m
 
@@ -297,6 +306,7 @@ def job_row(job: JobState) -> dict[str, Any]:
         "input_tokens_exact": int(job.input_tokens_exact),
         "cache_write_tokens": job.cache_write_tokens,
         "cache_saved_usd": job.cache_saved_usd,
+        "route": json.dumps(route_summary(job), sort_keys=True) if job.online.route not in (None, "batch") else None,
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             ensure_ascii=False,
@@ -325,7 +335,14 @@ def usage_row(e: Event, sandbox: bool) -> dict[str, Any]:
         "sandbox": int(sandbox),
         "cache_write_tokens": int(p.get("cache_write_tokens") or 0),
         "cache_saved_usd": float(p.get("cache_saved_usd") or 0.0),
+        "route": usage_route(p.get("route"), p.get("chunk")),
     }
+
+
+def usage_route(route: str | None, chunk: int | None) -> str:
+    """The route a ``TokensUsed`` paid for: its ``route`` (flex, online), else the preflight
+    (chunk -1) or a batch."""
+    return route or ("preflight" if chunk == -1 else "batch")
 
 
 def saving_row(e: Event, job: JobState) -> dict[str, Any]:

@@ -20,6 +20,7 @@ MIGRATION_NAMES = (
     "0005_input_tokens_exact",
     "0006_batch_runs",
     "0007_prompt_cache",
+    "0008_routes",
 )
 
 

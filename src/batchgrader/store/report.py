@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.route_state import route_summary
 from batchgrader.store.eventstore import Event
 from batchgrader.store.report_columns import distribution
 
@@ -334,6 +335,7 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
             "cache_write_tokens": job.cache_write_tokens,
         },
         "phases": _phases(events),
+        "route": route_summary(job),
     }
     rows: dict[str, Any] = {"total": job.rows, "answered_on_retry": _answered_on_retry(events, chunk_results)}
     figures: dict[str, Any] = {"columns": [], "groups": None, "agreement": None, "failed_rows": []}

@@ -87,6 +87,19 @@ def _cache_line(t: dict[str, Any], c: dict[str, Any]) -> list[str]:
     return [f"cache     {num(t['cached'])} tokens read, {num(writes)} written; saved ${c.get('cache_saved') or 0:,.4f}"]
 
 
+def _route_line(route: dict[str, Any] | None) -> list[str]:
+    """Rows and cost by route (nothing for a job that went by batch alone)."""
+    if not route or not (route["rows"]["flex"] or route["rows"]["online"]):
+        return []
+    parts = [
+        f"{name} {num(route['rows'][name])} rows ${route['cost_usd'][name]:,.4f}"
+        for name in ("online", "flex", "batch")
+        if route["rows"][name] or route["cost_usd"][name]
+    ]
+    resent = f"; {route['resent_after_crash']} resent after a crash" if route.get("resent_after_crash") else ""
+    return [f"route     {route['route']}: " + ", ".join(parts) + resent]
+
+
 def _bars(items: list[tuple[str, int]], width: int) -> list[str]:
     top = max((n for _l, n in items), default=0) or 1
     label_w = max((len(label) for label, _n in items), default=0)
@@ -210,6 +223,7 @@ def render_text(report: dict[str, Any], width: int = BAR_WIDTH) -> str:
         lines.append(f"  error: {j['error']}")
     lines += _rows(report["rows"])
     lines += _money(report["tokens"], report["cost_usd"])
+    lines += _route_line(report.get("route"))
     for i, line in enumerate(phase_lines(report["phases"])):
         lines.append(("time      " if i == 0 else "          ") + line)
     if report.get("agreement"):

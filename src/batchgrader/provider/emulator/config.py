@@ -64,6 +64,11 @@ class EmulatorConfig:
     # (learn.microsoft.com batch how-to: 500; 10,000 with an expiry of 14 to 30 days)
     azure_files_without_expiry: int = 500
     request_failure_rate: float = 0.0  # seeded fraction of requests that fail with a 500
+    # per-minute limits of the synchronous endpoints, per model (None: none): over one, a 429 with
+    # Retry-After and the provider's rate-limit headers (sync.py)
+    sync_requests_per_minute: int | None = None
+    sync_tokens_per_minute: int | None = None
+    sync_limit_window_s: float = 60.0  # the "minute" of those limits (tests shorten it)
     faults: str | FaultRates = "none"
     seed: int = 0
     data_dir: str | os.PathLike[str] | None = None

@@ -297,6 +297,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             else:
                 after = fault
+        err_headers: Mapping[str, str] | None = None
         try:
             if anthropic:
                 self._check_anthropic_auth()
@@ -317,7 +318,9 @@ class _Handler(BaseHTTPRequestHandler):
                 result = self._call(action, params, query, body)
         except (AnthropicApiError, GeminiApiError) as e:
             result = (e.status, e.body())
+            err_headers = getattr(e, "headers", None)  # a 429's Retry-After and rate-limit headers (sync.py)
         except ApiError as e:
+            err_headers = getattr(e, "headers", None)
             if gemini:
                 result = (e.status, gemini_error_body(e.status, e.message))
             elif azure:
@@ -342,7 +345,7 @@ class _Handler(BaseHTTPRequestHandler):
             if after.kind == "ended_reply" and result[0] == 200 and isinstance(result[1], dict):
                 result = (200, _ended_reply(emu, str(result[1].get("id")), after.seconds or 10.0))
         status, payload = result[0], result[1]
-        headers: Mapping[str, str] | None = result[2] if len(result) > 2 else None  # type: ignore[misc]
+        headers: Mapping[str, str] | None = result[2] if len(result) > 2 else err_headers  # type: ignore[misc]
         if after is not None and after.kind == "garble_line" and isinstance(payload, bytes):
             payload = _garble_first_line(payload)
         truncate = after is not None and after.kind == "truncate"

@@ -7,7 +7,8 @@ refuses on the other, with the provider's own error shape:
 * :func:`openai_request_error` -> ``(status, error_body)`` of an OpenAI chat-completions request:
   ``max_tokens`` on a reasoning model (400 ``unsupported_parameter``), a ``temperature`` other than 1 on a model that takes only its default (400 ``unsupported_value``,
   the message OpenAI gives), a ``reasoning_effort`` the model lacks or does not take, an output
-  bound above the model's maximum;
+  bound above the model's maximum; ``service_tier: "flex"`` on a model whose catalogue row has no
+  flex tier (400 ``invalid_value``: the request is refused, not served at the standard tier);
 * :func:`anthropic_request_error` -> the message of a 400 ``invalid_request_error`` for Messages
   params: ``temperature`` on a model that deprecated it, ``max_tokens`` above the maximum, a
   thinking budget not below ``max_tokens``;
@@ -67,6 +68,20 @@ def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
 def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
     spec = shipped_spec(str(body.get("model") or ""))
+    tier = body.get("service_tier")
+    if tier == "flex" and not (spec.provider == "openai" and spec.flex is True):
+        return 400, _openai_error(
+            f"Flex processing is not available for model '{body.get('model')}'. "
+            "See the pricing page for the models that support service_tier 'flex'.",
+            "service_tier",
+            "invalid_value",
+        )
+    if tier is not None and tier not in ("auto", "default", "flex", "priority"):
+        return 400, _openai_error(
+            f"Invalid value: '{tier}'. Supported values are: 'auto', 'default', 'flex' and 'priority'.",
+            "service_tier",
+            "invalid_value",
+        )
     effort = body.get("reasoning_effort")
     if effort is not None and spec.provider == "openai":
         if spec.reasoning is None:

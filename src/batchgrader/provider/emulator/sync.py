@@ -10,7 +10,19 @@ Each shares the batch path's per-request checks and answers: the request is chec
 of a batch input file (:func:`~batchgrader.provider.emulator.validation.check_input`) and
 answered by the same code as a batch's request (``_answer``, ``_msg_result``, ``_gem_result``),
 so a setting the batch path refuses or truncates is refused or truncated here the same way.  A
-request that fails is an HTTP error with the provider's own error shape.  Each synchronous request
+request that fails is an HTTP error with the provider's own error shape.
+
+Per-minute limits (``EmulatorConfig.sync_requests_per_minute`` / ``sync_tokens_per_minute``, None:
+none): the requests and tokens (an estimate: the body's characters / 4, plus its output bound) of
+the last minute (``sync_limit_window_s``, 60 s unless a test shortens it) are counted per model; a request over either limit is refused with HTTP 429, a
+``retry-after`` (whole seconds) and ``retry-after-ms`` giving when it would fit, and the provider's
+rate-limit headers (OpenAI and Azure ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``;
+Anthropic ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``).  Every synchronous
+request is logged in :attr:`SyncLimits.log` (time, model, status, retry-after) for tests.
+
+OpenAI ``service_tier``: ``"flex"`` is refused (400) for a model whose catalogue row has no flex
+tier (:func:`~batchgrader.provider.emulator.rules.openai_request_error`); the answer reports the
+tier it was served at (``"flex"``, else ``"default"``).  Each synchronous request
 is answered with a prompt cache of its own (the emulator caches prefixes within a batch only), so
 no cache read is reported on this path.
 """
@@ -20,7 +32,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from batchgrader.provider.emulator.answers import AnswersMixin
@@ -42,6 +57,126 @@ class _One:
 
 def _request_id(kind: str, body: Any) -> str:
     return hashlib.sha256(f"{kind}:{json.dumps(body, sort_keys=True, default=str)}".encode()).hexdigest()[:24]
+
+
+class RateLimited(ApiError):
+    """OpenAI's 429 for a per-minute limit, with its headers."""
+
+    def __init__(self, message: str, headers: dict[str, str]):
+        super().__init__(429, message, type="requests", code="rate_limit_exceeded")
+        self.headers = headers
+
+
+class AnthropicRateLimited(AnthropicApiError):
+    """Anthropic's 429 ``rate_limit_error``, with its headers."""
+
+    def __init__(self, message: str, headers: dict[str, str]):
+        super().__init__(429, message, type="rate_limit_error")
+        self.headers = headers
+
+
+class GeminiRateLimited(GeminiApiError):
+    """Gemini's 429 ``RESOURCE_EXHAUSTED``, with its Retry-After."""
+
+    def __init__(self, message: str, headers: dict[str, str]):
+        super().__init__(429, message)
+        self.headers = headers
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request over a per-minute limit: which one, and when it would fit."""
+
+    what: str  # requests | tokens
+    limit: int
+    used: int
+    wait: float  # seconds
+    requests: tuple[int | None, int, float]  # limit, remaining, reset (s)
+    tokens: tuple[int | None, int, float]
+
+
+@dataclass
+class SyncLimits:
+    """The last 60 s of synchronous requests per model, against the per-minute limits."""
+
+    rpm: int | None
+    tpm: int | None
+    minute: float = 60.0  # the window's length (EmulatorConfig.sync_limit_window_s)
+    window: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    log: list[tuple[float, str, int, float | None]] = field(default_factory=list)  # (time, model, status, retry-after)
+
+    def admit(self, model: str, tokens: int, now: float) -> Refusal | None:
+        """Count the request in (None), or the :class:`Refusal` when it is over a limit."""
+        sent = self.window.setdefault(model, deque())
+        while sent and sent[0][0] <= now - self.minute:
+            sent.popleft()
+        if self.tpm is not None:
+            tokens = min(tokens, self.tpm)  # a request larger than the limit waits for an empty minute
+        req_wait = 0.0
+        if self.rpm is not None and len(sent) >= self.rpm:
+            req_wait = sent[len(sent) - self.rpm][0] + self.minute - now
+        tok_wait, used = 0.0, sum(t for _, t in sent)
+        if self.tpm is not None and used + tokens > self.tpm:
+            freed = 0
+            for ts, t in sent:
+                freed += t
+                if used - freed + tokens <= self.tpm:
+                    tok_wait = ts + self.minute - now
+                    break
+        reset_req = (sent[0][0] + self.minute - now) if sent else 0.0
+        requests = (self.rpm, max(0, (self.rpm or 0) - len(sent)), max(req_wait, reset_req))
+        tok = (self.tpm, max(0, (self.tpm or 0) - used), max(tok_wait, reset_req))
+        if req_wait > 0 or tok_wait > 0:
+            what = "requests" if req_wait >= tok_wait else "tokens"
+            limit, in_use = (self.rpm or 0, len(sent)) if what == "requests" else (self.tpm or 0, used)
+            refusal = Refusal(what, limit, in_use, max(req_wait, tok_wait), requests, tok)
+            self.log.append((now, model, 429, refusal.wait))
+            return refusal
+        sent.append((now, tokens))
+        self.log.append((now, model, 200, None))
+        return None
+
+
+def _reset(seconds: float) -> str:
+    """OpenAI's reset format: ``1s``, ``6m0s``, ``20ms``."""
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    m, sec = divmod(seconds, 60.0)
+    return f"{int(m)}m{sec:.3g}s" if m else f"{sec:.3g}s"
+
+
+def _retry_headers(r: Refusal) -> dict[str, str]:
+    return {"retry-after": str(max(1, math.ceil(r.wait))), "retry-after-ms": str(max(1, math.ceil(r.wait * 1000)))}
+
+
+def openai_limit_headers(r: Refusal) -> dict[str, str]:
+    """The ``x-ratelimit-*`` headers (only the limits in force) and ``retry-after(-ms)``."""
+    out = _retry_headers(r)
+    for name, (limit, remaining, reset) in (("requests", r.requests), ("tokens", r.tokens)):
+        if limit is not None:
+            out[f"x-ratelimit-limit-{name}"] = str(limit)
+            out[f"x-ratelimit-remaining-{name}"] = str(remaining)
+            out[f"x-ratelimit-reset-{name}"] = _reset(reset)
+    return out
+
+
+def anthropic_limit_headers(r: Refusal, now: float) -> dict[str, str]:
+    """The ``anthropic-ratelimit-*`` headers (reset as RFC 3339) and ``retry-after``."""
+    out = {"retry-after": str(max(1, math.ceil(r.wait)))}
+    for name, (limit, remaining, reset) in (("requests", r.requests), ("tokens", r.tokens)):
+        if limit is not None:
+            out[f"anthropic-ratelimit-{name}-limit"] = str(limit)
+            out[f"anthropic-ratelimit-{name}-remaining"] = str(remaining)
+            out[f"anthropic-ratelimit-{name}-reset"] = datetime.fromtimestamp(now + reset, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return out
+
+
+def _estimate_tokens(body: dict[str, Any]) -> int:
+    """The tokens a request counts against a per-minute limit: its characters / 4 plus its output bound."""
+    bound = (
+        body.get("max_completion_tokens") or body.get("max_tokens") or (body.get("generationConfig") or {}).get("maxOutputTokens")
+    )
+    return len(json.dumps(body, default=str)) // 4 + int(bound or 0)
 
 
 class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
@@ -74,13 +209,45 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
                 param=err.get("param"),
                 type=err.get("type") or "invalid_request_error",
             )
+        refusal = self._admit(checked.model, body)
+        if refusal is not None:
+            raise RateLimited(
+                f"Rate limit reached for {checked.model} in organization {self.cfg.organization} on {refusal.what} per min "
+                f"(RPM/TPM): Limit {refusal.limit}, Used {refusal.used}. Please try again in {refusal.wait:.3f}s.",
+                openai_limit_headers(refusal),
+            )
         with self.lock:
-            return self._answer(req, checked.model, int(self.clock()))
+            out = self._answer(req, checked.model, int(self.clock()))
+        if body.get("service_tier") == "flex":
+            out = {**out, "service_tier": "flex"}
+        return out
+
+    def sync_limits(self) -> SyncLimits:
+        """The per-minute limits' state (made at the first synchronous request)."""
+        with self.lock:
+            lim = self.__dict__.get("_sync_limits")
+            if lim is None:
+                lim = self.__dict__["_sync_limits"] = SyncLimits(
+                    self.cfg.sync_requests_per_minute, self.cfg.sync_tokens_per_minute, self.cfg.sync_limit_window_s
+                )
+            return lim
+
+    def _admit(self, model: str, body: dict[str, Any]) -> Refusal | None:
+        lim = self.sync_limits()
+        with self.lock:
+            return lim.admit(model, _estimate_tokens(body), self.clock())
 
     def message(self, body: Any) -> dict[str, Any]:
         """``POST /v1/messages``: the ``Message``, or the error its batch result would carry."""
         if not isinstance(body, dict):
             raise AnthropicApiError(400, "There was an issue with your request body: not valid JSON.")
+        refusal = self._admit(str(body.get("model") or ""), body)
+        if refusal is not None:
+            raise AnthropicRateLimited(
+                f"This request would exceed the rate limit for your organization of {refusal.limit} {refusal.what} per minute. "
+                "Please try again later.",
+                anthropic_limit_headers(refusal, self.clock()),
+            )
         cid = "sync_" + _request_id("msg", body)
         one = _One("msgsync_" + cid, cid, str(body.get("model") or ""))
         result = self._msg_result(one, {"custom_id": cid, "params": body}, set())["result"]  # type: ignore[arg-type]
@@ -101,6 +268,12 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
             )
         if not isinstance(body, dict):
             raise GeminiApiError(400, "Invalid JSON payload received.")
+        refusal = self._admit(model, body)
+        if refusal is not None:
+            raise GeminiRateLimited(
+                f"Resource has been exhausted (e.g. check quota): {refusal.limit} {refusal.what} per minute.",
+                _retry_headers(refusal),
+            )
         key = _request_id("gen", body)
         out = self._gem_result(_One(key, "sync/" + key, model), {"key": key, "request": body}, set())  # type: ignore[arg-type]
         if "error" in out:

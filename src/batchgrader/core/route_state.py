@@ -1,0 +1,121 @@
+"""The synchronous routes' part of a job's folded state (:class:`RouteState`, ``JobState.online``)
+and its fold handlers (``RouteChosen``, ``OnlineRequestSent``, ``OnlineRequestAnswered``,
+``OnlineRequestFailed``, ``OnlineRowsDone``), :data:`ROUTE_FOLDS`, which
+:mod:`batchgrader.core.state` registers with the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchgrader.core import payloads as P
+
+#: a row's request is tried at most this many times on a synchronous route; then it goes in the batch
+MAX_ATTEMPTS = 4
+#: after a 429 without a Retry-After (or a 5xx): the first wait, doubling per attempt of the row
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 60.0
+
+
+@dataclass
+class RouteState:
+    """How a job's rows travel (``route``: None until chosen; a job without a ``RouteChosen`` goes
+    by batch) and, on a synchronous route, each row's requests and outcomes."""
+
+    route: str | None = None
+    reason: str | None = None
+    rows: int = 0
+    attempts: dict[str, int] = field(default_factory=dict)  # custom_id -> requests sent
+    open: set[str] = field(default_factory=set)  # sent, no outcome yet (after a crash: uncertain)
+    resent: set[str] = field(default_factory=set)  # rows sent again after a crash (once each)
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # custom_id -> the answer (as PreflightPassed's)
+    failed: dict[str, dict[str, Any]] = field(default_factory=dict)  # custom_id -> last failure {code, error, final}
+    retry_at: float | None = None  # no request before this (wall clock; the provider's Retry-After)
+    done: bool = False
+    rows_by_tier: dict[str, int] = field(default_factory=dict)
+    cost_by_tier: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def to_batch(self) -> list[str]:
+        """Rows whose requests failed for good: they go in the job's batch."""
+        return [cid for cid, f in self.failed.items() if f.get("final") and cid not in self.answers]
+
+    def settled(self, cid: str) -> bool:
+        """Whether row ``cid`` needs no more request on this route."""
+        return cid in self.answers or bool(self.failed.get(cid, {}).get("final"))
+
+
+def backoff(attempt: int) -> float:
+    """The wait after the ``attempt``-th failed request of a row when the provider named none."""
+    return min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** max(0, attempt - 1))
+
+
+def _route_chosen(s: Any, job: Any, p: P.RouteChosen, e: Any) -> None:
+    job.online.route, job.online.reason, job.online.rows = p["route"], p["reason"], int(p["rows"])
+
+
+def _online_sent(s: Any, job: Any, p: P.OnlineRequestSent, e: Any) -> None:
+    r: RouteState = job.online
+    cid = p["custom_id"]
+    r.attempts[cid] = int(p["attempt"])
+    r.open.add(cid)
+    if p.get("resent_after_crash"):
+        r.resent.add(cid)
+
+
+def _online_answered(s: Any, job: Any, p: P.OnlineRequestAnswered, e: Any) -> None:
+    r: RouteState = job.online
+    cid = p["custom_id"]
+    r.open.discard(cid)
+    r.failed.pop(cid, None)
+    r.answers[cid] = dict(p)
+    tier = p["tier"]
+    r.rows_by_tier[tier] = r.rows_by_tier.get(tier, 0) + 1
+    r.cost_by_tier[tier] = r.cost_by_tier.get(tier, 0.0) + float(p["cost_usd"] or 0.0)
+
+
+def _online_failed(s: Any, job: Any, p: P.OnlineRequestFailed, e: Any) -> None:
+    r: RouteState = job.online
+    cid = p["custom_id"]
+    r.open.discard(cid)
+    r.failed[cid] = {"code": p["code"], "error": p["error"], "final": bool(p["final"]), "status": p["status_code"]}
+    if p["retry_at"] is not None:
+        r.retry_at = max(r.retry_at or 0.0, float(p["retry_at"]))
+
+
+def _online_done(s: Any, job: Any, p: P.OnlineRowsDone, e: Any) -> None:
+    job.online.done = True
+
+
+def route_summary(job: Any) -> dict[str, Any]:
+    """A job's route and its rows and cost by route, for ``bgctl status``, ``costs`` and the
+    report: ``{route, reason, rows: {batch, flex, online}, cost_usd: {...}, to_batch,
+    resent_after_crash}`` (``batch`` rows are those sent in batches; its cost is the rest of the
+    job's bill, a preflight's included)."""
+    r: RouteState = job.online
+    rows = {"batch": int(job.requests), "flex": r.rows_by_tier.get("flex", 0), "online": r.rows_by_tier.get("online", 0)}
+    sync_cost = sum(r.cost_by_tier.values())
+    cost = {
+        "batch": round(max(0.0, job.cost_usd - sync_cost), 6),
+        "flex": round(r.cost_by_tier.get("flex", 0.0), 6),
+        "online": round(r.cost_by_tier.get("online", 0.0), 6),
+    }
+    return {
+        "route": r.route or "batch",
+        "reason": r.reason,
+        "rows": rows,
+        "cost_usd": cost,
+        "to_batch": len(r.to_batch),
+        "resent_after_crash": len(r.resent),
+    }
+
+
+#: (payload type, fold handler) of each route event
+ROUTE_FOLDS = (
+    (P.RouteChosen, _route_chosen),
+    (P.OnlineRequestSent, _online_sent),
+    (P.OnlineRequestAnswered, _online_answered),
+    (P.OnlineRequestFailed, _online_failed),
+    (P.OnlineRowsDone, _online_done),
+)

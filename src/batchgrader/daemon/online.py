@@ -1,0 +1,390 @@
+"""The engine step of the synchronous routes (``route: flex``, ``online``, or ``auto`` choosing
+one of them): a job's rows through the provider's synchronous API, before it is prepared.
+
+One :class:`OnlineStep` carries out one ``SendOnline`` action, with what it needs given
+explicitly (home, profile, prices, provider, the event sink and the clocks):
+
+* a route not chosen yet is chosen first (``RouteChosen``): the profile's, or for ``auto`` what
+  :func:`~batchgrader.core.routes.choose_route` makes of the row count and the deadline; ``batch``
+  ends the step (the job is prepared into batches as usual);
+* every row not answered yet is sent, ``concurrency`` at a time (a small thread pool; events are
+  written by the calling thread only): the intent ``OnlineRequestSent`` when the request leaves,
+  then ``OnlineRequestAnswered`` (with a ``TokensUsed`` of chunk -1 in the same transaction:
+  flex at the catalogue's Batch price, online at its standard price; the answer is put in the
+  answers store in that transaction too, as a batch's answers are) or ``OnlineRequestFailed``;
+* a 429 (or a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
+  provider's ``Retry-After`` (else a backoff doubling from 1 s) has passed, on the monotonic clock
+  (``not_before``) and, after a restart, the wall clock its event recorded; a row is tried at most
+  :data:`~batchgrader.core.route_state.MAX_ATTEMPTS` times, and a definite refusal (another 4xx) or an
+  answer that is not usable (truncated, refused, invalid) fails it at once: such a row is failed
+  ``final`` and goes in the job's batch, where it is answered or fails with its code in the result
+  like any batch row (``bgctl retry`` sends it again);
+* a request left without an outcome by a crash is uncertain (a synchronous call has no record
+  to reconcile with): it is sent again once, marked ``resent_after_crash``; one left so twice is
+  failed ``final`` (``outcome_unknown``) and goes in the batch;
+* once every row is answered or failed for good, ``OnlineRowsDone``; the job is then prepared
+  and its answers are taken like stored answers (``daemon/reuse.py``), so only the failed rows
+  are sent in a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchgrader.core.actions import ONLINE_TIMER
+from batchgrader.core.config import ConfigError, Profile
+from batchgrader.core.decide import utc_day
+from batchgrader.core.home import Home
+from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff
+from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
+from batchgrader.core.state import JobState
+from batchgrader.daemon.base import _e
+from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.merge import outcome_record
+from batchgrader.pipeline.outputschema import schema_of
+from batchgrader.pipeline.prepare import first_requests
+from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, standard_price
+from batchgrader.pipeline.results import parse_line
+from batchgrader.pipeline.tables import InputError
+from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
+from batchgrader.store.eventstore import NewEvent
+
+log = logging.getLogger("batchgrader.engine")
+
+USAGE = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+ALL_ROWS = 1 << 40
+
+
+@dataclass
+class OnlineStep:
+    """One ``SendOnline`` carried out (see the module docstring)."""
+
+    home: Home
+    profile: Profile
+    prices: PriceTable
+    provider: Provider
+    emit: Callable[..., None]  # emit(job_id, *events): appended and folded
+    job: Callable[[], JobState]  # the job's state as folded now
+    provider_key: str
+    not_before: MutableMapping[tuple[str, int], float]  # the engine's timers (monotonic clock)
+    wall: Callable[[], float]
+    mono: Callable[[], float]
+    batch_seconds: float = DEFAULT_BATCH_SECONDS
+    on_progress: Callable[[], None] = lambda: None
+    keep_days: float = 0.0  # the answers store's retention (cache_days): 0 stores nothing
+    stored_at: Callable[[], float] | None = None  # the answers store's clock (default: wall)
+    # with answer reuse on: request keys -> those with a usable stored answer (None: reuse off)
+    lookup: Callable[[list[str]], set[str]] | None = None
+
+    @classmethod
+    def of(cls, engine: Any, job: JobState) -> OnlineStep:
+        """The step with what the engine's context holds (the one place that reads it)."""
+        return cls(
+            home=engine.home,
+            profile=engine.profile_of(job),
+            prices=engine.prices,
+            provider=engine.provider,
+            emit=engine.emit,
+            job=lambda: engine.state.jobs[job.job_id],
+            provider_key=engine.provider_key_for(job),
+            not_before=engine.schedule.not_before,
+            wall=lambda: engine.wall + (engine.mono_now() - engine.mono),
+            mono=engine.mono_now,
+            batch_seconds=batch_seconds(engine, engine.profile_of(job), job.sandbox),
+            on_progress=engine.on_progress,
+            keep_days=float(engine.settings.cache_days),
+            stored_at=engine.trusted_wall,
+            lookup=_lookup(engine, job),
+        )
+
+    # --- the step -----------------------------------------------------------------------------
+    def run(self) -> None:
+        job = self.job()
+        try:
+            lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
+        except (ConfigError, InputError, UnicodeError, OSError) as exc:
+            # prepare fails the job for its input with its own codes
+            self.emit(job.job_id, _e("RouteChosen", route="batch", reason=f"the input could not be read: {exc}", rows=0))
+            return
+        if job.online.route is None:
+            route, reason = self._choose(job, len(lines))
+            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(lines)))
+            if route == "batch":
+                return
+        self._send_all(lines)
+
+    def _choose(self, job: JobState, rows: int) -> tuple[str, str]:
+        route = str(self.profile.get("route") or "batch")
+        if route != "auto":
+            return route, f"the profile's route is {route!r}"
+        try:
+            flex = self.profile.provider == "openai" and self.prices.get(self.profile.model).spec.flex is True
+        except PricingError:
+            flex = False
+        now = self.wall()
+        arrival = min(_epoch(job.created_ts, now), now)  # the job's arrival, never after now
+        return choose_route(
+            rows,
+            int(self.profile.get("online_max_rows") or 0),
+            deadline=deadline_at(self.profile.get("deadline"), arrival),
+            now=now,
+            flex=flex,
+            batch_seconds=self.batch_seconds,
+        )
+
+    def _send_all(self, lines: list[bytes]) -> None:
+        job = self.job()
+        keys = dict(line_keys(self.provider_key, lines))
+        reused = self._reused(keys)
+        todo = [json.loads(raw) for raw in lines]
+        todo = [line for line in todo if not job.online.settled(line["custom_id"]) and line["custom_id"] not in reused]
+        if self._given_up_after_crashes(job, todo):
+            job = self.job()
+            todo = [line for line in todo if not job.online.settled(line["custom_id"])]
+        concurrency = max(1, int(self.profile.get("online_concurrency") or 1))
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bg-online") as pool:
+            for start in range(0, len(todo), concurrency):
+                if self._waiting():
+                    return
+                if not self._send_wave(pool, todo[start : start + concurrency], keys):
+                    return  # asked to wait: the rest waits for the next step
+        self._maybe_done(list(keys), reused)
+
+    def _reused(self, keys: dict[str, str]) -> set[str]:
+        """Rows not sent, with answer reuse on: those whose request has a usable stored answer,
+        and repeats of an earlier row of the file (its answer is stored when it comes).  Prepare
+        takes their answers from the store, as for a batch."""
+        if self.lookup is None:
+            return set()
+        job = self.job()
+        stored = self.lookup([k for cid, k in keys.items() if cid not in job.online.answers])
+        out, seen = set(), set()
+        for cid, key in keys.items():
+            if cid in job.online.answers:
+                seen.add(key)
+            elif key in stored or (key in seen and self.keep_days > 0):
+                out.add(cid)
+            else:
+                seen.add(key)
+        return out
+
+    def _given_up_after_crashes(self, job: JobState, todo: list[dict[str, Any]]) -> bool:
+        """A request left without an outcome by a crash, already sent again once after one: not
+        sent a third time (failed for good; the row goes in the batch)."""
+        events = [
+            _failed(cid, "outcome_unknown", "a crash left it without an outcome twice; it goes in the batch", None, None, True)
+            for cid in sorted(job.online.open & job.online.resent)
+        ]
+        if events:
+            self.emit(job.job_id, *events)
+        return bool(events)
+
+    def _waiting(self) -> bool:
+        job = self.job()
+        return self.not_before.get((job.job_id, ONLINE_TIMER), float("-inf")) > self.mono()
+
+    def _send_wave(self, pool: ThreadPoolExecutor, wave: list[dict[str, Any]], keys: dict[str, str]) -> bool:
+        """Send one wave; False when the provider asked to wait (or could not be reached)."""
+        job = self.job()
+        tier = job.online.route or "online"
+        intents = [
+            _e(
+                "OnlineRequestSent",
+                custom_id=line["custom_id"],
+                attempt=job.online.attempts.get(line["custom_id"], 0) + 1,
+                tier=tier,
+                resent_after_crash=line["custom_id"] in job.online.open,
+            )
+            for line in wave
+        ]
+        self.emit(job.job_id, *intents)  # stamped before the requests leave
+        futures: list[Future[dict[str, Any]]] = [
+            pool.submit(self.provider.complete, _with_tier(line, tier), job.job_id) for line in wave
+        ]
+        go_on = True
+        for line, fut in zip(wave, futures, strict=True):
+            go_on = self._outcome(line, fut, keys, tier) and go_on
+            self.on_progress()
+        return go_on
+
+    def _outcome(self, line: dict[str, Any], fut: Future[dict[str, Any]], keys: dict[str, str], tier: str) -> bool:
+        job = self.job()
+        cid = line["custom_id"]
+        attempt = job.online.attempts.get(cid, 1)
+        try:
+            got = fut.result()
+        except ProviderRejected as exc:
+            if exc.retryable:
+                return self._retry_later(job, cid, attempt, "rate_limited", str(exc), exc.status_code, exc.retry_after)
+            code = str(exc.code or f"http_{exc.status_code}")
+            self.emit(job.job_id, _failed(cid, code, str(exc), exc.status_code, None, True))
+            return True
+        except (OutcomeUnknown, ProviderUnavailable) as exc:
+            status = getattr(exc, "status_code", None)
+            code = "server_error" if status else "outcome_unknown"
+            return self._retry_later(job, cid, attempt, code, str(exc), status, getattr(exc, "retry_after", None))
+        except ProviderError as exc:
+            self.emit(job.job_id, _failed(cid, "provider_error", str(exc), None, None, True))
+            return True
+        rec = outcome_record(parse_line(got), schema_of(self.profile.response_format))
+        if not rec["ok"]:
+            self.emit(
+                job.job_id, _failed(cid, str(rec["error_code"]), str(rec["error_message"]), rec.get("status_code"), None, True)
+            )
+            return True
+        usage = {k: int(rec.get(k) or 0) for k in USAGE}
+        cost = self._cost(tier, usage)
+        answer = _e(
+            "OnlineRequestAnswered",
+            custom_id=cid,
+            key=keys[cid],
+            content=rec.get("content") or "",
+            finish_reason=rec.get("finish_reason"),
+            tier=tier,
+            cost_usd=cost,
+            **usage,
+        )
+        used = _e(
+            "TokensUsed",
+            chunk=-1,
+            batch_id=None,
+            model=self.profile.model,
+            cost_usd=cost,
+            day=utc_day(self.wall()),
+            route=tier,
+            **usage,
+        )
+        stored = {
+            "key": keys[cid],
+            "provider": self.provider_key,
+            "model": self.profile.model,
+            "content": rec.get("content") or "",
+            "finish_reason": rec.get("finish_reason"),
+            **usage,
+            "job_id": job.job_id,
+            "custom_id": cid,
+            "batch_id": None,
+        }
+        self.emit(job.job_id, answer, used, also=self._store(stored))  # stored for reuse as a batch's answers are
+        return True
+
+    def _store(self, row: dict[str, Any]) -> Callable[[Any], None] | None:
+        """Put one answer in the answers store, in the transaction of its event (nothing when
+        ``cache_days`` is 0)."""
+        if self.keep_days <= 0:
+            return None
+        when = (self.stored_at or self.wall)()
+
+        def put(conn: Any) -> None:
+            from batchgrader.store import answers
+
+            answers.put(conn, [row], now=when, keep_days=self.keep_days)
+
+        return put
+
+    def _retry_later(
+        self, job: JobState, cid: str, attempt: int, code: str, error: str, status: int | None, retry_after: float | None
+    ) -> bool:
+        """A request the provider asked to wait for (429) or did not answer: no request of the job
+        leaves before the wait has passed; after :data:`MAX_ATTEMPTS` the row is failed for good."""
+        wait = retry_after if retry_after is not None else backoff(attempt)
+        final = attempt >= MAX_ATTEMPTS
+        self.not_before[(job.job_id, ONLINE_TIMER)] = max(
+            self.not_before.get((job.job_id, ONLINE_TIMER), float("-inf")), self.mono() + wait
+        )
+        retry_at = None if final else self.wall() + wait
+        self.emit(job.job_id, _failed(cid, code, error, status, retry_at, final))
+        log.warning(
+            "job %s row %s: %s (%s); %s",
+            job.job_id,
+            cid,
+            code,
+            error,
+            "sent in the batch" if final else f"sent again in {wait:.1f} s",
+        )
+        return False
+
+    def _cost(self, tier: str, usage: dict[str, int]) -> float:
+        try:
+            price = self.prices.get(self.profile.model)
+        except PricingError:
+            return 0.0
+        if tier == "online":
+            price = standard_price(price)
+        return float(billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]))
+
+    def _maybe_done(self, cids: list[str], reused: set[str]) -> None:
+        job = self.job()
+        r: RouteState = job.online
+        if r.open or any(not r.settled(cid) and cid not in reused for cid in cids):
+            return
+        self.emit(
+            job.job_id,
+            _e(
+                "OnlineRowsDone",
+                answered=len(r.answers),
+                to_batch=len(r.to_batch),
+                resent_after_crash=len(r.resent),
+                cost_usd=sum(r.cost_by_tier.values()),
+            ),
+        )
+
+
+def _failed(cid: str, code: str, error: str, status: int | None, retry_at: float | None, final: bool) -> NewEvent:
+    return _e("OnlineRequestFailed", custom_id=cid, code=code, error=error, status_code=status, retry_at=retry_at, final=final)
+
+
+def _with_tier(line: dict[str, Any], tier: str) -> dict[str, Any]:
+    """The request line as it is sent: at the flex tier, ``service_tier: "flex"`` in its body."""
+    if tier != "flex":
+        return line
+    return {**line, "body": {**line["body"], "service_tier": "flex"}}
+
+
+def _lookup(engine: Any, job: JobState) -> Callable[[list[str]], set[str]] | None:
+    """The answers store's lookup for the job, or None when it reuses no answers."""
+    from batchgrader.core.decide import reuse_enabled
+
+    profile = engine.profile_of(job)
+    if not reuse_enabled(job, profile):
+        return None
+
+    def lookup(keys: list[str]) -> set[str]:
+        from batchgrader.store import answers
+
+        found = answers.lookup(
+            engine.store.conn,
+            keys,
+            now=engine.trusted_wall(),
+            keep_days=profile.cache_days,
+            allow_truncated=profile.reuse_truncated_answers,
+        )
+        return set(found)
+
+    return lookup
+
+
+def _epoch(iso_ts: str, default: float) -> float:
+    from batchgrader.core.decide import epoch
+
+    return epoch(iso_ts, default)
+
+
+def batch_seconds(engine: Any, profile: Profile, sandbox: bool) -> float:
+    """What a batch of the profile's model is expected to take: the median of its observed run
+    times (``store/runtimes.py``), else the completion window (24 h)."""
+    import statistics
+
+    try:
+        from batchgrader.store.runtimes import learned_run_times
+
+        runs = learned_run_times(engine.store.conn, [(profile.model, sandbox)]).get((profile.model, sandbox)) or []
+    except Exception:  # noqa: BLE001 - no read model yet: the default
+        return DEFAULT_BATCH_SECONDS
+    return float(statistics.median(runs)) if runs else DEFAULT_BATCH_SECONDS

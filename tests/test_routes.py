@@ -1,0 +1,363 @@
+"""The flex and online routes (issue 26, items 2, 3 and 5): the route keys checked at load, the
+choice ``route: auto`` makes, and the synchronous route tick by tick with the in-memory provider
+and a fake clock: rows answered once, Retry-After respected, a crash's request sent again once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from batchgrader.core.config import ConfigError, load_config
+from batchgrader.core.routes import choose_route, deadline_at, deadline_problem, parse_deadline
+from batchgrader.pipeline.catalogue import load_checked
+from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
+from batchgrader.store.eventstore import NewEvent
+from ticks import Rig
+
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC).timestamp()
+
+
+# --- the pure rules ---------------------------------------------------------------------------------
+def test_a_deadline_is_a_duration_from_arrival_or_a_time_with_its_offset():
+    assert deadline_at("90m", NOW) == NOW + 5400
+    assert deadline_at("2h", NOW) == deadline_at("7200", NOW) == NOW + 7200
+    assert deadline_at("2026-11-26T13:00:00Z", 0.0) == NOW + 3600
+    assert deadline_at("2026-11-26T14:00:00+01:00", 0.0) == NOW + 3600
+    assert deadline_at(None, NOW) is None
+    for bad in ("soon", "2026-11-26T13:00:00", "-5m", True):
+        with pytest.raises(ValueError):
+            parse_deadline(bad)
+    assert deadline_problem("2026-11-26T11:00:00Z", NOW) is not None  # past
+    assert deadline_problem("2026-11-26T13:00:00Z", NOW) is None
+    assert deadline_problem("1m", NOW) is None  # a duration is never past
+
+
+def test_auto_goes_online_for_a_deadline_sooner_than_a_batch_and_flex_for_a_small_file():
+    assert choose_route(40, 100, deadline=None, now=NOW, flex=True)[0] == "flex"
+    assert choose_route(40, 100, deadline=None, now=NOW, flex=False)[0] == "online"
+    assert choose_route(5000, 100, deadline=None, now=NOW, flex=True)[0] == "batch"
+    assert choose_route(5000, 100, deadline=NOW + 3600, now=NOW, flex=True, batch_seconds=7200)[0] == "online"
+    assert choose_route(5000, 100, deadline=NOW + 3 * 3600, now=NOW, flex=True, batch_seconds=7200)[0] == "batch"
+
+
+# --- checked at load ---------------------------------------------------------------------------------
+def _load(home, text: str):
+    home.config_file.write_text(text)
+    return load_checked(load_config(home, environ={}, now=NOW))
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("profiles:\n  fast:\n    route: quick\n", ["profiles.fast", "'route'", "'online'"]),
+        ("profiles:\n  f:\n    route: flex\n    model: gpt-4o-mini\n", ["'f'", "'route'", "'gpt-4o-mini' has no flex tier"]),
+        (
+            "profiles:\n  f:\n    route: flex\n    provider: anthropic\n    model: claude-haiku-4-5\n",
+            ["'f'", "'route'", "provider 'anthropic' offers no flex tier"],
+        ),
+        ("profiles:\n  late:\n    deadline: '2026-11-26T11:00:00Z'\n", ["profiles.late", "'deadline'", "already past"]),
+        ("profiles:\n  late:\n    deadline: tomorrow\n", ["profiles.late", "'deadline'", "duration"]),
+    ],
+)
+def test_a_route_the_profile_cannot_take_is_refused_at_load_naming_profile_and_key(home, text, says):
+    with pytest.raises(ConfigError) as err:
+        _load(home, text)
+    assert all(s in str(err.value) for s in says), str(err.value)
+
+
+def test_flex_on_a_model_with_a_flex_tier_loads(home):
+    config, _ = _load(home, "profiles:\n  f:\n    route: flex\n    model: o4-mini\n    deadline: 2h\n")
+    assert config.profile("f").route == "flex" and config.profile("f").deadline == "2h"
+
+
+# --- tick by tick ---------------------------------------------------------------------------------
+def online_rig(home, route: str = "online", model: str = "gpt-4o-mini", extra: str = "") -> Rig:
+    return Rig(home, f"route: {route}\nmodel: {model}\nonline_concurrency: 1\n{extra}")
+
+
+def drop(rig: Rig, rows: int) -> None:
+    (rig.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(rows)))
+
+
+def run_until_ended(rig: Rig, seconds: float = 1.0, ticks: int = 60) -> None:
+    for _ in range(ticks):
+        rig.tick(seconds)
+        if rig.engine.state.jobs and rig.job().ended:
+            return
+    raise AssertionError("the job did not end")
+
+
+def test_online_rows_are_answered_once_each_at_the_standard_price_and_no_batch_is_sent(home):
+    rig = online_rig(home)
+    try:
+        drop(rig, 5)
+        run_until_ended(rig)
+        assert rig.job().ended == "completed" and rig.calls("upload") == 0 and rig.calls("create_batch") == 0
+        sent = [cid for cid, _ in rig.provider.complete_times]
+        assert len(sent) == len(set(sent)) == 5
+        assert rig.events("RouteChosen")[0]["route"] == "online"
+        rows = rig.result_rows()
+        assert [r["answered_by"] for r in rows] == ["online"] * 5 and all("SIMULATED" in r["grade"] for r in rows)
+        price = standard_price(load_pricing().get("gpt-4o-mini"))
+        one = billed_cost(price, rig.provider.prompt_tokens, 0, rig.provider.completion_tokens)
+        assert rig.job().cost_usd == pytest.approx(5 * one) and one > 0
+        done = rig.events("OnlineRowsDone")[0]
+        assert done == {"answered": 5, "to_batch": 0, "resent_after_crash": 0, "cost_usd": pytest.approx(5 * one)}
+    finally:
+        rig.close()
+
+
+def test_flex_sends_service_tier_flex_and_costs_the_batch_price(home):
+    bodies: list[dict] = []
+    rig = online_rig(home, "flex", "o4-mini", "max_completion_tokens: 2000\n")
+    rig.provider.answer = lambda cid, body: bodies.append(dict(body)) or f"SIMULATED {cid}"
+    try:
+        drop(rig, 3)
+        run_until_ended(rig)
+        assert [b.get("service_tier") for b in bodies] == ["flex"] * 3
+        one = billed_cost(load_pricing().get("o4-mini"), rig.provider.prompt_tokens, 0, rig.provider.completion_tokens)
+        assert rig.job().cost_usd == pytest.approx(3 * one)
+        assert [r["answered_by"] for r in rig.result_rows()] == ["flex"] * 3
+    finally:
+        rig.close()
+
+
+def test_a_429_with_retry_after_holds_every_request_until_it_has_passed(home):
+    rig = online_rig(home)
+    try:
+        drop(rig, 4)
+        rig.provider.fail_next("complete", "refused", status_code=429, message="Rate limit reached", retry_after=30.0)
+        run_until_ended(rig, seconds=1.0)
+        times = rig.provider.complete_times
+        refused_at = times[0][1]
+        assert all(t >= refused_at + 30.0 for _, t in times[1:])  # none before Retry-After allowed
+        assert times[1][0] == times[0][0]  # the refused row is sent again first
+        sent = [cid for cid, _ in times]
+        assert len(sent) == 5 and len(set(sent)) == 4  # each row answered once; one request refused
+        failed = rig.events("OnlineRequestFailed")[0]
+        assert failed["code"] == "rate_limited" and failed["status_code"] == 429 and not failed["final"]
+        assert failed["retry_at"] >= refused_at + 30.0 - 1.0
+        assert rig.job().ended == "completed"
+    finally:
+        rig.close()
+
+
+def test_a_row_whose_requests_keep_being_refused_is_sent_in_the_batch_after_the_last_attempt(home):
+    rig = online_rig(home)
+    try:
+        drop(rig, 2)
+        for _ in range(4):
+            rig.provider.fail_next("complete", "refused", status_code=429, message="slow down", retry_after=5.0, match="-1")
+        for _ in range(30):
+            rig.tick(6.0)
+            if rig.calls("upload"):
+                break
+        fails = [f for f in rig.events("OnlineRequestFailed")]
+        assert len(fails) == 4 and fails[-1]["final"] and not any(f["final"] for f in fails[:-1])
+        assert rig.events("OnlineRowsDone")[0]["to_batch"] == 1
+        rig.tick()
+        rig.provider.finish_all()
+        run_until_ended(rig)
+        by = sorted(r["answered_by"] for r in rig.result_rows())
+        assert by == ["batch", "online"]
+    finally:
+        rig.close()
+
+
+def _stopped_after_the_first_request(rig: Rig, rows: int) -> str:
+    """Drop a file; its first request finds the provider unavailable (the step stops there).
+    Returns the custom id of its second row."""
+    drop(rig, rows)
+    rig.provider.fail_next("complete", "unavailable")
+    rig.tick()  # first look
+    rig.tick()
+    assert [e["code"] for e in rig.events("OnlineRequestFailed")] == ["outcome_unknown"]
+    return f"bg-{rig.job().sha256[:16]}-2"
+
+
+def _open_intent(rig: Rig, cid: str, attempt: int, resent: bool) -> None:
+    """The intent a daemon killed while the request was out leaves without an outcome."""
+    payload = {"custom_id": cid, "tier": "online", "attempt": attempt, "resent_after_crash": resent}
+    rig.engine.emit(rig.job().job_id, NewEvent("OnlineRequestSent", payload))
+
+
+def test_a_request_a_crash_left_without_outcome_is_sent_again_once_and_counted(home):
+    rig = online_rig(home)
+    try:
+        cid = _stopped_after_the_first_request(rig, 3)
+        _open_intent(rig, cid, 1, False)
+        before = len(rig.provider.complete_times)
+        run_until_ended(rig)
+        sent = [c for c, _ in rig.provider.complete_times[before:]]
+        assert sent.count(cid) == 1 and len(sent) == 3  # the uncertain one once more, the others once
+        resent = [e for e in rig.events("OnlineRequestSent") if e["resent_after_crash"]]
+        assert [(e["custom_id"], e["attempt"]) for e in resent] == [(cid, 2)]
+        assert rig.events("OnlineRowsDone")[0]["resent_after_crash"] == 1
+        assert rig.job().ended == "completed" and len(rig.result_rows()) == 3
+    finally:
+        rig.close()
+
+
+def test_a_request_left_uncertain_by_two_crashes_is_not_sent_a_third_time(home):
+    rig = online_rig(home)
+    try:
+        cid = _stopped_after_the_first_request(rig, 3)
+        _open_intent(rig, cid, 1, False)
+        _open_intent(rig, cid, 2, True)
+        before = len(rig.provider.complete_times)
+        rig.provider.finish_all()
+        for _ in range(20):
+            rig.tick(2.0)
+            if rig.calls("upload"):
+                break
+        assert cid not in [c for c, _ in rig.provider.complete_times[before:]]
+        failed = [f for f in rig.events("OnlineRequestFailed") if f["custom_id"] == cid]
+        assert failed[0]["code"] == "outcome_unknown" and failed[0]["final"]
+        assert rig.events("OnlineRowsDone")[0]["to_batch"] == 1
+    finally:
+        rig.close()
+
+
+# --- the decide rule -----------------------------------------------------------------------------
+def _accepted(rig: Rig) -> str:
+    (rig.home.inbox / "a.csv").write_text("id,response\n1,x\n2,y\n")
+    rig.tick()
+    rig.engine.intake(rig.now + 1)  # accepted, not yet prepared
+    (job,) = rig.engine.state.jobs.values()
+    return job.job_id
+
+
+@pytest.mark.parametrize("route", ["online", "auto"])
+def test_a_sync_or_auto_job_sends_online_before_it_is_prepared_and_waits_for_retry_after(home, route):
+    from batchgrader.core.actions import ONLINE_TIMER
+    from batchgrader.core.decide import Prepare, SendOnline, Timers, decide
+
+    rig = Rig(home, f"route: {route}\npreflight_rows: 3\n")
+    try:
+        j = _accepted(rig)
+        state, cfg = rig.engine.state, rig.engine.config
+        assert decide(state, cfg, rig.now) == [SendOnline(j)] and SendOnline.ends_step
+        # the provider's Retry-After, on the monotonic clock: nothing until it has passed
+        assert decide(state, cfg, rig.now, Timers(not_before={(j, ONLINE_TIMER): rig.now + 5})) == []
+        assert decide(state, cfg, rig.now + 6, Timers(not_before={(j, ONLINE_TIMER): rig.now + 5})) == [SendOnline(j)]
+        # after a restart (no timer): the wall-clock retry_at its event recorded
+        fail = {"custom_id": "c", "code": "rate_limited", "error": "x", "status_code": 429, "final": False}
+        rig.engine.emit(j, NewEvent("OnlineRequestFailed", {**fail, "retry_at": rig.now + 5}))
+        assert decide(rig.engine.state, cfg, rig.now) == []
+        assert decide(rig.engine.state, cfg, rig.now + 6) == [SendOnline(j)]
+        # done: prepared, without a preflight (every row went through the synchronous API)
+        rig.engine.emit(j, NewEvent("RouteChosen", {"route": "online", "reason": "test", "rows": 2}))
+        rig.engine.emit(j, NewEvent("OnlineRowsDone", {"answered": 2, "to_batch": 0, "resent_after_crash": 0, "cost_usd": 0.0}))
+        assert decide(rig.engine.state, cfg, rig.now + 6) == [Prepare(j)]
+    finally:
+        rig.close()
+
+
+def test_auto_choosing_batch_leaves_the_job_to_the_preflight_and_prepare(home):
+    from batchgrader.core.decide import Preflight, decide
+
+    rig = Rig(home, "route: auto\npreflight_rows: 3\n")
+    try:
+        j = _accepted(rig)
+        rig.engine.emit(j, NewEvent("RouteChosen", {"route": "batch", "reason": "test", "rows": 2}))
+        assert decide(rig.engine.state, rig.engine.config, rig.now) == [Preflight(j)]
+    finally:
+        rig.close()
+
+
+# --- visible route and price -----------------------------------------------------------------------
+def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
+    from rich.console import Console
+
+    from batchgrader.cli.render_status import render_job
+    from batchgrader.store import queries
+    from batchgrader.store.report import load_report
+    from batchgrader.store.report_text import render_text
+
+    rig = online_rig(home)
+    try:
+        drop(rig, 3)
+        rig.provider.fail_next("complete", "refused", status_code=400, message="bad row", code="invalid_value", match="-3")
+        for _ in range(20):
+            rig.tick()
+            if rig.calls("create_batch"):
+                break
+        rig.provider.finish_all()
+        run_until_ended(rig)
+        job = rig.job()
+        online_cost = sum(e["cost_usd"] for e in rig.events("OnlineRequestAnswered"))
+        detail = queries.job_detail(home, job.job_id)
+        route = detail["route_summary"]
+        assert route["route"] == "online" and route["rows"] == {"batch": 1, "flex": 0, "online": 2}
+        assert route["cost_usd"]["online"] == pytest.approx(online_cost) and route["to_batch"] == 1
+        console = Console(record=True, width=160)
+        render_job(detail, console)
+        shown = console.export_text()
+        assert "online 2 rows" in shown and "batch 1 rows" in shown
+        assert "reused answers" not in shown  # the route's answers were sent and billed, not reused
+        by_route = {r["key"]: r for r in queries.costs(home, by="route")["rows"]}
+        assert set(by_route) == {"online", "batch"} and by_route["online"]["batches"] == 2
+        assert by_route["online"]["simulated_usd"] + by_route["online"]["cost_usd"] == pytest.approx(online_cost)
+        report = load_report(home, job.job_id)
+        assert report["route"] == route and "route     online: online 2 rows" in render_text(report)
+    finally:
+        rig.close()
+
+
+def test_online_answers_are_stored_for_reuse_and_a_second_file_sends_none_of_them(home):
+    rig = online_rig(home)
+    try:
+        body = "id,response\n" + "".join(f"{i},review {i}\n" for i in range(3))
+        (rig.home.inbox / "a.csv").write_text(body)
+        run_until_ended(rig)
+        assert len(rig.provider.complete_times) == 3
+        (rig.home.inbox / "b.csv").write_text(body + "3,review 3\n")  # three rows answered before, one new
+        for _ in range(30):
+            rig.tick(5.0)  # the inbox is scanned again every few seconds
+            second = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+            if second and second[0].ended:
+                break
+        assert second[0].ended == "completed"
+        assert len(rig.provider.complete_times) == 4  # only the new row was sent
+        rows = rig.result_rows("b_results.csv")
+        assert sorted(r["answered_by"] for r in rows) == ["online", "reused", "reused", "reused"]
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize(
+    ("rows", "extra", "route"),
+    [
+        (3, "", "online"),
+        (8, "", "batch"),
+        (8, "deadline: 30m\n", "online"),
+        (3, "model: o4-mini\nmax_completion_tokens: 2000\n", "flex"),
+    ],
+)
+def test_auto_chooses_by_rows_and_deadline_and_records_why(home, rows, extra, route):
+    rig = Rig(home, "route: auto\nonline_max_rows: 5\nonline_concurrency: 2\n" + extra)
+    try:
+        drop(rig, rows)
+        rig.tick()
+        rig.tick()
+        (chosen,) = rig.events("RouteChosen")
+        assert chosen["route"] == route and chosen["rows"] == rows and chosen["reason"]
+        assert (rig.calls("complete") == rows) == (route != "batch")
+    finally:
+        rig.close()
+
+
+def test_the_job_list_shows_the_rows_each_route_answered(home):
+    from batchgrader.cli.render_status import rows_cell
+    from batchgrader.store import queries
+
+    rig = online_rig(home)
+    try:
+        drop(rig, 3)
+        run_until_ended(rig)
+        (row,) = queries.status(home)
+        assert row["route_summary"]["route"] == "online" and row["route_summary"]["rows"]["online"] == 3
+        assert rows_cell(row).splitlines() == ["3 ok/3", "3 online"]  # not "reused": they were sent and billed
+    finally:
+        rig.close()
