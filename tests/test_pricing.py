@@ -87,7 +87,7 @@ def test_shipped_table_has_the_reference_batch_prices():
         "gpt-3.5-turbo-0125": (0.25, None, 0.75),
         "gpt-3.5-turbo-1106": (1.00, None, 2.00),
     }
-    claude = {  # Anthropic Message Batches: 50% of the standard prices (docs/architecture.md)
+    claude = {  # Anthropic Message Batches: 50% of the standard prices (docs/providers.md)
         "claude-opus-5-5": (2.00, 0.20, 10.00),
         "claude-opus-5": (2.50, 0.25, 12.50),
         "claude-sonnet-5-5": (1.00, 0.10, 5.00),
@@ -96,7 +96,7 @@ def test_shipped_table_has_the_reference_batch_prices():
         "claude-haiku-5-5": (0.05, 0.005, 0.25),
         "claude-fable-5-1": (5.00, 0.50, 25.00),
     }
-    gemini = {  # Gemini Batch API: 50% of the standard prices (docs/architecture.md)
+    gemini = {  # Gemini Batch API: 50% of the standard prices (docs/providers.md)
         "gemini-2.5-pro": (0.625, None, 5.00),
         "gemini-2.5-flash": (0.15, None, 1.25),
         "gemini-2.5-flash-lite": (0.05, None, 0.20),

@@ -18,7 +18,7 @@ both ways, so nothing upstream or downstream knows which provider ran the batch:
 * :class:`AnthropicProvider`: create (requests inline, no file upload), retrieve, list, cancel,
   results and count_tokens.  Reconciling a create whose outcome is unknown (Anthropic batches
   carry no metadata) is :meth:`AnthropicBatchProvider.find_batches` in ``anthropic_batches``
-  (the matching rule in docs/architecture.md).
+  (the matching rule in docs/providers.md).
 
 Limits (Anthropic docs, checked 2026-11-23): at most 100,000 requests or 256 MB per batch;
 ``custom_id`` 1-64 characters of ``[a-zA-Z0-9_-]``; results downloadable for 29 days.

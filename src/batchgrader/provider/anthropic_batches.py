@@ -6,7 +6,7 @@ Message Batches, so the daemon runs an Anthropic job exactly like an OpenAI one.
   id is ``anthropic-local:<absolute path>``, so it survives a restart without any extra state.
   ``find_files`` answers [], so a reconciled upload is simply staged again (free).
 * ``create_batch`` reads the chunk file, converts the lines and creates the batch (sent once).
-* ``find_batches`` reconciles an unknown create by the matching rule of docs/architecture.md:
+* ``find_batches`` reconciles an unknown create by the matching rule of docs/providers.md:
   batches created since the chunk file was written that hold exactly its request count, and
   whose results, once they exist, name exactly its custom_ids.  A candidate still running
   raises :class:`ProviderUnavailable` (the outcome stays unknown; the engine asks again later),

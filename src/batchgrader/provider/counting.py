@@ -42,7 +42,7 @@ MAX_UNCACHED = 20_000
 #: the daemon counts fewer while planning a job: one call per request, on the tick thread (every
 #: other job waits), and the counting endpoints are rate limited (Anthropic: 100 requests per
 #: minute at usage tier 1, 2,000 at tier 2; Gemini through Vertex AI / Firebase: 3,000 per minute;
-#: docs/architecture.md).  Above it the job's counts all stay estimates, labelled so in
+#: docs/providers.md).  Above it the job's counts all stay estimates, labelled so in
 #: ``InputTokensCounted`` (the reason names the remedy), ``bgctl status`` and the daemon's log:
 #: run `bgctl count` first for a larger file, whose counts the daemon then finds in the cache
 DAEMON_MAX_UNCACHED = 2_000

@@ -25,7 +25,7 @@ Limits (Gemini API docs, https://ai.google.dev/gemini-api/docs/batch-api, checke
 inline requests up to 20 MB in total, larger jobs as an uploaded JSONL file; the Files API
 (https://ai.google.dev/gemini-api/docs/files, checked 2026-11-23) keeps uploaded files 48 hours,
 at most 2 GB each.  Not confirmed from a stored page: batches still pending or running after
-48 hours expire (:data:`JOB_EXPIRY_S`; docs/architecture.md says what was searched).
+48 hours expire (:data:`JOB_EXPIRY_S`; docs/providers.md says what was searched).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ not when ``bgctl`` starts).
   ``bg_key``.  The SDK is built without retries for writes: a connection error or a 5xx
   answer raises :class:`OutcomeUnknown`, and the engine reconciles.
 * ``find_batches`` is that reconciliation: it lists the batches and matches ``display_name``
-  against the wanted ``bg_key`` / ``bg_job`` (docs/architecture.md, "Reconciling a Gemini
+  against the wanted ``bg_key`` / ``bg_job`` (docs/providers.md, "Reconciling a Gemini
   create").  Gemini batches carry no input file in the listing, so the matched batch's input
   is the given file, or the file uploaded under the attempt's upload name.
 * ``retrieve`` / ``cancel`` / ``list_batches`` give :class:`BatchInfo` in the job model's
@@ -378,7 +378,7 @@ class GeminiBatchProvider:
         given through the SDK's documented ``HttpOptions.extra_body`` (merged into the JSON
         body as it is).  The SDK also requires ``contents``: the same contents go at the top
         level, which the API ignores when ``generateContentRequest`` is set
-        (https://ai.google.dev/api/tokens, docs/architecture.md "Token counts")."""
+        (https://ai.google.dev/api/tokens, docs/providers.md "Exact token counts")."""
         from google.genai import types
 
         request = to_gemini_line({"custom_id": "count", "body": line["body"]})["request"]
