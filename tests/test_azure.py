@@ -242,7 +242,7 @@ def test_azure_queue_refusal_message_gives_the_limit() -> None:
 def test_prepared_azure_lines_and_the_create_use_chat_completions(
     home: Home, provider: AzureOpenAIProvider, client: openai.AzureOpenAI, tmp_path, clock
 ) -> None:  # noqa: ANN001
-    from batchgrader.pipeline.prepare import RequestBuilder
+    from batchgrader.pipeline.requests import RequestBuilder
 
     home.config_file.write_text(f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-4o-mini\n", encoding="utf-8")
     prof = load_config(home, environ={}).default

@@ -15,17 +15,10 @@ from batchgrader.cli.commands import cli
 from batchgrader.core.config import ConfigError, load_config
 from batchgrader.core.home import Home
 from batchgrader.pipeline import prepare as prepare_mod
-from batchgrader.pipeline.prepare import (
-    LineTemplate,
-    RequestBuilder,
-    default_custom_id,
-    dumps_line,
-    prepare,
-    split_file,
-    token_param_for,
-)
+from batchgrader.pipeline.prepare import prepare, split_file
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.prompts import compile_template, render
+from batchgrader.pipeline.requests import LineTemplate, RequestBuilder, default_custom_id, dumps_line, token_param_for
 from batchgrader.pipeline.tables import InputError, open_table
 from batchgrader.pipeline.tokens import ChatTokenCounter
 

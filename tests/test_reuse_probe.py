@@ -97,7 +97,7 @@ def test_the_probe_holds_a_few_bytes_per_row_sent():
     positions and a fingerprint table (about 30 bytes a row, not ~320)."""
     import tracemalloc
 
-    from batchgrader.pipeline.prepare import dumps_line
+    from batchgrader.pipeline.requests import dumps_line
 
     def line(i: int) -> bytes:
         body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"text number {i}"}]}

@@ -223,7 +223,7 @@ response_format:
 def test_a_sandbox_job_bills_the_schema_and_its_lesson_never_calibrates_a_real_estimate(home: Home, tmp_path: Path) -> None:
     import json
 
-    from batchgrader.pipeline.prepare import schema_allowance
+    from batchgrader.pipeline.requests import schema_allowance
     from cli_fixtures import run
     from harness import FAST_CONFIG, bgctl
 
@@ -255,7 +255,7 @@ def test_learned_figures_of_an_older_log_stay_with_their_mode(home: Home) -> Non
     from batchgrader.store.eventstore import NewEvent
 
     rf = {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {"type": "object"}}}
-    from batchgrader.pipeline.prepare import schema_sha256
+    from batchgrader.pipeline.requests import schema_sha256
 
     lesson = {"model": "m", "schema_sha256": schema_sha256(rf), "chunk": 0, "requests": 4, "counted_tokens": 40}
     with EventStore(home.db) as store:

@@ -121,7 +121,7 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     Rows that stored answers (or identical rows of the file) would answer are shown apart."""
     from batchgrader.cli.render import render_count
     from batchgrader.pipeline.answerkey import provider_id_of
-    from batchgrader.pipeline.prepare import schema_sha256
+    from batchgrader.pipeline.requests import schema_sha256
     from batchgrader.provider.counting import OFFLINE_EXACT, CountCache, count_hook, counter_for
     from batchgrader.store.answers import count_preview
     from batchgrader.store.queries import learned_schema_overhead

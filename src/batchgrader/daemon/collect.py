@@ -27,8 +27,8 @@ from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
 from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, cache_figures, merge_chunk
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import with_output_bound
 from batchgrader.pipeline.pricing import PricingError
+from batchgrader.pipeline.requests import with_output_bound
 from batchgrader.pipeline.splitting import Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.provider.protocol import ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import list_statuses

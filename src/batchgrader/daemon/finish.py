@@ -22,7 +22,7 @@ from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, free_path, move_no_clobber
 from batchgrader.pipeline.formats.registry import format_spec
 from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_values
-from batchgrader.pipeline.prepare import default_custom_id
+from batchgrader.pipeline.requests import default_custom_id
 from batchgrader.pipeline.results import ResultsJoin
 from batchgrader.pipeline.reuse import read_reuse_file
 from batchgrader.pipeline.samples import VoteSpec, sample_ids, voted_values

@@ -30,7 +30,7 @@ from batchgrader.daemon.base import (
 )
 from batchgrader.daemon.collect import CollectSteps
 from batchgrader.daemon.context import Context
-from batchgrader.pipeline.prepare import ENDPOINT
+from batchgrader.pipeline.requests import ENDPOINT
 from batchgrader.provider.protocol import OutcomeUnknown, ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import reconcile_batch, reconcile_upload
 

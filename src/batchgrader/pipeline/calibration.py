@@ -20,7 +20,7 @@ from typing import Any
 
 from batchgrader.core.state import ChunkState, JobState, State
 from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER
-from batchgrader.pipeline.prepare import schema_sha256
+from batchgrader.pipeline.requests import schema_sha256
 
 
 def is_sandbox(provider: str) -> bool:

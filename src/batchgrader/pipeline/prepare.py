@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -20,19 +19,15 @@ from typing import IO, Any, Protocol
 
 from batchgrader.core.config import Profile
 from batchgrader.core.home import Home
-from batchgrader.core.providers import PROVIDER_FACTS
-from batchgrader.pipeline.caching import caching_fields
-from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.labels import check_columns, label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
+from batchgrader.pipeline.requests import RequestBuilder, default_custom_id, dumps_line, schema_info
 from batchgrader.pipeline.samples import id_problem, sample_id, sample_ids
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
-#: the request-line ``url`` of OpenAI's batches (each provider's is its ``request_url`` in core/providers.py)
-ENDPOINT = PROVIDER_FACTS["openai"].request_url
 BLOCK_ROWS = 4096
 
 
@@ -47,18 +42,6 @@ class ReuseProbeLike(Protocol):
 
 
 # Models that take `max_tokens` instead of `max_completion_tokens` (token_param: auto).
-_LEGACY_MAX_TOKENS_PREFIXES = ("gpt-3.5", "gpt-35")
-_LEGACY_MAX_TOKENS_EXACT = {"gpt-4", "gpt-4-0613", "gpt-4-0314", "gpt-4-32k", "gpt-4-turbo", "gpt-4-turbo-preview"}
-
-
-def token_param_for(model: str, setting: str = "auto") -> str:
-    if setting != "auto":
-        return setting
-    if model in _LEGACY_MAX_TOKENS_EXACT or model.startswith(_LEGACY_MAX_TOKENS_PREFIXES):
-        return "max_tokens"
-    return "max_completion_tokens"
-
-
 def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: int) -> list[bytes]:
     """The request lines of the first ``n`` rows of ``path``, exactly as :func:`prepare` writes
     them (the preflight's requests).  Raises what :func:`prepare` raises for the same input."""
@@ -74,31 +57,12 @@ def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: 
     return out
 
 
-def with_output_bound(line: bytes, bound: int) -> bytes:
-    """A request line with its output bound set to ``bound`` (the token parameter it carries,
-    ``max_completion_tokens`` when it carries none), for rows sent again with a raised bound."""
-    obj = json.loads(line)
-    body = obj["body"]
-    key = "max_tokens" if "max_tokens" in body and "max_completion_tokens" not in body else "max_completion_tokens"
-    body[key] = int(bound)
-    return dumps_line(obj)
-
-
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def default_custom_id(file_hash: str, row_number: int) -> str:
-    """Deterministic: the same file always yields the same ids."""
-    return f"bg-{file_hash[:16]}-{row_number}"
-
-
-def dumps_line(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -196,150 +160,8 @@ class Preparation:
         return out
 
 
-def schema_sha256(response_format: dict[str, Any] | None) -> str | None:
-    """The identity of a JSON-schema response_format (sha256 of its canonical JSON), else None."""
-    if not response_format or response_format.get("type") != "json_schema":
-        return None
-    canon = json.dumps(response_format, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
-
-
-def schema_allowance(response_format: dict[str, Any], encoding: str) -> int:
-    """The stated allowance for a schema's unpublished prompt-token cost: the tokens of the
-    ``json_schema`` object (name, strict flag, schema) as compact JSON, in the model's encoding."""
-    from batchgrader.pipeline.tokens import get_encoding
-
-    text = json.dumps(response_format.get("json_schema") or {}, separators=(",", ":"), ensure_ascii=False)
-    return len(get_encoding(encoding).encode_ordinary(text))
-
-
-def schema_info(response_format: dict[str, Any] | None, encoding: str, learned: float | None) -> dict[str, Any] | None:
-    """``{sha256, allowance_tokens, per_request, source}`` for a JSON schema (None without one):
-    ``source`` is ``calibrated`` when a learned overhead is known, else ``allowance``."""
-    sha = schema_sha256(response_format)
-    if sha is None or response_format is None:
-        return None
-    allowance = schema_allowance(response_format, encoding)
-    return {
-        "sha256": sha,
-        "allowance_tokens": allowance,
-        "per_request": float(allowance) if learned is None else float(learned),
-        "source": "allowance" if learned is None else "calibrated",
-    }
-
-
 def limits_for(profile: Profile, context_window: int | None) -> Limits:
     return Limits.from_settings(profile, context_window)
-
-
-class RequestBuilder:
-    """Builds the batch line for each row of one file under one profile."""
-
-    def __init__(self, profile: Profile, home: Home, file_hash: str, spec: PromptSpec | None = None):
-        self.profile = profile
-        self.spec = spec or resolve_prompts(profile, home)
-        self.file_hash = file_hash
-        self.token_param = token_param_for(profile.model, profile.token_param)
-        self.id_column = profile.id_column
-        self.url = PROVIDER_FACTS[str(profile.get("provider") or "openai")].request_url
-        self.caching = caching_fields(profile, self.spec.system, file_hash, shipped_spec(profile.model).min_cache_prefix)
-
-    def required_columns(self) -> list[str]:
-        cols = [self.profile.response_field, *self.spec.user_fields]
-        if self.id_column:
-            cols.append(self.id_column)
-        return list(dict.fromkeys(cols))
-
-    def custom_id(self, row) -> str:
-        if self.id_column:
-            return text_of(row.values[self.id_column])
-        return default_custom_id(self.file_hash, row.number)
-
-    def request(self, cid: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-        """The batch-input object of one request."""
-        body: dict[str, Any] = {
-            "model": self.profile.model,
-            "messages": messages,
-            self.token_param: self.profile.max_completion_tokens,
-        }
-        if self.profile.temperature is not None:
-            body["temperature"] = self.profile.temperature
-        if self.profile.get("reasoning_effort") is not None:
-            body["reasoning_effort"] = self.profile.reasoning_effort
-        if self.profile.response_format is not None:
-            body["response_format"] = self.profile.response_format
-        body.update(self.caching)  # per job: the shared part stays byte-identical across rows
-        return {"custom_id": cid, "method": "POST", "url": self.url, "body": body}
-
-    def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
-        messages = self.spec.messages(row.values, text_of)
-        cid = self.custom_id(row)
-        return cid, messages, self.request(cid, messages)
-
-    def line_template(self) -> LineTemplate | None:
-        """The constant JSONL text around each row's two varying strings (None if it cannot be cut out)."""
-        return LineTemplate.build(self)
-
-
-_encode_str = json.encoder.encode_basestring  # what json.dumps(..., ensure_ascii=False) uses for every str
-
-
-class LineTemplate:
-    """A request's JSONL line as constant text around the only two strings that vary per row.
-
-    Within one job every request is the same object except for ``custom_id`` and the user
-    message's ``content`` (model, system prompt, limits, response format are per job), so
-    ``dumps_line(builder.request(cid, builder.spec.chat(user)))`` is exactly
-    ``head + enc(cid) + mid + enc(user) + tail`` where ``enc`` is the JSON string encoder
-    ``json.dumps`` itself uses.  It is built by serialising one request with two sentinel
-    strings and cutting at their encodings, which must each occur exactly once (an encoded
-    string starts and ends with an unescaped quote, so it cannot appear inside another string).
-    """
-
-    _CID = "\x00bg-custom-id\x00"
-    _USER = "\x00bg-user-content\x00"
-
-    def __init__(self, head: str, mid: str, tail: str):
-        self.head, self.mid, self.tail = head, mid, tail
-        self.fixed_bytes = len((head + mid + tail).encode("utf-8"))
-
-    @classmethod
-    def build(cls, builder: RequestBuilder) -> LineTemplate | None:
-        text = dumps_line(builder.request(cls._CID, builder.spec.chat(cls._USER))).decode("utf-8")
-        c, u = _encode_str(cls._CID), _encode_str(cls._USER)
-        if text.count(c) != 1 or text.count(u) != 1 or text.index(c) > text.index(u):
-            return None
-        head, rest = text.split(c)
-        mid, tail = rest.split(u)
-        return cls(head, mid, tail)
-
-    def line(self, cid: str, user: str) -> bytes:
-        """``dumps_line`` of the request, without building it."""
-        return (self.head + _encode_str(cid) + self.mid + _encode_str(user) + self.tail).encode("utf-8")
-
-    def size(self, cid: str, user: str) -> int:
-        """``len(self.line(cid, user))``, without serialising."""
-        return self.fixed_bytes + json_str_bytes(cid) + json_str_bytes(user)
-
-
-_JSON_ESCAPED = bytes(range(0x20)) + b'"\\'  # what the JSON string encoder escapes (nothing else)
-_JSON_LONG_ESCAPED = bytes(c for c in range(0x20) if c not in b"\b\t\n\f\r")  # written \u00XX; the rest as \X
-
-
-def json_str_bytes(s: str) -> int:
-    r"""``len(_encode_str(s).encode("utf-8"))``: the UTF-8 size of ``s`` as a JSON string.
-
-    The encoder (``ensure_ascii=False``) writes every character as itself except ``"``, ``\``
-    and the control characters U+0000-U+001F: ``\b \t \n \f \r \" \\`` take two bytes,
-    the other controls six (``\u00XX``).  In UTF-8 those characters are single bytes that
-    occur in no other character's encoding, so they can be counted in the encoded bytes.
-    """
-    b = s.encode("utf-8")
-    n = len(b)
-    escaped = n - len(b.translate(None, _JSON_ESCAPED))
-    if escaped:
-        escaped += 4 * (n - len(b.translate(None, _JSON_LONG_ESCAPED)))
-    return n + 2 + escaped
 
 
 class _Counting:
