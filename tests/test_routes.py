@@ -361,3 +361,23 @@ def test_the_job_list_shows_the_rows_each_route_answered(home):
         assert rows_cell(row).splitlines() == ["3 ok/3", "3 online"]  # not "reused": they were sent and billed
     finally:
         rig.close()
+
+
+def test_a_sync_route_job_waits_while_todays_spend_is_over_the_daily_limit(home):
+    rig = online_rig(home, extra="daily_cost_limit_usd: 0.0000001\n")
+    try:
+        drop(rig, 2)
+        run_until_ended(rig)  # the first job finds nothing spent today: sent
+        assert len(rig.provider.complete_times) == 2
+        (rig.home.inbox / "b.csv").write_text("id,response\n7,other text\n")
+        for _ in range(12):
+            rig.tick(5.0)
+        (second,) = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+        assert second.held and second.held["code"] == "daily_cost_limit_usd"
+        assert len(rig.provider.complete_times) == 2  # nothing sent while held
+        rig.engine.emit(second.job_id, NewEvent("RetryRequested", {"reason": "test"}))  # `bgctl retry`: send anyway
+        for _ in range(5):
+            rig.tick()
+        assert len(rig.provider.complete_times) == 3 and rig.engine.state.jobs[second.job_id].ended == "completed"
+    finally:
+        rig.close()

@@ -414,6 +414,13 @@ def decide_job(
         out.append(RestoreInput(job_id))
     if not job.prepared:
         if sync_route(job, config) is not None:
+            problem = None if job.override_budget else budget_problem(state, job, config, now)
+            if problem is not None:  # today's limits: no request leaves (its estimate comes at prepare)
+                if not job.held:
+                    out.append(Hold(job_id, problem[0], problem[1]))
+                return out
+            if job.held:
+                out.append(Release(job_id))
             if not online_waits(job, now, timers):
                 out.append(SendOnline(job_id))
             return out
