@@ -4,6 +4,7 @@ and a fake clock: rows answered once, Retry-After respected, a crash's request s
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -379,5 +380,47 @@ def test_a_sync_route_job_waits_while_todays_spend_is_over_the_daily_limit(home)
         for _ in range(5):
             rig.tick()
         assert len(rig.provider.complete_times) == 3 and rig.engine.state.jobs[second.job_id].ended == "completed"
+    finally:
+        rig.close()
+
+
+def test_a_truncated_sync_answer_is_billed_and_fails_its_row_without_being_sent_again_in_a_batch(home):
+    """A sync answer cut off by the output bound is paid for; sending it again in a batch with the
+    same bound would pay again for the same cut (a batch never resends a truncated row by itself)."""
+    rig = online_rig(home)
+    rig.provider.finish_reason = lambda cid, body: "length" if cid.endswith("-2") else "stop"
+    try:
+        drop(rig, 4)
+        run_until_ended(rig)
+        job = rig.job()
+        assert rig.calls("upload") == 0 and rig.calls("create_batch") == 0  # nothing paid twice
+        assert [cid for cid, _ in rig.provider.complete_times] == sorted({cid for cid, _ in rig.provider.complete_times})
+        assert len(rig.provider.complete_times) == 4
+        assert job.ended == "completed_with_errors"
+        ((truncated_cid, failed),) = job.failed_rows.items()
+        assert failed["code"] == "truncated"
+        price = standard_price(load_pricing().get("gpt-4o-mini"))
+        one = billed_cost(price, rig.provider.prompt_tokens, 0, rig.provider.completion_tokens)
+        assert job.cost_usd == pytest.approx(4 * one)  # the truncated answer's tokens are on the bill
+        rows = rig.result_rows()
+        assert [r["error"].split(":")[0] for r in rows] == ["", "truncated", "", ""]  # data row 2
+        assert rows[1]["answered_by"] == "online" and int(rows[1]["output_tokens"]) > 0
+        assert not rig.events("AnswersStored") or all(
+            "-2" not in str(e) for e in rig.events("AnswersStored")
+        )  # never kept for reuse
+        from batchgrader.daemon.control import apply_control, request_control
+
+        path = request_control(rig.home, "retry", job.job_id, "raise the bound", max_completion_tokens=800)  # bgctl retry
+        assert apply_control(rig.engine, json.loads(path.read_text())) is None
+        rig.provider.finish_reason = lambda cid, body: "stop"
+        for _ in range(30):
+            rig.tick(1.0)
+            rig.provider.finish_all()
+            if rig.job().ended:
+                break
+        (retry,) = rig.events("RetryPlanned")
+        assert retry["custom_ids"] == [truncated_cid] and rig.job().ended == "completed"
+        (second,) = [p.name for p in rig.home.outbox.glob("a_results*.csv") if p.name != "a_results.csv"]
+        assert [r["error"] for r in rig.result_rows(second)] == [""] * 4
     finally:
         rig.close()

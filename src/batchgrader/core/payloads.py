@@ -355,6 +355,8 @@ class OnlineRequestSent(TypedDict):
         "reasoning_tokens": "of which reasoning",
         "tier": "flex or online",
         "cost_usd": "its cost (flex: the Batch price; online: the standard price; also in the TokensUsed with chunk -1 beside it)",
+        "error_code": "truncated or refused: an answer that is billed but not usable (the row fails with it, a RowsFailed of chunk null beside it, and it is not sent again unless `bgctl retry`); absent: a usable answer",
+        "error_message": "why the answer is not usable; absent with error_code",
     },
 )
 class OnlineRequestAnswered(TypedDict):
@@ -368,6 +370,8 @@ class OnlineRequestAnswered(TypedDict):
     reasoning_tokens: int
     tier: str
     cost_usd: float
+    error_code: NotRequired[str]
+    error_message: NotRequired[str]
 
 
 @event(

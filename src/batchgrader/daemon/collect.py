@@ -333,7 +333,7 @@ class CollectSteps:
                 max_bytes=profile.max_batch_bytes,
             ),
         )
-        base = max(job.chunks) + 1
+        base = max(job.chunks, default=-1) + 1
         out_dir = self.ctx.home.job_dir(job.job_id) / "chunks"
         paths = write_chunk_files(iter(lines), chunks, set(), out_dir, f"{job.job_id}-retry{base:04d}")
         events = []

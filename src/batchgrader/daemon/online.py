@@ -16,9 +16,12 @@ explicitly (home, profile, prices, provider, the event sink and the clocks):
   provider's ``Retry-After`` (else a backoff doubling from 1 s) has passed, on the monotonic clock
   (``not_before``) and, after a restart, the wall clock its event recorded; a row is tried at most
   :data:`~batchgrader.core.route_state.MAX_ATTEMPTS` times, and a definite refusal (another 4xx) or an
-  answer that is not usable (truncated, refused, invalid) fails it at once: such a row is failed
-  ``final`` and goes in the job's batch, where it is answered or fails with its code in the result
-  like any batch row (``bgctl retry`` sends it again);
+  answer that is not valid (``invalid_output``, ``unexpected_finish``) fails it at once: such a row is
+  failed ``final`` and goes in the job's batch, where it is answered or fails with its code in the
+  result like any batch row; an answer cut off or refused (``truncated``, ``refused``) is billed and
+  recorded as the row's answer with its code (``OnlineRequestAnswered.error_code``, a ``RowsFailed``
+  beside it): the same request would fail the same way, so it is not sent again (as a batch never
+  resends such a row by itself); ``bgctl retry`` (with ``--max-completion-tokens``) sends it again;
 * a request left without an outcome by a crash is uncertain (a synchronous call has no record
   to reconcile with): it is sent again once, marked ``resent_after_crash``; one left so twice is
   failed ``final`` (``outcome_unknown``) and goes in the batch;
@@ -39,7 +42,7 @@ from typing import Any
 
 from batchgrader.core.actions import ONLINE_TIMER
 from batchgrader.core.config import ConfigError, Profile
-from batchgrader.core.decide import utc_day
+from batchgrader.core.decide import NEVER_RETRIED, utc_day
 from batchgrader.core.home import Home
 from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff
 from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
@@ -233,13 +236,15 @@ class OnlineStep:
             self.emit(job.job_id, _failed(cid, "provider_error", str(exc), None, None, True))
             return True
         rec = outcome_record(parse_line(got), schema_of(self.profile.response_format))
-        if not rec["ok"]:
+        unusable = not rec["ok"] and rec.get("status_code") == 200 and rec.get("error_code") in NEVER_RETRIED
+        if not rec["ok"] and not unusable:  # sent in the batch: it may be answered there
             self.emit(
                 job.job_id, _failed(cid, str(rec["error_code"]), str(rec["error_message"]), rec.get("status_code"), None, True)
             )
             return True
         usage = {k: int(rec.get(k) or 0) for k in USAGE}
         cost = self._cost(tier, usage)
+        problem = {"error_code": str(rec["error_code"]), "error_message": str(rec["error_message"])} if unusable else {}
         answer = _e(
             "OnlineRequestAnswered",
             custom_id=cid,
@@ -249,6 +254,7 @@ class OnlineStep:
             tier=tier,
             cost_usd=cost,
             **usage,
+            **problem,
         )
         used = _e(
             "TokensUsed",
@@ -271,6 +277,10 @@ class OnlineStep:
             "custom_id": cid,
             "batch_id": None,
         }
+        if unusable:  # billed, but the same request would fail the same way: the row fails with it
+            row = {"custom_id": cid, "code": problem["error_code"], "message": problem["error_message"], "status": 200}
+            self.emit(job.job_id, answer, used, _e("RowsFailed", chunk=None, batch_id=None, rows=[row]))
+            return True
         self.emit(job.job_id, answer, used, also=self._store(stored))  # stored for reuse as a batch's answers are
         return True
 

@@ -243,6 +243,8 @@ def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
             job.job_id,
             a["custom_id"],
             a["tier"],
+            a.get("error_code"),
+            a.get("error_message"),
         )
         for a in job.online.answers.values()
     }

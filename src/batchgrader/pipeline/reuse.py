@@ -79,7 +79,8 @@ class ReusePlan:
     def lines(self) -> Iterable[bytes]:
         """The reuse file: one JSON array per line, ``["cache", custom_id, key, content, finish_reason,
         prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, answered_in]`` per cached
-        row (``+ ["preflight"]`` for an answer of this job's preflight) and ``["duplicate", custom_id, leader]`` per duplicate (see :func:`read_reuse_file`)."""
+        row (``+ [how]`` for an answer of this job's preflight or route, ``+ [how, code, message]``
+        for such an answer that is not usable) and ``["duplicate", custom_id, leader]`` per duplicate (see :func:`read_reuse_file`)."""
         dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False), one encoder
         for cid, a in self.cached:
             row = ["cache", cid, a.key, a.content, a.finish_reason, a.prompt_tokens, a.cached_tokens]
@@ -110,21 +111,25 @@ class ReusePlan:
 
 
 def _answered_by(a: Any) -> list[str]:
-    """The reuse file's optional last field: ``preflight`` for this job's own preflight answer
-    (billed in this job), nothing for an answer from the store."""
-    return [a.ts] if a.ts in ANSWERED_IN_JOB else []
+    """The reuse file's optional last fields: how this job answered the row itself (``preflight``,
+    ``flex``, ``online``: billed in this job), then the code and message of such an answer that
+    is not usable (the row fails with them); nothing for an answer from the store."""
+    if a.ts not in ANSWERED_IN_JOB:
+        return []
+    return [a.ts, a.error_code, a.error_message] if getattr(a, "error_code", None) else [a.ts]
 
 
 def _record(row: list[Any]) -> dict[str, Any]:
     """A cached row's result record (the shape of a merged chunk's results file)."""
     _, cid, key, content, finish, pt, ct, comp, rt, job, *how = row
+    code, message = (how[1], how[2]) if len(how) >= 3 else (None, None)
     return {
         "custom_id": cid,
-        "ok": True,
+        "ok": code is None,
         "content": content,
         "status_code": 200,
-        "error_code": None,
-        "error_message": None,
+        "error_code": code,
+        "error_message": message,
         "prompt_tokens": pt,
         "cached_tokens": ct,
         "completion_tokens": comp,

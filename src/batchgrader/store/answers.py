@@ -83,6 +83,10 @@ class StoredAnswer:
     job_id: str
     custom_id: str
     ts: str
+    # a billed answer of this job that is not usable (truncated, refused on a synchronous route):
+    # the row fails with it; never in the store
+    error_code: str | None = None
+    error_message: str | None = None
 
 
 def iso(ts: float) -> str:
