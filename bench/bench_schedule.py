@@ -168,10 +168,19 @@ def _mem_kib(pid: int) -> tuple[int, int]:
 
 
 def _children(pid: int) -> list[int]:
+    """The process's children, started by any of its threads (the sandbox's emulator is started
+    by the thread that first calls the provider)."""
+    out: list[int] = []
     try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        return []
+        return out
+    for task in tasks:
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 CASES: list[float | None] = [None, 0.45]  # queue limit as a share of the file's tokens (None: no limit)
@@ -207,7 +216,7 @@ def run_daemon(home: Path, emu: Emulator) -> tuple[float, int, int]:
     SAMPLES.clear()
     while proc.poll() is None:
         rss, hwm = _mem_kib(proc.pid)
-        workers = sum(_mem_kib(c)[0] for c in _children(proc.pid))  # merge workers (daemon/workers.py)
+        workers = sum(_mem_kib(c)[0] for c in _children(proc.pid) if _is_worker(c))  # merge workers (daemon/workers.py)
         peak = max(peak, hwm, rss + workers)
         SAMPLES.append((time.time(), rss + workers))
         time.sleep(0.05)  # sampling interval of the workers' part; the daemon's VmHWM never misses a peak
@@ -312,41 +321,62 @@ def memory(rows_list: list[int], work: Path) -> list[dict]:
     return out
 
 
-def _is_emulator(pid: int) -> bool:
+def _cmdline(pid: int) -> bytes:
     try:
-        return b"emulator.child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return False
+        return b""
 
 
-def run_sandbox_daemon(home: Path) -> tuple[float, int, int]:
-    """Run `bgctl daemon --sandbox --once` until it exits: (seconds, the daemon's peak in KiB,
-    the sandbox emulator process's peak in KiB).  The daemon's peak is as in :func:`run_daemon`
-    (its VmHWM, or its resident set plus its merge workers', sampled); the emulator's is its own
-    VmHWM, read while it runs."""
+def _is_emulator(pid: int) -> bool:
+    return b"emulator.child" in _cmdline(pid)
+
+
+def _is_worker(pid: int) -> bool:
+    """A merge worker (``python -m batchgrader.daemon.workers``).  A child not yet past its exec
+    shares the daemon's pages (vfork) and shows the daemon's resident set: not counted."""
+    return b"batchgrader.daemon.workers" in _cmdline(pid)
+
+
+def run_sandbox_daemon(home: Path) -> dict:
+    """Run `bgctl daemon --sandbox --once` until it exits, sampling every 50 ms the resident sets
+    of the daemon, its merge workers and its emulator process.  Returns (KiB): ``daemon`` its peak
+    as in :func:`run_daemon` (its VmHWM, or its resident set plus its merge workers', sampled);
+    ``emulator`` the emulator process's own VmHWM; ``sum`` the peak of daemon + workers +
+    emulator, sampled (the whole sandbox at one moment); and ``seconds``."""
     t = time.perf_counter()
     e = {k: v for k, v in env(home).items() if k != "OPENAI_API_KEY"}
     proc = subprocess.Popen([BGCTL, "daemon", "--sandbox", "--once"], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = emu_peak = 0
+    peak = emu_peak = sum_peak = 0
     SAMPLES.clear()
+    trace = open(home / "memory.tsv", "w")  # noqa: SIM115 - time, daemon, workers, emulator (KiB): kept with --keep
     while proc.poll() is None:
         rss, hwm = _mem_kib(proc.pid)
         kids = _children(proc.pid)
         emus = [c for c in kids if _is_emulator(c)]
-        workers = sum(_mem_kib(c)[0] for c in kids if c not in emus)
-        emu_peak = max([emu_peak, *(_mem_kib(c)[1] for c in emus)])
+        workers = sum(_mem_kib(c)[0] for c in kids if _is_worker(c))
+        emu_now = [_mem_kib(c) for c in emus]
+        emu_peak = max([emu_peak, *(h for _r, h in emu_now)])
         peak = max(peak, hwm, rss + workers)
-        SAMPLES.append((time.time(), rss + workers))
+        whole = rss + workers + sum(r for r, _h in emu_now)
+        sum_peak = max(sum_peak, whole)
+        SAMPLES.append((time.time(), whole))
+        trace.write(f"{time.perf_counter() - t:.2f}\t{rss}\t{workers}\t{whole - rss - workers}\n")
         time.sleep(0.05)
+    trace.close()
     seconds = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"daemon exited {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-    return seconds, peak, emu_peak
+    return {"seconds": seconds, "daemon": peak, "emulator": emu_peak, "sum": sum_peak}
+
+
+#: The memory goal of a live run, which the whole sandbox (daemon and emulator) is held to: 400 MB.
+GOAL_MIB = 400e6 / 2**20
 
 
 def sandbox_memory(rows_list: list[int], work: Path) -> list[dict]:
-    """`bgctl daemon --sandbox --once` on files of ``rows_list`` rows: the daemon's peak and its
-    emulator process's, apart."""
+    """`bgctl daemon --sandbox --once` on files of ``rows_list`` rows: the daemon's peak, its
+    emulator process's, and the peak of their sum, next to the goal."""
     out = []
     for rows in rows_list:
         csv = work / f"sandbox_{rows}.csv"
@@ -359,19 +389,22 @@ def sandbox_memory(rows_list: list[int], work: Path) -> list[dict]:
         except OSError:
             shutil.copyfile(csv, home / "inbox" / csv.name)
         load = benchdocs.load_average()
-        seconds, peak, emu_peak = run_sandbox_daemon(home)
+        m = run_sandbox_daemon(home)
         r = {
             "rows": rows,
-            "rss_mib": peak / 1024,
-            "emulator_mib": emu_peak / 1024,
-            "exit_s": seconds,
+            "rss_mib": m["daemon"] / 1024,
+            "emulator_mib": m["emulator"] / 1024,
+            "sum_mib": m["sum"] / 1024,
+            "exit_s": m["seconds"],
             "load": load,
             "load_end": benchdocs.load_average(),
             "peak_at": peak_phase(home),
         }
+        verdict = "within" if r["sum_mib"] <= GOAL_MIB else "OVER"
         print(
-            f"sandbox {rows:>9,} rows: daemon peak RSS {r['rss_mib']:.0f} MiB, emulator process {r['emulator_mib']:.0f} MiB, "
-            f"in {seconds:.0f} s ({r['peak_at']}; load {load:.1f} at the start, {r['load_end']:.1f} at the end)",
+            f"sandbox {rows:>9,} rows: peak RSS daemon {r['rss_mib']:.0f} MiB, emulator process {r['emulator_mib']:.0f} MiB, "
+            f"sum {r['sum_mib']:.0f} MiB ({r['sum_mib'] * 2**20 / 1e6:.0f} MB: {verdict} the goal of 400 MB), "
+            f"in {r['exit_s']:.0f} s (sum's peak {r['peak_at']}; load {load:.1f} at the start, {r['load_end']:.1f} at the end)",
             flush=True,
         )
         out.append(r)

@@ -273,3 +273,46 @@ def test_a_chunk_whose_worker_failed_is_not_sent_to_a_worker_again(home):
         rig.tick()
     assert workers.started == [key] and not rig.job().chunks[0].done
     rig.close()
+
+
+def test_at_most_max_running_workers_run_at_once_and_the_others_wait_their_turn(tmp_path):
+    """Chunks that end together (a million-row file's twenty, in the sandbox) are not merged by
+    twenty workers at once, each holding its chunk's ids: one per core, the others after."""
+    gate = tmp_path / "go"
+    gated = tmp_path / "gated-python"  # a worker that starts merging once the gate is open
+    gated.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.01; done\nexec "{sys.executable}" "$@"\n')
+    gated.chmod(0o755)
+    workers = MergeWorkers(python=str(gated), max_running=2)
+    keys = ["a", "b", "c"]
+    for k in keys:
+        (tmp_path / k).mkdir()
+        workers.start(k, _inputs(tmp_path / k), tmp_path / k / "merging")
+    assert [workers._runs[k].proc is not None for k in keys] == [True, True, False]  # c waits
+    assert workers.poll("c") is None and workers.running("c")
+    gate.touch()
+    for k in keys:
+        assert workers.wait(k, timeout=60)
+        outcome = workers.poll(k)
+        assert outcome is not None and outcome.merged is not None and outcome.merged.rows == 4
+        assert (tmp_path / k / "results" / "chunk-0000.jsonl").exists()
+    assert not workers._runs
+
+
+def test_a_waiting_merge_whose_worker_cannot_start_is_reported(tmp_path):
+    gate = tmp_path / "go"
+    gated = tmp_path / "gated-python"
+    gated.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.01; done\nexec "{sys.executable}" "$@"\n')
+    gated.chmod(0o755)
+    workers = MergeWorkers(python=str(gated), max_running=1)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    workers.start("a", _inputs(tmp_path / "a"), tmp_path / "a" / "merging")
+    workers.start("b", _inputs(tmp_path / "b"), tmp_path / "b" / "merging")
+    workers.python = str(tmp_path / "no-such-python")
+    workers._runs["b"].args[0] = workers.python  # the interpreter is gone by the time b's turn comes
+    gate.touch()
+    assert workers.wait("a", timeout=60) and workers.poll("a") is not None
+    assert workers.wait("b", timeout=60)
+    with pytest.raises(MergeWorkerFailed, match="could not be started"):
+        workers.poll("b")
+    assert not list((tmp_path / "b" / "merging").iterdir())  # its inputs' file is removed

@@ -205,3 +205,23 @@ def test_separator_search_counts_whole_tokens_only():
     assert tokens._counts_between(data, pat, 5) is None  # one too few
     assert tokens._counts_between(b"", pat, 1) == [0]
     assert tokens._counts_between(pat, pat, 2) == [0, 0]
+
+
+def test_an_encoding_keeps_no_python_copy_of_its_ranks_and_still_encodes_and_pickles():
+    """The Rust core holds the ranks; tiktoken's Python dict of them (28 MiB for o200k_base, in
+    the daemon, each merge worker and the sandbox's emulator) is dropped once the core is built."""
+    import pickle
+
+    import tiktoken
+
+    enc = tokens.get_encoding("o200k_base")
+    assert not hasattr(enc, "_mergeable_ranks")
+    text = "Grade the essay: 世界 🎉 <|endoftext|> 1234567 don't"
+    data = tokens._rank_file_bytes("o200k_base")
+    pat_str, special = tokens._SPECS["o200k_base"]
+    full = tiktoken.Encoding(name="full", pat_str=pat_str, mergeable_ranks=tokens.parse_ranks(data), special_tokens=special)
+    assert enc.encode_ordinary(text) == full.encode_ordinary(text)
+    assert enc.encode(text, allowed_special="all") == full.encode(text, allowed_special="all")
+    assert enc.decode(enc.encode_ordinary(text)) == text
+    assert pickle.loads(pickle.dumps(enc)) is enc
+    assert tokens._part_separator(enc) is not None  # the parallel counter's joins still work

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any, SupportsIndex
 
 import tiktoken
 import tiktoken.model
@@ -109,16 +110,34 @@ def parse_ranks(data: bytes) -> dict[bytes, int]:
     return ranks
 
 
+class _LeanEncoding(tiktoken.Encoding):
+    """A tiktoken Encoding without its Python copy of the ranks (a dict of 200,000 byte strings:
+    28 MiB for o200k_base).  Its Rust core holds its own copy, which is all encoding and
+    decoding use; ``tiktoken.Encoding`` keeps the dict only to pickle itself, and this one
+    pickles as its name (unpickled by :func:`get_encoding`)."""
+
+    def __init__(self, name: str) -> None:
+        data = _rank_file_bytes(name)
+        verify_rank_bytes(name, data)
+        pat_str, special = _SPECS[name]
+        ranks = parse_ranks(data)
+        super().__init__(name=name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special)
+        values = set(ranks.values())
+        #: special tokens whose id is also an ordinary token's (ordinary text could produce them)
+        self.special_ids_ranked = frozenset(i for i in special.values() if i in values)
+        del self._mergeable_ranks, ranks, values
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        return get_encoding, (self.name,)
+
+
 @functools.cache
 def get_encoding(name: str) -> tiktoken.Encoding:
     """A verified tiktoken Encoding, built from the shipped rank file. Cached per process."""
     base = _ALIASES.get(name, name)
     if base not in _SPECS:
         raise EncodingUnavailable(f"encoding {name!r} is not available offline (available: {', '.join(available_encodings())})")
-    data = _rank_file_bytes(base)
-    verify_rank_bytes(base, data)
-    pat_str, special = _SPECS[base]
-    return tiktoken.Encoding(name=base, pat_str=pat_str, mergeable_ranks=parse_ranks(data), special_tokens=special)
+    return _LeanEncoding(base)
 
 
 def available_encodings() -> list[str]:
@@ -245,7 +264,8 @@ def _part_separator(enc: tiktoken.Encoding) -> _Separator | None:
         sid = enc.encode_single_token(ENDOFTEXT)
     except KeyError:
         return None
-    if sid in enc._mergeable_ranks.values():  # ordinary text could then produce it
+    ranked = enc.special_ids_ranked if isinstance(enc, _LeanEncoding) else frozenset(enc._mergeable_ranks.values())
+    if sid in ranked:  # ordinary text could then produce it
         return None
     allowed = {ENDOFTEXT}
     probe = f"hello world{ENDOFTEXT} 世界 🎉{ENDOFTEXT}{ENDOFTEXT}  \n<|endofprompt|> x"

@@ -417,6 +417,7 @@ class AnswersMixin(_StoreBase):
         if b.inputs is not None:
             b.inputs.close()
             b.inputs = None
+        b.plan = None  # ended: its counts are in its object; the plan is only needed while it runs
 
     def _answer(self, req: _Req, model: str, created: int) -> dict[str, Any]:
         counter = _counter_for(model)

@@ -13,8 +13,10 @@ Requests are checked when created (custom_id ``^[a-zA-Z0-9_-]{1,64}$``, unique, 
 100,000 requests) and their params when processed (an ``errored`` result, as the real API
 does).  Input tokens are counted with the project's tiktoken counter: a stand-in, since
 Claude's tokenizer is not public.  A ``cache_control`` breakpoint on the system prompt is
-cached by the rules in ``prompt_cache`` (writes, then reads, within the batch).  With ``data_dir``, batches are kept in ``msgbatches/``
-(their results are recomputed, deterministically, after a restart).
+cached by the rules in ``prompt_cache`` (writes, then reads, within the batch).  A batch's
+requests and results are kept on disk (JSON lines), not in memory: its requests in
+``msgbatches/`` of ``data_dir`` (else the emulator's scratch folder), its results in the scratch
+folder (recomputed, deterministically, after a restart).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from batchgrader.fsio import atomic_write_bytes
@@ -34,7 +37,9 @@ from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
 from batchgrader.provider.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
 from batchgrader.provider.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
+from batchgrader.provider.emulator.spool import LinesWriter, read_jsonl, write_jsonl
 from batchgrader.provider.emulator.state import _StoreBase
+from batchgrader.provider.emulator.upload import FileBody
 
 ANTHROPIC_CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ANTHROPIC_MAX_REQUESTS = 100_000
@@ -74,12 +79,18 @@ class _MsgBatch:
     id: str
     seq: int
     t_created: float
-    requests: list[dict[str, Any]]
+    n: int  # its requests, kept in ``requests_path`` (one JSON line each, in order)
+    requests_path: Path
     t_cancel: float | None = None
-    stop_count: int | None = None
-    results: list[dict[str, Any]] | None = None
+    counts: dict[str, int] | None = None  # once it has ended: its results by type
+    results_path: Path | None = None  # once it has ended: its results, one JSON line each
     t_ended: float | None = None
     archived: bool = False
+
+    @property
+    def results(self) -> list[dict[str, Any]] | None:
+        """Its results read back (inspection by tests; the API sends the file as it is read)."""
+        return None if self.counts is None else list(read_jsonl(self.results_path))
 
 
 class AnthropicMixin(_StoreBase):
@@ -89,10 +100,13 @@ class AnthropicMixin(_StoreBase):
 
     # --- persistence -------------------------------------------------------------------------
 
+    def _msg_requests_path(self, batch_id: str) -> Path:
+        return self._blob_dir("msgbatches") / f"{batch_id}.requests.jsonl"
+
     def _msg_save(self, m: _MsgBatch) -> None:
         if not self.data_dir:
             return
-        rec = {"id": m.id, "seq": m.seq, "t_created": m.t_created, "requests": m.requests, "t_cancel": m.t_cancel}
+        rec = {"id": m.id, "seq": m.seq, "t_created": m.t_created, "n": m.n, "t_cancel": m.t_cancel}
         rec["archived"] = m.archived
         atomic_write_bytes(self.data_dir / "msgbatches" / f"{m.id}.json", json.dumps(rec).encode("utf-8"))
 
@@ -100,7 +114,9 @@ class AnthropicMixin(_StoreBase):
         d = self.data_dir / "msgbatches" if self.data_dir else None
         for p in sorted(d.glob("*.json")) if d is not None and d.exists() else []:
             rec = json.loads(p.read_text(encoding="utf-8"))
-            m = _MsgBatch(rec["id"], rec["seq"], rec["t_created"], rec["requests"], rec["t_cancel"], archived=rec["archived"])
+            path = self._msg_requests_path(rec["id"])
+            n = write_jsonl(path, rec["requests"]) if "requests" in rec else rec["n"]  # a record of an older version
+            m = _MsgBatch(rec["id"], rec["seq"], rec["t_created"], n, path, rec["t_cancel"], archived=rec["archived"])
             self.msg_batches[m.id] = m
             self.seq = max(self.seq, m.seq)
             self.batches_created += 1
@@ -112,13 +128,13 @@ class AnthropicMixin(_StoreBase):
 
     def _msg_done_by(self, m: _MsgBatch, t: float) -> int:
         span = self._msg_processing_s()
-        n = len(m.requests)
+        n = m.n
         if span <= 0:
             return n
         return min(n, max(0, int(n * (t - m.t_created) / span + 1e-6)))
 
     def _msg_advance(self, m: _MsgBatch) -> None:
-        if m.results is not None:
+        if m.counts is not None:
             return
         now = self.clock()
         t_end = m.t_created + self._msg_processing_s()
@@ -130,27 +146,30 @@ class AnthropicMixin(_StoreBase):
             if now >= deadline:
                 self._msg_finish(m, deadline, self._msg_done_by(m, deadline), "expired")
         elif now >= t_end:
-            self._msg_finish(m, t_end, len(m.requests), "expired")
+            self._msg_finish(m, t_end, m.n, "expired")
 
     def _msg_finish(self, m: _MsgBatch, t: float, processed: int, rest: str) -> None:
+        """Its results, written to disk as they are made (then shuffled there, if configured)."""
         seen: BatchCache = set()  # the batch's prompt cache, filled in request order
-        results = [self._msg_result(m, r, seen) for r in m.requests[:processed]]
-        results += [{"custom_id": r["custom_id"], "result": {"type": rest}} for r in m.requests[processed:]]
-        if self.cfg.shuffle_output and len(results) > 1:
-            random.Random(f"shuffle:{self.cfg.seed}:{m.id}").shuffle(results)
-        m.results, m.t_ended = results, t
+        counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+        out = LinesWriter(self.scratch / f"{m.id}.results.jsonl")
+        for i, r in enumerate(read_jsonl(m.requests_path)):
+            res = self._msg_result(m, r, seen) if i < processed else {"custom_id": r["custom_id"], "result": {"type": rest}}
+            counts[res["result"]["type"]] += 1
+            out.add(res)
+        m.results_path = out.close(f"shuffle:{self.cfg.seed}:{m.id}" if self.cfg.shuffle_output else None)
+        m.counts, m.t_ended = counts, t
 
     # --- objects -----------------------------------------------------------------------------
 
     def _msg_view(self, m: _MsgBatch) -> dict[str, Any]:
         self._msg_advance(m)
         counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
-        if m.results is None:
-            counts["processing"] = len(m.requests)
+        if m.counts is None:
+            counts["processing"] = m.n
             status = "in_progress" if m.t_cancel is None else "canceling"
         else:
-            for r in m.results:
-                counts[r["result"]["type"]] += 1
+            counts = dict(m.counts)
             status = "ended"
         return {
             "id": m.id,
@@ -162,7 +181,7 @@ class AnthropicMixin(_StoreBase):
             "ended_at": _rfc3339(m.t_ended),
             "cancel_initiated_at": _rfc3339(m.t_cancel),
             "archived_at": None,
-            "results_url": f"/v1/messages/batches/{m.id}/results" if m.results is not None else None,
+            "results_url": f"/v1/messages/batches/{m.id}/results" if m.counts is not None else None,
         }
 
     def _msg_get(self, batch_id: str) -> _MsgBatch:
@@ -196,7 +215,8 @@ class AnthropicMixin(_StoreBase):
             seen.add(cid)
         with self.lock:
             bid = "msgbatch_" + uuid.uuid4().hex[:24]
-            m = _MsgBatch(bid, self._next_seq(), self.clock(), json.loads(json.dumps(reqs)))
+            path = self._msg_requests_path(bid)
+            m = _MsgBatch(bid, self._next_seq(), self.clock(), write_jsonl(path, reqs), path)
             self.msg_batches[bid] = m
             self.batches_created += 1
             self._msg_save(m)
@@ -230,7 +250,7 @@ class AnthropicMixin(_StoreBase):
         with self.lock:
             m = self._msg_get(batch_id)
             self._msg_advance(m)
-            if m.results is None and m.t_cancel is None:
+            if m.counts is None and m.t_cancel is None:
                 m.t_cancel = self.clock()
                 self._msg_save(m)
             return self._msg_view(m)
@@ -239,7 +259,7 @@ class AnthropicMixin(_StoreBase):
         with self.lock:
             m = self._msg_get(batch_id)
             self._msg_advance(m)
-            if m.results is None:
+            if m.counts is None:
                 raise AnthropicApiError(
                     400,
                     f"Message batch {batch_id} is still processing; cancel it and wait for it to end before deleting.",
@@ -249,15 +269,15 @@ class AnthropicMixin(_StoreBase):
             self._msg_save(m)
             return {"id": batch_id, "type": "message_batch_deleted"}
 
-    def msg_results(self, batch_id: str) -> bytes:
+    def msg_results(self, batch_id: str) -> FileBody:
         with self.lock:
             m = self._msg_get(batch_id)
             self._msg_advance(m)
-            if m.results is None:
+            if m.counts is None:
                 raise AnthropicApiError(
                     400, f"Message batch {batch_id} has not ended; results are not available yet.", type="invalid_request_error"
                 )
-            return b"".join(json.dumps(r).encode("utf-8") + b"\n" for r in m.results)
+            return FileBody.open(m.results_path)
 
     def msg_count_tokens(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body.get("model"):

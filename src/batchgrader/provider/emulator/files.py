@@ -11,6 +11,7 @@ from batchgrader.fsio import atomic_write
 from batchgrader.provider.emulator.common import ApiError, _now_int
 from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
 from batchgrader.provider.emulator.state import _File, _StoreBase
+from batchgrader.provider.emulator.upload import FileBody
 
 #: Azure OpenAI's shortest ``expires_after`` for batch files: 14 days (learn.microsoft.com batch how-to)
 AZURE_MIN_EXPIRY_S = 14 * 86_400
@@ -20,9 +21,14 @@ class FilesMixin(_StoreBase):
     """Files, and the list paging the Batches API shares."""
 
     def create_file(
-        self, filename: str, data: bytes | memoryview, purpose: str | None, expires_after: dict[str, Any], azure: bool = False
+        self,
+        filename: str,
+        data: bytes | memoryview | Path,
+        purpose: str | None,
+        expires_after: dict[str, Any],
+        azure: bool = False,
     ) -> dict[str, Any]:
-        """Upload a file.  ``azure``: through Azure OpenAI's routes, where a batch file has no
+        """Upload a file: its bytes, or a file the upload was received into (moved into place).  ``azure``: through Azure OpenAI's routes, where a batch file has no
         default expiry, ``expires_after`` takes 14 to 30 days, and a resource holds at most
         ``azure_files_without_expiry`` live batch files without one."""
         if not purpose:
@@ -37,7 +43,8 @@ class FilesMixin(_StoreBase):
         if purpose == "batch":
             if not filename.endswith(".jsonl"):
                 raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file", code=None)
-            if len(data) > self.cfg.max_batch_file_bytes:
+            size = data.stat().st_size if isinstance(data, Path) else len(data)
+            if size > self.cfg.max_batch_file_bytes:
                 raise ApiError(400, "File is too large.", param="file", code=None)
         with self.lock:
             now = self.clock()
@@ -99,7 +106,7 @@ class FilesMixin(_StoreBase):
         fid = "file-" + uuid.uuid4().hex[:24]
         path = self._blob_dir("files") / f"{fid}.data"
         if isinstance(data, Path):
-            shutil.move(data, path)
+            shutil.move(data, path)  # a rename: received in this folder (routing._Handler._receive)
         else:
             view = data
             atomic_write(path, lambda fh: None if fh.write(view) else None)
@@ -134,6 +141,12 @@ class FilesMixin(_StoreBase):
         with self.lock:
             self._advance_all()
             return self._get_file(file_id).content()
+
+    def file_body(self, file_id: str) -> FileBody:
+        """A file's content, to be sent as it is read (opened now: a delete meanwhile does not cut it)."""
+        with self.lock:
+            self._advance_all()
+            return FileBody.open(self._get_file(file_id).path)
 
     def delete_file(self, file_id: str) -> dict[str, Any]:
         with self.lock:

@@ -22,16 +22,21 @@ keep the answers of the requests processed by then.  A request is checked when p
 ``error`` line with a ``google.rpc.Status``, gRPC codes, as the real output file has).  Input
 tokens are counted with the project's tiktoken counter (a stand-in: Gemini's tokenizer is not
 offline).  Every model but the ``-lite`` ones thinks: it reports ``thoughtsTokenCount``.
-With ``data_dir``, files and batches are kept in ``gemini/`` (results recomputed, deterministically).
+Files, a batch's requests and its results are kept on disk, not in memory: with ``data_dir``,
+files and batches in ``gemini/``, else in the emulator's scratch folder; results in the scratch
+folder (recomputed, deterministically, after a restart).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from batchgrader.fsio import atomic_write_bytes
@@ -41,7 +46,9 @@ from batchgrader.provider.emulator.common import ApiError, _hex
 from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
 from batchgrader.provider.emulator.prompt_cache import BatchCache, gemini_cached_tokens, system_tokens
 from batchgrader.provider.emulator.rules import gemini_request_error, gemini_thinking_effort, reasoning_tokens
+from batchgrader.provider.emulator.spool import LinesWriter, read_jsonl, size_and_sha256, write_jsonl
 from batchgrader.provider.emulator.state import _StoreBase
+from batchgrader.provider.emulator.upload import PART_SUFFIX, FileBody
 
 COUNTING_STAND_IN = "gpt-4o"
 GEMINI_MAX_FILE_BYTES = 2 * 1024 * 1024 * 1024
@@ -83,7 +90,9 @@ class _GemFile:
     display_name: str
     mime_type: str
     t_created: float
-    data: bytes
+    path: Path | None  # where its bytes are kept
+    size: int
+    sha256: str
     source: str = "UPLOADED"
     deleted: bool = False
 
@@ -96,12 +105,36 @@ class _GemBatch:
     model: str
     display_name: str
     input_file: str | None
-    requests: list[dict[str, Any]]  # {"key", "request"}
+    n: int  # its requests, kept in ``requests_path`` ({"key", "request"} JSON lines, in order)
+    requests_path: Path
+    inline: bool  # sent in the create call (its answers are then inline in the batch too)
     t_cancel: float | None = None
     deleted: bool = False
     state: str = "BATCH_STATE_PENDING"
     t_ended: float | None = None
-    results: list[dict[str, Any]] | None = field(default=None, repr=False)
+    results_path: Path | None = None  # once it has ended: its results, one JSON line each
+    answered: int = 0  # once it has ended: its results
+    succeeded: int = 0  # ... of which answers (the rest errors)
+
+    @property
+    def results(self) -> list[dict[str, Any]] | None:
+        """Its results read back (inspection by tests; the API sends the file as it is read)."""
+        return None if self.results_path is None else list(read_jsonl(self.results_path))
+
+
+def _file_requests(file_name: str, path: Path | None) -> Iterator[Any]:
+    """The lines of an uploaded input file, parsed one at a time."""
+    try:
+        yield from read_jsonl(path)
+    except ValueError:
+        raise GeminiApiError(400, f"{file_name} is not valid JSONL.") from None
+
+
+def _checked_request(r: Any) -> dict[str, Any]:
+    """A batch line as kept: ``{"key", "request"}``; refused unless it is an object with a request."""
+    if not isinstance(r, dict) or not isinstance(r.get("request"), dict):
+        raise GeminiApiError(400, "Every batch line must be an object with a 'request'.")
+    return {"key": r.get("key"), "request": r["request"]}
 
 
 class GeminiMixin(_StoreBase):
@@ -114,20 +147,21 @@ class GeminiMixin(_StoreBase):
     # --- persistence -------------------------------------------------------------------------
 
     def _gem_save_file(self, f: _GemFile) -> None:
+        """Its record (its bytes are already in place: see ``gem_upload_chunk``)."""
         if self.data_dir and f.source == "UPLOADED":
             d = self.data_dir / "gemini" / "files"
-            key = f.name.split("/")[-1]
-            if not (d / f"{key}.data").exists():
-                atomic_write_bytes(d / f"{key}.data", f.data)
             rec = {"name": f.name, "seq": f.seq, "display_name": f.display_name, "mime_type": f.mime_type}
-            rec |= {"t_created": f.t_created, "deleted": f.deleted}
-            atomic_write_bytes(d / f"{key}.json", json.dumps(rec).encode("utf-8"))
+            rec |= {"t_created": f.t_created, "deleted": f.deleted, "size": f.size, "sha256": f.sha256}
+            atomic_write_bytes(d / f"{f.name.split('/')[-1]}.json", json.dumps(rec).encode("utf-8"))
 
     def _gem_save_batch(self, b: _GemBatch) -> None:
         if self.data_dir:
-            rec = {k: getattr(b, k) for k in ("name", "seq", "t_created", "model", "display_name", "input_file", "requests")}
+            rec = {k: getattr(b, k) for k in ("name", "seq", "t_created", "model", "display_name", "input_file", "n", "inline")}
             rec |= {"t_cancel": b.t_cancel, "deleted": b.deleted}
             atomic_write_bytes(self.data_dir / "gemini" / "batches" / f"{b.name.split('/')[-1]}.json", json.dumps(rec).encode())
+
+    def _gem_requests_path(self, name: str) -> Path:
+        return self._blob_dir("gemini/batches") / f"{name.split('/')[-1]}.requests.jsonl"
 
     def _gem_load(self) -> None:
         root = self.data_dir / "gemini" if self.data_dir else None
@@ -135,16 +169,20 @@ class GeminiMixin(_StoreBase):
             return
         for p in sorted((root / "files").glob("*.json")):
             r = json.loads(p.read_text(encoding="utf-8"))
-            data = p.with_suffix(".data").read_bytes()
-            f = _GemFile(r["name"], r["seq"], r["display_name"], r["mime_type"], r["t_created"], data, deleted=r["deleted"])
+            data = p.with_suffix(".data")
+            size, sha = (r["size"], r["sha256"]) if "sha256" in r else size_and_sha256(data)
+            f = _GemFile(r["name"], r["seq"], r["display_name"], r["mime_type"], r["t_created"], data, size, sha)
+            f.deleted = r["deleted"]
             self.gem_files[f.name] = f
             self.seq = max(self.seq, f.seq)
             self.files_created += 1
         for p in sorted((root / "batches").glob("*.json")):
             r = json.loads(p.read_text(encoding="utf-8"))
-            b = _GemBatch(
-                r["name"], r["seq"], r["t_created"], r["model"], r["display_name"], r["input_file"], r["requests"], r["t_cancel"]
-            )
+            path = self._gem_requests_path(r["name"])
+            if "requests" in r:  # a record of an older version
+                r["n"], r["inline"] = write_jsonl(path, r["requests"]), bool(r["requests"] and r["requests"][0].get("inline"))
+            args = (r["name"], r["seq"], r["t_created"], r["model"], r["display_name"], r["input_file"])
+            b = _GemBatch(*args, r["n"], path, r["inline"], r["t_cancel"])
             b.deleted = r["deleted"]
             self.gem_batches[b.name] = b
             self.seq = max(self.seq, b.seq)
@@ -157,11 +195,11 @@ class GeminiMixin(_StoreBase):
             "name": f.name,
             "displayName": f.display_name,
             "mimeType": f.mime_type,
-            "sizeBytes": str(len(f.data)),
+            "sizeBytes": str(f.size),
             "createTime": _rfc3339(f.t_created),
             "updateTime": _rfc3339(f.t_created),
             "expirationTime": _rfc3339(f.t_created + FILE_KEPT_S),
-            "sha256Hash": _hex(f.data, n=64),
+            "sha256Hash": f.sha256,
             "uri": f"https://generativelanguage.googleapis.com/v1beta/{f.name}",
             "state": "ACTIVE",
             "source": f.source,
@@ -192,27 +230,41 @@ class GeminiMixin(_StoreBase):
                 "size": size,
                 "display_name": _get(meta, "displayName", "display_name") or "",
                 "mime": mime,
-                "data": b"",
+                "path": self.scratch / f"gemini-upload-{upload_id}{PART_SUFFIX}",
+                "received": 0,
             }
         url = f"{upload_root}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
         return {}, {"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active", "X-Goog-Upload-Chunk-Granularity": "8388608"}
 
-    def gem_upload_chunk(self, upload_id: str, command: str, offset: int, data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
+    def gem_upload_chunk(
+        self, upload_id: str, command: str, offset: int, data: bytes | Path
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """A chunk of a resumable upload (its bytes, or the file it was received into), appended
+        to the session's file on disk."""
         with self.lock:
             up = self.gem_uploads.get(upload_id)
             if up is None:
                 raise GeminiApiError(404, "Upload session not found.")
-            if offset != len(up["data"]):
-                raise GeminiApiError(400, f"Invalid upload offset {offset}; expected {len(up['data'])}.")
-            up["data"] += data
+            if offset != up["received"]:
+                raise GeminiApiError(400, f"Invalid upload offset {offset}; expected {up['received']}.")
+            with open(up["path"], "ab") as out:
+                if isinstance(data, Path):
+                    with open(data, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                else:
+                    out.write(data)
+                up["received"] = out.tell()
             if "finalize" not in command:
                 return {}, {"X-Goog-Upload-Status": "active"}
             del self.gem_uploads[upload_id]
-            if len(up["data"]) != up["size"]:
-                raise GeminiApiError(400, f"Upload size {len(up['data'])} does not match the declared {up['size']}.")
-            f = _GemFile(
-                "files/" + uuid.uuid4().hex[:12], self._next_seq(), up["display_name"], up["mime"], self.clock(), up["data"]
-            )
+            if up["received"] != up["size"]:
+                up["path"].unlink(missing_ok=True)
+                raise GeminiApiError(400, f"Upload size {up['received']} does not match the declared {up['size']}.")
+            name = "files/" + uuid.uuid4().hex[:12]
+            path = self._blob_dir("gemini/files") / f"{name.split('/')[-1]}.data"
+            shutil.move(up["path"], path)
+            size, sha = size_and_sha256(path)
+            f = _GemFile(name, self._next_seq(), up["display_name"], up["mime"], self.clock(), path, size, sha)
             self.gem_files[f.name] = f
             self.files_created += 1
             self._gem_save_file(f)
@@ -239,12 +291,12 @@ class GeminiMixin(_StoreBase):
             self._gem_save_file(f)
             return {}
 
-    def gem_download(self, file_id: str) -> bytes:
+    def gem_download(self, file_id: str) -> FileBody:
         with self.lock:
             f = self._gem_file(file_id)
             if f.source != "GENERATED":
                 raise GeminiApiError(400, "Only generated files can be downloaded; uploaded files cannot.")
-            return f.data
+            return FileBody.open(f.path)
 
     def _gem_page(self, items: list[Any], query: dict[str, str]) -> tuple[list[Any], str | None]:
         size = self._int_param({"n": query.get("pageSize", "")}, "n", 10, 1, 1000)
@@ -270,27 +322,24 @@ class GeminiMixin(_StoreBase):
         with self.lock:
             file_name = _get(src, "fileName", "file_name")
             if file_name:
-                f = self._gem_file(file_name)
-                try:
-                    requests = [json.loads(raw) for raw in f.data.splitlines() if raw.strip()]
-                except ValueError:
-                    raise GeminiApiError(400, f"{file_name} is not valid JSONL.") from None
+                requests = _file_requests(file_name, self._gem_file(file_name).path)
             else:
                 inline = (src.get("requests") or {}).get("requests")
                 if not isinstance(inline, list) or not inline:
                     raise GeminiApiError(400, "batch.input_config must name a file_name or hold requests.")
                 if len(json.dumps(inline)) > GEMINI_MAX_INLINE_BYTES:
                     raise GeminiApiError(400, "Inline batch requests exceed 20 MB; use an input file.")
-                requests = [
+                requests = (
                     {"key": str((r.get("metadata") or {}).get("key") or i), "request": r.get("request") or {}}
                     for i, r in enumerate(inline)
-                ]
-            if not requests or not all(isinstance(r, dict) and isinstance(r.get("request"), dict) for r in requests):
+                )
+            name = "batches/" + uuid.uuid4().hex[:16]
+            path = self._gem_requests_path(name)
+            n = write_jsonl(path, (_checked_request(r) for r in requests))
+            if not n:
+                path.unlink(missing_ok=True)
                 raise GeminiApiError(400, "Every batch line must be an object with a 'request'.")
-            b = _GemBatch(
-                "batches/" + uuid.uuid4().hex[:16], self._next_seq(), self.clock(), model, str(display), file_name, requests
-            )
-            b.requests = [{"key": r.get("key"), "request": r["request"], "inline": not file_name} for r in requests]
+            b = _GemBatch(name, self._next_seq(), self.clock(), model, str(display), file_name, n, path, not file_name)
             self.gem_batches[b.name] = b
             self.batches_created += 1
             self._gem_save_batch(b)
@@ -320,7 +369,7 @@ class GeminiMixin(_StoreBase):
     def gem_cancel_batch(self, batch_id: str) -> dict[str, Any]:
         with self.lock:
             b = self._gem_batch(batch_id)
-            if b.results is not None:
+            if b.results_path is not None:
                 raise GeminiApiError(400, f"Batch {b.name} has already ended ({b.state}).")
             if b.t_cancel is None:
                 b.t_cancel = self.clock()
@@ -373,11 +422,11 @@ class GeminiMixin(_StoreBase):
         span = self.cfg.in_progress_s + self.cfg.finalizing_s
         run = t - b.t_created - self.cfg.validating_s
         if span <= 0:
-            return len(b.requests) if run >= 0 else 0
-        return min(len(b.requests), max(0, int(len(b.requests) * run / span + 1e-6)))
+            return b.n if run >= 0 else 0
+        return min(b.n, max(0, int(b.n * run / span + 1e-6)))
 
     def _gem_advance(self, b: _GemBatch) -> None:
-        if b.results is not None:
+        if b.results_path is not None:
             return
         now = self.clock()
         t_end = b.t_created + self.cfg.validating_s + self.cfg.in_progress_s + self.cfg.finalizing_s
@@ -392,25 +441,33 @@ class GeminiMixin(_StoreBase):
         elif deadline < t_end and now >= deadline:
             self._gem_finish(b, deadline, self._gem_processed(b, deadline), "BATCH_STATE_EXPIRED")
         elif now >= t_end and deadline >= t_end:
-            self._gem_finish(b, t_end, len(b.requests), "BATCH_STATE_SUCCEEDED")
+            self._gem_finish(b, t_end, b.n, "BATCH_STATE_SUCCEEDED")
         else:
             b.state = "BATCH_STATE_PENDING" if now < b.t_created + self.cfg.validating_s else "BATCH_STATE_RUNNING"
 
     def _gem_finish(self, b: _GemBatch, t: float, processed: int, state: str) -> None:
+        """Its results, written to disk as they are made (then shuffled there, if configured);
+        for a batch of an input file, they are its generated responses file."""
         seen: BatchCache = set()  # the batch's implicit prompt cache, filled in request order
-        results = [self._gem_result(b, r, seen) for r in b.requests[:processed]]
-        if self.cfg.shuffle_output and len(results) > 1:
-            random.Random(f"shuffle:{self.cfg.seed}:{b.name}").shuffle(results)
-        b.results, b.t_ended, b.state = results, t, state
-        if results and not b.requests[0].get("inline"):
-            data = b"".join(json.dumps(r).encode("utf-8") + b"\n" for r in results)
-            name = "files/batch-" + b.name.split("/")[-1]
-            if name not in self.gem_files:
-                self.gem_files[name] = _GemFile(name, self._next_seq(), name, "application/jsonl", t, data, "GENERATED")
+        key = b.name.split("/")[-1]
+        out = LinesWriter(self.scratch / f"gemini-{key}.results.jsonl")
+        for i, line in enumerate(read_jsonl(b.requests_path)):
+            if i >= processed:
+                break
+            r = self._gem_result(b, line, seen)
+            b.succeeded += "response" in r
+            out.add(r)
+        b.answered = len(out.offsets)
+        b.results_path = out.close(f"shuffle:{self.cfg.seed}:{b.name}" if self.cfg.shuffle_output else None)
+        b.t_ended, b.state = t, state
+        name = "files/batch-" + key
+        if b.answered and not b.inline and name not in self.gem_files:
+            size, sha = size_and_sha256(b.results_path)
+            gen = _GemFile(name, self._next_seq(), name, "application/jsonl", t, b.results_path, size, sha, "GENERATED")
+            self.gem_files[name] = gen
 
     def _gem_view(self, b: _GemBatch) -> dict[str, Any]:
-        n, done = len(b.requests), b.results is not None
-        ok = sum(1 for r in b.results or [] if "response" in r)
+        n, done, ok = b.n, b.results_path is not None, b.succeeded
         meta: dict[str, Any] = {
             "@type": BATCH_TYPE,
             "name": b.name,
@@ -421,7 +478,7 @@ class GeminiMixin(_StoreBase):
             "batchStats": {
                 "requestCount": str(n),
                 "successfulRequestCount": str(ok),
-                "failedRequestCount": str(len(b.results or []) - ok),
+                "failedRequestCount": str(b.answered - ok),
                 "pendingRequestCount": str(0 if done else n),
             },
             "state": b.state,
@@ -429,13 +486,13 @@ class GeminiMixin(_StoreBase):
         }
         if done:
             meta["endTime"] = _rfc3339(b.t_ended)
-            if b.requests and b.requests[0].get("inline"):
+            if b.inline:  # (at most 20 MB of requests)
                 inline = [
                     {"metadata": {"key": r["key"]}, **({"response": r["response"]} if "response" in r else {"error": r["error"]})}
-                    for r in b.results or []
+                    for r in read_jsonl(b.results_path)
                 ]
                 meta["output"] = {"inlinedResponses": {"inlinedResponses": inline}}
-            elif b.results:
+            elif b.answered:
                 meta["output"] = {"responsesFile": "files/batch-" + b.name.split("/")[-1]}
         op: dict[str, Any] = {"name": b.name, "metadata": meta, "done": done}
         if done and "output" in meta:

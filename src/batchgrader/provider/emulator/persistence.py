@@ -7,6 +7,7 @@ from pathlib import Path
 
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.provider.emulator.state import _Batch, _File, _StoreBase
+from batchgrader.provider.emulator.upload import PART_SUFFIX
 
 
 class PersistenceMixin(_StoreBase):
@@ -35,6 +36,8 @@ class PersistenceMixin(_StoreBase):
         assert self.data_dir is not None
         fdir = self.data_dir / "files"
         bdir = self.data_dir / "batches"
+        for p in fdir.glob(f"upload-*{PART_SUFFIX}") if fdir.exists() else []:
+            p.unlink(missing_ok=True)  # an upload being received when the emulator stopped
         for p in sorted(fdir.glob("*.json")) if fdir.exists() else []:
             meta = json.loads(p.read_text())
             data_path = fdir / f"{meta['obj']['id']}.data"

@@ -11,14 +11,16 @@ import time
 import uuid
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from batchgrader.provider.emulator.anthropic import AnthropicApiError, anthropic_error_type
 from batchgrader.provider.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
 from batchgrader.provider.emulator.config import TERMINAL_STATUSES
 from batchgrader.provider.emulator.faults import Fault
 from batchgrader.provider.emulator.gemini import GeminiApiError, gemini_error_body
+from batchgrader.provider.emulator.upload import BodyReader, FileBody, Part, receive_multipart, receive_to_file
 
 if TYPE_CHECKING:
     from batchgrader.provider.emulator.server import Emulator
@@ -101,49 +103,15 @@ def _azure_body(status: int, message: str, code: str | None = None, param: str |
     return {"error": err}
 
 
-def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, memoryview]]:
-    m = re.search(r'boundary="?([^";]+)"?', content_type)
-    if not m:
-        raise ApiError(400, "Could not parse multipart form: missing boundary.")
-    boundary = m.group(1).encode("latin-1")
-    out: dict[str, tuple[str | None, memoryview]] = {}
-    delim = b"--" + boundary
-    # found by offset, each part's content a view of the body: an upload is not copied (it is
-    # written to disk by the store)
-    pos = body.find(delim)
-    while pos >= 0:
-        start = pos + len(delim)
-        if body.startswith(b"--", start):
-            break
-        nxt = body.find(delim, start)
-        end = len(body) if nxt < 0 else nxt
-        if body.startswith(b"\r\n", start):
-            start += 2
-        sep = body.find(b"\r\n\r\n", start, end)
-        pos = nxt
-        if sep < 0:
-            continue
-        head = body[start:sep]
-        c_start, c_end = sep + 4, end
-        if c_end - c_start >= 2 and body.startswith(b"\r\n", c_end - 2):
-            c_end -= 2
-        disp = ""
-        for line in head.decode("utf-8", "replace").split("\r\n"):
-            if line.lower().startswith("content-disposition:"):
-                disp = line
-        nm = re.search(r'\bname="([^"]*)"', disp)
-        fn = re.search(r'\bfilename="([^"]*)"', disp) or re.search(r"\bfilename\*=(?:UTF-8'')?([^;]+)", disp)
-        if nm:
-            out[nm.group(1)] = (unquote(fn.group(1)) if fn else None, memoryview(body)[c_start:c_end])
-    return out
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "BatchgraderEmulator/1.0"
     timeout = 60
     emulator: Emulator  # set on the subclass made per server
     _azure_route = False  # whether the request being handled came through Azure OpenAI's routes
+    _form: dict[str, Part] | None = None  # a multipart body's parts, files on disk (see _receive)
+    _form_error: ApiError | None = None
+    _spooled: Path | None = None  # a raw body written to disk (see _receive)
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -159,21 +127,31 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size_line = self.rfile.readline()
-                size = int(size_line.split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            return b"".join(chunks)
-        n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
+    def _receive(self, method: str, path: str, query: Mapping[str, str]) -> bytes:
+        """The request's body.  An upload is not held in memory: a ``multipart/form-data`` body
+        (``POST /v1/files``) is parsed as it arrives, each file part written to a file of its own
+        (``self._form``), and a Gemini upload chunk is written to a file (``self._spooled``);
+        the body returned is then empty.  The files are removed when the request ends unless
+        the store moved them into place."""
+        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        reader = BodyReader(self.rfile, None if chunked else int(self.headers.get("Content-Length") or 0))
+        ctype = self.headers.get("Content-Type", "")
+        folder = self.emulator.store._blob_dir("files")
+        if method == "POST" and "multipart/form-data" in ctype and "boundary=" in ctype:
+            try:
+                self._form = receive_multipart(reader, ctype, folder)
+            except ApiError as e:
+                self._form_error = e
+                reader.drain()
+            return b""
+        if method == "POST" and path.startswith("/upload/") and query.get("upload_id"):
+            self._spooled = receive_to_file(reader, folder)
+            return b""
+        return reader.read_all()
+
+    def _received_files(self) -> list[Path]:
+        files = [v for _fn, v in (self._form or {}).values() if isinstance(v, Path)]
+        return files + ([self._spooled] if self._spooled is not None else [])
 
     def _headers_common(self, request_id: str) -> None:
         self.send_header("x-request-id", request_id)
@@ -186,15 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_bytes(
         self, status: int, data: bytes, content_type: str, extra: Mapping[str, str] | None = None, *, truncate: bool = False
     ) -> None:
-        request_id = "req_" + uuid.uuid4().hex
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self._headers_common(request_id)
-            for k, v in (extra or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
+            self._send_head(status, len(data), content_type, extra)
             if truncate:
                 self.wfile.write(data[: len(data) // 2])
                 self.wfile.flush()
@@ -206,6 +177,26 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         self.close_connection = True
+
+    def _send_file(self, status: int, body: FileBody) -> None:
+        """A file's content sent as it is read, a block at a time."""
+        with body.fh:
+            self._send_head(status, body.size, "application/octet-stream")
+            try:
+                while block := body.fh.read(1 << 16):
+                    self.wfile.write(block)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        self.close_connection = True
+
+    def _send_head(self, status: int, length: int, content_type: str, extra: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(length))
+        self._headers_common("req_" + uuid.uuid4().hex)
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
 
     def _send_content(self, status: int, data: bytes, *, truncate: bool = False) -> None:
         """A file's content; gzip-compressed (with the compressed Content-Length) under ``gzip_content``."""
@@ -230,15 +221,25 @@ class _Handler(BaseHTTPRequestHandler):
     # --- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self, method: str) -> None:
-        emu = self.emulator
+        self._form, self._form_error, self._spooled = None, None, None
         split = urlsplit(self.path)
         path = split.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         try:
-            body = self._read_body()
+            body = self._receive(method, path, query)
         except (OSError, ValueError):
             self.close_connection = True
+            for f in self._received_files():
+                f.unlink(missing_ok=True)
             return
+        try:
+            self._handle(method, path, query, body)
+        finally:
+            for f in self._received_files():  # not moved into place by the store
+                f.unlink(missing_ok=True)
+
+    def _handle(self, method: str, path: str, query: dict[str, str], body: bytes) -> None:
+        emu = self.emulator
         if path.startswith("/_emulator"):
             self._admin(method, path, query, body)
             return
@@ -346,9 +347,15 @@ class _Handler(BaseHTTPRequestHandler):
                 result = (200, _ended_reply(emu, str(result[1].get("id")), after.seconds or 10.0))
         status, payload = result[0], result[1]
         headers: Mapping[str, str] | None = result[2] if len(result) > 2 else err_headers  # type: ignore[misc]
+        truncate = after is not None and after.kind == "truncate"
+        if isinstance(payload, FileBody):
+            if truncate or (after is not None and after.kind == "garble_line") or self.emulator.config.gzip_content:
+                payload = payload.read_all()  # a fault or compression works on the bytes (small test files)
+            else:
+                self._send_file(status, payload)
+                return
         if after is not None and after.kind == "garble_line" and isinstance(payload, bytes):
             payload = _garble_first_line(payload)
-        truncate = after is not None and after.kind == "truncate"
         if isinstance(payload, bytes):
             self._send_content(status, payload, truncate=truncate)
         else:
@@ -429,7 +436,8 @@ class _Handler(BaseHTTPRequestHandler):
             if query.get("upload_id"):
                 command = self.headers.get("X-Goog-Upload-Command", "")
                 offset = int(self.headers.get("X-Goog-Upload-Offset") or 0)
-                return (200, *store.gem_upload_chunk(query["upload_id"], command, offset, body))
+                chunk = self._spooled if self._spooled is not None else body
+                return (200, *store.gem_upload_chunk(query["upload_id"], command, offset, chunk))
             parsed = self._gemini_json(body)
             root = f"http://{self.headers.get('Host') or self.emulator.config.host}"
             return (200, *store.gem_upload_start(parsed, self.headers, root))
@@ -484,18 +492,27 @@ class _Handler(BaseHTTPRequestHandler):
     def _call(self, action: str, params: dict[str, str], query: dict[str, str], body: bytes) -> tuple[int, Any]:
         store = self.emulator.store
         if action == "create_file":
-            ctype = self.headers.get("Content-Type", "")
-            if "multipart/form-data" not in ctype:
+            if self._form_error is not None:
+                raise self._form_error
+            if self._form is None:
+                ctype = self.headers.get("Content-Type", "")
+                if "multipart/form-data" in ctype:
+                    raise ApiError(400, "Could not parse multipart form: missing boundary.")
                 raise ApiError(400, "Expected a multipart/form-data request body.")
-            form = _parse_multipart(body, ctype)
+            form = self._form
             if "file" not in form:
                 raise ApiError(400, "Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
             filename, data = form["file"]
-            purpose = (bytes(form["purpose"][1]).decode("utf-8", "replace") if "purpose" in form else "") or None
+
+            def field(name: str) -> str:
+                value = form[name][1] if name in form else b""
+                return value.decode("utf-8", "replace") if isinstance(value, bytes) else ""
+
+            purpose = field("purpose") or None
             expires_after = {}
             for k in ("anchor", "seconds"):
                 if f"expires_after[{k}]" in form:
-                    expires_after[k] = bytes(form[f"expires_after[{k}]"][1]).decode()
+                    expires_after[k] = field(f"expires_after[{k}]")
             return 200, store.create_file(filename or "upload", data, purpose, expires_after, azure=self._azure_route)
         if action == "list_files":
             return 200, store.list_files(query)
@@ -504,7 +521,7 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "delete_file":
             return 200, store.delete_file(params["id"])
         if action == "file_content":
-            return 200, store.file_content(params["id"])
+            return 200, store.file_body(params["id"])
         if action in ("create_batch", "chat_completion"):
             try:
                 parsed = json.loads(body or b"null")
