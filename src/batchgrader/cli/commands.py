@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from batchgrader import __version__
+from batchgrader.cli.admin import ADMIN_COMMANDS
 from batchgrader.cli.complete import complete_job_id, complete_profile
+from batchgrader.cli.context import Ctx, emit_json, fixed_now, no_db_guard
 from batchgrader.cli.errors import (
     EXIT_COUNT_PROBLEMS,
     EXIT_FAILURE,
@@ -20,38 +22,6 @@ from batchgrader.cli.errors import (
     ErrorMappingGroup,
     run_main,
 )
-from batchgrader.core.home import Home
-from batchgrader.core.providers import PROVIDER_FACTS
-
-
-class Ctx:
-    def __init__(self, home: str | None):
-        self.home = Home.resolve(home)
-
-    def config(self, **flags):
-        from batchgrader.core.config import load_config
-
-        return load_config(self.home, flags=flags)
-
-
-def fixed_now() -> float | None:
-    """``$BGCTL_NOW`` (an ISO time, UTC if no zone) as "now" for ages, for reproducible output
-    (the snapshot tests and the docs); None: the real clock."""
-    import os
-
-    text = os.environ.get("BGCTL_NOW")
-    if not text:
-        return None
-    dt = datetime.fromisoformat(text)
-    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
-
-
-def emit_json(obj) -> None:
-    """Indented for a person at a terminal, compact (and several times faster) for a pipe."""
-    if sys.stdout.isatty():
-        click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
-    else:
-        click.echo(json.dumps(obj, ensure_ascii=False, default=str, separators=(",", ":")))
 
 
 @click.group(cls=ErrorMappingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -238,7 +208,7 @@ def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
     """Cancel JOB's batches and end it with the partial results written."""
     from batchgrader.cli.actions import control_action
 
-    _no_db_guard(obj)
+    no_db_guard(obj)
     _answer(control_action(obj.home, "cancel", job_id, reason), as_json)
 
 
@@ -258,7 +228,7 @@ def retry(obj: Ctx, job_id: str, reason: str, bound: int | None, as_json: bool) 
     """Resubmit the failed rows of a finished JOB (or submit a held JOB anyway) and rewrite its result."""
     from batchgrader.cli.actions import control_action
 
-    _no_db_guard(obj)
+    no_db_guard(obj)
     _answer(control_action(obj.home, "retry", job_id, reason, max_completion_tokens=bound), as_json)
 
 
@@ -291,7 +261,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
     def show() -> None:
         has_db = queries.log_exists(obj.home)  # False also while the daemon is creating it
         if job_id:
-            _no_db_guard(obj)
+            no_db_guard(obj)
             detail = queries.job_detail(obj.home, job_id, now=fixed_now())
             emit_json(detail) if as_json else render_job(detail)
             return
@@ -328,7 +298,7 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
     from batchgrader.cli.render_status import render_events
     from batchgrader.store import queries as queries
 
-    _no_db_guard(obj)
+    no_db_guard(obj)
     rows = queries.events(obj.home, job_id, last=last)
     if as_json:
         for r in rows:
@@ -393,7 +363,7 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
     from batchgrader.cli.render_status import render_costs
     from batchgrader.store import queries as queries
 
-    _no_db_guard(obj)
+    no_db_guard(obj)
     result = queries.costs(obj.home, since=since, until=until, by=by)
     emit_json(result) if as_json else render_costs(result)
 
@@ -421,7 +391,7 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Pa
     from batchgrader.store.report import load_report
     from batchgrader.store.report_text import render_text
 
-    _no_db_guard(obj)
+    no_db_guard(obj)
     figures = load_report(obj.home, job_id)
     if disagreements_file is not None:
         from batchgrader.store.disagreements import DisagreementsError, write_disagreements
@@ -476,60 +446,8 @@ def rebuild(obj: Ctx) -> None:
     """Recreate the read-side tables (status, costs) from the event log alone."""
     from batchgrader.store.readmodels import rebuild as rebuild_models
 
-    _no_db_guard(obj)
+    no_db_guard(obj)
     emit_json(rebuild_models(obj.home.db))
-
-
-@cli.group()
-def cache() -> None:
-    """The answers store: answers reused for identical requests (see docs/configuration.md, cache_days)."""
-
-
-@cache.command("stats")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def cache_stats(obj: Ctx, as_json: bool) -> None:
-    """How many answers are stored, how much text, how old, per model."""
-    from batchgrader.store.answers import home_stats
-
-    st = home_stats(obj.home)
-    if as_json:
-        emit_json(st)
-        return
-    click.echo(f"answers: {st['answers']:,} ({st['content_bytes']:,} bytes of answer text)")
-    click.echo(f"oldest: {st['oldest'] or '-'}  newest: {st['newest'] or '-'}")
-    for m in st["by_model"]:
-        click.echo(f"  {m['answers']:>10,}  {m['model']}  ({m['provider']})")
-
-
-@cache.command("clear")
-@click.option(
-    "--older-than", "older_than", type=click.FloatRange(min=0), default=None, help="Only answers stored more than D days ago."
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def cache_clear(obj: Ctx, older_than: float | None, as_json: bool) -> None:
-    """Remove stored answers (all, or the older ones). The event log is never touched."""
-    from batchgrader.store.answers import home_clear
-
-    _no_db_guard(obj)
-    removed = home_clear(obj.home, older_than_days=older_than)
-    if as_json:
-        emit_json({"removed": removed, "older_than_days": older_than})
-    else:
-        click.echo(f"removed {removed:,} stored answers")
-
-
-@cli.command()
-@click.option("--port", type=int, default=8765, show_default=True, help="Port on 127.0.0.1 (0 picks a free one).")
-@click.option("--faults", type=click.Choice(["none", "flaky", "drops", "slow", "chaos"]), default="none", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for faults, answers and output order.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Keep files and batches here across restarts.")
-def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
-    """Run the local Batch API emulator (SIMULATED results) for offline use with any OpenAI client."""
-    from batchgrader.provider.emulator import run_emulator
-
-    run_emulator(port, faults, seed, data_dir)
 
 
 def _profile_names(obj: Ctx) -> list[str] | None:
@@ -543,129 +461,8 @@ def _profile_names(obj: Ctx) -> list[str] | None:
         return None
 
 
-def _no_db_guard(obj: Ctx) -> None:
-    from batchgrader.store.queries import log_exists
-
-    if not log_exists(obj.home):  # no database yet, or the daemon is creating it
-        raise click.ClickException(
-            f"no jobs yet: no event log at {obj.home.db} (a daemon starting now creates it): "
-            "start the daemon (bgctl daemon) or try `bgctl daemon --sandbox`"
-        )
-
-
-@cli.command()
-@click.option(
-    "--provider",
-    type=click.Choice([name for name, f in PROVIDER_FACTS.items() if f.in_catalogue]),
-    default=None,
-    help="Only this provider's models.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: every column, source and notes included.")
-@click.pass_obj
-def models(obj: Ctx, provider: str | None, as_json: bool) -> None:
-    """List the model catalogue: Batch prices, limits, reasoning and temperature rules, sources.
-
-    The shipped rows with your pricing file's rows merged over them (docs/providers.md)."""
-    from batchgrader.cli.render import render_models
-    from batchgrader.pipeline.catalogue import catalogue_rows
-    from batchgrader.pipeline.pricing import load_pricing
-
-    rows = [r for r in catalogue_rows(load_pricing(obj.config().pricing_path())) if provider in (None, r["provider"])]
-    emit_json({"models": rows}) if as_json else render_models(rows)
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--sandbox", is_flag=True, help="Check for `bgctl daemon --sandbox`: no API key needed.")
-@click.pass_obj
-def doctor(obj: Ctx, as_json: bool, sandbox: bool) -> None:
-    """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix.
-
-    Exits 1 when a check fails, including a missing API key (unless --sandbox)."""
-    from batchgrader.cli.render import make_console
-    from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
-
-    checks = run_checks(obj.home, require_key=not sandbox, sandbox=sandbox)
-    emit_json(checks_as_json(checks)) if as_json else render_checks(checks, make_console())
-    sys.exit(exit_code(checks))
-
-
-@cli.group()
-def service() -> None:
-    """Install, remove or inspect the systemd (Linux) or launchd (macOS) service."""
-
-
-@service.command("install")
-@click.option("--user", "mode", flag_value="user", default=True, help="A per-user service (default).")
-@click.option("--system", "mode", flag_value="system", help="A system-wide service (run with sudo).")
-@click.option("--print", "print_only", is_flag=True, help="Print the unit/plist instead of writing it.")
-@click.option("--store-key", is_flag=True, help="Store $OPENAI_API_KEY in <home>/secrets.env (mode 0600) for the service.")
-@click.option("--activate", is_flag=True, help="Also run systemctl/launchctl to enable and start it.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def service_install(obj: Ctx, mode: str, print_only: bool, store_key: bool, activate: bool, as_json: bool) -> None:
-    """Write the service definition; the API key goes only to a 0600 env file, never into the unit."""
-    import os
-
-    from batchgrader.core.secrets import EnvFileError
-    from batchgrader.ops.service import ServiceError, install
-
-    key = os.environ.get("OPENAI_API_KEY") if store_key else None
-    if store_key and not key:
-        raise click.ClickException("--store-key: OPENAI_API_KEY is not set in this shell")
-    try:
-        res = install(obj.home, mode=mode, print_only=print_only, api_key=key, activate=activate)
-    except (ServiceError, EnvFileError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        emit_json(res.to_dict())
-    elif print_only:
-        click.echo(res.content)
-    else:
-        _echo_steps(res)
-
-
-@service.command("uninstall")
-@click.option("--user", "mode", flag_value="user", default=True, help="The per-user service (default).")
-@click.option("--system", "mode", flag_value="system", help="The system-wide service.")
-@click.option("--activate", is_flag=True, help="Also stop and disable it.")
-@click.pass_obj
-def service_uninstall(obj: Ctx, mode: str, activate: bool) -> None:
-    """Remove the service definition (the home, its data and secrets.env are left untouched)."""
-    from batchgrader.ops.service import ServiceError, uninstall
-
-    try:
-        res = uninstall(obj.home, mode=mode, activate=activate)
-    except ServiceError as exc:
-        raise click.ClickException(str(exc)) from None
-    _echo_steps(res)
-
-
-@service.command("status")
-@click.option("--user", "mode", flag_value="user", default=None, help="Only the per-user service.")
-@click.option("--system", "mode", flag_value="system", help="Only the system-wide service.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def service_status(obj: Ctx, mode: str | None, as_json: bool) -> None:
-    """Is the service installed, and is it running?"""
-    from batchgrader.ops.service import status
-
-    info = status(obj.home, mode=mode)
-    if as_json:
-        emit_json(info)
-    else:
-        for k, v in info.items():
-            click.echo(f"{k}: {v}")
-
-
-def _echo_steps(res) -> None:  # noqa: ANN001
-    d = res.to_dict()
-    for key in ("path", "env_file"):
-        if d.get(key):
-            click.echo(f"{key}: {d[key]}")
-    for label in ("next_steps", "notes", "warnings"):
-        for line in d.get(label) or []:
-            click.echo(f"{label.replace('_', ' ')}: {line}")
+for _command in ADMIN_COMMANDS:  # bgctl's administrative commands (cli/admin.py)
+    cli.add_command(_command)
 
 
 def main() -> None:
