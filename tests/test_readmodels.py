@@ -19,6 +19,7 @@ from batchgrader.cli.render_status import bar, render_costs, render_events, rend
 from batchgrader.core.home import Home
 from batchgrader.core.schema import EVENTS, EVENTS_DDL
 from batchgrader.core.state import fold
+from batchgrader.store import costs as costs_mod
 from batchgrader.store import queries, readmodels
 from batchgrader.store.eventstore import Event, EventStore, NewEvent
 from batchgrader.store.readmodels import JOB_STATUS_COLUMNS, USAGE_COLUMNS, StatusProjector, job_row, projectors, rebuild
@@ -456,7 +457,7 @@ def test_costs_are_the_billed_figures_grouped(db: Path):
         s.append("j1", [_accept("j1"), _usage_event("2026-01-01", 0.5), _usage_event("2026-01-02", 0.25, model="gpt-4o")])
         s.append("j2", [_accept("j2"), _usage_event("2026-01-02", 1.0)])
         s.append("sim", [_accept("sim", sandbox=True), _usage_event("2026-01-02", 9.0)])
-    by_day = queries.costs(db)
+    by_day = costs_mod.costs(db)
     assert by_day["source"] == "read_model"
     assert [(r["key"], r["cost_usd"], r["simulated_usd"], r["batches"], r["jobs"]) for r in by_day["rows"]] == [
         ("2026-01-01", 0.5, 0.0, 1, 1),
@@ -477,34 +478,34 @@ def test_costs_are_the_billed_figures_grouped(db: Path):
         {"day": "2026-01-01", "cost_usd": 0.5, "simulated_usd": 0.0},
         {"day": "2026-01-02", "cost_usd": 1.25, "simulated_usd": 9.0},
     ]
-    by_model = queries.costs(db, by="model")
+    by_model = costs_mod.costs(db, by="model")
     assert [(r["key"], r["cost_usd"]) for r in by_model["rows"]] == [("gpt-4o-mini", 1.5), ("gpt-4o", 0.25)]
-    by_job = queries.costs(db, by="job", since="2026-01-02")
+    by_job = costs_mod.costs(db, by="job", since="2026-01-02")
     assert [(r["key"], r["file"], r["cost_usd"], r["simulated_usd"]) for r in by_job["rows"]] == [
         ("sim", "sim.csv", 0.0, 9.0),
         ("j2", "j2.csv", 1.0, 0.0),
         ("j1", "j1.csv", 0.25, 0.0),
     ]
-    only_first = queries.costs(db, until="2026-01-01")
+    only_first = costs_mod.costs(db, until="2026-01-01")
     assert only_first["totals"]["cost_usd"] == 0.5 and only_first["until"] == "2026-01-01"
-    assert queries.costs(db, since="2026-02-01")["rows"] == []
+    assert costs_mod.costs(db, since="2026-02-01")["rows"] == []
     with pytest.raises(queries.QueryError):
-        queries.costs(db, by="week")
+        costs_mod.costs(db, by="week")
     with pytest.raises(queries.QueryError):
-        queries.costs(db, since="yesterday")
+        costs_mod.costs(db, since="yesterday")
     with pytest.raises(queries.QueryError):
-        queries.costs(db, since="2026-02-01", until="2026-01-01")
+        costs_mod.costs(db, since="2026-02-01", until="2026-01-01")
 
 
 def test_costs_from_the_log_equal_costs_from_the_read_model(db: Path):
     with EventStore(db) as s:
         feed(s, group=5)
         s.append("j1", [_accept("j1"), _usage_event("2026-01-01", 0.5)])
-    for by in queries.COST_GROUPS:
-        from_log = queries.costs(db, by=by)
+    for by in costs_mod.COST_GROUPS:
+        from_log = costs_mod.costs(db, by=by)
         assert from_log["source"] == "log" and "missing" in from_log["note"]
         rebuild(db)
-        from_model = queries.costs(db, by=by)
+        from_model = costs_mod.costs(db, by=by)
         assert from_model["source"] == "read_model" and from_model["note"] is None
         for k in ("rows", "totals", "daily"):
             assert from_log[k] == from_model[k]
@@ -521,7 +522,7 @@ def test_queries_do_not_wait_for_the_writer(fed: Home, db: Path):
             )
             rows = queries.status(fed)
             assert all(r["source"] == "read_model" for r in rows)  # the committed snapshot, current
-            assert queries.costs(fed)["source"] == "read_model"
+            assert costs_mod.costs(fed)["source"] == "read_model"
             assert len(queries.events(fed, "v1_held")) == 3
 
 
@@ -640,12 +641,12 @@ def test_render_costs_with_a_bar_chart(db: Path):
     with EventStore(db, projectors=projectors()) as s:
         s.append("j1", [_accept("j1"), _usage_event("2026-01-01", 1.0), _usage_event("2026-01-02", 0.25)])
     c = _console()
-    render_costs(queries.costs(db), c, chart_width=16)
+    render_costs(costs_mod.costs(db), c, chart_width=16)
     out = c.export_text()
     assert "2026-01-01 " + "█" * 16 in out
     assert "2026-01-02 " + "████" in out and "$1.2500" in out
     c = _console()
-    render_costs(queries.costs(db, since="2030-01-01"), c)
+    render_costs(costs_mod.costs(db, since="2030-01-01"), c)
     assert "No billed usage" in c.export_text()
 
 
@@ -684,7 +685,7 @@ def test_what_prompt_caching_saved_shows_in_costs_and_status_job(db: Path, home:
         if source == "log":
             with sqlite3.connect(db) as conn:
                 conn.execute("DROP TABLE usage")
-        result = queries.costs(db, by="job")
+        result = costs_mod.costs(db, by="job")
         t = result["totals"]
         assert (t["cache_saved_usd"], t["simulated_cache_saved_usd"]) == (0.25, 0.125)
         console = Console(width=200, record=True, color_system=None)

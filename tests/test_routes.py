@@ -272,6 +272,7 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
     from rich.console import Console
 
     from batchgrader.cli.render_status import render_job
+    from batchgrader.store import costs as costs_mod
     from batchgrader.store import queries
     from batchgrader.store.report import load_report
     from batchgrader.store.report_text import render_text
@@ -297,7 +298,7 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
         shown = console.export_text()
         assert "online 2 rows" in shown and "batch 1 rows" in shown
         assert "reused answers" not in shown  # the route's answers were sent and billed, not reused
-        by_route = {r["key"]: r for r in queries.costs(home, by="route")["rows"]}
+        by_route = {r["key"]: r for r in costs_mod.costs(home, by="route")["rows"]}
         assert set(by_route) == {"online", "batch"} and by_route["online"]["batches"] == 2
         assert by_route["online"]["simulated_usd"] + by_route["online"]["cost_usd"] == pytest.approx(online_cost)
         report = load_report(home, job.job_id)

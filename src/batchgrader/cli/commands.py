@@ -361,10 +361,10 @@ def logs(obj: Ctx, follow: bool, since: str | None, lines: int | None, max_secon
 def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool) -> None:
     """Billed cost from the token-usage events (not re-estimated), with spend per day as a bar chart."""
     from batchgrader.cli.render_status import render_costs
-    from batchgrader.store import queries as queries
+    from batchgrader.store import costs as costs_mod
 
     no_db_guard(obj)
-    result = queries.costs(obj.home, since=since, until=until, by=by)
+    result = costs_mod.costs(obj.home, since=since, until=until, by=by)
     emit_json(result) if as_json else render_costs(result)
 
 

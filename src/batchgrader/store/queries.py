@@ -19,7 +19,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,6 @@ HomeLike = Home | str | os.PathLike[str]
 
 SOURCE_READ_MODEL = "read_model"
 SOURCE_LOG = "log"
-COST_GROUPS = ("day", "model", "job", "route")
 
 
 class QueryError(Exception):
@@ -500,163 +499,3 @@ def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | Non
             if (job_id in sandbox_jobs) == sandbox:
                 return {**p, "job_id": job_id, "ts": ts}
     return None
-
-
-# --- costs -----------------------------------------------------------------------------------------
-
-
-def _day(value: str | date | None, name: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value.date().isoformat()
-    if isinstance(value, date):
-        return value.isoformat()
-    try:
-        return date.fromisoformat(str(value)).isoformat()
-    except ValueError:
-        raise QueryError(f"--{name} {value!r}: expected a date YYYY-MM-DD (UTC)") from None
-
-
-_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
-
-
-def _zero() -> dict[str, Any]:
-    return {
-        **{k: 0 for k in _SUMS},
-        "cost_usd": 0.0,
-        "simulated_usd": 0.0,
-        "saved_usd": 0.0,
-        "simulated_saved_usd": 0.0,
-        "cache_saved_usd": 0.0,
-        "simulated_cache_saved_usd": 0.0,
-        "reused_rows": 0,
-        "batches": 0,
-        "jobs": set(),
-    }
-
-
-def _add_saving(acc: dict[str, Any], s: dict[str, Any]) -> None:
-    acc["saved_usd" if not s["sandbox"] else "simulated_saved_usd"] += s["saved_usd"]
-    acc["reused_rows"] += s["rows"]
-    acc["jobs"].add(s["job_id"])
-
-
-def _add(acc: dict[str, Any], u: dict[str, Any]) -> None:
-    for k in _SUMS:
-        acc[k] += u[k]
-    acc["cost_usd" if not u["sandbox"] else "simulated_usd"] += u["cost_usd"]
-    acc["cache_saved_usd" if not u["sandbox"] else "simulated_cache_saved_usd"] += u.get("cache_saved_usd") or 0.0
-    acc["batches"] += 1
-    acc["jobs"].add(u["job_id"])
-
-
-def _finish(acc: dict[str, Any]) -> dict[str, Any]:
-    out = dict(acc)
-    out["jobs"] = len(acc["jobs"])
-    return out
-
-
-def _route(u: dict[str, Any]) -> str:
-    """A usage row's route (a row projected before migration 0008 has none: from its chunk)."""
-    from batchgrader.store.readmodels import usage_route
-
-    return u.get("route") or usage_route(None, u.get("chunk"))
-
-
-def costs(home: HomeLike, since: str | date | None = None, until: str | date | None = None, by: str = "day") -> dict[str, Any]:
-    """Billed usage between two UTC days (inclusive), grouped ``by`` day, model, job or route (batch, preflight, flex, online).
-
-    From the ``usage`` table (one row per ``TokensUsed``: what was billed, never re-estimated).
-    Sandbox usage is SIMULATED: it is summed into ``simulated_usd``, never into ``cost_usd``.
-
-    Returns ``{by, since, until, rows, totals, daily, source, note}``: ``rows`` are
-    ``{key, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, cost_usd,
-    simulated_usd, batches, jobs}`` (plus ``file`` when by job) ordered by day, or by cost
-    descending for model/job; ``totals`` has the same sums; ``daily`` is
-    ``[{day, cost_usd, simulated_usd}]`` for every day with usage (for the chart).
-    """
-    from batchgrader.core.state import State
-    from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
-
-    if by not in COST_GROUPS:
-        raise QueryError(f"--by {by!r}: expected one of {', '.join(COST_GROUPS)}")
-    lo, hi = _day(since, "since"), _day(until, "until")
-    if lo and hi and lo > hi:
-        raise QueryError(f"--since {lo} is after --until {hi}")
-    files: dict[str, str] = {}
-    with reading(home) as conn, _gc_paused():
-        problem = readside.read_model_problem(conn)
-        if problem is None:
-            where, args = " WHERE 1=1", []
-            if lo:
-                where += " AND day >= ?"
-                args.append(lo)
-            if hi:
-                where += " AND day <= ?"
-                args.append(hi)
-            sql = f"SELECT {', '.join(rm.USAGE_COLUMNS)} FROM usage{where} ORDER BY seq"
-            usage = [dict(zip(rm.USAGE_COLUMNS, r)) for r in conn.execute(sql, args)]
-            sql = f"SELECT {', '.join(rm.SAVINGS_COLUMNS)} FROM savings{where} ORDER BY seq"
-            saved = [dict(zip(rm.SAVINGS_COLUMNS, r)) for r in conn.execute(sql, args)]
-            if by == "job":
-                ids = sorted({u["job_id"] for u in [*usage, *saved]})
-                for i in range(0, len(ids), 500):
-                    part = ids[i : i + 500]
-                    files.update(
-                        conn.execute(
-                            f"SELECT job_id, file FROM job_status WHERE job_id IN ({', '.join('?' * len(part))})", part
-                        ).fetchall()
-                    )
-            source, note = SOURCE_READ_MODEL, None
-        else:
-            state = State()
-            usage = []
-            saved = []
-            for e in rm.iter_events(conn):
-                state.apply(e)
-                if e.type == "TokensUsed":
-                    u = rm.usage_row(e, state.jobs[e.job_id].sandbox)
-                    if (lo is None or u["day"] >= lo) and (hi is None or u["day"] <= hi):
-                        usage.append(u)
-                elif e.type in rm.SAVING_EVENTS:
-                    sv = rm.saving_row(e, state.jobs[e.job_id])
-                    if (lo is None or sv["day"] >= lo) and (hi is None or sv["day"] <= hi):
-                        saved.append(sv)
-            files = {j.job_id: j.file for j in state.jobs.values()}
-            source, note = SOURCE_LOG, _fallback_note(problem)
-
-    groups: dict[str, dict[str, Any]] = {}
-    daily: dict[str, dict[str, Any]] = {}
-    totals = _zero()
-    for u in usage:
-        key = {"day": u["day"], "model": u["model"] or "?", "job": u["job_id"], "route": _route(u)}[by]
-        _add(groups.setdefault(key, _zero()), u)
-        _add(daily.setdefault(u["day"], _zero()), u)
-        _add(totals, u)
-    for sv in saved:
-        if by != "route":  # a route groups what was billed; the savings stay in the totals
-            key = {"day": sv["day"], "model": sv["model"] or "?", "job": sv["job_id"]}[by]
-            _add_saving(groups.setdefault(key, _zero()), sv)
-        _add_saving(daily.setdefault(sv["day"], _zero()), sv)
-        _add_saving(totals, sv)
-    rows = []
-    for key, acc in groups.items():
-        row = {"key": key, **_finish(acc)}
-        if by == "job":
-            row["file"] = files.get(key, "")
-        rows.append(row)
-    if by == "day":
-        rows.sort(key=lambda r: r["key"])
-    else:
-        rows.sort(key=lambda r: (-(r["cost_usd"] + r["simulated_usd"]), r["key"]))
-    return {
-        "by": by,
-        "since": lo,
-        "until": hi,
-        "rows": rows,
-        "totals": _finish(totals),
-        "daily": [{"day": d, "cost_usd": a["cost_usd"], "simulated_usd": a["simulated_usd"]} for d, a in sorted(daily.items())],
-        "source": source,
-        "note": note,
-    }
