@@ -300,112 +300,23 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     info = Table.grid(padding=(0, 2))
     info.add_column(style="dim")
     info.add_column(overflow="fold")
-    pairs = [
-        ("file", d.get("file")),
-        ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
-        (
-            "rows",
-            f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"
-            if answers_wanted(d) == int(d.get("rows") or 0)
-            else f"{count(d.get('rows'))} x {answers_wanted(d) // max(1, int(d.get('rows') or 0))} samples: "
-            f"{count(answers_wanted(d))} requests ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)",
-        ),
-        ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
-        ("progress", progress_line(d)),
-        (
-            "input tokens (estimated)"
-            if d.get("input_tokens_exact", True)
-            else "input tokens (ESTIMATE: not counted by the provider; tiktoken stand-in)",
-            count(d.get("input_tokens")),
-        ),
-        (
-            "billed tokens",
-            f"{count(d.get('prompt_tokens'))} prompt ({count(d.get('cached_tokens'))} cached), "
-            f"{count(d.get('output_tokens'))} output ({count(d.get('reasoning_tokens'))} reasoning)",
-        ),
-        ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
-        (
-            "prompt cache",
-            (
-                f"{count(d.get('cached_tokens'))} tokens read, {count(d.get('cache_write_tokens'))} written; "
-                f"saved {money(d.get('cache_saved_usd'))}"
-            )
-            if d.get("cached_tokens") or d.get("cache_write_tokens")
-            else None,
-        ),
-        (
-            "reused answers",
-            (
-                f"{count(reused_rows(d))} rows answered without a request "
-                f"({count(d.get('duplicate_rows'))} of them copied from an identical row), "
-                f"{count(d.get('requests'))} sent; saved {money(d.get('saved_usd'))}"
-            )
-            if reused_rows(d)
-            else None,
-        ),
-        ("route", route_line(d.get("route_summary"))),
-        ("estimate (max)", money(d.get("estimate_usd"))),
-        (
-            "created / updated",
-            f"{short_ts(d.get('created_ts'))} / {short_ts(d.get('updated_ts'))} (age {duration(d.get('age_seconds'))})",
-        ),
-        ("held", d.get("held_reason")),
-        ("error", (f"[{d.get('error_code')}] {d.get('error')}" if d.get("error") else None)),
-        ("hint", d.get("error_hint")),
-        ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
-        ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
-    ]
-    for k, v in pairs:
+    for k, v in _job_pairs(d):
         if v not in (None, ""):
             info.add_row(*_cells(k, v))
     console.print(info)
-    paths = [
-        ("result", d.get("result_path")),
-        ("error report", d.get("error_path")),
-        ("input", d.get("archived_path") or d.get("input_path")),
-    ]
-    for k, v in paths:  # paths to paste: on their own line, never broken by us
-        if v:
-            console.print(Text(f"{k + ':':<25} {v}"), soft_wrap=True)
-    for w in d.get("warnings") or []:
-        console.print(Text(f"warning: {w}", style="yellow"))
-
+    _print_paths(d, console)
     chunks = d.get("chunks") or []
     if chunks:
-        retries = any((c.get("attempt") or 0) > 1 for c in chunks)
-        errors = any(c.get("error") for c in chunks)
-        narrow = console.width < NARROW
-        t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        t.add_column("#", justify="right", no_wrap=True, min_width=2)
-        t.add_column("status", no_wrap=True)
-        # batch ids are pasted into the provider's dashboard: always whole
-        t.add_column("batch", no_wrap=True, min_width=max((len(c.get("batch_id") or "-") for c in chunks), default=5))
-        t.add_column("ok/err/all", justify="right", no_wrap=True)
-        if not narrow:
-            t.add_column("tokens", justify="right", no_wrap=True)
-        if retries:
-            t.add_column("attempt", justify="right", no_wrap=True)
-        if errors:
-            t.add_column("error", overflow="fold", min_width=12)
-        for c in chunks:
-            rc = c.get("request_counts") or {}
-            counts = f"{rc.get('completed', 0)}/{rc.get('failed', 0)}/{rc.get('total', 0)}" if rc else "-"
-            label = c["status"] + (" (retry)" if c.get("retry") else "")
-            cells: list[Any] = [
-                str(c["index"]),
-                Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")),
-                c.get("batch_id") or "-",
-                counts,
-            ]
-            if not narrow:
-                cells.append(count(c.get("input_tokens")))
-            if retries:
-                cells.append(str(c.get("attempt") or "-"))
-            if errors:
-                cells.append(c.get("error") or "")
-            t.add_row(*_cells(*cells))
-        console.print(t)
+        console.print(_chunks_table(chunks, console.width < NARROW))
+    _print_failures(d, console)
+    recent = d.get("recent_events") or []
+    if recent:
+        console.print(Text(f"Recent events ({len(recent)} of {d.get('events_total', len(recent))}):", style="bold"))
+        render_events(recent, console, show_job=False)
 
+
+def _print_failures(d: dict[str, Any], console: Console) -> None:
+    """The job's first failed rows, and rows that could not be sent."""
     failed = d.get("failed_rows") or []
     if failed:
         t = Table(
@@ -426,10 +337,119 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
         console.print(Text(f"{d.get('row_errors_total', len(row_errors))} row(s) could not be sent, e.g.:", style="yellow"))
         for r in row_errors:
             console.print(f"  row {r.get('row', '?')}: [{r.get('code')}] {r.get('message')}", markup=False)
-    recent = d.get("recent_events") or []
-    if recent:
-        console.print(Text(f"Recent events ({len(recent)} of {d.get('events_total', len(recent))}):", style="bold"))
-        render_events(recent, console, show_job=False)
+
+
+def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The (label, value) lines of ``bgctl status JOB``; a None or empty value is not shown."""
+    return [
+        ("file", d.get("file")),
+        ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
+        ("rows", _rows_text(d)),
+        ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
+        ("progress", progress_line(d)),
+        (
+            "input tokens (estimated)"
+            if d.get("input_tokens_exact", True)
+            else "input tokens (ESTIMATE: not counted by the provider; tiktoken stand-in)",
+            count(d.get("input_tokens")),
+        ),
+        (
+            "billed tokens",
+            f"{count(d.get('prompt_tokens'))} prompt ({count(d.get('cached_tokens'))} cached), "
+            f"{count(d.get('output_tokens'))} output ({count(d.get('reasoning_tokens'))} reasoning)",
+        ),
+        ("cost (billed)", money(d.get("cost_usd")) + (f" ({SIMULATED})" if d.get("sandbox") else "")),
+        ("prompt cache", _cache_text(d)),
+        ("reused answers", _reused_text(d)),
+        ("route", route_line(d.get("route_summary"))),
+        ("estimate (max)", money(d.get("estimate_usd"))),
+        (
+            "created / updated",
+            f"{short_ts(d.get('created_ts'))} / {short_ts(d.get('updated_ts'))} (age {duration(d.get('age_seconds'))})",
+        ),
+        ("held", d.get("held_reason")),
+        ("error", (f"[{d.get('error_code')}] {d.get('error')}" if d.get("error") else None)),
+        ("hint", d.get("error_hint")),
+        ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
+        ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
+    ]
+
+
+def _rows_text(d: dict[str, Any]) -> str:
+    rows, wanted = int(d.get("rows") or 0), answers_wanted(d)
+    done = f"({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"
+    if wanted == rows:
+        return f"{count(d.get('rows'))} {done}"
+    return f"{count(d.get('rows'))} x {wanted // max(1, rows)} samples: {count(wanted)} requests {done}"
+
+
+def _cache_text(d: dict[str, Any]) -> str | None:
+    if not (d.get("cached_tokens") or d.get("cache_write_tokens")):
+        return None
+    return (
+        f"{count(d.get('cached_tokens'))} tokens read, {count(d.get('cache_write_tokens'))} written; "
+        f"saved {money(d.get('cache_saved_usd'))}"
+    )
+
+
+def _reused_text(d: dict[str, Any]) -> str | None:
+    if not reused_rows(d):
+        return None
+    return (
+        f"{count(reused_rows(d))} rows answered without a request "
+        f"({count(d.get('duplicate_rows'))} of them copied from an identical row), "
+        f"{count(d.get('requests'))} sent; saved {money(d.get('saved_usd'))}"
+    )
+
+
+def _print_paths(d: dict[str, Any], console: Console) -> None:
+    paths = [
+        ("result", d.get("result_path")),
+        ("error report", d.get("error_path")),
+        ("input", d.get("archived_path") or d.get("input_path")),
+    ]
+    for k, v in paths:  # paths to paste: on their own line, never broken by us
+        if v:
+            console.print(Text(f"{k + ':':<25} {v}"), soft_wrap=True)
+    for w in d.get("warnings") or []:
+        console.print(Text(f"warning: {w}", style="yellow"))
+
+
+def _chunks_table(chunks: Sequence[dict[str, Any]], narrow: bool) -> Table:
+    """The job's chunks: status, batch id (always whole), counts, and tokens, attempts and errors
+    where they say something."""
+    retries = any((c.get("attempt") or 0) > 1 for c in chunks)
+    errors = any(c.get("error") for c in chunks)
+    t = Table(title="Chunks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t.add_column("#", justify="right", no_wrap=True, min_width=2)
+    t.add_column("status", no_wrap=True)
+    # batch ids are pasted into the provider's dashboard: always whole
+    t.add_column("batch", no_wrap=True, min_width=max((len(c.get("batch_id") or "-") for c in chunks), default=5))
+    t.add_column("ok/err/all", justify="right", no_wrap=True)
+    if not narrow:
+        t.add_column("tokens", justify="right", no_wrap=True)
+    if retries:
+        t.add_column("attempt", justify="right", no_wrap=True)
+    if errors:
+        t.add_column("error", overflow="fold", min_width=12)
+    for c in chunks:
+        rc = c.get("request_counts") or {}
+        counts = f"{rc.get('completed', 0)}/{rc.get('failed', 0)}/{rc.get('total', 0)}" if rc else "-"
+        label = c["status"] + (" (retry)" if c.get("retry") else "")
+        cells: list[Any] = [
+            str(c["index"]),
+            Text(label, style=CHUNK_STYLE.get(c["status"], "cyan")),
+            c.get("batch_id") or "-",
+            counts,
+        ]
+        if not narrow:
+            cells.append(count(c.get("input_tokens")))
+        if retries:
+            cells.append(str(c.get("attempt") or "-"))
+        if errors:
+            cells.append(c.get("error") or "")
+        t.add_row(*_cells(*cells))
+    return t
 
 
 def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None) -> None:
