@@ -121,52 +121,56 @@ def result_values(
     """The added cells of one row. ``outcome`` is a stored per-row result (or None).  The token
     cells are what was billed for the row in this job: 0 for a row answered by an identical row
     (``duplicate``) or a stored answer (``reused``), whose tokens were billed once, elsewhere."""
-    out: dict[str, Any] = {}
     blank: Any = None if json_values else ""
     if outcome and outcome.get("ok"):
-        out[cols.answered_by] = ANSWERED_BY.get(outcome.get("reused"), "batch")
         content = outcome.get("content")
-        out[cols.output] = content if content is not None else blank
-        parsed: Any = None
-        if cols.fields and isinstance(content, str):
-            try:
-                parsed = json.loads(content)
-            except json.JSONDecodeError:
-                parsed = None
-        for f, c in cols.fields:
-            v = parsed.get(f) if isinstance(parsed, dict) else None
-            if json_values:
-                out[c] = v
-            else:
-                out[c] = "" if v is None else v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-        pt, ct = outcome.get("prompt_tokens"), outcome.get("completion_tokens")
-        if outcome.get("reused") in BILLED_ELSEWHERE:
-            pt = ct = 0  # billed once, for the row (or the earlier job) that answered it
-        out[cols.input_tokens] = pt if json_values else ("" if pt is None else str(pt))
-        out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
+        out = {cols.output: content if content is not None else blank, **_field_cells(cols, content, json_values)}
+        out.update(_billed_cells(cols, outcome, json_values))
         out[cols.error] = blank
+        return out
+    partial = outcome.get("content") if outcome else None  # a truncated/refused/invalid answer's text is kept
+    out = {cols.output: partial if isinstance(partial, str) and partial else blank}
+    for _f, c in cols.fields:
+        out[c] = blank
+    if outcome is not None and outcome.get("status_code") == 200:  # answered, not an answer (truncated, ...): billed
+        out.update(_billed_cells(cols, outcome, json_values))
     else:
-        partial = outcome.get("content") if outcome else None  # a truncated/refused/invalid answer's text is kept
-        out[cols.output] = partial if isinstance(partial, str) and partial else blank
-        for _f, c in cols.fields:
-            out[c] = blank
-        if outcome is not None and outcome.get("status_code") == 200:  # answered, not an answer (truncated, ...): billed
-            out[cols.answered_by] = ANSWERED_BY.get(outcome.get("reused"), "batch")
-            pt, ct = (
-                (0, 0)
-                if outcome.get("reused") in BILLED_ELSEWHERE
-                else (outcome.get("prompt_tokens"), outcome.get("completion_tokens"))
-            )
-            out[cols.input_tokens] = pt if json_values else ("" if pt is None else str(pt))
-            out[cols.output_tokens] = ct if json_values else ("" if ct is None else str(ct))
-        else:
-            out[cols.answered_by] = blank
-            out[cols.input_tokens] = blank
-            out[cols.output_tokens] = blank
-        if row_error is None and outcome is not None:
-            row_error = f"{outcome.get('error_code') or 'error'}: {outcome.get('error_message') or ''}".strip()
-        out[cols.error] = row_error or "no result (row was not processed)"
+        out.update({cols.answered_by: blank, cols.input_tokens: blank, cols.output_tokens: blank})
+    if row_error is None and outcome is not None:
+        row_error = f"{outcome.get('error_code') or 'error'}: {outcome.get('error_message') or ''}".strip()
+    out[cols.error] = row_error or "no result (row was not processed)"
     return out
+
+
+def _field_cells(cols: AddedColumns, content: Any, json_values: bool) -> dict[str, Any]:
+    """The structured answer's fields, one cell each (JSON text for a non-string in a text format)."""
+    parsed: Any = None
+    if cols.fields and isinstance(content, str):
+        try:
+            parsed = json.loads(content)
+        except json.JSONDecodeError:
+            parsed = None
+    out: dict[str, Any] = {}
+    for f, c in cols.fields:
+        v = parsed.get(f) if isinstance(parsed, dict) else None
+        if json_values:
+            out[c] = v
+        else:
+            out[c] = "" if v is None else v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return out
+
+
+def _billed_cells(cols: AddedColumns, outcome: Mapping[str, Any], json_values: bool) -> dict[str, Any]:
+    """Who answered the row and the tokens billed for it in this job (0 for an answer billed
+    elsewhere: an identical row's, or a stored answer)."""
+    pt, ct = outcome.get("prompt_tokens"), outcome.get("completion_tokens")
+    if outcome.get("reused") in BILLED_ELSEWHERE:
+        pt = ct = 0  # billed once, for the row (or the earlier job) that answered it
+    return {
+        cols.answered_by: ANSWERED_BY.get(outcome.get("reused"), "batch"),
+        cols.input_tokens: pt if json_values else ("" if pt is None else str(pt)),
+        cols.output_tokens: ct if json_values else ("" if ct is None else str(ct)),
+    }
 
 
 def error_report(file: str, job_id: str, reason: str, hint: str, extra: str = "") -> str:
