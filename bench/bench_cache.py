@@ -49,7 +49,7 @@ from batchgrader.pipeline.prepare import prepare  # noqa: E402
 from batchgrader.pipeline.pricing import billed_cost, load_pricing  # noqa: E402
 from batchgrader.pipeline.results import RowOutcome, parse_line  # noqa: E402
 
-SECTION = "## Prompt caching (issue 26)"
+SECTION = "## Prompt caching (`bench/bench_cache.py`)"
 KEY = "sk-bench-cache-0123456789abcdef"
 TARGET_ANTHROPIC = 0.40
 WORDS = (

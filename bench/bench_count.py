@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from batchgrader.pipeline.prepare import BLOCK_ROWS  # noqa: E402
 from batchgrader.pipeline.tokens import get_encoding  # noqa: E402
 
-SECTION = "## Request preparation (issue 2)"
+SECTION = "## Request preparation (`bench/bench_count.py`)"
 OUT = ROOT / "bench" / "out"
 GEN_VERSION = 1  # bump when the generator changes (the file name carries it)
 MIN_CHARS, MAX_CHARS = 50, 2000
@@ -279,37 +279,6 @@ def machine() -> str:
 
 # --- report ---------------------------------------------------------------------------------------
 
-# What was changed for these figures (src/batchgrader/{prepare,tokens,prompts}.py), and the figures
-# this script measured on the code before the changes.  Kept here so that a re-run keeps the history.
-HISTORY = """\
-### Before and after the optimisation
-
-Before (same script, same data, same machine, 2026-11-21, code before the changes below): `bgctl count` of
-1,000,000 rows took 169.7 s (5,892 rows/s, 8.0 MB/s) against 109.1 s of bare tiktoken encoding (9,167 rows/s):
-ratio **0.64**; peak RSS 209 MB at 100,000 rows and 239 MB at 1,000,000 rows.
-
-What changed (behaviour identical; the tests in `tests/test_prepare.py` and `tests/test_tokens.py` check
-every count and size against the unoptimised path, including a property test of the size on arbitrary text):
-
-* **Constant part counted once.** All requests of a job are the same but for the user message, so a request's
-  tokens are a constant (reply priming, per-message overhead, roles, system prompt), computed once with the
-  cookbook formula, plus the user text's tokens. No message dicts are counted per row.
-* **No per-row JSON.** The JSONL line is the constant text around the only two varying strings (`custom_id` and
-  the user content), cut out once from one real serialisation (`LineTemplate`); a row's size is that constant plus
-  the UTF-8 size of the two strings as JSON strings, counted from their UTF-8 bytes (`json_str_bytes`: quote,
-  backslash and control characters are the only escaped characters, and are single bytes in UTF-8). `bgctl split`
-  and the daemon write the same bytes as before (concatenated, not `json.dumps`).
-* **Counting overlaps reading.** Each block of 4,096 texts goes to a persistent pool of one thread per core
-  (`ParallelTextCounter`) while the next block is read; each thread takes one contiguous slice.
-* **One encoder call per ~1 M characters, not per text.** A slice is encoded in parts: the texts joined by the
-  special token `<|endoftext|>`, encoded with only that token allowed (tiktoken encodes the stretch between two
-  allowed special tokens on its own, so nothing merges across), and each text's count is the distance between
-  two separator ids, read from tiktoken's uint32 token buffer instead of a list of Python ints. A part in which a
-  text itself contains `<|endoftext|>`, or holds lone surrogates, is counted text by text. This is what removes
-  the GIL hand-offs per text that made the worker threads queue behind the reading thread.
-* Templates are parsed once (`prompts.compile_template`) instead of a regex substitution per row.
-"""
-
 
 def figures(r: dict) -> dict:
     big, small, bases = r["big"], r["small"], r["baselines"]
@@ -448,7 +417,6 @@ def main() -> None:
         help="runs of each measurement, `bgctl count` and the baseline alternating (medians; RSS: the maximum)",
     )
     ap.add_argument("--no-docs", action="store_true", help="print the docs section instead of writing docs/benchmarks.md")
-    ap.add_argument("--no-history", action="store_true", help="leave the before/after paragraph out of the docs section")
     ap.add_argument("--clean", action="store_true", help="delete the generated files afterwards")
     ap.add_argument(
         "--render",
@@ -461,7 +429,7 @@ def main() -> None:
     argv = "".join(f" {a}" for a in sys.argv[1:])
     if args.render:
         r = json.loads(args.render.read_text(encoding="utf-8"))
-        text = markdown(r, "" if args.no_history else HISTORY.strip())
+        text = markdown(r, "")
         print(text if args.no_docs else f"written to {write_docs(text)}")
         return
 
@@ -540,7 +508,7 @@ def main() -> None:
     results = OUT / "bench_count_results.json"
     results.write_text(json.dumps(r, indent=1, default=str), encoding="utf-8")
     print(f"\nraw results in {results.relative_to(ROOT)}")
-    text = markdown(r, "" if args.no_history else HISTORY.strip())
+    text = markdown(r, "")
     if not args.no_docs:
         print(f"\nwritten to {write_docs(text)}")
     else:

@@ -40,7 +40,7 @@ from batchgrader.store.readmodels import projectors, rebuild  # noqa: E402
 GOLDEN = ROOT / "tests" / "golden"
 TEMPLATES = ["v1_happy_multichunk", "v1_failed_rows_retry", "v1_expired_batch", "v1_cancelled", "v1_held", "v1_rejected_file"]
 WEIGHTS = [4, 2, 1, 1, 1, 1]  # mostly happy jobs
-SECTION = "## Event log (issue 3)"
+SECTION = "## Event log (`bench/bench_events.py`)"
 TARGET_FOLD_S = 5.0
 TARGET_STATUS_MS = 150.0
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_count  # noqa: E402
 import benchdocs  # noqa: E402
 
-SECTION = "## Parquet and CSV inputs (issue 13)"
+SECTION = "## Parquet and CSV inputs (`bench/bench_formats.py`)"
 TARGET_RATIO = 1.2
 RSS_BOUND_MB = 400
 

@@ -36,7 +36,7 @@ from batchgrader.pipeline.pricing import load_pricing  # noqa: E402
 from batchgrader.provider.memory import MemoryProvider  # noqa: E402
 from batchgrader.store.eventstore import EventStore  # noqa: E402
 
-SECTION = "## Status calls per batch-hour (issue 9)"
+SECTION = "## Status calls per batch-hour (`bench/bench_polls.py`)"
 TICK = 0.5  # s, the daemon's tick period
 T0 = 1_800_000_000.0
 MIN, HOUR = 60.0, 3600.0
@@ -56,7 +56,7 @@ def simulate(
         home.ensure()
         home.config_file.write_text(
             f"stable_seconds: 0\nrescan_interval_seconds: 1\npoll_interval_seconds: {poll_interval}\nsplit_row_limit: 1\n"
-            "max_completion_tokens: 20\n"
+            "max_completion_tokens: 20\npreflight_rows: 0\n"  # every row in a batch: the polls are what is measured
         )
         store = EventStore(home.db)
         created = 0

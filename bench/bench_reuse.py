@@ -51,7 +51,7 @@ from batchgrader.store import answers  # noqa: E402
 from batchgrader.store.eventstore import EventStore  # noqa: E402
 from batchgrader.store.readmodels import projectors  # noqa: E402
 
-SECTION = "## Reused answers (issue 14)"
+SECTION = "## Reused answers (`bench/bench_reuse.py`)"
 BGCTL = str(Path(sys.executable).parent / "bgctl")
 WORDS = "the essay argues clearly that evidence supports a careful reading of each claim while some premises remain weak".split()
 TARGET = 1.5

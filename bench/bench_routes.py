@@ -37,7 +37,7 @@ from batchgrader.provider.emulator import Emulator, EmulatorConfig  # noqa: E402
 
 BGCTL = str(Path(sys.executable).parent / "bgctl")
 KEY = "sk-bench-routes-0123456789abcdef"
-SECTION = "## Flex and online routes (issue 26)"
+SECTION = "## Flex and online routes (`bench/bench_routes.py`)"
 CONFIG = "stable_seconds: 0.2\nrescan_interval_seconds: 1\nmodel: o4-mini\nmax_completion_tokens: 2000\nreasoning_effort: low\n"
 
 

@@ -49,7 +49,7 @@ from batchgrader.provider.emulator import Emulator, EmulatorConfig  # noqa: E402
 BGCTL = str(Path(sys.executable).parent / "bgctl")
 KEY = "sk-bench-schedule-0123456789abcdef"
 MODEL = "gpt-4o-mini"
-SECTION = "## Scheduling and memory (issue 9)"
+SECTION = "## Time to results and peak memory (`bench/bench_schedule.py`)"
 WORDS = (
     "the a product quality service delivery price support team value order refund fast slow good poor "
     "excellent terrible helpful rude package arrived late early broken working perfectly expected better worse "
