@@ -221,3 +221,37 @@ def test_past_the_deadline_a_row_the_synchronous_route_could_not_answer_fails_vi
         assert row["error"].startswith("rate_limited")
     finally:
         rig.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_against_the_emulator_a_straggler_is_cancelled_and_its_rest_answered_online(home):
+    """``bgctl daemon --once`` over real HTTP: a batch running past ``deadline - margin`` (the
+    deadline 310 s from arrival, the margin 300 s: ~10 s in, part of its rows answered) is
+    cancelled, its partial output merged and the rest answered online; every row answered once."""
+    import csv
+    import io
+
+    from batchgrader.core.state import fold
+    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.store.eventstore import EventStore
+    from harness import FAST_CONFIG, TEST_KEY, bgctl
+
+    home.config_file.write_text(FAST_CONFIG + "deadline: 310s\nonline_concurrency: 4\nmodel: gpt-4o-mini\n")
+    (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(10)))
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, validating_s=0.5, in_progress_s=20.0)) as emu:
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url, timeout=150).returncode == 0
+        assert emu.batches_created() == 1
+    with EventStore(home.db, readonly=True) as s:
+        events = list(s.read())
+    (job,) = fold(events).jobs.values()
+    assert job.ended == "completed" and job.succeeded_rows == 10
+    assert [e.type for e in events].count("StragglerCancelRequested") == 1
+    answered = [e.payload["custom_id"] for e in events if e.type == "OnlineRequestAnswered"]
+    assert len(answered) == len(set(answered)) >= 1
+    cancelled = [e.payload for e in events if e.type == "ChunkCompleted" and e.payload["status"] == "cancelled"]
+    assert len(cancelled) == 1 and cancelled[0]["succeeded"] >= 1  # its partial output merged
+    rows = list(csv.DictReader(io.StringIO((home.outbox / "a_results.csv").read_text(encoding="utf-8"))))
+    by = [r["answered_by"] for r in rows]
+    assert len(rows) == 10 and all(r["error"] == "" for r in rows)
+    assert by.count("online") == len(answered) and by.count("batch") == 10 - len(answered)
