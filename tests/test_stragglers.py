@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from batchgrader.cli.render_status import route_line
 from batchgrader.core.actions import CancelBatch, PlanStragglers, SendStragglers, Timers
 from batchgrader.core.decide import decide
 from batchgrader.core.route_state import route_summary
@@ -112,6 +113,12 @@ def test_deadline_nears_the_batch_is_cancelled_its_partial_output_merged_and_the
         assert summary["rows"] == {"batch": 2, "flex": 0, "online": 4}
         assert summary["stragglers"] == 1 and summary["straggler_rows"] == 4
         assert summary["cost_usd"]["online"] == pytest.approx(online_cost)
+        line = route_line(summary) or ""
+        assert "online 4 rows" in line and "batch 2 rows" in line and "1 batch(es) cancelled as the deadline neared" in line
+        from batchgrader.store.queries import status
+
+        (listed,) = status(home)  # bgctl status: the read model's route column
+        assert (listed.get("route_summary") or {}).get("stragglers") == 1
     finally:
         rig.close()
 
