@@ -18,8 +18,12 @@ from ticks import Rig
 HOUR = 3600.0
 
 
+def deadline_config(model: str = "gpt-4o-mini", extra: str = "") -> str:
+    return f"deadline: 1h\nmodel: {model}\nonline_concurrency: 2\nmax_row_retries: 2\n{extra}"
+
+
 def rig_with_deadline(home, model: str = "gpt-4o-mini", extra: str = "") -> Rig:
-    return Rig(home, f"deadline: 1h\nmodel: {model}\nonline_concurrency: 2\nmax_row_retries: 2\n{extra}")
+    return Rig(home, deadline_config(model, extra))
 
 
 def running(rig: Rig, rows: int) -> tuple[str, float]:
@@ -161,17 +165,12 @@ def test_a_cancel_that_could_not_be_sent_is_sent_again_and_its_reason_recorded_o
 
 
 def _restart(rig: Rig, home) -> Rig:
-    provider = rig.provider
+    """A new process over the same log and provider: state folded from the log, timers fresh."""
+    provider, now = rig.provider, rig.now
     rig.close()
-    again = Rig.__new__(Rig)
-    again.home, again.now = home, rig.now
-    from batchgrader.core.config import load_config
-    from batchgrader.daemon.engine import Engine
-    from batchgrader.store.eventstore import EventStore
-
-    again.store = EventStore(home.db)
-    again.provider = provider
-    again.engine = Engine(home, load_config(home, environ={}), again.store, provider, load_pricing())
+    again = Rig(home, deadline_config())
+    again.provider = again.engine.provider = provider
+    again.now = now
     return again
 
 
@@ -262,3 +261,18 @@ def test_against_the_emulator_a_straggler_is_cancelled_and_its_rest_answered_onl
     by = [r["answered_by"] for r in rows]
     assert len(rows) == 10 and all(r["error"] == "" for r in rows)
     assert by.count("online") == len(answered) and by.count("batch") == 10 - len(answered)
+
+
+def test_a_crash_after_the_cancels_reason_was_recorded_sends_the_cancel_on_restart_without_a_second_record(home):
+    rig = rig_with_deadline(home)
+    try:
+        batch, due = running(rig, 3)
+        reason = {"chunk": 0, "batch_id": batch, "deadline_at": due, "margin_seconds": 300.0, "reason": "test"}
+        rig.engine.emit(rig.job().job_id, NewEvent("StragglerCancelRequested", reason))  # killed before the cancel left
+        rig.now = due - MIN_MARGIN_SECONDS
+        rig = _restart(rig, home)
+        rig.tick()
+        assert rig.provider.batches[batch].status == "cancelling" and rig.calls("cancel") == 1
+        assert len(rig.events("StragglerCancelRequested")) == 1
+    finally:
+        rig.close()
