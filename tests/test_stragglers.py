@@ -10,7 +10,7 @@ from batchgrader.cli.render_status import route_line
 from batchgrader.core.actions import CancelBatch, PlanStragglers, SendStragglers, Timers
 from batchgrader.core.decide import decide
 from batchgrader.core.route_state import route_summary
-from batchgrader.core.stragglers import MIN_MARGIN_SECONDS, REQUEST_SECONDS, margin, past_cutoff
+from batchgrader.core.stragglers import MAX_MARGIN_SECONDS, MIN_MARGIN_SECONDS, REQUEST_SECONDS, margin, past_cutoff
 from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig
@@ -53,6 +53,7 @@ def test_the_margin_is_the_synchronous_routes_time_for_the_rows_at_least_a_few_m
     assert margin(6, 2) == MIN_MARGIN_SECONDS
     assert margin(400, 4) == 100 * REQUEST_SECONDS > MIN_MARGIN_SECONDS
     assert margin(0, 4) == MIN_MARGIN_SECONDS
+    assert margin(50_000, 4) == MAX_MARGIN_SECONDS  # a large batch is given until an hour before
 
 
 def test_a_running_batch_is_cancelled_only_once_the_deadline_is_within_the_margin(home):
@@ -274,5 +275,28 @@ def test_a_crash_after_the_cancels_reason_was_recorded_sends_the_cancel_on_resta
         rig.tick()
         assert rig.provider.batches[batch].status == "cancelling" and rig.calls("cancel") == 1
         assert len(rig.events("StragglerCancelRequested")) == 1
+    finally:
+        rig.close()
+
+
+def test_a_duplicate_row_takes_its_leaders_synchronous_answer_and_is_not_sent(home):
+    rig = rig_with_deadline(home)
+    try:
+        (rig.home.inbox / "a.csv").write_text("id,response\n0,same\n1,same\n2,other\n3,more\n")
+        rig.tick()
+        assert rig.tick()[:2] == ["JobAccepted", "JobPrepared"]
+        assert rig.job().duplicate_rows == 1
+        rig.tick()
+        (c,) = rig.job().chunks.values()
+        tick_to(rig, float(rig.job().deadline_at or 0.0) - MIN_MARGIN_SECONDS)
+        rig.provider.finish(c.batch_id or "", "cancelled", answered=0)
+        run_until_ended(rig)
+        assert rig.job().ended == "completed" and rig.job().succeeded_rows == 4
+        sent = [cid for cid, _ in rig.provider.complete_times]
+        assert len(sent) == len(set(sent)) == 3  # the duplicate rides with its leader
+        by = {r["id"]: r["answered_by"] for r in rig.result_rows()}
+        assert by == {"0": "online", "1": "duplicate", "2": "online", "3": "online"}
+        rows = {r["id"]: r for r in rig.result_rows()}
+        assert rows["1"]["grade"] == rows["0"]["grade"] and all(r["error"] == "" for r in rows.values())
     finally:
         rig.close()

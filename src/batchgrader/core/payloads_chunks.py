@@ -440,7 +440,7 @@ class RetryPlanned(TypedDict):
         "chunk": "chunk index",
         "batch_id": "the running batch cancelled",
         "deadline_at": "when the job is due (epoch seconds)",
-        "margin_seconds": "how long before the deadline its batches are cancelled (the synchronous route's time for the unanswered rows, at least 300 s)",
+        "margin_seconds": "how long before the deadline its batches are cancelled (the synchronous route's time for the unanswered rows, 300 s to 3600 s)",
         "reason": "why, in words (shown by `bgctl status`)",
     },
 )

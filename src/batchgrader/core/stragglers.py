@@ -5,7 +5,8 @@ The rules, as :mod:`batchgrader.core.decide` asks them (pure: no clock, no I/O):
 
 * :func:`straggler_cancels`: a batch of a job with a deadline, still in flight at
   ``deadline - margin`` (:func:`margin`: the time the synchronous route needs for the batch's rows
-  at the profile's ``online_concurrency``, at least :data:`MIN_MARGIN_SECONDS`), is cancelled
+  at the profile's ``online_concurrency``, between :data:`MIN_MARGIN_SECONDS` and
+  :data:`MAX_MARGIN_SECONDS`), is cancelled
   (``CancelBatch`` with its reason; the engine records ``StragglerCancelRequested`` before the
   cancel leaves).  The cancelled batch is collected as any other: the rows its partial output
   answered are merged, the others fail ``batch_cancelled``;
@@ -35,6 +36,9 @@ from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 #: the least time before the deadline at which a running batch is cancelled: the cancel itself,
 #: the download of the partial output and its merge take minutes
 MIN_MARGIN_SECONDS = 300.0
+#: the most: a large batch is given until an hour before the deadline (sending its rows
+#: synchronously would take longer than the batch is likely to)
+MAX_MARGIN_SECONDS = 3600.0
 #: what one synchronous request is expected to take (a wave of ``online_concurrency`` requests)
 REQUEST_SECONDS = 15.0
 #: the code of a row a cancelled batch did not answer (pipeline/merge.py)
@@ -56,9 +60,9 @@ def job_deadline(job: JobState) -> float | None:
 def margin(rows: int, concurrency: int) -> float:
     """How long before the deadline a batch of ``rows`` unanswered rows is cancelled: the
     synchronous route's waves of ``concurrency`` requests at :data:`REQUEST_SECONDS` each, at
-    least :data:`MIN_MARGIN_SECONDS`."""
+    least :data:`MIN_MARGIN_SECONDS`, at most :data:`MAX_MARGIN_SECONDS`."""
     waves = math.ceil(max(0, rows) / max(1, concurrency))
-    return max(MIN_MARGIN_SECONDS, waves * REQUEST_SECONDS)
+    return min(MAX_MARGIN_SECONDS, max(MIN_MARGIN_SECONDS, waves * REQUEST_SECONDS))
 
 
 def _profile(job: JobState, config: Config) -> Profile | None:
