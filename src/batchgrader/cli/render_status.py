@@ -267,7 +267,7 @@ def reused_rows(d: dict[str, Any]) -> int:
     """Rows answered without a request of their own: the reused ones, less those answered on the
     job's synchronous route (taken at prepare like stored answers, but each sent and billed)."""
     route = d.get("route_summary") or {}
-    sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online"))
+    sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online")) - int(route.get("straggler_rows") or 0)
     return max(0, int(d.get("cached_rows") or 0) - sync)
 
 
@@ -281,6 +281,11 @@ def route_line(route: dict[str, Any] | None) -> str | None:
         if route["rows"][name] or route["cost_usd"][name]
     ]
     extra = [f"resent after a crash: {route['resent_after_crash']}"] if route.get("resent_after_crash") else []
+    if route.get("stragglers"):
+        extra.append(
+            f"{route['stragglers']} batch(es) cancelled as the deadline neared, "
+            f"{count(route.get('straggler_rows') or 0)} rows sent synchronously"
+        )
     why = f" ({route['reason']})" if route.get("reason") else ""
     return f"{route['route']}{why}; " + ", ".join(parts + extra)
 

@@ -112,8 +112,14 @@ class Prepare(Action):
 
 @dataclass(frozen=True)
 class CancelBatch(Action):
+    """Cancel a running batch: the job was cancelled, or (``reason`` set) its deadline nears
+    (core/stragglers.py; ``StragglerCancelRequested`` is recorded before the cancel leaves)."""
+
     chunk: int
     batch_id: str
+    reason: str = ""
+    deadline_at: float | None = None
+    margin: float = 0.0
     stage: ClassVar[int] = 3
 
 
@@ -245,6 +251,26 @@ class Replan(Action):
     limit: int
     exact: bool
     stage: ClassVar[int] = 7
+
+
+@dataclass(frozen=True)
+class PlanStragglers(Action):
+    """The rows a straggler's cancelled batch did not answer: planned as a chunk sent through
+    the synchronous route (``RetryPlanned`` with its ``route``), not as a new batch."""
+
+    chunk: int
+    stage: ClassVar[int] = 7
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class SendStragglers(Action):
+    """Send a straggler chunk's rows through the synchronous route (``OnlineRequestSent`` ...);
+    once every row has its outcome, the chunk completes (``ChunkCompleted``)."""
+
+    chunk: int
+    stage: ClassVar[int] = 7
+    ends_step: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_com
 from batchgrader.core.route_rules import online_waits, sync_route
 from batchgrader.core.routes import SYNC_ROUTES
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
+from batchgrader.core.stragglers import past_cutoff, straggler_actions, straggler_cancels
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row codes never resubmitted automatically; `bgctl retry` still sends them.  Sending them again
@@ -224,9 +225,11 @@ def unstarted(c: ChunkState) -> bool:
 
 
 def pending(c: ChunkState) -> bool:
-    """Waiting to be sent: never sent, or refused for the token limit and to be sent again."""
+    """Waiting to be sent: never sent, or refused for the token limit and to be sent again (not
+    a straggler's rows, which go through the synchronous route)."""
     return (
-        not c.done
+        c.route is None
+        and not c.done
         and not c.in_flight
         and not c.open_intent
         and (
@@ -445,6 +448,7 @@ def decide_job(
         if not (job.override_budget or budget_problem(state, job, config, now) is None):
             return out
         out.append(Release(job_id))
+    out += straggler_cancels(job, config, now, timers)  # a deadline near: running batches cancelled
     chunks = list(job.chunks.values())
     for c in chunks:
         if c.open_intent:
@@ -483,12 +487,13 @@ def decide_job(
                     )
                 )
     else:
+        out += straggler_actions(job, now, timers)  # a cancelled straggler's rows, synchronously
         out += _submit(state, job, config, now, timers, step, queue_url)
     # a merged chunk's answers are stored after everything that brings results sooner
     store = [StoreAnswers(job_id, c.index) for c in chunks if c.answers_due is not None]
     if all(c.done for c in chunks):
         profile = config.profile(job.profile)
-        ids = [] if job.cancel_requested else retry_ids(job, profile)
+        ids = [] if job.cancel_requested or past_cutoff(job, now) else retry_ids(job, profile)
         if ids:
             out.append(PlanRetries(job_id, tuple(ids)))
             return out

@@ -45,6 +45,7 @@ from batchgrader.core.payloads_chunks import RowError as RowError
 from batchgrader.core.payloads_chunks import RowsChunk as RowsChunk
 from batchgrader.core.payloads_chunks import RowsFailed as RowsFailed
 from batchgrader.core.payloads_chunks import SchemaOverheadLearned as SchemaOverheadLearned
+from batchgrader.core.payloads_chunks import StragglerCancelRequested as StragglerCancelRequested
 from batchgrader.core.payloads_chunks import TokensUsed as TokensUsed
 from batchgrader.core.payloads_chunks import UploadAheadPlanned as UploadAheadPlanned
 from batchgrader.core.payloads_chunks import UploadFailed as UploadFailed
@@ -118,6 +119,7 @@ class JobAccepted(TypedDict):
         "warnings": "list of strings",
         "requests_path": "JSONL of every row's request, kept for retries",
         "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard, sheet, encoding), and those `bgctl report` reads it by (reference_column, reference_field, group_column; present only when set), fixed at preparation",
+        "deadline_at": "when the job is due (epoch seconds), from the profile's `deadline` fixed at preparation; absent: no deadline",
     },
 )
 class JobPrepared(TypedDict):
@@ -134,6 +136,7 @@ class JobPrepared(TypedDict):
     warnings: list[str]
     requests_path: str | None
     settings: NotRequired[dict[str, Any] | None]
+    deadline_at: NotRequired[float]
 
 
 @event(1, "budget", {"code": "budget key that holds it", "reason": "human-readable reason and what to do"})

@@ -418,6 +418,7 @@ class ChunkFailed(TypedDict):
         "bytes": "size",
         "path": "chunk file",
         "manual": "true for bgctl retry",
+        "route": "flex or online: the rows of a straggler's cancelled batch, sent through the synchronous route, not in a batch (absent: a batch)",
     },
 )
 class RetryPlanned(TypedDict):
@@ -429,6 +430,26 @@ class RetryPlanned(TypedDict):
     bytes: int
     path: str
     manual: bool
+    route: NotRequired[str]
+
+
+@event(
+    1,
+    "stragglers",
+    {
+        "chunk": "chunk index",
+        "batch_id": "the running batch cancelled",
+        "deadline_at": "when the job is due (epoch seconds)",
+        "margin_seconds": "how long before the deadline its batches are cancelled (the synchronous route's time for the unanswered rows, 300 s to 3600 s)",
+        "reason": "why, in words (shown by `bgctl status`)",
+    },
+)
+class StragglerCancelRequested(TypedDict):
+    chunk: int
+    batch_id: str
+    deadline_at: float
+    margin_seconds: float
+    reason: str
 
 
 @event(

@@ -91,10 +91,17 @@ def _online_done(s: Any, job: Any, p: P.OnlineRowsDone, e: Any) -> None:
 def route_summary(job: Any) -> dict[str, Any]:
     """A job's route and its rows and cost by route, for ``bgctl status``, ``costs`` and the
     report: ``{route, reason, rows: {batch, flex, online}, cost_usd: {...}, to_batch,
-    resent_after_crash}`` (``batch`` rows are those sent in batches; its cost is the rest of the
-    job's bill, a preflight's included)."""
+    resent_after_crash, stragglers, straggler_rows}`` (``batch`` rows are those sent in batches
+    and answered there or failed; its cost is the rest of the job's bill, a preflight's included;
+    ``stragglers``: batches cancelled as the deadline neared, ``straggler_rows``: their rows sent
+    through the synchronous route instead)."""
     r: RouteState = job.online
-    rows = {"batch": int(job.requests), "flex": r.rows_by_tier.get("flex", 0), "online": r.rows_by_tier.get("online", 0)}
+    straggled = sum(c.requests for c in job.chunks.values() if c.route)  # planned in a batch, sent synchronously
+    rows = {
+        "batch": max(0, int(job.requests) - straggled),
+        "flex": r.rows_by_tier.get("flex", 0),
+        "online": r.rows_by_tier.get("online", 0),
+    }
     sync_cost = sum(r.cost_by_tier.values())
     cost = {
         "batch": round(max(0.0, job.cost_usd - sync_cost), 6),
@@ -108,7 +115,13 @@ def route_summary(job: Any) -> dict[str, Any]:
         "cost_usd": cost,
         "to_batch": len(r.to_batch),
         "resent_after_crash": len(r.resent),
+        "stragglers": sum(1 for c in job.chunks.values() if c.straggler),
+        "straggler_rows": straggled,
     }
+
+
+def _straggler_cancel(s: Any, job: Any, p: P.StragglerCancelRequested, e: Any) -> None:
+    job.chunks[p["chunk"]].straggler = True
 
 
 #: (payload type, fold handler) of each route event
@@ -118,4 +131,5 @@ ROUTE_FOLDS = (
     (P.OnlineRequestAnswered, _online_answered),
     (P.OnlineRequestFailed, _online_failed),
     (P.OnlineRowsDone, _online_done),
+    (P.StragglerCancelRequested, _straggler_cancel),
 )

@@ -67,6 +67,8 @@ class ChunkState:
     refusals: int = 0  # batches of this chunk refused for the queue limit (ChunkFailed retryable), every attempt
     ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
     answers_due: int | None = None  # merged, its answers not stored yet (AnswersToStore): result records to read
+    straggler: bool = False  # cancelled as its job's deadline neared (StragglerCancelRequested)
+    route: str | None = None  # flex | online: a straggler's rows, sent through the synchronous route
 
     @property
     def staged(self) -> bool:
@@ -146,6 +148,7 @@ class JobState:
     preflight_error: str | None = None
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
     online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/route_state.py)
+    deadline_at: float | None = None  # when the job is due (JobPrepared.deadline_at; core/stragglers.py)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
@@ -342,6 +345,7 @@ def _job_prepared(s: State, job: JobState, p: P.JobPrepared, e: Event) -> None:
     job.requests, job.estimate = p["requests"], p["estimate_usd"]
     job.requests_path, job.warnings = p["requests_path"], list(p["warnings"])
     job.settings = dict(p.get("settings") or {})  # optional: absent before it was added
+    job.deadline_at = p.get("deadline_at")
     for c in p["chunks"]:
         job.chunks[c["index"]] = ChunkState(
             index=c["index"],
@@ -529,6 +533,7 @@ def _retry_planned(s: State, job: JobState, p: P.RetryPlanned, e: Event) -> None
         bytes=p["bytes"],
         path=p["path"],
         custom_ids=ids,
+        route=p.get("route"),
     )
     for cid in ids:
         job.failed_rows.pop(cid, None)

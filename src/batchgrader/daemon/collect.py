@@ -303,8 +303,9 @@ class CollectSteps:
             self.ctx.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
 
     # --- retrying -------------------------------------------------------------------------------
-    def plan_retries(self, job: JobState, ids: list[str]) -> None:
-        """Write the retry chunks of the rows ``ids`` and record them."""
+    def plan_retries(self, job: JobState, ids: list[str], route: str | None = None) -> None:
+        """Write the retry chunks of the rows ``ids`` and record them (``route``: flex or online,
+        a straggler's rows sent through the synchronous route, core/stragglers.py)."""
         profile = self.ctx.profile_of(job)
         riders = self.reuse.riders(job, ids)  # a failed leader is sent once; its failed duplicates ride with it
         wanted = set(self.reuse.sent_ids(job, ids))
@@ -353,6 +354,7 @@ class CollectSteps:
                     bytes=ch.bytes,
                     path=str(p),
                     manual=job.retry_requested,
+                    **({"route": route} if route else {}),
                 )
             )
         self.ctx.emit(job.job_id, *events)

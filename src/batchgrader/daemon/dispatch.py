@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.actions import PlanStragglers, SendStragglers
 from batchgrader.core.decide import (
     Action,
     Archive,
@@ -43,6 +44,7 @@ from batchgrader.core.decide import (
     WriteResult,
 )
 from batchgrader.core.state import JobState
+from batchgrader.daemon import stragglers
 from batchgrader.daemon.base import _e, stamp
 from batchgrader.daemon.collect import CollectSteps
 from batchgrader.daemon.context import Context
@@ -92,7 +94,7 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         Preflight: lambda a, job, now: s.preflight.run(job, now),
         SendOnline: lambda a, job, now: OnlineStep.of(ctx, job).run(),
         Prepare: lambda a, job, now: s.prepare.prepare(job, now),
-        CancelBatch: lambda a, job, now: s.submit.cancel_batch(a, ctx.mono),
+        CancelBatch: lambda a, job, now: stragglers.cancel(s, a, job),
         Release: lambda a, job, now: ctx.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False)),
         Reconcile: lambda a, job, now: reconcile(s, a, job),
         Poll: lambda a, job, now: s.collect.poll(job, job.chunks[a.chunk], ctx.mono),
@@ -107,6 +109,8 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         Upload: lambda a, job, now: s.submit.upload(job, job.chunks[a.chunk], a),
         Create: lambda a, job, now: s.submit.create(job, job.chunks[a.chunk]),
         PlanRetries: lambda a, job, now: s.collect.plan_retries(job, list(a.custom_ids)),
+        PlanStragglers: lambda a, job, now: stragglers.plan(s, a, job),
+        SendStragglers: lambda a, job, now: stragglers.send(s, a, job),
         WriteResult: lambda a, job, now: s.finish.write_outbox(job, a, now),
         StoreAnswers: lambda a, job, now: s.reuse.store_answers(job, job.chunks[a.chunk], now),
         Archive: lambda a, job, now: archive(ctx, a, job, now),

@@ -84,6 +84,7 @@ class OnlineStep:
     stored_at: Callable[[], float] | None = None  # the answers store's clock (default: wall)
     # with answer reuse on: request keys -> those with a usable stored answer (None: reuse off)
     lookup: Callable[[list[str]], set[str]] | None = None
+    tier: str | None = None  # flex | online: the tier sent at (None: the job's route)
 
     @classmethod
     def of(cls, engine: Any, job: JobState) -> OnlineStep:
@@ -126,10 +127,7 @@ class OnlineStep:
         route = str(self.profile.get("route") or "batch")
         if route != "auto":
             return route, f"the profile's route is {route!r}"
-        try:
-            flex = self.profile.provider == "openai" and self.prices.get(self.profile.model).spec.flex is True
-        except PricingError:
-            flex = False
+        flex = has_flex(self.profile, self.prices)
         now = self.wall()
         arrival = min(_epoch(job.created_ts, now), now)  # the job's arrival, never after now
         return choose_route(
@@ -142,9 +140,15 @@ class OnlineStep:
         )
 
     def _send_all(self, lines: list[bytes]) -> None:
-        job = self.job()
         keys = dict(line_keys(self.provider_key, lines))
         reused = self._reused(keys)
+        if self.send(lines, keys, reused):
+            self._maybe_done(list(keys), reused)
+
+    def send(self, lines: list[bytes], keys: dict[str, str], reused: set[str]) -> bool:
+        """Send every row of ``lines`` not settled yet (nor in ``reused``), wave by wave; False
+        when the provider asked to wait (the rest is sent by a later step)."""
+        job = self.job()
         todo = [json.loads(raw) for raw in lines]
         todo = [line for line in todo if not job.online.settled(line["custom_id"]) and line["custom_id"] not in reused]
         if self._given_up_after_crashes(job, todo):
@@ -154,10 +158,10 @@ class OnlineStep:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bg-online") as pool:
             for start in range(0, len(todo), concurrency):
                 if self._waiting():
-                    return
+                    return False
                 if not self._send_wave(pool, todo[start : start + concurrency], keys):
-                    return  # asked to wait: the rest waits for the next step
-        self._maybe_done(list(keys), reused)
+                    return False  # asked to wait: the rest waits for the next step
+        return True
 
     def _reused(self, keys: dict[str, str]) -> set[str]:
         """Rows not sent, with answer reuse on: those whose request has a usable stored answer,
@@ -195,7 +199,7 @@ class OnlineStep:
     def _send_wave(self, pool: ThreadPoolExecutor, wave: list[dict[str, Any]], keys: dict[str, str]) -> bool:
         """Send one wave; False when the provider asked to wait (or could not be reached)."""
         job = self.job()
-        tier = job.online.route or "online"
+        tier = self.tier or job.online.route or "online"
         intents = [
             _e(
                 "OnlineRequestSent",
@@ -344,6 +348,14 @@ class OnlineStep:
                 cost_usd=sum(r.cost_by_tier.values()),
             ),
         )
+
+
+def has_flex(profile: Profile, prices: PriceTable) -> bool:
+    """Whether the profile's model is served at the flex tier (OpenAI, catalogue row ``flex: yes``)."""
+    try:
+        return profile.provider == "openai" and prices.get(profile.model).spec.flex is True
+    except PricingError:
+        return False
 
 
 def _failed(cid: str, code: str, error: str, status: int | None, retry_at: float | None, final: bool) -> NewEvent:

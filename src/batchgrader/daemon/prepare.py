@@ -14,6 +14,7 @@ from typing import IO, Any, cast
 
 from batchgrader.core.config import ConfigError
 from batchgrader.core.state import ChunkState, JobState
+from batchgrader.core.stragglers import deadline_of
 from batchgrader.daemon.base import (
     _e,
     _lines,
@@ -206,6 +207,7 @@ class PrepareSteps:
                 warnings=prep.warnings,
                 requests_path=str(requests_path),
                 settings=result_settings(profile),
+                **_deadline(job, profile.get("deadline"), now),
             ),
             *([_e("InputTokensCounted", **{**counted, "input_tokens": prep.input_tokens})] if counted else []),
             *self.reuse.reuse_events(job, reuse),
@@ -310,3 +312,11 @@ class PrepareSteps:
         self.ctx.emit(job.job_id, *events)
 
     # --- submit -------------------------------------------------------------------------------
+
+
+def _deadline(job: JobState, value: str | None, now: float) -> dict[str, float]:
+    """``JobPrepared.deadline_at``: when the job is due, fixed at its preparation (none: absent)."""
+    from batchgrader.core.decide import epoch
+
+    due = deadline_of(value, epoch(job.created_ts, now), now)
+    return {} if due is None else {"deadline_at": due}

@@ -306,7 +306,9 @@ def job_row(job: JobState) -> dict[str, Any]:
         "input_tokens_exact": int(job.input_tokens_exact),
         "cache_write_tokens": job.cache_write_tokens,
         "cache_saved_usd": job.cache_saved_usd,
-        "route": json.dumps(route_summary(job), sort_keys=True) if job.online.route not in (None, "batch") else None,
+        "route": json.dumps(route_summary(job), sort_keys=True)
+        if job.online.route not in (None, "batch") or any(c.straggler for c in job.chunks.values())
+        else None,
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             ensure_ascii=False,
