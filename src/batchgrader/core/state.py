@@ -105,6 +105,10 @@ class JobState:
     # and who answers it (pipeline/answerkey.provider_id_of), whatever the profile says later
     provider: str | None = None
     provider_id: str | None = None
+    # a judge panel (the judges key): PanelStarted's [{profile, job_id}] on the panel job; JobAccepted.panel_of on a judge's
+    panel: list[dict[str, str]] | None = None
+    panel_of: str | None = None
+    result_counts: tuple[int, int] | None = None  # ResultWritten's (succeeded, failed)
     left_alone: str | None = None  # JobLeftAlone: why the running daemon does not touch this job
     created_ts: str = ""
     updated_ts: str = ""
@@ -192,7 +196,7 @@ class JobState:
         if self.held:
             return "held"
         if not self.prepared:
-            return "preparing"
+            return "running" if self.panel is not None else "preparing"  # a panel runs through its judges' jobs
         chunks = list(self.chunks.values())
         if any(c.in_flight for c in chunks):
             return "running"
@@ -326,7 +330,13 @@ def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
     job.sha256, job.bytes, job.input_path = p["sha256"], p["bytes"], p["input_path"]
     job.result_name, job.sandbox = p["result_name"], bool(p["sandbox"])
     job.provider, job.provider_id = p.get("provider"), p.get("provider_id")  # optional: absent in older logs
+    job.panel_of = p.get("panel_of")
     s.sha_jobs.setdefault(job.sha256, []).append(job.job_id)
+
+
+@folds(P.PanelStarted)
+def _panel_started(s: State, job: JobState, p: P.PanelStarted, e: Event) -> None:
+    job.panel = [dict(j) for j in p["judges"]]
 
 
 @folds(P.JobPrepared)
@@ -539,6 +549,7 @@ def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) 
 @folds(P.ResultWritten)
 def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
+    job.result_counts = (p["succeeded"], p["failed"])
     if job.outbox_error is not None:  # written after all: the outbox error is over
         if job.last_error == job.outbox_error:
             job.last_error = None

@@ -41,12 +41,14 @@ from batchgrader.core.decide import (
     Upload,
     WriteResult,
 )
+from batchgrader.core.panel import CancelJudges, StartPanel, WritePanelResult
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e, stamp
 from batchgrader.daemon.collect import CollectSteps
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.intake import IntakeSteps
+from batchgrader.daemon.panel import PanelSteps
 from batchgrader.daemon.preflight import PreflightStep
 from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.daemon.reuse import ReuseSteps
@@ -69,6 +71,7 @@ class EngineSteps:
     submit: SubmitSteps
     prepare: PrepareSteps
     preflight: PreflightStep
+    panel: PanelSteps
 
     @classmethod
     def build(cls, ctx: Context) -> EngineSteps:
@@ -78,7 +81,8 @@ class EngineSteps:
         collect = CollectSteps(ctx, reuse)
         submit = SubmitSteps(ctx, collect)
         prepare = PrepareSteps(ctx, reuse, finish, submit)
-        return cls(ctx, intake, reuse, finish, collect, submit, prepare, PreflightStep(ctx, prepare, finish))
+        preflight = PreflightStep(ctx, prepare, finish)
+        return cls(ctx, intake, reuse, finish, collect, submit, prepare, preflight, PanelSteps(ctx, finish))
 
 
 def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
@@ -109,6 +113,9 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         Archive: lambda a, job, now: archive(ctx, a, job, now),
         DeleteProviderFiles: lambda a, job, now: s.finish.delete_provider_files(job, a.file_ids),
         Finish: lambda a, job, now: finish(s, a, job, now),
+        StartPanel: lambda a, job, now: s.panel.start(job),
+        CancelJudges: lambda a, job, now: s.panel.cancel_judges(a),
+        WritePanelResult: lambda a, job, now: s.panel.write_result(job, a, now),
     }
 
 

@@ -1,0 +1,222 @@
+"""A judge panel (``judges: [profile, ...]``), tick by tick with the in-memory provider: the panel
+job starts one job per judge on its input, their batches run side by side, and when both have
+ended the panel writes one result (a column per judge, the consensus, the share that agrees)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from batchgrader.core.config import ConfigError, load_config
+from batchgrader.core.panel import judge_job_id
+from batchgrader.core.state import JobState
+from batchgrader.daemon.engine import Engine
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.store.eventstore import NewEvent
+from ticks import Rig, config_text
+
+SCHEMA = (
+    "response_format:\n  type: object\n  properties:\n    reason: {type: string}\n"
+    "    score: {type: integer}\n  required: [reason, score]\n  additionalProperties: false\n"
+)
+PANEL = SCHEMA + (
+    "max_row_retries: 0\n"
+    "profiles:\n"
+    "  panel:\n    judges: [mini, big]\n"
+    "  mini:\n    model: gpt-4o-mini\n"
+    "  big:\n    model: gpt-4o\n"
+)
+# the scores each judge gives the 5 rows (a string: the answer as it is, not JSON)
+SCORES: dict[str, list[object]] = {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, "not json"]}
+
+
+def _answers(rig: Rig, scores: dict[str, list[object]]) -> None:
+    def answer(cid: str, body) -> str:
+        row = int(cid.rsplit("-", 1)[1]) - 1
+        s = scores[body["model"]][row]
+        return s if isinstance(s, str) else json.dumps({"reason": f"{body['model']} on {cid}", "score": s})
+
+    rig.provider.answer = answer
+
+
+def _drop(rig: Rig, rows: int = 5) -> None:
+    folder = rig.home.inbox / "panel"
+    folder.mkdir(exist_ok=True)
+    (folder / "a.csv").write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(rows)))
+
+
+def _panel(rig: Rig) -> JobState:
+    (job,) = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+    return job
+
+
+def _run(rig: Rig, before_finish=None) -> JobState:
+    for _ in range(40):
+        rig.tick()
+        if before_finish is not None:
+            before_finish(rig)
+        rig.provider.finish_all()
+        jobs = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+        if jobs and jobs[0].ended:
+            return jobs[0]
+    raise AssertionError("the panel did not end")
+
+
+def _result(rig: Rig) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO((rig.home.outbox / "a_results.csv").read_text(encoding="utf-8"))))
+
+
+def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    rig.tick()
+    types = rig.tick()
+    assert types[:4] == ["JobAccepted", "PanelStarted", "JobAccepted", "JobAccepted"]
+    panel = _panel(rig)
+    (started,) = rig.events("PanelStarted")
+    assert started["judges"] == [
+        {"profile": "mini", "job_id": judge_job_id(panel.job_id, 1)},
+        {"profile": "big", "job_id": judge_job_id(panel.job_id, 2)},
+    ]
+    judges = [rig.engine.state.jobs[j["job_id"]] for j in started["judges"]]
+    assert [(j.profile, j.panel_of, j.input_path) for j in judges] == [
+        ("mini", panel.job_id, panel.input_path),
+        ("big", panel.job_id, panel.input_path),
+    ]
+    assert panel.state == "running"
+    job = _run(rig)
+    judges = [rig.engine.state.jobs[j["job_id"]] for j in started["judges"]]
+    assert [j.ended for j in judges] == ["completed", "completed_with_errors"]  # big's last answer is no JSON
+    assert {b.metadata["bg_job"] for b in rig.provider.batches.values()} == {j.job_id for j in judges}  # side by side
+    assert all(j.result_path and f"/work/{panel.job_id}/judges/" in j.result_path for j in judges)  # not the outbox
+    assert all(not j.archived_path for j in judges)
+    assert sorted(p.name for p in rig.home.outbox.iterdir()) == ["a_results.csv"]  # the panel's alone
+    out = _result(rig)
+    assert list(out[0]) == ["id", "response", "grade_mini", "grade_big", "grade", "grade_agreement", "error"]
+    assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]
+    assert [r["grade_big"] for r in out] == ["4", "3", "5", "1", ""]
+    assert [r["grade"] for r in out] == ["4", "", "5", "1", "3"]  # 2 against 3: a tie, no pick
+    assert [r["grade_agreement"] for r in out] == ["1", "", "1", "1", "0.5"]
+    assert out[1]["error"] == "no_majority: the judges tie (mini=2, big=3); no answer is picked"
+    assert job.ended == "completed_with_errors" and job.result_counts == (4, 1)
+    assert job.archived_path and "archive" in job.archived_path  # the panel archives the input, once
+    assert job.cost_usd == 0 and sum(j.cost_usd for j in judges) > 0  # the judges carry the cost, once
+    rig.close()
+
+
+def test_a_failed_judge_is_shown_and_the_other_judge_still_answers(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, 3]})
+    _drop(rig)
+
+    def fail_big(rig: Rig) -> None:
+        for b in rig.provider.open_batches():
+            if b.metadata.get("bg_job", "").endswith("-j2"):
+                rig.provider.finish(b.id, "failed")
+
+    job = _run(rig, fail_big)
+    big = rig.engine.state.jobs[judge_job_id(job.job_id, 2)]
+    assert big.ended == "failed" and big.error and big.error["code"] == "all_rows_failed"
+    assert big.error_path and f"/work/{job.job_id}/judges/" in big.error_path  # its report stays with the panel
+    out = _result(rig)
+    assert [r["grade_big"] for r in out] == [""] * 5
+    assert [r["grade"] for r in out] == ["4", "2", "5", "1", "3"]  # one judge left: its answers, half the panel
+    assert {r["grade_agreement"] for r in out} == {"0.5"}
+    assert job.ended == "completed_with_errors"
+    rig.close()
+
+
+def test_every_judge_failed_fails_the_panel(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    for _ in range(40):
+        rig.tick()
+        rig.provider.finish_all("failed")
+        panel = _panel(rig) if any(j.profile == "panel" for j in rig.engine.state.jobs.values()) else None
+        if panel is not None and panel.ended:
+            break
+    panel = _panel(rig)
+    assert panel.ended == "failed" and panel.error and panel.error["code"] == "all_judges_failed"
+    assert panel.error_path and (rig.home.outbox / "a_error.txt").exists()
+    assert panel.archived_path and "failed" in panel.archived_path
+    rig.close()
+
+
+@pytest.mark.parametrize("recorded", [0, 1, 2], ids=["accepted", "panel-started", "one-judge-accepted"])
+def test_a_crash_between_the_panel_and_its_judges_accepts_each_judge_once(home, recorded):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    rig.tick()  # the first look
+    rig.now += 1
+    rig.engine.steps.intake.intake(rig.now)  # the panel job accepted; the daemon dies before its next step ...
+    (panel_id,) = rig.engine.state.jobs
+    judges = [{"profile": "mini", "job_id": judge_job_id(panel_id, 1)}, {"profile": "big", "job_id": judge_job_id(panel_id, 2)}]
+    if recorded >= 1:  # ... or after recording the panel (the events as the step writes them)
+        rig.engine.emit(panel_id, NewEvent("PanelStarted", {"judges": judges}))
+    if recorded >= 2:  # ... or after accepting its first judge's job too
+        panel = rig.engine.state.jobs[panel_id]
+        rig.home.job_dir(judge_job_id(panel_id, 1)).mkdir()
+        accepted = {
+            "file": panel.file,
+            "source": panel.source,
+            "profile": "mini",
+            "sha256": panel.sha256,
+            "bytes": panel.bytes,
+            "input_path": panel.input_path,
+            "result_name": panel.result_name,
+            "sandbox": False,
+            "panel_of": panel_id,
+        }
+        rig.engine.emit(judge_job_id(panel_id, 1), NewEvent("JobAccepted", accepted))
+    # a new engine over the same event store: it carries on, accepting the missing judges only
+    rig.engine = Engine(rig.home, load_config(rig.home, environ={}), rig.store, rig.provider, load_pricing())
+    job = _run(rig)
+    accepted_ids = [e.job_id for e in rig.store.read() if e.type == "JobAccepted"]
+    assert sorted(accepted_ids) == sorted([panel_id, judge_job_id(panel_id, 1), judge_job_id(panel_id, 2)])
+    assert [e["judges"] for e in rig.events("PanelStarted")] == [judges]
+    assert job.ended == "completed_with_errors" and [r["grade"] for r in _result(rig)] == ["4", "", "5", "1", "3"]
+    rig.close()
+
+
+def test_a_cancelled_panel_cancels_its_judges(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    for _ in range(3):
+        rig.tick()
+    panel = _panel(rig)
+    rig.engine.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "test"}))
+    job = _run(rig)
+    assert job.ended == "cancelled"
+    assert all(rig.engine.state.jobs[j["job_id"]].cancel_requested for j in job.panel or ())
+    rig.close()
+
+
+@pytest.mark.parametrize(
+    ("profiles", "message"),
+    [
+        ("  panel:\n    judges: [mini, nobody]\n  mini: {}\n", "key 'judges' names 'nobody', which is not a profile"),
+        (
+            "  panel:\n    judges: [mini, inner]\n  mini: {}\n  inner:\n    judges: [mini, mini2]\n  mini2: {}\n",
+            "names 'inner', which is itself a panel",
+        ),
+        ("  panel:\n    judges: [mini]\n  mini: {}\n", "a list of at least two profile names"),
+    ],
+)
+def test_a_judge_that_is_no_single_profile_is_a_config_error_naming_it(home, profiles, message):
+    home.config_file.write_text(config_text("profiles:\n" + profiles))
+    with pytest.raises(ConfigError, match="profiles.panel") as err:
+        load_config(home, environ={})
+    assert message in str(err.value)
+
+
+def test_judges_in_the_default_settings_are_refused(home):
+    home.config_file.write_text(config_text("judges: [a, b]\nprofiles:\n  a: {}\n  b: {}\n"))
+    with pytest.raises(ConfigError, match="'judges' cannot be set in the default settings"):
+        load_config(home, environ={})
