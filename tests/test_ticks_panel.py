@@ -42,10 +42,13 @@ def _answers(rig: Rig, scores: dict[str, list[object]]) -> None:
     rig.provider.answer = answer
 
 
-def _drop(rig: Rig, rows: int = 5) -> None:
+def _drop(rig: Rig, rows: int = 5, labels: list[int] | None = None) -> None:
     folder = rig.home.inbox / "panel"
     folder.mkdir(exist_ok=True)
-    (folder / "a.csv").write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(rows)))
+    if labels is None:
+        (folder / "a.csv").write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(rows)))
+    else:
+        (folder / "a.csv").write_text("id,response,label\n" + "".join(f"{i},essay {i},{x}\n" for i, x in enumerate(labels)))
 
 
 def _panel(rig: Rig) -> JobState:
@@ -78,6 +81,7 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
     assert types[:4] == ["JobAccepted", "PanelStarted", "JobAccepted", "JobAccepted"]
     panel = _panel(rig)
     (started,) = rig.events("PanelStarted")
+    assert started["settings"]["output_column"] == "grade"
     assert started["judges"] == [
         {"profile": "mini", "job_id": judge_job_id(panel.job_id, 1)},
         {"profile": "big", "job_id": judge_job_id(panel.job_id, 2)},
@@ -158,7 +162,8 @@ def test_a_crash_between_the_panel_and_its_judges_accepts_each_judge_once(home, 
     (panel_id,) = rig.engine.state.jobs
     judges = [{"profile": "mini", "job_id": judge_job_id(panel_id, 1)}, {"profile": "big", "job_id": judge_job_id(panel_id, 2)}]
     if recorded >= 1:  # ... or after recording the panel (the events as the step writes them)
-        rig.engine.emit(panel_id, NewEvent("PanelStarted", {"judges": judges}))
+        settings = {"output_column": "grade", "csv_formula_guard": True, "encoding": "utf-8"}
+        rig.engine.emit(panel_id, NewEvent("PanelStarted", {"judges": judges, "settings": settings}))
     if recorded >= 2:  # ... or after accepting its first judge's job too
         panel = rig.engine.state.jobs[panel_id]
         rig.home.job_dir(judge_job_id(panel_id, 1)).mkdir()
@@ -220,3 +225,60 @@ def test_judges_in_the_default_settings_are_refused(home):
     home.config_file.write_text(config_text("judges: [a, b]\nprofiles:\n  a: {}\n  b: {}\n"))
     with pytest.raises(ConfigError, match="'judges' cannot be set in the default settings"):
         load_config(home, environ={})
+
+
+def _alpha(units: list[list[float | None]], metric) -> float:
+    """Krippendorff's alpha from its definition (pairable values, observed and expected disagreement)."""
+    units = [[v for v in u if v is not None] for u in units]
+    units = [u for u in units if len(u) >= 2]
+    values = [v for u in units for v in u]
+    n = len(values)
+    observed = (
+        sum(sum(metric(a, b) for i, a in enumerate(u) for j, b in enumerate(u) if i != j) / (len(u) - 1) for u in units) / n
+    )
+    expected = sum(metric(a, b) for i, a in enumerate(values) for j, b in enumerate(values) if i != j) / (n * (n - 1))
+    return 1 - observed / expected
+
+
+def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_the_labels(home, tmp_path):
+    from batchgrader.store.disagreements import write_disagreements
+    from batchgrader.store.report import build_report
+    from batchgrader.store.report_text import render_text
+
+    rig = Rig(
+        home,
+        PANEL.replace(
+            "    judges: [mini, big]\n", "    judges: [mini, big]\n    reference_column: label\n    reference_field: score\n"
+        ),
+    )
+    _answers(rig, SCORES)
+    labels = [4, 2, 5, 2, 3]
+    _drop(rig, labels=labels)
+    job = _run(rig)
+    report = build_report(list(rig.store.read(job_id=job.job_id)))
+    a = report["agreement"]
+    mini, big = [4, 2, 5, 1, 3], [4, 3, 5, 1, None]
+    expected = _alpha([[x, y] for x, y in zip(mini, big, strict=True)], lambda p, q: (p - q) ** 2)
+    assert a["krippendorff_alpha"] == pytest.approx(expected) and a["panel"]["krippendorff_alpha"] == a["krippendorff_alpha"]
+    # Cohen's kappa of mini and big over the 4 rows both answered: p_o = 3/4, p_e = 3 x (1/4 x 1/4)
+    p_o, p_e = 3 / 4, 3 / 16
+    assert a["panel"]["pairwise_kappa"]["mini"]["big"] == pytest.approx((p_o - p_e) / (1 - p_e))
+    assert a["per_judge"] == a["panel"]["per_judge"]
+    assert a["per_judge"]["mini"]["n"] == 5 and a["per_judge"]["mini"]["accuracy"] == pytest.approx(4 / 5)
+    assert a["per_judge"]["big"]["n"] == 4 and a["per_judge"]["big"]["accuracy"] == pytest.approx(2 / 4)
+    assert a["per_judge"]["big"]["mae"] == pytest.approx((0 + 1 + 0 + 1) / 4)
+    # the consensus against the labels: 4, -, 5, 1, 3 against 4, 2, 5, 2, 3
+    assert a["n"] == 4 and a["accuracy"] == pytest.approx(3 / 4) and a["labelled"] == 5 and a["unanswered"] == 1
+    assert report["rows"]["answered"] == 4 and report["rows"]["failed_by_code"] == {"no_majority": 1}
+    text = render_text(report)
+    assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
+    assert "mini against the labels (5 rows): accuracy 0.800" in text
+    # the rows the judges disagree on (row 1: a tie) or whose consensus is not the label (row 3)
+    got = write_disagreements(rig.home, job.job_id, tmp_path / "review.csv")
+    assert (got["rows"], got["compared"], got["judges_disagree"]) == (2, 4, 1)
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "review.csv").read_text(encoding="utf-8"))))
+    assert [(r["id"], r["model_answer"], r["grade_mini"], r["grade_big"]) for r in rows] == [
+        ("1", "", "2", "3"),
+        ("3", "1", "1", "1"),
+    ]
+    rig.close()

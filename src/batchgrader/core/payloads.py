@@ -108,10 +108,12 @@ class JobAccepted(TypedDict):
     "panel",
     {
         "judges": "list of {profile, job_id}: each judge's profile and the job that answers for it (ids derived from the panel's own id and the judge's place, so a restart accepts none twice)",
+        "settings": "the panel profile's result settings (as `JobPrepared.settings`: output_column, csv_formula_guard, sheet, encoding, and reference_column, reference_field, group_column when set), fixed when the panel starts: its result is written and reported by them",
     },
 )
 class PanelStarted(TypedDict):
     judges: list[dict[str, str]]
+    settings: dict[str, Any]
 
 
 @event(

@@ -337,6 +337,7 @@ def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
 @folds(P.PanelStarted)
 def _panel_started(s: State, job: JobState, p: P.PanelStarted, e: Event) -> None:
     job.panel = [dict(j) for j in p["judges"]]
+    job.settings = dict(p["settings"])
 
 
 @folds(P.JobPrepared)

@@ -36,7 +36,8 @@ class PanelSteps:
         if job.panel is None:
             judges = self.ctx.config.profile(job.profile).values.get("judges") or []
             listed = [{"profile": str(p), "job_id": judge_job_id(job.job_id, i)} for i, p in enumerate(judges, 1)]
-            self.ctx.emit(job.job_id, _e("PanelStarted", judges=listed))
+            settings = result_settings(self.ctx.profile_of(job))
+            self.ctx.emit(job.job_id, _e("PanelStarted", judges=listed, settings=settings))
         job = self.ctx.state.jobs[job.job_id]
         for judge in job.panel or ():
             if judge["job_id"] not in self.ctx.state.jobs:
@@ -119,10 +120,8 @@ class PanelSteps:
         )
 
     def _settings(self, job: JobState) -> dict[str, Any]:
-        try:
-            return result_settings(self.ctx.profile_of(job))
-        except ConfigError:  # the panel's profile is gone since: the defaults
-            return result_settings(self.ctx.config.default)
+        """The result settings fixed when the panel started (PanelStarted.settings)."""
+        return {**result_settings(self.ctx.config.default), **job.settings}
 
     def _combine(self, job: JobState, f: Any) -> tuple[int, int]:
         fixed = self._settings(job)
