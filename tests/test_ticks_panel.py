@@ -273,6 +273,10 @@ def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_th
     text = render_text(report)
     assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
     assert "mini against the labels (5 rows): accuracy 0.800" in text
+    from batchgrader.store.report_html import render_html
+
+    page = render_html(report)
+    assert "Agreement among the 2 judges" in page and "<th>mini / big</th>" in page and "Each judge against the labels" in page
     # the rows the judges disagree on (row 1: a tie) or whose consensus is not the label (row 3)
     got = write_disagreements(rig.home, job.job_id, tmp_path / "review.csv")
     assert (got["rows"], got["compared"], got["judges_disagree"]) == (2, 4, 1)
