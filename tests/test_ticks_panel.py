@@ -10,12 +10,14 @@ import json
 
 import pytest
 
+from batchgrader.cli.render_status import rows_cell
 from batchgrader.core.config import ConfigError, load_config
 from batchgrader.core.panel import judge_job_id
 from batchgrader.core.state import JobState
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.store.eventstore import NewEvent
+from batchgrader.store.readmodels import job_row
 from ticks import Rig, config_text
 
 SCHEMA = (
@@ -107,6 +109,7 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
     assert [r["grade_agreement"] for r in out] == ["1", "", "1", "1", "0.5"]
     assert out[1]["error"] == "no_majority: the judges tie (mini=2, big=3); no answer is picked"
     assert job.ended == "completed_with_errors" and job.result_counts == (4, 1)
+    assert rows_cell(job_row(job)) == "4 ok/5"  # bgctl status: the rows with a consensus
     assert job.archived_path and "archive" in job.archived_path  # the panel archives the input, once
     assert job.cost_usd == 0 and sum(j.cost_usd for j in judges) > 0  # the judges carry the cost, once
     rig.close()

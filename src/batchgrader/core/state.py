@@ -185,6 +185,8 @@ class JobState:
     @property
     def succeeded_rows(self) -> int:
         # a retry chunk holds only rows that had failed, so successes are never counted twice
+        if self.panel is not None:  # a judge panel: its rows with a consensus (its judges count their own)
+            return (self.result_counts or (0, 0))[0]
         return sum(c.succeeded for c in self.chunks.values()) + self.cached_rows
 
     @property
@@ -551,6 +553,8 @@ def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) 
 def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
     job.result_counts = (p["succeeded"], p["failed"])
+    if job.panel is not None:
+        job.rows = p["rows"]  # a panel is never prepared: its rows are its result's
     if job.outbox_error is not None:  # written after all: the outbox error is over
         if job.last_error == job.outbox_error:
             job.last_error = None
