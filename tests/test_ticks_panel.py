@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -288,4 +289,25 @@ def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_th
         ("1", "", "2", "3"),
         ("3", "1", "1", "1"),
     ]
+    rig.close()
+
+
+def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its_result_again(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    job = _run(rig)
+    mini, big = judge_job_id(job.job_id, 1), judge_job_id(job.job_id, 2)
+    first = rig.engine.state.jobs[big].result_path
+    _answers(rig, {**SCORES, "gpt-4o": [4, 3, 5, 1, 3]})  # big answers its last row as JSON now
+    rig.engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": "test"}))
+    job = _run(rig)
+    judge = rig.engine.state.jobs[big]
+    assert judge.ended == "completed" and judge.result_path != first and not judge.archived_path
+    assert [e.job_id for e in rig.store.read() if e.type == "RetryRequested"] == [job.job_id, big]  # mini completed
+    assert rig.engine.state.jobs[mini].retry_seq is None
+    assert job.ended == "completed_with_errors" and job.archived_path and job.result_counts == (4, 1)
+    rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
+    assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
+    assert sum(1 for e in rig.store.read(job_id=job.job_id) if e.type == "InputRestored") == 1
     rig.close()

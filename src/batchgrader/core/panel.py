@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batchgrader.core.actions import OUTBOX_TIMER, Action, Archive, Finish, Timers
+from batchgrader.core.actions import OUTBOX_TIMER, Action, Archive, Finish, RestoreInput, Timers
 from batchgrader.core.config import Config, ConfigError
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState, State
@@ -37,6 +37,14 @@ class StartPanel(Action):
 @dataclass(frozen=True)
 class CancelJudges(Action):
     """A cancelled panel: ask each judge's job that runs to cancel (``CancelRequested``)."""
+
+    judge_ids: tuple[str, ...]
+    stage: ClassVar[int] = 3
+
+
+@dataclass(frozen=True)
+class RetryJudges(Action):
+    """A panel reopened by ``bgctl retry``: reopen each judge's job that did not complete (``RetryRequested``)."""
 
     judge_ids: tuple[str, ...]
     stage: ClassVar[int] = 3
@@ -89,17 +97,26 @@ def decide_panel(state: State, job: JobState, config: Config, now: float, timers
     judges = judge_jobs(state, job)
     if job.panel is None or any(j is None for j in judges):
         return [StartPanel(job.job_id)]
+    restore: list[Action] = [RestoreInput(job.job_id)] if job.archived_path else []  # reopened by `bgctl retry`
+    if job.retry_seq is not None:  # each judge that did not complete is retried once per retry of the panel
+        asked = tuple(
+            j.job_id
+            for j in judges
+            if j is not None and j.ended and j.ended != "completed" and (j.retry_seq or -1) < job.retry_seq
+        )
+        if asked:
+            return [*restore, RetryJudges(job.job_id, asked)]
     running = [j for j in judges if j is not None and not j.ended]
     if running:
         if job.cancel_requested:
             asked = tuple(j.job_id for j in running if not j.cancel_requested)
             return [CancelJudges(job.job_id, asked)] if asked else []
-        return []  # the judges' jobs run: nothing to do until the last has ended
+        return restore  # the judges' jobs run: nothing to do until the last has ended
     if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
         return []  # the result could not be written: tried again once the back-off has passed
     final, payload = panel_ending(state, job)
     failed = final == "JobFailed"
-    out: list[Action] = []
+    out: list[Action] = list(restore)  # its input back first: the result is written again from it
     if job.outbox != "done":
         out.append(WritePanelResult(job.job_id, failed, str(payload.get("error", "")), str(payload.get("hint", ""))))
     if not job.archived_path:

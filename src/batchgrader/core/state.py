@@ -149,6 +149,7 @@ class JobState:
     preflight_error: str | None = None
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
+    retry_seq: int | None = None  # the log position of its last RetryRequested (a panel passes a retry on once)
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
     error_path: str | None = None
@@ -635,6 +636,7 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
         job.override_budget = True  # retry on a held job means "submit anyway"
     job.retry_requested = True
     job.retry_bound = p.get("max_completion_tokens")
+    job.retry_seq = e.seq
     if job.preflight == "failed":  # after a config change the preflight runs again
         job.preflight, job.preflight_attempts, job.preflight_error = None, 0, None
     if job.ended:

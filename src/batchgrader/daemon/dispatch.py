@@ -41,7 +41,7 @@ from batchgrader.core.decide import (
     Upload,
     WriteResult,
 )
-from batchgrader.core.panel import CancelJudges, StartPanel, WritePanelResult
+from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e, stamp
 from batchgrader.daemon.collect import CollectSteps
@@ -115,6 +115,7 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         Finish: lambda a, job, now: finish(s, a, job, now),
         StartPanel: lambda a, job, now: s.panel.start(job),
         CancelJudges: lambda a, job, now: s.panel.cancel_judges(a),
+        RetryJudges: lambda a, job, now: s.panel.retry_judges(job, a),
         WritePanelResult: lambda a, job, now: s.panel.write_result(job, a, now),
     }
 

@@ -134,7 +134,8 @@ class FinishSteps:
         and crashed before writing it still owns it: two inputs with the same name never swap)."""
         job = self.ctx.state.jobs.get(job_id)
         if job is not None and job.panel_of is not None:  # a judge of a panel: its folder, not the outbox
-            return judge_result_path(self.ctx.home, job, name)
+            mine = judge_result_path(self.ctx.home, job, name)
+            return free_path(mine.parent, mine.name, stamp(now))  # a retried judge writes a new one
         path = free_path(self.ctx.home.outbox, name, stamp(now))
         if self._outbox_owner(str(path), job_id) is None:
             return path
@@ -279,7 +280,8 @@ class FinishSteps:
     def _error_path(self, job: JobState, now: float) -> Path:
         """A free path for a job's error report: in the outbox (a judge of a panel: in its folder)."""
         if job.panel_of is not None:
-            return judge_result_path(self.ctx.home, job, error_name(job.file))
+            mine = judge_result_path(self.ctx.home, job, error_name(job.file))
+            return free_path(mine.parent, mine.name, stamp(now))
         return free_path(self.ctx.home.outbox, error_name(job.file), stamp(now))
 
     def after_job_end(self, job_id: str, now: float) -> None:

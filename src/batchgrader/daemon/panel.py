@@ -11,7 +11,7 @@ from typing import Any
 from batchgrader.core.actions import OUTBOX_TIMER
 from batchgrader.core.config import ConfigError
 from batchgrader.core.outcomes import outbox_retry_at
-from batchgrader.core.panel import CancelJudges, WritePanelResult, judge_job_id, judge_jobs
+from batchgrader.core.panel import CancelJudges, RetryJudges, WritePanelResult, judge_job_id, judge_jobs
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e, result_settings
 from batchgrader.daemon.context import Context
@@ -68,6 +68,11 @@ class PanelSteps:
     def cancel_judges(self, a: CancelJudges) -> None:
         for job_id in a.judge_ids:
             self.ctx.emit(job_id, _e("CancelRequested", reason=f"the panel {a.job_id} was cancelled"))
+
+    def retry_judges(self, panel: JobState, a: RetryJudges) -> None:
+        bound = {"max_completion_tokens": panel.retry_bound} if panel.retry_bound else {}
+        for job_id in a.judge_ids:
+            self.ctx.emit(job_id, _e("RetryRequested", reason=f"bgctl retry of the panel {a.job_id}", **bound))
 
     def write_result(self, job: JobState, a: WritePanelResult, now: float) -> None:
         """The panel's result (and error report when it failed), named in an intent event first;
