@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ SCORES: dict[str, list[object]] = {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4,
 
 def _answers(rig: Rig, scores: dict[str, list[object]]) -> None:
     def answer(cid: str, body) -> str:
-        row = int(cid.rsplit("-", 1)[1]) - 1
+        row = int(re.sub(r"-s[0-9]+$", "", cid).rsplit("-", 1)[1]) - 1  # a sample answers as its row
         s = scores[body["model"]][row]
         return s if isinstance(s, str) else json.dumps({"reason": f"{body['model']} on {cid}", "score": s})
 
@@ -310,4 +311,30 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
     rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
     assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
     assert sum(1 for e in rig.store.read(job_id=job.job_id) if e.type == "InputRestored") == 1
+    rig.close()
+
+
+def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
+    rig = Rig(home, PANEL.replace("    model: gpt-4o-mini\n", "    model: gpt-4o-mini\n    samples: 2\n"))
+    _answers(rig, SCORES)
+    folder = rig.home.inbox / "panel"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,response,grade,error\n" + "".join(f"{i},essay {i},x,y\n" for i in range(5)))
+    job = _run(rig)
+    out = _result(rig)
+    assert list(out[0]) == [
+        "id",
+        "response",
+        "grade",
+        "error",
+        "grade_mini",
+        "grade_big",
+        "bg_grade",
+        "grade_agreement",
+        "bg_error",
+    ]
+    assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]  # the vote of its 2 samples
+    assert [r["bg_grade"] for r in out] == ["4", "", "5", "1", "3"] and out[1]["bg_error"].startswith("no_majority")
+    assert [(r["grade"], r["error"]) for r in out] == [("x", "y")] * 5  # the input's cells as they were
+    assert job.ended == "completed_with_errors"
     rig.close()

@@ -139,6 +139,7 @@ class PanelSteps:
                     j.result_path if j is not None else None,
                     own.get("output_column", "grade"),
                     own.get("response_format"),
+                    int(own.get("samples") or 1),
                 )
             )
         return write_panel_result(

@@ -34,6 +34,14 @@ class Judge:
     result_path: str | None
     output_column: str
     response_format: Mapping[str, Any] | None
+    samples: int = 1
+
+    def columns(self, input_columns: Sequence[str]) -> tuple[str, str]:
+        """The answer and error columns of its result file (named as the input's columns allow)."""
+        from batchgrader.pipeline.outbox import added_columns
+
+        cols = added_columns(input_columns, self.output_column, self.response_format, self.samples)
+        return cols.output, cols.error
 
 
 @dataclass(frozen=True)
@@ -89,12 +97,16 @@ def _judge_rows(judge: Judge, sheet: str | None) -> Iterator[Iterator[Mapping[st
         yield (row.values for row in reader)
 
 
-def judged_value(judge: Judge, spec_field: str | None, row: Mapping[str, Any] | None) -> tuple[Any, str | None]:
-    """A judge's value for one row to vote with (None: none) and its error text, if any."""
+def judged_value(
+    judge: Judge, spec_field: str | None, row: Mapping[str, Any] | None, columns: tuple[str, str]
+) -> tuple[Any, str | None]:
+    """A judge's value for one row to vote with (None: none) and its error text, if any
+    (``columns``: the answer and error columns of its result)."""
     if row is None:
         return None, "the judge's job wrote no result"
-    err = text_of(row.get("error")) if row.get("error") not in (None, "") else None
-    content = row.get(judge.output_column)
+    output, error = columns
+    err = text_of(row.get(error)) if row.get(error) not in (None, "") else None
+    content = row.get(output)
     if err or content in (None, ""):
         return None, err
     spec = VoteSpec.of(judge.response_format, spec_field)
@@ -121,13 +133,14 @@ def write_panel_result(
         reader = stack.enter_context(open_table(input_path, sheet=sheet, encoding=encoding, validated=True))
         streams = [stack.enter_context(_judge_rows(j, sheet)) for j in judges]
         cols = panel_columns(reader.columns, output_column, [j.name for j in judges])
+        own = [j.columns(reader.columns) for j in judges]
         spec = format_spec(reader.fmt)
         json_values, guard = spec.typed_cells, formula_guard and spec.formula_guard
         types = {c: "string" for c in cols.written()}
         types[cols.agreement] = "double"
         w = stack.enter_context(TableWriter(f, reader, cols.written(), column_types=types))
         for row in reader:
-            got = [judged_value(j, reference_field, next(s, None)) for j, s in zip(judges, streams, strict=True)]
+            got = [judged_value(j, reference_field, next(s, None), c) for j, s, c in zip(judges, streams, own, strict=True)]
             values = [v for v, _e in got]
             v = vote(values, numeric)
             added: dict[str, Any] = {c: cell(x, json_values) for c, x in zip(cols.judges, values, strict=True)}
