@@ -33,6 +33,7 @@ from batchgrader.core.config_values import (
     _opt_choice,
     _opt_float,
     _opt_int,
+    _opt_names,
     _opt_str,
     _response_format,
     _str,
@@ -225,6 +226,11 @@ KEYS: dict[str, Key] = {
         1,
         _int_between(1, MAX_SAMPLES),
         "Independent answers asked per row (k requests); the answer column holds their vote (majority, or median for numbers), a tie fails the row as no_majority.",
+    ),
+    "judges": Key(
+        None,
+        _opt_names,
+        "A judge panel: profiles (each its own model, prompt or provider) that answer the same rows in one job; the result has a column per judge and their consensus (majority, or median for numbers; a tie fails the row as no_majority). Set in a profile, not in the default settings.",
     ),
     "on_job_end": Key(
         None,
@@ -560,8 +566,29 @@ def load_config(
         ):
             if problem:
                 errors.append(problem)
+    errors += _check_judges(default, profiles, home.config_file)
     _raise_all(errors)
     return Config(home=home, default=default, profiles=MappingProxyType(profiles))
+
+
+def _check_judges(default: Profile, profiles: Mapping[str, Profile], config_file: Path) -> list[str]:
+    """Each judge of a panel is a profile that is not a panel itself; the default settings are
+    no panel (every profile would inherit it)."""
+    if default.values.get("judges"):
+        return [
+            f"{config_file}: key 'judges' cannot be set in the default settings (every profile would be a panel); set it in a profile"
+        ]
+    out = []
+    for prof in profiles.values():
+        if prof.sources.get("judges") == "default":
+            continue
+        for judge in prof.values.get("judges") or ():
+            where = f"{config_file}: profiles.{prof.name}: key 'judges'"
+            if judge not in profiles:
+                out.append(f"{where} names {judge!r}, which is not a profile; define profiles.{judge} or remove it from the list")
+            elif profiles[judge].values.get("judges"):
+                out.append(f"{where} names {judge!r}, which is itself a panel (a judge must be a single profile)")
+    return out
 
 
 def _check_provider_model(profile: Profile, config_file: Path) -> str | None:

@@ -27,6 +27,17 @@ def _opt_str(v: Any) -> str | None:
     return v or None
 
 
+def _opt_names(v: Any) -> list[str] | None:
+    """A list of distinct non-empty names (profile names of a panel: the ``judges`` key), or null."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) < 2 or not all(isinstance(x, str) and x.strip() for x in v):
+        raise ValueError("a list of at least two profile names, or null")
+    if len(set(v)) != len(v):
+        raise ValueError("a list of distinct profile names (a judge named twice)")
+    return list(v)
+
+
 def _api_key(v: Any) -> str | None:
     """A key is stripped of surrounding whitespace/CR/LF; other control characters are refused."""
     key = _opt_str(v)

@@ -56,6 +56,7 @@ from batchgrader.core.actions import (
     WriteResult,
 )
 from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.route_rules import online_waits, sync_route
@@ -408,11 +409,14 @@ def decide_job(
     if job.ended:
         if (
             (job.outbox == "started" and job.error_path)
-            or not job.archived_path
+            or (not job.archived_path and job.panel_of is None)  # a judge's job leaves the panel's input alone
             or (job.ended == "failed" and job.outbox == "none")
         ):
             out.append(RecoverEnded(job_id))  # effects a crash may have left undone
         return out
+    panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
+    if panel is not None:
+        return panel
     if job.archived_path:
         out.append(RestoreInput(job_id))
     if not job.prepared:
@@ -626,7 +630,7 @@ def _finish(job: JobState, config: Config, store: list[StoreAnswers], now: float
     if job.outbox != "done":
         out.append(WriteResult(job.job_id, failed, str(payload.get("error", "")), str(payload.get("hint", ""))))
     out += store  # after the result file: the user has the results first; before the end
-    if not job.archived_path:
+    if not job.archived_path and job.panel_of is None:  # a judge's job leaves the panel's input alone
         out.append(Archive(job.job_id, failed))
     if config.default.delete_provider_files and not job.provider_files_deleted:
         ids: list[str] = []

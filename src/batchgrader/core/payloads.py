@@ -87,6 +87,7 @@ class FileRejected(TypedDict):
         "sandbox": "true when results are simulated by the emulator",
         "provider": "the profile's provider when the job was accepted (openai, azure, anthropic, gemini): the job's batches go there, whatever the profile says later",
         "provider_id": "who answers the job: the endpoint identity of `pipeline/answerkey.provider_id_of` (`sandbox` or `sandbox:<provider>` in the sandbox); its answers are stored under it",
+        "panel_of": "a judge of a panel (the `judges` key): the panel job it answers for; its result goes to that job's work folder and its input (the panel's) is not archived",
     },
 )
 class JobAccepted(TypedDict):
@@ -100,6 +101,20 @@ class JobAccepted(TypedDict):
     sandbox: bool
     provider: NotRequired[str | None]
     provider_id: NotRequired[str | None]
+    panel_of: NotRequired[str]
+
+
+@event(
+    1,
+    "panel",
+    {
+        "judges": "list of {profile, job_id}: each judge's profile and the job that answers for it (ids derived from the panel's own id and the judge's place, so a restart accepts none twice)",
+        "settings": "the panel profile's result settings (as `JobPrepared.settings`: output_column, csv_formula_guard, sheet, encoding, and reference_column, reference_field, group_column when set), fixed when the panel starts: its result is written and reported by them",
+    },
+)
+class PanelStarted(TypedDict):
+    judges: list[dict[str, str]]
+    settings: dict[str, Any]
 
 
 @event(

@@ -56,6 +56,7 @@ class Settings:
     reference_field: str | None
     group_column: str | None
     samples: int
+    judges: list[str] | None
     on_job_end: str | None
     on_job_end_timeout_seconds: float
     pricing_file: str | None

@@ -108,6 +108,10 @@ class JobState:
     # and who answers it (pipeline/answerkey.provider_id_of), whatever the profile says later
     provider: str | None = None
     provider_id: str | None = None
+    # a judge panel (the judges key): PanelStarted's [{profile, job_id}] on the panel job; JobAccepted.panel_of on a judge's
+    panel: list[dict[str, str]] | None = None
+    panel_of: str | None = None
+    result_counts: tuple[int, int] | None = None  # ResultWritten's (succeeded, failed)
     left_alone: str | None = None  # JobLeftAlone: why the running daemon does not touch this job
     created_ts: str = ""
     updated_ts: str = ""
@@ -150,6 +154,7 @@ class JobState:
     online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/route_state.py)
     deadline_at: float | None = None  # when the job is due (JobPrepared.deadline_at; core/stragglers.py)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
+    retry_seq: int | None = None  # the log position of its last RetryRequested (a panel passes a retry on once)
     outbox: str = "none"  # none | started | done
     result_path: str | None = None
     error_path: str | None = None
@@ -186,6 +191,8 @@ class JobState:
     @property
     def succeeded_rows(self) -> int:
         # a retry chunk holds only rows that had failed, so successes are never counted twice
+        if self.panel is not None:  # a judge panel: its rows with a consensus (its judges count their own)
+            return (self.result_counts or (0, 0))[0]
         return sum(c.succeeded for c in self.chunks.values()) + self.cached_rows
 
     @property
@@ -197,7 +204,7 @@ class JobState:
         if self.held:
             return "held"
         if not self.prepared:
-            return "preparing"
+            return "running" if self.panel is not None else "preparing"  # a panel runs through its judges' jobs
         return _chunks_phase(list(self.chunks.values()))
 
     @property
@@ -335,7 +342,14 @@ def _job_accepted(s: State, job: JobState, p: P.JobAccepted, e: Event) -> None:
     job.sha256, job.bytes, job.input_path = p["sha256"], p["bytes"], p["input_path"]
     job.result_name, job.sandbox = p["result_name"], bool(p["sandbox"])
     job.provider, job.provider_id = p.get("provider"), p.get("provider_id")  # optional: absent in older logs
+    job.panel_of = p.get("panel_of")
     s.sha_jobs.setdefault(job.sha256, []).append(job.job_id)
+
+
+@folds(P.PanelStarted)
+def _panel_started(s: State, job: JobState, p: P.PanelStarted, e: Event) -> None:
+    job.panel = [dict(j) for j in p["judges"]]
+    job.settings = dict(p["settings"])
 
 
 @folds(P.JobPrepared)
@@ -550,6 +564,9 @@ def _outbox_started(s: State, job: JobState, p: P.OutboxWriteStarted, e: Event) 
 @folds(P.ResultWritten)
 def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> None:
     job.outbox, job.result_path, job.error_path = "done", p["path"], p["error_path"]
+    job.result_counts = (p["succeeded"], p["failed"])
+    if job.panel is not None:
+        job.rows = p["rows"]  # a panel is never prepared: its rows are its result's
     if job.outbox_error is not None:  # written after all: the outbox error is over
         if job.last_error == job.outbox_error:
             job.last_error = None
@@ -630,6 +647,7 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
         job.override_budget = True  # retry on a held job means "submit anyway"
     job.retry_requested = True
     job.retry_bound = p.get("max_completion_tokens")
+    job.retry_seq = e.seq
     if job.preflight == "failed":  # after a config change the preflight runs again
         job.preflight, job.preflight_attempts, job.preflight_error = None, 0, None
     if job.ended:

@@ -43,6 +43,7 @@ from batchgrader.core.decide import (
     Upload,
     WriteResult,
 )
+from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult
 from batchgrader.core.state import JobState
 from batchgrader.daemon import stragglers
 from batchgrader.daemon.base import _e, stamp
@@ -51,6 +52,7 @@ from batchgrader.daemon.context import Context
 from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.intake import IntakeSteps
 from batchgrader.daemon.online import OnlineStep
+from batchgrader.daemon.panel import PanelSteps
 from batchgrader.daemon.preflight import PreflightStep
 from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.daemon.reuse import ReuseSteps
@@ -73,6 +75,7 @@ class EngineSteps:
     submit: SubmitSteps
     prepare: PrepareSteps
     preflight: PreflightStep
+    panel: PanelSteps
 
     @classmethod
     def build(cls, ctx: Context) -> EngineSteps:
@@ -82,7 +85,8 @@ class EngineSteps:
         collect = CollectSteps(ctx, reuse)
         submit = SubmitSteps(ctx, collect)
         prepare = PrepareSteps(ctx, reuse, finish, submit)
-        return cls(ctx, intake, reuse, finish, collect, submit, prepare, PreflightStep(ctx, prepare, finish))
+        preflight = PreflightStep(ctx, prepare, finish)
+        return cls(ctx, intake, reuse, finish, collect, submit, prepare, preflight, PanelSteps(ctx, finish))
 
 
 def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
@@ -116,6 +120,10 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         Archive: lambda a, job, now: archive(ctx, a, job, now),
         DeleteProviderFiles: lambda a, job, now: s.finish.delete_provider_files(job, a.file_ids),
         Finish: lambda a, job, now: finish(s, a, job, now),
+        StartPanel: lambda a, job, now: s.panel.start(job),
+        CancelJudges: lambda a, job, now: s.panel.cancel_judges(a),
+        RetryJudges: lambda a, job, now: s.panel.retry_judges(job, a),
+        WritePanelResult: lambda a, job, now: s.panel.write_result(job, a, now),
     }
 
 

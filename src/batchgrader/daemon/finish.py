@@ -13,6 +13,7 @@ from batchgrader.core.actions import OUTBOX_TIMER
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
 from batchgrader.core.decide import WriteResult
 from batchgrader.core.outcomes import outbox_retry_at
+from batchgrader.core.panel import judge_result_path
 from batchgrader.core.state import JobState
 from batchgrader.daemon import jobhook
 from batchgrader.daemon.base import _e, result_settings, stamp
@@ -131,6 +132,10 @@ class FinishSteps:
     def _reserve_outbox_path(self, name: str, job_id: str, now: float) -> Path:
         """A free outbox path that no other job has recorded either (a job that recorded a path
         and crashed before writing it still owns it: two inputs with the same name never swap)."""
+        job = self.ctx.state.jobs.get(job_id)
+        if job is not None and job.panel_of is not None:  # a judge of a panel: its folder, not the outbox
+            mine = judge_result_path(self.ctx.home, job, name)
+            return free_path(mine.parent, mine.name, stamp(now))  # a retried judge writes a new one
         path = free_path(self.ctx.home.outbox, name, stamp(now))
         if self._outbox_owner(str(path), job_id) is None:
             return path
@@ -251,7 +256,7 @@ class FinishSteps:
         disk and recorded before ``JobFailed``, so ``on_job_end`` always finds ``BG_ERROR_PATH``."""
         self._error_report_before_end(job.job_id, error, hint, now)
         src = Path(job.input_path)
-        if src.exists() and not self.ctx.state.jobs[job.job_id].archived_path:
+        if src.exists() and not self.ctx.state.jobs[job.job_id].archived_path and job.panel_of is None:
             dest = move_no_clobber(src, self.ctx.home.failed, job.file, stamp(now))
             self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))
         self.ctx.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
@@ -270,7 +275,14 @@ class FinishSteps:
                 atomic_write_bytes(p, error_report(job.file, job_id, error, hint).encode("utf-8"), overwrite=False)
             self.ctx.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
             return
-        self.intake.write_error(job_id, job.file, free_path(self.ctx.home.outbox, error_name(job.file), stamp(now)), error, hint)
+        self.intake.write_error(job_id, job.file, self._error_path(job, now), error, hint)
+
+    def _error_path(self, job: JobState, now: float) -> Path:
+        """A free path for a job's error report: in the outbox (a judge of a panel: in its folder)."""
+        if job.panel_of is not None:
+            mine = judge_result_path(self.ctx.home, job, error_name(job.file))
+            return free_path(mine.parent, mine.name, stamp(now))
+        return free_path(self.ctx.home.outbox, error_name(job.file), stamp(now))
 
     def after_job_end(self, job_id: str, now: float) -> None:
         """Effects of a job's end that never change the job: the HTML report (``write_report``)
@@ -311,10 +323,10 @@ class FinishSteps:
         self._effects_checked.add(job.job_id)
         if job.ended == "failed" and job.outbox == "none":
             err = job.error or {}
-            path = free_path(self.ctx.home.outbox, error_name(job.file), stamp(now))
+            path = self._error_path(job, now)
             self.intake.write_error(job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or "")
         job = self.ctx.state.jobs[job.job_id]
-        if job.archived_path:
+        if job.archived_path or job.panel_of is not None:  # a judge's job leaves the panel's input alone
             return
         if job.rejected:
             code = (job.error or {}).get("code")

@@ -1,6 +1,7 @@
 """`bgctl report JOB --disagreements FILE`: the labelled rows whose answer differs from the
-human label, and with ``samples: k`` the rows whose samples disagree, written in the input's
-format, ready to be labelled again and fed back.
+human label, with ``samples: k`` the rows whose samples disagree, and for a judge panel the rows
+whose judges disagree (store/report_panel.py), written in the input's format, ready to be
+labelled again and fed back.
 
 A row's samples disagree when two of them answered differently, or their vote failed
 (``no_majority``); such a row also keeps the ``samples`` column (its k answers).
@@ -39,6 +40,10 @@ def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
     events = read_events_of(home, job_id)
     job = fold(events).jobs[events[0].job_id]
     settings = job.settings
+    if job.panel is not None:  # a judge panel: the rows its judges disagree on (store/report_panel.py)
+        from batchgrader.store.report_panel import write_panel_disagreements
+
+        return write_panel_disagreements(job, dest)
     if not settings.get("reference_column") and not _has_samples(job):
         raise DisagreementsError(
             f"job {job.job_id} has no reference_column: set 'reference_column' (the column of human labels) "

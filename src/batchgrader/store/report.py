@@ -339,7 +339,17 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
     }
     rows: dict[str, Any] = {"total": job.rows, "answered_on_retry": _answered_on_retry(events, chunk_results)}
     figures: dict[str, Any] = {"columns": [], "groups": None, "agreement": None, "failed_rows": []}
-    if job.result_path and Path(job.result_path).exists():
+    panel = None
+    if job.panel is not None and job.result_path and Path(job.result_path).exists():  # a judge panel's result
+        from batchgrader.store.report_panel import read_panel_result
+
+        panel = read_panel_result(job.result_path, [j["profile"] for j in job.panel], job.settings)
+        report["job"]["judges"] = job.panel
+    if panel is not None:
+        figures = panel
+        rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
+        rows["in_result"] = figures["rows"]
+    elif job.result_path and Path(job.result_path).exists():
         figures = _read_result(job.result_path, job.settings)
         rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
         rows["in_result"] = figures["rows"]

@@ -88,7 +88,32 @@ def _heat(confusion: dict[str, dict[str, int]]) -> str:
 def _agreement(a: dict[str, Any]) -> list[str]:
     """Agreement with the labels (with a reference column), then among the samples (with samples)."""
     out = _label_agreement(a) if a.get("reference_column") else []
+    out += _panel(a["panel"]) if a.get("panel") else []  # a judge panel: store/report_panel.py
     return out + (_samples(a["samples"]) if a.get("samples") else [])
+
+
+def _panel(p: dict[str, Any]) -> list[str]:
+    """Agreement among a panel's judges (α, κ of each pair) and each judge's with the labels."""
+    judges, alpha = p["judges"], p.get("krippendorff_alpha")
+    out = [
+        f"<h2>Agreement among the {num(len(judges))} judges</h2>",
+        f"<p>{num(p['rows'])} rows; Krippendorff's alpha among the judges: {f'{alpha:.3f}' if alpha is not None else '-'}.</p>",
+    ]
+    pairs = [(a, b, p["pairwise_kappa"].get(a, {}).get(b)) for i, a in enumerate(judges) for b in judges[i + 1 :]]
+    body = "".join(
+        f'<tr><th>{escape(a)} / {escape(b)}</th><td class="n">{f"{k:.3f}" if k is not None else "-"}</td></tr>'
+        for a, b, k in pairs
+    )
+    out.append(f"<table><tr><th>judges</th><th>Cohen's kappa</th></tr>{body}</table>")
+    if p.get("per_judge"):
+        keys = [(k, label) for k, label in AGREEMENT_LABELS if any(f.get(k) is not None for f in p["per_judge"].values())]
+        head = "<tr><th>judge</th><th>rows</th>" + "".join(f"<th>{escape(label)}</th>" for _k, label in keys) + "</tr>"
+        rows = ""
+        for name, f in p["per_judge"].items():
+            cells = "".join(f'<td class="n">{f[k]:.3f}</td>' if f.get(k) is not None else "<td>-</td>" for k, _l in keys)
+            rows += f'<tr><th>{escape(name)}</th><td class="n">{num(f.get("n") or 0)}</td>{cells}</tr>'
+        out.append(f"<h3>Each judge against the labels</h3><table>{head}{rows}</table>")
+    return out
 
 
 def _samples(s: dict[str, Any]) -> list[str]:

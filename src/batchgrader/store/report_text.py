@@ -151,7 +151,33 @@ AGREEMENT_LABELS = [
 def agreement_lines(a: dict[str, Any]) -> list[str]:
     """Agreement with the labels (with a reference column), then among the samples (with samples)."""
     lines = _label_lines(a) if a.get("reference_column") else []
+    lines += panel_lines(a["panel"]) if a.get("panel") else []  # a judge panel: store/report_panel.py
     return lines + (sample_lines(a["samples"]) if a.get("samples") else [])
+
+
+def panel_lines(p: dict[str, Any]) -> list[str]:
+    """Agreement among a panel's judges, and each judge's with the labels."""
+    alpha, judges = p.get("krippendorff_alpha"), p["judges"]
+    lines = [
+        "",
+        f"agreement among the {len(judges)} judges ({num(p['rows'])} rows)",
+        f"  {'Krippendorff alpha':<28}{figure(alpha) if alpha is not None else '-':>7}",
+    ]
+    for i, a in enumerate(judges):
+        for b in judges[i + 1 :]:
+            k = p["pairwise_kappa"].get(a, {}).get(b)
+            lines.append(f"  {'Cohen kappa ' + a + ' / ' + b:<28}{figure(k) if k is not None else '-':>7}")
+    for name, f in (p.get("per_judge") or {}).items():
+        if f.get("error"):
+            lines.append(f"  {name}: {f['error']}")
+            continue
+        shown = [
+            f"{label} {figure(f[key])}"
+            for key, label in (("accuracy", "accuracy"), ("cohen_kappa", "kappa"), ("mae", "MAE"))
+            if f.get(key) is not None
+        ]
+        lines.append(f"  {name} against the labels ({num(f['n'])} rows): " + ", ".join(shown))
+    return lines
 
 
 def sample_lines(s: dict[str, Any]) -> list[str]:

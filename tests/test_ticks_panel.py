@@ -1,0 +1,340 @@
+"""A judge panel (``judges: [profile, ...]``), tick by tick with the in-memory provider: the panel
+job starts one job per judge on its input, their batches run side by side, and when both have
+ended the panel writes one result (a column per judge, the consensus, the share that agrees)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from batchgrader.cli.render_status import rows_cell
+from batchgrader.core.config import ConfigError, load_config
+from batchgrader.core.panel import judge_job_id
+from batchgrader.core.state import JobState
+from batchgrader.daemon.engine import Engine
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.store.eventstore import NewEvent
+from batchgrader.store.readmodels import job_row
+from ticks import Rig, config_text
+
+SCHEMA = (
+    "response_format:\n  type: object\n  properties:\n    reason: {type: string}\n"
+    "    score: {type: integer}\n  required: [reason, score]\n  additionalProperties: false\n"
+)
+PANEL = SCHEMA + (
+    "max_row_retries: 0\n"
+    "profiles:\n"
+    "  panel:\n    judges: [mini, big]\n"
+    "  mini:\n    model: gpt-4o-mini\n"
+    "  big:\n    model: gpt-4o\n"
+)
+# the scores each judge gives the 5 rows (a string: the answer as it is, not JSON)
+SCORES: dict[str, list[object]] = {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, "not json"]}
+
+
+def _answers(rig: Rig, scores: dict[str, list[object]]) -> None:
+    def answer(cid: str, body) -> str:
+        row = int(re.sub(r"-s[0-9]+$", "", cid).rsplit("-", 1)[1]) - 1  # a sample answers as its row
+        s = scores[body["model"]][row]
+        return s if isinstance(s, str) else json.dumps({"reason": f"{body['model']} on {cid}", "score": s})
+
+    rig.provider.answer = answer
+
+
+def _drop(rig: Rig, rows: int = 5, labels: list[int] | None = None) -> None:
+    folder = rig.home.inbox / "panel"
+    folder.mkdir(exist_ok=True)
+    if labels is None:
+        (folder / "a.csv").write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(rows)))
+    else:
+        (folder / "a.csv").write_text("id,response,label\n" + "".join(f"{i},essay {i},{x}\n" for i, x in enumerate(labels)))
+
+
+def _panel(rig: Rig) -> JobState:
+    (job,) = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+    return job
+
+
+def _run(rig: Rig, before_finish=None) -> JobState:
+    for _ in range(40):
+        rig.tick()
+        if before_finish is not None:
+            before_finish(rig)
+        rig.provider.finish_all()
+        jobs = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+        if jobs and jobs[0].ended:
+            return jobs[0]
+    raise AssertionError("the panel did not end")
+
+
+def _result(rig: Rig) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO((rig.home.outbox / "a_results.csv").read_text(encoding="utf-8"))))
+
+
+def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    rig.tick()
+    types = rig.tick()
+    assert types[:4] == ["JobAccepted", "PanelStarted", "JobAccepted", "JobAccepted"]
+    panel = _panel(rig)
+    (started,) = rig.events("PanelStarted")
+    assert started["settings"]["output_column"] == "grade"
+    assert started["judges"] == [
+        {"profile": "mini", "job_id": judge_job_id(panel.job_id, 1)},
+        {"profile": "big", "job_id": judge_job_id(panel.job_id, 2)},
+    ]
+    judges = [rig.engine.state.jobs[j["job_id"]] for j in started["judges"]]
+    assert [(j.profile, j.panel_of, j.input_path) for j in judges] == [
+        ("mini", panel.job_id, panel.input_path),
+        ("big", panel.job_id, panel.input_path),
+    ]
+    assert panel.state == "running"
+    job = _run(rig)
+    judges = [rig.engine.state.jobs[j["job_id"]] for j in started["judges"]]
+    assert [j.ended for j in judges] == ["completed", "completed_with_errors"]  # big's last answer is no JSON
+    assert {b.metadata["bg_job"] for b in rig.provider.batches.values()} == {j.job_id for j in judges}  # side by side
+    assert all(j.result_path and f"/work/{panel.job_id}/judges/" in j.result_path for j in judges)  # not the outbox
+    assert all(not j.archived_path for j in judges)
+    assert sorted(p.name for p in rig.home.outbox.iterdir()) == ["a_results.csv"]  # the panel's alone
+    out = _result(rig)
+    assert list(out[0]) == ["id", "response", "grade_mini", "grade_big", "grade", "grade_agreement", "error"]
+    assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]
+    assert [r["grade_big"] for r in out] == ["4", "3", "5", "1", ""]
+    assert [r["grade"] for r in out] == ["4", "", "5", "1", "3"]  # 2 against 3: a tie, no pick
+    assert [r["grade_agreement"] for r in out] == ["1", "", "1", "1", "0.5"]
+    assert out[1]["error"] == "no_majority: the judges tie (mini=2, big=3); no answer is picked"
+    assert job.ended == "completed_with_errors" and job.result_counts == (4, 1)
+    assert rows_cell(job_row(job)) == "4 ok/5"  # bgctl status: the rows with a consensus
+    assert job.archived_path and "archive" in job.archived_path  # the panel archives the input, once
+    assert job.cost_usd == 0 and sum(j.cost_usd for j in judges) > 0  # the judges carry the cost, once
+    rig.close()
+
+
+def test_a_failed_judge_is_shown_and_the_other_judge_still_answers(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, 3]})
+    _drop(rig)
+
+    def fail_big(rig: Rig) -> None:
+        for b in rig.provider.open_batches():
+            if b.metadata.get("bg_job", "").endswith("-j2"):
+                rig.provider.finish(b.id, "failed")
+
+    job = _run(rig, fail_big)
+    big = rig.engine.state.jobs[judge_job_id(job.job_id, 2)]
+    assert big.ended == "failed" and big.error and big.error["code"] == "all_rows_failed"
+    assert big.error_path and f"/work/{job.job_id}/judges/" in big.error_path  # its report stays with the panel
+    out = _result(rig)
+    assert [r["grade_big"] for r in out] == [""] * 5
+    assert [r["grade"] for r in out] == ["4", "2", "5", "1", "3"]  # one judge left: its answers, half the panel
+    assert {r["grade_agreement"] for r in out} == {"0.5"}
+    assert job.ended == "completed_with_errors"
+    rig.close()
+
+
+def test_every_judge_failed_fails_the_panel(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    for _ in range(40):
+        rig.tick()
+        rig.provider.finish_all("failed")
+        panel = _panel(rig) if any(j.profile == "panel" for j in rig.engine.state.jobs.values()) else None
+        if panel is not None and panel.ended:
+            break
+    panel = _panel(rig)
+    assert panel.ended == "failed" and panel.error and panel.error["code"] == "all_judges_failed"
+    assert panel.error_path and (rig.home.outbox / "a_error.txt").exists()
+    assert panel.archived_path and "failed" in panel.archived_path
+    rig.close()
+
+
+@pytest.mark.parametrize("recorded", [0, 1, 2], ids=["accepted", "panel-started", "one-judge-accepted"])
+def test_a_crash_between_the_panel_and_its_judges_accepts_each_judge_once(home, recorded):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    rig.tick()  # the first look
+    rig.now += 1
+    rig.engine.steps.intake.intake(rig.now)  # the panel job accepted; the daemon dies before its next step ...
+    (panel_id,) = rig.engine.state.jobs
+    judges = [{"profile": "mini", "job_id": judge_job_id(panel_id, 1)}, {"profile": "big", "job_id": judge_job_id(panel_id, 2)}]
+    if recorded >= 1:  # ... or after recording the panel (the events as the step writes them)
+        settings = {"output_column": "grade", "csv_formula_guard": True, "encoding": "utf-8"}
+        rig.engine.emit(panel_id, NewEvent("PanelStarted", {"judges": judges, "settings": settings}))
+    if recorded >= 2:  # ... or after accepting its first judge's job too
+        panel = rig.engine.state.jobs[panel_id]
+        rig.home.job_dir(judge_job_id(panel_id, 1)).mkdir()
+        accepted = {
+            "file": panel.file,
+            "source": panel.source,
+            "profile": "mini",
+            "sha256": panel.sha256,
+            "bytes": panel.bytes,
+            "input_path": panel.input_path,
+            "result_name": panel.result_name,
+            "sandbox": False,
+            "panel_of": panel_id,
+        }
+        rig.engine.emit(judge_job_id(panel_id, 1), NewEvent("JobAccepted", accepted))
+    # a new engine over the same event store: it carries on, accepting the missing judges only
+    rig.engine = Engine(rig.home, load_config(rig.home, environ={}), rig.store, rig.provider, load_pricing())
+    job = _run(rig)
+    accepted_ids = [e.job_id for e in rig.store.read() if e.type == "JobAccepted"]
+    assert sorted(accepted_ids) == sorted([panel_id, judge_job_id(panel_id, 1), judge_job_id(panel_id, 2)])
+    assert [e["judges"] for e in rig.events("PanelStarted")] == [judges]
+    assert job.ended == "completed_with_errors" and [r["grade"] for r in _result(rig)] == ["4", "", "5", "1", "3"]
+    rig.close()
+
+
+def test_a_cancelled_panel_cancels_its_judges(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    for _ in range(3):
+        rig.tick()
+    panel = _panel(rig)
+    rig.engine.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "test"}))
+    job = _run(rig)
+    assert job.ended == "cancelled"
+    assert all(rig.engine.state.jobs[j["job_id"]].cancel_requested for j in job.panel or ())
+    rig.close()
+
+
+@pytest.mark.parametrize(
+    ("profiles", "message"),
+    [
+        ("  panel:\n    judges: [mini, nobody]\n  mini: {}\n", "key 'judges' names 'nobody', which is not a profile"),
+        (
+            "  panel:\n    judges: [mini, inner]\n  mini: {}\n  inner:\n    judges: [mini, mini2]\n  mini2: {}\n",
+            "names 'inner', which is itself a panel",
+        ),
+        ("  panel:\n    judges: [mini]\n  mini: {}\n", "a list of at least two profile names"),
+    ],
+)
+def test_a_judge_that_is_no_single_profile_is_a_config_error_naming_it(home, profiles, message):
+    home.config_file.write_text(config_text("profiles:\n" + profiles))
+    with pytest.raises(ConfigError, match="profiles.panel") as err:
+        load_config(home, environ={})
+    assert message in str(err.value)
+
+
+def test_judges_in_the_default_settings_are_refused(home):
+    home.config_file.write_text(config_text("judges: [a, b]\nprofiles:\n  a: {}\n  b: {}\n"))
+    with pytest.raises(ConfigError, match="'judges' cannot be set in the default settings"):
+        load_config(home, environ={})
+
+
+def _alpha(units: list[list[float | None]], metric) -> float:
+    """Krippendorff's alpha from its definition (pairable values, observed and expected disagreement)."""
+    units = [[v for v in u if v is not None] for u in units]
+    units = [u for u in units if len(u) >= 2]
+    values = [v for u in units for v in u]
+    n = len(values)
+    observed = (
+        sum(sum(metric(a, b) for i, a in enumerate(u) for j, b in enumerate(u) if i != j) / (len(u) - 1) for u in units) / n
+    )
+    expected = sum(metric(a, b) for i, a in enumerate(values) for j, b in enumerate(values) if i != j) / (n * (n - 1))
+    return 1 - observed / expected
+
+
+def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_the_labels(home, tmp_path):
+    from batchgrader.store.disagreements import write_disagreements
+    from batchgrader.store.report import build_report
+    from batchgrader.store.report_text import render_text
+
+    rig = Rig(
+        home,
+        PANEL.replace(
+            "    judges: [mini, big]\n", "    judges: [mini, big]\n    reference_column: label\n    reference_field: score\n"
+        ),
+    )
+    _answers(rig, SCORES)
+    labels = [4, 2, 5, 2, 3]
+    _drop(rig, labels=labels)
+    job = _run(rig)
+    report = build_report(list(rig.store.read(job_id=job.job_id)))
+    a = report["agreement"]
+    mini, big = [4, 2, 5, 1, 3], [4, 3, 5, 1, None]
+    expected = _alpha([[x, y] for x, y in zip(mini, big, strict=True)], lambda p, q: (p - q) ** 2)
+    assert a["krippendorff_alpha"] == pytest.approx(expected) and a["panel"]["krippendorff_alpha"] == a["krippendorff_alpha"]
+    # Cohen's kappa of mini and big over the 4 rows both answered: p_o = 3/4, p_e = 3 x (1/4 x 1/4)
+    p_o, p_e = 3 / 4, 3 / 16
+    assert a["panel"]["pairwise_kappa"]["mini"]["big"] == pytest.approx((p_o - p_e) / (1 - p_e))
+    assert a["per_judge"] == a["panel"]["per_judge"]
+    assert a["per_judge"]["mini"]["n"] == 5 and a["per_judge"]["mini"]["accuracy"] == pytest.approx(4 / 5)
+    assert a["per_judge"]["big"]["n"] == 4 and a["per_judge"]["big"]["accuracy"] == pytest.approx(2 / 4)
+    assert a["per_judge"]["big"]["mae"] == pytest.approx((0 + 1 + 0 + 1) / 4)
+    # the consensus against the labels: 4, -, 5, 1, 3 against 4, 2, 5, 2, 3
+    assert a["n"] == 4 and a["accuracy"] == pytest.approx(3 / 4) and a["labelled"] == 5 and a["unanswered"] == 1
+    assert report["rows"]["answered"] == 4 and report["rows"]["failed_by_code"] == {"no_majority": 1}
+    text = render_text(report)
+    assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
+    assert "mini against the labels (5 rows): accuracy 0.800" in text
+    from batchgrader.store.report_html import render_html
+
+    page = render_html(report)
+    assert "Agreement among the 2 judges" in page and "<th>mini / big</th>" in page and "Each judge against the labels" in page
+    # the rows the judges disagree on (row 1: a tie) or whose consensus is not the label (row 3)
+    got = write_disagreements(rig.home, job.job_id, tmp_path / "review.csv")
+    assert (got["rows"], got["compared"], got["judges_disagree"]) == (2, 4, 1)
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "review.csv").read_text(encoding="utf-8"))))
+    assert [(r["id"], r["model_answer"], r["grade_mini"], r["grade_big"]) for r in rows] == [
+        ("1", "", "2", "3"),
+        ("3", "1", "1", "1"),
+    ]
+    rig.close()
+
+
+def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its_result_again(home):
+    rig = Rig(home, PANEL)
+    _answers(rig, SCORES)
+    _drop(rig)
+    job = _run(rig)
+    mini, big = judge_job_id(job.job_id, 1), judge_job_id(job.job_id, 2)
+    first = rig.engine.state.jobs[big].result_path
+    _answers(rig, {**SCORES, "gpt-4o": [4, 3, 5, 1, 3]})  # big answers its last row as JSON now
+    rig.engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": "test"}))
+    job = _run(rig)
+    judge = rig.engine.state.jobs[big]
+    assert judge.ended == "completed" and judge.result_path != first and not judge.archived_path
+    assert [e.job_id for e in rig.store.read() if e.type == "RetryRequested"] == [job.job_id, big]  # mini completed
+    assert rig.engine.state.jobs[mini].retry_seq is None
+    assert job.ended == "completed_with_errors" and job.archived_path and job.result_counts == (4, 1)
+    rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
+    assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
+    assert sum(1 for e in rig.store.read(job_id=job.job_id) if e.type == "InputRestored") == 1
+    rig.close()
+
+
+def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
+    rig = Rig(home, PANEL.replace("    model: gpt-4o-mini\n", "    model: gpt-4o-mini\n    samples: 2\n"))
+    _answers(rig, SCORES)
+    folder = rig.home.inbox / "panel"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,response,grade,error\n" + "".join(f"{i},essay {i},x,y\n" for i in range(5)))
+    job = _run(rig)
+    out = _result(rig)
+    assert list(out[0]) == [
+        "id",
+        "response",
+        "grade",
+        "error",
+        "grade_mini",
+        "grade_big",
+        "bg_grade",
+        "grade_agreement",
+        "bg_error",
+    ]
+    assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]  # the vote of its 2 samples
+    assert [r["bg_grade"] for r in out] == ["4", "", "5", "1", "3"] and out[1]["bg_error"].startswith("no_majority")
+    assert [(r["grade"], r["error"]) for r in out] == [("x", "y")] * 5  # the input's cells as they were
+    assert job.ended == "completed_with_errors"
+    rig.close()
