@@ -19,6 +19,7 @@ cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -403,108 +404,134 @@ def decide_job(
     Later actions assume the earlier ones succeed (a planned upload uses up capacity), so the
     engine carries out only the first and asks again; ``step`` skips what it already did."""
     job = state.jobs[job_id]
-    out: list[Action] = []
     if job.corrupt:
-        return out  # set aside: its log cannot be read
+        return []  # set aside: its log cannot be read
     if job.ended:
-        if (
-            (job.outbox == "started" and job.error_path)
-            or (not job.archived_path and job.panel_of is None)  # a judge's job leaves the panel's input alone
-            or (job.ended == "failed" and job.outbox == "none")
-        ):
-            out.append(RecoverEnded(job_id))  # effects a crash may have left undone
-        return out
+        return _after_the_end(job)
     panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
     if panel is not None:
         return panel
-    if job.archived_path:
-        out.append(RestoreInput(job_id))
+    out: list[Action] = [RestoreInput(job_id)] if job.archived_path else []
     if not job.prepared:
-        if sync_route(job, config) is not None:
-            problem = None if job.override_budget else budget_problem(state, job, config, now)
-            if problem is not None:  # today's limits: no request leaves (its estimate comes at prepare)
-                if not job.held:
-                    out.append(Hold(job_id, problem[0], problem[1]))
-                return out
-            if job.held:
-                out.append(Release(job_id))
-            if not online_waits(job, now, timers):
-                out.append(SendOnline(job_id))
-            return out
-        if preflight_due(job, config) and job.online.route not in SYNC_ROUTES:
-            if job.preflight == "unreachable" and job.preflight_retry_at is not None and now < job.preflight_retry_at:
-                return out  # the provider could not be reached: wait for the backoff
-            out.append(Preflight(job_id))
-            return out
-        out.append(Prepare(job_id))
-        return out
-    settings = config.default
-    if job.cancel_requested:
-        for c in job.chunks.values():
-            if (
-                c.in_flight
-                and c.batch_id
-                and c.batch_id not in timers.cancel_sent
-                and c.status not in ("cancelling", *TERMINAL_BATCH)
-            ):
-                out.append(CancelBatch(job_id, c.index, c.batch_id))
-    elif job.held:
-        if not (job.override_budget or budget_problem(state, job, config, now) is None):
-            return out
-        out.append(Release(job_id))
+        return out + _before_prepare(state, job, config, now, timers)
+    held = _cancel_or_release(state, job, config, now, timers)
+    if held is None:
+        return out  # still held: nothing moves
+    out += held
     out += straggler_cancels(job, config, now, timers)  # a deadline near: running batches cancelled
     chunks = list(job.chunks.values())
+    out += _open_and_running(job, chunks, now, timers)
+    out += _staged_creates(state, job, chunks, config, now, timers, step, queue_url)
     for c in chunks:
-        if c.open_intent:
-            out.append(Reconcile(job_id, c.index, c.open_intent))
+        if collectable(c):
+            out += _collect(state, job, c, config.default.poll_interval_seconds, queue_url)
+    if job.cancel_requested:
+        out += [
+            FailUnstarted(
+                job_id, c.index, "cancelled", "cancelled before submission", "the job was cancelled before this row was submitted"
+            )
+            for c in chunks
+            if unstarted(c) or waiting_to_resend(c)
+        ]
+    else:
+        out += straggler_actions(job, now, timers)  # a cancelled straggler's rows, synchronously
+        out += _submit(state, job, config, now, timers, step, queue_url)
+    return out + _when_chunks_are_done(state, job, chunks, config, now, timers)
+
+
+def _after_the_end(job: JobState) -> list[Action]:
+    """An ended job: its final effects again when a crash may have left them undone."""
+    if (
+        (job.outbox == "started" and job.error_path)
+        or (not job.archived_path and job.panel_of is None)  # a judge's job leaves the panel's input alone
+        or (job.ended == "failed" and job.outbox == "none")
+    ):
+        return [RecoverEnded(job.job_id)]
+    return []
+
+
+def _before_prepare(state: State, job: JobState, config: Config, now: float, timers: Timers) -> list[Action]:
+    """A job not prepared yet: its synchronous route (within today's limits), else its preflight,
+    else its preparation."""
+    job_id = job.job_id
+    if sync_route(job, config) is not None:
+        problem = None if job.override_budget else budget_problem(state, job, config, now)
+        if problem is not None:  # today's limits: no request leaves (its estimate comes at prepare)
+            return [] if job.held else [Hold(job_id, problem[0], problem[1])]
+        out: list[Action] = [Release(job_id)] if job.held else []
+        if not online_waits(job, now, timers):
+            out.append(SendOnline(job_id))
+        return out
+    if preflight_due(job, config) and job.online.route not in SYNC_ROUTES:
+        if job.preflight == "unreachable" and job.preflight_retry_at is not None and now < job.preflight_retry_at:
+            return []  # the provider could not be reached: wait for the backoff
+        return [Preflight(job_id)]
+    return [Prepare(job_id)]
+
+
+def _cancel_or_release(state: State, job: JobState, config: Config, now: float, timers: Timers) -> list[Action] | None:
+    """A cancel sent to each running batch, or the release of a hold the budget now allows;
+    None while the job stays held."""
+    if job.cancel_requested:
+        return [
+            CancelBatch(job.job_id, c.index, c.batch_id)
+            for c in job.chunks.values()
+            if c.in_flight
+            and c.batch_id
+            and c.batch_id not in timers.cancel_sent
+            and c.status not in ("cancelling", *TERMINAL_BATCH)
+        ]
+    if job.held:
+        if not (job.override_budget or budget_problem(state, job, config, now) is None):
+            return None
+        return [Release(job.job_id)]
+    return []
+
+
+def _open_and_running(job: JobState, chunks: list[ChunkState], now: float, timers: Timers) -> list[Action]:
+    """Every open intent reconciled, every running batch whose poll is due polled, every chunk
+    whose duplicate listing is due listed."""
+    job_id = job.job_id
+    out: list[Action] = [Reconcile(job_id, c.index, c.open_intent) for c in chunks if c.open_intent]
     t = timers.clock(now)
     for c in chunks:
         if c.in_flight and c.batch_id and timers.next_poll.get((job_id, c.index), (t, 0.0))[0] <= t:
             out.append(Poll(job_id, c.index, c.batch_id))
-    for c in chunks:
-        if duplicate_check_due(c, now, timers, (job_id, c.index)):
-            out.append(CheckDuplicates(job_id, c.index))
-    if (
-        not job.cancel_requested
-        and any(c.staged and c.upload == "done" for c in chunks)
-        and not _refusal_to_learn(state, job.model)
-    ):
-        # room may have just appeared: a chunk uploaded ahead is created before any collect
-        # (not before a refused batch of the model is collected: it may teach a lower limit)
-        staged = {c.index for c in chunks if c.staged}
-        for a in _submit(state, job, config, now, timers, step, queue_url):
-            if type(a) is Create and a.chunk in staged:
-                out.append(CreateStaged(job_id, a.chunk))
-    for c in chunks:
-        if collectable(c):
-            out += _collect(state, job, c, settings.poll_interval_seconds, queue_url)
-    if job.cancel_requested:
-        for c in chunks:
-            if unstarted(c) or waiting_to_resend(c):
-                out.append(
-                    FailUnstarted(
-                        job_id,
-                        c.index,
-                        "cancelled",
-                        "cancelled before submission",
-                        "the job was cancelled before this row was submitted",
-                    )
-                )
-    else:
-        out += straggler_actions(job, now, timers)  # a cancelled straggler's rows, synchronously
-        out += _submit(state, job, config, now, timers, step, queue_url)
-    # a merged chunk's answers are stored after everything that brings results sooner
-    store = [StoreAnswers(job_id, c.index) for c in chunks if c.answers_due is not None]
+    out += [CheckDuplicates(job_id, c.index) for c in chunks if duplicate_check_due(c, now, timers, (job_id, c.index))]
+    return out
+
+
+def _staged_creates(
+    state: State, job: JobState, chunks: list[ChunkState], config: Config, now: float, timers: Timers, step: Step, queue_url: str
+) -> list[Action]:
+    """Room may have just appeared: a chunk uploaded ahead is created before any collect (not
+    before a refused batch of the model is collected: it may teach a lower limit)."""
+    if job.cancel_requested or not any(c.staged and c.upload == "done" for c in chunks) or _refusal_to_learn(state, job.model):
+        return []
+    staged = {c.index for c in chunks if c.staged}
+    return [
+        CreateStaged(job.job_id, a.chunk)
+        for a in _submit(state, job, config, now, timers, step, queue_url)
+        if type(a) is Create and a.chunk in staged
+    ]
+
+
+def _when_chunks_are_done(
+    state: State, job: JobState, chunks: list[ChunkState], config: Config, now: float, timers: Timers
+) -> list[Action]:
+    """Once every chunk is done: the retries, or the job's end; a merged chunk's answers are
+    stored after everything that brings results sooner, and not while any batch runs (the end of
+    a batch seen seconds late costs more)."""
+    store: list[Action] = [StoreAnswers(job.job_id, c.index) for c in chunks if c.answers_due is not None]
     if all(c.done for c in chunks):
         profile = config.profile(job.profile)
         ids = [] if job.cancel_requested or past_cutoff(job, now) else retry_ids(job, profile)
         if ids:
-            out.append(PlanRetries(job_id, tuple(ids)))
-            return out
-        out += _finish(job, config, store, now, timers)
-    elif store and not batches_in_flight(state):
-        out += store  # ... and not while a batch runs: the end of a batch seen seconds late costs more
-    return out
+            return [PlanRetries(job.job_id, tuple(ids))]
+        return _finish(job, config, store, now, timers)
+    if store and not batches_in_flight(state):
+        return store
+    return []
 
 
 def batches_in_flight(state: State) -> bool:
@@ -621,7 +648,7 @@ def _submit(
     return out + replans
 
 
-def _finish(job: JobState, config: Config, store: list[StoreAnswers], now: float, timers: Timers) -> list[Action]:
+def _finish(job: JobState, config: Config, store: Sequence[Action], now: float, timers: Timers) -> list[Action]:
     if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
         return []  # the result could not be written: tried again once the back-off has passed
     final, payload = ending(job)
