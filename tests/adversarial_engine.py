@@ -15,7 +15,7 @@ from batchgrader.core.home import Home
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.emulator import Emulator
-from batchgrader.provider.openai_api import OpenAIProvider, RetryPolicy
+from batchgrader.provider.openai_api import OpenAIProvider
 from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY
 
@@ -30,7 +30,7 @@ def make_engine(home: Home, emu: Emulator | None, store: EventStore, extra_confi
             api_key=TEST_KEY,
             base_url=emu.base_url,
             timeout=cfg.request_timeout_seconds,
-            retry=RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05),
+            max_retries=0,  # every fault reaches the engine's own rules (the SDK's retries: test_provider.py)
         )
     return Engine(home, cfg, store, provider, load_pricing())
 

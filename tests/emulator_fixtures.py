@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
-from batchgrader.provider.openai_api import OpenAIProvider, RetryPolicy
+from batchgrader.provider.openai_api import OpenAIProvider
 
 API_KEY = "sk-emulator-test-key-0123456789abcdef"
 MODEL = "gpt-4o-mini"
@@ -51,8 +51,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 5.0, interval: float = 0.
 
 
 class RecordingSleep:
-    """An injectable sleep: records each requested wait and advances a ManualClock by it
-    (if given) instead of blocking."""
+    """An injectable sleep (reconciliation's settle wait): records each requested wait and
+    advances a ManualClock by it (if given) instead of blocking."""
 
     def __init__(self, clock: ManualClock | None = None):
         self.calls: list[float] = []
@@ -126,15 +126,15 @@ def sleeper(clock: ManualClock) -> RecordingSleep:
     return RecordingSleep(clock)
 
 
-def make_provider(e: Emulator, sleep: Callable[[float], None], **kw: Any) -> OpenAIProvider:
-    kw.setdefault("retry", RetryPolicy(max_attempts=5, base_delay=0.5, max_delay=8.0))
+def make_provider(e: Emulator, **kw: Any) -> OpenAIProvider:
+    """The OpenAI adapter on ``e``, with the SDK's read retries (``max_retries``) as in production."""
     kw.setdefault("timeout", 10.0)
-    return OpenAIProvider(api_key=kw.pop("api_key", API_KEY), base_url=e.base_url, sleep=sleep, **kw)
+    return OpenAIProvider(api_key=kw.pop("api_key", API_KEY), base_url=e.base_url, **kw)
 
 
 @pytest.fixture
-def provider(emu: Emulator, sleeper: RecordingSleep) -> OpenAIProvider:
-    return make_provider(emu, sleeper)
+def provider(emu: Emulator) -> OpenAIProvider:
+    return make_provider(emu)
 
 
 def write_input(tmp_path: Path, data: bytes, name: str = "input.jsonl") -> Path:

@@ -21,7 +21,13 @@ import pytest
 
 from batchgrader.pipeline.results import iter_outcomes, parse_line
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
-from batchgrader.provider.protocol import OutcomeUnknown, ProviderConfigError, ProviderRejected
+from batchgrader.provider.protocol import (
+    READ_RETRIES,
+    OutcomeUnknown,
+    ProviderConfigError,
+    ProviderRejected,
+    ProviderUnavailable,
+)
 from batchgrader.provider.reconcile import reconcile_batch
 from emulator_fixtures import chat_line, jsonl
 
@@ -128,9 +134,23 @@ class ProviderContract:
         b = self.submit(provider, self.chunk(tmp_path, 1))
         method, route = self.retrieve_route
         before = emu.request_count(method, route)
-        emu.script_fault(method, route, Fault("status", status=503, retry_after=0), times=2)
+        # each adapter's SDK retries a read READ_RETRIES times; a 503 may say when to come back
+        emu.script_fault(method, route, Fault("status", status=503, retry_after=0.01), times=READ_RETRIES)
         assert provider.retrieve(b.id).id == b.id
-        assert emu.request_count(method, route) - before == 3
+        assert emu.request_count(method, route) - before == READ_RETRIES + 1
+
+    def test_a_read_asked_to_wait_over_two_minutes_ends_at_once_and_carries_the_wait(self, provider, emu, tmp_path):
+        """No SDK waits a Retry-After over 120 s inside a call (the daemon's tick would hang): the
+        call ends and the wait reaches the engine."""
+        b = self.submit(provider, self.chunk(tmp_path, 1))
+        method, route = self.retrieve_route
+        before = emu.request_count(method, route)
+        emu.script_fault(method, route, Fault("status", status=429, retry_after=3600), times=READ_RETRIES + 1)
+        started = time.monotonic()
+        with pytest.raises((ProviderUnavailable, ProviderRejected)) as ended:
+            provider.retrieve(b.id)
+        assert time.monotonic() - started < 10 and ended.value.retry_after == 3600
+        assert 1 <= emu.request_count(method, route) - before <= READ_RETRIES + 1
 
     def test_the_synchronous_call_answers_one_line_as_a_batch_output_line(self, provider, emu):
         out = provider.complete(self.line("job1-r0", "Grade essay 0."))

@@ -30,7 +30,7 @@ def _batch(provider, tmp_path: Path, key: str, name: str = "in.jsonl"):
 
 def test_dropped_metadata_still_finds_the_batch_by_its_input_file(emu_factory, tmp_path, clock):
     emu = emu_factory(drop_metadata=True)
-    provider = make_provider(emu, RecordingSleep(clock))
+    provider = make_provider(emu)
     f, b = _batch(provider, tmp_path, "job:0:1")
     assert dict(provider.retrieve(b.id).metadata) == {}  # the quirk is real
     found = reconcile_batch(provider, f.id, {"bg_key": "job:0:1"})
@@ -43,7 +43,7 @@ def test_dropped_metadata_still_finds_the_batch_by_its_input_file(emu_factory, t
 
 def test_metadata_still_decides_when_the_provider_keeps_it(emu_factory, tmp_path, clock):
     emu = emu_factory()
-    provider = make_provider(emu, RecordingSleep(clock))
+    provider = make_provider(emu)
     f, _ = _batch(provider, tmp_path, "job:0:1")
     assert reconcile_batch(provider, f.id, {"bg_key": "job:0:2"}).outcome == "not_created"
 
@@ -68,7 +68,7 @@ def _with_deadline(fn, seconds: float):
 
 def test_paging_stops_when_the_provider_ignores_the_cursor(emu_factory, tmp_path, clock):
     emu = emu_factory(ignore_after_cursor=True)
-    provider = make_provider(emu, RecordingSleep(clock), list_page_size=2)
+    provider = make_provider(emu, list_page_size=2)
     files = [provider.upload(write_input(tmp_path, simple_input(1), f"f{i}.jsonl"), f"f{i}.jsonl") for i in range(5)]
     for i, f in enumerate(files):
         provider.create_batch(f.id, CHAT, "24h", {"bg_key": f"k{i}"})
@@ -80,7 +80,7 @@ def test_paging_stops_when_the_provider_ignores_the_cursor(emu_factory, tmp_path
 
 def test_download_through_a_compressing_proxy_checks_the_raw_size(emu_factory, tmp_path, clock):
     emu = emu_factory(gzip_content=True)
-    provider = make_provider(emu, RecordingSleep(clock))
+    provider = make_provider(emu)
     data = simple_input(40)
     f = provider.upload(write_input(tmp_path, data), "in.jsonl")
     dest = tmp_path / "out.jsonl"
@@ -90,7 +90,7 @@ def test_download_through_a_compressing_proxy_checks_the_raw_size(emu_factory, t
 
 def test_download_of_an_expired_file_is_a_definite_404(emu_factory, tmp_path, clock):
     emu = emu_factory()
-    provider = make_provider(emu, RecordingSleep(clock))
+    provider = make_provider(emu)
     f = provider.upload(write_input(tmp_path, simple_input(1)), "in.jsonl")
     emu.script_fault("GET", "/v1/files/{id}/content", Fault("status", status=404, message="No such File object"))
     with pytest.raises(ProviderRejected) as info:

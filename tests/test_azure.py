@@ -22,7 +22,6 @@ from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import (
     ProviderConfigError,
     ProviderRejected,
-    RetryPolicy,
     create_batch_reconciled,
     upload_reconciled,
 )
@@ -52,7 +51,7 @@ def client(emu: Emulator) -> openai.AzureOpenAI:
 
 @pytest.fixture
 def provider(emu: Emulator) -> AzureOpenAIProvider:
-    return AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10, retry=RetryPolicy(max_attempts=3, base_delay=0.01))
+    return AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10)
 
 
 def _input(tmp_path: Path, n: int = 3, **kw) -> Path:  # noqa: ANN003
@@ -137,7 +136,7 @@ def test_unknown_outcomes_are_reconciled_by_listing(provider: AzureOpenAIProvide
 
 def test_reads_survive_the_flaky_profile(clock: ManualClock, tmp_path) -> None:  # noqa: ANN001
     with Emulator(EmulatorConfig(clock=clock, api_key=KEY, faults="flaky", seed=7)) as emu:
-        p = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=5, retry=RetryPolicy(max_attempts=8, base_delay=0.001))
+        p = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=5)
         path = _input(tmp_path)
         up = upload_reconciled(p, path, path.name)
         assert up.file is not None
@@ -297,5 +296,5 @@ def test_a_resource_holds_a_capped_number_of_files_without_expiry(clock, tmp_pat
         with pytest.raises(openai.BadRequestError) as exc:
             sdk.files.create(file=path.open("rb"), purpose="batch")
         assert "without an expiration" in str(exc.value.message)
-        adapter = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10, retry=RetryPolicy(max_attempts=1, base_delay=0.01))
+        adapter = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10)
         assert adapter.upload(path, path.name).id.startswith("azure:file-")  # it sets expires_after

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
+import time
 from pathlib import Path
 
 import openai
@@ -21,7 +21,6 @@ from batchgrader.provider.openai_api import (
     ProviderConfigError,
     ProviderRejected,
     ProviderUnavailable,
-    RetryPolicy,
     create_batch_reconciled,
     parse_retry_after,
     reconcile_batch,
@@ -31,7 +30,6 @@ from batchgrader.provider.openai_api import (
 from emulator_fixtures import (  # noqa: F401 - fixtures
     API_KEY,
     CHAT,
-    RecordingSleep,
     clock,
     emu,
     emu_factory,
@@ -106,8 +104,8 @@ def test_find_files_and_find_batches(provider, clock, input_path, tmp_path):
     assert provider.find_batches(input_file_id=f.id, metadata={"bg_key": "b"}) == []
 
 
-def test_listing_pages_through_many_batches(emu, sleeper, input_path):
-    p = make_provider(emu, sleeper, list_page_size=2)
+def test_listing_pages_through_many_batches(emu, input_path):
+    p = make_provider(emu, list_page_size=2)
     f = uploaded(p, input_path)
     ids = [p.create_batch(f.id, metadata={"n": str(i)}).id for i in range(7)]
     assert [b.id for b in p.iter_batches()] == ids[::-1]
@@ -127,14 +125,18 @@ def test_download_streams_to_disk_atomically(provider, emu, clock, input_path, t
     assert [p.name for p in dest.parent.iterdir()] == ["result.jsonl"]  # no temp file left
 
 
-def test_download_retries_a_truncated_body(provider, emu, sleeper, input_path, tmp_path):
+def test_a_download_cut_short_is_unavailable_and_the_next_one_succeeds(provider, emu, input_path, tmp_path):
+    """The SDK retries a request, not a body that breaks off while it streams: that download is
+    ProviderUnavailable (the engine downloads again later), and leaves no file behind."""
     f = uploaded(provider, input_path)
     emu.script_fault("GET", "/v1/files/{id}/content", "truncate")
     dest = tmp_path / "copy.jsonl"
+    with pytest.raises(ProviderUnavailable, match="cut short|incomplete|peer closed"):
+        provider.download(f.id, dest)
+    assert not dest.exists() and not [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]
     assert provider.download(f.id, dest) == input_path.stat().st_size
     assert dest.read_bytes() == input_path.read_bytes()
-    assert emu.request_count("GET", "/v1/files/{id}/content") == 2 and len(sleeper.calls) == 1
-    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]  # the cut-short temp file is gone
+    assert emu.request_count("GET", "/v1/files/{id}/content") == 2
 
 
 def test_download_of_a_missing_file_is_a_definite_failure(provider, emu, tmp_path):
@@ -177,8 +179,8 @@ def test_ambiguous_create_raises_outcome_unknown_and_is_sent_once(provider, emu,
     assert emu.batches_created() == created
 
 
-def test_create_timeout_is_outcome_unknown(emu, sleeper, input_path):
-    p = make_provider(emu, sleeper, timeout=0.3)
+def test_create_timeout_is_outcome_unknown(emu, input_path):
+    p = make_provider(emu, timeout=0.3)
     f = uploaded(p, input_path)
     emu.script_fault("POST", "/v1/batches", Fault("hang_after", seconds=5))
     with pytest.raises(OutcomeUnknown, match="Timeout"):
@@ -217,8 +219,8 @@ def test_create_then_connection_dropped_is_adopted_exactly_once(provider, emu, i
     assert [b["id"] for b in emu.stats()["batches"]] == [sub.batch.id]
 
 
-def test_timeout_after_create_is_adopted(emu, sleeper, input_path):
-    p = make_provider(emu, sleeper, timeout=0.3)
+def test_timeout_after_create_is_adopted(emu, input_path):
+    p = make_provider(emu, timeout=0.3)
     f = uploaded(p, input_path)
     emu.script_fault("POST", "/v1/batches", Fault("hang_after", seconds=5))
     sub = create_batch_reconciled(p, f.id, metadata={"bg_key": "t"})
@@ -256,7 +258,7 @@ def test_duplicates_from_an_earlier_blind_retry_are_reported(provider, emu, cloc
 
 
 def test_reconciliation_that_cannot_list_does_not_claim_not_created(emu, input_path):
-    p = make_provider(emu, RecordingSleep(), retry=RetryPolicy(max_attempts=2))
+    p = make_provider(emu, max_retries=0)
     f = uploaded(p, input_path)
     emu.script_fault("POST", "/v1/batches", "drop_after")
     emu.script_fault("GET", "/v1/batches", Fault("status", status=500), times=10)
@@ -282,16 +284,19 @@ def test_upload_reconciled(provider, emu, input_path):
     assert upload_reconciled(provider, other, other.name).outcome == "created"
 
 
-# --- reads: our retry policy -------------------------------------------------------------------
+# --- reads: the SDK's own retries, counted at the emulator --------------------------------------
+# (the SDK sleeps for real between attempts: a 429 carries the emulator's small retry-after-ms, as
+# the real API's does; a 5xx or a timeout waits the SDK's own backoff, 0.5 s then 1 s)
 
 
-def test_429_retry_after_is_honoured_through_the_injected_sleep(provider, emu, sleeper, input_path):
+def test_a_rate_limited_read_is_retried_by_the_sdk_after_the_servers_wait(provider, emu, input_path):
     f = uploaded(provider, input_path)
     b = provider.create_batch(f.id)
-    emu.script_fault("GET", "/v1/batches/{id}", Fault("status", status=429, retry_after=7))
+    emu.script_fault("GET", "/v1/batches/{id}", Fault("status", status=429, retry_after=0.05), times=2)
+    started = time.monotonic()
     assert provider.retrieve(b.id).id == b.id
-    assert sleeper.calls == [7.0]  # the server's wait beats the 0.5 s backoff
-    assert emu.request_count("GET", "/v1/batches/{id}") == 2
+    assert time.monotonic() - started >= 0.1  # retry-after-ms honoured twice
+    assert emu.request_count("GET", "/v1/batches/{id}") == 3
 
 
 def test_retry_after_ms_takes_precedence():
@@ -301,41 +306,56 @@ def test_retry_after_ms_takes_precedence():
     assert parse_retry_after({"retry-after": "soon"}) is None and parse_retry_after({}) is None
 
 
-def test_transient_read_errors_back_off_exponentially_then_succeed(provider, emu, sleeper, input_path):
+def test_a_server_error_and_a_dropped_connection_on_a_read_are_retried_then_succeed(provider, emu, input_path):
     f = uploaded(provider, input_path)
     b = provider.create_batch(f.id)
     emu.script_fault("GET", "/v1/batches/{id}", Fault("status", status=500))
     emu.script_fault("GET", "/v1/batches/{id}", Fault("drop_before"))
-    emu.script_fault("GET", "/v1/batches/{id}", Fault("status", status=503))
-    emu.script_fault("GET", "/v1/batches/{id}", Fault("garbage"))
     assert provider.retrieve(b.id).id == b.id
-    assert emu.request_count("GET", "/v1/batches/{id}") == 5
-    assert len(sleeper.calls) == 4
-    for n, s in enumerate(sleeper.calls):  # base 0.5 * 2**n, jitter factor in [0.75, 1]
-        assert 0.5 * 2**n * 0.75 <= s <= 0.5 * 2**n
+    assert emu.request_count("GET", "/v1/batches/{id}") == 3  # READ_RETRIES (2) retries
 
 
-def test_attempts_are_bounded(provider, emu, sleeper):
-    emu.script_fault("GET", "/v1/batches/{id}", Fault("status", status=502), times=100)
+def test_read_attempts_are_bounded_and_the_last_answer_is_reported(provider, emu):
+    emu.script_fault("GET", "/v1/batches/{id}", Fault("status", status=429, retry_after=0.01), times=100)
     with pytest.raises(ProviderUnavailable) as ei:
         provider.retrieve("batch_x")
-    assert ei.value.attempts == 5 and ei.value.status_code == 502
-    assert emu.request_count("GET", "/v1/batches/{id}") == 5 and len(sleeper.calls) == 4
-    assert all(s <= 8.0 for s in sleeper.calls)
+    assert ei.value.attempts == 3 and ei.value.status_code == 429 and ei.value.retry_after == 0.01
+    assert emu.request_count("GET", "/v1/batches/{id}") == 3
 
 
-def test_a_too_long_retry_after_stops_retrying(provider, emu, sleeper):
+def test_a_read_that_times_out_is_bounded_by_attempts_times_the_timeout(emu):
+    p = make_provider(emu, timeout=0.2, max_retries=1)
+    emu.script_fault("GET", "/v1/batches", Fault("hang_after", seconds=5), times=10)
+    started = time.monotonic()
+    with pytest.raises(ProviderUnavailable, match="Timeout") as ei:
+        p.list_batches()
+    assert ei.value.attempts == 2 and emu.request_count("GET", "/v1/batches") == 2
+    assert time.monotonic() - started < 2 * 0.2 + 0.5 + 1.0  # two timeouts, one backoff, slack
+
+
+def test_a_too_long_retry_after_stops_retrying_and_reaches_the_engine(provider, emu):
+    """The SDK waits a Retry-After of at most 120 s; a longer one is not retried, and the
+    engine learns it from the final answer."""
     emu.script_fault("GET", "/v1/batches", Fault("status", status=429, retry_after=3600))
     with pytest.raises(ProviderUnavailable) as ei:
         provider.list_batches()
-    assert ei.value.retry_after == 3600 and sleeper.calls == []
+    assert ei.value.retry_after == 3600 and ei.value.attempts == 1
+    assert emu.request_count("GET", "/v1/batches") == 1
 
 
-def test_definite_read_failures_are_not_retried(provider, emu, sleeper, clock, input_path):
+def test_an_unreadable_read_body_is_unavailable_without_a_retry(provider, emu):
+    emu.script_fault("GET", "/v1/batches", Fault("garbage"))
+    with pytest.raises(ProviderUnavailable, match="unreadable|Expecting|JSON"):
+        provider.list_batches()
+    assert emu.request_count("GET", "/v1/batches") == 1
+    assert provider.list_batches().items == ()
+
+
+def test_definite_read_failures_are_not_retried(provider, emu, clock, input_path):
     with pytest.raises(ProviderRejected) as ei:
         provider.retrieve("batch_missing")
     assert ei.value.status_code == 404 and "No batch found" in ei.value.message
-    assert emu.request_count("GET", "/v1/batches/{id}") == 1 and sleeper.calls == []
+    assert emu.request_count("GET", "/v1/batches/{id}") == 1
     f = uploaded(provider, input_path)
     done = run_until_terminal(provider, clock, provider.create_batch(f.id).id)
     with pytest.raises(ProviderRejected) as ei:
@@ -347,14 +367,13 @@ def test_definite_read_failures_are_not_retried(provider, emu, sleeper, clock, i
 def test_cancel_asks_once_and_a_transient_error_is_asked_again_by_the_caller(emu, clock, input_path):
     """A cancel is never retried inside the call (that held every other job up for about 20 s):
     a transient error is ProviderUnavailable at once, and asking again works."""
-    sleeper = RecordingSleep()
-    provider = make_provider(emu, sleeper)
+    provider = make_provider(emu)
     f = uploaded(provider, input_path)
     b = provider.create_batch(f.id)
     emu.script_fault("POST", "/v1/batches/{id}/cancel", Fault("status", status=500))
     with pytest.raises(ProviderUnavailable):
         provider.cancel(b.id)
-    assert sleeper.calls == [] and emu.request_count("POST", "/v1/batches/{id}/cancel") == 1
+    assert emu.request_count("POST", "/v1/batches/{id}/cancel") == 1
     assert provider.cancel(b.id).status == "cancelling"
     assert run_until_terminal(provider, clock, b.id).status == "cancelled"
 
@@ -365,8 +384,7 @@ def test_cancel_asks_once_and_a_transient_error_is_asked_again_by_the_caller(emu
 def test_api_key_never_appears_in_errors_reprs_or_logs(emu_factory, caplog, input_path):
     secret = "sk-live-SUPERSECRET-0123456789abcdef"
     e = emu_factory(api_key="sk-the-right-one-000000000", leak_key_in_errors=True)  # echoes the key verbatim
-    sleep = RecordingSleep()
-    p = make_provider(e, sleep, api_key=secret)
+    p = make_provider(e, api_key=secret, max_retries=1)
     caplog.set_level(logging.DEBUG)
     texts = [repr(p), str(p)]
     with pytest.raises(ProviderRejected) as ei:
@@ -376,8 +394,8 @@ def test_api_key_never_appears_in_errors_reprs_or_logs(emu_factory, caplog, inpu
     with pytest.raises(ProviderRejected) as ei2:
         p.upload(input_path, input_path.name)
     texts.append(str(ei2.value))
+    e.script_fault("GET", "/v1/batches/{id}", Fault("status", status=429, retry_after=0.01))  # the SDK logs its retry
     e.script_fault("GET", "/v1/batches/{id}", "drop_before")
-    e.script_fault("GET", "/v1/batches/{id}", Fault("status", status=500), times=10)
     with pytest.raises(ProviderUnavailable) as ei3:
         p.retrieve("batch_y")
     texts.append(str(ei3.value))
@@ -394,12 +412,12 @@ def test_api_key_never_appears_in_errors_reprs_or_logs(emu_factory, caplog, inpu
         __import__("pickle").dumps(p)
 
 
-def test_missing_key_is_a_config_error_and_env_is_read_like_the_sdk(emu, monkeypatch, sleeper):
+def test_missing_key_is_a_config_error_and_env_is_read_like_the_sdk(emu, monkeypatch):
     with pytest.raises(ProviderConfigError, match="OPENAI_API_KEY"):
         OpenAIProvider()
     monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
     monkeypatch.setenv("OPENAI_BASE_URL", emu.base_url)
-    p = OpenAIProvider(sleep=sleeper)
+    p = OpenAIProvider()
     assert p.base_url.rstrip("/") == emu.base_url
     assert p.list_batches().items == ()
     assert API_KEY not in repr(p)
@@ -412,7 +430,8 @@ def test_missing_key_is_a_config_error_and_env_is_read_like_the_sdk(emu, monkeyp
 def test_full_submission_under_chaos_creates_exactly_one_batch_per_intent(emu_factory, clock, tmp_path, seed):
     """A minimal caller loop (what the daemon will do) under every fault kind: each intent ends
     with exactly one uploaded file and one batch, and the results download intact.
-    Deterministic: the emulator's faults and the provider's jitter are both seeded."""
+    Deterministic: the emulator's faults are seeded, and reads are not retried inside a call
+    (``max_retries=0``): the caller's loop asks again, as the engine does at its next tick."""
     rates = dataclasses.replace(
         FAULT_PROFILES["chaos"],
         rate_429=0.1,
@@ -421,10 +440,10 @@ def test_full_submission_under_chaos_creates_exactly_one_batch_per_intent(emu_fa
         drop_before=0.1,
         drop_after=0.15,
         slow_delay_s=(0.0, 0.002),
-        retry_after_s=2,
+        retry_after_s=0.01,
     )
     e = emu_factory(faults=rates, seed=seed)
-    p = make_provider(e, RecordingSleep(clock), retry=RetryPolicy(max_attempts=12), rng=random.Random(seed))
+    p = make_provider(e, max_retries=0)
 
     def once_per_intent(attempt, reconcile):
         """The caller protocol: one attempt; while the outcome is unknown only reconcile;

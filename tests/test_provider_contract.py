@@ -11,10 +11,8 @@ from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
 from batchgrader.provider.azure_api import AzureOpenAIProvider
 from batchgrader.provider.emulator import Emulator
 from batchgrader.provider.gemini_batches import GeminiBatchProvider
-from batchgrader.provider.openai_api import OpenAIProvider, RetryPolicy
+from batchgrader.provider.openai_api import OpenAIProvider
 from provider_contract import KEY, ProviderContract
-
-FAST_RETRIES = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.01)
 
 
 class TestOpenAI(ProviderContract):
@@ -25,7 +23,7 @@ class TestOpenAI(ProviderContract):
     key_variable = "OPENAI_API_KEY"
 
     def make(self, emu: Emulator, key: str | None = KEY) -> Any:
-        return OpenAIProvider(api_key=key, base_url=emu.base_url, timeout=10, retry=FAST_RETRIES)
+        return OpenAIProvider(api_key=key, base_url=emu.base_url, timeout=10)
 
 
 class TestAzureOpenAI(ProviderContract):
@@ -37,7 +35,7 @@ class TestAzureOpenAI(ProviderContract):
     key_variable = "AZURE_OPENAI_API_KEY"
 
     def make(self, emu: Emulator, key: str | None = KEY) -> Any:
-        return AzureOpenAIProvider(key, emu.root_url, "2025-04-01-preview", timeout=10, retry=FAST_RETRIES)
+        return AzureOpenAIProvider(key, emu.root_url, "2025-04-01-preview", timeout=10)
 
     def unknown_batch_id(self) -> str:
         return "azure:batch_x"
@@ -53,7 +51,7 @@ class TestAnthropic(ProviderContract):
     keeps_metadata = False
 
     def make(self, emu: Emulator, key: str | None = KEY) -> Any:
-        return AnthropicBatchProvider(key, emu.root_url, timeout=10, max_retries=3)
+        return AnthropicBatchProvider(key, emu.root_url, timeout=10)
 
     def unknown_batch_id(self) -> str:
         return "msgbatch_x"
@@ -68,7 +66,7 @@ class TestGemini(ProviderContract):
     key_variable = "GEMINI_API_KEY"
 
     def make(self, emu: Emulator, key: str | None = KEY) -> Any:
-        return GeminiBatchProvider(key, emu.root_url, timeout=10, max_retries=3)
+        return GeminiBatchProvider(key, emu.root_url, timeout=10)
 
     def unknown_batch_id(self) -> str:
         return "batches/x"

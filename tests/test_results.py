@@ -288,7 +288,7 @@ def test_expired_batch_partial_output_and_remaining(provider, clock, tmp_path):
 
 def test_cancelled_batch_rows_missing_from_both_files_are_remaining(emu_factory, sleeper, clock, tmp_path):
     e = emu_factory(in_progress_s=1.0)
-    p = make_provider(e, sleeper)
+    p = make_provider(e)
     path = write_input(tmp_path, simple_input(10), "in.jsonl")
     f = p.upload(path, path.name)
     b = p.create_batch(f.id)

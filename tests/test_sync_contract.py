@@ -19,7 +19,7 @@ from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
 from batchgrader.provider.azure_api import AzureOpenAIProvider
 from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.gemini_batches import GeminiBatchProvider
-from batchgrader.provider.openai_api import OpenAIProvider, ProviderRejected, RetryPolicy
+from batchgrader.provider.openai_api import OpenAIProvider, ProviderRejected
 
 KEY = "sk-emulator-contract-0123456789abcdef"
 AZURE_VERSION = "2025-04-01-preview"
@@ -87,7 +87,7 @@ CASES = [
     Case(
         "openai",
         "gpt-4o-mini",
-        lambda e: OpenAIProvider(api_key=KEY, base_url=e.base_url, timeout=10, retry=RetryPolicy(max_attempts=1)),
+        lambda e: OpenAIProvider(api_key=KEY, base_url=e.base_url, timeout=10, max_retries=0),
         lambda m: "/v1/chat/completions",
         _chat,
         {"Authorization": f"Bearer {KEY}"},
@@ -96,7 +96,7 @@ CASES = [
     Case(
         "azure",
         "grader-4o-mini",
-        lambda e: AzureOpenAIProvider(KEY, e.root_url, AZURE_VERSION, timeout=10, retry=RetryPolicy(max_attempts=1)),
+        lambda e: AzureOpenAIProvider(KEY, e.root_url, AZURE_VERSION, timeout=10, max_retries=0),
         lambda m: f"/openai/deployments/{m}/chat/completions?api-version={AZURE_VERSION}",
         _chat,
         {"api-key": KEY},

@@ -44,7 +44,7 @@ from batchgrader.provider.openai_api import (
     ProviderRejected,
     ProviderUnavailable,
 )
-from batchgrader.provider.protocol import content_text, parse_retry_after
+from batchgrader.provider.protocol import MAX_SDK_WAIT_S, READ_RETRIES, content_text, parse_retry_after
 
 CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_REQUESTS = 100_000
@@ -231,16 +231,33 @@ def _batch(obj: Any) -> AnthropicBatch:
     )
 
 
-class AnthropicProvider:
-    """Calls the Message Batches API. Reads are retried by the SDK; ``create`` is sent once
-    (``max_retries=0``): a connection error or a 5xx answer raises :class:`OutcomeUnknown`,
-    and the caller reconciles (``AnthropicBatchProvider.find_batches``) before sending again."""
+def _no_long_waits(response: Any) -> None:
+    """The anthropic SDK (2.14, ``_base_client._calculate_retry_timeout``) waits whatever
+    Retry-After an answer asks, where the openai SDK retries only within 120 s: an answer asking
+    for longer is marked ``x-should-retry: false`` (a header the SDK obeys), so the call ends and
+    the wait reaches the engine (``retry_after``) instead of holding the daemon's tick."""
+    wait = parse_retry_after(response.headers)
+    if wait is not None and wait > MAX_SDK_WAIT_S:
+        response.headers["x-should-retry"] = "false"
 
-    def __init__(self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = 4):
+
+class AnthropicProvider:
+    """Calls the Message Batches API. Reads are retried by the SDK (``max_retries``,
+    :data:`~batchgrader.provider.protocol.READ_RETRIES` by default); ``create`` and ``cancel`` are
+    sent once (``max_retries=0``): a connection error or a 5xx answer to ``create`` raises
+    :class:`OutcomeUnknown`, and the caller reconciles (``AnthropicBatchProvider.find_batches``)
+    before sending again; to ``cancel``, :class:`ProviderUnavailable` (the engine asks again)."""
+
+    def __init__(
+        self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = READ_RETRIES
+    ):
         if not api_key:
             raise ProviderConfigError("no Anthropic API key: set ANTHROPIC_API_KEY in the environment or secrets.env")
         self._key = api_key
-        self._client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries)
+        http = anthropic.DefaultHttpxClient(event_hooks={"response": [_no_long_waits]})
+        self._client = anthropic.Anthropic(
+            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries, http_client=http
+        )
         self._once = self._client.with_options(max_retries=0)
 
     def __repr__(self) -> str:
@@ -296,7 +313,7 @@ class AnthropicProvider:
         return _batch(self._call("retrieve batch", lambda: self._client.messages.batches.retrieve(batch_id)))
 
     def cancel(self, batch_id: str) -> AnthropicBatch:
-        return _batch(self._call("cancel batch", lambda: self._client.messages.batches.cancel(batch_id)))
+        return _batch(self._call("cancel batch", lambda: self._once.messages.batches.cancel(batch_id)))
 
     def list_batches(self, limit: int = 100) -> Iterator[AnthropicBatch]:
         """Every batch, newest first (the SDK pages through ``after_id``)."""

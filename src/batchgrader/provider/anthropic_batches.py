@@ -36,6 +36,7 @@ from batchgrader.provider.anthropic_api import (
     to_openai_result_line,
 )
 from batchgrader.provider.openai_api import (
+    READ_RETRIES,
     BatchInfo,
     BatchPage,
     FileInfo,
@@ -76,7 +77,9 @@ def _info(b: AnthropicBatch, input_file_id: str = "") -> BatchInfo:
 class AnthropicBatchProvider:
     """:class:`Provider` for Anthropic (see the module docstring)."""
 
-    def __init__(self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = 4):
+    def __init__(
+        self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = READ_RETRIES
+    ):
         self.api = AnthropicProvider(api_key, base_url, timeout=timeout, max_retries=max_retries)
         self._inputs: dict[str, str] = {}  # batch id -> input file id (this process only)
 

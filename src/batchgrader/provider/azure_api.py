@@ -118,7 +118,7 @@ class AzureOpenAIProvider(OpenAIProvider):
             azure_endpoint=self.endpoint,
             api_version=self.api_version,
             timeout=kwargs["timeout"],
-            max_retries=0,  # our policy, not the SDK's; POSTs are never retried
+            max_retries=0,  # writes are sent once; reads use a copy with max_retries
         )
 
     def __repr__(self) -> str:

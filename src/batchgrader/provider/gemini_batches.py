@@ -48,6 +48,7 @@ from batchgrader.provider.gemini_api import (
     to_openai_result_line,
 )
 from batchgrader.provider.protocol import (
+    READ_RETRIES,
     BatchInfo,
     BatchPage,
     FileInfo,
@@ -123,7 +124,9 @@ def _file_info(f: Any) -> FileInfo:
 class GeminiBatchProvider:
     """:class:`Provider` for Gemini (see the module docstring)."""
 
-    def __init__(self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = 4):
+    def __init__(
+        self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = READ_RETRIES
+    ):
         if not api_key:
             raise ProviderConfigError(
                 "no Gemini API key: set GEMINI_API_KEY (or GOOGLE_API_KEY) in the environment or secrets.env"
@@ -136,9 +139,10 @@ class GeminiBatchProvider:
         self._key = api_key
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         ms = int(timeout * 1000)
-        # writes: no retries (sent once); reads: the SDK retries 408/429/5xx and connection errors
+        # writes: no retries (sent once); reads: the SDK retries 408/429/5xx and connection errors,
+        # as often as the other SDKs and with their backoff (0.5 s doubling to 8 s; docs/providers.md)
         self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=self.base_url, timeout=ms))
-        retry = types.HttpRetryOptions(attempts=max_retries + 1, initial_delay=0.25, max_delay=4.0, jitter=0.1)
+        retry = types.HttpRetryOptions(attempts=max_retries + 1, initial_delay=0.5, max_delay=8.0, jitter=0.25)
         self._reads = genai.Client(
             api_key=api_key, http_options=types.HttpOptions(base_url=self.base_url, timeout=ms, retry_options=retry)
         )
@@ -160,12 +164,12 @@ class GeminiBatchProvider:
         except self._errors.APIError as e:
             code = int(e.code or 500)
             message = self._scrub(str(e.message or e))
+            headers = getattr(getattr(e, "response", None), "headers", None)
+            retry_after = parse_retry_after(headers) if headers is not None else None  # a 429's wait
             if code >= 500 or code == 408 or (code == 429 and idempotent):  # a read asked to wait: transient
                 if not idempotent:
                     raise OutcomeUnknown(op, f"HTTP {code}: {message}", status_code=code) from None
-                raise ProviderUnavailable(op, 1, f"HTTP {code}: {message}", status_code=code) from None
-            headers = getattr(getattr(e, "response", None), "headers", None)
-            retry_after = parse_retry_after(headers) if headers is not None else None  # a 429's wait
+                raise ProviderUnavailable(op, 1, f"HTTP {code}: {message}", status_code=code, retry_after=retry_after) from None
             raise ProviderRejected(op, code, message, type=e.status, code=e.status, retry_after=retry_after) from None
         except self._soft_errors as e:  # transport errors; UnknownApiResponseError is a ValueError
             cause = self._scrub(f"{type(e).__name__}: {e}")
@@ -329,7 +333,7 @@ class GeminiBatchProvider:
         info = self.retrieve(batch_id)
         if info.is_terminal:
             raise ProviderRejected("batches.cancel", 400, f"batch {batch_id} has already ended ({info.status})")
-        self._call("batches.cancel", lambda: self._reads.batches.cancel(name=batch_id))
+        self._call("batches.cancel", lambda: self._client.batches.cancel(name=batch_id))
         return self.retrieve(batch_id)
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:

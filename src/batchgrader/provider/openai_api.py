@@ -8,22 +8,21 @@ Rules this module enforces (see ``reliability-notes.md`` §2 and ``openai-batch-
   timeout, 5xx, 408) raises :class:`OutcomeUnknown` and the caller must *reconcile* — list and
   match — before any re-send.  :func:`create_batch_reconciled` and :func:`upload_reconciled`
   implement that protocol.
-* **Reads retry on our terms.** The SDK's own retries are turned off for every call (the client
-  is built with ``max_retries=0``); retrieve/list/cancel/download retry 408/409/429/5xx and
-  connection errors with exponential backoff plus jitter, honouring ``retry-after-ms`` /
-  ``retry-after``, a bounded number of times, through an injectable ``sleep``.
+* **Reads retry through the SDK.** retrieve, list, files list, download and delete go through a
+  copy of the client with ``max_retries`` (:data:`~batchgrader.provider.protocol.READ_RETRIES`
+  by default): the SDK retries 408/409/429/5xx, connection errors and timeouts, honouring
+  ``retry-after-ms`` / ``retry-after`` up to 120 s (docs/providers.md, "Read retries").  What
+  is still failing after the last attempt raises :class:`ProviderUnavailable` carrying the
+  final answer's ``Retry-After``; the engine asks again at a later tick.  ``cancel`` is sent once.
 * **No SDK objects leak out**: everything returned is a frozen dataclass.
 * **The API key never appears** in exception messages, reprs or logs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import random
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +34,7 @@ from batchgrader.core.secrets import mask_secret
 from batchgrader.fsio import TMP_PREFIX, fsync_dir
 from batchgrader.provider.protocol import (
     DEFAULT_ENDPOINT,
+    READ_RETRIES,
     RETRYABLE_STATUSES,
     TERMINAL_STATUSES,
     BatchErrorInfo,
@@ -50,7 +50,6 @@ from batchgrader.provider.protocol import (
     ProviderRejected,
     ProviderUnavailable,
     RequestCounts,
-    RetryPolicy,
     _batch_info,
     _file_info,
     parse_retry_after,
@@ -89,9 +88,9 @@ __all__ = [
     "ProviderError",
     "ProviderRejected",
     "ProviderUnavailable",
+    "READ_RETRIES",
     "RETRYABLE_STATUSES",
     "RequestCounts",
-    "RetryPolicy",
     "TERMINAL_STATUSES",
     "UploadResult",
     "batch_matches",
@@ -109,20 +108,11 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
-class _Transient(Exception):
-    """Internal: a retryable failure of one attempt."""
-
-    def __init__(self, cause: str, status_code: int | None = None, retry_after: float | None = None):
-        super().__init__(cause)
-        self.cause = cause
-        self.status_code = status_code
-        self.retry_after = retry_after
-
-
 class OpenAIProvider:
     """:class:`Provider` on the official ``openai`` SDK; any OpenAI-compatible Batch API works
     through ``base_url``.  ``api_key``/``base_url`` default to ``OPENAI_API_KEY`` /
-    ``OPENAI_BASE_URL`` exactly as the SDK reads them."""
+    ``OPENAI_BASE_URL`` exactly as the SDK reads them.  ``timeout`` bounds each attempt (the
+    longest silence of the server); ``max_retries`` is how many times the SDK retries a read."""
 
     def __init__(
         self,
@@ -131,16 +121,12 @@ class OpenAIProvider:
         timeout: float = 60.0,
         *,
         connect_timeout: float = 5.0,
-        retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        rng: random.Random | None = None,
+        max_retries: int = READ_RETRIES,
         organization: str | None = None,
         project: str | None = None,
         list_page_size: int = 100,
     ):
-        self.retry = retry or RetryPolicy()
-        self.sleep = sleep
-        self.rng = rng or random.Random()
+        self.max_retries = max_retries
         self.list_page_size = max(1, min(100, list_page_size))
         self.on_page: Callable[[], None] = lambda: None  # called per listing page (a watchdog heartbeat)
         try:
@@ -154,13 +140,16 @@ class OpenAIProvider:
         except openai.OpenAIError as exc:
             # The SDK's message names the missing setting, never a key value; scrub anyway.
             raise ProviderConfigError(self._scrub_with(api_key, str(exc))) from None
+        # reads: the SDK's own retries; writes (self._client) are sent once
+        self._reads = self._client.with_options(max_retries=max_retries)
         key = self._client.api_key
         self._secret = key if isinstance(key, str) and key else None
         self.base_url = str(self._client.base_url)
 
     def _make_client(self, **kwargs: Any) -> openai.OpenAI:
-        """The SDK client (a subclass may build another flavour, e.g. ``AzureOpenAI``)."""
-        return openai.OpenAI(**kwargs, max_retries=0)  # our policy, not the SDK's; POSTs are never retried
+        """The SDK client for writes, which never retries (a subclass may build another flavour,
+        e.g. ``AzureOpenAI``); reads use a copy with ``max_retries``."""
+        return openai.OpenAI(**kwargs, max_retries=0)  # writes are sent once and reconciled
 
     # --- secret hygiene ----------------------------------------------------------------------
 
@@ -235,51 +224,30 @@ class OpenAIProvider:
         except ValueError as exc:  # a 200 whose body is not JSON (the SDK lets JSONDecodeError out)
             raise OutcomeUnknown(op, f"unreadable response body: {self._describe(exc)}") from None
 
-    def _with_retries(
-        self, op: str, fn: Callable[[], T], *, retry_statuses: frozenset[int] = RETRYABLE_STATUSES, attempts: int | None = None
-    ) -> T:
-        """An idempotent call: retried on transient failures per :class:`RetryPolicy` (at most
-        ``attempts`` tries when given)."""
-        policy = self.retry
-        if attempts is not None:
-            policy = dataclasses.replace(policy, max_attempts=max(1, attempts))
-        last: _Transient | None = None
-        for attempt in range(policy.max_attempts):
-            try:
-                try:
-                    return fn()
-                except openai.APIStatusError as exc:
-                    if exc.status_code in retry_statuses or exc.status_code >= 500:
-                        message, _, _, _ = self._status_details(exc)
-                        raise _Transient(
-                            f"HTTP {exc.status_code}: {message}", exc.status_code, parse_retry_after(exc.response.headers)
-                        ) from None
-                    raise self._rejected(op, exc) from None
-                except openai.APIConnectionError as exc:
-                    raise _Transient(self._describe(exc)) from None
-                except httpx2.HTTPError as exc:  # e.g. a body cut short while streaming
-                    raise _Transient(self._describe(exc)) from None
-                except openai.APIResponseValidationError as exc:
-                    raise _Transient(self._describe(exc)) from None
-                except ValueError as exc:  # a body that is not JSON (the SDK lets JSONDecodeError out)
-                    raise _Transient(f"unreadable response body: {self._describe(exc)}") from None
-            except _Transient as t:
-                last = t
-                if attempt + 1 >= policy.max_attempts:
-                    break
-                delay = policy.backoff(attempt, self.rng)
-                if t.retry_after is not None:
-                    if t.retry_after > policy.max_retry_after:
-                        raise ProviderUnavailable(
-                            op, attempt + 1, t.cause, status_code=t.status_code, retry_after=t.retry_after
-                        ) from None
-                    delay = max(delay, t.retry_after)
-                log.info(
-                    "%s: transient failure (%s); retry %d/%d in %.2fs", op, t.cause, attempt + 1, policy.max_attempts - 1, delay
-                )
-                self.sleep(delay)
-        assert last is not None
-        raise ProviderUnavailable(op, policy.max_attempts, last.cause, status_code=last.status_code, retry_after=last.retry_after)
+    def _read(self, op: str, fn: Callable[[], T], *, transient: frozenset[int] = RETRYABLE_STATUSES) -> T:
+        """An idempotent call, classified once the SDK's retries (if ``fn`` uses ``self._reads``)
+        are spent: a ``transient`` status, a 5xx, no reply or an unreadable body is
+        :class:`ProviderUnavailable` (with the final answer's Retry-After), any other 4xx
+        :class:`ProviderRejected`."""
+        try:
+            return fn()
+        except openai.APIStatusError as exc:
+            if exc.status_code in transient or exc.status_code >= 500:
+                message, _, _, _ = self._status_details(exc)
+                raise ProviderUnavailable(
+                    op,
+                    _attempts(exc.response.request),
+                    f"HTTP {exc.status_code}: {message}",
+                    status_code=exc.status_code,
+                    retry_after=parse_retry_after(exc.response.headers),
+                ) from None
+            raise self._rejected(op, exc) from None
+        except openai.APIConnectionError as exc:  # includes APITimeoutError
+            raise ProviderUnavailable(op, _attempts(exc.request), self._describe(exc)) from None
+        except (httpx2.HTTPError, openai.APIResponseValidationError) as exc:  # e.g. a body cut short while streaming
+            raise ProviderUnavailable(op, 1, self._describe(exc)) from None
+        except ValueError as exc:  # a body that is not JSON (the SDK lets JSONDecodeError out)
+            raise ProviderUnavailable(op, 1, f"unreadable response body: {self._describe(exc)}") from None
 
     # --- files ---------------------------------------------------------------------------------
 
@@ -307,9 +275,9 @@ class OpenAIProvider:
         while True:
             page_args: dict[str, Any] = {"after": after} if after else {}
             self.on_page()
-            page = self._with_retries(
+            page = self._read(
                 "files.list",
-                lambda page_args=page_args: self._client.files.list(purpose="batch", order="desc", limit=1000, **page_args),  # type: ignore[misc]
+                lambda page_args=page_args: self._reads.files.list(purpose="batch", order="desc", limit=1000, **page_args),  # type: ignore[misc]
             )
             items = [_file_info(o) for o in page.data]
             if after is not None and any(f.id == after for f in items):
@@ -330,9 +298,7 @@ class OpenAIProvider:
     def delete_file(self, file_id: str) -> bool:
         """Delete a file; True when deleted, False when it did not exist (already gone)."""
         try:
-            res = self._with_retries(
-                "files.delete", lambda: self._client.files.delete(file_id), retry_statuses=frozenset({408, 429})
-            )
+            res = self._read("files.delete", lambda: self._reads.files.delete(file_id), transient=frozenset({408, 429}))
         except ProviderRejected as exc:
             if exc.status_code == 404:
                 return False
@@ -341,7 +307,8 @@ class OpenAIProvider:
 
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
         """Stream a file's content to ``dest_path`` (temp file in the same directory, fsync,
-        rename). Returns the byte count. A body cut short is retried like any transient error."""
+        rename). Returns the byte count.  The SDK retries the request; a body cut short while it
+        streams is :class:`ProviderUnavailable` (the engine downloads again later)."""
         dest = Path(dest_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
 
@@ -351,7 +318,7 @@ class OpenAIProvider:
             try:
                 n = 0
                 with os.fdopen(fd, "wb") as out:
-                    with self._client.files.with_streaming_response.content(
+                    with self._reads.files.with_streaming_response.content(
                         file_id, extra_headers={"Accept-Encoding": "identity"}
                     ) as resp:
                         expected = resp.headers.get("content-length")
@@ -360,7 +327,7 @@ class OpenAIProvider:
                             n += len(chunk)
                         raw = _raw_bytes_received(resp, n)
                     if expected is not None and expected.isdigit() and int(expected) != raw:
-                        raise _Transient(f"download of {file_id} cut short: {n} of {expected} bytes")
+                        raise ProviderUnavailable("files.content", 1, f"download of {file_id} cut short: {n} of {expected} bytes")
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(tmp, dest)
@@ -373,15 +340,10 @@ class OpenAIProvider:
         def guarded() -> int:
             try:
                 return attempt()
-            except _Transient:
-                raise
-            except OSError as exc:
-                if isinstance(exc, (ConnectionError, TimeoutError)):
-                    raise _Transient(self._describe(exc)) from None
-                raise
+            except (ConnectionError, TimeoutError) as exc:  # the socket, while the body streams
+                raise ProviderUnavailable("files.content", 1, self._describe(exc)) from None
 
-        # A _Transient raised by ``guarded`` itself is retried like the SDK's transient errors.
-        return self._with_retries("files.content", guarded)
+        return self._read("files.content", guarded)
 
     # --- batches -------------------------------------------------------------------------------
 
@@ -415,7 +377,7 @@ class OpenAIProvider:
         return {"custom_id": line["custom_id"], "response": {"status_code": 200, "body": out}, "error": None}
 
     def retrieve(self, batch_id: str) -> BatchInfo:
-        return _batch_info(self._with_retries("batches.retrieve", lambda: self._client.batches.retrieve(batch_id)))
+        return _batch_info(self._read("batches.retrieve", lambda: self._reads.batches.retrieve(batch_id)))
 
     def cancel(self, batch_id: str) -> BatchInfo:
         """Ask for cancellation, once (idempotent on the API side: the engine asks again at its
@@ -423,12 +385,7 @@ class OpenAIProvider:
         batch is already completed/failed/expired — is a definite :class:`ProviderRejected`; a
         transient failure (408, 429, 5xx, no reply) is :class:`ProviderUnavailable`."""
         return _batch_info(
-            self._with_retries(
-                "batches.cancel",
-                lambda: self._client.batches.cancel(batch_id),
-                retry_statuses=frozenset({408, 429}),
-                attempts=1,
-            )
+            self._read("batches.cancel", lambda: self._client.batches.cancel(batch_id), transient=frozenset({408, 429}))
         )
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
@@ -437,7 +394,7 @@ class OpenAIProvider:
         if after:
             kwargs["after"] = after
         self.on_page()
-        page = self._with_retries("batches.list", lambda: self._client.batches.list(**kwargs))
+        page = self._read("batches.list", lambda: self._reads.batches.list(**kwargs))
         items = tuple(_batch_info(b) for b in page.data)
         has_more = bool(page.has_more) if page.has_more is not None else bool(items)
         return BatchPage(items, has_more, items[-1].id if items else None)
@@ -469,6 +426,13 @@ class OpenAIProvider:
         out = [b for b in self.iter_batches(created_after) if batch_matches(b, input_file_id, metadata)]
         out.sort(key=lambda b: (b.created_at, b.id))
         return out
+
+
+def _attempts(request: httpx2.Request | None) -> int:
+    """How many times the SDK sent the request that failed last (it numbers its retries in the
+    ``x-stainless-retry-count`` header)."""
+    raw = request.headers.get("x-stainless-retry-count", "0") if request is not None else "0"
+    return int(raw) + 1 if raw.isdigit() else 1
 
 
 def _raw_bytes_received(resp: Any, decoded: int) -> int:

@@ -1,5 +1,5 @@
 """The provider interface: the :class:`Provider` protocol the engine calls, the frozen values it
-returns (files, batches, pages), the errors it raises, and the read-retry policy every client shares.
+returns (files, batches, pages), the errors it raises, and how many times every client retries a read.
 
 Clients: :mod:`batchgrader.provider.openai_api` (OpenAI and compatible APIs, the emulator),
 :mod:`batchgrader.provider.anthropic_api`, :mod:`batchgrader.provider.memory` (in memory, for tick tests).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import email.utils
 import os
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -252,27 +251,22 @@ class ProviderUnavailable(ProviderError):
 
 
 # ----------------------------------------------------------------------------------------------
-# retry policy
+# read retries
 # ----------------------------------------------------------------------------------------------
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff for reads: attempt n (0-based) waits ``min(base * 2**n, max_delay)`` scaled by a
-    jitter factor in ``[1 - jitter, 1]``; a server ``retry-after(-ms)`` wins when it is larger.
-    A requested wait above ``max_retry_after`` stops retrying (:class:`ProviderUnavailable`)."""
+#: How many times an adapter's SDK retries a read (retrieve, list, download) after its first
+#: attempt; writes are never retried (sent once, then reconciled).  One figure for every provider:
+#: the openai and anthropic SDKs' ``max_retries``, google-genai's ``HttpRetryOptions.attempts - 1``.
+#: With ``request_timeout_seconds`` (the longest silence of one attempt) it bounds a read:
+#: ``(READ_RETRIES + 1) * request_timeout_seconds`` plus the backoff between attempts.
+READ_RETRIES = 2
 
-    max_attempts: int = 6
-    base_delay: float = 0.5
-    max_delay: float = 30.0
-    jitter: float = 0.25
-    max_retry_after: float = 120.0
-
-    def backoff(self, retries_taken: int, rng: random.Random) -> float:
-        d = min(self.base_delay * (2.0**retries_taken), self.max_delay)
-        return d * (1.0 - self.jitter * rng.random())
+#: The longest Retry-After an SDK waits inside a call (openai's ``MAX_RETRY_AFTER_DELAY``; the
+#: Anthropic adapter holds its SDK to it): a longer one ends the call and reaches the engine.
+MAX_SDK_WAIT_S = 120.0
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, now: Callable[[], float] = time.time) -> float | None:
