@@ -20,6 +20,7 @@ cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -564,42 +565,64 @@ def _submit(
     """Halt after a failed chunk, hold over budget, else upload and create as far as the
     provider's queue limit (and max_simultaneous_batches, if set) allows; re-plan a chunk
     larger than the limit."""
-    out: list[Action] = []
     profile = config.profile(job.profile)
     reason = halt_reason(job, profile)
     if reason is not None:
-        for c in job.chunks.values():
-            if pending(c):  # retry and re-planned chunks too, or the job would wait for them forever
-                out.append(FailUnstarted(job.job_id, c.index, "halted", reason, reason))  # a file uploaded ahead is deleted
-        return out
+        # retry and re-planned chunks too, or the job would wait for them forever (a file uploaded ahead is deleted)
+        return [FailUnstarted(job.job_id, c.index, "halted", reason, reason) for c in job.chunks.values() if pending(c)]
     waiting = [c for c in job.chunks.values() if pending(c)]
     if not waiting:
-        return out
+        return []
     if job.recovered_since is not None:
-        out.append(SearchRecovered(job.job_id))  # its batches may exist from before the log was lost
-        return out
+        return [SearchRecovered(job.job_id)]  # its batches may exist from before the log was lost
     if not any(c.upload != "none" for c in job.chunks.values()):
         problem = budget_problem(state, job, config, now)
         if problem:
-            out.append(Hold(job.job_id, problem[0], problem[1]))
-            return out
-    settings = config.default
-    model = job.model or ""
-    limit, exact = queue_limit(state, config, model, queue_url)
+            return [Hold(job.job_id, problem[0], problem[1])]
     halt = profile.halt_on_chunk_failure and not job.retry_requested
     if halt and any(x.failure and not x.failure.get("retryable") for x in job.chunks.values()):
-        return out  # only "halted" chunks failed: nothing more is sent
-    cap = settings.max_simultaneous_batches
-    free = (1 << 30) if cap is None else cap - batches_in_use(state)
+        return []  # only "halted" chunks failed: nothing more is sent
+    return _fill_queue(state, job, waiting, config, now, timers, step, queue_url)
+
+
+@dataclass
+class _Room:
+    """What is left while the waiting chunks are offered the provider's queue: batches under
+    ``max_simultaneous_batches``, the tokens enqueued so far, and the room for files uploaded
+    ahead of queue room (None: no known limit)."""
+
+    free: int
+    enqueued: int
+    ahead: int | None
+
+
+def _fill_queue(
+    state: State,
+    job: JobState,
+    waiting: list[ChunkState],
+    config: Config,
+    now: float,
+    timers: Timers,
+    step: Step,
+    queue_url: str,
+) -> list[Action]:
+    model = job.model or ""
+    limit, exact = queue_limit(state, config, model, queue_url)
+    cap = config.default.max_simultaneous_batches
     enqueued = enqueued_tokens(state, model) - queue.doomed_tokens(state, model, known_limit(state, queue_url, model))
     # files uploaded ahead of queue room: one queue limit's worth per model, the chunks that will
     # be sent next (largest first: a waiting chunk already uploaded ahead keeps a part of it only
     # when it fits there, as a larger one is sent before it)
     waiting_here = {c.index for c in waiting}
-    ahead_room = None if limit is None else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here))
+    room = _Room(
+        free=(1 << 30) if cap is None else cap - batches_in_use(state),
+        enqueued=enqueued,
+        ahead=None if limit is None else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here)),
+    )
     # a chunk over the limit is re-planned at once (the wait after a refusal is for sending it
     # again), after the chunks that can be sent now: a re-plan takes a while, the queue's room
     # does not wait for it
+    out: list[Action] = []
     replans: list[Action] = []
     for c in queue.fill_order(waiting):
         if queue.needs_replan(limit, c.input_tokens, c.requests, exact):
@@ -610,42 +633,49 @@ def _submit(
         if timers.not_before.get((job.job_id, c.index), float("-inf")) > timers.clock(now):
             continue
         if c.upload == "done" and c.create in ("none", "failed"):
-            staged = c.staged  # uploaded ahead: not counted by enqueued_tokens nor batches_in_use
-            counted = c.input_tokens if c.failure is None and not staged else 0  # enqueued_tokens counts it already
-            if (
-                (free > 0 or not staged)
-                and ("Create", c.index, None) not in step.done
-                and queue.has_room(limit, enqueued - counted, c.input_tokens, exact)
-            ):
-                out.append(Create(job.job_id, c.index))  # uploaded earlier: create (again) with the same file
-                enqueued += c.input_tokens - counted
-                free -= 1 if staged else 0
-            elif staged and ahead_room is not None and c.input_tokens <= ahead_room:
-                ahead_room -= c.input_tokens  # still waiting, uploaded: it holds its part of the room ahead
+            out += _create_uploaded(job, c, room, limit, exact, step)
             continue
-        if free <= 0:
+        if room.free <= 0:
             break
-        if not queue.has_room(limit, enqueued, c.input_tokens, exact):
-            # waiting for room in the provider's queue: upload the file now, so that only the
-            # create is left when room appears
-            if (
-                ahead_room is not None
-                and c.upload != "started"
-                and c.input_tokens <= ahead_room
-                and ("Upload", c.index, None) not in step.done
-            ):
-                attempt = c.attempt + 1
-                out.append(Upload(job.job_id, c.index, attempt, upload_name(job.job_id, c.index, attempt), True, limit, enqueued))
-                ahead_room -= c.input_tokens
+        if not queue.has_room(limit, room.enqueued, c.input_tokens, exact):
+            out += _upload_ahead(job, c, room, limit, step)
             continue
         if ("Upload", c.index, None) in step.done:
             continue
         attempt = c.attempt + 1
         out.append(Upload(job.job_id, c.index, attempt, upload_name(job.job_id, c.index, attempt)))
         out.append(Create(job.job_id, c.index))
-        free -= 1
-        enqueued += c.input_tokens
+        room.free -= 1
+        room.enqueued += c.input_tokens
     return out + replans
+
+
+def _create_uploaded(job: JobState, c: ChunkState, room: _Room, limit: int | None, exact: bool, step: Step) -> list[Action]:
+    """A chunk whose file is at the provider: create (again) with the same file when the queue has
+    room; a chunk uploaded ahead that still waits holds its part of the room ahead."""
+    staged = c.staged  # uploaded ahead: not counted by enqueued_tokens nor batches_in_use
+    counted = c.input_tokens if c.failure is None and not staged else 0  # enqueued_tokens counts it already
+    if (
+        (room.free > 0 or not staged)
+        and ("Create", c.index, None) not in step.done
+        and queue.has_room(limit, room.enqueued - counted, c.input_tokens, exact)
+    ):
+        room.enqueued += c.input_tokens - counted
+        room.free -= 1 if staged else 0
+        return [Create(job.job_id, c.index)]
+    if staged and room.ahead is not None and c.input_tokens <= room.ahead:
+        room.ahead -= c.input_tokens
+    return []
+
+
+def _upload_ahead(job: JobState, c: ChunkState, room: _Room, limit: int | None, step: Step) -> list[Action]:
+    """Waiting for room in the provider's queue: upload the file now, so that only the create is
+    left when room appears (within one queue limit's worth of files ahead)."""
+    if room.ahead is None or c.upload == "started" or c.input_tokens > room.ahead or ("Upload", c.index, None) in step.done:
+        return []
+    attempt = c.attempt + 1
+    room.ahead -= c.input_tokens
+    return [Upload(job.job_id, c.index, attempt, upload_name(job.job_id, c.index, attempt), True, limit, room.enqueued)]
 
 
 def _finish(job: JobState, config: Config, store: Sequence[Action], now: float, timers: Timers) -> list[Action]:
