@@ -7,8 +7,7 @@ import dataclasses
 
 import pytest
 
-from batchgrader.core.config import load_config
-from batchgrader.core.decide import (
+from batchgrader.core.actions import (
     CancelBatch,
     Create,
     FailUnstarted,
@@ -20,6 +19,9 @@ from batchgrader.core.decide import (
     Step,
     Timers,
     Upload,
+)
+from batchgrader.core.config import load_config
+from batchgrader.core.decide import (
     budget_problem,
     decide,
     decide_job,

@@ -19,25 +19,19 @@ cancel unstarted chunks and submit (hold, upload, create), 8 retry failed rows o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
 from batchgrader.core import queue
 from batchgrader.core.actions import (
-    OUTBOX_TIMER,
     Action,
-    Archive,
     CancelBatch,
     CheckDuplicates,
     Create,
     CreateStaged,
-    DeleteProviderFiles,
     Download,
     FailBatch,
     FailUnstarted,
-    Finish,
     Hold,
     Merge,
     PlanRetries,
@@ -55,9 +49,10 @@ from batchgrader.core.actions import (
     StoreAnswers,
     Timers,
     Upload,
-    WriteResult,
 )
+from batchgrader.core.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
 from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.core.ending import ending, finish_actions, first_error  # noqa: F401 - part of the rules' interface
 from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
@@ -88,63 +83,11 @@ def capacity_refusal(status_code: int | None, message: str) -> bool:
     return status_code == 429 or "token_limit" in message
 
 
-def utc_day(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
-
-
 # --- the rules ------------------------------------------------------------------------------------
 
 
 def upload_name(job_id: str, chunk: int, attempt: int) -> str:
     return f"bg-{job_id}-c{chunk:04d}-a{attempt}.jsonl"
-
-
-def job_tokens_bound(job: JobState, profile: Profile) -> int:
-    input_tokens = sum(c.input_tokens for c in job.chunks.values())
-    return input_tokens + job.requests * profile.max_completion_tokens
-
-
-def committed_cost(state: State, exclude: str) -> float:
-    """What jobs already submitting may still spend (their estimate less what they cost so far)."""
-    total = 0.0
-    for j in state.active_jobs():
-        if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
-            total += max(0.0, ((j.estimate or {}).get("max_total") or 0.0) - j.cost_usd)
-    return total
-
-
-def budget_problem(state: State, job: JobState, config: Config, now: float) -> tuple[str, str] | None:
-    """Why ``job`` may not be submitted now (the limit's name and a message), or None."""
-    if job.override_budget:
-        return None
-    profile = config.profile(job.profile)
-    settings = config.default
-    est = (job.estimate or {}).get("max_total") or 0.0
-    if profile.max_cost_per_job_usd is not None and est > profile.max_cost_per_job_usd:
-        return (
-            "max_cost_per_job_usd",
-            f"estimated cost up to ${est:.4f} exceeds max_cost_per_job_usd ${profile.max_cost_per_job_usd:.4f}; "
-            f"raise the limit in config.yaml (then SIGHUP the daemon) or run `bgctl retry {job.job_id}` to submit anyway",
-        )
-    day = utc_day(now)
-    if settings.daily_cost_limit_usd is not None:
-        spent = state.spend_by_day.get(day, 0.0) + committed_cost(state, exclude=job.job_id)
-        if spent + est > settings.daily_cost_limit_usd:
-            return (
-                "daily_cost_limit_usd",
-                f"today's spend ${spent:.4f} plus this job's estimate ${est:.4f} would exceed daily_cost_limit_usd "
-                f"${settings.daily_cost_limit_usd:.4f}; it will be submitted when the limit allows (UTC day) or with `bgctl retry {job.job_id}`",
-            )
-    if settings.daily_token_limit is not None:
-        tokens = job_tokens_bound(job, profile)
-        used = state.tokens_by_day.get(day, 0) + committed_tokens(state, config, exclude=job.job_id)
-        if used + tokens > settings.daily_token_limit:
-            return (
-                "daily_token_limit",
-                f"today's {used:,} tokens plus this job's up to {tokens:,} would exceed daily_token_limit "
-                f"{settings.daily_token_limit:,}; it will be submitted when the limit allows or with `bgctl retry {job.job_id}`",
-            )
-    return None
 
 
 def batches_in_use(state: State) -> int:
@@ -197,17 +140,6 @@ def duplicate_check_due(c: ChunkState, now: float, timers: Timers, key: tuple[st
         return True
     due = timers.dup_next.get(key)
     return due is None or timers.clock(now) >= due
-
-
-def committed_tokens(state: State, config: Config, exclude: str) -> int:
-    """Tokens jobs already submitting may still use (their bound less what they used), as
-    :func:`committed_cost` does for money: jobs cannot each pass daily_token_limit and together exceed it."""
-    total = 0
-    for j in state.active_jobs():
-        if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
-            used = j.prompt_tokens + j.completion_tokens
-            total += max(0, job_tokens_bound(j, config.profile(j.profile)) - used)
-    return total
 
 
 def waiting_to_resend(c: ChunkState) -> bool:
@@ -331,43 +263,6 @@ def preflight_delay(attempt: int) -> float:
     """How long after the ``attempt``-th try that could not reach the provider the preflight is
     sent again: 5 s, doubling, at most 5 minutes."""
     return min(PREFLIGHT_MAX_DELAY, PREFLIGHT_FIRST_DELAY * 2 ** max(0, attempt - 1))
-
-
-def first_error(job: JobState) -> str:
-    for info in list(job.failed_rows.values())[:1]:
-        return f"{info.get('code')}: {info.get('message')}"
-    for info in list(job.row_errors.values())[:1]:
-        return f"{info.get('code')}: {info.get('message')}"
-    return "unknown"
-
-
-def ending(job: JobState) -> tuple[str, dict[str, Any]]:
-    """How a job whose chunks are all done ends: the final event and its payload."""
-    succeeded = job.succeeded_rows
-    failed = len(job.failed_rows) + len(job.row_errors)
-    if job.cancel_requested and job.reopened_from in (None, "cancelled"):
-        return "JobCancelled", {"succeeded": succeeded, "failed": failed}
-    # a cancelled `bgctl retry` leaves the job as its rows say (completed_with_errors, say), not cancelled
-    halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
-    if halted:
-        return "JobFailed", {
-            "code": "halted",
-            "error": halted,
-            "stage": "submit",
-            "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done.",
-        }
-    if succeeded == 0 and failed:
-        return "JobFailed", {
-            "code": "all_rows_failed",
-            "error": f"no row succeeded; first error: {first_error(job)}",
-            "stage": "merge",
-            "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`.",
-        }
-    return "JobCompleted", {
-        "state": "completed" if not failed else "completed_with_errors",
-        "succeeded": succeeded,
-        "failed": failed,
-    }
 
 
 # --- the decision -----------------------------------------------------------------------------------
@@ -529,7 +424,7 @@ def _when_chunks_are_done(
         ids = [] if job.cancel_requested or past_cutoff(job, now) else retry_ids(job, profile)
         if ids:
             return [PlanRetries(job.job_id, tuple(ids))]
-        return _finish(job, config, store, now, timers)
+        return finish_actions(job, config, store, now, timers)
     if store and not batches_in_flight(state):
         return store
     return []
@@ -676,26 +571,6 @@ def _upload_ahead(job: JobState, c: ChunkState, room: _Room, limit: int | None, 
     attempt = c.attempt + 1
     room.ahead -= c.input_tokens
     return [Upload(job.job_id, c.index, attempt, upload_name(job.job_id, c.index, attempt), True, limit, room.enqueued)]
-
-
-def _finish(job: JobState, config: Config, store: Sequence[Action], now: float, timers: Timers) -> list[Action]:
-    if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
-        return []  # the result could not be written: tried again once the back-off has passed
-    final, payload = ending(job)
-    failed = final == "JobFailed"
-    out: list[Action] = []
-    if job.outbox != "done":
-        out.append(WriteResult(job.job_id, failed, str(payload.get("error", "")), str(payload.get("hint", ""))))
-    out += store  # after the result file: the user has the results first; before the end
-    if not job.archived_path and job.panel_of is None:  # a judge's job leaves the panel's input alone
-        out.append(Archive(job.job_id, failed))
-    if config.default.delete_provider_files and not job.provider_files_deleted:
-        ids: list[str] = []
-        for c in job.chunks.values():
-            ids += [x for x in (c.file_id, c.output_file_id, c.error_file_id) if x]
-        out.append(DeleteProviderFiles(job.job_id, tuple(ids)))
-    out.append(Finish(job.job_id, final, payload))
-    return out
 
 
 # --- reusing answers (issue 14) ----------------------------------------------------------------------

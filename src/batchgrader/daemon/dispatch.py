@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import PlanStragglers, SendStragglers
-from batchgrader.core.decide import (
+from batchgrader.core.actions import (
     Action,
     Archive,
     CancelBatch,
@@ -29,6 +28,7 @@ from batchgrader.core.decide import (
     Hold,
     Merge,
     PlanRetries,
+    PlanStragglers,
     Poll,
     Preflight,
     Prepare,
@@ -39,6 +39,7 @@ from batchgrader.core.decide import (
     RestoreInput,
     SearchRecovered,
     SendOnline,
+    SendStragglers,
     StoreAnswers,
     Upload,
     WriteResult,

@@ -9,9 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import OUTBOX_TIMER
+from batchgrader.core.actions import OUTBOX_TIMER, WriteResult
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
-from batchgrader.core.decide import WriteResult
 from batchgrader.core.outcomes import outbox_retry_at
 from batchgrader.core.panel import judge_result_path
 from batchgrader.core.state import JobState

@@ -1,0 +1,70 @@
+"""How a job ends, as pure rules: its final event (completed, completed with errors, failed,
+cancelled) and the actions that take it there once its chunks are done."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from batchgrader.core.actions import OUTBOX_TIMER, Action, Archive, DeleteProviderFiles, Finish, Timers, WriteResult
+from batchgrader.core.config import Config
+from batchgrader.core.state import JobState
+
+
+def first_error(job: JobState) -> str:
+    for info in list(job.failed_rows.values())[:1]:
+        return f"{info.get('code')}: {info.get('message')}"
+    for info in list(job.row_errors.values())[:1]:
+        return f"{info.get('code')}: {info.get('message')}"
+    return "unknown"
+
+
+def ending(job: JobState) -> tuple[str, dict[str, Any]]:
+    """How a job whose chunks are all done ends: the final event and its payload."""
+    succeeded = job.succeeded_rows
+    failed = len(job.failed_rows) + len(job.row_errors)
+    if job.cancel_requested and job.reopened_from in (None, "cancelled"):
+        return "JobCancelled", {"succeeded": succeeded, "failed": failed}
+    # a cancelled `bgctl retry` leaves the job as its rows say (completed_with_errors, say), not cancelled
+    halted = next((i["message"] for i in job.failed_rows.values() if i.get("code") == "halted"), None)
+    if halted:
+        return "JobFailed", {
+            "code": "halted",
+            "error": halted,
+            "stage": "submit",
+            "hint": f"Fix the cause, then `bgctl retry {job.job_id}` resubmits the rows not done.",
+        }
+    if succeeded == 0 and failed:
+        return "JobFailed", {
+            "code": "all_rows_failed",
+            "error": f"no row succeeded; first error: {first_error(job)}",
+            "stage": "merge",
+            "hint": f"See the error column of the result file; fix the cause, then `bgctl retry {job.job_id}`.",
+        }
+    return "JobCompleted", {
+        "state": "completed" if not failed else "completed_with_errors",
+        "succeeded": succeeded,
+        "failed": failed,
+    }
+
+
+def finish_actions(job: JobState, config: Config, store: Sequence[Action], now: float, timers: Timers) -> list[Action]:
+    """The job's end once its chunks are done: the result file, the stored answers, the archived
+    input, the provider files deleted, the final event (not before an unwritten result's back-off)."""
+    if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
+        return []  # the result could not be written: tried again once the back-off has passed
+    final, payload = ending(job)
+    failed = final == "JobFailed"
+    out: list[Action] = []
+    if job.outbox != "done":
+        out.append(WriteResult(job.job_id, failed, str(payload.get("error", "")), str(payload.get("hint", ""))))
+    out += store  # after the result file: the user has the results first; before the end
+    if not job.archived_path and job.panel_of is None:  # a judge's job leaves the panel's input alone
+        out.append(Archive(job.job_id, failed))
+    if config.default.delete_provider_files and not job.provider_files_deleted:
+        ids: list[str] = []
+        for c in job.chunks.values():
+            ids += [x for x in (c.file_id, c.output_file_id, c.error_file_id) if x]
+        out.append(DeleteProviderFiles(job.job_id, tuple(ids)))
+    out.append(Finish(job.job_id, final, payload))
+    return out
