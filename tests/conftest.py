@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from batchgrader.core.home import Home
+
+# The suite starts hundreds of Python processes (daemons, `bgctl`, merge workers, the sandbox's
+# emulator, pytest's own workers): they share the compiled modules instead of each compiling the
+# package again, also where the environment asks Python not to write them
+# (PYTHONDONTWRITEBYTECODE). The caches are git-ignored.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True)
