@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from batchgrader.core.config import Config, Profile
 from batchgrader.core.decide import Action, Step, Timers, next_action, resubmit_delay, utc_day
+from batchgrader.core.due import next_due
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState, State
 from batchgrader.daemon.base import _e
@@ -68,6 +69,7 @@ class Engine:
         self.handlers: dict[type[Action], Handler] = action_table(self.steps)
         self.idle = False
         self.again = False  # a job stopped its tick after an action with more to do now (tick again at once)
+        self.failed = False  # a step of the tick failed (logged; tried again at the next tick)
 
     # --- what the daemon and the tests read and set: the context's, under the engine's name ----
     home = OnContext[Home]("home")
@@ -109,9 +111,16 @@ class Engine:
         return self.steps.intake.pending()
 
     def intake_due(self) -> float | None:
-        """When a file seen in the inbox can next be found stable and taken (None: none waits):
-        the daemon ticks then rather than at its next interval."""
+        """When a file seen in the inbox can next be found stable and taken (None: none waits)."""
         return self.steps.intake.due()
+
+    def next_due(self, mono: float, wall: float | None = None) -> float | None:
+        """The earliest time (monotonic, ``mono`` now; ``wall`` now on the wall clock, default
+        ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.due.next_due`
+        over the jobs it takes further; the daemon's next tick is armed for it."""
+        ours = [j.job_id for j in self.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
+        wall = mono if wall is None else wall
+        return next_due(self.state, self.ctx.schedule, self.config, wall, mono, self.steps.intake.times(), ours)
 
     def busy(self) -> bool:
         """True while a job can still make progress on its own (held jobs wait for the user, and
@@ -149,6 +158,7 @@ class Engine:
         self.ctx.set_clocks(now, mono)
         self.idle = False
         self.again = False
+        self.failed = False
         self.intake(now)
         self._advance_all(now)
         self.idle = not self.busy() and not self.inbox_pending()
@@ -157,6 +167,7 @@ class Engine:
         try:
             self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
         except ProviderError as exc:
+            self.failed = True
             log.warning("listing batches: %s (polling them one by one)", exc)
         for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
             if self.ctx.should_stop():
@@ -172,8 +183,10 @@ class Engine:
             except DatabaseMoved:
                 raise  # never go on writing to a file nobody reads
             except (ProviderError, OSError) as exc:
+                self.failed = True
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
+                self.failed = True
                 log.exception("job %s: unexpected error (will retry): %s", job.job_id, exc)
 
     def _ours(self, job: JobState) -> bool:
