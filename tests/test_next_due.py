@@ -16,7 +16,7 @@ from batchgrader.core.decide import preflight_delay
 from batchgrader.core.due import InboxTimes, next_due
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import State
-from batchgrader.daemon.process import TICK_FLOOR, TICK_JOB, TickOutcome, TickPace, TickTimer
+from batchgrader.daemon.tick_timer import TICK_FLOOR, TICK_JOB, TickOutcome, TickPace, TickTimer
 from harness import wait_for
 from ticks import Rig
 

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +36,7 @@ from batchgrader.core.secrets import EnvFileError, MaskSecrets
 from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
+from batchgrader.daemon.tick_timer import TICK_FLOOR, TickOutcome, TickPace, TickTimer, watch_home
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
 
@@ -76,32 +76,6 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
         logging.getLogger(noisy).addFilter(mask)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return handler
-
-
-def watch_home(observer: Any, home: Home, wake: threading.Event) -> None:
-    """Have ``observer`` (the inbox watcher's) also wake the daemon for a request in ``control/``
-    (`bgctl cancel`, `bgctl retry`), an edit of config.yaml or pricing.csv, and the database file
-    deleted or moved away: the tick that acts on them runs at once, not at the next due time."""
-    from watchdog.events import FileSystemEventHandler
-
-    from batchgrader.daemon.control import CONTROL_DIR
-
-    control = home.root / CONTROL_DIR
-    config_files = {home.config_file, home.pricing_file}
-
-    class _Wake(FileSystemEventHandler):
-        def on_any_event(self, event) -> None:  # noqa: ANN001
-            if event.event_type in ("opened", "closed_no_write"):
-                return
-            paths = [Path(os.fsdecode(p)) for p in (event.src_path, getattr(event, "dest_path", "")) if p]
-            if any(p.parent == control or p in config_files for p in paths):
-                wake.set()
-            elif event.event_type in ("deleted", "moved") and paths[0] == home.db:
-                wake.set()
-
-    control.mkdir(parents=True, exist_ok=True)
-    observer.schedule(_Wake(), str(home.root), recursive=False)
-    observer.schedule(_Wake(), str(control), recursive=False)
 
 
 def sandbox_emulator(data_dir: Path, label: str = "sandbox emulator"):
@@ -190,121 +164,6 @@ class DeferredProvider:
 
     def __reduce__(self) -> Any:
         raise TypeError("a provider holds an API key and cannot be pickled")
-
-
-# --- the tick's timer ---------------------------------------------------------------------------------
-
-#: s, the soonest a tick follows the one before, whatever is due (no busy loop)
-TICK_FLOOR = 0.05
-TICK_JOB = "tick"
-
-
-@dataclass(frozen=True)
-class TickOutcome:
-    """What one tick leaves for the next: the earliest due time (monotonic; None: nothing waits on
-    time), the monotonic time it was computed at, work due at once (``again``: a job stopped after
-    an action ending its step) and whether a step failed (it is tried again soon)."""
-
-    due: float | None
-    mono: float
-    again: bool = False
-    failed: bool = False
-
-
-@dataclass(frozen=True)
-class TickPace:
-    """How far apart ticks are: never closer than ``floor``; ``retry`` after a tick that left work
-    undone (a step failed, or a time was still due after the tick that was run for it: the fixed
-    tick period of before, half of ``poll_interval_seconds`` within 0.05-0.5 s); never further
-    than ``ceiling`` (``poll_interval_seconds``: the configuration and the database file are
-    looked at then, whatever the inbox watcher saw)."""
-
-    floor: float
-    retry: float
-    ceiling: float
-
-    @classmethod
-    def of(cls, poll_interval: float) -> TickPace:
-        return cls(TICK_FLOOR, max(TICK_FLOOR, min(0.5, poll_interval / 2)), max(TICK_FLOOR, poll_interval))
-
-    def delay(self, outcome: TickOutcome, overdue_before: bool) -> tuple[float, bool]:
-        """Seconds until the next tick, and whether it is run for a time already due."""
-        if outcome.again:
-            return self.floor, False
-        if outcome.failed:
-            return self.retry, False
-        if outcome.due is None:
-            return self.ceiling, False
-        wait = outcome.due - outcome.mono
-        if wait <= 0:  # due already: at once, but a second time in a row only at the old pace
-            return (self.retry if overdue_before else self.floor), True
-        return max(self.floor, min(self.ceiling, wait)), False
-
-
-class TickTimer:
-    """The scheduler's one tick: an APScheduler date job (``max_instances=1``, coalesced) re-armed
-    at the end of every tick at the time its :class:`TickOutcome` asks for
-    (:meth:`TickPace.delay`), and re-armed to now by :meth:`wake` (the inbox watcher, a control
-    file, a signal, a merge worker finishing).  A wake during a tick is kept and honoured when
-    it ends, so ticks never overlap and no wake is lost; :attr:`count` is how many have run."""
-
-    def __init__(self, scheduler: Any, tick: Callable[[], TickOutcome], pace: TickPace, stopped: Callable[[], bool]) -> None:
-        self.scheduler = scheduler
-        self.pace = pace
-        self.count = 0
-        self.next_delay: float = 0.0  # the wait the last tick armed (seconds)
-        self._tick = tick
-        self._stopped = stopped
-        self._lock = threading.Lock()
-        self._running = False
-        self._woken = False
-        self._overdue = False
-
-    def run(self) -> None:
-        """The job's function: one tick, then the next one armed."""
-        with self._lock:
-            self._running, self._woken = True, False
-        outcome = TickOutcome(None, time.monotonic(), failed=True)
-        try:
-            outcome = self._tick()
-        finally:
-            with self._lock:
-                self._running = False
-                self.count += 1
-                delay, self._overdue = self.pace.delay(outcome, self._overdue)
-                if self._woken:
-                    delay, self._overdue = self.pace.floor, False
-                self.next_delay = delay
-                self._arm(delay)
-            log.debug("tick %d done: next in %.3f s", self.count, delay)
-
-    def wake(self) -> None:
-        """Tick now (after the running tick, if one runs)."""
-        with self._lock:
-            if self._running:
-                self._woken = True
-            else:
-                self._arm(0.0)
-
-    def ensure_armed(self) -> None:
-        """Arm a tick now if none is armed and none runs (a re-arm refused by the scheduler)."""
-        with self._lock:
-            if not self._running and self.scheduler.get_job(TICK_JOB) is None:
-                self._arm(0.0)
-
-    def _arm(self, delay: float) -> None:
-        if self._stopped():
-            return
-        self.scheduler.add_job(
-            self.run,
-            "date",
-            run_date=datetime.now(UTC) + timedelta(seconds=delay),
-            id=TICK_JOB,
-            replace_existing=True,
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=None,
-        )
 
 
 # --- the daemon --------------------------------------------------------------------------------------
