@@ -96,6 +96,48 @@ def test_an_ended_job_waits_on_nothing_even_with_its_timers_left_behind(rig):
     assert rig.engine.next_due(rig.now) == pytest.approx(rig.engine.steps.intake.times().last_scan + RESCAN)
 
 
+def follow(rig: Rig, until: str, limit: int = 50) -> list[float]:
+    """Tick only at the engine's due times (as the daemon does) until an event ``until``; the
+    clock times of the ticks."""
+    times = []
+    for _ in range(limit):
+        due = rig.engine.next_due(rig.now)
+        assert due is not None and due > rig.now  # nothing left due by the tick before
+        if until in rig.tick(due - rig.now):
+            return [*times, rig.now]
+        times.append(rig.now)
+    raise AssertionError(f"no {until} after {limit} ticks at due times")
+
+
+def test_a_create_refused_for_a_rate_limit_is_due_at_its_resend(rig):
+    job = rig.drop(2)
+    rig.provider.fail_next("create_batch", "refused", status_code=429, message="Rate limit reached", code="rate_limit_exceeded")
+    assert rig.tick()[-1] == "BatchCreateFailed"
+    resend = rig.engine.ctx.schedule.not_before[(job.job_id, 0)]
+    assert rig.engine.next_due(rig.now) == resend
+    assert follow(rig, "BatchCreated") == [resend]
+
+
+def test_a_create_whose_outcome_is_unknown_is_listed_at_its_settle_times_then_sent_again(rig):
+    rig.drop(2)
+    rig.provider.fail_next("create_batch", "dropped")
+    assert rig.tick()[-1] == "BatchCreateRequested"
+    sent = rig.now
+    times = follow(rig, "BatchCreated")
+    # listed every few seconds, and created again only once absent is proven (120 s timeout + 3 s)
+    assert times[-1] >= sent + 123 and all(b - a <= 5.0 + 1e-9 for a, b in zip([sent, *times], times))
+    assert rig.calls("create_batch") == 2 and len(rig.provider.batches) == 1
+
+
+def test_a_job_held_by_a_daily_limit_is_looked_at_again_at_the_next_utc_day(home):
+    rig = Rig(home, "daily_token_limit: 10\nrescan_interval_seconds: 1000000\n")
+    rig.drop(3)
+    assert rig.tick() == ["JobHeld"]
+    midnight = (rig.now // 86400 + 1) * 86400
+    assert rig.engine.next_due(rig.now) == midnight  # a daily limit may allow it then
+    rig.close()
+
+
 # --- the timer's pace ------------------------------------------------------------------------------
 
 
