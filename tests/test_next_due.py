@@ -255,3 +255,25 @@ def test_an_idle_daemon_ticks_at_its_due_times_not_at_the_old_fixed_rate(home):
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+@pytest.mark.slow  # a real daemon process
+def test_a_control_request_and_a_config_edit_wake_an_idle_daemon_at_once(home):
+    """Nothing is due for minutes (poll_interval_seconds and the rescan far off): a request in
+    ``control/`` and an edit of config.yaml are acted on at once, because they wake the daemon."""
+    from batchgrader.daemon.control import request_control
+    from harness import start_daemon
+
+    log = home.logs / "daemon.log"
+    home.config_file.write_text("log_level: DEBUG\npoll_interval_seconds: 600\nrescan_interval_seconds: 600\n")
+    proc = start_daemon(home.root, None, "--sandbox")
+    try:
+        wait_for(lambda: [t for t in _ticks(home) if t[2] >= 500], timeout=60, what="an idle tick armed minutes ahead")
+        path = request_control(home, "cancel", "no-such-job")
+        wait_for(lambda: not path.exists() and "set aside" in log.read_text(), timeout=20, what="the request applied")
+        home.config_file.write_text(home.config_file.read_text() + "max_row_retries: 1\n")
+        wait_for(lambda: "configuration reloaded" in log.read_text(), timeout=20, what="the reload")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
