@@ -129,6 +129,15 @@ def test_a_create_whose_outcome_is_unknown_is_listed_at_its_settle_times_then_se
     assert rig.calls("create_batch") == 2 and len(rig.provider.batches) == 1
 
 
+def test_an_intent_left_open_by_a_failed_listing_is_due_at_once(rig):
+    rig.drop(2)
+    rig.provider.fail_next("create_batch", "lost")
+    rig.provider.fail_next("find_batches", "unavailable")
+    assert rig.tick()[-1] == "BatchCreateRequested" and rig.job().chunks[0].open_intent == "create"
+    assert rig.engine.next_due(rig.now) <= rig.now  # the listing is tried again at the next tick
+    assert rig.tick(0.05)[0] == "BatchCreated" and rig.calls("create_batch") == 1
+
+
 def test_a_job_held_by_a_daily_limit_is_looked_at_again_at_the_next_utc_day(home):
     rig = Rig(home, "daily_token_limit: 10\nrescan_interval_seconds: 1000000\n")
     rig.drop(3)

@@ -10,7 +10,8 @@ job that stopped after an action ending its step) is the engine's ``again``; an 
 The times it reads, each only while the state still waits on it:
 
 * ``schedule.next_poll``: a batch in flight (and so the round of ``batches.list`` serving them);
-* ``schedule.next_listing``: a create whose outcome is unknown (the settle deadline);
+* an open intent (an upload or create whose outcome is unknown): at once, a create then at
+  ``schedule.next_listing`` (its settle deadline);
 * ``schedule.dup_next``: the duplicate watch of a chunk created again;
 * ``schedule.not_before``: a refused chunk's resend; ``(job, OUTBOX_TIMER)``: a result file not
   written, tried again (on the wall clock, as :mod:`batchgrader.core.decide` compares it);
@@ -67,22 +68,22 @@ def next_due(
         job = state.jobs.get(job_id)
         if job is None or job.ended or job.rejected or job.corrupt or job.left_alone is not None:
             continue
-        times += _job_monotonic(job, schedule)
+        times += _job_monotonic(job, schedule, mono)
         times += [mono + (t - wall) for t in _job_wall(job, schedule, wall)]
     if inbox is not None:
         times += [mono + (t - wall) for t in _inbox_wall(inbox, config, wall)]
     return min(times, default=None)
 
 
-def _job_monotonic(job: JobState, schedule: Schedule) -> Iterator[float]:
-    """A job's waits kept on the monotonic clock."""
+def _job_monotonic(job: JobState, schedule: Schedule, mono: float) -> Iterator[float]:
+    """A job's waits kept on the monotonic clock (``mono``: now, for what is due at once)."""
     jid = job.job_id
     for c in job.chunks.values():
         key = (jid, c.index)
         if c.in_flight and c.batch_id and key in schedule.next_poll:
             yield schedule.next_poll[key][0]
-        if c.open_intent == "create" and key in schedule.next_listing:
-            yield schedule.next_listing[key]
+        if c.open_intent:  # reconciled at once, a create at its next listing while its outcome settles
+            yield schedule.next_listing.get(key, mono) if c.open_intent == "create" else mono
         if c.dup_check_due and c.create == "done" and c.batch_id and not c.done and key in schedule.dup_next:
             yield schedule.dup_next[key]
         if not c.done and key in schedule.not_before:

@@ -110,10 +110,6 @@ class Engine:
         """Files seen in the inbox but not yet taken (waiting to be stable)."""
         return self.steps.intake.pending()
 
-    def intake_due(self) -> float | None:
-        """When a file seen in the inbox can next be found stable and taken (None: none waits)."""
-        return self.steps.intake.due()
-
     def next_due(self, mono: float, wall: float | None = None) -> float | None:
         """The earliest time (monotonic, ``mono`` now; ``wall`` now on the wall clock, default
         ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.due.next_due`
@@ -150,7 +146,9 @@ class Engine:
         """One pass over every job. Sets ``idle`` when, at the end of the pass, no job is active
         and no inbox file is waiting (decided here, not by another thread, to avoid races), and
         ``again`` when a job stopped after an action that ends its tick (``Prepare``,
-        ``SearchRecovered``, ``PlanRetries``) with what follows due now.
+        ``SearchRecovered``, ``PlanRetries``) with what follows due now, and ``failed`` when a job's
+        step raised (logged; the daemon ticks again soon).  :meth:`next_due` says when anything
+        waits next.
 
         ``now`` is the wall clock (timestamps, UTC days); ``mono`` the monotonic clock every
         wait runs on (polls, resubmits, settle waits), so a wall-clock step moves none of them;
@@ -167,7 +165,6 @@ class Engine:
         try:
             self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
         except ProviderError as exc:
-            self.failed = True
             log.warning("listing batches: %s (polling them one by one)", exc)
         for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
             if self.ctx.should_stop():
