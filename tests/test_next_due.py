@@ -159,6 +159,7 @@ def test_the_pace_arms_the_next_tick_at_the_due_time_within_floor_and_ceiling():
     assert pace.delay(TickOutcome(None, 100.0), False) == (60.0, False)  # nothing waits on time
     assert pace.delay(TickOutcome(1000.0, 100.0, again=True), False) == (TICK_FLOOR, False)  # work due now
     assert pace.delay(TickOutcome(1000.0, 100.0, failed=True), False) == (0.5, False)  # tried again soon
+    assert TickPace.of(3600.0).ceiling == 60.0  # an idle daemon's heartbeat stays fresh
 
 
 def test_a_time_still_due_after_its_tick_is_looked_at_again_only_at_the_old_pace():
@@ -268,7 +269,7 @@ def test_an_idle_daemon_ticks_at_its_due_times_not_at_the_old_fixed_rate(home):
 
 @pytest.mark.slow  # a real daemon process
 def test_a_control_request_and_a_config_edit_wake_an_idle_daemon_at_once(home):
-    """Nothing is due for minutes (poll_interval_seconds and the rescan far off): a request in
+    """Nothing is due for a minute (poll_interval_seconds and the rescan far off): a request in
     ``control/`` and an edit of config.yaml are acted on at once, because they wake the daemon."""
     from batchgrader.daemon.control import request_control
     from harness import start_daemon
@@ -277,7 +278,7 @@ def test_a_control_request_and_a_config_edit_wake_an_idle_daemon_at_once(home):
     home.config_file.write_text("log_level: DEBUG\npoll_interval_seconds: 600\nrescan_interval_seconds: 600\n")
     proc = start_daemon(home.root, None, "--sandbox")
     try:
-        wait_for(lambda: [t for t in _ticks(home) if t[2] >= 500], timeout=60, what="an idle tick armed minutes ahead")
+        wait_for(lambda: [t for t in _ticks(home) if t[2] >= 59], timeout=60, what="an idle tick armed a minute ahead")
         path = request_control(home, "cancel", "no-such-job")
         wait_for(lambda: not path.exists() and "set aside" in log.read_text(), timeout=20, what="the request applied")
         home.config_file.write_text(home.config_file.read_text() + "max_row_retries: 1\n")

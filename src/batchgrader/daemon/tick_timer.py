@@ -26,6 +26,9 @@ log = logging.getLogger("batchgrader")
 #: s, the soonest a tick follows the one before, whatever is due (no busy loop)
 TICK_FLOOR = 0.05
 TICK_JOB = "tick"
+#: s, the longest an idle daemon goes without a tick (its heartbeat, which systemd's watchdog
+#: is fed on, stays fresh whatever ``poll_interval_seconds`` says)
+TICK_CEILING = 60.0
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,8 @@ class TickPace:
     """How far apart ticks are: never closer than ``floor``; ``retry`` after a tick that left work
     undone (a step failed, or a time was still due after the tick that was run for it: the fixed
     tick period of before, half of ``poll_interval_seconds`` within 0.05-0.5 s); never further
-    than ``ceiling`` (``poll_interval_seconds``: the configuration and the database file are
-    looked at then, whatever the inbox watcher saw)."""
+    than ``ceiling`` (``poll_interval_seconds``, at most :data:`TICK_CEILING`: the configuration
+    and the database file are looked at then, whatever the watcher saw)."""
 
     floor: float
     retry: float
@@ -54,7 +57,7 @@ class TickPace:
 
     @classmethod
     def of(cls, poll_interval: float) -> TickPace:
-        return cls(TICK_FLOOR, max(TICK_FLOOR, min(0.5, poll_interval / 2)), max(TICK_FLOOR, poll_interval))
+        return cls(TICK_FLOOR, max(TICK_FLOOR, min(0.5, poll_interval / 2)), max(TICK_FLOOR, min(TICK_CEILING, poll_interval)))
 
     def delay(self, outcome: TickOutcome, overdue_before: bool) -> tuple[float, bool]:
         """Seconds until the next tick, and whether it is run for a time already due."""
