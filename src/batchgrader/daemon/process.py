@@ -3,7 +3,7 @@
 Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.lock`),
 signal handlers that only set flags, an APScheduler date job that runs the engine's tick at the
 earliest time anything is due (:func:`batchgrader.core.due.next_due`, re-armed after every tick),
-a watchdog observer that only wakes it (inbox, control files, the config files), control requests from `bgctl cancel` / `bgctl retry` (files in
+a watchdog observer that only wakes it (the inbox, control files), control requests from `bgctl cancel` / `bgctl retry` (files in
 ``control/``, :mod:`batchgrader.daemon.control`, so the daemon stays the only writer of the event
 log), sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when it
 runs in a terminal.  Only the tick thread touches the engine's state; the main loop's
@@ -36,7 +36,7 @@ from batchgrader.core.secrets import EnvFileError, MaskSecrets
 from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
-from batchgrader.daemon.tick_timer import TICK_FLOOR, TickOutcome, TickPace, TickTimer, watch_home
+from batchgrader.daemon.tick_timer import TICK_FLOOR, TickOutcome, TickPace, TickTimer, watch_control
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
 
@@ -386,7 +386,7 @@ class Daemon:
         notifier.ready()
         log.info("daemon ready: %d jobs in the log", len(engine.state.jobs))
         watcher = InboxWatcher(self.home, self.wake)
-        watch_home(watcher.observer, self.home, self.wake)
+        watch_control(watcher.observer, self.home, self.wake)
         watcher.start()
         scheduler = BackgroundScheduler()
         self.ticks = TickTimer(scheduler, self._tick, TickPace.of(config.poll_interval_seconds), self.stop.is_set)

@@ -2,21 +2,18 @@
 
 :class:`TickTimer` arms the job after every tick at the wait :class:`TickPace` derives from the
 tick's :class:`TickOutcome` (the due time of :func:`batchgrader.core.due.next_due`, work due at
-once, a failed step), and re-arms it to now when the daemon is woken; :func:`watch_home` adds
-the wake-ups besides the inbox (a request in ``control/``, an edit of the config files, the
-database file removed).  Ticks never overlap, and no wake is lost.
+once, a failed step), and re-arms it to now when the daemon is woken; :func:`watch_control`
+adds a request in ``control/`` to the wake-ups.  Ticks never overlap, and no wake is lost.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from batchgrader.core.home import Home
@@ -139,27 +136,20 @@ class TickTimer:
         )
 
 
-def watch_home(observer: Any, home: Home, wake: threading.Event) -> None:
+def watch_control(observer: Any, home: Home, wake: threading.Event) -> None:
     """Have ``observer`` (the inbox watcher's) also wake the daemon for a request in ``control/``
-    (`bgctl cancel`, `bgctl retry`), an edit of config.yaml or pricing.csv, and the database file
-    deleted or moved away: the tick that acts on them runs at once, not at the next due time."""
+    (`bgctl cancel`, `bgctl retry`): it is applied at once, not at the next due time.  (The home's
+    own folder is not watched: every write of the database would wake the watcher's thread; an
+    edit of the config files is seen at the next tick, or at once with SIGHUP.)"""
     from watchdog.events import FileSystemEventHandler
 
     from batchgrader.daemon.control import CONTROL_DIR
 
-    control = home.root / CONTROL_DIR
-    config_files = {home.config_file, home.pricing_file}
-
     class _Wake(FileSystemEventHandler):
         def on_any_event(self, event) -> None:  # noqa: ANN001
-            if event.event_type in ("opened", "closed_no_write"):
-                return
-            paths = [Path(os.fsdecode(p)) for p in (event.src_path, getattr(event, "dest_path", "")) if p]
-            if any(p.parent == control or p in config_files for p in paths):
-                wake.set()
-            elif event.event_type in ("deleted", "moved") and paths[0] == home.db:
+            if event.event_type not in ("opened", "closed_no_write"):
                 wake.set()
 
+    control = home.root / CONTROL_DIR
     control.mkdir(parents=True, exist_ok=True)
-    observer.schedule(_Wake(), str(home.root), recursive=False)
     observer.schedule(_Wake(), str(control), recursive=False)
