@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from batchgrader.cli.render_status import bar, render_costs, render_events, render_job, render_status
+from batchgrader.cli.render_costs import bar, render_costs
+from batchgrader.cli.render_status import render_events, render_job, render_status
 from batchgrader.core.home import Home
 from batchgrader.core.schema import EVENTS, EVENTS_DDL
 from batchgrader.core.state import fold

@@ -360,7 +360,7 @@ def logs(obj: Ctx, follow: bool, since: str | None, lines: int | None, max_secon
 @click.pass_obj
 def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool) -> None:
     """Billed cost from the token-usage events (not re-estimated), with spend per day as a bar chart."""
-    from batchgrader.cli.render_status import render_costs
+    from batchgrader.cli.render_costs import render_costs
     from batchgrader.store import costs as costs_mod
 
     no_db_guard(obj)
