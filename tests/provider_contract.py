@@ -130,6 +130,7 @@ class ProviderContract:
         assert found.outcome == "adopted" and found.batch is not None and not found.duplicates
         assert emu.batches_created() == 1
 
+    @pytest.mark.slow  # waits out the SDKs' own backoff (real time)
     def test_reads_are_retried_through_transient_faults(self, provider, emu, tmp_path):
         b = self.submit(provider, self.chunk(tmp_path, 1))
         method, route = self.retrieve_route
@@ -139,6 +140,7 @@ class ProviderContract:
         assert provider.retrieve(b.id).id == b.id
         assert emu.request_count(method, route) - before == READ_RETRIES + 1
 
+    @pytest.mark.slow  # waits out the SDKs' own backoff (real time)
     def test_a_read_asked_to_wait_over_two_minutes_ends_at_once_and_carries_the_wait(self, provider, emu, tmp_path):
         """No SDK waits a Retry-After over 120 s inside a call (the daemon's tick would hang): the
         call ends and the wait reaches the engine."""

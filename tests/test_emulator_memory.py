@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     chat_line,
@@ -84,6 +86,7 @@ def _phase_peaks(client: Any, clock: Any, tmp_path: Path, n: int) -> tuple[int, 
     return validated, ran
 
 
+@pytest.mark.slow  # a memory measurement of thousands of requests under tracemalloc
 def test_a_batch_is_validated_answered_and_finished_in_memory_that_does_not_grow_with_it(
     emu_factory, clock, tmp_path: Path
 ) -> None:

@@ -112,6 +112,7 @@ def big_input(n: int, words: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow  # a large batch validated in the background
 def test_requests_return_at_once_while_a_large_batch_is_being_validated(emu_factory):
     """On the real clock the parse-and-count of a 20,000-request file happens in the background:
     a retrieve of another batch and a create return at once while the large batch is still

@@ -306,6 +306,7 @@ def test_retry_after_ms_takes_precedence():
     assert parse_retry_after({"retry-after": "soon"}) is None and parse_retry_after({}) is None
 
 
+@pytest.mark.slow  # waits out the SDK's own backoff (real time)
 def test_a_server_error_and_a_dropped_connection_on_a_read_are_retried_then_succeed(provider, emu, input_path):
     f = uploaded(provider, input_path)
     b = provider.create_batch(f.id)
@@ -323,6 +324,7 @@ def test_read_attempts_are_bounded_and_the_last_answer_is_reported(provider, emu
     assert emu.request_count("GET", "/v1/batches/{id}") == 3
 
 
+@pytest.mark.slow  # waits out real timeouts
 def test_a_read_that_times_out_is_bounded_by_attempts_times_the_timeout(emu):
     p = make_provider(emu, timeout=0.2, max_retries=1)
     emu.script_fault("GET", "/v1/batches", Fault("hang_after", seconds=5), times=10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from batchgrader.core.config import load_config
 from batchgrader.pipeline.answerkey import line_key
 from batchgrader.pipeline.prepare import oversized_positions, prepare
@@ -92,6 +94,7 @@ def test_seen_keys_confirm_a_fingerprint_match_with_the_key_itself():
         seen.close()
 
 
+@pytest.mark.slow  # a memory measurement over many rows
 def test_the_probe_holds_a_few_bytes_per_row_sent():
     """A million rows must not mean a dict of a million keys: the probe keeps an array of
     positions and a fingerprint table (about 30 bytes a row, not ~320)."""

@@ -108,13 +108,13 @@ PROPS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthC
 # --- properties ---------------------------------------------------------------------------------
 
 
-@settings(PROPS, max_examples=400)
+@settings(PROPS, max_examples=200)
 @given(cases())
 def test_plan_properties_for_any_input(case):
     """One drawn case, every property of the plan (drawing a case costs far more than planning
     it): any input keeps the invariants and plans the same from arrays; without a forced count a
     chunk closes only when the next request would break a cap; with one there are n chunks, or
-    what the caps need.  400 examples, about half of them forced (the fast suite's one-minute
+    what the caps need.  200 examples, about half of them forced (the fast suite's one-minute
     budget; CI runs them on every push)."""
     tokens, sizes, lim = case
     chunks, oversized = plan_chunks(tokens, sizes, lim)
