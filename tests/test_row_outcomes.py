@@ -203,3 +203,14 @@ def test_truncated_rows_fail_are_not_stored_and_retry_raises_the_bound(rig):
     assert rig.job().ended == "completed"
     newest = next(p for p in rig.home.outbox.glob("a_results*.csv") if p.name != "a_results.csv")
     assert all(r["error"] == "" for r in rig.result_rows(newest.name))
+
+
+def test_a_rows_added_cells_come_in_the_order_the_result_file_writes_them():
+    """A JSON or JSONL result keeps each row's keys in this order (answered_by first, as
+    ``AddedColumns.written`` says): readers of the result, the report among them, rely on it."""
+    cols = AddedColumns("grade", (("score", "score"),), "input_tokens", "output_tokens", "error")
+    ok = {"ok": True, "content": '{"score": 3}', "status_code": 200, "prompt_tokens": 5, "completion_tokens": 2}
+    failed = {"ok": False, "content": "cut", "status_code": 200, "error_code": "truncated", "error_message": "m"}
+    assert list(result_values(cols, ok, None, True)) == cols.written()
+    assert list(result_values(cols, failed, None, True)) == cols.written()
+    assert list(result_values(cols, None, "no result", False)) == cols.written()

@@ -124,21 +124,27 @@ def result_values(
     blank: Any = None if json_values else ""
     if outcome and outcome.get("ok"):
         content = outcome.get("content")
-        out = {cols.output: content if content is not None else blank, **_field_cells(cols, content, json_values)}
-        out.update(_billed_cells(cols, outcome, json_values))
-        out[cols.error] = blank
-        return out
-    partial = outcome.get("content") if outcome else None  # a truncated/refused/invalid answer's text is kept
-    out = {cols.output: partial if isinstance(partial, str) and partial else blank}
-    for _f, c in cols.fields:
-        out[c] = blank
-    if outcome is not None and outcome.get("status_code") == 200:  # answered, not an answer (truncated, ...): billed
-        out.update(_billed_cells(cols, outcome, json_values))
+        billed = _billed_cells(cols, outcome, json_values)
+        fields = _field_cells(cols, content, json_values)
+        error: Any = blank
     else:
-        out.update({cols.answered_by: blank, cols.input_tokens: blank, cols.output_tokens: blank})
-    if row_error is None and outcome is not None:
-        row_error = f"{outcome.get('error_code') or 'error'}: {outcome.get('error_message') or ''}".strip()
-    out[cols.error] = row_error or "no result (row was not processed)"
+        content = outcome.get("content") if outcome else None  # a truncated/refused/invalid answer's text is kept
+        content = content if isinstance(content, str) and content else None
+        fields = {c: blank for _f, c in cols.fields}
+        if outcome is not None and outcome.get("status_code") == 200:  # answered, not an answer (truncated, ...): billed
+            billed = _billed_cells(cols, outcome, json_values)
+        else:
+            billed = {cols.answered_by: blank, cols.input_tokens: blank, cols.output_tokens: blank}
+        if row_error is None and outcome is not None:
+            row_error = f"{outcome.get('error_code') or 'error'}: {outcome.get('error_message') or ''}".strip()
+        error = row_error or "no result (row was not processed)"
+    # every row's cells in the order the result file has its columns (AddedColumns.written): a
+    # JSON or JSONL row keeps its keys in this order
+    out = {cols.answered_by: billed[cols.answered_by], cols.output: content if content is not None else blank}
+    out.update(fields)
+    out[cols.input_tokens] = billed[cols.input_tokens]
+    out[cols.output_tokens] = billed[cols.output_tokens]
+    out[cols.error] = error
     return out
 
 
