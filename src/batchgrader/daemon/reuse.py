@@ -215,39 +215,31 @@ class ReuseSteps:
 
 
 def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
-    """The answers of the job's passed preflight, by request key, as stored answers: prepare
-    takes them like answers from the answers store, so those rows are not sent in a batch."""
-    return {
-        a["key"]: answers.StoredAnswer(
-            a["key"],
-            a["content"],
-            a.get("finish_reason"),
-            int(a["prompt_tokens"]),
-            int(a["cached_tokens"]),
-            int(a["completion_tokens"]),
-            int(a["reasoning_tokens"]),
-            job.job_id,
-            a["custom_id"],
-            PREFLIGHT,
-        )
-        for a in job.preflight_answers
-    } | {  # and those of its synchronous route (daemon/online.py), marked with the route
-        a["key"]: answers.StoredAnswer(
-            a["key"],
-            a["content"],
-            a.get("finish_reason"),
-            int(a["prompt_tokens"]),
-            int(a["cached_tokens"]),
-            int(a["completion_tokens"]),
-            int(a["reasoning_tokens"]),
-            job.job_id,
-            a["custom_id"],
-            a["tier"],
-            a.get("error_code"),
-            a.get("error_message"),
-        )
-        for a in job.online.answers.values()
-    }
+    """The answers of the job's passed preflight, and those of its synchronous route
+    (daemon/online.py, marked with the route), by request key, as stored answers: prepare takes
+    them like answers from the answers store, so those rows are not sent in a batch."""
+    found = {a["key"]: _in_job(job, a, PREFLIGHT) for a in job.preflight_answers}
+    found.update({a["key"]: _in_job(job, a, a["tier"]) for a in job.online.answers.values()})
+    return found
+
+
+def _in_job(job: JobState, a: dict[str, Any], how: str) -> answers.StoredAnswer:
+    """An answer this job paid for itself, as a stored answer (``how``: preflight, flex or online;
+    with its code when it is not usable)."""
+    return answers.StoredAnswer(
+        a["key"],
+        a["content"],
+        a.get("finish_reason"),
+        int(a["prompt_tokens"]),
+        int(a["cached_tokens"]),
+        int(a["completion_tokens"]),
+        int(a["reasoning_tokens"]),
+        job.job_id,
+        a["custom_id"],
+        how,
+        a.get("error_code"),
+        a.get("error_message"),
+    )
 
 
 def _storable(r: dict[str, Any]) -> bool:

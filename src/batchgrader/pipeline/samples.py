@@ -165,7 +165,7 @@ def vote(values: Sequence[Any], numeric: bool | None = None) -> Vote:
             return _tie(values, valid, f"the middle values {_show(low)} and {_show(high)} differ")
         keys = [n == low for n in nums]
     else:
-        norm = [_norm(v) for _i, v in valid]
+        norm = [category_text(v) for _i, v in valid]
         counts = Counter(norm).most_common()
         if len(counts) > 1 and counts[0][1] == counts[1][1]:
             tied = [c for c, n in counts if n == counts[0][1]]
@@ -202,8 +202,8 @@ def as_number(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _norm(v: Any) -> str:
-    """The text a category is counted by: numbers as numbers, words case-folded."""
+def category_text(v: Any) -> str:
+    """The text a category is counted (and a label compared) by: numbers as numbers, words case-folded."""
     if isinstance(v, bool):
         return str(v).lower()
     n = as_number(v)

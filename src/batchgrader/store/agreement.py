@@ -32,6 +32,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from batchgrader.pipeline.samples import as_number as number  # noqa: F401 - read by the other reports
+from batchgrader.pipeline.samples import category_text as normal
+
 MAX_ORDERED = 20  # whole-number labels with more distinct values are not treated as categories
 RESAMPLES = 1000
 NUMERIC_WORK = 5_000_000  # rows x resamples for the numeric intervals (fewer resamples past it)
@@ -44,27 +47,6 @@ NUMERIC = ("mae", "rmse", "pearson", "spearman")
 
 class NotComparable(ValueError):
     """Labels and answers of different kinds (numbers against words)."""
-
-
-def number(v: Any) -> float | None:
-    """``v`` as a finite number, or None."""
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v) if math.isfinite(v) else None
-    try:
-        f = float(str(v).strip())
-    except ValueError:
-        return None
-    return f if math.isfinite(f) else None
-
-
-def normal(v: Any) -> str:
-    """The text a label or answer is compared by: numbers as numbers, words case-folded."""
-    n = number(v)
-    if n is not None:
-        return str(int(n)) if n.is_integer() else repr(n)
-    return str(v).strip().casefold()
 
 
 def _empty_figures() -> dict[str, Any]:
