@@ -13,8 +13,8 @@ from batchgrader.store.queries import (
     SOURCE_READ_MODEL,
     HomeLike,
     QueryError,
-    _fallback_note,
-    _gc_paused,
+    fallback_note,
+    gc_paused,
     reading,
 )
 
@@ -97,14 +97,14 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     lo, hi = _day(since, "since"), _day(until, "until")
     if lo and hi and lo > hi:
         raise QueryError(f"--since {lo} is after --until {hi}")
-    with reading(home) as conn, _gc_paused():
+    with reading(home) as conn, gc_paused():
         problem = readside.read_model_problem(conn)
         if problem is None:
             usage, saved, files = _from_read_model(conn, lo, hi, by == "job")
             source, note = SOURCE_READ_MODEL, None
         else:
             usage, saved, files = _from_log(conn, lo, hi)
-            source, note = SOURCE_LOG, _fallback_note(problem)
+            source, note = SOURCE_LOG, fallback_note(problem)
     rows, totals, daily = _grouped(usage, saved, by, files)
     return {
         "by": by,

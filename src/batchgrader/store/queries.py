@@ -121,7 +121,7 @@ def resolve_job(conn: sqlite3.Connection, job_id: str) -> str:
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Building ten thousand row dicts triggers many needless cyclic-GC passes; pause it."""
     enabled = gc.isenabled()
     gc.disable()
@@ -245,7 +245,7 @@ def _attach_queue(jobs: list[dict[str, Any]], limits: dict[tuple[bool, str], dic
     return jobs
 
 
-def _fallback_note(problem: str) -> str:
+def fallback_note(problem: str) -> str:
     return f"{problem}; this answer was folded from the event log (`bgctl rebuild` restores the read model)"
 
 
@@ -262,7 +262,7 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
     failed), ``source`` (``"read_model"`` or ``"log"``) and ``note`` (why the log was folded, else None).
     """
     now = time.time() if now is None else now
-    with reading(home) as conn, _gc_paused():
+    with reading(home) as conn, gc_paused():
         jid = resolve_job(conn, job_id) if job_id is not None else None
         problem = readside.read_model_problem(conn)
         if problem is None:
@@ -279,7 +279,7 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
-        found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, _fallback_note(problem))
+        found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, fallback_note(problem))
         return attach_progress(_attach_queue(found, _limits_of_state(state)), conn, now)
 
 
@@ -293,7 +293,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
 
     Returns ``{jobs, counts, total, hidden_active, hidden_finished, source, note}``."""
     now = time.time() if now is None else now
-    with reading(home) as conn, _gc_paused():
+    with reading(home) as conn, gc_paused():
         problem = readside.read_model_problem(conn)
         if problem is None:
             counts = dict(conn.execute("SELECT state, COUNT(*) FROM job_status GROUP BY state").fetchall())
