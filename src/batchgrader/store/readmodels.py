@@ -129,9 +129,9 @@ SAVING_EVENTS = ("RequestsReused", "DuplicatesAnswered")
 
 
 def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl start-up time)
-    from sqlite_utils.migrations import Migrations
+    from batchgrader.store.sqlite_utils_lean import sqlite_utils
 
-    m = Migrations(MIGRATION_SET)
+    m = sqlite_utils().migrations.Migrations(MIGRATION_SET)
 
     @m(name="0001_job_status_usage")
     def _m0001(db) -> None:  # noqa: ANN001
@@ -185,10 +185,10 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
 
 
 def _database(conn: sqlite3.Connection):  # noqa: ANN202
-    from sqlite_utils import Database
+    from batchgrader.store.sqlite_utils_lean import sqlite_utils
 
     # The store owns the connection and its settings: no plugins, no PRAGMA changes.
-    return Database(conn, recursive_triggers=False, execute_plugins=False)
+    return sqlite_utils().Database(conn, recursive_triggers=False, execute_plugins=False)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -205,7 +205,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     elif MIGRATIONS_TABLE in names:
         sql = f"SELECT name FROM {MIGRATIONS_TABLE} WHERE migration_set = ?"
         if {r[0] for r in conn.execute(sql, (MIGRATION_SET,))}.issuperset(MIGRATION_NAMES):
-            return  # nothing pending: sqlite_utils (which imports pandas, ~1 s) is not loaded
+            return  # nothing pending: sqlite_utils is not loaded
     _migrations().apply(_database(conn))
 
 
