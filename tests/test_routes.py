@@ -365,11 +365,51 @@ def test_the_job_list_shows_the_rows_each_route_answered(home):
         rig.close()
 
 
+def _retry(rig: Rig, job_id: str) -> None:
+    rig.engine.emit(job_id, NewEvent("RetryRequested", {"reason": "test"}))  # `bgctl retry`: send anyway
+
+
+def test_a_sync_route_job_over_max_cost_per_job_is_held_before_any_request_leaves(home):
+    """The synchronous route skips prepare (where a batch job's estimate is made): its rows are
+    priced at the route's price when it is chosen, and the budget weighs that first."""
+    rig = online_rig(home, extra="max_cost_per_job_usd: 0.001\nmax_completion_tokens: 1000\n")
+    try:
+        drop(rig, 5)  # 5 rows x 1,000 output tokens at gpt-4o-mini's standard $0.60/1M: over $0.003
+        for _ in range(5):
+            rig.tick()
+        job = rig.job()
+        assert rig.provider.complete_times == [] and job.held and job.held["code"] == "max_cost_per_job_usd"
+        (chosen,) = rig.events("RouteChosen")
+        assert chosen["route"] == "online" and chosen["estimate_usd"]["max_output"] == pytest.approx(5 * 1000 * 0.60 / 1e6)
+        assert chosen["estimate_usd"]["input"] > 0
+        _retry(rig, job.job_id)
+        run_until_ended(rig)
+        assert len(rig.provider.complete_times) == 5 and rig.job().ended == "completed"
+    finally:
+        rig.close()
+
+
+def test_a_sync_route_job_within_its_budget_sends_in_the_tick_that_chose_its_route(home):
+    rig = online_rig(home, extra="max_cost_per_job_usd: 1.0\n")
+    try:
+        drop(rig, 2)
+        rig.tick()
+        rig.tick()
+        assert rig.events("RouteChosen") and len(rig.provider.complete_times) >= 1 and not rig.job().held
+    finally:
+        rig.close()
+
+
 def test_a_sync_route_job_waits_while_todays_spend_is_over_the_daily_limit(home):
     rig = online_rig(home, extra="daily_cost_limit_usd: 0.0000001\n")
     try:
         drop(rig, 2)
-        run_until_ended(rig)  # the first job finds nothing spent today: sent
+        for _ in range(3):
+            rig.tick()
+        assert rig.job().held and rig.job().held["code"] == "daily_cost_limit_usd"  # its estimate alone is over
+        assert rig.provider.complete_times == []
+        _retry(rig, rig.job().job_id)
+        run_until_ended(rig)
         assert len(rig.provider.complete_times) == 2
         (rig.home.inbox / "b.csv").write_text("id,response\n7,other text\n")
         for _ in range(12):
@@ -377,7 +417,7 @@ def test_a_sync_route_job_waits_while_todays_spend_is_over_the_daily_limit(home)
         (second,) = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
         assert second.held and second.held["code"] == "daily_cost_limit_usd"
         assert len(rig.provider.complete_times) == 2  # nothing sent while held
-        rig.engine.emit(second.job_id, NewEvent("RetryRequested", {"reason": "test"}))  # `bgctl retry`: send anyway
+        _retry(rig, second.job_id)
         for _ in range(5):
             rig.tick()
         assert len(rig.provider.complete_times) == 3 and rig.engine.state.jobs[second.job_id].ended == "completed"

@@ -333,12 +333,14 @@ class PreflightUnreachable(TypedDict):
         "route": "batch, flex or online: how the job's rows travel",
         "reason": "why (the profile's route, or what route: auto weighed)",
         "rows": "rows of the file (the requests the synchronous route sends)",
+        "estimate_usd": "flex or online: the rows' estimated cost at that route's price ({input, max_output, max_total}, as JobPrepared's), weighed against the budget before a request leaves; absent: batch, or no price",
     },
 )
 class RouteChosen(TypedDict):
     route: str
     reason: str
     rows: int
+    estimate_usd: NotRequired[dict[str, float]]
 
 
 @event(

@@ -53,6 +53,8 @@ def backoff(attempt: int) -> float:
 
 def _route_chosen(s: Any, job: Any, p: P.RouteChosen, e: Any) -> None:
     job.online.route, job.online.reason, job.online.rows = p["route"], p["reason"], int(p["rows"])
+    if p.get("estimate_usd") is not None and job.estimate is None:  # the budget weighs it before a request leaves
+        job.estimate = p["estimate_usd"]
 
 
 def _online_sent(s: Any, job: Any, p: P.OnlineRequestSent, e: Any) -> None:

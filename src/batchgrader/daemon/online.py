@@ -6,7 +6,9 @@ explicitly (home, profile, prices, provider, the event sink and the clocks):
 
 * a route not chosen yet is chosen first (``RouteChosen``): the profile's, or for ``auto`` what
   :func:`~batchgrader.core.routes.choose_route` makes of the row count and the deadline; ``batch``
-  ends the step (the job is prepared into batches as usual);
+  ends the step (the job is prepared into batches as usual); ``flex`` and ``online`` carry the
+  rows' estimate at the route's price, and the step ends there if the budget's rules
+  (:mod:`~batchgrader.core.budget`) would not let it spend: the next tick holds the job;
 * every row not answered yet is sent, ``concurrency`` at a time (a small thread pool; events are
   written by the calling thread only): the intent ``OnlineRequestSent`` when the request leaves,
   then ``OnlineRequestAnswered`` (with a ``TokensUsed`` of chunk -1 in the same transaction:
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.actions import ONLINE_TIMER
+from batchgrader.core.budget import budget_problem
 from batchgrader.core.config import ConfigError, Profile
 from batchgrader.core.decide import NEVER_RETRIED, utc_day
 from batchgrader.core.home import Home
@@ -51,8 +54,8 @@ from batchgrader.daemon.base import _e
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import first_requests
-from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, standard_price
+from batchgrader.pipeline.prepare import first_requests_counted
+from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
 from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
@@ -85,6 +88,8 @@ class OnlineStep:
     # with answer reuse on: request keys -> those with a usable stored answer (None: reuse off)
     lookup: Callable[[list[str]], set[str]] | None = None
     tier: str | None = None  # flex | online: the tier sent at (None: the job's route)
+    # the budget's rule (core/budget.py) on the job as folded now: True while it may not spend
+    over_budget: Callable[[], bool] = lambda: False
 
     @classmethod
     def of(cls, engine: Any, job: JobState) -> OnlineStep:
@@ -105,23 +110,38 @@ class OnlineStep:
             keep_days=float(engine.settings.cache_days),
             stored_at=engine.trusted_wall,
             lookup=_lookup(engine, job),
+            over_budget=lambda: _over_budget(engine, job.job_id),
         )
 
     # --- the step -----------------------------------------------------------------------------
     def run(self) -> None:
         job = self.job()
+        choosing = job.online.route is None
         try:
-            lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
+            lines, tokens = first_requests_counted(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS, choosing)
         except (ConfigError, InputError, UnicodeError, OSError) as exc:
             # prepare fails the job for its input with its own codes
             self.emit(job.job_id, _e("RouteChosen", route="batch", reason=f"the input could not be read: {exc}", rows=0))
             return
-        if job.online.route is None:
+        if choosing:
             route, reason = self._choose(job, len(lines))
-            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(lines)))
-            if route == "batch":
-                return
+            est = self._estimate(route, tokens, len(lines)) if route != "batch" else None
+            more = {"estimate_usd": est} if est is not None else {}
+            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(lines), **more))
+            if route == "batch" or self.over_budget():
+                return  # batch: prepared as usual; over budget: the next tick holds the job
         self._send_all(lines)
+
+    def _estimate(self, tier: str, input_tokens: int, rows: int) -> dict[str, float] | None:
+        """The rows' cost at ``tier``'s price with every output bound spent (None: no price)."""
+        try:
+            price = self.prices.get(self.profile.model)
+        except PricingError:
+            return None
+        if tier == "online":
+            price = standard_price(price)
+        est = estimate(price, input_tokens, rows, self.profile.max_completion_tokens)
+        return {"input": float(est.input_usd), "max_output": float(est.max_output_usd), "max_total": float(est.max_total_usd)}
 
     def _choose(self, job: JobState, rows: int) -> tuple[str, str]:
         route = str(self.profile.get("route") or "batch")
@@ -348,6 +368,11 @@ class OnlineStep:
                 cost_usd=sum(r.cost_by_tier.values()),
             ),
         )
+
+
+def _over_budget(engine: Any, job_id: str) -> bool:
+    job = engine.state.jobs[job_id]
+    return not job.override_budget and budget_problem(engine.state, job, engine.config, engine.wall) is not None
 
 
 def has_flex(profile: Profile, prices: PriceTable) -> bool:
