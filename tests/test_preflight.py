@@ -158,3 +158,21 @@ def test_preflight_rows_0_turns_it_off(home):
     rig = Rig(home, "preflight_rows: 0\n")
     assert drop(rig, 3)[:2] == ["JobAccepted", "JobPrepared"] and rig.calls("complete") == 0
     rig.close()
+
+
+def test_status_and_costs_count_the_preflights_rows_as_preflight_not_reused(rig):
+    from batchgrader.cli.render_status import reused_rows, rows_cell
+    from batchgrader.store import costs, queries
+
+    drop(rig, 5)
+    rig.tick()
+    rig.tick()
+    rig.provider.finish_all()
+    rig.tick()
+    assert rig.job().ended == "completed"
+    (row,) = queries.status(rig.home)
+    assert row["route_summary"]["preflight_rows"] == 2 and reused_rows(row) == 0
+    assert rows_cell(row).splitlines() == ["5 ok/5", "2 preflight"]  # not "3 sent, 2 reused": they were sent and billed
+    day = rig.job().created_ts[:10]
+    (total,) = [r for r in costs.costs(rig.home, day, day, by="day")["rows"]]
+    assert total["reused_rows"] == 0

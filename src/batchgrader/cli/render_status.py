@@ -132,6 +132,8 @@ def rows_cell(r: dict[str, Any]) -> str:
     for name in ("online", "flex"):
         if (route.get("rows") or {}).get(name):
             lines.append(f"{count(route['rows'][name])} {name}")
+    if route.get("preflight_rows"):
+        lines.append(f"{count(route['preflight_rows'])} preflight")
     if reused_rows(r):
         lines += [f"{count(r.get('requests'))} sent", f"{count(reused_rows(r))} reused"]
     return "\n".join(lines)
@@ -265,10 +267,11 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
 
 def reused_rows(d: dict[str, Any]) -> int:
     """Rows answered without a request of their own: the reused ones, less those answered on the
-    job's synchronous route (taken at prepare like stored answers, but each sent and billed)."""
+    job's synchronous route or by its preflight (taken at prepare like stored answers, but each
+    sent and billed)."""
     route = d.get("route_summary") or {}
     sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online")) - int(route.get("straggler_rows") or 0)
-    return max(0, int(d.get("cached_rows") or 0) - sync)
+    return max(0, int(d.get("cached_rows") or 0) - sync - int(route.get("preflight_rows") or 0))
 
 
 def route_line(route: dict[str, Any] | None) -> str | None:

@@ -119,7 +119,23 @@ def route_summary(job: Any) -> dict[str, Any]:
         "resent_after_crash": len(r.resent),
         "stragglers": sum(1 for c in job.chunks.values() if c.straggler),
         "straggler_rows": straggled,
+        "preflight_rows": len(job.preflight_answers),
     }
+
+
+def shown_route(job: Any) -> bool:
+    """Whether a job's rows did not all travel by batch (a synchronous route, a straggler or a
+    preflight answered some): ``bgctl status`` then shows its :func:`route_summary`."""
+    return job.online.route not in (None, "batch") or bool(job.preflight_answers) or any(c.straggler for c in job.chunks.values())
+
+
+def answered_in_job(job: Any) -> int:
+    """Rows the job took at prepare as it takes stored answers, but which it sent and paid for
+    itself: its preflight's and its synchronous route's (not those of a straggling batch, sent
+    after prepare).  They are not reused answers and saved nothing."""
+    r: RouteState = job.online
+    sync = sum(r.rows_by_tier.values()) - sum(c.requests for c in job.chunks.values() if c.route)
+    return len(job.preflight_answers) + max(0, sync)
 
 
 def _straggler_cancel(s: Any, job: Any, p: P.StragglerCancelRequested, e: Any) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.route_state import route_summary
+from batchgrader.core.route_state import answered_in_job, route_summary, shown_route
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.store.eventstore import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
 from batchgrader.store.readside import (  # noqa: F401 - re-exported: the cheap freshness check lives there
@@ -306,9 +306,7 @@ def job_row(job: JobState) -> dict[str, Any]:
         "input_tokens_exact": int(job.input_tokens_exact),
         "cache_write_tokens": job.cache_write_tokens,
         "cache_saved_usd": job.cache_saved_usd,
-        "route": json.dumps(route_summary(job), sort_keys=True)
-        if job.online.route not in (None, "batch") or any(c.straggler for c in job.chunks.values())
-        else None,
+        "route": json.dumps(route_summary(job), sort_keys=True) if shown_route(job) else None,
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             ensure_ascii=False,
@@ -350,7 +348,10 @@ def usage_route(route: str | None, chunk: int | None) -> str:
 def saving_row(e: Event, job: JobState) -> dict[str, Any]:
     """The ``savings`` row of a ``RequestsReused`` or ``DuplicatesAnswered`` event."""
     p = e.payload
-    rows = p.get("cached_rows", 0) if e.type == "RequestsReused" else p.get("succeeded", p.get("rows", 0))
+    if e.type == "RequestsReused":  # less the rows the job answered itself (preflight, synchronous route)
+        rows = max(0, int(p.get("cached_rows") or 0) - answered_in_job(job))
+    else:
+        rows = p.get("succeeded", p.get("rows", 0))
     return {
         "seq": e.seq,
         "job_id": e.job_id,
