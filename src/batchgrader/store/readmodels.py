@@ -413,6 +413,15 @@ def _write_savings(conn: sqlite3.Connection, rows: Iterable[dict[str, Any]]) -> 
     conn.executemany(_SAVINGS_SQL, (tuple(r.values()) for r in rows))
 
 
+def _write_events(conn: sqlite3.Connection, events: Sequence[Event], jobs: dict[str, JobState]) -> None:
+    """The rows of an append's ``events`` (``jobs``: job_id -> its folded state after them)."""
+    _write_jobs(conn, jobs.values())
+    _write_usage(conn, (usage_row(e, jobs[e.job_id].sandbox) for e in events if e.type == "TokensUsed"))
+    _write_queue_limits(conn, events)
+    _write_savings(conn, (saving_row(e, jobs[e.job_id]) for e in events if e.type in SAVING_EVENTS))
+    _write_batch_runs(conn, events, jobs)
+
+
 def _set_last_seq(conn: sqlite3.Connection, seq: int) -> None:
     conn.execute("INSERT OR REPLACE INTO projection_state (name, last_seq) VALUES (?, ?)", (PROJECTION, seq))
 
@@ -462,11 +471,7 @@ class StatusProjector:
             return
         last = projection_last_seq(conn)
         if self.last_seq is None or last != self.last_seq or events[0].seq != last + 1:
-            if self.last_seq is None or last is None or self.last_seq > last:
-                self.jobs.clear()  # memory ran ahead of the log (a rolled-back append), or tables gone
-            if last is None:
-                migrate(conn)  # the tables were dropped under us
-            self._catch_up(conn)  # the new events are in the log already
+            self._resync(conn, last)  # the new events are in the log already
             return
         touched: dict[str, State] = {}
         for e in events:
@@ -474,11 +479,7 @@ class StatusProjector:
             st.apply(e)
             touched[e.job_id] = st
         try:
-            _write_jobs(conn, (st.jobs[j] for j, st in touched.items()))
-            _write_usage(conn, (usage_row(e, touched[e.job_id].jobs[e.job_id].sandbox) for e in events if e.type == "TokensUsed"))
-            _write_queue_limits(conn, events)
-            _write_savings(conn, (saving_row(e, touched[e.job_id].jobs[e.job_id]) for e in events if e.type in SAVING_EVENTS))
-            _write_batch_runs(conn, events, {j: st.jobs[j] for j, st in touched.items()})
+            _write_events(conn, events, {j: st.jobs[j] for j, st in touched.items()})
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):
                 raise
@@ -493,6 +494,15 @@ class StatusProjector:
                 self.jobs.pop(j, None)  # finished: folded again if it is ever reopened
             else:
                 self.jobs[j] = st
+
+    def _resync(self, conn: sqlite3.Connection, last: int | None) -> None:
+        """The tables are not where this projector left them (``last``: their last seq, None when
+        they are gone): catch up from the log."""
+        if self.last_seq is None or last is None or self.last_seq > last:
+            self.jobs.clear()  # memory ran ahead of the log (a rolled-back append), or tables gone
+        if last is None:
+            migrate(conn)  # the tables were dropped under us
+        self._catch_up(conn)
 
     def _job(self, conn: sqlite3.Connection, e: Event) -> State:
         """The fold of ``e``'s job up to just before ``e``."""
