@@ -98,25 +98,35 @@ def render_count(summary: dict[str, Any]) -> None:
     t.add_column("", justify="right")
     t.add_row("rows", f"{summary['rows']:,}")
     t.add_row("requests", f"{summary['requests']:,}")
-    reuse = summary.get("reuse") or {}
+    _reuse_rows(t, summary.get("reuse") or {})
+    exact = summary.get("input_tokens_exact", True)
+    schema = summary.get("schema")
+    _token_rows(t, summary, schema, exact)
+    t.add_row("chunks", str(len(summary["chunks"])))
+    _cost_rows(t, summary.get("estimated_cost_usd"), estimate=bool(schema) or not exact)
+    console.print(t)
+    console.print(_chunk_table(summary, schema=bool(schema)))
+    _problems(summary)
+
+
+def _reuse_rows(t: Table, reuse: dict[str, Any]) -> None:
+    """``bgctl count``'s rows about answers reused from earlier jobs and identical rows."""
     if reuse.get("cached_rows") or reuse.get("duplicate_rows"):
         t.add_row("answered from stored answers (not sent)", f"{reuse['cached_rows']:,}")
         t.add_row("identical to an earlier row (sent once)", f"{reuse['duplicate_rows']:,}")
         t.add_row("saved (what the stored answers cost)", _usd(reuse["saved_usd"]))
     elif reuse and not reuse.get("enabled"):
         t.add_row("answer reuse", "off (reuse_answers, temperature or cache_days)")
-    exact = summary.get("input_tokens_exact", True)
+
+
+def _token_rows(t: Table, summary: dict[str, Any], schema: dict[str, Any] | None, exact: bool) -> None:
+    """``bgctl count``'s rows about input tokens: counted (and how), estimated with the schema,
+    why an estimate, and the mean and largest request."""
     stand_in = "" if exact else f"ESTIMATE: tiktoken stand-in for {summary.get('provider')}"
-    schema = summary.get("schema")
     if schema:  # the provider bills the schema as prompt tokens, in an amount it does not publish
         counted = "counted, without the schema" if exact else f"{stand_in}, without the schema"
         t.add_row(f"input tokens ({counted})", f"{summary['input_tokens']:,}")
-        if schema["source"] == "calibrated":
-            src = schema.get("learned_from") or {}
-            how = f"calibrated: {schema['per_request']:g} tokens/request learned from job {src.get('job_id', '?')}"
-        else:
-            how = f"allowance: {schema['per_request']:g} tokens/request for the schema, not yet calibrated"
-        t.add_row(f"input tokens (estimate; {how})", f"{summary['input_tokens_estimate']:,}")
+        t.add_row(f"input tokens (estimate; {_schema_allowance(schema)})", f"{summary['input_tokens_estimate']:,}")
     else:
         via = (summary.get("token_count") or {}).get("source") if exact else None
         label = (f"exact, from the {via}" if via else "exact") if exact else stand_in
@@ -130,19 +140,26 @@ def render_count(summary: dict[str, Any]) -> None:
         t.add_row("mean / max tokens per request (with the schema)", f"{mean:,} / {top:,}")
     else:
         t.add_row("mean / max tokens per request", f"{summary['mean_request_tokens']:,} / {summary['max_request_tokens']:,}")
-    t.add_row("chunks", str(len(summary["chunks"])))
-    est = summary.get("estimated_cost_usd")
-    if est:
-        t.add_row("estimated cost: input" + (" (estimate)" if schema or not exact else " (exact)"), _usd(est["input"]))
-        if est.get("output_bound"):
-            t.add_row("output bound per request (reasoning incl.)", f"{est['output_bound']:,}")
-        t.add_row("estimated cost: output (upper bound)", _usd(est["max_output"]))
-        t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
-    else:
+
+
+def _schema_allowance(schema: dict[str, Any]) -> str:
+    """How the schema's tokens per request are known: calibrated from a job, or an allowance."""
+    if schema["source"] == "calibrated":
+        src = schema.get("learned_from") or {}
+        return f"calibrated: {schema['per_request']:g} tokens/request learned from job {src.get('job_id', '?')}"
+    return f"allowance: {schema['per_request']:g} tokens/request for the schema, not yet calibrated"
+
+
+def _cost_rows(t: Table, est: dict[str, Any] | None, estimate: bool) -> None:
+    """``bgctl count``'s rows about the cost (``estimate``: the input tokens are an estimate)."""
+    if not est:
         t.add_row("estimated cost", "[red]unknown[/red]")
-    console.print(t)
-    console.print(_chunk_table(summary, schema=bool(schema)))
-    _problems(summary)
+        return
+    t.add_row("estimated cost: input" + (" (estimate)" if estimate else " (exact)"), _usd(est["input"]))
+    if est.get("output_bound"):
+        t.add_row("output bound per request (reasoning incl.)", f"{est['output_bound']:,}")
+    t.add_row("estimated cost: output (upper bound)", _usd(est["max_output"]))
+    t.add_row("estimated cost: total (upper bound)", _usd(est["max_total"]))
 
 
 def render_split(summary: dict[str, Any]) -> None:

@@ -215,12 +215,29 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     if not rows:
         console.print("No jobs yet: drop a .csv, .json or .jsonl file into the inbox.")
         return
-    all_rows = rows
+    rows, hidden = _older_finished(rows, max_finished)
+    _print_jobs_table(rows, console)
+    if hidden:
+        _print_hidden(hidden, console)
+    for r in rows:
+        _print_job_lines(r, console)
+    _note(rows[0].get("note"), console)
+
+
+def _older_finished(
+    rows: Sequence[dict[str, Any]], max_finished: int | None
+) -> tuple[Sequence[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows to show, and the finished ones left out: all but the ``max_finished`` most recent
+    (None: none left out)."""
     finished = [i for i, r in enumerate(rows) if r["state"] in FINISHED]
-    hidden: set[int] = set()
-    if max_finished is not None and len(finished) > max_finished:
-        hidden = set(finished[: len(finished) - max_finished])
-        rows = [r for i, r in enumerate(rows) if i not in hidden]
+    if max_finished is None or len(finished) <= max_finished:
+        return rows, []
+    hidden = set(finished[: len(finished) - max_finished])
+    return [r for i, r in enumerate(rows) if i not in hidden], [rows[i] for i in sorted(hidden)]
+
+
+def _print_jobs_table(rows: Sequence[dict[str, Any]], console: Console) -> None:
+    """The table of jobs fitted to the console, with the columns left out named."""
     show_profile = any((r.get("profile") or "default") != "default" for r in rows)
     table, dropped = fitted_table(status_columns(rows, show_profile), console.width, title="BatchGrader jobs")
     if any(r.get("sandbox") for r in rows):
@@ -230,39 +247,45 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     if dropped:
         names = ", ".join(c.header for c in dropped)
         console.print(Text(f"(not shown at this width: {names}; `bgctl status <job>` has them)", style="dim"))
-    if hidden:
-        by_state: dict[str, int] = {}
-        for i in sorted(hidden):
-            by_state[all_rows[i]["state"]] = by_state.get(all_rows[i]["state"], 0) + 1
-        parts = ", ".join(f"{n:,} {st}" for st, n in sorted(by_state.items(), key=lambda kv: -kv[1]))
+
+
+def _print_hidden(hidden: list[dict[str, Any]], console: Console) -> None:
+    """The line counting the finished jobs left out, by state."""
+    by_state: dict[str, int] = {}
+    for r in hidden:
+        by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+    parts = ", ".join(f"{n:,} {st}" for st, n in sorted(by_state.items(), key=lambda kv: -kv[1]))
+    console.print(
+        Text(
+            f"... and {len(hidden):,} older finished jobs not shown ({parts}); `bgctl status --json` lists every job.",
+            style="dim",
+        )
+    )
+
+
+def _print_job_lines(r: dict[str, Any], console: Console) -> None:
+    """The lines under the table about one job: its progress, last error, queue wait, and why it
+    is held or failed."""
+    line = progress_line(r)
+    if line:
+        console.print(Text(f"{r['job_id']} {line}", style="cyan"), soft_wrap=True)
+    if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
+        console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
+    q = r.get("queue")
+    if q and q.get("waiting"):
+        how = "stated by the provider" if q.get("exact") else "estimated"
         console.print(
             Text(
-                f"... and {len(hidden):,} older finished jobs not shown ({parts}); `bgctl status --json` lists every job.",
-                style="dim",
+                f"{r['job_id'][:12]} waiting for queue room: {q['model']} may have {q['limit']:,} prompt tokens "
+                f"in flight ({how})",
+                style="cyan",
             )
         )
-    for r in rows:
-        line = progress_line(r)
-        if line:
-            console.print(Text(f"{r['job_id']} {line}", style="cyan"), soft_wrap=True)
-        if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
-            console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
-        q = r.get("queue")
-        if q and q.get("waiting"):
-            how = "stated by the provider" if q.get("exact") else "estimated"
-            console.print(
-                Text(
-                    f"{r['job_id'][:12]} waiting for queue room: {q['model']} may have {q['limit']:,} prompt tokens "
-                    f"in flight ({how})",
-                    style="cyan",
-                )
-            )
-        if r.get("held_reason") and r["state"] == "held":
-            console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"), soft_wrap=True)
-        elif r.get("error") and r["state"] == "failed":
-            hint = f" - {r['error_hint']}" if r.get("error_hint") else ""
-            console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"), soft_wrap=True)
-    _note(rows[0].get("note"), console)
+    if r.get("held_reason") and r["state"] == "held":
+        console.print(Text(f"{r['job_id']} held: {r['held_reason']}", style="magenta"), soft_wrap=True)
+    elif r.get("error") and r["state"] == "failed":
+        hint = f" - {r['error_hint']}" if r.get("error_hint") else ""
+        console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"), soft_wrap=True)
 
 
 def reused_rows(d: dict[str, Any]) -> int:

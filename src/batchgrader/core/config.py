@@ -228,6 +228,28 @@ def load_config(
         profiles_raw = {}
     _apply(values, sources, file_data, "config.yaml", str(home.config_file), errors=errors)
 
+    env_raw, env_src = _env_settings(env)
+    for key, v in env_raw.items():
+        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}", errors=errors)
+    set_flags = {key: v for key, v in (flags or {}).items() if v is not None}
+    for key, v in set_flags.items():
+        flag = f"--{key.replace('_', '-')}"
+        _apply(values, sources, {key: v}, f"flag {flag}", f"command-line flag {flag}", errors=errors)
+
+    default = Profile("default", MappingProxyType(values), MappingProxyType(sources))
+    # a profile is part of config.yaml: the environment and flags still win over it
+    outer = [*env_raw, *set_flags]
+    profiles = _profiles(profiles_raw, default, outer, home.config_file, errors)
+    for prof in (default, *profiles.values()):
+        errors += _check_profile(prof, home.config_file, time.time() if now is None else now)
+    errors += _check_judges(default, profiles, home.config_file)
+    _raise_all(errors)
+    return Config(home=home, default=default, profiles=MappingProxyType(profiles))
+
+
+def _env_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The keys the environment sets (the SDKs' own variables, then ours, which win): key ->
+    value, and key -> its source (``env NAME``)."""
     env_raw: dict[str, Any] = {}
     env_src: dict[str, str] = {}
     for name, key in SDK_ENV.items():
@@ -237,50 +259,39 @@ def load_config(
         n = env_name(key)
         if n in env:
             env_raw[key], env_src[key] = env[n], f"env {n}"
-    for key, v in env_raw.items():
-        _apply(values, sources, {key: v}, env_src[key], f"environment variable {env_src[key][4:]}", errors=errors)
+    return env_raw, env_src
 
-    for key, v in (flags or {}).items():
-        if v is not None:
-            _apply(
-                values,
-                sources,
-                {key: v},
-                f"flag --{key.replace('_', '-')}",
-                f"command-line flag --{key.replace('_', '-')}",
-                errors=errors,
-            )
 
-    default = Profile("default", MappingProxyType(values), MappingProxyType(sources))
+def _profiles(
+    profiles_raw: Mapping[Any, Any], default: Profile, outer: list[str], config_file: Path, errors: list[str]
+) -> dict[str, Profile]:
+    """The profiles of config.yaml: each the default settings with its overrides, except the
+    ``outer`` keys (set by the environment or a flag, which win over config.yaml)."""
     profiles: dict[str, Profile] = {}
     for pname, overrides in profiles_raw.items():
-        where = f"{home.config_file}: profiles.{pname}"
+        where = f"{config_file}: profiles.{pname}"
         if not isinstance(pname, str) or not pname.replace("-", "").replace("_", "").isalnum():
-            errors.append(f"{home.config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
+            errors.append(f"{config_file}: profile name {pname!r} must be letters, digits, '-' or '_'")
             continue
         if not isinstance(overrides, Mapping):
             errors.append(f"{where} must be a mapping of keys to values")
             continue
-        pv, ps = dict(values), dict(sources)
+        pv, ps = dict(default.values), dict(default.sources)
         _apply(pv, ps, overrides, f"config.yaml profiles.{pname}", where, allow_global=False, errors=errors)
-        # a profile is part of config.yaml: the environment and flags still win over it
-        for key in env_raw:
-            pv[key], ps[key] = values[key], sources[key]
-        for key, v in (flags or {}).items():
-            if v is not None:
-                pv[key], ps[key] = values[key], sources[key]
+        for key in outer:
+            pv[key], ps[key] = default.values[key], default.sources[key]
         profiles[pname] = Profile(pname, MappingProxyType(pv), MappingProxyType(ps))
-    for prof in (default, *profiles.values()):
-        for problem in (
-            _check_provider_model(prof, home.config_file),
-            _check_reference(prof, home.config_file),
-            _check_deadline(prof, home.config_file, time.time() if now is None else now),
-        ):
-            if problem:
-                errors.append(problem)
-    errors += _check_judges(default, profiles, home.config_file)
-    _raise_all(errors)
-    return Config(home=home, default=default, profiles=MappingProxyType(profiles))
+    return profiles
+
+
+def _check_profile(prof: Profile, config_file: Path, now: float) -> list[str]:
+    """The problems of one profile's settings taken together (model, reference, deadline)."""
+    problems = (
+        _check_provider_model(prof, config_file),
+        _check_reference(prof, config_file),
+        _check_deadline(prof, config_file, now),
+    )
+    return [p for p in problems if p]
 
 
 def _check_judges(default: Profile, profiles: Mapping[str, Profile], config_file: Path) -> list[str]:

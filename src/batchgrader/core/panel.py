@@ -98,14 +98,9 @@ def decide_panel(state: State, job: JobState, config: Config, now: float, timers
     if job.panel is None or any(j is None for j in judges):
         return [StartPanel(job.job_id)]
     restore: list[Action] = [RestoreInput(job.job_id)] if job.archived_path else []  # reopened by `bgctl retry`
-    if job.retry_seq is not None:  # each judge that did not complete is retried once per retry of the panel
-        asked = tuple(
-            j.job_id
-            for j in judges
-            if j is not None and j.ended and j.ended != "completed" and (j.retry_seq or -1) < job.retry_seq
-        )
-        if asked:
-            return [*restore, RetryJudges(job.job_id, asked)]
+    retried = _judges_to_retry(job, judges)
+    if retried:
+        return [*restore, RetryJudges(job.job_id, retried)]
     running = [j for j in judges if j is not None and not j.ended]
     if running:
         if job.cancel_requested:
@@ -114,6 +109,21 @@ def decide_panel(state: State, job: JobState, config: Config, now: float, timers
         return restore  # the judges' jobs run: nothing to do until the last has ended
     if job.outbox != "done" and timers.not_before.get((job.job_id, OUTBOX_TIMER), now) > now:
         return []  # the result could not be written: tried again once the back-off has passed
+    return _end_panel(state, job, restore)
+
+
+def _judges_to_retry(job: JobState, judges: list[JobState | None]) -> tuple[str, ...]:
+    """A panel reopened by ``bgctl retry``: its judges' jobs that did not complete and were not
+    retried for this retry of the panel (each is retried once per retry of the panel)."""
+    if job.retry_seq is None:
+        return ()
+    seq = job.retry_seq
+    return tuple(j.job_id for j in judges if j is not None and j.ended and j.ended != "completed" and (j.retry_seq or -1) < seq)
+
+
+def _end_panel(state: State, job: JobState, restore: list[Action]) -> list[Action]:
+    """Every judge's job has ended: the panel's input back (when reopened), its result written,
+    its input archived, and its ending."""
     final, payload = panel_ending(state, job)
     failed = final == "JobFailed"
     out: list[Action] = list(restore)  # its input back first: the result is written again from it

@@ -158,21 +158,34 @@ def vote(values: Sequence[Any], numeric: bool | None = None) -> Vote:
     if numeric is None:
         numeric = all(n is not None for n in nums) and not any(isinstance(v, bool) for _i, v in valid)
     if numeric and all(n is not None for n in nums):
-        ordered = sorted(n for n in nums if n is not None)
-        m = len(ordered)
-        low, high = ordered[(m - 1) // 2], ordered[m // 2]
-        if low != high:
-            return _tie(values, valid, f"the middle values {_show(low)} and {_show(high)} differ")
-        keys = [n == low for n in nums]
-    else:
-        norm = [category_text(v) for _i, v in valid]
-        counts = Counter(norm).most_common()
-        if len(counts) > 1 and counts[0][1] == counts[1][1]:
-            tied = [c for c, n in counts if n == counts[0][1]]
-            return _tie(values, valid, f"{len(tied)} answers are as common as each other")
-        keys = [x == counts[0][0] for x in norm]
+        return _median_vote(values, valid, nums)
+    return _majority_vote(values, valid)
+
+
+def _median_vote(values: Sequence[Any], valid: list[tuple[int, Any]], nums: list[float | None]) -> Vote:
+    """The vote of numbers: their median, which must be one of them."""
+    ordered = sorted(n for n in nums if n is not None)
+    m = len(ordered)
+    low, high = ordered[(m - 1) // 2], ordered[m // 2]
+    if low != high:
+        return _tie(values, valid, f"the middle values {_show(low)} and {_show(high)} differ")
+    return _won(values, valid, [n == low for n in nums])
+
+
+def _majority_vote(values: Sequence[Any], valid: list[tuple[int, Any]]) -> Vote:
+    """The vote of categories: the most common (text compared as :func:`category_text`)."""
+    norm = [category_text(v) for _i, v in valid]
+    counts = Counter(norm).most_common()
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+        tied = [c for c, n in counts if n == counts[0][1]]
+        return _tie(values, valid, f"{len(tied)} answers are as common as each other")
+    return _won(values, valid, [x == counts[0][0] for x in norm])
+
+
+def _won(values: Sequence[Any], valid: list[tuple[int, Any]], keys: list[bool]) -> Vote:
+    """The vote won by the valid samples whose ``keys`` are true (the first of them is the winner)."""
     first = next(i for (i, _v), hit in zip(valid, keys, strict=True) if hit)
-    return Vote(values[first], first, sum(keys), len(valid), k)
+    return Vote(values[first], first, sum(keys), len(valid), len(values))
 
 
 def _tie(values: Sequence[Any], valid: list[tuple[int, Any]], why: str) -> Vote:
@@ -242,9 +255,7 @@ def voted_values(
     if v.winner is not None:
         out = result_values(cols, outcomes[v.winner], None, json_values)
     else:
-        own = next((_error_of(o, e) for o, e in zip(outcomes, errors, strict=True) if _error_of(o, e)), None)
-        err = own if v.valid == 0 and own else f"{NO_MAJORITY}: {v.message}"
-        out = result_values(cols, None, err, json_values)
+        out = result_values(cols, None, _vote_error(v, outcomes, errors), json_values)
     blank: Any = None if json_values else ""
     billed = [b for b in (_billed(o) for o in outcomes) if b is not None]
     if billed:
@@ -253,12 +264,27 @@ def voted_values(
         out[cols.output_tokens] = ct if json_values else str(ct)
     by = [a for a in dict.fromkeys(_answered_by(o) for o in outcomes) if a]
     out[cols.answered_by] = "+".join(by) if by else blank
-    listed, agree, valid = cols.samples
-    out[listed] = json.dumps(values, ensure_ascii=False)
-    share = v.share
-    out[agree] = (share if json_values else f"{share:g}") if share is not None else blank
-    out[valid] = v.valid if json_values else str(v.valid)
+    out.update(_sample_cells(cols.samples, values, v, json_values))
     return out
+
+
+def _vote_error(v: Vote, outcomes: Sequence[Mapping[str, Any] | None], errors: Sequence[str | None]) -> str:
+    """The error cell of a failed vote: ``no_majority``, or, when no sample was answered, the
+    first sample's own error."""
+    own = next((_error_of(o, e) for o, e in zip(outcomes, errors, strict=True) if _error_of(o, e)), None)
+    return own if v.valid == 0 and own else f"{NO_MAJORITY}: {v.message}"
+
+
+def _sample_cells(columns: tuple[str, ...], values: list[Any], v: Vote, json_values: bool) -> dict[str, Any]:
+    """The samples' cells: every sample's value, the share that agrees with the vote, the count of valid ones."""
+    blank: Any = None if json_values else ""
+    listed, agree, valid = columns
+    share = v.share
+    return {
+        listed: json.dumps(values, ensure_ascii=False),
+        agree: (share if json_values else f"{share:g}") if share is not None else blank,
+        valid: v.valid if json_values else str(v.valid),
+    }
 
 
 def _error_of(outcome: Mapping[str, Any] | None, error: str | None) -> str | None:

@@ -73,6 +73,39 @@ class Fault:
     match: str | None = None  # only a call whose argument (file name, id) contains this
     retry_after: float | None = None  # refused: the seconds the provider asks to wait (Retry-After)
 
+    def error(self, op: str) -> ProviderError:
+        """The error the call ``op`` (the SDK method's name) raises under this fault."""
+        if self.kind == "refused":
+            return ProviderRejected(op, self.status_code, self.message, code=self.code, retry_after=self.retry_after)
+        if self.kind == "unavailable":
+            return ProviderUnavailable(op, 1, "scripted: provider unavailable")
+        return OutcomeUnknown(op, f"scripted: reply {'lost' if self.kind == 'lost' else 'never came'}")
+
+
+@dataclass
+class FaultScript:
+    """The faults scripted per operation, each consumed by one call."""
+
+    queues: dict[str, deque[Fault]] = field(default_factory=dict)
+
+    def add(self, operation: str, kind: str, **details: Any) -> None:
+        """The next call of ``operation`` fails with ``kind`` (see :meth:`MemoryProvider.fail_next`)."""
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {operation!r}; one of {', '.join(OPERATIONS)}")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULT_KINDS)}")
+        self.queues.setdefault(operation, deque()).append(Fault(kind, **details))
+
+    def take(self, operation: str, arg: str) -> Fault | None:
+        """The first fault scripted for a call of ``operation`` with argument ``arg`` (removed), or None."""
+        queue = self.queues.get(operation)
+        for fault in queue or ():
+            if fault.match is None or fault.match in arg:
+                assert queue is not None
+                queue.remove(fault)
+                return fault
+        return None
+
 
 def default_answer(custom_id: str, body: Mapping[str, Any]) -> str:
     return f"SIMULATED answer for {custom_id}"
@@ -104,18 +137,14 @@ class MemoryProvider:
     # when told); :meth:`advance` then moves them as the clock passes
     lifetime: Callable[[BatchInfo], float] | None = None
     ends: dict[str, float] = field(default_factory=dict)  # batch id -> when it completes (timed batches)
-    _faults: dict[str, deque[Fault]] = field(default_factory=dict)
+    _faults: FaultScript = field(default_factory=FaultScript)
     _ids: int = 0
 
     # --- scripting ------------------------------------------------------------------------------
     def fail_next(self, operation: str, kind: str, **details: Any) -> None:
         """The next call of ``operation`` fails with ``kind`` (queued: one fault per call).
         ``match=...``: the next call whose argument (file name, id) contains that text."""
-        if operation not in OPERATIONS:
-            raise ValueError(f"unknown operation {operation!r}; one of {', '.join(OPERATIONS)}")
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULT_KINDS)}")
-        self._faults.setdefault(operation, deque()).append(Fault(kind, **details))
+        self._faults.add(operation, kind, **details)
 
     def open_batches(self) -> list[BatchInfo]:
         return [b for b in self.batches.values() if not b.is_terminal]
@@ -196,10 +225,10 @@ class MemoryProvider:
         fault = self._fault("upload", filename)
         data = Path(path).read_bytes()
         if fault is not None and fault.kind != "lost":
-            raise self._error("files.create", fault)
+            raise fault.error("files.create")
         fid = self._store_file(filename, data, "batch")
         if fault is not None:
-            raise self._error("files.create", fault)
+            raise fault.error("files.create")
         return self.files[fid].info
 
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
@@ -222,7 +251,7 @@ class MemoryProvider:
     ) -> BatchInfo:
         fault = self._fault("create_batch", input_file_id)
         if fault is not None and fault.kind != "lost":
-            raise self._error("batches.create", fault)
+            raise fault.error("batches.create")
         if input_file_id not in self.files:
             raise ProviderRejected("batches.create", 400, f"no such file: {input_file_id}", code="invalid_request_error")
         bid = self._new_id("batch")
@@ -240,7 +269,7 @@ class MemoryProvider:
         if self.lifetime is not None:
             self.ends[bid] = self.now + self.lifetime(self.batches[bid])
         if fault is not None:
-            raise self._error("batches.create", fault)
+            raise fault.error("batches.create")
         return self.batches[bid]
 
     def find_batches(
@@ -297,13 +326,13 @@ class MemoryProvider:
         self.complete_times.append((cid, self.now))
         fault = self._fault("complete", cid)
         if fault is not None and fault.kind != "lost":
-            raise self._error("chat.completions.create", fault)
+            raise fault.error("chat.completions.create")
         if cid in self.row_errors:
             code, message = self.row_errors[cid]
             raise ProviderRejected("chat.completions.create", 400, message, code=code)
         out = self._output_line(cid, line.get("body") or {})
         if fault is not None:
-            raise self._error("chat.completions.create", fault)
+            raise fault.error("chat.completions.create")
         return out
 
     # --- internals --------------------------------------------------------------------------------
@@ -318,26 +347,12 @@ class MemoryProvider:
 
     def _fault(self, operation: str, arg: str) -> Fault | None:
         self.calls.append((operation, arg))
-        queue = self._faults.get(operation)
-        for fault in queue or ():
-            if fault.match is None or fault.match in arg:
-                assert queue is not None
-                queue.remove(fault)
-                return fault
-        return None
+        return self._faults.take(operation, arg)
 
     def _raise_if_faulted(self, operation: str, arg: str, op_name: str) -> None:
         fault = self._fault(operation, arg)
         if fault is not None:
-            raise self._error(op_name, fault)
-
-    @staticmethod
-    def _error(op: str, fault: Fault) -> ProviderError:
-        if fault.kind == "refused":
-            return ProviderRejected(op, fault.status_code, fault.message, code=fault.code, retry_after=fault.retry_after)
-        if fault.kind == "unavailable":
-            return ProviderUnavailable(op, 1, "scripted: provider unavailable")
-        return OutcomeUnknown(op, f"scripted: reply {'lost' if fault.kind == 'lost' else 'never came'}")
+            raise fault.error(op_name)
 
     def _batch(self, batch_id: str, op: str) -> BatchInfo:
         b = self.batches.get(batch_id)

@@ -67,35 +67,53 @@ def agreement(labels: Sequence[Any], answers: Sequence[Any]) -> dict[str, Any]:
         out["n"] = 0
         return out
     numeric = all(num(lab) is not None for lab, _a in pairs)
-    if numeric:
-        kept = [(lab, ans) for lab, ans in pairs if num(ans) is not None]
-        if not kept:
-            raise NotComparable(f"the labels are numbers (e.g. {pairs[0][0]!r}) but no answer is (e.g. {pairs[0][1]!r})")
-    else:
-        kept = pairs
-        if all(num(ans) is not None for _l, ans in pairs) and not any(num(lab) is not None for lab, _a in pairs):
-            raise NotComparable(f"the answers are numbers (e.g. {pairs[0][1]!r}) but the labels are words (e.g. {pairs[0][0]!r})")
+    kept = _comparable(pairs, numeric, num)
     out["not_comparable"] = len(pairs) - len(kept)
     out["n"] = len(kept)
     y_true = [norm(lab) for lab, _a in kept]
     y_pred = [norm(ans) for _l, ans in kept]
-    xs = [num(lab) for lab, _a in kept] if numeric else []
-    ys = [num(ans) for _l, ans in kept] if numeric else []
-    whole = numeric and all(x is not None and x.is_integer() for x in {*xs, *ys})
-    parts = []
-    ordered = whole and len(set(y_true) | set(y_pred)) <= MAX_ORDERED
-    if not numeric or ordered:
-        parts.append(_categorical(y_true, y_pred, ordered=ordered))
-        out["kind"] = "ordered" if ordered else "categorical"
+    if not numeric:
+        _merge(out, [_categorical(y_true, y_pred, ordered=False)])
+        out["kind"] = "categorical"
+        return out
+    xs = [num(lab) for lab, _a in kept]
+    ys = [num(ans) for _l, ans in kept]
+    ordered = _ordered(xs, ys, y_true, y_pred)
+    parts = [_categorical(y_true, y_pred, ordered=True)] if ordered else []
+    parts.append(_numeric([float(x) for x in xs if x is not None], [float(y) for y in ys if y is not None], ordered))
+    _merge(out, parts)
+    out["kind"] = "ordered" if ordered else "numeric"
+    return out
+
+
+def _comparable(pairs: list[tuple[Any, Any]], numeric: bool, num: Any) -> list[tuple[Any, Any]]:
+    """The pairs whose answer is of the labels' kind (numbers against numbers); raises
+    :class:`NotComparable` when none is."""
     if numeric:
-        parts.append(_numeric([float(x) for x in xs if x is not None], [float(y) for y in ys if y is not None], ordered))
-        out["kind"] = out["kind"] or "numeric"
+        kept = [(lab, ans) for lab, ans in pairs if num(ans) is not None]
+        if not kept:
+            raise NotComparable(f"the labels are numbers (e.g. {pairs[0][0]!r}) but no answer is (e.g. {pairs[0][1]!r})")
+        return kept
+    if all(num(ans) is not None for _l, ans in pairs) and not any(num(lab) is not None for lab, _a in pairs):
+        raise NotComparable(f"the answers are numbers (e.g. {pairs[0][1]!r}) but the labels are words (e.g. {pairs[0][0]!r})")
+    return pairs
+
+
+def _ordered(xs: list[Any], ys: list[Any], y_true: list[str], y_pred: list[str]) -> bool:
+    """Whether numeric labels and answers are also categories: whole numbers, at most
+    :data:`MAX_ORDERED` distinct values."""
+    whole = all(x is not None and x.is_integer() for x in {*xs, *ys})
+    return whole and len(set(y_true) | set(y_pred)) <= MAX_ORDERED
+
+
+def _merge(out: dict[str, Any], parts: list[dict[str, Any]]) -> None:
+    """Each part's figures into ``out``; the intervals of the figures ``out`` has, and the fewest
+    resamples of any part."""
     for part in parts:
         ci, resamples = part.pop("ci"), part.pop("bootstrap_resamples")
         out.update(part)
         out["ci"].update({k: v for k, v in ci.items() if k in out["ci"]})
         out["bootstrap_resamples"] = min(resamples, out["bootstrap_resamples"] or resamples)
-    return out
 
 
 def _memo(f: Any) -> Any:

@@ -223,23 +223,41 @@ class JsonRecords:
         data = self._file.read(size)
         final = not data
         if self._first_chunk and data and self._utf8:
-            while len(data) < 3 and _UTF8_BOM.startswith(data):
-                more = self._file.read(size)
-                if not more:
-                    break
-                data += more
-            self._first_chunk = False
-            if data.startswith(_UTF8_BOM):
-                data = data[3:]
-                self.bom = True
-            elif data.startswith((b"\xff\xfe", b"\xfe\xff")):
-                raise self._error("the file is UTF-16 encoded — save it as UTF-8", 1)
+            data = self._json_skip_bom(data, size)
         data = self._pending + data
+        text, used = self._json_decode(data, final)
+        self._pending = data[used:]
+        if self._find_terminator:
+            self._json_note_terminator(text)
+        self._buf += text
+        if final:
+            self._eof = True
+            return bool(text)
+        return True
+
+    def _json_skip_bom(self, data: bytes, size: int) -> bytes:
+        """The first bytes of a UTF-8 file without its byte-order mark (noted in ``bom``); a
+        UTF-16 file is refused."""
+        while len(data) < 3 and _UTF8_BOM.startswith(data):
+            more = self._file.read(size)
+            if not more:
+                break
+            data += more
+        self._first_chunk = False
+        if data.startswith(_UTF8_BOM):
+            self.bom = True
+            return data[3:]
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise self._error("the file is UTF-16 encoded — save it as UTF-8", 1)
+        return data
+
+    def _json_decode(self, data: bytes, final: bool) -> tuple[str, int]:
+        """The text of ``data`` and the count of bytes it used (an incomplete character waits for
+        more); bytes not in the encoding are refused, naming where they are."""
         try:
             if self._json_decoder is not None:
-                text, used = self._json_decoder.decode(data, final), len(data)
-            else:
-                text, used = codecs.utf_8_decode(data, "strict", final)
+                return self._json_decoder.decode(data, final), len(data)
+            return codecs.utf_8_decode(data, "strict", final)
         except UnicodeDecodeError as e:
             if self._json_decoder is not None:
                 raise self._error(
@@ -256,20 +274,16 @@ class JsonRecords:
                 f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {col}) — {NOT_UTF8_FIX}",
                 line,
             ) from None
-        self._pending = data[used:]
-        if self._find_terminator:
-            nl = text.find("\n")
-            if nl >= 0:
-                self._find_terminator = False
-                if nl > 0 and text[nl - 1] == "\r":
-                    self.lineterminator = "\r\n"
-                elif nl == 0 and self._buf.endswith("\r"):
-                    self.lineterminator = "\r\n"
-        self._buf += text
-        if final:
-            self._eof = True
-            return bool(text)
-        return True
+
+    def _json_note_terminator(self, text: str) -> None:
+        """Learn the file's line terminator from its first newline."""
+        nl = text.find("\n")
+        if nl >= 0:
+            self._find_terminator = False
+            if nl > 0 and text[nl - 1] == "\r":
+                self.lineterminator = "\r\n"
+            elif nl == 0 and self._buf.endswith("\r"):
+                self.lineterminator = "\r\n"
 
     def _line_at(self, pos: int) -> int:
         if pos >= self._lc_pos:

@@ -40,6 +40,59 @@ def _char_column(raw: bytes, byte_index: int) -> int:
     return len(raw[start:byte_index].decode("utf-8", errors="replace")) + 1
 
 
+def _file_name(source: object) -> Any:
+    """The path a file object was opened from, or None."""
+    name = getattr(source, "name", None)
+    return name if isinstance(name, (str, bytes, os.PathLike)) else None
+
+
+def _checked_format(fmt: Format | None, path: Any, delimiter: str | None) -> Format:
+    """The format to read (``fmt``, or the one the path's name says); an unknown format or an
+    invalid delimiter is refused."""
+    if fmt is None:
+        if path is None:
+            raise ValueError("fmt is required for a file object without a name")
+        fmt = detect_format(path)
+    if fmt not in ("csv", "jsonl", "json"):
+        raise ValueError(f"unknown format {fmt!r}")
+    if delimiter is not None and (len(delimiter) != 1 or delimiter in '"\r\n'):
+        raise ValueError(f"invalid delimiter {delimiter!r}")
+    return fmt
+
+
+def _open_quote_line(text: str, delim: str, line: int) -> int | None:
+    """The line where a quoted field of CSV ``text`` (starting at ``line``) opens and is never
+    closed, or None when every quoted field closes."""
+    in_quotes = False
+    field_start = True
+    opened = None
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        # a line ends at "\n", "\r\n" or a lone "\r"
+        line_end = c == "\n" or (c == "\r" and text[i + 1 : i + 2] != "\n")
+        if in_quotes:
+            if c == '"':
+                if i + 1 < n and text[i + 1] == '"':
+                    i += 1
+                else:
+                    in_quotes = False
+            elif line_end:
+                line += 1
+        else:
+            if c == '"' and field_start:
+                in_quotes, opened = True, line
+            if c == delim:
+                field_start = True
+            elif line_end:
+                line += 1
+                field_start = True
+            elif c != "\r":
+                field_start = False
+        i += 1
+    return opened if in_quotes else None
+
+
 class TableReader(JsonRecords):
     """A streaming reader for one table file; create it with :func:`open_table`."""
 
@@ -56,23 +109,9 @@ class TableReader(JsonRecords):
         encoding: str = "utf-8",
         validated: bool = False,
     ):
-        if isinstance(source, (str, os.PathLike)):
-            self.path: Any = source
-            owns = True
-        else:
-            self.path = getattr(source, "name", None)
-            if not isinstance(self.path, (str, bytes, os.PathLike)):
-                self.path = None
-            owns = False
-        if fmt is None:
-            if self.path is None:
-                raise ValueError("fmt is required for a file object without a name")
-            fmt = detect_format(self.path)
-        if fmt not in ("csv", "jsonl", "json"):
-            raise ValueError(f"unknown format {fmt!r}")
-        if delimiter is not None and (len(delimiter) != 1 or delimiter in '"\r\n'):
-            raise ValueError(f"invalid delimiter {delimiter!r}")
-        self.fmt: Format = fmt
+        owns = isinstance(source, (str, os.PathLike))
+        self.path: Any = source if owns else _file_name(source)
+        self.fmt: Format = _checked_format(fmt, self.path, delimiter)
         self.columns: list[str] = []
         self.delimiter: str = ","
         self.lineterminator: str = "\n"
@@ -95,19 +134,7 @@ class TableReader(JsonRecords):
         self._rec_bytes = 0
         self._rec_offset = 0
         try:
-            if fmt == "csv":
-                if delimiter is None and self.path is not None:
-                    if Path(os.fsdecode(self.path)).suffix.lower() == ".tsv":
-                        delimiter = "\t"
-                self._open_csv(delimiter)
-                # a file read in full before (the daemon's prepare) is read again without the
-                # per-line checks, when its header ended a line of its own ("\n" or "\r\n")
-                fast = validated and self.lineterminator in ("\n", "\r\n") and self._last_text.endswith("\n")
-                gen = self._iter_csv_validated() if fast else self._iter_csv()
-            elif fmt == "jsonl":
-                gen = self._iter_jsonl()
-            else:
-                gen = self._iter_json()
+            gen = self._records(delimiter, validated)
             try:
                 first = next(gen)
             except StopIteration:
@@ -116,6 +143,20 @@ class TableReader(JsonRecords):
         except BaseException:
             self.close()
             raise
+
+    def _records(self, delimiter: str | None, validated: bool) -> Iterator[Row]:
+        """The reader of the file's records in its format (a CSV file's header read)."""
+        if self.fmt == "jsonl":
+            return self._iter_jsonl()
+        if self.fmt == "json":
+            return self._iter_json()
+        if delimiter is None and self.path is not None and Path(os.fsdecode(self.path)).suffix.lower() == ".tsv":
+            delimiter = "\t"
+        self._open_csv(delimiter)
+        # a file read in full before (the daemon's prepare) is read again without the
+        # per-line checks, when its header ended a line of its own ("\n" or "\r\n")
+        fast = validated and self.lineterminator in ("\n", "\r\n") and self._last_text.endswith("\n")
+        return self._iter_csv_validated() if fast else self._iter_csv()
 
     # -- public --------------------------------------------------------------------------------
 
@@ -309,34 +350,7 @@ class TableReader(JsonRecords):
         text = data.decode("utf-8", errors="replace")
         if self._rec_offset == 0 and text.startswith("\ufeff"):
             text = text[1:]
-        delim = self.delimiter
-        line = self._rec_line
-        in_quotes = False
-        field_start = True
-        opened = None
-        i, n = 0, len(text)
-        while i < n:
-            c = text[i]
-            if in_quotes:
-                if c == '"':
-                    if i + 1 < n and text[i + 1] == '"':
-                        i += 1
-                    else:
-                        in_quotes = False
-                elif c == "\n" or (c == "\r" and text[i + 1 : i + 2] != "\n"):
-                    line += 1
-            else:
-                if c == '"' and field_start:
-                    in_quotes, opened = True, line
-                if c == delim:
-                    field_start = True
-                elif c == "\n" or (c == "\r" and text[i + 1 : i + 2] != "\n"):
-                    line += 1
-                    field_start = True
-                elif c != "\r":
-                    field_start = False
-            i += 1
-        return opened if in_quotes else None
+        return _open_quote_line(text, self.delimiter, self._rec_line)
 
     def _iter_csv(self) -> Iterator[Row]:
         cols = self.columns
