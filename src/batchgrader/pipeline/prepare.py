@@ -22,7 +22,7 @@ from batchgrader.core.home import Home
 from batchgrader.pipeline.labels import check_columns, label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
-from batchgrader.pipeline.requests import RequestBuilder, default_custom_id, dumps_line, schema_info
+from batchgrader.pipeline.requests import LineTemplate, RequestBuilder, default_custom_id, dumps_line, schema_info
 from batchgrader.pipeline.samples import id_problem, sample_id, sample_ids
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
@@ -272,6 +272,162 @@ def prepare(
         raise missing_column_advice(exc, profile, resolve_prompts(profile, home)) from None
 
 
+class _RowIds:
+    """Each row's custom_id: ``<prefix><row number>``, or the ``id_column``'s value checked
+    (not empty, not repeated, and with samples no sample suffix of its own)."""
+
+    def __init__(self, path: Path, id_column: str | None, id_prefix: str, samples: int):
+        self.path, self.id_column, self.id_prefix, self.samples = path, id_column, id_prefix, samples
+        self.first_row: dict[str, int] = {}  # id -> the row it was first seen in
+
+    def of(self, row: Any) -> str:
+        id_column = self.id_column
+        if id_column is None:
+            return self.id_prefix + str(row.number)
+        cid = text_of(row.values[id_column])
+        if not cid:
+            raise InputError(self.path, f"id column {id_column!r} is empty in row {row.number}", line=row.line, column=id_column)
+        first = self.first_row.setdefault(cid, row.number)
+        if first != row.number:
+            raise InputError(
+                self.path,
+                f"id column {id_column!r} value {cid!r} repeats (first seen in row {first}); ids must be unique",
+                line=row.line,
+                column=id_column,
+            )
+        if self.samples > 1 and (why := id_problem(cid, self.samples)):
+            raise InputError(self.path, f"id column {id_column!r} value {cid!r} {why}", line=row.line, column=id_column)
+        return cid
+
+
+class _Blocks:
+    """The requests of a block of rows: their lines written (and shown to ``reuse`` first), their
+    user messages counted on the counting pool while the next block is read, the counts
+    collected into ``prep.tokens`` one block later."""
+
+    def __init__(
+        self,
+        prep: Preparation,
+        counting: _Counting,
+        reuse: ReuseProbeLike | None,
+        requests_out: IO[bytes] | None,
+        with_cids: bool,
+    ):
+        self.prep, self.counting, self.reuse, self.requests_out, self.with_cids = prep, counting, reuse, requests_out, with_cids
+        self.texts: list[str] = []  # the block's user messages
+        self.lines: list[bytes] = []
+        self.cids: list[str] = []  # the block's custom_ids (only with ``reuse``)
+        self.pending: tuple[Callable[[], list[int]], list[bool] | None, int] | None = None
+        self.block_start = 0
+
+    def flush(self) -> None:
+        texts, reuse = self.texts, self.reuse
+        send: list[bool] | None = None
+        todo = texts
+        if reuse is not None:
+            send = reuse.block(self.lines, self.cids, texts) if self.with_cids else reuse.block(self.lines)
+            self.cids.clear()
+            todo = [t for t, s in zip(texts, send) if s]
+        if self.requests_out is not None:
+            self.requests_out.write(b"".join(self.lines))
+            self.lines.clear()
+        started = self.counting.pool().submit(todo) if todo else list  # works on copies: the block can be reused at once
+        start, self.block_start = self.block_start, self.block_start + len(texts)
+        texts.clear()
+        if self.pending is not None:
+            self._collect(*self.pending)
+        self.pending = (started, send, start)
+
+    def finish(self) -> None:
+        if self.texts:
+            self.flush()
+        if self.pending is not None:
+            self._collect(*self.pending)
+            self.pending = None
+
+    def _collect(self, result: Callable[[], list[int]], send: list[bool] | None, start: int) -> None:
+        const_tokens = self.counting.const
+        prep = self.prep
+        if send is None:
+            prep.tokens.extend([const_tokens + n for n in result()])
+            return
+        counts = iter(result())
+        tokens = prep.tokens
+        for pos, sent in enumerate(send, start):
+            if sent:
+                tokens.append(const_tokens + next(counts))
+                continue
+            leader = self.reuse.leader_position(pos)  # type: ignore[union-attr]
+            if leader is None:  # answered from the cache: never planned into a chunk
+                tokens.append(0)
+                prep.sizes[pos] = 0
+            else:
+                tokens.append(tokens[leader])
+
+
+def _context_window(profile: Profile, prices: PriceTable | None) -> int | None:
+    if profile.context_window is not None or prices is None:
+        return profile.context_window
+    try:
+        return prices.get(profile.model).context_window
+    except PricingError:
+        return None
+
+
+def _read_rows(
+    reader: Any,
+    prep: Preparation,
+    builder: RequestBuilder,
+    template: LineTemplate | None,
+    blocks: _Blocks,
+    requests_out: IO[bytes] | None,
+    file_hash: str,
+) -> int:
+    """Every row's requests (k with samples) built, sized, and handed to ``blocks``; the rows read."""
+    path, profile, spec = prep.path, builder.profile, builder.spec
+    # Every request of the job is the same but for its user message, so its tokens are a
+    # constant (``counting.const``) plus the user text's.
+    user_message = spec.user_message
+    samples = prep.samples
+    ids = _RowIds(path, builder.id_column, default_custom_id(file_hash, 0)[:-1], samples)
+    check_label = label_checker(profile)
+    label_column = profile.get("reference_column")
+    texts, lines, cids, keep_cids = blocks.texts, blocks.lines, blocks.cids, blocks.reuse is not None
+    sizes_append = prep.sizes.append
+    rows = 0
+    for row in reader:
+        user = user_message(row.values, text_of)
+        if check_label is not None:
+            label = text_of(row.values.get(label_column))
+            problem = check_label(label) if label.strip() else None
+            if problem:
+                raise label_error(path, profile, label, problem, row.number, row.line)
+        cid = ids.of(row)
+        for scid in sample_ids(cid, samples) if samples > 1 else (cid,):  # k requests per row (pipeline/samples.py)
+            if template is None:
+                data = dumps_line(builder.request(scid, spec.chat(user)))
+                sizes_append(len(data))
+                if requests_out is not None:
+                    lines.append(data)
+            elif requests_out is None:
+                try:
+                    sizes_append(template.size(scid, user))
+                except UnicodeEncodeError:  # lone surrogates: fail exactly as serialising the line does
+                    template.line(scid, user)
+                    raise
+            else:
+                data = template.line(scid, user)
+                sizes_append(len(data))
+                lines.append(data)
+            texts.append(user)
+            if keep_cids:
+                cids.append(scid)
+        rows += 1
+        if len(texts) >= BLOCK_ROWS:
+            blocks.flush()
+    return rows
+
+
 def _prepare(
     path: Path,
     profile: Profile,
@@ -300,21 +456,7 @@ def _prepare(
     counting = _Counting(profile, builder.spec)
     if reuse is None:
         counting.pool()  # every row is counted
-
-    context_window = profile.context_window
-    if context_window is None and prices is not None:
-        try:
-            context_window = prices.get(profile.model).context_window
-        except PricingError:
-            context_window = None
-
-    spec = builder.spec
-    template = builder.line_template()
-    # Every request of the job is the same but for its user message, so its tokens are a
-    # constant (``counting.const``) plus the user text's.
-    id_column = builder.id_column
-    id_prefix = default_custom_id(file_hash, 0)[:-1]
-    user_message = spec.user_message
+    context_window = _context_window(profile, prices)
 
     with (
         open_table(
@@ -343,108 +485,11 @@ def _prepare(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
                 f"{counting.tokenizer.encoding} (counts may differ from what the provider bills)"
             )
-        seen_ids: set[str] | None = set() if id_column else None
-        first_line_of_id: dict[str, int] = {}
-        texts: list[str] = []  # the block's user messages, counted while the next block is read
-        lines: list[bytes] = []
-        cids: list[str] = []  # the block's custom_ids (only with ``reuse``)
-        pending: tuple[Callable[[], list[int]], list[bool] | None, int] | None = None
-        sizes_append = prep.sizes.append
-        block_start = 0
-
-        def collect(result: Callable[[], list[int]], send: list[bool] | None, start: int) -> None:
-            const_tokens = counting.const
-            if send is None:
-                prep.tokens.extend([const_tokens + n for n in result()])
-                return
-            counts = iter(result())
-            tokens = prep.tokens
-            for pos, sent in enumerate(send, start):
-                if sent:
-                    tokens.append(const_tokens + next(counts))
-                    continue
-                leader = reuse.leader_position(pos)  # type: ignore[union-attr]
-                if leader is None:  # answered from the cache: never planned into a chunk
-                    tokens.append(0)
-                    prep.sizes[pos] = 0
-                else:
-                    tokens.append(tokens[leader])
-
-        def flush() -> None:
-            nonlocal pending, block_start
-            send: list[bool] | None = None
-            todo = texts
-            if reuse is not None:
-                send = reuse.block(lines, cids, texts) if template is not None else reuse.block(lines)
-                cids.clear()
-                todo = [t for t, s in zip(texts, send) if s]
-            if requests_out is not None:
-                requests_out.write(b"".join(lines))
-                lines.clear()
-            started = counting.pool().submit(todo) if todo else list  # works on copies: the block can be reused at once
-            start, block_start = block_start, block_start + len(texts)
-            texts.clear()
-            if pending is not None:
-                collect(*pending)
-            pending = (started, send, start)
-
-        rows = 0
-        samples = prep.samples = int(profile.get("samples") or 1)
-        check_label = label_checker(profile)
-        label_column = profile.get("reference_column")
-        for row in reader:
-            user = user_message(row.values, text_of)
-            if check_label is not None:
-                label = text_of(row.values.get(label_column))
-                problem = check_label(label) if label.strip() else None
-                if problem:
-                    raise label_error(path, profile, label, problem, row.number, row.line)
-            if id_column is None:
-                cid = id_prefix + str(row.number)
-            else:
-                cid = text_of(row.values[id_column])
-                if not cid:
-                    raise InputError(
-                        path, f"id column {id_column!r} is empty in row {row.number}", line=row.line, column=id_column
-                    )
-                if cid in seen_ids:  # type: ignore[operator]
-                    raise InputError(
-                        path,
-                        f"id column {id_column!r} value {cid!r} repeats (first seen in row {first_line_of_id[cid]}); ids must be unique",
-                        line=row.line,
-                        column=id_column,
-                    )
-                seen_ids.add(cid)  # type: ignore[union-attr]
-                first_line_of_id[cid] = row.number
-                if samples > 1 and (why := id_problem(cid, samples)):
-                    raise InputError(path, f"id column {id_column!r} value {cid!r} {why}", line=row.line, column=id_column)
-            for scid in sample_ids(cid, samples) if samples > 1 else (cid,):  # k requests per row (pipeline/samples.py)
-                if template is None:
-                    data = dumps_line(builder.request(scid, spec.chat(user)))
-                    sizes_append(len(data))
-                    if requests_out is not None:
-                        lines.append(data)
-                elif requests_out is None:
-                    try:
-                        sizes_append(template.size(scid, user))
-                    except UnicodeEncodeError:  # lone surrogates: fail exactly as serialising the line does
-                        template.line(scid, user)
-                        raise
-                else:
-                    data = template.line(scid, user)
-                    sizes_append(len(data))
-                    lines.append(data)
-                texts.append(user)
-                if reuse is not None:
-                    cids.append(scid)
-            rows += 1
-            if len(texts) >= BLOCK_ROWS:
-                flush()
-        if texts:
-            flush()
-        if pending is not None:
-            collect(*pending)
-        prep.rows = rows
+        prep.samples = int(profile.get("samples") or 1)
+        template = builder.line_template()
+        blocks = _Blocks(prep, counting, reuse, requests_out, with_cids=template is not None)
+        prep.rows = _read_rows(reader, prep, builder, template, blocks, requests_out, file_hash)
+        blocks.finish()
 
     chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window))
     prep.chunks = chunks
