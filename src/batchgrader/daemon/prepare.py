@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from batchgrader.core.config import ConfigError
+from batchgrader.core.heap import trim_heap
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.core.stragglers import deadline_of
 from batchgrader.daemon.base import (
@@ -99,6 +100,14 @@ class PrepareSteps:
         self.submit = submit
 
     def prepare(self, job: JobState, now: float) -> None:
+        """Prepare ``job`` (its chunks written and planned, or it fails for its input), then give
+        the memory the counting threads freed back to the system (:mod:`batchgrader.core.heap`)."""
+        try:
+            self._prepare(job, now)
+        finally:
+            trim_heap()
+
+    def _prepare(self, job: JobState, now: float) -> None:
         job_dir = self.ctx.home.job_dir(job.job_id)
         try:
             profile = self.ctx.profile_of(job)
