@@ -15,10 +15,10 @@ import pytest
 from batchgrader.core.config import ConfigError, load_config, provider_key_problem
 from batchgrader.core.home import Home
 from batchgrader.core.queue import parse_queue_limit
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.pricing import PricingError, load_pricing, with_deployments
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.provider.azure_api import AzureOpenAIProvider, raw_id
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import (
     ProviderConfigError,
     ProviderRejected,

@@ -12,10 +12,10 @@ from typing import Any
 import openai
 import pytest
 
+from batchgrader.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator.answers import _countable_messages
+from batchgrader.emulator.background import TokenCache
 from batchgrader.pipeline.tokens import ChatTokenCounter
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from batchgrader.provider.emulator.answers import _countable_messages
-from batchgrader.provider.emulator.background import TokenCache
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     MODEL,

@@ -18,9 +18,9 @@ from batchgrader.cli.commands import cli
 from batchgrader.core import queue
 from batchgrader.core.config import load_config
 from batchgrader.daemon.engine import Engine
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock, token_limit_message
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.splitting import Limits, plan_chunks
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock, token_limit_message
 from batchgrader.provider.openai_api import OpenAIProvider
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.readmodels import projectors

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, events_of, integrity, start_daemon, temp_leftovers
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

@@ -7,11 +7,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from batchgrader.emulator.common import ApiError, _now_int
+from batchgrader.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
+from batchgrader.emulator.state import _File, _StoreBase
+from batchgrader.emulator.upload import FileBody
 from batchgrader.fsio import atomic_write
-from batchgrader.provider.emulator.common import ApiError, _now_int
-from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
-from batchgrader.provider.emulator.state import _File, _StoreBase
-from batchgrader.provider.emulator.upload import FileBody
 
 #: Azure OpenAI's shortest ``expires_after`` for batch files: 14 days (learn.microsoft.com batch how-to)
 AZURE_MIN_EXPIRY_S = 14 * 86_400

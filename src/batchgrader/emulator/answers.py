@@ -12,9 +12,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from batchgrader.provider.emulator.common import _hex, _now_int
-from batchgrader.provider.emulator.config import BATCH_EXPIRED_MESSAGE, REASONING_PREFIXES, THIRTY_DAYS
-from batchgrader.provider.emulator.state import _Batch, _empty_usage, _Lines, _Out, _Req, _StoreBase
+from batchgrader.emulator.common import _hex, _now_int
+from batchgrader.emulator.config import BATCH_EXPIRED_MESSAGE, REASONING_PREFIXES, THIRTY_DAYS
+from batchgrader.emulator.state import _Batch, _empty_usage, _Lines, _Out, _Req, _StoreBase
 
 
 def _is_reasoning_model(model: str) -> bool:
@@ -24,8 +24,8 @@ def _is_reasoning_model(model: str) -> bool:
 def _reasoning_draw(model: str, effort: Any, rng: random.Random) -> int:
     """Reasoning tokens of one answer: from the catalogue's rules for the model (hundreds to
     thousands by effort); a reasoning model the catalogue lacks draws 16-128."""
+    from batchgrader.emulator.rules import reasoning_tokens
     from batchgrader.pipeline.catalogue import shipped_spec
-    from batchgrader.provider.emulator.rules import reasoning_tokens
 
     spec = shipped_spec(model)
     if spec.reasoning is not None:
@@ -313,7 +313,7 @@ class AnswersMixin(_StoreBase):
         source = b.input_path
 
         def draft_all() -> None:
-            from batchgrader.provider.emulator.validation import request_of  # (it imports this module)
+            from batchgrader.emulator.validation import request_of  # (it imports this module)
 
             lines = _Lines(source)
             try:

@@ -30,16 +30,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from batchgrader.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
+from batchgrader.emulator.common import ApiError, _hex
+from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
+from batchgrader.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
+from batchgrader.emulator.spool import LinesWriter, read_jsonl, write_jsonl
+from batchgrader.emulator.state import _StoreBase
+from batchgrader.emulator.upload import FileBody
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.catalogue import shipped_spec
-from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
-from batchgrader.provider.emulator.common import ApiError, _hex
-from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
-from batchgrader.provider.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
-from batchgrader.provider.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
-from batchgrader.provider.emulator.spool import LinesWriter, read_jsonl, write_jsonl
-from batchgrader.provider.emulator.state import _StoreBase
-from batchgrader.provider.emulator.upload import FileBody
 
 ANTHROPIC_CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ANTHROPIC_MAX_REQUESTS = 100_000

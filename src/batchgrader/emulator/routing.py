@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from batchgrader.provider.emulator.anthropic import AnthropicApiError, anthropic_error_type
-from batchgrader.provider.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
-from batchgrader.provider.emulator.config import TERMINAL_STATUSES
-from batchgrader.provider.emulator.faults import Fault
-from batchgrader.provider.emulator.gemini import GeminiApiError, gemini_error_body
-from batchgrader.provider.emulator.upload import BodyReader, FileBody, Part, receive_multipart, receive_to_file
+from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_type
+from batchgrader.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
+from batchgrader.emulator.config import TERMINAL_STATUSES
+from batchgrader.emulator.faults import Fault
+from batchgrader.emulator.gemini import GeminiApiError, gemini_error_body
+from batchgrader.emulator.upload import BodyReader, FileBody, Part, receive_multipart, receive_to_file
 
 if TYPE_CHECKING:
-    from batchgrader.provider.emulator.server import Emulator
+    from batchgrader.emulator.server import Emulator
 
 log = logging.getLogger(__name__)
 

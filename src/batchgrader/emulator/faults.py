@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from batchgrader.provider.emulator.state import _StoreBase
+from batchgrader.emulator.state import _StoreBase
 
 
 @dataclass(frozen=True)

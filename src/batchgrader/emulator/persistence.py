@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from batchgrader.emulator.state import _Batch, _File, _StoreBase
+from batchgrader.emulator.upload import PART_SUFFIX
 from batchgrader.fsio import atomic_write_bytes
-from batchgrader.provider.emulator.state import _Batch, _File, _StoreBase
-from batchgrader.provider.emulator.upload import PART_SUFFIX
 
 
 class PersistenceMixin(_StoreBase):

@@ -1,4 +1,5 @@
-"""A local, SIMULATED OpenAI Files + Batches API for tests, demos and the sandbox mode.
+"""emulator: a local, SIMULATED OpenAI Files + Batches API (and Azure's, Anthropic's, Gemini's) for
+tests, demos and the sandbox mode (``bgctl emulator``, ``bgctl daemon --sandbox``).
 
 It is a real HTTP server on 127.0.0.1 that the official ``openai`` SDK talks to through
 ``base_url="http://127.0.0.1:PORT/v1"``.  Nothing here contacts OpenAI.
@@ -35,9 +36,9 @@ counts input files off the request path), ``answers`` (answer generation and res
 ``routing`` (HTTP) and ``server`` (:class:`Emulator`, :func:`run_emulator`).
 """
 
-from batchgrader.provider.emulator.answers import generate_from_schema
-from batchgrader.provider.emulator.common import ApiError
-from batchgrader.provider.emulator.config import (
+from batchgrader.emulator.answers import generate_from_schema
+from batchgrader.emulator.common import ApiError
+from batchgrader.emulator.config import (
     BATCH_EXPIRED_MESSAGE,
     CHAT_ENDPOINT,
     ENQUEUED_STATUSES,
@@ -52,9 +53,9 @@ from batchgrader.provider.emulator.config import (
     EmulatorConfig,
     token_limit_message,
 )
-from batchgrader.provider.emulator.faults import FAULT_KINDS, FAULT_PROFILES, Fault, FaultRates
-from batchgrader.provider.emulator.lifecycle import ManualClock
-from batchgrader.provider.emulator.server import Emulator, run_emulator, serve_forever
+from batchgrader.emulator.faults import FAULT_KINDS, FAULT_PROFILES, Fault, FaultRates
+from batchgrader.emulator.lifecycle import ManualClock
+from batchgrader.emulator.server import Emulator, run_emulator, serve_forever
 
 __all__ = [
     "token_limit_message",

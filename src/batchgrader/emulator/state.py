@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from batchgrader.provider.emulator.answers import _Drafts
-    from batchgrader.provider.emulator.background import Pending, TokenCache, Worker
-    from batchgrader.provider.emulator.config import EmulatorConfig
-    from batchgrader.provider.emulator.faults import FaultRates
+    from batchgrader.emulator.answers import _Drafts
+    from batchgrader.emulator.background import Pending, TokenCache, Worker
+    from batchgrader.emulator.config import EmulatorConfig
+    from batchgrader.emulator.faults import FaultRates
 
 
 @dataclass

@@ -7,7 +7,7 @@
 * Gemini ``POST /v1beta/models/{model}:generateContent`` -> a ``GenerateContentResponse``.
 
 Each shares the batch path's per-request checks and answers: the request is checked as one line
-of a batch input file (:func:`~batchgrader.provider.emulator.validation.check_input`) and
+of a batch input file (:func:`~batchgrader.emulator.validation.check_input`) and
 answered by the same code as a batch's request (``_answer``, ``_msg_result``, ``_gem_result``),
 so a setting the batch path refuses or truncates is refused or truncated here the same way.  A
 request that fails is an HTTP error with the provider's own error shape.
@@ -21,7 +21,7 @@ Anthropic ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``).  E
 request is logged in :attr:`SyncLimits.log` (time, model, status, retry-after) for tests.
 
 OpenAI ``service_tier``: ``"flex"`` is refused (400) for a model whose catalogue row has no flex
-tier (:func:`~batchgrader.provider.emulator.rules.openai_request_error`); the answer reports the
+tier (:func:`~batchgrader.emulator.rules.openai_request_error`); the answer reports the
 tier it was served at (``"flex"``, else ``"default"``).  Each synchronous request
 is answered with a prompt cache of its own (the emulator caches prefixes within a batch only), so
 no cache read is reported on this path.
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from batchgrader.provider.emulator.answers import AnswersMixin
-from batchgrader.provider.emulator.anthropic import AnthropicApiError, AnthropicMixin, anthropic_error_type
-from batchgrader.provider.emulator.common import ApiError
-from batchgrader.provider.emulator.config import CHAT_ENDPOINT
-from batchgrader.provider.emulator.gemini import GeminiApiError, GeminiMixin
-from batchgrader.provider.emulator.validation import check_input, request_of
+from batchgrader.emulator.answers import AnswersMixin
+from batchgrader.emulator.anthropic import AnthropicApiError, AnthropicMixin, anthropic_error_type
+from batchgrader.emulator.common import ApiError
+from batchgrader.emulator.config import CHAT_ENDPOINT
+from batchgrader.emulator.gemini import GeminiApiError, GeminiMixin
+from batchgrader.emulator.validation import check_input, request_of
 
 
 @dataclass(frozen=True)

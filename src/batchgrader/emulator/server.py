@@ -8,10 +8,10 @@ from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from batchgrader.provider.emulator.config import SIMULATED_BANNER, EmulatorConfig
-from batchgrader.provider.emulator.faults import Fault
-from batchgrader.provider.emulator.routing import _Handler
-from batchgrader.provider.emulator.store import _Store
+from batchgrader.emulator.config import SIMULATED_BANNER, EmulatorConfig
+from batchgrader.emulator.faults import Fault
+from batchgrader.emulator.routing import _Handler
+from batchgrader.emulator.store import _Store
 
 
 class _Server(ThreadingHTTPServer):

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
-from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
-from batchgrader.provider.emulator.config import (
+from batchgrader.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
+from batchgrader.emulator.common import _error_body, _server_error_body, _unit
+from batchgrader.emulator.config import (
     AZURE_CHAT_ENDPOINT,
     CHAT_ENDPOINT,
     ENQUEUED_STATUSES,
@@ -26,9 +26,9 @@ from batchgrader.provider.emulator.config import (
     FAIL_500_TRIGGER,
     token_limit_message,
 )
-from batchgrader.provider.emulator.prompt_cache import BatchCache, openai_cached_tokens
-from batchgrader.provider.emulator.rules import openai_request_error
-from batchgrader.provider.emulator.state import (
+from batchgrader.emulator.prompt_cache import BatchCache, openai_cached_tokens
+from batchgrader.emulator.rules import openai_request_error
+from batchgrader.emulator.state import (
     FAIL_CONTENT,
     FAIL_NONE,
     FAIL_SEEDED,
@@ -40,8 +40,8 @@ from batchgrader.provider.emulator.state import (
 )
 
 if TYPE_CHECKING:
-    from batchgrader.provider.emulator.background import TokenCache
-    from batchgrader.provider.emulator.config import EmulatorConfig
+    from batchgrader.emulator.background import TokenCache
+    from batchgrader.emulator.config import EmulatorConfig
 
 #: How long a validation that is due waits for its background parse-and-count (on a manual
 #: clock, or when forced) before doing the work itself.

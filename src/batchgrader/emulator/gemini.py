@@ -39,16 +39,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from batchgrader.emulator.answers import _counter_for, _sentence, generate_from_schema
+from batchgrader.emulator.common import ApiError, _hex
+from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.emulator.prompt_cache import BatchCache, gemini_cached_tokens, system_tokens
+from batchgrader.emulator.rules import gemini_request_error, gemini_thinking_effort, reasoning_tokens
+from batchgrader.emulator.spool import LinesWriter, read_jsonl, size_and_sha256, write_jsonl
+from batchgrader.emulator.state import _StoreBase
+from batchgrader.emulator.upload import PART_SUFFIX, FileBody
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.catalogue import shipped_spec
-from batchgrader.provider.emulator.answers import _counter_for, _sentence, generate_from_schema
-from batchgrader.provider.emulator.common import ApiError, _hex
-from batchgrader.provider.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
-from batchgrader.provider.emulator.prompt_cache import BatchCache, gemini_cached_tokens, system_tokens
-from batchgrader.provider.emulator.rules import gemini_request_error, gemini_thinking_effort, reasoning_tokens
-from batchgrader.provider.emulator.spool import LinesWriter, read_jsonl, size_and_sha256, write_jsonl
-from batchgrader.provider.emulator.state import _StoreBase
-from batchgrader.provider.emulator.upload import PART_SUFFIX, FileBody
 
 COUNTING_STAND_IN = "gpt-4o"
 GEMINI_MAX_FILE_BYTES = 2 * 1024 * 1024 * 1024

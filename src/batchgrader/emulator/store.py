@@ -12,18 +12,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from batchgrader.provider.emulator.answers import AnswersMixin
-from batchgrader.provider.emulator.anthropic import AnthropicMixin, _MsgBatch
-from batchgrader.provider.emulator.background import TokenCache, Worker
-from batchgrader.provider.emulator.config import EmulatorConfig
-from batchgrader.provider.emulator.faults import FaultsMixin
-from batchgrader.provider.emulator.files import FilesMixin
-from batchgrader.provider.emulator.gemini import GeminiMixin, _GemBatch, _GemFile
-from batchgrader.provider.emulator.lifecycle import BatchesMixin
-from batchgrader.provider.emulator.persistence import PersistenceMixin
-from batchgrader.provider.emulator.state import _Batch, _File
-from batchgrader.provider.emulator.sync import SyncMixin
-from batchgrader.provider.emulator.validation import ValidationMixin
+from batchgrader.emulator.answers import AnswersMixin
+from batchgrader.emulator.anthropic import AnthropicMixin, _MsgBatch
+from batchgrader.emulator.background import TokenCache, Worker
+from batchgrader.emulator.config import EmulatorConfig
+from batchgrader.emulator.faults import FaultsMixin
+from batchgrader.emulator.files import FilesMixin
+from batchgrader.emulator.gemini import GeminiMixin, _GemBatch, _GemFile
+from batchgrader.emulator.lifecycle import BatchesMixin
+from batchgrader.emulator.persistence import PersistenceMixin
+from batchgrader.emulator.state import _Batch, _File
+from batchgrader.emulator.sync import SyncMixin
+from batchgrader.emulator.validation import ValidationMixin
 
 
 class _Store(

@@ -10,14 +10,14 @@ import threading
 import uuid
 from typing import Any
 
-from batchgrader.provider.emulator.common import ApiError, _now_int
-from batchgrader.provider.emulator.config import (
+from batchgrader.emulator.common import ApiError, _now_int
+from batchgrader.emulator.config import (
     AZURE_CHAT_ENDPOINT,
     EXPIRE_AFTER_METADATA_KEY,
     TERMINAL_STATUSES,
     VALID_ENDPOINTS,
 )
-from batchgrader.provider.emulator.state import _Batch, _empty_usage, _StoreBase
+from batchgrader.emulator.state import _Batch, _empty_usage, _StoreBase
 
 
 class ManualClock:
