@@ -349,7 +349,7 @@ def test_a_long_prepare_and_a_long_listing_keep_the_heartbeat_going(home):
         assert provider_engine.provider is not None
         provider_engine.provider.list_page_size = 2  # type: ignore[attr-defined]
         for i in range(5):
-            emu.store.create_file(f"f{i}.jsonl", b"{}", "batch", {})
+            emu.store.files.create_file(f"f{i}.jsonl", b"{}", "batch", {})
         beats.clear()
         provider_engine.on_progress = lambda: beats.append(_time.monotonic())
         provider_engine.provider.find_files("nothing.jsonl")

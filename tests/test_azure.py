@@ -116,7 +116,7 @@ def test_adapter_ids_say_azure_and_usage_is_exact(provider: AzureOpenAIProvider,
     assert sum(o.completion_tokens for o in outcomes) == done.usage.output_tokens
     assert provider.find_batches(f.id, {"bg_key": "job1:0:0"})[0].id == b.id
     assert provider.delete_file(f.id) is True and provider.delete_file(f.id) is False
-    assert raw_id(b.id) in emu.store.batches
+    assert raw_id(b.id) in emu.store.state.batches
 
 
 def test_unknown_outcomes_are_reconciled_by_listing(provider: AzureOpenAIProvider, emu: Emulator, tmp_path) -> None:  # noqa: ANN001

@@ -30,13 +30,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batchgrader.emulator.answers import _countable_messages, _counter_for, _sentence, generate_from_schema
-from batchgrader.emulator.common import ApiError, _hex
-from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.emulator.answers import _countable_messages, _counter_for
+from batchgrader.emulator.common import ApiError, _hex, int_param
+from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER, EmulatorConfig
 from batchgrader.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
 from batchgrader.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
+from batchgrader.emulator.schema_values import generate_from_schema, sentence
 from batchgrader.emulator.spool import LinesWriter, read_jsonl, write_jsonl
-from batchgrader.emulator.state import _StoreBase
+from batchgrader.emulator.state import State
 from batchgrader.emulator.upload import FileBody
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.catalogue import shipped_spec
@@ -93,77 +94,84 @@ class _MsgBatch:
         return None if self.counts is None else list(read_jsonl(self.results_path))
 
 
-class AnthropicMixin(_StoreBase):
-    """Message Batches: create, retrieve, list, cancel, delete, results, and count_tokens."""
+class AnthropicBatches:
+    """Message Batches over the shared state: create, retrieve, list, cancel, delete, results,
+    and count_tokens; its batches are its own (``batches``)."""
 
-    msg_batches: dict[str, _MsgBatch]
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.batches: dict[str, _MsgBatch] = {}
 
     # --- persistence -------------------------------------------------------------------------
 
-    def _msg_requests_path(self, batch_id: str) -> Path:
-        return self._blob_dir("msgbatches") / f"{batch_id}.requests.jsonl"
+    def _requests_path(self, batch_id: str) -> Path:
+        return self.state.blob_dir("msgbatches") / f"{batch_id}.requests.jsonl"
 
-    def _msg_save(self, m: _MsgBatch) -> None:
-        if not self.data_dir:
+    def _save(self, m: _MsgBatch) -> None:
+        if not self.state.data_dir:
             return
         rec = {"id": m.id, "seq": m.seq, "t_created": m.t_created, "n": m.n, "t_cancel": m.t_cancel}
         rec["archived"] = m.archived
-        atomic_write_bytes(self.data_dir / "msgbatches" / f"{m.id}.json", json.dumps(rec).encode("utf-8"))
+        atomic_write_bytes(self.state.data_dir / "msgbatches" / f"{m.id}.json", json.dumps(rec).encode("utf-8"))
 
-    def _msg_load(self) -> None:
-        d = self.data_dir / "msgbatches" if self.data_dir else None
+    def load(self) -> None:
+        d = self.state.data_dir / "msgbatches" if self.state.data_dir else None
         for p in sorted(d.glob("*.json")) if d is not None and d.exists() else []:
             rec = json.loads(p.read_text(encoding="utf-8"))
-            path = self._msg_requests_path(rec["id"])
+            path = self._requests_path(rec["id"])
             n = write_jsonl(path, rec["requests"]) if "requests" in rec else rec["n"]  # a record of an older version
             m = _MsgBatch(rec["id"], rec["seq"], rec["t_created"], n, path, rec["t_cancel"], archived=rec["archived"])
-            self.msg_batches[m.id] = m
-            self.seq = max(self.seq, m.seq)
-            self.batches_created += 1
+            self.batches[m.id] = m
+            self.state.seq = max(self.state.seq, m.seq)
+            self.state.batches_created += 1
 
     # --- timing ------------------------------------------------------------------------------
 
-    def _msg_processing_s(self) -> float:
-        return self.cfg.validating_s + self.cfg.in_progress_s + self.cfg.finalizing_s
+    def _processing_s(self) -> float:
+        return self.state.cfg.validating_s + self.state.cfg.in_progress_s + self.state.cfg.finalizing_s
 
-    def _msg_done_by(self, m: _MsgBatch, t: float) -> int:
-        span = self._msg_processing_s()
+    def _done_by(self, m: _MsgBatch, t: float) -> int:
+        span = self._processing_s()
         n = m.n
         if span <= 0:
             return n
         return min(n, max(0, int(n * (t - m.t_created) / span + 1e-6)))
 
-    def _msg_advance(self, m: _MsgBatch) -> None:
+    def _advance(self, m: _MsgBatch) -> None:
         if m.counts is not None:
             return
-        now = self.clock()
-        t_end = m.t_created + self._msg_processing_s()
-        deadline = m.t_created + self.cfg.completion_window_s
+        now = self.state.clock()
+        t_end = m.t_created + self._processing_s()
+        deadline = m.t_created + self.state.cfg.completion_window_s
         if m.t_cancel is not None and m.t_cancel < t_end:
-            if now >= m.t_cancel + self.cfg.cancelling_s:
-                self._msg_finish(m, m.t_cancel + self.cfg.cancelling_s, self._msg_done_by(m, m.t_cancel), "canceled")
+            if now >= m.t_cancel + self.state.cfg.cancelling_s:
+                self._finish(m, m.t_cancel + self.state.cfg.cancelling_s, self._done_by(m, m.t_cancel), "canceled")
         elif deadline < t_end:
             if now >= deadline:
-                self._msg_finish(m, deadline, self._msg_done_by(m, deadline), "expired")
+                self._finish(m, deadline, self._done_by(m, deadline), "expired")
         elif now >= t_end:
-            self._msg_finish(m, t_end, m.n, "expired")
+            self._finish(m, t_end, m.n, "expired")
 
-    def _msg_finish(self, m: _MsgBatch, t: float, processed: int, rest: str) -> None:
+    def _finish(self, m: _MsgBatch, t: float, processed: int, rest: str) -> None:
         """Its results, written to disk as they are made (then shuffled there, if configured)."""
         seen: BatchCache = set()  # the batch's prompt cache, filled in request order
         counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
-        out = LinesWriter(self.scratch / f"{m.id}.results.jsonl")
+        out = LinesWriter(self.state.scratch / f"{m.id}.results.jsonl")
         for i, r in enumerate(read_jsonl(m.requests_path)):
-            res = self._msg_result(m, r, seen) if i < processed else {"custom_id": r["custom_id"], "result": {"type": rest}}
+            res = (
+                anthropic_result(self.state.cfg, m.id, r, seen)
+                if i < processed
+                else {"custom_id": r["custom_id"], "result": {"type": rest}}
+            )
             counts[res["result"]["type"]] += 1
             out.add(res)
-        m.results_path = out.close(f"shuffle:{self.cfg.seed}:{m.id}" if self.cfg.shuffle_output else None)
+        m.results_path = out.close(f"shuffle:{self.state.cfg.seed}:{m.id}" if self.state.cfg.shuffle_output else None)
         m.counts, m.t_ended = counts, t
 
     # --- objects -----------------------------------------------------------------------------
 
-    def _msg_view(self, m: _MsgBatch) -> dict[str, Any]:
-        self._msg_advance(m)
+    def _view(self, m: _MsgBatch) -> dict[str, Any]:
+        self._advance(m)
         counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
         if m.counts is None:
             counts["processing"] = m.n
@@ -184,15 +192,15 @@ class AnthropicMixin(_StoreBase):
             "results_url": f"/v1/messages/batches/{m.id}/results" if m.counts is not None else None,
         }
 
-    def _msg_get(self, batch_id: str) -> _MsgBatch:
-        m = self.msg_batches.get(batch_id)
+    def _get(self, batch_id: str) -> _MsgBatch:
+        m = self.batches.get(batch_id)
         if m is None or m.archived:
             raise AnthropicApiError(404, f"Message batch {batch_id} not found.", type="not_found_error")
         return m
 
     # --- API ---------------------------------------------------------------------------------
 
-    def msg_create_batch(self, body: Any, raw_size: int) -> dict[str, Any]:
+    def create_batch(self, body: Any, raw_size: int) -> dict[str, Any]:
         def bad(message: str) -> AnthropicApiError:
             return AnthropicApiError(400, message, type="invalid_request_error")
 
@@ -213,23 +221,23 @@ class AnthropicMixin(_StoreBase):
             if cid in seen:
                 raise bad(f"Duplicate custom_id: {cid}. custom_id must be unique within a batch.")
             seen.add(cid)
-        with self.lock:
+        with self.state.lock:
             bid = "msgbatch_" + uuid.uuid4().hex[:24]
-            path = self._msg_requests_path(bid)
-            m = _MsgBatch(bid, self._next_seq(), self.clock(), write_jsonl(path, reqs), path)
-            self.msg_batches[bid] = m
-            self.batches_created += 1
-            self._msg_save(m)
-            return self._msg_view(m)
+            path = self._requests_path(bid)
+            m = _MsgBatch(bid, self.state.next_seq(), self.state.clock(), write_jsonl(path, reqs), path)
+            self.batches[bid] = m
+            self.state.batches_created += 1
+            self._save(m)
+            return self._view(m)
 
-    def msg_retrieve(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            return self._msg_view(self._msg_get(batch_id))
+    def retrieve_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.state.lock:
+            return self._view(self._get(batch_id))
 
-    def msg_list(self, query: dict[str, str]) -> dict[str, Any]:
-        limit = self._int_param(query, "limit", 20, 1, 1000)
-        with self.lock:
-            items = [m for m in sorted(self.msg_batches.values(), key=lambda m: m.seq, reverse=True) if not m.archived]
+    def list_batches(self, query: dict[str, str]) -> dict[str, Any]:
+        limit = int_param(query, "limit", 20, 1, 1000)
+        with self.state.lock:
+            items = [m for m in sorted(self.batches.values(), key=lambda m: m.seq, reverse=True) if not m.archived]
             ids = [m.id for m in items]
             start, end = 0, len(items)
             if query.get("after_id"):
@@ -238,7 +246,7 @@ class AnthropicMixin(_StoreBase):
                 end = ids.index(query["before_id"])
                 start = max(start, end - limit)
             page = items[start : min(end, start + limit)]
-            data = [self._msg_view(m) for m in page]
+            data = [self._view(m) for m in page]
             return {
                 "data": data,
                 "has_more": start + len(page) < end or (bool(query.get("before_id")) and start > 0),
@@ -246,19 +254,19 @@ class AnthropicMixin(_StoreBase):
                 "last_id": data[-1]["id"] if data else None,
             }
 
-    def msg_cancel(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            m = self._msg_get(batch_id)
-            self._msg_advance(m)
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.state.lock:
+            m = self._get(batch_id)
+            self._advance(m)
             if m.counts is None and m.t_cancel is None:
-                m.t_cancel = self.clock()
-                self._msg_save(m)
-            return self._msg_view(m)
+                m.t_cancel = self.state.clock()
+                self._save(m)
+            return self._view(m)
 
-    def msg_delete(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            m = self._msg_get(batch_id)
-            self._msg_advance(m)
+    def delete_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.state.lock:
+            m = self._get(batch_id)
+            self._advance(m)
             if m.counts is None:
                 raise AnthropicApiError(
                     400,
@@ -266,103 +274,117 @@ class AnthropicMixin(_StoreBase):
                     type="invalid_request_error",
                 )
             m.archived = True
-            self._msg_save(m)
+            self._save(m)
             return {"id": batch_id, "type": "message_batch_deleted"}
 
-    def msg_results(self, batch_id: str) -> FileBody:
-        with self.lock:
-            m = self._msg_get(batch_id)
-            self._msg_advance(m)
+    def results(self, batch_id: str) -> FileBody:
+        with self.state.lock:
+            m = self._get(batch_id)
+            self._advance(m)
             if m.counts is None:
                 raise AnthropicApiError(
                     400, f"Message batch {batch_id} has not ended; results are not available yet.", type="invalid_request_error"
                 )
             return FileBody.open(m.results_path)
 
-    def msg_count_tokens(self, body: Any) -> dict[str, Any]:
+    def count_tokens(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body.get("model"):
             raise AnthropicApiError(400, "model and messages: Field required", type="invalid_request_error")
-        return {"input_tokens": self._msg_input_tokens(body)}
+        return {"input_tokens": input_tokens(body)}
 
-    # --- answers -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _msg_input_tokens(params: dict[str, Any]) -> int:
-        msgs = _countable_messages(params.get("messages"))
-        system = params.get("system")
-        if isinstance(system, list):
-            system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
-        if isinstance(system, str) and system:
-            msgs = [{"role": "system", "content": system}, *msgs]
-        return int(_counter_for(COUNTING_STAND_IN).count(msgs))
+# --- answers ---------------------------------------------------------------------------------
 
-    def _msg_result(self, m: _MsgBatch, req: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
-        cid, p = req["custom_id"], req["params"]
 
-        def errored(status: int, message: str) -> dict[str, Any]:
-            err = {"type": anthropic_error_type(status), "message": message}
-            return {
-                "custom_id": cid,
-                "result": {"type": "errored", "error": {"type": "error", "error": err, "request_id": "req_" + _hex(m.id, cid)}},
-            }
+def input_tokens(params: dict[str, Any]) -> int:
+    """A request's input tokens (system prompt and messages), by the tiktoken stand-in."""
+    msgs = _countable_messages(params.get("messages"))
+    system = params.get("system")
+    if isinstance(system, list):
+        system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
+    if isinstance(system, str) and system:
+        msgs = [{"role": "system", "content": system}, *msgs]
+    return int(_counter_for(COUNTING_STAND_IN).count(msgs))
 
-        if not isinstance(p.get("model"), str) or not p.get("model"):
-            return errored(400, "model: Field required")
-        if not isinstance(p.get("max_tokens"), int) or p["max_tokens"] < 1:
-            return errored(400, "max_tokens: Field required (an integer >= 1)")
-        if not isinstance(p.get("messages"), list) or not p["messages"]:
-            return errored(400, "messages: Field required")
-        if p.get("stream"):
-            return errored(400, "stream: streaming is not supported in the Message Batches API")
-        refused = anthropic_request_error(p)
-        if refused is not None:
-            return errored(400, refused)
-        text = " ".join(x.get("content", "") for x in _countable_messages(p["messages"]))
-        if FAIL_400_TRIGGER in text:
-            return errored(400, "Invalid request (emulated failure triggered by __FAIL_400__).")
-        if FAIL_500_TRIGGER in text:
-            return errored(500, "Internal server error")
-        rng = random.Random(_hex("answer", cid, json.dumps(p["messages"], sort_keys=True), n=32))
-        fmt = (p.get("output_config") or {}).get("format") if isinstance(p.get("output_config"), dict) else None
-        if self.cfg.answer_fn is not None:
-            content = str(self.cfg.answer_fn(cid, p))
-        elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-            content = json.dumps(generate_from_schema(fmt.get("schema") or {"type": "object"}, rng), ensure_ascii=False)
-        else:
-            content = _sentence(rng)
-        enc = _counter_for(COUNTING_STAND_IN).encoding
-        tokens = enc.encode_ordinary(content)
-        effort, budget = anthropic_thinking_effort(p)
-        spec = shipped_spec(p["model"])
-        thinking = reasoning_tokens(spec, effort, rng, budget) if (spec.reasoning or budget) else 0
-        thinking = min(thinking, p["max_tokens"])
-        stop = "end_turn"
-        if thinking + len(tokens) > p["max_tokens"]:
-            tokens, stop = tokens[: p["max_tokens"] - thinking], "max_tokens"
-            content = enc.decode(tokens)
-        blocks: list[dict[str, Any]] = []
-        if thinking:
-            blocks.append({"type": "thinking", "thinking": "(emulated reasoning)", "signature": _hex("sig", m.id, cid)})
-        if content or not thinking:
-            blocks.append({"type": "text", "text": content})
-        write, read = anthropic_cache_split(seen, p["model"], p.get("system"), system_tokens)
-        usage: dict[str, Any] = {
-            "input_tokens": self._msg_input_tokens(p) - write - read,
-            "output_tokens": thinking + len(tokens),
-            "cache_creation_input_tokens": write,
-            "cache_read_input_tokens": read,
-            "service_tier": "batch",
-        }
-        if thinking:
-            usage["output_tokens_details"] = {"thinking_tokens": thinking}
-        message = {
-            "id": "msg_" + _hex("msg", m.id, cid),
-            "type": "message",
-            "role": "assistant",
-            "model": p["model"],
-            "content": blocks,
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": usage,
-        }
-        return {"custom_id": cid, "result": {"type": "succeeded", "message": message}}
+
+def _refusal(p: dict[str, Any]) -> tuple[int, str] | None:
+    """Why a request's params are refused when it is processed (status, message), or None."""
+    if not isinstance(p.get("model"), str) or not p.get("model"):
+        return 400, "model: Field required"
+    if not isinstance(p.get("max_tokens"), int) or p["max_tokens"] < 1:
+        return 400, "max_tokens: Field required (an integer >= 1)"
+    if not isinstance(p.get("messages"), list) or not p["messages"]:
+        return 400, "messages: Field required"
+    if p.get("stream"):
+        return 400, "stream: streaming is not supported in the Message Batches API"
+    refused = anthropic_request_error(p)
+    if refused is not None:
+        return 400, refused
+    text = " ".join(x.get("content", "") for x in _countable_messages(p["messages"]))
+    if FAIL_400_TRIGGER in text:
+        return 400, "Invalid request (emulated failure triggered by __FAIL_400__)."
+    if FAIL_500_TRIGGER in text:
+        return 500, "Internal server error"
+    return None
+
+
+def _text(cfg: EmulatorConfig, cid: str, p: dict[str, Any], rng: random.Random) -> str:
+    fmt = (p.get("output_config") or {}).get("format") if isinstance(p.get("output_config"), dict) else None
+    if cfg.answer_fn is not None:
+        return str(cfg.answer_fn(cid, p))
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return json.dumps(generate_from_schema(fmt.get("schema") or {"type": "object"}, rng), ensure_ascii=False)
+    return sentence(rng)
+
+
+def anthropic_result(cfg: EmulatorConfig, batch_id: str, req: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
+    """The result line of request ``req`` (``{"custom_id", "params"}``) of batch ``batch_id``:
+    ``succeeded`` with its ``Message``, or ``errored``; ``seen`` is the batch's prompt cache."""
+    cid, p = req["custom_id"], req["params"]
+    refused = _refusal(p)
+    if refused is not None:
+        status, message = refused
+        err = {"type": anthropic_error_type(status), "message": message}
+        error = {"type": "error", "error": err, "request_id": "req_" + _hex(batch_id, cid)}
+        return {"custom_id": cid, "result": {"type": "errored", "error": error}}
+    return {"custom_id": cid, "result": {"type": "succeeded", "message": _message(cfg, batch_id, cid, p, seen)}}
+
+
+def _message(cfg: EmulatorConfig, batch_id: str, cid: str, p: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
+    rng = random.Random(_hex("answer", cid, json.dumps(p["messages"], sort_keys=True), n=32))
+    content = _text(cfg, cid, p, rng)
+    enc = _counter_for(COUNTING_STAND_IN).encoding
+    tokens = enc.encode_ordinary(content)
+    effort, budget = anthropic_thinking_effort(p)
+    spec = shipped_spec(p["model"])
+    thinking = reasoning_tokens(spec, effort, rng, budget) if (spec.reasoning or budget) else 0
+    thinking = min(thinking, p["max_tokens"])
+    stop = "end_turn"
+    if thinking + len(tokens) > p["max_tokens"]:
+        tokens, stop = tokens[: p["max_tokens"] - thinking], "max_tokens"
+        content = enc.decode(tokens)
+    blocks: list[dict[str, Any]] = []
+    if thinking:
+        blocks.append({"type": "thinking", "thinking": "(emulated reasoning)", "signature": _hex("sig", batch_id, cid)})
+    if content or not thinking:
+        blocks.append({"type": "text", "text": content})
+    write, read = anthropic_cache_split(seen, p["model"], p.get("system"), system_tokens)
+    usage: dict[str, Any] = {
+        "input_tokens": input_tokens(p) - write - read,
+        "output_tokens": thinking + len(tokens),
+        "cache_creation_input_tokens": write,
+        "cache_read_input_tokens": read,
+        "service_tier": "batch",
+    }
+    if thinking:
+        usage["output_tokens_details"] = {"thinking_tokens": thinking}
+    return {
+        "id": "msg_" + _hex("msg", batch_id, cid),
+        "type": "message",
+        "role": "assistant",
+        "model": p["model"],
+        "content": blocks,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage,
+    }

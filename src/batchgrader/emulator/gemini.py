@@ -33,19 +33,20 @@ import json
 import random
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batchgrader.emulator.answers import _counter_for, _sentence, generate_from_schema
-from batchgrader.emulator.common import ApiError, _hex
-from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER
+from batchgrader.emulator.answers import _counter_for
+from batchgrader.emulator.common import ApiError, _hex, int_param
+from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER, EmulatorConfig
 from batchgrader.emulator.prompt_cache import BatchCache, gemini_cached_tokens, system_tokens
 from batchgrader.emulator.rules import gemini_request_error, gemini_thinking_effort, reasoning_tokens
-from batchgrader.emulator.spool import LinesWriter, read_jsonl, size_and_sha256, write_jsonl
-from batchgrader.emulator.state import _StoreBase
+from batchgrader.emulator.schema_values import generate_from_schema, sentence
+from batchgrader.emulator.spool import read_jsonl, size_and_sha256
+from batchgrader.emulator.state import State
 from batchgrader.emulator.upload import PART_SUFFIX, FileBody
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.catalogue import shipped_spec
@@ -137,34 +138,36 @@ def _checked_request(r: Any) -> dict[str, Any]:
     return {"key": r.get("key"), "request": r["request"]}
 
 
-class GeminiMixin(_StoreBase):
-    """Gemini Files and Batch API state and behaviour."""
+def _page(items: list[Any], query: dict[str, str]) -> tuple[list[Any], str | None]:
+    """A page of ``items`` by ``pageSize`` and ``pageToken`` (an offset), and the next token."""
+    size = int_param({"n": query.get("pageSize", "")}, "n", 10, 1, 1000)
+    start = int(query["pageToken"]) if query.get("pageToken", "").isdigit() else 0
+    page = items[start : start + size]
+    return page, str(start + size) if start + size < len(items) else None
 
-    gem_files: dict[str, _GemFile]
-    gem_batches: dict[str, _GemBatch]
-    gem_uploads: dict[str, dict[str, Any]]
 
-    # --- persistence -------------------------------------------------------------------------
+class GeminiFiles:
+    """Gemini's Files API over the shared state: resumable uploads, list, get, delete, and the
+    download of generated files; its files are its own (``files``).  ``advance`` brings every
+    batch up to the clock before a read (``GeminiBatches.advance_all``: a batch's responses
+    file exists once it has ended)."""
 
-    def _gem_save_file(self, f: _GemFile) -> None:
+    def __init__(self, state: State, advance: Callable[[], None]) -> None:
+        self.state = state
+        self.advance = advance
+        self.files: dict[str, _GemFile] = {}
+        self.uploads: dict[str, dict[str, Any]] = {}
+
+    def _save(self, f: _GemFile) -> None:
         """Its record (its bytes are already in place: see ``gem_upload_chunk``)."""
-        if self.data_dir and f.source == "UPLOADED":
-            d = self.data_dir / "gemini" / "files"
+        if self.state.data_dir and f.source == "UPLOADED":
+            d = self.state.data_dir / "gemini" / "files"
             rec = {"name": f.name, "seq": f.seq, "display_name": f.display_name, "mime_type": f.mime_type}
             rec |= {"t_created": f.t_created, "deleted": f.deleted, "size": f.size, "sha256": f.sha256}
             atomic_write_bytes(d / f"{f.name.split('/')[-1]}.json", json.dumps(rec).encode("utf-8"))
 
-    def _gem_save_batch(self, b: _GemBatch) -> None:
-        if self.data_dir:
-            rec = {k: getattr(b, k) for k in ("name", "seq", "t_created", "model", "display_name", "input_file", "n", "inline")}
-            rec |= {"t_cancel": b.t_cancel, "deleted": b.deleted}
-            atomic_write_bytes(self.data_dir / "gemini" / "batches" / f"{b.name.split('/')[-1]}.json", json.dumps(rec).encode())
-
-    def _gem_requests_path(self, name: str) -> Path:
-        return self._blob_dir("gemini/batches") / f"{name.split('/')[-1]}.requests.jsonl"
-
-    def _gem_load(self) -> None:
-        root = self.data_dir / "gemini" if self.data_dir else None
+    def load(self) -> None:
+        root = self.state.data_dir / "gemini" if self.state.data_dir else None
         if root is None or not root.exists():
             return
         for p in sorted((root / "files").glob("*.json")):
@@ -173,24 +176,11 @@ class GeminiMixin(_StoreBase):
             size, sha = (r["size"], r["sha256"]) if "sha256" in r else size_and_sha256(data)
             f = _GemFile(r["name"], r["seq"], r["display_name"], r["mime_type"], r["t_created"], data, size, sha)
             f.deleted = r["deleted"]
-            self.gem_files[f.name] = f
-            self.seq = max(self.seq, f.seq)
-            self.files_created += 1
-        for p in sorted((root / "batches").glob("*.json")):
-            r = json.loads(p.read_text(encoding="utf-8"))
-            path = self._gem_requests_path(r["name"])
-            if "requests" in r:  # a record of an older version
-                r["n"], r["inline"] = write_jsonl(path, r["requests"]), bool(r["requests"] and r["requests"][0].get("inline"))
-            args = (r["name"], r["seq"], r["t_created"], r["model"], r["display_name"], r["input_file"])
-            b = _GemBatch(*args, r["n"], path, r["inline"], r["t_cancel"])
-            b.deleted = r["deleted"]
-            self.gem_batches[b.name] = b
-            self.seq = max(self.seq, b.seq)
-            self.batches_created += 1
+            self.files[f.name] = f
+            self.state.seq = max(self.state.seq, f.seq)
+            self.state.files_created += 1
 
-    # --- files -------------------------------------------------------------------------------
-
-    def _gem_file_view(self, f: _GemFile) -> dict[str, Any]:
+    def view(self, f: _GemFile) -> dict[str, Any]:
         view = {
             "name": f.name,
             "displayName": f.display_name,
@@ -208,15 +198,15 @@ class GeminiMixin(_StoreBase):
             view["downloadUri"] = f"{view['uri']}:download?alt=media"
         return view
 
-    def _gem_file(self, file_id: str) -> _GemFile:
+    def get(self, file_id: str) -> _GemFile:
         name = file_id if file_id.startswith("files/") else "files/" + file_id
-        self._gem_advance_all()
-        f = self.gem_files.get(name)
+        self.advance()
+        f = self.files.get(name)
         if f is None or f.deleted:
             raise GeminiApiError(403, f"You do not have permission to access the File {file_id} or it may not exist.")
         return f
 
-    def gem_upload_start(self, body: Any, headers: Any, upload_root: str) -> tuple[dict[str, Any], dict[str, str]]:
+    def upload_start(self, body: Any, headers: Any, upload_root: str) -> tuple[dict[str, Any], dict[str, str]]:
         meta: dict[str, Any] = body["file"] if isinstance(body, dict) and isinstance(body.get("file"), dict) else {}
         size = int(headers.get("X-Goog-Upload-Header-Content-Length") or _get(meta, "sizeBytes", "size_bytes") or 0)
         if size > GEMINI_MAX_FILE_BYTES:
@@ -225,24 +215,24 @@ class GeminiMixin(_StoreBase):
             headers.get("X-Goog-Upload-Header-Content-Type") or _get(meta, "mimeType", "mime_type") or "application/octet-stream"
         )
         upload_id = uuid.uuid4().hex
-        with self.lock:
-            self.gem_uploads[upload_id] = {
+        with self.state.lock:
+            self.uploads[upload_id] = {
                 "size": size,
                 "display_name": _get(meta, "displayName", "display_name") or "",
                 "mime": mime,
-                "path": self.scratch / f"gemini-upload-{upload_id}{PART_SUFFIX}",
+                "path": self.state.scratch / f"gemini-upload-{upload_id}{PART_SUFFIX}",
                 "received": 0,
             }
         url = f"{upload_root}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
         return {}, {"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active", "X-Goog-Upload-Chunk-Granularity": "8388608"}
 
-    def gem_upload_chunk(
+    def upload_chunk(
         self, upload_id: str, command: str, offset: int, data: bytes | Path
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """A chunk of a resumable upload (its bytes, or the file it was received into), appended
         to the session's file on disk."""
-        with self.lock:
-            up = self.gem_uploads.get(upload_id)
+        with self.state.lock:
+            up = self.uploads.get(upload_id)
             if up is None:
                 raise GeminiApiError(404, "Upload session not found.")
             if offset != up["received"]:
@@ -256,326 +246,147 @@ class GeminiMixin(_StoreBase):
                 up["received"] = out.tell()
             if "finalize" not in command:
                 return {}, {"X-Goog-Upload-Status": "active"}
-            del self.gem_uploads[upload_id]
+            del self.uploads[upload_id]
             if up["received"] != up["size"]:
                 up["path"].unlink(missing_ok=True)
                 raise GeminiApiError(400, f"Upload size {up['received']} does not match the declared {up['size']}.")
             name = "files/" + uuid.uuid4().hex[:12]
-            path = self._blob_dir("gemini/files") / f"{name.split('/')[-1]}.data"
+            path = self.state.blob_dir("gemini/files") / f"{name.split('/')[-1]}.data"
             shutil.move(up["path"], path)
             size, sha = size_and_sha256(path)
-            f = _GemFile(name, self._next_seq(), up["display_name"], up["mime"], self.clock(), path, size, sha)
-            self.gem_files[f.name] = f
-            self.files_created += 1
-            self._gem_save_file(f)
-            return {"file": self._gem_file_view(f)}, {"X-Goog-Upload-Status": "final"}
+            f = _GemFile(name, self.state.next_seq(), up["display_name"], up["mime"], self.state.clock(), path, size, sha)
+            self.files[f.name] = f
+            self.state.files_created += 1
+            self._save(f)
+            return {"file": self.view(f)}, {"X-Goog-Upload-Status": "final"}
 
-    def gem_list_files(self, query: dict[str, str]) -> dict[str, Any]:
-        with self.lock:
-            self._gem_advance_all()
-            items = sorted((f for f in self.gem_files.values() if not f.deleted), key=lambda f: f.seq, reverse=True)
-            page, token = self._gem_page(items, query)
-            out: dict[str, Any] = {"files": [self._gem_file_view(f) for f in page]}
+    def list_files(self, query: dict[str, str]) -> dict[str, Any]:
+        with self.state.lock:
+            self.advance()
+            items = sorted((f for f in self.files.values() if not f.deleted), key=lambda f: f.seq, reverse=True)
+            page, token = _page(items, query)
+            out: dict[str, Any] = {"files": [self.view(f) for f in page]}
             if token:
                 out["nextPageToken"] = token
             return out
 
-    def gem_get_file(self, file_id: str) -> dict[str, Any]:
-        with self.lock:
-            return self._gem_file_view(self._gem_file(file_id))
+    def get_file(self, file_id: str) -> dict[str, Any]:
+        with self.state.lock:
+            return self.view(self.get(file_id))
 
-    def gem_delete_file(self, file_id: str) -> dict[str, Any]:
-        with self.lock:
-            f = self._gem_file(file_id)
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        with self.state.lock:
+            f = self.get(file_id)
             f.deleted = True
-            self._gem_save_file(f)
+            self._save(f)
             return {}
 
-    def gem_download(self, file_id: str) -> FileBody:
-        with self.lock:
-            f = self._gem_file(file_id)
+    def download(self, file_id: str) -> FileBody:
+        with self.state.lock:
+            f = self.get(file_id)
             if f.source != "GENERATED":
                 raise GeminiApiError(400, "Only generated files can be downloaded; uploaded files cannot.")
             return FileBody.open(f.path)
 
-    def _gem_page(self, items: list[Any], query: dict[str, str]) -> tuple[list[Any], str | None]:
-        size = self._int_param({"n": query.get("pageSize", "")}, "n", 10, 1, 1000)
-        start = int(query["pageToken"]) if query.get("pageToken", "").isdigit() else 0
-        page = items[start : start + size]
-        return page, str(start + size) if start + size < len(items) else None
+    def add_generated(self, name: str, path: Path, t: float) -> None:
+        """A batch's generated responses file (once: a later call for the same name does nothing)."""
+        if name not in self.files:
+            size, sha = size_and_sha256(path)
+            gen = _GemFile(name, self.state.next_seq(), name, "application/jsonl", t, path, size, sha, "GENERATED")
+            self.files[name] = gen
 
-    # --- batches -----------------------------------------------------------------------------
 
-    def gem_create_batch(self, model: str, body: Any) -> dict[str, Any]:
-        model = model.removeprefix("models/")
-        if not model.startswith("gemini-"):
-            raise GeminiApiError(
-                404, f"models/{model} is not found for API version v1beta, or is not supported for batchGenerateContent."
-            )
-        batch = body.get("batch") if isinstance(body, dict) else None
-        if not isinstance(batch, dict):
-            raise GeminiApiError(400, "Invalid JSON payload: 'batch' is required.")
-        display = batch.get("displayName") or batch.get("display_name")
-        if not display:
-            raise GeminiApiError(400, "batch.display_name is required.")
-        src = batch.get("inputConfig") or batch.get("input_config") or {}
-        with self.lock:
-            file_name = _get(src, "fileName", "file_name")
-            if file_name:
-                requests = _file_requests(file_name, self._gem_file(file_name).path)
-            else:
-                inline = (src.get("requests") or {}).get("requests")
-                if not isinstance(inline, list) or not inline:
-                    raise GeminiApiError(400, "batch.input_config must name a file_name or hold requests.")
-                if len(json.dumps(inline)) > GEMINI_MAX_INLINE_BYTES:
-                    raise GeminiApiError(400, "Inline batch requests exceed 20 MB; use an input file.")
-                requests = (
-                    {"key": str((r.get("metadata") or {}).get("key") or i), "request": r.get("request") or {}}
-                    for i, r in enumerate(inline)
-                )
-            name = "batches/" + uuid.uuid4().hex[:16]
-            path = self._gem_requests_path(name)
-            n = write_jsonl(path, (_checked_request(r) for r in requests))
-            if not n:
-                path.unlink(missing_ok=True)
-                raise GeminiApiError(400, "Every batch line must be an object with a 'request'.")
-            b = _GemBatch(name, self._next_seq(), self.clock(), model, str(display), file_name, n, path, not file_name)
-            self.gem_batches[b.name] = b
-            self.batches_created += 1
-            self._gem_save_batch(b)
-            return self._gem_view(b)
+# --- answers ---------------------------------------------------------------------------------
 
-    def _gem_batch(self, batch_id: str) -> _GemBatch:
-        name = batch_id if batch_id.startswith("batches/") else "batches/" + batch_id
-        b = self.gem_batches.get(name)
-        if b is None or b.deleted:
-            raise GeminiApiError(404, f"Batch {name} not found.")
-        self._gem_advance(b)
-        return b
 
-    def gem_get_batch(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            return self._gem_view(self._gem_batch(batch_id))
+def gem_text(content: Any) -> str:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return "".join(p.get("text", "") for p in parts or [] if isinstance(p, dict))
 
-    def gem_list_batches(self, query: dict[str, str]) -> dict[str, Any]:
-        with self.lock:
-            items = sorted((b for b in self.gem_batches.values() if not b.deleted), key=lambda b: b.seq, reverse=True)
-            page, token = self._gem_page(items, query)
-            out: dict[str, Any] = {"operations": [self._gem_view(self._gem_batch(b.name)) for b in page]}
-            if token:
-                out["nextPageToken"] = token
-            return out
 
-    def gem_cancel_batch(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            b = self._gem_batch(batch_id)
-            if b.results_path is not None:
-                raise GeminiApiError(400, f"Batch {b.name} has already ended ({b.state}).")
-            if b.t_cancel is None:
-                b.t_cancel = self.clock()
-                self._gem_save_batch(b)
-            return {}
+def gem_tokens(req: dict[str, Any]) -> int:
+    """A request's prompt tokens (system instruction and contents), by the tiktoken stand-in."""
+    msgs = [{"role": "user", "content": gem_text(c)} for c in req.get("contents") or []]
+    system = req.get("systemInstruction") or req.get("system_instruction")
+    if system:
+        msgs = [{"role": "system", "content": gem_text(system)}, *msgs]
+    return int(_counter_for(COUNTING_STAND_IN).count(msgs))
 
-    def gem_delete_batch(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            b = self._gem_batch(batch_id)
-            b.deleted = True
-            self._gem_save_batch(b)
-            return {}
 
-    def gem_count_tokens(self, body: Any) -> dict[str, Any]:
-        """``models.countTokens``: ``contents`` alone, or a whole ``generateContentRequest``
-        (``model`` and ``contents`` required; ``systemInstruction`` counted as the batch bills it;
-        top-level ``contents`` then ignored).  Request fields other than ``contents`` at the top
-        level are refused as the API refuses them (it reads them as a ``generateContentRequest``
-        without its model and contents)."""
-        if not isinstance(body, dict):
-            raise GeminiApiError(400, "Invalid JSON payload received.")
-        full = None if self.cfg.gemini_count_contents_only else body.get("generateContentRequest")
-        stray = [k for k in ("systemInstruction", "generationConfig", "tools", "toolConfig", "safetySettings") if k in body]
-        if full is None and stray:
-            full = {k: body[k] for k in stray}
-        if full is not None:
-            missing = [
-                f"* CountTokensRequest.generate_content_request.{f}: {f} is not specified\n"
-                for f in ("contents", "model")
-                if not (full.get(f) if isinstance(full, dict) else None)
-            ]
-            if missing:
-                raise GeminiApiError(400, "".join(missing))
-            if not isinstance(full["contents"], list):
-                raise GeminiApiError(400, "Invalid value at 'generate_content_request.contents'")
-            n = self._gem_tokens(full)
-        elif isinstance(body.get("contents"), list) and body["contents"]:
-            n = self._gem_tokens({"contents": body["contents"]})
-        else:
-            raise GeminiApiError(400, "contents is required.")
-        return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
+def _thoughts(model: str, req: dict[str, Any], rng: random.Random) -> int:
+    """Thinking tokens of one answer: by the catalogue's rules for the model (hundreds to
+    thousands by level or budget); a model the catalogue lacks thinks 4-24 tokens unless it is a Lite one."""
+    spec = shipped_spec(model)
+    if spec.reasoning is None:
+        return rng.randint(4, 24) if "-lite" not in model and not spec.provider else 0
+    effort, budget = gemini_thinking_effort(model, req)
+    return reasoning_tokens(spec, effort, rng, budget)
 
-    # --- the lifecycle -----------------------------------------------------------------------
 
-    def _gem_advance_all(self) -> None:
-        for b in list(self.gem_batches.values()):
-            self._gem_advance(b)
+def _refusal(model: str, req: dict[str, Any]) -> tuple[int, str, str] | None:
+    """Why a request is refused when it is processed (gRPC code, status, message), or None."""
+    contents = req.get("contents")
+    if not isinstance(contents, list) or not contents:
+        return 3, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified"
+    text = " ".join(gem_text(c) for c in contents)
+    if FAIL_400_TRIGGER in text:
+        return 3, "INVALID_ARGUMENT", "Invalid request (emulated failure triggered by __FAIL_400__)."
+    if FAIL_500_TRIGGER in text:
+        return 13, "INTERNAL", "An internal error has occurred."
+    return gemini_request_error(model, req)
 
-    def _gem_processed(self, b: _GemBatch, t: float) -> int:
-        span = self.cfg.in_progress_s + self.cfg.finalizing_s
-        run = t - b.t_created - self.cfg.validating_s
-        if span <= 0:
-            return b.n if run >= 0 else 0
-        return min(b.n, max(0, int(b.n * run / span + 1e-6)))
 
-    def _gem_advance(self, b: _GemBatch) -> None:
-        if b.results_path is not None:
-            return
-        now = self.clock()
-        t_end = b.t_created + self.cfg.validating_s + self.cfg.in_progress_s + self.cfg.finalizing_s
-        deadline = b.t_created + self.cfg.completion_window_s
-        if b.t_cancel is not None and b.t_cancel < t_end:
-            if now >= b.t_cancel + self.cfg.cancelling_s:
-                self._gem_finish(
-                    b, b.t_cancel + self.cfg.cancelling_s, self._gem_processed(b, b.t_cancel), "BATCH_STATE_CANCELLED"
-                )
-            else:
-                b.state = "BATCH_STATE_RUNNING"
-        elif deadline < t_end and now >= deadline:
-            self._gem_finish(b, deadline, self._gem_processed(b, deadline), "BATCH_STATE_EXPIRED")
-        elif now >= t_end and deadline >= t_end:
-            self._gem_finish(b, t_end, b.n, "BATCH_STATE_SUCCEEDED")
-        else:
-            b.state = "BATCH_STATE_PENDING" if now < b.t_created + self.cfg.validating_s else "BATCH_STATE_RUNNING"
+def _text(cfg: EmulatorConfig, key: str, req: dict[str, Any], gen: dict[str, Any], rng: random.Random) -> str:
+    schema = gen.get("responseJsonSchema") or gen.get("responseSchema") or gen.get("response_json_schema")
+    if cfg.answer_fn is not None:
+        return str(cfg.answer_fn(key, req))
+    if schema:
+        return json.dumps(generate_from_schema(schema, rng), ensure_ascii=False)
+    return sentence(rng)
 
-    def _gem_finish(self, b: _GemBatch, t: float, processed: int, state: str) -> None:
-        """Its results, written to disk as they are made (then shuffled there, if configured);
-        for a batch of an input file, they are its generated responses file."""
-        seen: BatchCache = set()  # the batch's implicit prompt cache, filled in request order
-        key = b.name.split("/")[-1]
-        out = LinesWriter(self.scratch / f"gemini-{key}.results.jsonl")
-        for i, line in enumerate(read_jsonl(b.requests_path)):
-            if i >= processed:
-                break
-            r = self._gem_result(b, line, seen)
-            b.succeeded += "response" in r
-            out.add(r)
-        b.answered = len(out.offsets)
-        b.results_path = out.close(f"shuffle:{self.cfg.seed}:{b.name}" if self.cfg.shuffle_output else None)
-        b.t_ended, b.state = t, state
-        name = "files/batch-" + key
-        if b.answered and not b.inline and name not in self.gem_files:
-            size, sha = size_and_sha256(b.results_path)
-            gen = _GemFile(name, self._next_seq(), name, "application/jsonl", t, b.results_path, size, sha, "GENERATED")
-            self.gem_files[name] = gen
 
-    def _gem_view(self, b: _GemBatch) -> dict[str, Any]:
-        n, done, ok = b.n, b.results_path is not None, b.succeeded
-        meta: dict[str, Any] = {
-            "@type": BATCH_TYPE,
-            "name": b.name,
-            "model": f"models/{b.model}",
-            "displayName": b.display_name,
-            "createTime": _rfc3339(b.t_created),
-            "updateTime": _rfc3339(b.t_ended or b.t_created),
-            "batchStats": {
-                "requestCount": str(n),
-                "successfulRequestCount": str(ok),
-                "failedRequestCount": str(b.answered - ok),
-                "pendingRequestCount": str(0 if done else n),
-            },
-            "state": b.state,
-            "inputConfig": {"fileName": b.input_file} if b.input_file else {"requests": {}},
-        }
-        if done:
-            meta["endTime"] = _rfc3339(b.t_ended)
-            if b.inline:  # (at most 20 MB of requests)
-                inline = [
-                    {"metadata": {"key": r["key"]}, **({"response": r["response"]} if "response" in r else {"error": r["error"]})}
-                    for r in read_jsonl(b.results_path)
-                ]
-                meta["output"] = {"inlinedResponses": {"inlinedResponses": inline}}
-            elif b.answered:
-                meta["output"] = {"responsesFile": "files/batch-" + b.name.split("/")[-1]}
-        op: dict[str, Any] = {"name": b.name, "metadata": meta, "done": done}
-        if done and "output" in meta:
-            op["response"] = {"@type": OUTPUT_TYPE, **meta["output"]}
-        return op
+def gemini_result(cfg: EmulatorConfig, model: str, batch_name: str, line: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
+    """The result line of ``line`` (``{"key", "request"}``) of batch ``batch_name``: its
+    ``response``, or its ``error`` (a ``google.rpc.Status``); ``seen`` is the batch's prompt cache."""
+    key, req = str(line.get("key")), line["request"]
+    refused = _refusal(model, req)
+    if refused is not None:
+        code, status, message = refused
+        return {"key": key, "error": {"code": code, "message": message, "status": status}}
+    gen = req.get("generationConfig") or req.get("generation_config") or {}
+    rng = random.Random(_hex("answer", key, json.dumps(req["contents"], sort_keys=True), n=32))
+    content = _text(cfg, key, req, gen, rng)
+    enc = _counter_for(COUNTING_STAND_IN).encoding
+    tokens = enc.encode_ordinary(content)
+    thoughts = _thoughts(model, req, rng)  # thinking models report thoughtsTokenCount
+    cap = gen.get("maxOutputTokens") or gen.get("max_output_tokens")
+    finish = "STOP"
+    if isinstance(cap, int) and thoughts + len(tokens) > cap:
+        thoughts = min(thoughts, cap)
+        tokens, finish = tokens[: cap - thoughts], "MAX_TOKENS"
+        content = enc.decode(tokens)
+    response = {
+        "candidates": [{"content": {"parts": [{"text": content}], "role": "model"}, "finishReason": finish, "index": 0}],
+        "usageMetadata": _usage(model, req, len(tokens), thoughts, seen),
+        "modelVersion": model,
+        "responseId": _hex("resp", batch_name, key, n=22),
+    }
+    return {"key": key, "response": response}
 
-    # --- answers -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _gem_text(content: Any) -> str:
-        parts = content.get("parts") if isinstance(content, dict) else None
-        return "".join(p.get("text", "") for p in parts or [] if isinstance(p, dict))
-
-    def _gem_tokens(self, req: dict[str, Any]) -> int:
-        msgs = [{"role": "user", "content": self._gem_text(c)} for c in req.get("contents") or []]
-        system = req.get("systemInstruction") or req.get("system_instruction")
-        if system:
-            msgs = [{"role": "system", "content": self._gem_text(system)}, *msgs]
-        return int(_counter_for(COUNTING_STAND_IN).count(msgs))
-
-    @staticmethod
-    def _gem_thoughts(model: str, req: dict[str, Any], rng: random.Random) -> int:
-        """Thinking tokens of one answer: by the catalogue's rules for the model (hundreds to
-        thousands by level or budget); a model the catalogue lacks thinks 4-24 tokens unless it is a Lite one."""
-        spec = shipped_spec(model)
-        if spec.reasoning is None:
-            return rng.randint(4, 24) if "-lite" not in model and not spec.provider else 0
-        effort, budget = gemini_thinking_effort(model, req)
-        return reasoning_tokens(spec, effort, rng, budget)
-
-    def _gem_result(self, b: _GemBatch, line: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
-        key, req = str(line.get("key")), line["request"]
-
-        def error(code: int, status: str, message: str) -> dict[str, Any]:
-            return {"key": key, "error": {"code": code, "message": message, "status": status}}
-
-        contents = req.get("contents")
-        if not isinstance(contents, list) or not contents:
-            return error(3, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified")
-        text = " ".join(self._gem_text(c) for c in contents)
-        if FAIL_400_TRIGGER in text:
-            return error(3, "INVALID_ARGUMENT", "Invalid request (emulated failure triggered by __FAIL_400__).")
-        if FAIL_500_TRIGGER in text:
-            return error(13, "INTERNAL", "An internal error has occurred.")
-        refused = gemini_request_error(b.model, req)
-        if refused is not None:
-            return error(*refused)
-        gen = req.get("generationConfig") or req.get("generation_config") or {}
-        rng = random.Random(_hex("answer", key, json.dumps(contents, sort_keys=True), n=32))
-        schema = gen.get("responseJsonSchema") or gen.get("responseSchema") or gen.get("response_json_schema")
-        if self.cfg.answer_fn is not None:
-            content = str(self.cfg.answer_fn(key, req))
-        elif schema:
-            content = json.dumps(generate_from_schema(schema, rng), ensure_ascii=False)
-        else:
-            content = _sentence(rng)
-        enc = _counter_for(COUNTING_STAND_IN).encoding
-        tokens = enc.encode_ordinary(content)
-        thoughts = self._gem_thoughts(b.model, req, rng)  # thinking models report thoughtsTokenCount
-        cap = gen.get("maxOutputTokens") or gen.get("max_output_tokens")
-        finish = "STOP"
-        if isinstance(cap, int) and thoughts + len(tokens) > cap:
-            thoughts = min(thoughts, cap)
-            tokens, finish = tokens[: cap - thoughts], "MAX_TOKENS"
-            content = enc.decode(tokens)
-        prompt = self._gem_tokens(req)
-        system = req.get("systemInstruction") or req.get("system_instruction")
-        cached = gemini_cached_tokens(seen, b.model, self._gem_text(system) if system else "", system_tokens)
-        usage: dict[str, Any] = {
-            "promptTokenCount": prompt,
-            "candidatesTokenCount": len(tokens),
-            "totalTokenCount": prompt + len(tokens) + thoughts,
-            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
-        }
-        if cached:  # promptTokenCount includes the cached tokens
-            usage["cachedContentTokenCount"] = cached
-            usage["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
-        if thoughts:
-            usage["thoughtsTokenCount"] = thoughts
-        response = {
-            "candidates": [{"content": {"parts": [{"text": content}], "role": "model"}, "finishReason": finish, "index": 0}],
-            "usageMetadata": usage,
-            "modelVersion": b.model,
-            "responseId": _hex("resp", b.name, key, n=22),
-        }
-        return {"key": key, "response": response}
+def _usage(model: str, req: dict[str, Any], answer_tokens: int, thoughts: int, seen: BatchCache) -> dict[str, Any]:
+    prompt = gem_tokens(req)
+    system = req.get("systemInstruction") or req.get("system_instruction")
+    cached = gemini_cached_tokens(seen, model, gem_text(system) if system else "", system_tokens)
+    usage: dict[str, Any] = {
+        "promptTokenCount": prompt,
+        "candidatesTokenCount": answer_tokens,
+        "totalTokenCount": prompt + answer_tokens + thoughts,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
+    }
+    if cached:  # promptTokenCount includes the cached tokens
+        usage["cachedContentTokenCount"] = cached
+        usage["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
+    if thoughts:
+        usage["thoughtsTokenCount"] = thoughts
+    return usage
