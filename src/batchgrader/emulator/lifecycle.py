@@ -81,45 +81,7 @@ class Batches:
             )
         metadata = body.get("metadata")
         if metadata is not None:
-            if not isinstance(metadata, dict):
-                raise ApiError(
-                    400,
-                    f"Invalid type for 'metadata': expected an object, but got {type(metadata).__name__} instead.",
-                    param="metadata",
-                    code="invalid_type",
-                )
-            if len(metadata) > 16:
-                raise ApiError(
-                    400,
-                    f"Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {len(metadata)} properties instead.",
-                    param="metadata",
-                    code="object_above_max_properties",
-                )
-            for k, v in metadata.items():
-                if len(k) > 64:
-                    raise ApiError(
-                        400,
-                        f"Invalid 'metadata': key '{k[:20]}…' is longer than 64 characters.",
-                        param="metadata",
-                        code="invalid_value",
-                    )
-                if not isinstance(v, str):
-                    kind = {list: "an array", dict: "an object", int: "an integer", float: "a number", bool: "a boolean"}.get(
-                        type(v), type(v).__name__
-                    )
-                    raise ApiError(
-                        400,
-                        f"Invalid type for 'metadata.{k}': expected a string, but got {kind} instead.",
-                        param=f"metadata.{k}",
-                        code="invalid_type",
-                    )
-                if len(v) > 512:
-                    raise ApiError(
-                        400,
-                        f"Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512, but got a string with length {len(v)} instead.",
-                        param=f"metadata.{k}",
-                        code="string_above_max_length",
-                    )
+            _check_metadata(metadata)
         with self.state.lock:
             self.advance_all()
             now = self.state.clock()
@@ -338,3 +300,47 @@ class Batches:
         else:  # pragma: no cover
             raise AssertionError(event)
         self.persist.save_batch(b)
+
+
+def _check_metadata(metadata: Any) -> None:
+    """A batch's ``metadata`` as the API checks it: an object of at most 16 string values,
+    keys of at most 64 characters, values of at most 512."""
+    if not isinstance(metadata, dict):
+        raise ApiError(
+            400,
+            f"Invalid type for 'metadata': expected an object, but got {type(metadata).__name__} instead.",
+            param="metadata",
+            code="invalid_type",
+        )
+    if len(metadata) > 16:
+        raise ApiError(
+            400,
+            f"Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {len(metadata)} properties instead.",
+            param="metadata",
+            code="object_above_max_properties",
+        )
+    for k, v in metadata.items():
+        if len(k) > 64:
+            raise ApiError(
+                400,
+                f"Invalid 'metadata': key '{k[:20]}…' is longer than 64 characters.",
+                param="metadata",
+                code="invalid_value",
+            )
+        if not isinstance(v, str):
+            kind = {list: "an array", dict: "an object", int: "an integer", float: "a number", bool: "a boolean"}.get(
+                type(v), type(v).__name__
+            )
+            raise ApiError(
+                400,
+                f"Invalid type for 'metadata.{k}': expected a string, but got {kind} instead.",
+                param=f"metadata.{k}",
+                code="invalid_type",
+            )
+        if len(v) > 512:
+            raise ApiError(
+                400,
+                f"Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512, but got a string with length {len(v)} instead.",
+                param=f"metadata.{k}",
+                code="string_above_max_length",
+            )
