@@ -144,7 +144,7 @@ def run_gemini(emu: Any, clock: Any, lines: list[dict[str, Any]], tmp: Path) -> 
 
 
 def cost_of(provider: str, lines: list[dict[str, Any]], batch_rows: int, tmp: Path) -> dict[str, Any]:
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
+    from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 
     clock = ManualClock()
     cfg = EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=5, finalizing_s=1)

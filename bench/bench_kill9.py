@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 
 KEY = "sk-bench-kill9-0123456789abcdef"
 CONFIG = """\

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchdocs import load_average, machine, write_section  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "src"))
-from batchgrader.provider.emulator import Emulator, EmulatorConfig  # noqa: E402
+from batchgrader.emulator import Emulator, EmulatorConfig  # noqa: E402
 
 BGCTL = str(Path(sys.executable).parent / "bgctl")
 KEY = "sk-bench-routes-0123456789abcdef"

@@ -44,7 +44,7 @@ import benchdocs  # noqa: E402
 from benchdocs import write_section  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "src"))
-from batchgrader.provider.emulator import Emulator, EmulatorConfig  # noqa: E402
+from batchgrader.emulator import Emulator, EmulatorConfig  # noqa: E402
 
 BGCTL = str(Path(sys.executable).parent / "bgctl")
 KEY = "sk-bench-schedule-0123456789abcdef"

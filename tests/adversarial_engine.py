@@ -13,8 +13,8 @@ from typing import Any
 from batchgrader.core.config import load_config
 from batchgrader.core.home import Home
 from batchgrader.daemon.engine import Engine
+from batchgrader.emulator import Emulator
 from batchgrader.pipeline.pricing import load_pricing
-from batchgrader.provider.emulator import Emulator
 from batchgrader.provider.openai_api import OpenAIProvider
 from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY

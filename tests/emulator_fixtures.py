@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import OpenAIProvider
 
 API_KEY = "sk-emulator-test-key-0123456789abcdef"

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from harness import BGCTL, event_types, integrity, outbox_files, temp_leftovers, wait_for
 
 CHUNKS = 3 + 1  # a.csv: 7 rows / 3 per chunk; b.jsonl: 2 rows

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from batchgrader.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.pipeline.results import iter_outcomes, parse_line
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.provider.protocol import (
     READ_RETRIES,
     OutcomeUnknown,

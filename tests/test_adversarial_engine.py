@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adversarial_engine import CreateTracker, all_ended, make_engine, paid_per_key, run_until, write_rows
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault
+from batchgrader.emulator import Emulator, EmulatorConfig, Fault
 from batchgrader.store.eventstore import EventStore
 from harness import TEST_KEY
 
@@ -349,7 +349,7 @@ def test_a_long_prepare_and_a_long_listing_keep_the_heartbeat_going(home):
         assert provider_engine.provider is not None
         provider_engine.provider.list_page_size = 2  # type: ignore[attr-defined]
         for i in range(5):
-            emu.store.create_file(f"f{i}.jsonl", b"{}", "batch", {})
+            emu.store.files.create_file(f"f{i}.jsonl", b"{}", "batch", {})
         beats.clear()
         provider_engine.on_progress = lambda: beats.append(_time.monotonic())
         provider_engine.provider.find_files("nothing.jsonl")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from adversarial_engine import CreateTracker, all_ended, make_engine, paid_per_key, run_until, write_rows
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault
+from batchgrader.emulator import Emulator, EmulatorConfig, Fault
 from batchgrader.store.eventstore import EventStore
 from harness import TEST_KEY
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.provider.emulator import Fault
+from batchgrader.emulator import Fault
 from batchgrader.provider.openai_api import ProviderRejected, reconcile_batch
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,

@@ -11,6 +11,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from batchgrader.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.pipeline.results import iter_outcomes, parse_line
 from batchgrader.provider.anthropic_api import (
     AnthropicProvider,
@@ -18,7 +19,6 @@ from batchgrader.provider.anthropic_api import (
     to_anthropic_request,
     to_openai_result_line,
 )
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.provider.openai_api import OutcomeUnknown, ProviderConfigError, ProviderRejected, ProviderUnavailable
 from emulator_fixtures import chat_line
 from harness import merged

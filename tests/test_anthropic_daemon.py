@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, daemon_env, outbox_files
 from killsuite import CHUNKS, PROVIDER_EVENT_POINTS, SPLIT, KillSuite
@@ -114,11 +114,11 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
 
         c = anthropic.Anthropic(base_url=emu.root_url, api_key=ANTHROPIC_KEY)
         reported_in = reported_out = 0
-        for b in emu.store.msg_batches.values():
+        for b in emu.store.anthropic.batches.values():
             for r in c.messages.batches.results(b.id) if not b.archived else []:
                 reported_in += r.result.message.usage.input_tokens  # type: ignore[union-attr]
                 reported_out += r.result.message.usage.output_tokens  # type: ignore[union-attr]
-        for b in emu.store.msg_batches.values():  # deleted after collection: read the store's own results
+        for b in emu.store.anthropic.batches.values():  # deleted after collection: read the store's own results
             for r in b.results or []:
                 if b.archived:
                     reported_in += r["result"]["message"]["usage"]["input_tokens"]

@@ -15,10 +15,10 @@ import pytest
 from batchgrader.core.config import ConfigError, load_config, provider_key_problem
 from batchgrader.core.home import Home
 from batchgrader.core.queue import parse_queue_limit
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.pricing import PricingError, load_pricing, with_deployments
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.provider.azure_api import AzureOpenAIProvider, raw_id
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import (
     ProviderConfigError,
     ProviderRejected,
@@ -116,7 +116,7 @@ def test_adapter_ids_say_azure_and_usage_is_exact(provider: AzureOpenAIProvider,
     assert sum(o.completion_tokens for o in outcomes) == done.usage.output_tokens
     assert provider.find_batches(f.id, {"bg_key": "job1:0:0"})[0].id == b.id
     assert provider.delete_file(f.id) is True and provider.delete_file(f.id) is False
-    assert raw_id(b.id) in emu.store.batches
+    assert raw_id(b.id) in emu.store.state.batches
 
 
 def test_unknown_outcomes_are_reconciled_by_listing(provider: AzureOpenAIProvider, emu: Emulator, tmp_path) -> None:  # noqa: ANN001

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, daemon_env, outbox_files
 from killsuite import PROVIDER_EVENT_POINTS, SPLIT, KillSuite
@@ -92,7 +92,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
         assert not any(k.startswith(("POST /v1/", "GET /v1/")) for k in requests)
         bodies = [  # every batch's input lines (each batch keeps a link to its input once validated)
             json.loads(line)["body"]["model"]
-            for b in emu.store.batches.values()
+            for b in emu.store.state.batches.values()
             if b.input_path is not None
             for line in b.input_path.read_bytes().splitlines()
             if line.strip()
@@ -112,7 +112,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     (home / "inbox" / "b.jsonl").unlink()
     with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=5)) as emu:
         assert run(home, emu, "daemon", "--once").returncode == 0
-        batches = [emu.store.retrieve_batch(b) for b in list(emu.store.batches)]  # the batch objects' usage
+        batches = [emu.store.batches.retrieve_batch(b) for b in list(emu.store.state.batches)]  # the batch objects' usage
         assert {b["status"] for b in batches} == {"completed"}
         reported_in = sum(b["usage"]["input_tokens"] for b in batches)
         reported_out = sum(b["usage"]["output_tokens"] for b in batches)

@@ -225,7 +225,7 @@ def test_count_with_a_schema_is_an_estimate_with_a_stated_allowance(home: Home, 
 
 @pytest.mark.slow
 def test_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrated(home: Home, tmp_path: Path) -> None:
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
     # cache_days 0: the second file repeats the first's rows; every row must be sent (and estimated)
@@ -297,7 +297,7 @@ def test_doctor_fails_without_a_key_unless_sandbox(home: Home) -> None:
 
 @pytest.mark.slow
 def test_daemon_once_exits_4_when_a_job_failed_and_names_the_users_file(home: Home) -> None:
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
     home.config_file.write_text(FAST_CONFIG)
@@ -370,7 +370,7 @@ def test_logs_without_a_log_says_so(home: Home) -> None:
 
 @pytest.mark.slow
 def test_logs_follow_shows_the_daemon_start_and_stop_and_why(home: Home) -> None:
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG
 
     home.config_file.write_text(FAST_CONFIG)

@@ -30,7 +30,7 @@ def test_each_change_is_reported_once(tmp_path):
 
 @pytest.mark.slow  # a real daemon process
 def test_an_edited_config_is_reloaded_without_sighup(home):
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.emulator import Emulator, EmulatorConfig
     from harness import FAST_CONFIG, TEST_KEY, event_types, start_daemon, wait_for
 
     home.config_file.write_text(FAST_CONFIG)

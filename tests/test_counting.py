@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
 from batchgrader.core.home import Home
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
 from batchgrader.provider.counting import CountCache, exact_counts
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from emulator_fixtures import chat_line
 
 KEY = "sk-ant-counting-test-0123456789abcdef"

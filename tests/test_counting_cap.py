@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.provider.counting import DAEMON_MAX_UNCACHED
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, events_of
 from test_anthropic_daemon import ANTHROPIC_KEY, MODEL, run
 

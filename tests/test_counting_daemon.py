@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from harness import BGCTL, events_of
 from test_anthropic_daemon import ANTHROPIC_KEY, SUITE, env_for, run, state_of
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault
+from batchgrader.emulator import Emulator, EmulatorConfig, Fault
 from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, integrity, start_daemon, temp_leftovers, wait_for
 

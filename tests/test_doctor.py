@@ -16,6 +16,7 @@ from rich.console import Console
 from batchgrader.core.home import Home
 from batchgrader.core.lock import InstanceLock
 from batchgrader.core.secrets import env_file_path
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.ops.doctor import (
     FAIL,
     OK,
@@ -28,7 +29,6 @@ from batchgrader.ops.doctor import (
 )
 from batchgrader.pipeline.pricing import COLUMNS
 from batchgrader.pipeline.tokens import EncodingUnavailable, get_encoding
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 
 KEY = "sk-doctor-test-key-0123456789abcdef"

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from batchgrader.core.home import Home
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.ops.doctor import FAIL, OK, Check, checks_as_json, render_checks, run_checks
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
 
 AZ_KEY = "azure-doctor-secret-0123456789abcdef"
 PRICED = "profiles:\n  az:\n    provider: azure\n    model: grader-mini\n    azure_model: gpt-4o-mini\n"

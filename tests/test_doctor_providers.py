@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from batchgrader.core.home import Home
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.ops.checks import WARN
 from batchgrader.ops.doctor import FAIL, OK, Check, checks_as_json, render_checks, run_checks
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
 
 pytestmark = pytest.mark.slow
 

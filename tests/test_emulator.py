@@ -16,8 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from batchgrader.pipeline.tokens import ChatTokenCounter
-from batchgrader.provider.emulator import (
+from batchgrader.emulator import (
     BATCH_EXPIRED_MESSAGE,
     EXPIRE_AFTER_METADATA_KEY,
     FAULT_PROFILES,
@@ -29,6 +28,7 @@ from batchgrader.provider.emulator import (
     ManualClock,
     generate_from_schema,
 )
+from batchgrader.pipeline.tokens import ChatTokenCounter
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     MODEL,
@@ -830,7 +830,7 @@ def test_data_dir_survives_a_restart(tmp_path: Path, clock):
 
 
 def test_run_emulator_in_another_process_prints_banner_and_serves_stats(tmp_path: Path):
-    code = "from batchgrader.provider.emulator import run_emulator; run_emulator(0, 'flaky', 4, None)"
+    code = "from batchgrader.emulator import run_emulator; run_emulator(0, 'flaky', 4, None)"
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ}
     )

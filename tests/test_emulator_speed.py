@@ -12,10 +12,10 @@ from typing import Any
 import openai
 import pytest
 
+from batchgrader.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator.answers import _countable_messages
+from batchgrader.emulator.background import TokenCache
 from batchgrader.pipeline.tokens import ChatTokenCounter
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
-from batchgrader.provider.emulator.answers import _countable_messages
-from batchgrader.provider.emulator.background import TokenCache
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,
     MODEL,
@@ -137,7 +137,7 @@ def test_requests_return_at_once_while_a_large_batch_is_being_validated(emu_fact
     assert seen.in_progress_at >= seen.created_at
     # its requests run from the configured end of validating (here: its create), not from when
     # this process finished counting: the emulator's own CPU does not lengthen the batch
-    inner = e.store.batches[big.id]
+    inner = e.store.state.batches[big.id]
     assert inner.t_in_progress == inner.t_created + 0.0
     wait_for(lambda: c.batches.retrieve(other.id).status == "in_progress")  # validated in turn
     assert e.stats()["tokens_counted_requests"] == 20_000 + 3  # "other" repeats two of the small requests

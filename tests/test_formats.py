@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.pipeline.outbox import result_name
 from batchgrader.pipeline.tables import InputError, open_table, text_of
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, TEST_KEY, bgctl
 
 pytestmark = pytest.mark.timeout(300)

@@ -12,8 +12,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from batchgrader.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.pipeline.results import RowOutcome, iter_outcomes, parse_line
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, Fault, ManualClock
 from batchgrader.provider.gemini_api import (
     STATE_TO_STATUS,
     key_problem,

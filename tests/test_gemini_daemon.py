@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, daemon_env, outbox_files
 from killsuite import CHUNKS, PROVIDER_EVENT_POINTS, SPLIT, KillSuite
@@ -115,7 +115,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     with Emulator(EmulatorConfig(api_key=GEMINI_KEY, seed=5)) as emu:
         assert run(home, emu, "daemon", "--once").returncode == 0
         prompt = candidates = thoughts = 0
-        for b in emu.store.gem_batches.values():
+        for b in emu.store.gemini_batches.batches.values():
             for r in b.results or []:
                 u = r["response"]["usageMetadata"]
                 prompt += u["promptTokenCount"]

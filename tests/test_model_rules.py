@@ -17,10 +17,10 @@ from google.genai import types
 
 from batchgrader.core.config import load_config
 from batchgrader.core.home import Home
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.catalogue import load_checked
 from batchgrader.pipeline.requests import RequestBuilder
 from batchgrader.provider.anthropic_api import to_anthropic_request
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.gemini_api import to_gemini_request
 from emulator_fixtures import API_KEY, chat_line, jsonl, read_jsonl, run_to_terminal, upload
 

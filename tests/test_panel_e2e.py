@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, TEST_KEY, bgctl, daemon_env
 

@@ -19,6 +19,8 @@ from google.genai import types as gtypes
 
 from batchgrader.core.config import load_config
 from batchgrader.core.home import Home
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
+from batchgrader.emulator.prompt_cache import OPENAI_INCREMENT, system_tokens
 from batchgrader.pipeline.answerkey import line_key, line_keys
 from batchgrader.pipeline.caching import CACHE_KEY_FIELD, cache_key, shared_prefix_tokens
 from batchgrader.pipeline.merge import StreamedMerge, cache_figures
@@ -26,8 +28,6 @@ from batchgrader.pipeline.prepare import prepare
 from batchgrader.pipeline.pricing import billed_cost, cache_saving, load_pricing
 from batchgrader.pipeline.results import parse_line
 from batchgrader.provider.anthropic_api import to_anthropic_request, to_openai_result_line
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
-from batchgrader.provider.emulator.prompt_cache import OPENAI_INCREMENT, system_tokens
 from batchgrader.provider.gemini_api import to_gemini_line
 from batchgrader.provider.gemini_api import to_openai_result_line as gemini_result_line
 from emulator_fixtures import API_KEY, chat_line, jsonl, run_to_terminal, upload

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from batchgrader.core.secrets import mask_secret
-from batchgrader.provider.emulator import FAULT_PROFILES, Fault
+from batchgrader.emulator import FAULT_PROFILES, Fault
 from batchgrader.provider.openai_api import (
     BatchInfo,
     FileInfo,

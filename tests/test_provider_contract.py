@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchgrader.emulator import Emulator
 from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
 from batchgrader.provider.azure_api import AzureOpenAIProvider
-from batchgrader.provider.emulator import Emulator
 from batchgrader.provider.gemini_batches import GeminiBatchProvider
 from batchgrader.provider.openai_api import OpenAIProvider
 from provider_contract import KEY, ProviderContract

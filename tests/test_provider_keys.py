@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from harness import BGCTL, FAST_CONFIG, daemon_env
 
 CLAUDE = "claude-haiku-4-5"

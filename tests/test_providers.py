@@ -166,7 +166,7 @@ def test_the_object_index_reads_again_only_the_jobs_with_new_events():
 SRC = ROOT / "src" / "batchgrader"
 #: where a provider's name may be written: the registry's two halves, the doctor's table of checks, and
 #: each provider's own modules (adapters, doctor checks, the emulator's routes)
-OWN = ("core/providers.py", "provider/registry.py", "ops/doctor.py", "provider/emulator/")
+OWN = ("core/providers.py", "provider/registry.py", "ops/doctor.py", "emulator/")
 #: provider-specific rules still keyed by name outside the registry (each a rule of its own, not a table):
 #: the queue a learned limit belongs to, the thinking budgets of reasoning_effort, Azure deployments' prices
 KNOWN_ELSEWHERE = {

@@ -18,9 +18,9 @@ from batchgrader.cli.commands import cli
 from batchgrader.core import queue
 from batchgrader.core.config import load_config
 from batchgrader.daemon.engine import Engine
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock, token_limit_message
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.splitting import Limits, plan_chunks
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock, token_limit_message
 from batchgrader.provider.openai_api import OpenAIProvider
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.readmodels import projectors
@@ -237,7 +237,7 @@ def test_a_limit_in_the_message_is_learned_and_the_chunk_replanned(rig):
     assert statuses.count("failed") == 1 and statuses.count("completed") == 3  # refused once, never again
     answered_once(r, 30)
     refused = next(b for b in emu.batches() if b["status"] == "failed")
-    assert emu.store.files[refused["input_file_id"]].deleted  # the refused batch's file is not leaked
+    assert emu.store.state.files[refused["input_file_id"]].deleted  # the refused batch's file is not leaked
     assert r.engine.state.queue_limits[(r.engine.queue_url, MODEL)]["limit"] == limit
 
 
@@ -253,7 +253,7 @@ def test_without_a_figure_the_limit_is_halved_then_probed_upward(rig):
     assert r.events("ChunkReplanned")
     answered_once(r, 24)
     failed = [b for b in emu.batches() if b["status"] == "failed"]
-    assert failed and all(emu.store.files[b["input_file_id"]].deleted for b in failed)
+    assert failed and all(emu.store.state.files[b["input_file_id"]].deleted for b in failed)
 
 
 def test_a_row_alone_over_the_limit_fails_clearly_and_is_not_retried(rig):

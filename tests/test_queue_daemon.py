@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, events_of, integrity, start_daemon, temp_leftovers
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -44,7 +44,7 @@ def paid_once(emu: Emulator) -> None:
     assert all(b["request_counts"]["completed"] == 0 for b in emu.batches() if b["status"] == "failed")
     seen = Counter(  # the custom ids of every batch that passed validation (read from its own input link)
         json.loads(line)["custom_id"]
-        for b in emu.store.batches.values()
+        for b in emu.store.state.batches.values()
         if b.input_path is not None
         for line in b.input_path.read_bytes().splitlines()
         if line.strip()
@@ -63,7 +63,7 @@ def test_the_daemon_learns_the_queue_limit_and_answers_every_row_once(tmp_path):
         paid_once(emu)
         refused = [b for b in emu.batches() if b["status"] == "failed"]
         assert len(refused) == 1 and refused[0]["errors"]["data"][0]["code"] == "token_limit_exceeded"
-        assert emu.store.files[refused[0]["input_file_id"]].deleted
+        assert emu.store.state.files[refused[0]["input_file_id"]].deleted
         doctor = bgctl(home, "doctor", "--json", base_url=emu.base_url)
     (learned,) = events_of(home, "QueueLimitLearned")
     assert (learned["model"], learned["limit"], learned["exact"]) == (MODEL, limit, True)

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.report_columns import distribution
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types

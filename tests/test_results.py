@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchgrader.emulator import EXPIRE_AFTER_METADATA_KEY
 from batchgrader.pipeline.results import (
     ResultsFormatError,
     RowOutcome,
     iter_outcomes,
     parse_line,
 )
-from batchgrader.provider.emulator import EXPIRE_AFTER_METADATA_KEY
 from batchgrader.provider.openai_api import OpenAIProvider
 from emulator_fixtures import (  # noqa: F401 - fixtures
     CHAT,

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY, bgctl
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.provider.emulator import Emulator, EmulatorConfig
+from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.reliability import krippendorff_alpha
 from harness import FAST_CONFIG, TEST_KEY, bgctl

@@ -32,7 +32,7 @@ def test_the_sandbox_emulator_is_a_labelled_child_process_serving_the_sdk(tmp_pa
     try:
         assert emu.pid is not None and emu.pid != os.getpid()
         cmdline = Path(f"/proc/{emu.pid}/cmdline").read_bytes().split(b"\0")
-        assert b"batchgrader.provider.emulator.child" in cmdline and b"sandbox emulator of HOME" in cmdline
+        assert b"batchgrader.emulator.child" in cmdline and b"sandbox emulator of HOME" in cmdline
         client = OpenAI(api_key="sk-sandbox-not-a-real-key", base_url=emu.base_url, max_retries=0)
         assert list(client.batches.list()) == []
         pid = emu.pid

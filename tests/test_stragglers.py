@@ -240,7 +240,7 @@ def test_against_the_emulator_a_straggler_is_cancelled_and_its_rest_answered_onl
     import io
 
     from batchgrader.core.state import fold
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.emulator import Emulator, EmulatorConfig
     from batchgrader.store.eventstore import EventStore
     from harness import FAST_CONFIG, TEST_KEY, bgctl
 

@@ -14,10 +14,10 @@ from typing import Any
 import pydantic
 import pytest
 
+from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.results import parse_line
 from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
 from batchgrader.provider.azure_api import AzureOpenAIProvider
-from batchgrader.provider.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.gemini_batches import GeminiBatchProvider
 from batchgrader.provider.openai_api import OpenAIProvider, ProviderRejected
 

@@ -12,8 +12,8 @@ from batchgrader.core.config import load_config
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState
 from batchgrader.daemon.engine import Engine
+from batchgrader.emulator.config import token_limit_message
 from batchgrader.pipeline.pricing import load_pricing
-from batchgrader.provider.emulator.config import token_limit_message
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.store.eventstore import EventStore, NewEvent
 

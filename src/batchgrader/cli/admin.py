@@ -59,7 +59,7 @@ def cache_clear(obj: Ctx, older_than: float | None, as_json: bool) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Keep files and batches here across restarts.")
 def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
     """Run the local Batch API emulator (SIMULATED results) for offline use with any OpenAI client."""
-    from batchgrader.provider.emulator import run_emulator
+    from batchgrader.emulator import run_emulator
 
     run_emulator(port, faults, seed, data_dir)
 

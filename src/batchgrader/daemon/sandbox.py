@@ -2,8 +2,8 @@
 
 In the daemon's own process the emulator's memory (input files parsed and counted, answers
 drafted) added to the daemon's: 2.5 GB at 500,000 rows.  In a child process
-(:mod:`batchgrader.provider.emulator.child`, shown in ``ps`` as ``... -m
-batchgrader.provider.emulator.child --label sandbox emulator of HOME``) the daemon keeps the
+(:mod:`batchgrader.emulator.child`, shown in ``ps`` as ``... -m
+batchgrader.emulator.child --label sandbox emulator of HOME``) the daemon keeps the
 memory of a live run.  It is started at the first provider call of the sandbox and stopped when
 the daemon stops; its standard input is a pipe from the daemon, so it also ends when the daemon
 is killed.  Its own messages go to ``<home>/sandbox/emulator.log``.
@@ -36,7 +36,7 @@ class SandboxEmulatorError(RuntimeError):
 
 class SandboxEmulator:
     """``start()`` runs the child and reads where it serves; ``root_url`` / ``base_url`` as the
-    in-process :class:`~batchgrader.provider.emulator.Emulator` has them; ``stop()`` ends it."""
+    in-process :class:`~batchgrader.emulator.Emulator` has them; ``stop()`` ends it."""
 
     def __init__(self, data_dir: Path, api_key: str, label: str = "sandbox emulator"):
         self.data_dir = Path(data_dir)
@@ -54,7 +54,7 @@ class SandboxEmulator:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = START_TIMEOUT) -> SandboxEmulator:
-        from batchgrader.provider.emulator.child import MODULE
+        from batchgrader.emulator.child import MODULE
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", MODULE, "--label", self.label, "--data-dir", str(self.data_dir), "--api-key", self.api_key]

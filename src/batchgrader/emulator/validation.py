@@ -2,7 +2,7 @@
 
 The parse-and-count of an input file (:func:`check_input`) is a pure function of the file's
 bytes, the batch's endpoint and the configuration: it runs in the store's background worker
-from ``create_batch`` on, outside the lock, and ``_validate`` (due ``validating_s`` after the
+from ``create_batch`` on, outside the lock, and ``Validation.validate`` (due ``validating_s`` after the
 create) only applies its result, and decides the enqueued-token limit, under the lock."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from batchgrader.provider.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
-from batchgrader.provider.emulator.common import _error_body, _server_error_body, _unit
-from batchgrader.provider.emulator.config import (
+from batchgrader.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
+from batchgrader.emulator.common import _error_body, _server_error_body, _unit
+from batchgrader.emulator.config import (
     AZURE_CHAT_ENDPOINT,
     CHAT_ENDPOINT,
     ENQUEUED_STATUSES,
@@ -26,22 +26,22 @@ from batchgrader.provider.emulator.config import (
     FAIL_500_TRIGGER,
     token_limit_message,
 )
-from batchgrader.provider.emulator.prompt_cache import BatchCache, openai_cached_tokens
-from batchgrader.provider.emulator.rules import openai_request_error
-from batchgrader.provider.emulator.state import (
+from batchgrader.emulator.prompt_cache import BatchCache, openai_cached_tokens
+from batchgrader.emulator.rules import openai_request_error
+from batchgrader.emulator.state import (
     FAIL_CONTENT,
     FAIL_NONE,
     FAIL_SEEDED,
+    State,
     _Batch,
     _Lines,
     _Plan,
     _Req,
-    _StoreBase,
 )
 
 if TYPE_CHECKING:
-    from batchgrader.provider.emulator.background import TokenCache
-    from batchgrader.provider.emulator.config import EmulatorConfig
+    from batchgrader.emulator.background import TokenCache
+    from batchgrader.emulator.config import EmulatorConfig
 
 #: How long a validation that is due waits for its background parse-and-count (on a manual
 #: clock, or when forced) before doing the work itself.
@@ -87,111 +87,133 @@ def check_input(source: Path | BinaryIO, endpoint: str, cfg: EmulatorConfig, cac
         return _check_lines(fh, endpoint, cfg, cache, azure)
 
 
-def _check_lines(fh: BinaryIO, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool) -> _Checked:
-    errors: list[dict[str, Any]] = []
-    chat = endpoint == CHAT_ENDPOINT or (azure and endpoint == AZURE_CHAT_ENDPOINT)
+class _LineError(Exception):
+    """A line of an input file refused: its error's code, message and param."""
 
-    def err(code: str, message: str, param: str | None, line: int | None) -> None:
-        if len(errors) < 1000:
-            errors.append({"code": code, "message": message, "param": param, "line": line})
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
 
-    _, n_requests = _request_lines(fh)
-    if not n_requests:
-        err("empty_file", "The batch input file is empty.", None, None)
-        return _Checked(errors, None, None, 0)
-    if n_requests > cfg.max_requests_per_batch:
-        err(
-            "too_many_tasks",
-            f"The batch input file has {n_requests:,} requests, but a batch can hold at most {cfg.max_requests_per_batch:,}.",
-            None,
-            None,
+
+def _item_of(raw: bytes, seen: set[str]) -> dict[str, Any]:
+    """A line's request object, its ``custom_id`` new to the batch (then noted in ``seen``)."""
+    try:
+        item = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise _LineError("invalid_json_line", "This line is not parseable as valid JSON.") from None
+    if not isinstance(item, dict):
+        raise _LineError("invalid_json_line", "This line is not parseable as valid JSON.")
+    missing = [k for k in ("custom_id", "method", "url", "body") if item.get(k) is None]
+    if missing:
+        raise _LineError("missing_required_parameter", f"Missing required parameter: '{missing[0]}'.", missing[0])
+    cid = item["custom_id"]
+    if not isinstance(cid, str) or not cid:
+        raise _LineError("invalid_request", "Invalid type for 'custom_id': expected a non-empty string.", "custom_id")
+    if cid in seen:
+        raise _LineError(
+            "duplicate_custom_id",
+            f"The custom_id '{cid}' for this request is a duplicate of another request. The custom_id parameter must be unique for each request in a batch.",
+            "custom_id",
         )
-        return _Checked(errors, None, None, 0)
-    model: str | None = None
-    seen: set[str] = set()
-    planner: _Planner | None = None
-    parsed: list[tuple[str, dict[str, Any]]] = []  # waiting to be planned (PLAN_CHUNK at a time)
-    for lineno, raw in enumerate(fh, start=1):
-        if lineno > n_requests:
-            break
+    seen.add(cid)
+    return item
+
+
+def _body_of(item: dict[str, Any], endpoint: str, chat: bool, azure: bool) -> tuple[dict[str, Any], str]:
+    """A request's body and model, checked against the batch's endpoint."""
+    if not isinstance(item["method"], str) or item["method"].upper() != "POST":
+        raise _LineError("invalid_request", "Invalid value for 'method': only 'POST' is supported.", "method")
+    if item["url"] != endpoint:
+        if azure:
+            message = f"The provided url '{item['url']}' does not match the endpoint '{endpoint}' of the batch."
+            raise _LineError("url_mismatch", message, "url")
+        raise _LineError("invalid_url", "The URL provided for this request does not match the batch endpoint.", "url")
+    body = item["body"]
+    if not isinstance(body, dict):
+        raise _LineError("invalid_request", "Invalid type for 'body': expected an object.", "body")
+    if body.get("stream") is True:
+        name = "Chat Completions" if chat else endpoint
+        raise _LineError("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.", "body.stream")
+    m = body.get("model")
+    if not isinstance(m, str) or not m:
+        raise _LineError("invalid_request", "Model parameter is required.", "body.model")
+    return body, m
+
+
+def _size_error(n_requests: int, cfg: EmulatorConfig) -> dict[str, Any] | None:
+    """The error of a file with no request, or too many."""
+    if not n_requests:
+        return {"code": "empty_file", "message": "The batch input file is empty.", "param": None, "line": None}
+    if n_requests > cfg.max_requests_per_batch:
+        message = (
+            f"The batch input file has {n_requests:,} requests, but a batch can hold at most {cfg.max_requests_per_batch:,}."
+        )
+        return {"code": "too_many_tasks", "message": message, "param": None, "line": None}
+    return None
+
+
+class _LineChecker:
+    """The lines of one input file checked in order: the first 1,000 errors, else the plan."""
+
+    def __init__(self, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool) -> None:
+        self.endpoint, self.cfg, self.cache, self.azure = endpoint, cfg, cache, azure
+        self.chat = endpoint == CHAT_ENDPOINT or (azure and endpoint == AZURE_CHAT_ENDPOINT)
+        self.errors: list[dict[str, Any]] = []
+        self.model: str | None = None
+        self.seen: set[str] = set()
+        self.planner: _Planner | None = None
+        self.parsed: list[tuple[str, dict[str, Any]]] = []  # waiting to be planned (PLAN_CHUNK at a time)
+
+    def line(self, lineno: int, raw: bytes) -> None:
         try:
-            item = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            err("invalid_json_line", "This line is not parseable as valid JSON.", None, lineno)
-            continue
-        if not isinstance(item, dict):
-            err("invalid_json_line", "This line is not parseable as valid JSON.", None, lineno)
-            continue
-        missing = [k for k in ("custom_id", "method", "url", "body") if item.get(k) is None]
-        if missing:
-            err("missing_required_parameter", f"Missing required parameter: '{missing[0]}'.", missing[0], lineno)
-            continue
-        cid = item["custom_id"]
-        if not isinstance(cid, str) or not cid:
-            err("invalid_request", "Invalid type for 'custom_id': expected a non-empty string.", "custom_id", lineno)
-            continue
-        if cid in seen:
-            err(
-                "duplicate_custom_id",
-                f"The custom_id '{cid}' for this request is a duplicate of another request. The custom_id parameter must be unique for each request in a batch.",
-                "custom_id",
-                lineno,
-            )
-            continue
-        seen.add(cid)
-        if not isinstance(item["method"], str) or item["method"].upper() != "POST":
-            err("invalid_request", "Invalid value for 'method': only 'POST' is supported.", "method", lineno)
-            continue
-        if item["url"] != endpoint:
-            if azure:
-                err(
-                    "url_mismatch",
-                    f"The provided url '{item['url']}' does not match the endpoint '{endpoint}' of the batch.",
-                    "url",
-                    lineno,
-                )
-            else:
-                err("invalid_url", "The URL provided for this request does not match the batch endpoint.", "url", lineno)
-            continue
-        body = item["body"]
-        if not isinstance(body, dict):
-            err("invalid_request", "Invalid type for 'body': expected an object.", "body", lineno)
-            continue
-        if body.get("stream") is True:
-            name = "Chat Completions" if chat else endpoint
-            err("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.", "body.stream", lineno)
-            continue
-        m = body.get("model")
-        if not isinstance(m, str) or not m:
-            err("invalid_request", "Model parameter is required.", "body.model", lineno)
-            continue
-        if model is None:
-            model = m
-            planner = _Planner(endpoint, model, cfg, cache)
-        elif m != model:
-            err(
+            item = _item_of(raw, self.seen)
+            body, m = _body_of(item, self.endpoint, self.chat, self.azure)
+            self._same_model(m)
+            if self.chat and not isinstance(body.get("messages"), list):
+                raise _LineError("invalid_request", "Messages parameter is required.", "body.messages")
+        except _LineError as e:
+            if len(self.errors) < 1000:
+                self.errors.append({"code": e.code, "message": e.message, "param": e.param, "line": lineno})
+            return
+        if self.errors:
+            return  # no plan for a file with errors: only the rest of its errors are looked for
+        self.parsed.append((item["custom_id"], body))
+        if len(self.parsed) >= PLAN_CHUNK:
+            assert self.planner is not None
+            self.planner.add(self.parsed)
+            self.parsed = []
+
+    def _same_model(self, m: str) -> None:
+        if self.model is None:
+            self.model = m
+            self.planner = _Planner(self.endpoint, m, self.cfg, self.cache)
+        elif m != self.model:
+            raise _LineError(
                 "mismatched_model",
                 f"The model '{m}' for this request does not match the rest of the batch. Each batch must contain requests for a single model.",
                 "body.model",
-                lineno,
             )
-            continue
-        if chat and not isinstance(body.get("messages"), list):
-            err("invalid_request", "Messages parameter is required.", "body.messages", lineno)
-            continue
-        if errors:
-            continue  # no plan for a file with errors: only the rest of its errors are looked for
-        parsed.append((cid, body))
-        if len(parsed) >= PLAN_CHUNK:
-            assert planner is not None
-            planner.add(parsed)
-            parsed = []
-    if errors:
-        return _Checked(errors, model, None, 0)
-    assert model is not None and planner is not None
-    planner.add(parsed)
-    plan = planner.plan
-    return _Checked([], model, plan, sum(plan.prompt))
+
+    def checked(self) -> _Checked:
+        if self.errors:
+            return _Checked(self.errors, self.model, None, 0)
+        assert self.model is not None and self.planner is not None
+        self.planner.add(self.parsed)
+        plan = self.planner.plan
+        return _Checked([], self.model, plan, sum(plan.prompt))
+
+
+def _check_lines(fh: BinaryIO, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool) -> _Checked:
+    _, n_requests = _request_lines(fh)
+    size_error = _size_error(n_requests, cfg)
+    if size_error is not None:
+        return _Checked([size_error], None, None, 0)
+    checker = _LineChecker(endpoint, cfg, cache, azure)
+    for lineno, raw in enumerate(fh, start=1):
+        if lineno > n_requests:
+            break
+        checker.line(lineno, raw)
+    return checker.checked()
 
 
 def schema_tokens(model: str, response_format: Any, cfg: EmulatorConfig, cache: dict[str, int]) -> int:
@@ -301,28 +323,32 @@ def request_of(plan: _Plan, i: int, raw: bytes) -> _Req:
     return req
 
 
-class ValidationMixin(_StoreBase):
-    """Checks an input file like the Batch API does, then plans each request."""
+class Validation:
+    """Checks a batch's input file like the Batch API does (in the background worker), then
+    plans each request; the plan is rebuilt from the batch's input after a restart."""
 
-    def _start_validation(self, b: _Batch) -> None:
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    def start(self, b: _Batch) -> None:
         """Start the parse-and-count of ``b``'s input file in the background (if it has one)."""
-        f = self.files.get(b.obj["input_file_id"])
+        f = self.state.files.get(b.obj["input_file_id"])
         if f is None or f.deleted or f.obj["purpose"] != "batch" or f.path is None:
-            return  # _validate reports it; nothing to compute
+            return  # validate reports it; nothing to compute
         try:
             fh = open(f.path, "rb")  # noqa: SIM115 (closed by check_input): read as it is now
         except FileNotFoundError:
             return
-        endpoint, cfg, cache, azure = b.obj["endpoint"], self.cfg, self.token_cache, b.azure
-        b.checking = self.worker.submit(lambda: check_input(fh, endpoint, cfg, cache, azure))
+        endpoint, cfg, cache, azure = b.obj["endpoint"], self.state.cfg, self.state.token_cache, b.azure
+        b.checking = self.state.worker.submit(lambda: check_input(fh, endpoint, cfg, cache, azure))
 
-    def _validation_ready(self, b: _Batch) -> tuple[bool, float]:
+    def ready(self, b: _Batch) -> tuple[bool, float]:
         """Whether ``b``'s validation may be applied, and from when (``validating_s`` after its
         create, or later if its background parse-and-count finished later).  On any clock but the real one (a test's manual clock)
-        the validation is always ready on time (``_validate`` then waits for the work)."""
-        due = b.t_created + self.cfg.validating_s
+        the validation is always ready on time (``validate`` then waits for the work)."""
+        due = b.t_created + self.state.cfg.validating_s
         p = b.checking
-        if p is None or not self.real_clock:
+        if p is None or not self.state.real_clock:
             return True, due
         if not p.done() or p.t_done is None:
             return False, due
@@ -333,18 +359,18 @@ class ValidationMixin(_StoreBase):
         b.checking = None
         if p is not None and p.wait(VALIDATION_WAIT_S) and p.error is None:
             return p.result  # type: ignore[no-any-return]
-        return check_input(path, b.obj["endpoint"], self.cfg, self.token_cache, b.azure)
+        return check_input(path, b.obj["endpoint"], self.state.cfg, self.state.token_cache, b.azure)
 
-    def _validate(self, b: _Batch) -> list[dict[str, Any]]:
+    def validate(self, b: _Batch) -> list[dict[str, Any]]:
         obj = b.obj
         fid = obj["input_file_id"]
-        f = self.files.get(fid)
+        f = self.state.files.get(fid)
         if f is None or f.deleted:
             b.checking = None
             return [
                 {
                     "code": "invalid_request",
-                    "message": f"Cannot find file {fid}, or organization {self.cfg.organization} does not have access to it.",
+                    "message": f"Cannot find file {fid}, or organization {self.state.cfg.organization} does not have access to it.",
                     "param": "file_id",
                     "line": None,
                 }
@@ -369,11 +395,11 @@ class ValidationMixin(_StoreBase):
         assert model is not None and checked.plan is not None
         plan = checked.plan
         tokens = checked.tokens
-        limit = self.cfg.token_limits.get(model)
+        limit = self.state.cfg.token_limits.get(model)
         if limit is not None:
             enqueued = sum(
                 o.enqueued_tokens
-                for o in self.batches.values()
+                for o in self.state.batches.values()
                 if o is not b and o.status in ENQUEUED_STATUSES and o.obj.get("model") == model
             )
             if enqueued + tokens > limit:
@@ -381,21 +407,21 @@ class ValidationMixin(_StoreBase):
                     {
                         "code": "token_limit_exceeded",
                         "message": token_limit_message(
-                            model, self.cfg.organization, limit if self.cfg.token_limit_figure else None
+                            model, self.state.cfg.organization, limit if self.state.cfg.token_limit_figure else None
                         ),
                         "param": None,
                         "line": None,
                     }
                 ]
         # the batch keeps its input even if the file is deleted later: a link of its own
-        inp = self._blob_dir("batches") / f"{obj['id']}.input"
+        inp = self.state.blob_dir("batches") / f"{obj['id']}.input"
         inp.unlink(missing_ok=True)
         try:
             os.link(f.path, inp)
         except OSError:
             shutil.copyfile(f.path, inp)
         b.input_path = inp
-        seen = self.custom_id_seen
+        seen = self.state.custom_id_seen
         b.plan = self._fail_seeded(plan, inp, lambda cid: seen.get(cid, 0), count=True)
         b.enqueued_tokens = tokens
         obj["request_counts"] = {"total": plan.n, "completed": 0, "failed": 0}
@@ -406,19 +432,19 @@ class ValidationMixin(_StoreBase):
         custom_id's draw depends on how often it was seen before (a retry may succeed).
         ``count``: each custom_id is counted as seen once more (only with a failure rate: the
         count is used only for the draw)."""
-        rate = self.cfg.request_failure_rate
+        rate = self.state.cfg.request_failure_rate
         if rate <= 0:
             return plan
         with open(path, "rb") as fh:
             for i in range(plan.n):
                 cid = json.loads(fh.readline())["custom_id"]
-                if plan.fail[i] == FAIL_NONE and _unit("fail", self.cfg.seed, cid, seen_before(cid)) < rate:
+                if plan.fail[i] == FAIL_NONE and _unit("fail", self.state.cfg.seed, cid, seen_before(cid)) < rate:
                     plan.fail[i] = FAIL_SEEDED
                 if count:
-                    self.custom_id_seen[cid] += 1
+                    self.state.custom_id_seen[cid] += 1
         return plan
 
-    def _ensure_plan(self, b: _Batch) -> _Plan:
+    def ensure_plan(self, b: _Batch) -> _Plan:
         if b.plan is not None:
             return b.plan
         if b.n == 0 or b.input_path is None:
@@ -426,7 +452,7 @@ class ValidationMixin(_StoreBase):
             return b.plan
         # Rebuild after a restart: same parse, same deterministic outcomes.
         model = b.obj["model"]
-        planner = _Planner(b.obj["endpoint"], model, self.cfg, self.token_cache)
+        planner = _Planner(b.obj["endpoint"], model, self.state.cfg, self.state.token_cache)
         parsed: list[tuple[str, dict[str, Any]]] = []
         with open(b.input_path, "rb") as fh:
             for raw in fh:
@@ -437,13 +463,13 @@ class ValidationMixin(_StoreBase):
                     planner.add(parsed)
                     parsed = []
         planner.add(parsed)
-        seen = self.custom_id_seen
+        seen = self.state.custom_id_seen
         b.plan = self._fail_seeded(planner.plan, b.input_path, lambda cid: max(0, seen.get(cid, 1) - 1))
         return b.plan
 
-    def _request(self, b: _Batch, i: int) -> _Req:
+    def request(self, b: _Batch, i: int) -> _Req:
         """Request ``i`` of ``b``, read from its input file (forward: ``i`` never decreases)."""
-        plan = self._ensure_plan(b)
+        plan = self.ensure_plan(b)
         if b.inputs is None:
             assert b.input_path is not None
             b.inputs = _Lines(b.input_path)

@@ -1,9 +1,13 @@
-"""The emulator's records: files, batches, planned requests, and the shared store state."""
+"""The emulator's records (OpenAI files, batches, planned requests) and :class:`State`, what every
+part of the emulator shares."""
 
 from __future__ import annotations
 
-import random
+import shutil
+import tempfile
 import threading
+import time
+import weakref
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -11,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchgrader.emulator.background import TokenCache, Worker
+
 if TYPE_CHECKING:
-    from batchgrader.provider.emulator.answers import _Drafts
-    from batchgrader.provider.emulator.background import Pending, TokenCache, Worker
-    from batchgrader.provider.emulator.config import EmulatorConfig
-    from batchgrader.provider.emulator.faults import FaultRates
+    from batchgrader.emulator.background import Pending
+    from batchgrader.emulator.config import EmulatorConfig
+    from batchgrader.emulator.results import _Drafts
 
 
 @dataclass
@@ -140,7 +145,7 @@ class _Batch:
     # The background parse-and-count of the input file while validating (not persisted: restarted)
     checking: Pending | None = None
     # Answers drafted in the background while the batch runs (real clock; not persisted): each
-    # request's output line without ``created`` (see AnswersMixin._draft), spooled to disk
+    # request's output line without ``created`` (see results.Answers.draft), spooled to disk
     drafts: _Drafts | None = None
     inputs: _Lines | None = None  # its input file read forward, as requests are answered in place
     out: _Out | None = None  # the answers generated so far, spooled to disk
@@ -178,54 +183,43 @@ def _empty_usage() -> dict[str, Any]:
     }
 
 
-class _StoreBase:
-    """The state every part of the store shares; the parts are mixins combined in store.py."""
+class State:
+    """What every part of the emulator shares, passed explicitly to each (see ``store.Store``):
+    the configuration and clock, the lock every API call takes, the OpenAI files and batches,
+    the counters ``stats`` reports, the folders on disk and the background workers."""
 
-    cfg: EmulatorConfig
-    clock: Callable[[], float]
-    lock: threading.RLock
-    files: dict[str, _File]
-    batches: dict[str, _Batch]
-    seq: int
-    requests: Counter[str]
-    faults_injected: Counter[str]
-    files_created: int
-    batches_created: int
-    custom_id_seen: Counter[str]
-    scripted: list[dict[str, Any]]
-    rates: FaultRates
-    fault_rng: random.Random
-    data_dir: Path | None
-    scratch: Path  # a folder of this process (removed with the store): spooled answers, and files without data_dir
-    token_cache: TokenCache
-    worker: Worker
-    # The clock is the real one: a batch stays validating until its background parse-and-count
-    # is done, and its answers are drafted in the background while it runs; on another (a test's
-    # manual) clock a due validation waits for that work and answers are made in place, so that
-    # the outcome does not depend on the machine's speed.
-    real_clock: bool
-    answerer: Worker
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.cfg = config
+        self.clock: Callable[[], float] = config.clock
+        self.lock = threading.RLock()
+        self.files: dict[str, _File] = {}
+        self.batches: dict[str, _Batch] = {}
+        self.seq = 0
+        self.requests: Counter[str] = Counter()
+        self.files_created = 0
+        self.batches_created = 0
+        self.custom_id_seen: Counter[str] = Counter()
+        self.data_dir = Path(config.data_dir) if config.data_dir else None
+        # a folder of this process (removed with the store): spooled answers, and files without data_dir
+        self.scratch = Path(tempfile.mkdtemp(prefix="bg-emulator-"))
+        weakref.finalize(self, shutil.rmtree, self.scratch, True)  # removed with the state (or at exit)
+        self.token_cache = TokenCache()
+        self.worker = Worker(self.clock, "emulator-validation")
+        self.answerer = Worker(self.clock, "emulator-answers")
+        # The clock is the real one: a batch stays validating until its background parse-and-count
+        # is done, and its answers are drafted in the background while it runs; on another (a test's
+        # manual) clock a due validation waits for that work and answers are made in place, so that
+        # the outcome does not depend on the machine's speed.
+        self.real_clock = self.clock is time.time
 
-    if TYPE_CHECKING:  # implemented by the mixins
+    def next_seq(self) -> int:
+        """The next creation number (files and batches of every API share one sequence)."""
+        self.seq += 1
+        return self.seq
 
-        def _next_seq(self) -> int: ...
-        def _save_file(self, f: _File) -> None: ...
-        def _save_batch(self, b: _Batch) -> None: ...
-        def _add_file(self, filename: str, data: bytes | Path, purpose: str, created: int, expires_at: int | None) -> _File: ...
-        def _blob_dir(self, kind: str) -> Path: ...
-        def _advance_all(self) -> None: ...
-        def _view(self, b: _Batch) -> dict[str, Any]: ...
-        def _cursor(self, query: dict[str, str]) -> str | None: ...
-        def _processed(self, b: _Batch, t: float) -> int: ...
-        def _validate(self, b: _Batch) -> list[dict[str, Any]]: ...
-        def _start_validation(self, b: _Batch) -> None: ...
-        def _start_answers(self, b: _Batch) -> None: ...
-        def _validation_ready(self, b: _Batch) -> tuple[bool, float]: ...
-        def _ensure_plan(self, b: _Batch) -> _Plan: ...
-        def _request(self, b: _Batch, i: int) -> _Req: ...
-        def _write_results(self, b: _Batch, processed: int, t: float, *, expired: bool) -> None: ...
-        def _answer_upto(self, b: _Batch, processed: int, t: float, drafted_only: bool = False) -> None: ...
-        @staticmethod
-        def _int_param(query: dict[str, str], name: str, default: int, lo: int, hi: int) -> int: ...
-        @staticmethod
-        def _page(objs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]: ...
+    def blob_dir(self, kind: str) -> Path:
+        """Where files' bytes (``files``) and batches' inputs (``batches``) are kept: in
+        ``data_dir`` (kept across restarts), else in this process's scratch folder."""
+        d = (self.data_dir or self.scratch) / kind
+        d.mkdir(parents=True, exist_ok=True)
+        return d

@@ -1,4 +1,4 @@
-"""The sandbox's emulator in a process of its own: ``python -m batchgrader.provider.emulator.child``.
+"""The sandbox's emulator in a process of its own: ``python -m batchgrader.emulator.child``.
 
 Started by ``bgctl daemon --sandbox`` (:mod:`batchgrader.daemon.sandbox`), so the emulator's
 memory (each input file parsed and counted, every answer drafted) is never the daemon's.  It
@@ -18,7 +18,7 @@ import signal
 import sys
 
 #: the first word of its command line after ``-m``: how ``ps`` shows it
-MODULE = "batchgrader.provider.emulator.child"
+MODULE = "batchgrader.emulator.child"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    from batchgrader.provider.emulator import Emulator, EmulatorConfig
+    from batchgrader.emulator import Emulator, EmulatorConfig
 
     os.makedirs(args.data_dir, exist_ok=True)
     emu = Emulator(

@@ -7,8 +7,8 @@
 * Gemini ``POST /v1beta/models/{model}:generateContent`` -> a ``GenerateContentResponse``.
 
 Each shares the batch path's per-request checks and answers: the request is checked as one line
-of a batch input file (:func:`~batchgrader.provider.emulator.validation.check_input`) and
-answered by the same code as a batch's request (``_answer``, ``_msg_result``, ``_gem_result``),
+of a batch input file (:func:`~batchgrader.emulator.validation.check_input`) and
+answered by the same code as a batch's request (``answers.chat_answer``, ``anthropic.anthropic_result``, ``gemini.gemini_result``),
 so a setting the batch path refuses or truncates is refused or truncated here the same way.  A
 request that fails is an HTTP error with the provider's own error shape.
 
@@ -21,7 +21,7 @@ Anthropic ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``).  E
 request is logged in :attr:`SyncLimits.log` (time, model, status, retry-after) for tests.
 
 OpenAI ``service_tier``: ``"flex"`` is refused (400) for a model whose catalogue row has no flex
-tier (:func:`~batchgrader.provider.emulator.rules.openai_request_error`); the answer reports the
+tier (:func:`~batchgrader.emulator.rules.openai_request_error`); the answer reports the
 tier it was served at (``"flex"``, else ``"default"``).  Each synchronous request
 is answered with a prompt cache of its own (the emulator caches prefixes within a batch only), so
 no cache read is reported on this path.
@@ -38,21 +38,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from batchgrader.provider.emulator.answers import AnswersMixin
-from batchgrader.provider.emulator.anthropic import AnthropicApiError, AnthropicMixin, anthropic_error_type
-from batchgrader.provider.emulator.common import ApiError
-from batchgrader.provider.emulator.config import CHAT_ENDPOINT
-from batchgrader.provider.emulator.gemini import GeminiApiError, GeminiMixin
-from batchgrader.provider.emulator.validation import check_input, request_of
-
-
-@dataclass(frozen=True)
-class _One:
-    """What the batch path's answer code reads of its batch, for one synchronous request."""
-
-    id: str
-    name: str
-    model: str
+from batchgrader.emulator.answers import chat_answer
+from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_type, anthropic_result
+from batchgrader.emulator.common import ApiError
+from batchgrader.emulator.config import CHAT_ENDPOINT
+from batchgrader.emulator.gemini import GeminiApiError, gemini_result
+from batchgrader.emulator.state import State
+from batchgrader.emulator.validation import check_input, request_of
 
 
 def _request_id(kind: str, body: Any) -> str:
@@ -112,17 +104,9 @@ class SyncLimits:
             sent.popleft()
         if self.tpm is not None:
             tokens = min(tokens, self.tpm)  # a request larger than the limit waits for an empty minute
-        req_wait = 0.0
-        if self.rpm is not None and len(sent) >= self.rpm:
-            req_wait = sent[len(sent) - self.rpm][0] + self.minute - now
-        tok_wait, used = 0.0, sum(t for _, t in sent)
-        if self.tpm is not None and used + tokens > self.tpm:
-            freed = 0
-            for ts, t in sent:
-                freed += t
-                if used - freed + tokens <= self.tpm:
-                    tok_wait = ts + self.minute - now
-                    break
+        req_wait = self._request_wait(sent, now)
+        used = sum(t for _, t in sent)
+        tok_wait = self._token_wait(sent, used, tokens, now)
         reset_req = (sent[0][0] + self.minute - now) if sent else 0.0
         requests = (self.rpm, max(0, (self.rpm or 0) - len(sent)), max(req_wait, reset_req))
         tok = (self.tpm, max(0, (self.tpm or 0) - used), max(tok_wait, reset_req))
@@ -135,6 +119,23 @@ class SyncLimits:
         sent.append((now, tokens))
         self.log.append((now, model, 200, None))
         return None
+
+    def _request_wait(self, sent: deque[tuple[float, int]], now: float) -> float:
+        """How long until one more request fits the requests-per-minute limit (0: it does)."""
+        if self.rpm is not None and len(sent) >= self.rpm:
+            return sent[len(sent) - self.rpm][0] + self.minute - now
+        return 0.0
+
+    def _token_wait(self, sent: deque[tuple[float, int]], used: int, tokens: int, now: float) -> float:
+        """How long until ``tokens`` more fit the tokens-per-minute limit (0: they do)."""
+        if self.tpm is None or used + tokens <= self.tpm:
+            return 0.0
+        freed = 0
+        for ts, t in sent:
+            freed += t
+            if used - freed + tokens <= self.tpm:
+                return ts + self.minute - now
+        return 0.0
 
 
 def _reset(seconds: float) -> str:
@@ -179,8 +180,13 @@ def _estimate_tokens(body: dict[str, Any]) -> int:
     return len(json.dumps(body, default=str)) // 4 + int(bound or 0)
 
 
-class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
-    """One request through the synchronous API, with the batch path's checks and answers."""
+class Sync:
+    """One request through each provider's synchronous API, with the batch path's checks and
+    answers, under per-minute limits."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._limits: SyncLimits | None = None
 
     def chat_completion(self, body: Any, deployment: str | None = None) -> dict[str, Any]:
         """``POST /v1/chat/completions`` (with ``deployment``: Azure's, whose name is the model)."""
@@ -193,7 +199,7 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
         cid = "sync-" + _request_id("chat", body)
         line = json.dumps({"custom_id": cid, "method": "POST", "url": CHAT_ENDPOINT, "body": {**body, "stream": False}})
         raw = line.encode("utf-8")
-        checked = check_input(io.BytesIO(raw), CHAT_ENDPOINT, self.cfg, self.token_cache)
+        checked = check_input(io.BytesIO(raw), CHAT_ENDPOINT, self.state.cfg, self.state.token_cache)
         if checked.errors:
             e = checked.errors[0]
             param = (e.get("param") or "").removeprefix("body.") or None
@@ -212,30 +218,28 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
         refusal = self._admit(checked.model, body)
         if refusal is not None:
             raise RateLimited(
-                f"Rate limit reached for {checked.model} in organization {self.cfg.organization} on {refusal.what} per min "
+                f"Rate limit reached for {checked.model} in organization {self.state.cfg.organization} on {refusal.what} per min "
                 f"(RPM/TPM): Limit {refusal.limit}, Used {refusal.used}. Please try again in {refusal.wait:.3f}s.",
                 openai_limit_headers(refusal),
             )
-        with self.lock:
-            out = self._answer(req, checked.model, int(self.clock()))
+        with self.state.lock:
+            out = chat_answer(self.state.cfg, req, checked.model, int(self.state.clock()))
         if body.get("service_tier") == "flex":
             out = {**out, "service_tier": "flex"}
         return out
 
     def sync_limits(self) -> SyncLimits:
         """The per-minute limits' state (made at the first synchronous request)."""
-        with self.lock:
-            lim = self.__dict__.get("_sync_limits")
-            if lim is None:
-                lim = self.__dict__["_sync_limits"] = SyncLimits(
-                    self.cfg.sync_requests_per_minute, self.cfg.sync_tokens_per_minute, self.cfg.sync_limit_window_s
-                )
-            return lim
+        cfg = self.state.cfg
+        with self.state.lock:
+            if self._limits is None:
+                self._limits = SyncLimits(cfg.sync_requests_per_minute, cfg.sync_tokens_per_minute, cfg.sync_limit_window_s)
+            return self._limits
 
     def _admit(self, model: str, body: dict[str, Any]) -> Refusal | None:
         lim = self.sync_limits()
-        with self.lock:
-            return lim.admit(model, _estimate_tokens(body), self.clock())
+        with self.state.lock:
+            return lim.admit(model, _estimate_tokens(body), self.state.clock())
 
     def message(self, body: Any) -> dict[str, Any]:
         """``POST /v1/messages``: the ``Message``, or the error its batch result would carry."""
@@ -246,11 +250,10 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
             raise AnthropicRateLimited(
                 f"This request would exceed the rate limit for your organization of {refusal.limit} {refusal.what} per minute. "
                 "Please try again later.",
-                anthropic_limit_headers(refusal, self.clock()),
+                anthropic_limit_headers(refusal, self.state.clock()),
             )
         cid = "sync_" + _request_id("msg", body)
-        one = _One("msgsync_" + cid, cid, str(body.get("model") or ""))
-        result = self._msg_result(one, {"custom_id": cid, "params": body}, set())["result"]  # type: ignore[arg-type]
+        result = anthropic_result(self.state.cfg, "msgsync_" + cid, {"custom_id": cid, "params": body}, set())["result"]
         if result["type"] == "succeeded":
             msg = dict(result["message"])
             msg["usage"] = {**msg["usage"], "service_tier": "standard"}
@@ -275,7 +278,7 @@ class SyncMixin(AnswersMixin, AnthropicMixin, GeminiMixin):
                 _retry_headers(refusal),
             )
         key = _request_id("gen", body)
-        out = self._gem_result(_One(key, "sync/" + key, model), {"key": key, "request": body}, set())  # type: ignore[arg-type]
+        out = gemini_result(self.state.cfg, model, "sync/" + key, {"key": key, "request": body}, set())
         if "error" in out:
             err = out["error"]
             status = {3: 400, 7: 403, 5: 404, 8: 429, 13: 500, 14: 503}.get(int(err["code"]), 500)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.provider.emulator.faults import FAULT_PROFILES, FaultRates
+from batchgrader.emulator.faults import FAULT_PROFILES, FaultRates
 
 SIMULATED_BANNER = "SIMULATED — not a real OpenAI service"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 from urllib.parse import unquote
 
-from batchgrader.provider.emulator.common import ApiError
+from batchgrader.emulator.common import ApiError
 
 #: Bytes read from the connection at a time.
 BLOCK = 1 << 20

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from batchgrader.provider.emulator.answers import _counter_for
+from batchgrader.emulator.answers import _counter_for
 
 #: Entries kept in the token cache before its oldest half is dropped.
 TOKEN_CACHE_CAP = 100_000  # about 120 bytes each: 12 MB; a re-planned 50,000-request chunk is found whole

@@ -41,8 +41,8 @@ SystemTokens = Callable[[str], int]
 def system_tokens(text: str) -> int:
     """Tokens of a system text as the Anthropic and Gemini emulators count a system message (with
     the ``gpt-4o`` tokenizer standing in for theirs), without the reply priming."""
+    from batchgrader.emulator.answers import _counter_for
     from batchgrader.pipeline.tokens import REPLY_PRIMING_TOKENS
-    from batchgrader.provider.emulator.answers import _counter_for
 
     return int(_counter_for(STAND_IN).count([{"role": "system", "content": text}])) - REPLY_PRIMING_TOKENS
 

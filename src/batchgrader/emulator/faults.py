@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
+import random
+import threading
+from collections import Counter
 from dataclasses import dataclass
-
-from batchgrader.provider.emulator.state import _StoreBase
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,15 @@ class Fault:
             raise ValueError(f"unknown fault kind {self.kind!r} (one of {', '.join(FAULT_KINDS)})")
 
 
-class FaultsMixin(_StoreBase):
-    """Scripted and seeded faults, chosen per API request."""
+class Faults:
+    """Scripted and seeded faults, chosen per API request, and the count of those injected."""
+
+    def __init__(self, rates: FaultRates, seed: int, lock: threading.RLock) -> None:
+        self.rates = rates
+        self.rng = random.Random(f"faults:{seed}")
+        self.lock = lock
+        self.scripted: list[dict[str, Any]] = []
+        self.injected: Counter[str] = Counter()
 
     def script_fault(self, method: str, path: str, fault: Fault, times: int = 1) -> None:
         with self.lock:
@@ -86,15 +95,15 @@ class FaultsMixin(_StoreBase):
                 s["times"] -= 1
                 if s["times"] <= 0:
                     self.scripted.remove(s)
-                self.faults_injected[s["fault"].kind] += 1
+                self.injected[s["fault"].kind] += 1
                 return [s["fault"]]
             r = self.rates
             if r == FaultRates():
                 return []
             out: list[Fault] = []
-            u_slow = self.fault_rng.random()
-            delay = self.fault_rng.uniform(*r.slow_delay_s)
-            u = self.fault_rng.random()
+            u_slow = self.rng.random()
+            delay = self.rng.uniform(*r.slow_delay_s)
+            u = self.rng.random()
             if u_slow < r.slow:
                 out.append(Fault("delay", seconds=delay))
             cum = 0.0
@@ -110,5 +119,5 @@ class FaultsMixin(_StoreBase):
                     out.append(fault)
                     break
             for f in out:
-                self.faults_injected[f.kind if f.kind != "status" else f"status_{f.status}"] += 1
+                self.injected[f.kind if f.kind != "status" else f"status_{f.status}"] += 1
             return out

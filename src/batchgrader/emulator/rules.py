@@ -68,52 +68,70 @@ def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
 def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
     spec = shipped_spec(str(body.get("model") or ""))
+    for check in (_tier_error, _effort_error, _bounds_error):
+        refused = check(body, spec)
+        if refused is not None:
+            return 400, refused
+    return None
+
+
+def _tier_error(body: Mapping[str, Any], spec: ModelSpec) -> dict[str, Any] | None:
     tier = body.get("service_tier")
     if tier == "flex" and not (spec.provider == "openai" and spec.flex is True):
-        return 400, _openai_error(
+        return _openai_error(
             f"Flex processing is not available for model '{body.get('model')}'. "
             "See the pricing page for the models that support service_tier 'flex'.",
             "service_tier",
             "invalid_value",
         )
     if tier is not None and tier not in ("auto", "default", "flex", "priority"):
-        return 400, _openai_error(
+        return _openai_error(
             f"Invalid value: '{tier}'. Supported values are: 'auto', 'default', 'flex' and 'priority'.",
             "service_tier",
             "invalid_value",
         )
+    return None
+
+
+def _effort_error(body: Mapping[str, Any], spec: ModelSpec) -> dict[str, Any] | None:
     effort = body.get("reasoning_effort")
-    if effort is not None and spec.provider == "openai":
-        if spec.reasoning is None:
-            return 400, _openai_error(
-                "Unsupported parameter: 'reasoning_effort' is not supported with this model.",
-                "reasoning_effort",
-                "unsupported_parameter",
-            )
-        if effort not in spec.reasoning_efforts:
-            supported = ", ".join(f"'{e}'" for e in spec.reasoning_efforts)
-            return 400, _openai_error(
-                f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model. "
-                f"Supported values are: {supported}.",
-                "reasoning_effort",
-                "unsupported_value",
-            )
+    if effort is None or spec.provider != "openai":
+        return None
+    if spec.reasoning is None:
+        return _openai_error(
+            "Unsupported parameter: 'reasoning_effort' is not supported with this model.",
+            "reasoning_effort",
+            "unsupported_parameter",
+        )
+    if effort not in spec.reasoning_efforts:
+        supported = ", ".join(f"'{e}'" for e in spec.reasoning_efforts)
+        return _openai_error(
+            f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model. "
+            f"Supported values are: {supported}.",
+            "reasoning_effort",
+            "unsupported_value",
+        )
+    return None
+
+
+def _bounds_error(body: Mapping[str, Any], spec: ModelSpec) -> dict[str, Any] | None:
+    """``max_tokens`` on a reasoning model, a temperature it refuses, a cap above its output."""
     if "max_tokens" in body and spec.provider == "openai" and spec.reasoning is not None:
-        return 400, _openai_error(
+        return _openai_error(
             "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
             "max_tokens",
             "unsupported_parameter",
         )
     t = body.get("temperature")
-    if isinstance(t, (int, float)) and t != 1 and _temperature_refused(spec, spec.effective_effort(effort)):
-        return 400, _openai_error(
+    if isinstance(t, (int, float)) and t != 1 and _temperature_refused(spec, spec.effective_effort(body.get("reasoning_effort"))):
+        return _openai_error(
             f"Unsupported value: 'temperature' does not support {t:g} with this model. Only the default (1) value is supported.",
             "temperature",
             "unsupported_value",
         )
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     if isinstance(cap, int) and spec.max_output is not None and cap > spec.max_output:
-        return 400, _openai_error(
+        return _openai_error(
             f"max_tokens is too large: {cap}. This model supports at most {spec.max_output} completion tokens, "
             f"whereas you provided {cap}.",
             "max_tokens",

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from batchgrader.provider.emulator.config import SIMULATED_BANNER, EmulatorConfig
-from batchgrader.provider.emulator.faults import Fault
-from batchgrader.provider.emulator.routing import _Handler
-from batchgrader.provider.emulator.store import _Store
+from batchgrader.emulator.config import SIMULATED_BANNER, EmulatorConfig
+from batchgrader.emulator.faults import Fault
+from batchgrader.emulator.routing import _Handler
+from batchgrader.emulator.store import Store
 
 
 class _Server(ThreadingHTTPServer):
@@ -29,7 +29,7 @@ class Emulator:
         if overrides:
             config = dataclasses.replace(config, **overrides)
         self.config = config
-        self.store = _Store(config)
+        self.store = Store(config)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -88,17 +88,17 @@ class Emulator:
         """Calls received for a route template, e.g. ``("POST", "/v1/batches")``,
         ``("GET", "/v1/batches/{id}")`` (faulted calls included)."""
         with self.store.lock:
-            return self.store.requests.get(f"{method.upper()} {route}", 0)
+            return self.store.state.requests.get(f"{method.upper()} {route}", 0)
 
     def batches_created(self) -> int:
         """Batches that exist because a POST /v1/batches took effect (faulted ones included)."""
         with self.store.lock:
-            return self.store.batches_created
+            return self.store.state.batches_created
 
     def files_created(self) -> int:
         """Files uploaded through POST /v1/files that took effect (outputs not counted)."""
         with self.store.lock:
-            return self.store.files_created
+            return self.store.state.files_created
 
     def background_jobs(self) -> int:
         """The emulator's own background jobs (parsing and counting input files, drafting the
@@ -106,29 +106,29 @@ class Emulator:
         return self.store.background_jobs()
 
     def batch(self, batch_id: str) -> dict[str, Any]:
-        return self.store.retrieve_batch(batch_id)
+        return self.store.batches.retrieve_batch(batch_id)
 
     def batches(self) -> list[dict[str, Any]]:
         """Every batch, oldest first, as the API would show it now."""
         with self.store.lock:
-            self.store._advance_all()
-            return [self.store._view(b) for b in sorted(self.store.batches.values(), key=lambda b: b.seq)]
+            self.store.batches.advance_all()
+            return [self.store.batches.view(b) for b in sorted(self.store.state.batches.values(), key=lambda b: b.seq)]
 
     def file_bytes(self, file_id: str) -> bytes:
-        return self.store.file_content(file_id)
+        return self.store.files.file_content(file_id)
 
     def script_fault(self, method: str, path: str, fault: Fault | str, times: int = 1, **kwargs: Any) -> None:
         """Inject ``fault`` into the next ``times`` calls matching ``method`` (or ``*``) and
         ``path`` (a route template such as ``/v1/batches/{id}`` or an fnmatch pattern of the path)."""
         if isinstance(fault, str):
             fault = Fault(fault, **kwargs)
-        self.store.script_fault(method, path, fault, times)
+        self.store.faults.script_fault(method, path, fault, times)
 
     def clear_faults(self) -> None:
-        self.store.clear_faults()
+        self.store.faults.clear_faults()
 
     def expire_batch(self, batch_id: str, completed: int | None = None) -> dict[str, Any]:
-        return self.store.expire_batch(batch_id, completed)
+        return self.store.batches.expire_batch(batch_id, completed)
 
 
 def serve_forever(

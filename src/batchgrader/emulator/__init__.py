@@ -1,4 +1,5 @@
-"""A local, SIMULATED OpenAI Files + Batches API for tests, demos and the sandbox mode.
+"""emulator: a local, SIMULATED OpenAI Files + Batches API (and Azure's, Anthropic's, Gemini's) for
+tests, demos and the sandbox mode (``bgctl emulator``, ``bgctl daemon --sandbox``).
 
 It is a real HTTP server on 127.0.0.1 that the official ``openai`` SDK talks to through
 ``base_url="http://127.0.0.1:PORT/v1"``.  Nothing here contacts OpenAI.
@@ -27,17 +28,23 @@ are answered (other endpoints are accepted, and each request ends in the error f
 requests of a cancelled batch that were never started appear in neither file; line numbers in
 validation errors are 1-based.
 
-The package, by concept: ``config`` (constants, :class:`EmulatorConfig`), ``faults`` (profiles
-and scripted faults), ``lifecycle`` (batches and the clock), ``validation`` (input checks and
-request plans), ``background`` (token counts cached by content, and the worker that parses and
-counts input files off the request path), ``answers`` (answer generation and result files), ``files`` (Files API),
-``persistence`` (``data_dir``), ``state`` and ``store`` (the store built from those parts),
-``routing`` (HTTP) and ``server`` (:class:`Emulator`, :func:`run_emulator`).
+The package, by concept.  One shared :class:`~batchgrader.emulator.state.State` (``state``:
+the lock, clock, configuration, OpenAI files and batches, counters, workers) and one part per
+concern, each given what it uses when ``store`` builds it (no part reaches another through the
+store).  OpenAI and Azure: ``files`` (Files API), ``lifecycle`` (Batches API and the clock),
+``validation`` (input checks and request plans), ``results`` (answers as they are due, result
+files), ``answers`` (chat answers), ``persistence`` (``data_dir``).  Anthropic: ``anthropic``
+(Message Batches).  Gemini: ``gemini`` (Files API, answers) and ``gemini_batches``.  All
+providers: ``sync`` (the synchronous endpoints), ``faults`` (profiles and scripted faults),
+``rules`` (per-request rules from the catalogue), ``prompt_cache``, ``schema_values`` (JSON for
+structured outputs), ``background`` (the token cache and the worker off the request path),
+``config`` (constants, :class:`EmulatorConfig`).  HTTP: ``routes`` (the route table),
+``dialects`` (each API's auth and error bodies), ``routing`` (the request handler), ``upload``
+(bodies to disk); ``server`` (:class:`Emulator`, :func:`run_emulator`).
 """
 
-from batchgrader.provider.emulator.answers import generate_from_schema
-from batchgrader.provider.emulator.common import ApiError
-from batchgrader.provider.emulator.config import (
+from batchgrader.emulator.common import ApiError
+from batchgrader.emulator.config import (
     BATCH_EXPIRED_MESSAGE,
     CHAT_ENDPOINT,
     ENQUEUED_STATUSES,
@@ -52,9 +59,10 @@ from batchgrader.provider.emulator.config import (
     EmulatorConfig,
     token_limit_message,
 )
-from batchgrader.provider.emulator.faults import FAULT_KINDS, FAULT_PROFILES, Fault, FaultRates
-from batchgrader.provider.emulator.lifecycle import ManualClock
-from batchgrader.provider.emulator.server import Emulator, run_emulator, serve_forever
+from batchgrader.emulator.faults import FAULT_KINDS, FAULT_PROFILES, Fault, FaultRates
+from batchgrader.emulator.lifecycle import ManualClock
+from batchgrader.emulator.schema_values import generate_from_schema
+from batchgrader.emulator.server import Emulator, run_emulator, serve_forever
 
 __all__ = [
     "token_limit_message",

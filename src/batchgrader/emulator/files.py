@@ -1,24 +1,34 @@
-"""The Files API: upload, list, retrieve, delete, content."""
+"""The OpenAI (and Azure OpenAI) Files API: upload, list, retrieve, delete, content."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchgrader.emulator.common import ApiError, _now_int, int_param, page
+from batchgrader.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES, EmulatorConfig
+from batchgrader.emulator.persistence import Persistence
+from batchgrader.emulator.state import State, _File
+from batchgrader.emulator.upload import FileBody
 from batchgrader.fsio import atomic_write
-from batchgrader.provider.emulator.common import ApiError, _now_int
-from batchgrader.provider.emulator.config import THIRTY_DAYS, UPLOAD_PURPOSES
-from batchgrader.provider.emulator.state import _File, _StoreBase
-from batchgrader.provider.emulator.upload import FileBody
 
 #: Azure OpenAI's shortest ``expires_after`` for batch files: 14 days (learn.microsoft.com batch how-to)
 AZURE_MIN_EXPIRY_S = 14 * 86_400
 
 
-class FilesMixin(_StoreBase):
-    """Files, and the list paging the Batches API shares."""
+class Files:
+    """The OpenAI (and Azure) Files API over the shared state: upload, list, retrieve, delete,
+    content; and the files a finished batch writes (``add_file``).  ``advance`` brings every
+    batch up to the clock before a read (the lifecycle's ``Batches.advance_all``), so that a
+    batch's result files exist when its end is due."""
+
+    def __init__(self, state: State, persist: Persistence, advance: Callable[[], None]) -> None:
+        self.state = state
+        self.persist = persist
+        self.advance = advance
 
     def create_file(
         self,
@@ -44,10 +54,11 @@ class FilesMixin(_StoreBase):
             if not filename.endswith(".jsonl"):
                 raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file", code=None)
             size = data.stat().st_size if isinstance(data, Path) else len(data)
-            if size > self.cfg.max_batch_file_bytes:
+            if size > self.state.cfg.max_batch_file_bytes:
                 raise ApiError(400, "File is too large.", param="file", code=None)
-        with self.lock:
-            now = self.clock()
+        st = self.state
+        with st.lock:
+            now = st.clock()
             created = _now_int(now)
             seconds = expires_after.get("seconds")
             expires_at: int | None = None
@@ -74,14 +85,14 @@ class FilesMixin(_StoreBase):
                 self._azure_file_cap()
             elif purpose == "batch":
                 expires_at = created + THIRTY_DAYS
-            f = self._add_file(filename, data, purpose, created, expires_at)
-            self.files_created += 1
+            f = self.add_file(filename, data, purpose, created, expires_at)
+            self.state.files_created += 1
             return dict(f.obj)
 
     def _azure_file_cap(self) -> None:
-        cap = self.cfg.azure_files_without_expiry
+        cap = self.state.cfg.azure_files_without_expiry
         live = sum(
-            1 for f in self.files.values() if not f.deleted and f.obj["purpose"] == "batch" and f.obj["expires_at"] is None
+            1 for f in self.state.files.values() if not f.deleted and f.obj["purpose"] == "batch" and f.obj["expires_at"] is None
         )
         if live >= cap:
             raise ApiError(
@@ -92,19 +103,12 @@ class FilesMixin(_StoreBase):
                 code="quota_exceeded",
             )
 
-    def _blob_dir(self, kind: str) -> Path:
-        """Where files' bytes (``files``) and batches' inputs (``batches``) are kept: in
-        ``data_dir`` (kept across restarts), else in this process's scratch folder."""
-        d = (self.data_dir or self.scratch) / kind
-        d.mkdir(parents=True, exist_ok=True)
-        return d
-
-    def _add_file(
+    def add_file(
         self, filename: str, data: bytes | memoryview | Path, purpose: str, created: int, expires_at: int | None
     ) -> _File:
         """A new file of ``data``: bytes, or a finished file of this process (moved into place)."""
         fid = "file-" + uuid.uuid4().hex[:24]
-        path = self._blob_dir("files") / f"{fid}.data"
+        path = self.state.blob_dir("files") / f"{fid}.data"
         if isinstance(data, Path):
             shutil.move(data, path)  # a rename: received in this folder (routing._Handler._receive)
         else:
@@ -121,88 +125,57 @@ class FilesMixin(_StoreBase):
             "expires_at": expires_at,
             "status_details": None,
         }
-        f = _File(obj, self._next_seq(), path)
-        self.files[fid] = f
-        self._save_file(f)
+        f = _File(obj, self.state.next_seq(), path)
+        self.state.files[fid] = f
+        self.persist.save_file(f)
         return f
 
-    def _get_file(self, file_id: str) -> _File:
-        f = self.files.get(file_id)
+    def get(self, file_id: str) -> _File:
+        f = self.state.files.get(file_id)
         if f is None or f.deleted:
             raise ApiError(404, f"No such File object: {file_id}", param="id")
         return f
 
     def retrieve_file(self, file_id: str) -> dict[str, Any]:
-        with self.lock:
-            self._advance_all()
-            return dict(self._get_file(file_id).obj)
+        with self.state.lock:
+            self.advance()
+            return dict(self.get(file_id).obj)
 
     def file_content(self, file_id: str) -> bytes:
-        with self.lock:
-            self._advance_all()
-            return self._get_file(file_id).content()
+        with self.state.lock:
+            self.advance()
+            return self.get(file_id).content()
 
     def file_body(self, file_id: str) -> FileBody:
         """A file's content, to be sent as it is read (opened now: a delete meanwhile does not cut it)."""
-        with self.lock:
-            self._advance_all()
-            return FileBody.open(self._get_file(file_id).path)
+        with self.state.lock:
+            self.advance()
+            return FileBody.open(self.get(file_id).path)
 
     def delete_file(self, file_id: str) -> dict[str, Any]:
-        with self.lock:
-            f = self._get_file(file_id)
+        with self.state.lock:
+            f = self.get(file_id)
             f.deleted = True
-            self._save_file(f)
+            self.persist.save_file(f)
             if f.path is not None:
                 f.path.unlink(missing_ok=True)  # a batch that read it keeps its own link
             f.path = None
             return {"id": file_id, "object": "file", "deleted": True}
 
     def list_files(self, query: dict[str, str]) -> dict[str, Any]:
-        limit = self._int_param(query, "limit", 10_000, 1, 10_000)
+        limit = int_param(query, "limit", 10_000, 1, 10_000)
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise ApiError(400, "Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
-        with self.lock:
-            self._advance_all()
-            items = [f for f in self.files.values() if not f.deleted]
+        with self.state.lock:
+            self.advance()
+            items = [f for f in self.state.files.values() if not f.deleted]
             if query.get("purpose"):
                 items = [f for f in items if f.obj["purpose"] == query["purpose"]]
             items.sort(key=lambda f: f.seq, reverse=(order == "desc"))
-            return self._page([f.obj for f in items], self._cursor(query), limit)
+            return page([f.obj for f in items], cursor(self.state.cfg, query), limit)
 
-    # --- batches ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _int_param(query: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
-        raw = query.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            v = int(raw)
-        except ValueError:
-            raise ApiError(400, f"Invalid type for '{name}': expected an integer.", param=name, code="invalid_type") from None
-        if not lo <= v <= hi:
-            raise ApiError(
-                400, f"Invalid '{name}': integer must be between {lo} and {hi}.", param=name, code="integer_out_of_range"
-            )
-        return v
-
-    def _cursor(self, query: dict[str, str]) -> str | None:
-        """The ``after`` cursor, unless this emulated provider ignores it (``ignore_after_cursor``)."""
-        return None if self.cfg.ignore_after_cursor else query.get("after")
-
-    @staticmethod
-    def _page(objs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-        start = 0
-        if after:
-            ids = [o["id"] for o in objs]
-            start = ids.index(after) + 1 if after in ids else len(objs)
-        data = [dict(o) for o in objs[start : start + limit]]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": start + limit < len(objs),
-        }
+def cursor(cfg: EmulatorConfig, query: dict[str, str]) -> str | None:
+    """The ``after`` cursor, unless this emulated provider ignores it (``ignore_after_cursor``)."""
+    return None if cfg.ignore_after_cursor else query.get("after")

@@ -10,14 +10,18 @@ import threading
 import uuid
 from typing import Any
 
-from batchgrader.provider.emulator.common import ApiError, _now_int
-from batchgrader.provider.emulator.config import (
+from batchgrader.emulator.common import ApiError, _now_int, int_param, page
+from batchgrader.emulator.config import (
     AZURE_CHAT_ENDPOINT,
     EXPIRE_AFTER_METADATA_KEY,
     TERMINAL_STATUSES,
     VALID_ENDPOINTS,
 )
-from batchgrader.provider.emulator.state import _Batch, _empty_usage, _StoreBase
+from batchgrader.emulator.files import cursor
+from batchgrader.emulator.persistence import Persistence
+from batchgrader.emulator.results import Results
+from batchgrader.emulator.state import State, _Batch, _empty_usage
+from batchgrader.emulator.validation import Validation
 
 
 class ManualClock:
@@ -45,8 +49,15 @@ class ManualClock:
             self._t = float(t)
 
 
-class BatchesMixin(_StoreBase):
-    """Batches and their transitions."""
+class Batches:
+    """The OpenAI (and Azure) Batches API over the shared state: create, retrieve, list,
+    cancel, expire; and every batch's transitions on the clock (``advance_all``)."""
+
+    def __init__(self, state: State, persist: Persistence, validation: Validation, results: Results) -> None:
+        self.state = state
+        self.persist = persist
+        self.validation = validation
+        self.results = results
 
     def create_batch(self, body: Any, azure: bool = False) -> dict[str, Any]:
         """Create a batch; ``azure``: through Azure OpenAI's routes, which also take the
@@ -70,48 +81,10 @@ class BatchesMixin(_StoreBase):
             )
         metadata = body.get("metadata")
         if metadata is not None:
-            if not isinstance(metadata, dict):
-                raise ApiError(
-                    400,
-                    f"Invalid type for 'metadata': expected an object, but got {type(metadata).__name__} instead.",
-                    param="metadata",
-                    code="invalid_type",
-                )
-            if len(metadata) > 16:
-                raise ApiError(
-                    400,
-                    f"Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {len(metadata)} properties instead.",
-                    param="metadata",
-                    code="object_above_max_properties",
-                )
-            for k, v in metadata.items():
-                if len(k) > 64:
-                    raise ApiError(
-                        400,
-                        f"Invalid 'metadata': key '{k[:20]}…' is longer than 64 characters.",
-                        param="metadata",
-                        code="invalid_value",
-                    )
-                if not isinstance(v, str):
-                    kind = {list: "an array", dict: "an object", int: "an integer", float: "a number", bool: "a boolean"}.get(
-                        type(v), type(v).__name__
-                    )
-                    raise ApiError(
-                        400,
-                        f"Invalid type for 'metadata.{k}': expected a string, but got {kind} instead.",
-                        param=f"metadata.{k}",
-                        code="invalid_type",
-                    )
-                if len(v) > 512:
-                    raise ApiError(
-                        400,
-                        f"Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512, but got a string with length {len(v)} instead.",
-                        param=f"metadata.{k}",
-                        code="string_above_max_length",
-                    )
-        with self.lock:
-            self._advance_all()
-            now = self.clock()
+            _check_metadata(metadata)
+        with self.state.lock:
+            self.advance_all()
+            now = self.state.clock()
             created = _now_int(now)
             bid = "batch_" + uuid.uuid4().hex
             obj: dict[str, Any] = {
@@ -127,7 +100,7 @@ class BatchesMixin(_StoreBase):
                 "error_file_id": None,
                 "created_at": created,
                 "in_progress_at": None,
-                "expires_at": created + int(math.ceil(self.cfg.completion_window_s)),
+                "expires_at": created + int(math.ceil(self.state.cfg.completion_window_s)),
                 "finalizing_at": None,
                 "completed_at": None,
                 "failed_at": None,
@@ -138,113 +111,113 @@ class BatchesMixin(_StoreBase):
                 "metadata": dict(metadata) if metadata is not None else None,
                 "usage": _empty_usage(),
             }
-            b = _Batch(obj, self._next_seq(), now, now + self.cfg.completion_window_s, azure=azure)
+            b = _Batch(obj, self.state.next_seq(), now, now + self.state.cfg.completion_window_s, azure=azure)
             if metadata and EXPIRE_AFTER_METADATA_KEY in metadata:
                 try:
                     b.forced_expire_after = max(0, int(metadata[EXPIRE_AFTER_METADATA_KEY]))
                 except ValueError:
                     pass
-            self.batches[bid] = b
-            self.batches_created += 1
-            self._start_validation(b)
-            self._save_batch(b)
+            self.state.batches[bid] = b
+            self.state.batches_created += 1
+            self.validation.start(b)
+            self.persist.save_batch(b)
             return json.loads(json.dumps(obj))
 
-    def _get_batch(self, batch_id: str) -> _Batch:
-        b = self.batches.get(batch_id)
+    def get(self, batch_id: str) -> _Batch:
+        b = self.state.batches.get(batch_id)
         if b is None:
             raise ApiError(404, f"No batch found with id '{batch_id}'.", param=None)
         return b
 
     def retrieve_batch(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            self._advance_all()
-            b = self._get_batch(batch_id)
-            return self._view(b)
+        with self.state.lock:
+            self.advance_all()
+            b = self.get(batch_id)
+            return self.view(b)
 
     def list_batches(self, query: dict[str, str]) -> dict[str, Any]:
-        limit = self._int_param(query, "limit", 20, 1, 100)
-        with self.lock:
-            self._advance_all()
-            items = sorted(self.batches.values(), key=lambda b: b.seq, reverse=True)
-            return self._page([self._view(b) for b in items], self._cursor(query), limit)
+        limit = int_param(query, "limit", 20, 1, 100)
+        with self.state.lock:
+            self.advance_all()
+            items = sorted(self.state.batches.values(), key=lambda b: b.seq, reverse=True)
+            return page([self.view(b) for b in items], cursor(self.state.cfg, query), limit)
 
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
-        with self.lock:
-            self._advance_all()
-            b = self._get_batch(batch_id)
-            now = self.clock()
+        with self.state.lock:
+            self.advance_all()
+            b = self.get(batch_id)
+            now = self.state.clock()
             s = b.status
             if s in ("completed", "failed", "expired"):
                 raise ApiError(409, f"Cannot cancel a batch with status '{s}'.", param=None)
             if s in ("cancelling", "cancelled"):
-                return self._view(b)
+                return self.view(b)
             if s == "validating":
                 b.stop_count = 0
                 b.checking = None  # its background validation's result is not needed
             elif s == "in_progress":
-                b.stop_count = self._processed(b, now)
+                b.stop_count = self.processed(b, now)
             else:  # finalizing: all requests ran
                 b.stop_count = b.n
-            ok, bad = self._split_counts(b, b.stop_count)
+            ok, bad = self.split_counts(b, b.stop_count)
             b.obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
             b.t_cancelling = now
             b.obj["status"] = "cancelling"
             b.obj["cancelling_at"] = _now_int(now)
-            self._save_batch(b)
-            return self._view(b)
+            self.persist.save_batch(b)
+            return self.view(b)
 
     def expire_batch(self, batch_id: str, completed: int | None = None) -> dict[str, Any]:
         """Force an in-progress batch to expire now; ``completed`` requests (default: as many as
         the clock says were processed) get answers, the rest ``batch_expired`` errors."""
-        with self.lock:
-            self._advance_all()
-            b = self._get_batch(batch_id)
-            now = self.clock()
+        with self.state.lock:
+            self.advance_all()
+            b = self.get(batch_id)
+            now = self.state.clock()
             if b.status == "validating":
-                self._apply(b, "validate", now)
+                self.apply(b, "validate", now)
             if b.status != "in_progress":
                 raise ApiError(409, f"Cannot expire a batch with status '{b.status}'.", param=None)
-            count = self._processed(b, now) if completed is None else max(0, min(int(completed), b.n))
+            count = self.processed(b, now) if completed is None else max(0, min(int(completed), b.n))
             b.stop_count = count
-            self._apply(b, "expire", now)
-            return self._view(b)
+            self.apply(b, "expire", now)
+            return self.view(b)
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def _view(self, b: _Batch) -> dict[str, Any]:
+    def view(self, b: _Batch) -> dict[str, Any]:
         obj = json.loads(json.dumps(b.obj))
         if b.status == "in_progress":
-            now = self.clock()
-            done = self._processed(b, now)
-            self._answer_upto(b, done, now, drafted_only=True)
-            ok, bad = self._split_counts(b, done)
+            now = self.state.clock()
+            done = self.processed(b, now)
+            self.results.answer_upto(b, done, now, drafted_only=True)
+            ok, bad = self.split_counts(b, done)
             obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
-        if self.cfg.drop_metadata:
+        if self.state.cfg.drop_metadata:
             obj["metadata"] = None  # a provider that does not keep metadata
         return obj
 
-    def _split_counts(self, b: _Batch, done: int) -> tuple[int, int]:
-        bad = self._ensure_plan(b).bad_upto(done)
+    def split_counts(self, b: _Batch, done: int) -> tuple[int, int]:
+        bad = self.validation.ensure_plan(b).bad_upto(done)
         return done - bad, bad
 
-    def _processed(self, b: _Batch, t: float) -> int:
+    def processed(self, b: _Batch, t: float) -> int:
         if b.t_in_progress is None:
             return 0
         n = b.n
-        if self.cfg.in_progress_s <= 0:
+        if self.state.cfg.in_progress_s <= 0:
             done = n
         else:
-            done = min(n, max(0, int(n * (t - b.t_in_progress) / self.cfg.in_progress_s + 1e-6)))  # epsilon: float clocks
+            done = min(n, max(0, int(n * (t - b.t_in_progress) / self.state.cfg.in_progress_s + 1e-6)))  # epsilon: float clocks
         if b.forced_expire_after is not None:
             done = min(done, b.forced_expire_after)
         return done
 
     def _next_event(self, b: _Batch) -> tuple[float, int, str] | None:
         s = b.status
-        cfg = self.cfg
+        cfg = self.state.cfg
         if s == "validating":
-            ready, t = self._validation_ready(b)
+            ready, t = self.validation.ready(b)
             return (t, 1, "validate") if ready else None
         if s == "in_progress":
             assert b.t_in_progress is not None
@@ -265,11 +238,11 @@ class BatchesMixin(_StoreBase):
             return (b.t_cancelling + cfg.cancelling_s, 1, "cancelled")
         return None
 
-    def _advance_all(self) -> None:
-        now = self.clock()
+    def advance_all(self) -> None:
+        now = self.state.clock()
         while True:
             best: tuple[float, int, int, str, _Batch] | None = None
-            for b in self.batches.values():
+            for b in self.state.batches.values():
                 if b.status in TERMINAL_STATUSES:
                     continue
                 ev = self._next_event(b)
@@ -280,13 +253,13 @@ class BatchesMixin(_StoreBase):
                     best = key
             if best is None:
                 return
-            self._apply(best[4], best[3], best[0])
+            self.apply(best[4], best[3], best[0])
 
-    def _apply(self, b: _Batch, event: str, t: float) -> None:
+    def apply(self, b: _Batch, event: str, t: float) -> None:
         ts = _now_int(t)
         obj = b.obj
         if event == "validate":
-            errors = self._validate(b)
+            errors = self.validation.validate(b)
             if errors:
                 obj["status"] = "failed"
                 obj["failed_at"] = ts
@@ -299,31 +272,75 @@ class BatchesMixin(_StoreBase):
                 # the batch's requests run from the configured end of validating: this process's
                 # parse-and-count (background work, on the real clock) does not lengthen the
                 # batch beyond its configured phase times, as a real provider's servers would not
-                b.t_in_progress = min(t, b.t_created + self.cfg.validating_s)
-                self._start_answers(b)
+                b.t_in_progress = min(t, b.t_created + self.state.cfg.validating_s)
+                self.results.start(b)
         elif event == "finalize":
             obj["status"] = "finalizing"
             obj["finalizing_at"] = ts
             b.t_finalizing = t
-            self._answer_upto(b, b.n, t)
-            ok, bad = self._split_counts(b, b.n)
+            self.results.answer_upto(b, b.n, t)
+            ok, bad = self.split_counts(b, b.n)
             obj["request_counts"] = {"total": b.n, "completed": ok, "failed": bad}
         elif event == "complete":
-            self._write_results(b, b.n, t, expired=False)
+            self.results.write(b, b.n, t, expired=False)
             obj["status"] = "completed"
             obj["completed_at"] = ts
         elif event == "expire":
             if b.stop_count is None:
                 b.stop_count = (
-                    b.forced_expire_after if (b.forced_expire_after is not None and t < b.t_deadline) else self._processed(b, t)
+                    b.forced_expire_after if (b.forced_expire_after is not None and t < b.t_deadline) else self.processed(b, t)
                 )
-            self._write_results(b, b.stop_count, t, expired=True)
+            self.results.write(b, b.stop_count, t, expired=True)
             obj["status"] = "expired"
             obj["expired_at"] = ts
         elif event == "cancelled":
-            self._write_results(b, b.stop_count or 0, t, expired=False)
+            self.results.write(b, b.stop_count or 0, t, expired=False)
             obj["status"] = "cancelled"
             obj["cancelled_at"] = ts
         else:  # pragma: no cover
             raise AssertionError(event)
-        self._save_batch(b)
+        self.persist.save_batch(b)
+
+
+def _check_metadata(metadata: Any) -> None:
+    """A batch's ``metadata`` as the API checks it: an object of at most 16 string values,
+    keys of at most 64 characters, values of at most 512."""
+    if not isinstance(metadata, dict):
+        raise ApiError(
+            400,
+            f"Invalid type for 'metadata': expected an object, but got {type(metadata).__name__} instead.",
+            param="metadata",
+            code="invalid_type",
+        )
+    if len(metadata) > 16:
+        raise ApiError(
+            400,
+            f"Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with {len(metadata)} properties instead.",
+            param="metadata",
+            code="object_above_max_properties",
+        )
+    for k, v in metadata.items():
+        if len(k) > 64:
+            raise ApiError(
+                400,
+                f"Invalid 'metadata': key '{k[:20]}…' is longer than 64 characters.",
+                param="metadata",
+                code="invalid_value",
+            )
+        if not isinstance(v, str):
+            kind = {list: "an array", dict: "an object", int: "an integer", float: "a number", bool: "a boolean"}.get(
+                type(v), type(v).__name__
+            )
+            raise ApiError(
+                400,
+                f"Invalid type for 'metadata.{k}': expected a string, but got {kind} instead.",
+                param=f"metadata.{k}",
+                code="invalid_type",
+            )
+        if len(v) > 512:
+            raise ApiError(
+                400,
+                f"Invalid 'metadata.{k}': string too long. Expected a string with maximum length 512, but got a string with length {len(v)} instead.",
+                param=f"metadata.{k}",
+                code="string_above_max_length",
+            )

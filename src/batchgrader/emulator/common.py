@@ -49,3 +49,36 @@ def _error_body(message: str, type_: str, param: str | None, code: str | None) -
 
 def _server_error_body() -> dict[str, Any]:
     return _error_body("The server had an error while processing your request. Sorry about that!", "server_error", None, None)
+
+
+# --- list paging (the OpenAI Files and Batches APIs; Anthropic's and Gemini's page sizes) ------
+
+
+def int_param(query: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """An integer query parameter between ``lo`` and ``hi``, refused as the OpenAI API refuses it."""
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ApiError(400, f"Invalid type for '{name}': expected an integer.", param=name, code="invalid_type") from None
+    if not lo <= v <= hi:
+        raise ApiError(400, f"Invalid '{name}': integer must be between {lo} and {hi}.", param=name, code="integer_out_of_range")
+    return v
+
+
+def page(objs: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    """An OpenAI list page: up to ``limit`` objects after the one with id ``after``."""
+    start = 0
+    if after:
+        ids = [o["id"] for o in objs]
+        start = ids.index(after) + 1 if after in ids else len(objs)
+    data = [dict(o) for o in objs[start : start + limit]]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(objs),
+    }
