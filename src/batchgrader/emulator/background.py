@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from batchgrader.core.heap import trim_heap
 from batchgrader.emulator.answers import _counter_for
 
 #: Entries kept in the token cache before its oldest half is dropped.
@@ -112,7 +113,7 @@ class Worker:
             with self._lock:
                 if not self._jobs:
                     self._thread = None
-                    return
+                    break
                 job, pending = self._jobs.popleft()
                 self._running += 1
             result: Any = None
@@ -124,6 +125,7 @@ class Worker:
             with self._lock:
                 self._running -= 1
             pending.finish(result, error, self._clock())
+        trim_heap()  # nothing queued: what the jobs (a batch's validation, its answers) freed goes back
 
     def jobs(self) -> int:
         """Jobs queued or running."""
