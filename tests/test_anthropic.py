@@ -310,6 +310,31 @@ def test_create_outcome_unknown_then_reconciled_by_the_matching_rule(tmp_path) -
         assert emu.batches_created() == 2
 
 
+def test_after_a_restart_a_running_batch_of_another_chunk_is_not_waited_for(tmp_path) -> None:  # noqa: ANN001
+    """A create whose reply was lost, in a job whose other chunk's batch (same request count)
+    still runs: a fresh process knows that batch from the note beside its chunk file, so it
+    answers at once (here: not created, send it again) instead of waiting for the batch to end."""
+    from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
+
+    clock = ManualClock(start=float(int(time.time())))
+    cfg = EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=3600, finalizing_s=1)
+    with Emulator(cfg) as emu:
+        sender = AnthropicBatchProvider(KEY, emu.root_url, timeout=10, max_retries=0)
+        ids = {}
+        for n in (0, 1):
+            path = tmp_path / f"chunk-{n}.jsonl"
+            path.write_bytes(b"".join(json.dumps(chat_line(f"job-{n}-{i}", "x", model=MODEL)).encode() + b"\n" for i in range(3)))
+            ids[n] = sender.upload(path, path.name).id
+        running = sender.create_batch(ids[0])
+        emu.script_fault("POST", "/v1/messages/batches", Fault("drop_before"))
+        with pytest.raises(OutcomeUnknown):
+            sender.create_batch(ids[1])
+        after_restart = AnthropicBatchProvider(KEY, emu.root_url, timeout=10, max_retries=0)
+        assert after_restart.find_batches(ids[1]) == []  # chunk 0's batch is known, and still runs
+        (again,) = after_restart.find_batches(ids[0])
+        assert again.id == running.id and emu.batches_created() == 1
+
+
 def test_a_refused_create_carries_anthropics_error_type(emu: Emulator, provider: AnthropicProvider) -> None:
     emu.script_fault("POST", "/v1/messages/batches", Fault("status", status=429, retry_after=1))
     with pytest.raises(ProviderRejected) as rj:

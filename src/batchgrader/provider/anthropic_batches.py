@@ -10,7 +10,10 @@ Message Batches, so the daemon runs an Anthropic job exactly like an OpenAI one.
   batches created since the chunk file was written that hold exactly its request count, and
   whose results, once they exist, name exactly its custom_ids.  A candidate still running
   raises :class:`ProviderUnavailable` (the outcome stays unknown; the engine asks again later),
-  because adopting or re-sending on a guess could pay twice or mix chunks up.
+  because adopting or re-sending on a guess could pay twice or mix chunks up.  Batches known to
+  belong to other chunk files are not candidates: the ones this process created, and those noted
+  beside the chunk files of the same folder (``<chunk file>.anthropic-batch``, written when a
+  create is answered), so that after a restart the job's other running batches are not waited for.
 * ``retrieve`` / ``cancel`` / ``list_batches`` give :class:`BatchInfo` in the job model's
   statuses; an ended batch's ``output_file_id`` is ``anthropic-results:<batch id>``, and
   ``download`` writes its results as OpenAI-shaped lines (atomically).
@@ -48,6 +51,12 @@ from batchgrader.provider.openai_api import (
 LOCAL_PREFIX = "anthropic-local:"
 RESULTS_PREFIX = "anthropic-results:"
 CLOCK_SKEW_S = 60
+#: beside a chunk file, the id of the batch created for it (written once the create is answered)
+BATCH_NOTE_SUFFIX = ".anthropic-batch"
+
+
+def _batch_note(path: Path) -> Path:
+    return path.with_name(path.name + BATCH_NOTE_SUFFIX)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -142,10 +151,25 @@ class AnthropicBatchProvider:
         completion_window: str = "24h",
         metadata: Any = None,
     ) -> BatchInfo:
-        requests = [to_anthropic_request(line) for line in _lines(self._path(input_file_id))]
+        path = self._path(input_file_id)
+        requests = [to_anthropic_request(line) for line in _lines(path)]
         b = self.api.create(requests)
         self._inputs[b.id] = input_file_id
+        atomic_write_bytes(_batch_note(path), b.id.encode())  # for find_batches after a restart
         return _info(b, input_file_id)
+
+    def _learn_siblings(self, path: Path) -> None:
+        """The batches created for the chunk files beside ``path`` (their notes), so that a
+        process that has just started does not take a running batch of another chunk of the
+        job for a candidate of this one and wait for it to end."""
+        for note in path.parent.glob("*" + BATCH_NOTE_SUFFIX):
+            try:
+                batch_id = note.read_text(encoding="utf-8").strip()
+            except OSError:
+                continue
+            source = note.with_name(note.name[: -len(BATCH_NOTE_SUFFIX)])
+            if batch_id and batch_id not in self._inputs:
+                self._inputs[batch_id] = LOCAL_PREFIX + str(source)
 
     def find_batches(
         self, input_file_id: str | None = None, metadata: Any = None, created_after: int | None = None
@@ -155,6 +179,7 @@ class AnthropicBatchProvider:
         path = self._path(input_file_id)
         lines = _lines(path)
         wanted = {str(line["custom_id"]) for line in lines}
+        self._learn_siblings(path)
         since = int(path.stat().st_mtime) - CLOCK_SKEW_S
         if created_after is not None:
             since = max(since, created_after - CLOCK_SKEW_S)
