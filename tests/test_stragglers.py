@@ -300,3 +300,28 @@ def test_a_duplicate_row_takes_its_leaders_synchronous_answer_and_is_not_sent(ho
         assert rows["1"]["grade"] == rows["0"]["grade"] and all(r["error"] == "" for r in rows.values())
     finally:
         rig.close()
+
+
+def test_a_chunk_still_unsent_when_the_deadline_nears_goes_synchronously_without_a_batch(home):
+    """Two chunks and room for one batch: the second is still waiting when the deadline comes
+    within the synchronous route's time for its rows. A batch created then would only be
+    cancelled as a straggler; its rows go online at once instead, and only one batch is created."""
+    rig = rig_with_deadline(home, extra="max_simultaneous_batches: 1\nmax_requests_per_batch: 3\n")
+    try:
+        job = rig.drop(6)
+        due = float(job.deadline_at or 0.0)
+        rig.tick()
+        first, second = sorted(rig.job().chunks.values(), key=lambda c: c.index)
+        assert first.in_flight and not second.in_flight and second.upload == "none"
+        tick_to(rig, due - MIN_MARGIN_SECONDS)
+        (routed,) = rig.events("ChunkRouted")
+        assert routed["chunk"] == second.index and routed["route"] == "online" and "not sent yet" in routed["reason"]
+        rig.provider.finish(first.batch_id or "", "cancelled", answered=1)  # the running one: a straggler
+        run_until_ended(rig)
+        assert rig.job().ended == "completed" and rig.job().succeeded_rows == 6
+        assert rig.calls("create_batch") == 1  # the unsent chunk never became a batch
+        sent = [cid for cid, _ in rig.provider.complete_times]
+        assert len(sent) == len(set(sent)) == 5  # its 3 rows and the straggler's 2 unanswered, each once
+        assert sorted(r["answered_by"] for r in rig.result_rows()) == ["batch"] + ["online"] * 5
+    finally:
+        rig.close()

@@ -307,7 +307,7 @@ def route_line(route: dict[str, Any] | None) -> str | None:
         if route["rows"][name] or route["cost_usd"][name]
     ]
     extra = [f"resent after a crash: {route['resent_after_crash']}"] if route.get("resent_after_crash") else []
-    if route.get("stragglers"):
+    if route.get("stragglers") or route.get("straggler_rows"):
         extra.append(
             f"{route['stragglers']} batch(es) cancelled as the deadline neared, "
             f"{count(route.get('straggler_rows') or 0)} rows sent synchronously"

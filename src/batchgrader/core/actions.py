@@ -264,6 +264,19 @@ class PlanStragglers(Action):
 
 
 @dataclass(frozen=True)
+class RouteChunk(Action):
+    """A chunk never sent whose batch could no longer end before the deadline: its rows go
+    through the synchronous route (``ChunkRouted``), as a straggler's do, never in a batch."""
+
+    chunk: int
+    deadline_at: float
+    margin: float
+    reason: str
+    stage: ClassVar[int] = 7
+    ends_step: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
 class SendStragglers(Action):
     """Send a straggler chunk's rows through the synchronous route (``OnlineRequestSent`` ...);
     once every row has its outcome, the chunk completes (``ChunkCompleted``)."""

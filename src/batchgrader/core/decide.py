@@ -59,7 +59,7 @@ from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_com
 from batchgrader.core.route_rules import online_waits, sync_route
 from batchgrader.core.routes import SYNC_ROUTES
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
-from batchgrader.core.stragglers import past_cutoff, straggler_actions, straggler_cancels
+from batchgrader.core.stragglers import past_cutoff, pending, straggler_actions, straggler_cancels, unsent_routes
 
 FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
 #: Row codes never resubmitted automatically; `bgctl retry` still sends them.  Sending them again
@@ -156,21 +156,6 @@ def unstarted(c: ChunkState) -> bool:
         and not c.in_flight
         and not c.open_intent
         and (refused or not (c.create == "done" and c.status in TERMINAL_BATCH))
-    )
-
-
-def pending(c: ChunkState) -> bool:
-    """Waiting to be sent: never sent, or refused for the token limit and to be sent again (not
-    a straggler's rows, which go through the synchronous route)."""
-    return (
-        c.route is None
-        and not c.done
-        and not c.in_flight
-        and not c.open_intent
-        and (
-            not (c.create == "done" and c.status in TERMINAL_BATCH)
-            or (c.failure is not None and bool(c.failure.get("retryable")))
-        )
     )
 
 
@@ -330,8 +315,11 @@ def decide_job(
             if unstarted(c) or waiting_to_resend(c)
         ]
     else:
+        routed = unsent_routes(job, config, now)  # a chunk never sent that a batch could not finish in time
+        out += routed
         out += straggler_actions(job, now, timers)  # a cancelled straggler's rows, synchronously
-        out += _submit(state, job, config, now, timers, step, queue_url)
+        if not routed:
+            out += _submit(state, job, config, now, timers, step, queue_url)
     return out + _when_chunks_are_done(state, job, chunks, config, now, timers)
 
 

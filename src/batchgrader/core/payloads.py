@@ -29,6 +29,7 @@ from batchgrader.core.payloads_chunks import BatchStatusChanged as BatchStatusCh
 from batchgrader.core.payloads_chunks import ChunkCompleted as ChunkCompleted
 from batchgrader.core.payloads_chunks import ChunkFailed as ChunkFailed
 from batchgrader.core.payloads_chunks import ChunkReplanned as ChunkReplanned
+from batchgrader.core.payloads_chunks import ChunkRouted as ChunkRouted
 from batchgrader.core.payloads_chunks import DuplicateBatchesChecked as DuplicateBatchesChecked
 from batchgrader.core.payloads_chunks import FailedRow as FailedRow
 from batchgrader.core.payloads_chunks import FileUploaded as FileUploaded

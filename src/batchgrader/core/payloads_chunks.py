@@ -454,6 +454,25 @@ class StragglerCancelRequested(TypedDict):
 
 @event(
     1,
+    "stragglers",
+    {
+        "chunk": "chunk index: a chunk never sent in a batch",
+        "route": "flex or online: the synchronous route its rows take instead",
+        "deadline_at": "when the job is due (epoch seconds)",
+        "margin_seconds": "the synchronous route's time for the chunk's rows (300 s to 3600 s)",
+        "reason": "why, in words (in the daemon's log and `bgctl events`)",
+    },
+)
+class ChunkRouted(TypedDict):
+    chunk: int
+    route: str
+    deadline_at: float
+    margin_seconds: float
+    reason: str
+
+
+@event(
+    1,
     "schedule",
     {
         "base_url": "whose queue the limit applies to: the OpenAI base URL, the Azure resource endpoint, the provider id of Anthropic and Gemini (`anthropic:<url>`, `gemini:<url>`), or in the sandbox `sandbox` (OpenAI) and `sandbox:<provider>`: never a real provider's",

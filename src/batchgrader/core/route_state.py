@@ -126,7 +126,11 @@ def route_summary(job: Any) -> dict[str, Any]:
 def shown_route(job: Any) -> bool:
     """Whether a job's rows did not all travel by batch (a synchronous route, a straggler or a
     preflight answered some): ``bgctl status`` then shows its :func:`route_summary`."""
-    return job.online.route not in (None, "batch") or bool(job.preflight_answers) or any(c.straggler for c in job.chunks.values())
+    return (
+        job.online.route not in (None, "batch")
+        or bool(job.preflight_answers)
+        or any(c.straggler or c.route for c in job.chunks.values())
+    )
 
 
 def answered_in_job(job: Any) -> int:
@@ -142,6 +146,10 @@ def _straggler_cancel(s: Any, job: Any, p: P.StragglerCancelRequested, e: Any) -
     job.chunks[p["chunk"]].straggler = True
 
 
+def _chunk_routed(s: Any, job: Any, p: P.ChunkRouted, e: Any) -> None:
+    job.chunks[p["chunk"]].route = p["route"]
+
+
 #: (payload type, fold handler) of each route event
 ROUTE_FOLDS = (
     (P.RouteChosen, _route_chosen),
@@ -150,4 +158,5 @@ ROUTE_FOLDS = (
     (P.OnlineRequestFailed, _online_failed),
     (P.OnlineRowsDone, _online_done),
     (P.StragglerCancelRequested, _straggler_cancel),
+    (P.ChunkRouted, _chunk_routed),
 )

@@ -15,6 +15,10 @@ The rules, as :mod:`batchgrader.core.decide` asks them (pure: no clock, no I/O):
   ``route``: ``flex`` where the model has a flex tier, else ``online``), never as a new batch;
   that chunk's rows are then sent (``SendStragglers``), each row once (crash: re-sent once,
   counted), and the chunk completes with their answers;
+* :func:`unsent_routes`: a chunk not sent yet (:func:`pending`) once the deadline is within the
+  margin for its rows is routed to the synchronous route at once (``RouteChunk``; the engine
+  records ``ChunkRouted``) and its rows sent as a straggler's: a batch created then would only be
+  cancelled;
 * :func:`past_cutoff`: once ``deadline - MIN_MARGIN_SECONDS`` has passed, failed rows are not sent
   again in a batch automatically (it could not end in time): the job ends with them failed and
   their codes in the result, ``bgctl retry`` still sends them.
@@ -27,7 +31,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
-from batchgrader.core.actions import CancelBatch, PlanStragglers, SendStragglers, Timers
+from batchgrader.core.actions import CancelBatch, PlanStragglers, RouteChunk, SendStragglers, Timers
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.route_rules import online_waits
 from batchgrader.core.routes import deadline_at
@@ -100,6 +104,44 @@ def straggler_cancels(job: JobState, config: Config, now: float, timers: Timers)
                 f"its {_unanswered(c)} unanswered rows need ~{lead:.0f} s on the synchronous route"
             )
             out.append(CancelBatch(job.job_id, c.index, c.batch_id, reason=reason, deadline_at=due, margin=lead))
+    return out
+
+
+def pending(c: ChunkState) -> bool:
+    """Waiting to be sent: never sent, or refused for the token limit and to be sent again (not
+    a straggler's rows, which go through the synchronous route)."""
+    return (
+        c.route is None
+        and not c.done
+        and not c.in_flight
+        and not c.open_intent
+        and (
+            not (c.create == "done" and c.status in TERMINAL_BATCH)
+            or (c.failure is not None and bool(c.failure.get("retryable")))
+        )
+    )
+
+
+def unsent_routes(job: JobState, config: Config, now: float) -> list[RouteChunk]:
+    """The chunks of ``job`` never sent (or waiting to be sent again) once its deadline is within
+    the synchronous route's time for their rows: a batch created now would only be cancelled as a
+    straggler, so their rows take the synchronous route at once."""
+    profile = _profile(job, config)
+    due = job_deadline(job)
+    if profile is None or due is None or job.cancel_requested:
+        return []
+    concurrency = int(profile.get("online_concurrency") or 1)
+    out: list[RouteChunk] = []
+    for c in job.chunks.values():
+        if not pending(c):
+            continue
+        lead = margin(c.requests, concurrency)
+        if now >= due - lead:
+            reason = (
+                f"the deadline ({_iso(due)}) is {max(0.0, due - now):.0f} s away and the chunk was not sent yet; "
+                f"its {c.requests} rows need ~{lead:.0f} s on the synchronous route"
+            )
+            out.append(RouteChunk(job.job_id, c.index, deadline_at=due, margin=lead, reason=reason))
     return out
 
 

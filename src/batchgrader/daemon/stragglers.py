@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import CancelBatch, PlanStragglers, SendStragglers
+from batchgrader.core.actions import CancelBatch, PlanStragglers, RouteChunk, SendStragglers
 from batchgrader.core.route_state import RouteState
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.core.stragglers import straggler_rows
@@ -65,6 +65,24 @@ def plan(s: Any, a: PlanStragglers, job: JobState) -> None:
     ids = straggler_rows(job, job.chunks[a.chunk])
     if ids:
         s.collect.plan_retries(job, ids, route=tier_of(s, job))
+
+
+def route(s: Any, a: RouteChunk, job: JobState) -> None:
+    """A chunk never sent, its deadline too near for a batch: its rows take the synchronous route
+    (sent by ``SendStragglers`` as a straggler's)."""
+    tier = tier_of(s, job)
+    s.ctx.emit(
+        job.job_id,
+        _e(
+            "ChunkRouted",
+            chunk=a.chunk,
+            route=tier,
+            deadline_at=float(a.deadline_at),
+            margin_seconds=float(a.margin),
+            reason=a.reason,
+        ),
+    )
+    log.warning("job %s chunk %d: sent %s, not in a batch: %s", job.job_id, a.chunk, tier, a.reason)
 
 
 def send(s: Any, a: SendStragglers, job: JobState) -> None:
