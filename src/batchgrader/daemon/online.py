@@ -54,7 +54,7 @@ from batchgrader.daemon.base import _e
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import first_requests_counted
+from batchgrader.pipeline.prepare import first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
 from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.tables import InputError
@@ -116,16 +116,15 @@ class OnlineStep:
     # --- the step -----------------------------------------------------------------------------
     def run(self) -> None:
         job = self.job()
-        choosing = job.online.route is None
         try:
-            lines, tokens = first_requests_counted(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS, choosing)
+            lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
         except (ConfigError, InputError, UnicodeError, OSError) as exc:
             # prepare fails the job for its input with its own codes
             self.emit(job.job_id, _e("RouteChosen", route="batch", reason=f"the input could not be read: {exc}", rows=0))
             return
-        if choosing:
+        if job.online.route is None:
             route, reason = self._choose(job, len(lines))
-            est = self._estimate(route, tokens, len(lines)) if route != "batch" else None
+            est = self._estimate(route, input_tokens_of(lines, self.profile), len(lines)) if route != "batch" else None
             more = {"estimate_usd": est} if est is not None else {}
             self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(lines), **more))
             if route == "batch" or self.over_budget():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -45,29 +46,23 @@ class ReuseProbeLike(Protocol):
 def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: int) -> list[bytes]:
     """The request lines of the first ``n`` rows of ``path``, exactly as :func:`prepare` writes
     them (the preflight's requests).  Raises what :func:`prepare` raises for the same input."""
-    return first_requests_counted(path, profile, home, file_hash, n, count=False)[0]
-
-
-def first_requests_counted(
-    path: Path, profile: Profile, home: Home, file_hash: str, n: int, count: bool = True
-) -> tuple[list[bytes], int]:
-    """:func:`first_requests` and their input tokens, counted offline with the model's tokenizer
-    as :func:`prepare` counts them (0 with ``count`` False)."""
     builder = RequestBuilder(profile, home, file_hash)
-    counter = ChatTokenCounter(profile.get("azure_model") or profile.model, profile.default_encoding) if count else None
     out: list[bytes] = []
-    tokens = 0
     with open_table(
         path, required_columns=builder.required_columns(), sheet=profile.get("sheet"), encoding=profile.get("encoding", "utf-8")
     ) as reader:
         for row in reader:
             if len(out) >= n:
                 break
-            _cid, messages, request = builder.line(row)
-            out.append(dumps_line(request))
-            if counter is not None:
-                tokens += counter.count(messages)
-    return out, tokens
+            out.append(dumps_line(builder.line(row)[2]))
+    return out
+
+
+def input_tokens_of(lines: Sequence[bytes], profile: Profile) -> int:
+    """The input tokens of request lines (as :func:`prepare` writes them), counted offline with
+    the model's tokenizer as :func:`prepare` counts them."""
+    counter = ChatTokenCounter(profile.get("azure_model") or profile.model, profile.default_encoding)
+    return sum(counter.count_many([json.loads(line)["body"]["messages"] for line in lines]))
 
 
 def file_sha256(path: Path) -> str:
