@@ -400,6 +400,27 @@ def test_a_sync_route_job_within_its_budget_sends_in_the_tick_that_chose_its_rou
         rig.close()
 
 
+def test_two_sync_jobs_together_over_the_daily_limit_do_not_both_send(home):
+    """A job sending on its synchronous route has committed its estimate: a second job whose own
+    estimate would fit today's limit, but not on top of the first's, is held until it has sent."""
+    rig = online_rig(home, extra="daily_cost_limit_usd: 0.002\nmax_completion_tokens: 1000\n")  # 2 rows: ~$0.0012 each job
+    try:
+        drop(rig, 2)
+        rig.provider.fail_next("complete", "refused", status_code=429, message="Rate limit reached", retry_after=600.0)
+        rig.tick()
+        rig.tick()
+        first = rig.job()
+        assert first.online.route == "online" and not first.online.done and not first.held
+        (rig.home.inbox / "b.csv").write_text("id,response\n7,other text\n8,more text\n")
+        for _ in range(12):
+            rig.tick(5.0)
+        (second,) = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+        assert second.held and second.held["code"] == "daily_cost_limit_usd"
+        assert {cid for cid, _ in rig.provider.complete_times} <= set(first.online.attempts)  # none of the second's rows sent
+    finally:
+        rig.close()
+
+
 def test_a_sync_route_job_waits_while_todays_spend_is_over_the_daily_limit(home):
     rig = online_rig(home, extra="daily_cost_limit_usd: 0.0000001\n")
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from batchgrader.core.config import Config, Profile
+from batchgrader.core.routes import SYNC_ROUTES
 from batchgrader.core.state import JobState, State
 
 
@@ -19,11 +20,18 @@ def job_tokens_bound(job: JobState, profile: Profile) -> int:
     return input_tokens + job.requests * profile.max_completion_tokens
 
 
+def spending(j: JobState) -> bool:
+    """Whether ``j`` is already sending: a batch uploaded, or rows on its synchronous route."""
+    if j.online.route in SYNC_ROUTES and not j.online.done:
+        return True
+    return j.prepared and any(c.upload != "none" for c in j.chunks.values())
+
+
 def committed_cost(state: State, exclude: str) -> float:
-    """What jobs already submitting may still spend (their estimate less what they cost so far)."""
+    """What jobs already sending may still spend (their estimate less what they cost so far)."""
     total = 0.0
     for j in state.active_jobs():
-        if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
+        if j.job_id != exclude and spending(j):
             total += max(0.0, ((j.estimate or {}).get("max_total") or 0.0) - j.cost_usd)
     return total
 
