@@ -54,7 +54,7 @@ from batchgrader.daemon.base import _e
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import first_requests, input_tokens_of
+from batchgrader.pipeline.prepare import check_input, first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
 from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.tables import InputError
@@ -117,6 +117,13 @@ class OnlineStep:
     def run(self) -> None:
         job = self.job()
         try:
+            if job.online.route is None and self.profile.get("route") == "auto":
+                # the rows counted without building their requests: a large file going by batch is not held in memory
+                rows = check_input(Path(job.input_path), self.profile, self.home)
+                route, reason = self._choose(job, rows)
+                if route == "batch":
+                    self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=rows))
+                    return
             lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
         except (ConfigError, InputError, UnicodeError, OSError) as exc:
             # prepare fails the job for its input with its own codes
