@@ -10,13 +10,14 @@ import time
 from datetime import datetime
 
 import pytest
+from apscheduler.executors.pool import ThreadPoolExecutor
 
 from batchgrader.core.config import load_config
 from batchgrader.core.decide import preflight_delay
 from batchgrader.core.due import InboxTimes, next_due
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import State
-from batchgrader.daemon.tick_timer import TICK_FLOOR, TICK_JOB, TickOutcome, TickPace, TickTimer
+from batchgrader.daemon.tick_timer import TICK_FLOOR, TICK_JOB, TICK_LATE, TickOutcome, TickPace, TickTimer
 from harness import wait_for
 from ticks import Rig
 
@@ -172,17 +173,54 @@ def test_a_time_still_due_after_its_tick_is_looked_at_again_only_at_the_old_pace
 # --- the timer on a real scheduler -----------------------------------------------------------------
 
 
+class _Pool(ThreadPoolExecutor):
+    """APScheduler's own thread pool, with two points a test can hold: the bookkeeping after a run
+    (the scheduler's count of the job's running instances goes down only then, after the
+    function returned) and the start of the pool's shutdown (the scheduler holds its job-store
+    lock from there until the running jobs ended)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_bookkeeping = False
+        self.in_bookkeeping = threading.Event()
+        self.bookkeeping_may_end = threading.Event()
+        self.shutting_down = threading.Event()
+
+    def _run_job_success(self, job_id, events):
+        if self.hold_bookkeeping:
+            self.hold_bookkeeping = False
+            self.in_bookkeeping.set()
+            assert self.bookkeeping_may_end.wait(timeout=10)
+        super()._run_job_success(job_id, events)
+
+    def shutdown(self, wait=True):
+        self.shutting_down.set()
+        super().shutdown(wait)
+
+
 @pytest.fixture
-def scheduler():
+def timers():
+    """Make TickTimers on real BackgroundSchedulers (each with a :class:`_Pool`); all are shut down
+    at the end (with a bound: a deadlock fails the test, it does not hang it)."""
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    s = BackgroundScheduler()
-    s.start()
-    yield s
-    s.shutdown(wait=True)
+    made: list[TickTimer] = []
+
+    def make(tick) -> tuple[TickTimer, _Pool]:
+        pool = _Pool()
+        timer = TickTimer(BackgroundScheduler(executors={"default": pool}), tick, TickPace.of(60.0))
+        made.append(timer)
+        return timer, pool
+
+    yield make
+    for timer in made:
+        if timer.scheduler.running:
+            ender = threading.Thread(target=timer.shutdown, daemon=True)
+            ender.start()
+            ender.join(timeout=10)
 
 
-def test_the_daemon_ticks_when_an_inbox_file_can_be_found_stable(home, scheduler):
+def test_the_daemon_ticks_when_an_inbox_file_can_be_found_stable(home, timers):
     """The tick after a file's first look is armed at ``stable_seconds`` after it was seen, not at
     a fixed interval (and not a tick later)."""
     rig = Rig(home, "stable_seconds: 0.3\n")
@@ -197,14 +235,15 @@ def test_the_daemon_ticks_when_an_inbox_file_can_be_found_stable(home, scheduler
             taken.set()
         return TickOutcome(rig.engine.next_due(time.monotonic(), time.time()), time.monotonic(), again=rig.engine.again)
 
-    timer = TickTimer(scheduler, tick, TickPace.of(60.0), lambda: taken.is_set())
-    timer.wake()
+    timer, _ = timers(tick)
+    timer.start()
     assert taken.wait(timeout=10)
     assert len(ran) == 2 and ran[1] - ran[0] >= 0.29  # the first look, then the tick that takes it
+    timer.shutdown()
     rig.close()
 
 
-def test_a_wake_during_a_tick_is_kept_and_ticks_never_overlap(scheduler):
+def test_a_wake_during_a_tick_is_kept_and_ticks_never_overlap(timers):
     started, release, second = threading.Event(), threading.Event(), threading.Event()
     running: list[int] = []
     seen: list[int] = []
@@ -220,16 +259,78 @@ def test_a_wake_during_a_tick_is_kept_and_ticks_never_overlap(scheduler):
         running.pop()
         return TickOutcome(None, time.monotonic())  # nothing due: the next at the ceiling
 
-    timer = TickTimer(scheduler, tick, TickPace.of(60.0), lambda: False)
-    timer.wake()
+    timer, _ = timers(tick)
+    timer.start()
     assert started.wait(timeout=10)
     for _ in range(3):
         timer.wake()  # while the first tick runs
     release.set()
     assert second.wait(timeout=10)  # the wakes were kept: one more tick, at once
-    assert seen == [1, 1] and timer.count >= 1
+    assert seen == [1, 1]  # never two at once
     wait_for(lambda: timer.count == 2, timeout=10, what="the second tick to end")
-    assert timer.next_delay == 60.0 and scheduler.get_job(TICK_JOB) is not None
+    assert timer.next_delay == 60.0 and timer.scheduler.get_job(TICK_JOB) is not None
+
+
+def test_a_wake_just_after_a_tick_ended_is_not_skipped_by_the_scheduler(timers):
+    """The lost tick: a tick's function has returned, but the scheduler counts it as running until
+    the pool's bookkeeping for it ends.  A wake then moves the job to now; with the scheduler's
+    ``max_instances=1`` that run was skipped ("maximum number of running instances reached") and
+    the wake lost until the next heartbeat."""
+    ran = threading.Semaphore(0)
+
+    def tick() -> TickOutcome:
+        ran.release()
+        return TickOutcome(None, time.monotonic())  # nothing due: the next at the ceiling, a minute on
+
+    timer, pool = timers(tick)
+    pool.hold_bookkeeping = True
+    timer.start()
+    assert ran.acquire(timeout=10) and pool.in_bookkeeping.wait(timeout=10)  # the first tick ended; its count not yet
+    timer.wake()
+    assert ran.acquire(timeout=10)  # the wake's tick ran
+    pool.bookkeeping_may_end.set()
+
+
+def test_shutting_the_timer_down_with_a_tick_in_flight_ends(timers):
+    """The hang of a ``daemon --once`` that ended while a tick ran: the scheduler's shutdown holds
+    its job-store lock while it waits for the running tick, and that tick, ending, re-armed the job
+    through the same lock.  After :meth:`TickTimer.shutdown` no tick calls into the scheduler."""
+    started = threading.Event()
+
+    def tick() -> TickOutcome:
+        started.set()
+        assert pool.shutting_down.wait(timeout=10)  # ends only once the shutdown holds the lock
+        return TickOutcome(None, time.monotonic())
+
+    timer, pool = timers(tick)
+    timer.start()
+    assert started.wait(timeout=10)
+    ender = threading.Thread(target=timer.shutdown, daemon=True)
+    ender.start()
+    ender.join(timeout=20)
+    assert not ender.is_alive(), "the shutdown and the ending tick wait for each other"
+    assert timer.count == 1
+
+
+def test_a_lost_job_costs_at_most_the_heartbeat_and_is_logged(timers, caplog):
+    """Whatever became of the job (here: removed), the main loop's :meth:`TickTimer.check` ticks
+    once no tick ran for ``ceiling + TICK_LATE`` seconds, and says so."""
+    ran = threading.Semaphore(0)
+
+    def tick() -> TickOutcome:
+        ran.release()
+        return TickOutcome(None, time.monotonic())
+
+    timer, _ = timers(tick)
+    timer.start()
+    assert ran.acquire(timeout=10)
+    wait_for(lambda: timer.count == 1, what="the first tick to end")
+    timer.scheduler.remove_job(TICK_JOB)
+    timer.check(time.monotonic())  # not late yet
+    assert timer.late == 0 and not ran.acquire(timeout=0)
+    timer.check(time.monotonic() + timer.pace.ceiling + TICK_LATE + 1)
+    assert ran.acquire(timeout=10) and timer.late == 1
+    assert "no tick for" in caplog.text and "added again" in caplog.text
 
 
 # --- a real daemon ---------------------------------------------------------------------------------

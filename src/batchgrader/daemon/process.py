@@ -1,9 +1,10 @@
 """`bgctl daemon`: the long-running process around :class:`batchgrader.daemon.engine.Engine`.
 
 Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.lock`),
-signal handlers that only set flags, an APScheduler date job that runs the engine's tick at the
-earliest time anything is due (:func:`batchgrader.core.due.next_due`, re-armed after every tick),
-a watchdog observer that only wakes it (the inbox, control files), control requests from `bgctl cancel` / `bgctl retry` (files in
+signal handlers that only set flags, one APScheduler job that runs the engine's tick at the
+earliest time anything is due (:func:`batchgrader.core.due.next_due`, re-armed after every tick:
+:class:`~batchgrader.daemon.tick_timer.TickTimer`), a watchdog observer that only wakes it (the
+inbox, control files), control requests from `bgctl cancel` / `bgctl retry` (files in
 ``control/``, :mod:`batchgrader.daemon.control`, so the daemon stays the only writer of the event
 log), sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when it
 runs in a terminal.  Only the tick thread touches the engine's state; the main loop's
@@ -71,7 +72,7 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
         err.addFilter(mask)
         err.setFormatter(logging.Formatter("bgctl: %(levelname)s %(message)s"))
         root.addHandler(err)
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: max instances" is expected while a tick runs
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a run skipped or missed: never expected (tick_timer.py)
     for noisy in ("openai", "httpx", "httpx2", "watchdog", "google_genai"):
         logging.getLogger(noisy).addFilter(mask)
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -388,10 +389,8 @@ class Daemon:
         watcher = InboxWatcher(self.home, self.wake)
         watch_control(watcher.observer, self.home, self.wake)
         watcher.start()
-        scheduler = BackgroundScheduler()
-        self.ticks = TickTimer(scheduler, self._tick, TickPace.of(config.poll_interval_seconds), self.stop.is_set)
-        scheduler.start()
-        self.ticks.wake()  # the first tick at once
+        self.ticks = TickTimer(BackgroundScheduler(), self._tick, TickPace.of(config.poll_interval_seconds))
+        self.ticks.start()  # the first tick at once
         try:
             code = self._main_loop(engine, notifier, self.ticks)
             if self.fatal is not None:
@@ -400,7 +399,7 @@ class Daemon:
         finally:
             notifier.stopping()
             watcher.stop()
-            scheduler.shutdown(wait=True)  # lets a running tick finish its step
+            self.ticks.shutdown()  # lets a running tick finish its step (and not re-arm the job)
             store.close()
 
     def _beat(self) -> None:
@@ -501,9 +500,9 @@ class Daemon:
                     engine.scan_requested = True
                     if ticks is not None:
                         ticks.wake()
-                elif ticks is not None:
-                    ticks.ensure_armed()
                 now = time.monotonic()
+                if ticks is not None:
+                    ticks.check(now)  # the heartbeat: a tick at the latest ceiling + TICK_LATE after the last
                 if wd and now - last_wd >= wd and now - self.heartbeat < 600:
                     notifier.watchdog()
                     last_wd = now
