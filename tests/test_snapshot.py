@@ -53,5 +53,5 @@ def test_the_main_loop_never_iterates_the_state_the_tick_thread_mutates(home):
     daemon = Daemon(home, once=True, view=LiveView(sandbox=False))
     daemon.snapshot = Snapshot()
     notifier = Notifier()
-    assert daemon._main_loop(engine, notifier, job=None, tick_seconds=0.01) == 0
+    assert daemon._main_loop(engine, notifier, ticks=None) == 0
     assert notifier.lines == ["0 active jobs, 0 batches running, 0 finished"]

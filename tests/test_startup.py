@@ -155,32 +155,3 @@ def test_a_missing_api_key_is_still_refused_at_start_up(home):
         [sys.executable, "-m", "batchgrader.cli", "daemon", "--once"], env=env, capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 78 and "OPENAI_API_KEY" in res.stderr
-
-
-def test_the_daemon_wakes_when_an_inbox_file_can_be_found_stable(home, tmp_path):
-    """A file seen in the inbox is taken ``stable_seconds`` after it was last seen changing, not
-    at the tick after that (up to half a second later): the daemon is woken then."""
-    import time
-
-    from batchgrader.daemon.process import Daemon
-    from ticks import Rig
-
-    rig = Rig(home, "stable_seconds: 0.3\n")
-    daemon = Daemon(home)
-    daemon.engine = rig.engine
-    daemon.wake_for_intake()
-    assert daemon._intake_timer is None  # nothing waits in the inbox
-    (home.inbox / "a.csv").write_text("id,response\n0,fine\n")
-    seen = time.time()
-    rig.engine.intake(seen)  # first look: waits to be stable
-    due = rig.engine.intake_due()
-    assert due == pytest.approx(seen + 0.3)
-    daemon.wake_for_intake()
-    first = daemon._intake_timer
-    daemon.wake_for_intake()
-    assert daemon._intake_timer is first  # one timer for one due time
-    assert daemon.wake.wait(timeout=10)
-    assert time.time() >= due - 0.01
-    rig.engine.intake(time.time())
-    assert [j.file for j in rig.engine.state.jobs.values()] == ["a.csv"] and rig.engine.intake_due() is None
-    rig.close()

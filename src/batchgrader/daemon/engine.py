@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from batchgrader.core.config import Config, Profile
 from batchgrader.core.decide import Action, Step, Timers, next_action, resubmit_delay, utc_day
+from batchgrader.core.due import next_due
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState, State
 from batchgrader.daemon.base import _e
@@ -68,6 +69,7 @@ class Engine:
         self.handlers: dict[type[Action], Handler] = action_table(self.steps)
         self.idle = False
         self.again = False  # a job stopped its tick after an action with more to do now (tick again at once)
+        self.failed = False  # a step of the tick failed (logged; tried again at the next tick)
 
     # --- what the daemon and the tests read and set: the context's, under the engine's name ----
     home = OnContext[Home]("home")
@@ -108,10 +110,13 @@ class Engine:
         """Files seen in the inbox but not yet taken (waiting to be stable)."""
         return self.steps.intake.pending()
 
-    def intake_due(self) -> float | None:
-        """When a file seen in the inbox can next be found stable and taken (None: none waits):
-        the daemon ticks then rather than at its next interval."""
-        return self.steps.intake.due()
+    def next_due(self, mono: float, wall: float | None = None) -> float | None:
+        """The earliest time (monotonic, ``mono`` now; ``wall`` now on the wall clock, default
+        ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.due.next_due`
+        over the jobs it takes further; the daemon's next tick is armed for it."""
+        ours = [j.job_id for j in self.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
+        wall = mono if wall is None else wall
+        return next_due(self.state, self.ctx.schedule, self.config, wall, mono, self.steps.intake.times(), ours)
 
     def busy(self) -> bool:
         """True while a job can still make progress on its own (held jobs wait for the user, and
@@ -141,7 +146,9 @@ class Engine:
         """One pass over every job. Sets ``idle`` when, at the end of the pass, no job is active
         and no inbox file is waiting (decided here, not by another thread, to avoid races), and
         ``again`` when a job stopped after an action that ends its tick (``Prepare``,
-        ``SearchRecovered``, ``PlanRetries``) with what follows due now.
+        ``SearchRecovered``, ``PlanRetries``) with what follows due now, and ``failed`` when a job's
+        step raised (logged; the daemon ticks again soon).  :meth:`next_due` says when anything
+        waits next.
 
         ``now`` is the wall clock (timestamps, UTC days); ``mono`` the monotonic clock every
         wait runs on (polls, resubmits, settle waits), so a wall-clock step moves none of them;
@@ -149,6 +156,7 @@ class Engine:
         self.ctx.set_clocks(now, mono)
         self.idle = False
         self.again = False
+        self.failed = False
         self.intake(now)
         self._advance_all(now)
         self.idle = not self.busy() and not self.inbox_pending()
@@ -172,8 +180,10 @@ class Engine:
             except DatabaseMoved:
                 raise  # never go on writing to a file nobody reads
             except (ProviderError, OSError) as exc:
+                self.failed = True
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
+                self.failed = True
                 log.exception("job %s: unexpected error (will retry): %s", job.job_id, exc)
 
     def _ours(self, job: JobState) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 from batchgrader.core.config import ConfigError
 from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
+from batchgrader.core.due import InboxTimes
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import CLOCK_SKEW_SLACK, _e, _status_event, stamp
 from batchgrader.daemon.context import Context
@@ -62,6 +63,10 @@ class IntakeSteps:
     def due(self) -> float | None:
         """When a file seen in the inbox can next be found stable and taken (None: none waits)."""
         return self.scanner.due() if self.scanner is not None else None
+
+    def times(self) -> InboxTimes:
+        """The inbox's waits (wall clock), for :func:`batchgrader.core.due.next_due`."""
+        return InboxTimes(self.scan_requested, self.due(), self._last_scan)
 
     def intake(self, now: float) -> None:
         """Scan the inbox when woken by the watcher, while a file waits to become stable, and

@@ -1,8 +1,10 @@
 """`bgctl daemon`: the long-running process around :class:`batchgrader.daemon.engine.Engine`.
 
 Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.lock`),
-signal handlers that only set flags, an APScheduler job that runs the engine's tick, a watchdog
-observer that only wakes it, control requests from `bgctl cancel` / `bgctl retry` (files in
+signal handlers that only set flags, one APScheduler job that runs the engine's tick at the
+earliest time anything is due (:func:`batchgrader.core.due.next_due`, re-armed after every tick:
+:class:`~batchgrader.daemon.tick_timer.TickTimer`), a watchdog observer that only wakes it (the
+inbox, control files), control requests from `bgctl cancel` / `bgctl retry` (files in
 ``control/``, :mod:`batchgrader.daemon.control`, so the daemon stays the only writer of the event
 log), sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when it
 runs in a terminal.  Only the tick thread touches the engine's state; the main loop's
@@ -23,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ from batchgrader.core.secrets import EnvFileError, MaskSecrets
 from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
 from batchgrader.daemon.snapshot import Snapshot, take
+from batchgrader.daemon.tick_timer import TICK_FLOOR, TickOutcome, TickPace, TickTimer, watch_control
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
 
@@ -70,7 +72,7 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
         err.addFilter(mask)
         err.setFormatter(logging.Formatter("bgctl: %(levelname)s %(message)s"))
         root.addHandler(err)
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: max instances" is expected while a tick runs
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a run skipped or missed: never expected (tick_timer.py)
     for noisy in ("openai", "httpx", "httpx2", "watchdog", "google_genai"):
         logging.getLogger(noisy).addFilter(mask)
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -194,8 +196,7 @@ class Daemon:
     emulator: Any = None  # the sandbox's emulator process, started at the first provider call (see _sandbox_url)
     deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
     config_watch: ConfigWatch | None = None  # config.yaml and pricing.csv as last loaded: an edit reloads them
-    _intake_timer: threading.Timer | None = None  # wakes the daemon when an inbox file can be found stable
-    _intake_due: float = 0.0
+    ticks: TickTimer | None = None  # the scheduler's tick job: when the next tick runs (set by _serve)
 
     def prefetch(self, name: str) -> None:
         """Ready provider ``name``'s SDK in the background (a job has rows to send to it), when it
@@ -203,20 +204,6 @@ class Daemon:
         p = self.deferred.get(name)
         if p is not None:
             p.prefetch()
-
-    def wake_for_intake(self) -> None:
-        """Wake the daemon when a file waiting in the inbox can be found stable (``stable_seconds``
-        after it was last seen changing), not at the tick after: called on the tick thread."""
-        due = self.engine.intake_due()
-        if due is None:
-            return
-        t = self._intake_timer
-        if t is not None and t.is_alive() and self._intake_due <= due:
-            return
-        timer = threading.Timer(max(0.0, due - time.time()), self.wake.set)
-        timer.daemon = True
-        timer.start()
-        self._intake_timer, self._intake_due = timer, due
 
     def make_projectors(self) -> list:
         from batchgrader.store.readmodels import projectors
@@ -394,65 +381,44 @@ class Daemon:
         engine.merge_workers = MergeWorkers(wake=self.wake.set)
         self.engine = engine
         engine.startup(time.time())
-        self.wake_for_intake()
         self._controls(engine)
         self._publish()
         notifier = Notifier()
         notifier.ready()
         log.info("daemon ready: %d jobs in the log", len(engine.state.jobs))
         watcher = InboxWatcher(self.home, self.wake)
+        watch_control(watcher.observer, self.home, self.wake)
         watcher.start()
-        tick_seconds = max(0.05, min(0.5, config.poll_interval_seconds / 2))
-        scheduler = BackgroundScheduler()
-        job = scheduler.add_job(
-            self._tick, "interval", seconds=tick_seconds, max_instances=1, coalesce=True, misfire_grace_time=None
-        )
-        scheduler.start()
+        self.ticks = TickTimer(BackgroundScheduler(), self._tick, TickPace.of(config.poll_interval_seconds))
+        self.ticks.start()  # the first tick at once
         try:
-            code = self._main_loop(engine, notifier, job, tick_seconds)
+            code = self._main_loop(engine, notifier, self.ticks)
             if self.fatal is not None:
                 raise DatabaseLost(str(self.fatal))
             return code
         finally:
             notifier.stopping()
             watcher.stop()
-            scheduler.shutdown(wait=True)  # lets a running tick finish its step
+            self.ticks.shutdown()  # lets a running tick finish its step (and not re-arm the job)
             store.close()
 
     def _beat(self) -> None:
         self.heartbeat = time.monotonic()
 
-    def _tick(self) -> None:
+    def _tick(self) -> TickOutcome:
+        """One tick on the scheduler's thread: a pending reload, control requests, the engine's
+        tick; then when the next is due (:meth:`Engine.next_due`)."""
         from batchgrader.store.eventstore import DatabaseMoved
 
         if self.stop.is_set():
-            return
+            return TickOutcome(None, time.monotonic())
+        failed = False
         try:
-            edited = self.config_watch.changed() if self.config_watch is not None else []
-            if edited:
-                log.info("%s changed: reloading the configuration", ", ".join(p.name for p in edited))
-                self.reload_requested.set()
-            if self.reload_requested.is_set():
-                self.reload_requested.clear()
-                try:
-                    config, prices = self._load()
-                    restart = restart_only_changes(self.engine.config, config)
-                    self.engine.reload(config, prices)
-                    log.info("configuration reloaded")
-                    if restart:
-                        log.warning(
-                            "configuration reloaded, but these changes apply only after a restart "
-                            "(bgctl daemon, or the service's restart): %s",
-                            ", ".join(restart),
-                        )
-                except (ConfigError, Exception) as exc:  # keep running on the old config
-                    log.error("config reload failed, keeping the old configuration: %s", exc)
+            self._reload_if_asked()
             self._controls(self.engine)
             self.engine.store.check_file()
             self.engine.tick(time.time(), time.monotonic())  # wall for timestamps, monotonic for waits
-            self.wake_for_intake()
-            if self.engine.again:  # e.g. a job just prepared: its uploads are due now, not a tick later
-                self.wake.set()
+            failed = self.engine.failed
         except DatabaseMoved as exc:
             log.error("%s", exc)
             self.fatal = exc
@@ -460,9 +426,41 @@ class Daemon:
             self.wake.set()
         except Exception as exc:  # the daemon keeps serving; the error is logged
             log.exception("tick failed: %s", exc)
+            failed = True
         finally:
             self._publish()
             self._beat()
+        mono = time.monotonic()
+        try:
+            due = self.engine.next_due(mono, time.time())
+        except Exception as exc:  # never left without a next tick
+            log.exception("next due time: %s", exc)
+            return TickOutcome(None, mono, failed=True)
+        return TickOutcome(due, mono, again=self.engine.again, failed=failed)
+
+    def _reload_if_asked(self) -> None:
+        """Reload config.yaml and pricing.csv when either changed or SIGHUP asked for it (the old
+        configuration stays when the new one cannot be loaded)."""
+        edited = self.config_watch.changed() if self.config_watch is not None else []
+        if edited:
+            log.info("%s changed: reloading the configuration", ", ".join(p.name for p in edited))
+            self.reload_requested.set()
+        if not self.reload_requested.is_set():
+            return
+        self.reload_requested.clear()
+        try:
+            config, prices = self._load()
+            restart = restart_only_changes(self.engine.config, config)
+            self.engine.reload(config, prices)
+            log.info("configuration reloaded")
+            if restart:
+                log.warning(
+                    "configuration reloaded, but these changes apply only after a restart "
+                    "(bgctl daemon, or the service's restart): %s",
+                    ", ".join(restart),
+                )
+        except (ConfigError, Exception) as exc:  # keep running on the old config
+            log.error("config reload failed, keeping the old configuration: %s", exc)
 
     def _publish(self) -> None:
         """Take a snapshot for the screen and systemd (on the thread that owns the state)."""
@@ -485,20 +483,26 @@ class Daemon:
     def _done_once(self, engine) -> bool:  # noqa: ANN001
         return engine.idle and not pending_controls(self.home)
 
-    def _main_loop(self, engine, notifier, job, tick_seconds: float) -> int:  # noqa: ANN001
+    def _main_loop(self, engine, notifier, ticks: TickTimer | None) -> int:  # noqa: ANN001
+        """Wait for wake-ups (each re-arms the tick to now), feed systemd's watchdog, show the
+        status; with ``--once``, stop when every job has ended."""
         view = self.view
         wd = notifier.watchdog_interval()
         last_wd = 0.0
         last_status = ""
+        pause = ticks.pace.retry if ticks is not None else TICK_FLOOR
         try:
             if view:
                 view.start()
             while not self.stop.is_set():
-                if self.wake.wait(timeout=tick_seconds):
+                if self.wake.wait(timeout=pause):
                     self.wake.clear()
                     engine.scan_requested = True
-                    job.modify(next_run_time=datetime.now(UTC))
+                    if ticks is not None:
+                        ticks.wake()
                 now = time.monotonic()
+                if ticks is not None:
+                    ticks.check(now)  # the heartbeat: a tick at the latest ceiling + TICK_LATE after the last
                 if wd and now - last_wd >= wd and now - self.heartbeat < 600:
                     notifier.watchdog()
                     last_wd = now

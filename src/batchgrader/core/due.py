@@ -1,0 +1,115 @@
+"""When the daemon next has something to do on time: a pure rule over the state, the schedule,
+the config and the clocks (no I/O).
+
+The daemon's scheduler runs the engine's tick at the time :func:`next_due` returns (clamped to a
+floor and a ceiling by the daemon), not at a fixed interval: an idle daemon sleeps until a
+batch's next poll, the end of a wait, or the next inbox rescan.  Work due *now* after a tick (a
+job that stopped after an action ending its step) is the engine's ``again``; an external change
+(an inbox file, a control file, a signal, a merge worker finishing) wakes the daemon at once.
+
+The times it reads, each only while the state still waits on it:
+
+* ``schedule.next_poll``: a batch in flight (and so the round of ``batches.list`` serving them);
+* an open intent (an upload or create whose outcome is unknown): at once, a create then at
+  ``schedule.next_listing`` (its settle deadline);
+* ``schedule.dup_next``: the duplicate watch of a chunk created again;
+* ``schedule.not_before``: a refused chunk's resend; ``(job, OUTBOX_TIMER)``: a result file not
+  written, tried again (on the wall clock, as :mod:`batchgrader.core.decide` compares it);
+* ``schedule.download_failures``: a result file's download tried again;
+* ``JobState.preflight_retry_at``: the preflight's backoff when the provider was unreachable (wall);
+* a held job: the next UTC day, when daily budgets start again (wall);
+* the inbox (:class:`InboxTimes`, wall): a file found stable, the periodic rescan.
+
+The answers store's retention needs no timer: expired answers are removed when answers are
+stored (:func:`batchgrader.store.answers.put`) and never read past their retention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from batchgrader.core.actions import OUTBOX_TIMER
+from batchgrader.core.config import Config
+from batchgrader.core.schedule import Schedule
+from batchgrader.core.state import JobState, State
+
+DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class InboxTimes:
+    """The inbox's waits, on the wall clock: ``scan_requested`` (a change was seen: scan at once),
+    ``stable_at`` (when a file seen changing can be found stable; None: none waits) and
+    ``last_scan`` (the last full scan; the next is ``rescan_interval_seconds`` later)."""
+
+    scan_requested: bool = False
+    stable_at: float | None = None
+    last_scan: float = float("-inf")
+
+
+def next_due(
+    state: State,
+    schedule: Schedule,
+    config: Config,
+    wall: float,
+    mono: float,
+    inbox: InboxTimes | None = None,
+    jobs: Iterable[str] | None = None,
+) -> float | None:
+    """The earliest time, on the monotonic clock (``mono`` is now on it, ``wall`` now on the wall
+    clock), at which anything waits to be done; None when nothing waits on time.  A time at or
+    before ``mono`` means due now.  ``jobs``: the ids of the jobs the daemon takes further
+    (default: every job in ``state``); jobs that ended, were rejected, are corrupt or left alone
+    wait on nothing."""
+    ids = state.jobs.keys() if jobs is None else jobs
+    times: list[float] = []
+    for job_id in ids:
+        job = state.jobs.get(job_id)
+        if job is None or job.ended or job.rejected or job.corrupt or job.left_alone is not None:
+            continue
+        times += _job_monotonic(job, schedule, mono)
+        times += [mono + (t - wall) for t in _job_wall(job, schedule, wall)]
+    if inbox is not None:
+        times += [mono + (t - wall) for t in _inbox_wall(inbox, config, wall)]
+    return min(times, default=None)
+
+
+def _job_monotonic(job: JobState, schedule: Schedule, mono: float) -> Iterator[float]:
+    """A job's waits kept on the monotonic clock (``mono``: now, for what is due at once)."""
+    jid = job.job_id
+    for c in job.chunks.values():
+        key = (jid, c.index)
+        if c.in_flight and c.batch_id and key in schedule.next_poll:
+            yield schedule.next_poll[key][0]
+        if c.open_intent:  # reconciled at once, a create at its next listing while its outcome settles
+            yield schedule.next_listing.get(key, mono) if c.open_intent == "create" else mono
+        if c.dup_check_due and c.create == "done" and c.batch_id and not c.done and key in schedule.dup_next:
+            yield schedule.dup_next[key]
+        if not c.done and key in schedule.not_before:
+            yield schedule.not_before[key]
+        if not c.done:
+            for kind in ("output", "error"):
+                failed = schedule.download_failures.get((jid, c.index, kind))
+                if failed is not None:
+                    yield failed[1]
+
+
+def _job_wall(job: JobState, schedule: Schedule, wall: float) -> Iterator[float]:
+    """A job's waits kept on the wall clock."""
+    if job.outbox != "done" and (job.job_id, OUTBOX_TIMER) in schedule.not_before:
+        yield schedule.not_before[(job.job_id, OUTBOX_TIMER)]
+    if not job.prepared and job.preflight == "unreachable" and job.preflight_retry_at is not None:
+        yield job.preflight_retry_at
+    if job.held and not job.cancel_requested:
+        yield (wall // DAY + 1) * DAY  # the next UTC midnight: a daily budget allows it again
+
+
+def _inbox_wall(inbox: InboxTimes, config: Config, wall: float) -> Iterator[float]:
+    """The inbox's waits on the wall clock."""
+    if inbox.scan_requested:
+        yield wall
+    if inbox.stable_at is not None:
+        yield inbox.stable_at
+    # never scanned: at once
+    yield wall if inbox.last_scan == float("-inf") else inbox.last_scan + config.default.rescan_interval_seconds
