@@ -151,6 +151,39 @@ def test_a_job_held_by_a_daily_limit_is_looked_at_again_at_the_next_utc_day(home
 # --- the timer's pace ------------------------------------------------------------------------------
 
 
+def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(home):
+    from batchgrader.core.stragglers import MIN_MARGIN_SECONDS
+
+    rig = Rig(home, "deadline: 1h\nmodel: gpt-4o-mini\nrescan_interval_seconds: 86400\n")
+    try:
+        job = rig.drop(3)
+        rig.tick()
+        (c,) = rig.job().chunks.values()
+        assert c.in_flight
+        cutoff = float(rig.job().deadline_at or 0.0) - MIN_MARGIN_SECONDS
+        far = Schedule()
+        far.next_poll[(job.job_id, c.index)] = (rig.now + 86_400.0, 3600.0)  # its next poll a day away
+        state, config = rig.engine.state, rig.engine.config
+        assert next_due(state, far, config, wall=rig.now, mono=rig.now) == pytest.approx(cutoff)  # the cancel's time
+        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == pytest.approx(rig.now + 86_400.0)  # passed
+        assert rig.tick(cutoff - rig.now).count("StragglerCancelRequested") == 1
+    finally:
+        rig.close()
+
+
+def test_a_synchronous_route_waiting_for_retry_after_is_due_when_it_has_passed(home):
+    rig = Rig(home, "route: online\nonline_concurrency: 1\nrescan_interval_seconds: 3600\n")
+    try:
+        (home.inbox / "a.csv").write_text("id,response\n0,a\n1,b\n")
+        rig.provider.fail_next("complete", "refused", status_code=429, message="Rate limit reached", retry_after=40.0)
+        rig.tick()
+        rig.tick()
+        assert rig.events("OnlineRequestFailed")
+        assert rig.engine.next_due(rig.now) == pytest.approx(rig.now + 40.0, abs=1.5)
+    finally:
+        rig.close()
+
+
 def test_the_pace_arms_the_next_tick_at_the_due_time_within_floor_and_ceiling():
     pace = TickPace.of(60.0)
     assert (pace.floor, pace.retry, pace.ceiling) == (TICK_FLOOR, 0.5, 60.0)

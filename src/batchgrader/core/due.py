@@ -18,6 +18,10 @@ The times it reads, each only while the state still waits on it:
 * ``schedule.download_failures``: a result file's download tried again;
 * ``JobState.preflight_retry_at``: the preflight's backoff when the provider was unreachable (wall);
 * a held job: the next UTC day, when daily budgets start again (wall);
+* a synchronous route's Retry-After (``schedule.not_before[(job, ONLINE_TIMER)]``; after a restart
+  the wall-clock ``retry_at`` its event recorded);
+* a job with a ``deadline``: each threshold of :mod:`batchgrader.core.stragglers` still ahead (a
+  running batch cancelled, an unsent chunk routed, the cutoff) (wall);
 * the inbox (:class:`InboxTimes`, wall): a file found stable, the periodic rescan.
 
 The answers store's retention needs no timer: expired answers are removed when answers are
@@ -29,10 +33,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from batchgrader.core.actions import OUTBOX_TIMER
+from batchgrader.core.actions import ONLINE_TIMER, OUTBOX_TIMER
 from batchgrader.core.config import Config
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import JobState, State
+from batchgrader.core.stragglers import deadline_thresholds
 
 DAY = 86_400.0
 
@@ -70,6 +75,7 @@ def next_due(
             continue
         times += _job_monotonic(job, schedule, mono)
         times += [mono + (t - wall) for t in _job_wall(job, schedule, wall)]
+        times += [mono + (t - wall) for t in deadline_thresholds(job, config) if t > wall]
     if inbox is not None:
         times += [mono + (t - wall) for t in _inbox_wall(inbox, config, wall)]
     return min(times, default=None)
@@ -78,6 +84,9 @@ def next_due(
 def _job_monotonic(job: JobState, schedule: Schedule, mono: float) -> Iterator[float]:
     """A job's waits kept on the monotonic clock (``mono``: now, for what is due at once)."""
     jid = job.job_id
+    retry_after = schedule.not_before.get((jid, ONLINE_TIMER))
+    if not job.online.done and retry_after is not None and retry_after > mono:
+        yield retry_after  # a synchronous route's Retry-After
     for c in job.chunks.values():
         key = (jid, c.index)
         if c.in_flight and c.batch_id and key in schedule.next_poll:
@@ -101,6 +110,9 @@ def _job_wall(job: JobState, schedule: Schedule, wall: float) -> Iterator[float]
         yield schedule.not_before[(job.job_id, OUTBOX_TIMER)]
     if not job.prepared and job.preflight == "unreachable" and job.preflight_retry_at is not None:
         yield job.preflight_retry_at
+    retry_at = job.online.retry_at
+    if not job.online.done and retry_at is not None and retry_at > wall and (job.job_id, ONLINE_TIMER) not in schedule.not_before:
+        yield retry_at  # after a restart: the Retry-After its event recorded
     if job.held and not job.cancel_requested:
         yield (wall // DAY + 1) * DAY  # the next UTC midnight: a daily budget allows it again
 

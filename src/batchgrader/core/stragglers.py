@@ -145,6 +145,23 @@ def unsent_routes(job: JobState, config: Config, now: float) -> list[RouteChunk]
     return out
 
 
+def deadline_thresholds(job: JobState, config: Config) -> list[float]:
+    """The times (wall clock) at which a rule above changes its answer for ``job``: each running
+    batch's and each unsent chunk's ``deadline - margin``, and the cutoff; [] without a deadline."""
+    profile = _profile(job, config)
+    due = job_deadline(job)
+    if profile is None or due is None or job.cancel_requested:
+        return []
+    concurrency = int(profile.get("online_concurrency") or 1)
+    out = [due - MIN_MARGIN_SECONDS]
+    for c in job.chunks.values():
+        if c.in_flight and c.batch_id and not c.straggler:
+            out.append(due - margin(_unanswered(c), concurrency))
+        elif pending(c):
+            out.append(due - margin(c.requests, concurrency))
+    return out
+
+
 def straggler_rows(job: JobState, c: ChunkState) -> list[str]:
     """The rows of straggler chunk ``c`` that its cancelled batch did not answer (not planned yet)."""
     if not (c.straggler and c.done):
