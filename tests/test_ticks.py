@@ -671,3 +671,33 @@ def test_a_tick_that_prepares_a_job_asks_for_the_next_at_once(home):
     rig.tick()  # a poll
     assert not rig.engine.again
     rig.close()
+
+
+def test_a_refused_chunk_of_a_job_with_reused_rows_is_replanned_with_every_row_it_held(home):
+    """With rows answered at prepare (here the preflight's, as stored answers are), a chunk's range
+    counts only the rows sent, so its rows sit later in the requests file than its range says.
+    Re-planning it after a refusal must still take every one of them: none is left unanswered."""
+    rig = Rig(home, "preflight_rows: 2\n")
+    try:
+        (rig.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(6)))
+        for _ in range(5):
+            rig.tick()
+            if rig.provider.open_batches():
+                break
+        (batch,) = rig.provider.open_batches()
+        assert rig.job().chunks[0].requests == 4  # rows 3-6: the first two were answered by the preflight
+        rig.provider.finish(batch.id, "failed", errors=[("token_limit_exceeded", "Enqueued token limit reached")])
+        rig.tick()
+        (replanned,) = rig.events("ChunkReplanned")
+        assert sum(len(c["custom_ids"]) for c in replanned["chunks"]) == 4
+        for _ in range(10):
+            rig.provider.finish_all()
+            rig.tick()
+            if rig.job().ended:
+                break
+        assert rig.job().ended == "completed"
+        rows = rig.result_rows()
+        assert len(rows) == 6 and all(r["error"] == "" for r in rows)
+        assert sorted(r["answered_by"] for r in rows) == ["batch"] * 4 + ["preflight"] * 2
+    finally:
+        rig.close()

@@ -236,16 +236,21 @@ class PrepareSteps:
         # may be the whole file
         cids: list[str] = []
         positions, tokens, sizes = array("q"), array("Q"), array("Q")
-        first, last = (c.start, c.end) if c.custom_ids is None else (0, None)
-        tok_all, size_all = _token_sizes(self.ctx.home.job_dir(job.job_id) / "tokens.bin", first, last)
+        # A prepared chunk's range counts the rows sent: with answers reused, its rows sit at
+        # file positions from ``start`` on, later by the rows reused before them; so the file is
+        # read from ``start`` until every row of the chunk is found.
+        first = c.start if c.custom_ids is None else 0
+        tok_all, size_all = _token_sizes(self.ctx.home.job_dir(job.job_id) / "tokens.bin", first, None)
         requests_path = Path(job.requests_path or "")
-        for pos, line in enumerate(islice(_lines(requests_path), first, last), start=first):
+        for pos, line in enumerate(islice(_lines(requests_path), first, None), start=first):
             cid = request_custom_id(line)
             if cid in ids:
                 positions.append(pos)
                 cids.append(cid)
                 tokens.append(tok_all[pos - first])
                 sizes.append(size_all[pos - first])
+                if len(cids) == len(ids):
+                    break
         del tok_all, size_all
         profile = self.ctx.profile_of(job)
         caps = Limits(
