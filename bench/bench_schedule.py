@@ -299,7 +299,7 @@ def schedule(rows_list: list[int], batch_s: float, work: Path) -> list[dict]:
                 f"ideal {r['ideal']:6.1f} s "
                 f"(ratio {r['ratio']:.2f}); {r['batches']} batches ({r['refused']} refused), {r['api_calls']} API calls, "
                 f"{r['status_per_batch_hour']:.0f} status calls/batch-hour; peak RSS {r['rss_mib']:.0f} MiB; "
-                f"{r['answered']:,} rows answered; load {r['load']:.1f}; "
+                f"{r['answered']:,} rows answered{'' if r['answered'] == rows else f' (OF {rows:,}: ROWS LOST)'}; load {r['load']:.1f}; "
                 + ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items()),
                 flush=True,
             )
