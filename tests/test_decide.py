@@ -147,3 +147,18 @@ def test_how_a_finished_job_ends(rig):
     assert "DeleteProviderFiles" not in [type(a).__name__ for a in decide_job(state, j, no_delete, rig.now)]
     state.jobs[j].cancel_requested = True
     assert ending(state.jobs[j]) == ("JobCancelled", {"succeeded": 2, "failed": 0})
+
+
+def test_a_row_the_result_has_no_answer_for_never_ends_the_job_completed(rig):
+    """A row no event failed but the result file has no answer for ("no result (row was not
+    processed)": lost on the way) makes the job completed_with_errors, not completed."""
+    import dataclasses
+
+    job = rig.drop(3)
+    rig.tick()
+    rig.provider.finish_all()
+    rig.tick()
+    done = rig.engine.state.jobs[job.job_id]
+    assert ending(done) == ("JobCompleted", {"state": "completed", "succeeded": 3, "failed": 0})
+    lost = dataclasses.replace(done, result_counts=(2, 1))  # what ResultWritten said: one row without an answer
+    assert ending(lost) == ("JobCompleted", {"state": "completed_with_errors", "succeeded": 3, "failed": 1})

@@ -23,6 +23,10 @@ def ending(job: JobState) -> tuple[str, dict[str, Any]]:
     """How a job whose chunks are all done ends: the final event and its payload."""
     succeeded = job.succeeded_rows
     failed = len(job.failed_rows) + len(job.row_errors)
+    if job.result_counts is not None and job.panel is None:
+        # a row the result file has no answer for is a failed row, even one no event failed
+        # (a row lost on the way would otherwise end the job "completed")
+        failed = max(failed, job.result_counts[1])
     if job.cancel_requested and job.reopened_from in (None, "cancelled"):
         return "JobCancelled", {"succeeded": succeeded, "failed": failed}
     # a cancelled `bgctl retry` leaves the job as its rows say (completed_with_errors, say), not cancelled
