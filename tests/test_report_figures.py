@@ -66,6 +66,20 @@ def test_phases_of_a_single_run_read_as_before():
     assert phase_lines(_phases(events)) == ["prepare 2.0s, submit 1.0s, batches 60.0s, write result 1.0s", "total 64.0s"]
 
 
+def test_the_end_after_the_result_is_its_own_phase_so_the_phases_add_up_to_the_total():
+    events = _events(
+        ("JobAccepted", 0),
+        ("JobPrepared", 2),
+        ("BatchCreated", 3),
+        ("ChunkCompleted", 63),
+        ("ResultWritten", 64),
+        ("JobCompleted", 66.5),  # answers stored, input archived, provider files deleted
+    )
+    phases = _phases(events)
+    assert phase_lines(phases) == ["prepare 2.0s, submit 1.0s, batches 60.0s, write result 1.0s, finish 2.5s", "total 66.5s"]
+    assert sum(p["seconds"] for p in phases if p["attempt"] is not None) == 66.5
+
+
 def test_report_names_follow_result_names():
     assert report_name("/o/answers_results.csv") == "answers_report.html"
     assert report_name("/o/answers_results_20261125T101500Z.csv") == "answers_report_20261125T101500Z.html"

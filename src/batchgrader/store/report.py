@@ -39,7 +39,8 @@ __all__ = ["MAX_FAILED_ROWS", "ResultLayout", "build_report", "distribution", "l
 
 MAX_FAILED_ROWS = 50
 ANSWER_CHARS = 200
-_ENDS = ("ResultWritten", "JobCompleted", "JobFailed", "JobCancelled")
+_FINAL = ("JobCompleted", "JobFailed", "JobCancelled")
+_ENDS = ("ResultWritten", *_FINAL)
 
 
 def _seconds(a: str | None, b: str | None) -> float | None:
@@ -75,6 +76,9 @@ def _attempt_phases(n: int, events: list[Event]) -> list[dict[str, Any]]:
         ("batches", first.get("BatchCreated"), batches_end),
         ("write result", batches_end or first.get("JobPrepared"), written),
     ]
+    ended = next((e.ts for e in reversed(events) if e.type in _FINAL), None)
+    if written and ended and ended > written:  # answers stored, input archived, provider files deleted
+        spans.append(("finish", written, ended))  # so that the phases add up to the total
     return [{"attempt": n, "phase": name, "seconds": _seconds(a, b)} for name, a, b in spans]
 
 
@@ -88,7 +92,7 @@ def _phases(events: Sequence[Event]) -> list[dict[str, Any]]:
             out.append({"attempt": n, "phase": "idle before retry", "seconds": _seconds(previous_end, attempt[0].ts)})
         out += _attempt_phases(n, attempt)
         previous_end = next((e.ts for e in reversed(attempt) if e.type in _ENDS), attempt[-1].ts)
-    end = next((e.ts for e in reversed(events) if e.type in ("JobCompleted", "JobFailed", "JobCancelled")), None)
+    end = next((e.ts for e in reversed(events) if e.type in _FINAL), None)
     out.append({"attempt": None, "phase": "total", "seconds": _seconds(events[0].ts if events else None, end)})
     return out
 
