@@ -20,11 +20,14 @@ def job_tokens_bound(job: JobState, profile: Profile) -> int:
     return input_tokens + job.requests * profile.max_completion_tokens
 
 
+def _batches_sent(j: JobState) -> bool:
+    """Whether ``j`` has begun sending its batches (a chunk uploaded)."""
+    return j.prepared and any(c.upload != "none" for c in j.chunks.values())
+
+
 def spending(j: JobState) -> bool:
     """Whether ``j`` is already sending: a batch uploaded, or rows on its synchronous route."""
-    if j.online.route in SYNC_ROUTES and not j.online.done:
-        return True
-    return j.prepared and any(c.upload != "none" for c in j.chunks.values())
+    return (j.online.route in SYNC_ROUTES and not j.online.done) or _batches_sent(j)
 
 
 def committed_cost(state: State, exclude: str) -> float:
@@ -75,7 +78,7 @@ def committed_tokens(state: State, config: Config, exclude: str) -> int:
     :func:`committed_cost` does for money: jobs cannot each pass daily_token_limit and together exceed it."""
     total = 0
     for j in state.active_jobs():
-        if j.job_id != exclude and j.prepared and any(c.upload != "none" for c in j.chunks.values()):
+        if j.job_id != exclude and _batches_sent(j):
             used = j.prompt_tokens + j.completion_tokens
             total += max(0, job_tokens_bound(j, config.profile(j.profile)) - used)
     return total

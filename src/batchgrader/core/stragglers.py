@@ -82,22 +82,39 @@ def _unanswered(c: ChunkState) -> int:
     return max(0, c.requests - int(counts.get("completed") or 0) - int(counts.get("failed") or 0))
 
 
+def _deadline(job: JobState, config: Config) -> tuple[float, int] | None:
+    """When ``job`` is due and its profile's ``online_concurrency``; None: no deadline binds it
+    (none set, an unknown profile, or the job is being cancelled)."""
+    profile = _profile(job, config)
+    due = job_deadline(job)
+    if profile is None or due is None or job.cancel_requested:
+        return None
+    return due, int(profile.get("online_concurrency") or 1)
+
+
+def _running_lead(c: ChunkState, concurrency: int) -> float:
+    """How long before the deadline the running batch of ``c`` is cancelled."""
+    return margin(_unanswered(c), concurrency)
+
+
+def _unsent_lead(c: ChunkState, concurrency: int) -> float:
+    """How long before the deadline the unsent chunk ``c`` takes the synchronous route."""
+    return margin(c.requests, concurrency)
+
+
 def straggler_cancels(job: JobState, config: Config, now: float, timers: Timers) -> list[CancelBatch]:
     """The batches of ``job`` to cancel because its deadline nears (see the module docstring)."""
-    profile = _profile(job, config)
-    if profile is None or job.cancel_requested:
+    bound = _deadline(job, config)
+    if bound is None:
         return []
-    due = job_deadline(job)
-    if due is None:
-        return []
-    concurrency = int(profile.get("online_concurrency") or 1)
+    due, concurrency = bound
     out: list[CancelBatch] = []
     for c in job.chunks.values():
         if not (c.in_flight and c.batch_id) or c.batch_id in timers.cancel_sent:
             continue
         if c.status in ("cancelling", *TERMINAL_BATCH):
             continue
-        lead = margin(_unanswered(c), concurrency)
+        lead = _running_lead(c, concurrency)
         if now >= due - lead:
             reason = (
                 f"the deadline ({_iso(due)}) is {max(0.0, due - now):.0f} s away and the batch still runs; "
@@ -126,16 +143,15 @@ def unsent_routes(job: JobState, config: Config, now: float) -> list[RouteChunk]
     """The chunks of ``job`` never sent (or waiting to be sent again) once its deadline is within
     the synchronous route's time for their rows: a batch created now would only be cancelled as a
     straggler, so their rows take the synchronous route at once."""
-    profile = _profile(job, config)
-    due = job_deadline(job)
-    if profile is None or due is None or job.cancel_requested:
+    bound = _deadline(job, config)
+    if bound is None:
         return []
-    concurrency = int(profile.get("online_concurrency") or 1)
+    due, concurrency = bound
     out: list[RouteChunk] = []
     for c in job.chunks.values():
         if not pending(c):
             continue
-        lead = margin(c.requests, concurrency)
+        lead = _unsent_lead(c, concurrency)
         if now >= due - lead:
             reason = (
                 f"the deadline ({_iso(due)}) is {max(0.0, due - now):.0f} s away and the chunk was not sent yet; "
@@ -148,17 +164,16 @@ def unsent_routes(job: JobState, config: Config, now: float) -> list[RouteChunk]
 def deadline_thresholds(job: JobState, config: Config) -> list[float]:
     """The times (wall clock) at which a rule above changes its answer for ``job``: each running
     batch's and each unsent chunk's ``deadline - margin``, and the cutoff; [] without a deadline."""
-    profile = _profile(job, config)
-    due = job_deadline(job)
-    if profile is None or due is None or job.cancel_requested:
+    bound = _deadline(job, config)
+    if bound is None:
         return []
-    concurrency = int(profile.get("online_concurrency") or 1)
+    due, concurrency = bound
     out = [due - MIN_MARGIN_SECONDS]
     for c in job.chunks.values():
         if c.in_flight and c.batch_id and not c.straggler:
-            out.append(due - margin(_unanswered(c), concurrency))
+            out.append(due - _running_lead(c, concurrency))
         elif pending(c):
-            out.append(due - margin(c.requests, concurrency))
+            out.append(due - _unsent_lead(c, concurrency))
     return out
 
 
