@@ -293,8 +293,10 @@ def reused_rows(d: dict[str, Any]) -> int:
     job's synchronous route or by its preflight (taken at prepare like stored answers, but each
     sent and billed)."""
     route = d.get("route_summary") or {}
-    sync = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online")) - int(route.get("straggler_rows") or 0)
-    return max(0, int(d.get("cached_rows") or 0) - sync - int(route.get("preflight_rows") or 0))
+    in_job = route.get("answered_in_job")  # core/route_state.answered_in_job
+    if in_job is None:  # a row written before that key: its synchronous rows (it had no preflight count)
+        in_job = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online")) - int(route.get("straggler_rows") or 0)
+    return max(0, int(d.get("cached_rows") or 0) - int(in_job))
 
 
 def route_line(route: dict[str, Any] | None) -> str | None:

@@ -93,7 +93,7 @@ def _online_done(s: Any, job: Any, p: P.OnlineRowsDone, e: Any) -> None:
 def route_summary(job: Any) -> dict[str, Any]:
     """A job's route and its rows and cost by route, for ``bgctl status``, ``costs`` and the
     report: ``{route, reason, rows: {batch, flex, online}, cost_usd: {...}, to_batch,
-    resent_after_crash, stragglers, straggler_rows}`` (``batch`` rows are those sent in batches
+    resent_after_crash, stragglers, straggler_rows, preflight_rows, answered_in_job}`` (``batch`` rows are those sent in batches
     and answered there or failed; its cost is the rest of the job's bill, a preflight's included;
     ``stragglers``: batches cancelled as the deadline neared, ``straggler_rows``: their rows sent
     through the synchronous route instead)."""
@@ -120,6 +120,7 @@ def route_summary(job: Any) -> dict[str, Any]:
         "stragglers": sum(1 for c in job.chunks.values() if c.straggler),
         "straggler_rows": straggled,
         "preflight_rows": len(job.preflight_answers),
+        "answered_in_job": answered_in_job(job),
     }
 
 
