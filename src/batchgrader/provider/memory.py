@@ -133,6 +133,8 @@ class MemoryProvider:
     batches: dict[str, BatchInfo] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     complete_times: list[tuple[str, float]] = field(default_factory=list)  # (custom_id, now) of each synchronous request
+    # every answer the provider billed, batch lines and synchronous calls alike: (job id, custom_id, body)
+    billed: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     # timed batches: seconds from create to completed for a new batch (None: batches move only
     # when told); :meth:`advance` then moves them as the clock passes
     lifetime: Callable[[BatchInfo], float] | None = None
@@ -176,6 +178,7 @@ class MemoryProvider:
                 err.append(_line(self._error_line(cid, code, message)))
             else:
                 out.append(_line(self._output_line(cid, req.get("body") or {})))
+                self.billed.append((b.metadata.get("bg_job", ""), cid, req.get("body") or {}))
         stamp = int(self.now)
         b = dataclasses.replace(
             b,
@@ -331,6 +334,7 @@ class MemoryProvider:
             code, message = self.row_errors[cid]
             raise ProviderRejected("chat.completions.create", 400, message, code=code)
         out = self._output_line(cid, line.get("body") or {})
+        self.billed.append((job_id or "", cid, dict(line.get("body") or {})))
         if fault is not None:
             raise fault.error("chat.completions.create")
         return out
