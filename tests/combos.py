@@ -1,0 +1,325 @@
+"""The combination matrix's driver: one job (or the two a resubmission needs) of a combination of
+features, run tick by tick through the real engine with the in-memory provider and a fake clock,
+and the figures every reader shows of it, gathered for the invariants of
+``tests/test_combinations.py``.
+
+A combination names a value of each feature (:data:`FEATURES`); :func:`valid` says which
+combinations a configuration can hold (the others are refused at load, which
+``tests/test_routes.py`` checks).  :func:`run_combo` writes the configuration, drops the files,
+ticks until every job has ended (answering every batch as it is created) and returns a
+:class:`Outcome`: the provider's record of what was asked and paid, the jobs, and what `status`,
+`report --json`, `costs --json`, `count --json` and the result file say.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import itertools
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from allpairspy import AllPairs
+
+from batchgrader.core.home import Home
+from batchgrader.core.state import JobState
+from batchgrader.daemon.control import apply_control, pending_controls
+from cli_fixtures import run
+from ticks import Rig
+
+#: every feature of the matrix and its values
+FEATURES: dict[str, list[Any]] = {
+    "route": ["batch", "online", "flex", "auto"],
+    "samples": [1, 3],
+    "judges": [False, True],
+    "preflight": [0, 3],
+    "reuse": ["fresh", "resubmit", "changed", "duplicates"],
+    "schema": [False, True],
+    "provider": ["openai", "anthropic", "gemini"],
+}
+
+MODELS = {"openai": "gpt-5-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+# the other judge of a panel: on another provider than the combination's
+OTHER = {"openai": "anthropic", "anthropic": "gemini", "gemini": "openai"}
+
+ROWS = 6
+SCHEMA = (
+    "  type: object\n  properties:\n    reason: {type: string}\n    score: {type: integer}\n"
+    "  required: [reason, score]\n  additionalProperties: false\n"
+)
+
+
+@dataclass(frozen=True)
+class Combo:
+    route: str
+    samples: int
+    judges: bool
+    preflight: int
+    reuse: str
+    schema: bool
+    provider: str
+
+    def __str__(self) -> str:
+        return "-".join(
+            f"{v}"
+            for v in (
+                self.route,
+                f"k{self.samples}",
+                "panel" if self.judges else "solo",
+                f"pf{self.preflight}",
+                self.reuse,
+                "schema" if self.schema else "text",
+                self.provider,
+            )
+        )
+
+    @property
+    def providers(self) -> list[str]:
+        return [self.provider, OTHER[self.provider]] if self.judges else [self.provider]
+
+
+def valid(values: list[Any]) -> bool:
+    """Whether a (partial, in :data:`FEATURES` order) combination can be configured: flex is
+    OpenAI's alone, so neither another provider nor a panel (whose other judge is elsewhere)
+    can take it."""
+    names = list(FEATURES)[: len(values)]
+    c = dict(zip(names, values))
+    if c.get("route") == "flex" and (c.get("provider", "openai") != "openai" or c.get("judges")):
+        return False
+    return True
+
+
+def pairs_of(values: dict[str, Any]) -> set[tuple[str, Any, str, Any]]:
+    names = list(FEATURES)
+    return {(a, values[a], b, values[b]) for i, a in enumerate(names) for b in names[i + 1 :]}
+
+
+def wanted_pairs() -> set[tuple[str, Any, str, Any]]:
+    """Every pair of values of two features that some valid combination holds."""
+    return set().union(*(pairs_of(dict(zip(FEATURES, v))) for v in itertools.product(*FEATURES.values()) if valid(list(v))))
+
+
+#: combinations the issue reported broken, whose faults need three features at once (pairs alone may miss them)
+REPORTED = [
+    {"route": "batch", "samples": 1, "judges": False, "preflight": 3, "reuse": "resubmit", "schema": False, "provider": "openai"},
+    {"route": "batch", "samples": 1, "judges": False, "preflight": 3, "reuse": "changed", "schema": True, "provider": "openai"},
+    {"route": "batch", "samples": 3, "judges": True, "preflight": 0, "reuse": "fresh", "schema": True, "provider": "openai"},
+    {"route": "online", "samples": 3, "judges": False, "preflight": 0, "reuse": "fresh", "schema": False, "provider": "openai"},
+    {
+        "route": "batch",
+        "samples": 1,
+        "judges": False,
+        "preflight": 3,
+        "reuse": "duplicates",
+        "schema": False,
+        "provider": "anthropic",
+    },
+]
+
+
+def matrix() -> list[Combo]:
+    """The all-pairs combinations: allpairspy's, then (its filter can leave pairs out) for each pair
+    still missing, the valid combination that holds the most missing pairs; then :data:`REPORTED`."""
+    combos = [dict(zip(FEATURES, v)) for v in AllPairs(list(FEATURES.values()), filter_func=valid)]
+    missing = wanted_pairs() - set().union(*(pairs_of(c) for c in combos))
+    candidates = [dict(zip(FEATURES, v)) for v in itertools.product(*FEATURES.values()) if valid(list(v))]
+    while missing:
+        best = max(candidates, key=lambda c: len(pairs_of(c) & missing))
+        combos.append(best)
+        missing -= pairs_of(best)
+    return [Combo(**c) for c in combos + [r for r in REPORTED if r not in combos]]
+
+
+def combo_config(c: Combo) -> str:
+    """The config.yaml of a combination: profile ``p`` answers it (a panel ``p`` of two judges)."""
+    route = "auto" if c.route == "auto" else c.route
+    common = [f"    route: {route}"]
+    if c.route == "auto":
+        common.append("    deadline: 30m")  # sooner than a batch is expected to take: the route goes online
+    lines = [f"preflight_rows: {c.preflight}", "max_row_retries: 0"]
+    if c.schema:
+        lines.append("response_format:\n" + SCHEMA.rstrip("\n"))
+    lines.append("profiles:")
+    if c.judges:
+        lines += ["  p:", "    judges: [j1, j2]", f"    samples: {c.samples}"]
+        for i, prov in enumerate(c.providers, 1):
+            lines += [f"  j{i}:", f"    provider: {prov}", f"    model: {MODELS[prov]}", f"    samples: {c.samples}", *common]
+    else:
+        lines += ["  p:", f"    provider: {c.provider}", f"    model: {MODELS[c.provider]}", f"    samples: {c.samples}", *common]
+    return "\n".join(lines) + "\n"
+
+
+def texts_of(c: Combo) -> tuple[list[str], list[str] | None]:
+    """The rows of the first file and, for a resubmission, of the second."""
+    first = [f"essay number {i}" for i in range(ROWS)]
+    if c.reuse == "duplicates":
+        first[4], first[5] = first[0], first[1]
+        return first, None
+    if c.reuse == "resubmit":
+        return first, list(first)
+    if c.reuse == "changed":
+        second = list(first)
+        second[2] = "essay number 2 rewritten"
+        return first, second
+    return first, None
+
+
+def answer(schema: bool):
+    def _answer(cid: str, body: Any) -> str:
+        score = int(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest(), 16) % 5 + 1
+        return json.dumps({"reason": f"because {score}", "score": score}) if schema else f"grade {score}"
+
+    return _answer
+
+
+@dataclass
+class Outcome:
+    combo: Combo
+    rig: Rig
+    driver: Driver
+    jobs: list[JobState] = field(default_factory=list)  # the top jobs (a panel, not its judges), in order
+    status: list[dict[str, Any]] = field(default_factory=list)
+    report: list[dict[str, Any]] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+    count: dict[str, Any] = field(default_factory=dict)
+    results: list[list[dict[str, str]]] = field(default_factory=list)
+
+
+def request_key(cid: str, body: dict[str, Any]) -> str:
+    """What makes a request distinct: its body and, for a row's k samples (identical bodies), the sample."""
+    m = re.search(r"-s([0-9]+)$", cid)
+    return hashlib.sha256(json.dumps([body, m.group(1) if m else "1"], sort_keys=True).encode()).hexdigest()
+
+
+def write_file(home: Home, name: str, texts: list[str]) -> None:
+    folder = home.inbox / "p"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+
+
+class Driver:
+    """Ticks a combination's rig, answering every batch as it is created; ``cancel_at``: at that
+    tick, `bgctl cancel` the job then running (what was billed then is kept in ``billed_at_cancel``)."""
+
+    def __init__(self, rig: Rig, cancel_at: int | None = None) -> None:
+        self.rig = rig
+        self.ticks = 0
+        self.cancel_at = cancel_at
+        self.cancelled: str | None = None
+        self.billed_at_cancel: int | None = None
+
+    def billed_for(self, job_id: str) -> int:
+        """The answers billed for job ``job_id`` (and its judges')."""
+        return sum(1 for job, _cid, _body in self.rig.provider.billed if job == job_id or job.startswith(f"{job_id}-j"))
+
+    def run_until_ended(self, name: str, limit: int = 80) -> JobState:
+        for _ in range(limit):
+            self.rig.tick(2.0)
+            self.ticks += 1
+            top = [j for j in self.rig.engine.state.jobs.values() if j.file == name and j.panel_of is None]
+            if self.ticks == self.cancel_at and top and not top[-1].ended:
+                res = run("cancel", top[-1].job_id)
+                assert res.exit_code == 0, res.output
+                for path in pending_controls(self.rig.home):  # as the daemon applies them before a tick
+                    assert apply_control(self.rig.engine, json.loads(path.read_text())) is None
+                    path.unlink()
+                self.cancelled, self.billed_at_cancel = top[-1].job_id, self.billed_for(top[-1].job_id)
+                continue  # the batches in flight are left as they are until the daemon has acted on the cancel
+            self.rig.provider.finish_all()
+            if top and top[-1].ended:
+                return top[-1]
+        states = [(j.job_id, j.state) for j in self.rig.engine.state.jobs.values()]
+        raise AssertionError(f"{name} did not end in {limit} ticks: {states}")
+
+
+def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
+    """Run combination ``c`` to its end and gather what every reader says of it."""
+    rig = Rig(home, combo_config(c))
+    rig.provider.answer = answer(c.schema)
+    out = Outcome(c, rig, Driver(rig, cancel_at))
+    first, second = texts_of(c)
+    write_file(home, "a.csv", first)
+    out.jobs.append(out.driver.run_until_ended("a.csv"))
+    if second is not None:
+        write_file(home, "b.csv", second)
+        out.jobs.append(out.driver.run_until_ended("b.csv"))
+    for job in out.jobs:
+        out.status.append(json.loads(run("status", job.job_id, "--json").output))
+        out.report.append(json.loads(run("report", job.job_id, "--json").output))
+        path = home.outbox / f"{job.file[:-4]}_results.csv"
+        out.results.append(list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8")))) if path.exists() else [])
+    out.costs = json.loads(run("costs", "--by", "job", "--json").output)
+    return out
+
+
+def count_of(home: Home, c: Combo, texts: list[str]) -> dict[str, Any]:
+    """`bgctl count FILE --profile p --json` of a file of ``texts``, before it is sent."""
+    path = home.root / "count.csv"
+    path.write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    res = run("count", str(path), "--profile", "p", "--json")
+    return json.loads(res.output)
+
+
+#: the invariants every combination holds, by the name :func:`violations` reports a break under
+INVARIANTS = {
+    "paid once": "every distinct request answered and paid at most once, across all jobs",
+    "result tokens = bill": "the token columns of the results sum to the usage the provider billed",
+    "figures agree": "status, report --json, costs and the result file agree on rows, failures, tokens and cost",
+    "count names the models": "count names every model that ran",
+    "count bounds the bill": "count's estimate is an upper bound of the bill",
+}
+
+
+def billed_tokens(out: Outcome) -> tuple[int, int]:
+    p = out.rig.provider
+    return len(p.billed) * p.prompt_tokens, len(p.billed) * p.completion_tokens
+
+
+def result_tokens(rows: list[dict[str, str]]) -> tuple[int, int]:
+    def col(row: dict[str, str], suffix: str) -> int:
+        return sum(int(v or 0) for k, v in row.items() if k == suffix or k.endswith("_" + suffix))
+
+    return sum(col(r, "input_tokens") for r in rows), sum(col(r, "output_tokens") for r in rows)
+
+
+def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
+    """Each invariant (:data:`INVARIANTS`) the combination's run breaks, with what was seen."""
+    broken: dict[str, str] = {}
+    p = out.rig.provider
+    paid = Counter(request_key(cid, body) for _job, cid, body in p.billed)
+    twice = [cid for _job, cid, body in p.billed if paid[request_key(cid, body)] > 1]
+    if twice:
+        broken["paid once"] = f"requests paid more than once: {sorted(set(twice))}"
+    billed = billed_tokens(out)
+    got = [result_tokens(rows) for rows in out.results]
+    summed = (sum(g[0] for g in got), sum(g[1] for g in got))
+    if summed != billed:
+        broken["result tokens = bill"] = f"result token columns {summed}, billed {billed}"
+    costs = {r["key"]: r for r in out.costs["rows"]}
+    for job, status, report, rows in zip(out.jobs, out.status, out.report, out.results):
+        tin, tout = result_tokens(rows)
+        failed = sum(1 for r in rows if r.get("error"))
+        c = costs.get(job.job_id, {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+        seen = {
+            "rows": (status["rows"], report["rows"]["total"], len(rows)),
+            "failed": (status["failed"], report["rows"]["failed"], failed),
+            "tokens in": (status["prompt_tokens"], report["tokens"]["prompt"], c["prompt_tokens"], tin),
+            "tokens out": (status["output_tokens"], report["tokens"]["completion"], c["completion_tokens"], tout),
+            "cost": (round(status["cost_usd"], 6), round(report["cost_usd"]["billed"], 6), round(c["cost_usd"], 6)),
+        }
+        for what, values in seen.items():
+            if len(set(values)) > 1:
+                broken.setdefault("figures agree", "")
+                broken["figures agree"] += f" {job.job_id} {what} (status, report, costs[, result]) = {values};"
+    models = {body["model"] for _job, _cid, body in p.billed}
+    named = json.dumps(estimate)
+    if not all(m in named for m in models):
+        broken["count names the models"] = f"ran {sorted(models)}, count priced {estimate.get('model')}"
+    bound = estimate.get("estimated_cost_usd", {}).get("max_total") or 0.0
+    if bound < out.status[0]["cost_usd"] - 1e-12:
+        broken["count bounds the bill"] = f"count's upper bound {bound} < billed {out.status[0]['cost_usd']}"
+    return broken
