@@ -23,10 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
+from batchgrader.core.home import Home  # noqa: E402
 from benchdocs import machine, write_section  # noqa: E402
 from combos import FEATURES, INVARIANTS, count_of, matrix, run_combo, texts_of, violations  # noqa: E402
-
-from batchgrader.core.home import Home  # noqa: E402
 
 SECTION = "## Combination matrix (`bench/bench_matrix.py`)"
 
