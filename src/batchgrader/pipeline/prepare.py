@@ -251,10 +251,11 @@ def request_lines(path: Path, profile: Profile, builder: RequestBuilder, reader:
     samples = int(profile.get("samples") or 1)
     of = _row_reader(Path(path), profile, builder, file_hash, samples)
     chat = builder.spec.chat
+    template = builder.line_template()  # the same bytes as dumps_line, without building each request
     for row in reader:
         user, cids = of(row)
         for scid in cids:
-            yield dumps_line(builder.request(scid, chat(user)))
+            yield template.line(scid, user) if template is not None else dumps_line(builder.request(scid, chat(user)))
 
 
 def oversized_lines(lines: Sequence[bytes], profile: Profile, limits: Limits) -> set[int]:
