@@ -214,7 +214,8 @@ def test_transient_errors_are_retried_a_bounded_number_of_times_with_the_reason_
     rig.tick()
     rig.tick()
     (row,) = queries.status(rig.home)
-    assert "overloaded" in (row.get("last_error") or row.get("error") or "")
+    shown = row.get("last_error") or row.get("error") or ""
+    assert "overloaded" in shown and "try 1" in shown  # the reason, and how many tries so far
     for attempt in range(1, PREFLIGHT_MAX_ATTEMPTS + 1):
         rig.tick(preflight_delay(attempt))
     job = rig.job()

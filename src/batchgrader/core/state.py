@@ -442,7 +442,7 @@ def _preflight_failed(s: State, job: JobState, p: P.PreflightFailed, e: Event) -
 @folds(P.PreflightUnreachable)
 def _preflight_unreachable(s: State, job: JobState, p: P.PreflightUnreachable, e: Event) -> None:
     job.preflight, job.preflight_retry_at, job.preflight_error = "unreachable", float(p["retry_at"]), p["error"]
-    job.last_error = f"{PREFLIGHT_UNREACHABLE} ({p['error']}); it is sent again"
+    job.last_error = f"{PREFLIGHT_UNREACHABLE} or asked to wait ({p['error']}); try {job.preflight_attempts}, it is sent again"
     job.preflight_open.clear()  # the row sent had its outcome: no answer
 
 
