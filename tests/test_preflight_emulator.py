@@ -45,7 +45,7 @@ def test_a_passed_preflight_answers_its_rows_through_the_sync_api(home):
     rows = list(csv.DictReader(io.StringIO((home.outbox / "a_results.csv").read_text(encoding="utf-8"))))
     assert len(rows) == 6 and all(r["error"] == "" and r["grade"] for r in rows)
     preflight_cost = [u for u in events(home, "TokensUsed") if u["chunk"] == -1]
-    assert len(preflight_cost) == 1 and preflight_cost[0]["cost_usd"] > 0
+    assert len(preflight_cost) == 2 and all(u["cost_usd"] > 0 for u in preflight_cost)  # one per row, as it was answered
 
 
 def test_a_truncating_bound_fails_the_job_in_seconds_without_a_batch(home):
@@ -121,4 +121,4 @@ def test_the_preflight_runs_in_the_sandbox(home):
     assert res.returncode == 0, res.stderr[-2000:]
     job = only_job(home)
     assert job.sandbox and job.preflight == "passed" and job.ended == "completed"
-    assert len(events(home, "PreflightRequested")) == 1 and sum(c.requests for c in job.chunks.values()) == 2
+    assert len(events(home, "PreflightRowAnswered")) == 3 and sum(c.requests for c in job.chunks.values()) == 2

@@ -85,9 +85,10 @@ class RestoreInput(Action):
 
 @dataclass(frozen=True)
 class Preflight(Action):
-    """Send the job's first rows through the provider's synchronous API before it is prepared
-    into batches (intent ``PreflightRequested``, outcome ``PreflightPassed`` / ``PreflightFailed``
-    / ``PreflightUnreachable``)."""
+    """Send the first requests the job will send (its preflight's rows not answered yet) through
+    the provider's synchronous API before it is prepared into batches, one row at a time (intent
+    ``PreflightRequested``, outcome ``PreflightRowAnswered`` / ``PreflightFailed`` /
+    ``PreflightUnreachable``; ``PreflightPassed`` once every row is answered)."""
 
     stage: ClassVar[int] = 2
     ends_step: ClassVar[bool] = True

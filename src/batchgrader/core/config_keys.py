@@ -139,7 +139,7 @@ KEYS: dict[str, Key] = {
     "preflight_rows": Key(
         3,
         _int(0),
-        "Before a job's first batch, send its first rows through the provider's synchronous API; any failure fails the job before a batch is created. 0 turns it off.",
+        "Before a job's first batch, send this many of the requests it will send (stored answers, duplicates and rows too large left out) through the provider's synchronous API; any failure fails the job before a batch is created. 0 turns it off.",
     ),
     "route": Key(
         "batch",

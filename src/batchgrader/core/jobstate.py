@@ -142,6 +142,8 @@ class JobState:
     preflight_retry_at: float | None = None
     preflight_error: str | None = None
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
+    preflight_open: set[str] = field(default_factory=set)  # rows whose request left with no outcome yet (a crash: uncertain)
+    preflight_resent: set[str] = field(default_factory=set)  # rows sent again after a crash left them open (once each)
     online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/route_state.py)
     deadline_at: float | None = None  # when the job is due (JobPrepared.deadline_at; core/stragglers.py)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it

@@ -271,10 +271,10 @@ class JobCancelled(TypedDict):
     1,
     "preflight (intent)",
     {
-        "rows": "custom_ids of the rows sent (the first `preflight_rows` rows)",
+        "rows": "the custom_id of the row sent (one intent per request; in older logs every row of the try, the first `preflight_rows` rows)",
         "attempt": "1 for the first try; one more for each try after the provider could not be reached or a crash",
     },
-    intent_for="PreflightPassed|PreflightFailed|PreflightUnreachable",
+    intent_for="PreflightRowAnswered|PreflightPassed|PreflightFailed|PreflightUnreachable",
 )
 class PreflightRequested(TypedDict):
     rows: list[str]
@@ -286,7 +286,7 @@ class PreflightRequested(TypedDict):
     "preflight",
     {
         "answers": "per row: {custom_id, key, content, finish_reason, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens}; these rows are answered and not sent in a batch",
-        "cost_usd": "what the rows cost at the standard (not batch) price (also in the TokensUsed with chunk -1 beside it)",
+        "cost_usd": "what the rows cost at the standard (not batch) price (each row's also in the TokensUsed beside its PreflightRowAnswered; in older logs in one TokensUsed with chunk -1 beside this event)",
     },
 )
 class PreflightPassed(TypedDict):
@@ -299,7 +299,7 @@ class PreflightPassed(TypedDict):
     "preflight",
     {
         "custom_id": "the row that failed",
-        "row_code": "its code: the provider's HTTP error code, or truncated, refused, invalid_output, unexpected_finish",
+        "row_code": "its code: the provider's HTTP error code, or truncated, refused, invalid_output, unexpected_finish, malformed_result, request_not_sent (the client would not send it), unreachable or rate_limited (every try met a transient error)",
         "error": "the provider's own message",
         "hint": "the fix",
     },
@@ -316,12 +316,39 @@ class PreflightFailed(TypedDict):
     "preflight",
     {
         "error": "why the provider could not be reached (or asked to wait)",
-        "retry_at": "when the preflight is sent again (epoch seconds; backoff doubling from 5 s to 5 min)",
+        "retry_at": "when the preflight is sent again (epoch seconds; the provider's Retry-After when it gave one, else a backoff doubling from 5 s to 5 min)",
     },
 )
 class PreflightUnreachable(TypedDict):
     error: str
     retry_at: float
+
+
+@event(
+    1,
+    "preflight",
+    {
+        "custom_id": "the row answered",
+        "key": "its request key (the answers store's key)",
+        "content": "the answer",
+        "finish_reason": "the provider's finish reason",
+        "prompt_tokens": "billed input tokens",
+        "cached_tokens": "of which read from the prompt cache",
+        "completion_tokens": "billed output tokens",
+        "reasoning_tokens": "of which reasoning",
+        "cost_usd": "its cost at the standard (not batch) price (also in the TokensUsed with chunk -1 beside it)",
+    },
+)
+class PreflightRowAnswered(TypedDict):
+    custom_id: str
+    key: str
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cost_usd: float
 
 
 # --- the synchronous routes (route: flex | online | auto) ---------------------------------------

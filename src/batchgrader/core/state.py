@@ -409,6 +409,18 @@ PREFLIGHT_UNREACHABLE = "preflight: the provider could not be reached"
 def _preflight_requested(s: State, job: JobState, p: P.PreflightRequested, e: Event) -> None:
     job.preflight = "requested"
     job.preflight_attempts = int(p["attempt"])
+    for cid in p["rows"]:
+        if cid in job.preflight_open:  # its earlier request had no outcome (a crash): sent again
+            job.preflight_resent.add(cid)
+        job.preflight_open.add(cid)
+
+
+@folds(P.PreflightRowAnswered)
+def _preflight_row_answered(s: State, job: JobState, p: P.PreflightRowAnswered, e: Event) -> None:
+    """One preflight row answered and paid for (its TokensUsed beside it): kept, never sent again."""
+    job.preflight_open.discard(p["custom_id"])
+    answer = {k: v for k, v in p.items() if k != "cost_usd"}
+    job.preflight_answers = [a for a in job.preflight_answers if a["custom_id"] != p["custom_id"]] + [answer]
 
 
 @folds(P.PreflightPassed)
@@ -417,18 +429,21 @@ def _preflight_passed(s: State, job: JobState, p: P.PreflightPassed, e: Event) -
         job.last_error = None
     job.preflight, job.preflight_retry_at, job.preflight_error = "passed", None, None
     job.preflight_answers = list(p["answers"])
+    job.preflight_open.clear()
 
 
 @folds(P.PreflightFailed)
 def _preflight_failed(s: State, job: JobState, p: P.PreflightFailed, e: Event) -> None:
     job.preflight, job.preflight_retry_at = "failed", None
     job.preflight_error = f"{p['row_code']}: {p['error']}"
+    job.preflight_open.clear()
 
 
 @folds(P.PreflightUnreachable)
 def _preflight_unreachable(s: State, job: JobState, p: P.PreflightUnreachable, e: Event) -> None:
     job.preflight, job.preflight_retry_at, job.preflight_error = "unreachable", float(p["retry_at"]), p["error"]
-    job.last_error = f"{PREFLIGHT_UNREACHABLE} ({p['error']}); it is sent again"
+    job.last_error = f"{PREFLIGHT_UNREACHABLE} or asked to wait ({p['error']}); try {job.preflight_attempts}, it is sent again"
+    job.preflight_open.clear()  # the row sent had its outcome: no answer
 
 
 @folds(P.OutboxWriteFailed)

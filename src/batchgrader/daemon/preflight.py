@@ -1,35 +1,51 @@
-"""The engine step that runs a job's preflight: its first rows through the provider's synchronous
-API, with exactly the bodies its batches would carry, before it is prepared into batches.
+"""The engine step that runs a job's preflight: a few of its requests through the provider's
+synchronous API, with exactly the bodies its batches would carry, before it is prepared into
+batches.
 
-Intent -> call -> outcome: ``PreflightRequested`` (stamped before the first request leaves),
-then one ``complete`` call per row, then one outcome:
+The preflight's rows are the first ``preflight_rows`` requests prepare would actually send
+(:meth:`PreflightStep.rows`): a row with a usable stored answer, a row identical to an earlier
+one of the file, and a row prepare would fail alone as ``request_too_large`` are left out; with
+nothing left to send there is no preflight.  The input is opened through prepare's own checks
+(:func:`~batchgrader.pipeline.prepare.open_checked`: sheet, required columns, label and group
+columns) and each row read is checked as prepare checks it (its id, its label), so a file prepare
+refuses fails the job (at prepare, with its own code) before anything is paid.
 
-* ``PreflightPassed`` (with a ``TokensUsed`` of chunk -1 at the standard price, in the same
-  transaction): the rows' answers are kept in the event; when the job is prepared they are
-  taken like answers from the answers store (``daemon/reuse.py``), so those rows are not sent in
-  a batch;
+Intent -> call -> outcome, one row at a time: ``PreflightRequested`` (that row, stamped before
+its request leaves), the ``complete`` call, then:
+
+* ``PreflightRowAnswered`` (with a ``TokensUsed`` of chunk -1 at the standard price, and the
+  answer put in the answers store, in the same transaction): the row is answered and paid for,
+  and never sent again; once every row of the preflight is, ``PreflightPassed``.  When the job is
+  prepared these answers are taken like answers from the answers store (``daemon/reuse.py``), so
+  those rows are not sent in a batch;
 * ``PreflightFailed``, then the job fails with ``preflight_failed`` (error report, input moved to
-  failed/, ``JobFailed``): an HTTP error, or an answer that is ``truncated``, ``refused``,
-  ``invalid_output`` or ``unexpected_finish``;
-* ``PreflightUnreachable``: the provider could not be reached, answered 5xx or asked to wait
-  (429); the preflight is sent again after a backoff (:func:`~batchgrader.core.decide.preflight_delay`).
+  failed/, ``JobFailed``): a definite refusal (4xx other than 429), an answer that is
+  ``truncated``, ``refused``, ``invalid_output`` or ``unexpected_finish`` (billed: its
+  ``TokensUsed`` is recorded beside), a request the client would not send (``request_not_sent``:
+  a parameter the SDK refuses, a missing key), or :data:`~batchgrader.core.decide.PREFLIGHT_MAX_ATTEMPTS`
+  tries that met only transient errors;
+* ``PreflightUnreachable``: a transient error (connection, timeout, lost reply, 5xx, 429); the
+  rows not answered yet are sent again no earlier than the provider's Retry-After, else after
+  the backoff (:func:`~batchgrader.core.decide.preflight_delay`); the reason is the job's last
+  error meanwhile (``bgctl status``).
 
 A synchronous request has no record at the provider to reconcile with, so a daemon killed
-between ``PreflightRequested`` and its outcome sends the preflight again on restart: each such
-crash costs at most one more preflight (``preflight_rows`` requests at the standard price).
-Input that cannot be read, an unknown profile or a missing price are left to prepare, which fails
-the job for them with their own codes.
+between a row's ``PreflightRequested`` and its outcome sends that row again on restart, once: a
+row left so a second time is not sent again by the preflight (it goes in a batch).
+An unknown profile, a missing price or input prepare refuses are left to prepare, which fails the
+job for them with their own codes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import ConfigError
-from batchgrader.core.decide import preflight_delay, utc_day
+from batchgrader.core.config import ConfigError, Profile
+from batchgrader.core.decide import PREFLIGHT_MAX_ATTEMPTS, preflight_delay, utc_day
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
@@ -38,15 +54,18 @@ from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import first_requests
+from batchgrader.pipeline.prepare import limits_for, open_checked, oversized_lines, request_lines
 from batchgrader.pipeline.pricing import PricingError, billed_cost, standard_price
-from batchgrader.pipeline.results import RowOutcome, parse_line
+from batchgrader.pipeline.requests import RequestBuilder
+from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.tables import InputError
-from batchgrader.provider.protocol import OutcomeUnknown, ProviderRejected, ProviderUnavailable
+from batchgrader.provider.protocol import RETRYABLE_STATUSES, OutcomeUnknown, ProviderRejected, ProviderUnavailable
+from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
 USAGE = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+FIRST_BLOCK = 16  # request lines read before the first look-up (then 4 times more each time, at most 4096)
 
 
 def fix_for(code: str, job_id: str) -> str:
@@ -60,7 +79,16 @@ def fix_for(code: str, job_id: str) -> str:
         return f"Check the profile's response_format schema and the prompts, {retry}."
     if code == "unexpected_finish":
         return f"See the provider's documentation of that finish reason, {retry}."
+    if code in ("unreachable", "rate_limited"):
+        return f"Check the network and the provider's status and rate limits (`bgctl doctor`), {retry}."
+    if code == "request_not_sent":
+        return f"The provider's client refused to send the request: fix the setting it names (model, parameters, key) in config.yaml, {retry}."
     return f"Fix the setting the provider names (model, parameters, key, deployment) in config.yaml, {retry}."
+
+
+def transient(exc: ProviderRejected) -> bool:
+    """A refusal that means "not now": 429 (and 408, 409), or a 5xx."""
+    return exc.retryable or exc.status_code in RETRYABLE_STATUSES or exc.status_code >= 500
 
 
 class PreflightStep:
@@ -74,75 +102,150 @@ class PreflightStep:
         self.finish = finish
 
     def run(self, job: JobState, now: float) -> None:
-        """Send ``job``'s preflight and record its outcome (see the module docstring)."""
+        """Send the rows of ``job``'s preflight not answered yet, and record each outcome (see
+        the module docstring)."""
         try:
             profile = self.ctx.profile_of(job)
             self.ctx.prices.get(profile.model)
-            lines = first_requests(Path(job.input_path), profile, self.ctx.home, job.sha256, int(profile.preflight_rows))
+            lines = self.rows(job, profile)
         except (ConfigError, InputError, PricingError, UnicodeError, OSError):
-            lines = []
-        if not lines:  # nothing to send, or input prepare fails the job for
+            lines = []  # prepare fails the job for it, with its own code, before anything is paid
+        job = self.ctx.state.jobs[job.job_id]
+        if not lines and not job.preflight_answers:  # nothing to send: no preflight
             self.prepare.prepare(job, now)
             return
         keys = dict(line_keys(self.ctx.provider_key_for(job), lines))
-        self.ctx.emit(job.job_id, _e("PreflightRequested", rows=list(keys), attempt=job.preflight_attempts + 1))
+        answered = {(a["custom_id"], a["key"]) for a in job.preflight_answers}  # the same request answered: never paid again
+        given_up = job.preflight_open & job.preflight_resent  # left without an outcome twice by a crash
+        todo = [raw for raw, row in zip(lines, keys.items()) if row not in answered and row[0] not in given_up]
+        attempt = job.preflight_attempts + 1
         assert self.ctx.provider is not None
         schema = schema_of(profile.response_format)
-        answers: list[dict[str, Any]] = []
-        for raw in lines:
+        for raw in todo:
             line = json.loads(raw)
+            cid = str(line["custom_id"])
+            self.ctx.emit(job.job_id, _e("PreflightRequested", rows=[cid], attempt=attempt))  # before it leaves
             try:
                 got = self.ctx.provider.complete(line, job.job_id)
             except ProviderRejected as exc:
-                if exc.retryable:
-                    return self._unreachable(job, f"{exc}", now)
-                return self._failed(job, line["custom_id"], str(exc.code or f"http_{exc.status_code}"), str(exc), now)
+                if transient(exc):
+                    code = "rate_limited" if exc.status_code == 429 else "unreachable"
+                    return self._unreachable(job, cid, code, str(exc), exc.retry_after, attempt, now)
+                return self._failed(job, cid, str(exc.code or f"http_{exc.status_code}"), str(exc), now)
             except (OutcomeUnknown, ProviderUnavailable) as exc:
-                return self._unreachable(job, str(exc), now)
-            o: RowOutcome = parse_line(got)
-            rec = outcome_record(o, schema)
-            if not rec["ok"]:
-                return self._failed(job, o.custom_id, str(rec["error_code"]), str(rec["error_message"]), now)
-            answers.append(
-                {
-                    "custom_id": o.custom_id,
-                    "key": keys[o.custom_id],
-                    "content": o.content or "",
-                    "finish_reason": o.finish_reason,
-                    **{k: int(rec.get(k) or 0) for k in USAGE},
-                }
+                return self._unreachable(job, cid, "unreachable", str(exc), getattr(exc, "retry_after", None), attempt, now)
+            except Exception as exc:  # noqa: BLE001 - the client would not send it (TypeError, ValueError, the SDK's own)
+                return self._failed(job, cid, "request_not_sent", f"{type(exc).__name__}: {exc}", now)
+            try:
+                rec = outcome_record(parse_line(got), schema)
+            except Exception as exc:  # noqa: BLE001 - an answer that cannot be read is not retried (it was paid)
+                return self._failed(job, cid, "malformed_result", f"the answer could not be read: {exc}", now)
+            usage = {k: int(rec.get(k) or 0) for k in USAGE}
+            cost = self._cost(profile.model, usage)
+            used = _e("TokensUsed", chunk=-1, batch_id=None, model=profile.model, cost_usd=cost, day=utc_day(now), **usage)
+            self.ctx.on_progress()
+            if not rec["ok"]:  # paid for, not usable: its cost recorded with the failure, and the job fails
+                return self._failed(job, cid, str(rec["error_code"]), str(rec["error_message"]), now, used)
+            answer = {
+                "custom_id": cid,
+                "key": keys[cid],
+                "content": rec.get("content") or "",
+                "finish_reason": rec.get("finish_reason"),
+            }
+            self.ctx.emit(
+                job.job_id,
+                _e("PreflightRowAnswered", **answer, **usage, cost_usd=cost),
+                used,
+                also=self._store(job, profile, {**answer, **usage}),
             )
-        self._passed(job, profile.model, answers, now)
+        self._passed(job, profile.model)
 
-    def _passed(self, job: JobState, model: str, answers: list[dict[str, Any]], now: float) -> None:
-        usage = {k: sum(a[k] for a in answers) for k in USAGE}
+    def rows(self, job: JobState, profile: Profile) -> list[bytes]:
+        """The request lines of the job's preflight: the first ``preflight_rows`` requests prepare
+        would send (those of rows the preflight answered already included).  Raises what prepare
+        raises for the rows read (:func:`~batchgrader.pipeline.prepare.open_checked`,
+        :func:`~batchgrader.pipeline.prepare.request_lines`)."""
+        n = int(profile.preflight_rows or 0)
+        if n <= 0:
+            return []
+        path = Path(job.input_path)
+        builder = RequestBuilder(profile, self.ctx.home, job.sha256)
+        probe = self.prepare.reuse.send_probe(job, profile, self.ctx.trusted_wall())
+        limits = self.ctx.limits(profile) or limits_for(profile, self._context_window(profile))
+        out: list[bytes] = []
+        size = FIRST_BLOCK
         try:
-            cost = billed_cost(
-                standard_price(self.ctx.prices.get(model)),
-                usage["prompt_tokens"],
-                usage["cached_tokens"],
-                usage["completion_tokens"],
-            )
+            with open_checked(path, profile, builder) as reader:
+                lines = request_lines(path, profile, builder, reader, job.sha256)
+                while len(out) < n:
+                    block = list(islice(lines, size))
+                    if not block:
+                        break
+                    send = probe.block(block) if probe is not None else [True] * len(block)
+                    sendable = [line for line, s in zip(block, send) if s]
+                    too_large = oversized_lines(sendable, profile, limits)  # failed alone by prepare: not sent here
+                    out += [line for i, line in enumerate(sendable) if i not in too_large][: n - len(out)]
+                    size = min(4096, 4 * size)
+        finally:
+            if probe is not None:
+                probe.finish(())  # its temporary table of keys closed
+        return out
+
+    def _context_window(self, profile: Profile) -> int | None:
+        if profile.context_window is not None:
+            return profile.context_window
+        price = self.ctx.prices.find(profile.model)
+        return price.context_window if price else None
+
+    def _cost(self, model: str, usage: dict[str, int]) -> float:
+        try:
+            price = standard_price(self.ctx.prices.get(model))
         except PricingError:
-            cost = 0.0
-        self.ctx.emit(
-            job.job_id,
-            _e("PreflightPassed", answers=answers, cost_usd=float(cost)),
-            _e("TokensUsed", chunk=-1, batch_id=None, model=model, cost_usd=float(cost), day=utc_day(now), **usage),
-        )
+            return 0.0
+        return float(billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]))
+
+    def _store(self, job: JobState, profile: Profile, answer: dict[str, Any]) -> Any:
+        """Put one preflight answer in the answers store, in the transaction of its event, for
+        later jobs (nothing when ``cache_days`` is 0)."""
+        keep_days = self.ctx.settings.cache_days
+        if keep_days <= 0:
+            return None
+        row = {
+            **answer,
+            "provider": self.ctx.provider_key_for(job),
+            "model": profile.model,
+            "job_id": job.job_id,
+            "batch_id": None,
+        }
+        when = self.ctx.trusted_wall()  # retention: not by a clock stepped forward
+
+        def put(conn: Any) -> None:
+            from batchgrader.store import answers
+
+            answers.put(conn, [row], now=when, keep_days=keep_days)
+
+        return put
+
+    def _passed(self, job: JobState, model: str) -> None:
+        answers = list(self.ctx.state.jobs[job.job_id].preflight_answers)
+        usage = {k: sum(int(a[k]) for a in answers) for k in USAGE}
+        cost = self._cost(model, usage)  # each row's cost is in its own TokensUsed already
+        self.ctx.emit(job.job_id, _e("PreflightPassed", answers=answers, cost_usd=cost))
         log.info("job %s: preflight passed (%d rows, $%.6f at the standard price)", job.job_id, len(answers), cost)
 
-    def _failed(self, job: JobState, custom_id: str, code: str, message: str, now: float) -> None:
+    def _failed(self, job: JobState, custom_id: str, code: str, message: str, now: float, *paid: NewEvent) -> None:
         hint = fix_for(code, job.job_id)
-        self.ctx.emit(job.job_id, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
+        self.ctx.emit(job.job_id, *paid, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
         log.warning("job %s: preflight failed on row %s: %s: %s", job.job_id, custom_id, code, message)
-        error = f"the preflight (the first rows through the provider's synchronous API, before any batch) failed on row {custom_id}: {code}: {message}"
+        error = f"the preflight (a few rows through the provider's synchronous API, before any batch) failed on row {custom_id}: {code}: {message}"
         self.finish.fail(job, "preflight_failed", error, hint + " No batch was created.", "preflight", now)
 
-    def _unreachable(self, job: JobState, error: str, now: float) -> None:
-        attempt = self.ctx.state.jobs[job.job_id].preflight_attempts
-        retry_at = now + preflight_delay(attempt)
-        self.ctx.emit(job.job_id, _e("PreflightUnreachable", error=error, retry_at=retry_at))
-        log.warning(
-            "job %s: preflight could not reach the provider (%s); sent again in %.0f s", job.job_id, error, retry_at - now
-        )
+    def _unreachable(
+        self, job: JobState, custom_id: str, code: str, error: str, retry_after: float | None, attempt: int, now: float
+    ) -> None:
+        if attempt >= PREFLIGHT_MAX_ATTEMPTS:
+            why = f"{attempt} tries of the preflight met only transient errors (the limit is {PREFLIGHT_MAX_ATTEMPTS}); the last: {error}"
+            return self._failed(job, custom_id, code, why, now)
+        wait = retry_after if retry_after is not None else preflight_delay(attempt)
+        self.ctx.emit(job.job_id, _e("PreflightUnreachable", error=error, retry_at=now + wait))
+        log.warning("job %s: preflight row %s: %s (%s); sent again in %.0f s", job.job_id, custom_id, code, error, wait)

@@ -4,6 +4,7 @@ duplicate rows (followers) of a job, and the answers a merged chunk adds to the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -63,6 +64,25 @@ class ReuseSteps:
 
         return ReuseProbe(self.ctx.provider_key_for(job), lookup, on_send=on_send)
 
+    def send_probe(self, job: JobState, profile: Profile, now: float) -> ReuseProbe | None:
+        """What tells the preflight, as it reads the rows, which of them prepare would send: the
+        rows :meth:`reuse_probe` leaves to send (no usable stored answer, not identical to an
+        earlier row), except that a row the job's own preflight answered stays one of them (its
+        answer, stored too, must not make the preflight take a further row).  None when every
+        row is sent (reuse off: no stored answer, no duplicate taken out)."""
+        if not reuse_enabled(job, profile):
+            return None
+        own = {a["key"] for a in job.preflight_answers}
+        conn = self.ctx.store.conn
+
+        def lookup(keys: Any) -> dict[str, Any]:
+            found = answers.lookup(
+                conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
+            )
+            return {k: a for k, a in found.items() if k not in own}
+
+        return ReuseProbe(self.ctx.provider_key_for(job), lookup)
+
     def decide_reuse(self, job: JobState, profile: Profile, probe: ReuseProbe | None, prep: Any) -> ReusePlan | None:
         """The reuse plan of a prepared job; None when every row is sent.  When some rows are
         answered already, ``prep.chunks`` is planned again over the rows still to send."""
@@ -71,6 +91,7 @@ class ReuseSteps:
         plan = probe.finish(oversized_positions(prep))
         if not plan.reused:
             return None
+        plan.cached = [(cid, _as_copy(cid, a)) for cid, a in plan.cached]
         limits = self.ctx.limits(profile) or Limits.from_settings(profile, self._context_window(profile))
         prep.chunks = replan(prep.tokens, prep.sizes, plan.keep, limits)
         return plan
@@ -221,6 +242,15 @@ def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
     found = {a["key"]: _in_job(job, a, PREFLIGHT) for a in job.preflight_answers}
     found.update({a["key"]: _in_job(job, a, a["tier"]) for a in job.online.answers.values()})
     return found
+
+
+def _as_copy(cid: str, a: Any) -> Any:
+    """A preflight answer taken for another row than its own (a row identical to it): a reused
+    answer (``answered_by: reused``, its tokens not billed again, counted as saved), not a second
+    row answered and billed by the preflight."""
+    if a.ts == PREFLIGHT and a.custom_id != cid and not a.error_code:
+        return dataclasses.replace(a, ts="")
+    return a
 
 
 def _in_job(job: JobState, a: dict[str, Any], how: str) -> answers.StoredAnswer:

@@ -61,8 +61,7 @@ def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: 
 def input_tokens_of(lines: Sequence[bytes], profile: Profile) -> int:
     """The input tokens of request lines (as :func:`prepare` writes them), counted offline with
     the model's tokenizer as :func:`prepare` counts them."""
-    counter = ChatTokenCounter(profile.get("azure_model") or profile.model, profile.default_encoding)
-    return sum(counter.count_many([json.loads(line)["body"]["messages"] for line in lines]))
+    return sum(_line_tokens(lines, profile))
 
 
 def file_sha256(path: Path) -> str:
@@ -224,6 +223,57 @@ def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec
     return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
 
 
+@contextlib.contextmanager
+def open_checked(path: Path, profile: Profile, builder: RequestBuilder) -> Iterator[Any]:
+    """The table opened as :func:`prepare` reads it, after every check that needs only its header
+    and the configuration: its format and encoding, the sheet, the columns the prompts, the
+    ``response_field`` and the ``id_column`` ask for (a missing one named with its fix,
+    :func:`missing_column_advice`), the ``reference_column`` and ``group_column``
+    (:func:`~batchgrader.pipeline.labels.check_columns`).  Prepare and the preflight both open
+    the input here, so the preflight pays nothing for a file prepare would refuse at its header."""
+    try:
+        with open_table(
+            Path(path),
+            required_columns=builder.required_columns(),
+            sheet=profile.get("sheet"),
+            encoding=profile.get("encoding", "utf-8"),
+        ) as reader:
+            check_columns(Path(path), profile, list(reader.columns))
+            yield reader
+    except MissingColumn as exc:
+        raise missing_column_advice(exc, profile, builder.spec) from None
+
+
+def request_lines(path: Path, profile: Profile, builder: RequestBuilder, reader: Any, file_hash: str) -> Iterator[bytes]:
+    """Every request line of ``reader``'s rows, in order, exactly as :func:`prepare` writes them
+    (``samples`` requests per row), each row checked as prepare checks it (its id, its label):
+    the same :class:`InputError` for the same row."""
+    samples = int(profile.get("samples") or 1)
+    of = _row_reader(Path(path), profile, builder, file_hash, samples)
+    chat = builder.spec.chat
+    template = builder.line_template()  # the same bytes as dumps_line, without building each request
+    for row in reader:
+        user, cids = of(row)
+        for scid in cids:
+            yield template.line(scid, user) if template is not None else dumps_line(builder.request(scid, chat(user)))
+
+
+def oversized_lines(lines: Sequence[bytes], profile: Profile, limits: Limits) -> set[int]:
+    """The positions among ``lines`` (request lines as :func:`prepare` writes them) of those that
+    prepare would fail alone as ``request_too_large`` under ``limits`` (their tokens counted as
+    prepare counts them, their size in bytes)."""
+    if not lines:
+        return set()
+    tokens = array("Q", (max(0, n) for n in _line_tokens(lines, profile)))
+    sizes = array("Q", (len(line) for line in lines))
+    return {o.position for o in plan_chunks(tokens, sizes, limits)[1]}
+
+
+def _line_tokens(lines: Sequence[bytes], profile: Profile) -> list[int]:
+    counter = ChatTokenCounter(profile.get("azure_model") or profile.model, profile.default_encoding)
+    return counter.count_many([json.loads(line)["body"]["messages"] for line in lines])
+
+
 def check_input(path: Path, profile: Profile, home: Home) -> int:
     """Read ``path`` through as :func:`prepare` would (its format, encoding, sheet and the
     columns the profile's prompts need), without counting tokens: the number of rows, or the
@@ -369,6 +419,30 @@ def _context_window(profile: Profile, prices: PriceTable | None) -> int | None:
         return None
 
 
+def _row_reader(
+    path: Path, profile: Profile, builder: RequestBuilder, file_hash: str, samples: int
+) -> Callable[[Any], tuple[str, Sequence[str]]]:
+    """What prepare makes of each row, in file order: its user message and the custom_ids of its
+    requests (``samples`` of them), after the checks of the row (its label; its id: not empty,
+    not repeated), which raise :class:`InputError`."""
+    user_message = builder.spec.user_message
+    ids = _RowIds(path, builder.id_column, default_custom_id(file_hash, 0)[:-1], samples)
+    check_label = label_checker(profile)
+    label_column = profile.get("reference_column")
+
+    def of(row: Any) -> tuple[str, Sequence[str]]:
+        user = user_message(row.values, text_of)
+        if check_label is not None:
+            label = text_of(row.values.get(label_column))
+            problem = check_label(label) if label.strip() else None
+            if problem:
+                raise label_error(path, profile, label, problem, row.number, row.line)
+        cid = ids.of(row)
+        return user, (sample_ids(cid, samples) if samples > 1 else (cid,))
+
+    return of
+
+
 def _read_rows(
     reader: Any,
     prep: Preparation,
@@ -379,26 +453,16 @@ def _read_rows(
     file_hash: str,
 ) -> int:
     """Every row's requests (k with samples) built, sized, and handed to ``blocks``; the rows read."""
-    path, profile, spec = prep.path, builder.profile, builder.spec
+    spec = builder.spec
     # Every request of the job is the same but for its user message, so its tokens are a
     # constant (``counting.const``) plus the user text's.
-    user_message = spec.user_message
-    samples = prep.samples
-    ids = _RowIds(path, builder.id_column, default_custom_id(file_hash, 0)[:-1], samples)
-    check_label = label_checker(profile)
-    label_column = profile.get("reference_column")
+    of = _row_reader(prep.path, builder.profile, builder, file_hash, prep.samples)
     texts, lines, cids, keep_cids = blocks.texts, blocks.lines, blocks.cids, blocks.reuse is not None
     sizes_append = prep.sizes.append
     rows = 0
     for row in reader:
-        user = user_message(row.values, text_of)
-        if check_label is not None:
-            label = text_of(row.values.get(label_column))
-            problem = check_label(label) if label.strip() else None
-            if problem:
-                raise label_error(path, profile, label, problem, row.number, row.line)
-        cid = ids.of(row)
-        for scid in sample_ids(cid, samples) if samples > 1 else (cid,):  # k requests per row (pipeline/samples.py)
+        user, row_cids = of(row)
+        for scid in row_cids:  # k requests per row with samples (pipeline/samples.py)
             if template is None:
                 data = dumps_line(builder.request(scid, spec.chat(user)))
                 sizes_append(len(data))
@@ -453,15 +517,7 @@ def _prepare(
         counting.pool()  # every row is counted
     context_window = _context_window(profile, prices)
 
-    with (
-        open_table(
-            path,
-            required_columns=builder.required_columns(),
-            sheet=profile.get("sheet"),
-            encoding=profile.get("encoding", "utf-8"),
-        ) as reader,
-        contextlib.closing(counting),
-    ):
+    with open_checked(path, profile, builder) as reader, contextlib.closing(counting):
         prep = Preparation(
             path=path,
             fmt=reader.fmt,
@@ -473,7 +529,6 @@ def _prepare(
             max_completion_tokens=profile.max_completion_tokens,
             response_format=profile.response_format,
         )
-        check_columns(path, profile, prep.columns)
         prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
         if not counting.tokenizer.known:
             prep.warnings.append(
