@@ -48,6 +48,18 @@ class Rejection:
     movable: bool  # a regular file we may move to failed/; links and special files are left alone
 
 
+def _link_or_special(st: os.stat_result) -> str | None:
+    """What an inbox entry is when it is not a file of its own (None: it is one): a symbolic link,
+    a hard link (a regular file with other names, perhaps outside the home, which the daemon
+    must not take over as its input), a FIFO, a device or socket."""
+    if stat.S_ISREG(st.st_mode):
+        if st.st_nlink > 1:
+            return f"a hard link (one of {st.st_nlink} names of the same file, which may be outside the home), not a file of its own"
+        return None
+    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+    return f"{kind}, not a regular file"
+
+
 def fingerprint(path: Path, st: os.stat_result) -> str:
     return f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
 
@@ -80,20 +92,14 @@ class InboxScanner:
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     continue  # profile folders handled by _folders; others reported there
-                if not stat.S_ISREG(st.st_mode):
-                    kind = (
-                        "a symbolic link"
-                        if stat.S_ISLNK(st.st_mode)
-                        else "a FIFO"
-                        if stat.S_ISFIFO(st.st_mode)
-                        else "a device or socket"
-                    )
+                kind = _link_or_special(st)
+                if kind is not None:
                     rejected.append(
                         Rejection(
                             path,
                             profile,
                             "not_regular_file",
-                            f"{entry.name} is {kind}, not a regular file; it was left where it is. Copy the real file into the inbox instead.",
+                            f"{entry.name} is {kind}; it was left where it is. Copy the real file into the inbox instead.",
                             fingerprint(path, st),
                             movable=False,
                         )
