@@ -358,3 +358,59 @@ def test_an_inbox_on_another_file_system_gets_a_report_not_a_stuck_daemon(home, 
         assert not list(home.work.iterdir())  # no empty work folders piled up
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+# --- issue 32: names derived from a long file name fit the file system -----------------------------
+
+
+def test_fit_name_cuts_the_stem_deterministically_to_255_utf8_bytes():
+    assert fsio.fit_name("answers", "_results.csv") == "answers_results.csv"  # a name that fits is kept
+    long_a, long_b = "é" * 124 + "a", "é" * 124 + "b"  # 249 bytes each, the same up to the end
+    a, b = fsio.fit_name(long_a, "_results.csv"), fsio.fit_name(long_b, "_results.csv")
+    assert len(a.encode()) <= 255 and len(b.encode()) <= 255 and a != b
+    assert a.endswith("_results.csv") and a.startswith("é" * 100) and a == fsio.fit_name(long_a, "_results.csv")
+    assert len(fsio.fit_name("x", "." + "y" * 300).encode()) <= 255  # an ending too long is cut too
+
+
+def test_a_file_name_of_250_bytes_gets_its_result_and_its_error_report_and_the_daemon_goes_on(home, tmp_path):
+    """Every name derived from an inbox file's name fits in 255 bytes: the result and the
+    archived copy of a 250-byte name (twice, so the second gets a time-stamped name), the error
+    report of a rejected one; the daemon goes on with the other files, tick after tick."""
+    from batchgrader.pipeline.inbox import submit_file
+    from ticks import Rig
+
+    long_csv = "é" * 123 + ".csv"  # 250 bytes
+    long_txt = "x" * 246 + ".txt"  # 250 bytes, an unsupported type: rejected with an error report
+    assert len(long_csv.encode()) == len(long_txt.encode()) == 250
+    rig = Rig(home)
+    try:
+        for round_ in (1, 2):
+            src = tmp_path / str(round_) / long_csv
+            src.parent.mkdir()
+            src.write_text("id,response\n1,long\n", encoding="utf-8")
+            submit_file(home, src, fresh=True)  # its marker's name is derived too
+            (home.inbox / f"ok{round_}.csv").write_text("id,response\n1,fine\n")
+            if round_ == 1:
+                (home.inbox / long_txt).write_text("hello")
+            rig.engine.scan_requested = True  # what the inbox watcher does
+            for _ in range(3):
+                rig.tick()
+            rig.provider.finish_all()
+            for _ in range(3):
+                rig.tick(5)
+        accepted = sorted(e["file"] for e in rig.events("JobAccepted"))
+        assert accepted == sorted([long_csv, long_csv, "ok1.csv", "ok2.csv"]) and len(rig.events("JobCompleted")) == 4
+        assert len(rig.events("FreshAnswersRequested")) == 2
+        assert [e["file"] for e in rig.events("FileRejected")] == [long_txt]
+        names = [p.name for folder in (home.outbox, home.archive, home.failed) for p in folder.iterdir()]
+        assert all(len(n.encode()) <= 255 for n in names)
+        results = sorted(p.name for p in home.outbox.iterdir() if p.name.startswith("é"))
+        assert len(results) == 2 and results[0].endswith("_results.csv") and results[1].endswith("Z.csv")
+        assert results[1].startswith(results[0].removesuffix(".csv") + "_")  # the same name, time-stamped
+        assert all((home.outbox / n).read_text().count("long") == 1 for n in results)
+        (report,) = [p for p in home.outbox.iterdir() if p.name.startswith("x") and p.name.endswith("_error.txt")]
+        assert "unsupported file type" in report.read_text()
+        assert len([p for p in home.archive.iterdir() if p.name.startswith("é")]) == 2
+        assert not list(home.inbox.iterdir())  # every file taken, every marker removed
+    finally:
+        rig.close()

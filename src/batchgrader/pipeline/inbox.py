@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchgrader.core.home import Home
-from batchgrader.fsio import atomic_write_bytes, fsync_dir
+from batchgrader.fsio import atomic_write_bytes, fit_name, fsync_dir
 from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by cli/actions too
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
@@ -204,7 +204,7 @@ def fresh_marker(inbox_file: Path) -> Path:
     """`bgctl submit --fresh`: an empty dot-file next to the inbox file (ignored by the scan); the
     daemon notes it in the claim record and then removes it."""
     p = Path(inbox_file)
-    return p.parent / f".{p.name}.fresh"
+    return p.parent / fit_name(f".{p.name}", ".fresh")
 
 
 def submit_file(home: Home, src: Path, profile: str | None = None, fresh: bool = False) -> Path:
@@ -218,9 +218,9 @@ def submit_file(home: Home, src: Path, profile: str | None = None, fresh: bool =
     dest = folder / src.name
     n = 1
     while dest.exists():
-        dest = folder / f"{src.stem}-{n}{src.suffix}"
+        dest = folder / fit_name(src.stem, f"-{n}{src.suffix}")
         n += 1
-    tmp = folder / f".{dest.name}.part"
+    tmp = folder / fit_name(f".{dest.name}", ".part")
     if fresh:
         marker = fresh_marker(dest)
         marker.write_bytes(b"")
