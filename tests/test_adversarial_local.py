@@ -3,6 +3,7 @@ bad control files and bad inbox entries."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -414,3 +415,44 @@ def test_a_file_name_of_250_bytes_gets_its_result_and_its_error_report_and_the_d
         assert not list(home.inbox.iterdir())  # every file taken, every marker removed
     finally:
         rig.close()
+
+
+def test_control_characters_in_file_names_are_escaped_wherever_a_name_is_shown(home):
+    """A newline, ESC or bidi override in an inbox file's name never splits a status line, fakes
+    another one or drives the terminal: shown escaped (``\\n``, ``\\x1b``, ``\\u202e``) in the
+    job list, the job's detail, the inbox listing, the events, the rejection reason and the error
+    report; the job itself is graded as usual and --json keeps the real name."""
+    from cli_fixtures import run
+    from ticks import Rig
+
+    graded = "evil\nJOB 1 completed\x1b[31m.csv"
+    rejected = "bad\u202e\r\n.txt"
+    rig = Rig(home)
+    try:
+        (home.inbox / graded).write_text("id,response\n1,a\n")
+        (home.inbox / rejected).write_text("x")
+        for _ in range(3):
+            rig.tick()
+        rig.provider.finish_all()
+        for _ in range(3):
+            rig.tick(5)
+        (home.inbox / "wait\nme.csv").write_text("id,response\n1,a\n")
+        (job,) = [j for j in rig.engine.state.jobs.values() if not j.rejected]
+        assert job.ended == "completed" and job.file == graded
+        (reason,) = [e["reason"] for e in rig.events("FileRejected")]
+        assert reason.startswith("bad\\u202e\\r\\n.txt: unsupported file type")
+        report = next(p for p in home.outbox.iterdir() if p.name.endswith("_error.txt")).read_text()
+        assert report.startswith("BatchGrader could not process bad\\u202e\\r\\n.txt\n")
+    finally:
+        rig.close()
+    shown = [run("status", "--all", columns=200), run("status", job.job_id, columns=200), run("events", columns=200)]
+    assert all(r.exit_code == 0 for r in shown), [r.output for r in shown]
+    listing, detail, events = (r.output for r in shown)
+    assert "evil\\nJOB 1 completed\\x1b[31m.csv" in listing and "wait\\nme.csv" in listing
+    assert "evil\\nJOB 1 completed\\x1b[31m.csv" in detail
+    assert "bad\\u202e\\r\\n.txt" in listing and "bad\\u202e\\r\\n.txt" in events
+    for out in (listing, detail, events):
+        assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+        assert not any(line.lstrip().startswith(("JOB 1", "me.csv", ".txt")) for line in out.splitlines())
+    as_json = json.loads(run("status", "--json").output)
+    assert graded in {r.get("file") for r in as_json}

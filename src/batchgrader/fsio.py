@@ -1,4 +1,5 @@
-"""fsio: every durable write in one place.
+"""fsio: every durable write in one place, and the names derived from a file's name (:func:`fit_name`
+for the file system, :func:`shown_name` for people).
 
 A file is written to a temporary name (``TMP_PREFIX``) in its final folder, flushed, fsynced,
 then renamed (or, with ``overwrite=False``, linked) into place, and the folder is fsynced.  So a
@@ -29,6 +30,35 @@ _TMP_RANDOM = 8  # the characters tempfile.mkstemp adds after the prefix
 
 def _bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")  # a name's undecodable bytes are one byte each
+
+
+#: what a name shown to people never holds as it is: C0 and C1 control characters (newline, ESC
+#: and the terminal sequences it starts), DEL, the Unicode line separators and the bidirectional
+#: overrides (which make a name read differently from what it is)
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown_name(name: str) -> str:
+    """A file name as it is shown (status tables, error reports, rejection reasons, logs): each
+    control character escaped as Python writes it (``\\n``, ``\\x1b``, ``\\u202e``), so a name
+    stays on one line and never moves the cursor, colours the terminal or fakes another line;
+    a name without any is itself."""
+    return _UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), name)
+
+
+def shown_names(data: Any) -> Any:
+    """``data`` (the rows, events and payloads ``bgctl status``, ``bgctl events`` and the
+    dashboard show: dicts and lists) with every text passed through :func:`shown_name`: a file
+    name reaches them in many fields (file, path, fingerprint, reasons quoting it), and none of
+    them is meant to hold a control character.  ``--json`` output keeps the text as it is (JSON
+    escapes it itself)."""
+    if isinstance(data, str):
+        return shown_name(data)
+    if isinstance(data, dict):
+        return {k: shown_names(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [shown_names(v) for v in data]
+    return data
 
 
 def fit_name(stem: str, tail: str = "", limit: int = NAME_MAX) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchgrader.core.home import Home
-from batchgrader.fsio import atomic_write_bytes, fit_name, fsync_dir
+from batchgrader.fsio import atomic_write_bytes, fit_name, fsync_dir, shown_name
 from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by cli/actions too
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
@@ -99,7 +99,7 @@ class InboxScanner:
                             path,
                             profile,
                             "not_regular_file",
-                            f"{entry.name} is {kind}; it was left where it is. Copy the real file into the inbox instead.",
+                            f"{shown_name(entry.name)} is {kind}; it was left where it is. Copy the real file into the inbox instead.",
                             fingerprint(path, st),
                             movable=False,
                         )
@@ -111,7 +111,7 @@ class InboxScanner:
                             path,
                             profile,
                             "unsupported_format",
-                            f"{entry.name}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
+                            f"{shown_name(entry.name)}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
                             fingerprint(path, st),
                             movable=True,
                         )
@@ -163,7 +163,7 @@ class InboxScanner:
                             p,
                             entry.name,
                             "unknown_profile",
-                            f"{entry.name}/{sub.name}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
+                            f"{shown_name(entry.name)}/{shown_name(sub.name)}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
                             "the file was left where it is",
                             fingerprint(p, os.lstat(p)),
                             movable=False,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.fsio import DERIVED_NAME_MAX, fit_name
+from batchgrader.fsio import DERIVED_NAME_MAX, fit_name, shown_name
 from batchgrader.pipeline.formats.registry import result_suffix
 
 
@@ -184,7 +184,7 @@ def _billed_cells(cols: AddedColumns, outcome: Mapping[str, Any], json_values: b
 
 def error_report(file: str, job_id: str, reason: str, hint: str, extra: str = "") -> str:
     lines = [
-        f"BatchGrader could not process {file}",
+        f"BatchGrader could not process {shown_name(file)}",
         f"job: {job_id}",
         "",
         f"What went wrong: {reason}",
