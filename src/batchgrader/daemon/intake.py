@@ -132,7 +132,11 @@ class IntakeSteps:
             why = "it cannot be moved into the work area (the inbox is on another file system); put the inbox on the same file system as the BatchGrader home"
             movable = False
         else:
-            code, why, movable = "unreadable", f"it cannot be read or moved ({exc.__class__.__name__}: {shown_name(str(exc))})", True
+            code, why, movable = (
+                "unreadable",
+                f"it cannot be read or moved ({exc.__class__.__name__}: {shown_name(str(exc))})",
+                True,
+            )
         log.error("inbox file %s cannot be taken: %s", name, why)
         self._reject(inbox_mod.Rejection(cand.path, cand.profile, code, f"{name}: {why}", _shown(fp), movable=movable), now)
 

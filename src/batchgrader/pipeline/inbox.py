@@ -54,7 +54,9 @@ def _link_or_special(st: os.stat_result) -> str | None:
     must not take over as its input), a FIFO, a device or socket."""
     if stat.S_ISREG(st.st_mode):
         if st.st_nlink > 1:
-            return f"a hard link (one of {st.st_nlink} names of the same file, which may be outside the home), not a file of its own"
+            return (
+                f"a hard link (one of {st.st_nlink} names of the same file, which may be outside the home), not a file of its own"
+            )
         return None
     kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
     return f"{kind}, not a regular file"
