@@ -3,6 +3,7 @@ bad control files and bad inbox entries."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -358,3 +359,100 @@ def test_an_inbox_on_another_file_system_gets_a_report_not_a_stuck_daemon(home, 
         assert not list(home.work.iterdir())  # no empty work folders piled up
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+# --- issue 32: names derived from a long file name fit the file system -----------------------------
+
+
+def test_fit_name_cuts_the_stem_deterministically_to_255_utf8_bytes():
+    assert fsio.fit_name("answers", "_results.csv") == "answers_results.csv"  # a name that fits is kept
+    long_a, long_b = "é" * 124 + "a", "é" * 124 + "b"  # 249 bytes each, the same up to the end
+    a, b = fsio.fit_name(long_a, "_results.csv"), fsio.fit_name(long_b, "_results.csv")
+    assert len(a.encode()) <= 255 and len(b.encode()) <= 255 and a != b
+    assert a.endswith("_results.csv") and a.startswith("é" * 100) and a == fsio.fit_name(long_a, "_results.csv")
+    assert len(fsio.fit_name("x", "." + "y" * 300).encode()) <= 255  # an ending too long is cut too
+
+
+def test_a_file_name_of_250_bytes_gets_its_result_and_its_error_report_and_the_daemon_goes_on(home, tmp_path):
+    """Every name derived from an inbox file's name fits in 255 bytes: the result and the
+    archived copy of a 250-byte name (twice, so the second gets a time-stamped name), the error
+    report of a rejected one; the daemon goes on with the other files, tick after tick."""
+    from batchgrader.pipeline.inbox import submit_file
+    from ticks import Rig
+
+    long_csv = "é" * 123 + ".csv"  # 250 bytes
+    long_txt = "x" * 246 + ".txt"  # 250 bytes, an unsupported type: rejected with an error report
+    assert len(long_csv.encode()) == len(long_txt.encode()) == 250
+    rig = Rig(home)
+    try:
+        for round_ in (1, 2):
+            src = tmp_path / str(round_) / long_csv
+            src.parent.mkdir()
+            src.write_text("id,response\n1,long\n", encoding="utf-8")
+            submit_file(home, src, fresh=True)  # its marker's name is derived too
+            (home.inbox / f"ok{round_}.csv").write_text("id,response\n1,fine\n")
+            if round_ == 1:
+                (home.inbox / long_txt).write_text("hello")
+            rig.engine.scan_requested = True  # what the inbox watcher does
+            for _ in range(3):
+                rig.tick()
+            rig.provider.finish_all()
+            for _ in range(3):
+                rig.tick(5)
+        accepted = sorted(e["file"] for e in rig.events("JobAccepted"))
+        assert accepted == sorted([long_csv, long_csv, "ok1.csv", "ok2.csv"]) and len(rig.events("JobCompleted")) == 4
+        assert len(rig.events("FreshAnswersRequested")) == 2
+        assert [e["file"] for e in rig.events("FileRejected")] == [long_txt]
+        names = [p.name for folder in (home.outbox, home.archive, home.failed) for p in folder.iterdir()]
+        assert all(len(n.encode()) <= 255 for n in names)
+        results = sorted(p.name for p in home.outbox.iterdir() if p.name.startswith("é"))
+        assert len(results) == 2 and results[0].endswith("_results.csv") and results[1].endswith("Z.csv")
+        assert results[1].startswith(results[0].removesuffix(".csv") + "_")  # the same name, time-stamped
+        assert all((home.outbox / n).read_text().count("long") == 1 for n in results)
+        (report,) = [p for p in home.outbox.iterdir() if p.name.startswith("x") and p.name.endswith("_error.txt")]
+        assert "unsupported file type" in report.read_text()
+        assert len([p for p in home.archive.iterdir() if p.name.startswith("é")]) == 2
+        assert not list(home.inbox.iterdir())  # every file taken, every marker removed
+    finally:
+        rig.close()
+
+
+def test_control_characters_in_file_names_are_escaped_wherever_a_name_is_shown(home):
+    """A newline, ESC or bidi override in an inbox file's name never splits a status line, fakes
+    another one or drives the terminal: shown escaped (``\\n``, ``\\x1b``, ``\\u202e``) in the
+    job list, the job's detail, the inbox listing, the events, the rejection reason and the error
+    report; the job itself is graded as usual and --json keeps the real name."""
+    from cli_fixtures import run
+    from ticks import Rig
+
+    graded = "evil\nJOB 1 completed\x1b[31m.csv"
+    rejected = "bad\u202e\r\n.txt"
+    rig = Rig(home)
+    try:
+        (home.inbox / graded).write_text("id,response\n1,a\n")
+        (home.inbox / rejected).write_text("x")
+        for _ in range(3):
+            rig.tick()
+        rig.provider.finish_all()
+        for _ in range(3):
+            rig.tick(5)
+        (home.inbox / "wait\nme.csv").write_text("id,response\n1,a\n")
+        (job,) = [j for j in rig.engine.state.jobs.values() if not j.rejected]
+        assert job.ended == "completed" and job.file == graded
+        (reason,) = [e["reason"] for e in rig.events("FileRejected")]
+        assert reason.startswith("bad\\u202e\\r\\n.txt: unsupported file type")
+        report = next(p for p in home.outbox.iterdir() if p.name.endswith("_error.txt")).read_text()
+        assert report.startswith("BatchGrader could not process bad\\u202e\\r\\n.txt\n")
+    finally:
+        rig.close()
+    shown = [run("status", "--all", columns=200), run("status", job.job_id, columns=200), run("events", columns=200)]
+    assert all(r.exit_code == 0 for r in shown), [r.output for r in shown]
+    listing, detail, events = (r.output for r in shown)
+    assert "evil\\nJOB 1 completed\\x1b[31m.csv" in listing and "wait\\nme.csv" in listing
+    assert "evil\\nJOB 1 completed\\x1b[31m.csv" in detail
+    assert "bad\\u202e\\r\\n.txt" in listing and "bad\\u202e\\r\\n.txt" in events
+    for out in (listing, detail, events):
+        assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+        assert not any(line.lstrip().startswith(("JOB 1", "me.csv", ".txt")) for line in out.splitlines())
+    as_json = json.loads(run("status", "--json").output)
+    assert graded in {r.get("file") for r in as_json}

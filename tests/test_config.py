@@ -149,3 +149,59 @@ def test_samples_default_and_profile_value(home):
     write(home, "profiles:\n  voting:\n    samples: 3\n")
     cfg = load_config(home, environ={})
     assert cfg.default.samples == 1 and cfg.profile("voting").samples == 3
+
+
+def _laughs(indent: str, levels: int, width: int = 10) -> list[str]:
+    """A "billion laughs": each anchor is a list of ``width`` aliases of the one before, so a few
+    hundred bytes expand to width**levels values."""
+    lines = [f'{indent}l0: &l0 "lol"']
+    for i in range(1, levels + 1):
+        aliases = ", ".join([f"*l{i - 1}"] * width)
+        lines.append(f"{indent}l{i}: &l{i} [{aliases}]")
+    return lines
+
+
+def _alias_bomb(levels: int) -> str:
+    head = ["response_format:", "  type: json_schema", "  json_schema:", "    name: x"]
+    return "\n".join(head + _laughs("    ", levels)) + "\n"
+
+
+def test_alias_bomb_in_config_is_refused_naming_the_file_and_the_fix(home):
+    write(home, _alias_bomb(7))  # 10**7 values once expanded, from 600 bytes
+    with pytest.raises(ConfigError) as err:
+        load_config(home, environ={})
+    msg = str(err.value)
+    assert str(home.config_file) in msg and "aliases" in msg and "write the values out" in msg
+    res = CliRunner().invoke(cli, ["config", "show", "--json"])
+    assert res.exit_code != 0 and "aliases" in res.output
+
+
+def test_alias_referring_to_its_own_value_is_refused(home):
+    write(home, "response_format: &rf\n  type: json_schema\n  again: *rf\n")
+    with pytest.raises(ConfigError, match="refers to the value that contains it"):
+        load_config(home, environ={})
+
+
+def test_a_few_aliases_are_still_fine(home):
+    """Anchors shared by profiles (a common YAML idiom) load as before."""
+    write(home, "profiles:\n  a: &d\n    temperature: 0.2\n  b:\n    <<: *d\n    model: gpt-4o-mini\n  c: *d\n")
+    cfg = load_config(home, environ={})
+    assert [cfg.profile(p).temperature for p in "abc"] == [0.2, 0.2, 0.2] and cfg.profile("b").model == "gpt-4o-mini"
+
+
+def test_config_file_over_the_size_limit_is_refused(home):
+    from batchgrader.core.config import MAX_CONFIG_FILE_BYTES
+
+    write(home, "model: gpt-4o\n" + "# padding\n" * (MAX_CONFIG_FILE_BYTES // 10))
+    with pytest.raises(ConfigError) as err:
+        load_config(home, environ={})
+    assert str(home.config_file) in str(err.value) and f"{MAX_CONFIG_FILE_BYTES:,} bytes" in str(err.value)
+
+
+def test_alias_bomb_in_prompts_file_is_refused(home):
+    from batchgrader.pipeline.prompts import load_named_prompts
+
+    home.prompts_file.write_text("\n".join(["prompts:", *_laughs("  ", 7)]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_named_prompts(home)
+    assert str(home.prompts_file) in str(err.value) and "aliases" in str(err.value)

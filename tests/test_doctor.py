@@ -199,6 +199,14 @@ def test_yaml_error_on_the_key_line_never_shows_the_key(home: Home) -> None:
     assert secret not in all_text(checks)
 
 
+def test_config_alias_bomb_fails_the_check_naming_the_fix(home: Home) -> None:
+    lines = ["response_format:", '  l0: &l0 "lol"'] + [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 8)]
+    write_config(home, "\n".join(lines) + "\n")
+    c = by_name(run(home, env_for(key=None)))["config"]
+    assert c.status == FAIL and "aliases (*name) expand it past the limit" in c.detail
+    assert c.fix == f"edit {home.config_file}: write out the values its aliases repeat, or refer to each anchor from fewer places"
+
+
 def test_config_bad_environment_variable(home: Home) -> None:
     c = by_name(run(home, env_for(key=None, BATCHGRADER_TEMPERATURE="hot")))["config"]
     assert c.status == FAIL

@@ -193,6 +193,43 @@ def test_excel_encrypted_and_corrupt(tmp_path):
         open_table(bad)
 
 
+def _padded_workbook(path, part_bytes: int) -> None:
+    """A readable workbook with one more part of ``part_bytes`` zeros: a few KB on disk that
+    inflate to ``part_bytes`` (a zip bomb's shape; openpyxl itself never reads the part)."""
+    _workbook(path)
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as z, z.open("xl/media/pad.bin", "w") as part:
+        block = bytes(1024 * 1024)
+        for _ in range(part_bytes // len(block)):
+            part.write(block)
+
+
+def test_excel_inflating_past_the_limit_is_refused_before_it_is_read(tmp_path):
+    from batchgrader.pipeline.formats.common import MAX_WORKBOOK_INFLATED_BYTES
+
+    path = tmp_path / "big.xlsx"
+    _padded_workbook(path, MAX_WORKBOOK_INFLATED_BYTES + 1024 * 1024)
+    assert path.stat().st_size < 1024 * 1024
+    with pytest.raises(InputError) as ei:
+        open_table(path)
+    msg = str(ei.value)
+    assert msg.startswith("big.xlsx: the workbook inflates to 129.0 MiB") and "over the limit of 128.0 MiB" in msg
+    assert "save the sheet as CSV or Parquet" in msg
+
+
+def test_excel_part_compressed_like_a_zip_bomb_is_refused(tmp_path):
+    path = tmp_path / "bomb.xlsx"
+    _padded_workbook(path, 8 * 1024 * 1024)  # about 1000 times
+    with pytest.raises(InputError) as ei:
+        open_table(path)
+    assert "part 'xl/media/pad.bin' inflates" in str(ei.value) and "over the limit of 100 times" in str(ei.value)
+    with open(path, "rb") as f:  # a stream too
+        with pytest.raises(InputError, match="zip bomb"):
+            open_table(f, fmt="xlsx")
+    _workbook(path)  # an ordinary workbook is read as before
+    with open_table(path, sheet="Data") as t:
+        assert len(list(t)) == 3
+
+
 def test_parquet_nested_and_duplicate_columns(tmp_path):
     pq.write_table(pa.table({"id": [1], "tags": pa.array([["a", "b"]])}), tmp_path / "n.parquet")
     with pytest.raises(InputError) as ei:

@@ -32,6 +32,8 @@ def test_ignored_names_and_rejections(home, tmp_path):
     (home.inbox / "notes.txt").write_text("hi")
     os.mkfifo(home.inbox / "pipe.csv")
     (home.inbox / "link.csv").symlink_to(tmp_path)
+    (tmp_path / "outside.csv").write_text("response\nsecret\n")
+    os.link(tmp_path / "outside.csv", home.inbox / "hard.csv")
     (home.inbox / "unknownprofile").mkdir()
     (home.inbox / "unknownprofile" / "f.csv").write_text("response\nx\n")
     (home.inbox / "scored").mkdir()
@@ -42,6 +44,7 @@ def test_ignored_names_and_rejections(home, tmp_path):
     codes = sorted((r.path.name, r.code, r.movable) for r in rejected)
     assert codes == [
         ("f.csv", "unknown_profile", False),
+        ("hard.csv", "not_regular_file", False),
         ("link.csv", "not_regular_file", False),
         ("notes.txt", "unsupported_format", True),
         ("pipe.csv", "not_regular_file", False),
@@ -93,3 +96,28 @@ def test_watchdogs_stop_race_line_does_not_reach_the_log(home, caplog):
         noisy.error("a real inotify problem")
     messages = [r.getMessage() for r in caplog.records]
     assert messages == ["a real inotify problem"]
+
+
+def test_a_hard_link_to_a_file_outside_the_home_is_refused_and_left_alone(home, tmp_path):
+    """A hard link is refused as a symbolic link is: reported, never taken, never moved; the
+    daemon goes on with the other files."""
+    from ticks import Rig
+
+    outside = tmp_path / "private.csv"
+    outside.write_text("id,response\n1,secret\n")
+    rig = Rig(home)
+    try:
+        os.link(outside, home.inbox / "hard.csv")
+        (home.inbox / "a.csv").write_text("id,response\n1,fine\n")
+        rig.tick()
+        rig.tick()
+        (rejected,) = rig.events("FileRejected")
+        assert rejected["file"] == "hard.csv" and rejected["code"] == "not_regular_file"
+        assert [e["file"] for e in rig.events("JobAccepted")] == ["a.csv"]
+        report = (home.outbox / "hard_error.txt").read_text()
+        assert "hard.csv is a hard link (one of 2 names of the same file" in report
+        assert "Copy the real file (not a link or special file) into the inbox" in report
+        assert (home.inbox / "hard.csv").exists() and os.stat(outside).st_nlink == 2  # left where it is
+        assert all("hard" not in e["path"] for e in rig.events("InputArchived"))
+    finally:
+        rig.close()

@@ -1,4 +1,5 @@
-"""fsio: every durable write in one place.
+"""fsio: every durable write in one place, and the names derived from a file's name (:func:`fit_name`
+for the file system, :func:`shown_name` for people).
 
 A file is written to a temporary name (``TMP_PREFIX``) in its final folder, flushed, fsynced,
 then renamed (or, with ``overwrite=False``, linked) into place, and the folder is fsynced.  So a
@@ -17,6 +18,71 @@ from pathlib import Path
 from typing import IO, Any
 
 TMP_PREFIX = ".bg-tmp-"
+#: the most bytes one path component may have (ext4, XFS, Btrfs, ZFS, APFS): every name derived
+#: from an input file's name (result, error report, archived copy, temporary file) is made to fit
+NAME_MAX = 255
+#: a name derived from an input file's (its result, its error report) is cut to this, leaving room
+#: for what may be added to it later (a job id, then free_path's time stamp and counter), so
+#: ``a_results.csv`` stays ``a_results_20261128T231500Z.csv`` however long ``a`` is
+DERIVED_NAME_MAX = NAME_MAX - 40
+_TMP_RANDOM = 8  # the characters tempfile.mkstemp adds after the prefix
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")  # a name's undecodable bytes are one byte each
+
+
+#: what a name shown to people never holds as it is: C0 and C1 control characters (newline, ESC
+#: and the terminal sequences it starts), DEL, the Unicode line separators and the bidirectional
+#: overrides (which make a name read differently from what it is)
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown_name(name: str) -> str:
+    """A file name as it is shown (status tables, error reports, rejection reasons, logs): each
+    control character escaped as Python writes it (``\\n``, ``\\x1b``, ``\\u202e``), so a name
+    stays on one line and never moves the cursor, colours the terminal or fakes another line;
+    a name without any is itself."""
+    return _UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), name)
+
+
+def shown_names(data: Any) -> Any:
+    """``data`` (the rows, events and payloads ``bgctl status``, ``bgctl events`` and the
+    dashboard show: dicts and lists) with every text passed through :func:`shown_name`: a file
+    name reaches them in many fields (file, path, fingerprint, reasons quoting it), and none of
+    them is meant to hold a control character.  ``--json`` output keeps the text as it is (JSON
+    escapes it itself)."""
+    if isinstance(data, str):
+        return shown_name(data)
+    if isinstance(data, dict):
+        return {k: shown_names(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [shown_names(v) for v in data]
+    return data
+
+
+def fit_name(stem: str, tail: str = "", limit: int = NAME_MAX) -> str:
+    """``stem + tail`` when its UTF-8 bytes fit in ``limit`` (one path component), else ``stem``
+    cut at a character boundary, ``~`` and 8 hex digits of a hash of the whole ``stem``, then
+    ``tail`` (a name's own ending, such as ``_results.csv``): the same stem always gives the same
+    name, and stems that differ only past the cut get different ones.  A ``tail`` too long to
+    keep is cut with the stem."""
+    if len(_bytes(stem + tail)) <= limit:
+        return stem + tail
+    if len(_bytes(tail)) > limit // 2:
+        stem, tail = stem + tail, ""
+    import hashlib
+
+    tag = "~" + hashlib.sha256(_bytes(stem)).hexdigest()[:8]
+    room = limit - len(_bytes(tag + tail))
+    kept, used = [], 0
+    for ch in stem:
+        n = len(_bytes(ch))
+        if used + n > room:
+            break
+        kept.append(ch)
+        used += n
+    return "".join(kept) + tag + tail
 
 
 def fsync_file(fd: int) -> None:
@@ -61,7 +127,8 @@ def atomic_write(
     (uid, gid) are set on the temporary file, before it gets its final name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
+    room = NAME_MAX - len(TMP_PREFIX) - 1 - _TMP_RANDOM
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + fit_name(path.name, limit=room) + ".", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             if mode is not None:
@@ -103,16 +170,17 @@ def remove_stale_temp_files(folder: Path, recursive: bool = False) -> list[Path]
 
 
 def free_path(folder: Path, name: str, stamp: str) -> Path:
-    """``folder/name`` if free, else ``name`` with a timestamp suffix (then a counter)."""
-    p = folder / name
+    """``folder/name`` if free, else ``name`` with a timestamp suffix (then a counter); each cut to
+    fit the file system (:func:`fit_name`)."""
+    stem, suffix = Path(name).stem, Path(name).suffix
+    p = folder / fit_name(stem, suffix)
     if not p.exists():
         return p
-    stem, suffix = Path(name).stem, Path(name).suffix
     safe = re.sub(r"[^0-9A-Za-z]", "", stamp)
-    cand = folder / f"{stem}_{safe}{suffix}"
+    cand = folder / fit_name(stem, f"_{safe}{suffix}")
     n = 2
     while cand.exists():
-        cand = folder / f"{stem}_{safe}-{n}{suffix}"
+        cand = folder / fit_name(stem, f"_{safe}-{n}{suffix}")
         n += 1
     return cand
 

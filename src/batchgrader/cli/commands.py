@@ -256,6 +256,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
     from batchgrader.cli.actions import daemon_info, inbox_files, note_unknown_profiles
     from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting
+    from batchgrader.fsio import shown_names
     from batchgrader.store import queries as queries
 
     def show() -> None:
@@ -263,7 +264,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
         if job_id:
             no_db_guard(obj)
             detail = queries.job_detail(obj.home, job_id, now=fixed_now())
-            emit_json(detail) if as_json else render_job(detail)
+            emit_json(detail) if as_json else render_job(shown_names(detail))
             return
         inbox = inbox_files(obj.home)
         if any(f["profile"] != "default" for f in inbox):
@@ -275,10 +276,10 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
         if not has_db:
             render_status([])
         elif show_all:
-            render_status(queries.status(obj.home, now=fixed_now()), max_finished=None)
+            render_status(shown_names(queries.status(obj.home, now=fixed_now())), max_finished=None)
         else:
-            render_overview(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
-        render_waiting(inbox, daemon_info(obj.home))
+            render_overview(shown_names(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now())))
+        render_waiting(shown_names(inbox), daemon_info(obj.home))
 
     if not watch or job_id or as_json:
         return show()
@@ -296,6 +297,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
 def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int | None) -> None:
     """The event log, newest last."""
     from batchgrader.cli.render_status import render_events
+    from batchgrader.fsio import shown_names
     from batchgrader.store import queries as queries
 
     no_db_guard(obj)
@@ -304,7 +306,7 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
         for r in rows:
             click.echo(json.dumps(r, ensure_ascii=False, default=str))
     else:
-        render_events(rows, show_job=job_id is None)
+        render_events(shown_names(rows), show_job=job_id is None)
     if follow:
         after = rows[-1]["seq"] if rows else 0
         try:
@@ -312,7 +314,7 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
                 if as_json:
                     click.echo(json.dumps(ev, ensure_ascii=False, default=str))
                 else:
-                    render_events([ev], show_job=job_id is None)
+                    render_events(shown_names([ev]), show_job=job_id is None)
         except KeyboardInterrupt:
             pass
 

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from batchgrader.fsio import shown_name
 
 if TYPE_CHECKING:
     from batchgrader.daemon.snapshot import Snapshot
@@ -208,7 +211,14 @@ def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
         t.add_column(col, justify=just, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
     for j in snapshot.jobs:
         detail = j.batches + (("\n" if j.batches else "") + j.error[:200] if j.error else "")
-        t.add_row(f"{j.job_id}\n{j.file}", j.state, f"{j.rows:,}", f"{j.chunks_done}/{j.chunks_total}", _usd(j.cost_usd), detail)
+        t.add_row(
+            Text(f"{j.job_id}\n{shown_name(j.file)}"),
+            j.state,
+            f"{j.rows:,}",
+            f"{j.chunks_done}/{j.chunks_total}",
+            _usd(j.cost_usd),
+            detail,
+        )
     return t
 
 

@@ -71,12 +71,17 @@ def watch_loop(home: Any, show_all: bool, now: float | None) -> None:
     import time
 
     from batchgrader.cli.actions import daemon_info, inbox_files
+    from batchgrader.fsio import shown_names
 
     try:
         while True:
             console = Console()  # the terminal's size now: a resized window gets a fitted screen
             screen = watch_screen(
-                watch_overview(home, show_all, now), inbox_files(home), daemon_info(home), console, console.height - 1
+                shown_names(watch_overview(home, show_all, now)),
+                shown_names(inbox_files(home)),
+                daemon_info(home),
+                console,
+                console.height - 1,
             )
             console.clear()
             console.file.write(screen)

@@ -129,19 +129,91 @@ class Config(Settings):
         return rows
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
+#: the most bytes a configuration file (config.yaml, prompts.yaml) may have
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
+#: the most a configuration file may hold once its aliases (``*name``) are expanded: one for each
+#: value, key and list item plus the characters of its text (a file without aliases is always
+#: within it); a "billion laughs" of nested aliases (a few hundred bytes that expand to gigabytes)
+#: is refused before anything reads it
+MAX_CONFIG_EXPANDED = 2 * MAX_CONFIG_FILE_BYTES
+
+
+def read_yaml_file(path: Path) -> Any:
+    """The YAML document of a configuration file, read within bounds: a file over
+    ``MAX_CONFIG_FILE_BYTES`` or one whose aliases expand past ``MAX_CONFIG_EXPANDED`` raises
+    :class:`ConfigError` naming the file and the fix, as does a file that is not valid YAML
+    (never quoting its text: it may be the line holding a secret) or not UTF-8.  The only
+    loader of config.yaml and prompts.yaml."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a file; remove it or replace it with a YAML file") from None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(
+            f"{path}: larger than the limit of {MAX_CONFIG_FILE_BYTES:,} bytes for a configuration file; "
+            "keep it to settings and prompts (long texts such as examples go in a file named by 'examples_file')"
+        )
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, path)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"{path}: its values nest too deeply to read; flatten the nesting") from None
     except yaml.YAMLError as exc:
-        # never quote the offending text: it may be the line holding a secret
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "syntax error"
         raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from None
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, path: Path) -> None:
+    """Refuse a document whose aliases expand it past ``MAX_CONFIG_EXPANDED`` (see there), or
+    that holds itself (an alias inside the value it names).  Each distinct node is visited once."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()  # the nodes on the path from the root to the one visited
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+            size[key] = min(1 + own + sum(size[id(c)] for c in children), MAX_CONFIG_EXPANDED + 1)
+            open_.discard(key)
+            if size[key] > MAX_CONFIG_EXPANDED:
+                raise ConfigError(
+                    f"{path}: its aliases (*name) expand it past the limit of {MAX_CONFIG_EXPANDED:,} values and "
+                    "characters (nested aliases multiply); write the values out, or refer to each anchor (&name) "
+                    "from fewer places"
+                )
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            raise ConfigError(f"{path}: an alias (*name) refers to the value that contains it; write the value out instead")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    data = read_yaml_file(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -19,7 +19,7 @@ from batchgrader.daemon.base import _e, result_settings, stamp
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.intake import IntakeSteps
 from batchgrader.daemon.reuse import ReuseSteps
-from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, free_path, move_no_clobber
+from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, fit_name, free_path, move_no_clobber
 from batchgrader.pipeline.formats.registry import format_spec
 from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_values
 from batchgrader.pipeline.requests import default_custom_id
@@ -138,7 +138,7 @@ class FinishSteps:
         path = free_path(self.ctx.home.outbox, name, stamp(now))
         if self._outbox_owner(str(path), job_id) is None:
             return path
-        own = f"{Path(name).stem}_{job_id[:12]}{Path(name).suffix}"  # a name only this job uses
+        own = fit_name(Path(name).stem, f"_{job_id[:12]}{Path(name).suffix}")  # a name only this job uses
         return free_path(self.ctx.home.outbox, own, stamp(now))
 
     def delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:

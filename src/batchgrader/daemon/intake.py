@@ -18,7 +18,7 @@ from batchgrader.core.due import InboxTimes
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.daemon.base import CLOCK_SKEW_SLACK, _e, _status_event, stamp
 from batchgrader.daemon.context import Context
-from batchgrader.fsio import atomic_write_bytes, free_path, move_no_clobber
+from batchgrader.fsio import atomic_write_bytes, free_path, move_no_clobber, shown_name
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.outbox import error_name, error_report, result_name
 from batchgrader.pipeline.prepare import file_sha256
@@ -124,7 +124,7 @@ class IntakeSteps:
 
     def _cannot_take(self, cand: inbox_mod.Candidate, fp: str, exc: BaseException, now: float) -> None:
         """An inbox file that cannot be taken: an error report, and the scan goes on."""
-        name = _shown(cand.path.name)
+        name = shown_name(_shown(cand.path.name))
         if isinstance(exc, UnicodeError):
             code, why, movable = "bad_file_name", "its name is not valid UTF-8; rename it and drop it in again", True
         elif getattr(exc, "errno", None) == errno.EXDEV:
@@ -132,7 +132,11 @@ class IntakeSteps:
             why = "it cannot be moved into the work area (the inbox is on another file system); put the inbox on the same file system as the BatchGrader home"
             movable = False
         else:
-            code, why, movable = "unreadable", f"it cannot be read or moved ({exc.__class__.__name__}: {exc})", True
+            code, why, movable = (
+                "unreadable",
+                f"it cannot be read or moved ({exc.__class__.__name__}: {shown_name(str(exc))})",
+                True,
+            )
         log.error("inbox file %s cannot be taken: %s", name, why)
         self._reject(inbox_mod.Rejection(cand.path, cand.profile, code, f"{name}: {why}", _shown(fp), movable=movable), now)
 

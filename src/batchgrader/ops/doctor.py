@@ -92,6 +92,10 @@ def _config_fix(message: str, path: Path) -> str:
         return f"edit {path}: fix profiles.{profile.group(1)} as the message says"
     if "not valid YAML" in message:
         return f"edit {path}: fix the YAML syntax at the line and column shown"
+    if "aliases (*name) expand it" in message:
+        return f"edit {path}: write out the values its aliases repeat, or refer to each anchor from fewer places"
+    if "bytes for a configuration file" in message:
+        return f"edit {path}: keep it to settings and prompts; put long texts in the file named by 'examples_file'"
     if "not UTF-8" in message:
         return f"save {path} as UTF-8 text"
     return f"edit {path}: it must be a YAML mapping of keys to values"

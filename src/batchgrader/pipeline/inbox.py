@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchgrader.core.home import Home
-from batchgrader.fsio import atomic_write_bytes, fsync_dir
+from batchgrader.fsio import atomic_write_bytes, fit_name, fsync_dir, shown_name
 from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by cli/actions too
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
@@ -46,6 +46,20 @@ class Rejection:
     reason: str
     fingerprint: str
     movable: bool  # a regular file we may move to failed/; links and special files are left alone
+
+
+def _link_or_special(st: os.stat_result) -> str | None:
+    """What an inbox entry is when it is not a file of its own (None: it is one): a symbolic link,
+    a hard link (a regular file with other names, perhaps outside the home, which the daemon
+    must not take over as its input), a FIFO, a device or socket."""
+    if stat.S_ISREG(st.st_mode):
+        if st.st_nlink > 1:
+            return (
+                f"a hard link (one of {st.st_nlink} names of the same file, which may be outside the home), not a file of its own"
+            )
+        return None
+    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+    return f"{kind}, not a regular file"
 
 
 def fingerprint(path: Path, st: os.stat_result) -> str:
@@ -80,20 +94,14 @@ class InboxScanner:
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     continue  # profile folders handled by _folders; others reported there
-                if not stat.S_ISREG(st.st_mode):
-                    kind = (
-                        "a symbolic link"
-                        if stat.S_ISLNK(st.st_mode)
-                        else "a FIFO"
-                        if stat.S_ISFIFO(st.st_mode)
-                        else "a device or socket"
-                    )
+                kind = _link_or_special(st)
+                if kind is not None:
                     rejected.append(
                         Rejection(
                             path,
                             profile,
                             "not_regular_file",
-                            f"{entry.name} is {kind}, not a regular file; it was left where it is. Copy the real file into the inbox instead.",
+                            f"{shown_name(entry.name)} is {kind}; it was left where it is. Copy the real file into the inbox instead.",
                             fingerprint(path, st),
                             movable=False,
                         )
@@ -105,7 +113,7 @@ class InboxScanner:
                             path,
                             profile,
                             "unsupported_format",
-                            f"{entry.name}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
+                            f"{shown_name(entry.name)}: unsupported file type; supported: {', '.join(SUPPORTED_SUFFIXES)}",
                             fingerprint(path, st),
                             movable=True,
                         )
@@ -157,7 +165,7 @@ class InboxScanner:
                             p,
                             entry.name,
                             "unknown_profile",
-                            f"{entry.name}/{sub.name}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
+                            f"{shown_name(entry.name)}/{shown_name(sub.name)}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
                             "the file was left where it is",
                             fingerprint(p, os.lstat(p)),
                             movable=False,
@@ -198,7 +206,7 @@ def fresh_marker(inbox_file: Path) -> Path:
     """`bgctl submit --fresh`: an empty dot-file next to the inbox file (ignored by the scan); the
     daemon notes it in the claim record and then removes it."""
     p = Path(inbox_file)
-    return p.parent / f".{p.name}.fresh"
+    return p.parent / fit_name(f".{p.name}", ".fresh")
 
 
 def submit_file(home: Home, src: Path, profile: str | None = None, fresh: bool = False) -> Path:
@@ -212,9 +220,9 @@ def submit_file(home: Home, src: Path, profile: str | None = None, fresh: bool =
     dest = folder / src.name
     n = 1
     while dest.exists():
-        dest = folder / f"{src.stem}-{n}{src.suffix}"
+        dest = folder / fit_name(src.stem, f"-{n}{src.suffix}")
         n += 1
-    tmp = folder / f".{dest.name}.part"
+    tmp = folder / fit_name(f".{dest.name}", ".part")
     if fresh:
         marker = fresh_marker(dest)
         marker.write_bytes(b"")

@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgrader.fsio import DERIVED_NAME_MAX, fit_name, shown_name
 from batchgrader.pipeline.formats.registry import result_suffix
 
 
 def result_name(input_name: str) -> str:
+    """``a.csv`` -> ``a_results.csv``; a stem too long for the file system is cut (:func:`fit_name`)."""
     p = Path(input_name)
-    return f"{p.stem}_results{result_suffix(p.suffix)}"
+    return fit_name(p.stem, f"_results{result_suffix(p.suffix)}", DERIVED_NAME_MAX)
 
 
 def error_name(input_name: str) -> str:
-    return f"{Path(input_name).stem}_error.txt"
+    """``a.csv`` -> ``a_error.txt``; a stem too long for the file system is cut (:func:`fit_name`)."""
+    return fit_name(Path(input_name).stem, "_error.txt", DERIVED_NAME_MAX)
 
 
 # --- result rows --------------------------------------------------------------------------------
@@ -181,7 +184,7 @@ def _billed_cells(cols: AddedColumns, outcome: Mapping[str, Any], json_values: b
 
 def error_report(file: str, job_id: str, reason: str, hint: str, extra: str = "") -> str:
     lines = [
-        f"BatchGrader could not process {file}",
+        f"BatchGrader could not process {shown_name(file)}",
         f"job: {job_id}",
         "",
         f"What went wrong: {reason}",

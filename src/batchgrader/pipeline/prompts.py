@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from batchgrader.core.config import ConfigError, Profile
+from batchgrader.core.config import ConfigError, Profile, read_yaml_file
 from batchgrader.core.home import Home
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
@@ -74,10 +72,7 @@ def load_named_prompts(home: Home) -> dict[str, str]:
     path = home.prompts_file
     if not path.exists():
         return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid YAML text: {exc}") from None
+    data = read_yaml_file(path) or {}
     prompts = data.get("prompts", data) if isinstance(data, dict) else None
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise ConfigError(f"{path}: expected a mapping 'prompts:' of prompt name to prompt text")

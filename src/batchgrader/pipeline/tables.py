@@ -91,7 +91,10 @@ Decisions
   line and column; a record (CSV row, JSONL line, JSON array element) longer than
   ``max_record_size`` bytes (default 64 MiB) is rejected before it is held in memory.
   Reading CSV raises the ``csv`` module's process-wide ``field_size_limit`` (never lowers
-  it) so that these checks, which name the line and column, apply first.
+  it) so that these checks, which name the line and column, apply first.  An Excel workbook,
+  read whole into memory, is refused before it is inflated when its parts inflate past
+  ``MAX_WORKBOOK_INFLATED_BYTES`` (128 MiB) or one part more than ``MAX_WORKBOOK_RATIO``
+  (100) times its compressed size.
 """
 
 from __future__ import annotations

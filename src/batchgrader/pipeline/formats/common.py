@@ -18,6 +18,10 @@ Format = Literal["csv", "jsonl", "json", "xlsx", "parquet"]
 DEFAULT_MAX_FIELD_SIZE = 10 * 1024 * 1024  # characters in one CSV field
 DEFAULT_MAX_RECORD_SIZE = 64 * 1024 * 1024  # bytes in one CSV row / JSONL line / JSON element
 DEFAULT_MAX_DEPTH = 100  # nesting levels inside one JSON record
+# An Excel workbook is a zip archive that is inflated and read whole into memory: its parts'
+# sizes (the zip's own record of them, which reading enforces) are checked before that
+MAX_WORKBOOK_INFLATED_BYTES = 128 * 1024 * 1024  # all parts of one workbook, inflated
+MAX_WORKBOOK_RATIO = 100  # inflated / compressed bytes of one part (over 1 MiB inflated); text XML is about 5-20
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 

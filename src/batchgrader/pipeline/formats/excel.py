@@ -25,7 +25,9 @@ openpyxl does not keep charts or images it cannot read; such sheets lose them: t
 lists a warning (``warnings``) when the workbook holds any.
 
 Bad input raises :class:`InputError` naming the problem and the sheet: an encrypted
-(password-protected) or old ``.xls`` workbook, a file that is not a workbook, a missing
+(password-protected) or old ``.xls`` workbook, a file that is not a workbook, a workbook that
+would inflate past ``MAX_WORKBOOK_INFLATED_BYTES`` or whose parts are compressed more than
+``MAX_WORKBOOK_RATIO`` times (both checked from the zip's directory before anything is inflated), a missing
 sheet, an empty sheet, a header with an empty, error or duplicate name, or a value to the
 right of the header.
 """
@@ -40,6 +42,8 @@ from typing import IO, Any
 
 from batchgrader.pipeline.formats.common import (
     DEFAULT_MAX_FIELD_SIZE,
+    MAX_WORKBOOK_INFLATED_BYTES,
+    MAX_WORKBOOK_RATIO,
     InputError,
     MissingColumn,
     Row,
@@ -101,6 +105,40 @@ def drawings(source: str | os.PathLike[str] | IO[bytes]) -> tuple[int, int]:
     return charts, images
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):,.1f} MiB"
+
+
+def inflation_problem(source: str | os.PathLike[str] | IO[bytes]) -> str | None:
+    """Why the workbook's zip must not be inflated (None: it may): its parts together inflate past
+    ``MAX_WORKBOOK_INFLATED_BYTES``, or one part inflates more than ``MAX_WORKBOOK_RATIO`` times
+    its compressed size (a zip bomb).  Reads only the zip's directory; the sizes it declares
+    are the most :mod:`zipfile` inflates (more data fails its check)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(source) as z:
+            parts = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None  # refused as not a readable workbook when opened
+    fix = "save the sheet as CSV or Parquet (read row by row, without this limit), or split it into smaller workbooks"
+    total = sum(p.file_size for p in parts)
+    if total > MAX_WORKBOOK_INFLATED_BYTES:
+        packed = sum(p.compress_size for p in parts)
+        return (
+            f"the workbook inflates to {_mib(total)} ({_mib(packed)} compressed), over the limit of "
+            f"{_mib(MAX_WORKBOOK_INFLATED_BYTES)} for a workbook (it is read whole into memory); {fix}"
+        )
+    for p in parts:
+        if p.file_size > 1024 * 1024 and p.file_size > MAX_WORKBOOK_RATIO * max(p.compress_size, 1):
+            return (
+                f"its part {p.filename!r} inflates {p.file_size // max(p.compress_size, 1):,} times "
+                f"({_mib(p.compress_size)} to {_mib(p.file_size)}), over the limit of {MAX_WORKBOOK_RATIO} times "
+                f"(a workbook's parts compress about 5 to 20 times: this looks like a zip bomb); {fix}"
+            )
+    return None
+
+
 class ExcelReader:
     """Rows of one sheet of a workbook; create it with ``open_table``."""
 
@@ -133,6 +171,11 @@ class ExcelReader:
     def _open(self, source: Any, sheet: str | None, required: tuple[str, ...], max_field: int) -> None:
         pos = None if isinstance(source, (str, os.PathLike)) else source.tell()
         self._check_magic(source)
+        problem = inflation_problem(source)
+        if problem is not None:
+            raise self._error(problem)
+        if pos is not None:
+            source.seek(pos)
         frame = self._read_sheet(source, sheet)
         sheet = self.sheet
         if pos is not None:
