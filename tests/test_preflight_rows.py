@@ -294,11 +294,11 @@ def test_the_preflights_rows_are_not_sent_again_in_the_batch(rig):
     assert by.count("preflight") == 3 and by.count("batch") == 2
 
 
-def test_a_row_identical_to_a_preflight_row_is_reused_not_billed_twice(rig):
+def test_a_row_identical_to_a_preflight_row_is_a_duplicate_not_billed_twice(rig):
     run_file(rig, "a.csv", ["same", "same", "other", "same"])
     job = rig.job()
     rows = rig.result_rows()
-    assert [r["answered_by"] for r in rows] == ["preflight", "reused", "preflight", "reused"]
+    assert [r["answered_by"] for r in rows] == ["preflight", "duplicate", "preflight", "duplicate"]
     assert sum(int(r["input_tokens"]) for r in rows) == job.prompt_tokens > 0  # the result's tokens are what was billed
     assert job.saved_usd > 0
 

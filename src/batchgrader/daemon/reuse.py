@@ -21,7 +21,7 @@ from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import riders, sent_ids
 from batchgrader.pipeline.prepare import oversized_positions
-from batchgrader.pipeline.reuse import ANSWERED_IN_JOB, PREFLIGHT, ReusePlan, ReuseProbe, read_reuse_file, replan
+from batchgrader.pipeline.reuse import ANSWERED_IN_JOB, DUPLICATE, PREFLIGHT, ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent
@@ -245,11 +245,11 @@ def preflight_answers(job: JobState) -> dict[str, answers.StoredAnswer]:
 
 
 def _as_copy(cid: str, a: Any) -> Any:
-    """A preflight answer taken for another row than its own (a row identical to it): a reused
-    answer (``answered_by: reused``, its tokens not billed again, counted as saved), not a second
-    row answered and billed by the preflight."""
-    if a.ts == PREFLIGHT and a.custom_id != cid and not a.error_code:
-        return dataclasses.replace(a, ts="")
+    """An answer the job paid for itself (its preflight's, its synchronous route's) taken for
+    another row than its own (a row identical to it): a duplicate (``answered_by: duplicate``,
+    its tokens not billed again, counted as saved), not a second row answered and billed."""
+    if a.ts in ANSWERED_IN_JOB and a.custom_id != cid and not a.error_code:
+        return dataclasses.replace(a, ts=DUPLICATE)
     return a
 
 

@@ -43,6 +43,9 @@ PREFLIGHT = "preflight"
 #: likewise an answer of the job's own synchronous route (``route: flex`` / ``online``): billed in
 #: this job, ``answered_by`` its route
 ANSWERED_IN_JOB = (PREFLIGHT, "flex", "online")
+#: how such an answer is marked when it is taken for another row of the file, identical to the
+#: one it answered: a ``duplicate`` (its tokens billed once, for that row)
+DUPLICATE = "duplicate"
 
 
 def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, counting: dict[str, Any] | None) -> bool:
@@ -114,7 +117,7 @@ def _answered_by(a: Any) -> list[str]:
     """The reuse file's optional last fields: how this job answered the row itself (``preflight``,
     ``flex``, ``online``: billed in this job), then the code and message of such an answer that
     is not usable (the row fails with them); nothing for an answer from the store."""
-    if a.ts not in ANSWERED_IN_JOB:
+    if a.ts not in ANSWERED_IN_JOB and a.ts != DUPLICATE:
         return []
     return [a.ts, a.error_code, a.error_message] if getattr(a, "error_code", None) else [a.ts]
 
@@ -135,7 +138,7 @@ def _record(row: list[Any]) -> dict[str, Any]:
         "completion_tokens": comp,
         "reasoning_tokens": rt,
         "finish_reason": finish,
-        "reused": how[0] if how and how[0] in ANSWERED_IN_JOB else "cache",
+        "reused": how[0] if how and how[0] in (*ANSWERED_IN_JOB, DUPLICATE) else "cache",
         "key": key,
         "answered_in": job,
     }
