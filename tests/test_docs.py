@@ -125,6 +125,12 @@ def test_a_stale_event_table_or_a_missing_section_is_found():
         regenerate(text.replace("### `JobHeld`", "### `JobHold`"))
 
 
+def test_the_answer_sources_table_is_generated_from_their_declarations():
+    from batchgrader.core.answer_sources import doc_table
+
+    assert doc_table() in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+
+
 # --- architecture ------------------------------------------------------------------------------------
 
 

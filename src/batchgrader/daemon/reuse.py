@@ -12,6 +12,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.answer_sources import ANSWERED_IN_JOB, DUPLICATE, PREFLIGHT
 from batchgrader.core.config import Profile
 from batchgrader.core.decide import reuse_enabled
 from batchgrader.core.state import ChunkState, JobState
@@ -21,7 +22,7 @@ from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import riders, sent_ids
 from batchgrader.pipeline.prepare import oversized_positions
-from batchgrader.pipeline.reuse import ANSWERED_IN_JOB, DUPLICATE, PREFLIGHT, ReusePlan, ReuseProbe, read_reuse_file, replan
+from batchgrader.pipeline.reuse import ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.store import answers
 from batchgrader.store.eventstore import NewEvent

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
 from batchgrader.fsio import DERIVED_NAME_MAX, fit_name, shown_name
 from batchgrader.pipeline.formats.registry import result_suffix
 
@@ -30,20 +31,6 @@ def error_name(input_name: str) -> str:
 
 
 # --- result rows --------------------------------------------------------------------------------
-
-
-#: ``answered_by``: how a row got its answer.  Only ``batch`` rows were billed in this job; the
-#: token columns of ``duplicate`` and ``reused`` rows are 0, so each column sums to the bill.
-ANSWERED_BY = {
-    None: "batch",
-    "duplicate": "duplicate",
-    "cache": "reused",
-    "preflight": "preflight",
-    "flex": "flex",
-    "online": "online",
-}
-#: answers billed elsewhere: their rows carry 0 tokens (a preflight's answer was billed in this job)
-BILLED_ELSEWHERE = frozenset({"duplicate", "cache"})
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.answer_sources import ANSWERED_IN_JOB, DUPLICATE
 from batchgrader.core.decide import reuse_allowed
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.samples import sample_key
@@ -34,18 +35,6 @@ from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks
 Lookup = Callable[[Sequence[str]], dict[str, Any]]  # keys -> {key: StoredAnswer-like with .record(cid)}
 #: the counting hook as the pipeline sees it: request lines -> (exact counts or None, what happened)
 ExactCount = Callable[[list[bytes]], tuple[list[int] | None, dict[str, Any]]]
-
-
-#: how an answer of the job's own preflight is marked among its reused answers (its ``ts`` as a
-#: stored answer, the reuse file's last field, the result record's ``reused``): it was billed in
-#: this job, so its row keeps its tokens and is ``answered_by: preflight``
-PREFLIGHT = "preflight"
-#: likewise an answer of the job's own synchronous route (``route: flex`` / ``online``): billed in
-#: this job, ``answered_by`` its route
-ANSWERED_IN_JOB = (PREFLIGHT, "flex", "online")
-#: how such an answer is marked when it is taken for another row of the file, identical to the
-#: one it answered: a ``duplicate`` (its tokens billed once, for that row)
-DUPLICATE = "duplicate"
 
 
 def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, counting: dict[str, Any] | None) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchgrader.core.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
 from batchgrader.core.config import MAX_SAMPLES
 
 NO_MAJORITY = "no_majority"
@@ -297,8 +298,6 @@ def _error_of(outcome: Mapping[str, Any] | None, error: str | None) -> str | Non
 
 def _billed(outcome: Mapping[str, Any] | None) -> tuple[int, int] | None:
     """(input, output) tokens a sample was billed in this job, or None when it was not answered."""
-    from batchgrader.pipeline.outbox import BILLED_ELSEWHERE
-
     if outcome is None or not (outcome.get("ok") or outcome.get("status_code") == 200):
         return None
     if outcome.get("reused") in BILLED_ELSEWHERE:
@@ -307,8 +306,6 @@ def _billed(outcome: Mapping[str, Any] | None) -> tuple[int, int] | None:
 
 
 def _answered_by(outcome: Mapping[str, Any] | None) -> str | None:
-    from batchgrader.pipeline.outbox import ANSWERED_BY
-
     if outcome is None or not (outcome.get("ok") or outcome.get("status_code") == 200):
         return None
     return ANSWERED_BY.get(outcome.get("reused"), "batch")
