@@ -338,3 +338,19 @@ def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
     assert [(r["grade"], r["error"]) for r in out] == [("x", "y")] * 5  # the input's cells as they were
     assert job.ended == "completed_with_errors"
     rig.close()
+
+
+def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_sets_them(home):
+    """Issue 32: `samples: 3` beside `judges:` was recorded and priced, then dropped (1 request a row)."""
+    config = PANEL.replace("    judges: [mini, big]\n", "    judges: [mini, big]\n    samples: 3\n")
+    rig = Rig(home, config.replace("    model: gpt-4o\n", "    model: gpt-4o\n    samples: 2\n"))
+    _answers(rig, SCORES)
+    _drop(rig)
+    job = _run(rig)
+    mini, big = (rig.engine.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2))
+    assert (mini.requests, mini.settings.get("samples")) == (15, 3)  # the panel's samples
+    assert (big.requests, big.settings.get("samples")) == (10, 2)  # its own profile's
+    batches = rig.provider.batches.values()
+    sent = {j: sum(b.request_counts.total for b in batches if b.metadata["bg_job"] == j) for j in (mini.job_id, big.job_id)}
+    assert sent == {mini.job_id: 15, big.job_id: 10}
+    rig.close()
