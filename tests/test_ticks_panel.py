@@ -354,3 +354,37 @@ def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_s
     sent = {j: sum(b.request_counts.total for b in batches if b.metadata["bg_job"] == j) for j in (mini.job_id, big.job_id)}
     assert sent == {mini.job_id: 15, big.job_id: 10}
     rig.close()
+
+
+def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_sums_them(home):
+    """Issue 32: `count --profile PANEL` priced the default gpt-4o-mini, which the panel never runs."""
+    from batchgrader.core.config import load_config
+    from batchgrader.ops.count import count_file, count_panel
+    from batchgrader.pipeline.pricing import load_pricing
+    from cli_fixtures import run
+
+    config = PANEL.replace("    judges: [mini, big]\n", "    judges: [mini, big]\n    samples: 3\n")
+    config = config.replace("    model: gpt-4o\n", "    model: gpt-4o\n    max_completion_tokens: 200\n")
+    home.config_file.write_text(config_text(config))
+    f = home.root / "rows.csv"
+    f.write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(10)))
+    cfg, prices = load_config(home, environ={}), load_pricing()
+    got = count_panel(home, f, cfg, cfg.profile("panel"), prices, sandbox=False)
+    assert got["models"] == ["gpt-4o-mini", "gpt-4o"]
+    assert [(j["judge"], j["model"], j["samples"], j["requests"]) for j in got["judges"]] == [
+        ("mini", "gpt-4o-mini", 3, 30),
+        ("big", "gpt-4o", 3, 30),
+    ]
+    assert got["judges"][1]["estimated_cost_usd"]["output_bound"] == 200
+    # each judge priced as a job of that profile with 3 samples would be
+    from batchgrader.core.panel import judge_profile
+
+    alone = count_file(home, f, judge_profile(cfg.profile("big"), 3), prices, sandbox=False)
+    assert got["judges"][1]["estimated_cost_usd"] == alone["estimated_cost_usd"]
+    total = sum(j["estimated_cost_usd"]["max_total"] for j in got["judges"])
+    assert got["estimated_cost_usd"]["max_total"] == pytest.approx(total) and got["requests"] == 60
+    res = run("count", "--profile", "panel", str(f))
+    assert res.exit_code == 0, res.output
+    assert "gpt-4o-mini" in res.output and "gpt-4o," in res.output and "panel (sum)" in res.output
+    as_json = json.loads(run("count", "--profile", "panel", "--json", str(f)).output)
+    assert as_json["estimated_cost_usd"]["max_total"] == pytest.approx(total)
