@@ -388,3 +388,72 @@ def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_
     assert "gpt-4o-mini" in res.output and "gpt-4o," in res.output and "panel (sum)" in res.output
     as_json = json.loads(run("count", "--profile", "panel", "--json", str(f)).output)
     assert as_json["estimated_cost_usd"]["max_total"] == pytest.approx(total)
+
+
+def _ticks_until(rig: Rig, ready, limit: int = 40) -> None:
+    for _ in range(limit):
+        if ready(rig):
+            return
+        rig.tick()
+    raise AssertionError("the moment to cancel at never came")
+
+
+def _judges_of(rig: Rig) -> list[JobState]:
+    return [j for j in rig.engine.state.jobs.values() if j.panel_of is not None]
+
+
+_MOMENTS = {
+    # the panel accepted, its judges not started yet
+    "accepted": lambda rig: any(j.profile == "panel" for j in rig.engine.state.jobs.values()),
+    # its judges accepted, not prepared (each has a preflight to send)
+    "judges-accepted": lambda rig: len(_judges_of(rig)) == 2,
+    # every judge's batch sent
+    "running": lambda rig: len(_judges_of(rig)) == 2 and len(rig.provider.open_batches()) == 2,
+    # one judge ended (completed), the other's batch still running
+    "one-judge-ended": lambda rig: any(j.ended for j in _judges_of(rig)),
+}
+
+
+@pytest.mark.parametrize("moment", list(_MOMENTS))
+def test_cancel_of_a_panel_takes_effect_on_the_panel_and_every_judge_and_nothing_is_sent_after_it(home, moment):
+    """Issue 32 item 5: `bgctl cancel PANEL` at any moment ends the panel and every judge, and
+    nothing is sent (no preflight, upload, batch or synchronous request) once it is recorded."""
+    rig = Rig(home, PANEL.replace("max_row_retries: 0\n", "max_row_retries: 0\npreflight_rows: 1\n"))
+    _answers(rig, SCORES)
+    _drop(rig)
+
+    def finish_mini(rig: Rig) -> None:
+        for b in rig.provider.open_batches():
+            if b.metadata.get("bg_job", "").endswith("-j1"):
+                rig.provider.finish(b.id)
+
+    if moment == "one-judge-ended":
+        for _ in range(40):
+            if _MOMENTS[moment](rig):
+                break
+            rig.tick()
+            finish_mini(rig)
+    else:
+        _ticks_until(rig, _MOMENTS[moment])
+    panel = _panel(rig)
+    assert not panel.ended
+    rig.engine.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "bgctl cancel"}))
+    before = len(rig.provider.calls)
+    for _ in range(40):
+        rig.tick()
+        for b in rig.provider.open_batches():  # a batch asked to cancel ends cancelled
+            if b.status == "cancelling":
+                rig.provider.finish(b.id, "cancelled")
+        if _panel(rig).ended:
+            break
+    job = _panel(rig)
+    assert job.ended == "cancelled"
+    judges = _judges_of(rig)
+    ended_before = {"one-judge-ended": {judge_job_id(job.job_id, 1)}}.get(moment, set())
+    assert all(j.ended == "cancelled" for j in judges if j.job_id not in ended_before), [(j.job_id, j.ended) for j in judges]
+    assert all(j.ended for j in judges)
+    sent = [op for op, _arg in rig.provider.calls[before:] if op in ("upload", "create_batch", "complete")]
+    assert sent == [], sent
+    rig.tick(3600)  # and nothing afterwards either
+    assert [op for op, _arg in rig.provider.calls[before:] if op in ("upload", "create_batch", "complete")] == []
+    rig.close()
