@@ -26,7 +26,7 @@ def panel_example() -> str:
 
 def test_the_howto_panel_example_loads_and_runs(home):
     rig = Rig(home, panel_example())
-    scores = {"gpt-4.1-mini": [4, 2, 5, 1], "claude-haiku-4-5": [4, 2, 5, 1]}
+    scores = {"gpt-4.1-mini": [4, 2, 5, 1], "claude-haiku-4-5": [4, 2, 5, 2]}
 
     def answer(cid: str, body) -> str:
         row = int(cid.rsplit("-", 1)[1]) - 1
@@ -44,10 +44,10 @@ def test_the_howto_panel_example_loads_and_runs(home):
         if panels and panels[0].ended:
             break
     (job,) = panels
-    assert job.ended == "completed"
+    assert job.ended == "completed"  # the judges tie on the last row: a disagreement, not a failure
     report = build_report(list(rig.store.read(job_id=job.job_id)))
     assert set(report["agreement"]["per_judge"]) == {"mini", "haiku"}
-    assert report["agreement"]["per_judge"]["haiku"]["accuracy"] == pytest.approx(3 / 4)
+    assert report["agreement"]["per_judge"]["haiku"]["accuracy"] == pytest.approx(1.0)
     rig.close()
 
 

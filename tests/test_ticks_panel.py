@@ -104,14 +104,32 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
     assert all(not j.archived_path for j in judges)
     assert sorted(p.name for p in rig.home.outbox.iterdir()) == ["a_results.csv"]  # the panel's alone
     out = _result(rig)
-    assert list(out[0]) == ["id", "response", "grade_mini", "grade_big", "grade", "grade_agreement", "error"]
+    kept = ["reason", "score", "input_tokens", "output_tokens", "error", "answered_by"]
+    assert list(out[0]) == [
+        *["id", "response", "grade_mini", "grade_big", "grade", "grade_agreement", "error"],
+        *[f"{c}_mini" for c in kept],
+        *[f"{c}_big" for c in kept],
+    ]
+    # every field of each judge's schema, its tokens and its error, per judge (issue 32)
+    assert [r["reason_mini"] for r in out][0].startswith("gpt-4o-mini on ") and out[4]["reason_big"] == ""
+    assert [r["score_big"] for r in out] == ["4", "3", "5", "1", ""] and out[4]["error_big"] != ""
+    judges_rows = {
+        j: list(
+            csv.DictReader(io.StringIO(Path(rig.engine.state.jobs[judge_job_id(panel.job_id, i)].result_path or "").read_text()))
+        )
+        for i, j in ((1, "mini"), (2, "big"))
+    }
+    for j, rows in judges_rows.items():
+        assert [r[f"input_tokens_{j}"] for r in out] == [r["input_tokens"] for r in rows]
+        assert [r[f"output_tokens_{j}"] for r in out] == [r["output_tokens"] for r in rows]
     assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]
     assert [r["grade_big"] for r in out] == ["4", "3", "5", "1", ""]
     assert [r["grade"] for r in out] == ["4", "", "5", "1", "3"]  # 2 against 3: a tie, no pick
     assert [r["grade_agreement"] for r in out] == ["1", "", "1", "1", "0.5"]
     assert out[1]["error"] == "no_majority: the judges tie (mini=2, big=3); no answer is picked"
-    assert job.ended == "completed_with_errors" and job.result_counts == (4, 1)
-    assert rows_cell(job_row(job)) == "4 ok/5"  # bgctl status: the rows with a consensus
+    # a tie is a disagreement, not a failure: a row is failed only when no judge answered it
+    assert job.ended == "completed_with_errors" and job.result_counts == (5, 0)  # big's own job had a failed row
+    assert rows_cell(job_row(job)) == "5 ok/5" and job_row(job)["failed"] == 0  # bgctl status
     assert job.archived_path and "archive" in job.archived_path  # the panel archives the input, once
     assert job.cost_usd == 0 and sum(j.cost_usd for j in judges) > 0  # the judges carry the cost, once
     rig.close()
@@ -274,7 +292,8 @@ def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_th
     assert a["per_judge"]["big"]["mae"] == pytest.approx((0 + 1 + 0 + 1) / 4)
     # the consensus against the labels: 4, -, 5, 1, 3 against 4, 2, 5, 2, 3
     assert a["n"] == 4 and a["accuracy"] == pytest.approx(3 / 4) and a["labelled"] == 5 and a["unanswered"] == 1
-    assert report["rows"]["answered"] == 4 and report["rows"]["failed_by_code"] == {"no_majority": 1}
+    assert report["rows"]["answered"] == 5 and report["rows"]["failed"] == 0 and report["rows"]["failed_by_code"] == {}
+    assert (report["rows"]["consensus"], report["rows"]["no_consensus"]) == (4, 1)  # the tie: a disagreement
     text = render_text(report)
     assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
     assert "mini against the labels (5 rows): accuracy 0.800" in text
@@ -307,7 +326,7 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
     assert judge.ended == "completed" and judge.result_path != first and not judge.archived_path
     assert [e.job_id for e in rig.store.read() if e.type == "RetryRequested"] == [job.job_id, big]  # mini completed
     assert rig.engine.state.jobs[mini].retry_seq is None
-    assert job.ended == "completed_with_errors" and job.archived_path and job.result_counts == (4, 1)
+    assert job.ended == "completed" and job.archived_path and job.result_counts == (5, 0)  # a tie fails no row
     rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
     assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
     assert sum(1 for e in rig.store.read(job_id=job.job_id) if e.type == "InputRestored") == 1
@@ -322,17 +341,14 @@ def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
     (folder / "a.csv").write_text("id,response,grade,error\n" + "".join(f"{i},essay {i},x,y\n" for i in range(5)))
     job = _run(rig)
     out = _result(rig)
+    kept = ["reason", "score", "input_tokens", "output_tokens", "error", "answered_by"]
     assert list(out[0]) == [
-        "id",
-        "response",
-        "grade",
-        "error",
-        "grade_mini",
-        "grade_big",
-        "bg_grade",
-        "grade_agreement",
-        "bg_error",
+        *["id", "response", "grade", "error", "grade_mini", "grade_big", "bg_grade", "grade_agreement", "bg_error"],
+        *[f"{c}_mini" for c in kept],
+        *["samples_mini", "sample_agreement_mini", "samples_valid_mini"],  # its samples too
+        *[f"{c}_big" for c in kept],
     ]
+    assert [json.loads(r["samples_mini"]) for r in out][:2] == [[4, 4], [2, 2]]
     assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]  # the vote of its 2 samples
     assert [r["bg_grade"] for r in out] == ["4", "", "5", "1", "3"] and out[1]["bg_error"].startswith("no_majority")
     assert [(r["grade"], r["error"]) for r in out] == [("x", "y")] * 5  # the input's cells as they were

@@ -352,7 +352,7 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
     if panel is not None:
         figures = panel
         rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
-        rows["in_result"] = figures["rows"]
+        rows.update(in_result=figures["rows"], consensus=figures["consensus"], no_consensus=figures["no_consensus"])
     elif job.result_path and Path(job.result_path).exists():
         figures = _read_result(job.result_path, job.settings)
         rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])

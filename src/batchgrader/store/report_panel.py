@@ -41,15 +41,13 @@ class PanelLayout:
 
 def panel_layout(header: list[str], judges: list[str], settings: dict[str, Any]) -> PanelLayout | None:
     """Where a panel's result with ``header`` keeps what the report reads (None: not a panel's)."""
-    from batchgrader.pipeline.panel import panel_columns
+    from batchgrader.pipeline.panel import find_panel_columns
 
-    n = len(judges) + 3
-    if len(header) < n:
+    found = find_panel_columns(header, settings.get("output_column") or "grade", judges)
+    if found is None:
         return None
-    inputs = header[:-n]
-    cols = panel_columns(inputs, settings.get("output_column") or "grade", judges)
-    if cols.written() != header[-n:]:
-        return None
+    n_inputs, cols = found
+    inputs = header[:n_inputs]
     ref, group = settings.get("reference_column"), settings.get("group_column")
     return PanelLayout(
         inputs,
@@ -65,6 +63,7 @@ def panel_layout(header: list[str], judges: list[str], settings: dict[str, Any])
 def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) -> dict[str, Any] | None:
     """The figures of a panel's result file (as ``store/report.py``'s ``_read_result``), None
     when the file is not laid out as a panel's."""
+    from batchgrader.pipeline.panel import is_failed_row
     from batchgrader.pipeline.tables import open_table, text_of
     from batchgrader.store.report import distribution
 
@@ -77,7 +76,7 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
         consensus: list[Any] = []
         by_code: Counter[str] = Counter()
         failed_rows: list[dict[str, Any]] = []
-        rows = 0
+        rows = no_consensus = 0
         for row in reader:
             rows += 1
             vals = row.values
@@ -86,7 +85,9 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
             labels.append(vals.get(lay.reference) if lay.reference else None)
             err = text_of(vals.get(lay.error))
             consensus.append(None if err else vals.get(lay.consensus))
-            if err:
+            if err and not is_failed_row(err):  # the judges answered and tie: a disagreement, not a failure
+                no_consensus += 1
+            elif err:
                 by_code[err.split(":", 1)[0].strip()] += 1
                 if len(failed_rows) < 20:
                     first = {k: text_of(vals[k])[:80] for k in lay.inputs[:2]}
@@ -96,10 +97,13 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
     if lay.reference:
         labelled = [i for i, v in enumerate(labels) if text_of(v).strip()]
         figures.update(labelled=len(labelled), unanswered=sum(1 for i in labelled if consensus[i] is None))
+    failed = sum(by_code.values())
     return {
         "rows": rows,
-        "answered": len(answered),
-        "failed": sum(by_code.values()),
+        "answered": rows - failed,  # a judge answered the row (with a consensus or without)
+        "consensus": len(answered),
+        "no_consensus": no_consensus,
+        "failed": failed,
         "failed_by_code": dict(by_code.most_common()),
         "columns": [distribution(lay.consensus, answered)],
         "groups": None,
