@@ -473,3 +473,96 @@ def test_cancel_of_a_panel_takes_effect_on_the_panel_and_every_judge_and_nothing
     rig.tick(3600)  # and nothing afterwards either
     assert [op for op, _arg in rig.provider.calls[before:] if op in ("upload", "create_batch", "complete")] == []
     rig.close()
+
+
+def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens_and_cost(home, tmp_path):
+    """Issue 32 item 3: status said 0 failed, report 1,431 failed (no_majority), cost $0 and model
+    None, disagreements "1,842 of 534".  A row fails only when no judge answered it; a tie is a
+    disagreement; the panel's tokens and cost are its judges' sums, wherever they are shown."""
+    from batchgrader.store import queries
+    from batchgrader.store.costs import costs
+    from cli_fixtures import run
+
+    config = PANEL.replace(
+        "    judges: [mini, big]\n",
+        "    judges: [mini, big]\n    samples: 3\n    reference_column: label\n    reference_field: score\n",
+    )
+    rig = Rig(home, config)
+    # row 1: a tie (2 against 3); row 4: no judge answers (neither answer is JSON)
+    _answers(rig, {"gpt-4o-mini": [4, 2, 5, 1, "nope"], "gpt-4o": [4, 3, 5, 1, "not json"]})
+    _drop(rig, labels=[4, 2, 5, 2, 3])
+    job = _run(rig)
+    rig.close()
+    judges = [rig.engine.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2)]
+    cost = sum(j.cost_usd for j in judges)
+    prompt, completion = sum(j.prompt_tokens for j in judges), sum(j.completion_tokens for j in judges)
+    assert cost > 0 and prompt > 0
+    out = _result(rig)  # the result file
+    assert [r["error"].split(":")[0] for r in out] == ["", "no_majority", "", "", "no_answer"]
+    assert job.result_counts == (4, 1) and job.ended == "completed_with_errors"
+    for j in ("mini", "big"):  # its tokens per row add up to what its job was billed
+        (judge,) = [x for x in judges if x.profile == j]
+        assert sum(int(r[f"input_tokens_{j}"] or 0) for r in out) == judge.prompt_tokens
+        assert sum(int(r[f"output_tokens_{j}"] or 0) for r in out) == judge.completion_tokens
+        assert all(len(json.loads(r[f"samples_{j}"])) == 3 for r in out)
+    # bgctl status (the list and the job) and its --json
+    (listed,) = [r for r in queries.status(rig.home) if r["job_id"] == job.job_id]
+    detail = queries.job_detail(rig.home, job.job_id)
+    for shown in (listed, detail):
+        assert (shown["succeeded"], shown["failed"]) == (4, 1)
+        assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
+        assert shown["output_tokens"] == completion and shown["model"] == "gpt-4o-mini, gpt-4o"
+    text = run("status", job.job_id).output
+    assert "5 (4 answered, 1 failed)" in text and "gpt-4o-mini, gpt-4o" in text
+    from batchgrader.store.readmodels import rebuild
+
+    rebuild(rig.home.db)  # and from the read model (`bgctl status`'s fast path), the list and the overview
+    (listed,) = [r for r in queries.status(rig.home) if r["job_id"] == job.job_id]
+    (overview,) = [r for r in queries.status_overview(rig.home)["jobs"] if r["job_id"] == job.job_id]
+    for shown in (listed, overview):
+        assert shown["source"] == "read_model" and (shown["succeeded"], shown["failed"]) == (4, 1)
+        assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
+    # bgctl report --json and its text
+    rep = json.loads(run("report", job.job_id, "--json").output)
+    assert (rep["rows"]["answered"], rep["rows"]["failed"], rep["rows"]["failed_by_code"]) == (4, 1, {"no_answer": 1})
+    assert (rep["rows"]["consensus"], rep["rows"]["no_consensus"]) == (3, 1)
+    assert rep["cost_usd"]["billed"] == pytest.approx(cost, abs=1e-6) and rep["tokens"]["prompt"] == prompt
+    assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-4o-mini, gpt-4o"
+    assert [j["job_id"] for j in rep["judges"]] == [j.job_id for j in judges]
+    assert "4 answered (3 with a consensus, 1 without: the judges tie), 1 failed" in run("report", job.job_id).output
+    # bgctl costs: the judges' jobs, whose sum is the panel's cost
+    assert costs(rig.home, by="job")["totals"]["cost_usd"] == pytest.approx(cost)
+    # the disagreements: X of N with X <= N
+    res = run("report", job.job_id, "--disagreements", str(tmp_path / "review.csv"))
+    assert res.exit_code == 0, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "the judges disagree on 1 of 5 rows; 1 of 3 labelled consensus answers differ from their label" in line
+    for x, n in re.findall(r"([0-9,]+) of ([0-9,]+)", line):
+        assert int(x.replace(",", "")) <= int(n.replace(",", ""))
+
+
+def test_at_80_columns_the_judges_ids_keep_their_suffix(home):
+    """Issue 32: at 80 columns both judges' ids were cut to the same `…-2-…`; a panel with big
+    figures (6,000 requests, completed_with_errors) still shows `-j1` and `-j2`."""
+    from rich.console import Console
+
+    from batchgrader.cli.render_status import render_status
+
+    def row(job_id: str, requests: int, failed: int, cost: float) -> dict:
+        return {
+            **{"job_id": job_id, "file": "essays_2000_rows.csv", "profile": "panel", "state": "completed_with_errors"},
+            **{"sandbox": False, "rows": 2000, "requests": requests, "succeeded": requests - failed, "failed": failed},
+            **{"chunks_done": 10, "chunks_total": 10, "cost_usd": cost, "input_tokens": 1_234_567, "output_tokens": 345_678},
+            **{"age_seconds": 3600.0, "batches": [], "cached_rows": 0, "saved_usd": 0.0, "input_tokens_exact": True},
+            **{"created_ts": "2026-01-01T00:00:00+00:00", "updated_ts": "2026-01-01T00:00:00+00:00"},
+        }
+
+    rows = [row("x-52fbb30faf37-2", 2000, 0, 10.63), row("x-52fbb30faf37-2-j1", 6000, 1431, 0.41)]
+    rows.append(row("x-52fbb30faf37-2-j2", 6000, 1431, 1234.5))
+    console = Console(width=80, record=True, no_color=True, force_terminal=False)
+    render_status(rows, console, max_finished=None)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    firsts = [line.split()[0] for line in lines if "completed_with" in line]
+    assert len(firsts) == 3 and firsts[1].endswith("-j1") and firsts[2].endswith("-j2"), text

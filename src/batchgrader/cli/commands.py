@@ -393,13 +393,9 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Pa
         if html_file is not None:
             click.echo(f"HTML report: {html_file}")
         if disagreements_file is not None:
-            d = figures["disagreements"]
-            split = f"; {d['samples_disagree']:,} rows whose samples disagree" if "samples_disagree" in d else ""
-            click.echo(
-                f"Disagreements: {d['rows']:,} rows: {d['compared']:,} labelled answers compared{split}: {d['path']}"
-                if split
-                else f"Disagreements: {d['rows']:,} of {d['compared']:,} labelled answers differ from their label: {d['path']}"
-            )
+            from batchgrader.store.disagreements import disagreements_line
+
+            click.echo(disagreements_line(figures["disagreements"]))
 
 
 @cli.command()

@@ -122,7 +122,13 @@ def render_panel_count(summary: dict[str, Any]) -> None:
         est = j.get("estimated_cost_usd")
         t.add_row(j["judge"], j["model"], str(j["samples"]), f"{j['requests']:,}", _usd(est["max_total"]) if est else "unknown")
     total = summary.get("estimated_cost_usd")
-    t.add_row("panel (sum)", ", ".join(summary["models"]), "", f"{summary['requests']:,}", _usd(total["max_total"]) if total else "unknown")
+    t.add_row(
+        "panel (sum)",
+        ", ".join(summary["models"]),
+        "",
+        f"{summary['requests']:,}",
+        _usd(total["max_total"]) if total else "unknown",
+    )
     make_console().print(t)
     if total:
         make_console().print(

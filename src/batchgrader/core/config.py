@@ -340,8 +340,8 @@ def _check_judge_reference(panel: Profile, judge: Profile, config_file: Path) ->
     fields = _schema_fields(judge)
     where = f"{config_file}: profiles.{panel.name}"
     fix = (
-        f"give every judge a response_format with that field (in each judge's profile, or once in the default "
-        f"settings, where the panel and its judges all inherit it)"
+        "give every judge a response_format with that field (in each judge's profile, or once in the default "
+        "settings, where the panel and its judges all inherit it)"
     )
     if field_name is not None and field_name not in fields:
         known = f"its fields are {', '.join(map(repr, fields))}" if fields else f"profile {judge.name!r} has no response_format"

@@ -8,8 +8,9 @@ preflight, batches and retries; its result goes to the panel's work folder and i
 the shared input.  When every judge's job has ended, the panel writes one result (a column per
 judge, the consensus and the share that agrees with it), archives the input and ends.
 
-The panel job has no chunks of its own, so its cost is nothing: each judge's job carries what it
-was billed, and totals count them once.
+The panel job has no chunks of its own: each judge's job carries what it was billed, and totals
+count them once; what the panel shows as its tokens and cost (status, report) is their sum.  A
+panel row is failed only when no judge answered it (pipeline/panel.py).
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from batchgrader.pipeline.samples import NO_MAJORITY, VoteSpec, vote
+from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
 
 #: the error code of a panel row that no judge answered (the one kind of failed panel row)
 NO_ANSWER = "no_answer"
-from batchgrader.pipeline.tables import TableWriter, defuse_formula, open_table, text_of
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -175,7 +175,6 @@ def write_panel_result(
 ) -> tuple[int, int]:
     """Write the panel's result to ``f``; returns (rows answered, rows failed: no judge answered)."""
     from batchgrader.pipeline.formats.registry import format_spec
-
     from batchgrader.pipeline.outbox import added_column_types
 
     numeric = VoteSpec.of(judges[0].response_format, reference_field).numeric if judges else None
