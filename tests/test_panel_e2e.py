@@ -63,7 +63,12 @@ def test_two_judges_on_two_providers_answer_the_same_rows_in_one_job(home, tmp_p
     rows = list(csv.DictReader(io.StringIO((home.outbox / "essays_results.csv").read_text(encoding="utf-8"))))
     assert len(rows) == ROWS
     out = "grade"  # the panel's output_column
-    assert list(rows[0]) == ["id", "response", "human", f"{out}_gpt", f"{out}_claude", out, f"{out}_agreement", "error"]
+    kept = ["score", "input_tokens", "output_tokens", "error", "answered_by"]
+    assert list(rows[0]) == [
+        *["id", "response", "human", f"{out}_gpt", f"{out}_claude", out, f"{out}_agreement", "error"],
+        *[f"{c}_gpt" for c in kept],
+        *[f"{c}_claude" for c in kept],
+    ]
     for r in rows:
         a, b = r[f"{out}_gpt"], r[f"{out}_claude"]
         assert a in ("1", "2", "3") and b in ("1", "2", "3")

@@ -104,14 +104,32 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
     assert all(not j.archived_path for j in judges)
     assert sorted(p.name for p in rig.home.outbox.iterdir()) == ["a_results.csv"]  # the panel's alone
     out = _result(rig)
-    assert list(out[0]) == ["id", "response", "grade_mini", "grade_big", "grade", "grade_agreement", "error"]
+    kept = ["reason", "score", "input_tokens", "output_tokens", "error", "answered_by"]
+    assert list(out[0]) == [
+        *["id", "response", "grade_mini", "grade_big", "grade", "grade_agreement", "error"],
+        *[f"{c}_mini" for c in kept],
+        *[f"{c}_big" for c in kept],
+    ]
+    # every field of each judge's schema, its tokens and its error, per judge (issue 32)
+    assert [r["reason_mini"] for r in out][0].startswith("gpt-4o-mini on ") and out[4]["reason_big"] == ""
+    assert [r["score_big"] for r in out] == ["4", "3", "5", "1", ""] and out[4]["error_big"] != ""
+    judges_rows = {
+        j: list(
+            csv.DictReader(io.StringIO(Path(rig.engine.state.jobs[judge_job_id(panel.job_id, i)].result_path or "").read_text()))
+        )
+        for i, j in ((1, "mini"), (2, "big"))
+    }
+    for j, rows in judges_rows.items():
+        assert [r[f"input_tokens_{j}"] for r in out] == [r["input_tokens"] for r in rows]
+        assert [r[f"output_tokens_{j}"] for r in out] == [r["output_tokens"] for r in rows]
     assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]
     assert [r["grade_big"] for r in out] == ["4", "3", "5", "1", ""]
     assert [r["grade"] for r in out] == ["4", "", "5", "1", "3"]  # 2 against 3: a tie, no pick
     assert [r["grade_agreement"] for r in out] == ["1", "", "1", "1", "0.5"]
     assert out[1]["error"] == "no_majority: the judges tie (mini=2, big=3); no answer is picked"
-    assert job.ended == "completed_with_errors" and job.result_counts == (4, 1)
-    assert rows_cell(job_row(job)) == "4 ok/5"  # bgctl status: the rows with a consensus
+    # a tie is a disagreement, not a failure: a row is failed only when no judge answered it
+    assert job.ended == "completed_with_errors" and job.result_counts == (5, 0)  # big's own job had a failed row
+    assert rows_cell(job_row(job)) == "5 ok/5" and job_row(job)["failed"] == 0  # bgctl status
     assert job.archived_path and "archive" in job.archived_path  # the panel archives the input, once
     assert job.cost_usd == 0 and sum(j.cost_usd for j in judges) > 0  # the judges carry the cost, once
     rig.close()
@@ -274,7 +292,8 @@ def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_th
     assert a["per_judge"]["big"]["mae"] == pytest.approx((0 + 1 + 0 + 1) / 4)
     # the consensus against the labels: 4, -, 5, 1, 3 against 4, 2, 5, 2, 3
     assert a["n"] == 4 and a["accuracy"] == pytest.approx(3 / 4) and a["labelled"] == 5 and a["unanswered"] == 1
-    assert report["rows"]["answered"] == 4 and report["rows"]["failed_by_code"] == {"no_majority": 1}
+    assert report["rows"]["answered"] == 5 and report["rows"]["failed"] == 0 and report["rows"]["failed_by_code"] == {}
+    assert (report["rows"]["consensus"], report["rows"]["no_consensus"]) == (4, 1)  # the tie: a disagreement
     text = render_text(report)
     assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
     assert "mini against the labels (5 rows): accuracy 0.800" in text
@@ -307,7 +326,7 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
     assert judge.ended == "completed" and judge.result_path != first and not judge.archived_path
     assert [e.job_id for e in rig.store.read() if e.type == "RetryRequested"] == [job.job_id, big]  # mini completed
     assert rig.engine.state.jobs[mini].retry_seq is None
-    assert job.ended == "completed_with_errors" and job.archived_path and job.result_counts == (4, 1)
+    assert job.ended == "completed" and job.archived_path and job.result_counts == (5, 0)  # a tie fails no row
     rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
     assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
     assert sum(1 for e in rig.store.read(job_id=job.job_id) if e.type == "InputRestored") == 1
@@ -322,19 +341,228 @@ def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
     (folder / "a.csv").write_text("id,response,grade,error\n" + "".join(f"{i},essay {i},x,y\n" for i in range(5)))
     job = _run(rig)
     out = _result(rig)
+    kept = ["reason", "score", "input_tokens", "output_tokens", "error", "answered_by"]
     assert list(out[0]) == [
-        "id",
-        "response",
-        "grade",
-        "error",
-        "grade_mini",
-        "grade_big",
-        "bg_grade",
-        "grade_agreement",
-        "bg_error",
+        *["id", "response", "grade", "error", "grade_mini", "grade_big", "bg_grade", "grade_agreement", "bg_error"],
+        *[f"{c}_mini" for c in kept],
+        *["samples_mini", "sample_agreement_mini", "samples_valid_mini"],  # its samples too
+        *[f"{c}_big" for c in kept],
     ]
+    assert [json.loads(r["samples_mini"]) for r in out][:2] == [[4, 4], [2, 2]]
     assert [r["grade_mini"] for r in out] == ["4", "2", "5", "1", "3"]  # the vote of its 2 samples
     assert [r["bg_grade"] for r in out] == ["4", "", "5", "1", "3"] and out[1]["bg_error"].startswith("no_majority")
     assert [(r["grade"], r["error"]) for r in out] == [("x", "y")] * 5  # the input's cells as they were
     assert job.ended == "completed_with_errors"
     rig.close()
+
+
+def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_sets_them(home):
+    """Issue 32: `samples: 3` beside `judges:` was recorded and priced, then dropped (1 request a row)."""
+    config = PANEL.replace("    judges: [mini, big]\n", "    judges: [mini, big]\n    samples: 3\n")
+    rig = Rig(home, config.replace("    model: gpt-4o\n", "    model: gpt-4o\n    samples: 2\n"))
+    _answers(rig, SCORES)
+    _drop(rig)
+    job = _run(rig)
+    mini, big = (rig.engine.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2))
+    assert (mini.requests, mini.settings.get("samples")) == (15, 3)  # the panel's samples
+    assert (big.requests, big.settings.get("samples")) == (10, 2)  # its own profile's
+    batches = rig.provider.batches.values()
+    sent = {j: sum(b.request_counts.total for b in batches if b.metadata["bg_job"] == j) for j in (mini.job_id, big.job_id)}
+    assert sent == {mini.job_id: 15, big.job_id: 10}
+    rig.close()
+
+
+def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_sums_them(home):
+    """Issue 32: `count --profile PANEL` priced the default gpt-4o-mini, which the panel never runs."""
+    from batchgrader.core.config import load_config
+    from batchgrader.ops.count import count_file, count_panel
+    from batchgrader.pipeline.pricing import load_pricing
+    from cli_fixtures import run
+
+    config = PANEL.replace("    judges: [mini, big]\n", "    judges: [mini, big]\n    samples: 3\n")
+    config = config.replace("    model: gpt-4o\n", "    model: gpt-4o\n    max_completion_tokens: 200\n")
+    home.config_file.write_text(config_text(config))
+    f = home.root / "rows.csv"
+    f.write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(10)))
+    cfg, prices = load_config(home, environ={}), load_pricing()
+    got = count_panel(home, f, cfg, cfg.profile("panel"), prices, sandbox=False)
+    assert got["models"] == ["gpt-4o-mini", "gpt-4o"]
+    assert [(j["judge"], j["model"], j["samples"], j["requests"]) for j in got["judges"]] == [
+        ("mini", "gpt-4o-mini", 3, 30),
+        ("big", "gpt-4o", 3, 30),
+    ]
+    assert got["judges"][1]["estimated_cost_usd"]["output_bound"] == 200
+    # each judge priced as a job of that profile with 3 samples would be
+    from batchgrader.core.panel import judge_profile
+
+    alone = count_file(home, f, judge_profile(cfg.profile("big"), 3), prices, sandbox=False)
+    assert got["judges"][1]["estimated_cost_usd"] == alone["estimated_cost_usd"]
+    total = sum(j["estimated_cost_usd"]["max_total"] for j in got["judges"])
+    assert got["estimated_cost_usd"]["max_total"] == pytest.approx(total) and got["requests"] == 60
+    res = run("count", "--profile", "panel", str(f))
+    assert res.exit_code == 0, res.output
+    assert "gpt-4o-mini" in res.output and "gpt-4o," in res.output and "panel (sum)" in res.output
+    as_json = json.loads(run("count", "--profile", "panel", "--json", str(f)).output)
+    assert as_json["estimated_cost_usd"]["max_total"] == pytest.approx(total)
+
+
+def _ticks_until(rig: Rig, ready, limit: int = 40) -> None:
+    for _ in range(limit):
+        if ready(rig):
+            return
+        rig.tick()
+    raise AssertionError("the moment to cancel at never came")
+
+
+def _judges_of(rig: Rig) -> list[JobState]:
+    return [j for j in rig.engine.state.jobs.values() if j.panel_of is not None]
+
+
+_MOMENTS = {
+    # the panel accepted, its judges not started yet
+    "accepted": lambda rig: any(j.profile == "panel" for j in rig.engine.state.jobs.values()),
+    # its judges accepted, not prepared (each has a preflight to send)
+    "judges-accepted": lambda rig: len(_judges_of(rig)) == 2,
+    # every judge's batch sent
+    "running": lambda rig: len(_judges_of(rig)) == 2 and len(rig.provider.open_batches()) == 2,
+    # one judge ended (completed), the other's batch still running
+    "one-judge-ended": lambda rig: any(j.ended for j in _judges_of(rig)),
+}
+
+
+@pytest.mark.parametrize("moment", list(_MOMENTS))
+def test_cancel_of_a_panel_takes_effect_on_the_panel_and_every_judge_and_nothing_is_sent_after_it(home, moment):
+    """Issue 32 item 5: `bgctl cancel PANEL` at any moment ends the panel and every judge, and
+    nothing is sent (no preflight, upload, batch or synchronous request) once it is recorded."""
+    rig = Rig(home, PANEL.replace("max_row_retries: 0\n", "max_row_retries: 0\npreflight_rows: 1\n"))
+    _answers(rig, SCORES)
+    _drop(rig)
+
+    def finish_mini(rig: Rig) -> None:
+        for b in rig.provider.open_batches():
+            if b.metadata.get("bg_job", "").endswith("-j1"):
+                rig.provider.finish(b.id)
+
+    if moment == "one-judge-ended":
+        for _ in range(40):
+            if _MOMENTS[moment](rig):
+                break
+            rig.tick()
+            finish_mini(rig)
+    else:
+        _ticks_until(rig, _MOMENTS[moment])
+    panel = _panel(rig)
+    assert not panel.ended
+    rig.engine.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "bgctl cancel"}))
+    before = len(rig.provider.calls)
+    for _ in range(40):
+        rig.tick()
+        for b in rig.provider.open_batches():  # a batch asked to cancel ends cancelled
+            if b.status == "cancelling":
+                rig.provider.finish(b.id, "cancelled")
+        if _panel(rig).ended:
+            break
+    job = _panel(rig)
+    assert job.ended == "cancelled"
+    judges = _judges_of(rig)
+    ended_before = {"one-judge-ended": {judge_job_id(job.job_id, 1)}}.get(moment, set())
+    assert all(j.ended == "cancelled" for j in judges if j.job_id not in ended_before), [(j.job_id, j.ended) for j in judges]
+    assert all(j.ended for j in judges)
+    sent = [op for op, _arg in rig.provider.calls[before:] if op in ("upload", "create_batch", "complete")]
+    assert sent == [], sent
+    rig.tick(3600)  # and nothing afterwards either
+    assert [op for op, _arg in rig.provider.calls[before:] if op in ("upload", "create_batch", "complete")] == []
+    rig.close()
+
+
+def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens_and_cost(home, tmp_path):
+    """Issue 32 item 3: status said 0 failed, report 1,431 failed (no_majority), cost $0 and model
+    None, disagreements "1,842 of 534".  A row fails only when no judge answered it; a tie is a
+    disagreement; the panel's tokens and cost are its judges' sums, wherever they are shown."""
+    from batchgrader.store import queries
+    from batchgrader.store.costs import costs
+    from cli_fixtures import run
+
+    config = PANEL.replace(
+        "    judges: [mini, big]\n",
+        "    judges: [mini, big]\n    samples: 3\n    reference_column: label\n    reference_field: score\n",
+    )
+    rig = Rig(home, config)
+    # row 1: a tie (2 against 3); row 4: no judge answers (neither answer is JSON)
+    _answers(rig, {"gpt-4o-mini": [4, 2, 5, 1, "nope"], "gpt-4o": [4, 3, 5, 1, "not json"]})
+    _drop(rig, labels=[4, 2, 5, 2, 3])
+    job = _run(rig)
+    rig.close()
+    judges = [rig.engine.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2)]
+    cost = sum(j.cost_usd for j in judges)
+    prompt, completion = sum(j.prompt_tokens for j in judges), sum(j.completion_tokens for j in judges)
+    assert cost > 0 and prompt > 0
+    out = _result(rig)  # the result file
+    assert [r["error"].split(":")[0] for r in out] == ["", "no_majority", "", "", "no_answer"]
+    assert job.result_counts == (4, 1) and job.ended == "completed_with_errors"
+    for j in ("mini", "big"):  # its tokens per row add up to what its job was billed
+        (judge,) = [x for x in judges if x.profile == j]
+        assert sum(int(r[f"input_tokens_{j}"] or 0) for r in out) == judge.prompt_tokens
+        assert sum(int(r[f"output_tokens_{j}"] or 0) for r in out) == judge.completion_tokens
+        assert all(len(json.loads(r[f"samples_{j}"])) == 3 for r in out)
+    # bgctl status (the list and the job) and its --json
+    (listed,) = [r for r in queries.status(rig.home) if r["job_id"] == job.job_id]
+    detail = queries.job_detail(rig.home, job.job_id)
+    for shown in (listed, detail):
+        assert (shown["succeeded"], shown["failed"]) == (4, 1)
+        assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
+        assert shown["output_tokens"] == completion and shown["model"] == "gpt-4o-mini, gpt-4o"
+    text = run("status", job.job_id).output
+    assert "5 (4 answered, 1 failed)" in text and "gpt-4o-mini, gpt-4o" in text
+    from batchgrader.store.readmodels import rebuild
+
+    rebuild(rig.home.db)  # and from the read model (`bgctl status`'s fast path), the list and the overview
+    (listed,) = [r for r in queries.status(rig.home) if r["job_id"] == job.job_id]
+    (overview,) = [r for r in queries.status_overview(rig.home)["jobs"] if r["job_id"] == job.job_id]
+    for shown in (listed, overview):
+        assert shown["source"] == "read_model" and (shown["succeeded"], shown["failed"]) == (4, 1)
+        assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
+    # bgctl report --json and its text
+    rep = json.loads(run("report", job.job_id, "--json").output)
+    assert (rep["rows"]["answered"], rep["rows"]["failed"], rep["rows"]["failed_by_code"]) == (4, 1, {"no_answer": 1})
+    assert (rep["rows"]["consensus"], rep["rows"]["no_consensus"]) == (3, 1)
+    assert rep["cost_usd"]["billed"] == pytest.approx(cost, abs=1e-6) and rep["tokens"]["prompt"] == prompt
+    assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-4o-mini, gpt-4o"
+    assert [j["job_id"] for j in rep["judges"]] == [j.job_id for j in judges]
+    assert "4 answered (3 with a consensus, 1 without: the judges tie), 1 failed" in run("report", job.job_id).output
+    # bgctl costs: the judges' jobs, whose sum is the panel's cost
+    assert costs(rig.home, by="job")["totals"]["cost_usd"] == pytest.approx(cost)
+    # the disagreements: X of N with X <= N
+    res = run("report", job.job_id, "--disagreements", str(tmp_path / "review.csv"))
+    assert res.exit_code == 0, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "the judges disagree on 1 of 5 rows; 1 of 3 labelled consensus answers differ from their label" in line
+    for x, n in re.findall(r"([0-9,]+) of ([0-9,]+)", line):
+        assert int(x.replace(",", "")) <= int(n.replace(",", ""))
+
+
+def test_at_80_columns_the_judges_ids_keep_their_suffix(home):
+    """Issue 32: at 80 columns both judges' ids were cut to the same `…-2-…`; a panel with big
+    figures (6,000 requests, completed_with_errors) still shows `-j1` and `-j2`."""
+    from rich.console import Console
+
+    from batchgrader.cli.render_status import render_status
+
+    def row(job_id: str, requests: int, failed: int, cost: float) -> dict:
+        return {
+            **{"job_id": job_id, "file": "essays_2000_rows.csv", "profile": "panel", "state": "completed_with_errors"},
+            **{"sandbox": False, "rows": 2000, "requests": requests, "succeeded": requests - failed, "failed": failed},
+            **{"chunks_done": 10, "chunks_total": 10, "cost_usd": cost, "input_tokens": 1_234_567, "output_tokens": 345_678},
+            **{"age_seconds": 3600.0, "batches": [], "cached_rows": 0, "saved_usd": 0.0, "input_tokens_exact": True},
+            **{"created_ts": "2026-01-01T00:00:00+00:00", "updated_ts": "2026-01-01T00:00:00+00:00"},
+        }
+
+    rows = [row("x-52fbb30faf37-2", 2000, 0, 10.63), row("x-52fbb30faf37-2-j1", 6000, 1431, 0.41)]
+    rows.append(row("x-52fbb30faf37-2-j2", 6000, 1431, 1234.5))
+    console = Console(width=80, record=True, no_color=True, force_terminal=False)
+    render_status(rows, console, max_finished=None)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    firsts = [line.split()[0] for line in lines if "completed_with" in line]
+    assert len(firsts) == 3 and firsts[1].endswith("-j1") and firsts[2].endswith("-j2"), text

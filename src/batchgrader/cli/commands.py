@@ -89,37 +89,16 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     """Count a file's requests and exact input tokens, plan its chunks, estimate the cost. No API call.
 
     Rows that stored answers (or identical rows of the file) would answer are shown apart."""
-    from batchgrader.cli.render import render_count
-    from batchgrader.pipeline.answerkey import provider_id_of
-    from batchgrader.pipeline.requests import schema_sha256
-    from batchgrader.provider.counting import OFFLINE_EXACT, CountCache, count_hook, counter_for
-    from batchgrader.store.answers import count_preview
-    from batchgrader.store.queries import learned_schema_overhead
+    from batchgrader.cli.render import render_count, render_panel_count
+    from batchgrader.ops.count import count_file, count_panel
 
-    _cfg, prof, prices = _load(obj, profile)
-    learned = learned_schema_overhead(obj.home, prof.model, schema_sha256(prof.response_format), provider_id_of(prof, sandbox))
-    hook, cache = None, None
-    if prof.provider not in OFFLINE_EXACT:  # the counting hook: the provider's own exact counts
-        counter = counter_for(prof.provider, prof)
-        cache = CountCache.of_home(obj.home) if counter is not None else None
-        hook = count_hook(counter, cache)
-    summary = count_preview(
-        obj.home,
-        file,
-        prof,
-        prices,
-        sandbox=sandbox,
-        schema_overhead=learned["per_request"] if learned else None,
-        count_exact=hook,
-    )
-    if cache is not None:
-        cache.close()
-    if learned and summary.get("schema"):
-        summary["schema"]["learned_from"] = {k: learned[k] for k in ("job_id", "ts", "requests")}
-    # tiktoken is exact for OpenAI models; for another provider the counting hook decided
-    summary.setdefault("input_tokens_exact", prof.provider in OFFLINE_EXACT)
-    summary["provider"] = prof.provider
-    emit_json(summary) if as_json else render_count(summary)
+    cfg, prof, prices = _load(obj, profile)
+    if prof.values.get("judges"):  # a panel: each judge's model, samples and output bound, and their sum
+        summary = count_panel(obj.home, file, cfg, prof, prices, sandbox=sandbox)
+        emit_json(summary) if as_json else render_panel_count(summary)
+    else:
+        summary = count_file(obj.home, file, prof, prices, sandbox=sandbox)
+        emit_json(summary) if as_json else render_count(summary)
     if summary.get("row_errors") or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"
 
@@ -416,13 +395,9 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Pa
         if html_file is not None:
             click.echo(f"HTML report: {html_file}")
         if disagreements_file is not None:
-            d = figures["disagreements"]
-            split = f"; {d['samples_disagree']:,} rows whose samples disagree" if "samples_disagree" in d else ""
-            click.echo(
-                f"Disagreements: {d['rows']:,} rows: {d['compared']:,} labelled answers compared{split}: {d['path']}"
-                if split
-                else f"Disagreements: {d['rows']:,} of {d['compared']:,} labelled answers differ from their label: {d['path']}"
-            )
+            from batchgrader.store.disagreements import disagreements_line
+
+            click.echo(disagreements_line(figures["disagreements"]))
 
 
 @cli.command()

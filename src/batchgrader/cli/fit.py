@@ -5,7 +5,10 @@ natural width: a *whole* column never does (it keeps its natural width: an id, a
 an amount); a *shrinkable* column may lose characters down to ``min_width`` (shown with an
 ellipsis: a file or profile name); a *droppable* column may be left out entirely (then the table
 says which columns it left out).  Columns give way in the order of their ``give_way`` rank, lowest
-first: each is shrunk as far as it may, then dropped if it may be, until the table fits.
+first: each is shrunk as far as it may, then dropped if it may be, until the table fits.  When
+the table is still too wide, a column marked ``cut_middle`` (the job ids) is cut in the middle,
+down to :data:`MIDDLE_MIN`, keeping the ends of each line (``x-52fbb…-2-j1``: a panel's judges
+stay told apart by their suffix), rather than rich cutting every column's end.
 
 The width arithmetic is rich's for a table with ``box.SIMPLE_HEAD``, ``pad_edge=False`` and
 ``collapse_padding=True`` (one edge character each side, two between columns): :func:`table_width`.
@@ -23,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 NEVER = 10**6  # give_way rank of a column that never gives way
+MIDDLE_MIN = 12  # the narrowest a cut_middle column is cut to
 
 
 @dataclass
@@ -38,6 +42,7 @@ class Col:
     style: str = ""
     footer: str = ""
     width: int = 0  # the width chosen by fit()
+    cut_middle: bool = False  # when nothing else gives way: cut in the middle, keeping each line's ends
 
     def natural(self) -> int:
         """The widest line of the header, footer and cells."""
@@ -66,6 +71,11 @@ def fit(columns: Sequence[Col], width: int) -> tuple[list[Col], list[Col]]:
             over = table_width([c.width for c in kept]) - width
         if over > 0 and col.droppable:
             kept.remove(col)
+    over = table_width([c.width for c in kept]) - width
+    for col in (c for c in kept if c.cut_middle and over > 0):
+        cut = min(over, max(0, col.width - MIDDLE_MIN))
+        col.width -= cut
+        over -= cut
     dropped = [c for c in columns if c not in kept]
     return kept, dropped
 
@@ -95,8 +105,23 @@ def fitted_table(columns: Sequence[Col], width: int, title: str | None = None, f
         )
     n = max((len(c.cells) for c in kept), default=0)
     for i in range(n):
-        t.add_row(*(_cell(c.cells[i]) for c in kept))
+        t.add_row(*(_middle_cut(_cell(c.cells[i]), c.width) if c.cut_middle else _cell(c.cells[i]) for c in kept))
     return t, dropped
+
+
+def _middle_cut(text: Text, width: int) -> Text:
+    """Each line of ``text`` longer than ``width`` cut in the middle: its start, an ellipsis, its end
+    (the longer part, where ids differ: ``-2-j1``)."""
+    lines = text.split("\n")
+    out = []
+    for line in lines:
+        if cell_len(line.plain) <= width:
+            out.append(line)
+            continue
+        tail = width // 2
+        head = width - 1 - tail
+        out.append(Text.assemble(line[:head], "…", line[len(line) - tail :]))
+    return Text("\n").join(out)
 
 
 def _cell(v: Any) -> Text:

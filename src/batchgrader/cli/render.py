@@ -112,6 +112,34 @@ def render_count(summary: dict[str, Any]) -> None:
     _problems(summary)
 
 
+def render_panel_count(summary: dict[str, Any]) -> None:
+    """``bgctl count --profile PANEL``: each judge's count as :func:`render_count` shows one
+    profile's, then the panel's sum (ops/count.py ``count_panel``)."""
+    for judge in summary["judges"]:
+        make_console().print(f"[bold]judge {judge['judge']}[/bold]: {judge['model']}, {judge['samples']} sample(s) per row")
+        render_count(judge)
+    t = Table(title=f"panel {summary['profile']}: {len(summary['judges'])} judges on {summary['rows']:,} rows", show_header=True)
+    for col in ("judge", "model", "samples", "requests", "est. total (upper bound)"):
+        t.add_column(col, justify="left" if col in ("judge", "model") else "right")
+    for j in summary["judges"]:
+        est = j.get("estimated_cost_usd")
+        t.add_row(j["judge"], j["model"], str(j["samples"]), f"{j['requests']:,}", _usd(est["max_total"]) if est else "unknown")
+    total = summary.get("estimated_cost_usd")
+    t.add_row(
+        "panel (sum)",
+        ", ".join(summary["models"]),
+        "",
+        f"{summary['requests']:,}",
+        _usd(total["max_total"]) if total else "unknown",
+    )
+    make_console().print(t)
+    if total:
+        make_console().print(
+            f"estimated cost of the panel: input {_usd(total['input'])}, output up to {_usd(total['max_output'])}, "
+            f"total up to {_usd(total['max_total'])} (the sum of its judges')"
+        )
+
+
 def _reuse_rows(t: Table, reuse: dict[str, Any]) -> None:
     """``bgctl count``'s rows about answers reused from earlier jobs and identical rows."""
     if reuse.get("cached_rows") or reuse.get("duplicate_rows"):

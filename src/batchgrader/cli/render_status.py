@@ -144,7 +144,7 @@ def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[C
     batches and tokens give way first, then the file name shrinks to the id, then the profile
     and the age (see :mod:`batchgrader.cli.fit`)."""
     width = max(len(r["job_id"]) for r in rows)  # ids are shown whole: `bgctl status <id>` opens that job
-    job = Col("job / file", min_width=max(width, 10), give_way=3)
+    job = Col("job / file", min_width=max(width, 10), give_way=3, cut_middle=True)  # too narrow still: judges' -j1/-j2 kept
     profile = Col("profile", min_width=8, give_way=4, droppable=True)
     state = Col("state")
     chunks = Col("chunks", justify="right")

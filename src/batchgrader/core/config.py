@@ -312,6 +312,7 @@ def load_config(
     # a profile is part of config.yaml: the environment and flags still win over it
     outer = [*env_raw, *set_flags]
     profiles = _profiles(profiles_raw, default, outer, home.config_file, errors)
+    profiles = _panels_take_judges_schema(profiles)
     for prof in (default, *profiles.values()):
         errors += _check_profile(prof, home.config_file, time.time() if now is None else now)
     errors += _check_judges(default, profiles, home.config_file)
@@ -360,7 +361,7 @@ def _check_profile(prof: Profile, config_file: Path, now: float) -> list[str]:
     """The problems of one profile's settings taken together (model, reference, deadline)."""
     problems = (
         _check_provider_model(prof, config_file),
-        _check_reference(prof, config_file),
+        _check_reference(prof, config_file) if not prof.values.get("judges") else None,  # a panel's: _check_judges
         _check_deadline(prof, config_file, now),
     )
     return [p for p in problems if p]
@@ -383,7 +384,57 @@ def _check_judges(default: Profile, profiles: Mapping[str, Profile], config_file
                 out.append(f"{where} names {judge!r}, which is not a profile; define profiles.{judge} or remove it from the list")
             elif profiles[judge].values.get("judges"):
                 out.append(f"{where} names {judge!r}, which is itself a panel (a judge must be a single profile)")
+            else:
+                out += _check_judge_reference(prof, profiles[judge], config_file)
     return out
+
+
+def _panels_take_judges_schema(profiles: Mapping[str, Profile]) -> dict[str, Profile]:
+    """A panel whose own entry sets no ``response_format`` takes its judges' when they all have the
+    same one (its result and report read the judges' answers with it); otherwise it keeps what it has."""
+    out = dict(profiles)
+    for prof in profiles.values():
+        judges = prof.values.get("judges") or ()
+        if not judges or prof.sources.get("response_format") == f"config.yaml profiles.{prof.name}":
+            continue
+        formats = [profiles[j].values.get("response_format") if j in profiles else None for j in judges]
+        shared = formats[0]
+        if shared is not None and all(f == shared for f in formats) and shared != prof.values.get("response_format"):
+            values = MappingProxyType({**prof.values, "response_format": shared})
+            out[prof.name] = Profile(prof.name, values, MappingProxyType({**prof.sources, "response_format": "judges"}))
+    return out
+
+
+def _check_judge_reference(panel: Profile, judge: Profile, config_file: Path) -> list[str]:
+    """A panel compares its labels with each judge's answers: its ``reference_field`` must be a
+    field of every judge's schema (the panel's own schema is not what is compared)."""
+    column, field_name = panel.values.get("reference_column"), panel.values.get("reference_field")
+    fields = _schema_fields(judge)
+    where = f"{config_file}: profiles.{panel.name}"
+    fix = (
+        "give every judge a response_format with that field (in each judge's profile, or once in the default "
+        "settings, where the panel and its judges all inherit it)"
+    )
+    if field_name is not None and field_name not in fields:
+        known = f"its fields are {', '.join(map(repr, fields))}" if fields else f"profile {judge.name!r} has no response_format"
+        return [
+            f"{where}: key 'reference_field' is {field_name!r}, which is not a field of judge {judge.name!r}'s schema "
+            f"({known}); a panel compares the labels with each judge's answer: {fix}"
+        ]
+    if column is not None and field_name is None and fields:
+        return [
+            f"{where}: key 'reference_column' is {column!r} but 'reference_field' is not set: judge {judge.name!r} answers "
+            f"with a response_format; set 'reference_field' in profiles.{panel.name} to the field the labels are "
+            f"compared with (one of {', '.join(map(repr, fields))})"
+        ]
+    return []
+
+
+def _schema_fields(profile: Profile) -> list[str]:
+    """The fields of ``profile``'s response_format schema (none without one)."""
+    rf = profile.values.get("response_format") or {}
+    schema = rf.get("json_schema", {}).get("schema") if isinstance(rf.get("json_schema"), Mapping) else None
+    return list((schema or {}).get("properties") or {}) if isinstance(schema, Mapping) else []
 
 
 def _check_provider_model(profile: Profile, config_file: Path) -> str | None:

@@ -350,7 +350,7 @@ def _before_prepare(state: State, job: JobState, config: Config, now: float, tim
         if not online_waits(job, now, timers):
             out.append(SendOnline(job_id))
         return out
-    if preflight_due(job, config) and job.online.route not in SYNC_ROUTES:
+    if preflight_due(job, config) and job.online.route not in SYNC_ROUTES and not job.cancel_requested:  # cancelled: nothing sent
         if job.preflight == "unreachable" and job.preflight_retry_at is not None and now < job.preflight_retry_at:
             return []  # the provider could not be reached: wait for the backoff
         return [Preflight(job_id)]

@@ -8,8 +8,9 @@ preflight, batches and retries; its result goes to the panel's work folder and i
 the shared input.  When every judge's job has ended, the panel writes one result (a column per
 judge, the consensus and the share that agrees with it), archives the input and ends.
 
-The panel job has no chunks of its own, so its cost is nothing: each judge's job carries what it
-was billed, and totals count them once.
+The panel job has no chunks of its own: each judge's job carries what it was billed, and totals
+count them once; what the panel shows as its tokens and cost (status, report) is their sum.  A
+panel row is failed only when no judge answered it (pipeline/panel.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from batchgrader.core.actions import OUTBOX_TIMER, Action, Archive, Finish, RestoreInput, Timers
-from batchgrader.core.config import Config, ConfigError
+from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState, State
 
@@ -69,6 +70,21 @@ def judge_result_path(home: Home, job: JobState, name: str) -> Path:
     """Where the job of a panel's judge writes its result (or error report) named ``name``: in
     the panel's work folder, never the outbox."""
     return home.job_dir(job.panel_of or job.job_id) / JUDGES_FOLDER / f"{job.job_id}-{name}"
+
+
+def sets_own(profile: Profile, key: str) -> bool:
+    """Whether ``profile``'s own entry in config.yaml sets ``key`` (not inherited from the default
+    settings, the environment or a flag)."""
+    return profile.sources.get(key) == f"config.yaml profiles.{profile.name}"
+
+
+def judge_profile(judge: Profile, panel_samples: int) -> Profile:
+    """The judge's profile as its job in a panel runs: ``samples`` is the panel's (``panel_samples``)
+    unless the judge's own profile sets ``samples``.  Used by the daemon (with the panel's samples
+    recorded in ``PanelStarted.settings``) and by ``bgctl count --profile PANEL`` alike."""
+    if sets_own(judge, "samples") or int(judge.values.get("samples") or 1) == panel_samples:
+        return judge
+    return Profile(judge.name, {**judge.values, "samples": panel_samples}, {**judge.sources, "samples": "panel"})
 
 
 def panel_judges(job: JobState, config: Config) -> list[str] | None:

@@ -22,6 +22,7 @@ from batchgrader.core import queue
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
 from batchgrader.core.home import Home
+from batchgrader.core.panel import judge_profile
 from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import JobState, State, fold
@@ -89,10 +90,14 @@ class Context:
 
     def profile_of(self, job: JobState) -> Profile:
         """The job's profile, with the provider recorded when it was accepted: an edit of the
-        profile's ``provider`` never re-routes a job in flight."""
+        profile's ``provider`` never re-routes a job in flight; a panel's judge runs with the
+        panel's ``samples`` (:func:`~batchgrader.core.panel.judge_profile`)."""
         profile = self.config.profile(job.profile)
         if job.provider and profile.provider != job.provider:
             profile = Profile(profile.name, {**profile.values, "provider": job.provider}, profile.sources)
+        if job.panel_of is not None:  # a panel's judge: the panel's samples, unless its own profile sets them
+            panel = self.state.jobs.get(job.panel_of)
+            profile = judge_profile(profile, int((panel.settings if panel else {}).get("samples") or 1))
         return profile
 
     def provider_name_of(self, job_id: str) -> str:

@@ -107,7 +107,8 @@ class PanelSteps:
             atomic_write(path, write, overwrite=False)
         else:  # written before a crash: its rows counted again
             fixed = self._settings(job)
-            counts = count_panel_result(path, sheet=fixed.get("sheet"))
+            judges = [j["profile"] for j in job.panel or ()]
+            counts = count_panel_result(path, fixed["output_column"], judges, sheet=fixed.get("sheet"))
         if job.error_path and not Path(job.error_path).exists():
             report = error_report(job.file, job.job_id, a.error, a.hint, f"Partial results: {path.name}.")
             atomic_write_bytes(Path(job.error_path), report.encode(), overwrite=False)

@@ -159,3 +159,22 @@ def _cell(v: Any) -> Any:
     from batchgrader.pipeline.tables import text_of
 
     return v if v is None or isinstance(v, (str, int, float, bool)) else text_of(v)
+
+
+def disagreements_line(d: dict[str, Any]) -> str:
+    """The line `bgctl report --disagreements` prints for :func:`write_disagreements`'s result:
+    each count "X of N" is out of the rows it was counted among (X <= N)."""
+    if "judges_disagree" in d:  # a judge panel
+        labels = (
+            f"; {d['label_differs']:,} of {d['compared']:,} labelled consensus answers differ from their label"
+            if d.get("compared")
+            else ""
+        )
+        return (
+            f"Disagreements: {d['rows']:,} rows written: the judges disagree on {d['judges_disagree']:,} of "
+            f"{d['panel_rows']:,} rows{labels}: {d['path']}"
+        )
+    if "samples_disagree" in d:
+        split = f"; {d['samples_disagree']:,} rows whose samples disagree"
+        return f"Disagreements: {d['rows']:,} rows: {d['compared']:,} labelled answers compared{split}: {d['path']}"
+    return f"Disagreements: {d['rows']:,} of {d['compared']:,} labelled answers differ from their label: {d['path']}"

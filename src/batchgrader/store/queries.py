@@ -274,13 +274,53 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
             else:
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
             found = _attach_queue(_present(rows, now, SOURCE_READ_MODEL, None), queue_limits(conn))
-            return attach_progress(found, conn, now)
+            return panel_sums(attach_progress(found, conn, now), _judge_rows(conn, found, now))
         from batchgrader.store import readmodels as rm  # the fold: only when the read model cannot answer
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
         found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, fallback_note(problem))
-        return attach_progress(_attach_queue(found, _limits_of_state(state)), conn, now)
+        return panel_sums(attach_progress(_attach_queue(found, _limits_of_state(state)), conn, now))
+
+
+#: what a panel's row shows as the sum of its judges' jobs' (it runs no model of its own)
+PANEL_SUMS = ("input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "reasoning_tokens", "cost_usd", "estimate_usd")
+
+
+def panel_sums(rows: list[dict[str, Any]], more: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each judge panel's row (a job whose judges' jobs, ``<id>-j1``, ``-j2``, ..., are among
+    ``rows`` or ``more``) with its judges' tokens and cost summed in, and their models as its
+    ``model``; the judges' rows stay as they are (totals count each cost once: from the judges' jobs)."""
+    from batchgrader.core.panel import judge_job_id
+
+    by_id = {r["job_id"]: r for r in [*(more or ()), *rows]}
+    for r in rows:
+        judges: list[dict[str, Any]] = []
+        while (judge := by_id.get(judge_job_id(r["job_id"], len(judges) + 1))) is not None:
+            judges.append(judge)
+        if judges:
+            _sum_judges(r, judges)
+    return rows
+
+
+def _judge_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The ``job_status`` rows of the judges (``<id>-j…``) of ``rows`` that ``rows`` do not hold
+    (one primary-key range per row)."""
+    shown = {r["job_id"] for r in rows}
+    sql = f"SELECT {', '.join(STATUS_COLUMNS)} FROM job_status WHERE job_id >= ? AND job_id < ?"
+    found = []
+    for r in rows:
+        found += [x for x in conn.execute(sql, (r["job_id"] + "-j", r["job_id"] + "-k")).fetchall() if x[0] not in shown]
+    return _present(found, now, SOURCE_READ_MODEL, None) if found else []
+
+
+def _sum_judges(row: dict[str, Any], judges: list[dict[str, Any]]) -> None:
+    for key in PANEL_SUMS:
+        if key in row:
+            values = [j.get(key) for j in judges]
+            row[key] = sum(v for v in values if v is not None) if any(v is not None for v in values) else row[key]
+    row["model"] = ", ".join(dict.fromkeys(str(j["model"]) for j in judges if j.get("model"))) or row.get("model")
+    row["judges"] = [j["job_id"] for j in judges]
 
 
 FINISHED_STATES = ("completed", "completed_with_errors", "failed", "cancelled")
@@ -304,6 +344,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
             rows = sorted(active + finished, key=_ORDER_KEY)
             jobs, source, note = _present(rows, now, SOURCE_READ_MODEL, None), SOURCE_READ_MODEL, None
             attach_progress(_attach_queue(jobs, queue_limits(conn)), conn, now)
+            panel_sums(jobs, _judge_rows(conn, jobs, now))
         else:
             everything = status(home, now=now)
             counts = {}
@@ -360,6 +401,9 @@ def job_detail(
         job: JobState = state.jobs[jid]
         (out,) = _present([tuple(rm.job_row(job).values())], now, SOURCE_LOG, None, tuple(rm.JOB_STATUS_COLUMNS))
         attach_progress([out], conn, now)
+        if job.panel is not None:  # a judge panel: its judges' tokens and cost are its own
+            judges = [rm.fold_connection(conn, job_id=j["job_id"]).jobs.get(j["job_id"]) for j in job.panel]
+            _sum_judges(out, [rm.job_row(j) for j in judges if j is not None])
     out.update(
         {
             "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],

@@ -127,7 +127,7 @@ def job_row(job: JobState) -> dict[str, Any]:
         "cost_usd": job.cost_usd,
         "estimate_usd": (job.estimate or {}).get("max_total"),
         "succeeded": job.succeeded_rows,
-        "failed": len(job.failed_rows) + len(job.row_errors),
+        "failed": (job.result_counts or (0, 0))[1] if job.panel is not None else len(job.failed_rows) + len(job.row_errors),
         "error_code": err.get("code"),
         "error": err.get("error"),
         "error_stage": err.get("stage"),

@@ -304,8 +304,10 @@ def read_events_of(home: Any, job_id: str) -> list[Event]:
         return list(read_events(conn, job_id=jid))
 
 
-def build_report(events: Sequence[Event]) -> dict[str, Any]:
-    """The report of one job from its events (in order) and the files they name."""
+def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()) -> dict[str, Any]:
+    """The report of one job from its events (in order) and the files they name; for a judge
+    panel, ``judges``: each judge's job's events, whose tokens and cost are the panel's
+    (store/report_panel.py ``add_judges``)."""
     from batchgrader.core.state import fold
 
     if not events:
@@ -352,7 +354,7 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
     if panel is not None:
         figures = panel
         rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
-        rows["in_result"] = figures["rows"]
+        rows.update(in_result=figures["rows"], consensus=figures["consensus"], no_consensus=figures["no_consensus"])
     elif job.result_path and Path(job.result_path).exists():
         figures = _read_result(job.result_path, job.settings)
         rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
@@ -364,9 +366,17 @@ def build_report(events: Sequence[Event]) -> dict[str, Any]:
     report["rows"] = rows
     for key in ("columns", "groups", "agreement", "failed_rows"):
         report[key] = figures[key]
+    if job.panel is not None and judges:  # the panel's tokens and cost: its judges'
+        from batchgrader.store.report_panel import add_judges
+
+        add_judges(report, judges)
     return report
 
 
 def load_report(home: Any, job_id: str) -> dict[str, Any]:
-    """The report of the job ``job_id`` (or a unique prefix of it) in ``home``."""
-    return build_report(read_events_of(home, job_id))
+    """The report of the job ``job_id`` (or a unique prefix of it) in ``home`` (a panel's with
+    its judges' jobs)."""
+    events = read_events_of(home, job_id)
+    started = next((e for e in events if e.type == "PanelStarted"), None)
+    judges = [read_events_of(home, j["job_id"]) for j in started.payload["judges"]] if started else []
+    return build_report(events, [ev for ev in judges if ev])

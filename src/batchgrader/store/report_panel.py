@@ -2,7 +2,10 @@
 the agreement among the judges.
 
 A panel's result (pipeline/panel.py) is the input's columns, a column per judge, the consensus,
-the share that agrees and the error.  Under ``agreement`` (``bgctl report --json``):
+the share that agrees and the error, then each judge's own columns.  ``rows``: ``answered`` (a
+judge answered), ``failed`` (none did: ``no_answer``), ``consensus`` and ``no_consensus`` (the
+judges tie: a disagreement, not a failure).  ``tokens`` and ``cost_usd`` are the sums of the
+judges' jobs' and ``judges`` lists each (:func:`add_judges`).  Under ``agreement`` (``bgctl report --json``):
 ``krippendorff_alpha`` is Krippendorff's α among the judges (the rows are the units, the judges
 the raters; an empty cell is a missing rating; interval level when every answer is a number,
 else nominal); ``per_judge`` maps each judge to the figures of
@@ -16,7 +19,8 @@ job has no samples of its own: a judge's samples are in that judge's job's repor
 ``bgctl report PANEL --disagreements FILE`` (:func:`write_panel_disagreements`) writes the rows
 whose judges disagree (two different values among the judges that answered, or no consensus),
 and the labelled rows whose consensus differs from the label: the input's columns, the consensus
-as ``model_answer`` and each judge's column.
+as ``model_answer`` and each judge's column; it counts ``judges_disagree`` of ``panel_rows`` and
+``label_differs`` of ``compared``.
 """
 
 from __future__ import annotations
@@ -41,15 +45,13 @@ class PanelLayout:
 
 def panel_layout(header: list[str], judges: list[str], settings: dict[str, Any]) -> PanelLayout | None:
     """Where a panel's result with ``header`` keeps what the report reads (None: not a panel's)."""
-    from batchgrader.pipeline.panel import panel_columns
+    from batchgrader.pipeline.panel import find_panel_columns
 
-    n = len(judges) + 3
-    if len(header) < n:
+    found = find_panel_columns(header, settings.get("output_column") or "grade", judges)
+    if found is None:
         return None
-    inputs = header[:-n]
-    cols = panel_columns(inputs, settings.get("output_column") or "grade", judges)
-    if cols.written() != header[-n:]:
-        return None
+    n_inputs, cols = found
+    inputs = header[:n_inputs]
     ref, group = settings.get("reference_column"), settings.get("group_column")
     return PanelLayout(
         inputs,
@@ -65,6 +67,7 @@ def panel_layout(header: list[str], judges: list[str], settings: dict[str, Any])
 def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) -> dict[str, Any] | None:
     """The figures of a panel's result file (as ``store/report.py``'s ``_read_result``), None
     when the file is not laid out as a panel's."""
+    from batchgrader.pipeline.panel import is_failed_row
     from batchgrader.pipeline.tables import open_table, text_of
     from batchgrader.store.report import distribution
 
@@ -77,7 +80,7 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
         consensus: list[Any] = []
         by_code: Counter[str] = Counter()
         failed_rows: list[dict[str, Any]] = []
-        rows = 0
+        rows = no_consensus = 0
         for row in reader:
             rows += 1
             vals = row.values
@@ -86,7 +89,9 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
             labels.append(vals.get(lay.reference) if lay.reference else None)
             err = text_of(vals.get(lay.error))
             consensus.append(None if err else vals.get(lay.consensus))
-            if err:
+            if err and not is_failed_row(err):  # the judges answered and tie: a disagreement, not a failure
+                no_consensus += 1
+            elif err:
                 by_code[err.split(":", 1)[0].strip()] += 1
                 if len(failed_rows) < 20:
                     first = {k: text_of(vals[k])[:80] for k in lay.inputs[:2]}
@@ -96,10 +101,13 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
     if lay.reference:
         labelled = [i for i, v in enumerate(labels) if text_of(v).strip()]
         figures.update(labelled=len(labelled), unanswered=sum(1 for i in labelled if consensus[i] is None))
+    failed = sum(by_code.values())
     return {
         "rows": rows,
-        "answered": len(answered),
-        "failed": sum(by_code.values()),
+        "answered": rows - failed,  # a judge answered the row (with a consensus or without)
+        "consensus": len(answered),
+        "no_consensus": no_consensus,
+        "failed": failed,
         "failed_by_code": dict(by_code.most_common()),
         "columns": [distribution(lay.consensus, answered)],
         "groups": None,
@@ -157,20 +165,31 @@ def write_panel_disagreements(job: Any, dest: Path) -> dict[str, Any]:
         answer_column = ANSWER_COLUMN
         while answer_column in lay.inputs:
             answer_column = "bg_" + answer_column
-        rows, compared, split = _panel_disagreeing(reader, lay, answer_column)
+        rows, compared, split, seen, differ = _panel_disagreeing(reader, lay, answer_column)
         fmt, layout = reader.fmt, getattr(reader, "layout", None)
     data = _encode(fmt, layout, [*lay.inputs, answer_column, *lay.judges.values()], rows)
     atomic_write_bytes(dest, data, overwrite=False)
-    return {"path": str(dest), "rows": len(rows), "compared": compared, "format": fmt, "judges_disagree": split}
+    return {
+        "path": str(dest),
+        "rows": len(rows),  # written: the judges disagree, or the consensus differs from the label
+        "compared": compared,  # labelled rows with a consensus
+        "format": fmt,
+        "judges_disagree": split,  # of panel_rows
+        "panel_rows": seen,
+        "label_differs": differ,  # of compared
+    }
 
 
-def _panel_disagreeing(reader: Any, lay: PanelLayout, answer_column: str) -> tuple[list[dict[str, Any]], int, int]:
+def _panel_disagreeing(reader: Any, lay: PanelLayout, answer_column: str) -> tuple[list[dict[str, Any]], int, int, int, int]:
+    """The rows to write, the labelled rows compared, the rows the judges disagree on, the rows
+    read, and the compared rows whose consensus differs from the label."""
     from batchgrader.pipeline.tables import text_of
     from batchgrader.store.agreement import normal
 
     out: list[dict[str, Any]] = []
-    compared = split = 0
+    compared = split = seen = differ = 0
     for row in reader:
+        seen += 1
         vals = row.values
         err = text_of(vals.get(lay.error))
         given = {normal(text_of(vals.get(c))) for c in lay.judges.values() if text_of(vals.get(c)).strip()}
@@ -181,8 +200,50 @@ def _panel_disagreeing(reader: Any, lay: PanelLayout, answer_column: str) -> tup
         if label.strip() and not err and answer.strip():
             compared += 1
             differs = normal(label) != normal(answer)
+            differ += differs
         if differs or split_row:
             kept = {**{c: vals.get(c) for c in lay.inputs}, answer_column: vals.get(lay.consensus)}
             kept.update({c: vals.get(c) for c in lay.judges.values()})
             out.append(kept)
-    return out, compared, split
+    return out, compared, split, seen, differ
+
+
+def add_judges(report: dict[str, Any], judges: Sequence[Sequence[Any]]) -> None:
+    """A panel's report gets its judges' figures: the panel runs no model, so its tokens and cost
+    are the sums of its judges' (``tokens``, ``cost_usd``), ``job.model`` names the judges' models,
+    and ``judges`` lists each judge's job (id, profile, model, state, rows answered and failed,
+    requests answered and failed, tokens and cost), so each figure can be traced to the job that was billed."""
+    from batchgrader.core.state import fold
+
+    jobs = [fold(ev).jobs[ev[0].job_id] for ev in judges if ev]
+    prepared: list[dict[str, Any]] = [next((e.payload for e in ev if e.type == "JobPrepared"), {}) for ev in judges if ev]
+    t, c = report["tokens"], report["cost_usd"]
+    estimated = [p.get("input_tokens") for p in prepared]
+    t["estimated_input"] = sum(int(x) for x in estimated if x is not None) if any(x is not None for x in estimated) else None
+    t["prompt"] = sum(j.prompt_tokens for j in jobs)
+    t["cached"] = sum(j.cached_tokens for j in jobs)
+    t["completion"] = sum(j.completion_tokens for j in jobs)
+    t["reasoning"] = sum(j.reasoning_tokens for j in jobs)
+    c["billed"] = round(sum(j.cost_usd for j in jobs), 6)
+    c["cache_saved"] = round(sum(j.cache_saved_usd for j in jobs), 6)
+    c["cache_write_tokens"] = sum(j.cache_write_tokens for j in jobs)
+    estimates = [j.estimate for j in jobs]
+    if estimates and all(estimates):
+        c["estimate"] = {k: sum(float((e or {}).get(k) or 0) for e in estimates) for k in ("input", "max_output", "max_total")}
+    models = list(dict.fromkeys(str(j.model) for j in jobs if j.model))
+    report["job"]["model"] = ", ".join(models) or None
+    report["judges"] = [
+        {
+            "job_id": j.job_id,
+            "profile": j.profile,
+            "model": j.model,
+            "state": j.state,
+            "requests": j.requests,  # rows x its samples
+            "answered": j.succeeded_rows,  # of its requests
+            "failed": len(j.failed_rows) + len(j.row_errors),
+            "prompt_tokens": j.prompt_tokens,
+            "completion_tokens": j.completion_tokens,
+            "cost_usd": round(j.cost_usd, 6),
+        }
+        for j in jobs
+    ]

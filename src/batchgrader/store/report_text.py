@@ -54,9 +54,15 @@ def phase_lines(phases: list[dict[str, Any]]) -> list[str]:
 
 def _rows(r: dict[str, Any]) -> list[str]:
     retry = r.get("answered_on_retry")
+    consensus = (
+        f" ({num(r['consensus'])} with a consensus, {num(r['no_consensus'])} without: the judges tie)"
+        if r.get("no_consensus") is not None
+        else ""
+    )
     lines = [
         f"rows      {num(r['total'])} total, {num(r['answered'])} answered"
         + (f" ({num(retry)} on retry)" if retry else "")
+        + consensus
         + f", {num(r['failed'])} failed"
     ]
     for code, n in (r.get("failed_by_code") or {}).items():
@@ -77,6 +83,20 @@ def _money(t: dict[str, Any], c: dict[str, Any]) -> list[str]:
             else ""
         ),
     ] + _cache_line(t, c)
+
+
+def _judge_lines(judges: list[dict[str, Any]] | None) -> list[str]:
+    """A panel's judges: each one's job, model, rows and cost (the panel's cost is their sum)."""
+    lines = []
+    for i, j in enumerate(judges or ()):
+        failed = f", {num(j['failed'])} failed" if j["failed"] else ""
+        lines.append(
+            ("judges    " if i == 0 else "          ")
+            + f"{j['profile']} ({j['model']}): job {j['job_id']}, {j['state']}, {num(j['answered'])}/{num(j['requests'])} "
+            + f"requests answered{failed}, {num(j['prompt_tokens'])} input / {num(j['completion_tokens'])} output tokens, "
+            + f"${j['cost_usd']:,.4f}"
+        )
+    return lines
 
 
 def _cache_line(t: dict[str, Any], c: dict[str, Any]) -> list[str]:
@@ -249,6 +269,7 @@ def render_text(report: dict[str, Any], width: int = BAR_WIDTH) -> str:
         lines.append(f"  error: {j['error']}")
     lines += _rows(report["rows"])
     lines += _money(report["tokens"], report["cost_usd"])
+    lines += _judge_lines(report.get("judges"))
     lines += _route_line(report.get("route"))
     for i, line in enumerate(phase_lines(report["phases"])):
         lines.append(("time      " if i == 0 else "          ") + line)
