@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +57,9 @@ from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import check_input, first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
 from batchgrader.pipeline.results import parse_line
+from batchgrader.pipeline.reuse import ReuseProbe
+from batchgrader.pipeline.requests import dumps_line
+from batchgrader.pipeline.samples import sample_ids
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
 from batchgrader.store.eventstore import NewEvent
@@ -90,6 +93,8 @@ class OnlineStep:
     tier: str | None = None  # flex | online: the tier sent at (None: the job's route)
     # the budget's rule (core/budget.py) on the job as folded now: True while it may not spend
     over_budget: Callable[[], bool] = lambda: False
+    # whether the job is cancelled (or a cancel of it is queued): no request leaves after that
+    cancelled: Callable[[], bool] = lambda: False
 
     @classmethod
     def of(cls, engine: Any, job: JobState) -> OnlineStep:
@@ -111,6 +116,7 @@ class OnlineStep:
             stored_at=engine.trusted_wall,
             lookup=_lookup(engine, job),
             over_budget=lambda: _over_budget(engine, job.job_id),
+            cancelled=lambda: _cancelled(engine, job.job_id),
         )
 
     # --- the step -----------------------------------------------------------------------------
@@ -124,16 +130,18 @@ class OnlineStep:
                 if route == "batch":
                     self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=rows))
                     return
-            lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
+            rows_lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
+            lines = with_samples(rows_lines, int(self.profile.get("samples") or 1))
         except (ConfigError, InputError, UnicodeError, OSError) as exc:
             # prepare fails the job for its input with its own codes
             self.emit(job.job_id, _e("RouteChosen", route="batch", reason=f"the input could not be read: {exc}", rows=0))
             return
         if job.online.route is None:
-            route, reason = self._choose(job, len(lines))
+            route, reason = self._choose(job, len(rows_lines))
+            # every request the route sends is priced: k per row with samples
             est = self._estimate(route, input_tokens_of(lines, self.profile), len(lines)) if route != "batch" else None
             more = {"estimate_usd": est} if est is not None else {}
-            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(lines), **more))
+            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(rows_lines), **more))
             if route == "batch" or self.over_budget():
                 return  # batch: prepared as usual; over budget: the next tick holds the job
         self._send_all(lines)
@@ -183,8 +191,8 @@ class OnlineStep:
         concurrency = max(1, int(self.profile.get("online_concurrency") or 1))
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bg-online") as pool:
             for start in range(0, len(todo), concurrency):
-                if self._waiting():
-                    return False
+                if self._waiting() or self.cancelled():
+                    return False  # a cancel: nothing more is sent (the job is cancelled at the next tick)
                 if not self._send_wave(pool, todo[start : start + concurrency], keys):
                     return False  # asked to wait: the rest waits for the next step
         return True
@@ -374,6 +382,51 @@ class OnlineStep:
                 cost_usd=sum(r.cost_by_tier.values()),
             ),
         )
+
+
+class _AnsweredOnlineFirst(ReuseProbe):
+    """A :class:`ReuseProbe` that keys a row the job's synchronous route answered with the key
+    it was answered under: a settings edit (prompt, model, output bound) after it was answered
+    changes the request prepare builds for it, but the row is answered and paid for, so it is
+    taken, never sent again in a batch."""
+
+    def __init__(self, probe: ReuseProbe, pinned: dict[str, str]) -> None:
+        super().__init__(probe.provider, probe.lookup, probe.dedupe, probe.on_send)
+        self.pinned = pinned
+
+    def _keys(
+        self, lines: Sequence[bytes], cids: Sequence[str] | None = None, contents: Sequence[str] | None = None
+    ) -> list[tuple[str, str]]:
+        pinned = self.pinned
+        return [(cid, pinned.get(cid, key)) for cid, key in super()._keys(lines, cids, contents)]
+
+
+def answered_online_first(probe: ReuseProbe | None, job: JobState) -> ReuseProbe | None:
+    """The prepare step's reuse probe for ``job``: the rows its synchronous route answered are
+    found by their custom id (their answer's key), not by the request the settings build now."""
+    pinned = {cid: str(a["key"]) for cid, a in job.online.answers.items()}
+    if probe is None or not pinned:
+        return probe
+    return _AnsweredOnlineFirst(probe, pinned)
+
+
+def with_samples(lines: list[bytes], k: int) -> list[bytes]:
+    """The request lines of every sample of each row (``samples: k``), as prepare writes them:
+    sample ``j`` of a row is its request with the custom id ``sample_id(cid, j)``."""
+    if k <= 1:
+        return lines
+    out: list[bytes] = []
+    for raw in lines:
+        line = json.loads(raw)
+        for scid in sample_ids(line["custom_id"], k):
+            out.append(raw if scid == line["custom_id"] else dumps_line({**line, "custom_id": scid}))
+    return out
+
+
+def _cancelled(engine: Any, job_id: str) -> bool:
+    from batchgrader.daemon.control import cancel_pending
+
+    return bool(engine.state.jobs[job_id].cancel_requested) or cancel_pending(engine.home, job_id)
 
 
 def _over_budget(engine: Any, job_id: str) -> bool:

@@ -16,6 +16,7 @@ from batchgrader.core.config import ConfigError
 from batchgrader.core.heap import trim_heap
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.core.stragglers import deadline_of
+from batchgrader.daemon.online import answered_online_first
 from batchgrader.daemon.base import (
     _e,
     _lines,
@@ -133,6 +134,7 @@ class PrepareSteps:
             )
         requests_path = job_dir / "requests.jsonl"
         probe = self.reuse.reuse_probe(job, profile, self.ctx.trusted_wall())  # retention: not by a clock stepped forward
+        probe = answered_online_first(probe, job)  # its route's answers by row, whatever the settings now
         if probe is None:  # every row is sent (else the probe says so at the first row to send)
             self.ctx.on_rows_to_send(profile.provider)
         try:
