@@ -299,7 +299,8 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
         assert "online 2 rows" in shown and "batch 1 rows" in shown
         assert "reused answers" not in shown  # the route's answers were sent and billed, not reused
         by_route = {r["key"]: r for r in costs_mod.costs(home, by="route")["rows"]}
-        assert set(by_route) == {"online", "batch"} and by_route["online"]["batches"] == 2
+        assert set(by_route) == {"online", "batch"} and by_route["online"]["batches"] == 0
+        assert by_route["online"]["requests"] == 2 and by_route["batch"]["batches"] == 1
         assert by_route["online"]["simulated_usd"] + by_route["online"]["cost_usd"] == pytest.approx(online_cost)
         report = load_report(home, job.job_id)
         assert report["route"] == route and "route     online: online 2 rows" in render_text(report)
