@@ -160,6 +160,7 @@ STATUS_COLUMNS = (
     "updated_ts",
     "requests",  # rows sent (planned requests)
     "cached_rows",  # rows answered without a request of their own (stored answers, duplicates)
+    "duplicate_rows",  # of them, repeats of an earlier row of the file (answered_by: duplicate)
     "saved_usd",
     "input_tokens_exact",  # 1: exact input tokens; 0: estimates (InputTokensCounted); NULL: before it existed
     "route",  # flex/online jobs: their route and rows and cost by route (JSON); NULL: batch
