@@ -294,6 +294,17 @@ def _print_job_lines(r: dict[str, Any], console: Console) -> None:
         console.print(Text(f"{r['job_id']} {line}", style="cyan"), soft_wrap=True)
     if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
         console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
+    w = r.get("waiting_for")
+    if w:
+        queue = "the emulator's" if r.get("sandbox") else "the provider's"
+        console.print(
+            Text(
+                f"{r['job_id']} waiting for a batch slot: {w['in_use']:,} of max_simultaneous_batches {w['limit']:,} in use "
+                f"in {queue} queue",
+                style="magenta",
+            ),
+            soft_wrap=True,
+        )
     q = r.get("queue")
     if q and q.get("waiting"):
         how = "stated by the provider" if q.get("exact") else "estimated"
