@@ -59,7 +59,9 @@ def cost_columns(result: dict[str, Any]) -> list[Col]:
         cache_saved.cells.append(money(r.get("cache_saved_usd")))
         simulated_cache_saved.cells.append(money(r.get("simulated_cache_saved_usd")))
     synchronous = [requests] if any(r.get("requests") for r in rows) else []
-    cols = [key] + ([file, batches, *synchronous] if by == "job" else [batches, *synchronous, jobs]) + [prompt, cached, output, cost]
+    cols = (
+        [key] + ([file, batches, *synchronous] if by == "job" else [batches, *synchronous, jobs]) + [prompt, cached, output, cost]
+    )
     optional = (
         (simulated, "simulated_usd"),
         (saved, "saved_usd"),

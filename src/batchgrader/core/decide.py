@@ -395,7 +395,11 @@ def _staged_creates(
 ) -> list[Action]:
     """Room may have just appeared: a chunk uploaded ahead is created before any collect (not
     before a refused batch of the model is collected: it may teach a lower limit)."""
-    if job.cancel_requested or not any(c.staged and c.upload == "done" for c in chunks) or _refusal_to_learn(state, job.model, job.sandbox):
+    if (
+        job.cancel_requested
+        or not any(c.staged and c.upload == "done" for c in chunks)
+        or _refusal_to_learn(state, job.model, job.sandbox)
+    ):
         return []
     staged = {c.index for c in chunks if c.staged}
     return [
@@ -509,7 +513,9 @@ def _fill_queue(
     room = _Room(
         free=(1 << 30) if cap is None else cap - batches_in_use(state, sandbox),
         enqueued=enqueued,
-        ahead=None if limit is None else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here), sandbox=sandbox),
+        ahead=None
+        if limit is None
+        else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here), sandbox=sandbox),
     )
     # a chunk over the limit is re-planned at once (the wait after a refusal is for sending it
     # again), after the chunks that can be sent now: a re-plan takes a while, the queue's room

@@ -56,9 +56,9 @@ from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import check_input, first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
+from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.reuse import ReuseProbe
-from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.samples import sample_ids
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable

@@ -16,7 +16,6 @@ from batchgrader.core.config import ConfigError
 from batchgrader.core.heap import trim_heap
 from batchgrader.core.state import ChunkState, JobState
 from batchgrader.core.stragglers import deadline_of
-from batchgrader.daemon.online import answered_online_first
 from batchgrader.daemon.base import (
     _e,
     _lines,
@@ -25,6 +24,7 @@ from batchgrader.daemon.base import (
 )
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.finish import FinishSteps
+from batchgrader.daemon.online import answered_online_first
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
 from batchgrader.fsio import atomic_write
