@@ -126,7 +126,10 @@ def test_a_definite_refusal_fails_its_row_at_the_first_request_with_its_message(
         rig.close()
 
 
-@pytest.mark.parametrize(("kind", "details"), [("unavailable", {}), ("refused", {"status_code": 429, "retry_after": 2.0})])
+@pytest.mark.parametrize(
+    ("kind", "details"),
+    [("unavailable", {}), ("refused", {"status_code": 429, "retry_after": 2.0}), ("refused", {"status_code": 408})],
+)
 def test_a_transient_failure_is_tried_again_up_to_max_attempts(home, kind, details):
     from batchgrader.core.route_state import MAX_ATTEMPTS
 

@@ -14,7 +14,7 @@ explicitly (home, profile, prices, provider, the event sink and the clocks):
   then ``OnlineRequestAnswered`` (with a ``TokensUsed`` of chunk -1 in the same transaction:
   flex at the catalogue's Batch price, online at its standard price; the answer is put in the
   answers store in that transaction too, as a batch's answers are) or ``OnlineRequestFailed``;
-* a 429 (or a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
+* a 429 (or a 408, a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
   provider's ``Retry-After`` (else a backoff doubling from 1 s) has passed, on the monotonic clock
   (``not_before``) and, after a restart, the wall clock its event recorded; a row is tried at most
   :data:`~batchgrader.core.route_state.MAX_ATTEMPTS` times, and a definite refusal (another 4xx) or an
@@ -66,6 +66,9 @@ from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
+#: refusals tried again like a 429 (the request timed out at the provider: an adapter may report
+#: it as a 4xx); every other 4xx fails its row at its first request
+TRANSIENT_4XX = frozenset({408})
 USAGE = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 ALL_ROWS = 1 << 40
 
@@ -261,8 +264,9 @@ class OnlineStep:
         try:
             got = fut.result()
         except ProviderRejected as exc:
-            if exc.retryable:
-                return self._retry_later(job, cid, attempt, "rate_limited", str(exc), exc.status_code, exc.retry_after)
+            if exc.retryable or exc.status_code in TRANSIENT_4XX:
+                code = "rate_limited" if exc.retryable else "timeout"
+                return self._retry_later(job, cid, attempt, code, str(exc), exc.status_code, exc.retry_after)
             code = str(exc.code or f"http_{exc.status_code}")
             self.emit(job.job_id, _failed(cid, code, str(exc), exc.status_code, None, True))
             return True
