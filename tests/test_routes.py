@@ -280,9 +280,10 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
     rig = online_rig(home)
     try:
         drop(rig, 3)
-        rig.provider.fail_next("complete", "refused", status_code=400, message="bad row", code="invalid_value", match="-3")
-        for _ in range(20):
-            rig.tick()
+        for _ in range(4):  # a row the provider keeps failing to answer (5xx) goes in the batch after its last attempt
+            rig.provider.fail_next("complete", "unavailable", match="-3")
+        for _ in range(30):
+            rig.tick(5.0)
             if rig.calls("create_batch"):
                 break
         rig.provider.finish_all()

@@ -111,17 +111,28 @@ def test_a_cancel_while_online_rows_are_sent_stops_the_sending_and_nothing_is_pa
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
 def test_a_definite_refusal_fails_its_row_at_the_first_request_with_its_message(home, status):
+    """Not tried again, online or in a batch: the row fails at once, its message in the result."""
+    from batchgrader.cli.render_status import rows_cell
+    from batchgrader.store import queries
+
     rig = Rig(home, ONLINE)
     try:
         drop(rig, 3)
         rig.provider.fail_next("complete", "refused", status_code=status, message="the request is wrong", match="-2")
-        for _ in range(5):
-            rig.tick()
+        run_until_ended(rig)
         tries = [cid for cid, _ in rig.provider.complete_times if cid.endswith("-2")]
-        assert len(tries) == 1
+        assert len(tries) == 1 and len(rig.provider.complete_times) == 3
+        assert rig.calls("upload") == 0 and rig.calls("create_batch") == 0
         (failed,) = rig.events("OnlineRequestFailed")
         assert failed["final"] and failed["status_code"] == status and "the request is wrong" in failed["error"]
         assert failed["retry_at"] is None
+        assert rig.job().ended == "completed_with_errors"
+        rows = rig.result_rows()
+        assert [r["answered_by"] for r in rows] == ["online"] * 3
+        assert "the request is wrong" in rows[1]["error"] and rows[1]["output_tokens"] in ("", "0")
+        assert rig.events("OnlineRowsDone")[0]["to_batch"] == 0
+        (row,) = queries.status(home)
+        assert "reused" not in rows_cell(row) and row["failed"] == 1
     finally:
         rig.close()
 
@@ -146,5 +157,34 @@ def test_a_transient_failure_is_tried_again_up_to_max_attempts(home, kind, detai
         assert len(tries) == MAX_ATTEMPTS
         fails = rig.events("OnlineRequestFailed")
         assert [f["final"] for f in fails] == [False] * (MAX_ATTEMPTS - 1) + [True]
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("how", ["refused", "truncated"])
+def test_bgctl_retry_sends_a_row_the_online_route_failed_in_a_batch(home, how):
+    """``bgctl retry JOB`` (no new output bound) of a row failed on the route: its request, never
+    planned into a batch at prepare, is planned now (it was refused at every tick before)."""
+    rig = Rig(home, ONLINE)
+    if how == "refused":
+        rig.provider.fail_next("complete", "refused", status_code=400, message="the request is wrong", match="-2")
+    else:
+        rig.provider.finish_reason = lambda cid, body: "length" if cid.endswith("-2") else "stop"
+    try:
+        drop(rig, 3)
+        run_until_ended(rig)
+        job = rig.job()
+        assert job.ended == "completed_with_errors" and rig.calls("create_batch") == 0
+        rig.provider.finish_reason = lambda cid, body: "stop"
+        request_control(rig.home, "retry", job.job_id, "fixed")
+        for _ in range(20):
+            controls(rig)
+            rig.tick()
+            rig.provider.finish_all()
+            if rig.job().ended == "completed":
+                break
+        (retry,) = rig.events("RetryPlanned")
+        assert retry["custom_ids"] == [f"bg-{job.sha256[:16]}-2"] and rig.job().ended == "completed"
+        assert rig.calls("create_batch") == 1
     finally:
         rig.close()

@@ -57,6 +57,7 @@ from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.route_rules import online_waits, sync_route
+from batchgrader.core.route_state import refused_rows
 from batchgrader.core.routes import SYNC_ROUTES
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 from batchgrader.core.stragglers import past_cutoff, pending, straggler_actions, straggler_cancels, unsent_routes
@@ -223,12 +224,14 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         return [cid for cid, info in job.failed_rows.items() if info.get("code") != "request_too_large"]
     if any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values()):
         return []
+    refused = set(refused_rows(job))  # refused for good on the synchronous route: `bgctl retry` only
     return [
         cid
         for cid, info in job.failed_rows.items()
         if job.row_attempts.get(cid, 0) < profile.max_row_retries
         and info.get("code") not in NEVER_RETRIED
         and info.get("status") not in NEVER_RETRIED_STATUS
+        and cid not in refused
     ]
 
 

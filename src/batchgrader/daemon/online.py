@@ -47,7 +47,7 @@ from batchgrader.core.budget import budget_problem
 from batchgrader.core.config import ConfigError, Profile
 from batchgrader.core.decide import NEVER_RETRIED, utc_day
 from batchgrader.core.home import Home
-from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff
+from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff, refused_rows
 from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
@@ -267,8 +267,15 @@ class OnlineStep:
             if exc.retryable or exc.status_code in TRANSIENT_4XX:
                 code = "rate_limited" if exc.retryable else "timeout"
                 return self._retry_later(job, cid, attempt, code, str(exc), exc.status_code, exc.retry_after)
+            # refused for good: the row fails now with the message (not sent in the batch, where
+            # the same request would be refused after the batch's wait)
             code = str(exc.code or f"http_{exc.status_code}")
-            self.emit(job.job_id, _failed(cid, code, str(exc), exc.status_code, None, True))
+            row = {"custom_id": cid, "code": code, "message": str(exc), "status": exc.status_code}
+            self.emit(
+                job.job_id,
+                _failed(cid, code, str(exc), exc.status_code, None, True),
+                _e("RowsFailed", chunk=None, batch_id=None, rows=[row]),
+            )
             return True
         except (OutcomeUnknown, ProviderUnavailable) as exc:
             status = getattr(exc, "status_code", None)
@@ -381,7 +388,7 @@ class OnlineStep:
             _e(
                 "OnlineRowsDone",
                 answered=len(r.answers),
-                to_batch=len(r.to_batch),
+                to_batch=len(r.to_batch) - len(refused_rows(job)),
                 resent_after_crash=len(r.resent),
                 cost_usd=sum(r.cost_by_tier.values()),
             ),
@@ -392,10 +399,24 @@ class _AnsweredOnlineFirst(ReuseProbe):
     """A :class:`ReuseProbe` that keys a row the job's synchronous route answered with the key
     it was answered under: a settings edit (prompt, model, output bound) after it was answered
     changes the request prepare builds for it, but the row is answered and paid for, so it is
-    taken, never sent again in a batch."""
+    taken, never sent again in a batch.  A row the provider refused for good is taken the same
+    way, as a failed answer with the refusal's code and message (``refused``)."""
 
-    def __init__(self, probe: ReuseProbe, pinned: dict[str, str]) -> None:
-        super().__init__(probe.provider, probe.lookup, probe.dedupe, probe.on_send)
+    def __init__(
+        self,
+        provider: str,
+        lookup: Callable[[Sequence[str]], dict[str, Any]] | None,
+        dedupe: bool,
+        on_send: Callable[[], None] | None,
+        pinned: dict[str, str],
+        refused: dict[str, Any],
+    ) -> None:
+        def with_refused(keys: Sequence[str]) -> dict[str, Any]:
+            found = lookup(keys) if lookup is not None else {}
+            found.update({k: refused[k] for k in keys if k in refused})
+            return found
+
+        super().__init__(provider, with_refused, dedupe, on_send)
         self.pinned = pinned
 
     def _keys(
@@ -405,13 +426,27 @@ class _AnsweredOnlineFirst(ReuseProbe):
         return [(cid, pinned.get(cid, key)) for cid, key in super()._keys(lines, cids, contents)]
 
 
-def answered_online_first(probe: ReuseProbe | None, job: JobState) -> ReuseProbe | None:
+def answered_online_first(
+    probe: ReuseProbe | None, job: JobState, provider: str, on_send: Callable[[], None]
+) -> ReuseProbe | None:
     """The prepare step's reuse probe for ``job``: the rows its synchronous route answered are
-    found by their custom id (their answer's key), not by the request the settings build now."""
+    found by their custom id (their answer's key), not by the request the settings build now,
+    and so are the rows the provider refused for good (they fail with the refusal).
+    ``provider``/``on_send``: the probe's, for a job whose rows would all be sent otherwise."""
+    from batchgrader.store.answers import StoredAnswer
+
     pinned = {cid: str(a["key"]) for cid, a in job.online.answers.items()}
-    if probe is None or not pinned:
+    refused: dict[str, Any] = {}
+    tier = job.online.route or "online"
+    for cid in refused_rows(job):
+        f = job.failed_rows[cid]
+        key = pinned[cid] = f"refused\x00{cid}"  # never a request's key (those are hex digests)
+        refused[key] = StoredAnswer(key, "", None, 0, 0, 0, 0, job.job_id, cid, tier, str(f["code"]), str(f["message"]))
+    if not pinned:
         return probe
-    return _AnsweredOnlineFirst(probe, pinned)
+    if probe is None:
+        return _AnsweredOnlineFirst(provider, None, False, on_send, pinned, refused)
+    return _AnsweredOnlineFirst(probe.provider, probe.lookup, probe.dedupe, probe.on_send, pinned, refused)
 
 
 def with_samples(lines: list[bytes], k: int) -> list[bytes]:
