@@ -30,6 +30,7 @@ def cost_columns(result: dict[str, Any]) -> list[Col]:
     key = Col(by, footer="total", style="bold")
     file = Col("file", min_width=8, give_way=2, droppable=True)
     batches = Col("batches", justify="right", footer=count(tot["batches"]))
+    requests = Col("requests", justify="right", footer=count(tot.get("requests")))  # synchronous ones
     jobs = Col("jobs", justify="right", footer=count(tot["jobs"]))
     prompt = Col("prompt", justify="right", footer=count(tot["prompt_tokens"]))
     cached = Col("cached", justify="right", footer=count(tot["cached_tokens"]), give_way=1, droppable=True)
@@ -46,6 +47,7 @@ def cost_columns(result: dict[str, Any]) -> list[Col]:
         key.cells.append(str(r["key"]))
         file.cells.append(r.get("file") or "-")
         batches.cells.append(count(r["batches"]))
+        requests.cells.append(count(r.get("requests")))
         jobs.cells.append(count(r["jobs"]))
         prompt.cells.append(count(r["prompt_tokens"]))
         cached.cells.append(count(r["cached_tokens"]))
@@ -56,7 +58,10 @@ def cost_columns(result: dict[str, Any]) -> list[Col]:
         simulated_saved.cells.append(money(r.get("simulated_saved_usd")))
         cache_saved.cells.append(money(r.get("cache_saved_usd")))
         simulated_cache_saved.cells.append(money(r.get("simulated_cache_saved_usd")))
-    cols = [key] + ([file, batches] if by == "job" else [batches, jobs]) + [prompt, cached, output, cost]
+    synchronous = [requests] if any(r.get("requests") for r in rows) else []
+    cols = (
+        [key] + ([file, batches, *synchronous] if by == "job" else [batches, *synchronous, jobs]) + [prompt, cached, output, cost]
+    )
     optional = (
         (simulated, "simulated_usd"),
         (saved, "saved_usd"),

@@ -80,6 +80,15 @@ def state_text(state: str, sandbox: bool = False, newline: bool = False) -> Text
     return t
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: a newline, a tab or another control (or unprintable) character is
+    shown escaped as Python writes it (``\\n``, ``\\x1b``), so a file name cannot split its row
+    or colour the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _cells(*values: Any) -> list[Text]:
     """Table cells as Text: file names, errors and ids are data, never rich markup ("[x]" stays)."""
     return [v if isinstance(v, Text) else Text("-" if v is None else str(v)) for v in values]
@@ -134,9 +143,24 @@ def rows_cell(r: dict[str, Any]) -> str:
             lines.append(f"{count(route['rows'][name])} {name}")
     if route.get("preflight_rows"):
         lines.append(f"{count(route['preflight_rows'])} preflight")
+    if reused_rows(r) or duplicate_rows(r):
+        lines.append(f"{count(r.get('requests'))} sent")
     if reused_rows(r):
-        lines += [f"{count(r.get('requests'))} sent", f"{count(reused_rows(r))} reused"]
+        lines.append(f"{count(reused_rows(r))} reused")
+    if duplicate_rows(r):
+        lines.append(f"{count(duplicate_rows(r))} duplicate")
     return "\n".join(lines)
+
+
+def tokens_cell(r: dict[str, Any]) -> str:
+    """Tokens in and out of one scope, the cost's: once anything is billed, the billed usage of
+    every request (a preflight's, a synchronous route's and the batches'); before that, the
+    input tokens of the rows planned into batches, marked ``(est.)``, and no output yet."""
+    if r.get("prompt_tokens") or r.get("output_tokens") or r.get("cost_usd"):
+        return f"{count(r.get('prompt_tokens'))} in\n{count(r.get('output_tokens'))} out"
+    if not r.get("input_tokens"):
+        return "- in\n- out"
+    return f"{count(r.get('input_tokens'))} in (est.)\n- out"
 
 
 def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[Col]:
@@ -156,15 +180,14 @@ def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[C
     for r in rows:
         sandbox = bool(r.get("sandbox"))
         cell = Text(r["job_id"], style="bold")
-        cell.append("\n" + (r.get("file") or "-"), style="dim")
+        cell.append("\n" + one_line(r.get("file") or "-"), style="dim")
         job.cells.append(cell)
         profile.cells.append(r.get("profile") or "-")
         state.cells.append(state_text(r["state"], sandbox, newline=True))
         chunks.cells.append(f"{r.get('chunks_done', 0)}/{r.get('chunks_total', 0)}")
         batches.cells.append(batches_text(r.get("batches") or []))
         rows_col.cells.append(rows_cell(r))
-        est = "" if r.get("input_tokens_exact", True) else " (est.)"  # InputTokensCounted: not the provider's count
-        tokens.cells.append(f"{count(r.get('input_tokens'))} in{est}\n{count(r.get('output_tokens'))} out")
+        tokens.cells.append(tokens_cell(r))
         money_text = money(r.get("cost_usd")) + (f"\nsaved {money(r.get('saved_usd'))}" if r.get("saved_usd") else "")
         cost.cells.append(Text(money_text, style="yellow" if sandbox else ""))
         age.cells.append(duration(r.get("age_seconds")))
@@ -271,6 +294,17 @@ def _print_job_lines(r: dict[str, Any], console: Console) -> None:
         console.print(Text(f"{r['job_id']} {line}", style="cyan"), soft_wrap=True)
     if r.get("last_error") and r["state"] not in FINISHED and r["state"] != "held":
         console.print(Text(f"{r['job_id']} last error: {r['last_error']}", style="yellow"), soft_wrap=True)
+    w = r.get("waiting_for")
+    if w:
+        queue = "the emulator's" if r.get("sandbox") else "the provider's"
+        console.print(
+            Text(
+                f"{r['job_id']} waiting for a batch slot: {w['in_use']:,} of max_simultaneous_batches {w['limit']:,} in use "
+                f"in {queue} queue",
+                style="magenta",
+            ),
+            soft_wrap=True,
+        )
     q = r.get("queue")
     if q and q.get("waiting"):
         how = "stated by the provider" if q.get("exact") else "estimated"
@@ -289,14 +323,20 @@ def _print_job_lines(r: dict[str, Any], console: Console) -> None:
 
 
 def reused_rows(d: dict[str, Any]) -> int:
-    """Rows answered without a request of their own: the reused ones, less those answered on the
-    job's synchronous route or by its preflight (taken at prepare like stored answers, but each
-    sent and billed)."""
+    """Rows answered with a stored answer of an earlier job (``answered_by: reused``): the rows
+    answered without a request of their own, less the file's own repeats (:func:`duplicate_rows`)
+    and those answered on the job's synchronous route or by its preflight (taken at prepare like
+    stored answers, but each sent and billed)."""
     route = d.get("route_summary") or {}
     in_job = route.get("answered_in_job")  # core/route_state.answered_in_job
     if in_job is None:  # a row written before that key: its synchronous rows (it had no preflight count)
         in_job = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online")) - int(route.get("straggler_rows") or 0)
-    return max(0, int(d.get("cached_rows") or 0) - int(in_job))
+    return max(0, int(d.get("cached_rows") or 0) - duplicate_rows(d) - int(in_job))
+
+
+def duplicate_rows(d: dict[str, Any]) -> int:
+    """Repeats of an earlier row of the same file, given its answer (``answered_by: duplicate``)."""
+    return int(d.get("duplicate_rows") or 0)
 
 
 def route_line(route: dict[str, Any] | None) -> str | None:
@@ -375,7 +415,7 @@ def _print_failures(d: dict[str, Any], console: Console) -> None:
 def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
     """The (label, value) lines of ``bgctl status JOB``; a None or empty value is not shown."""
     return [
-        ("file", d.get("file")),
+        ("file", one_line(d["file"]) if d.get("file") else None),
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", _rows_text(d)),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
@@ -426,11 +466,11 @@ def _cache_text(d: dict[str, Any]) -> str | None:
 
 
 def _reused_text(d: dict[str, Any]) -> str | None:
-    if not reused_rows(d):
+    if not (reused_rows(d) or duplicate_rows(d)):
         return None
     return (
-        f"{count(reused_rows(d))} rows answered without a request "
-        f"({count(d.get('duplicate_rows'))} of them copied from an identical row), "
+        f"{count(reused_rows(d) + duplicate_rows(d))} rows answered without a request "
+        f"({count(reused_rows(d))} reused from earlier jobs, {count(duplicate_rows(d))} duplicate: copied from an identical row), "
         f"{count(d.get('requests'))} sent; saved {money(d.get('saved_usd'))}"
     )
 
@@ -496,7 +536,7 @@ def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], cons
         t.add_column("note", overflow="fold")
         for f in inbox:
             note = f.get("note") or ("" if f.get("supported", True) else "unsupported type: will be rejected")
-            t.add_row(*_cells(f["file"], f.get("profile") or "default", count(f.get("bytes")), note))
+            t.add_row(*_cells(one_line(f["file"]), f.get("profile") or "default", count(f.get("bytes")), note))
         console.print(t)
     if daemon.get("running"):
         console.print(Text(f"daemon running (pid {daemon.get('pid')})", style="dim"))

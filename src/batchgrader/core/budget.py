@@ -33,7 +33,10 @@ def spending(j: JobState) -> bool:
 def committed_cost(state: State, exclude: str) -> float:
     """What jobs already sending may still spend (their estimate less what they cost so far)."""
     total = 0.0
+    judged = state.jobs.get(exclude)
     for j in state.active_jobs():
+        if judged is not None and j.sandbox != judged.sandbox:
+            continue  # simulated spend and real spend never count against each other
         if j.job_id != exclude and spending(j):
             total += max(0.0, ((j.estimate or {}).get("max_total") or 0.0) - j.cost_usd)
     return total
@@ -77,7 +80,10 @@ def committed_tokens(state: State, config: Config, exclude: str) -> int:
     """Tokens jobs already submitting may still use (their bound less what they used), as
     :func:`committed_cost` does for money: jobs cannot each pass daily_token_limit and together exceed it."""
     total = 0
+    judged = state.jobs.get(exclude)
     for j in state.active_jobs():
+        if judged is not None and j.sandbox != judged.sandbox:
+            continue
         if j.job_id != exclude and _batches_sent(j):
             used = j.prompt_tokens + j.completion_tokens
             total += max(0, job_tokens_bound(j, config.profile(j.profile)) - used)

@@ -57,6 +57,7 @@ from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.route_rules import online_waits, sync_route
+from batchgrader.core.route_state import refused_rows
 from batchgrader.core.routes import SYNC_ROUTES
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
 from batchgrader.core.stragglers import past_cutoff, pending, straggler_actions, straggler_cancels, unsent_routes
@@ -90,11 +91,14 @@ def upload_name(job_id: str, chunk: int, attempt: int) -> str:
     return f"bg-{job_id}-c{chunk:04d}-a{attempt}.jsonl"
 
 
-def batches_in_use(state: State) -> int:
+def batches_in_use(state: State, sandbox: bool | None = None) -> int:
     """Batches counted against max_simultaneous_batches: in flight, being sent, or uploaded and
-    waiting to be created."""
+    waiting to be created; with ``sandbox`` given, only those of that queue (a sandbox job's
+    batches are the emulator's, a real job's the provider's)."""
     used = 0
     for j in state.active_jobs():
+        if sandbox is not None and j.sandbox != sandbox:
+            continue
         for c in j.chunks.values():
             if c.staged:
                 continue  # uploaded ahead of queue room: not a batch yet
@@ -181,7 +185,9 @@ def batch_failure(state: State, job: JobState, c: ChunkState, poll_interval: flo
     )
     if "token_limit_exceeded" in codes:
         refusal = next((e.get("message") for e in c.batch_errors if e.get("code") == "token_limit_exceeded"), msg)
-        if queue.fails_alone(c.requests, enqueued_tokens(state, job.model or "", exclude=(job.job_id, c.index))):
+        if queue.fails_alone(
+            c.requests, enqueued_tokens(state, job.model or "", exclude=(job.job_id, c.index), sandbox=job.sandbox)
+        ):
             why = f"this row alone ({c.input_tokens:,} input tokens) is over the provider's enqueued-token limit: {refusal}"
             return FailBatch(job.job_id, c.index, c.batch_id, "request_too_large", why, False, message=refusal)
         learned = refusal_lesson(state, job, c, refusal, queue_url)
@@ -218,12 +224,14 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         return [cid for cid, info in job.failed_rows.items() if info.get("code") != "request_too_large"]
     if any(info.get("code") in ("halted", "cancelled") for info in job.failed_rows.values()):
         return []
+    refused = set(refused_rows(job))  # refused for good on the synchronous route: `bgctl retry` only
     return [
         cid
         for cid, info in job.failed_rows.items()
         if job.row_attempts.get(cid, 0) < profile.max_row_retries
         and info.get("code") not in NEVER_RETRIED
         and info.get("status") not in NEVER_RETRIED_STATUS
+        and cid not in refused
     ]
 
 
@@ -394,7 +402,11 @@ def _staged_creates(
 ) -> list[Action]:
     """Room may have just appeared: a chunk uploaded ahead is created before any collect (not
     before a refused batch of the model is collected: it may teach a lower limit)."""
-    if job.cancel_requested or not any(c.staged and c.upload == "done" for c in chunks) or _refusal_to_learn(state, job.model):
+    if (
+        job.cancel_requested
+        or not any(c.staged and c.upload == "done" for c in chunks)
+        or _refusal_to_learn(state, job.model, job.sandbox)
+    ):
         return []
     staged = {c.index for c in chunks if c.staged}
     return [
@@ -429,9 +441,10 @@ def batches_in_flight(state: State) -> bool:
     return any(c.in_flight or c.create == "requested" or collectable(c) for j in state.active_jobs() for c in j.chunks.values())
 
 
-def _refusal_to_learn(state: State, model: str | None) -> bool:
-    """A failed batch of ``model`` not collected yet (a refusal may teach a lower queue limit)."""
-    return any(collectable(c) and c.status == "failed" for _, c in queue.model_chunks(state, model))
+def _refusal_to_learn(state: State, model: str | None, sandbox: bool | None = None) -> bool:
+    """A failed batch of ``model`` not collected yet (a refusal may teach a lower queue limit),
+    in the queue of the ``sandbox`` flag given."""
+    return any(collectable(c) and c.status == "failed" for _, c in queue.model_chunks(state, model, sandbox))
 
 
 def _collect(state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str) -> list[Action]:
@@ -496,15 +509,20 @@ def _fill_queue(
     model = job.model or ""
     limit, exact = queue_limit(state, config, model, queue_url)
     cap = config.default.max_simultaneous_batches
-    enqueued = enqueued_tokens(state, model) - queue.doomed_tokens(state, model, known_limit(state, queue_url, model))
+    sandbox = job.sandbox  # the emulator's queue or the provider's: the other's batches take no room here
+    enqueued = enqueued_tokens(state, model, sandbox=sandbox) - queue.doomed_tokens(
+        state, model, known_limit(state, queue_url, model), sandbox=sandbox
+    )
     # files uploaded ahead of queue room: one queue limit's worth per model, the chunks that will
     # be sent next (largest first: a waiting chunk already uploaded ahead keeps a part of it only
     # when it fits there, as a larger one is sent before it)
     waiting_here = {c.index for c in waiting}
     room = _Room(
-        free=(1 << 30) if cap is None else cap - batches_in_use(state),
+        free=(1 << 30) if cap is None else cap - batches_in_use(state, sandbox),
         enqueued=enqueued,
-        ahead=None if limit is None else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here)),
+        ahead=None
+        if limit is None
+        else limit - queue.staged_tokens(state, model, but=(job.job_id, waiting_here), sandbox=sandbox),
     )
     # a chunk over the limit is re-planned at once (the wait after a refusal is for sending it
     # again), after the chunks that can be sent now: a re-plan takes a while, the queue's room

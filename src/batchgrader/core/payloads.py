@@ -431,7 +431,7 @@ class OnlineRequestAnswered(TypedDict):
         "error": "the provider's message",
         "status_code": "the HTTP status (null: no answer)",
         "retry_at": "when it may be sent again (epoch seconds; the provider's Retry-After when it gave one); null when final",
-        "final": "true: not sent on this route again (attempts used up, or refused for good); the row goes in the job's batch",
+        "final": "true: not sent on this route again: attempts used up (the row goes in the job's batch), or refused for good (a 4xx other than 408/429: the row fails, RowsFailed beside it)",
     },
 )
 class OnlineRequestFailed(TypedDict):
@@ -448,7 +448,7 @@ class OnlineRequestFailed(TypedDict):
     "route",
     {
         "answered": "rows answered on the route",
-        "to_batch": "rows whose requests failed for good: they go in the job's batch",
+        "to_batch": "rows whose requests failed for good: they go in the job's batch (not those refused for good: they fail)",
         "resent_after_crash": "requests sent again because a crash left them without an outcome",
         "cost_usd": "what the answered rows cost",
     },

@@ -137,20 +137,21 @@ def fails_alone(requests: int, others_in_flight: int) -> bool:
 # --- applied to the folded state -------------------------------------------------------------------
 
 
-def model_chunks(state: State, model: str | None) -> Iterator[tuple[str, ChunkState]]:
-    """``(job id, chunk)`` of every active job of ``model``."""
+def model_chunks(state: State, model: str | None, sandbox: bool | None = None) -> Iterator[tuple[str, ChunkState]]:
+    """``(job id, chunk)`` of every active job of ``model``; with ``sandbox`` given, of that
+    queue's jobs only (a sandbox job's batches are in the emulator's queue, not the provider's)."""
     for j in state.active_jobs():
-        if j.model == model:
+        if j.model == model and (sandbox is None or j.sandbox == sandbox):
             for c in j.chunks.values():
                 yield j.job_id, c
 
 
-def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = None) -> int:
+def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = None, sandbox: bool | None = None) -> int:
     """Input tokens of ``model`` at the provider or on their way there, across all jobs
     (conservative: a batch counts from its upload until we see it terminal; a file uploaded
     ahead of queue room counts from its create)."""
     total = 0
-    for job_id, c in model_chunks(state, model):
+    for job_id, c in model_chunks(state, model, sandbox):
         if exclude == (job_id, c.index) or c.done or c.staged:
             continue
         if c.in_flight or c.open_intent or (c.upload == "done" and c.create in ("none", "failed") and c.failure is None):
@@ -158,7 +159,7 @@ def enqueued_tokens(state: State, model: str, exclude: tuple[str, int] | None = 
     return total
 
 
-def doomed_tokens(state: State, model: str, known: dict[str, Any] | None) -> int:
+def doomed_tokens(state: State, model: str, known: dict[str, Any] | None, sandbox: bool | None = None) -> int:
     """Input tokens of ``model``'s batches still validating that are larger on their own than a
     limit the provider stated (a learned, exact one): the provider refuses them whatever else is
     in flight, so they hold no queue room.  The chunk waiting for room need not wait for their
@@ -170,18 +171,20 @@ def doomed_tokens(state: State, model: str, known: dict[str, Any] | None) -> int
     limit = int(known["limit"])
     return sum(
         c.input_tokens
-        for _, c in model_chunks(state, model)
+        for _, c in model_chunks(state, model, sandbox)
         if c.in_flight and c.status == "validating" and c.input_tokens > limit
     )
 
 
-def staged_tokens(state: State, model: str, but: tuple[str, Container[int]] = ("", ())) -> int:
+def staged_tokens(state: State, model: str, but: tuple[str, Container[int]] = ("", ()), sandbox: bool | None = None) -> int:
     """Input tokens of ``model`` whose files are uploaded (or being uploaded) ahead of queue room,
     across all jobs: they wait for room and are not in the queue (see UploadAheadPlanned).
     ``but``: a job id and chunks of it left out."""
     left_out, chunks = but
     return sum(
-        c.input_tokens for job_id, c in model_chunks(state, model) if c.staged and not (job_id == left_out and c.index in chunks)
+        c.input_tokens
+        for job_id, c in model_chunks(state, model, sandbox)
+        if c.staged and not (job_id == left_out and c.index in chunks)
     )
 
 
@@ -208,7 +211,7 @@ def token_cap(state: State, config: Config, profile: Profile, model: str, queue_
 def refusal_lesson(state: State, job: JobState, c: ChunkState, message: str | None, queue_url: str) -> Learned | None:
     """What a token_limit_exceeded refusal of ``c`` teaches (None: nothing new)."""
     model = job.model or ""
-    in_flight = enqueued_tokens(state, model, exclude=(job.job_id, c.index)) + c.input_tokens
+    in_flight = enqueued_tokens(state, model, exclude=(job.job_id, c.index), sandbox=job.sandbox) + c.input_tokens
     return after_refusal(message, in_flight, known_limit(state, queue_url, model))
 
 

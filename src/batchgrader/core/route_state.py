@@ -46,6 +46,14 @@ class RouteState:
         return cid in self.answers or bool(self.failed.get(cid, {}).get("final"))
 
 
+def refused_rows(job: Any) -> list[str]:
+    """Rows the provider refused for good on the synchronous route (a 4xx other than 408 and 429,
+    recorded with a ``RowsFailed`` of no chunk beside the ``OnlineRequestFailed``): the row fails
+    with the refusal's message at once and is not sent in the batch (the same request would be
+    refused there too)."""
+    return [cid for cid in job.online.to_batch if (job.failed_rows.get(cid) or {"chunk": 0})["chunk"] is None]
+
+
 def backoff(attempt: int) -> float:
     """The wait after the ``attempt``-th failed request of a row when the provider named none."""
     return min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** max(0, attempt - 1))
@@ -92,7 +100,7 @@ def _online_done(s: Any, job: Any, p: P.OnlineRowsDone, e: Any) -> None:
 
 def route_summary(job: Any) -> dict[str, Any]:
     """A job's route and its rows and cost by route, for ``bgctl status``, ``costs`` and the
-    report: ``{route, reason, rows: {batch, flex, online}, cost_usd: {...}, to_batch,
+    report: ``{route, reason, rows: {batch, flex, online}, cost_usd: {...}, to_batch, refused,
     resent_after_crash, stragglers, straggler_rows, preflight_rows, answered_in_job}`` (``batch`` rows are those sent in batches
     and answered there or failed; its cost is the rest of the job's bill, a preflight's included;
     ``stragglers``: batches cancelled as the deadline neared, ``straggler_rows``: their rows sent
@@ -115,7 +123,8 @@ def route_summary(job: Any) -> dict[str, Any]:
         "reason": r.reason,
         "rows": rows,
         "cost_usd": cost,
-        "to_batch": len(r.to_batch),
+        "to_batch": len(r.to_batch) - len(refused_rows(job)),
+        "refused": len(refused_rows(job)),
         "resent_after_crash": len(r.resent),
         "stragglers": sum(1 for c in job.chunks.values() if c.straggler),
         "straggler_rows": straggled,
@@ -135,12 +144,12 @@ def shown_route(job: Any) -> bool:
 
 
 def answered_in_job(job: Any) -> int:
-    """Rows the job took at prepare as it takes stored answers, but which it sent and paid for
-    itself: its preflight's and its synchronous route's (not those of a straggling batch, sent
-    after prepare).  They are not reused answers and saved nothing."""
+    """Rows the job took at prepare as it takes stored answers, but which it sent itself: its
+    preflight's and its synchronous route's, answered or refused for good (not those of a
+    straggling batch, sent after prepare).  They are not reused answers and saved nothing."""
     r: RouteState = job.online
     sync = sum(r.rows_by_tier.values()) - sum(c.requests for c in job.chunks.values() if c.route)
-    return len(job.preflight_answers) + max(0, sync)
+    return len(job.preflight_answers) + max(0, sync) + len(refused_rows(job))
 
 
 def _straggler_cancel(s: Any, job: Any, p: P.StragglerCancelRequested, e: Any) -> None:

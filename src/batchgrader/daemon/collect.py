@@ -321,7 +321,8 @@ class CollectSteps:
                     line = with_output_bound(line, bound)
                 lines.append(line)
                 tokens.append(tok_all[pos])
-                sizes.append(len(line) if bound is not None else size_all[pos])
+                # a row taken at prepare (a synchronous route's failed answer) was never planned: size 0
+                sizes.append(len(line) if bound is not None or not size_all[pos] else size_all[pos])
         chunks, _over = plan_chunks(
             tokens,
             sizes,

@@ -38,6 +38,19 @@ def pending_controls(home: Home) -> list[Path]:
     return sorted(p for p in folder.glob("*.json") if not p.name.startswith(".")) if folder.is_dir() else []
 
 
+def cancel_pending(home: Home, job_id: str) -> bool:
+    """Whether a ``bgctl cancel`` of ``job_id`` is queued and not applied yet: a long step (the
+    synchronous route's sending) looks between its requests, so a cancel takes effect at once."""
+    for path in pending_controls(home):
+        try:
+            req = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # gone (applied meanwhile) or not readable: the daemon sets it aside
+        if isinstance(req, dict) and req.get("action") == "cancel" and req.get("job_id") == job_id:
+            return True
+    return False
+
+
 CONTROL_REJECTED_DIR = "rejected"  # control/rejected/: requests that could not be applied, kept for a look
 
 

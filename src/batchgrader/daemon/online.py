@@ -14,7 +14,7 @@ explicitly (home, profile, prices, provider, the event sink and the clocks):
   then ``OnlineRequestAnswered`` (with a ``TokensUsed`` of chunk -1 in the same transaction:
   flex at the catalogue's Batch price, online at its standard price; the answer is put in the
   answers store in that transaction too, as a batch's answers are) or ``OnlineRequestFailed``;
-* a 429 (or a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
+* a 429 (or a 408, a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
   provider's ``Retry-After`` (else a backoff doubling from 1 s) has passed, on the monotonic clock
   (``not_before``) and, after a restart, the wall clock its event recorded; a row is tried at most
   :data:`~batchgrader.core.route_state.MAX_ATTEMPTS` times, and a definite refusal (another 4xx) or an
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +47,7 @@ from batchgrader.core.budget import budget_problem
 from batchgrader.core.config import ConfigError, Profile
 from batchgrader.core.decide import NEVER_RETRIED, utc_day
 from batchgrader.core.home import Home
-from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff
+from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff, refused_rows
 from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
@@ -56,13 +56,19 @@ from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import check_input, first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
+from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.results import parse_line
+from batchgrader.pipeline.reuse import ReuseProbe
+from batchgrader.pipeline.samples import sample_ids
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
 from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
+#: refusals tried again like a 429 (the request timed out at the provider: an adapter may report
+#: it as a 4xx); every other 4xx fails its row at its first request
+TRANSIENT_4XX = frozenset({408})
 USAGE = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 ALL_ROWS = 1 << 40
 
@@ -90,6 +96,8 @@ class OnlineStep:
     tier: str | None = None  # flex | online: the tier sent at (None: the job's route)
     # the budget's rule (core/budget.py) on the job as folded now: True while it may not spend
     over_budget: Callable[[], bool] = lambda: False
+    # whether the job is cancelled (or a cancel of it is queued): no request leaves after that
+    cancelled: Callable[[], bool] = lambda: False
 
     @classmethod
     def of(cls, engine: Any, job: JobState) -> OnlineStep:
@@ -111,6 +119,7 @@ class OnlineStep:
             stored_at=engine.trusted_wall,
             lookup=_lookup(engine, job),
             over_budget=lambda: _over_budget(engine, job.job_id),
+            cancelled=lambda: _cancelled(engine, job.job_id),
         )
 
     # --- the step -----------------------------------------------------------------------------
@@ -124,16 +133,18 @@ class OnlineStep:
                 if route == "batch":
                     self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=rows))
                     return
-            lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
+            rows_lines = first_requests(Path(job.input_path), self.profile, self.home, job.sha256, ALL_ROWS)
+            lines = with_samples(rows_lines, int(self.profile.get("samples") or 1))
         except (ConfigError, InputError, UnicodeError, OSError) as exc:
             # prepare fails the job for its input with its own codes
             self.emit(job.job_id, _e("RouteChosen", route="batch", reason=f"the input could not be read: {exc}", rows=0))
             return
         if job.online.route is None:
-            route, reason = self._choose(job, len(lines))
+            route, reason = self._choose(job, len(rows_lines))
+            # every request the route sends is priced: k per row with samples
             est = self._estimate(route, input_tokens_of(lines, self.profile), len(lines)) if route != "batch" else None
             more = {"estimate_usd": est} if est is not None else {}
-            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(lines), **more))
+            self.emit(job.job_id, _e("RouteChosen", route=route, reason=reason, rows=len(rows_lines), **more))
             if route == "batch" or self.over_budget():
                 return  # batch: prepared as usual; over budget: the next tick holds the job
         self._send_all(lines)
@@ -183,8 +194,8 @@ class OnlineStep:
         concurrency = max(1, int(self.profile.get("online_concurrency") or 1))
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bg-online") as pool:
             for start in range(0, len(todo), concurrency):
-                if self._waiting():
-                    return False
+                if self._waiting() or self.cancelled():
+                    return False  # a cancel: nothing more is sent (the job is cancelled at the next tick)
                 if not self._send_wave(pool, todo[start : start + concurrency], keys):
                     return False  # asked to wait: the rest waits for the next step
         return True
@@ -253,10 +264,18 @@ class OnlineStep:
         try:
             got = fut.result()
         except ProviderRejected as exc:
-            if exc.retryable:
-                return self._retry_later(job, cid, attempt, "rate_limited", str(exc), exc.status_code, exc.retry_after)
+            if exc.retryable or exc.status_code in TRANSIENT_4XX:
+                code = "rate_limited" if exc.retryable else "timeout"
+                return self._retry_later(job, cid, attempt, code, str(exc), exc.status_code, exc.retry_after)
+            # refused for good: the row fails now with the message (not sent in the batch, where
+            # the same request would be refused after the batch's wait)
             code = str(exc.code or f"http_{exc.status_code}")
-            self.emit(job.job_id, _failed(cid, code, str(exc), exc.status_code, None, True))
+            row = {"custom_id": cid, "code": code, "message": str(exc), "status": exc.status_code}
+            self.emit(
+                job.job_id,
+                _failed(cid, code, str(exc), exc.status_code, None, True),
+                _e("RowsFailed", chunk=None, batch_id=None, rows=[row]),
+            )
             return True
         except (OutcomeUnknown, ProviderUnavailable) as exc:
             status = getattr(exc, "status_code", None)
@@ -369,11 +388,84 @@ class OnlineStep:
             _e(
                 "OnlineRowsDone",
                 answered=len(r.answers),
-                to_batch=len(r.to_batch),
+                to_batch=len(r.to_batch) - len(refused_rows(job)),
                 resent_after_crash=len(r.resent),
                 cost_usd=sum(r.cost_by_tier.values()),
             ),
         )
+
+
+class _AnsweredOnlineFirst(ReuseProbe):
+    """A :class:`ReuseProbe` that keys a row the job's synchronous route answered with the key
+    it was answered under: a settings edit (prompt, model, output bound) after it was answered
+    changes the request prepare builds for it, but the row is answered and paid for, so it is
+    taken, never sent again in a batch.  A row the provider refused for good is taken the same
+    way, as a failed answer with the refusal's code and message (``refused``)."""
+
+    def __init__(
+        self,
+        provider: str,
+        lookup: Callable[[Sequence[str]], dict[str, Any]] | None,
+        dedupe: bool,
+        on_send: Callable[[], None] | None,
+        pinned: dict[str, str],
+        refused: dict[str, Any],
+    ) -> None:
+        def with_refused(keys: Sequence[str]) -> dict[str, Any]:
+            found = lookup(keys) if lookup is not None else {}
+            found.update({k: refused[k] for k in keys if k in refused})
+            return found
+
+        super().__init__(provider, with_refused, dedupe, on_send)
+        self.pinned = pinned
+
+    def _keys(
+        self, lines: Sequence[bytes], cids: Sequence[str] | None = None, contents: Sequence[str] | None = None
+    ) -> list[tuple[str, str]]:
+        pinned = self.pinned
+        return [(cid, pinned.get(cid, key)) for cid, key in super()._keys(lines, cids, contents)]
+
+
+def answered_online_first(
+    probe: ReuseProbe | None, job: JobState, provider: str, on_send: Callable[[], None]
+) -> ReuseProbe | None:
+    """The prepare step's reuse probe for ``job``: the rows its synchronous route answered are
+    found by their custom id (their answer's key), not by the request the settings build now,
+    and so are the rows the provider refused for good (they fail with the refusal).
+    ``provider``/``on_send``: the probe's, for a job whose rows would all be sent otherwise."""
+    from batchgrader.store.answers import StoredAnswer
+
+    pinned = {cid: str(a["key"]) for cid, a in job.online.answers.items()}
+    refused: dict[str, Any] = {}
+    tier = job.online.route or "online"
+    for cid in refused_rows(job):
+        f = job.failed_rows[cid]
+        key = pinned[cid] = f"refused\x00{cid}"  # never a request's key (those are hex digests)
+        refused[key] = StoredAnswer(key, "", None, 0, 0, 0, 0, job.job_id, cid, tier, str(f["code"]), str(f["message"]))
+    if not pinned:
+        return probe
+    if probe is None:
+        return _AnsweredOnlineFirst(provider, None, False, on_send, pinned, refused)
+    return _AnsweredOnlineFirst(probe.provider, probe.lookup, probe.dedupe, probe.on_send, pinned, refused)
+
+
+def with_samples(lines: list[bytes], k: int) -> list[bytes]:
+    """The request lines of every sample of each row (``samples: k``), as prepare writes them:
+    sample ``j`` of a row is its request with the custom id ``sample_id(cid, j)``."""
+    if k <= 1:
+        return lines
+    out: list[bytes] = []
+    for raw in lines:
+        line = json.loads(raw)
+        for scid in sample_ids(line["custom_id"], k):
+            out.append(raw if scid == line["custom_id"] else dumps_line({**line, "custom_id": scid}))
+    return out
+
+
+def _cancelled(engine: Any, job_id: str) -> bool:
+    from batchgrader.daemon.control import cancel_pending
+
+    return bool(engine.state.jobs[job_id].cancel_requested) or cancel_pending(engine.home, job_id)
 
 
 def _over_budget(engine: Any, job_id: str) -> bool:

@@ -24,6 +24,7 @@ from batchgrader.daemon.base import (
 )
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.finish import FinishSteps
+from batchgrader.daemon.online import answered_online_first
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
 from batchgrader.fsio import atomic_write
@@ -133,6 +134,9 @@ class PrepareSteps:
             )
         requests_path = job_dir / "requests.jsonl"
         probe = self.reuse.reuse_probe(job, profile, self.ctx.trusted_wall())  # retention: not by a clock stepped forward
+        on_send = lambda: self.ctx.on_rows_to_send(profile.provider)  # noqa: E731
+        # its route's answers (and refusals) by row, whatever the settings now
+        probe = answered_online_first(probe, job, self.ctx.provider_key_for(job), on_send)
         if probe is None:  # every row is sent (else the probe says so at the first row to send)
             self.ctx.on_rows_to_send(profile.provider)
         try:

@@ -48,6 +48,7 @@ def _zero() -> dict[str, Any]:
         "simulated_cache_saved_usd": 0.0,
         "reused_rows": 0,
         "batches": 0,
+        "requests": 0,  # synchronous requests (flex, online): one TokensUsed each, not a batch
         "jobs": set(),
     }
 
@@ -63,7 +64,11 @@ def _add(acc: dict[str, Any], u: dict[str, Any]) -> None:
         acc[k] += u[k]
     acc["cost_usd" if not u["sandbox"] else "simulated_usd"] += u["cost_usd"]
     acc["cache_saved_usd" if not u["sandbox"] else "simulated_cache_saved_usd"] += u.get("cache_saved_usd") or 0.0
-    acc["batches"] += 1
+    route = _route(u)
+    if route == "batch":
+        acc["batches"] += 1
+    elif route in ("flex", "online"):
+        acc["requests"] += 1
     acc["jobs"].add(u["job_id"])
 
 
@@ -88,7 +93,8 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
 
     Returns ``{by, since, until, rows, totals, daily, source, note}``: ``rows`` are
     ``{key, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, cost_usd,
-    simulated_usd, batches, jobs}`` (plus ``file`` when by job) ordered by day, or by cost
+    simulated_usd, batches, requests, jobs}`` (``batches``: billed batches; ``requests``: billed
+    synchronous requests, flex and online; a preflight is neither) (plus ``file`` when by job) ordered by day, or by cost
     descending for model/job; ``totals`` has the same sums; ``daily`` is
     ``[{day, cost_usd, simulated_usd}]`` for every day with usage (for the chart).
     """

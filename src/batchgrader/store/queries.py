@@ -160,6 +160,7 @@ STATUS_COLUMNS = (
     "updated_ts",
     "requests",  # rows sent (planned requests)
     "cached_rows",  # rows answered without a request of their own (stored answers, duplicates)
+    "duplicate_rows",  # of them, repeats of an earlier row of the file (answered_by: duplicate)
     "saved_usd",
     "input_tokens_exact",  # 1: exact input tokens; 0: estimates (InputTokensCounted); NULL: before it existed
     "route",  # flex/online jobs: their route and rows and cost by route (JSON); NULL: batch
@@ -245,6 +246,42 @@ def _attach_queue(jobs: list[dict[str, Any]], limits: dict[tuple[bool, str], dic
     return jobs
 
 
+#: the chunk steps that hold one of ``max_simultaneous_batches`` (as core/decide.batches_in_use counts)
+SLOT_STEPS = ("uploading", "uploaded", "submitting", "validating", "in_progress", "finalizing", "cancelling")
+
+
+def _batch_cap(home: HomeLike) -> int | None:
+    """``max_simultaneous_batches`` as the daemon loads it (None: unset, or the configuration
+    cannot be read here: ``bgctl config show`` says why)."""
+    if not isinstance(home, Home):
+        return None
+    from batchgrader.core.config import load_config
+
+    try:
+        return load_config(home).default.max_simultaneous_batches
+    except Exception:  # noqa: BLE001 - status answers whatever the configuration's state
+        return None
+
+
+def _attach_batch_slots(jobs: list[dict[str, Any]], cap: int | None) -> list[dict[str, Any]]:
+    """Each job's ``waiting_for``: ``{code: max_simultaneous_batches, limit, in_use}`` when it has
+    batches still to send while its queue (the emulator's for a sandbox job, the provider's for
+    a real one) has every batch slot taken, else None."""
+    in_use = {False: 0, True: 0}
+    for d in jobs:
+        in_use[bool(d.get("sandbox"))] += sum(1 for b in d.get("batches") or () if b.get("status") in SLOT_STEPS)
+    for d in jobs:
+        used = in_use[bool(d.get("sandbox"))]
+        waits = (
+            cap is not None
+            and used >= cap
+            and d["state"] in ("queued", "submitting", "running")
+            and any(b.get("status") == "pending" for b in d.get("batches") or ())
+        )
+        d["waiting_for"] = {"code": "max_simultaneous_batches", "limit": cap, "in_use": used} if waits else None
+    return jobs
+
+
 def fallback_note(problem: str) -> str:
     return f"{problem}; this answer was folded from the event log (`bgctl rebuild` restores the read model)"
 
@@ -274,13 +311,15 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
             else:
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
             found = _attach_queue(_present(rows, now, SOURCE_READ_MODEL, None), queue_limits(conn))
-            return panel_sums(attach_progress(found, conn, now), _judge_rows(conn, found, now))
+            found = attach_progress(_attach_batch_slots(found, _batch_cap(home)), conn, now)
+            return panel_sums(found, _judge_rows(conn, found, now))
         from batchgrader.store import readmodels as rm  # the fold: only when the read model cannot answer
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
         found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, fallback_note(problem))
-        return panel_sums(attach_progress(_attach_queue(found, _limits_of_state(state)), conn, now))
+        found = _attach_batch_slots(_attach_queue(found, _limits_of_state(state)), _batch_cap(home))
+        return panel_sums(attach_progress(found, conn, now))
 
 
 #: what a panel's row shows as the sum of its judges' jobs' (it runs no model of its own)
@@ -343,7 +382,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
             finished = conn.execute(sql.format(""), (*FINISHED_STATES, finished_limit)).fetchall()
             rows = sorted(active + finished, key=_ORDER_KEY)
             jobs, source, note = _present(rows, now, SOURCE_READ_MODEL, None), SOURCE_READ_MODEL, None
-            attach_progress(_attach_queue(jobs, queue_limits(conn)), conn, now)
+            attach_progress(_attach_batch_slots(_attach_queue(jobs, queue_limits(conn)), _batch_cap(home)), conn, now)
             panel_sums(jobs, _judge_rows(conn, jobs, now))
         else:
             everything = status(home, now=now)
