@@ -280,10 +280,18 @@ def billed_tokens(out: Outcome) -> tuple[int, int]:
 
 
 def result_tokens(rows: list[dict[str, str]]) -> tuple[int, int]:
-    def col(row: dict[str, str], suffix: str) -> int:
-        return sum(int(v or 0) for k, v in row.items() if k == suffix or k.endswith("_" + suffix))
+    """The sums of a result's token columns (a panel's: each judge's, ``input_tokens_<judge>``)."""
+
+    def col(row: dict[str, str], name: str) -> int:
+        return sum(int(v or 0) for k, v in row.items() if k == name or k.startswith(name + "_"))
 
     return sum(col(r, "input_tokens") for r in rows), sum(col(r, "output_tokens") for r in rows)
+
+
+def costs_of(costs: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """``bgctl costs --by job``'s figures of a job: a panel's are its judges' rows, summed."""
+    rows = [r for r in costs["rows"] if r["key"] == job_id or r["key"].startswith(f"{job_id}-j")]
+    return {k: sum(r[k] for r in rows) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
 
 
 def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
@@ -299,11 +307,10 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
     summed = (sum(g[0] for g in got), sum(g[1] for g in got))
     if summed != billed:
         broken["result tokens = bill"] = f"result token columns {summed}, billed {billed}"
-    costs = {r["key"]: r for r in out.costs["rows"]}
     for job, status, report, rows in zip(out.jobs, out.status, out.report, out.results):
         tin, tout = result_tokens(rows)
         failed = sum(1 for r in rows if r.get("error"))
-        c = costs.get(job.job_id, {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+        c = costs_of(out.costs, job.job_id)
         seen = {
             "rows": (status["rows"], report["rows"]["total"], len(rows)),
             "failed": (status["failed"], report["rows"]["failed"], failed),

@@ -127,9 +127,9 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
     assert [r["grade"] for r in out] == ["4", "", "5", "1", "3"]  # 2 against 3: a tie, no pick
     assert [r["grade_agreement"] for r in out] == ["1", "", "1", "1", "0.5"]
     assert out[1]["error"] == "no_majority: the judges tie (mini=2, big=3); no answer is picked"
-    # a tie is a disagreement, not a failure: a row is failed only when no judge answered it
-    assert job.ended == "completed_with_errors" and job.result_counts == (5, 0)  # big's own job had a failed row
-    assert rows_cell(job_row(job)) == "5 ok/5" and job_row(job)["failed"] == 0  # bgctl status
+    # a tie leaves the row without an answer: failed, as a tie among samples fails closed
+    assert job.ended == "completed_with_errors" and job.result_counts == (4, 1)
+    assert rows_cell(job_row(job)) == "4 ok/5\n1 failed" and job_row(job)["failed"] == 1  # bgctl status
     assert job.archived_path and "archive" in job.archived_path  # the panel archives the input, once
     assert job.cost_usd == 0 and sum(j.cost_usd for j in judges) > 0  # the judges carry the cost, once
     rig.close()
@@ -292,8 +292,9 @@ def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_th
     assert a["per_judge"]["big"]["mae"] == pytest.approx((0 + 1 + 0 + 1) / 4)
     # the consensus against the labels: 4, -, 5, 1, 3 against 4, 2, 5, 2, 3
     assert a["n"] == 4 and a["accuracy"] == pytest.approx(3 / 4) and a["labelled"] == 5 and a["unanswered"] == 1
-    assert report["rows"]["answered"] == 5 and report["rows"]["failed"] == 0 and report["rows"]["failed_by_code"] == {}
-    assert (report["rows"]["consensus"], report["rows"]["no_consensus"]) == (4, 1)  # the tie: a disagreement
+    assert report["rows"]["answered"] == 4 and report["rows"]["failed"] == 1
+    assert report["rows"]["failed_by_code"] == {"no_majority": 1}  # the tie: no answer is picked
+    assert (report["rows"]["consensus"], report["rows"]["no_consensus"]) == (4, 1)
     text = render_text(report)
     assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
     assert "mini against the labels (5 rows): accuracy 0.800" in text
@@ -326,7 +327,7 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
     assert judge.ended == "completed" and judge.result_path != first and not judge.archived_path
     assert [e.job_id for e in rig.store.read() if e.type == "RetryRequested"] == [job.job_id, big]  # mini completed
     assert rig.engine.state.jobs[mini].retry_seq is None
-    assert job.ended == "completed" and job.archived_path and job.result_counts == (5, 0)  # a tie fails no row
+    assert job.ended == "completed_with_errors" and job.archived_path and job.result_counts == (4, 1)  # row 1 still ties
     rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
     assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
     assert sum(1 for e in rig.store.read(job_id=job.job_id) if e.type == "InputRestored") == 1
@@ -477,8 +478,9 @@ def test_cancel_of_a_panel_takes_effect_on_the_panel_and_every_judge_and_nothing
 
 def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens_and_cost(home, tmp_path):
     """Issue 32 item 3: status said 0 failed, report 1,431 failed (no_majority), cost $0 and model
-    None, disagreements "1,842 of 534".  A row fails only when no judge answered it; a tie is a
-    disagreement; the panel's tokens and cost are its judges' sums, wherever they are shown."""
+    None, disagreements "1,842 of 534".  A row fails when it has no answer (no judge answered it,
+    or they tie), as the result's error column says; the panel's tokens and cost are its judges'
+    sums, wherever they are shown."""
     from batchgrader.store import queries
     from batchgrader.store.costs import costs
     from cli_fixtures import run
@@ -499,7 +501,8 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     assert cost > 0 and prompt > 0
     out = _result(rig)  # the result file
     assert [r["error"].split(":")[0] for r in out] == ["", "no_majority", "", "", "no_answer"]
-    assert job.result_counts == (4, 1) and job.ended == "completed_with_errors"
+    assert job.result_counts == (3, 2) and job.ended == "completed_with_errors"
+    assert sum(1 for r in out if r["error"]) == 2  # the result file's failed rows
     for j in ("mini", "big"):  # its tokens per row add up to what its job was billed
         (judge,) = [x for x in judges if x.profile == j]
         assert sum(int(r[f"input_tokens_{j}"] or 0) for r in out) == judge.prompt_tokens
@@ -509,27 +512,31 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     (listed,) = [r for r in queries.status(rig.home) if r["job_id"] == job.job_id]
     detail = queries.job_detail(rig.home, job.job_id)
     for shown in (listed, detail):
-        assert (shown["succeeded"], shown["failed"]) == (4, 1)
+        assert (shown["succeeded"], shown["failed"]) == (3, 2)
         assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
         assert shown["output_tokens"] == completion and shown["model"] == "gpt-4o-mini, gpt-4o"
     text = run("status", job.job_id).output
-    assert "5 (4 answered, 1 failed)" in text and "gpt-4o-mini, gpt-4o" in text
+    assert "5 (3 answered, 2 failed)" in text and "gpt-4o-mini, gpt-4o" in text
     from batchgrader.store.readmodels import rebuild
 
     rebuild(rig.home.db)  # and from the read model (`bgctl status`'s fast path), the list and the overview
     (listed,) = [r for r in queries.status(rig.home) if r["job_id"] == job.job_id]
     (overview,) = [r for r in queries.status_overview(rig.home)["jobs"] if r["job_id"] == job.job_id]
     for shown in (listed, overview):
-        assert shown["source"] == "read_model" and (shown["succeeded"], shown["failed"]) == (4, 1)
+        assert shown["source"] == "read_model" and (shown["succeeded"], shown["failed"]) == (3, 2)
         assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
     # bgctl report --json and its text
     rep = json.loads(run("report", job.job_id, "--json").output)
-    assert (rep["rows"]["answered"], rep["rows"]["failed"], rep["rows"]["failed_by_code"]) == (4, 1, {"no_answer": 1})
+    assert (rep["rows"]["answered"], rep["rows"]["failed"], rep["rows"]["failed_by_code"]) == (
+        3,
+        2,
+        {"no_majority": 1, "no_answer": 1},
+    )
     assert (rep["rows"]["consensus"], rep["rows"]["no_consensus"]) == (3, 1)
     assert rep["cost_usd"]["billed"] == pytest.approx(cost, abs=1e-6) and rep["tokens"]["prompt"] == prompt
     assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-4o-mini, gpt-4o"
     assert [j["job_id"] for j in rep["judges"]] == [j.job_id for j in judges]
-    assert "4 answered (3 with a consensus, 1 without: the judges tie), 1 failed" in run("report", job.job_id).output
+    assert "3 answered with a consensus, 2 failed" in run("report", job.job_id).output
     # bgctl costs: the judges' jobs, whose sum is the panel's cost
     assert costs(rig.home, by="job")["totals"]["cost_usd"] == pytest.approx(cost)
     # the disagreements: X of N with X <= N

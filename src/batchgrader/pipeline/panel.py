@@ -11,11 +11,11 @@ judge's result has for the row: each field of its schema, its token columns, its
 row was answered and, with samples, its samples (``<column>_<judge>``: ``reason_mini``,
 ``input_tokens_mini``, ``samples_mini``, ...).
 
-What counts as failed: a panel row is **failed** when no judge answered it (``error`` is
-``no_answer: ...`` with each judge's error).  A row the judges answered but whose vote ties has
-no consensus: ``error`` says ``no_majority: the judges tie (...)``; that is a disagreement among
-the judges, not a failure (the row counts as answered).  A judge whose job failed, or whose row
-failed, is left out of that row's vote and its cells are empty.
+What counts as failed: as in every result file, a row whose ``error`` cell says why it has no
+answer.  A panel row has none when no judge answered it (``no_answer: ...`` with each judge's
+error) or when the judges' vote ties (``no_majority: the judges tie (...)``: no answer is
+picked, as a tie among samples fails closed).  A judge whose job failed, or whose row failed, is
+left out of that row's vote and its cells are empty.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def write_panel_result(
     encoding: str = "utf-8",
     formula_guard: bool = True,
 ) -> tuple[int, int]:
-    """Write the panel's result to ``f``; returns (rows answered, rows failed: no judge answered)."""
+    """Write the panel's result to ``f``; returns (rows answered, rows failed: without an answer)."""
     from batchgrader.pipeline.formats.registry import format_spec
     from batchgrader.pipeline.outbox import added_column_types
 
@@ -210,9 +210,9 @@ def write_panel_result(
             if guard:  # the models' answers are attacker-influenced; input cells stay unchanged
                 added = {k: defuse_formula(x) if type(x) is str and x and x[0] in _FORMULA_START else x for k, x in added.items()}
             w.write({**row.values, **added})
-            if v.valid == 0:  # no judge answered: the one kind of failed panel row
+            if v.winner is None:  # no answer: no judge answered, or the judges tie (the row's error says which)
                 failed += 1
-            else:  # answered, with a consensus or without one (a tie: a disagreement)
+            else:
                 succeeded += 1
     return succeeded, failed
 
@@ -235,10 +235,15 @@ def _row_error(v: Any, got: Sequence[tuple[Any, str | None]], judges: Sequence[J
 
 
 def is_failed_row(error: str) -> bool:
-    """Whether a panel row whose ``error`` cell holds ``error`` failed: no judge answered it (a
-    tie, ``no_majority``, is a disagreement; a result written before ``no_answer`` said
-    ``no_majority: no judge answered``)."""
-    return error.startswith(f"{NO_ANSWER}:") or error.startswith(f"{NO_MAJORITY}: no judge answered")
+    """Whether a panel row whose ``error`` cell holds ``error`` failed: it has no answer (no judge
+    answered it, or the judges tie), as any result row with an error."""
+    return bool(error.strip())
+
+
+def is_tie(error: str) -> bool:
+    """Whether a panel row's ``error`` is a tie among judges that answered (``no_majority``; a
+    result written before ``no_answer`` said ``no_majority: no judge answered`` for a row none answered)."""
+    return error.startswith(f"{NO_MAJORITY}:") and not error.startswith(f"{NO_MAJORITY}: no judge answered")
 
 
 def count_panel_result(path: Path, output_column: str, judges: Sequence[str], sheet: str | None = None) -> tuple[int, int]:

@@ -2,9 +2,9 @@
 the agreement among the judges.
 
 A panel's result (pipeline/panel.py) is the input's columns, a column per judge, the consensus,
-the share that agrees and the error, then each judge's own columns.  ``rows``: ``answered`` (a
-judge answered), ``failed`` (none did: ``no_answer``), ``consensus`` and ``no_consensus`` (the
-judges tie: a disagreement, not a failure).  ``tokens`` and ``cost_usd`` are the sums of the
+the share that agrees and the error, then each judge's own columns.  ``rows``: ``answered`` (the
+rows with a consensus), ``failed`` (the rows without an answer: no judge answered, ``no_answer``,
+or the judges tie, ``no_majority``), ``consensus`` (= ``answered``) and ``no_consensus`` (the ties).  ``tokens`` and ``cost_usd`` are the sums of the
 judges' jobs' and ``judges`` lists each (:func:`add_judges`).  Under ``agreement`` (``bgctl report --json``):
 ``krippendorff_alpha`` is Krippendorff's α among the judges (the rows are the units, the judges
 the raters; an empty cell is a missing rating; interval level when every answer is a number,
@@ -67,7 +67,7 @@ def panel_layout(header: list[str], judges: list[str], settings: dict[str, Any])
 def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) -> dict[str, Any] | None:
     """The figures of a panel's result file (as ``store/report.py``'s ``_read_result``), None
     when the file is not laid out as a panel's."""
-    from batchgrader.pipeline.panel import is_failed_row
+    from batchgrader.pipeline.panel import is_tie
     from batchgrader.pipeline.tables import open_table, text_of
     from batchgrader.store.report import distribution
 
@@ -89,9 +89,9 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
             labels.append(vals.get(lay.reference) if lay.reference else None)
             err = text_of(vals.get(lay.error))
             consensus.append(None if err else vals.get(lay.consensus))
-            if err and not is_failed_row(err):  # the judges answered and tie: a disagreement, not a failure
+            if err and is_tie(err):  # the judges answered and tie: no answer is picked
                 no_consensus += 1
-            elif err:
+            if err:
                 by_code[err.split(":", 1)[0].strip()] += 1
                 if len(failed_rows) < 20:
                     first = {k: text_of(vals[k])[:80] for k in lay.inputs[:2]}
@@ -104,7 +104,7 @@ def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) ->
     failed = sum(by_code.values())
     return {
         "rows": rows,
-        "answered": rows - failed,  # a judge answered the row (with a consensus or without)
+        "answered": rows - failed,  # the rows with a consensus
         "consensus": len(answered),
         "no_consensus": no_consensus,
         "failed": failed,

@@ -54,11 +54,7 @@ def phase_lines(phases: list[dict[str, Any]]) -> list[str]:
 
 def _rows(r: dict[str, Any]) -> list[str]:
     retry = r.get("answered_on_retry")
-    consensus = (
-        f" ({num(r['consensus'])} with a consensus, {num(r['no_consensus'])} without: the judges tie)"
-        if r.get("no_consensus") is not None
-        else ""
-    )
+    consensus = " with a consensus" if r.get("no_consensus") is not None else ""
     lines = [
         f"rows      {num(r['total'])} total, {num(r['answered'])} answered"
         + (f" ({num(retry)} on retry)" if retry else "")
