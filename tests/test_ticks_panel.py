@@ -573,3 +573,22 @@ def test_at_80_columns_the_judges_ids_keep_their_suffix(home):
     assert max(len(line) for line in lines) <= 80
     firsts = [line.split()[0] for line in lines if "completed_with" in line]
     assert len(firsts) == 3 and firsts[1].endswith("-j1") and firsts[2].endswith("-j2"), text
+
+
+def test_a_panel_whose_judges_cannot_read_the_input_fails_with_its_report_and_ends(home):
+    """Issue 32 ("nothing loops without a bound"): every judge failed reading a malformed CSV;
+    the panel read the input again to combine their results, raised, and retried every tick
+    without end (`daemon --once` never exited).  It now fails with its error report alone."""
+    rig = Rig(home, PANEL)
+    folder = rig.home.inbox / "panel"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,response\n1,ok\n2,bad,extra\n")
+    for _ in range(6):
+        rig.tick()
+    (panel,) = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+    assert panel.ended == "failed" and panel.error and panel.error["code"] == "all_judges_failed"
+    assert "expected 2 fields" in panel.error["error"]
+    assert panel.error_path and "expected 2 fields" in Path(panel.error_path).read_text(encoding="utf-8")
+    assert not panel.result_path and sorted(p.name for p in rig.home.outbox.iterdir()) == ["a_error.txt"]
+    assert panel.archived_path and "failed" in panel.archived_path
+    rig.close()

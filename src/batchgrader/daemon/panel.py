@@ -91,6 +91,8 @@ class PanelSteps:
         self.ctx.schedule.outbox_written(job.job_id)
 
     def _write_once(self, job: JobState, a: WritePanelResult, now: float) -> None:
+        if a.failed and not self._judged(job):
+            return self._error_report_alone(job, a, now)
         if job.outbox == "none":
             path = self.finish._reserve_outbox_path(job.result_name, job.job_id, now)
             err = self.finish._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
@@ -124,6 +126,23 @@ class PanelSteps:
                 error_path=job.error_path,
             ),
         )
+
+    def _judged(self, job: JobState) -> bool:
+        """Whether a judge wrote a result to combine (a judge that failed before answering, on
+        input it could not read for one, wrote none)."""
+        return any(j is not None and j.result_path and Path(j.result_path).exists() for j in judge_jobs(self.ctx.state, job))
+
+    def _error_report_alone(self, job: JobState, a: WritePanelResult, now: float) -> None:
+        """A failed panel none of whose judges wrote a result: its error report, and no result (the
+        input need not be readable: a panel whose judges failed reading it must not read it again)."""
+        if job.outbox == "none":
+            err = self.finish._reserve_outbox_path(error_name(job.file), job.job_id, now)
+            self.ctx.emit(job.job_id, _e("OutboxWriteStarted", path=None, error_path=str(err)))
+        job = self.ctx.state.jobs[job.job_id]
+        path = Path(job.error_path or "")
+        if not path.exists():
+            atomic_write_bytes(path, error_report(job.file, job.job_id, a.error, a.hint).encode(), overwrite=False)
+        self.ctx.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
 
     def _settings(self, job: JobState) -> dict[str, Any]:
         """The result settings fixed when the panel started (PanelStarted.settings)."""
