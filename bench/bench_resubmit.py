@@ -106,11 +106,13 @@ def main() -> None:
         for path, name in ((src, "graded.csv"), (src, "graded.csv"), (changed, "graded.csv")):
             shutil.copy(path, root / "inbox" / name)
             seconds.append(daemon_once(root))
-        jobs = [j for j in sent_and_billed(root / "batchgrader.db").values() if j["file"]]
+        per_job = {k: j for k, j in sent_and_billed(root / "batchgrader.db").items() if j["file"]}
+        ids, jobs = list(per_job), list(per_job.values())
         costs = json.loads(
             subprocess.run([BGCTL, "costs", "--by", "job", "--json"], env=env(root), capture_output=True, text=True).stdout
         )
     assert len(jobs) == 3, jobs
+    by_key = {r["key"]: r for r in costs["rows"]}
     first, again, one = jobs
     resubmit_ok = again["batch"] + again["sync"] == 0 and again["cost"] == 0
     changed_ok = one["batch"] + one["sync"] == 1
@@ -134,7 +136,9 @@ def main() -> None:
         "",
         f"Targets: the resubmission sends 0 requests and costs $0 ({'**met**' if resubmit_ok else '**MISSED**'}); "
         f"the file with one row changed sends exactly 1 request ({'**met**' if changed_ok else '**MISSED**'}). "
-        "`bgctl costs --by job` agrees: " + ", ".join(f"${r['cost_usd'] + r['simulated_usd']:.6f}" for r in costs["rows"]) + ".",
+        "`bgctl costs --by job` agrees, in the same order: "
+        + ", ".join(f"${by_key[k]['cost_usd'] + by_key[k]['simulated_usd']:.6f}" for k in ids)
+        + ".",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
