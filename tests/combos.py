@@ -25,6 +25,7 @@ from typing import Any
 
 from allpairspy import AllPairs
 
+from batchgrader.cli.render_status import duplicate_rows, reused_rows
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState
 from batchgrader.daemon.control import apply_control, pending_controls
@@ -271,6 +272,7 @@ INVARIANTS = {
     "figures agree": "status, report --json, costs and the result file agree on rows, failures, tokens and cost",
     "count names the models": "count names every model that ran",
     "count bounds the bill": "count's estimate is an upper bound of the bill",
+    "sources agree": "the result's answered_by and status count the same requests reused, duplicate, preflight, online and flex",
 }
 
 
@@ -322,6 +324,21 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
             if len(set(values)) > 1:
                 broken.setdefault("figures agree", "")
                 broken["figures agree"] += f" {job.job_id} {what} (status, report, costs[, result]) = {values};"
+    for job, status, rows in zip(out.jobs, out.status, out.results):
+        if job.panel is not None:
+            continue  # a panel's rows are answered by its judges' jobs (answered_by_<judge>)
+        said = Counter(s for r in rows for s in (r.get("answered_by") or "").split("+") if s)
+        sources = (status.get("route_summary") or {}).get("sources")
+        shown = {"reused": reused_rows(status), "duplicate": duplicate_rows(status)}
+        if sources is not None:
+            shown.update({k: sources[k] for k in ("preflight", "online", "flex")})
+        if out.combo.samples > 1:  # a row's answered_by lists how its samples were answered, once each
+            said = Counter({name: 1 for name in said})
+            shown = {name: min(n, 1) for name, n in shown.items()}
+        for name, n in shown.items():
+            if said.get(name, 0) != n:
+                broken.setdefault("sources agree", "")
+                broken["sources agree"] += f" {job.job_id} {name}: result {said.get(name, 0)}, status {n};"
     models = {body["model"] for _job, _cid, body in p.billed}
     named = json.dumps(estimate)
     if not all(m in named for m in models):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from batchgrader.cli.render_status import duplicate_rows, reused_rows
+from batchgrader.store.readmodels import job_row
 from ticks import Rig
 
 TEXTS = ["alpha", "beta", "alpha", "gamma", "beta"]
@@ -37,5 +39,7 @@ def test_identical_rows_are_sent_once_and_the_copies_say_duplicate_with_no_token
         assert [r["input_tokens"] for r in rows if r["answered_by"] == "duplicate"] == ["0", "0"]
         assert sum(int(r["input_tokens"]) for r in rows) == 3 * rig.provider.prompt_tokens
         assert sum(int(r["output_tokens"]) for r in rows) == 3 * rig.provider.completion_tokens
+        shown = job_row(rig.job())  # bgctl status: the file's repeats are duplicates, not reused answers
+        assert (reused_rows(shown), duplicate_rows(shown)) == (0, 2)
     finally:
         rig.close()

@@ -322,12 +322,31 @@ def _print_job_lines(r: dict[str, Any], console: Console) -> None:
         console.print(Text(f"{r['job_id']} failed: {r['error']}{hint}", style="red"), soft_wrap=True)
 
 
+def _route_of(d: dict[str, Any]) -> dict[str, Any]:
+    """A status row's route summary (as ``bgctl status`` gives it, or the read model's JSON)."""
+    route = d.get("route_summary")
+    if route is None and isinstance(d.get("route"), str):
+        route = json.loads(d["route"])
+    return route if isinstance(route, dict) else {}
+
+
+def _source_count(d: dict[str, Any], name: str) -> int | None:
+    """``name``'s count in the job's requests by answer source (core/route_state.requests_by_source),
+    None for a row written before it was recorded."""
+    route = _route_of(d)
+    sources = route.get("sources") if isinstance(route, dict) else None
+    return int(sources[name]) if isinstance(sources, dict) and name in sources else None
+
+
 def reused_rows(d: dict[str, Any]) -> int:
     """Rows answered with a stored answer of an earlier job (``answered_by: reused``): the rows
     answered without a request of their own, less the file's own repeats (:func:`duplicate_rows`)
     and those answered on the job's synchronous route or by its preflight (taken at prepare like
     stored answers, but each sent and billed)."""
-    route = d.get("route_summary") or {}
+    recorded = _source_count(d, "reused")
+    if recorded is not None:
+        return recorded
+    route = _route_of(d)
     in_job = route.get("answered_in_job")  # core/route_state.answered_in_job
     if in_job is None:  # a row written before that key: its synchronous rows (it had no preflight count)
         in_job = sum((route.get("rows") or {}).get(k, 0) for k in ("flex", "online")) - int(route.get("straggler_rows") or 0)
@@ -336,7 +355,8 @@ def reused_rows(d: dict[str, Any]) -> int:
 
 def duplicate_rows(d: dict[str, Any]) -> int:
     """Repeats of an earlier row of the same file, given its answer (``answered_by: duplicate``)."""
-    return int(d.get("duplicate_rows") or 0)
+    recorded = _source_count(d, "duplicate")
+    return recorded if recorded is not None else int(d.get("duplicate_rows") or 0)
 
 
 def route_line(route: dict[str, Any] | None) -> str | None:

@@ -169,6 +169,7 @@ class JobState:
     cached_rows: int = 0  # answered from the answers store
     duplicate_rows: int = 0  # planned: copied from an identical row's answer at merge
     duplicates_answered: int = 0
+    copied_rows: int = 0  # of cached_rows: an answer the job paid for itself, copied to an identical row
     saved_usd: float = 0.0
     reuse_path: str | None = None
 

@@ -496,6 +496,7 @@ class FreshAnswersRequested(TypedDict):
         "saved_usd": "what the cached rows' answers cost when first answered, at today's prices",
         "usage": "`{prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens}` of the cached answers, as first billed",
         "path": "the decision, per row: `results/reused.jsonl` (each cached row's answer, each duplicate's leader)",
+        "copied_rows": "of the cached rows, those given an answer this job paid for itself (its preflight's, its synchronous route's) to an identical row: duplicates, not stored answers",
     },
 )
 class RequestsReused(TypedDict):
@@ -504,6 +505,7 @@ class RequestsReused(TypedDict):
     saved_usd: float | None
     usage: dict[str, int]
     path: str | None
+    copied_rows: NotRequired[int]
 
 
 @event(

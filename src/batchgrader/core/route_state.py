@@ -130,7 +130,30 @@ def route_summary(job: Any) -> dict[str, Any]:
         "straggler_rows": straggled,
         "preflight_rows": len(job.preflight_answers),
         "answered_in_job": answered_in_job(job),
+        "sources": requests_by_source(job),
     }
+
+
+def requests_by_source(job: Any) -> dict[str, int]:
+    """The job's requests by where their answer came from (:data:`~batchgrader.core.answer_sources.SOURCES`,
+    in order): ``reused`` (a stored answer of an earlier job), ``duplicate`` (an identical request
+    of the file: a leader's outcome copied at merge, or an answer the job paid for copied at
+    prepare), ``preflight``, ``batch`` (sent in a batch: answered or failed there), ``online`` and
+    ``flex`` (sent synchronously: the route's rows and a straggler's).  `bgctl status`, `report`
+    and the result's ``answered_by`` use these words."""
+    from batchgrader.core.answer_sources import SOURCES
+
+    r: RouteState = job.online
+    straggled = sum(c.requests for c in job.chunks.values() if c.route)
+    counts = {
+        "reused": max(0, int(job.cached_rows) - answered_in_job(job) - int(job.copied_rows)),
+        "duplicate": int(job.duplicates_answered) + int(job.copied_rows),
+        "preflight": len(job.preflight_answers),
+        "batch": max(0, int(job.requests) - straggled),
+        "online": r.rows_by_tier.get("online", 0),
+        "flex": r.rows_by_tier.get("flex", 0),
+    }
+    return {s.name: counts[s.name] for s in SOURCES}
 
 
 def shown_route(job: Any) -> bool:

@@ -553,6 +553,7 @@ def _fresh_requested(s: State, job: JobState, p: P.FreshAnswersRequested, e: Eve
 def _requests_reused(s: State, job: JobState, p: P.RequestsReused, e: Event) -> None:
     job.cached_rows = int(p["cached_rows"])
     job.duplicate_rows = int(p["duplicate_rows"])
+    job.copied_rows = int(p.get("copied_rows") or 0)
     job.saved_usd += float(p["saved_usd"] or 0.0)
     job.reuse_path = p["path"]
 

@@ -167,6 +167,7 @@ class ReuseSteps:
                 "RequestsReused",
                 cached_rows=len(plan.cached),
                 duplicate_rows=len(plan.followers),
+                copied_rows=sum(1 for _cid, a in plan.cached if a.ts == DUPLICATE),
                 saved_usd=self.ctx.cost(self.ctx.profile_of(job).model, u),
                 usage=dict(u),
                 path=str(path),

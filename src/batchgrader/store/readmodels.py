@@ -143,7 +143,7 @@ def job_row(job: JobState) -> dict[str, Any]:
         "updated_ts": job.updated_ts,
         "version": job.version,
         "cached_rows": job.cached_rows + job.duplicates_answered,
-        "duplicate_rows": job.duplicates_answered,
+        "duplicate_rows": job.duplicates_answered + job.copied_rows,  # the file's repeats (core/route_state.requests_by_source)
         "saved_usd": job.saved_usd,
         "input_tokens_exact": int(job.input_tokens_exact),
         "cache_write_tokens": job.cache_write_tokens,
