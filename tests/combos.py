@@ -29,6 +29,7 @@ from batchgrader.cli.render_status import duplicate_rows, reused_rows
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState
 from batchgrader.daemon.control import apply_control, pending_controls
+from batchgrader.daemon.snapshot import take
 from cli_fixtures import run
 from ticks import Rig
 
@@ -269,7 +270,7 @@ def count_of(home: Home, c: Combo, texts: list[str]) -> dict[str, Any]:
 INVARIANTS = {
     "paid once": "every distinct request answered and paid at most once, across all jobs",
     "result tokens = bill": "the token columns of the results sum to the usage the provider billed",
-    "figures agree": "status, report --json, costs and the result file agree on rows, failures, tokens and cost",
+    "figures agree": "status, report --json, costs, the result file and the daemon's summary agree on rows, failures, tokens and cost",
     "count names the models": "count names every model that ran",
     "count bounds the bill": "count's estimate is an upper bound of the bill",
     "sources agree": "the result's answered_by and status count the same requests reused, duplicate, preflight, online and flex",
@@ -339,6 +340,11 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
             if said.get(name, 0) != n:
                 broken.setdefault("sources agree", "")
                 broken["sources agree"] += f" {job.job_id} {name}: result {said.get(name, 0)}, status {n};"
+    summary = {r.job_id: r for r in take(out.rig.engine.state).jobs}  # the daemon's summary (daemon --once)
+    for job, status in zip(out.jobs, out.status):
+        if abs(summary[job.job_id].cost_usd - status["cost_usd"]) > 1e-9 or summary[job.job_id].rows != status["rows"]:
+            broken.setdefault("figures agree", "")
+            broken["figures agree"] += f" {job.job_id} the daemon's summary: {summary[job.job_id]} against status;"
     models = {body["model"] for _job, _cid, body in p.billed}
     named = json.dumps(estimate)
     if not all(m in named for m in models):
