@@ -116,50 +116,59 @@ Progress = Callable[[dict[str, Any]], None]  # given the job's status row as it 
 
 def follow(
     home: Home,
-    queued: Queued,
+    queued: Queued | None = None,
     *,
-    sandbox: bool = False,
+    job_id: str | None = None,
+    sandbox: bool | None = None,
     timeout: float | None = None,
     poll: float = 0.5,
     on_progress: Progress | None = None,
     foreground: bool = True,
     install_signals: bool = False,
 ) -> dict[str, Any]:
-    """Wait until the queued file's job has ended (see the module's docstring); its status row.
+    """Wait until the job has ended (see the module's docstring): the queued file's job, or the
+    job ``job_id``; its status row, with its ``result_path`` and ``error_path``.
 
+    ``sandbox``: the foreground daemon's mode (None: the job's own, else a real daemon).
     ``foreground=False`` never starts a daemon (waits for one).  ``install_signals``: the
     foreground daemon stops on SIGINT/SIGTERM as `bgctl daemon` does (main thread only)."""
     from batchgrader.core.lock import AlreadyRunning, daemon_pid
 
+    if queued is None and job_id is None:
+        raise ValueError("follow: a queued file or a job id")
+
+    def find() -> str | None:
+        return job_id or (job_of(home, queued) if queued is not None else None)
+
     deadline = None if timeout is None else time.monotonic() + timeout
-    job_id: str | None = None
-    last: dict[str, Any] | None = None
+    last: str | None = None
     while True:
-        job_id = job_id or job_of(home, queued)
+        job_id = find()
         if job_id is not None:
             done = ended(home, job_id)
             if done is not None:
                 return done
             if on_progress is not None:
                 row = job_status(home, job_id)
-                if row != last:
+                if progress_line(row) != last:
                     on_progress(row)
-                    last = row
+                    last = progress_line(row)
         if foreground and daemon_pid(home) is None:
+            mode = sandbox if sandbox is not None else bool(job_id and job_status(home, job_id).get("sandbox"))
             try:
-                run_foreground(home, sandbox, queued, on_progress, install_signals)
+                run_foreground(home, mode, find, on_progress, install_signals)
             except AlreadyRunning:  # a daemon started meanwhile: it takes the file
                 continue
-            job_id = job_of(home, queued)
+            job_id = find()
             done = ended(home, job_id) if job_id is not None else None
             if done is not None:
                 return done
             raise GradeError(
-                f"the daemon stopped before {'job ' + job_id if job_id else queued.path.name} ended: "
-                "see `bgctl status` and `bgctl logs`" + (f" (job {job_id})" if job_id else "")
+                f"the daemon stopped before {'job ' + job_id if job_id else 'the file was taken'} ended: "
+                "see `bgctl status` and `bgctl logs`"
             )
         if deadline is not None and time.monotonic() >= deadline:
-            what = f"job {job_id}" if job_id else f"{queued.path} (not taken by the daemon yet)"
+            what = f"job {job_id}" if job_id else f"{queued.path if queued else '?'} (not taken by the daemon yet)"
             raise GradeTimeout(f"{what} has not ended after {timeout:g} s; it goes on: see `bgctl status`", job_id)
         time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
 
@@ -168,11 +177,10 @@ class _ProgressView:
     """The foreground daemon's view: the job's status row handed to ``on_progress`` as it changes
     (read from the log at most every ``every`` seconds, on the daemon's main loop)."""
 
-    def __init__(self, home: Home, queued: Queued, on_progress: Progress, every: float = 0.5):
-        self.home, self.queued, self.on_progress, self.every = home, queued, on_progress, every
-        self.job_id: str | None = None
+    def __init__(self, home: Home, find: Callable[[], str | None], on_progress: Progress, every: float = 0.5):
+        self.home, self.find, self.on_progress, self.every = home, find, on_progress, every
         self.next = 0.0
-        self.last: dict[str, Any] | None = None
+        self.last: str | None = None
 
     def start(self) -> None:
         pass
@@ -183,14 +191,14 @@ class _ProgressView:
             return
         self.next = now + self.every
         try:
-            self.job_id = self.job_id or job_of(self.home, self.queued)
-            if self.job_id is None:
+            job_id = self.find()
+            if job_id is None:
                 return
-            row = job_status(self.home, self.job_id)
+            row = job_status(self.home, job_id)
         except Exception:  # the log is being created: next time
             return
-        if row != self.last:
-            self.last = row
+        if progress_line(row) != self.last:
+            self.last = progress_line(row)
             self.on_progress(row)
 
     def stop(self) -> None:
@@ -198,7 +206,11 @@ class _ProgressView:
 
 
 def run_foreground(
-    home: Home, sandbox: bool, queued: Queued, on_progress: Progress | None = None, install_signals: bool = False
+    home: Home,
+    sandbox: bool,
+    find: Callable[[], str | None] = lambda: None,
+    on_progress: Progress | None = None,
+    install_signals: bool = False,
 ) -> int:
     """Run the daemon as `bgctl daemon --once [--sandbox]` does, in this process, until every job
     of the inbox has ended.  The process's umask and the ``batchgrader`` logger's handlers are
@@ -209,7 +221,7 @@ def run_foreground(
 
     from batchgrader.daemon.process import Daemon
 
-    view = _ProgressView(home, queued, on_progress) if on_progress is not None else None
+    view = _ProgressView(home, find, on_progress) if on_progress is not None else None
     d = Daemon(home, sandbox=sandbox, once=True, view=view)
     if install_signals:
         d.install_signal_handlers()
