@@ -90,6 +90,7 @@ def test_the_documented_example_runs_against_the_sandbox(home, tmp_path):
         "assert list(result['id']) == [1, 2, 3] and result['grade'].str.len().min() > 0\n"
         "assert result['error'].isna().all() and set(result['answered_by']) <= {'batch', 'preflight'}\n"
         "assert again.result().shape == (3, 7) and again.status()['sandbox'] is True\n"
+        "assert again.cancel()['accepted'] is False  # it has ended: nothing to cancel\n"
     )
     script = tmp_path / "notebook.py"
     script.write_text("\n".join(blocks) + "\n" + checks)

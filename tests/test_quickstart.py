@@ -116,3 +116,29 @@ def test_grade_waits_on_a_running_daemon_without_starting_one(home):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+HELD_CONFIG = FAST_CONFIG + "max_cost_per_job_usd: 0.0000001\n"  # every job held: its estimate is over the limit
+
+
+def test_grade_says_why_when_the_foreground_daemon_stops_before_the_end(home):
+    home.config_file.write_text(HELD_CONFIG)
+    res = bgctl(home.root, "grade", str(EXAMPLE), "--sandbox", key=None, timeout=120)
+    assert res.returncode == 1
+    (job,) = json.loads(bgctl(home.root, "status", "--json", key=None).stdout)
+    assert job["state"] == "held"
+    assert f"job {job['job_id']} is held (" in res.stderr and "max_cost_per_job_usd" in res.stderr
+
+
+@pytest.mark.slow
+def test_grade_timeout_leaves_the_job_to_the_running_daemon(home):
+    home.config_file.write_text(HELD_CONFIG)
+    proc = start_daemon(home.root, None, "--sandbox", key=None)
+    try:
+        wait_for(lambda: daemon_pid(Home(home.root)), timeout=30, what="the daemon's lock")
+        res = bgctl(home.root, "grade", str(EXAMPLE), "--timeout", "1", key=None, timeout=120)
+        assert res.returncode == 1 and "has not ended after 1 s; it goes on" in res.stderr
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

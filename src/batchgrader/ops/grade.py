@@ -155,17 +155,25 @@ def follow(
                     last = progress_line(row)
         if foreground and daemon_pid(home) is None:
             mode = sandbox if sandbox is not None else bool(job_id and job_status(home, job_id).get("sandbox"))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                run_foreground(home, mode, find, on_progress, install_signals)
+                run_foreground(home, mode, find, on_progress, install_signals, timeout=left)
             except AlreadyRunning:  # a daemon started meanwhile: it takes the file
                 continue
             job_id = find()
             done = ended(home, job_id) if job_id is not None else None
             if done is not None:
                 return done
+            if deadline is not None and time.monotonic() >= deadline:
+                what = f"job {job_id}" if job_id else f"{queued.path if queued else '?'} (not taken by the daemon yet)"
+                raise GradeTimeout(f"{what} has not ended after {timeout:g} s; the daemon stopped: see `bgctl status`", job_id)
+            if job_id is None:
+                raise GradeError("the daemon stopped before it took the file: see `bgctl status` and `bgctl logs`")
+            row = job_status(home, job_id)
+            why = row.get("held_reason") or row.get("last_error")
             raise GradeError(
-                f"the daemon stopped before {'job ' + job_id if job_id else 'the file was taken'} ended: "
-                "see `bgctl status` and `bgctl logs`"
+                f"job {job_id} is {row['state']}" + (f" ({why})" if why else "") + ": the daemon stopped with nothing "
+                "more it could do for it (as `daemon --once` does); see `bgctl status`, `bgctl logs`"
             )
         if deadline is not None and time.monotonic() >= deadline:
             what = f"job {job_id}" if job_id else f"{queued.path if queued else '?'} (not taken by the daemon yet)"
@@ -211,9 +219,10 @@ def run_foreground(
     find: Callable[[], str | None] = lambda: None,
     on_progress: Progress | None = None,
     install_signals: bool = False,
+    timeout: float | None = None,
 ) -> int:
     """Run the daemon as `bgctl daemon --once [--sandbox]` does, in this process, until every job
-    of the inbox has ended.  The process's umask and the ``batchgrader`` logger's handlers are
+    of the inbox has ended (or ``timeout`` seconds have passed: then it stops as on SIGTERM).  The process's umask and the ``batchgrader`` logger's handlers are
     put back afterwards (a notebook runs this more than once).  Raises ``AlreadyRunning`` when
     another daemon holds the home, ``DaemonError`` (with its ``exit_code``) when the daemon refuses
     to start (configuration, key)."""
@@ -228,9 +237,23 @@ def run_foreground(
     logger = logging.getLogger("batchgrader")
     handlers, umask = list(logger.handlers), os.umask(0o077)
     os.umask(umask)
+    timer = None
+    if timeout is not None:  # stop as on SIGTERM: the daemon ends its tick and stops, the job goes on at its next start
+        import threading
+
+        def stop() -> None:
+            d.stop_reason = f"bgctl grade: no end after {timeout:g} s"
+            d.stop.set()
+            d.wake.set()
+
+        timer = threading.Timer(timeout, stop)
+        timer.daemon = True
+        timer.start()
     try:
         return d.run()
     finally:
+        if timer is not None:
+            timer.cancel()
         os.umask(umask)
         for h in logger.handlers[:]:
             if h not in handlers:
