@@ -104,3 +104,36 @@ def test_the_documented_example_runs_against_the_sandbox(home, tmp_path):
     assert [(j["state"], j["sandbox"], j["rows"]) for j in jobs] == [("completed", True, 3)] * 2
     assert jobs[0]["profile"].startswith("py-") and jobs[1]["profile"] == "default"
     assert "max_completion_tokens: 60" in home.config_file.read_text()
+
+
+@pytest.mark.slow  # a daemon, the emulator and a Python process (6 to 20 s)
+@pytest.mark.timeout(300)
+def test_a_running_daemon_grades_with_the_settings_given(home, tmp_path):
+    """The settings reach a daemon that was already running (it reloads the edited config.yaml):
+    an output bound of 1 token cuts every answer off, so the job fails (with the top level's 50 it completes)."""
+    from batchgrader.core.home import Home
+    from batchgrader.core.lock import daemon_pid
+    from harness import start_daemon, wait_for
+
+    home.config_file.write_text(FAST_CONFIG)
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import pandas as pd, batchgrader as bg\n"
+        "df = pd.DataFrame({'id': [1, 2], 'response': ['fine', 'broken']})\n"
+        "h = bg.grade(df, wait=False, max_completion_tokens=1)\n"
+        "row = h.wait(timeout=120)\n"
+        "print(row['state'], row['profile'], row['succeeded'], row['failed'])\n"
+    )
+    proc = start_daemon(home.root, None, "--sandbox", key=None)
+    try:
+        pid = wait_for(lambda: daemon_pid(Home(home.root)), timeout=30, what="the daemon's lock")
+        res = subprocess.run(
+            [sys.executable, str(script)], env=daemon_env(home.root, None, key=None), capture_output=True, text=True, timeout=200
+        )
+        assert res.returncode == 0, res.stderr
+        state, profile, succeeded, failed = res.stdout.split()
+        assert (state, succeeded, failed) == ("failed", "0", "2") and profile.startswith("py-")
+        assert daemon_pid(Home(home.root)) == pid and proc.poll() is None  # graded by the running daemon
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

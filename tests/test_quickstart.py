@@ -142,3 +142,20 @@ def test_grade_timeout_leaves_the_job_to_the_running_daemon(home):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow  # a real daemon process
+def test_grade_sandbox_is_refused_when_a_real_daemon_would_take_it(home):
+    from batchgrader.ops.grade import running_daemon_mode
+
+    home.config_file.write_text(FAST_CONFIG)
+    proc = start_daemon(home.root, None)  # real: a (test) key, nothing to send
+    try:
+        pid = wait_for(lambda: (running_daemon_mode(Home(home.root)) or (0, None))[1] is not None, what="the daemon's start")
+        assert running_daemon_mode(Home(home.root)) == (proc.pid, False) and pid
+        res = bgctl(home.root, "grade", str(EXAMPLE), "--sandbox", key=None, timeout=60)
+        assert res.returncode == 2 and f"a real daemon (pid {proc.pid}) runs for" in res.stderr
+        assert list(home.inbox.iterdir()) == []  # nothing queued
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -52,6 +52,7 @@ def grade(
     from batchgrader.ops import grade as g
 
     h = _home(home)
+    g.check_mode(h, sandbox)  # a real daemon would not simulate: refused before anything is written
     if settings:
         from batchgrader.ops.profiles import profile_with
 
@@ -71,6 +72,8 @@ def job(job_id: str, home: str | os.PathLike[str] | None = None) -> Job:
     from batchgrader.store import queries
 
     h = _home(home)
+    if not queries.log_exists(h):
+        raise LookupError(f"no jobs yet: no event log at {h.db}")
     (row,) = queries.status(h, job_id)
     return Job(h, job_id=row["job_id"])
 

@@ -12,15 +12,15 @@ import click
 
 from batchgrader.cli.complete import complete_profile
 from batchgrader.cli.context import Ctx, emit_json
-from batchgrader.cli.errors import EXIT_FAILURE, BgctlError
+from batchgrader.cli.errors import EXIT_FAILURE, EXIT_USAGE, BgctlError
 
 
 @click.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", metavar="[DIR]", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def init(obj: Ctx, directory: Path | None, as_json: bool) -> None:
-    """Write a commented starter config.yaml and an example data file into the home (or DIRECTORY, then the home).
+    """Write a commented starter config.yaml and an example data file into the home (DIR: that folder as the home).
 
     Asks nothing and overwrites nothing: a file already there is kept, and listed."""
     from batchgrader.core.home import Home
@@ -67,6 +67,10 @@ def grade(obj: Ctx, file: Path, profile: str | None, sandbox: bool, timeout: flo
     from batchgrader.core.lock import DaemonError
     from batchgrader.ops import grade as g
 
+    try:
+        g.check_mode(obj.home, sandbox)
+    except g.GradeError as exc:
+        raise BgctlError(str(exc), EXIT_USAGE) from None
     after = g.log_position(obj.home)
     res = submit_action(obj.home, file, profile, obj.config)
     queued = g.Queued(Path(res["path"]), after)

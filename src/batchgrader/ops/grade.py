@@ -52,6 +52,39 @@ class Queued:
     after_seq: int
 
 
+def running_daemon_mode(home: Home) -> tuple[int, bool | None] | None:
+    """``(pid, sandbox)`` of the daemon running for ``home`` (``sandbox`` read from the line its
+    start wrote to the daemon log; None when that line is not found), or None when none runs."""
+    from batchgrader.core.lock import daemon_pid
+    from batchgrader.ops.logs import log_files
+
+    pid = daemon_pid(home) if home.root.exists() else None
+    if pid is None:
+        return None
+    needle = f"daemon starting (pid {pid}, "
+    for path in reversed(log_files(home)):  # newest first
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        at = text.rfind(needle)
+        if at >= 0:
+            line = text[at : text.find("\n", at) if "\n" in text[at:] else len(text)]
+            return pid, "SANDBOX" in line
+    return pid, None
+
+
+def check_mode(home: Home, sandbox: bool) -> None:
+    """Refuse, before anything is queued, a sandbox grade that a real daemon running for the home
+    would take: it would send the file to the provider, for real and at a cost."""
+    running = running_daemon_mode(home)
+    if sandbox and running is not None and running[1] is False:
+        raise GradeError(
+            f"a real daemon (pid {running[0]}) runs for {home.root}: it would grade the file for real, not in the "
+            "sandbox. Leave out --sandbox (sandbox=False) to grade it for real, or use another home for the sandbox"
+        )
+
+
 def log_position(home: Home) -> int:
     """The last event's ``seq`` (0: no event log yet)."""
     from batchgrader.store import queries
