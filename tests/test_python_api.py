@@ -72,6 +72,13 @@ def test_a_bad_setting_is_refused_and_the_file_put_back(home):
     assert home.config_file.read_text() == CONFIG_WITH_COMMENTS
 
 
+def test_a_setting_an_environment_variable_would_override_is_refused(home, monkeypatch):
+    monkeypatch.setenv("BATCHGRADER_TEMPERATURE", "1")
+    with pytest.raises(ConfigError, match=r"temperature=0 cannot take effect: env BATCHGRADER_TEMPERATURE"):
+        profile_with(home, None, {"temperature": 0})
+    assert not home.config_file.exists()
+
+
 def test_settings_without_a_config_file_start_a_profiles_block(home):
     name = profile_with(home, None, {"temperature": 0.5})
     assert load_config(home).profile(name).values["temperature"] == 0.5

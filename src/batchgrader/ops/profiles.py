@@ -69,7 +69,11 @@ def profile_with(home: Home, base: str | None, settings: Mapping[str, Any]) -> s
         new = text + sep + "\nprofiles:\n" + "".join(f"  {line}\n" for line in [comment, *block.splitlines()])
     atomic_write_bytes(path, new.encode("utf-8"))
     try:
-        load_config(home).profile(name)
+        prof = load_config(home).profile(name)
+        for key in settings:  # an environment variable wins over every profile: the setting would be lost
+            source = prof.sources.get(key, "")
+            if not source.startswith("config.yaml profiles."):
+                raise ConfigError(f"{key}={settings[key]!r} cannot take effect: {source} overrides every profile; unset it")
     except Exception:  # put back as it was
         if existed:
             atomic_write_bytes(path, text.encode("utf-8"))
