@@ -22,6 +22,7 @@ from batchgrader.cli.errors import (
     ErrorMappingGroup,
     run_main,
 )
+from batchgrader.cli.quickstart import QUICKSTART_COMMANDS
 
 
 @click.group(cls=ErrorMappingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -439,6 +440,8 @@ def _profile_names(obj: Ctx) -> list[str] | None:
 
 
 for _command in ADMIN_COMMANDS:  # bgctl's administrative commands (cli/admin.py)
+    cli.add_command(_command)
+for _command in QUICKSTART_COMMANDS:  # bgctl init, bgctl grade (cli/quickstart.py)
     cli.add_command(_command)
 
 
