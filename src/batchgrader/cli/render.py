@@ -99,6 +99,8 @@ def render_count(summary: dict[str, Any]) -> None:
     )
     t.add_column("", style="bold")
     t.add_column("", justify="right")
+    if summary.get("text_encoding"):
+        t.add_row("file encoding", str(summary["text_encoding"]))
     t.add_row("rows", f"{summary['rows']:,}")
     t.add_row("requests", f"{summary['requests']:,}")
     _reuse_rows(t, summary.get("reuse") or {})

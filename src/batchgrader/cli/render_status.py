@@ -416,6 +416,7 @@ def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
     """The (label, value) lines of ``bgctl status JOB``; a None or empty value is not shown."""
     return [
         ("file", one_line(d["file"]) if d.get("file") else None),
+        ("file encoding", d.get("text_encoding")),
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", _rows_text(d)),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),

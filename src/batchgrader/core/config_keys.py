@@ -180,7 +180,7 @@ KEYS: dict[str, Key] = {
     "encoding": Key(
         "utf-8",
         _encoding,
-        "Text encoding of CSV/TSV/JSON/JSONL inputs (utf-8 is read with or without a BOM; e.g. cp1252, latin-1); results are always UTF-8.",
+        "Text encoding of CSV/TSV/JSON/JSONL inputs that are not valid UTF-8 (e.g. cp1252, latin-1); a valid UTF-8 file is read as UTF-8 whatever it says; results are always UTF-8.",
     ),
     "write_report": Key(
         False,

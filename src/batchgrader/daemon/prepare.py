@@ -221,6 +221,7 @@ class PrepareSteps:
                 requests_path=str(requests_path),
                 settings=result_settings(profile),
                 **_deadline(job, profile.get("deadline"), now),
+                **({"text_encoding": prep.text_encoding} if prep.text_encoding else {}),
             ),
             *([_e("InputTokensCounted", **{**counted, "input_tokens": prep.input_tokens})] if counted else []),
             *self.reuse.reuse_events(job, reuse),

@@ -103,6 +103,7 @@ class Preparation:
     response_format: dict[str, Any] | None = None
     duplicate_rows: int = 0  # rows left out of split's chunk files: identical to an earlier row (sent once)
     samples: int = 1  # requests per row (``samples: k``): positions in tokens/sizes are requests, k per row
+    text_encoding: str | None = None  # the encoding a text input was read in (None: Excel, Parquet)
 
     @property
     def requests(self) -> int:
@@ -127,6 +128,7 @@ class Preparation:
         out: dict[str, Any] = {
             "file": str(self.path),
             "format": self.fmt,
+            "text_encoding": self.text_encoding,
             "sha256": self.sha256,
             "profile": self.profile,
             "model": self.model,
@@ -530,6 +532,7 @@ def _prepare(
             response_format=profile.response_format,
         )
         prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
+        prep.text_encoding = getattr(reader, "encoding", None)  # text formats: UTF-8 or the configured fallback
         if not counting.tokenizer.known:
             prep.warnings.append(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "

@@ -447,6 +447,7 @@ def job_detail(
         {
             "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             "warnings": list(job.warnings),
+            "text_encoding": job.text_encoding,
             "estimate": job.estimate,
             "input_path": job.input_path,
             "requests_path": job.requests_path,

@@ -1,0 +1,58 @@
+"""Issue 35, item 4: the stumbles of a first run, each told in words (an encoding that is not
+the file's, a workbook's other sheet, empty answer cells, a finished sandbox run, the service's
+status, an empty database, a report's name)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from batchgrader.core.home import Home
+from batchgrader.pipeline.tables import open_table
+from cli_fixtures import run
+from harness import FAST_CONFIG, bgctl
+
+# --- a. a standing `encoding: latin-1` never turns a UTF-8 file into mojibake ----------------------
+
+
+def test_a_utf8_file_is_read_as_utf8_whatever_the_configured_encoding(tmp_path: Path) -> None:
+    utf8 = tmp_path / "utf8.csv"
+    utf8.write_bytes("id,response\n1,café crème\n".encode())
+    with open_table(utf8, encoding="latin-1") as r:
+        assert [row.values["response"] for row in r] == ["café crème"] and r.encoding == "utf-8"
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("id,response\n1,café crème\n".encode("latin-1"))
+    with open_table(latin, encoding="latin-1") as r:  # the configured encoding: where the file is not UTF-8
+        assert [row.values["response"] for row in r] == ["café crème"] and r.encoding == "iso8859-1"
+    jsonl = tmp_path / "utf8.jsonl"
+    jsonl.write_bytes('{"response": "naïve"}\n'.encode())
+    with open_table(jsonl, encoding="cp1252") as r:
+        assert [row.values["response"] for row in r] == ["naïve"] and r.encoding == "utf-8"
+
+
+def test_count_and_split_read_a_utf8_file_as_utf8_and_say_which_encoding(home: Home, tmp_path: Path) -> None:
+    home.config_file.write_text("encoding: latin-1\n")
+    utf8 = tmp_path / "answers.csv"
+    utf8.write_bytes("id,response\n1,café crème\n".encode())
+    summary = json.loads(run("count", str(utf8), "--json").output)
+    assert summary["text_encoding"] == "utf-8"
+    assert "file encoding" in run("count", str(utf8), columns=120).output
+    out = tmp_path / "split"
+    assert run("split", str(utf8), "--out", str(out)).exit_code == 0
+    sent = "".join(p.read_text(encoding="utf-8") for p in sorted(out.glob("*.jsonl")))
+    assert "café crème" in json.loads(sent.splitlines()[0])["body"]["messages"][-1]["content"] and "Ã" not in sent
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("id,response\n1,café crème\n".encode("latin-1"))
+    assert json.loads(run("count", str(latin), "--json").output)["text_encoding"] == "iso8859-1"
+
+
+def test_a_jobs_status_says_which_encoding_its_file_was_read_in(home: Home) -> None:
+    home.config_file.write_text(FAST_CONFIG + "encoding: latin-1\n")
+    (home.inbox / "utf8.csv").write_bytes("id,response\n1,café crème\n".encode())
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    (job,) = json.loads(bgctl(home.root, "status", "--json").stdout)
+    detail = json.loads(bgctl(home.root, "status", job["job_id"], "--json").stdout)
+    assert detail["text_encoding"] == "utf-8"
+    assert "file encoding" in bgctl(home.root, "status", job["job_id"]).stdout
+    result = next(home.outbox.glob("utf8_results*.csv")).read_text(encoding="utf-8-sig")
+    assert "café crème" in result and "Ã" not in result
