@@ -56,3 +56,38 @@ def test_a_jobs_status_says_which_encoding_its_file_was_read_in(home: Home) -> N
     assert "file encoding" in bgctl(home.root, "status", job["job_id"]).stdout
     result = next(home.outbox.glob("utf8_results*.csv")).read_text(encoding="utf-8-sig")
     assert "café crème" in result and "Ã" not in result
+
+
+# --- b. a workbook with its data on another sheet names the sheet and the `sheet` key ---------------
+
+
+def _workbook(path: Path, sheets: dict[str, list[list[object]]]) -> Path:
+    import openpyxl
+
+    wb = openpyxl.Workbook()
+    wb.remove(wb.active)
+    for title, rows in sheets.items():
+        ws = wb.create_sheet(title)
+        for r in rows:
+            ws.append(r)
+    wb.save(path)
+    return path
+
+
+def test_a_workbook_with_its_data_on_the_second_sheet_names_that_sheet_and_the_key(home: Home, tmp_path: Path) -> None:
+    book = _workbook(
+        tmp_path / "answers.xlsx",
+        {"Notes": [["read me first"], ["graded by the team"]], "Answers 2026": [["id", "response"], [1, "a fine answer"]]},
+    )
+    res = run("count", str(book), columns=400)
+    assert res.exit_code == 2
+    out = " ".join(res.output.split())
+    assert "'Answers 2026'" in out and "`sheet: Answers 2026`" in out and "rename the column" not in out
+    home.config_file.write_text("sheet: Answers 2026\n")  # the advice works
+    assert run("count", str(book)).exit_code == 0
+
+
+def test_a_workbook_without_the_columns_anywhere_names_its_other_sheets(home: Home, tmp_path: Path) -> None:
+    book = _workbook(tmp_path / "answers.xlsx", {"First": [["id", "answer"], [1, "x"]], "Second": [["id", "note"], [1, "y"]]})
+    out = " ".join(run("count", str(book), columns=400).output.split())
+    assert "`response_field`" in out and "'Second'" in out and "`sheet` key" in out

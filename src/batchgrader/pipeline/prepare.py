@@ -206,6 +206,16 @@ def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec
     import difflib
 
     name = exc.column or ""
+    where = "config.yaml" if profile.name == "default" else f"profile {profile.name!r} in config.yaml"
+    sheets = getattr(exc, "sheets", [])
+    if sheets:  # the columns are on another sheet of the workbook: the fix is the `sheet` key
+        named = ", ".join(repr(s) for s in sheets)
+        advice = (
+            f"the workbook's sheet{'s' if len(sheets) > 1 else ''} {named} "
+            f"{'have' if len(sheets) > 1 else 'has'} the columns the prompts ask for: set `sheet: {_yaml_text(sheets[0])}` "
+            f"({where}) to grade it"
+        )
+        return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
     why = []
     if name == profile.response_field:
         why.append("`response_field`")
@@ -215,14 +225,24 @@ def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec
         why.append("`id_column`")
     if not why:
         return exc
-    where = "config.yaml" if profile.name == "default" else f"profile {profile.name!r} in config.yaml"
     close = difflib.get_close_matches(name, exc.available, n=1, cutoff=0.3)
     target = f"{close[0]!r} (the closest column)" if close else "one of the file's columns"
     them = "it" if len(why) == 1 else "them"
     advice = (
         f"this column is asked for by {' and '.join(why)} ({where}): change {them} to {target}, or rename the column in the file"
     )
+    others = getattr(exc, "other_sheets", [])
+    if others:  # a workbook: no other sheet has the columns either, but say which there are and the key
+        names = ", ".join(repr(s) for s in others)
+        advice += f" (no other sheet of the workbook, {names}, has every column the prompts ask for; the `sheet` key picks the sheet)"
     return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
+
+
+def _yaml_text(text: str) -> str:
+    """``text`` as a YAML scalar a user can paste: bare when plain, else single-quoted."""
+    import re
+
+    return text if re.fullmatch(r"[A-Za-z][A-Za-z0-9_ .-]*[A-Za-z0-9_]|[A-Za-z]", text) else "'" + text.replace("'", "''") + "'"
 
 
 @contextlib.contextmanager
