@@ -91,3 +91,68 @@ def test_a_workbook_without_the_columns_anywhere_names_its_other_sheets(home: Ho
     book = _workbook(tmp_path / "answers.xlsx", {"First": [["id", "answer"], [1, "x"]], "Second": [["id", "note"], [1, "y"]]})
     out = " ".join(run("count", str(book), columns=400).output.split())
     assert "`response_field`" in out and "'Second'" in out and "`sheet` key" in out
+
+
+# --- c. rows with an empty answer cell are counted, and `skip_empty` leaves them unpaid -------------
+
+EMPTY_ROWS = "id,response\n1,a fine answer\n2,\n3,   \n4,another answer\n"
+
+
+def test_count_says_how_many_rows_have_an_empty_graded_column(home: Home, tmp_path: Path) -> None:
+    f = tmp_path / "answers.csv"
+    f.write_text(EMPTY_ROWS)
+    res = run("count", str(f), "--json")
+    summary = json.loads(res.output)
+    assert res.exit_code == 0 and summary["empty_rows"] == 2 and summary["requests"] == 4
+    out = " ".join(run("count", str(f), columns=200).output.split())
+    assert "2 row(s) have an empty `response`" in out and "skip_empty: true" in out
+    home.config_file.write_text("skip_empty: true\n")
+    res = run("count", str(f), "--json")
+    summary = json.loads(res.output)
+    assert res.exit_code == 0, res.output  # left out by choice: not "rows that can never be sent"
+    assert summary["empty_rows"] == 2 and summary["requests"] == 2
+    assert sorted((e["row"], e["code"]) for e in summary["row_errors"]) == [(2, "empty_input"), (3, "empty_input")]
+    out = tmp_path / "split"
+    assert run("split", str(f), "--out", str(out)).exit_code == 0
+    sent = [json.loads(line) for p in sorted(out.glob("*.jsonl")) for line in p.read_text().splitlines()]
+    assert len(sent) == 2 and all("answer" in r["body"]["messages"][-1]["content"] for r in sent)
+
+
+def test_skip_empty_leaves_empty_rows_ungraded_and_unbilled(home: Home) -> None:
+    home.config_file.write_text(FAST_CONFIG + "skip_empty: true\n")
+    (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    (job,) = json.loads(bgctl(home.root, "status", "--json").stdout)
+    detail = json.loads(bgctl(home.root, "status", job["job_id"], "--json").stdout)
+    assert detail["empty_rows"] == 2 and detail["succeeded"] == 2 and detail["failed"] == 2
+    assert sum(c["requests"] for c in detail["chunks"]) == 2  # only the two answers were sent
+    assert "empty graded column" in bgctl(home.root, "status", job["job_id"]).stdout
+    import csv
+
+    rows = list(csv.DictReader(next(home.outbox.glob("answers_results*.csv")).open(encoding="utf-8-sig")))
+    assert [r["error"].split(":")[0] for r in rows] == ["", "empty_input", "empty_input", ""]
+    assert [r["answered_by"] for r in rows][0] and not rows[1]["grade"]
+
+
+def test_without_skip_empty_status_says_the_empty_rows_were_sent(home: Home) -> None:
+    home.config_file.write_text(FAST_CONFIG)
+    (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    (job,) = json.loads(bgctl(home.root, "status", "--json").stdout)
+    detail = json.loads(bgctl(home.root, "status", job["job_id"], "--json").stdout)
+    assert detail["empty_rows"] == 2 and detail["succeeded"] == 4
+    assert "sent and billed" in " ".join(bgctl(home.root, "status", job["job_id"]).stdout.split())
+
+
+def test_skip_empty_takes_no_stored_answer_for_an_empty_row(home: Home) -> None:
+    import csv
+
+    home.config_file.write_text(FAST_CONFIG)  # the first run sends the empty rows: their answer is stored
+    (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    home.config_file.write_text(FAST_CONFIG + "skip_empty: true\n")
+    (home.inbox / "again.csv").write_text(EMPTY_ROWS)
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    rows = list(csv.DictReader(next(home.outbox.glob("again_results*.csv")).open(encoding="utf-8-sig")))
+    assert [r["error"].split(":")[0] for r in rows] == ["", "empty_input", "empty_input", ""]
+    assert [r["answered_by"] for r in rows] == ["reused", "", "", "reused"]

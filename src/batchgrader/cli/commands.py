@@ -99,8 +99,13 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     else:
         summary = count_file(obj.home, file, prof, prices, sandbox=sandbox)
         emit_json(summary) if as_json else render_count(summary)
-    if summary.get("row_errors") or summary.get("pricing_error"):
+    if _unsendable(summary) or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"
+
+
+def _unsendable(summary: dict) -> bool:
+    """Rows that can never be sent, but for those ``skip_empty`` leaves out by choice."""
+    return any(e.get("code") != "empty_input" for e in summary.get("row_errors") or ())
 
 
 @cli.command()
@@ -128,7 +133,7 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
     for chunk, path in zip(summary["chunks"], files):
         chunk["path"] = str(path)
     emit_json(summary) if as_json else render_split(summary)
-    if summary.get("row_errors") or summary.get("pricing_error"):
+    if _unsendable(summary) or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)
 
 

@@ -419,6 +419,7 @@ def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
         ("file encoding", d.get("text_encoding")),
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", _rows_text(d)),
+        ("empty rows", empty_rows_text(d.get("empty_rows"), bool(d.get("skip_empty")))),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
         ("progress", progress_line(d)),
         (
@@ -447,6 +448,15 @@ def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
         ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
         ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
     ]
+
+
+def empty_rows_text(n: int | None, skipped: bool) -> str | None:
+    """What ``count`` and ``status JOB`` say of the rows whose graded column is empty."""
+    if not n:
+        return None
+    if skipped:
+        return f"{count(n)} with an empty graded column: not sent (skip_empty), failed as empty_input"
+    return f"{count(n)} with an empty graded column: sent and billed (skip_empty: true leaves them out)"
 
 
 def _rows_text(d: dict[str, Any]) -> str:

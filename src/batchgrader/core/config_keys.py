@@ -63,6 +63,11 @@ KEYS: dict[str, Key] = {
     # what to ask
     "model": Key("gpt-4o-mini", _str, "Model for every request of the job (one model per batch)."),
     "response_field": Key("response", _str, "Input column holding the text being graded."),
+    "skip_empty": Key(
+        False,
+        _bool,
+        "Leave rows whose response_field is empty (or only spaces) ungraded, failed with empty_input, instead of sending and paying for them.",
+    ),
     "output_column": Key("grade", _str, "Column added to the result file with the model's answer."),
     "id_column": Key(
         None,

@@ -158,6 +158,7 @@ def _job_prepared(s: State, job: JobState, p: P.JobPrepared, e: Event) -> None:
     job.settings = dict(p.get("settings") or {})  # optional: absent before it was added
     job.deadline_at = p.get("deadline_at")
     job.text_encoding = p.get("text_encoding")
+    job.empty_rows = p.get("empty_rows", 0)
     for c in p["chunks"]:
         job.chunks[c["index"]] = ChunkState(
             index=c["index"],
