@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from batchgrader.core.home import Home
 from batchgrader.pipeline.tables import open_table
 from cli_fixtures import run
@@ -156,3 +158,18 @@ def test_skip_empty_takes_no_stored_answer_for_an_empty_row(home: Home) -> None:
     rows = list(csv.DictReader(next(home.outbox.glob("again_results*.csv")).open(encoding="utf-8-sig")))
     assert [r["error"].split(":")[0] for r in rows] == ["", "empty_input", "empty_input", ""]
     assert [r["answered_by"] for r in rows] == ["reused", "", "", "reused"]
+
+
+@pytest.mark.parametrize("setting", ["preflight_rows: 4\n", "route: online\n"], ids=["preflight", "online route"])
+def test_skip_empty_holds_on_the_synchronous_paths(home: Home, setting: str) -> None:
+    import csv
+
+    home.config_file.write_text(FAST_CONFIG.replace("preflight_rows: 0\n", "") + setting + "skip_empty: true\n")
+    (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    rows = list(csv.DictReader(next(home.outbox.glob("answers_results*.csv")).open(encoding="utf-8-sig")))
+    assert [r["error"].split(":")[0] for r in rows] == ["", "empty_input", "empty_input", ""]
+    assert rows[0]["answered_by"] in ("preflight", "online") and not rows[1]["answered_by"]
+    sent = [json.loads(line) for line in bgctl(home.root, "events", "--json").stdout.splitlines()]
+    sent = [e for e in sent if e["type"] in ("PreflightRequested", "OnlineRequestSent")]
+    assert sent and len(sent) <= 2  # the two answers only: the empty rows are never paid for
