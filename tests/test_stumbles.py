@@ -173,3 +173,35 @@ def test_skip_empty_holds_on_the_synchronous_paths(home: Home, setting: str) -> 
     sent = [json.loads(line) for line in bgctl(home.root, "events", "--json").stdout.splitlines()]
     sent = [e for e in sent if e["type"] in ("PreflightRequested", "OnlineRequestSent")]
     assert sent and len(sent) <= 2  # the two answers only: the empty rows are never paid for
+
+
+# --- d. after the last job has ended, status does not warn that no daemon is running ----------------
+
+
+def test_status_warns_of_no_daemon_only_when_something_waits_for_one(home: Home) -> None:
+    home.config_file.write_text(FAST_CONFIG)
+    (home.inbox / "answers.csv").write_text("id,response\n1,a fine answer\n")
+    waiting = " ".join(bgctl(home.root, "status").stdout.split())
+    assert "No daemon is running for this home: nothing is processed until one starts" in waiting
+    assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    lines = bgctl(home.root, "status").stdout.strip().splitlines()
+    assert "No daemon is running for this home" not in "\n".join(lines)
+    assert lines[-1] == "No daemon is running; nothing is waiting for one."
+
+
+# --- f. a database file that exists but is still empty is "no jobs yet" for every command ----------
+
+
+def test_an_empty_database_file_is_no_jobs_yet_everywhere(home: Home) -> None:
+    from rich.console import Console
+
+    from batchgrader.cli.render_watch import watch_overview, watch_screen
+
+    home.db.touch()  # a daemon is creating it: the file is there, its tables not yet
+    overview = watch_overview(home, False, None)
+    screen = watch_screen(overview, [], {"running": False}, Console(width=80, record=True), 40)
+    assert "No jobs yet" in screen
+    for args in (["status"], ["status", "--json"], ["events"], ["costs"], ["report", "x"], ["cancel", "x"], ["rebuild"]):
+        res = run(*args)
+        assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit), args
+        assert "no jobs yet" in res.output.lower() or res.output.strip() == "[]", (args, res.output)

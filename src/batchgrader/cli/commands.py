@@ -239,7 +239,7 @@ def _answer(res: dict, as_json: bool) -> None:
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
     from batchgrader.cli.actions import daemon_info, inbox_files, note_unknown_profiles
-    from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting
+    from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting, unfinished_jobs
     from batchgrader.fsio import shown_names
     from batchgrader.store import queries as queries
 
@@ -257,13 +257,16 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
             jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
             emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
             return
+        shown: dict = {"jobs": []}
         if not has_db:
             render_status([])
         elif show_all:
-            render_status(shown_names(queries.status(obj.home, now=fixed_now())), max_finished=None)
+            shown["jobs"] = shown_names(queries.status(obj.home, now=fixed_now()))
+            render_status(shown["jobs"], max_finished=None)
         else:
-            render_overview(shown_names(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now())))
-        render_waiting(shown_names(inbox), daemon_info(obj.home))
+            shown = shown_names(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
+            render_overview(shown)
+        render_waiting(shown_names(inbox), daemon_info(obj.home), unfinished=unfinished_jobs(shown))
 
     if not watch or job_id or as_json:
         return show()

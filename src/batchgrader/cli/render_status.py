@@ -236,7 +236,7 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     counting the finished jobs left out."""
     console = _console(console)
     if not rows:
-        console.print("No jobs yet: drop a .csv, .json or .jsonl file into the inbox.")
+        console.print("No jobs yet: drop a data file into the inbox, or run `bgctl submit FILE`.")
         return
     rows, hidden = _older_finished(rows, max_finished)
     _print_jobs_table(rows, console)
@@ -536,8 +536,18 @@ def _chunks_table(chunks: Sequence[dict[str, Any]], narrow: bool) -> Table:
     return t
 
 
-def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None) -> None:
-    """Files still waiting in the inbox, and whether a daemon is running to take them."""
+def unfinished_jobs(overview: dict[str, Any]) -> int:
+    """The jobs of ``overview`` (a :func:`queries.status_overview` or ``{"jobs": rows}``) that have
+    not ended: those a daemon has still to work on."""
+    shown = sum(1 for r in overview.get("jobs") or () if r["state"] not in FINISHED)
+    return shown + int(overview.get("hidden_active") or 0)
+
+
+def render_waiting(
+    inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None, unfinished: int = 0
+) -> None:
+    """Files still waiting in the inbox, and whether a daemon is running to take them (and the
+    ``unfinished`` jobs): a warning only when something waits for one."""
     console = _console(console)
     if inbox:
         t = Table(title="Waiting in the inbox", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -551,6 +561,8 @@ def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], cons
         console.print(t)
     if daemon.get("running"):
         console.print(Text(f"daemon running (pid {daemon.get('pid')})", style="dim"))
+    elif not inbox and not unfinished:
+        console.print(Text("No daemon is running; nothing is waiting for one.", style="dim"))
     else:
         console.print(Text("No daemon is running for this home: nothing is processed until one starts.", style="yellow"))
         console.print(Text("Start one with:", style="yellow"))
