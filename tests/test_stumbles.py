@@ -205,3 +205,27 @@ def test_an_empty_database_file_is_no_jobs_yet_everywhere(home: Home) -> None:
         res = run(*args)
         assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit), args
         assert "no jobs yet" in res.output.lower() or res.output.strip() == "[]", (args, res.output)
+
+
+# --- e. `bgctl service status` speaks in words, not Python values ----------------------------------
+
+
+def test_service_status_prints_words_not_python_values(home: Home) -> None:
+    out = run("service", "status").output
+    assert "installed: no" in out and "bgctl service install --user" in out and "secrets file: none" in out
+    assert not any(word in out.split() for word in ("False", "True", "None", "False,", "None,"))
+    from batchgrader.cli.admin import service_status_lines
+
+    base = {"manager": "systemd", "mode": "user", "path": "/u/batchgrader.service", "env_file": "/h/secrets.env"}
+    lines = service_status_lines(
+        {**base, "installed": True, "active": "active", "env_file_present": True, "env_file_mode": "0644"}
+    )
+    assert lines == [
+        "installed: yes (user systemd unit /u/batchgrader.service)",
+        "running: yes (active)",
+        "secrets file: /h/secrets.env, mode 0644: others can read it; run chmod 600 /h/secrets.env",
+    ]
+    lines = service_status_lines(
+        {**base, "installed": True, "active": "inactive", "env_file_present": True, "env_file_mode": "0600"}
+    )
+    assert lines[1:] == ["running: no (inactive)", "secrets file: /h/secrets.env, mode 0600"]
