@@ -229,3 +229,20 @@ def test_service_status_prints_words_not_python_values(home: Home) -> None:
         {**base, "installed": True, "active": "inactive", "env_file_present": True, "env_file_mode": "0600"}
     )
     assert lines[1:] == ["running: no (inactive)", "secrets file: /h/secrets.env, mode 0600"]
+
+
+# --- g. a result and its report share their stem ---------------------------------------------------
+
+
+def test_a_result_and_its_report_share_their_stem(home: Home) -> None:
+    home.config_file.write_text(FAST_CONFIG + "write_report: true\n")
+    home.outbox.mkdir(parents=True, exist_ok=True)
+    (home.outbox / "answers_report.html").write_text("an old report, its result deleted")
+    for i in (1, 2):
+        (home.inbox / "answers.csv").write_text(f"id,response\n1,answer {i}\n")
+        assert bgctl(home.root, "daemon", "--sandbox", "--once", key=None).returncode == 0
+    results = sorted(p.name for p in home.outbox.glob("answers_results*.csv"))
+    reports = sorted(p.name for p in home.outbox.glob("answers_report*.html"))
+    assert len(results) == 2 and reports[0] == "answers_report.html"
+    assert (home.outbox / "answers_report.html").read_text() == "an old report, its result deleted"
+    assert sorted(r.replace("_results", "_report").replace(".csv", ".html") for r in results) == reports[1:]
