@@ -246,3 +246,38 @@ def test_a_result_and_its_report_share_their_stem(home: Home) -> None:
     assert len(results) == 2 and reports[0] == "answers_report.html"
     assert (home.outbox / "answers_report.html").read_text() == "an old report, its result deleted"
     assert sorted(r.replace("_results", "_report").replace(".csv", ".html") for r in results) == reports[1:]
+
+
+# --- h. whole one-line summaries, and an example in every command's --help -------------------------
+
+
+def _commands(group, prefix=()):  # noqa: ANN001, ANN202
+    import click
+
+    for name, cmd in sorted(group.commands.items()):
+        yield (*prefix, name), cmd, group
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+
+
+def test_every_command_has_a_whole_summary_and_an_example_that_parses(home: Home) -> None:
+    import shlex
+
+    import click
+
+    from batchgrader.cli.commands import cli
+
+    for path, cmd, _parent in _commands(cli):
+        listing = " ".join(run(*path[:-1], "--help").output.split())
+        summary = cmd.get_short_help_str(limit=200)
+        assert summary and not summary.endswith("...") and summary in listing, (path, summary)
+        help_text = run(*path, "--help").output
+        assert "Example" in help_text, f"bgctl {' '.join(path)} --help has no example"
+        examples = [line.strip() for line in help_text.split("Example", 1)[1].splitlines()[1:] if line.strip()]
+        assert examples and all(e.startswith("bgctl " + " ".join(path)) for e in examples), (path, examples)
+        known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        if isinstance(cmd, click.Group):  # a group's example runs one of its commands
+            known |= {o for sub in cmd.commands.values() for p in sub.params for o in (*p.opts, *p.secondary_opts)}
+        for example in examples:
+            used = {a.split("=")[0] for a in shlex.split(example) if a.startswith("-")}
+            assert used <= known, f"{example}: no option {sorted(used - known)}"

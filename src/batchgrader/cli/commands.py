@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from batchgrader import __version__
+from batchgrader.cli import helptext
 from batchgrader.cli.admin import ADMIN_COMMANDS
 from batchgrader.cli.complete import complete_job_id, complete_profile
 from batchgrader.cli.context import Ctx, emit_json, fixed_now, no_db_guard
@@ -448,6 +449,7 @@ def _profile_names(obj: Ctx) -> list[str] | None:
 
 for _command in ADMIN_COMMANDS:  # bgctl's administrative commands (cli/admin.py)
     cli.add_command(_command)
+helptext.apply(cli)  # whole one-line summaries and an example in each command's --help (cli/helptext.py)
 
 
 def main() -> None:
