@@ -158,7 +158,7 @@ def test_custom_id_anthropic_refuses_fails_the_job_before_sending(tmp_path: Path
     (home / "inbox" / "a.csv").write_text("id,response\nok-1,x\nnot ok!,y\n")
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=1)) as emu:
         res = run(home, emu, "daemon", "--once")
-        assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
+        assert res.returncode == 4, res.stderr  # a job ended failed (docs/guide.md: exit codes)
         assert emu.request_count("POST", "/v1/messages/batches") == 0
     (job,) = state_of(home).jobs.values()
     assert job.ended == "failed" and "'not ok!'" in job.error["error"] and "id_column" in job.error["error"]

@@ -101,7 +101,7 @@ def test_bad_input_fails_clearly_keeps_original_and_others_go_on(home, emu, name
     (home.inbox / name).write_bytes(content)
     (home.inbox / "good.csv").write_text("response\nfine\n")
     res = bgctl(home.root, "daemon", "--once", base_url=emu.base_url)
-    assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
+    assert res.returncode == 4, res.stderr  # a job ended failed (docs/guide.md: exit codes)
     stem = Path(name).stem
     report = (home.outbox / f"{stem}_error.txt").read_text()
     assert needle in report and name in report and "What to do" in report

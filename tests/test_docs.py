@@ -167,3 +167,10 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_main_job_uses_the_shipped_example():
     assert (ROOT / "examples" / "reviews.csv").is_file()
+
+
+def test_the_readme_stays_a_five_minute_read():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail into docs/guide.md"
+    for doc in ("guide.md", "configuration.md", "python.md"):
+        assert f"(docs/{doc}" in README.read_text(encoding="utf-8"), f"README.md does not link docs/{doc}"

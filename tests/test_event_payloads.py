@@ -59,7 +59,7 @@ def test_an_unknown_type_is_refused():
 
 
 def test_optional_fields_may_be_left_out():
-    assert EVENTS["JobPrepared"].optional == {"settings", "deadline_at"}
+    assert EVENTS["JobPrepared"].optional == {"settings", "deadline_at", "text_encoding", "empty_rows"}
     prepared = {f: None for f in EVENTS["JobPrepared"].required}
     check_payload("JobPrepared", prepared)
     check_payload("JobPrepared", {**prepared, "settings": {}})

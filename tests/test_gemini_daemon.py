@@ -155,7 +155,7 @@ def test_custom_id_gemini_cannot_take_fails_the_job_before_sending(tmp_path: Pat
     (home / "inbox" / "a.csv").write_text(f"id,response\nok-1,x\n{'z' * 600},y\n")
     with Emulator(EmulatorConfig(api_key=GEMINI_KEY, seed=1)) as emu:
         res = run(home, emu, "daemon", "--once")
-        assert res.returncode == 4, res.stderr  # a job ended failed (README: exit codes)
+        assert res.returncode == 4, res.stderr  # a job ended failed (docs/guide.md: exit codes)
         assert emu.request_count("POST", "/upload/v1beta/files") == 0 and emu.request_count("POST", CREATE) == 0
     (job,) = state_of(home).jobs.values()
     assert job.ended == "failed" and "Gemini batch key" in job.error["error"]

@@ -161,7 +161,7 @@ def test_bgctl_retry_leaves_rows_too_large_to_send_failed_unless_it_sets_a_new_b
     job = JobState("j", retry_requested=True)
     job.failed_rows["big"] = {"code": "request_too_large", "message": "m", "chunk": 0}
     job.failed_rows["x"] = {"code": "batch_expired", "message": "m", "chunk": 0}
-    assert retry_ids(job, profile) == ["x"]  # README: rows that can never be sent stay failed
+    assert retry_ids(job, profile) == ["x"]  # docs/guide.md: rows that can never be sent stay failed
     job.retry_bound = 200  # `bgctl retry --max-completion-tokens 200`: prompt + bound may now fit
     assert sorted(retry_ids(job, profile)) == ["big", "x"]
 

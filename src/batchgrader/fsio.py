@@ -169,17 +169,23 @@ def remove_stale_temp_files(folder: Path, recursive: bool = False) -> list[Path]
     return removed
 
 
-def free_path(folder: Path, name: str, stamp: str) -> Path:
+def free_path(folder: Path, name: str, stamp: str, companion: Callable[[str], str] | None = None) -> Path:
     """``folder/name`` if free, else ``name`` with a timestamp suffix (then a counter); each cut to
-    fit the file system (:func:`fit_name`)."""
+    fit the file system (:func:`fit_name`).  With ``companion`` (a name -> the name of a file
+    written beside it later, such as a result's report), a name is free only if its companion's
+    is too, so the two keep one stem."""
+
+    def taken(p: Path) -> bool:
+        return p.exists() or (companion is not None and (folder / companion(p.name)).exists())
+
     stem, suffix = Path(name).stem, Path(name).suffix
     p = folder / fit_name(stem, suffix)
-    if not p.exists():
+    if not taken(p):
         return p
     safe = re.sub(r"[^0-9A-Za-z]", "", stamp)
     cand = folder / fit_name(stem, f"_{safe}{suffix}")
     n = 2
-    while cand.exists():
+    while taken(cand):
         cand = folder / fit_name(stem, f"_{safe}-{n}{suffix}")
         n += 1
     return cand

@@ -165,8 +165,34 @@ def service_status(obj: Ctx, mode: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(info)
     else:
-        for k, v in info.items():
-            click.echo(f"{k}: {v}")
+        for line in service_status_lines(info):
+            click.echo(line)
+
+
+def service_status_lines(info: dict) -> list[str]:
+    """``bgctl service status`` in words: installed or not, running or not, and the secrets file."""
+    kind = "systemd unit" if info.get("manager") == "systemd" else "launchd agent"
+    where = f"{info.get('mode')} {kind} {info.get('path')}"
+    lines = [f"installed: yes ({where})" if info.get("installed") else f"installed: no ({where} does not exist)"]
+    if not info.get("installed"):
+        lines.append(f"  install it with: bgctl service install --{info.get('mode') or 'user'}")
+    active, detail = info.get("active"), info.get("detail")
+    if active in ("active", "running"):  # systemd's is-active, launchd's state
+        running = f"yes ({active})"
+    elif active:
+        running = f"no ({active})"
+    else:
+        running = "unknown" + (f": {detail}" if detail else "")
+        detail = None
+    lines.append(f"running: {running}" + (f" ({detail})" if detail else ""))
+    env = info.get("env_file")
+    if not info.get("env_file_present"):
+        lines.append(f"secrets file: none at {env} (bgctl service install --store-key writes it)")
+    else:
+        mode = info.get("env_file_mode") or "?"
+        private = mode in ("0600", "0400")
+        lines.append(f"secrets file: {env}, mode {mode}" + ("" if private else f": others can read it; run chmod 600 {env}"))
+    return lines
 
 
 def _echo_steps(res) -> None:  # noqa: ANN001

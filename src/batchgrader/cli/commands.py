@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from batchgrader import __version__
+from batchgrader.cli import helptext
 from batchgrader.cli.admin import ADMIN_COMMANDS
 from batchgrader.cli.complete import complete_job_id, complete_profile
 from batchgrader.cli.context import Ctx, emit_json, fixed_now, no_db_guard
@@ -100,8 +101,13 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     else:
         summary = count_file(obj.home, file, prof, prices, sandbox=sandbox)
         emit_json(summary) if as_json else render_count(summary)
-    if summary.get("row_errors") or summary.get("pricing_error"):
+    if _unsendable(summary) or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"
+
+
+def _unsendable(summary: dict) -> bool:
+    """Rows that can never be sent, but for those ``skip_empty`` leaves out by choice."""
+    return any(e.get("code") != "empty_input" for e in summary.get("row_errors") or ())
 
 
 @cli.command()
@@ -129,7 +135,7 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
     for chunk, path in zip(summary["chunks"], files):
         chunk["path"] = str(path)
     emit_json(summary) if as_json else render_split(summary)
-    if summary.get("row_errors") or summary.get("pricing_error"):
+    if _unsendable(summary) or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)
 
 
@@ -235,7 +241,7 @@ def _answer(res: dict, as_json: bool) -> None:
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
     from batchgrader.cli.actions import daemon_info, inbox_files, note_unknown_profiles
-    from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting
+    from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting, unfinished_jobs
     from batchgrader.fsio import shown_names
     from batchgrader.store import queries as queries
 
@@ -253,13 +259,16 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
             jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
             emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
             return
+        shown: dict = {"jobs": []}
         if not has_db:
             render_status([])
         elif show_all:
-            render_status(shown_names(queries.status(obj.home, now=fixed_now())), max_finished=None)
+            shown["jobs"] = shown_names(queries.status(obj.home, now=fixed_now()))
+            render_status(shown["jobs"], max_finished=None)
         else:
-            render_overview(shown_names(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now())))
-        render_waiting(shown_names(inbox), daemon_info(obj.home))
+            shown = shown_names(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
+            render_overview(shown)
+        render_waiting(shown_names(inbox), daemon_info(obj.home), unfinished=unfinished_jobs(shown))
 
     if not watch or job_id or as_json:
         return show()
@@ -443,6 +452,7 @@ for _command in ADMIN_COMMANDS:  # bgctl's administrative commands (cli/admin.py
     cli.add_command(_command)
 for _command in QUICKSTART_COMMANDS:  # bgctl init, bgctl grade (cli/quickstart.py)
     cli.add_command(_command)
+helptext.apply(cli)  # whole one-line summaries and an example in each command's --help (cli/helptext.py)
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Every ``bgctl`` command runs inside :class:`ErrorMappingGroup`, so a known problem (a bad
 argument, a config error, an unknown job) prints ``bgctl: error: ...`` and exits with its code;
 a Python traceback is never what a user sees for a mistake they can fix.  The codes are
-documented in README.md ("Exit codes").
+documented in docs/guide.md ("Exit codes").
 """
 
 from __future__ import annotations

@@ -99,7 +99,12 @@ def render_count(summary: dict[str, Any]) -> None:
     )
     t.add_column("", style="bold")
     t.add_column("", justify="right")
+    if summary.get("text_encoding"):
+        t.add_row("file encoding", str(summary["text_encoding"]))
     t.add_row("rows", f"{summary['rows']:,}")
+    if summary.get("empty_rows"):
+        skipped = any(e.get("code") == "empty_input" for e in summary.get("row_errors") or ())
+        t.add_row("rows with an empty graded column", _empty_rows_text(summary["empty_rows"], skipped))
     t.add_row("requests", f"{summary['requests']:,}")
     _reuse_rows(t, summary.get("reuse") or {})
     exact = summary.get("input_tokens_exact", True)
@@ -205,13 +210,30 @@ def render_split(summary: dict[str, Any]) -> None:
     _problems(summary)
 
 
+def _empty_rows_text(n: int, skipped: bool) -> str:
+    if skipped:
+        return f"{n:,}: not sent (skip_empty)"
+    return f"{n:,}: sent and billed"
+
+
 def _problems(summary: dict[str, Any]) -> None:
     console = make_console()
     if summary.get("pricing_error"):
         console.print(f"[red]pricing:[/red] {summary['pricing_error']}")
     for w in summary.get("warnings", []):
         console.print(f"[yellow]warning:[/yellow] {w}")
-    errs = summary.get("row_errors", [])
+    if summary.get("empty_rows"):
+        field = summary.get("response_field") or "response_field"
+        skipped = any(e.get("code") == "empty_input" for e in summary.get("row_errors") or ())
+        console.print(
+            f"[yellow]{summary['empty_rows']:,} row(s) have an empty `{field}`:[/yellow] "
+            + (
+                "they are not sent and fail with empty_input (skip_empty: true)"
+                if skipped
+                else "they are sent and billed like any row; set `skip_empty: true` to leave them ungraded"
+            )
+        )
+    errs = [e for e in summary.get("row_errors", []) if e.get("code") != "empty_input"]
     for e in errs[:20]:
         console.print(f"[red]row {e['row']}:[/red] {e['message']}")
     if len(errs) > 20:

@@ -236,7 +236,7 @@ def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None
     counting the finished jobs left out."""
     console = _console(console)
     if not rows:
-        console.print("No jobs yet: drop a .csv, .json or .jsonl file into the inbox.")
+        console.print("No jobs yet: drop a data file into the inbox, or run `bgctl submit FILE`.")
         return
     rows, hidden = _older_finished(rows, max_finished)
     _print_jobs_table(rows, console)
@@ -436,8 +436,10 @@ def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
     """The (label, value) lines of ``bgctl status JOB``; a None or empty value is not shown."""
     return [
         ("file", one_line(d["file"]) if d.get("file") else None),
+        ("file encoding", d.get("text_encoding")),
         ("profile / model", f"{d.get('profile') or '-'} / {d.get('model') or '-'}"),
         ("rows", _rows_text(d)),
+        ("empty rows", empty_rows_text(d.get("empty_rows"), bool(d.get("skip_empty")))),
         ("chunks", f"{d.get('chunks_done', 0)}/{d.get('chunks_total', 0)} done"),
         ("progress", progress_line(d)),
         (
@@ -466,6 +468,15 @@ def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
         ("last error", d.get("last_error") if d.get("last_error") != d.get("error") else None),
         ("cancel requested", "yes" if d.get("cancel_requested") and d["state"] != "cancelled" else None),
     ]
+
+
+def empty_rows_text(n: int | None, skipped: bool) -> str | None:
+    """What ``count`` and ``status JOB`` say of the rows whose graded column is empty."""
+    if not n:
+        return None
+    if skipped:
+        return f"{count(n)} with an empty graded column: not sent (skip_empty), failed as empty_input"
+    return f"{count(n)} with an empty graded column: sent and billed (skip_empty: true leaves them out)"
 
 
 def _rows_text(d: dict[str, Any]) -> str:
@@ -545,8 +556,18 @@ def _chunks_table(chunks: Sequence[dict[str, Any]], narrow: bool) -> Table:
     return t
 
 
-def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None) -> None:
-    """Files still waiting in the inbox, and whether a daemon is running to take them."""
+def unfinished_jobs(overview: dict[str, Any]) -> int:
+    """The jobs of ``overview`` (a :func:`queries.status_overview` or ``{"jobs": rows}``) that have
+    not ended: those a daemon has still to work on."""
+    shown = sum(1 for r in overview.get("jobs") or () if r["state"] not in FINISHED)
+    return shown + int(overview.get("hidden_active") or 0)
+
+
+def render_waiting(
+    inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], console: Console | None = None, unfinished: int = 0
+) -> None:
+    """Files still waiting in the inbox, and whether a daemon is running to take them (and the
+    ``unfinished`` jobs): a warning only when something waits for one."""
     console = _console(console)
     if inbox:
         t = Table(title="Waiting in the inbox", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -560,6 +581,8 @@ def render_waiting(inbox: Sequence[dict[str, Any]], daemon: dict[str, Any], cons
         console.print(t)
     if daemon.get("running"):
         console.print(Text(f"daemon running (pid {daemon.get('pid')})", style="dim"))
+    elif not inbox and not unfinished:
+        console.print(Text("No daemon is running; nothing is waiting for one.", style="dim"))
     else:
         console.print(Text("No daemon is running for this home: nothing is processed until one starts.", style="yellow"))
         console.print(Text("Start one with:", style="yellow"))

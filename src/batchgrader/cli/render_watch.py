@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from batchgrader.cli.render_status import FINISHED, render_status, render_waiting
+from batchgrader.cli.render_status import FINISHED, render_status, render_waiting, unfinished_jobs
 
 
 def watch_order(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -31,13 +31,18 @@ def screen_rows(text: str, width: int) -> int:
 
 
 def _screen(
-    console: Console, jobs: Sequence[dict[str, Any]], more: int, inbox: Sequence[dict[str, Any]], daemon: dict[str, Any]
+    console: Console,
+    jobs: Sequence[dict[str, Any]],
+    more: int,
+    inbox: Sequence[dict[str, Any]],
+    daemon: dict[str, Any],
+    unfinished: int = 0,
 ) -> str:
     with console.capture() as cap:
         render_status(jobs, console, max_finished=None)
         if more:
             console.print(Text(f"+{more:,} more jobs: `bgctl status --all` lists every job", style="dim"))
-        render_waiting(inbox, daemon, console)
+        render_waiting(inbox, daemon, console, unfinished)
     return cap.get()
 
 
@@ -49,7 +54,7 @@ def watch_screen(
     elsewhere = int(overview.get("hidden_active") or 0) + int(overview.get("hidden_finished") or 0)
     n = len(jobs)
     while True:
-        text = _screen(console, jobs[:n], len(jobs) - n + elsewhere, inbox, daemon)
+        text = _screen(console, jobs[:n], len(jobs) - n + elsewhere, inbox, daemon, unfinished_jobs(overview))
         if n <= 1 or screen_rows(text, console.width) <= height:
             return text
         n -= 1
@@ -59,7 +64,7 @@ def watch_overview(home: Any, show_all: bool, now: float | None) -> dict[str, An
     """The jobs one ``--watch`` screen picks from (all of them with ``--all``)."""
     from batchgrader.store import queries
 
-    if not home.db.exists():
+    if not queries.log_exists(home):  # no database yet, or one the daemon is still creating: no jobs yet
         return {"jobs": []}
     if show_all:
         return {"jobs": queries.status(home, now=now)}

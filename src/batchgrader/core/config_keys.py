@@ -63,6 +63,11 @@ KEYS: dict[str, Key] = {
     # what to ask
     "model": Key("gpt-4o-mini", _str, "Model for every request of the job (one model per batch)."),
     "response_field": Key("response", _str, "Input column holding the text being graded."),
+    "skip_empty": Key(
+        False,
+        _bool,
+        "Leave rows whose response_field is empty (or only spaces) ungraded, failed with empty_input, instead of sending and paying for them.",
+    ),
     "output_column": Key("grade", _str, "Column added to the result file with the model's answer."),
     "id_column": Key(
         None,
@@ -180,7 +185,7 @@ KEYS: dict[str, Key] = {
     "encoding": Key(
         "utf-8",
         _encoding,
-        "Text encoding of CSV/TSV/JSON/JSONL inputs (utf-8 is read with or without a BOM; e.g. cp1252, latin-1); results are always UTF-8.",
+        "Text encoding of CSV/TSV/JSON/JSONL inputs that are not valid UTF-8 (e.g. cp1252, latin-1); a valid UTF-8 file is read as UTF-8 whatever it says; results are always UTF-8.",
     ),
     "write_report": Key(
         False,

@@ -109,6 +109,8 @@ class JobState:
     # preparation
     prepared: bool = False
     format: str | None = None
+    text_encoding: str | None = None  # the encoding a text input was read in (JobPrepared.text_encoding)
+    empty_rows: int = 0  # rows whose response_field is empty (JobPrepared.empty_rows)
     model: str | None = None
     rows: int = 0
     requests: int = 0

@@ -136,6 +136,8 @@ class PanelStarted(TypedDict):
         "requests_path": "JSONL of every row's request, kept for retries",
         "settings": "the profile settings the result file is written with (output_column, response_format, id_column, csv_formula_guard, sheet, encoding), and those `bgctl report` reads it by (reference_column, reference_field, group_column; present only when set), fixed at preparation",
         "deadline_at": "when the job is due (epoch seconds), from the profile's `deadline` fixed at preparation; absent: no deadline",
+        "empty_rows": "rows whose `response_field` is empty or only spaces (sent and billed, or under `skip_empty` failed with empty_input among `row_errors`); absent: none, or a job prepared before it was recorded",
+        "text_encoding": "the text encoding the input was read in (utf-8 whenever the file is valid UTF-8; the `encoding` key only for a file that is not); absent: Excel or Parquet, or a job prepared before it was recorded",
     },
 )
 class JobPrepared(TypedDict):
@@ -153,6 +155,8 @@ class JobPrepared(TypedDict):
     requests_path: str | None
     settings: NotRequired[dict[str, Any] | None]
     deadline_at: NotRequired[float]
+    empty_rows: NotRequired[int]
+    text_encoding: NotRequired[str]
 
 
 @event(1, "budget", {"code": "budget key that holds it", "reason": "human-readable reason and what to do"})

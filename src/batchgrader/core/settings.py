@@ -15,6 +15,7 @@ class Settings:
     # what to ask
     model: str
     response_field: str
+    skip_empty: bool
     output_column: str
     id_column: str | None
     system_prompt: str | None

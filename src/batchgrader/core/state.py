@@ -157,6 +157,8 @@ def _job_prepared(s: State, job: JobState, p: P.JobPrepared, e: Event) -> None:
     job.requests_path, job.warnings = p["requests_path"], list(p["warnings"])
     job.settings = dict(p.get("settings") or {})  # optional: absent before it was added
     job.deadline_at = p.get("deadline_at")
+    job.text_encoding = p.get("text_encoding")
+    job.empty_rows = p.get("empty_rows", 0)
     for c in p["chunks"]:
         job.chunks[c["index"]] = ChunkState(
             index=c["index"],

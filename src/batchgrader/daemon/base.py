@@ -97,6 +97,7 @@ def result_settings(profile: Profile) -> dict[str, Any]:
         "csv_formula_guard": profile.csv_formula_guard,
         "sheet": profile.get("sheet"),
         "encoding": profile.get("encoding", "utf-8"),
+        **({"skip_empty": True} if profile.get("skip_empty") else {}),  # empty rows were left out (empty_input)
         # read by `bgctl report` only; kept when set, so the settings of other jobs stay as they were
         **{k: profile.get(k) for k in ("reference_column", "reference_field", "group_column") if profile.get(k) is not None},
         **({"samples": profile.samples} if profile.get("samples", 1) != 1 else {}),  # requests per row: the vote

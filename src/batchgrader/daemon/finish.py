@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ class FinishSteps:
         if taken:  # never accept another job's file as ours: record a new name
             log.error("job %s: %s belongs to another job; choosing another name", job.job_id, job.result_path)
         if job.outbox == "none" or taken:
-            path = self._reserve_outbox_path(job.result_name, job.job_id, now)
+            path = self._reserve_outbox_path(job.result_name, job.job_id, now, self._report_of(job))
             err = self._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
             self.ctx.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
         job = self.ctx.state.jobs[job.job_id]
@@ -128,18 +129,26 @@ class FinishSteps:
                 return j.job_id
         return None
 
-    def _reserve_outbox_path(self, name: str, job_id: str, now: float) -> Path:
+    def _reserve_outbox_path(self, name: str, job_id: str, now: float, companion: Callable[[str], str] | None = None) -> Path:
         """A free outbox path that no other job has recorded either (a job that recorded a path
-        and crashed before writing it still owns it: two inputs with the same name never swap)."""
+        and crashed before writing it still owns it: two inputs with the same name never swap).
+        With ``companion`` (the result's report name), its companion's name is free too."""
         job = self.ctx.state.jobs.get(job_id)
         if job is not None and job.panel_of is not None:  # a judge of a panel: its folder, not the outbox
             mine = judge_result_path(self.ctx.home, job, name)
             return free_path(mine.parent, mine.name, stamp(now))  # a retried judge writes a new one
-        path = free_path(self.ctx.home.outbox, name, stamp(now))
+        path = free_path(self.ctx.home.outbox, name, stamp(now), companion)
         if self._outbox_owner(str(path), job_id) is None:
             return path
         own = fit_name(Path(name).stem, f"_{job_id[:12]}{Path(name).suffix}")  # a name only this job uses
-        return free_path(self.ctx.home.outbox, own, stamp(now))
+        return free_path(self.ctx.home.outbox, own, stamp(now), companion)
+
+    def _report_of(self, job: JobState) -> Callable[[str], str] | None:
+        """The report's name for a result's (``write_report``), so the two share their stem."""
+        try:
+            return jobhook.report_name if self.ctx.profile_of(job).get("write_report") else None
+        except ConfigError:
+            return None
 
     def delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
         if self.ctx.provider is None:
@@ -296,9 +305,12 @@ class FinishSteps:
                 from batchgrader.store.report import build_report
                 from batchgrader.store.report_html import render_html
 
-                page = render_html(build_report(list(self.ctx.store.read(job_id=job_id))))
-                dest = free_path(self.ctx.home.outbox, jobhook.report_name(job.result_path), stamp(now))
-                atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
+                # the result's name was chosen with its report's free (_reserve_outbox_path): the
+                # two share their stem; a report already there is this result's, written before
+                dest = self.ctx.home.outbox / jobhook.report_name(job.result_path)
+                if not dest.exists():
+                    page = render_html(build_report(list(self.ctx.store.read(job_id=job_id))))
+                    atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
             except Exception as exc:  # a report is a convenience: never let it stop the daemon
                 log.warning("could not write the HTML report of job %s: %s", job_id, exc)
         command = self.ctx.settings.get("on_job_end")

@@ -29,7 +29,7 @@ from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
 from batchgrader.fsio import atomic_write
 from batchgrader.pipeline.calibration import learned_overhead
-from batchgrader.pipeline.prepare import oversized_positions, prepare
+from batchgrader.pipeline.prepare import prepare, unsent_positions
 from batchgrader.pipeline.pricing import PricingError
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, request_custom_id, write_chunk_files
 from batchgrader.pipeline.tables import InputError
@@ -181,7 +181,7 @@ class PrepareSteps:
         reuse = self.reuse.decide_reuse(job, profile, probe, prep)
         chunk_dir = job_dir / "chunks"
         if reuse is None:
-            paths = write_chunk_files(_lines(requests_path), prep.chunks, oversized_positions(prep), chunk_dir, job.job_id)
+            paths = write_chunk_files(_lines(requests_path), prep.chunks, unsent_positions(prep), chunk_dir, job.job_id)
         else:
             paths = write_chunk_files(_kept_lines(requests_path, reuse.keep), prep.chunks, set(), chunk_dir, job.job_id)
         summary = prep.summary(
@@ -221,6 +221,8 @@ class PrepareSteps:
                 requests_path=str(requests_path),
                 settings=result_settings(profile),
                 **_deadline(job, profile.get("deadline"), now),
+                **({"text_encoding": prep.text_encoding} if prep.text_encoding else {}),
+                **({"empty_rows": prep.empty_rows} if prep.empty_rows else {}),
             ),
             *([_e("InputTokensCounted", **{**counted, "input_tokens": prep.input_tokens})] if counted else []),
             *self.reuse.reuse_events(job, reuse),

@@ -21,7 +21,7 @@ from batchgrader.daemon.context import Context
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.merge import riders, sent_ids
-from batchgrader.pipeline.prepare import oversized_positions
+from batchgrader.pipeline.prepare import unsent_positions
 from batchgrader.pipeline.reuse import ReusePlan, ReuseProbe, read_reuse_file, replan
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.store import answers
@@ -89,7 +89,7 @@ class ReuseSteps:
         answered already, ``prep.chunks`` is planned again over the rows still to send."""
         if probe is None:
             return None
-        plan = probe.finish(oversized_positions(prep))
+        plan = probe.finish(unsent_positions(prep))
         if not plan.reused:
             return None
         plan.cached = [(cid, _as_copy(cid, a)) for cid, a in plan.cached]

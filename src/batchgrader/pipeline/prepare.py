@@ -51,9 +51,12 @@ def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: 
     with open_table(
         path, required_columns=builder.required_columns(), sheet=profile.get("sheet"), encoding=profile.get("encoding", "utf-8")
     ) as reader:
+        skip_empty = bool(profile.get("skip_empty"))
         for row in reader:
             if len(out) >= n:
                 break
+            if skip_empty and is_empty(row, profile.response_field):
+                continue  # never sent (prepare fails it with empty_input)
             out.append(dumps_line(builder.line(row)[2]))
     return out
 
@@ -103,6 +106,11 @@ class Preparation:
     response_format: dict[str, Any] | None = None
     duplicate_rows: int = 0  # rows left out of split's chunk files: identical to an earlier row (sent once)
     samples: int = 1  # requests per row (``samples: k``): positions in tokens/sizes are requests, k per row
+    empty_problems: list[RowProblem] = field(default_factory=list)  # the skipped rows' empty_input problems
+    text_encoding: str | None = None  # the encoding a text input was read in (None: Excel, Parquet)
+    empty_rows: int = 0  # rows whose response_field is empty (or only spaces)
+    response_field: str = ""  # the graded column those rows are empty in
+    skipped: set[int] = field(default_factory=set)  # request positions never sent: empty rows under skip_empty
 
     @property
     def requests(self) -> int:
@@ -127,6 +135,9 @@ class Preparation:
         out: dict[str, Any] = {
             "file": str(self.path),
             "format": self.fmt,
+            "text_encoding": self.text_encoding,
+            "empty_rows": self.empty_rows,
+            "response_field": self.response_field,
             "sha256": self.sha256,
             "profile": self.profile,
             "model": self.model,
@@ -204,6 +215,16 @@ def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec
     import difflib
 
     name = exc.column or ""
+    where = "config.yaml" if profile.name == "default" else f"profile {profile.name!r} in config.yaml"
+    sheets = getattr(exc, "sheets", [])
+    if sheets:  # the columns are on another sheet of the workbook: the fix is the `sheet` key
+        named = ", ".join(repr(s) for s in sheets)
+        advice = (
+            f"the workbook's sheet{'s' if len(sheets) > 1 else ''} {named} "
+            f"{'have' if len(sheets) > 1 else 'has'} the columns the prompts ask for: set `sheet: {_yaml_text(sheets[0])}` "
+            f"({where}) to grade it"
+        )
+        return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
     why = []
     if name == profile.response_field:
         why.append("`response_field`")
@@ -213,14 +234,26 @@ def missing_column_advice(exc: MissingColumn, profile: Profile, spec: PromptSpec
         why.append("`id_column`")
     if not why:
         return exc
-    where = "config.yaml" if profile.name == "default" else f"profile {profile.name!r} in config.yaml"
     close = difflib.get_close_matches(name, exc.available, n=1, cutoff=0.3)
     target = f"{close[0]!r} (the closest column)" if close else "one of the file's columns"
     them = "it" if len(why) == 1 else "them"
     advice = (
         f"this column is asked for by {' and '.join(why)} ({where}): change {them} to {target}, or rename the column in the file"
     )
+    others = getattr(exc, "other_sheets", [])
+    if others:  # a workbook: no other sheet has the columns either, but say which there are and the key
+        names = ", ".join(repr(s) for s in others)
+        advice += (
+            f" (no other sheet of the workbook, {names}, has every column the prompts ask for; the `sheet` key picks the sheet)"
+        )
     return InputError(exc.path, f"{exc.reason} — {advice}", exc.line, exc.column)
+
+
+def _yaml_text(text: str) -> str:
+    """``text`` as a YAML scalar a user can paste: bare when plain, else single-quoted."""
+    import re
+
+    return text if re.fullmatch(r"[A-Za-z][A-Za-z0-9_ .-]*[A-Za-z0-9_]|[A-Za-z]", text) else "'" + text.replace("'", "''") + "'"
 
 
 @contextlib.contextmanager
@@ -252,8 +285,11 @@ def request_lines(path: Path, profile: Profile, builder: RequestBuilder, reader:
     of = _row_reader(Path(path), profile, builder, file_hash, samples)
     chat = builder.spec.chat
     template = builder.line_template()  # the same bytes as dumps_line, without building each request
+    skip_empty = bool(profile.get("skip_empty"))
     for row in reader:
         user, cids = of(row)
+        if skip_empty and is_empty(row, profile.response_field):
+            continue  # never sent (prepare fails it with empty_input)
         for scid in cids:
             yield template.line(scid, user) if template is not None else dumps_line(builder.request(scid, chat(user)))
 
@@ -460,8 +496,17 @@ def _read_rows(
     texts, lines, cids, keep_cids = blocks.texts, blocks.lines, blocks.cids, blocks.reuse is not None
     sizes_append = prep.sizes.append
     rows = 0
+    empty_field, skip_empty = builder.profile.response_field, bool(builder.profile.get("skip_empty"))
+    prep.response_field = empty_field
     for row in reader:
         user, row_cids = of(row)
+        if is_empty(row, empty_field):
+            prep.empty_rows += 1
+            if skip_empty:  # never sent: each of its requests fails with empty_input
+                base = len(prep.sizes)
+                prep.skipped.update(range(base, base + len(row_cids)))
+                why = f"the `{empty_field}` cell is empty: not sent (skip_empty: true)"
+                prep.empty_problems += [RowProblem(rows + 1, row.line, scid, "empty_input", why) for scid in row_cids]
         for scid in row_cids:  # k requests per row with samples (pipeline/samples.py)
             if template is None:
                 data = dumps_line(builder.request(scid, spec.chat(user)))
@@ -530,6 +575,7 @@ def _prepare(
             response_format=profile.response_format,
         )
         prep.warnings.extend(getattr(reader, "warnings", ()))  # e.g. a workbook's charts the result may lose
+        prep.text_encoding = getattr(reader, "encoding", None)  # text formats: UTF-8 or the configured fallback
         if not counting.tokenizer.known:
             prep.warnings.append(
                 f"model {profile.model!r} is not known to tiktoken; counting with the default encoding "
@@ -541,7 +587,7 @@ def _prepare(
         prep.rows = _read_rows(reader, prep, builder, template, blocks, requests_out, file_hash)
         blocks.finish()
 
-    chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window))
+    chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits or limits_for(profile, context_window), skip=prep.skipped)
     prep.chunks = chunks
     prep.problems = [
         RowProblem(row=o.position + 1, line=None, custom_id=None, code="request_too_large", message=o.reason) for o in oversized
@@ -550,7 +596,14 @@ def _prepare(
         prep.problems = [RowProblem(p.row, p.line, default_custom_id(file_hash, p.row), p.code, p.message) for p in prep.problems]
     if prep.samples > 1:
         prep.problems = [sample_problem(p, prep.samples, file_hash) for p in prep.problems]
+    if prep.empty_problems:
+        prep.problems = sorted(prep.problems + prep.empty_problems, key=lambda p: p.row)
     return prep
+
+
+def is_empty(row: Any, field: str) -> bool:
+    """Whether ``row``'s ``field`` (the graded column, ``response_field``) is empty or only spaces."""
+    return not text_of(row.values.get(field)).strip()
 
 
 def sample_problem(p: RowProblem, k: int, file_hash: str) -> RowProblem:
@@ -570,6 +623,11 @@ def oversized_positions(prep: Preparation) -> set[int]:
     return {p.row - 1 for p in prep.problems if p.code == "request_too_large"}
 
 
+def unsent_positions(prep: Preparation) -> set[int]:
+    """The request positions that are never sent: oversized, and empty rows under ``skip_empty``."""
+    return oversized_positions(prep) | prep.skipped
+
+
 def split_file(
     path: Path, profile: Profile, home: Home, out_dir: Path, prices: PriceTable | None = None
 ) -> tuple[Preparation, list[Path]]:
@@ -587,7 +645,7 @@ def split_file(
     try:
         with open(tmp, "wb") as f:
             prep = prepare(path, profile, home, requests_out=f, prices=prices)
-        skip = oversized_positions(prep)
+        skip = unsent_positions(prep)
         plan = plan_reuse(iter_lines(tmp), "split", skip, None, dedupe=True) if reuse_allowed(profile) else None
         if plan is not None and plan.followers:
             window = profile.context_window

@@ -384,6 +384,16 @@ class ReuseProbe:
             self._leaders = None
         if skip:
             plan.keep = array("q", (p for p in plan.keep if p not in skip))
+            # a row never sent (skip_empty) takes no stored answer either: plan.cached is in
+            # position order, as the positions in _cached_pos
+            dropped = [a for (_cid, a), pos in zip(plan.cached, sorted(self._cached_pos)) if pos in skip]
+            if dropped:
+                plan.cached = [ca for ca, pos in zip(plan.cached, sorted(self._cached_pos)) if pos not in skip]
+                for a in dropped:
+                    self._usage[0] -= a.prompt_tokens
+                    self._usage[1] -= a.cached_tokens
+                    self._usage[2] -= a.completion_tokens
+                    self._usage[3] -= a.reasoning_tokens
         plan.followers = {c: leader for c, leader in plan.followers.items() if self._positions[c] not in skip}
         u = self._usage
         plan.cached_usage.update(prompt_tokens=u[0], cached_tokens=u[1], completion_tokens=u[2], reasoning_tokens=u[3])
@@ -452,7 +462,7 @@ def preview(
     ``count_exact`` (the counting hook, :mod:`batchgrader.provider.counting`) is given the request
     lines when the local count is only an estimate for the profile's provider; when it answers
     with a count for every line, those counts replace the local ones (``input_tokens_exact``)."""
-    from batchgrader.pipeline.prepare import limits_for, oversized_positions, prepare
+    from batchgrader.pipeline.prepare import limits_for, prepare, unsent_positions
 
     enabled = reuse_allowed(profile)
     info: dict[str, Any] = {"enabled": enabled, "cached_rows": 0, "duplicate_rows": 0, "saved_usd": 0.0}
@@ -464,7 +474,7 @@ def preview(
     counting: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as tmp:
         prep = prepare(path, profile, home, requests_out=tmp, prices=prices, limits=limits)
-        skip = oversized_positions(prep)
+        skip = unsent_positions(prep)
         tmp.seek(0)
         plan = plan_reuse(tmp, provider, skip, lookup if enabled else None, dedupe=enabled)
         if count_exact is not None:
@@ -494,9 +504,9 @@ def apply_exact_counts(prep: Any, requests_path: Path, count_exact: ExactCount, 
     ``limits`` (the same positions, so the chunk files are cut as before).  Counts that would
     change which rows fit at all are not applied (the plan keeps the estimates, and says so).
     Returns what happened, for ``InputTokensCounted``."""
-    from batchgrader.pipeline.prepare import oversized_positions
+    from batchgrader.pipeline.prepare import oversized_positions, unsent_positions
 
-    skip = oversized_positions(prep)
+    skip = unsent_positions(prep)
     positions = [i for i in range(len(prep.tokens)) if i not in skip]
     with open(requests_path, "rb") as f:
         lines = [line for pos, line in enumerate(f) if pos not in skip]
@@ -504,8 +514,8 @@ def apply_exact_counts(prep: Any, requests_path: Path, count_exact: ExactCount, 
     local = prep.tokens
     if not counts_apply(prep, positions, counts, info):
         return info
-    chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits)
-    if {o.position for o in oversized} != skip:
+    chunks, oversized = plan_chunks(prep.tokens, prep.sizes, limits, skip=prep.skipped)
+    if {o.position for o in oversized} != oversized_positions(prep):
         prep.tokens = local
         info.update(exact=False, reason="the exact counts change which rows fit the limits; the plan keeps the estimates")
         return info

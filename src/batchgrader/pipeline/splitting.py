@@ -32,6 +32,7 @@ import tempfile
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import accumulate, compress
 from pathlib import Path
@@ -321,8 +322,13 @@ def _split_up(bounds: list[int], pt: Sequence[int], k: int) -> list[int]:
     return cuts + [bounds[-1]]
 
 
-def plan_chunks(tokens: Sequence[int], sizes: Sequence[int], limits: Limits) -> tuple[list[Chunk], list[Oversized]]:
+def plan_chunks(
+    tokens: Sequence[int], sizes: Sequence[int], limits: Limits, skip: AbstractSet[int] = frozenset()
+) -> tuple[list[Chunk], list[Oversized]]:
     """Plan the chunks of one job.
+
+    Positions in ``skip`` (requests that are never sent: ``skip_empty``) are in no chunk and
+    are not reported as oversized.
 
     ``tokens[i]`` is request ``i``'s prompt tokens; ``sizes[i]`` the bytes of its JSONL line
     including the newline.  Returns the chunks (indexes ``0..k-1``, in position order, none
@@ -352,15 +358,18 @@ def plan_chunks(tokens: Sequence[int], sizes: Sequence[int], limits: Limits) -> 
     if n and (min(tokens) < 0 or min(sizes) < 0):
         raise ValueError("token counts and sizes must be >= 0")
     epos: Sequence[int]
-    if n == 0 or (max(tokens) <= single_tcap and max(sizes) <= bcap):
+    if n == 0 or (not skip and max(tokens) <= single_tcap and max(sizes) <= bcap):
         # Fast path: nothing oversized, eligible index == position.
         etok, esize, epos = tokens, sizes, range(n)
     else:
-        bad = [i for i, (t, b) in enumerate(zip(tokens, sizes)) if t > single_tcap or b > bcap]
+        bad = [i for i, (t, b) in enumerate(zip(tokens, sizes)) if (t > single_tcap or b > bcap) and i not in skip]
         oversized = [_oversized(i, tokens[i], sizes[i], limits) for i in bad]
         keep = bytearray(b"\x01") * n
         for i in bad:
             keep[i] = 0
+        for i in skip:
+            if 0 <= i < n:
+                keep[i] = 0
         etok = array("Q", compress(tokens, keep))
         esize = array("Q", compress(sizes, keep))
         epos = array("Q", compress(range(n), keep))

@@ -447,6 +447,9 @@ def job_detail(
         {
             "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
             "warnings": list(job.warnings),
+            "text_encoding": job.text_encoding,
+            "empty_rows": job.empty_rows,
+            "skip_empty": bool((job.settings or {}).get("skip_empty")),
             "estimate": job.estimate,
             "input_path": job.input_path,
             "requests_path": job.requests_path,

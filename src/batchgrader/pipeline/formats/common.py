@@ -66,14 +66,27 @@ class InputError(ValueError):
 class MissingColumn(InputError):
     """A required column (or JSON key) is not in the file; ``available`` lists the file's columns
     (or the record's keys), so a caller that knows why the column is required can name the
-    setting to change and the closest column."""
+    setting to change and the closest column.  A workbook's ``sheets`` are its other sheets that
+    hold every required column (so the fix is the ``sheet`` key) and ``other_sheets`` all its
+    other sheets' names (empty for the other formats)."""
 
-    def __init__(self, path: Any, reason: str, line: int | None, column: str, available: Iterable[Any] = ()):
+    def __init__(
+        self,
+        path: Any,
+        reason: str,
+        line: int | None,
+        column: str,
+        available: Iterable[Any] = (),
+        sheets: Iterable[str] = (),
+        other_sheets: Iterable[str] = (),
+    ):
         super().__init__(path, reason, line, column)
         self.available = [str(c) for c in available]
+        self.sheets = list(sheets)
+        self.other_sheets = list(other_sheets)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.reason, self.line, self.column, self.available))
+        return (type(self), (self.path, self.reason, self.line, self.column, self.available, self.sheets, self.other_sheets))
 
 
 def text_of(value: Any) -> str:

@@ -176,6 +176,7 @@ class ExcelReader:
             raise self._error(problem)
         if pos is not None:
             source.seek(pos)
+        self._source, self._pos = source, pos  # to look at the other sheets' headers, for a missing column
         frame = self._read_sheet(source, sheet)
         sheet = self.sheet
         if pos is not None:
@@ -290,7 +291,38 @@ class ExcelReader:
             if name not in positions:
                 found = ", ".join(repr(c) for c in names)
                 reason = f"sheet {sheet!r}: required column not found; the header has: {found}"
-                raise MissingColumn(self.path, reason, line, name, names)
+                headers = self._other_headers()
+                holders = [s for s, cols in headers.items() if set(required) <= set(cols)]
+                raise MissingColumn(self.path, reason, line, name, names, holders, list(headers))
+
+    def _other_headers(self) -> dict[str, list[str]]:
+        """The header (first non-empty row, as text) of every other worksheet, in workbook order;
+        empty when the workbook cannot be read again."""
+        from openpyxl import load_workbook
+
+        source = self._source
+        if self._pos is not None:
+            source.seek(self._pos)
+        out: dict[str, list[str]] = {}
+        try:
+            book = load_workbook(source, read_only=True, data_only=True)
+        except Exception:  # noqa: BLE001 - only a hint: the error it adds to stands without it
+            return out
+        try:
+            for ws in book.worksheets:
+                if ws.title == self.sheet:
+                    continue
+                out[ws.title] = []
+                for values in ws.iter_rows(values_only=True):
+                    cells = [text_of(_cell(v)) if _cell(v) is not None else "" for v in values]
+                    if any(cells):
+                        out[ws.title] = [c for c in cells if c]
+                        break
+        finally:
+            book.close()
+            if self._pos is not None:
+                self._source.seek(self._pos)
+        return out
 
     def _iter(self, header_line: int) -> Iterator[Row]:
         import itertools

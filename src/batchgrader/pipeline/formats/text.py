@@ -34,6 +34,25 @@ from batchgrader.pipeline.formats.registry import detect_format
 _LINE_SPLIT = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 
+def is_utf8(f: IO[bytes]) -> bool:
+    """Whether the whole of ``f`` (from its position on) decodes as UTF-8; ``f`` is left where it
+    was.  A file that cannot seek (a pipe) is not checked: False."""
+    try:
+        start = f.tell()
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        return False
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    try:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            decoder.decode(block)
+        decoder.decode(b"", True)
+    except UnicodeDecodeError:
+        return False
+    finally:
+        f.seek(start)
+    return True
+
+
 def _char_column(raw: bytes, byte_index: int) -> int:
     """1-based character column of ``raw[byte_index]`` within its (undecodable) line."""
     start = raw.rfind(b"\n", 0, byte_index) + 1
@@ -120,12 +139,23 @@ class TableReader(JsonRecords):
         self._max_field = max_field_size
         self._max_record = max_record_size
         self._max_depth = max_depth
-        self.encoding = check_encoding(encoding)
-        self._utf8 = self.encoding == "utf-8"
-        self._json_decoder = None if self._utf8 else codecs.getincrementaldecoder(self.encoding)("strict")
         self._owns = owns
         self._file: IO[bytes] = open(source, "rb") if owns else source  # type: ignore[arg-type,assignment]
         self._closed = False
+        # the encoding the file is read in: UTF-8 whenever the whole file is valid UTF-8, the
+        # configured one only for a file that is not (a standing `encoding: latin-1` must not
+        # turn the next UTF-8 file into mojibake)
+        self.configured_encoding = check_encoding(encoding)
+        self.encoding = self.configured_encoding
+        if self.encoding != "utf-8":
+            try:
+                if is_utf8(self._file):
+                    self.encoding = "utf-8"
+            except BaseException:
+                self.close()
+                raise
+        self._utf8 = self.encoding == "utf-8"
+        self._json_decoder = None if self._utf8 else codecs.getincrementaldecoder(self.encoding)("strict")
         # physical-line bookkeeping shared by the CSV and JSONL readers
         self._line = 0  # physical lines handed out so far
         self._last_text = ""  # the last physical line handed out

@@ -1,0 +1,68 @@
+"""Each command's one-line summary (whole, as ``bgctl --help`` lists it: click would cut a
+docstring's first sentence mid-word) and an example at the end of its ``--help``.
+
+:func:`apply` sets them on the command tree; a command that brings its own ``short_help`` or
+``epilog`` keeps it.  ``tests/test_stumbles.py`` checks that every command has both and that each
+example parses."""
+
+from __future__ import annotations
+
+import click
+
+# command path -> (summary, examples)
+HELP: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cache": ("The stored answers reused for identical requests.", ("bgctl cache stats",)),
+    "cache clear": ("Remove stored answers (all, or the older ones).", ("bgctl cache clear --older-than 30",)),
+    "cache stats": ("How many answers are stored, how large and how old.", ("bgctl cache stats",)),
+    "cancel": ("Cancel a job, keeping the rows already answered.", ('bgctl cancel 78db4dc4dc36 --reason "wrong prompt"',)),
+    "config": ("Inspect the effective configuration.", ("bgctl config show --profile scored",)),
+    "config show": ("Every effective setting and where it came from.", ("bgctl config show --profile scored",)),
+    "costs": ("Billed cost by day, model, job or route.", ("bgctl costs --by model --since 2026-11-01",)),
+    "count": ("Exact tokens, chunk plan and cost of a file; nothing is sent.", ("bgctl count answers.csv --profile scored",)),
+    "daemon": ("Run the daemon in the foreground.", ("bgctl daemon", "bgctl daemon --sandbox --once")),
+    "doctor": ("Check everything the daemon needs, each problem with its fix.", ("bgctl doctor", "bgctl doctor --sandbox")),
+    "emulator": ("Run the Batch API emulator as a local server (SIMULATED).", ("bgctl emulator --port 8765 --faults flaky",)),
+    "events": ("The event log, in order (newest last).", ("bgctl events 78db4dc4dc36 --last 20",)),
+    "examples": ("Copy the shipped example files into a folder.", ("bgctl examples ./bgctl-examples",)),
+    "grade": (
+        "Queue a file and wait until its job ends; print the result's path.",
+        ("bgctl grade answers.csv --profile scored", "bgctl grade reviews.csv --sandbox"),
+    ),
+    "init": ("Write a starter config.yaml and an example file; overwrite nothing.", ("bgctl init ./bg-home",)),
+    "logs": ("The daemon's log: starts, stops, warnings and errors.", ("bgctl logs -f --max-seconds 60",)),
+    "models": ("The model catalogue: prices, limits and rules.", ("bgctl models --provider anthropic",)),
+    "rebuild": ("Recreate the status and cost tables from the event log.", ("bgctl rebuild",)),
+    "report": ("How a finished job went, as text, JSON or an HTML page.", ("bgctl report 78db4dc4dc36 --html report.html",)),
+    "retry": (
+        "Resubmit an ended job's failed rows, or release a held job.",
+        ("bgctl retry 78db4dc4dc36 --max-completion-tokens 800",),
+    ),
+    "service": ("Run the daemon as a systemd or launchd service.", ("bgctl service install --user --store-key",)),
+    "service install": (
+        "Write the service definition (the key never goes into it).",
+        ("bgctl service install --user --store-key",),
+    ),
+    "service status": ("Whether the service is installed and running.", ("bgctl service status",)),
+    "service uninstall": ("Remove the service definition, keeping the home.", ("bgctl service uninstall --user",)),
+    "split": ("Write a file's batch-ready chunk files; no API call.", ("bgctl split answers.csv --out ./chunks",)),
+    "status": ("The jobs, or one job in detail.", ("bgctl status", "bgctl status 78db4dc4dc36", "bgctl status --watch")),
+    "submit": ("Check a file as count does, then queue it in the inbox.", ("bgctl submit answers.csv --profile scored",)),
+}
+
+
+def epilog(examples: tuple[str, ...]) -> str:
+    """The ``--help`` ending for ``examples`` (``\\b``: click prints the lines as they are)."""
+    label = "Example:" if len(examples) == 1 else "Examples:"
+    return "\b\n" + label + "\n" + "\n".join(f"  {e}" for e in examples)
+
+
+def apply(group: click.Group, prefix: tuple[str, ...] = ()) -> None:
+    """Set the summary and the examples of every command of ``group`` that :data:`HELP` lists."""
+    for name, cmd in group.commands.items():
+        path = " ".join((*prefix, name))
+        if path in HELP:
+            summary, examples = HELP[path]
+            cmd.short_help = cmd.short_help or summary
+            cmd.epilog = cmd.epilog or epilog(examples)
+        if isinstance(cmd, click.Group):
+            apply(cmd, (*prefix, name))
