@@ -158,9 +158,10 @@ def test_temperature_on_a_model_that_takes_only_its_default(home: Home):
 
 
 def test_temperature_on_a_model_that_deprecated_it(home: Home):
-    [msg] = problems(home, "provider: anthropic\nmodel: claude-opus-4-8\ntemperature: 0\n")
+    pinned = "anthropic_api_version: 2023-06-01\nprovider: anthropic\n"  # the catalogue's rules (2026-10-21: below)
+    [msg] = problems(home, pinned + "model: claude-opus-4-8\ntemperature: 0\n")
     assert "the default profile: key 'temperature'" in msg and "deprecated for this model" in msg
-    assert problems(home, "provider: anthropic\nmodel: claude-haiku-4-5\ntemperature: 0\n") == []
+    assert problems(home, pinned + "model: claude-haiku-4-5\ntemperature: 0\n") == []
 
 
 def test_temperature_only_at_effort_none(home: Home):
@@ -210,7 +211,9 @@ def test_a_missing_model_names_the_closest_ids_and_how_to_add_a_row(home: Home):
 
 def test_every_problem_is_listed_at_once(home: Home):
     home.config_file.write_text(
-        "model: gpt-5\ntemperature: 0\nprofiles:\n  c:\n    provider: anthropic\n    model: claude-opus-5\n", encoding="utf-8"
+        "anthropic_api_version: 2023-06-01\nmodel: gpt-5\ntemperature: 0\nprofiles:\n  c:\n    provider: anthropic\n"
+        "    model: claude-opus-5\n",
+        encoding="utf-8",
     )
     with pytest.raises(ConfigError) as exc:
         load_checked(load_config(home, environ={}))
@@ -260,7 +263,9 @@ def test_count_refuses_a_setting_the_model_refuses(home: Home, tmp_path):
 def test_doctor_fails_the_model_settings_check(home: Home):
     from batchgrader.ops.doctor import FAIL, run_checks
 
-    home.config_file.write_text("provider: anthropic\nmodel: claude-sonnet-5\ntemperature: 0.2\n", encoding="utf-8")
+    home.config_file.write_text(
+        "anthropic_api_version: 2023-06-01\nprovider: anthropic\nmodel: claude-sonnet-5\ntemperature: 0.2\n", encoding="utf-8"
+    )
     checks = [c for c in run_checks(home, environ={}, require_key=False) if c.name == "model settings"]
     assert [c.status for c in checks] == [FAIL]
     assert "deprecated for this model" in checks[0].detail and "bgctl models" in checks[0].fix
@@ -290,8 +295,9 @@ def test_daemon_exits_78_on_a_setting_the_model_refuses(home: Home):
 
 
 def test_temperature_with_anthropic_thinking_only_when_the_profile_asks_for_thinking(home: Home):
-    assert problems(home, "provider: anthropic\nmodel: claude-sonnet-4-6\ntemperature: 0\n") == []
-    [msg] = problems(home, "provider: anthropic\nmodel: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
+    pinned = "anthropic_api_version: 2023-06-01\nprovider: anthropic\n"
+    assert problems(home, pinned + "model: claude-sonnet-4-6\ntemperature: 0\n") == []
+    [msg] = problems(home, pinned + "model: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
     assert "Anthropic accepts no other temperature than 1 with thinking" in msg
 
 

@@ -146,8 +146,9 @@ def areq(cid: str, model: str, max_tokens: int = 2000, **params: Any) -> dict[st
 
 
 def test_anthropic_refuses_temperature_on_a_model_that_deprecated_it(ant: anthropic.Anthropic, clock: ManualClock) -> None:
+    # under API version 2023-06-01 each model's catalogue row decides (2026-10-21: test_anthropic_version.py)
     res = ant_results(
-        ant,
+        ant.with_options(default_headers={"anthropic-version": "2023-06-01"}),
         clock,
         [areq("opus48", "claude-opus-4-8", 30_000, temperature=0), areq("haiku45", "claude-haiku-4-5", temperature=0)],
     )

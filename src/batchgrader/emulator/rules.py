@@ -10,7 +10,8 @@ refuses on the other, with the provider's own error shape:
   bound above the model's maximum; ``service_tier: "flex"`` on a model whose catalogue row has no
   flex tier (400 ``invalid_value``: the request is refused, not served at the standard tier);
 * :func:`anthropic_request_error` -> the message of a 400 ``invalid_request_error`` for Messages
-  params: ``temperature`` on a model that deprecated it, ``max_tokens`` above the maximum, a
+  params under an API version: ``temperature``, ``top_p`` or ``top_k`` on any model under
+  2026-10-21; under 2023-06-01 ``temperature`` on a model that deprecated it, ``max_tokens`` above the maximum, a
   thinking budget not below ``max_tokens``;
 * :func:`gemini_request_error` -> ``(code, status, message)`` for a ``GenerateContentRequest``;
 * :func:`reasoning_tokens` -> how many reasoning tokens one answer spends: hundreds to thousands
@@ -26,6 +27,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from batchgrader.core.providers import anthropic_refused_sampling
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.modelspec import ModelSpec
 
@@ -146,8 +148,13 @@ def _temperature_refused(spec: ModelSpec, effort: str | None) -> bool:
     return spec.temperature == "effort-none" and effort != "none"
 
 
-def anthropic_request_error(params: Mapping[str, Any]) -> str | None:
-    """The message of the 400 ``invalid_request_error`` Anthropic answers for these Messages params, or None."""
+def anthropic_request_error(params: Mapping[str, Any], version: str | None) -> str | None:
+    """The message of the 400 ``invalid_request_error`` Anthropic answers for these Messages params
+    under API ``version`` (the request's ``anthropic-version``), or None."""
+    for name in anthropic_refused_sampling(version):
+        if params.get(name) is not None:
+            # the migration guide names the refusal; its exact wording was not found offline
+            return f"`{name}` is not supported on API version {version}; remove it from the request."
     spec = shipped_spec(str(params.get("model") or ""))
     if params.get("temperature") is not None and spec.temperature == "deprecated":
         return "`temperature` is deprecated for this model."

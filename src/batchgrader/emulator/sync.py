@@ -241,8 +241,9 @@ class Sync:
         with self.state.lock:
             return lim.admit(model, _estimate_tokens(body), self.state.clock())
 
-    def message(self, body: Any) -> dict[str, Any]:
-        """``POST /v1/messages``: the ``Message``, or the error its batch result would carry."""
+    def message(self, body: Any, version: str | None = None) -> dict[str, Any]:
+        """``POST /v1/messages``: the ``Message``, or the error its batch result would carry under
+        API ``version`` (the request's ``anthropic-version``)."""
         if not isinstance(body, dict):
             raise AnthropicApiError(400, "There was an issue with your request body: not valid JSON.")
         refusal = self._admit(str(body.get("model") or ""), body)
@@ -253,7 +254,8 @@ class Sync:
                 anthropic_limit_headers(refusal, self.state.clock()),
             )
         cid = "sync_" + _request_id("msg", body)
-        result = anthropic_result(self.state.cfg, "msgsync_" + cid, {"custom_id": cid, "params": body}, set())["result"]
+        req = {"custom_id": cid, "params": body}
+        result = anthropic_result(self.state.cfg, "msgsync_" + cid, req, set(), version)["result"]
         if result["type"] == "succeeded":
             msg = dict(result["message"])
             msg["usage"] = {**msg["usage"], "service_tier": "standard"}
