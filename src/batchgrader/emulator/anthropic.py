@@ -36,7 +36,7 @@ from batchgrader.emulator.answers import _countable_messages, _counter_for
 from batchgrader.emulator.common import ApiError, _hex, int_param
 from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER, EmulatorConfig
 from batchgrader.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
-from batchgrader.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
+from batchgrader.emulator.rules import anthropic_request_error, anthropic_thinking_effort, known_model, reasoning_tokens
 from batchgrader.emulator.schema_values import generate_from_schema, sentence
 from batchgrader.emulator.spool import LinesWriter, read_jsonl, write_jsonl
 from batchgrader.emulator.state import State
@@ -296,6 +296,8 @@ class AnthropicBatches:
     def count_tokens(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body.get("model"):
             raise AnthropicApiError(400, "model and messages: Field required", type="invalid_request_error")
+        if not known_model(str(body["model"]), self.state.cfg):
+            raise AnthropicApiError(404, f"model: {body['model']}", type="not_found_error")
         return {"input_tokens": input_tokens(body)}
 
 
@@ -313,11 +315,13 @@ def input_tokens(params: dict[str, Any]) -> int:
     return int(_counter_for(COUNTING_STAND_IN).count(msgs))
 
 
-def _refusal(p: dict[str, Any], version: str | None) -> tuple[int, str] | None:
+def _refusal(cfg: EmulatorConfig, p: dict[str, Any], version: str | None) -> tuple[int, str] | None:
     """Why a request's params are refused when it is processed under API ``version`` (status,
     message), or None."""
     if not isinstance(p.get("model"), str) or not p.get("model"):
         return 400, "model: Field required"
+    if not known_model(p["model"], cfg):
+        return 404, f"model: {p['model']}"
     if not isinstance(p.get("max_tokens"), int) or p["max_tokens"] < 1:
         return 400, "max_tokens: Field required (an integer >= 1)"
     if not isinstance(p.get("messages"), list) or not p["messages"]:
@@ -351,7 +355,7 @@ def anthropic_result(
     ``succeeded`` with its ``Message``, or ``errored``; ``seen`` is the batch's prompt cache;
     ``version`` the ``anthropic-version`` whose rules apply."""
     cid, p = req["custom_id"], req["params"]
-    refused = _refusal(p, version)
+    refused = _refusal(cfg, p, version)
     if refused is not None:
         status, message = refused
         err = {"type": anthropic_error_type(status), "message": message}

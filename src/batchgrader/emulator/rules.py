@@ -18,7 +18,11 @@ refuses on the other, with the provider's own error shape:
   by effort (as reasoning models spend them), so a small output bound truncates in the sandbox
   as it does live.
 
-Models the catalogue lacks are accepted (their rules are unknown here).
+* :func:`known_model` -> whether the emulator serves a model id (the shipped catalogue, and the
+  ids and catalogue file the emulator's configuration adds); each API answers any other id 404
+  with its own error shape, as the real APIs answer a model they do not know.
+
+A served model the catalogue lacks (an id the configuration adds) is accepted with no per-model rule.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchgrader.core.providers import anthropic_refused_sampling
+from batchgrader.emulator.config import EmulatorConfig
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.modelspec import ModelSpec
 
@@ -50,6 +55,45 @@ REASONING_DRAW = {
     "xhigh": (3_000, 12_000),
     "max": (3_000, 16_000),
 }
+
+
+_MODELS_FILE: dict[str, tuple[float, frozenset[str]]] = {}  # path -> (mtime, its model ids)
+
+
+def _file_models(path: str) -> frozenset[str]:
+    """The ``model`` (and ``aliases``) cells of a catalogue CSV, read again when it changes."""
+    import csv
+    import os
+
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return frozenset()
+    cached = _MODELS_FILE.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    ids: set[str] = set()
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            for row in csv.DictReader(fh):
+                ids.add((row.get("model") or "").strip().lower())
+                ids.update(a.strip().lower() for a in (row.get("aliases") or "").split("|"))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return frozenset()
+    out = frozenset(ids - {""})
+    _MODELS_FILE[path] = (mtime, out)
+    return out
+
+
+def known_model(model: str, cfg: EmulatorConfig) -> bool:
+    """Whether the emulator serves ``model``: a shipped catalogue row (an alias or a dated snapshot
+    of one included), one of ``cfg.extra_models``, or a row of ``cfg.models_file``."""
+    key = model.strip().lower()
+    if shipped_spec(key).provider is not None:  # every shipped row names its provider (cached lookup)
+        return True
+    if key in {m.strip().lower() for m in cfg.extra_models}:
+        return True
+    return cfg.models_file is not None and key in _file_models(str(cfg.models_file))
 
 
 def reasoning_tokens(spec: ModelSpec, effort: str | None, rng: random.Random, budget: int | None = None) -> int:
