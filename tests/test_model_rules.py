@@ -4,6 +4,7 @@ the request builders carry ``reasoning_effort`` to each provider's control."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,7 +236,7 @@ def test_gemini_thinking_eats_a_small_output_bound(gem: genai.Client, clock: Man
 
 def builder(home: Home, text: str) -> RequestBuilder:
     home.config_file.write_text(text, encoding="utf-8")
-    config, _ = load_checked(load_config(home, environ={}))
+    config, _ = load_checked(load_config(home, environ={}), today=datetime.date(2026, 11, 28))  # gpt-5-mini: before its shutdown
     return RequestBuilder(config.default, home, "0" * 64)
 
 
