@@ -44,7 +44,8 @@ FEATURES: dict[str, list[Any]] = {
     "provider": ["openai", "anthropic", "gemini"],
 }
 
-MODELS = {"openai": "gpt-5-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
+# openai: a reasoning model with flex and no announced shutdown (gpt-5-mini shuts down on 2026-12-11)
+MODELS = {"openai": "o4-mini", "anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}
 # the other judge of a panel: on another provider than the combination's
 OTHER = {"openai": "anthropic", "anthropic": "gemini", "gemini": "openai"}
 

@@ -62,12 +62,14 @@ class KillSuite:
     api_key: str
     env_for: Callable[[Path, Emulator], dict[str, str]]
     finish_attempts: int = 4
+    served: tuple[str, ...] = ()  # model ids the emulator serves besides the catalogue's (Azure deployments)
 
     def make_inputs(self, home: Path, config: str | None = None) -> None:
         make_inputs(home, self.config if config is None else config)
 
     def emulator(self, hook: Hook | None = None, **kw: object) -> Emulator:
-        return Emulator(EmulatorConfig(api_key=self.api_key, seed=11, on_request=hook, **kw)).start()  # type: ignore[arg-type]
+        cfg = EmulatorConfig(api_key=self.api_key, seed=11, on_request=hook, extra_models=self.served, **kw)  # type: ignore[arg-type]
+        return Emulator(cfg).start()
 
     def start(self, home: Path, emu: Emulator) -> subprocess.Popen:
         env = self.env_for(home, emu)

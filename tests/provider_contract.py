@@ -58,7 +58,9 @@ class ProviderContract:
 
     @pytest.fixture
     def emu(self, clock: ManualClock) -> Iterator[Emulator]:
-        with Emulator(EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=10, finalizing_s=1)) as e:
+        with Emulator(
+            EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=10, finalizing_s=1, extra_models=(self.model,))
+        ) as e:
             yield e
 
     @pytest.fixture

@@ -31,6 +31,7 @@ from emulator_fixtures import chat_line, jsonl
 KEY = "azure-key-never-written-0123456789abcdef"
 VERSION = "2025-04-01-preview"
 DEPLOYMENT = "grader-4o-mini"
+SERVED = (DEPLOYMENT,)  # the emulator serves this deployment (any other name: 404 DeploymentNotFound)
 
 
 @pytest.fixture
@@ -40,7 +41,9 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def emu(clock: ManualClock) -> Iterator[Emulator]:
-    with Emulator(EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=5, finalizing_s=1)) as e:
+    with Emulator(
+        EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=5, finalizing_s=1, extra_models=SERVED)
+    ) as e:
         yield e
 
 
@@ -135,7 +138,7 @@ def test_unknown_outcomes_are_reconciled_by_listing(provider: AzureOpenAIProvide
 
 
 def test_reads_survive_the_flaky_profile(clock: ManualClock, tmp_path) -> None:  # noqa: ANN001
-    with Emulator(EmulatorConfig(clock=clock, api_key=KEY, faults="flaky", seed=7)) as emu:
+    with Emulator(EmulatorConfig(clock=clock, api_key=KEY, faults="flaky", seed=7, extra_models=SERVED)) as emu:
         p = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=5)
         path = _input(tmp_path)
         up = upload_reconciled(p, path, path.name)
@@ -287,7 +290,7 @@ def test_a_failed_batch_with_null_counts_reads_as_zero(
 
 
 def test_a_resource_holds_a_capped_number_of_files_without_expiry(clock, tmp_path) -> None:  # noqa: ANN001
-    cfg = EmulatorConfig(clock=clock, api_key=KEY, azure_files_without_expiry=2)
+    cfg = EmulatorConfig(clock=clock, api_key=KEY, azure_files_without_expiry=2, extra_models=SERVED)
     with Emulator(cfg) as emu:
         sdk = openai.AzureOpenAI(api_key=KEY, azure_endpoint=emu.root_url, api_version=VERSION, max_retries=0)
         path = _input(tmp_path, 1, url="/chat/completions")

@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 AZURE_KEY = "azure-test-key-never-written-0123456789"
 DEPLOYMENT = "grader-mini-batch"
+SERVED = (DEPLOYMENT, "scorer-4o")  # the deployments the emulator serves (any other name: 404)
 CONFIG = FAST_CONFIG + SPLIT + (f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-4o-mini\n")
 
 
@@ -46,7 +47,7 @@ def state_of(home: Path):  # noqa: ANN201
         return fold(s.read())
 
 
-SUITE = KillSuite(config=CONFIG, api_key=AZURE_KEY, env_for=env_for, finish_attempts=6)
+SUITE = KillSuite(config=CONFIG, api_key=AZURE_KEY, env_for=env_for, finish_attempts=6, served=SERVED)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
     (home / "inbox" / "scored").mkdir()
     (home / "inbox" / "scored" / "s.jsonl").write_text("".join(json.dumps({"response": f"essay {i}"}) + "\n" for i in range(4)))
     (home / "inbox" / "list.json").write_text(json.dumps([{"response": "x"}, {"response": "y"}]))
-    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=3)) as emu:
+    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=3, extra_models=SERVED)) as emu:
         res = run(home, emu, "daemon", "--once")
         assert res.returncode == 0, res.stderr
         out = outbox_files(home)
@@ -110,7 +111,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     home = tmp_path / "home"
     SUITE.make_inputs(home)
     (home / "inbox" / "b.jsonl").unlink()
-    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=5)) as emu:
+    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=5, extra_models=SERVED)) as emu:
         assert run(home, emu, "daemon", "--once").returncode == 0
         batches = [emu.store.batches.retrieve_batch(b) for b in list(emu.store.state.batches)]  # the batch objects' usage
         assert {b["status"] for b in batches} == {"completed"}
@@ -203,7 +204,7 @@ def test_queue_limit_is_learned_per_endpoint_and_deployment(tmp_path: Path) -> N
     home = tmp_path / "home"
     SUITE.make_inputs(home)
     (home / "inbox" / "b.jsonl").unlink()
-    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=2, token_limits={DEPLOYMENT: 60})) as emu:
+    with Emulator(EmulatorConfig(api_key=AZURE_KEY, seed=2, token_limits={DEPLOYMENT: 60}, extra_models=SERVED)) as emu:
         SUITE.finish(home, emu)
         (job,) = state_of(home).jobs.values()
         assert job.ended == "completed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -10,6 +11,9 @@ from batchgrader.core.config import ConfigError, load_config
 from batchgrader.core.home import Home
 from batchgrader.pipeline.catalogue import catalogue_problems, load_checked
 from batchgrader.pipeline.pricing import COLUMNS, PricingError, load_pricing
+
+#: the date shutdown dates are compared with here (gpt-5-mini shuts down on 2026-12-11: tests/test_shutdown.py)
+TODAY = datetime.date(2026, 11, 28)
 
 # current models on the providers' pages (audit of 2026-11-25, section 6)
 CURRENT = [
@@ -139,7 +143,7 @@ def test_a_malformed_user_row_names_file_line_and_field(home: Home, row, where):
 def test_a_malformed_user_row_stops_the_check_before_anything_is_sent(home: Home):
     home.pricing_file.write_text("model,input_per_1m,output_per_1m,max_output\ngpt-5,1,2,-3\n", encoding="utf-8")
     with pytest.raises(PricingError, match="line 2, column 'max_output'"):
-        load_checked(load_config(home, environ={}))
+        load_checked(load_config(home, environ={}), today=TODAY)
 
 
 # --- profiles checked against their model -----------------------------------------------------
@@ -147,7 +151,7 @@ def test_a_malformed_user_row_stops_the_check_before_anything_is_sent(home: Home
 
 def problems(home: Home, text: str) -> list[str]:
     home.config_file.write_text(text, encoding="utf-8")
-    return catalogue_problems(load_config(home, environ={}), load_pricing())
+    return catalogue_problems(load_config(home, environ={}), load_pricing(), today=TODAY)
 
 
 def test_temperature_on_a_model_that_takes_only_its_default(home: Home):
@@ -158,9 +162,10 @@ def test_temperature_on_a_model_that_takes_only_its_default(home: Home):
 
 
 def test_temperature_on_a_model_that_deprecated_it(home: Home):
-    [msg] = problems(home, "provider: anthropic\nmodel: claude-opus-4-8\ntemperature: 0\n")
+    pinned = "anthropic_api_version: 2023-06-01\nprovider: anthropic\n"  # the catalogue's rules (2026-10-21: below)
+    [msg] = problems(home, pinned + "model: claude-opus-4-8\ntemperature: 0\n")
     assert "the default profile: key 'temperature'" in msg and "deprecated for this model" in msg
-    assert problems(home, "provider: anthropic\nmodel: claude-haiku-4-5\ntemperature: 0\n") == []
+    assert problems(home, pinned + "model: claude-haiku-4-5\ntemperature: 0\n") == []
 
 
 def test_temperature_only_at_effort_none(home: Home):
@@ -202,7 +207,7 @@ def test_a_schema_on_a_model_without_structured_output(home: Home):
 def test_a_missing_model_names_the_closest_ids_and_how_to_add_a_row(home: Home):
     home.config_file.write_text("model: gpt-6-sool\n", encoding="utf-8")
     with pytest.raises(ConfigError) as exc:
-        load_checked(load_config(home, environ={}))
+        load_checked(load_config(home, environ={}), today=TODAY)
     msg = str(exc.value)
     assert msg.startswith("the default profile: key 'model': no price for model 'gpt-6-sool'")
     assert "'gpt-6-sol'" in msg and "add a row" in msg
@@ -210,25 +215,27 @@ def test_a_missing_model_names_the_closest_ids_and_how_to_add_a_row(home: Home):
 
 def test_every_problem_is_listed_at_once(home: Home):
     home.config_file.write_text(
-        "model: gpt-5\ntemperature: 0\nprofiles:\n  c:\n    provider: anthropic\n    model: claude-opus-5\n", encoding="utf-8"
+        "anthropic_api_version: 2023-06-01\nmodel: gpt-5\ntemperature: 0\nprofiles:\n  c:\n    provider: anthropic\n"
+        "    model: claude-opus-5\n",
+        encoding="utf-8",
     )
     with pytest.raises(ConfigError) as exc:
-        load_checked(load_config(home, environ={}))
+        load_checked(load_config(home, environ={}), today=TODAY)
     assert str(exc.value).startswith("2 settings the models refuse (nothing was sent):")
 
 
 def test_an_unset_output_bound_is_the_models_reasoning_bound(home: Home):
     home.config_file.write_text("model: gpt-5-mini\nprofiles:\n  own:\n    max_completion_tokens: 3000\n", encoding="utf-8")
-    config, _ = load_checked(load_config(home, environ={}))
+    config, _ = load_checked(load_config(home, environ={}), today=TODAY)
     assert config.default.max_completion_tokens == 25_000
     assert config.default.sources["max_completion_tokens"] == "catalogue: reasoning_bound of gpt-5-mini"
     assert config.profile("own").max_completion_tokens == 3000
     # a model that does not reason keeps the key's default
     home.config_file.write_text("model: gpt-4o-mini\n", encoding="utf-8")
-    assert load_checked(load_config(home, environ={}))[0].default.max_completion_tokens == 1000
+    assert load_checked(load_config(home, environ={}), today=TODAY)[0].default.max_completion_tokens == 1000
     # reasoning turned off: no room needed
     home.config_file.write_text("model: gpt-5.1\n", encoding="utf-8")
-    assert load_checked(load_config(home, environ={}))[0].default.max_completion_tokens == 1000
+    assert load_checked(load_config(home, environ={}), today=TODAY)[0].default.max_completion_tokens == 1000
 
 
 def test_the_columns_are_documented():
@@ -260,7 +267,9 @@ def test_count_refuses_a_setting_the_model_refuses(home: Home, tmp_path):
 def test_doctor_fails_the_model_settings_check(home: Home):
     from batchgrader.ops.doctor import FAIL, run_checks
 
-    home.config_file.write_text("provider: anthropic\nmodel: claude-sonnet-5\ntemperature: 0.2\n", encoding="utf-8")
+    home.config_file.write_text(
+        "anthropic_api_version: 2023-06-01\nprovider: anthropic\nmodel: claude-sonnet-5\ntemperature: 0.2\n", encoding="utf-8"
+    )
     checks = [c for c in run_checks(home, environ={}, require_key=False) if c.name == "model settings"]
     assert [c.status for c in checks] == [FAIL]
     assert "deprecated for this model" in checks[0].detail and "bgctl models" in checks[0].fix
@@ -290,8 +299,9 @@ def test_daemon_exits_78_on_a_setting_the_model_refuses(home: Home):
 
 
 def test_temperature_with_anthropic_thinking_only_when_the_profile_asks_for_thinking(home: Home):
-    assert problems(home, "provider: anthropic\nmodel: claude-sonnet-4-6\ntemperature: 0\n") == []
-    [msg] = problems(home, "provider: anthropic\nmodel: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
+    pinned = "anthropic_api_version: 2023-06-01\nprovider: anthropic\n"
+    assert problems(home, pinned + "model: claude-sonnet-4-6\ntemperature: 0\n") == []
+    [msg] = problems(home, pinned + "model: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
     assert "Anthropic accepts no other temperature than 1 with thinking" in msg
 
 

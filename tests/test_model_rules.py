@@ -4,6 +4,7 @@ the request builders carry ``reasoning_effort`` to each provider's control."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,8 +147,9 @@ def areq(cid: str, model: str, max_tokens: int = 2000, **params: Any) -> dict[st
 
 
 def test_anthropic_refuses_temperature_on_a_model_that_deprecated_it(ant: anthropic.Anthropic, clock: ManualClock) -> None:
+    # under API version 2023-06-01 each model's catalogue row decides (2026-10-21: test_anthropic_version.py)
     res = ant_results(
-        ant,
+        ant.with_options(default_headers={"anthropic-version": "2023-06-01"}),
         clock,
         [areq("opus48", "claude-opus-4-8", 30_000, temperature=0), areq("haiku45", "claude-haiku-4-5", temperature=0)],
     )
@@ -234,7 +236,7 @@ def test_gemini_thinking_eats_a_small_output_bound(gem: genai.Client, clock: Man
 
 def builder(home: Home, text: str) -> RequestBuilder:
     home.config_file.write_text(text, encoding="utf-8")
-    config, _ = load_checked(load_config(home, environ={}))
+    config, _ = load_checked(load_config(home, environ={}), today=datetime.date(2026, 11, 28))  # gpt-5-mini: before its shutdown
     return RequestBuilder(config.default, home, "0" * 64)
 
 

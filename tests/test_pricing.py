@@ -88,30 +88,30 @@ def test_shipped_table_has_the_reference_batch_prices():
         "gpt-3.5-turbo-1106": (1.00, None, 2.00),
     }
     claude = {  # Anthropic Message Batches: 50% of the standard prices (docs/providers.md)
-        "claude-opus-5-5": (2.00, 0.20, 10.00),
+        "claude-opus-5-5": (2.00, 0.10, 10.00),  # batch cache reads: 50% of the standard rate (catalogue check 2026-11-28)
         "claude-opus-5": (2.50, 0.25, 12.50),
-        "claude-sonnet-5-5": (1.00, 0.10, 5.00),
+        "claude-sonnet-5-5": (1.00, 0.05, 5.00),
         "claude-sonnet-5": (1.00, 0.10, 5.00),
         "claude-haiku-4-5": (0.50, 0.05, 2.50),
         "claude-haiku-5-5": (0.05, 0.005, 0.25),
-        "claude-fable-5-1": (5.00, 0.50, 25.00),
+        "claude-fable-5-1": (5.00, 0.125, 25.00),
     }
-    gemini = {  # Gemini Batch API: 50% of the standard prices (docs/providers.md)
-        "gemini-2.5-pro": (0.625, None, 5.00),
-        "gemini-2.5-flash": (0.15, None, 1.25),
-        "gemini-2.5-flash-lite": (0.05, None, 0.20),
-        "gemini-3.5-flash": (0.75, None, 4.50),
-        "gemini-3.1-pro-preview": (1.00, None, 6.00),
+    gemini = {  # Gemini Batch API: 50% of the standard prices; cache hits at the standard caching rate (docs/providers.md)
+        "gemini-2.5-pro": (0.625, 0.125, 5.00),
+        "gemini-2.5-flash": (0.15, 0.03, 1.25),
+        "gemini-2.5-flash-lite": (0.05, 0.01, 0.20),
+        "gemini-3.5-flash": (0.75, 0.15, 4.50),
+        "gemini-3.1-pro-preview": (1.00, 0.2, 6.00),
     }
     assert set(table) >= set(expected) | set(LEGACY_CHAT_MODELS) | set(claude) | set(gemini)
     for model, (inp, cached, out) in gemini.items():
         p = table.get(model)
         assert (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (inp, cached, out)
-        assert p.taken_on == "2026-11-23" and p.source.startswith("https://ai.google.dev/gemini-api/docs/pricing")
+        assert p.taken_on == "2026-11-28" and p.source.startswith("https://ai.google.dev/gemini-api/docs/pricing")
     for model, (inp, cached, out) in claude.items():
         p = table.get(model)
         assert (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (inp, cached, out)
-        assert p.taken_on == "2026-11-23" and p.source.startswith("https://platform.claude.com/docs/")
+        assert p.taken_on in ("2026-11-23", "2026-11-28") and p.source.startswith("https://platform.claude.com/docs/")
     for model, (inp, cached, out) in expected.items():
         p = table.get(model)
         assert (p.model, p.input_per_1m, p.cached_input_per_1m, p.output_per_1m) == (model, inp, cached, out)
@@ -124,6 +124,17 @@ def test_shipped_table_has_the_reference_batch_prices():
     assert table.get("gpt-5-mini").context_window == 400_000
     assert table.get("gpt-3.5-turbo-0125").context_window == 16_385
     assert table.get("gpt-5.4").context_window == 1_050_000  # models.dev and genai-prices agree
+    # catalogue check 2026-11-28: the current period's Gemini 3.8 Flash standard price, limits, new rows
+    g38 = table.get("gemini-3.8-flash")
+    assert (g38.spec.standard_input_per_1m, g38.spec.standard_output_per_1m, g38.input_per_1m) == (0.75, 3.75, 0.375)
+    assert (g38.context_window, g38.spec.max_output) == (1_048_576, 65_536)
+    assert table.get("claude-sonnet-4-6").spec.max_output == 128_000
+    new = {"gpt-6.1-sol": (1, 5, 2, 10), "gpt-6.1-terra": (0.5, 2.5, 1, 5), "gemini-3.5-flash-lite": (0.15, 1.25, 0.3, 2.5)}
+    new |= {"gemini-3.6-flash": (0.375, 1.875, 0.75, 3.75), "gemini-3.7-flash": (0.375, 1.875, 0.75, 3.75)}
+    new |= {"gemini-4-argon": (1, 5, 2, 10)}
+    for model, (bi, bo, si, so) in new.items():
+        p = table.get(model)
+        assert (p.input_per_1m, p.output_per_1m, p.spec.standard_input_per_1m, p.spec.standard_output_per_1m) == (bi, bo, si, so)
 
 
 def test_shipped_csv_has_exactly_the_documented_columns():
@@ -298,11 +309,11 @@ def test_price_is_immutable():
 def test_cache_writes_cost_one_and_a_quarter_times_the_input_price():
     """Anthropic's 5-minute cache writes (``cache_creation_input_tokens``) are billed at 1.25x
     the input price; cache reads at the cached price; the rest of the prompt at the input price."""
-    p = load_pricing().get("claude-sonnet-5-5")  # batch: input 1.00, cached 0.10, output 5.00 per 1M
+    p = load_pricing().get("claude-sonnet-5-5")  # batch: input 1.00, cached 0.05, output 5.00 per 1M
     # 1,000,000 prompt tokens = 600,000 plain + 300,000 cache reads + 100,000 cache writes
     cost = billed_cost(p, 1_000_000, 300_000, 200_000, cache_write_tokens=100_000)
-    assert cost == 1.755  # 0.60 + 0.03 + 0.125 (1.25 x 1.00 x 0.1) + 1.00
-    assert billed_cost(p, 1_000_000, 300_000, 200_000) == 1.73  # no writes: 0.70 + 0.03 + 1.00
+    assert cost == 1.74  # 0.60 + 0.015 + 0.125 (1.25 x 1.00 x 0.1) + 1.00
+    assert billed_cost(p, 1_000_000, 300_000, 200_000) == 1.715  # no writes: 0.70 + 0.015 + 1.00
     with pytest.raises(ValueError, match="cannot exceed"):
         billed_cost(p, 100, 60, 0, cache_write_tokens=50)
 
@@ -326,4 +337,4 @@ def test_anthropic_cache_writes_are_parsed_and_costed_from_the_result_line():
     assert records[0]["cache_write_tokens"] == 100 and m.cache_write_tokens == 100
     price = load_pricing().get("claude-sonnet-5-5")
     assert m.cost(price) == billed_cost(price, 1000, 300, 200, cache_write_tokens=100)
-    assert m.cost(price) == (600 * 1.00 + 300 * 0.10 + 100 * 1.25 + 200 * 5.00) / 1_000_000
+    assert m.cost(price) == (600 * 1.00 + 300 * 0.05 + 100 * 1.25 + 200 * 5.00) / 1_000_000

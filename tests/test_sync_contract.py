@@ -23,6 +23,7 @@ from batchgrader.provider.openai_api import OpenAIProvider, ProviderRejected
 
 KEY = "sk-emulator-contract-0123456789abcdef"
 AZURE_VERSION = "2025-04-01-preview"
+AZURE_DEPLOYMENT = "grader-4o-mini"  # the emulator serves it (extra_models); any other name: 404
 
 
 def strict_problems(model: Any, path: str = "$") -> list[str]:
@@ -133,7 +134,11 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def emu(clock: ManualClock) -> Iterator[Emulator]:
-    with Emulator(EmulatorConfig(clock=clock, api_key=KEY, validating_s=1, in_progress_s=5, finalizing_s=1)) as e:
+    with Emulator(
+        EmulatorConfig(
+            clock=clock, api_key=KEY, validating_s=1, in_progress_s=5, finalizing_s=1, extra_models=(AZURE_DEPLOYMENT,)
+        )
+    ) as e:
         yield e
 
 

@@ -93,10 +93,12 @@ def doctor(obj: Ctx, as_json: bool, sandbox: bool) -> None:
     """Check config, key, API, pricing, tokenizers, permissions, database and daemon; each problem with its fix.
 
     Exits 1 when a check fails, including a missing API key (unless --sandbox)."""
+    from batchgrader.cli.context import fixed_now
     from batchgrader.cli.render import make_console
     from batchgrader.ops.doctor import checks_as_json, exit_code, render_checks, run_checks
+    from batchgrader.pipeline.catalogue import today_of
 
-    checks = run_checks(obj.home, require_key=not sandbox, sandbox=sandbox)
+    checks = run_checks(obj.home, require_key=not sandbox, sandbox=sandbox, today=today_of(fixed_now()))
     emit_json(checks_as_json(checks)) if as_json else render_checks(checks, make_console())
     sys.exit(exit_code(checks))
 

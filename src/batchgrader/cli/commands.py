@@ -71,14 +71,42 @@ def _profile_opt(f):
     )(f)
 
 
-def _load(obj: Ctx, profile: str | None):
-    from batchgrader.pipeline.catalogue import load_checked
+def _load(obj: Ctx, profile: str | None, as_json: bool = False):
+    """The configuration checked against the catalogue, the profile and the catalogue; a model
+    that shuts down soon is warned about on standard error (not with ``--json``: the caller adds
+    :func:`_shutdown_notes` to its JSON)."""
+    from batchgrader.pipeline.catalogue import load_checked, today_of
 
     cfg = obj.config()
     cfg.profile(profile)  # an unknown profile is named before anything else
     # a model missing from the catalogue is reported by the count itself (exit 3), not here
-    cfg, table = load_checked(cfg, missing=False)
+    cfg, table = load_checked(cfg, missing=False, today=today_of(fixed_now()))
+    if not as_json:
+        for warning in _shutdown_notes(cfg, table):
+            click.echo(f"warning: {warning}", err=True)
     return cfg, cfg.profile(profile), table
+
+
+def _shutdown_notes(cfg, table) -> list[str]:  # noqa: ANN001
+    from batchgrader.pipeline.catalogue import shutdown_warnings, today_of
+
+    return shutdown_warnings(cfg, table, today_of(fixed_now()))
+
+
+def _warn_shutdowns(obj: Ctx) -> None:
+    """``status``: a warning for each profile whose model shuts down soon (nothing when the
+    configuration or the catalogue does not load: other commands name that)."""
+    from batchgrader.core.config import ConfigError
+    from batchgrader.pipeline.catalogue import shutdown_warnings, today_of
+    from batchgrader.pipeline.pricing import PricingError, load_pricing
+
+    try:
+        cfg = obj.config()
+        warnings = shutdown_warnings(cfg, load_pricing(cfg.pricing_path()), today_of(fixed_now()))
+    except (ConfigError, PricingError, OSError):
+        return
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @cli.command()
@@ -94,12 +122,14 @@ def count(obj: Ctx, file: Path, profile: str | None, as_json: bool, sandbox: boo
     from batchgrader.cli.render import render_count, render_panel_count
     from batchgrader.ops.count import count_file, count_panel
 
-    cfg, prof, prices = _load(obj, profile)
+    cfg, prof, prices = _load(obj, profile, as_json)
     if prof.values.get("judges"):  # a panel: each judge's model, samples and output bound, and their sum
         summary = count_panel(obj.home, file, cfg, prof, prices, sandbox=sandbox)
         emit_json(summary) if as_json else render_panel_count(summary)
     else:
         summary = count_file(obj.home, file, prof, prices, sandbox=sandbox)
+        if as_json and (notes := _shutdown_notes(cfg, prices)):
+            summary["warnings"] = [*summary.get("warnings", []), *notes]
         emit_json(summary) if as_json else render_count(summary)
     if _unsendable(summary) or summary.get("pricing_error"):
         sys.exit(EXIT_COUNT_PROBLEMS)  # a script must not read "0" as "ready to send"
@@ -270,6 +300,8 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
             render_overview(shown)
         render_waiting(shown_names(inbox), daemon_info(obj.home), unfinished=unfinished_jobs(shown))
 
+    if not job_id and not as_json:
+        _warn_shutdowns(obj)
     if not watch or job_id or as_json:
         return show()
     from batchgrader.cli.render_watch import watch_loop

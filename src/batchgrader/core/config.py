@@ -363,6 +363,7 @@ def _check_profile(prof: Profile, config_file: Path, now: float) -> list[str]:
         _check_provider_model(prof, config_file),
         _check_reference(prof, config_file) if not prof.values.get("judges") else None,  # a panel's: _check_judges
         _check_deadline(prof, config_file, now),
+        _check_sampling(prof, config_file),
     )
     return [p for p in problems if p]
 
@@ -450,6 +451,35 @@ def _check_provider_model(profile: Profile, config_file: Path) -> str | None:
             f"(its models start with {prefix!r}); set 'model' or 'provider'"
         )
     return None
+
+
+def _check_sampling(profile: Profile, config_file: Path) -> str | None:
+    """A ``temperature`` under a provider API version that refuses it on every model (Anthropic
+    2026-10-21: core/providers.ANTHROPIC_API_VERSIONS) is refused before anything is sent (the
+    message); under a version that does not, the model's catalogue row decides (pipeline/catalogue.py)."""
+    t = profile.values.get("temperature")
+    facts = PROVIDER_FACTS[profile.values["provider"]]
+    if t is None or facts.api_version_setting is None:
+        return None
+    version = profile.values.get(facts.api_version_setting)
+    if "temperature" not in facts.refused_sampling(version):
+        return None
+    where = "the default profile" if profile.name == "default" else f"profiles.{profile.name}"
+    source = profile.sources.get("temperature", "")
+    if source.startswith(("env ", "flag ")):
+        fix = f"unset {source.split(' ', 1)[1]}" if source.startswith("env ") else "leave out --temperature"
+    elif profile.name != "default" and source != f"config.yaml profiles.{profile.name}":
+        fix = f"set 'temperature: null' in {where} (it inherits {t:g} from the default settings in config.yaml)"
+    else:
+        fix = f"remove 'temperature' from {where} in config.yaml"
+    return (
+        f"{config_file}: {where}: key 'temperature' is {t:g}, but {facts.name} API version {version} (the version "
+        f"header this program sends) refuses {', '.join(facts.refused_sampling(version))} on every model: each request "
+        f"would fail with 400 invalid_request_error; {fix}: answers then use the model's default sampling (several "
+        f"samples still differ), or pin an older '{facts.api_version_setting}' in config.yaml "
+        f"({', '.join(v for v, r in facts.api_versions.items() if 'temperature' not in r)}), where each model's "
+        "catalogue row decides"
+    )
 
 
 def _check_deadline(profile: Profile, config_file: Path, now: float) -> str | None:

@@ -12,6 +12,7 @@ from batchgrader.core.config_values import (
     _api_key,
     _bool,
     _choice,
+    _date_choice,
     _days,
     _encoding,
     _float,
@@ -27,7 +28,7 @@ from batchgrader.core.config_values import (
     _response_format,
     _str,
 )
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION, PROVIDER_FACTS
 from batchgrader.core.routes import ROUTES, parse_deadline
 
 #: the most samples a row may ask for (the ``samples`` key): k requests per row multiply the bill by k
@@ -240,6 +241,11 @@ KEYS: dict[str, Key] = {
         None, _opt_str, "Anthropic API key (env ANTHROPIC_API_KEY); never written to logs, the database or outputs."
     ),
     "anthropic_base_url": Key(None, _opt_str, "Anthropic API base URL (env ANTHROPIC_BASE_URL)."),
+    "anthropic_api_version": Key(
+        ANTHROPIC_DEFAULT_API_VERSION,
+        _date_choice(*ANTHROPIC_API_VERSIONS),
+        "The anthropic-version header sent with every Anthropic call; 2026-10-21 refuses temperature on every model, 2023-06-01 leaves it to each model's catalogue row.",
+    ),
     "gemini_api_key": Key(
         None,
         _opt_str,
@@ -300,6 +306,7 @@ GLOBAL_ONLY = {
     "api_key",
     "anthropic_api_key",
     "anthropic_base_url",
+    "anthropic_api_version",
     "gemini_api_key",
     "gemini_base_url",
     "azure_api_key",

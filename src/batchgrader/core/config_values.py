@@ -154,6 +154,20 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return check
 
 
+def _date_choice(*options: str) -> Callable[[Any], str]:
+    """One of ``options``, dates written ``YYYY-MM-DD`` (YAML reads an unquoted one as a date)."""
+    import datetime
+
+    def check(v: Any) -> str:
+        if isinstance(v, datetime.date):
+            v = v.isoformat()
+        if v not in options:
+            raise ValueError("one of " + ", ".join(repr(o) for o in options))
+        return str(v)
+
+    return check
+
+
 def _opt_choice(*options: str) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         if v is None or v == "":

@@ -44,6 +44,17 @@ class ProviderFacts:
     request_url: str = "/v1/chat/completions"  # the ``url`` of each request line it is sent
     other_env: Mapping[str, str] = field(default_factory=dict)  # other SDK environment variables -> config key
     required_settings: Mapping[str, str] = field(default_factory=dict)  # config key -> what to set when it is missing
+    api_version_setting: str | None = None  # the config key naming the API version its requests carry (a header)
+    #: API version -> the sampling parameters it refuses on every model (a version not listed: the default's rules)
+    api_versions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    default_api_version: str | None = None
+
+    def refused_sampling(self, version: str | None) -> tuple[str, ...]:
+        """The sampling parameters refused on every model under ``version`` (none when the provider
+        has no versions); a version not known here gets the default version's rules (fail safe)."""
+        if version is not None and version in self.api_versions:
+            return self.api_versions[version]
+        return self.api_versions.get(self.default_api_version or "", ())
 
     @property
     def key_var_text(self) -> str:
@@ -62,6 +73,21 @@ class ProviderFacts:
 
 
 OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
+
+#: Anthropic API versions (the ``anthropic-version`` header every request carries) this program
+#: knows -> the sampling parameters the API refuses under it on every model, in a Message Batch's
+#: requests as well (400 ``invalid_request_error``).  2026-10-21 refuses ``temperature``, ``top_p``
+#: and ``top_k`` at any value (platform.claude.com/docs/en/api/migration-2026-10-21, 2026-10-21);
+#: under 2023-06-01 each model's catalogue row says what it takes (``temperature`` column).
+ANTHROPIC_API_VERSIONS: dict[str, tuple[str, ...]] = {
+    "2023-06-01": (),
+    "2026-10-21": ("temperature", "top_p", "top_k"),
+}
+#: the version sent unless ``anthropic_api_version`` pins another: the one the ``anthropic`` SDK
+#: sends by default since 2.0.0 (``anthropic/_constants.py`` ``ANTHROPIC_API_VERSION`` in 2.14.0;
+#: tests/test_anthropic_version.py keeps the two in step).  Our client sends it explicitly.
+ANTHROPIC_DEFAULT_API_VERSION = "2026-10-21"
+
 
 #: provider name -> its facts, in the order ``provider`` lists its choices
 PROVIDER_FACTS: dict[str, ProviderFacts] = {
@@ -91,6 +117,9 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             counting_endpoint="Anthropic's messages.count_tokens",
             model_prefix="claude-",
             cache_key="shared_prefix",
+            api_version_setting="anthropic_api_version",
+            api_versions=ANTHROPIC_API_VERSIONS,
+            default_api_version=ANTHROPIC_DEFAULT_API_VERSION,
         ),
         ProviderFacts(
             name="gemini",
@@ -126,6 +155,12 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
         ),
     )
 }
+
+
+def anthropic_refused_sampling(version: str | None) -> tuple[str, ...]:
+    """The sampling parameters Anthropic refuses on every model under ``version`` (a version not
+    known here: the default version's rules)."""
+    return PROVIDER_FACTS["anthropic"].refused_sampling(version)
 
 
 def facts_of(provider: str) -> ProviderFacts:

@@ -68,6 +68,7 @@ class Settings:
     provider: str
     anthropic_api_key: str | None
     anthropic_base_url: str | None
+    anthropic_api_version: str
     gemini_api_key: str | None
     gemini_base_url: str | None
     azure_api_key: str | None

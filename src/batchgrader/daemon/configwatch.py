@@ -53,6 +53,7 @@ RESTART_ONLY_KEYS = (
     "base_url",
     "anthropic_api_key",
     "anthropic_base_url",
+    "anthropic_api_version",
     "gemini_api_key",
     "gemini_base_url",
     "azure_api_key",

@@ -79,12 +79,16 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
     return handler
 
 
-def sandbox_emulator(data_dir: Path, label: str = "sandbox emulator"):
+def sandbox_emulator(
+    data_dir: Path, label: str = "sandbox emulator", models: tuple[str, ...] = (), models_file: Path | None = None
+):
     """The emulator behind `--sandbox`, in a child process (:mod:`batchgrader.daemon.sandbox`):
-    state kept under the home, so a restarted sandbox daemon finds its batches again."""
+    state kept under the home, so a restarted sandbox daemon finds its batches again.  It serves
+    the shipped catalogue's models, ``models`` (the profiles' models: Azure deployment names) and
+    the rows of ``models_file`` (the user's pricing.csv); any other model id is answered 404."""
     from batchgrader.daemon.sandbox import SandboxEmulator
 
-    return SandboxEmulator(data_dir, SANDBOX_KEY, label).start()
+    return SandboxEmulator(data_dir, SANDBOX_KEY, label, models, models_file).start()
 
 
 class DeferredProvider:
@@ -224,10 +228,19 @@ class Daemon:
         openai = self._openai_provider(config, required="openai" in used)
         return self._provider_router(config, openai, used)
 
-    def _sandbox_url(self, root: bool = True) -> str:
-        """The emulator's URL (its root, or its OpenAI ``/v1`` base), started at the first call."""
+    def _sandbox_url(self, root: bool = True, config: Config | None = None) -> str:
+        """The emulator's URL (its root, or its OpenAI ``/v1`` base), started at the first call
+        (serving ``config``'s models and its pricing file's besides the shipped catalogue's)."""
         if self.emulator is None:
-            self.emulator = sandbox_emulator(self.home.root / "sandbox", f"sandbox emulator of {self.home.root}")
+            models = (
+                tuple(sorted({str(p.values["model"]) for p in (config.default, *config.profiles.values())})) if config else ()
+            )
+            self.emulator = sandbox_emulator(
+                self.home.root / "sandbox",
+                f"sandbox emulator of {self.home.root}",
+                models,
+                config.pricing_path() if config is not None else None,
+            )
         return str(self.emulator.root_url if root else self.emulator.base_url)
 
     def _provider_router(self, config: Config, openai, used: set[str]):  # noqa: ANN001
@@ -263,7 +276,7 @@ class Daemon:
 
         def build() -> Any:
             if self.sandbox:
-                return spec.batch(SANDBOX_KEY, self._sandbox_url(root=spec.sandbox_base == "root"), timeout, config)
+                return spec.batch(SANDBOX_KEY, self._sandbox_url(spec.sandbox_base == "root", config), timeout, config)
             facts = spec.facts
             return spec.batch(getattr(config, facts.key_setting), getattr(config, facts.base_setting), timeout, config)
 
@@ -281,7 +294,7 @@ class Daemon:
             spec = PROVIDERS.get(profile.provider)
             if spec is None or spec.sandbox_counter is None:
                 return None
-            return spec.sandbox_counter(SANDBOX_KEY, self._sandbox_url(), timeout)
+            return spec.sandbox_counter(SANDBOX_KEY, self._sandbox_url(True, config), timeout)
 
         return counter
 

@@ -38,8 +38,16 @@ class SandboxEmulator:
     """``start()`` runs the child and reads where it serves; ``root_url`` / ``base_url`` as the
     in-process :class:`~batchgrader.emulator.Emulator` has them; ``stop()`` ends it."""
 
-    def __init__(self, data_dir: Path, api_key: str, label: str = "sandbox emulator"):
+    def __init__(
+        self,
+        data_dir: Path,
+        api_key: str,
+        label: str = "sandbox emulator",
+        models: tuple[str, ...] = (),
+        models_file: Path | None = None,
+    ):
         self.data_dir = Path(data_dir)
+        self.models, self.models_file = models, models_file  # served besides the shipped catalogue's
         self.api_key = api_key
         self.label = label
         self.proc: subprocess.Popen[bytes] | None = None
@@ -58,6 +66,10 @@ class SandboxEmulator:
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", MODULE, "--label", self.label, "--data-dir", str(self.data_dir), "--api-key", self.api_key]
+        for m in self.models:
+            cmd += ["--model", m]
+        if self.models_file is not None:
+            cmd += ["--models-file", str(self.models_file)]
         with open(self.data_dir / "emulator.log", "ab") as err:
             self.proc = subprocess.Popen(
                 cmd,

@@ -11,7 +11,8 @@ then ``ended``; cancel makes it ``canceling`` for ``cancelling_s``, then ``ended
 unprocessed requests ``canceled``; past ``completion_window_s`` the rest are ``expired``.
 Requests are checked when created (custom_id ``^[a-zA-Z0-9_-]{1,64}$``, unique, 1 to
 100,000 requests) and their params when processed (an ``errored`` result, as the real API
-does).  Input tokens are counted with the project's tiktoken counter: a stand-in, since
+does), by the rules of the ``anthropic-version`` the batch was created with (kept with it:
+under 2026-10-21 a sampling parameter errors every request that has one).  Input tokens are counted with the project's tiktoken counter: a stand-in, since
 Claude's tokenizer is not public.  A ``cache_control`` breakpoint on the system prompt is
 cached by the rules in ``prompt_cache`` (writes, then reads, within the batch).  A batch's
 requests and results are kept on disk (JSON lines), not in memory: its requests in
@@ -30,11 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.providers import ANTHROPIC_DEFAULT_API_VERSION
 from batchgrader.emulator.answers import _countable_messages, _counter_for
 from batchgrader.emulator.common import ApiError, _hex, int_param
 from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER, EmulatorConfig
 from batchgrader.emulator.prompt_cache import BatchCache, anthropic_cache_split, system_tokens
-from batchgrader.emulator.rules import anthropic_request_error, anthropic_thinking_effort, reasoning_tokens
+from batchgrader.emulator.rules import anthropic_request_error, anthropic_thinking_effort, known_model, reasoning_tokens
 from batchgrader.emulator.schema_values import generate_from_schema, sentence
 from batchgrader.emulator.spool import LinesWriter, read_jsonl, write_jsonl
 from batchgrader.emulator.state import State
@@ -87,6 +89,7 @@ class _MsgBatch:
     results_path: Path | None = None  # once it has ended: its results, one JSON line each
     t_ended: float | None = None
     archived: bool = False
+    version: str = "2023-06-01"  # the anthropic-version it was created with: its requests' rules
 
     @property
     def results(self) -> list[dict[str, Any]] | None:
@@ -112,6 +115,7 @@ class AnthropicBatches:
             return
         rec = {"id": m.id, "seq": m.seq, "t_created": m.t_created, "n": m.n, "t_cancel": m.t_cancel}
         rec["archived"] = m.archived
+        rec["version"] = m.version
         atomic_write_bytes(self.state.data_dir / "msgbatches" / f"{m.id}.json", json.dumps(rec).encode("utf-8"))
 
     def load(self) -> None:
@@ -121,6 +125,7 @@ class AnthropicBatches:
             path = self._requests_path(rec["id"])
             n = write_jsonl(path, rec["requests"]) if "requests" in rec else rec["n"]  # a record of an older version
             m = _MsgBatch(rec["id"], rec["seq"], rec["t_created"], n, path, rec["t_cancel"], archived=rec["archived"])
+            m.version = rec.get("version", m.version)  # a record of an older version: the rules it had
             self.batches[m.id] = m
             self.state.seq = max(self.state.seq, m.seq)
             self.state.batches_created += 1
@@ -159,7 +164,7 @@ class AnthropicBatches:
         out = LinesWriter(self.state.scratch / f"{m.id}.results.jsonl")
         for i, r in enumerate(read_jsonl(m.requests_path)):
             res = (
-                anthropic_result(self.state.cfg, m.id, r, seen)
+                anthropic_result(self.state.cfg, m.id, r, seen, m.version)
                 if i < processed
                 else {"custom_id": r["custom_id"], "result": {"type": rest}}
             )
@@ -200,7 +205,7 @@ class AnthropicBatches:
 
     # --- API ---------------------------------------------------------------------------------
 
-    def create_batch(self, body: Any, raw_size: int) -> dict[str, Any]:
+    def create_batch(self, body: Any, raw_size: int, version: str | None = None) -> dict[str, Any]:
         def bad(message: str) -> AnthropicApiError:
             return AnthropicApiError(400, message, type="invalid_request_error")
 
@@ -225,6 +230,7 @@ class AnthropicBatches:
             bid = "msgbatch_" + uuid.uuid4().hex[:24]
             path = self._requests_path(bid)
             m = _MsgBatch(bid, self.state.next_seq(), self.state.clock(), write_jsonl(path, reqs), path)
+            m.version = version or ANTHROPIC_DEFAULT_API_VERSION
             self.batches[bid] = m
             self.state.batches_created += 1
             self._save(m)
@@ -290,6 +296,8 @@ class AnthropicBatches:
     def count_tokens(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body.get("model"):
             raise AnthropicApiError(400, "model and messages: Field required", type="invalid_request_error")
+        if not known_model(str(body["model"]), self.state.cfg):
+            raise AnthropicApiError(404, f"model: {body['model']}", type="not_found_error")
         return {"input_tokens": input_tokens(body)}
 
 
@@ -307,17 +315,20 @@ def input_tokens(params: dict[str, Any]) -> int:
     return int(_counter_for(COUNTING_STAND_IN).count(msgs))
 
 
-def _refusal(p: dict[str, Any]) -> tuple[int, str] | None:
-    """Why a request's params are refused when it is processed (status, message), or None."""
+def _refusal(cfg: EmulatorConfig, p: dict[str, Any], version: str | None) -> tuple[int, str] | None:
+    """Why a request's params are refused when it is processed under API ``version`` (status,
+    message), or None."""
     if not isinstance(p.get("model"), str) or not p.get("model"):
         return 400, "model: Field required"
+    if not known_model(p["model"], cfg):
+        return 404, f"model: {p['model']}"
     if not isinstance(p.get("max_tokens"), int) or p["max_tokens"] < 1:
         return 400, "max_tokens: Field required (an integer >= 1)"
     if not isinstance(p.get("messages"), list) or not p["messages"]:
         return 400, "messages: Field required"
     if p.get("stream"):
         return 400, "stream: streaming is not supported in the Message Batches API"
-    refused = anthropic_request_error(p)
+    refused = anthropic_request_error(p, version)
     if refused is not None:
         return 400, refused
     text = " ".join(x.get("content", "") for x in _countable_messages(p["messages"]))
@@ -337,11 +348,14 @@ def _text(cfg: EmulatorConfig, cid: str, p: dict[str, Any], rng: random.Random) 
     return sentence(rng)
 
 
-def anthropic_result(cfg: EmulatorConfig, batch_id: str, req: dict[str, Any], seen: BatchCache) -> dict[str, Any]:
+def anthropic_result(
+    cfg: EmulatorConfig, batch_id: str, req: dict[str, Any], seen: BatchCache, version: str | None
+) -> dict[str, Any]:
     """The result line of request ``req`` (``{"custom_id", "params"}``) of batch ``batch_id``:
-    ``succeeded`` with its ``Message``, or ``errored``; ``seen`` is the batch's prompt cache."""
+    ``succeeded`` with its ``Message``, or ``errored``; ``seen`` is the batch's prompt cache;
+    ``version`` the ``anthropic-version`` whose rules apply."""
     cid, p = req["custom_id"], req["params"]
-    refused = _refusal(p)
+    refused = _refusal(cfg, p, version)
     if refused is not None:
         status, message = refused
         err = {"type": anthropic_error_type(status), "message": message}

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validating-s", type=float, default=0.5)
     ap.add_argument("--in-progress-s", type=float, default=1.5)
     ap.add_argument("--finalizing-s", type=float, default=0.5)
+    ap.add_argument("--model", action="append", default=[], help="A model it serves besides the shipped catalogue's.")
+    ap.add_argument("--models-file", default=None, help="A catalogue CSV whose models it serves too (read when it changes).")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             validating_s=args.validating_s,
             in_progress_s=args.in_progress_s,
             finalizing_s=args.finalizing_s,
+            extra_models=tuple(args.model),
+            models_file=args.models_file,
         )
     ).start()
     try:

@@ -74,6 +74,12 @@ class EmulatorConfig:
     data_dir: str | os.PathLike[str] | None = None
     shuffle_output: bool = True
     answer_fn: Callable[[str, dict[str, Any]], str] | None = None  # custom_id, body -> content
+    # The models it serves (rules.known_model): the shipped catalogue's (data/pricing.csv, with
+    # aliases and dated snapshots), these ids (e.g. Azure deployment names), and the ``model``
+    # column of this catalogue file (a user's pricing.csv; read again when it changes).  Any other
+    # id is answered 404 as the real API answers a model it does not know.
+    extra_models: tuple[str, ...] = ()
+    models_file: str | os.PathLike[str] | None = None
     leak_key_in_errors: bool = False  # test only: echo the presented key verbatim in 401 bodies
     # Provider quirks (adversarial tests): batches answered without their metadata; list
     # endpoints that ignore the ``after`` cursor (always the first page); file content sent

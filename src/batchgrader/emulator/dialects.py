@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from email.message import Message
 from typing import Any
 
+from batchgrader.core.providers import ANTHROPIC_API_VERSIONS
 from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_type
 from batchgrader.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
 from batchgrader.emulator.config import EmulatorConfig
@@ -119,6 +120,12 @@ class AnthropicDialect(Dialect):
             raise AnthropicApiError(401, "x-api-key header is required", type="authentication_error")
         if cfg.api_key is not None and key != cfg.api_key:
             raise AnthropicApiError(401, "invalid x-api-key", type="authentication_error")
+        # every call names its API version; one the API does not know is refused (directus-labs/extensions#285)
+        version = headers.get("anthropic-version")
+        if not version:
+            raise AnthropicApiError(400, "anthropic-version: header is required", type="invalid_request_error")
+        if version not in ANTHROPIC_API_VERSIONS:
+            raise AnthropicApiError(400, f'anthropic-version: "{version}" is not a valid version', type="invalid_request_error")
 
     def fault_body(self, status: int, message: str, etype: str, code: str | None) -> dict[str, Any]:
         return _anthropic_body(status, message)

@@ -25,6 +25,7 @@ from batchgrader.emulator.gemini import (
     gemini_result,
 )
 from batchgrader.emulator.prompt_cache import BatchCache
+from batchgrader.emulator.rules import known_model
 from batchgrader.emulator.spool import LinesWriter, read_jsonl, write_jsonl
 from batchgrader.emulator.state import State
 from batchgrader.fsio import atomic_write_bytes
@@ -68,7 +69,7 @@ class GeminiBatches:
 
     def create_batch(self, model: str, body: Any) -> dict[str, Any]:
         model = model.removeprefix("models/")
-        if not model.startswith("gemini-"):
+        if not model.startswith("gemini-") or not known_model(model, self.state.cfg):
             raise GeminiApiError(
                 404, f"models/{model} is not found for API version v1beta, or is not supported for batchGenerateContent."
             )

@@ -138,9 +138,16 @@ _ANTHROPIC: list[tuple[str, str, str, Callable[[Call], Answer]]] = [
         "POST",
         "/v1/messages/batches",
         "msg_create_batch",
-        lambda c: _batches_answer(c, c.store.anthropic.create_batch(_anthropic_json(c.body), len(c.body))),
+        lambda c: _batches_answer(
+            c, c.store.anthropic.create_batch(_anthropic_json(c.body), len(c.body), c.headers.get("anthropic-version"))
+        ),
     ),
-    ("POST", "/v1/messages", "msg_message", lambda c: (200, c.store.sync.message(_anthropic_json(c.body)))),
+    (
+        "POST",
+        "/v1/messages",
+        "msg_message",
+        lambda c: (200, c.store.sync.message(_anthropic_json(c.body), c.headers.get("anthropic-version"))),
+    ),
     ("GET", "/v1/messages/batches", "msg_list", lambda c: _batches_answer(c, c.store.anthropic.list_batches(c.query))),
     ("GET", "/v1/messages/batches/{id}", "msg_retrieve", lambda c: _batches_answer(c, c.store.anthropic.retrieve_batch(c.id))),
     ("DELETE", "/v1/messages/batches/{id}", "msg_delete", lambda c: _batches_answer(c, c.store.anthropic.delete_batch(c.id))),

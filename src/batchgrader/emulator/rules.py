@@ -10,14 +10,19 @@ refuses on the other, with the provider's own error shape:
   bound above the model's maximum; ``service_tier: "flex"`` on a model whose catalogue row has no
   flex tier (400 ``invalid_value``: the request is refused, not served at the standard tier);
 * :func:`anthropic_request_error` -> the message of a 400 ``invalid_request_error`` for Messages
-  params: ``temperature`` on a model that deprecated it, ``max_tokens`` above the maximum, a
+  params under an API version: ``temperature``, ``top_p`` or ``top_k`` on any model under
+  2026-10-21; under 2023-06-01 ``temperature`` on a model that deprecated it, ``max_tokens`` above the maximum, a
   thinking budget not below ``max_tokens``;
 * :func:`gemini_request_error` -> ``(code, status, message)`` for a ``GenerateContentRequest``;
 * :func:`reasoning_tokens` -> how many reasoning tokens one answer spends: hundreds to thousands
   by effort (as reasoning models spend them), so a small output bound truncates in the sandbox
   as it does live.
 
-Models the catalogue lacks are accepted (their rules are unknown here).
+* :func:`known_model` -> whether the emulator serves a model id (the shipped catalogue, and the
+  ids and catalogue file the emulator's configuration adds); each API answers any other id 404
+  with its own error shape, as the real APIs answer a model they do not know.
+
+A served model the catalogue lacks (an id the configuration adds) is accepted with no per-model rule.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from batchgrader.core.providers import anthropic_refused_sampling
+from batchgrader.emulator.config import EmulatorConfig
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.modelspec import ModelSpec
 
@@ -48,6 +55,45 @@ REASONING_DRAW = {
     "xhigh": (3_000, 12_000),
     "max": (3_000, 16_000),
 }
+
+
+_MODELS_FILE: dict[str, tuple[float, frozenset[str]]] = {}  # path -> (mtime, its model ids)
+
+
+def _file_models(path: str) -> frozenset[str]:
+    """The ``model`` (and ``aliases``) cells of a catalogue CSV, read again when it changes."""
+    import csv
+    import os
+
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return frozenset()
+    cached = _MODELS_FILE.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    ids: set[str] = set()
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            for row in csv.DictReader(fh):
+                ids.add((row.get("model") or "").strip().lower())
+                ids.update(a.strip().lower() for a in (row.get("aliases") or "").split("|"))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return frozenset()
+    out = frozenset(ids - {""})
+    _MODELS_FILE[path] = (mtime, out)
+    return out
+
+
+def known_model(model: str, cfg: EmulatorConfig) -> bool:
+    """Whether the emulator serves ``model``: a shipped catalogue row (an alias or a dated snapshot
+    of one included), one of ``cfg.extra_models``, or a row of ``cfg.models_file``."""
+    key = model.strip().lower()
+    if shipped_spec(key).provider is not None:  # every shipped row names its provider (cached lookup)
+        return True
+    if key in {m.strip().lower() for m in cfg.extra_models}:
+        return True
+    return cfg.models_file is not None and key in _file_models(str(cfg.models_file))
 
 
 def reasoning_tokens(spec: ModelSpec, effort: str | None, rng: random.Random, budget: int | None = None) -> int:
@@ -146,8 +192,13 @@ def _temperature_refused(spec: ModelSpec, effort: str | None) -> bool:
     return spec.temperature == "effort-none" and effort != "none"
 
 
-def anthropic_request_error(params: Mapping[str, Any]) -> str | None:
-    """The message of the 400 ``invalid_request_error`` Anthropic answers for these Messages params, or None."""
+def anthropic_request_error(params: Mapping[str, Any], version: str | None) -> str | None:
+    """The message of the 400 ``invalid_request_error`` Anthropic answers for these Messages params
+    under API ``version`` (the request's ``anthropic-version``), or None."""
+    for name in anthropic_refused_sampling(version):
+        if params.get(name) is not None:
+            # the migration guide names the refusal; its exact wording was not found offline
+            return f"`{name}` is not supported on API version {version}; remove it from the request."
     spec = shipped_spec(str(params.get("model") or ""))
     if params.get("temperature") is not None and spec.temperature == "deprecated":
         return "`temperature` is deprecated for this model."

@@ -43,6 +43,7 @@ from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_ty
 from batchgrader.emulator.common import ApiError
 from batchgrader.emulator.config import CHAT_ENDPOINT
 from batchgrader.emulator.gemini import GeminiApiError, gemini_result
+from batchgrader.emulator.rules import known_model
 from batchgrader.emulator.state import State
 from batchgrader.emulator.validation import check_input, request_of
 
@@ -194,6 +195,16 @@ class Sync:
             raise ApiError(400, "We could not parse the JSON body of your request.")
         if deployment is not None and not body.get("model"):
             body = {**body, "model": deployment}
+        model = str(body.get("model") or "")
+        if model and not known_model(model, self.state.cfg):
+            if deployment is not None:  # Azure: the deployment named in the path
+                raise ApiError(
+                    404,
+                    "The API deployment for this resource does not exist. If you created the deployment within the last "
+                    "5 minutes, please wait a moment and try again.",
+                    code="DeploymentNotFound",
+                )
+            raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found")
         if body.get("stream") is True:
             raise ApiError(400, "The emulator does not stream; send stream=false.", param="stream", code="unsupported_value")
         cid = "sync-" + _request_id("chat", body)
@@ -241,11 +252,15 @@ class Sync:
         with self.state.lock:
             return lim.admit(model, _estimate_tokens(body), self.state.clock())
 
-    def message(self, body: Any) -> dict[str, Any]:
-        """``POST /v1/messages``: the ``Message``, or the error its batch result would carry."""
+    def message(self, body: Any, version: str | None = None) -> dict[str, Any]:
+        """``POST /v1/messages``: the ``Message``, or the error its batch result would carry under
+        API ``version`` (the request's ``anthropic-version``)."""
         if not isinstance(body, dict):
             raise AnthropicApiError(400, "There was an issue with your request body: not valid JSON.")
-        refusal = self._admit(str(body.get("model") or ""), body)
+        model = str(body.get("model") or "")
+        if model and not known_model(model, self.state.cfg):
+            raise AnthropicApiError(404, f"model: {model}", type="not_found_error")
+        refusal = self._admit(model, body)
         if refusal is not None:
             raise AnthropicRateLimited(
                 f"This request would exceed the rate limit for your organization of {refusal.limit} {refusal.what} per minute. "
@@ -253,7 +268,8 @@ class Sync:
                 anthropic_limit_headers(refusal, self.state.clock()),
             )
         cid = "sync_" + _request_id("msg", body)
-        result = anthropic_result(self.state.cfg, "msgsync_" + cid, {"custom_id": cid, "params": body}, set())["result"]
+        req = {"custom_id": cid, "params": body}
+        result = anthropic_result(self.state.cfg, "msgsync_" + cid, req, set(), version)["result"]
         if result["type"] == "succeeded":
             msg = dict(result["message"])
             msg["usage"] = {**msg["usage"], "service_tier": "standard"}
@@ -265,7 +281,7 @@ class Sync:
     def generate_content(self, model: str, body: Any) -> dict[str, Any]:
         """``POST /v1beta/models/{model}:generateContent``."""
         model = model.removeprefix("models/")
-        if not model.startswith("gemini-"):
+        if not model.startswith("gemini-") or not known_model(model, self.state.cfg):
             raise GeminiApiError(
                 404, f"models/{model} is not found for API version v1beta, or is not supported for generateContent."
             )

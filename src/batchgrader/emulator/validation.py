@@ -27,7 +27,7 @@ from batchgrader.emulator.config import (
     token_limit_message,
 )
 from batchgrader.emulator.prompt_cache import BatchCache, openai_cached_tokens
-from batchgrader.emulator.rules import openai_request_error
+from batchgrader.emulator.rules import known_model, openai_request_error
 from batchgrader.emulator.state import (
     FAIL_CONTENT,
     FAIL_NONE,
@@ -169,6 +169,8 @@ class _LineChecker:
             item = _item_of(raw, self.seen)
             body, m = _body_of(item, self.endpoint, self.chat, self.azure)
             self._same_model(m)
+            if self.chat and not known_model(m, self.cfg):
+                raise _LineError("model_not_found", f"The provided model '{m}' is not supported by the Batch API.", "body.model")
             if self.chat and not isinstance(body.get("messages"), list):
                 raise _LineError("invalid_request", "Messages parameter is required.", "body.messages")
         except _LineError as e:

@@ -346,10 +346,11 @@ def check_pricing(home: Home, config: Config | None) -> list[Check]:
     return out
 
 
-def check_model_settings(config: Config | None) -> list[Check]:
+def check_model_settings(config: Config | None, today: date | None = None) -> list[Check]:
     """Each profile's settings against its model's catalogue row (temperature, reasoning effort,
-    output bound, structured output); a model without a row is the pricing check's."""
-    from batchgrader.pipeline.catalogue import catalogue_problems
+    output bound, structured output, a model past its shutdown date), and a warning for a model
+    that shuts down within 30 days; a model without a row is the pricing check's."""
+    from batchgrader.pipeline.catalogue import catalogue_problems, shutdown_warnings
     from batchgrader.pipeline.pricing import PricingError, load_pricing
 
     if config is None:
@@ -358,11 +359,12 @@ def check_model_settings(config: Config | None) -> list[Check]:
         table = load_pricing(config.pricing_path())
     except PricingError:
         return []  # the pricing check names the file, line and column
-    problems = catalogue_problems(config, table, missing=False)
-    if not problems:
-        return [Check("model settings", OK, "every profile's settings are ones its model accepts")]
+    problems = catalogue_problems(config, table, missing=False, today=today)
     fix = f"edit {config.home.config_file} as each message says (`bgctl models` lists what each model accepts)"
-    return [Check("model settings", FAIL, p, fix) for p in problems]
+    soon = [Check("model shutdown", WARN, w, fix) for w in shutdown_warnings(config, table, today)]
+    if not problems:
+        return [Check("model settings", OK, "every profile's settings are ones its model accepts"), *soon]
+    return [Check("model settings", FAIL, p, fix) for p in problems] + soon
 
 
 _COUNTING_ENDPOINT = {name: f.counting_endpoint for name, f in PROVIDER_FACTS.items() if f.counting_endpoint}
@@ -477,6 +479,7 @@ def run_checks(
     service_status: ServiceStatus | None | Literal["auto"] = "auto",
     require_key: bool = False,
     sandbox: bool = False,
+    today: date | None = None,
 ) -> list[Check]:
     """Run every check, in order: config, api key, secrets file, base url, pricing (per model),
     tokenizer (per model), home permissions, database, daemon.
@@ -486,7 +489,8 @@ def run_checks(
     :func:`batchgrader.tokens.get_encoding` (tests); ``service_status`` replaces the service
     manager query (``None``: do not query it).  ``require_key``: a missing API key fails (see
     :func:`check_api_key`).  ``sandbox`` (``bgctl doctor --sandbox``): the checks for
-    ``bgctl daemon --sandbox``, which needs no key and calls no provider (:func:`sandbox_checks`)."""
+    ``bgctl daemon --sandbox``, which needs no key and calls no provider (:func:`sandbox_checks`).
+    ``today`` (UTC today by default): the date models' shutdown dates are compared with."""
     base_env = dict(os.environ if environ is None else environ)
     secrets_check, env, file_secrets = check_secrets_file(home, base_env)
     from_file = {k: v for k, v in env.items() if base_env.get(k) != v}
@@ -503,7 +507,7 @@ def run_checks(
         for check in provider_checks().values():
             checks += check(config, timeout, _scrubber(secrets))
     checks += check_pricing(home, config)
-    checks += check_model_settings(config)
+    checks += check_model_settings(config, today)
     checks += check_encodings(config, encoding_loader)
     checks.append(check_permissions(home))
     checks.append(check_database(home))

@@ -5,6 +5,7 @@ and scrubbed again by :func:`batchgrader.ops.doctor.run_checks`)."""
 from __future__ import annotations
 
 from batchgrader.core.config import Config
+from batchgrader.core.providers import anthropic_refused_sampling
 from batchgrader.core.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check, _scrubber
 
@@ -19,9 +20,19 @@ def check_anthropic(config: Config | None, timeout: float) -> list[Check]:
     import anthropic
 
     names = ", ".join("default" if p.name == "default" else p.name for p in users)
+    version = config.default.anthropic_api_version
+    refused = anthropic_refused_sampling(version)
+    rule = f"{', '.join(refused)} refused on every model" if refused else "sampling parameters as each model's catalogue row says"
+    checks = [
+        Check(
+            "anthropic api version",
+            OK,
+            f"anthropic-version {version} (from {config.default.sources.get('anthropic_api_version', 'default')}): {rule}",
+        )
+    ]
     key = config.default.anthropic_api_key
     if not key:
-        return [
+        return checks + [
             Check(
                 "anthropic key",
                 FAIL,
@@ -30,10 +41,12 @@ def check_anthropic(config: Config | None, timeout: float) -> list[Check]:
             )
         ]
     source = config.default.sources.get("anthropic_api_key", "")
-    checks = [Check("anthropic key", OK, f"{mask_secret(key)} (from {source}; used by {names})")]
+    checks.append(Check("anthropic key", OK, f"{mask_secret(key)} (from {source}; used by {names})"))
     base_url = config.default.anthropic_base_url or "https://api.anthropic.com"
     scrub = _scrubber([key])
-    client = anthropic.Anthropic(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
+    client = anthropic.Anthropic(
+        api_key=key, base_url=base_url, timeout=timeout, max_retries=0, default_headers={"anthropic-version": version}
+    )
     try:
         client.messages.batches.list(limit=1)
         checks.append(Check("anthropic endpoint", OK, f"GET {base_url}/v1/messages/batches answered 200 with the key"))

@@ -14,6 +14,7 @@ model reasons (:func:`output_bound`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 from collections.abc import Iterable
 from types import MappingProxyType
@@ -29,6 +30,9 @@ __all__ = [
     "ANSWER_ROOM",
     "load_checked",
     "profile_problems",
+    "SHUTDOWN_WARN_DAYS",
+    "shutdown_warnings",
+    "today_of",
     "output_bound",
     "with_output_bounds",
 ]
@@ -41,6 +45,52 @@ ANTHROPIC_THINKING_BUDGET = {"minimal": 1024, "low": 1024, "medium": 4096, "high
 GEMINI_THINKING_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576, "xhigh": 24576, "max": 24576}
 #: output tokens kept for the visible answer above a thinking budget
 ANSWER_ROOM = 1024
+#: days before a model's shutdown date (its catalogue row's ``shutdown``) from which doctor,
+#: count and status warn about a profile on it; from that date on the profile is refused
+SHUTDOWN_WARN_DAYS = 30
+
+
+def _utc_today() -> datetime.date:
+    return datetime.datetime.now(datetime.UTC).date()
+
+
+def today_of(now: float | None) -> datetime.date:
+    """The UTC date of the epoch time ``now`` (None: today): what shutdown dates are compared with."""
+    return _utc_today() if now is None else datetime.datetime.fromtimestamp(now, datetime.UTC).date()
+
+
+def _shutdown_of(profile: Profile, price: Price) -> datetime.date | None:
+    """The shutdown date of the profile's model, when the profile sends to the provider that
+    announced it (an Azure deployment retires on Azure's own schedule, which the row does not hold)."""
+    spec = price.spec
+    if spec.shutdown is None or profile.values["provider"] != spec.provider:
+        return None
+    return datetime.date.fromisoformat(spec.shutdown)
+
+
+def _replacement(spec: ModelSpec) -> str:
+    if spec.successor:
+        return f"set 'model' to {spec.successor!r}, the replacement the provider names"
+    return "set 'model' to a current model (`bgctl models`; the provider names no replacement in the catalogue)"
+
+
+def shutdown_warnings(config: Config, table: PriceTable, today: datetime.date | None = None) -> list[str]:
+    """A message for each profile whose model shuts down within :data:`SHUTDOWN_WARN_DAYS` days
+    of ``today`` (UTC today by default), naming the date and the replacement."""
+    today = today or _utc_today()
+    out = []
+    for profile in _all_profiles(config):
+        model = profile.values["model"]
+        price = table.find(model)
+        end = _shutdown_of(profile, price) if price is not None else None
+        if end is None or not 0 < (end - today).days <= SHUTDOWN_WARN_DAYS:
+            continue
+        assert price is not None
+        out.append(
+            f"{_where(profile)}: model {model!r} shuts down on {end.isoformat()} ({(end - today).days} days); "
+            f"jobs not finished by then fail and nothing is sent to it from that day; {_replacement(price.spec)}"
+        )
+    return out
 
 
 def _where(profile: Profile) -> str:
@@ -69,9 +119,16 @@ def output_bound(profile: Profile, spec: ModelSpec) -> int:
     return value
 
 
-def profile_problems(profile: Profile, price: Price) -> list[str]:
-    """Each setting of ``profile`` that ``price``'s model refuses, as a message naming the fix."""
+def profile_problems(profile: Profile, price: Price, today: datetime.date | None = None) -> list[str]:
+    """Each setting of ``profile`` that ``price``'s model refuses, as a message naming the fix; a
+    model past its shutdown date (on ``today``, UTC today by default) is refused too."""
     spec, model, where = price.spec, profile.values["model"], _where(profile)
+    end = _shutdown_of(profile, price)
+    if end is not None and (today or _utc_today()) >= end:
+        return [
+            f"{where}: key 'model' is {model!r}, which {spec.provider} shut down on {end.isoformat()}: nothing is sent "
+            f"to it; {_replacement(spec)}"
+        ]
     effort_setting = profile.values.get("reasoning_effort")
     effort = spec.effective_effort(effort_setting)
     out: list[str] = []
@@ -203,7 +260,7 @@ def _all_profiles(config: Config) -> Iterable[Profile]:
     return (config.default, *config.profiles.values())
 
 
-def catalogue_problems(config: Config, table: PriceTable, missing: bool = True) -> list[str]:
+def catalogue_problems(config: Config, table: PriceTable, missing: bool = True, today: datetime.date | None = None) -> list[str]:
     """Every problem of every profile against ``table``; with ``missing``, a model the catalogue
     lacks is one too (its message names the closest known ids and how to add a row)."""
     out: list[str] = []
@@ -215,17 +272,17 @@ def catalogue_problems(config: Config, table: PriceTable, missing: bool = True) 
             if missing:
                 out.append(f"{_where(profile)}: key 'model': {exc}")
             continue
-        out += profile_problems(profile, price)
+        out += profile_problems(profile, price, today)
     return out
 
 
-def load_checked(config: Config, missing: bool = True) -> tuple[Config, PriceTable]:
+def load_checked(config: Config, missing: bool = True, today: datetime.date | None = None) -> tuple[Config, PriceTable]:
     """The catalogue (shipped rows, the user's rows, Azure deployments) and ``config`` with its
     output bounds resolved.  Raises :class:`PricingError` for a malformed user file (naming its
     file, line and column) and :class:`ConfigError` listing every setting a model refuses (and,
     with ``missing``, every model the catalogue lacks)."""
     table = with_deployments(load_pricing(config.pricing_path()), _all_profiles(config))
-    problems = catalogue_problems(config, table, missing)
+    problems = catalogue_problems(config, table, missing, today)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
@@ -299,6 +356,8 @@ def catalogue_rows(table: PriceTable) -> list[dict[str, Any]]:
                 "reasoning_default": spec.reasoning_default,
                 "reasoning_bound": spec.reasoning_bound,
                 "temperature": spec.temperature,
+                "shutdown": spec.shutdown,
+                "successor": spec.successor,
                 "output_param": spec.output_param,
                 "structured_output": spec.structured_output,
                 "min_cache_prefix": spec.min_cache_prefix,

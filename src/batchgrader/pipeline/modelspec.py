@@ -36,6 +36,11 @@ Each catalogue row carries, after the price columns (see :mod:`batchgrader.pipel
     ``yes`` or ``no``: whether the synchronous API serves the model at the flex tier (OpenAI
     ``service_tier: "flex"``, billed at the Batch prices of the row); empty: unknown, which
     ``route: flex`` refuses (see docs/providers.md for the sources).
+``shutdown``
+    the date (``YYYY-MM-DD``) the provider stops serving the model (empty: none announced): a
+    profile on it is refused from that day, and warned about in the 30 days before.
+``successor``
+    the model the provider names as its replacement (empty: none named).
 ``notes``
     where each figure came from and what could not be verified.
 
@@ -77,6 +82,8 @@ SPEC_COLUMNS = (
     "structured_output",
     "min_cache_prefix",
     "flex",
+    "shutdown",
+    "successor",
     "notes",
 )
 
@@ -112,6 +119,8 @@ class ModelSpec:
     structured_output: bool | None = None
     min_cache_prefix: int | None = None
     flex: bool | None = None
+    shutdown: str | None = None  # YYYY-MM-DD
+    successor: str | None = None
     notes: str | None = None
 
     def effective_effort(self, setting: str | None) -> str | None:
@@ -196,7 +205,22 @@ def _parse_cell(column: str, text: str) -> Any:
         return _choice(text, column, OUTPUT_PARAMS)
     if column in ("structured_output", "flex"):
         return _yes_no(text, column)
+    if column == "shutdown":
+        return _date(text, column)
+    if column == "successor":
+        return text.lower() or None
     return text or None  # notes
+
+
+def _date(text: str, column: str) -> str | None:
+    if not text:
+        return None
+    import datetime
+
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise CatalogueFormatError(f"column {column!r}: {text!r} must be a date YYYY-MM-DD, or empty") from None
 
 
 def _coherent(spec: ModelSpec) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import anthropic
 
+from batchgrader.core.providers import ANTHROPIC_DEFAULT_API_VERSION
 from batchgrader.core.secrets import mask_secret
 from batchgrader.pipeline.caching import CACHE_KEY_FIELD
 from batchgrader.pipeline.catalogue import anthropic_thinking
@@ -249,14 +250,28 @@ class AnthropicProvider:
     before sending again; to ``cancel``, :class:`ProviderUnavailable` (the engine asks again)."""
 
     def __init__(
-        self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = READ_RETRIES
+        self,
+        api_key: str | None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 120.0,
+        max_retries: int = READ_RETRIES,
+        api_version: str | None = None,
     ):
         if not api_key:
             raise ProviderConfigError("no Anthropic API key: set ANTHROPIC_API_KEY in the environment or secrets.env")
         self._key = api_key
+        #: the ``anthropic-version`` every call carries: the configured one, sent explicitly (the
+        #: SDK's own default moves with its releases; the rules checked at load are this version's)
+        self.api_version = api_version or ANTHROPIC_DEFAULT_API_VERSION
         http = anthropic.DefaultHttpxClient(event_hooks={"response": [_no_long_waits]})
         self._client = anthropic.Anthropic(
-            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries, http_client=http
+            api_key=api_key,
+            base_url=base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=http,
+            default_headers={"anthropic-version": self.api_version},
         )
         self._once = self._client.with_options(max_retries=0)
 
@@ -326,6 +341,17 @@ class AnthropicProvider:
         decoder = self._call("batch results", lambda: self._client.messages.batches.results(batch_id))
         for item in decoder:
             yield to_openai_result_line(item.model_dump(mode="json"))
+
+    def create_message(self, params: Mapping[str, Any]) -> Any:
+        """``messages.create`` sent once with these Messages params.  Params the SDK's signature
+        lacks (``temperature``, which anthropic >= 1.0 dropped; taken by API version 2023-06-01
+        on the models whose catalogue row allows it) go in the body as they are."""
+        import inspect
+
+        known = set(inspect.signature(self._once.messages.create).parameters)
+        kwargs = {k: v for k, v in params.items() if k in known}
+        extra = {k: v for k, v in params.items() if k not in known}
+        return self._once.messages.create(**kwargs, extra_body=extra or None)
 
     def count_tokens(self, model: str, line: Mapping[str, Any]) -> int:
         """Exact input tokens of one request, from the free ``messages.count_tokens`` endpoint."""

@@ -87,9 +87,15 @@ class AnthropicBatchProvider:
     """:class:`Provider` for Anthropic (see the module docstring)."""
 
     def __init__(
-        self, api_key: str | None, base_url: str | None = None, *, timeout: float = 120.0, max_retries: int = READ_RETRIES
+        self,
+        api_key: str | None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 120.0,
+        max_retries: int = READ_RETRIES,
+        api_version: str | None = None,
     ):
-        self.api = AnthropicProvider(api_key, base_url, timeout=timeout, max_retries=max_retries)
+        self.api = AnthropicProvider(api_key, base_url, timeout=timeout, max_retries=max_retries, api_version=api_version)
         self._inputs: dict[str, str] = {}  # batch id -> input file id (this process only)
 
     def __repr__(self) -> str:
@@ -206,7 +212,7 @@ class AnthropicBatchProvider:
         """One request line through the synchronous API (``client.messages.create``, sent once)
         with the params a batch would carry: the answer as an OpenAI batch output line."""
         request = to_anthropic_request(line)
-        msg = self.api._call("messages.create", lambda: self.api._once.messages.create(**request["params"]), idempotent=False)
+        msg = self.api._call("messages.create", lambda: self.api.create_message(request["params"]), idempotent=False)
         item = {"custom_id": request["custom_id"], "result": {"type": "succeeded", "message": msg.model_dump(mode="json")}}
         return to_openai_result_line(item)
 

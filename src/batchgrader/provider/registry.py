@@ -63,7 +63,7 @@ def _azure(key: Any, base: Any, timeout: float, config: Any) -> Provider:
 def _anthropic(key: Any, base: Any, timeout: float, config: Any) -> Provider:
     from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
 
-    return AnthropicBatchProvider(key, base, timeout=timeout)
+    return AnthropicBatchProvider(key, base, timeout=timeout, api_version=config.anthropic_api_version)
 
 
 def _gemini(key: Any, base: Any, timeout: float, config: Any) -> Provider:
@@ -82,7 +82,8 @@ def _anthropic_counter(settings: Any) -> TokenCounter | None:
     from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
 
     timeout = float(settings.get("request_timeout_seconds") or 120.0)
-    return AnthropicTokenCounter(AnthropicProvider(key, settings.get("anthropic_base_url"), timeout=timeout))
+    version = settings.get("anthropic_api_version")
+    return AnthropicTokenCounter(AnthropicProvider(key, settings.get("anthropic_base_url"), timeout=timeout, api_version=version))
 
 
 def _anthropic_sandbox_counter(key: str, url: str, timeout: float) -> TokenCounter:
