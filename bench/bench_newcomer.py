@@ -65,10 +65,14 @@ def main() -> None:
             cmd = readme_sandbox_command()
             dt, out = timed(cmd, work / "clone")
             state = "completed" if "completed" in out else "NOT COMPLETED"
-            rows.append(f"| the README's sandbox command on a fresh clone (venv, install, submit, daemon, status) | {dt:.1f} s | {state} |")
+            rows.append(
+                f"| the README's sandbox command on a fresh clone (venv, install, submit, daemon, status) | {dt:.1f} s | {state} |"
+            )
         t0 = time.perf_counter()
         timed([BGCTL, "init", str(work / "home")], work)
-        _dt, out = timed([BGCTL, "--home", str(work / "home"), "grade", str(work / "home/examples/reviews.csv"), "--sandbox"], work)
+        _dt, out = timed(
+            [BGCTL, "--home", str(work / "home"), "grade", str(work / "home/examples/reviews.csv"), "--sandbox"], work
+        )
         dt = time.perf_counter() - t0
         m = re.search(r"job \S+ (\w+), (\d+) rows", out)
         rows.append(
