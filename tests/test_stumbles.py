@@ -14,6 +14,33 @@ from batchgrader.pipeline.tables import open_table
 from cli_fixtures import run
 from harness import FAST_CONFIG, bgctl
 
+# --- submit refuses what count and the daemon refuse ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "code", "says"),
+    [
+        ("model: gpt-4o-mnii\n", 78, ["no price for model 'gpt-4o-mnii'", "Did you mean 'gpt-4o-mini'"]),
+        ("reference_column: lable\n", 2, ["'reference_column' is 'lable'", "did you mean 'label'"]),
+        (
+            "provider: anthropic\nmodel: claude-haiku-4-5\ntemperature: 0.5\n",
+            78,
+            ["'temperature'", "2026-10-21"],
+        ),
+    ],
+)
+def test_submit_refuses_a_file_the_daemon_would_refuse_and_queues_nothing(home: Home, tmp_path: Path, config, code, says) -> None:
+    """Issue 35: `submit` printed "queued" and exited 0 for a model typo or a label-column typo
+    that the daemon then refused (after a preflight, for the label)."""
+    home.config_file.write_text(config)
+    data = tmp_path / "a.csv"
+    data.write_text("id,response,label\n1,good,5\n2,bad,1\n")
+    res = run("submit", str(data))
+    assert res.exit_code == code, res.output
+    assert all(s in res.output for s in says), res.output
+    assert list(home.inbox.iterdir()) == []
+
+
 # --- a. a standing `encoding: latin-1` never turns a UTF-8 file into mojibake ----------------------
 
 

@@ -108,8 +108,13 @@ def submit_action(
     from batchgrader.pipeline.inbox import submit_file
     from batchgrader.pipeline.prepare import check_input
 
+    from batchgrader.pipeline.catalogue import load_checked
+
     check_submittable(file)
-    check_input(file, load_config().profile(profile), home)  # an unknown profile fails here too
+    config = load_config()
+    config.profile(profile)  # an unknown profile is named before anything else
+    config, _table = load_checked(config)  # what the daemon refuses to start with: a model the catalogue lacks, a refused setting
+    check_input(file, config.profile(profile), home)
     dest = submit_file(home.ensure(), file, profile, fresh=fresh)
     daemon = daemon_info(home)
     when = (

@@ -311,23 +311,16 @@ def _line_tokens(lines: Sequence[bytes], profile: Profile) -> list[int]:
 
 
 def check_input(path: Path, profile: Profile, home: Home) -> int:
-    """Read ``path`` through as :func:`prepare` would (its format, encoding, sheet and the
-    columns the profile's prompts need), without counting tokens: the number of rows, or the
-    :class:`InputError` :func:`prepare` (and ``bgctl count``) would raise for an empty,
-    undecodable or malformed file, or one without a required column.  For ``bgctl submit``."""
+    """Read ``path`` through as :func:`prepare` would (its format, encoding, sheet, the columns
+    the profile's prompts need and every other check of its header, :func:`open_checked`),
+    without counting tokens: the number of rows, or the :class:`InputError` :func:`prepare` (and
+    ``bgctl count``) would raise for an empty, undecodable or malformed file, or one without a
+    required column (a misspelt ``reference_column`` too).  For ``bgctl submit``."""
     builder = RequestBuilder(profile, home, "0" * 64)
     rows = 0
-    try:
-        with open_table(
-            Path(path),
-            required_columns=builder.required_columns(),
-            sheet=profile.get("sheet"),
-            encoding=profile.get("encoding", "utf-8"),
-        ) as reader:
-            for _row in reader:
-                rows += 1
-    except MissingColumn as exc:
-        raise missing_column_advice(exc, profile, builder.spec) from None
+    with open_checked(Path(path), profile, builder) as reader:
+        for _row in reader:
+            rows += 1
     return rows
 
 
