@@ -105,10 +105,9 @@ def submit_action(
     """`bgctl submit`: check the type, the profile and the file's contents (as `bgctl count` reads
     them: an empty, undecodable or malformed file, or one without a column the prompts need, is
     refused with count's message), then copy into the inbox atomically."""
+    from batchgrader.pipeline.catalogue import load_checked
     from batchgrader.pipeline.inbox import submit_file
     from batchgrader.pipeline.prepare import check_input
-
-    from batchgrader.pipeline.catalogue import load_checked
 
     check_submittable(file)
     config = load_config()
