@@ -308,3 +308,15 @@ def test_every_command_has_a_whole_summary_and_an_example_that_parses(home: Home
         for example in examples:
             used = {a.split("=")[0] for a in shlex.split(example) if a.startswith("-")}
             assert used <= known, f"{example}: no option {sorted(used - known)}"
+
+
+def test_bgctl_help_lists_every_command_in_a_section(home: Home) -> None:
+    """Issue 35: 19 top-level commands in one list; now grouped by what they are for, and a new
+    command no section names would show under "Other commands" rather than be hidden."""
+    from batchgrader.cli.commands import cli
+    from batchgrader.cli.helptext import SECTIONS
+
+    text = run("--help").output
+    assert [t for t in SECTIONS if f"\n{t}:\n" in text] == list(SECTIONS)
+    assert sorted(n for names in SECTIONS.values() for n in names) == sorted(cli.commands)
+    assert "Other commands" not in text

@@ -57,6 +57,14 @@ def map_exception(exc: BaseException) -> BgctlError | None:
 class ErrorMappingGroup(click.Group):
     """A click group whose commands never end in a traceback for a known problem."""
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The top level's commands in sections (cli/helptext.py); a subgroup's as click lists them."""
+        if ctx.parent is not None:
+            return super().format_commands(ctx, formatter)
+        from batchgrader.cli.helptext import format_sections
+
+        format_sections(self, ctx, formatter)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

@@ -28,7 +28,7 @@ HELP: dict[str, tuple[str, tuple[str, ...]]] = {
         "Queue a file and wait until its job ends; print the result's path.",
         ("bgctl grade answers.csv --profile scored", "bgctl grade reviews.csv --sandbox"),
     ),
-    "init": ("Write a starter config.yaml and an example file; overwrite nothing.", ("bgctl init ./bg-home",)),
+    "init": ("Write a starter config.yaml and example file; overwrite nothing.", ("bgctl init ./bg-home",)),
     "logs": ("The daemon's log: starts, stops, warnings and errors.", ("bgctl logs -f --max-seconds 60",)),
     "models": ("The model catalogue: prices, limits and rules.", ("bgctl models --provider anthropic",)),
     "rebuild": ("Recreate the status and cost tables from the event log.", ("bgctl rebuild",)),
@@ -48,6 +48,33 @@ HELP: dict[str, tuple[str, tuple[str, ...]]] = {
     "status": ("The jobs, or one job in detail.", ("bgctl status", "bgctl status 78db4dc4dc36", "bgctl status --watch")),
     "submit": ("Check a file as count does, then queue it in the inbox.", ("bgctl submit answers.csv --profile scored",)),
 }
+
+
+#: the top-level commands as ``bgctl --help`` lists them, by what they are for
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Get started": ("init", "examples", "grade"),
+    "Work": ("count", "submit", "daemon", "cancel", "retry", "split"),
+    "Inspect": ("status", "report", "costs", "events", "logs", "models", "config", "cache"),
+    "Administer": ("doctor", "service", "rebuild", "emulator"),
+}
+
+
+def format_sections(group: click.Group, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    """``bgctl --help``'s commands under :data:`SECTIONS` (a command no section names: under
+    "Other commands", so a new command is never hidden)."""
+    listed = {name for names in SECTIONS.values() for name in names}
+    rest = tuple(sorted(n for n in group.list_commands(ctx) if n not in listed))
+    sections = {**SECTIONS, **({"Other commands": rest} if rest else {})}
+    width = max((len(n) for names in sections.values() for n in names), default=0)
+    for title, names in sections.items():
+        rows = []
+        for name in names:
+            cmd = group.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name.ljust(width), cmd.get_short_help_str(limit=formatter.width - 6 - width)))
+        if rows:
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
 def epilog(examples: tuple[str, ...]) -> str:
