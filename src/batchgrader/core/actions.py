@@ -126,6 +126,7 @@ class CancelBatch(Action):
 
 @dataclass(frozen=True)
 class Release(Action):
+    reason: str = "budget allows it now"
     stage: ClassVar[int] = 3
 
 

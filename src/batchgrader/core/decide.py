@@ -283,6 +283,18 @@ def next_action(
     return None
 
 
+#: a job whose steps raised an unexpected error (a bug, or a fault nothing here foresaw) this many
+#: times in a row is held with that error (``JobHeld`` code :data:`STEP_FAILED`), never tried
+#: without end; ``bgctl retry`` tries it again, ``bgctl cancel`` ends it
+STEP_FAILURES_MAX = 5
+STEP_FAILED = "step_failed"
+
+
+def step_failed(job: JobState) -> bool:
+    """Whether the job is held because its steps kept raising (:data:`STEP_FAILURES_MAX`)."""
+    return bool(job.held) and (job.held or {}).get("code") == STEP_FAILED
+
+
 def decide_job(
     state: State,
     job_id: str,
@@ -301,6 +313,19 @@ def decide_job(
         return []  # set aside: its log cannot be read
     if job.ended:
         return _after_the_end(job)
+    if step_failed(job):  # held after its steps kept raising: until `bgctl retry` (its fold ends the hold) or `bgctl cancel`
+        if not job.cancel_requested:
+            return []
+        released = Release(job_id, "bgctl cancel of a job held for an unexpected error")
+        return [released, *_decide_rest(state, job, config, now, timers, step, queue_url)]
+    return _decide_rest(state, job, config, now, timers, step, queue_url)
+
+
+def _decide_rest(
+    state: State, job: JobState, config: Config, now: float, timers: Timers, step: Step, queue_url: str
+) -> list[Action]:
+    """:func:`decide_job` for a job that is not ended, corrupt or held for an unexpected error."""
+    job_id = job.job_id
     panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
     if panel is not None:
         return panel

@@ -38,7 +38,8 @@ class Schedule:
       duplicates cancelled so far;
     * ``create_refusals[chunk]``: creates refused at once for the queue limit, in a row;
     * ``download_failures[file] = (tries, not_before)``; ``outbox_failures[job]``: results not
-      written in a row;
+      written in a row; ``step_failures[job]``: steps of the job that raised an unexpected error,
+      in a row (at :data:`~batchgrader.core.decide.STEP_FAILURES_MAX` the job is held);
     * ``progress[chunk] = (when, done)``: the first poll that saw requests done;
       ``finalizing[chunk]``: when the batch was first seen finishing;
     * ``durations``: how long the last batches of each model took.
@@ -56,6 +57,7 @@ class Schedule:
     create_refusals: dict[ChunkKey, int] = field(default_factory=dict)
     download_failures: dict[FileKey, tuple[int, float]] = field(default_factory=dict)
     outbox_failures: dict[str, int] = field(default_factory=dict)
+    step_failures: dict[str, int] = field(default_factory=dict)  # job -> steps that raised unexpectedly, in a row
     progress: dict[ChunkKey, tuple[float, int]] = field(default_factory=dict)
     finalizing: dict[ChunkKey, float] = field(default_factory=dict)
     durations: Durations = field(default_factory=Durations)

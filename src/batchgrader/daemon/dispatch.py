@@ -101,7 +101,7 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         SendOnline: lambda a, job, now: OnlineStep.of(ctx, job).run(),
         Prepare: lambda a, job, now: s.prepare.prepare(job, now),
         CancelBatch: lambda a, job, now: stragglers.cancel(s, a, job),
-        Release: lambda a, job, now: ctx.emit(job.job_id, _e("JobReleased", reason="budget allows it now", override=False)),
+        Release: lambda a, job, now: ctx.emit(job.job_id, _e("JobReleased", reason=a.reason, override=False)),
         Reconcile: lambda a, job, now: reconcile(s, a, job),
         Poll: lambda a, job, now: s.collect.poll(job, job.chunks[a.chunk], ctx.mono),
         CheckDuplicates: lambda a, job, now: s.submit.check_duplicates(job, job.chunks[a.chunk]),

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast, overload
 
 from batchgrader.core.config import Config, Profile
-from batchgrader.core.decide import Action, Step, Timers, next_action, resubmit_delay, utc_day
+from batchgrader.core.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, Timers, next_action, resubmit_delay, utc_day
 from batchgrader.core.due import next_due
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState, State
@@ -177,6 +177,7 @@ class Engine:
             self.ctx.on_progress()
             try:
                 self.advance(job, now)
+                self.ctx.schedule.step_failures.pop(job.job_id, None)
             except DatabaseMoved:
                 raise  # never go on writing to a file nobody reads
             except (ProviderError, OSError) as exc:
@@ -184,7 +185,28 @@ class Engine:
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
                 self.failed = True
-                log.exception("job %s: unexpected error (will retry): %s", job.job_id, exc)
+                self._step_failed(job, exc)
+
+    def _step_failed(self, job: JobState, exc: Exception) -> None:
+        """A step of ``job`` raised what no rule foresaw: logged with its traceback and tried again
+        at the next tick; :data:`~batchgrader.core.decide.STEP_FAILURES_MAX` in a row hold the job
+        with the error (``bgctl retry`` tries again, ``bgctl cancel`` ends it), never a loop."""
+        n = self.ctx.schedule.step_failures.get(job.job_id, 0) + 1
+        self.ctx.schedule.step_failures[job.job_id] = n
+        if n < STEP_FAILURES_MAX or self.state.jobs[job.job_id].held:
+            log.exception("job %s: unexpected error (try %d of %d): %s", job.job_id, n, STEP_FAILURES_MAX, exc)
+            return
+        log.exception("job %s: unexpected error, %d times in a row: held", job.job_id, n)
+        reason = (
+            f"an unexpected error, {n} times in a row: {type(exc).__name__}: {exc}. The daemon's log has the "
+            f"traceback (`bgctl logs`); after a fix or an upgrade `bgctl retry {job.job_id}` tries again, "
+            f"`bgctl cancel {job.job_id}` ends it"
+        )
+        self.ctx.schedule.step_failures.pop(job.job_id, None)
+        try:
+            self.ctx.emit(job.job_id, _e("JobHeld", code=STEP_FAILED, reason=reason[:2000]))
+        except Exception:  # the log itself may be what fails: tried again after the next failures
+            log.exception("job %s: could not record the hold", job.job_id)
 
     def _ours(self, job: JobState) -> bool:
         """Whether this daemon takes ``job`` further.  A job it must leave alone

@@ -9,7 +9,9 @@ sets (``provider.now``).  Faults are scripted per operation and consumed one per
 * ``lost``: the call took effect but the reply was lost (:class:`OutcomeUnknown`);
 * ``dropped``: the call did not take effect and the caller cannot know (:class:`OutcomeUnknown`);
 * ``refused``: a definite 4xx (:class:`ProviderRejected`, with a status, message and code);
-* ``unavailable``: the provider cannot be reached (:class:`ProviderUnavailable`).
+* ``unavailable``: the provider cannot be reached (:class:`ProviderUnavailable`);
+* ``broken``: the client raises an error that is no provider error (a ``RuntimeError``: an SDK
+  bug, or a fault nothing foresaw).
 
 Rows answer with :attr:`MemoryProvider.answer` (a function of the custom id and the request
 body), ending with :attr:`MemoryProvider.finish_reason` (the same arguments; ``stop`` unless
@@ -38,7 +40,6 @@ from batchgrader.provider.openai_api import (
     FileInfo,
     FrozenMap,
     OutcomeUnknown,
-    ProviderError,
     ProviderRejected,
     ProviderUnavailable,
     RequestCounts,
@@ -57,7 +58,7 @@ OPERATIONS = (
     "delete_file",
     "complete",
 )
-FAULT_KINDS = ("lost", "dropped", "refused", "unavailable")
+FAULT_KINDS = ("lost", "dropped", "refused", "unavailable", "broken")
 
 
 # The HTTP status of a row error, as the real API answers it (a code not listed: 400, a bad request).
@@ -66,15 +67,17 @@ ROW_ERROR_STATUS = {"server_error": 500, "rate_limit_exceeded": 429, "timeout": 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # lost | dropped | refused | unavailable
+    kind: str  # lost | dropped | refused | unavailable | broken
     status_code: int = 400
     message: str = "refused by the in-memory provider"
     code: str | None = None
     match: str | None = None  # only a call whose argument (file name, id) contains this
     retry_after: float | None = None  # refused: the seconds the provider asks to wait (Retry-After)
 
-    def error(self, op: str) -> ProviderError:
+    def error(self, op: str) -> Exception:
         """The error the call ``op`` (the SDK method's name) raises under this fault."""
+        if self.kind == "broken":
+            return RuntimeError(f"scripted: {op} raised an error that is no provider error")
         if self.kind == "refused":
             return ProviderRejected(op, self.status_code, self.message, code=self.code, retry_after=self.retry_after)
         if self.kind == "unavailable":
