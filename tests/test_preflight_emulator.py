@@ -98,7 +98,7 @@ def test_the_preflight_goes_through_each_providers_sync_endpoint(home, provider)
     config, method, route = PROVIDERS[provider]
     home.config_file.write_text(BASE + config)
     (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(5)))
-    with Emulator(EmulatorConfig(api_key=TEST_KEY)) as emu:
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, extra_models=("grader-mini",))) as emu:  # the Azure deployment
         res = subprocess.run(
             [BGCTL, "daemon", "--once"],
             env=_env(home.root, emu, provider),

@@ -74,7 +74,7 @@ def test_answers_are_keyed_by_who_answers_and_count_predicts_the_daemons_reuse(t
     first, second = tmp_path / "first.csv", tmp_path / "second.csv"
     first.write_text(rows(range(0, 4)))
     second.write_text(rows(range(2, 7)))  # rows 2 and 3 were answered already
-    with Emulator(EmulatorConfig(seed=3)) as emu:
+    with Emulator(EmulatorConfig(seed=3, extra_models=("grader-deploy",))) as emu:  # the Azure deployment
         for name in ("o", "a", "g", "z"):
             bg(home, emu, "submit", str(first), "--profile", name)
         bg(home, emu, "daemon", "--once")
