@@ -75,6 +75,7 @@ def test_count_and_split_read_a_utf8_file_as_utf8_and_say_which_encoding(home: H
     assert json.loads(run("count", str(latin), "--json").output)["text_encoding"] == "iso8859-1"
 
 
+@pytest.mark.slow  # a sandbox daemon run in a subprocess
 def test_a_jobs_status_says_which_encoding_its_file_was_read_in(home: Home) -> None:
     home.config_file.write_text(FAST_CONFIG + "encoding: latin-1\n")
     (home.inbox / "utf8.csv").write_bytes("id,response\n1,café crème\n".encode())
@@ -147,6 +148,7 @@ def test_count_says_how_many_rows_have_an_empty_graded_column(home: Home, tmp_pa
     assert len(sent) == 2 and all("answer" in r["body"]["messages"][-1]["content"] for r in sent)
 
 
+@pytest.mark.slow  # a sandbox daemon run in a subprocess
 def test_skip_empty_leaves_empty_rows_ungraded_and_unbilled(home: Home) -> None:
     home.config_file.write_text(FAST_CONFIG + "skip_empty: true\n")
     (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
@@ -163,6 +165,7 @@ def test_skip_empty_leaves_empty_rows_ungraded_and_unbilled(home: Home) -> None:
     assert [r["answered_by"] for r in rows][0] and not rows[1]["grade"]
 
 
+@pytest.mark.slow  # a sandbox daemon run in a subprocess
 def test_without_skip_empty_status_says_the_empty_rows_were_sent(home: Home) -> None:
     home.config_file.write_text(FAST_CONFIG)
     (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
@@ -173,6 +176,7 @@ def test_without_skip_empty_status_says_the_empty_rows_were_sent(home: Home) -> 
     assert "sent and billed" in " ".join(bgctl(home.root, "status", job["job_id"]).stdout.split())
 
 
+@pytest.mark.slow  # a sandbox daemon run in a subprocess
 def test_skip_empty_takes_no_stored_answer_for_an_empty_row(home: Home) -> None:
     import csv
 
@@ -205,6 +209,7 @@ def test_skip_empty_holds_on_the_synchronous_paths(home: Home, setting: str) -> 
 # --- d. after the last job has ended, status does not warn that no daemon is running ----------------
 
 
+@pytest.mark.slow  # a sandbox daemon run in a subprocess
 def test_status_warns_of_no_daemon_only_when_something_waits_for_one(home: Home) -> None:
     home.config_file.write_text(FAST_CONFIG)
     (home.inbox / "answers.csv").write_text("id,response\n1,a fine answer\n")
@@ -261,6 +266,7 @@ def test_service_status_prints_words_not_python_values(home: Home) -> None:
 # --- g. a result and its report share their stem ---------------------------------------------------
 
 
+@pytest.mark.slow  # a sandbox daemon run in a subprocess
 def test_a_result_and_its_report_share_their_stem(home: Home) -> None:
     home.config_file.write_text(FAST_CONFIG + "write_report: true\n")
     home.outbox.mkdir(parents=True, exist_ok=True)
