@@ -47,9 +47,9 @@ def grade(
     written to config.yaml as a generated profile."""
     from pathlib import Path
 
-    from batchgrader.cli.actions import submit_action
     from batchgrader.core.config import load_config
     from batchgrader.ops import grade as g
+    from batchgrader.ops.actions import submit_action
 
     h = _home(home)
     g.check_mode(h, sandbox)  # a real daemon would not simulate: refused before anything is written
@@ -138,7 +138,7 @@ class Job:
 
     def cancel(self, reason: str = "cancelled from Python") -> dict[str, Any]:
         """Ask the daemon to cancel the job (as `bgctl cancel`): ``{accepted, message, ...}``."""
-        from batchgrader.cli.actions import control_action
+        from batchgrader.ops.actions import control_action
 
         if self.id is None:
             return {"accepted": False, "message": "the file waits in the inbox: no job to cancel yet"}

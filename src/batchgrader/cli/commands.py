@@ -177,7 +177,7 @@ def split(obj: Ctx, file: Path, out_dir: Path | None, profile: str | None, as_js
 @click.pass_obj
 def submit(obj: Ctx, file: Path, profile: str | None, as_json: bool, fresh: bool) -> None:
     """Copy FILE into the inbox atomically (the daemon picks it up)."""
-    from batchgrader.cli.actions import submit_action
+    from batchgrader.ops.actions import submit_action
 
     res = submit_action(obj.home, file, profile, obj.config, fresh=fresh)
     emit_json(res) if as_json else click.echo(res["message"])
@@ -222,7 +222,7 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
 @click.pass_obj
 def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
     """Cancel JOB's batches and end it with the partial results written."""
-    from batchgrader.cli.actions import control_action
+    from batchgrader.ops.actions import control_action
 
     no_db_guard(obj)
     _answer(control_action(obj.home, "cancel", job_id, reason), as_json)
@@ -242,7 +242,7 @@ def cancel(obj: Ctx, job_id: str, reason: str, as_json: bool) -> None:
 @click.pass_obj
 def retry(obj: Ctx, job_id: str, reason: str, bound: int | None, as_json: bool) -> None:
     """Resubmit the failed rows of a finished JOB (or submit a held JOB anyway) and rewrite its result."""
-    from batchgrader.cli.actions import control_action
+    from batchgrader.ops.actions import control_action
 
     no_db_guard(obj)
     _answer(control_action(obj.home, "retry", job_id, reason, max_completion_tokens=bound), as_json)
@@ -270,9 +270,9 @@ def _answer(res: dict, as_json: bool) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from batchgrader.cli.actions import daemon_info, inbox_files, note_unknown_profiles
     from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting, unfinished_jobs
     from batchgrader.fsio import shown_names
+    from batchgrader.ops.actions import daemon_info, inbox_files, note_unknown_profiles
     from batchgrader.store import queries as queries
 
     def show() -> None:

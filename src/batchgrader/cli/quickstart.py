@@ -1,6 +1,6 @@
 """`bgctl init` and `bgctl grade`: start a home, and grade one file from start to result in one
 command.  Thin: :mod:`batchgrader.ops.starter` writes the files, `submit`'s checks queue the file
-(:func:`batchgrader.cli.actions.submit_action`) and :mod:`batchgrader.ops.grade` waits for its job."""
+(:func:`batchgrader.ops.actions.submit_action`) and :mod:`batchgrader.ops.grade` waits for its job."""
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ def grade(obj: Ctx, file: Path, profile: str | None, sandbox: bool, timeout: flo
 
     A running daemon grades it; else the daemon runs in the foreground until the inbox is done,
     as `daemon --once` does. Exit 0, or 4 if the job ended failed."""
-    from batchgrader.cli.actions import submit_action
     from batchgrader.core.lock import DaemonError
     from batchgrader.ops import grade as g
+    from batchgrader.ops.actions import submit_action
 
     try:
         g.check_mode(obj.home, sandbox)

@@ -75,8 +75,8 @@ def watch_loop(home: Any, show_all: bool, now: float | None) -> None:
     """``bgctl status --watch``: a screen fitted to the terminal, every second, until Ctrl-C."""
     import time
 
-    from batchgrader.cli.actions import daemon_info, inbox_files
     from batchgrader.fsio import shown_names
+    from batchgrader.ops.actions import daemon_info, inbox_files
 
     try:
         while True:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from batchgrader.core.home import Home
 from batchgrader.fsio import atomic_write_bytes, fit_name, fsync_dir, shown_name
-from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by cli/actions too
+from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by ops/actions too
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
 CLAIM_FILE = "claim.json"

@@ -81,21 +81,21 @@ def note_unknown_profiles(home: Home, files: list[dict[str, Any]], profiles: Col
 
 
 def check_submittable(file: Path) -> None:
-    """Refuse, before copying, a file the daemon would reject for its type."""
-    from batchgrader.cli.errors import EXIT_USAGE, BgctlError
+    """Refuse, before copying, a file the daemon would reject for its type (an :class:`InputError`:
+    a usage error, exit 2)."""
     from batchgrader.pipeline.inbox import SUPPORTED_SUFFIXES, is_ignored
+    from batchgrader.pipeline.tables import InputError
 
     if not file.name.lower().endswith(SUPPORTED_SUFFIXES):
-        raise BgctlError(
-            f"{file}: unsupported file type {file.suffix or '(no extension)'!r}; the daemon reads "
+        raise InputError(
+            str(file),
+            f"unsupported file type {file.suffix or '(no extension)'!r}; the daemon reads "
             + ", ".join(SUPPORTED_SUFFIXES)
             + ". Convert it, or rename it if it already is one of those formats",
-            EXIT_USAGE,
         )
     if is_ignored(file.name):
-        raise BgctlError(
-            f"{file}: the daemon ignores files whose names start with '.' or '~' or end in .part, .tmp, ...; rename it",
-            EXIT_USAGE,
+        raise InputError(
+            str(file), "the daemon ignores files whose names start with '.' or '~' or end in .part, .tmp, ...; rename it"
         )
 
 
