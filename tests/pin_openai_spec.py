@@ -61,7 +61,11 @@ def pin(spec: dict[str, Any]) -> dict[str, Any]:
             continue
         keep[name] = _strip(schemas[name])
         todo.extend(_refs(keep[name]) - keep.keys())
-    return {"openapi": spec["openapi"], "info": {"version": spec["info"]["version"]}, "components": {"schemas": dict(sorted(keep.items()))}}
+    return {
+        "openapi": spec["openapi"],
+        "info": {"version": spec["info"]["version"]},
+        "components": {"schemas": dict(sorted(keep.items()))},
+    }
 
 
 def main() -> None:
