@@ -18,6 +18,7 @@ from batchgrader.emulator.config import (
     VALID_ENDPOINTS,
 )
 from batchgrader.emulator.files import cursor
+from batchgrader.emulator.openapi import batch_request_error
 from batchgrader.emulator.persistence import Persistence
 from batchgrader.emulator.results import Results
 from batchgrader.emulator.state import State, _Batch, _empty_usage
@@ -82,6 +83,8 @@ class Batches:
         metadata = body.get("metadata")
         if metadata is not None:
             _check_metadata(metadata)
+        if (invalid := batch_request_error(body)) is not None:
+            raise ApiError(400, invalid["message"], param=invalid["param"], code=invalid["code"])
         with self.state.lock:
             self.advance_all()
             now = self.state.clock()

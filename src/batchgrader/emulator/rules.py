@@ -5,7 +5,8 @@ synchronous endpoints call the same functions, so a request the sandbox refuses 
 refuses on the other, with the provider's own error shape:
 
 * :func:`openai_request_error` -> ``(status, error_body)`` of an OpenAI chat-completions request:
-  ``max_tokens`` on a reasoning model (400 ``unsupported_parameter``), a ``temperature`` other than 1 on a model that takes only its default (400 ``unsupported_value``,
+  first what OpenAI's OpenAPI spec forbids (:func:`~batchgrader.emulator.openapi.chat_request_error`:
+  ``temperature: 3``, ``n: 0``, a message ``role: robot``), then ``max_tokens`` on a reasoning model (400 ``unsupported_parameter``), a ``temperature`` other than 1 on a model that takes only its default (400 ``unsupported_value``,
   the message OpenAI gives), a ``reasoning_effort`` the model lacks or does not take, an output
   bound above the model's maximum; ``service_tier: "flex"`` on a model whose catalogue row has no
   flex tier (400 ``invalid_value``: the request is refused, not served at the standard tier);
@@ -33,6 +34,7 @@ from typing import Any
 
 from batchgrader.core.providers import anthropic_refused_sampling
 from batchgrader.emulator.config import EmulatorConfig
+from batchgrader.emulator.openapi import chat_request_error
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.modelspec import ModelSpec
 
@@ -113,6 +115,8 @@ def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
 
 def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
+    if (invalid := chat_request_error(body)) is not None:
+        return 400, {"error": invalid}
     spec = shipped_spec(str(body.get("model") or ""))
     for check in (_tier_error, _effort_error, _bounds_error):
         refused = check(body, spec)
