@@ -72,16 +72,48 @@ def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
     help="Only this provider's models.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: every column, source and notes included.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="List where the shipped prices and genai-prices disagree; exit 1 when a difference is not declared deliberate.",
+)
 @click.pass_obj
-def models(obj: Ctx, provider: str | None, as_json: bool) -> None:
-    """List the model catalogue: Batch prices, limits, reasoning and temperature rules, sources.
+def models(obj: Ctx, provider: str | None, as_json: bool, check: bool) -> None:
+    """List the model catalogue: Batch prices and where they come from, limits, reasoning and temperature rules.
 
-    The shipped rows with your pricing file's rows merged over them (docs/providers.md)."""
-    from batchgrader.cli.render import render_models
-    from batchgrader.pipeline.catalogue import catalogue_rows
+    Prices come from genai-prices where it has the model, else from the shipped rows, with your
+    pricing file's rows merged over them (docs/providers.md).  --check compares the shipped
+    prices with genai-prices and exits 1 on a difference not declared deliberate."""
+    from batchgrader.cli.context import fixed_now
+    from batchgrader.cli.render import render_models, render_price_check
+    from batchgrader.pipeline.catalogue import catalogue_rows, today_of
     from batchgrader.pipeline.pricing import load_pricing
 
-    rows = [r for r in catalogue_rows(load_pricing(obj.config().pricing_path())) if provider in (None, r["provider"])]
+    today = today_of(fixed_now())
+    if check:
+        from batchgrader.pipeline.maintained import differences, genai_prices_version
+        from batchgrader.pipeline.pricing import shipped_prices
+
+        shipped = {k: p for k, p in shipped_prices().items() if provider in (None, p.spec.provider)}
+        diffs = differences(shipped, today)
+        undeclared = [d for d in diffs if d.deliberate is None]
+        if as_json:
+            emit_json(
+                {
+                    "genai_prices": genai_prices_version(),
+                    "day": today.isoformat(),
+                    "rows": len(shipped),
+                    "differences": [d.as_dict() for d in diffs],
+                    "undeclared": len(undeclared),
+                }
+            )
+        else:
+            render_price_check(diffs, len(shipped), genai_prices_version(), today.isoformat())
+        if undeclared:
+            sys.exit(1)
+        return
+    table = load_pricing(obj.config().pricing_path(), day=today)
+    rows = [r for r in catalogue_rows(table) if provider in (None, r["provider"])]
     emit_json({"models": rows}) if as_json else render_models(rows)
 
 

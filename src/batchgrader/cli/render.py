@@ -53,7 +53,7 @@ def render_models(rows: list[dict[str, Any]]) -> None:
 
     for r in rows:
         t.add_row(
-            r["model"] + ("" if r["origin"] == "shipped" else " *"),
+            r["model"] + ("" if r["origin"] == "shipped" else " *") + (" °" if "shipped catalogue" in r["price_source"] else ""),
             f"{r['batch']['input_per_1m']:g}",
             f"{r['batch']['output_per_1m']:g}",
             k(r["context_window"]),
@@ -63,8 +63,41 @@ def render_models(rows: list[dict[str, Any]]) -> None:
         )
     console.print(t)
     console.print(
-        "reasons: the effort a reasoning model uses by default; temp: which temperatures it takes.  * from your pricing file.  "
-        "`bgctl models --json` adds the provider, efforts, cached and standard prices, sources and notes."
+        "reasons: the effort a reasoning model uses by default; temp: which temperatures it takes.  "
+        f"Prices from {_maintained_name(rows)} unless marked: ° from the shipped row (some or all), * from your pricing file.  "
+        "`bgctl models --json` adds the provider, efforts, cached and standard prices, each figure's source and notes; "
+        "`bgctl models --check` compares the shipped prices with genai-prices."
+    )
+
+
+def _maintained_name(rows: list[dict[str, Any]]) -> str:
+    """ "genai-prices X.Y.Z" as the rows name it (the maintained catalogue), else "the maintained catalogue"."""
+    for r in rows:
+        for src in r["price_sources"].values():
+            if src.startswith("genai-prices"):
+                return str(src)
+    return "the maintained catalogue (genai-prices)"
+
+
+def render_price_check(diffs: list[Any], rows: int, version: str | None, day: str) -> None:
+    """`bgctl models --check`: each figure where the shipped row and genai-prices disagree."""
+    console = make_console()
+    undeclared = [d for d in diffs if d.deliberate is None]
+
+    def fig(v: float | None) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    if diffs:
+        t = Table(title=f"Shipped prices against genai-prices {version} on {day} (Batch USD per 1M tokens, as billed)")
+        for col in ("model", "field", "ours", "theirs", "deliberate"):
+            t.add_column(col, no_wrap=col != "deliberate")
+        for d in diffs:
+            why = "NO: update the row or declare it" if d.deliberate is None else f"yes ({d.deliberate.checked_on})"
+            t.add_row(d.model, d.field, fig(d.ours), fig(d.theirs), why)
+        console.print(t)
+    console.print(
+        f"{rows} shipped rows, {len(diffs)} differences, {len(undeclared)} not declared deliberate "
+        "(pipeline/maintained.py DELIBERATE_DIFFERENCES; docs/providers.md)."
     )
 
 

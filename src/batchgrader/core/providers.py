@@ -48,6 +48,11 @@ class ProviderFacts:
     #: API version -> the sampling parameters it refuses on every model (a version not listed: the default's rules)
     api_versions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     default_api_version: str | None = None
+    #: its provider id in genai-prices (pipeline/maintained.py); None: its rows keep the shipped prices
+    genai_prices_id: str | None = None
+    #: a Batch cache hit pays the *standard* cache-read rate (Gemini's Batch guide: "the standard
+    #: context-caching rate"), used where genai-prices has no Batch price for a model
+    batch_cache_hit_at_standard: bool = False
 
     def refused_sampling(self, version: str | None) -> tuple[str, ...]:
         """The sampling parameters refused on every model under ``version`` (none when the provider
@@ -104,6 +109,7 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             offline_exact=True,
             cache_key="always",
             key_checked_by_profile=False,
+            genai_prices_id="openai",
         ),
         ProviderFacts(
             name="anthropic",
@@ -120,6 +126,7 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             api_version_setting="anthropic_api_version",
             api_versions=ANTHROPIC_API_VERSIONS,
             default_api_version=ANTHROPIC_DEFAULT_API_VERSION,
+            genai_prices_id="anthropic",
         ),
         ProviderFacts(
             name="gemini",
@@ -133,6 +140,8 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             offline_exact=False,
             counting_endpoint="Gemini's models.count_tokens",
             model_prefix="gemini-",
+            genai_prices_id="google",
+            batch_cache_hit_at_standard=True,
         ),
         ProviderFacts(
             name="azure",
@@ -145,6 +154,7 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             offline_exact=True,
             in_catalogue=False,
             deployment_model_setting="azure_model",
+            genai_prices_id="openai",  # a deployment runs an OpenAI model at OpenAI's prices
             # its api-version surface (learn.microsoft.com batch how-to; provider/azure_api.py AZURE_ENDPOINT)
             request_url="/chat/completions",
             other_env={"OPENAI_API_VERSION": "azure_api_version"},

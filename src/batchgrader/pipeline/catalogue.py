@@ -365,6 +365,8 @@ def catalogue_rows(table: PriceTable) -> list[dict[str, Any]]:
                 "source": p.source,
                 "notes": spec.notes,
                 "origin": p.origin,
+                "price_source": p.price_source,
+                "price_sources": dict(p.sources),
             }
         )
     return out

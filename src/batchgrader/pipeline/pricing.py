@@ -1,8 +1,11 @@
 """Batch API prices: the shipped table, user overrides, cost estimates and billed cost.
 
 Prices are USD per 1,000,000 tokens at *Batch* rates.  The package ships ``data/pricing.csv``;
-a user CSV with the same columns (normally ``pricing.csv`` in the home) is merged over it: a
-user row replaces the shipped row of the same model as a whole, or adds a model.
+at load time each shipped row's prices are replaced by ``genai-prices``' figures where it has
+the model (:mod:`batchgrader.pipeline.maintained`; the row's rule columns stay), and a user CSV
+with the same columns (normally ``pricing.csv`` in the home) is merged over that: a user row
+replaces the row of the same model as a whole, or adds a model.  Each price figure records its
+source (:attr:`Price.sources`).
 
 Columns: ``model,input_per_1m,cached_input_per_1m,output_per_1m,context_window,taken_on,source``.
 ``model``, ``input_per_1m`` and ``output_per_1m`` are required in every row; the other columns
@@ -24,12 +27,20 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from batchgrader.pipeline.maintained import (
+    DELIBERATE_DIFFERENCES,
+    PRICE_FIELDS,
+    SHIPPED_SOURCE,
+    USER_SOURCE,
+    genai_prices_source,
+    maintained_prices,
+)
 from batchgrader.pipeline.modelspec import SPEC_COLUMNS, CatalogueFormatError, ModelSpec, parse_spec
 
 __all__ = [
@@ -43,6 +54,7 @@ __all__ = [
     "billed_cost",
     "cache_saving",
     "with_deployments",
+    "with_maintained",
 ]
 
 COLUMNS = ("model", "input_per_1m", "cached_input_per_1m", "output_per_1m", "context_window", "taken_on", "source", *SPEC_COLUMNS)
@@ -79,6 +91,15 @@ class Price:
     origin: str = SHIPPED
     #: what the model accepts (provider, limits, reasoning, temperature, ...): the catalogue columns
     spec: ModelSpec = ModelSpec()
+    #: (price field, source) for each figure: "genai-prices X.Y.Z", "shipped catalogue" or "your pricing.csv";
+    #: a field neither a source nor the shipped row gives (its fallback rule applies) is left out
+    sources: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def price_source(self) -> str:
+        """Where the row's prices come from: one source, or the sources joined with " + "."""
+        seen = list(dict.fromkeys(src for _, src in self.sources))
+        return " + ".join(seen) if seen else (SHIPPED_SOURCE if self.origin == SHIPPED else USER_SOURCE)
 
     @property
     def effective_cached_per_1m(self) -> float:
@@ -313,8 +334,37 @@ def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None =
         if key in first_line:
             raise PricingError(f"{where}, column 'model': {model!r} is already listed on line {first_line[key]}")
         first_line[key] = line
-        out[key] = _price_row(cells, model, where, origin, (base or {}).get(key))
+        base_row = (base or {}).get(key)
+        price = _price_row(cells, model, where, origin, base_row)
+        out[key] = dataclasses.replace(price, sources=_sources(price, reader.fieldnames, origin, base_row))
     return out
+
+
+def _figures(price: Price) -> dict[str, float | None]:
+    spec = price.spec
+    return {
+        "input_per_1m": price.input_per_1m,
+        "cached_input_per_1m": price.cached_input_per_1m,
+        "output_per_1m": price.output_per_1m,
+        "cache_write_per_1m": spec.cache_write_per_1m,
+        "standard_input_per_1m": spec.standard_input_per_1m,
+        "standard_cached_input_per_1m": spec.standard_cached_input_per_1m,
+        "standard_output_per_1m": spec.standard_output_per_1m,
+    }
+
+
+def _sources(price: Price, header: Sequence[str], origin: str, base: Price | None) -> tuple[tuple[str, str], ...]:
+    """Each price figure's source: a user file's for every column its header has (an empty cell is
+    its choice), else the base row's; the shipped file's for each figure it gives."""
+    if origin == SHIPPED:
+        figures = _figures(price)
+        return tuple((f, SHIPPED_SOURCE) for f in PRICE_FIELDS if figures[f] is not None)
+    inherited = dict(base.sources) if base is not None else {}
+    return tuple(
+        (f, USER_SOURCE if f in header or base is None else inherited[f])
+        for f in PRICE_FIELDS
+        if f in header or base is None or f in inherited
+    )
 
 
 def _checked_header(header: Sequence[str | None] | None, name: str) -> list[str]:
@@ -374,13 +424,47 @@ def shipped_prices() -> dict[str, Price]:
     return _parse(text, "shipped pricing.csv", SHIPPED)
 
 
-def load_pricing(user_file: str | Path | None = None) -> PriceTable:
-    """The shipped prices with ``user_file`` (if given) merged over them by model name.
+def with_maintained(prices: Mapping[str, Price], day: date | None = None) -> dict[str, Price]:
+    """The shipped rows with their prices from ``genai-prices`` where it has the model, as valid
+    on ``day`` (UTC today when None); a figure it lacks, and a difference declared deliberate
+    (:data:`~batchgrader.pipeline.maintained.DELIBERATE_DIFFERENCES`), keep the shipped figure."""
+    day = day or datetime.now(UTC).date()
+    out: dict[str, Price] = {}
+    for key, price in prices.items():
+        theirs = maintained_prices(price.spec.provider or "", price.model, day)
+        if theirs is None:
+            out[key] = price
+            continue
+        taken = {f: v for f, v in theirs.items() if (price.model, f) not in DELIBERATE_DIFFERENCES}
+        # a figure kept on purpose is the shipped row's, even an empty one (its fallback rule on purpose)
+        own = dict(price.sources) | {f: SHIPPED_SOURCE for f in theirs if f not in taken}
+        sources = tuple((f, genai_prices_source() if f in taken else own[f]) for f in PRICE_FIELDS if f in taken or f in own)
+        spec_fields: dict[str, Any] = {f: v for f, v in taken.items() if f in _SPEC_PRICE_FIELDS}
+        out[key] = dataclasses.replace(
+            price,
+            input_per_1m=taken.get("input_per_1m", price.input_per_1m) or 0.0,
+            cached_input_per_1m=taken["cached_input_per_1m"] if "cached_input_per_1m" in taken else price.cached_input_per_1m,
+            output_per_1m=taken.get("output_per_1m", price.output_per_1m) or 0.0,
+            spec=dataclasses.replace(price.spec, **spec_fields),
+            sources=sources,
+        )
+    return out
+
+
+_SPEC_PRICE_FIELDS = ("cache_write_per_1m", "standard_input_per_1m", "standard_cached_input_per_1m", "standard_output_per_1m")
+
+
+def load_pricing(user_file: str | Path | None = None, day: date | None = None, maintained: bool = True) -> PriceTable:
+    """The shipped rows, their prices from ``genai-prices`` as valid on ``day`` (UTC today when
+    None; ``maintained=False``: the shipped prices as they are), with ``user_file`` (if given)
+    merged over them by model name.
 
     A given ``user_file`` must exist.  Any problem in it raises :class:`PricingError` naming the
     file, the line and the column.
     """
     prices = shipped_prices()
+    if maintained:
+        prices = with_maintained(prices, day)
     path: Path | None = None
     if user_file is not None:
         path = Path(user_file)
