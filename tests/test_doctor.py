@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -58,9 +59,16 @@ def env_for(emu: Emulator | None = None, key: str | None = KEY, **extra: str) ->
     return env
 
 
+#: the day the checks run on: gpt-4o-mini (the default model) shuts down on 2027-01-14, so from
+#: 2026-12-15 a real "today" adds a "model shutdown" warning these tests do not expect
+#: (tests/test_shutdown.py tests that warning)
+TODAY = datetime.date(2026, 11, 29)
+
+
 def run(home: Home, env: dict[str, str], **kw) -> list[Check]:
     kw.setdefault("service_status", None)
     kw.setdefault("timeout", 3.0)
+    kw.setdefault("today", TODAY)
     return run_checks(home, env, **kw)
 
 
