@@ -181,6 +181,16 @@ def test_file_upload_roundtrip_true_bytes_and_listing(client, emu):
     assert emu.files_created() == 3
 
 
+def test_batch_file_uploaded_as_raw_bytes(client, clock):
+    """The SDK sends raw bytes as a file named "upload" (no extension); OpenAI takes it as a batch
+    file (bespokelabs-curator uploads its batch file so), a name ending otherwise is refused."""
+    f = client.files.create(file=jsonl([chat_line("r1", "hello")]), purpose="batch")
+    assert f.filename == "upload" and f.purpose == "batch"
+    b = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+    done = run_to_terminal(client, clock, b.id)
+    assert done.status == "completed" and done.request_counts.completed == 1
+
+
 def test_upload_rejections(client, emu_factory):
     with pytest.raises(openai.BadRequestError, match="Must be .jsonl"):
         client.files.create(file=("input.csv", b"a,b\n", "text/csv"), purpose="batch")

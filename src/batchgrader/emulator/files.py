@@ -51,7 +51,9 @@ class Files:
                 code="invalid_value",
             )
         if purpose == "batch":
-            if not filename.endswith(".jsonl"):
+            # a name with another extension is refused; one without (the SDK names raw bytes
+            # "upload", as bespokelabs-curator sends its batch file) is accepted, as OpenAI does
+            if "." in filename.rsplit("/", 1)[-1] and not filename.endswith(".jsonl"):
                 raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file", code=None)
             size = data.stat().st_size if isinstance(data, Path) else len(data)
             if size > self.state.cfg.max_batch_file_bytes:
