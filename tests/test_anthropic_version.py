@@ -197,3 +197,16 @@ def test_the_synchronous_route_sends_a_temperature_the_pinned_version_takes(emu:
     }
     out = AnthropicBatchProvider(KEY, emu.root_url, timeout=10, api_version="2023-06-01").complete(line)
     assert out["response"]["status_code"] == 200 and out["response"]["body"]["choices"][0]["message"]["content"]
+
+
+def test_bgctl_models_shows_the_temperature_rule_of_the_version_sent(home: Home) -> None:
+    """A Claude row's own temperature rule ("any") holds only under 2023-06-01; `bgctl models`
+    showed it under 2026-10-21 too, where every sampling parameter is refused."""
+    from cli_fixtures import run
+
+    rows = {r["model"]: r for r in json.loads(run("models", "--provider", "anthropic", "--json").output)["models"]}
+    assert rows["claude-haiku-4-5"]["temperature"] == "none (API)"
+    assert rows["claude-haiku-4-5"]["temperature_api_version"] == ANTHROPIC_DEFAULT_API_VERSION
+    home.config_file.write_text('anthropic_api_version: "2023-06-01"\n')
+    rows = {r["model"]: r for r in json.loads(run("models", "--provider", "anthropic", "--json").output)["models"]}
+    assert rows["claude-haiku-4-5"]["temperature"] == "any"

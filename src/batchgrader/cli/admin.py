@@ -112,8 +112,10 @@ def models(obj: Ctx, provider: str | None, as_json: bool, check: bool) -> None:
         if undeclared:
             sys.exit(1)
         return
-    table = load_pricing(obj.config().pricing_path(), day=today)
-    rows = [r for r in catalogue_rows(table) if provider in (None, r["provider"])]
+    config = obj.config()
+    table = load_pricing(config.pricing_path(), day=today)
+    version = config.default.get("anthropic_api_version")  # the anthropic-version header sent
+    rows = [r for r in catalogue_rows(table, version) if provider in (None, r["provider"])]
     emit_json({"models": rows}) if as_json else render_models(rows)
 
 

@@ -63,7 +63,8 @@ def render_models(rows: list[dict[str, Any]]) -> None:
         )
     console.print(t)
     console.print(
-        "reasons: the effort a reasoning model uses by default; temp: which temperatures it takes.  "
+        "reasons: the effort a reasoning model uses by default; temp: which temperatures it takes "
+        "(none (API): the Anthropic API version sent, anthropic_api_version, refuses every sampling parameter).  "
         f"Prices from {_maintained_name(rows)} unless marked: ° from the shipped row (some or all), * from your pricing file.  "
         "`bgctl models --json` adds the provider, efforts, cached and standard prices, each figure's source and notes; "
         "`bgctl models --check` compares the shipped prices with genai-prices."

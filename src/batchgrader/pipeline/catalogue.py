@@ -327,8 +327,15 @@ def gemini_thinking(model: str, effort: str | None) -> dict[str, Any] | None:
     return {"thinkingBudget": GEMINI_THINKING_BUDGET.get(effort, 1024)}
 
 
-def catalogue_rows(table: PriceTable) -> list[dict[str, Any]]:
-    """One dict per catalogue row (``bgctl models``): its prices, limits, rules, source and origin."""
+def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) -> list[dict[str, Any]]:
+    """One dict per catalogue row (``bgctl models``): its prices, limits, rules, source and origin.
+    ``temperature`` is what the model takes as requests are sent: under an Anthropic API version
+    that refuses sampling parameters (core/providers.ANTHROPIC_API_VERSIONS), a Claude row's own
+    rule does not apply and the row says ``none (API)`` (``temperature_api_version`` names the version)."""
+    from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION
+
+    version = anthropic_api_version or ANTHROPIC_DEFAULT_API_VERSION
+    refused = "temperature" in ANTHROPIC_API_VERSIONS.get(version, ())
     out = []
     for key in sorted(table, key=lambda k: (table[k].spec.provider or "~", k)):
         p = table[key]
@@ -355,7 +362,8 @@ def catalogue_rows(table: PriceTable) -> list[dict[str, Any]]:
                 "reasoning_efforts": list(spec.reasoning_efforts),
                 "reasoning_default": spec.reasoning_default,
                 "reasoning_bound": spec.reasoning_bound,
-                "temperature": spec.temperature,
+                "temperature": "none (API)" if refused and spec.provider == "anthropic" else spec.temperature,
+                "temperature_api_version": version if spec.provider == "anthropic" else None,
                 "shutdown": spec.shutdown,
                 "successor": spec.successor,
                 "output_param": spec.output_param,
