@@ -40,6 +40,7 @@ from batchgrader.pipeline.maintained import (
     USER_SOURCE,
     genai_prices_source,
     maintained_prices,
+    shipped_figures,
 )
 from batchgrader.pipeline.modelspec import SPEC_COLUMNS, CatalogueFormatError, ModelSpec, parse_spec
 
@@ -340,24 +341,11 @@ def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None =
     return out
 
 
-def _figures(price: Price) -> dict[str, float | None]:
-    spec = price.spec
-    return {
-        "input_per_1m": price.input_per_1m,
-        "cached_input_per_1m": price.cached_input_per_1m,
-        "output_per_1m": price.output_per_1m,
-        "cache_write_per_1m": spec.cache_write_per_1m,
-        "standard_input_per_1m": spec.standard_input_per_1m,
-        "standard_cached_input_per_1m": spec.standard_cached_input_per_1m,
-        "standard_output_per_1m": spec.standard_output_per_1m,
-    }
-
-
 def _sources(price: Price, header: Sequence[str], origin: str, base: Price | None) -> tuple[tuple[str, str], ...]:
     """Each price figure's source: a user file's for every column its header has (an empty cell is
     its choice), else the base row's; the shipped file's for each figure it gives."""
     if origin == SHIPPED:
-        figures = _figures(price)
+        figures = shipped_figures(price)
         return tuple((f, SHIPPED_SOURCE) for f in PRICE_FIELDS if figures[f] is not None)
     inherited = dict(base.sources) if base is not None else {}
     return tuple(
