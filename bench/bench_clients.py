@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchdocs import machine, write_section  # noqa: E402
+from benchdocs import machine, publish  # noqa: E402
 
 SECTION = "## Third-party clients against the emulator (`bench/bench_clients.py`)"
 BGCTL = str(Path(sys.executable).parent / "bgctl")
@@ -334,10 +334,7 @@ def main() -> None:
         "bespokelabs-curator uploads so) was refused with `Must be .jsonl`; OpenAI takes it "
         "(`tests/test_emulator.py::test_batch_file_uploaded_as_raw_bytes`). Left: Responses batch lines (above).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_docs:
-        write_section(SECTION, text)
+    publish(SECTION, lines, write=not args.no_docs)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 from batchgrader.core.home import Home  # noqa: E402
-from benchdocs import machine, write_section  # noqa: E402
+from benchdocs import machine, publish  # noqa: E402
 from combos import FEATURES, INVARIANTS, count_of, matrix, run_combo, texts_of, violations  # noqa: E402
 
 SECTION = "## Combination matrix (`bench/bench_matrix.py`)"
@@ -73,10 +73,7 @@ def main() -> None:
         f"{len(combos)} combinations × {len(names)} invariants: "
         + ("**all hold**." if broken_total == 0 else f"**{broken_total} broken** (printed above)."),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_docs:
-        write_section(SECTION, text)
+    publish(SECTION, lines, write=not args.no_docs)
     if broken_total:
         raise SystemExit(1)
 

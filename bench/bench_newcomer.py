@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchdocs import machine, write_section  # noqa: E402
+from benchdocs import machine, publish  # noqa: E402
 
 SECTION = "## A newcomer's first minutes (`bench/bench_newcomer.py`)"
 BGCTL = str(Path(sys.executable).parent / "bgctl")
@@ -107,10 +107,7 @@ def main() -> None:
         "|---|---:|---|",
         *rows,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_docs:
-        write_section(SECTION, text)
+    publish(SECTION, lines, write=not args.no_docs)
 
 
 if __name__ == "__main__":

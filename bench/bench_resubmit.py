@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchdocs import machine, write_section  # noqa: E402
+from benchdocs import machine, publish  # noqa: E402
 
 SECTION = "## Resubmitting an answered file (`bench/bench_resubmit.py`)"
 BGCTL = str(Path(sys.executable).parent / "bgctl")
@@ -140,10 +140,7 @@ def main() -> None:
         + ", ".join(f"${by_key[k]['cost_usd'] + by_key[k]['simulated_usd']:.6f}" for k in ids)
         + ".",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_docs:
-        write_section(SECTION, text)
+    publish(SECTION, lines, write=not args.no_docs)
     if not (resubmit_ok and changed_ok):
         raise SystemExit(1)
 

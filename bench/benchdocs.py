@@ -26,6 +26,16 @@ def write_section(heading: str, text: str, path: Path = DOC) -> Path:
     return path
 
 
+def publish(heading: str, lines: list[str], write: bool) -> str:
+    """A benchmark's section (``lines``, starting with ``heading``): printed, and written into
+    docs/benchmarks.md when ``write``; returns its text."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if write:
+        write_section(heading, text)
+    return text
+
+
 def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
