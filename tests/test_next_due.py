@@ -13,8 +13,8 @@ import pytest
 from apscheduler.executors.pool import ThreadPoolExecutor
 
 from batchgrader.core.config import load_config
-from batchgrader.core.decide import preflight_delay
 from batchgrader.core.due import InboxTimes, next_due
+from batchgrader.core.preflight_rules import preflight_delay
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import State
 from batchgrader.daemon.tick_timer import TICK_FLOOR, TICK_JOB, TICK_LATE, TickOutcome, TickPace, TickTimer

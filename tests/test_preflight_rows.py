@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgrader.core.decide import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
+from batchgrader.core.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
 from batchgrader.core.state import JobState
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig

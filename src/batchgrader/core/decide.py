@@ -51,10 +51,11 @@ from batchgrader.core.actions import (
     Upload,
 )
 from batchgrader.core.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
-from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.core.config import Config, Profile
 from batchgrader.core.ending import ending, finish_actions, first_error  # noqa: F401 - part of the rules' interface
 from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
+from batchgrader.core.preflight_rules import preflight_due
 from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
 from batchgrader.core.route_rules import online_waits, sync_route
 from batchgrader.core.route_state import refused_rows
@@ -233,33 +234,6 @@ def retry_ids(job: JobState, profile: Profile) -> list[str]:
         and info.get("status") not in NEVER_RETRIED_STATUS
         and cid not in refused
     ]
-
-
-PREFLIGHT_FIRST_DELAY = 5.0  # seconds before the first preflight sent again after the provider could not be reached
-PREFLIGHT_MAX_DELAY = 300.0
-#: Tries of a preflight that meet only transient errors (connection, timeout, 5xx, 429): after
-#: this many the job fails with ``preflight_failed`` (about 10 minutes of backoff in all).
-PREFLIGHT_MAX_ATTEMPTS = 8
-
-
-def preflight_due(job: JobState, config: Config) -> bool:
-    """Whether the job's preflight is still to be (or being) sent: its profile asks for one
-    (``preflight_rows`` > 0), it has not passed and the job is not being cancelled (a cancelled
-    job is prepared at once, and its unsent rows fail as cancelled).  An unknown profile has
-    none (prepare fails the job for it)."""
-    if job.preflight == "passed" or job.cancel_requested:
-        return False
-    try:
-        rows = int(config.profile(job.profile).preflight_rows or 0)
-    except ConfigError:
-        return False
-    return rows > 0
-
-
-def preflight_delay(attempt: int) -> float:
-    """How long after the ``attempt``-th try that could not reach the provider the preflight is
-    sent again: 5 s, doubling, at most 5 minutes."""
-    return min(PREFLIGHT_MAX_DELAY, PREFLIGHT_FIRST_DELAY * 2 ** max(0, attempt - 1))
 
 
 # --- the decision -----------------------------------------------------------------------------------

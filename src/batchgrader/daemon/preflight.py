@@ -26,7 +26,7 @@ its request leaves), the ``complete`` call, then:
   tries that met only transient errors;
 * ``PreflightUnreachable``: a transient error (connection, timeout, lost reply, 5xx, 429); the
   rows not answered yet are sent again no earlier than the provider's Retry-After, else after
-  the backoff (:func:`~batchgrader.core.decide.preflight_delay`); the reason is the job's last
+  the backoff (:func:`~batchgrader.core.preflight_rules.preflight_delay`); the reason is the job's last
   error meanwhile (``bgctl status``).
 
 A synchronous request has no record at the provider to reconcile with, so a daemon killed
@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.config import ConfigError, Profile
-from batchgrader.core.decide import PREFLIGHT_MAX_ATTEMPTS, preflight_delay, utc_day
+from batchgrader.core.decide import utc_day
+from batchgrader.core.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
