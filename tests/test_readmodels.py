@@ -16,7 +16,8 @@ import pytest
 from rich.console import Console
 
 from batchgrader.cli.render_costs import bar, render_costs
-from batchgrader.cli.render_status import render_events, render_job, render_status
+from batchgrader.cli.render_events import render_events
+from batchgrader.cli.render_status import render_job, render_status
 from batchgrader.core.home import Home
 from batchgrader.core.schema import EVENTS, EVENTS_DDL
 from batchgrader.core.state import fold

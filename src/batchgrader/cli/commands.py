@@ -317,7 +317,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
 @click.pass_obj
 def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int | None) -> None:
     """The event log, newest last."""
-    from batchgrader.cli.render_status import render_events
+    from batchgrader.cli.render_events import render_events
     from batchgrader.fsio import shown_names
     from batchgrader.store import queries as queries
 

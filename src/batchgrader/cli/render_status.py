@@ -405,6 +405,8 @@ def render_job(detail: dict[str, Any], console: Console | None = None) -> None:
     recent = d.get("recent_events") or []
     if recent:
         console.print(Text(f"Recent events ({len(recent)} of {d.get('events_total', len(recent))}):", style="bold"))
+        from batchgrader.cli.render_events import render_events
+
         render_events(recent, console, show_job=False)
 
 
@@ -588,79 +590,6 @@ def render_waiting(
         console.print(Text("Start one with:", style="yellow"))
         for command in daemon.get("start") or ():
             console.print(Text(f"  {command}", style="bold"), soft_wrap=True)  # pasteable: never wrapped
-
-
-# --- events ----------------------------------------------------------------------------------------
-
-
-def _print_packed(parts: Sequence[str], console: Console, indent: int) -> None:
-    """``k=v`` parts packed into lines under ``indent`` spaces; a part longer than the line (a
-    path, an id) gets a line of its own and is never broken by us (the terminal soft-wraps it,
-    and a copy gives it back whole)."""
-    room = max(20, console.width - indent)
-    line = ""
-    pad = " " * indent
-    for part in parts:
-        if line and len(line) + 1 + len(part) > room:
-            console.print(Text(pad + line), soft_wrap=True)
-            line = ""
-        line = f"{line} {part}" if line else part
-    if line:
-        console.print(Text(pad + line), soft_wrap=True)
-
-
-def _brief_parts(payload: dict[str, Any]) -> list[str]:
-    parts = []
-    for k, v in payload.items():
-        if isinstance(v, list):
-            parts.append(f"{k}=[{len(v)}]")
-        elif isinstance(v, dict):
-            parts.append(f"{k}={json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(',', ':'))}")
-        elif v is not None:
-            parts.append(f"{k}={v}")
-    return parts
-
-
-def _brief(payload: dict[str, Any], width: int = 160) -> str:
-    parts = []
-    for k, v in payload.items():
-        if isinstance(v, list):
-            parts.append(f"{k}=[{len(v)}]")
-        elif isinstance(v, dict):
-            parts.append(f"{k}={json.dumps(v, ensure_ascii=False, sort_keys=True)}")
-        elif v is None:
-            continue
-        else:
-            parts.append(f"{k}={v}")
-    s = " ".join(parts)
-    return s if len(s) <= width else s[: width - 1] + "…"
-
-
-def render_events(events: Sequence[dict[str, Any]], console: Console | None = None, show_job: bool = True) -> None:
-    """One line per event (suits ``--follow``: call it with each new event)."""
-    console = _console(console)
-    narrow = console.width < NARROW + 20
-    for e in events:
-        line = Text()
-        line.append(f"{e['seq']:>7} ", style="dim")
-        line.append(short_ts(e.get("ts")) + " ", style="dim")
-        if show_job:
-            line.append(f"{e['job_id']:<14} ", style="bold")
-        style = (
-            "red"
-            if e["type"] in ("JobFailed", "ChunkFailed", "RowsFailed", "UploadFailed", "BatchCreateFailed", "FileRejected")
-            else ("green" if e["type"] in ("JobCompleted", "ChunkCompleted", "ResultWritten") else "cyan")
-        )
-        brief = _brief(e.get("payload") or {}, width=10**6)
-        if narrow or line.cell_len + 22 + len(brief) > console.width:
-            # the payload on its own lines, wrapped between words: ids and paths stay whole
-            line.append(e["type"], style=style)
-            console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
-            _print_packed(_brief_parts(e.get("payload") or {}), console, indent=8)
-            continue
-        line.append(f"{e['type']:<22}", style=style)
-        line.append(brief)
-        console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
 
 # --- costs -----------------------------------------------------------------------------------------
