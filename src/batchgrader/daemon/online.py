@@ -52,9 +52,10 @@ from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadlin
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
 from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.input_checks import check_input
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import check_input, first_requests, input_tokens_of
+from batchgrader.pipeline.prepare import first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
 from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.results import parse_line

@@ -6,7 +6,7 @@ The preflight's rows are the first ``preflight_rows`` requests prepare would act
 (:meth:`PreflightStep.rows`): a row with a usable stored answer, a row identical to an earlier
 one of the file, and a row prepare would fail alone as ``request_too_large`` are left out; with
 nothing left to send there is no preflight.  The input is opened through prepare's own checks
-(:func:`~batchgrader.pipeline.prepare.open_checked`: sheet, required columns, label and group
+(:func:`~batchgrader.pipeline.input_checks.open_checked`: sheet, required columns, label and group
 columns) and each row read is checked as prepare checks it (its id, its label), so a file prepare
 refuses fails the job (at prepare, with its own code) before anything is paid.
 
@@ -53,9 +53,10 @@ from batchgrader.daemon.context import Context
 from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.input_checks import open_checked
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import limits_for, open_checked, oversized_lines, request_lines
+from batchgrader.pipeline.prepare import limits_for, oversized_lines, request_lines
 from batchgrader.pipeline.pricing import PricingError, billed_cost, standard_price
 from batchgrader.pipeline.requests import RequestBuilder
 from batchgrader.pipeline.results import parse_line
@@ -164,7 +165,7 @@ class PreflightStep:
     def rows(self, job: JobState, profile: Profile) -> list[bytes]:
         """The request lines of the job's preflight: the first ``preflight_rows`` requests prepare
         would send (those of rows the preflight answered already included).  Raises what prepare
-        raises for the rows read (:func:`~batchgrader.pipeline.prepare.open_checked`,
+        raises for the rows read (:func:`~batchgrader.pipeline.input_checks.open_checked`,
         :func:`~batchgrader.pipeline.prepare.request_lines`)."""
         n = int(profile.preflight_rows or 0)
         if n <= 0:

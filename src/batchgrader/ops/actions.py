@@ -107,7 +107,7 @@ def submit_action(
     refused with count's message), then copy into the inbox atomically."""
     from batchgrader.pipeline.catalogue import load_checked
     from batchgrader.pipeline.inbox import submit_file
-    from batchgrader.pipeline.prepare import check_input
+    from batchgrader.pipeline.input_checks import check_input
 
     check_submittable(file)
     config = load_config()
