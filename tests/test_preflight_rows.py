@@ -313,3 +313,22 @@ def test_a_truncated_answer_on_the_second_row_fails_the_job_with_both_rows_paid_
     used = [u for u in rig.events("TokensUsed") if u["chunk"] == -1]
     assert len(used) == 2 and job.cost_usd == pytest.approx(sum(u["cost_usd"] for u in used)) and job.cost_usd > 0
     assert [a["custom_id"] for a in job.preflight_answers] == [_cid(rig, 1)]  # the truncated answer is not kept
+
+
+def test_a_config_edit_after_the_preflight_never_sends_its_rows_again(rig):
+    """Issue 32 item 5 ("a settings change applies to requests not yet sent and never re-sends
+    answered ones"): editing the system prompt after the preflight had paid for its 3 rows sent
+    them again in the batch, each paid twice."""
+    write(rig, "a.csv", TEXTS[:5])
+    rig.tick()
+    rig.tick()
+    assert len(rig.job().preflight_answers) == 3
+    rig.reconfigure("preflight_rows: 3\nsystem_prompt: Grade it strictly.\n")
+    for _ in range(10):
+        rig.tick()
+        rig.provider.finish_all()
+        if rig.job().ended:
+            break
+    paid = [cid for _job, cid, _body in rig.provider.billed]
+    assert rig.job().ended == "completed" and len(paid) == len(set(paid)) == 5
+    assert [r["answered_by"] for r in rig.result_rows()] == ["preflight"] * 3 + ["batch"] * 2

@@ -397,8 +397,8 @@ class OnlineStep:
 
 
 class _AnsweredOnlineFirst(ReuseProbe):
-    """A :class:`ReuseProbe` that keys a row the job's synchronous route answered with the key
-    it was answered under: a settings edit (prompt, model, output bound) after it was answered
+    """A :class:`ReuseProbe` that keys a row the job's preflight or synchronous route answered
+    with the key it was answered under: a settings edit (prompt, model, output bound) after it was answered
     changes the request prepare builds for it, but the row is answered and paid for, so it is
     taken, never sent again in a batch.  A row the provider refused for good is taken the same
     way, as a failed answer with the refusal's code and message (``refused``)."""
@@ -430,13 +430,16 @@ class _AnsweredOnlineFirst(ReuseProbe):
 def answered_online_first(
     probe: ReuseProbe | None, job: JobState, provider: str, on_send: Callable[[], None]
 ) -> ReuseProbe | None:
-    """The prepare step's reuse probe for ``job``: the rows its synchronous route answered are
-    found by their custom id (their answer's key), not by the request the settings build now,
+    """The prepare step's reuse probe for ``job``: the rows its preflight or its synchronous route
+    answered are found by their custom id (their answer's key), not by the request the settings
+    build now (a config edit after they were paid for never sends them again),
     and so are the rows the provider refused for good (they fail with the refusal).
     ``provider``/``on_send``: the probe's, for a job whose rows would all be sent otherwise."""
     from batchgrader.store.answers import StoredAnswer
 
-    pinned = {cid: str(a["key"]) for cid, a in job.online.answers.items()}
+    # the rows the job paid for itself before prepare (its preflight's, its route's): by custom id
+    pinned = {str(a["custom_id"]): str(a["key"]) for a in job.preflight_answers}
+    pinned.update({cid: str(a["key"]) for cid, a in job.online.answers.items()})
     refused: dict[str, Any] = {}
     tier = job.online.route or "online"
     for cid in refused_rows(job):
