@@ -71,7 +71,9 @@ def schema_allowance(response_format: dict[str, Any], encoding: str) -> int:
 
 def schema_info(response_format: dict[str, Any] | None, encoding: str, learned: float | None) -> dict[str, Any] | None:
     """``{sha256, allowance_tokens, per_request, source}`` for a JSON schema (None without one):
-    ``source`` is ``calibrated`` when a learned overhead is known, else ``allowance``."""
+    ``source`` is ``calibrated`` when a learned overhead is known, else ``allowance``.  A learned
+    overhead below 0 (the provider billed fewer prompt tokens than the offline count, which is an
+    estimate for some providers) adds nothing: an estimate is never below the count, nor negative."""
     sha = schema_sha256(response_format)
     if sha is None or response_format is None:
         return None
@@ -79,7 +81,7 @@ def schema_info(response_format: dict[str, Any] | None, encoding: str, learned: 
     return {
         "sha256": sha,
         "allowance_tokens": allowance,
-        "per_request": float(allowance) if learned is None else float(learned),
+        "per_request": float(allowance) if learned is None else max(0.0, float(learned)),
         "source": "allowance" if learned is None else "calibrated",
     }
 
