@@ -42,6 +42,7 @@ FEATURES: dict[str, list[Any]] = {
     "reuse": ["fresh", "resubmit", "changed", "duplicates"],
     "schema": [False, True],
     "provider": ["openai", "anthropic", "gemini"],
+    "edit": [False, True],  # the system prompt edited in config.yaml while the first job runs
 }
 
 # openai: a reasoning model with flex and no announced shutdown (gpt-5-mini shuts down on 2026-12-11)
@@ -65,6 +66,7 @@ class Combo:
     reuse: str
     schema: bool
     provider: str
+    edit: bool = False
 
     def __str__(self) -> str:
         return "-".join(
@@ -77,6 +79,7 @@ class Combo:
                 self.reuse,
                 "schema" if self.schema else "text",
                 self.provider,
+                *(["edited"] if self.edit else []),
             )
         )
 
@@ -108,10 +111,66 @@ def wanted_pairs() -> set[tuple[str, Any, str, Any]]:
 
 #: combinations the issue reported broken, whose faults need three features at once (pairs alone may miss them)
 REPORTED = [
-    {"route": "batch", "samples": 1, "judges": False, "preflight": 3, "reuse": "resubmit", "schema": False, "provider": "openai"},
-    {"route": "batch", "samples": 1, "judges": False, "preflight": 3, "reuse": "changed", "schema": True, "provider": "openai"},
-    {"route": "batch", "samples": 3, "judges": True, "preflight": 0, "reuse": "fresh", "schema": True, "provider": "openai"},
-    {"route": "online", "samples": 3, "judges": False, "preflight": 0, "reuse": "fresh", "schema": False, "provider": "openai"},
+    {
+        "route": "batch",
+        "samples": 1,
+        "judges": False,
+        "preflight": 3,
+        "reuse": "fresh",
+        "schema": False,
+        "provider": "openai",
+        "edit": True,
+    },
+    {
+        "route": "online",
+        "samples": 1,
+        "judges": False,
+        "preflight": 0,
+        "reuse": "fresh",
+        "schema": False,
+        "provider": "openai",
+        "edit": True,
+    },
+    {
+        "route": "batch",
+        "samples": 1,
+        "judges": False,
+        "preflight": 3,
+        "reuse": "resubmit",
+        "schema": False,
+        "provider": "openai",
+        "edit": False,
+    },
+    {
+        "route": "batch",
+        "samples": 1,
+        "judges": False,
+        "preflight": 3,
+        "reuse": "changed",
+        "schema": True,
+        "provider": "openai",
+        "edit": False,
+    },
+    {
+        "route": "batch",
+        "samples": 3,
+        "judges": True,
+        "preflight": 0,
+        "reuse": "fresh",
+        "schema": True,
+        "provider": "openai",
+        "edit": False,
+    },
+    {
+        "route": "online",
+        "samples": 3,
+        "judges": False,
+        "preflight": 0,
+        "reuse": "fresh",
+        "schema": False,
+        "provider": "openai",
+        "edit": False,
+    },
     {
         "route": "batch",
         "samples": 1,
@@ -208,8 +267,9 @@ class Driver:
     """Ticks a combination's rig, answering every batch as it is created; ``cancel_at``: at that
     tick, `bgctl cancel` the job then running (what was billed then is kept in ``billed_at_cancel``)."""
 
-    def __init__(self, rig: Rig, cancel_at: int | None = None) -> None:
+    def __init__(self, rig: Rig, cancel_at: int | None = None, edited: str | None = None) -> None:
         self.rig = rig
+        self.edited = edited  # the configuration put in place after the first job's second tick
         self.ticks = 0
         self.cancel_at = cancel_at
         self.cancelled: str | None = None
@@ -223,6 +283,8 @@ class Driver:
         for _ in range(limit):
             self.rig.tick(2.0)
             self.ticks += 1
+            if self.ticks == 2 and self.edited is not None:  # a settings change while the job runs
+                self.rig.reconfigure(self.edited)
             top = [j for j in self.rig.engine.state.jobs.values() if j.file == name and j.panel_of is None]
             if self.ticks == self.cancel_at and top and not top[-1].ended:
                 res = run("cancel", top[-1].job_id)
@@ -243,7 +305,8 @@ def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
     """Run combination ``c`` to its end and gather what every reader says of it."""
     rig = Rig(home, combo_config(c))
     rig.provider.answer = answer(c.schema)
-    out = Outcome(c, rig, Driver(rig, cancel_at))
+    edited = combo_config(c) + "system_prompt: Grade the answer strictly.\n" if c.edit else None
+    out = Outcome(c, rig, Driver(rig, cancel_at, edited))
     first, second = texts_of(c)
     write_file(home, "a.csv", first)
     out.jobs.append(out.driver.run_until_ended("a.csv"))
@@ -269,7 +332,7 @@ def count_of(home: Home, c: Combo, texts: list[str]) -> dict[str, Any]:
 
 #: the invariants every combination holds, by the name :func:`violations` reports a break under
 INVARIANTS = {
-    "paid once": "every distinct request answered and paid at most once, across all jobs",
+    "paid once": "every distinct request answered and paid at most once, across all jobs, and each row's request once per job (a settings edit included)",
     "result tokens = bill": "the token columns of the results sum to the usage the provider billed",
     "figures agree": "status, report --json, costs, the result file and the daemon's summary agree on rows, failures, tokens and cost",
     "count names the models": "count names every model that ran",
@@ -306,6 +369,11 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
     twice = [cid for _job, cid, body in p.billed if paid[request_key(cid, body)] > 1]
     if twice:
         broken["paid once"] = f"requests paid more than once: {sorted(set(twice))}"
+    per_row = Counter((job, cid) for job, cid, _body in p.billed)  # a row's (sample's) request, in its job
+    again = sorted(f"{job}:{cid}" for (job, cid), n in per_row.items() if n > 1)
+    if again:
+        broken.setdefault("paid once", "")
+        broken["paid once"] += f" rows paid more than once in their job: {again}"
     billed = billed_tokens(out)
     got = [result_tokens(rows) for rows in out.results]
     summed = (sum(g[0] for g in got), sum(g[1] for g in got))
