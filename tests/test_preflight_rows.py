@@ -28,18 +28,6 @@ def write(rig: Rig, name: str, texts: list[str]) -> None:
     (rig.home.inbox / name).write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
 
 
-def run_file(rig: Rig, name: str, texts: list[str]) -> JobState:
-    """Drop a file and tick (finishing every batch) until its job has ended."""
-    write(rig, name, texts)
-    for _ in range(40):
-        rig.tick()
-        rig.provider.finish_all()
-        jobs = [j for j in rig.engine.state.jobs.values() if j.file == name]
-        if jobs and jobs[-1].ended:
-            return jobs[-1]
-    raise AssertionError(f"{name} did not end")
-
-
 def job_of(rig: Rig, name: str) -> JobState:
     (job,) = [j for j in rig.engine.state.jobs.values() if j.file == name]
     return job
@@ -65,28 +53,28 @@ def _cid(rig: Rig, n: int) -> str:
 
 
 def test_a_resubmitted_fully_answered_file_sends_nothing_and_costs_nothing(rig):
-    first = run_file(rig, "a.csv", TEXTS)
+    first = rig.run_file("a.csv", TEXTS)
     assert first.ended == "completed" and len(completes(rig)) == 3 and batch_rows(rig) == 9
     creates = rig.calls("create_batch")
-    second = run_file(rig, "b.csv", TEXTS)
+    second = rig.run_file("b.csv", TEXTS)
     assert second.ended == "completed" and second.cached_rows == 12
     assert len(completes(rig)) == 3 and rig.calls("create_batch") == creates  # no preflight, no batch
     assert second.cost_usd == 0 and second.preflight is None
 
 
 def test_the_preflights_answers_are_stored_for_later_jobs(rig):
-    first = run_file(rig, "a.csv", TEXTS[:3])  # every row answered by the preflight: no batch
+    first = rig.run_file("a.csv", TEXTS[:3])  # every row answered by the preflight: no batch
     assert first.ended == "completed" and len(completes(rig)) == 3 and rig.calls("create_batch") == 0
-    second = run_file(rig, "b.csv", TEXTS[:3])
+    second = rig.run_file("b.csv", TEXTS[:3])
     assert second.ended == "completed" and second.cached_rows == 3 and second.cost_usd == 0
     assert len(completes(rig)) == 3  # nothing sent again
 
 
 def test_one_changed_row_is_the_only_request_and_the_preflight_sends_it(rig):
-    run_file(rig, "a.csv", TEXTS)
+    rig.run_file("a.csv", TEXTS)
     calls, creates = len(completes(rig)), rig.calls("create_batch")
     changed = [*TEXTS[:7], "a corrected essay", *TEXTS[8:]]
-    job = run_file(rig, "b.csv", changed)
+    job = rig.run_file("b.csv", changed)
     assert len(completes(rig)) == calls + 1 and rig.calls("create_batch") == creates  # one request, no batch
     assert job.ended == "completed" and job.succeeded_rows == 12 and job.saved_usd > 0
     rows = rig.result_rows("b_results.csv")
@@ -95,7 +83,7 @@ def test_one_changed_row_is_the_only_request_and_the_preflight_sends_it(rig):
 
 
 def test_identical_rows_are_sent_once_by_the_preflight(rig):
-    job = run_file(rig, "a.csv", ["same", "same", "same", "other"])
+    job = rig.run_file("a.csv", ["same", "same", "same", "other"])
     assert len(completes(rig)) == 2 and rig.calls("create_batch") == 0
     assert job.ended == "completed" and job.succeeded_rows == 4
 
@@ -288,14 +276,14 @@ def test_a_cancel_with_the_preflights_intent_open_sends_nothing(rig):
 
 
 def test_the_preflights_rows_are_not_sent_again_in_the_batch(rig):
-    job = run_file(rig, "a.csv", TEXTS[:5])
+    job = rig.run_file("a.csv", TEXTS[:5])
     assert len(job.preflight_answers) == 3 and batch_rows(rig) == 2
     by = [r["answered_by"] for r in rig.result_rows()]
     assert by.count("preflight") == 3 and by.count("batch") == 2
 
 
 def test_a_row_identical_to_a_preflight_row_is_a_duplicate_not_billed_twice(rig):
-    run_file(rig, "a.csv", ["same", "same", "other", "same"])
+    rig.run_file("a.csv", ["same", "same", "other", "same"])
     job = rig.job()
     rows = rig.result_rows()
     assert [r["answered_by"] for r in rows] == ["preflight", "duplicate", "preflight", "duplicate"]

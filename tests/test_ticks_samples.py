@@ -29,17 +29,6 @@ def sent(rig: Rig) -> int:
     return sum(b.request_counts.total for b in rig.provider.batches.values())
 
 
-def run_file(rig: Rig, name: str, texts: list[str]) -> JobState:
-    (rig.home.inbox / name).write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
-    for _ in range(40):
-        rig.tick()
-        rig.provider.finish_all()
-        jobs = [j for j in rig.engine.state.jobs.values() if j.file == name]
-        if jobs and jobs[-1].ended:
-            return jobs[-1]
-    raise AssertionError(f"{name} did not end")
-
-
 def test_each_row_is_sent_k_times_under_ids_derived_from_its_own(home):
     rig = Rig(home, "samples: 3\n")
     job = rig.drop(2)
@@ -79,17 +68,17 @@ def test_a_failed_sample_is_retried_alone_and_answers_are_reused_per_sample(home
     assert job.ended == "completed" and job.succeeded_rows == 6 and not job.failed_rows
     assert sent(rig) == 7  # 6 samples, one of them twice
     # the same rows again: every sample has a stored answer of its own, nothing is sent
-    second = run_file(rig, "b.csv", [f"review {i}" for i in range(2)])
+    second = rig.run_file("b.csv", [f"review {i}" for i in range(2)])
     assert second.cached_rows == 6 and second.requests == 0 and sent(rig) == 7
     rig.close()
 
 
 def test_more_samples_later_send_only_the_new_ones(home):
     rig = Rig(home, "samples: 2\n")
-    run_file(rig, "a.csv", TEXTS)
+    rig.run_file("a.csv", TEXTS)
     assert sent(rig) == 8
     rig.reconfigure("samples: 3\n")
-    job = run_file(rig, "b.csv", TEXTS)
+    job = rig.run_file("b.csv", TEXTS)
     assert job.cached_rows == 8 and job.requests == 4 and sent(rig) == 12
     rig.close()
 

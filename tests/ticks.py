@@ -57,6 +57,17 @@ class Rig:
         assert self.tick()[:2] == ["JobAccepted", "JobPrepared"]
         return self.job()
 
+    def run_file(self, name: str, texts: list[str]) -> JobState:
+        """Drop a file ``id,response`` of ``texts`` and tick (finishing every batch) until its job has ended."""
+        (self.home.inbox / name).write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+        for _ in range(40):
+            self.tick()
+            self.provider.finish_all()
+            jobs = [j for j in self.engine.state.jobs.values() if j.file == name]
+            if jobs and jobs[-1].ended:
+                return jobs[-1]
+        raise AssertionError(f"{name} did not end")
+
     def job(self) -> JobState:
         (job,) = [j for j in self.engine.state.jobs.values() if not j.rejected]
         return job
