@@ -33,7 +33,7 @@ def output_file(path: Path, ids: list[str]) -> None:
         body = {
             "id": "chatcmpl-x",
             "object": "chat.completion",
-            "model": "gpt-4o-mini",
+            "model": "gpt-5.4-mini",
             "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "A fair grade. " * 22}, "finish_reason": "stop"}
             ],

@@ -48,7 +48,7 @@ from batchgrader.emulator import Emulator, EmulatorConfig  # noqa: E402
 
 BGCTL = str(Path(sys.executable).parent / "bgctl")
 KEY = "sk-bench-schedule-0123456789abcdef"
-MODEL = "gpt-4o-mini"
+MODEL = "gpt-5.4-mini"
 SECTION = "## Time to results and peak memory (`bench/bench_schedule.py`)"
 WORDS = (
     "the a product quality service delivery price support team value order refund fast slow good poor "
@@ -423,7 +423,7 @@ def write_docs(sched: list[dict], mem: list[dict], batch_s: float, argv: str) ->
         "Default settings (no `max_simultaneous_batches`, no `split_token_limit`, `poll_interval_seconds` 60: the wait "
         f"between polls adapts to the batch's age); a batch takes {batch_s:g} s (5 % validating, 90 % in progress, "
         "5 % finalizing). "
-        "Requests are ~370 prompt tokens (gpt-4o-mini). Ideal = ceil(tokens / limit) rounds x batch time + `bgctl count` "
+        "Requests are ~370 prompt tokens (gpt-5.4-mini). Ideal = ceil(tokens / limit) rounds x batch time + `bgctl count` "
         "of the same file. (a) no queue limit; (b) a limit of 45 % of the file's tokens that the daemon is not told "
         "(it learns it from the first refusal).",
         "",

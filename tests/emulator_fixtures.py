@@ -19,7 +19,7 @@ from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import OpenAIProvider
 
 API_KEY = "sk-emulator-test-key-0123456789abcdef"
-MODEL = "gpt-4o-mini"
+MODEL = "gpt-5.4-mini"
 CHAT = "/v1/chat/completions"
 
 

@@ -301,7 +301,7 @@ def test_cancel_while_a_chunk_waits_on_the_queue_limit_ends_the_job_cancelled(ho
     from batchgrader.store.eventstore import NewEvent
 
     write_rows(home.inbox / "a.csv", 10)
-    cfg = EmulatorConfig(api_key=TEST_KEY, token_limits={"gpt-4o-mini": 300}, in_progress_s=3.0)
+    cfg = EmulatorConfig(api_key=TEST_KEY, token_limits={"gpt-5.4-mini": 300}, in_progress_s=3.0)
     with Emulator(cfg) as emu, EventStore(home.db) as store:
         engine = make_engine(home, emu, store, "split_row_limit: 5\nmax_simultaneous_batches: 2\n")
         # refused, and waiting for room (its file uploaded ahead of it, or not yet)

@@ -30,7 +30,7 @@ schemas = st.none() | st.fixed_dictionaries(
 @st.composite
 def requests(draw) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": draw(st.sampled_from(["gpt-4o-mini", "gpt-4.1-mini", "o3-mini"])),
+        "model": draw(st.sampled_from(["gpt-5.4-mini", "gpt-4.1-mini", "o3-mini"])),
         "messages": draw(messages),
         draw(st.sampled_from(["max_completion_tokens", "max_tokens"])): draw(st.integers(1, 5000)),
     }
@@ -111,7 +111,7 @@ def test_a_key_per_field(field):
         "method": "POST",
         "url": "/v1/chat/completions",
         "body": {
-            "model": "gpt-4o-mini",
+            "model": "gpt-5.4-mini",
             "messages": [{"role": "system", "content": "Grade it."}, {"role": "user", "content": "essay"}],
             "max_completion_tokens": 100,
             "temperature": 0,
@@ -151,7 +151,7 @@ def _profiles(tmp_path, environ: dict[str, str]) -> dict[str, Any]:
         "  o:\n    provider: openai\n    model: claude-haiku-4-5\n"
         "  a:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
         "  g:\n    provider: gemini\n    model: gemini-2.5-flash\n"
-        "  z:\n    provider: azure\n    model: my-deployment\n    azure_model: gpt-4o-mini\n"
+        "  z:\n    provider: azure\n    model: my-deployment\n    azure_model: gpt-5.4-mini\n"
     )
     cfg = load_config(Home(tmp_path), environ=environ)
     return {name: cfg.profile(name) for name in ("o", "a", "g", "z")}
@@ -189,7 +189,7 @@ def test_provider_id_of_names_who_answers_each_profile(tmp_path):
 # --- the plan ------------------------------------------------------------------------------------
 
 
-def _line(cid: str, user: str, model: str = "gpt-4o-mini") -> bytes:
+def _line(cid: str, user: str, model: str = "gpt-5.4-mini") -> bytes:
     body = {"model": model, "messages": [{"role": "user", "content": user}], "max_completion_tokens": 10}
     return (json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n").encode()
 
@@ -285,7 +285,7 @@ def test_the_fast_per_job_keys_equal_the_canonical_ones(rows, system):
 
     def line(cid: str, user: str) -> bytes:
         body = {
-            "model": "gpt-4o-mini",
+            "model": "gpt-5.4-mini",
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "max_completion_tokens": 50,
         }

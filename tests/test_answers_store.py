@@ -19,7 +19,7 @@ def row(key: str, content: str = "yes", finish: str | None = "stop") -> dict:
     return {
         "key": key,
         "provider": "sandbox",
-        "model": "gpt-4o-mini",
+        "model": "gpt-5.4-mini",
         "content": content,
         "finish_reason": finish,
         "prompt_tokens": 10,

@@ -200,10 +200,12 @@ def test_a_deployment_is_priced_as_the_model_it_runs_or_refused(tmp_path: Path) 
     with pytest.raises(PricingError) as e:
         with_deployments(prices, [cfg.profile("az")])
     assert "profile 'az'" in str(e.value) and "'azure_model'" in str(e.value) and DEPLOYMENT in str(e.value)
-    home.config_file.write_text(f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n    azure_model: gpt-4o-mini\n")
+    home.config_file.write_text(
+        f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n    azure_model: gpt-5.4-mini\n"
+    )
     priced = with_deployments(prices, [load_config(home, environ={}).profile("az")])
-    assert priced.get(DEPLOYMENT).input_per_1m == prices.get("gpt-4o-mini").input_per_1m
-    assert priced.get(DEPLOYMENT).model == DEPLOYMENT and "gpt-4o-mini" in priced
+    assert priced.get(DEPLOYMENT).input_per_1m == prices.get("gpt-5.4-mini").input_per_1m
+    assert priced.get(DEPLOYMENT).model == DEPLOYMENT and "gpt-5.4-mini" in priced
     home.config_file.write_text(f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n    azure_model: gpt-99\n")
     with pytest.raises(PricingError, match="'azure_model' is 'gpt-99'"):
         with_deployments(prices, [load_config(home, environ={}).profile("az")])
@@ -219,10 +221,12 @@ def test_count_refuses_an_unpriced_deployment_naming_the_profile(home: Home, tmp
     f.write_text("response\nan essay\n")
     res = CliRunner().invoke(cli, ["count", str(f), "--profile", "az"])
     assert res.exit_code != 0 and "profile 'az'" in res.output and "azure_model" in res.output
-    home.config_file.write_text(f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n    azure_model: gpt-4o-mini\n")
+    home.config_file.write_text(
+        f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n    azure_model: gpt-5.4-mini\n"
+    )
     res = CliRunner().invoke(cli, ["count", str(f), "--profile", "az", "--json"])
     summary = json.loads(res.output)
-    assert summary["input_tokens_exact"] is True and summary["encoding"] == "o200k_base"  # gpt-4o-mini's tokenizer
+    assert summary["input_tokens_exact"] is True and summary["encoding"] == "o200k_base"  # gpt-5.4-mini's tokenizer
     assert summary["estimated_cost_usd"]["input"] > 0
 
 
@@ -246,7 +250,7 @@ def test_prepared_azure_lines_and_the_create_use_chat_completions(
 ) -> None:  # noqa: ANN001
     from batchgrader.pipeline.requests import RequestBuilder
 
-    home.config_file.write_text(f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-4o-mini\n", encoding="utf-8")
+    home.config_file.write_text(f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-5.4-mini\n", encoding="utf-8")
     prof = load_config(home, environ={}).default
     builder = RequestBuilder(prof, home, "0" * 64)
     path = tmp_path / "bg-job1-c0-a0.jsonl"

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 AZURE_KEY = "azure-test-key-never-written-0123456789"
 DEPLOYMENT = "grader-mini-batch"
 SERVED = (DEPLOYMENT, "scorer-4o")  # the deployments the emulator serves (any other name: 404)
-CONFIG = FAST_CONFIG + SPLIT + (f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-4o-mini\n")
+CONFIG = FAST_CONFIG + SPLIT + (f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-5.4-mini\n")
 
 
 def env_for(home: Path, emu: Emulator, key: str | None = AZURE_KEY, endpoint: bool = True) -> dict[str, str]:
@@ -122,7 +122,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     assert sum(int(r["input_tokens"]) for r in rows) == reported_in
     assert sum(int(r["output_tokens"]) for r in rows) == reported_out
     (job,) = state_of(home).jobs.values()
-    expected = (reported_in * 0.075 + reported_out * 0.30) / 1e6  # gpt-4o-mini batch prices, via azure_model
+    expected = (reported_in * 0.075 + reported_out * 0.30) / 1e6  # gpt-5.4-mini batch prices, via azure_model
     assert job.cost_usd == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
@@ -131,7 +131,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     [
         (CONFIG, None, True, "AZURE_OPENAI_API_KEY"),
         (CONFIG, AZURE_KEY, False, "AZURE_OPENAI_ENDPOINT"),
-        (CONFIG.replace("azure_model: gpt-4o-mini\n", ""), AZURE_KEY, True, "set 'azure_model' in the default profile"),
+        (CONFIG.replace("azure_model: gpt-5.4-mini\n", ""), AZURE_KEY, True, "set 'azure_model' in the default profile"),
         (
             FAST_CONFIG + f"profiles:\n  az:\n    provider: azure\n    model: {DEPLOYMENT}\n",
             AZURE_KEY,

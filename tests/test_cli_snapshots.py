@@ -86,7 +86,7 @@ def test_busy_tables_keep_ids_states_counts_and_amounts_whole(home: Home, name: 
         wholes = ["completed_with_errors", "194352796bbb-4", "$53.7963", "$39.9074", "5 ok/7", "2 failed"]
     else:
         wholes = ["115,555,752", "40,370,439", "$167.8702", "$39.9074"]
-        wholes += ["194352796bbb-4", "$53.7963"] if name == "costs_by_job" else ["gpt-4o-mini"]
+        wholes += ["194352796bbb-4", "$53.7963"] if name == "costs_by_job" else ["gpt-5.4-mini"]
     for whole in wholes:
         assert whole in res.output
     rows = [ln for ln in table.splitlines() if ln.startswith(" ")]

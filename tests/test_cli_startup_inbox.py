@@ -45,7 +45,7 @@ def test_commands_while_the_daemon_creates_its_database_say_no_jobs_yet(home: Ho
 
 
 def test_a_file_in_a_folder_that_names_no_profile_says_why_it_waits(home: Home) -> None:
-    home.config_file.write_text("profiles:\n  essays: {model: gpt-4o-mini}\n")
+    home.config_file.write_text("profiles:\n  essays: {model: gpt-5.4-mini}\n")
     (home.inbox / "typo").mkdir()
     (home.inbox / "typo" / "a.csv").write_text("id,response\n1,x\n")
     (home.inbox / "essays").mkdir()

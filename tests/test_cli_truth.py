@@ -15,7 +15,7 @@ from cli_fixtures import golden_home, run
 from harness import BGCTL, TEST_KEY, bgctl, daemon_env
 
 SCHEMA_CONFIG = """\
-model: gpt-4o-mini
+model: gpt-5.4-mini
 response_format:
   type: object
   properties:
@@ -320,12 +320,12 @@ def test_daemon_once_exits_4_when_a_job_failed_and_names_the_users_file(home: Ho
 
 
 def test_unknown_model_gets_did_you_mean_and_the_docs_not_a_price_line(home: Home, tmp_path: Path) -> None:
-    home.config_file.write_text("model: gpt-4o-mni\ndefault_encoding: o200k_base\n")
+    home.config_file.write_text("model: gpt-5.4-minii\ndefault_encoding: o200k_base\n")
     res = run("count", str(write_rows(tmp_path / "a.csv", 2)), columns=200)
     assert res.exit_code == 3
-    assert "Did you mean 'gpt-4o-mini'" in res.output
+    assert "Did you mean 'gpt-5.4-mini'" in res.output
     assert "https://developers.openai.com/api/docs/pricing" in res.output
-    assert "gpt-4o-mni," not in res.output
+    assert "gpt-5.4-minii," not in res.output
 
 
 def test_a_config_with_several_errors_lists_them_all(home: Home) -> None:

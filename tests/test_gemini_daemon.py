@@ -74,7 +74,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
       additionalProperties: false
   gpt:
     provider: openai
-    model: gpt-4o-mini
+    model: gpt-5.4-mini
 """,
     )
     (home / "inbox" / "scored").mkdir()

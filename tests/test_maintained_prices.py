@@ -103,7 +103,7 @@ def test_real_lookups_map_provider_and_model_and_batch_rule():
     haiku = maintained_prices("anthropic", "claude-haiku-4-5", CHECKED)
     assert haiku is not None and haiku["input_per_1m"] == 0.5 and haiku["cache_write_per_1m"] == 0.625
     # an Azure deployment's model is priced as OpenAI's
-    assert maintained_prices("azure", "gpt-4o-mini", CHECKED) == maintained_prices("openai", "gpt-4o-mini", CHECKED)
+    assert maintained_prices("azure", "gpt-5.4-mini", CHECKED) == maintained_prices("openai", "gpt-5.4-mini", CHECKED)
     # no batch variant (gemini-3.7-flash): 50% of standard, a Batch cache hit at Gemini's standard caching rate
     g = maintained_prices("gemini", "gemini-3.7-flash", CHECKED)
     assert g is not None and (g["input_per_1m"], g["output_per_1m"], g["cached_input_per_1m"]) == (0.375, 1.875, 0.075)

@@ -63,7 +63,7 @@ def test_openai_refuses_temperature_on_a_model_that_takes_only_its_default(emu: 
             chat_line("t1", "Grade.", model="gpt-5-mini", temperature=1, max_completion_tokens=25_000),
         ],
     )
-    rows |= openai_batch(emu, clock, [chat_line("g4", "Grade.", model="gpt-4o-mini", temperature=0)])
+    rows |= openai_batch(emu, clock, [chat_line("g4", "Grade.", model="gpt-4.1-nano", temperature=0)])
     refused = rows["t0"]["response"]
     assert refused["status_code"] == 400
     assert refused["body"]["error"] == {
@@ -93,8 +93,8 @@ def test_openai_refuses_an_effort_the_model_lacks_and_a_bound_above_its_maximum(
         emu,
         clock,
         [
-            chat_line("4o", "Grade.", model="gpt-4o-mini", reasoning_effort="low"),
-            chat_line("big", "Grade.", model="gpt-4o-mini", max_completion_tokens=20_000),
+            chat_line("4o", "Grade.", model="gpt-4.1-nano", reasoning_effort="low"),
+            chat_line("big", "Grade.", model="gpt-4.1-nano", max_completion_tokens=40_000),
         ],
     )
     rows |= openai_batch(emu, clock, [chat_line("xh", "Grade.", model="gpt-5", reasoning_effort="xhigh")])
@@ -103,7 +103,7 @@ def test_openai_refuses_an_effort_the_model_lacks_and_a_bound_above_its_maximum(
     assert rows["xh"]["response"]["body"]["error"]["code"] == "unsupported_value"
     assert "'reasoning_effort' does not support 'xhigh'" in rows["xh"]["response"]["body"]["error"]["message"]
     assert rows["4o"]["response"]["body"]["error"]["code"] == "unsupported_parameter"
-    assert rows["big"]["response"]["body"]["error"]["message"].startswith("max_tokens is too large: 20000.")
+    assert rows["big"]["response"]["body"]["error"]["message"].startswith("max_tokens is too large: 40000.")
 
 
 def test_openai_reasoning_spends_hundreds_to_thousands_and_a_small_bound_truncates(emu: Emulator, clock: ManualClock) -> None:
@@ -243,7 +243,7 @@ def builder(home: Home, text: str) -> RequestBuilder:
 def test_openai_lines_carry_reasoning_effort_and_the_models_bound(home: Home) -> None:
     body = builder(home, "model: gpt-5-mini\nreasoning_effort: low\n").request("c1", [{"role": "user", "content": "x"}])["body"]
     assert body["reasoning_effort"] == "low" and body["max_completion_tokens"] == 25_000
-    body = builder(home, "model: gpt-4o-mini\n").request("c1", [{"role": "user", "content": "x"}])["body"]
+    body = builder(home, "model: gpt-4.1-nano\n").request("c1", [{"role": "user", "content": "x"}])["body"]
     assert "reasoning_effort" not in body and body["max_completion_tokens"] == 1000
 
 

@@ -154,7 +154,7 @@ def test_a_job_held_by_a_daily_limit_is_looked_at_again_at_the_next_utc_day(home
 def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(home):
     from batchgrader.core.stragglers import MIN_MARGIN_SECONDS
 
-    rig = Rig(home, "deadline: 1h\nmodel: gpt-4o-mini\nrescan_interval_seconds: 86400\n")
+    rig = Rig(home, "deadline: 1h\nmodel: gpt-5.4-mini\nrescan_interval_seconds: 86400\n")
     try:
         job = rig.drop(3)
         rig.tick()

@@ -30,7 +30,7 @@ from batchgrader.core.outcomes import (
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.settle import ANSWERED_SETTLE, DUPLICATE_CHECK_EVERY, LOST_REPLY_SLACK, CreateSent
 
-TOKEN_LIMIT = "Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: 90,000 enqueued tokens."
+TOKEN_LIMIT = "Enqueued token limit reached for gpt-5.4-mini in organization org-x. Limit: 90,000 enqueued tokens."
 
 
 # --- downloads ------------------------------------------------------------------------------------

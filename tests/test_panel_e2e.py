@@ -32,7 +32,7 @@ profiles:
     reference_column: human
     reference_field: score
   gpt:
-    model: gpt-4o-mini
+    model: gpt-5.4-mini
   claude:
     provider: anthropic
     model: claude-haiku-4-5

@@ -86,7 +86,7 @@ PROVIDERS = {
     "anthropic": ("provider: anthropic\nmodel: claude-haiku-4-5\n", "POST", "/v1/messages"),
     "gemini": ("provider: gemini\nmodel: gemini-2.5-flash-lite\n", "POST", "/v1beta/models/{model}:generateContent"),
     "azure": (
-        "provider: azure\nmodel: grader-mini\nazure_model: gpt-4o-mini\n",
+        "provider: azure\nmodel: grader-mini\nazure_model: gpt-5.4-mini\n",
         "POST",
         "/openai/deployments/{id}/chat/completions",
     ),

@@ -45,9 +45,9 @@ def test_one_request_per_row_with_exact_tokens(tmp_path, home):
     first = lines[0]
     assert first["method"] == "POST" and first["url"] == "/v1/chat/completions"
     body = first["body"]
-    assert body["model"] == "gpt-4o-mini" and body["max_completion_tokens"] == 1000 and "temperature" not in body
+    assert body["model"] == "gpt-5.4-mini" and body["max_completion_tokens"] == 1000 and "temperature" not in body
     assert body["messages"][1] == {"role": "user", "content": "Please evaluate the following text: good"}
-    assert list(prep.tokens) == [ChatTokenCounter("gpt-4o-mini", num_threads=1).count(l["body"]["messages"]) for l in lines]
+    assert list(prep.tokens) == [ChatTokenCounter("gpt-5.4-mini", num_threads=1).count(l["body"]["messages"]) for l in lines]
     assert prep.sizes[0] == len((json.dumps(first, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
 
 
@@ -150,8 +150,8 @@ def test_count_json_has_the_documented_keys_and_costs(tmp_path, home):
     assert [c["requests"] for c in data["chunks"]] == [4, 4, 2]
     assert sum(c["input_tokens"] for c in data["chunks"]) == data["input_tokens"]
     est = data["estimated_cost_usd"]
-    assert est["input"] == pytest.approx(data["input_tokens"] * 0.075 / 1e6)
-    assert est["max_total"] == pytest.approx(est["input"] + 10 * 10 * 0.30 / 1e6)
+    assert est["input"] == pytest.approx(data["input_tokens"] * 0.375 / 1e6)
+    assert est["max_total"] == pytest.approx(est["input"] + 10 * 10 * 2.25 / 1e6)
 
 
 def test_count_reports_malformed_input_with_line(tmp_path, home):

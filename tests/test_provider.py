@@ -73,7 +73,7 @@ def test_upload_create_retrieve_return_plain_frozen_dataclasses(provider, emu, c
     with pytest.raises(TypeError):
         b.metadata["x"] = "y"  # type: ignore[index]
     done = run_until_terminal(provider, clock, b.id)
-    assert done.status == "completed" and done.is_terminal and done.model == "gpt-4o-mini"
+    assert done.status == "completed" and done.is_terminal and done.model == "gpt-5.4-mini"
     assert done.request_counts.total == 3 and done.request_counts.completed == 3
     assert done.usage is not None and done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens > 0
     assert done.completed_at is not None and done.output_file_id and done.errors == ()

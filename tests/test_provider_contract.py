@@ -16,7 +16,7 @@ from provider_contract import KEY, ProviderContract
 
 
 class TestOpenAI(ProviderContract):
-    model = "gpt-4o-mini"
+    model = "gpt-5.4-mini"
     create_route = ("POST", "/v1/batches")
     retrieve_route = ("GET", "/v1/batches/{id}")
     sync_route = ("POST", "/v1/chat/completions")

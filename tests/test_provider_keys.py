@@ -21,10 +21,10 @@ from harness import BGCTL, FAST_CONFIG, daemon_env
 
 CLAUDE = "claude-haiku-4-5"
 PROFILES = {
-    "o": "provider: openai\n    model: gpt-4o-mini",
+    "o": "provider: openai\n    model: gpt-5.4-mini",
     "a": f"provider: anthropic\n    model: {CLAUDE}",
     "g": "provider: gemini\n    model: gemini-2.5-flash-lite",
-    "z": "provider: azure\n    model: grader-deploy\n    azure_model: gpt-4o-mini",
+    "z": "provider: azure\n    model: grader-deploy\n    azure_model: gpt-5.4-mini",
     # OpenAI's API (here: the emulator's) asked the very requests the Anthropic profile sends
     "oc": f"provider: openai\n    model: {CLAUDE}",
 }
@@ -133,12 +133,12 @@ def test_answers_are_keyed_by_who_answers_and_count_predicts_the_daemons_reuse(t
             {},
             ["profiles.p: key 'model'", "does not offer", "set 'model' or 'provider'"],
         ),
-        ("provider: anthropic\n    model: gpt-4o-mini", {}, ["profiles.p: key 'model'", "'claude-'"]),
+        ("provider: anthropic\n    model: gpt-5.4-mini", {}, ["profiles.p: key 'model'", "'claude-'"]),
         (f"provider: anthropic\n    model: {CLAUDE}", {}, ["profile 'p'", "ANTHROPIC_API_KEY"]),
         ("provider: gemini\n    model: gemini-2.5-flash", {}, ["profile 'p'", "GEMINI_API_KEY (or GOOGLE_API_KEY)"]),
-        ("provider: azure\n    model: dep\n    azure_model: gpt-4o-mini", {}, ["profile 'p'", "AZURE_OPENAI_API_KEY"]),
+        ("provider: azure\n    model: dep\n    azure_model: gpt-5.4-mini", {}, ["profile 'p'", "AZURE_OPENAI_API_KEY"]),
         (
-            "provider: azure\n    model: dep\n    azure_model: gpt-4o-mini",
+            "provider: azure\n    model: dep\n    azure_model: gpt-5.4-mini",
             {"AZURE_OPENAI_API_KEY": "k"},
             ["profile 'p'", "AZURE_OPENAI_ENDPOINT"],
         ),

@@ -37,7 +37,7 @@ def test_import_batchgrader_is_light_and_has_no_side_effect(tmp_path):
 
 CONFIG_WITH_COMMENTS = """\
 # my settings
-model: gpt-4o-mini   # the cheap one
+model: gpt-5.4-mini   # the cheap one
 profiles:
     # the careful one
     careful:
@@ -50,7 +50,7 @@ def test_settings_become_a_generated_profile_and_keep_the_file(home):
     home.config_file.write_text(CONFIG_WITH_COMMENTS)
     name = profile_with(home, "careful", {"max_completion_tokens": 77})
     text = home.config_file.read_text()
-    assert text.startswith("# my settings\nmodel: gpt-4o-mini   # the cheap one\nprofiles:\n")
+    assert text.startswith("# my settings\nmodel: gpt-5.4-mini   # the cheap one\nprofiles:\n")
     assert "    # the careful one\n    careful:\n        model: gpt-4.1\n" in text  # untouched
     prof = load_config(home).profile(name)
     assert name.startswith("py-")
@@ -58,7 +58,7 @@ def test_settings_become_a_generated_profile_and_keep_the_file(home):
     assert profile_with(home, "careful", {"max_completion_tokens": 77}) == name  # the same settings: the same profile
     assert home.config_file.read_text() == text  # nothing written twice
     other = profile_with(home, None, {"max_completion_tokens": 77})
-    assert other != name and load_config(home).profile(other).values["model"] == "gpt-4o-mini"
+    assert other != name and load_config(home).profile(other).values["model"] == "gpt-5.4-mini"
 
 
 def test_a_bad_setting_is_refused_and_the_file_put_back(home):

@@ -25,7 +25,7 @@ from batchgrader.provider.openai_api import OpenAIProvider
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.readmodels import projectors
 
-MODEL = "gpt-4o-mini"
+MODEL = "gpt-5.4-mini"
 KEY = "sk-queue-test-0123456789abcdef"
 # the preflight (tests/test_preflight*.py) is off: these rigs prepare before the provider exists
 CONFIG = "poll_interval_seconds: 0.05\nstable_seconds: 0.05\nrescan_interval_seconds: 0.2\nmax_completion_tokens: 50\npreflight_rows: 0\n"

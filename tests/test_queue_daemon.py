@@ -18,7 +18,7 @@ from batchgrader.emulator import Emulator, EmulatorConfig
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, events_of, integrity, start_daemon, temp_leftovers
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-MODEL = "gpt-4o-mini"
+MODEL = "gpt-5.4-mini"
 ROWS = 40
 
 

@@ -45,8 +45,8 @@ def test_a_job_waiting_for_a_batch_slot_says_so_in_status(home: Home) -> None:
 
 
 def test_a_sandbox_jobs_estimate_takes_nothing_of_a_real_jobs_daily_limit(home: Home) -> None:
-    # 3 rows x 1,000 output tokens at gpt-4o-mini's Batch price: about $0.0009 a job; two do not fit $0.0015
-    config = CONFIG.replace("max_completion_tokens: 50", "max_completion_tokens: 1000") + "daily_cost_limit_usd: 0.0015\n"
+    # 3 rows x 1,000 output tokens at gpt-5.4-mini's Batch price: about $0.0068 a job; two do not fit $0.01
+    config = CONFIG.replace("max_completion_tokens: 50", "max_completion_tokens: 1000") + "daily_cost_limit_usd: 0.01\n"
     home.config_file.write_text(config)
     sandbox = Daemon(home, sandbox=True, now=1_000_000.0)
     _drop(home)

@@ -420,7 +420,7 @@ def test_follow_events_yields_new_events_as_they_are_appended(fed: Home, db: Pat
     assert got.empty()
 
 
-def _usage_event(day: str, cost: float, model: str = "gpt-4o-mini", prompt: int = 1000, completion: int = 100) -> NewEvent:
+def _usage_event(day: str, cost: float, model: str = "gpt-5.4-mini", prompt: int = 1000, completion: int = 100) -> NewEvent:
     return NewEvent(
         "TokensUsed",
         {
@@ -466,7 +466,7 @@ def test_costs_are_the_billed_figures_grouped(db: Path):
         ("2026-01-02", 1.25, 9.0, 3, 3),
     ]
     t = by_day["totals"]
-    # billed cost as recorded (1,000 prompt tokens of gpt-4o-mini would never cost $0.50): not re-estimated
+    # billed cost as recorded (1,000 prompt tokens of gpt-5.4-mini would never cost $0.50): not re-estimated
     assert (
         t["cost_usd"],
         t["simulated_usd"],
@@ -481,7 +481,7 @@ def test_costs_are_the_billed_figures_grouped(db: Path):
         {"day": "2026-01-02", "cost_usd": 1.25, "simulated_usd": 9.0},
     ]
     by_model = costs_mod.costs(db, by="model")
-    assert [(r["key"], r["cost_usd"]) for r in by_model["rows"]] == [("gpt-4o-mini", 1.5), ("gpt-4o", 0.25)]
+    assert [(r["key"], r["cost_usd"]) for r in by_model["rows"]] == [("gpt-5.4-mini", 1.5), ("gpt-4o", 0.25)]
     by_job = costs_mod.costs(db, by="job", since="2026-01-02")
     assert [(r["key"], r["file"], r["cost_usd"], r["simulated_usd"]) for r in by_job["rows"]] == [
         ("sim", "sim.csv", 0.0, 9.0),

@@ -103,7 +103,7 @@ def test_the_probe_holds_a_few_bytes_per_row_sent():
     from batchgrader.pipeline.requests import dumps_line
 
     def line(i: int) -> bytes:
-        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"text number {i}"}]}
+        body = {"model": "gpt-5.4-mini", "messages": [{"role": "user", "content": f"text number {i}"}]}
         return dumps_line(
             {"custom_id": f"bg-0123456789abcdef-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         )

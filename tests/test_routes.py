@@ -52,7 +52,7 @@ def _load(home, text: str):
     ("text", "says"),
     [
         ("profiles:\n  fast:\n    route: quick\n", ["profiles.fast", "'route'", "'online'"]),
-        ("profiles:\n  f:\n    route: flex\n    model: gpt-4o-mini\n", ["'f'", "'route'", "'gpt-4o-mini' has no flex tier"]),
+        ("profiles:\n  f:\n    route: flex\n    model: gpt-4.1-nano\n", ["'f'", "'route'", "'gpt-4.1-nano' has no flex tier"]),
         (
             "profiles:\n  f:\n    route: flex\n    provider: anthropic\n    model: claude-haiku-4-5\n",
             ["'f'", "'route'", "provider 'anthropic' offers no flex tier"],
@@ -73,7 +73,7 @@ def test_flex_on_a_model_with_a_flex_tier_loads(home):
 
 
 # --- tick by tick ---------------------------------------------------------------------------------
-def online_rig(home, route: str = "online", model: str = "gpt-4o-mini", extra: str = "") -> Rig:
+def online_rig(home, route: str = "online", model: str = "gpt-5.4-mini", extra: str = "") -> Rig:
     return Rig(home, f"route: {route}\nmodel: {model}\nonline_concurrency: 1\n{extra}")
 
 
@@ -100,7 +100,7 @@ def test_online_rows_are_answered_once_each_at_the_standard_price_and_no_batch_i
         assert rig.events("RouteChosen")[0]["route"] == "online"
         rows = rig.result_rows()
         assert [r["answered_by"] for r in rows] == ["online"] * 5 and all("SIMULATED" in r["grade"] for r in rows)
-        price = standard_price(load_pricing().get("gpt-4o-mini"))
+        price = standard_price(load_pricing().get("gpt-5.4-mini"))
         one = billed_cost(price, rig.provider.prompt_tokens, 0, rig.provider.completion_tokens)
         assert rig.job().cost_usd == pytest.approx(5 * one) and one > 0
         done = rig.events("OnlineRowsDone")[0]
@@ -333,9 +333,10 @@ def test_online_answers_are_stored_for_reuse_and_a_second_file_sends_none_of_the
 @pytest.mark.parametrize(
     ("rows", "extra", "route"),
     [
-        (3, "", "online"),
+        (3, "model: gpt-4.1-nano\n", "online"),  # a model without a flex tier
+        (3, "", "flex"),  # the default model has one: the same rows go flex, at the batch price
         (8, "", "batch"),
-        (8, "deadline: 30m\n", "online"),
+        (8, "model: gpt-4.1-nano\ndeadline: 30m\n", "online"),
         (3, "model: o4-mini\nmax_completion_tokens: 2000\n", "flex"),
     ],
 )
@@ -376,13 +377,13 @@ def test_a_sync_route_job_over_max_cost_per_job_is_held_before_any_request_leave
     priced at the route's price when it is chosen, and the budget weighs that first."""
     rig = online_rig(home, extra="max_cost_per_job_usd: 0.001\nmax_completion_tokens: 1000\n")
     try:
-        drop(rig, 5)  # 5 rows x 1,000 output tokens at gpt-4o-mini's standard $0.60/1M: over $0.003
+        drop(rig, 5)  # 5 rows x 1,000 output tokens at gpt-5.4-mini's standard $4.50/1M: over $0.02
         for _ in range(5):
             rig.tick()
         job = rig.job()
         assert rig.provider.complete_times == [] and job.held and job.held["code"] == "max_cost_per_job_usd"
         (chosen,) = rig.events("RouteChosen")
-        assert chosen["route"] == "online" and chosen["estimate_usd"]["max_output"] == pytest.approx(5 * 1000 * 0.60 / 1e6)
+        assert chosen["route"] == "online" and chosen["estimate_usd"]["max_output"] == pytest.approx(5 * 1000 * 4.50 / 1e6)
         assert chosen["estimate_usd"]["input"] > 0
         _retry(rig, job.job_id)
         run_until_ended(rig)
@@ -463,7 +464,7 @@ def test_a_truncated_sync_answer_is_billed_and_fails_its_row_without_being_sent_
         assert job.ended == "completed_with_errors"
         ((truncated_cid, failed),) = job.failed_rows.items()
         assert failed["code"] == "truncated"
-        price = standard_price(load_pricing().get("gpt-4o-mini"))
+        price = standard_price(load_pricing().get("gpt-5.4-mini"))
         one = billed_cost(price, rig.provider.prompt_tokens, 0, rig.provider.completion_tokens)
         assert job.cost_usd == pytest.approx(4 * one)  # the truncated answer's tokens are on the bill
         rows = rig.result_rows()

@@ -25,9 +25,9 @@ def test_over_the_per_minute_limit_a_429_carries_retry_after_and_the_rate_limit_
     with Emulator(EmulatorConfig(api_key=TEST_KEY, sync_requests_per_minute=2, sync_limit_window_s=30.0)) as emu:
         client = openai.OpenAI(base_url=emu.base_url, api_key=TEST_KEY, max_retries=0)
         for _ in range(2):
-            client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_completion_tokens=20)
+            client.chat.completions.create(model="gpt-5.4-mini", messages=MESSAGES, max_completion_tokens=20)
         with pytest.raises(openai.RateLimitError) as err:
-            client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_completion_tokens=20)
+            client.chat.completions.create(model="gpt-5.4-mini", messages=MESSAGES, max_completion_tokens=20)
         h = err.value.response.headers
         assert h["x-ratelimit-limit-requests"] == "2" and h["x-ratelimit-remaining-requests"] == "0"
         assert 0 < float(h["retry-after-ms"]) <= 30_000 and 1 <= int(h["retry-after"]) <= 30
@@ -71,10 +71,10 @@ def test_flex_is_served_only_for_models_that_have_it_and_the_answer_says_so():
         client = openai.OpenAI(base_url=emu.base_url, api_key=TEST_KEY, max_retries=0)
         got = client.chat.completions.create(model="o4-mini", messages=MESSAGES, max_completion_tokens=2000, service_tier="flex")
         assert got.service_tier == "flex"
-        plain = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_completion_tokens=20)
+        plain = client.chat.completions.create(model="gpt-4.1-nano", messages=MESSAGES, max_completion_tokens=20)
         assert plain.service_tier == "default"
         with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_completion_tokens=20, service_tier="flex")
+            client.chat.completions.create(model="gpt-4.1-nano", messages=MESSAGES, max_completion_tokens=20, service_tier="flex")
         assert err.value.status_code == 400 and "flex" in str(err.value.message).lower()
 
 

@@ -25,7 +25,7 @@ def _iso(t: float) -> str:
 
 def test_eta_is_the_latest_start_plus_the_median_run_time():
     job = {
-        "model": "gpt-4o-mini",
+        "model": "gpt-5.4-mini",
         "sandbox": False,
         "batches": [
             {"status": "in_progress", "requested_ts": _iso(T0), "request_counts": {"completed": 30, "failed": 2, "total": 50}},
@@ -34,15 +34,15 @@ def test_eta_is_the_latest_start_plus_the_median_run_time():
             {"status": "pending", "request_counts": {}},
         ],
     }
-    learned = {("gpt-4o-mini", False): [600.0, 900.0, 1200.0]}
+    learned = {("gpt-5.4-mini", False): [600.0, 900.0, 1200.0]}
     seconds, basis = eta(job, learned, now=T0 + 300)
     assert seconds == pytest.approx(60 + 900 - 300)
     assert basis == (
-        "median run time of the last 3 gpt-4o-mini batches here (15m), from the start of the latest of the 2 in flight; "
+        "median run time of the last 3 gpt-5.4-mini batches here (15m), from the start of the latest of the 2 in flight; "
         "1 chunk not sent yet is not counted"
     )
     assert progress(job["batches"]) == {"answered": 82, "sent": 150}
-    assert eta(job, {("gpt-4o-mini", True): [60.0]}, T0) == (None, None)  # only the sandbox's figures: none
+    assert eta(job, {("gpt-5.4-mini", True): [60.0]}, T0) == (None, None)  # only the sandbox's figures: none
     assert eta(job, {}, T0) == (None, None)
     late, basis = eta(job, learned, now=T0 + 5000)
     assert late == 0 and basis.endswith("it is past its usual run time")
@@ -61,7 +61,7 @@ def test_status_shows_progress_and_an_eta_once_a_batch_of_the_model_has_complete
         assert first["eta_seconds"] is None and first["eta_basis"] is None  # nothing learned yet
         monkeypatch.setenv("BATCHGRADER_HOME", str(home.root))
         out = " ".join(run("status", columns=200, env={"BGCTL_NOW": ""}).output.split())
-        assert "0/3 rows answered; no finish estimate yet: no gpt-4o-mini batch has completed here" in out
+        assert "0/3 rows answered; no finish estimate yet: no gpt-5.4-mini batch has completed here" in out
         rig.provider.finish_all()
         rig.tick()
         assert rig.engine.state.jobs[first["job_id"]].ended == "completed"
@@ -73,7 +73,7 @@ def test_status_shows_progress_and_an_eta_once_a_batch_of_the_model_has_complete
         rig.tick()
         second = next(r for r in queries.status(home) if r["file"] == "second.csv")
         assert second["progress"]["sent"] == 2 and second["eta_seconds"] is not None
-        assert second["eta_basis"].startswith("median run time of the last 1 gpt-4o-mini batch here")
+        assert second["eta_basis"].startswith("median run time of the last 1 gpt-5.4-mini batch here")
         detail = queries.job_detail(home, second["job_id"])
         assert detail["eta_basis"] == second["eta_basis"]
         js = json.loads(run("status", "--json", env={"BGCTL_NOW": ""}).output)

@@ -208,7 +208,7 @@ def test_a_claim_recovered_by_a_daemon_of_the_other_mode_keeps_its_own(home: Hom
 # --- what a sandbox job teaches (issue 27, 1) --------------------------------------------------------
 
 SCHEMA = """\
-model: gpt-4o-mini
+model: gpt-5.4-mini
 response_format:
   type: object
   properties:

@@ -25,10 +25,10 @@ def test_every_key_has_one_annotation_of_the_type_its_check_returns():
 
 
 def test_a_profile_reads_its_values_through_the_typed_attributes(home):
-    home.config_file.write_text("model: gpt-4o-mini\nmax_row_retries: 5\nprofiles:\n  b:\n    max_row_retries: 1\n")
+    home.config_file.write_text("model: gpt-5.4-mini\nmax_row_retries: 5\nprofiles:\n  b:\n    max_row_retries: 1\n")
     config = load_config(home, environ={})
     assert config.max_row_retries == 5 and config.profile("b").max_row_retries == 1
-    assert config.profile("b").model == "gpt-4o-mini"  # inherited from the top level
+    assert config.profile("b").model == "gpt-5.4-mini"  # inherited from the top level
     with pytest.raises(AttributeError):
         config.profile("b").no_such_key  # noqa: B018
 
@@ -44,6 +44,6 @@ def test_a_profile_reads_its_values_through_the_typed_attributes(home):
     ],
 )
 def test_a_wait_that_has_no_unset_meaning_refuses_null_naming_the_key(home, key):
-    home.config_file.write_text(f"model: gpt-4o-mini\n{key}: null\n")
+    home.config_file.write_text(f"model: gpt-5.4-mini\n{key}: null\n")
     with pytest.raises(ConfigError, match=key):  # the daemon divided by it, or waited on None
         load_config(home, environ={})

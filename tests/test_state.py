@@ -97,7 +97,7 @@ def prepared(log: Log, n_chunks: int = 2, row_errors: list | None = None) -> Non
     log.add(
         "JobPrepared",
         format="csv",
-        model="gpt-4o-mini",
+        model="gpt-5.4-mini",
         encoding="o200k_base",
         rows=n_chunks * 2 + len(row_errors or []),
         requests=n_chunks * 2,
@@ -165,7 +165,7 @@ def collect(
         "TokensUsed",
         chunk=c,
         batch_id=b,
-        model="gpt-4o-mini",
+        model="gpt-5.4-mini",
         prompt_tokens=100,
         cached_tokens=10,
         completion_tokens=20,
@@ -268,7 +268,7 @@ def test_job_prepared_plans_the_chunks():
     accepted(log)
     prepared(log, 3, row_errors=[{"row": 7, "custom_id": "r7", "code": "too_long", "message": "m"}])
     job = log.job()
-    assert job.prepared and job.rows == 7 and job.requests == 6 and job.model == "gpt-4o-mini"
+    assert job.prepared and job.rows == 7 and job.requests == 6 and job.model == "gpt-5.4-mini"
     assert sorted(job.chunks) == [0, 1, 2]
     assert job.chunks[1].input_tokens == 50 and job.chunks[1].custom_ids is None
     assert job.row_errors == {"r7": {"row": 7, "custom_id": "r7", "code": "too_long", "message": "m"}}

@@ -18,11 +18,11 @@ from ticks import Rig
 HOUR = 3600.0
 
 
-def deadline_config(model: str = "gpt-4o-mini", extra: str = "") -> str:
+def deadline_config(model: str = "gpt-4.1-nano", extra: str = "") -> str:
     return f"deadline: 1h\nmodel: {model}\nonline_concurrency: 2\nmax_row_retries: 2\n{extra}"
 
 
-def rig_with_deadline(home, model: str = "gpt-4o-mini", extra: str = "") -> Rig:
+def rig_with_deadline(home, model: str = "gpt-4.1-nano", extra: str = "") -> Rig:
     return Rig(home, deadline_config(model, extra))
 
 
@@ -75,7 +75,7 @@ def test_a_running_batch_is_cancelled_only_once_the_deadline_is_within_the_margi
 
 
 def test_a_job_without_a_deadline_keeps_its_batch(home):
-    rig = Rig(home, "model: gpt-4o-mini\n")
+    rig = Rig(home, "model: gpt-5.4-mini\n")
     try:
         rig.drop(3)
         rig.tick()
@@ -109,7 +109,7 @@ def test_deadline_nears_the_batch_is_cancelled_its_partial_output_merged_and_the
         rows = rig.result_rows()
         assert sorted(r["answered_by"] for r in rows) == ["batch"] * 2 + ["online"] * 4
         assert all("SIMULATED" in r["grade"] for r in rows)
-        price = load_pricing().get("gpt-4o-mini")
+        price = load_pricing().get("gpt-4.1-nano")
         p, c = rig.provider.prompt_tokens, rig.provider.completion_tokens
         batch_cost = billed_cost(price, 2 * p, 0, 2 * c)
         online_cost = 4 * billed_cost(standard_price(price), p, 0, c)
@@ -244,7 +244,7 @@ def test_against_the_emulator_a_straggler_is_cancelled_and_its_rest_answered_onl
     from batchgrader.store.eventstore import EventStore
     from harness import FAST_CONFIG, TEST_KEY, bgctl
 
-    home.config_file.write_text(FAST_CONFIG + "deadline: 310s\nonline_concurrency: 4\nmodel: gpt-4o-mini\n")
+    home.config_file.write_text(FAST_CONFIG + "deadline: 310s\nonline_concurrency: 4\nmodel: gpt-4.1-nano\n")
     (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(10)))
     with Emulator(EmulatorConfig(api_key=TEST_KEY, validating_s=0.5, in_progress_s=20.0)) as emu:
         assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url, timeout=150).returncode == 0

@@ -20,7 +20,7 @@ from harness import FAST_CONFIG, bgctl
 @pytest.mark.parametrize(
     ("config", "code", "says"),
     [
-        ("model: gpt-4o-mnii\n", 78, ["no price for model 'gpt-4o-mnii'", "Did you mean 'gpt-4o-mini'"]),
+        ("model: gpt-5.4-minii\n", 78, ["no price for model 'gpt-5.4-minii'", "Did you mean 'gpt-5.4-mini'"]),
         ("reference_column: lable\n", 2, ["'reference_column' is 'lable'", "did you mean 'label'"]),
         (
             "provider: anthropic\nmodel: claude-haiku-4-5\ntemperature: 0.5\n",

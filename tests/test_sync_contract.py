@@ -87,7 +87,7 @@ def _generate_type() -> Any:
 CASES = [
     Case(
         "openai",
-        "gpt-4o-mini",
+        "gpt-5.4-mini",
         lambda e: OpenAIProvider(api_key=KEY, base_url=e.base_url, timeout=10, max_retries=0),
         lambda m: "/v1/chat/completions",
         _chat,

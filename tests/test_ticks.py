@@ -239,7 +239,7 @@ def test_enqueued_token_limit_sends_one_chunk_at_a_time(home):
     rig = make(home, "split_row_limit: 2\nmax_simultaneous_batches: 5\n")
     job = rig.drop(4)
     per_chunk = max(c.input_tokens for c in job.chunks.values())
-    rig.reconfigure(f"split_row_limit: 2\nmax_simultaneous_batches: 5\nenqueued_token_limit: {{gpt-4o-mini: {per_chunk + 1}}}\n")
+    rig.reconfigure(f"split_row_limit: 2\nmax_simultaneous_batches: 5\nenqueued_token_limit: {{gpt-5.4-mini: {per_chunk + 1}}}\n")
     rig.tick()
     assert rig.calls("create_batch") == 1
     rig.provider.finish_all()
@@ -436,7 +436,7 @@ def test_the_largest_waiting_chunk_that_fits_is_sent_first(home):
     sizes = [job.chunks[i].input_tokens for i in range(4)]
     limit = sizes[2] + sizes[0] + 2  # a big and a small chunk fit together, two bigs do not
     assert sizes[0] + sizes[1] + sizes[2] > limit
-    rig.reconfigure(f"split_row_limit: 1\nenqueued_token_limit: {{gpt-4o-mini: {limit}}}\n")
+    rig.reconfigure(f"split_row_limit: 1\nenqueued_token_limit: {{gpt-5.4-mini: {limit}}}\n")
     rounds: list[set[int]] = []
     while not rig.events("JobCompleted") and len(rounds) < 5:
         rig.tick()

@@ -17,7 +17,7 @@ def _limited(home, rows: int, room_for: float = 1.0) -> Rig:
     rig = Rig(home, SPLIT)
     job = rig.drop(rows)
     per_chunk = max(c.input_tokens for c in job.chunks.values())
-    rig.reconfigure(SPLIT + f"enqueued_token_limit: {{gpt-4o-mini: {int(per_chunk * room_for) + 1}}}\n")
+    rig.reconfigure(SPLIT + f"enqueued_token_limit: {{gpt-5.4-mini: {int(per_chunk * room_for) + 1}}}\n")
     return rig
 
 

@@ -12,7 +12,7 @@ from batchgrader.daemon.control import apply_control, pending_controls, request_
 from batchgrader.pipeline.pricing import load_pricing, standard_price
 from ticks import Rig
 
-ONLINE = "route: online\nmodel: gpt-4o-mini\nonline_concurrency: 1\n"
+ONLINE = "route: online\nmodel: gpt-5.4-mini\nonline_concurrency: 1\n"
 
 
 def drop(rig: Rig, rows: int, name: str = "a.csv") -> None:
@@ -76,7 +76,7 @@ def test_every_sample_of_every_row_goes_online_and_the_estimate_covers_them_all(
         assert len(sent) == len(set(sent)) == 12  # 4 rows x 3 samples, each once
         assert rig.calls("upload") == 0 and rig.calls("create_batch") == 0
         (chosen,) = rig.events("RouteChosen")
-        price = standard_price(load_pricing().get("gpt-4o-mini"))
+        price = standard_price(load_pricing().get("gpt-5.4-mini"))
         assert chosen["estimate_usd"]["max_output"] == pytest.approx(12 * 1000 * float(price.output_per_1m) / 1e6)
         rows = rig.result_rows()
         assert len(rows) == 4 and {r["answered_by"] for r in rows} == {"online"}

@@ -30,11 +30,11 @@ PANEL = SCHEMA + (
     "max_row_retries: 0\n"
     "profiles:\n"
     "  panel:\n    judges: [mini, big]\n"
-    "  mini:\n    model: gpt-4o-mini\n"
+    "  mini:\n    model: gpt-5.4-mini\n"
     "  big:\n    model: gpt-4o\n"
 )
 # the scores each judge gives the 5 rows (a string: the answer as it is, not JSON)
-SCORES: dict[str, list[object]] = {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, "not json"]}
+SCORES: dict[str, list[object]] = {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, "not json"]}
 
 
 def _answers(rig: Rig, scores: dict[str, list[object]]) -> None:
@@ -111,7 +111,7 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
         *[f"{c}_big" for c in kept],
     ]
     # every field of each judge's schema, its tokens and its error, per judge (issue 32)
-    assert [r["reason_mini"] for r in out][0].startswith("gpt-4o-mini on ") and out[4]["reason_big"] == ""
+    assert [r["reason_mini"] for r in out][0].startswith("gpt-5.4-mini on ") and out[4]["reason_big"] == ""
     assert [r["score_big"] for r in out] == ["4", "3", "5", "1", ""] and out[4]["error_big"] != ""
     judges_rows = {
         j: list(
@@ -137,7 +137,7 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
 
 def test_a_failed_judge_is_shown_and_the_other_judge_still_answers(home):
     rig = Rig(home, PANEL)
-    _answers(rig, {"gpt-4o-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, 3]})
+    _answers(rig, {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, 3]})
     _drop(rig)
 
     def fail_big(rig: Rig) -> None:
@@ -335,7 +335,7 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
 
 
 def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
-    rig = Rig(home, PANEL.replace("    model: gpt-4o-mini\n", "    model: gpt-4o-mini\n    samples: 2\n"))
+    rig = Rig(home, PANEL.replace("    model: gpt-5.4-mini\n", "    model: gpt-5.4-mini\n    samples: 2\n"))
     _answers(rig, SCORES)
     folder = rig.home.inbox / "panel"
     folder.mkdir()
@@ -374,7 +374,7 @@ def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_s
 
 
 def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_sums_them(home):
-    """Issue 32: `count --profile PANEL` priced the default gpt-4o-mini, which the panel never runs."""
+    """Issue 32: `count --profile PANEL` priced the default gpt-5.4-mini, which the panel never runs."""
     from batchgrader.core.config import load_config
     from batchgrader.ops.count import count_file, count_panel
     from batchgrader.pipeline.pricing import load_pricing
@@ -387,9 +387,9 @@ def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_
     f.write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(10)))
     cfg, prices = load_config(home, environ={}), load_pricing()
     got = count_panel(home, f, cfg, cfg.profile("panel"), prices, sandbox=False)
-    assert got["models"] == ["gpt-4o-mini", "gpt-4o"]
+    assert got["models"] == ["gpt-5.4-mini", "gpt-4o"]
     assert [(j["judge"], j["model"], j["samples"], j["requests"]) for j in got["judges"]] == [
-        ("mini", "gpt-4o-mini", 3, 30),
+        ("mini", "gpt-5.4-mini", 3, 30),
         ("big", "gpt-4o", 3, 30),
     ]
     assert got["judges"][1]["estimated_cost_usd"]["output_bound"] == 200
@@ -402,7 +402,7 @@ def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_
     assert got["estimated_cost_usd"]["max_total"] == pytest.approx(total) and got["requests"] == 60
     res = run("count", "--profile", "panel", str(f))
     assert res.exit_code == 0, res.output
-    assert "gpt-4o-mini" in res.output and "gpt-4o," in res.output and "panel (sum)" in res.output
+    assert "gpt-5.4-mini" in res.output and "gpt-4o," in res.output and "panel (sum)" in res.output
     as_json = json.loads(run("count", "--profile", "panel", "--json", str(f)).output)
     assert as_json["estimated_cost_usd"]["max_total"] == pytest.approx(total)
 
@@ -491,7 +491,7 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     )
     rig = Rig(home, config)
     # row 1: a tie (2 against 3); row 4: no judge answers (neither answer is JSON)
-    _answers(rig, {"gpt-4o-mini": [4, 2, 5, 1, "nope"], "gpt-4o": [4, 3, 5, 1, "not json"]})
+    _answers(rig, {"gpt-5.4-mini": [4, 2, 5, 1, "nope"], "gpt-4o": [4, 3, 5, 1, "not json"]})
     _drop(rig, labels=[4, 2, 5, 2, 3])
     job = _run(rig)
     rig.close()
@@ -514,9 +514,9 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     for shown in (listed, detail):
         assert (shown["succeeded"], shown["failed"]) == (3, 2)
         assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
-        assert shown["output_tokens"] == completion and shown["model"] == "gpt-4o-mini, gpt-4o"
+        assert shown["output_tokens"] == completion and shown["model"] == "gpt-5.4-mini, gpt-4o"
     text = run("status", job.job_id).output
-    assert "5 (3 answered, 2 failed)" in text and "gpt-4o-mini, gpt-4o" in text
+    assert "5 (3 answered, 2 failed)" in text and "gpt-5.4-mini, gpt-4o" in text
     from batchgrader.store.readmodels import rebuild
 
     rebuild(rig.home.db)  # and from the read model (`bgctl status`'s fast path), the list and the overview
@@ -534,7 +534,7 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     )
     assert (rep["rows"]["consensus"], rep["rows"]["no_consensus"]) == (3, 1)
     assert rep["cost_usd"]["billed"] == pytest.approx(cost, abs=1e-6) and rep["tokens"]["prompt"] == prompt
-    assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-4o-mini, gpt-4o"
+    assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-5.4-mini, gpt-4o"
     assert [j["job_id"] for j in rep["judges"]] == [j.job_id for j in judges]
     assert "3 answered with a consensus, 2 failed" in run("report", job.job_id).output
     # bgctl costs: the judges' jobs, whose sum is the panel's cost

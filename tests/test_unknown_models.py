@@ -59,7 +59,7 @@ def test_openai_sync_answers_404_model_not_found(emu: Emulator) -> None:
     assert exc.value.code == "model_not_found" and exc.value.type == "invalid_request_error"
     assert exc.value.message.endswith("The model `gpt-4o-mni` does not exist or you do not have access to it.")
     # known: a shipped row, and a dated snapshot of one
-    for model in ("gpt-4o-mini", "gpt-4o-mini-2024-07-18"):
+    for model in ("gpt-5.4-mini", "gpt-5.4-mini-2024-07-18"):
         assert oai(emu).chat.completions.create(model=model, messages=MSG).choices[0].message.content  # type: ignore[arg-type]
 
 

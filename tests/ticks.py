@@ -88,7 +88,7 @@ class Rig:
 def refusal(limit: int) -> list[tuple[str, str]]:
     """The errors of a batch refused for the enqueued-token limit (``finish(..., errors=...)``),
     with the real API's message stating ``limit``."""
-    return [("token_limit_exceeded", token_limit_message("gpt-4o-mini", "org-x", limit))]
+    return [("token_limit_exceeded", token_limit_message("gpt-5.4-mini", "org-x", limit))]
 
 
 def leftovers(path: Path) -> list[Path]:

@@ -62,7 +62,7 @@ class Key:
 
 KEYS: dict[str, Key] = {
     # what to ask
-    "model": Key("gpt-4o-mini", _str, "Model for every request of the job (one model per batch)."),
+    "model": Key("gpt-5.4-mini", _str, "Model for every request of the job (one model per batch)."),
     "response_field": Key("response", _str, "Input column holding the text being graded."),
     "skip_empty": Key(
         False,

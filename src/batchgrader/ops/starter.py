@@ -18,7 +18,7 @@ STARTER_CONFIG = """\
 # docs/configuration.md, or `bgctl config show` for the effective values and where they came from.
 
 # The model every request of a job goes to (it needs a row in the pricing table).
-model: gpt-4o-mini
+model: gpt-5.4-mini
 # provider: openai             # or azure, anthropic, gemini (docs/providers.md)
 # The key: set OPENAI_API_KEY in the environment (or in <home>/secrets.env); never here.
 
