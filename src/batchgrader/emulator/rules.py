@@ -34,13 +34,15 @@ from typing import Any
 
 from batchgrader.core.providers import anthropic_refused_sampling
 from batchgrader.emulator.config import EmulatorConfig
-from batchgrader.emulator.openapi import chat_request_error
+from batchgrader.emulator.openapi import chat_request_error, responses_request_error
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.modelspec import ModelSpec
 
 __all__ = [
     "REASONING_DRAW",
     "openai_request_error",
+    "responses_request_error_of",
+    "RESPONSES_ONLY_MESSAGE",
     "anthropic_request_error",
     "gemini_request_error",
     "reasoning_tokens",
@@ -113,15 +115,61 @@ def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
 
+#: OpenAI's 404 for a Responses-only model (o1-pro, o3-pro, gpt-5-pro, ...) on chat completions, as
+#: recorded live: n8n-io/n8n#18352 (2025-08-14: 404, type invalid_request_error, param model, code
+#: null) and HeyPuter/puter#1303 (o3-pro, 2025-06-12); not re-checked live since
+RESPONSES_ONLY_MESSAGE = "This model is only supported in v1/responses and not in v1/chat/completions."
+
+
 def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
+    spec = shipped_spec(str(body.get("model") or ""))
+    if spec.provider == "openai" and not spec.serves_chat:
+        return 404, {
+            "error": {"message": RESPONSES_ONLY_MESSAGE, "type": "invalid_request_error", "param": "model", "code": None}
+        }
     if (invalid := chat_request_error(body)) is not None:
         return 400, {"error": invalid}
-    spec = shipped_spec(str(body.get("model") or ""))
     for check in (_tier_error, _effort_error, _bounds_error):
         refused = check(body, spec)
         if refused is not None:
             return 400, refused
+    return None
+
+
+#: a Responses body's fields as the chat rules name them, and back (for the error's param and wording)
+_RESPONSES_NAMES = {
+    "reasoning_effort": "reasoning.effort",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+}
+
+
+def responses_request_error_of(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The HTTP status and error body OpenAI answers for this ``POST /v1/responses`` body, or
+    None: what the spec refuses (:func:`~batchgrader.emulator.openapi.responses_request_error`),
+    then the model's rules of :func:`openai_request_error` (flex tier, reasoning effort,
+    temperature, output bound) on the Responses fields (``reasoning.effort``, ``max_output_tokens``)."""
+    if (invalid := responses_request_error(body)) is not None:
+        return 400, {"error": invalid}
+    spec = shipped_spec(str(body.get("model") or ""))
+    reasoning = body.get("reasoning")
+    chat_like: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "service_tier") if k in body}
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") is not None:
+        chat_like["reasoning_effort"] = reasoning["effort"]
+    if isinstance(body.get("max_output_tokens"), int):
+        chat_like["max_completion_tokens"] = body["max_output_tokens"]
+    for check in (_tier_error, _effort_error, _bounds_error):
+        refused = check(chat_like, spec)
+        if refused is not None:
+            err = refused["error"]
+            param = _RESPONSES_NAMES.get(err["param"], err["param"])
+            message = str(err["message"])
+            for chat_name, name in _RESPONSES_NAMES.items():
+                message = message.replace(f"'{chat_name}'", f"'{name}'").replace(
+                    f"{chat_name} is too large", f"{name} is too large"
+                )
+            return 400, _openai_error(message, param, err["code"])
     return None
 
 
