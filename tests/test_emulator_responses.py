@@ -169,3 +169,39 @@ def test_a_responses_batch_refuses_a_chat_line_and_an_unknown_model(client, cloc
     b = client.batches.create(input_file_id=upload(client, jsonl(rows)).id, endpoint=RESPONSES_ENDPOINT, completion_window="24h")
     b = run_to_terminal(client, clock, b.id)
     assert b.status == "failed" and b.errors.data[0].code == "model_not_found"
+
+
+def test_a_model_past_its_shutdown_date_is_refused_with_openais_404(emu_factory, clock):
+    """gpt-5-mini shuts down on 2026-12-11 (catalogue): served the day before, refused from that day,
+    synchronously (chat and Responses) and in a batch, in OpenAI's recorded wording."""
+    import datetime
+
+    from batchgrader.emulator import ManualClock
+    from batchgrader.emulator.rules import SHUTDOWN_MESSAGE
+    from emulator_fixtures import sdk_client
+
+    day = datetime.datetime(2026, 12, 10, 12, tzinfo=datetime.UTC).timestamp()
+    manual = ManualClock(day)
+    c = sdk_client(emu_factory(clock=manual))
+    ask = {"model": "gpt-5-mini", "max_output_tokens": 50_000}
+    assert c.responses.create(input="Grade.", **ask).status == "completed"
+    manual.advance(24 * 3600)  # 2026-12-11, 12:00 UTC
+    gone = SHUTDOWN_MESSAGE.format(model="gpt-5-mini")
+    with pytest.raises(openai.NotFoundError) as info:
+        c.responses.create(input="Grade.", **ask)
+    assert info.value.response.json()["error"] == {
+        "message": gone,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="gpt-5-mini", messages=[{"role": "user", "content": "Grade."}])
+    assert c.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Grade."}]
+    ).choices  # until 2027-01-14
+    b = c.batches.create(
+        input_file_id=upload(c, jsonl([line("x", body_with(ask))])).id, endpoint=RESPONSES_ENDPOINT, completion_window="24h"
+    )
+    b = run_to_terminal(c, manual, b.id)
+    assert b.status == "failed" and (b.errors.data[0].code, b.errors.data[0].message) == ("model_not_found", gone)

@@ -19,6 +19,8 @@ refuses on the other, with the provider's own error shape:
   by effort (as reasoning models spend them), so a small output bound truncates in the sandbox
   as it does live.
 
+* :func:`shut_down` -> OpenAI's 404 message for a model past its catalogue ``shutdown`` date on
+  the emulator's clock (sync: a 404 ``model_not_found``; a batch: fails validation with it);
 * :func:`known_model` -> whether the emulator serves a model id (the shipped catalogue, and the
   ids and catalogue file the emulator's configuration adds); each API answers any other id 404
   with its own error shape, as the real APIs answer a model they do not know.
@@ -40,6 +42,8 @@ from batchgrader.pipeline.modelspec import ModelSpec
 
 __all__ = [
     "REASONING_DRAW",
+    "SHUTDOWN_MESSAGE",
+    "shut_down",
     "openai_request_error",
     "responses_request_error_of",
     "RESPONSES_ONLY_MESSAGE",
@@ -98,6 +102,25 @@ def known_model(model: str, cfg: EmulatorConfig) -> bool:
     if key in {m.strip().lower() for m in cfg.extra_models}:
         return True
     return cfg.models_file is not None and key in _file_models(str(cfg.models_file))
+
+
+#: OpenAI's answer for a model past its shutdown date, as recorded live: 404 ``model_not_found``,
+#: ``invalid_request_error``, param null (third-party transcripts of gpt-3.5-turbo-1106, gpt-5-codex,
+#: gpt-4-0314 and text-davinci-003 after their shutdowns; not re-checked live)
+SHUTDOWN_MESSAGE = "The model `{model}` has been deprecated, learn more here: https://platform.openai.com/docs/deprecations"
+
+
+def shut_down(model: str, cfg: EmulatorConfig) -> str | None:
+    """OpenAI's message for ``model`` when its shipped catalogue row's ``shutdown`` date has come
+    on the emulator's clock (UTC), else None.  Only OpenAI rows carry a date (an Azure deployment
+    retires on Azure's own schedule)."""
+    import datetime
+
+    spec = shipped_spec(model)
+    if spec.shutdown is None or spec.provider != "openai":
+        return None
+    today = datetime.datetime.fromtimestamp(cfg.clock(), datetime.UTC).date()
+    return SHUTDOWN_MESSAGE.format(model=model) if today >= datetime.date.fromisoformat(spec.shutdown) else None
 
 
 def reasoning_tokens(spec: ModelSpec, effort: str | None, rng: random.Random, budget: int | None = None) -> int:

@@ -44,7 +44,7 @@ from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_ty
 from batchgrader.emulator.common import ApiError
 from batchgrader.emulator.config import CHAT_ENDPOINT, RESPONSES_ENDPOINT
 from batchgrader.emulator.gemini import GeminiApiError, gemini_result
-from batchgrader.emulator.rules import known_model
+from batchgrader.emulator.rules import known_model, shut_down
 from batchgrader.emulator.state import State
 from batchgrader.emulator.validation import check_input, request_of
 
@@ -218,6 +218,8 @@ class Sync:
                     code="DeploymentNotFound",
                 )
             raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found")
+        if deployment is None and (gone := shut_down(model, self.state.cfg)) is not None:
+            raise ApiError(404, gone, code="model_not_found")
         if body.get("stream") is True:
             raise ApiError(400, "The emulator does not stream; send stream=false.", param="stream", code="unsupported_value")
         cid = "sync-" + _request_id("chat" if endpoint == CHAT_ENDPOINT else "responses", body)

@@ -28,7 +28,7 @@ from batchgrader.emulator.config import (
     token_limit_message,
 )
 from batchgrader.emulator.prompt_cache import BatchCache, openai_cached_tokens
-from batchgrader.emulator.rules import known_model, openai_request_error, responses_request_error_of
+from batchgrader.emulator.rules import known_model, openai_request_error, responses_request_error_of, shut_down
 from batchgrader.emulator.state import (
     FAIL_CONTENT,
     FAIL_NONE,
@@ -173,6 +173,8 @@ class _LineChecker:
             self._same_model(m)
             if self.answered and not known_model(m, self.cfg):
                 raise _LineError("model_not_found", f"The provided model '{m}' is not supported by the Batch API.", "body.model")
+            if self.answered and not self.azure and (gone := shut_down(m, self.cfg)) is not None:
+                raise _LineError("model_not_found", gone, "body.model")  # the batch's wording is not verified live
             if self.chat and not isinstance(body.get("messages"), list):
                 raise _LineError("invalid_request", "Messages parameter is required.", "body.messages")
         except _LineError as e:
