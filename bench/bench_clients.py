@@ -137,9 +137,8 @@ CLIENTS = [
 CAUSES = [
     (
         "unsupported_endpoint",
-        "**the emulator's lack**: it accepts a `/v1/responses` batch but answers only `/v1/chat/completions` lines, "
-        "so every line fails with `unsupported_endpoint` (the real Batch API runs Responses lines). Not a small fix: "
-        "the emulator would need a Responses answer (output items, usage) for batch lines.",
+        "**the emulator's lack**: it answers only `/v1/chat/completions` and `/v1/responses` lines, and this "
+        "client's batch targets another endpoint (the real Batch API runs them).",
     ),
     ("Must be .jsonl", "**the emulator's fault**: a batch file uploaded as raw bytes (named `upload`) was refused."),
     ("Requires-Python", "the client needs a newer Python than any found here."),

@@ -14,6 +14,8 @@ import yaml
 ROOTS = (
     "CreateChatCompletionRequest",
     "CreateChatCompletionResponse",
+    "CreateResponse",
+    "Response",
     "CreateBatchRequest",
     "Batch",
     "ListBatchesResponse",
@@ -75,7 +77,7 @@ def main() -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", commit)
     pinned = pin(spec)
     print(f"# Pinned from https://github.com/openai/openai-openapi openapi.yaml (info.version {spec['info']['version']}),")
-    print(f"# commit {commit} ({date}): only the schemas the chat-completions, batch and file")
+    print(f"# commit {commit} ({date}): only the schemas the chat-completions, responses, batch and file")
     print(f"# endpoints use ({', '.join(ROOTS)}) and those they reference, descriptions and x-* keys")
     print("# dropped. Regenerate with tests/pin_openai_spec.py; see docs/providers.md.")
     print(yaml.safe_dump(pinned, sort_keys=False, width=120), end="")

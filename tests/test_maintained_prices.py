@@ -149,22 +149,88 @@ def test_models_check_lists_differences_and_its_exit_code(monkeypatch, home: Hom
     env = {"BGCTL_NOW": f"{CHECKED}T12:00:00+00:00"}
     ok = run("models", "--check", columns=120, env=env)
     assert ok.exit_code == 0, ok.output
-    assert "gpt-4.1-mini" in ok.output and "0 not declared deliberate" in ok.output
+    assert "gpt-4.1-mini" in ok.output and "0 not declared deliberate" in " ".join(ok.output.split())
     data = json.loads(run("models", "--check", "--json", env=env).output)
     assert data["undeclared"] == 0 and data["genai_prices"] == maintained.genai_prices_version()
-    assert {"model": "o3", "field": "cached_input_per_1m", "ours": 1.0, "theirs": 0.5} == {
+    assert {"model": "o3", "field": "cached_input_per_1m", "ours": 1.0, "theirs": 0.5, "day": str(CHECKED)} == {
         k: v for k, v in next(d for d in data["differences"] if d["model"] == "o3").items() if k != "deliberate"
     }
+    # compared today and on each later day a dated price changes
+    assert data["days"] == [str(CHECKED), "2026-12-01", "2027-01-01"]
 
     monkeypatch.delitem(DELIBERATE_DIFFERENCES, ("o3", "cached_input_per_1m"))
     bad = run("models", "--check", columns=120, env=env)
     assert bad.exit_code == 1
     line = next(ln for ln in bad.output.splitlines() if "│ o3 " in ln)
     assert "cached_input_per_1m" in line and "│ 1 " in line and "0.5" in line and "NO" in line
-    assert "1 not declared deliberate" in bad.output
-    # a later day: gemini-4-argon's introductory price has ended, the shipped row is stale
-    later = run("models", "--check", "--provider", "gemini", "--json", env={"BGCTL_NOW": "2026-12-01T12:00:00+00:00"})
-    assert later.exit_code == 1 and any(d["model"] == "gemini-4-argon" for d in json.loads(later.output)["differences"])
+    assert "1 not declared deliberate" in " ".join(bad.output.split())
+
+
+#: the dated prices of the shipped catalogue: model -> (first day, Batch in/cached/out and standard in/out before, from)
+DATED = {
+    "gemini-4-argon": ("2026-12-01", (1, 0.05, 5, 2, 10), (2, 0.1, 10, 4, 20)),
+    "gemini-3.6-flash": ("2027-01-01", (0.375, 0.0375, 1.875, 0.75, 3.75), (0.75, 0.075, 3.75, 1.5, 7.5)),
+    "gemini-3.7-flash": ("2027-01-01", (0.375, 0.075, 1.875, 0.75, 3.75), (0.75, 0.15, 3.75, 1.5, 7.5)),
+    "gemini-3.8-flash": ("2027-01-01", (0.375, 0.0375, 1.875, 0.75, 3.75), (0.75, 0.075, 3.75, 1.5, 7.5)),
+}
+
+
+def _figures(p: pricing.Price) -> tuple[float | None, ...]:
+    return (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m, p.spec.standard_input_per_1m, p.spec.standard_output_per_1m)
+
+
+@pytest.mark.parametrize("model", sorted(DATED))
+@pytest.mark.parametrize("maintained_too", [True, False], ids=["with-genai-prices", "shipped-rows-alone"])
+def test_dated_prices_apply_on_each_side_of_the_change(model, maintained_too):
+    start, before, after = DATED[model]
+    first = datetime.date.fromisoformat(start)
+    eve = first - datetime.timedelta(days=1)
+    table = load_pricing(maintained=maintained_too)  # resolved per lookup day; pinned with .on(day)
+    for day, want in ((CHECKED, before), (eve, before), (first, after), (first + datetime.timedelta(days=40), after)):
+        p = table.on(day).get(model)
+        assert _figures(p) == want, (day, p)
+        assert p.price_from == (start if want is after else None)
+        assert load_pricing(day=day, maintained=maintained_too).get(model) == p  # the same as a table loaded on that day
+    # a job is billed by the prices in force: 1M input and 1M output tokens cost twice as much from the change
+    usage = (1_000_000, 0, 1_000_000)
+    cost_before = pricing.billed_cost(table.on(eve).get(model), *usage)
+    assert pricing.billed_cost(table.on(first).get(model), *usage) == pytest.approx(2 * cost_before)
+    assert [d.isoformat() for d in table.on(eve).get(model).changes_after(eve)] == [start]
+    assert table.on(first).get(model).changes_after(first) == []
+
+
+@pytest.mark.parametrize("day", ["2026-11-30", "2026-12-01", "2026-12-31", "2027-01-01", "2027-06-01"])
+def test_models_check_stays_right_across_the_dated_changes(home: Home, day: str):
+    from cli_fixtures import run
+
+    result = run("models", "--check", "--json", env={"BGCTL_NOW": f"{day}T00:00:00+00:00"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["undeclared"] == 0
+    rows = {
+        r["model"]: r for r in json.loads(run("models", "--json", env={"BGCTL_NOW": f"{day}T12:00:00+00:00"}).output)["models"]
+    }
+    for model, (start, before, after) in DATED.items():
+        assert rows[model]["batch"]["input_per_1m"] == (after if day >= start else before)[0]
+        assert rows[model]["price_from"] == (start if day >= start else None)
+        assert rows[model]["price_changes"] == ([] if day >= start else [start])
+
+
+def test_the_check_finds_a_dated_change_the_rows_lack():
+    """A row without the dated price genai-prices knows is listed today, with the day it starts to differ."""
+    import dataclasses
+
+    shipped = shipped_prices()
+    shipped["gemini-4-argon"] = dataclasses.replace(shipped["gemini-4-argon"], periods=())
+    assert differences(shipped, CHECKED) == [d for d in differences(shipped_prices(), CHECKED)]  # equal today
+    later = [d for d in maintained.differences_from(shipped, CHECKED) if d.model == "gemini-4-argon"]
+    assert {(d.field, d.ours, d.theirs, d.day) for d in later} >= {
+        ("input_per_1m", 1.0, 2.0, "2026-12-01"),
+        ("output_per_1m", 5.0, 10.0, "2026-12-01"),
+        ("standard_input_per_1m", 2.0, 4.0, "2026-12-01"),
+    }
+    assert all(d.deliberate is None for d in later)
+    assert maintained.change_days(shipped, CHECKED) == [datetime.date(2026, 12, 1), datetime.date(2027, 1, 1)]
+    assert maintained.change_days(shipped, datetime.date(2027, 1, 1)) == []
 
 
 def test_models_shows_each_rows_price_source(home: Home):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from datetime import date
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from batchgrader.pipeline.pricing import (
 from harness import merged
 
 HEADER = ",".join(COLUMNS) + "\n"
+DATED_HEADER = "model,input_per_1m,output_per_1m,price_from\n"
 
 
 def write(path: Path, text: str) -> Path:
@@ -61,7 +63,7 @@ def test_unknown_model_suggests_a_name_and_the_docs_never_a_price_line():
 
 
 def test_shipped_table_has_the_reference_batch_prices():
-    table = load_pricing()
+    table = load_pricing(day=date(2026, 11, 29))  # before the dated prices of gemini-4-argon and 3.6-3.8 Flash change
     expected = {  # model: (input, cached, output) per 1M tokens, Batch API (reference §7)
         "gpt-4o": (1.25, None, 5.00),
         "gpt-4o-2024-05-13": (2.50, None, 7.50),
@@ -280,6 +282,17 @@ def test_user_file_may_leave_out_optional_columns_and_have_a_bom(home):
         (HEADER + "x,1,,2,,,\nX,1,,2,,,\n", "line 3, column 'model': 'X' is already listed on line 2"),
         (HEADER + "x,1,,2" + "," * (len(COLUMNS) - 3) + "extra\n", f"line 2: more fields than the {len(COLUMNS)} columns"),
         (HEADER + 'x,1,,2,,,"a\nb"\ny,1,,z,,,\n', "line 4, column 'output_per_1m'"),  # physical line numbers
+        # dated rows (price_from): after the model's own row, prices only, one per day
+        (DATED_HEADER + "x,2,4,2027-01-01\nx,1,2,\n", "line 2, column 'price_from': the prices of 'x' from 2027-01-01 need"),
+        (DATED_HEADER + "x,1,2,\nx,2,4,01/01/2027\n", "line 3, column 'price_from': '01/01/2027' must be a date"),
+        (
+            DATED_HEADER + "x,1,2,\nx,2,4,2027-01-01\nx,3,6,2027-01-01\n",
+            "line 4, column 'price_from': 'x' has a row from 2027-01-01 on line 3",
+        ),
+        (
+            "model,input_per_1m,output_per_1m,price_from,max_output\nx,1,2,,\nx,2,4,2027-01-01,100\n",
+            "line 3, column 'max_output': a dated row",
+        ),
     ],
 )
 def test_bad_user_file_names_file_line_and_column(home, text, where):
@@ -288,6 +301,34 @@ def test_bad_user_file_names_file_line_and_column(home, text, where):
         load_pricing(user)
     assert str(exc.value).startswith(str(user))
     assert where in str(exc.value)
+
+
+def test_user_file_dated_rows_price_a_model_by_the_day(home):
+    from batchgrader.pipeline.pricing import USER_SOURCE
+
+    user = write(
+        home.pricing_file,
+        "model,input_per_1m,cached_input_per_1m,output_per_1m,standard_input_per_1m,taken_on,price_from,provider\n"
+        "acme-1,1,0.1,2,2,2026-11-01,,openai\n"
+        "acme-1,3,,6,,2026-11-02,2027-03-01,\n"  # empty cells: the fallbacks (cached at input, standard at 2x)
+        "acme-1,2,0.2,4,4,2026-11-02,2027-02-01,\n",  # in any order
+    )
+    table = load_pricing(user)
+    for day, want in (
+        ("2027-01-31", (1, 0.1, 2, 2, None, "2026-11-01")),
+        ("2027-02-01", (2, 0.2, 4, 4, "2027-02-01", "2026-11-02")),
+        ("2027-03-01", (3, None, 6, None, "2027-03-01", "2026-11-02")),
+    ):
+        p = table.on(date.fromisoformat(day)).get("acme-1")
+        got = (p.input_per_1m, p.cached_input_per_1m, p.output_per_1m, p.spec.standard_input_per_1m, p.price_from, p.taken_on)
+        assert got == want, day
+        assert p.spec.provider == "openai" and p.price_source == USER_SOURCE  # the rules are the model's row's
+    # a user's dated rows replace the shipped row's periods as a whole, and a shipped model may get some
+    write(home.pricing_file, DATED_HEADER + "gemini-4-argon,1.5,7.5,\ngemini-4-argon,1.75,8,2027-01-01\n")
+    table = load_pricing(home.pricing_file)
+    assert table.on(date(2026, 12, 15)).get("gemini-4-argon").input_per_1m == 1.5  # not the shipped 2026-12-01 price
+    assert table.on(date(2027, 1, 1)).get("gemini-4-argon").input_per_1m == 1.75
+    assert table.on(date(2027, 1, 1)).get("gemini-4-argon").spec.provider == "gemini"  # the shipped rules stay
 
 
 def test_missing_or_unreadable_user_file(home):

@@ -75,7 +75,10 @@ def emulator(port: int, faults: str, seed: int, data_dir: str | None) -> None:
 @click.option(
     "--check",
     is_flag=True,
-    help="List where the shipped prices and genai-prices disagree; exit 1 when a difference is not declared deliberate.",
+    help=(
+        "List where the shipped prices and genai-prices disagree, today and on each later day a dated price changes; "
+        "exit 1 when a difference is not declared deliberate."
+    ),
 )
 @click.pass_obj
 def models(obj: Ctx, provider: str | None, as_json: bool, check: bool) -> None:
@@ -83,7 +86,8 @@ def models(obj: Ctx, provider: str | None, as_json: bool, check: bool) -> None:
 
     Prices come from genai-prices where it has the model, else from the shipped rows, with your
     pricing file's rows merged over them (docs/providers.md).  --check compares the shipped
-    prices with genai-prices and exits 1 on a difference not declared deliberate."""
+    prices with genai-prices, today and on each later day a dated price changes, and exits 1 on a
+    difference not declared deliberate."""
     from batchgrader.cli.context import fixed_now
     from batchgrader.cli.render import render_models, render_price_check
     from batchgrader.pipeline.catalogue import catalogue_rows, today_of
@@ -91,24 +95,26 @@ def models(obj: Ctx, provider: str | None, as_json: bool, check: bool) -> None:
 
     today = today_of(fixed_now())
     if check:
-        from batchgrader.pipeline.maintained import differences, genai_prices_version
+        from batchgrader.pipeline.maintained import change_days, differences_from, genai_prices_version
         from batchgrader.pipeline.pricing import shipped_prices
 
         shipped = {k: p for k, p in shipped_prices().items() if provider in (None, p.spec.provider)}
-        diffs = differences(shipped, today)
+        diffs = differences_from(shipped, today)  # today and each later day a dated price changes
+        days = [today, *change_days(shipped, today)]
         undeclared = [d for d in diffs if d.deliberate is None]
         if as_json:
             emit_json(
                 {
                     "genai_prices": genai_prices_version(),
                     "day": today.isoformat(),
+                    "days": [d.isoformat() for d in days],
                     "rows": len(shipped),
                     "differences": [d.as_dict() for d in diffs],
                     "undeclared": len(undeclared),
                 }
             )
         else:
-            render_price_check(diffs, len(shipped), genai_prices_version(), today.isoformat())
+            render_price_check(diffs, len(shipped), genai_prices_version(), [d.isoformat() for d in days])
         if undeclared:
             sys.exit(1)
         return

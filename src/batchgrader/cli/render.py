@@ -53,7 +53,10 @@ def render_models(rows: list[dict[str, Any]]) -> None:
 
     for r in rows:
         t.add_row(
-            r["model"] + ("" if r["origin"] == "shipped" else " *") + (" °" if "shipped catalogue" in r["price_source"] else ""),
+            r["model"]
+            + ("" if r["origin"] == "shipped" else " *")
+            + (" °" if "shipped catalogue" in r["price_source"] else "")
+            + (" †" if r.get("price_changes") else ""),
             f"{r['batch']['input_per_1m']:g}",
             f"{r['batch']['output_per_1m']:g}",
             k(r["context_window"]),
@@ -65,7 +68,8 @@ def render_models(rows: list[dict[str, Any]]) -> None:
     console.print(
         "reasons: the effort a reasoning model uses by default; temp: which temperatures it takes "
         "(none (API): the Anthropic API version sent, anthropic_api_version, refuses every sampling parameter).  "
-        f"Prices from {_maintained_name(rows)} unless marked: ° from the shipped row (some or all), * from your pricing file.  "
+        f"Prices from {_maintained_name(rows)} unless marked: ° from the shipped row (some or all), * from your pricing file, "
+        "† prices in force today that change on a later day (price_changes).  "
         "`bgctl models --json` adds the provider, efforts, cached and standard prices, each figure's source and notes; "
         "`bgctl models --check` compares the shipped prices with genai-prices."
     )
@@ -80,8 +84,9 @@ def _maintained_name(rows: list[dict[str, Any]]) -> str:
     return "the maintained catalogue (genai-prices)"
 
 
-def render_price_check(diffs: list[Any], rows: int, version: str | None, day: str) -> None:
-    """`bgctl models --check`: each figure where the shipped row and genai-prices disagree."""
+def render_price_check(diffs: list[Any], rows: int, version: str | None, days: list[str]) -> None:
+    """`bgctl models --check`: each figure where the shipped row and genai-prices disagree, on
+    ``days`` (today, then each day a dated price changes)."""
     console = make_console()
     undeclared = [d for d in diffs if d.deliberate is None]
 
@@ -89,15 +94,16 @@ def render_price_check(diffs: list[Any], rows: int, version: str | None, day: st
         return "-" if v is None else f"{v:g}"
 
     if diffs:
-        t = Table(title=f"Shipped prices against genai-prices {version} on {day} (Batch USD per 1M tokens, as billed)")
-        for col in ("model", "field", "ours", "theirs", "deliberate"):
+        t = Table(title=f"Shipped prices against genai-prices {version} from {days[0]} (Batch USD per 1M tokens, as billed)")
+        for col in ("model", "field", "from", "ours", "theirs", "deliberate"):
             t.add_column(col, no_wrap=col != "deliberate")
         for d in diffs:
             why = "NO: update the row or declare it" if d.deliberate is None else f"yes ({d.deliberate.checked_on})"
-            t.add_row(d.model, d.field, fig(d.ours), fig(d.theirs), why)
+            t.add_row(d.model, d.field, d.day or days[0], fig(d.ours), fig(d.theirs), why)
         console.print(t)
+    later = f" and on {', '.join(days[1:])} (dated prices change)" if days[1:] else ""
     console.print(
-        f"{rows} shipped rows, {len(diffs)} differences, {len(undeclared)} not declared deliberate "
+        f"{rows} shipped rows compared on {days[0]}{later}: {len(diffs)} differences, {len(undeclared)} not declared deliberate "
         "(pipeline/maintained.py DELIBERATE_DIFFERENCES; docs/providers.md)."
     )
 

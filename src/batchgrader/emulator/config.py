@@ -23,6 +23,8 @@ VALID_ENDPOINTS = (
     "/v1/videos",
 )
 CHAT_ENDPOINT = "/v1/chat/completions"
+#: OpenAI's Responses API: ``POST /v1/responses``, and a batch whose lines target it
+RESPONSES_ENDPOINT = "/v1/responses"
 #: Azure OpenAI's chat endpoint on its date-versioned (api-version) surface: the batch's
 #: ``endpoint`` and every line's ``url`` (learn.microsoft.com batch how-to, Python tab)
 AZURE_CHAT_ENDPOINT = "/chat/completions"
@@ -36,6 +38,10 @@ EXPIRE_AFTER_METADATA_KEY = "emulator_expire_after_requests"
 #: Trigger strings: a request whose user content contains one fails with that HTTP status.
 FAIL_400_TRIGGER = "__FAIL_400__"
 FAIL_500_TRIGGER = "__FAIL_500__"
+#: A request whose user content contains it is answered with a refusal (HTTP 200; the answer's
+#: ``refusal``, as the model's own refusal arrives), on chat completions and the Responses API.
+REFUSE_TRIGGER = "__REFUSE__"
+REFUSAL_TEXT = "I'm sorry, but I can't help with that."
 
 BATCH_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 THIRTY_DAYS = 30 * 86400

@@ -11,6 +11,7 @@ the spec forbids, without a validator at run time:
   ``minimum``/``maximum`` (``temperature: 3``, ``top_p: 1.5``, ``n: 0``), a value outside an
   ``enum``, an empty ``messages``, a message ``role`` the spec does not list; the ``param`` is
   the parameter's path (``messages[0].role``), the codes and wording those of OpenAI's errors;
+* :func:`responses_request_error` -> the same for a Responses API body (``CreateResponse``);
 * :func:`batch_request_error` -> the same for a ``POST /v1/batches`` body's
   ``output_expires_after`` (``seconds`` between the spec's 3600 and 2592000).
 
@@ -29,7 +30,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["SPEC_FILE", "schemas", "chat_request_error", "batch_request_error"]
+__all__ = ["SPEC_FILE", "schemas", "chat_request_error", "responses_request_error", "batch_request_error"]
 
 #: The pinned part of OpenAI's OpenAPI spec (package data)
 SPEC_FILE = Path(__file__).with_name("openai_openapi.yaml")
@@ -43,7 +44,7 @@ _SEEN = {bool: "a boolean", int: "an integer", float: "a decimal", str: "a strin
 def schemas() -> dict[str, Any]:
     """The pinned ``components.schemas``, by name."""
     with open(SPEC_FILE, encoding="utf-8") as fh:
-        out: dict[str, Any] = yaml.safe_load(fh)["components"]["schemas"]
+        out: dict[str, Any] = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["components"]["schemas"]
     return out
 
 
@@ -194,6 +195,24 @@ def _discriminated(param: str, value: Any, schema: Mapping[str, Any], branches: 
 def chat_request_error(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``error`` of the 400 OpenAI answers for a chat-completions ``body`` the spec refuses."""
     return _object_error("", body, _merged(schemas()["CreateChatCompletionRequest"]))
+
+
+def responses_request_error(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``error`` of the 400 OpenAI answers for a ``POST /v1/responses`` ``body`` the spec
+    refuses (``CreateResponse``: ``max_output_tokens`` below 16, ``temperature: 3``, a
+    ``reasoning.effort`` or ``service_tier`` outside its enum, an input item's ``role``, ...)."""
+    refused = _object_error("", body, _merged(schemas()["CreateResponse"]))
+    items = body.get("input")
+    if refused is not None or not isinstance(items, list):
+        return refused
+    # ``input`` is a string or items; an item without a ``type`` (or ``type: message``) is an
+    # ``EasyInputMessage`` (role user, assistant, system or developer), which the walk checks
+    message = _merged(schemas()["EasyInputMessage"])
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping) and item.get("type") in (None, "message"):
+            if (refused := _object_error(f"input[{i}]", item, message)) is not None:
+                return refused
+    return None
 
 
 def batch_request_error(body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -9,9 +9,9 @@ import random
 from array import array
 from pathlib import Path
 
-from batchgrader.emulator.answers import chat_answer
+from batchgrader.emulator.answers import chat_answer, responses_answer
 from batchgrader.emulator.common import _hex, _now_int
-from batchgrader.emulator.config import BATCH_EXPIRED_MESSAGE, THIRTY_DAYS
+from batchgrader.emulator.config import BATCH_EXPIRED_MESSAGE, RESPONSES_ENDPOINT, THIRTY_DAYS
 from batchgrader.emulator.files import Files
 from batchgrader.emulator.state import State, _Batch, _empty_usage, _Lines, _Out, _Req
 from batchgrader.emulator.validation import Validation, request_of
@@ -19,6 +19,7 @@ from batchgrader.emulator.validation import Validation, request_of
 #: Stands for ``created`` in a drafted output line (the line is made before it is dated).
 _CREATED_SLOT = 8_164_093_251_076_543_219
 _CREATED_KEY = f'"created": {_CREATED_SLOT}'
+_CREATED_AT_KEY = f'"created_at": {_CREATED_SLOT}'  # a Responses body's
 
 _Draft = tuple[str, str | None, tuple[int, int, int, int] | None]
 
@@ -91,7 +92,7 @@ class Results:
         self.validation = validation
         self.files = files
 
-    def draft(self, req: _Req, model: str, bid: str) -> _Draft:
+    def draft(self, req: _Req, model: str, bid: str, endpoint: str = "") -> _Draft:
         """A request's output line, undated: ``(head, tail, tokens)``; the line dated ``created`` is
         ``head + str(created) + tail`` (a failed request's line has no date: ``(line, None, None)``).
         ``tokens`` is (input, cached, output, reasoning)."""
@@ -107,13 +108,19 @@ class Results:
                 }
             )
             return line, None, None
-        body = chat_answer(self.state.cfg, req, model, _CREATED_SLOT)
+        responses = endpoint == RESPONSES_ENDPOINT
+        body = (responses_answer if responses else chat_answer)(self.state.cfg, req, model, _CREATED_SLOT)
         u = body["usage"]
         tokens = (
-            u["prompt_tokens"],
-            u["prompt_tokens_details"]["cached_tokens"],
-            u["completion_tokens"],
-            u["completion_tokens_details"]["reasoning_tokens"],
+            (u["input_tokens"], u["input_tokens_details"]["cached_tokens"], u["output_tokens"])
+            + (u["output_tokens_details"]["reasoning_tokens"],)
+            if responses
+            else (
+                u["prompt_tokens"],
+                u["prompt_tokens_details"]["cached_tokens"],
+                u["completion_tokens"],
+                u["completion_tokens_details"]["reasoning_tokens"],
+            )
         )
         line = json.dumps(
             {
@@ -124,8 +131,9 @@ class Results:
             }
         )
         # The first '"created": N' outside a string (a string holds no bare quote) is the body's.
-        head, tail = line.split(_CREATED_KEY, 1)
-        return head + '"created": ', tail, tokens
+        key = _CREATED_AT_KEY if responses else _CREATED_KEY
+        head, tail = line.split(key, 1)
+        return head + key.split(" ")[0] + " ", tail, tokens
 
     def start(self, b: _Batch) -> None:
         """On the real clock, draft the answers of a batch that starts running in the background,
@@ -149,7 +157,7 @@ class Results:
                         if i % 256 == 0 and (b.drafts is not drafts or b.status not in ("in_progress", "finalizing")):
                             return  # done with, cancelled or expired: the rest is not needed
                         raw = lines.get(i)
-                        d = self.draft(request_of(plan, i, raw), model, bid) if i >= b.answered else None
+                        d = self.draft(request_of(plan, i, raw), model, bid, plan.endpoint) if i >= b.answered else None
                         out.write(_encode_draft(d))
                         if (i + 1) % DRAFT_FLUSH == 0:
                             out.flush()
@@ -183,7 +191,7 @@ class Results:
         for i in range(b.answered, processed):
             # drafted in the background (real clock), or made now: the same line either way
             d = drafts.take(i) if drafts is not None and i < drafts.ready else None
-            head, tail, tokens = d if d is not None else self.draft(self.validation.request(b, i), model, bid)
+            head, tail, tokens = d if d is not None else self.draft(self.validation.request(b, i), model, bid, b.obj["endpoint"])
             b.out.add(head if tail is None else head + created + tail, tokens)
         b.answered = processed
         if drafts is not None and processed >= plan.n:

@@ -95,6 +95,10 @@ def _chat_completion(c: Call) -> Answer:
     return 200, c.store.sync.chat_completion(_openai_json(c.body), c.params.get("id"))
 
 
+def _response(c: Call) -> Answer:
+    return 200, c.store.sync.response(_openai_json(c.body))
+
+
 def _create_batch(c: Call) -> Answer:
     return 200, c.store.batches.create_batch(_openai_json(c.body), azure=c.azure)
 
@@ -107,6 +111,7 @@ _OPENAI: list[tuple[str, str, str, Callable[[Call], Answer]]] = [
     ("GET", "/v1/files/{id}/content", "file_content", lambda c: (200, c.store.files.file_body(c.id))),
     ("POST", "/v1/batches", "create_batch", _create_batch),
     ("POST", "/v1/chat/completions", "chat_completion", _chat_completion),
+    ("POST", "/v1/responses", "response", _response),
     ("POST", "/v1/deployments/{id}/chat/completions", "chat_completion", _chat_completion),
     ("GET", "/v1/batches", "list_batches", lambda c: (200, c.store.batches.list_batches(c.query))),
     ("GET", "/v1/batches/{id}", "retrieve_batch", lambda c: (200, c.store.batches.retrieve_batch(c.id))),

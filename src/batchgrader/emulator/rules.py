@@ -19,6 +19,8 @@ refuses on the other, with the provider's own error shape:
   by effort (as reasoning models spend them), so a small output bound truncates in the sandbox
   as it does live.
 
+* :func:`shut_down` -> OpenAI's 404 message for a model past its catalogue ``shutdown`` date on
+  the emulator's clock (sync: a 404 ``model_not_found``; a batch: fails validation with it);
 * :func:`known_model` -> whether the emulator serves a model id (the shipped catalogue, and the
   ids and catalogue file the emulator's configuration adds); each API answers any other id 404
   with its own error shape, as the real APIs answer a model they do not know.
@@ -34,13 +36,17 @@ from typing import Any
 
 from batchgrader.core.providers import anthropic_refused_sampling
 from batchgrader.emulator.config import EmulatorConfig
-from batchgrader.emulator.openapi import chat_request_error
+from batchgrader.emulator.openapi import chat_request_error, responses_request_error
 from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.modelspec import ModelSpec
 
 __all__ = [
     "REASONING_DRAW",
+    "SHUTDOWN_MESSAGE",
+    "shut_down",
     "openai_request_error",
+    "responses_request_error_of",
+    "RESPONSES_ONLY_MESSAGE",
     "anthropic_request_error",
     "gemini_request_error",
     "reasoning_tokens",
@@ -98,6 +104,25 @@ def known_model(model: str, cfg: EmulatorConfig) -> bool:
     return cfg.models_file is not None and key in _file_models(str(cfg.models_file))
 
 
+#: OpenAI's answer for a model past its shutdown date, as recorded live: 404 ``model_not_found``,
+#: ``invalid_request_error``, param null (third-party transcripts of gpt-3.5-turbo-1106, gpt-5-codex,
+#: gpt-4-0314 and text-davinci-003 after their shutdowns; not re-checked live)
+SHUTDOWN_MESSAGE = "The model `{model}` has been deprecated, learn more here: https://platform.openai.com/docs/deprecations"
+
+
+def shut_down(model: str, cfg: EmulatorConfig) -> str | None:
+    """OpenAI's message for ``model`` when its shipped catalogue row's ``shutdown`` date has come
+    on the emulator's clock (UTC), else None.  Only OpenAI rows carry a date (an Azure deployment
+    retires on Azure's own schedule)."""
+    import datetime
+
+    spec = shipped_spec(model)
+    if spec.shutdown is None or spec.provider != "openai":
+        return None
+    today = datetime.datetime.fromtimestamp(cfg.clock(), datetime.UTC).date()
+    return SHUTDOWN_MESSAGE.format(model=model) if today >= datetime.date.fromisoformat(spec.shutdown) else None
+
+
 def reasoning_tokens(spec: ModelSpec, effort: str | None, rng: random.Random, budget: int | None = None) -> int:
     """Reasoning tokens of one answer of a model with ``spec`` at ``effort`` (None: the model's
     default); at most ``budget`` when a thinking budget is set."""
@@ -113,15 +138,61 @@ def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
 
+#: OpenAI's 404 for a Responses-only model (o1-pro, o3-pro, gpt-5-pro, ...) on chat completions, as
+#: recorded live: n8n-io/n8n#18352 (2025-08-14: 404, type invalid_request_error, param model, code
+#: null) and HeyPuter/puter#1303 (o3-pro, 2025-06-12); not re-checked live since
+RESPONSES_ONLY_MESSAGE = "This model is only supported in v1/responses and not in v1/chat/completions."
+
+
 def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
+    spec = shipped_spec(str(body.get("model") or ""))
+    if spec.provider == "openai" and not spec.serves_chat:
+        return 404, {
+            "error": {"message": RESPONSES_ONLY_MESSAGE, "type": "invalid_request_error", "param": "model", "code": None}
+        }
     if (invalid := chat_request_error(body)) is not None:
         return 400, {"error": invalid}
-    spec = shipped_spec(str(body.get("model") or ""))
     for check in (_tier_error, _effort_error, _bounds_error):
         refused = check(body, spec)
         if refused is not None:
             return 400, refused
+    return None
+
+
+#: a Responses body's fields as the chat rules name them, and back (for the error's param and wording)
+_RESPONSES_NAMES = {
+    "reasoning_effort": "reasoning.effort",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+}
+
+
+def responses_request_error_of(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The HTTP status and error body OpenAI answers for this ``POST /v1/responses`` body, or
+    None: what the spec refuses (:func:`~batchgrader.emulator.openapi.responses_request_error`),
+    then the model's rules of :func:`openai_request_error` (flex tier, reasoning effort,
+    temperature, output bound) on the Responses fields (``reasoning.effort``, ``max_output_tokens``)."""
+    if (invalid := responses_request_error(body)) is not None:
+        return 400, {"error": invalid}
+    spec = shipped_spec(str(body.get("model") or ""))
+    reasoning = body.get("reasoning")
+    chat_like: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "service_tier") if k in body}
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") is not None:
+        chat_like["reasoning_effort"] = reasoning["effort"]
+    if isinstance(body.get("max_output_tokens"), int):
+        chat_like["max_completion_tokens"] = body["max_output_tokens"]
+    for check in (_tier_error, _effort_error, _bounds_error):
+        refused = check(chat_like, spec)
+        if refused is not None:
+            err = refused["error"]
+            param = _RESPONSES_NAMES.get(err["param"], err["param"])
+            message = str(err["message"])
+            for chat_name, name in _RESPONSES_NAMES.items():
+                message = message.replace(f"'{chat_name}'", f"'{name}'").replace(
+                    f"{chat_name} is too large", f"{name} is too large"
+                )
+            return 400, _openai_error(message, param, err["code"])
     return None
 
 

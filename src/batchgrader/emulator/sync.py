@@ -3,6 +3,7 @@
 * OpenAI and Azure ``POST /v1/chat/completions`` (Azure:
   ``/openai/deployments/{deployment}/chat/completions?api-version=...``, the deployment's name as
   the model) -> a ``chat.completion``;
+* OpenAI ``POST /v1/responses`` (the Responses API) -> a ``response``;
 * Anthropic ``POST /v1/messages`` -> a ``Message``;
 * Gemini ``POST /v1beta/models/{model}:generateContent`` -> a ``GenerateContentResponse``.
 
@@ -38,12 +39,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from batchgrader.emulator.answers import chat_answer
+from batchgrader.emulator.answers import chat_answer, responses_answer
 from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_type, anthropic_result
 from batchgrader.emulator.common import ApiError
-from batchgrader.emulator.config import CHAT_ENDPOINT
+from batchgrader.emulator.config import CHAT_ENDPOINT, RESPONSES_ENDPOINT
 from batchgrader.emulator.gemini import GeminiApiError, gemini_result
-from batchgrader.emulator.rules import known_model
+from batchgrader.emulator.rules import known_model, shut_down
 from batchgrader.emulator.state import State
 from batchgrader.emulator.validation import check_input, request_of
 
@@ -191,6 +192,18 @@ class Sync:
 
     def chat_completion(self, body: Any, deployment: str | None = None) -> dict[str, Any]:
         """``POST /v1/chat/completions`` (with ``deployment``: Azure's, whose name is the model)."""
+        return self._openai(body, CHAT_ENDPOINT, deployment)
+
+    def response(self, body: Any) -> dict[str, Any]:
+        """``POST /v1/responses``: the Responses API, with the checks and answers of a batch line
+        targeting ``/v1/responses``."""
+        if isinstance(body, dict) and body.get("background") is True:
+            raise ApiError(
+                400, "The emulator does not run responses in the background; send background=false.", param="background"
+            )
+        return self._openai(body, RESPONSES_ENDPOINT, None)
+
+    def _openai(self, body: Any, endpoint: str, deployment: str | None) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "We could not parse the JSON body of your request.")
         if deployment is not None and not body.get("model"):
@@ -205,12 +218,14 @@ class Sync:
                     code="DeploymentNotFound",
                 )
             raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found")
+        if deployment is None and (gone := shut_down(model, self.state.cfg)) is not None:
+            raise ApiError(404, gone, code="model_not_found")
         if body.get("stream") is True:
             raise ApiError(400, "The emulator does not stream; send stream=false.", param="stream", code="unsupported_value")
-        cid = "sync-" + _request_id("chat", body)
-        line = json.dumps({"custom_id": cid, "method": "POST", "url": CHAT_ENDPOINT, "body": {**body, "stream": False}})
+        cid = "sync-" + _request_id("chat" if endpoint == CHAT_ENDPOINT else "responses", body)
+        line = json.dumps({"custom_id": cid, "method": "POST", "url": endpoint, "body": {**body, "stream": False}})
         raw = line.encode("utf-8")
-        checked = check_input(io.BytesIO(raw), CHAT_ENDPOINT, self.state.cfg, self.state.token_cache)
+        checked = check_input(io.BytesIO(raw), endpoint, self.state.cfg, self.state.token_cache)
         if checked.errors:
             e = checked.errors[0]
             param = (e.get("param") or "").removeprefix("body.") or None
@@ -233,8 +248,9 @@ class Sync:
                 f"(RPM/TPM): Limit {refusal.limit}, Used {refusal.used}. Please try again in {refusal.wait:.3f}s.",
                 openai_limit_headers(refusal),
             )
+        answer = chat_answer if endpoint == CHAT_ENDPOINT else responses_answer
         with self.state.lock:
-            out = chat_answer(self.state.cfg, req, checked.model, int(self.state.clock()))
+            out = answer(self.state.cfg, req, checked.model, int(self.state.clock()))
         if body.get("service_tier") == "flex":
             out = {**out, "service_tier": "flex"}
         return out

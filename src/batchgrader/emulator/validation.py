@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from batchgrader.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model
+from batchgrader.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model, chat_format, responses_messages
 from batchgrader.emulator.common import _error_body, _server_error_body, _unit
 from batchgrader.emulator.config import (
     AZURE_CHAT_ENDPOINT,
@@ -24,10 +24,11 @@ from batchgrader.emulator.config import (
     ENQUEUED_STATUSES,
     FAIL_400_TRIGGER,
     FAIL_500_TRIGGER,
+    RESPONSES_ENDPOINT,
     token_limit_message,
 )
 from batchgrader.emulator.prompt_cache import BatchCache, openai_cached_tokens
-from batchgrader.emulator.rules import known_model, openai_request_error
+from batchgrader.emulator.rules import known_model, openai_request_error, responses_request_error_of, shut_down
 from batchgrader.emulator.state import (
     FAIL_CONTENT,
     FAIL_NONE,
@@ -132,7 +133,7 @@ def _body_of(item: dict[str, Any], endpoint: str, chat: bool, azure: bool) -> tu
     if not isinstance(body, dict):
         raise _LineError("invalid_request", "Invalid type for 'body': expected an object.", "body")
     if body.get("stream") is True:
-        name = "Chat Completions" if chat else endpoint
+        name = "Chat Completions" if chat else "Responses" if endpoint == RESPONSES_ENDPOINT else endpoint
         raise _LineError("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.", "body.stream")
     m = body.get("model")
     if not isinstance(m, str) or not m:
@@ -158,6 +159,7 @@ class _LineChecker:
     def __init__(self, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool) -> None:
         self.endpoint, self.cfg, self.cache, self.azure = endpoint, cfg, cache, azure
         self.chat = endpoint == CHAT_ENDPOINT or (azure and endpoint == AZURE_CHAT_ENDPOINT)
+        self.answered = self.chat or endpoint == RESPONSES_ENDPOINT  # the endpoints the emulator answers
         self.errors: list[dict[str, Any]] = []
         self.model: str | None = None
         self.seen: set[str] = set()
@@ -169,8 +171,10 @@ class _LineChecker:
             item = _item_of(raw, self.seen)
             body, m = _body_of(item, self.endpoint, self.chat, self.azure)
             self._same_model(m)
-            if self.chat and not known_model(m, self.cfg):
+            if self.answered and not known_model(m, self.cfg):
                 raise _LineError("model_not_found", f"The provided model '{m}' is not supported by the Batch API.", "body.model")
+            if self.answered and not self.azure and (gone := shut_down(m, self.cfg)) is not None:
+                raise _LineError("model_not_found", gone, "body.model")  # the batch's wording is not verified live
             if self.chat and not isinstance(body.get("messages"), list):
                 raise _LineError("invalid_request", "Messages parameter is required.", "body.messages")
         except _LineError as e:
@@ -234,10 +238,16 @@ def schema_tokens(model: str, response_format: Any, cfg: EmulatorConfig, cache: 
     return found
 
 
+def messages_of(endpoint: str, body: dict[str, Any]) -> list[dict[str, str]]:
+    """A request's messages as counted: a chat body's ``messages``, a Responses body's
+    ``instructions`` and ``input`` (:func:`~batchgrader.emulator.answers.responses_messages`)."""
+    return _countable_messages(responses_messages(body) if endpoint == RESPONSES_ENDPOINT else body.get("messages"))
+
+
 def content_failure(endpoint: str, body: dict[str, Any], model: str) -> tuple[int, dict[str, Any]] | None:
     """The reply of a request that fails by its content alone (status, body), or None."""
     chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT)  # the Azure one only exists on Azure batches
-    msgs = _countable_messages(body.get("messages"))
+    msgs = messages_of(endpoint, body)
     user_text = " ".join(m.get("content", "") for m in msgs)
     if FAIL_400_TRIGGER in user_text:
         return (
@@ -251,11 +261,13 @@ def content_failure(endpoint: str, body: dict[str, Any], model: str) -> tuple[in
         )
     if FAIL_500_TRIGGER in user_text:
         return 500, _server_error_body()
+    if endpoint == RESPONSES_ENDPOINT:
+        return responses_request_error_of(body)
     if not chat:
         return (
             400,
             _error_body(
-                f"The emulator does not implement {endpoint}; only {CHAT_ENDPOINT} requests are answered.",
+                f"The emulator does not implement {endpoint}; only {CHAT_ENDPOINT} and {RESPONSES_ENDPOINT} requests are answered.",
                 "invalid_request_error",
                 "url",
                 "unsupported_endpoint",
@@ -282,7 +294,8 @@ class _Planner:
 
     def __init__(self, endpoint: str, model: str, cfg: EmulatorConfig, cache: TokenCache) -> None:
         self.endpoint, self.model, self.cfg, self.cache = endpoint, model, cfg, cache
-        self.chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT)
+        self.chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT, RESPONSES_ENDPOINT)  # counted and answered
+        self.responses = endpoint == RESPONSES_ENDPOINT
         self.plan = _Plan(model, endpoint, array("q"), array("q"), bytearray())
         self.seen: BatchCache = set()  # prompt-cache prefixes written so far in this batch
         self.prefix_tokens: dict[str, int] = {}
@@ -290,7 +303,7 @@ class _Planner:
 
     def add(self, parsed: list[tuple[str, dict[str, Any]]]) -> None:
         model, cache, plan = self.model, self.cache, self.plan
-        messages = [_countable_messages(body.get("messages")) for _, body in parsed]
+        messages = [messages_of(self.endpoint, body) for _, body in parsed]
         prompt = cache.count_many(model, messages) if self.chat else [0] * len(parsed)
         for (_, body), msgs, pt in zip(parsed, messages, prompt):
             cached = 0
@@ -303,7 +316,8 @@ class _Planner:
                     return self.prefix_tokens[first]
 
                 cached = openai_cached_tokens(self.seen, model, pt, first, count_first, body.get("prompt_cache_key"))
-            pt += schema_tokens(model, body.get("response_format"), self.cfg, self.schema_cache)
+            rf = chat_format(body) if self.responses else body.get("response_format")
+            pt += schema_tokens(model, rf, self.cfg, self.schema_cache)
             plan.prompt.append(pt)
             plan.cached.append(cached)
             failed = content_failure(self.endpoint, body, model) is not None

@@ -328,7 +328,9 @@ def gemini_thinking(model: str, effort: str | None) -> dict[str, Any] | None:
 
 
 def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) -> list[dict[str, Any]]:
-    """One dict per catalogue row (``bgctl models``): its prices, limits, rules, source and origin.
+    """One dict per catalogue row (``bgctl models``): its prices in force on the table's day (UTC
+    today unless pinned), the day they took effect (``price_from``) and the later days they change
+    (``price_changes``, from the catalogue's dated rows), limits, rules, source and origin.
     ``temperature`` is what the model takes as requests are sent: under an Anthropic API version
     that refuses sampling parameters (core/providers.ANTHROPIC_API_VERSIONS), a Claude row's own
     rule does not apply and the row says ``none (API)`` (``temperature_api_version`` names the version)."""
@@ -336,6 +338,7 @@ def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) 
 
     version = anthropic_api_version or ANTHROPIC_DEFAULT_API_VERSION
     refused = "temperature" in ANTHROPIC_API_VERSIONS.get(version, ())
+    day = table.day or _utc_today()  # the prices shown are those in force on this day
     out = []
     for key in sorted(table, key=lambda k: (table[k].spec.provider or "~", k)):
         p = table[key]
@@ -375,6 +378,8 @@ def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) 
                 "origin": p.origin,
                 "price_source": p.price_source,
                 "price_sources": dict(p.sources),
+                "price_from": p.price_from,
+                "price_changes": [d.isoformat() for d in p.changes_after(day)],
             }
         )
     return out

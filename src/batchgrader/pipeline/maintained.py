@@ -18,7 +18,9 @@ prices (:data:`~batchgrader.pipeline.pricing.STANDARD_OVER_BATCH`); a Batch cach
 of the standard cache-read rate, except where the provider's facts say it pays the standard rate
 (Gemini, whose Batch guide bills it at "the standard context-caching rate"; core/providers.py).
 A row's provider maps to genai-prices' provider id by ``ProviderFacts.genai_prices_id``.  Tiered (long-context) prices are read at their base tier, as our rows
-price prompts below the tier; a dated price (e.g. a price cut) is the one valid on the day asked.
+price prompts below the tier; a dated price (e.g. a price cut) is the one valid on the day asked; the shipped rows carry their own dated prices
+(``price_from``), and :func:`change_days` lists the days after today on which either side changes,
+so that ``bgctl models --check`` compares both sides on each of them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ __all__ = [
     "genai_prices_version",
     "maintained_prices",
     "differences",
+    "change_days",
+    "differences_from",
     "doc_table",
 ]
 
@@ -125,9 +129,12 @@ class Difference:
     ours: float | None
     theirs: float | None
     deliberate: Deliberate | None = None
+    #: the first day compared on which the figures differ (YYYY-MM-DD; see :func:`differences_from`)
+    day: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"model": self.model, "field": self.field, "ours": self.ours, "theirs": self.theirs}
+        d["day"] = self.day
         d["deliberate"] = None
         if self.deliberate is not None:
             d["deliberate"] = {
@@ -262,7 +269,7 @@ def differences(shipped: Any, day: datetime.date) -> list[Difference]:
     keys to :class:`~batchgrader.pipeline.pricing.Price` (the shipped rows, before any overlay)."""
     out: list[Difference] = []
     for key in sorted(shipped):
-        price = shipped[key]
+        price = shipped[key].on(day)  # a row with dated prices: the period in force that day
         provider = price.spec.provider or ""
         theirs = maintained_prices(provider, price.model, day)
         if theirs is None:
@@ -281,6 +288,42 @@ def differences(shipped: Any, day: datetime.date) -> list[Difference]:
                     known = None  # the entry is about other figures: the difference is new
                 out.append(Difference(price.model, field, a, b, known))
     return out
+
+
+def differences_from(shipped: Any, day: datetime.date) -> list[Difference]:
+    """:func:`differences` on ``day`` and on each later day a dated price changes
+    (:func:`change_days`), each difference once, with the first day it is found."""
+    import dataclasses
+
+    out: list[Difference] = []
+    seen: set[tuple[str, str, float | None, float | None]] = set()
+    for when in (day, *change_days(shipped, day)):
+        for diff in differences(shipped, when):
+            key = (diff.model, diff.field, diff.ours, diff.theirs)
+            if key not in seen:
+                seen.add(key)
+                out.append(dataclasses.replace(diff, day=when.isoformat()))
+    return out
+
+
+def change_days(shipped: Any, day: datetime.date) -> list[datetime.date]:
+    """The days after ``day`` on which a shipped row's prices or genai-prices' figures for it
+    change (their dated prices), in order: with ``day``, the days :func:`differences` must be
+    asked about for the rows to stay right across every known change."""
+    days: set[datetime.date] = set()
+    for price in shipped.values():
+        days.update(price.changes_after(day))
+        info = _model(price.spec.provider or "", price.model)
+        if info is not None:
+            days.update(d for d in _start_days(info) if d > day)
+    return sorted(days)
+
+
+def _start_days(info: Any) -> list[datetime.date]:
+    """The start dates of a genai-prices model's dated prices and price variants."""
+    constraints = [c.constraint for c in info.prices] if isinstance(info.prices, list) else []
+    constraints += [v.constraint for v in info.price_variants or ()]
+    return [c.start_date for c in constraints if c is not None and hasattr(c, "start_date")]
 
 
 def _same(a: float | None, b: float | None) -> bool:

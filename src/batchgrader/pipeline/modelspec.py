@@ -82,6 +82,7 @@ SPEC_COLUMNS = (
     "structured_output",
     "min_cache_prefix",
     "flex",
+    "endpoint",
     "shutdown",
     "successor",
     "notes",
@@ -92,6 +93,7 @@ EFFORTS = REASONING_EFFORTS
 PROVIDERS = tuple(name for name, f in PROVIDER_FACTS.items() if f.in_catalogue)  # core/providers.py
 CONTROLS = ("effort", "budget", "level")
 TEMPERATURE_RULES = ("any", "default", "effort-none", "deprecated")
+ENDPOINTS = ("responses", "both")
 OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
@@ -119,9 +121,22 @@ class ModelSpec:
     structured_output: bool | None = None
     min_cache_prefix: int | None = None
     flex: bool | None = None
+    #: OpenAI's endpoints serving the model: "responses" (the Responses API only), "both" (chat
+    #: completions and Responses), None (chat completions; Responses not known)
+    endpoint: str | None = None
     shutdown: str | None = None  # YYYY-MM-DD
     successor: str | None = None
     notes: str | None = None
+
+    @property
+    def serves_chat(self) -> bool:
+        """Whether OpenAI serves the model on ``/v1/chat/completions`` (not a Responses-only model)."""
+        return self.endpoint != "responses"
+
+    @property
+    def serves_responses(self) -> bool:
+        """Whether the catalogue says OpenAI serves the model on ``/v1/responses``."""
+        return self.endpoint in ("responses", "both")
 
     def effective_effort(self, setting: str | None) -> str | None:
         """The effort a request runs at: the setting, else the model's default (None: no reasoning)."""
@@ -205,6 +220,8 @@ def _parse_cell(column: str, text: str) -> Any:
         return _choice(text, column, OUTPUT_PARAMS)
     if column in ("structured_output", "flex"):
         return _yes_no(text, column)
+    if column == "endpoint":
+        return _choice(text, column, ENDPOINTS)
     if column == "shutdown":
         return _date(text, column)
     if column == "successor":

@@ -7,10 +7,17 @@ with the same columns (normally ``pricing.csv`` in the home) is merged over that
 replaces the row of the same model as a whole, or adds a model.  Each price figure records its
 source (:attr:`Price.sources`).
 
-Columns: ``model,input_per_1m,cached_input_per_1m,output_per_1m,context_window,taken_on,source``.
+Columns: ``model,input_per_1m,cached_input_per_1m,output_per_1m,context_window,taken_on,source,price_from``
+and the rule columns (:data:`~batchgrader.pipeline.modelspec.SPEC_COLUMNS`).
 ``model``, ``input_per_1m`` and ``output_per_1m`` are required in every row; the other columns
 may be left out of a user file or left empty (an empty cached price means cached input is billed
 at the input price; an empty context window means unknown).
+
+**Dated prices.** A row with a ``price_from`` date (UTC) gives the prices of a model *in force from
+that day*: it follows the model's row without one (whose prices apply before every dated row) and
+carries prices only (its rule cells stay empty; the model's row holds the rules).  A job is priced
+by the prices in force on the day they are looked up (:meth:`PriceTable.get`, UTC today unless the
+table is pinned to a day with :meth:`PriceTable.on`).
 
 Arithmetic is done in :class:`~decimal.Decimal` on the prices' decimal text, so
 ``1,000,000 x $0.075`` is exactly ``0.075``; results are returned as ``float`` (round them only
@@ -25,7 +32,7 @@ import dataclasses
 import io
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -58,7 +65,19 @@ __all__ = [
     "with_maintained",
 ]
 
-COLUMNS = ("model", "input_per_1m", "cached_input_per_1m", "output_per_1m", "context_window", "taken_on", "source", *SPEC_COLUMNS)
+COLUMNS = (
+    "model",
+    "input_per_1m",
+    "cached_input_per_1m",
+    "output_per_1m",
+    "context_window",
+    "taken_on",
+    "source",
+    "price_from",
+    *SPEC_COLUMNS,
+)
+#: the cells a dated row (``price_from`` set) may fill: its prices and where they come from
+DATED_ROW_COLUMNS = ("model", "price_from", "taken_on", "source", *PRICE_FIELDS)
 REQUIRED = ("model", "input_per_1m", "output_per_1m")
 SHIPPED = "shipped"
 
@@ -72,6 +91,27 @@ PRICING_DOCS = "https://developers.openai.com/api/docs/pricing"
 
 class PricingError(ValueError):
     """A price table is malformed, or a model has no price."""
+
+
+@dataclass(frozen=True)
+class PricePeriod:
+    """A catalogue row's prices in force from ``start`` (a UTC day, YYYY-MM-DD; None: from the
+    first day, until the first dated period).  USD per 1M tokens, as :class:`Price`'s fields."""
+
+    start: str | None
+    input_per_1m: float
+    cached_input_per_1m: float | None
+    output_per_1m: float
+    cache_write_per_1m: float | None = None
+    standard_input_per_1m: float | None = None
+    standard_cached_input_per_1m: float | None = None
+    standard_output_per_1m: float | None = None
+    taken_on: str | None = None
+    source: str | None = None
+
+    @property
+    def start_day(self) -> date:
+        return date.min if self.start is None else date.fromisoformat(self.start)
 
 
 @dataclass(frozen=True)
@@ -95,6 +135,46 @@ class Price:
     #: (price field, source) for each figure: "genai-prices X.Y.Z", "shipped catalogue" or "your pricing.csv";
     #: a field neither a source nor the shipped row gives (its fallback rule applies) is left out
     sources: tuple[tuple[str, str], ...] = ()
+    #: the first day the figures above are in force (None: from the first day); see :attr:`periods`
+    price_from: str | None = None
+    #: every period of a row with dated prices, in order (empty: one price, always in force)
+    periods: tuple[PricePeriod, ...] = ()
+
+    def on(self, day: date) -> Price:
+        """The prices in force on ``day`` (UTC): the last period starting on or before it."""
+        if not self.periods:
+            return self
+        period = self.periods[0]
+        for p in self.periods[1:]:
+            if p.start_day <= day:
+                period = p
+        if period.start == self.price_from:
+            return self
+        spec = dataclasses.replace(
+            self.spec,
+            cache_write_per_1m=period.cache_write_per_1m,
+            standard_input_per_1m=period.standard_input_per_1m,
+            standard_cached_input_per_1m=period.standard_cached_input_per_1m,
+            standard_output_per_1m=period.standard_output_per_1m,
+        )
+        out = dataclasses.replace(
+            self,
+            input_per_1m=period.input_per_1m,
+            cached_input_per_1m=period.cached_input_per_1m,
+            output_per_1m=period.output_per_1m,
+            taken_on=period.taken_on,
+            source=period.source,
+            spec=spec,
+            price_from=period.start,
+        )
+        if self.origin == SHIPPED:  # every figure of a shipped period is the shipped file's
+            figures = shipped_figures(out)
+            out = dataclasses.replace(out, sources=tuple((f, SHIPPED_SOURCE) for f in PRICE_FIELDS if figures[f] is not None))
+        return out
+
+    def changes_after(self, day: date) -> list[date]:
+        """The days after ``day`` on which this row's prices change."""
+        return [p.start_day for p in self.periods if p.start is not None and p.start_day > day]
 
     @property
     def price_source(self) -> str:
@@ -222,13 +302,61 @@ def cache_saving(
     return float(saved / _MILLION)
 
 
-class PriceTable(Mapping[str, Price]):
-    """Prices by model name (keys are lower-case).  Use :meth:`get` to look a model up."""
+def _utc_today() -> date:
+    return datetime.now(UTC).date()
 
-    def __init__(self, prices: Mapping[str, Price], user_file: Path | None = None):
-        self._prices = {k.lower(): v for k, v in prices.items()}
+
+#: how many days' resolved tables a :class:`PriceTable` keeps (a daemon asks for today's, a check a few)
+_DAYS_KEPT = 8
+
+
+class PriceTable(Mapping[str, Price]):
+    """Prices by model name (keys are lower-case).  Use :meth:`get` to look a model up.
+
+    A row with dated prices (:attr:`Price.periods`) is looked up at the prices in force on the
+    table's day: the day given to :meth:`on`, else the UTC day of each lookup, so a long-running
+    daemon prices with the prices in force when it looks them up.  ``prices`` is either the rows
+    (each resolved per day by :meth:`Price.on`) or a function of the day giving the resolved rows
+    (:func:`load_pricing`'s layers: shipped, genai-prices, the user's file)."""
+
+    def __init__(
+        self,
+        prices: Mapping[str, Price] | Callable[[date], Mapping[str, Price]],
+        user_file: Path | None = None,
+        day: date | None = None,
+    ):
+        if callable(prices):
+            self._build: Callable[[date], Mapping[str, Price]] = prices
+        else:
+            rows = dict(prices)
+            self._build = lambda d: {k: v.on(d) for k, v in rows.items()}
         self.user_file = user_file
-        self._aliases = {a: k for k, v in self._prices.items() for a in v.spec.aliases if a not in self._prices}
+        self.day = day
+        self._days: dict[date, tuple[dict[str, Price], dict[str, str]]] = {}
+
+    def on(self, day: date) -> PriceTable:
+        """This table with the prices in force on ``day`` (UTC)."""
+        view = PriceTable(self._build, self.user_file, day)
+        view._days = self._days  # one cache for every view of the same rows
+        return view
+
+    def resolved(self, day: date | None = None) -> dict[str, Price]:
+        """The rows as in force on ``day`` (the table's day when None), by lower-case model name."""
+        return self._resolved(day or self.day or _utc_today())[0]
+
+    def _resolved(self, day: date) -> tuple[dict[str, Price], dict[str, str]]:
+        hit = self._days.get(day)
+        if hit is None:
+            prices = {k.lower(): v for k, v in self._build(day).items()}
+            aliases = {a: k for k, v in prices.items() for a in v.spec.aliases if a not in prices}
+            if len(self._days) >= _DAYS_KEPT:
+                self._days.pop(next(iter(self._days)))
+            hit = self._days[day] = (prices, aliases)
+        return hit
+
+    @property
+    def _prices(self) -> dict[str, Price]:
+        return self._resolved(self.day or _utc_today())[0]
 
     def __getitem__(self, model: str) -> Price:
         return self._prices[model.strip().lower()]
@@ -244,22 +372,17 @@ class PriceTable(Mapping[str, Price]):
 
     def find(self, model: str) -> Price | None:
         """Like :meth:`get` but returns ``None`` for an unknown model."""
+        prices, aliases = self._resolved(self.day or _utc_today())
         key = model.strip().lower()
-        price = self._lookup(key)
+        price = _lookup(prices, aliases, key)
         if price is None:
             m = _DATED.match(key)
             if m and _is_date(m.group("date")):
-                price = self._lookup(m.group("base"))
+                price = _lookup(prices, aliases, m.group("base"))
         if price is None:
             m = _DATED_COMPACT.match(key)
             if m and _is_compact_date(m.group("date")):
-                price = self._lookup(m.group("base"))
-        return price
-
-    def _lookup(self, key: str) -> Price | None:
-        price = self._prices.get(key)
-        if price is None and key in self._aliases:
-            price = self._prices.get(self._aliases[key])
+                price = _lookup(prices, aliases, m.group("base"))
         return price
 
     def get(self, model: str) -> Price:  # type: ignore[override]  # raises instead of returning a default
@@ -283,6 +406,13 @@ class PriceTable(Mapping[str, Price]):
             f"using the Batch prices (USD per 1M tokens) published at {PRICING_DOCS} "
             "(see docs/configuration.md, 'Prices')"
         )
+
+
+def _lookup(prices: Mapping[str, Price], aliases: Mapping[str, str], key: str) -> Price | None:
+    price = prices.get(key)
+    if price is None and key in aliases:
+        price = prices.get(aliases[key])
+    return price
 
 
 def _is_compact_date(text: str) -> bool:
@@ -313,13 +443,18 @@ def _price_value(text: str, where: str, column: str, required: bool) -> float | 
     return value
 
 
-def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None = None) -> dict[str, Price]:
+def _parse(
+    text: str, name: str, origin: str, base: Mapping[str, Price] | None = None, day: date | None = None
+) -> dict[str, Price]:
     """The rows of one catalogue file; a catalogue column the header leaves out is taken from
-    ``base``'s row of the same model (the shipped row, for a user file)."""
+    ``base``'s row of the same model (the shipped row, for a user file).  A model's dated rows
+    (``price_from``) become its :attr:`Price.periods`; with ``day`` each row is the prices in
+    force that day, else the prices before its first dated row."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
     reader.fieldnames = _checked_header(reader.fieldnames, name)
     out: dict[str, Price] = {}
     first_line: dict[str, int] = {}
+    dated: dict[str, dict[str, tuple[int, PricePeriod]]] = {}
     for row in reader:
         line = reader.line_num
         where = f"{name}, line {line}"
@@ -332,13 +467,78 @@ def _parse(text: str, name: str, origin: str, base: Mapping[str, Price] | None =
                 continue  # a line of empty cells
             raise PricingError(f"{where}, column 'model': the model name is empty")
         key = model.lower()
+        base_row = (base or {}).get(key)
+        if cells.get("price_from", "").strip():
+            start, period = _dated_row(cells, model, where, first_line.get(key), base_row)
+            seen = dated.setdefault(key, {})
+            if start in seen:
+                raise PricingError(f"{where}, column 'price_from': {model!r} has a row from {start} on line {seen[start][0]}")
+            seen[start] = (line, period)
+            continue
         if key in first_line:
             raise PricingError(f"{where}, column 'model': {model!r} is already listed on line {first_line[key]}")
         first_line[key] = line
-        base_row = (base or {}).get(key)
-        price = _price_row(cells, model, where, origin, base_row)
-        out[key] = dataclasses.replace(price, sources=_sources(price, reader.fieldnames, origin, base_row))
+        out[key] = _price_row(cells, model, where, origin, base_row)
+    for key, price in out.items():
+        if key in dated:
+            price = _with_periods(price, [p for _, (_, p) in sorted(dated[key].items())])
+        if day is not None:
+            price = price.on(day)
+        out[key] = dataclasses.replace(price, sources=_sources(price, reader.fieldnames, origin, (base or {}).get(key)))
     return out
+
+
+def _dated_row(
+    cells: dict[str, str], model: str, where: str, model_line: int | None, base: Price | None
+) -> tuple[str, PricePeriod]:
+    """A dated row's :class:`PricePeriod`; refused unless it follows the model's undated row and
+    fills only :data:`DATED_ROW_COLUMNS`.  A price column the header leaves out is ``base``'s."""
+    start = cells["price_from"].strip()
+    if not _is_date(start):
+        raise PricingError(f"{where}, column 'price_from': {start!r} must be a date YYYY-MM-DD (UTC), or empty")
+    if model_line is None:
+        raise PricingError(
+            f"{where}, column 'price_from': the prices of {model!r} from {start} need the model's row without "
+            "'price_from' above them (it holds the model's rules and its prices before that day)"
+        )
+    stray = [c for c, v in cells.items() if v.strip() and c not in DATED_ROW_COLUMNS]
+    if stray:
+        raise PricingError(
+            f"{where}, column {stray[0]!r}: a dated row (price_from) carries prices only; put {stray[0]!r} on the "
+            f"row of {model!r} without 'price_from' (line {model_line})"
+        )
+    price = _price_row(cells, model, where, "", base)
+    spec = price.spec
+    return date.fromisoformat(start).isoformat(), PricePeriod(
+        start=date.fromisoformat(start).isoformat(),
+        input_per_1m=price.input_per_1m,
+        cached_input_per_1m=price.cached_input_per_1m,
+        output_per_1m=price.output_per_1m,
+        cache_write_per_1m=spec.cache_write_per_1m,
+        standard_input_per_1m=spec.standard_input_per_1m,
+        standard_cached_input_per_1m=spec.standard_cached_input_per_1m,
+        standard_output_per_1m=spec.standard_output_per_1m,
+        taken_on=price.taken_on,
+        source=price.source,
+    )
+
+
+def _with_periods(price: Price, later: list[PricePeriod]) -> Price:
+    """``price`` (its undated row) with its dated periods; its own figures stay those before the first."""
+    spec = price.spec
+    first = PricePeriod(
+        start=None,
+        input_per_1m=price.input_per_1m,
+        cached_input_per_1m=price.cached_input_per_1m,
+        output_per_1m=price.output_per_1m,
+        cache_write_per_1m=spec.cache_write_per_1m,
+        standard_input_per_1m=spec.standard_input_per_1m,
+        standard_cached_input_per_1m=spec.standard_cached_input_per_1m,
+        standard_output_per_1m=spec.standard_output_per_1m,
+        taken_on=price.taken_on,
+        source=price.source,
+    )
+    return dataclasses.replace(price, periods=(first, *later))
 
 
 def _sources(price: Price, header: Sequence[str], origin: str, base: Price | None) -> tuple[tuple[str, str], ...]:
@@ -443,17 +643,16 @@ _SPEC_PRICE_FIELDS = ("cache_write_per_1m", "standard_input_per_1m", "standard_c
 
 
 def load_pricing(user_file: str | Path | None = None, day: date | None = None, maintained: bool = True) -> PriceTable:
-    """The shipped rows, their prices from ``genai-prices`` as valid on ``day`` (UTC today when
-    None; ``maintained=False``: the shipped prices as they are), with ``user_file`` (if given)
-    merged over them by model name.
+    """The shipped rows, their prices from ``genai-prices`` (``maintained=False``: the shipped
+    prices as they are), with ``user_file`` (if given) merged over them by model name, each as in
+    force on the day it is looked up: ``day``, else the UTC day of the lookup (:class:`PriceTable`).
 
     A given ``user_file`` must exist.  Any problem in it raises :class:`PricingError` naming the
-    file, the line and the column.
+    file, the line and the column (here, not at the first lookup).
     """
-    prices = shipped_prices()
-    if maintained:
-        prices = with_maintained(prices, day)
+    shipped = shipped_prices()
     path: Path | None = None
+    text: str | None = None
     if user_file is not None:
         path = Path(user_file)
         try:
@@ -464,8 +663,18 @@ def load_pricing(user_file: str | Path | None = None, day: date | None = None, m
             raise PricingError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except OSError as exc:
             raise PricingError(f"{path}: cannot read pricing file ({exc.strerror or exc})") from None
-        prices.update(_parse(text, str(path), str(path), base=prices))
-    return PriceTable(prices, user_file=path)
+
+    def on(d: date) -> dict[str, Price]:
+        prices = {k: p.on(d) for k, p in shipped.items()}
+        if maintained:
+            prices = with_maintained(prices, d)
+        if text is not None:
+            prices.update(_parse(text, str(path), str(path), base=prices, day=d))
+        return prices
+
+    table = PriceTable(on, user_file=path, day=day)
+    table.resolved()  # a malformed user file is refused now
+    return table
 
 
 def with_deployments(prices: PriceTable, profiles: Iterable[Any]) -> PriceTable:
@@ -476,7 +685,7 @@ def with_deployments(prices: PriceTable, profiles: Iterable[Any]) -> PriceTable:
     name (with the deployment's own row, if the table has one, taking precedence).  Raises
     :class:`PricingError` naming the profile and the key to set when a deployment has no price,
     so nothing is uploaded for a job whose cost cannot be estimated."""
-    extra: dict[str, Price] = {}
+    extra: dict[str, str] = {}  # deployment -> the model it runs
     for prof in profiles:
         if prof.get("provider") != "azure":
             continue
@@ -495,9 +704,15 @@ def with_deployments(prices: PriceTable, profiles: Iterable[Any]) -> PriceTable:
                 f"{where}: 'azure_model' is {underlying!r}, which has no price: set 'azure_model' to a priced model "
                 f"or add a row named {deployment!r} (or {underlying!r}) to pricing.csv"
             )
-        extra[deployment.lower()] = dataclasses.replace(base, model=deployment)
+        extra[deployment] = underlying
     if not extra:
         return prices
-    merged = {k: prices[k] for k in prices}
-    merged.update(extra)
-    return PriceTable(merged, user_file=prices.user_file)
+
+    def on(d: date) -> dict[str, Price]:
+        day_table = prices.on(d)
+        merged = dict(day_table.resolved())
+        for deployment, underlying in extra.items():
+            merged[deployment.lower()] = dataclasses.replace(day_table.get(underlying), model=deployment)
+        return merged
+
+    return PriceTable(on, user_file=prices.user_file, day=prices.day)
