@@ -191,7 +191,7 @@ def test_an_output_bound_above_the_maximum(home: Home):
 
 
 def test_a_thinking_budget_that_does_not_fit_the_bound(home: Home):
-    [msg] = problems(home, "provider: anthropic\nmodel: claude-sonnet-4-5\nreasoning_effort: high\nmax_completion_tokens: 4000\n")
+    [msg] = problems(home, "provider: anthropic\nmodel: claude-haiku-4-5\nreasoning_effort: high\nmax_completion_tokens: 4000\n")
     assert "budget of 16384 tokens" in msg and "at least 17408" in msg
 
 
@@ -301,7 +301,7 @@ def test_daemon_exits_78_on_a_setting_the_model_refuses(home: Home):
 def test_temperature_with_anthropic_thinking_only_when_the_profile_asks_for_thinking(home: Home):
     pinned = "anthropic_api_version: 2023-06-01\nprovider: anthropic\n"
     assert problems(home, pinned + "model: claude-sonnet-4-6\ntemperature: 0\n") == []
-    [msg] = problems(home, pinned + "model: claude-sonnet-4-5\ntemperature: 0\nreasoning_effort: low\n")
+    [msg] = problems(home, pinned + "model: claude-haiku-4-5\ntemperature: 0\nreasoning_effort: low\n")
     assert "Anthropic accepts no other temperature than 1 with thinking" in msg
 
 

@@ -248,7 +248,7 @@ def test_openai_lines_carry_reasoning_effort_and_the_models_bound(home: Home) ->
 
 
 def test_anthropic_requests_carry_a_thinking_budget_or_an_effort(home: Home) -> None:
-    line = builder(home, "provider: anthropic\nmodel: claude-sonnet-4-5\nreasoning_effort: medium\n").request(
+    line = builder(home, "provider: anthropic\nmodel: claude-haiku-4-5\nreasoning_effort: medium\n").request(
         "c1", [{"role": "user", "content": "x"}]
     )
     params = to_anthropic_request(line)["params"]
