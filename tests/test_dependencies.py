@@ -17,7 +17,16 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["
 
 
 def _names(requirements: list[str]) -> set[str]:
-    return {re.split(r"[<>=!~\[;\s]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+    """The distributions ``requirements`` name; ``batchgrader[x,y]`` (an extra pulling in others) names theirs."""
+    out = set()
+    for r in requirements:
+        name = re.split(r"[<>=!~\[;\s]", r, maxsplit=1)[0].lower().replace("_", "-")
+        if name == PROJECT["name"] and "[" in r:
+            for extra in r.split("[", 1)[1].split("]", 1)[0].split(","):
+                out |= _names(PROJECT["optional-dependencies"][extra.strip()])
+        else:
+            out.add(name)
+    return out
 
 
 def imported(folder: str) -> dict[str, str]:
@@ -67,5 +76,6 @@ def test_every_package_the_tests_and_benchmarks_import_is_declared(folder):
 def test_the_check_finds_an_undeclared_import():
     declared = _names(PROJECT["dependencies"])
     assert {"numpy", "google-genai", "scikit-learn"} <= declared  # a requirement's name, versions and extras cut off
+    assert _names(["batchgrader[test]"]) == _names(PROJECT["optional-dependencies"]["test"])
     missing = _undeclared("src", declared - {"numpy", "scikit-learn"})
     assert [m.split(" ")[0] for m in missing] == ["numpy", "sklearn"]  # sklearn: the import name of scikit-learn
