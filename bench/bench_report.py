@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 from batchgrader.pipeline.tables import open_table  # noqa: E402
-from batchgrader.store.report import build_report, read_events_of  # noqa: E402
-from batchgrader.store.report_html import render_html  # noqa: E402
+from batchgrader.reports.report import build_report, read_events_of  # noqa: E402
+from batchgrader.reports.report_html import render_html  # noqa: E402
 
 CONFIG = """\
 poll_interval_seconds: 0.2

@@ -1,4 +1,4 @@
-"""Agreement figures (store/agreement.py) against hand-computed values on known tables.
+"""Agreement figures (reports/agreement.py) against hand-computed values on known tables.
 
 Every expected value below is worked out by hand (or by the plain formulas in this file), not by
 the library calls the module makes."""
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from batchgrader.store.agreement import NotComparable, agreement, table_figures
+from batchgrader.reports.agreement import NotComparable, agreement, table_figures
 
 
 def _expand(table: dict[tuple[str, str], int]) -> tuple[list[str], list[str]]:
@@ -139,7 +139,7 @@ def test_an_interval_narrows_as_the_table_grows():
 
 
 def test_panel_alpha_of_the_textbook_example():
-    from batchgrader.store.agreement import panel_alpha
+    from batchgrader.reports.agreement import panel_alpha
 
     n = None  # Krippendorff (2011): 4 observers, 12 units; alpha 0.743 nominal, 0.849 interval
     judges = {
@@ -154,7 +154,7 @@ def test_panel_alpha_of_the_textbook_example():
 
 
 def test_pairwise_kappa_of_the_textbook_table_and_per_judge_agreement():
-    from batchgrader.store.agreement import pairwise_kappa, per_judge
+    from batchgrader.reports.agreement import pairwise_kappa, per_judge
 
     first, second = _expand({("Yes", "yes"): 20, ("yes", "No"): 5, ("no", "yes"): 10, ("no", "no"): 15})
     judges = {"first": first, "second": second, "copy": list(first)}

@@ -10,7 +10,7 @@ import click
 import pytest
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.config import GLOBAL_ONLY, KEYS, env_name
+from batchgrader.core.config import KEYS, env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -63,41 +63,40 @@ def test_every_cli_command_is_documented(path):
 # --- configuration ---------------------------------------------------------------------------------
 
 
-def _fmt_default(value) -> str:
-    if value is None:
-        return "`null`"
-    if isinstance(value, bool):
-        return "`true`" if value else "`false`"
-    if isinstance(value, dict):
-        return "`{}`" if not value else f"`{value}`"
-    return f"`{value}`"
+def test_the_key_tables_are_generated_from_the_declarations():
+    from batchgrader.core.config_docs import regenerate
+
+    text = CONFIG_DOC.read_text(encoding="utf-8")
+    assert regenerate(text) == text, (
+        "docs/configuration.md is stale: run python -m batchgrader.core.config_docs docs/configuration.md"
+    )
 
 
-def config_rows() -> dict[str, list[str]]:
-    """Rows of the key tables: | `key` | default | `BATCHGRADER_KEY` | what it does | profile |."""
-    rows: dict[str, list[str]] = {}
-    for line in CONFIG_DOC.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^\|\s*`([a-z0-9_]+)`\s*\|[^|]*\|\s*`BATCHGRADER_", line)
-        if m:
-            assert m.group(1) not in rows, f"{m.group(1)} has two rows in docs/configuration.md"
-            rows[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")]
-    return rows
+def test_every_config_key_has_one_row_and_no_row_is_unknown():
+    rows = re.findall(r"^\|\s*`([a-z0-9_]+)`\s*\|[^|]*\|\s*`BATCHGRADER_", CONFIG_DOC.read_text(encoding="utf-8"), re.M)
+    assert sorted(rows) == sorted(KEYS), "each key has exactly one row in docs/configuration.md"
 
 
-@pytest.mark.parametrize("key", list(KEYS))
-def test_every_config_key_is_documented(key):
-    rows = config_rows()
-    assert key in rows, f"config key {key!r} has no row in docs/configuration.md"
-    cells = rows[key]
-    assert len(cells) == 5, f"{key}: expected | key | default | environment variable | what it does | profile |"
-    assert cells[1] == _fmt_default(KEYS[key].default), f"{key}: documented default {cells[1]} != code"
-    assert cells[2] == f"`{env_name(key)}`", f"{key}: environment variable should be {env_name(key)}"
-    assert cells[4] == ("no" if key in GLOBAL_ONLY else "yes"), f"{key}: profile column is wrong"
+def test_a_stale_key_table_or_a_missing_section_is_found():
+    from batchgrader.core.config_docs import StaleSection, regenerate
+
+    text = CONFIG_DOC.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `log_level` |"))
+    stale = text.replace(row, row.replace("| no | no: restart |", "| yes | yes |"), 1)
+    assert stale != text and regenerate(stale) == text
+    assert regenerate(text.replace(row + "\n", "", 1)) == text  # a row left out comes back
+    with pytest.raises(StaleSection, match="Housekeeping"):
+        regenerate(text.replace("### Housekeeping", "### Keeping house"))
 
 
-def test_no_documented_key_is_unknown():
-    documented = set(config_rows())
-    assert documented <= set(KEYS), f"docs/configuration.md documents unknown keys: {sorted(documented - set(KEYS))}"
+def test_a_row_shows_what_the_declaration_says():
+    from batchgrader.core.config_docs import row
+
+    cells = [c.strip() for c in row(KEYS["gemini_api_key"]).strip("|").split("|")]
+    assert cells[:3] == ["`gemini_api_key`", "`null`", "`BATCHGRADER_GEMINI_API_KEY`, `GEMINI_API_KEY`, `GOOGLE_API_KEY`"]
+    assert cells[4:] == ["no", "no: restart"]
+    cells = [c.strip() for c in row(KEYS["samples"]).strip("|").split("|")]
+    assert (cells[1], cells[2], cells[4:]) == ("`1`", f"`{env_name('samples')}`", ["yes", "yes"])
 
 
 # --- events ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core.config import ConfigError, load_config
-from batchgrader.store.report import build_report
+from batchgrader.reports.report import build_report
 from test_docs import fenced_blocks
 from ticks import Rig, config_text
 

@@ -1,5 +1,5 @@
 """The layer order holds: each subpackage imports only from the layers below it
-(fsio, core, pipeline, store, provider | emulator, daemon, ops, cli; ``a | b`` are independent
+(fsio, core, pipeline, store, provider | emulator | reports, daemon, ops, cli; ``a | b`` are independent
 siblings, neither importing the other), checked by import-linter with the contract in pyproject.toml."""
 
 from __future__ import annotations

@@ -322,7 +322,8 @@ def test_a_sandbox_anthropic_job_records_and_shows_what_caching_saved(tmp_path: 
     home = tmp_path / "home"
     (home / "inbox").mkdir(parents=True)
     (home / "config.yaml").write_text(
-        FAST_CONFIG + f"provider: anthropic\nmodel: claude-sonnet-4-6\nreasoning_effort: none\nwrite_report: true\nsystem_prompt: {json.dumps(RUBRIC)}\n"
+        FAST_CONFIG
+        + f"provider: anthropic\nmodel: claude-sonnet-4-6\nreasoning_effort: none\nwrite_report: true\nsystem_prompt: {json.dumps(RUBRIC)}\n"
     )
     (home / "inbox" / "essays.csv").write_text("id,response\n" + "".join(f"{i},essay {i} on bridges\n" for i in range(5)))
     with Emulator(EmulatorConfig(api_key=ANTHROPIC_KEY, seed=7)) as emu:

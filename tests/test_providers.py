@@ -38,7 +38,6 @@ def test_every_place_that_knows_a_provider_by_name_knows_the_registry():
     assert all(check(name) == name for name in names)
     with pytest.raises(ValueError, match="one of " + ", ".join(repr(n) for n in PROVIDERS)):
         check("mistral")
-    assert set(config_mod.PROVIDER_KEY_SETTING) == names == set(config_mod.PROVIDER_KEY_VAR)
     assert set(answerkey.API_BASE_SETTING) == names
     assert set(answerkey.DEFAULT_API_BASE) <= names and set(config_mod.PROVIDER_MODEL_PREFIX) <= names
     assert caching.KEYED_PROVIDERS <= names and counting.OFFLINE_EXACT <= names
@@ -84,7 +83,7 @@ def test_an_unknown_provider_is_refused_with_the_known_ones():
 
 
 def test_the_key_messages_come_from_the_facts():
-    assert config_mod.PROVIDER_KEY_VAR["gemini"] == "GEMINI_API_KEY (or GOOGLE_API_KEY)"
+    assert PROVIDER_FACTS["gemini"].key_var_text == "GEMINI_API_KEY (or GOOGLE_API_KEY)"
     assert list(config_mod.SDK_ENV)[:2] == ["OPENAI_API_KEY", "OPENAI_BASE_URL"]
     # GOOGLE_API_KEY is read after GEMINI_API_KEY, so it wins when both are set (as in google-genai)
     env = list(config_mod.SDK_ENV)

@@ -1,4 +1,4 @@
-"""Agreement among the samples of each row (store/reliability.py): Krippendorff's α against the
+"""Agreement among the samples of each row (reports/reliability.py): Krippendorff's α against the
 textbook, and the report's figures read from a result file with samples."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import json
 import pytest
 
 from batchgrader.pipeline.outbox import added_columns
-from batchgrader.store.disagreements import samples_disagree
-from batchgrader.store.reliability import krippendorff_alpha, sample_agreement, unanimous
-from batchgrader.store.report import _read_result, result_layout
-from batchgrader.store.report_html import _agreement as html_agreement
-from batchgrader.store.report_text import agreement_lines
+from batchgrader.reports.disagreements import samples_disagree
+from batchgrader.reports.reliability import krippendorff_alpha, sample_agreement, unanimous
+from batchgrader.reports.report import _read_result, result_layout
+from batchgrader.reports.report_html import _agreement as html_agreement
+from batchgrader.reports.report_text import agreement_lines
 
 N = None
 # Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", the worked example with

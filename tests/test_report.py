@@ -12,8 +12,8 @@ import pytest
 
 from batchgrader.core.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig
+from batchgrader.reports.report_columns import distribution
 from batchgrader.store.eventstore import EventStore
-from batchgrader.store.report_columns import distribution
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

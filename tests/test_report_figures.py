@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from batchgrader.daemon.jobhook import report_name
+from batchgrader.reports.report import _phases
+from batchgrader.reports.report_columns import field_kinds, groups, guess_kind, text_summary
+from batchgrader.reports.report_text import num, phase_lines
 from batchgrader.store.eventstore import Event
-from batchgrader.store.report import _phases
-from batchgrader.store.report_columns import field_kinds, groups, guess_kind, text_summary
-from batchgrader.store.report_text import num, phase_lines
 
 T0 = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 
@@ -137,7 +137,7 @@ def test_groups_break_the_scores_down():
 
 
 def test_the_terminal_confusion_matrix_fits_80_columns():
-    from batchgrader.store.report_text import _confusion
+    from batchgrader.reports.report_text import _confusion
 
     classes = [f"category_number_{i}" for i in range(8)]
     m = {a: {b: (1234 if a == b else 5) for b in classes} for a in classes}

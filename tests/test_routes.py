@@ -272,10 +272,10 @@ def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
     from rich.console import Console
 
     from batchgrader.cli.render_status import render_job
+    from batchgrader.reports.report import load_report
+    from batchgrader.reports.report_text import render_text
     from batchgrader.store import costs as costs_mod
     from batchgrader.store import queries
-    from batchgrader.store.report import load_report
-    from batchgrader.store.report_text import render_text
 
     rig = online_rig(home)
     try:

@@ -12,8 +12,8 @@ import pytest
 
 from batchgrader.core.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig
+from batchgrader.reports.reliability import krippendorff_alpha
 from batchgrader.store.eventstore import EventStore
-from batchgrader.store.reliability import krippendorff_alpha
 from harness import FAST_CONFIG, TEST_KEY, bgctl
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

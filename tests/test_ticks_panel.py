@@ -264,9 +264,9 @@ def _alpha(units: list[list[float | None]], metric) -> float:
 
 
 def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_the_labels(home, tmp_path):
-    from batchgrader.store.disagreements import write_disagreements
-    from batchgrader.store.report import build_report
-    from batchgrader.store.report_text import render_text
+    from batchgrader.reports.disagreements import write_disagreements
+    from batchgrader.reports.report import build_report
+    from batchgrader.reports.report_text import render_text
 
     rig = Rig(
         home,
@@ -298,7 +298,7 @@ def test_the_report_holds_the_agreement_among_the_judges_and_each_judges_with_th
     text = render_text(report)
     assert "agreement among the 2 judges (5 rows)" in text and "Cohen kappa mini / big" in text
     assert "mini against the labels (5 rows): accuracy 0.800" in text
-    from batchgrader.store.report_html import render_html
+    from batchgrader.reports.report_html import render_html
 
     page = render_html(report)
     assert "Agreement among the 2 judges" in page and "<th>mini / big</th>" in page and "Each judge against the labels" in page

@@ -411,13 +411,13 @@ def costs(obj: Ctx, since: str | None, until: str | None, by: str, as_json: bool
 @click.pass_obj
 def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Path | None, as_json: bool) -> None:
     """How a job went: rows, tokens and cost, time per phase, score distributions, agreement with human labels."""
-    from batchgrader.store.report import load_report
-    from batchgrader.store.report_text import render_text
+    from batchgrader.reports.report import load_report
+    from batchgrader.reports.report_text import render_text
 
     no_db_guard(obj)
     figures = load_report(obj.home, job_id)
     if disagreements_file is not None:
-        from batchgrader.store.disagreements import DisagreementsError, write_disagreements
+        from batchgrader.reports.disagreements import DisagreementsError, write_disagreements
 
         try:
             figures["disagreements"] = write_disagreements(obj.home, job_id, disagreements_file)
@@ -427,7 +427,7 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Pa
             raise click.ClickException(f"{disagreements_file} exists already: name a new file (it is never replaced)") from None
     if html_file is not None:
         from batchgrader.fsio import atomic_write_bytes
-        from batchgrader.store.report_html import render_html
+        from batchgrader.reports.report_html import render_html
 
         atomic_write_bytes(html_file, render_html(figures).encode("utf-8"))
     if as_json:
@@ -437,7 +437,7 @@ def report(obj: Ctx, job_id: str, html_file: Path | None, disagreements_file: Pa
         if html_file is not None:
             click.echo(f"HTML report: {html_file}")
         if disagreements_file is not None:
-            from batchgrader.store.disagreements import disagreements_line
+            from batchgrader.reports.disagreements import disagreements_line
 
             click.echo(disagreements_line(figures["disagreements"]))
 

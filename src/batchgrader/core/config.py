@@ -15,29 +15,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from batchgrader.core.config_keys import (  # noqa: F401 - the key catalogue is part of the configuration's interface
-    AZURE_DEFAULT_API_VERSION,
-    GLOBAL_ONLY,
-    KEYS,
-    MAX_SAMPLES,
-    PROVIDER_KEY_SETTING,
-    PROVIDER_KEY_VAR,
-    PROVIDER_MODEL_PREFIX,
-    PROVIDERS,
-    REASONING_EFFORTS,
-    Key,
-)
 from batchgrader.core.home import Home
 from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.routes import deadline_problem
 from batchgrader.core.secrets import mask_secret
-from batchgrader.core.settings import Settings
-
-ENV_PREFIX = "BATCHGRADER_"
+from batchgrader.core.settings import (  # noqa: F401 - the settings' declarations are part of the configuration's interface
+    AZURE_DEFAULT_API_VERSION,
+    ENV_PREFIX,
+    GLOBAL_ONLY,
+    KEYS,
+    MAX_SAMPLES,
+    PROVIDERS,
+    REASONING_EFFORTS,
+    RESTART_ONLY_KEYS,
+    SECRET_KEYS,
+    Setting,
+    Settings,
+    env_name,
+)
 
 
 class ConfigError(ValueError):
@@ -47,8 +46,9 @@ class ConfigError(ValueError):
 #: every provider SDK's environment variable -> the config key it sets (core/providers.py), in the
 #: order read: a later variable for the same key wins (GOOGLE_API_KEY over GEMINI_API_KEY, as in google-genai)
 SDK_ENV = {var: key for f in PROVIDER_FACTS.values() for var, key in f.sdk_env.items()}
-#: config keys holding a secret: masked wherever a value is shown (each provider's key)
-SECRET_KEYS = tuple(f.key_setting for f in PROVIDER_FACTS.values())
+#: what a profile's model must look like for each provider (a model the provider does not offer is
+#: refused when the configuration is loaded)
+PROVIDER_MODEL_PREFIX = {name: f.model_prefix for name, f in PROVIDER_FACTS.items() if f.model_prefix}
 
 
 def secret_env_names() -> frozenset[str]:
@@ -57,25 +57,14 @@ def secret_env_names() -> frozenset[str]:
     return frozenset({name for name, key in SDK_ENV.items() if key in SECRET_KEYS} | {env_name(k) for k in SECRET_KEYS})
 
 
-def env_name(key: str) -> str:
-    return ENV_PREFIX + key.upper()
-
-
 @dataclass(frozen=True)
 class Profile(Settings):
-    """The effective settings of one profile (immutable), typed by :class:`Settings`."""
+    """The effective settings of one profile (immutable): each setting is a typed attribute
+    (:class:`~batchgrader.core.settings.Settings`) read from ``values``."""
 
     name: str
     values: Mapping[str, Any]
     sources: Mapping[str, str]
-
-    if not TYPE_CHECKING:  # the type checker reads the attributes' types from Settings
-
-        def __getattr__(self, item: str) -> Any:
-            try:
-                return self.values[item]
-            except KeyError:
-                raise AttributeError(item) from None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
@@ -93,9 +82,17 @@ class Profile(Settings):
 
 @dataclass(frozen=True)
 class Config(Settings):
+    """The whole configuration: the default profile (whose settings are also the configuration's
+    own typed attributes: ``config.log_level``) and the named profiles of config.yaml."""
+
     home: Home
     default: Profile
     profiles: Mapping[str, Profile] = field(default_factory=dict)
+
+    @property
+    def values(self) -> Mapping[str, Any]:
+        """The default profile's values (what the settings' attributes read)."""
+        return self.default.values
 
     def profile(self, name: str | None) -> Profile:
         if not name or name == "default":
@@ -106,10 +103,13 @@ class Config(Settings):
             known = ", ".join(sorted(self.profiles)) or "none defined"
             raise ConfigError(f"unknown profile {name!r} (profiles in {self.home.config_file}: {known})") from None
 
-    if not TYPE_CHECKING:  # the type checker reads the attributes' types from Settings
-
-        def __getattr__(self, item: str) -> Any:
-            return getattr(self.default, item)
+    def secret_values(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        """Every secret this configuration holds (each setting declared ``secret``, in every profile)
+        and every value of a variable the configuration reads a secret from in ``environ`` (a key
+        another variable overrides included): what the daemon's log masks."""
+        held = {str(p.values.get(k)) for p in (self.default, *self.profiles.values()) for k in SECRET_KEYS if p.values.get(k)}
+        env = {environ[n] for n in secret_env_names() if environ and environ.get(n)}
+        return sorted(held | env)
 
     def pricing_path(self) -> Path | None:
         """The user's pricing overrides file, if any (relative paths are under the home)."""

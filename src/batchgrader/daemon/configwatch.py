@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.settings import RESTART_ONLY_KEYS
+
 Fingerprint = tuple[int, int, int] | None
 
 
@@ -46,23 +48,9 @@ class ConfigWatch:
         return out
 
 
-# Settings read only when the daemon starts (the provider clients, the log, the tick period): a
-# reload keeps the old value, so a change of one of them is reported with the fix (a restart).
-RESTART_ONLY_KEYS = (
-    "api_key",
-    "base_url",
-    "anthropic_api_key",
-    "anthropic_base_url",
-    "anthropic_api_version",
-    "gemini_api_key",
-    "gemini_base_url",
-    "azure_api_key",
-    "azure_endpoint",
-    "azure_api_version",
-    "request_timeout_seconds",
-    "log_level",
-    "poll_interval_seconds",
-)
+# Settings read only when the daemon starts (the provider clients, the log, the tick period) are
+# declared with ``restart=True`` in core/settings.py: a reload keeps the old value, so a change of
+# one of them is reported with the fix (a restart).
 
 
 def _providers(config: Any) -> set[str]:

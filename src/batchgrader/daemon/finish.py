@@ -302,8 +302,8 @@ class FinishSteps:
             write_report = False
         if write_report and job.result_path:
             try:
-                from batchgrader.store.report import build_report
-                from batchgrader.store.report_html import render_html
+                from batchgrader.reports.report import build_report
+                from batchgrader.reports.report_html import render_html
 
                 # the result's name was chosen with its report's free (_reserve_outbox_path): the
                 # two share their stem; a report already there is this result's, written before

@@ -342,7 +342,7 @@ class Daemon:
             setup_logging(
                 self.home,
                 config.log_level,
-                [config.api_key or "", config.anthropic_api_key or "", config.gemini_api_key or "", config.azure_api_key or ""],
+                config.secret_values(os.environ),  # every registered provider's key, and every secret setting
                 to_stderr=self.view is None,
             )
             try:

@@ -101,10 +101,10 @@ SAVINGS_COLUMNS: dict[str, type] = {
 # --- migrations (read side only) ----------------------------------------------------------------
 
 
-def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl start-up time)
-    from batchgrader.store.sqlite_utils_lean import sqlite_utils
+def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily: only when a migration is pending
+    from sqlite_utils.migrations import Migrations
 
-    m = sqlite_utils().migrations.Migrations(MIGRATION_SET)
+    m = Migrations(MIGRATION_SET)
 
     @m(name="0001_job_status_usage")
     def _m0001(db) -> None:  # noqa: ANN001
@@ -158,10 +158,10 @@ def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily (bgctl star
 
 
 def _database(conn: sqlite3.Connection):  # noqa: ANN202
-    from batchgrader.store.sqlite_utils_lean import sqlite_utils
+    from sqlite_utils import Database
 
     # The store owns the connection and its settings: no plugins, no PRAGMA changes.
-    return sqlite_utils().Database(conn, recursive_triggers=False, execute_plugins=False)
+    return Database(conn, recursive_triggers=False, execute_plugins=False)
 
 
 def migrate(conn: sqlite3.Connection) -> None:

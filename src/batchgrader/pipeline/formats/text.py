@@ -1,10 +1,9 @@
 """Streaming, exact readers for CSV/TSV, JSON and JSONL (see :mod:`batchgrader.pipeline.tables`): the
-reader, its physical lines and CSV here; JSON and JSONL records in :mod:`.jsontext`."""
+reader and its physical lines here; CSV records in :mod:`.csvtext`, JSON and JSONL in :mod:`.jsontext`."""
 
 from __future__ import annotations
 
 import codecs
-import csv
 import io
 import itertools
 import os
@@ -22,10 +21,10 @@ from batchgrader.pipeline.formats.common import (
     Format,
     InputError,
     Layout,
-    MissingColumn,
     Row,
     check_encoding,
 )
+from batchgrader.pipeline.formats.csvtext import CsvRecords
 from batchgrader.pipeline.formats.jsontext import JsonRecords
 from batchgrader.pipeline.formats.registry import detect_format
 
@@ -77,39 +76,6 @@ def _checked_format(fmt: Format | None, path: Any, delimiter: str | None) -> For
     if delimiter is not None and (len(delimiter) != 1 or delimiter in '"\r\n'):
         raise ValueError(f"invalid delimiter {delimiter!r}")
     return fmt
-
-
-def _open_quote_line(text: str, delim: str, line: int) -> int | None:
-    """The line where a quoted field of CSV ``text`` (starting at ``line``) opens and is never
-    closed, or None when every quoted field closes."""
-    in_quotes = False
-    field_start = True
-    opened = None
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        # a line ends at "\n", "\r\n" or a lone "\r"
-        line_end = c == "\n" or (c == "\r" and text[i + 1 : i + 2] != "\n")
-        if in_quotes:
-            if c == '"':
-                if i + 1 < n and text[i + 1] == '"':
-                    i += 1
-                else:
-                    in_quotes = False
-            elif line_end:
-                line += 1
-        else:
-            if c == '"' and field_start:
-                in_quotes, opened = True, line
-            if c == delim:
-                field_start = True
-            elif line_end:
-                line += 1
-                field_start = True
-            elif c != "\r":
-                field_start = False
-        i += 1
-    return opened if in_quotes else None
 
 
 class TableReader(JsonRecords):
@@ -182,11 +148,11 @@ class TableReader(JsonRecords):
             return self._iter_json()
         if delimiter is None and self.path is not None and Path(os.fsdecode(self.path)).suffix.lower() == ".tsv":
             delimiter = "\t"
-        self._open_csv(delimiter)
+        self._csv = CsvRecords(self, delimiter)
         # a file read in full before (the daemon's prepare) is read again without the
         # per-line checks, when its header ended a line of its own ("\n" or "\r\n")
         fast = validated and self.lineterminator in ("\n", "\r\n") and self._last_text.endswith("\n")
-        return self._iter_csv_validated() if fast else self._iter_csv()
+        return self._csv.rows_validated() if fast else self._csv.rows()
 
     # -- public --------------------------------------------------------------------------------
 
@@ -218,7 +184,7 @@ class TableReader(JsonRecords):
 
     def _no_records(self) -> InputError:
         if self.fmt == "csv":
-            return self._error("has a header but no data rows", self._header_line)
+            return self._error("has a header but no data rows", self._csv.header_line)
         if self.fmt == "json" and self._saw_array:
             return self._error("file has no records (the array is empty)", self._array_line)
         return self._error("file is empty")
@@ -282,209 +248,3 @@ class TableReader(JsonRecords):
         self._rec_line = self._line + 1
         self._rec_bytes = 0
         self._rec_offset = self._offset
-
-    # -- CSV -----------------------------------------------------------------------------------
-
-    def _open_csv(self, delimiter: str | None) -> None:
-        lines = self._physical_lines()
-        self._begin_record()
-        first = ""
-        for first in lines:
-            if first.strip():
-                break
-            self._begin_record()
-        else:
-            raise self._error("file is empty")
-        self._header_line = self._line
-        body = first.rstrip("\r\n")
-        if delimiter is None:
-            delimiter = ","
-            if "," not in body and (";" in body or "\t" in body):
-                delimiter = ";" if body.count(";") >= body.count("\t") else "\t"
-        self.delimiter = delimiter
-        needed = self._max_record + 2
-        if csv.field_size_limit() < needed:
-            csv.field_size_limit(needed)
-        self._csv = csv.reader(
-            itertools.chain((first,), lines),
-            delimiter=delimiter,
-            quotechar='"',
-            doublequote=True,
-            strict=True,
-        )
-        self._rec_bytes = len(first.encode(self.encoding))
-        header = self._next_csv_record()
-        assert header is not None
-        # the terminator ending the header record (its last physical line)
-        last = self._last_text
-        self.lineterminator = last[len(last.rstrip("\r\n")) :] or "\n"
-        self._check_header(header)
-
-    def _next_csv_record(self) -> list[str] | None:
-        try:
-            return next(self._csv)
-        except StopIteration:
-            return None
-        except csv.Error as e:
-            raise self._csv_error(e) from None
-
-    def _check_header(self, header: list[str]) -> None:
-        line = self._header_line
-        for i, name in enumerate(header, 1):
-            if name == "":
-                hint = " (is there a trailing delimiter?)" if i == len(header) > 1 else ""
-                raise self._error(f"header column {i} has an empty name{hint}", line)
-        positions: dict[str, list[int]] = {}
-        for i, name in enumerate(header, 1):
-            positions.setdefault(name, []).append(i)
-        dups = {n: p for n, p in positions.items() if len(p) > 1}
-        if dups:
-            desc = "; ".join(f"{n!r} (columns {', '.join(map(str, p))})" for n, p in dups.items())
-            raise self._error(f"duplicate column names in the header: {desc}", line, next(iter(dups)))
-        for i, name in enumerate(header, 1):
-            if len(name) > self._max_field:
-                raise self._error(f"header column {i} is longer than the limit of {self._max_field} characters", line)
-        self.columns = header
-        for name in self.required_columns:
-            if name not in positions:
-                found = ", ".join(repr(c) for c in header)
-                raise MissingColumn(self.path, f"required column not found; the header has: {found}", line, name, header)
-
-    def _csv_error(self, e: csv.Error) -> InputError:
-        msg = str(e)
-        if msg == "unexpected end of data":
-            line = self._find_open_quote() or self._rec_line
-            return self._error(
-                "unbalanced quote: the quoted field starting on this line is never closed (reached the end of the file)",
-                line,
-            )
-        if "expected after" in msg:
-            return self._error(
-                f"malformed quoting: {msg} (a quote inside a quoted field must be doubled, and "
-                "a quoted field must end at a delimiter or the end of the line)",
-                self._line,
-            )
-        if "field larger than field limit" in msg:
-            return self._error(f"a field is larger than the limit of {self._max_field} characters", self._rec_line)
-        return self._error(f"unreadable CSV: {msg}", self._rec_line)
-
-    def _find_open_quote(self) -> int | None:
-        """Line where the never-closed quoted field of the current record opens (or None)."""
-        try:
-            if not self._file.seekable():
-                return None
-            self._file.seek(self._rec_offset)
-            data = self._file.read(self._max_record + 1)
-        except (OSError, ValueError):
-            return None
-        text = data.decode("utf-8", errors="replace")
-        if self._rec_offset == 0 and text.startswith("\ufeff"):
-            text = text[1:]
-        return _open_quote_line(text, self.delimiter, self._rec_line)
-
-    def _iter_csv(self) -> Iterator[Row]:
-        cols = self.columns
-        ncols = len(cols)
-        limit = self._max_field
-        number = 0
-        reader = self._csv
-        while True:
-            self._rec_line = self._line + 1  # inlined _begin_record(): this loop is hot
-            self._rec_bytes = 0
-            self._rec_offset = self._offset
-            try:
-                fields = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as e:
-                raise self._csv_error(e) from None
-            if not fields:  # an empty line
-                continue
-            if len(fields) != ncols:
-                raise self._error(f"expected {ncols} fields (as in the header), found {len(fields)}", self._rec_line)
-            if max(map(len, fields)) > limit:
-                for name, value in zip(cols, fields):
-                    if len(value) > limit:
-                        raise self._error(
-                            f"field is larger than the limit of {limit} characters ({len(value)} characters)",
-                            self._rec_line,
-                            name,
-                        )
-            number += 1
-            yield Row(number, self._rec_line, dict(zip(cols, fields)))
-
-    def _iter_csv_validated(self) -> Iterator[Row]:
-        """The rows of a CSV file that was read in full through :meth:`_iter_csv` before (the
-        daemon writing a result reads its input a second time): the same rows, checking only the
-        number of fields.  The lines come from a text stream (CR, LF and CRLF are line breaks
-        there, as for the ``csv`` module).  A line without a quote is a record of its own, split
-        at the delimiter, and its text is kept in :attr:`Row.text`; a line with a quote starts a
-        record that the ``csv`` module reads (with the lines it needs after it)."""
-        text = io.TextIOWrapper(self._file, encoding=self.encoding, errors="strict", newline="")  # type: ignore[type-var]
-        try:
-            feed = _LineFeed(text)
-            reader = csv.reader(feed, delimiter=self.delimiter, quotechar='"', doublequote=True, strict=True)
-            cols = self.columns
-            ncols = len(cols)
-            delim = self.delimiter
-            seps = ncols - 1
-            line = self._line  # physical lines up to the end of the header, then up to the record
-            number = 0
-            while True:
-                try:
-                    raw = next(feed)
-                except StopIteration:
-                    return
-                except UnicodeDecodeError as e:
-                    raise self._error(f"unreadable CSV: {e}", line + 1) from None
-                line += 1
-                if '"' not in raw:
-                    body = raw[:-2] if raw[-2:] == "\r\n" else raw[:-1] if raw[-1:] in ("\n", "\r") else raw
-                    if not body:  # an empty line
-                        continue
-                    if body.count(delim) != seps:
-                        raise self._error(f"expected {ncols} fields (as in the header), found {body.count(delim) + 1}", line)
-                    number += 1
-                    yield Row(number, line, dict(zip(cols, body.split(delim))), body)
-                    continue
-                feed.back(raw)
-                before = reader.line_num
-                try:
-                    fields = next(reader)
-                except (csv.Error, UnicodeDecodeError) as e:
-                    raise self._error(f"unreadable CSV: {e}", line) from None
-                start, line = line, line + reader.line_num - before - 1
-                if not fields:  # an empty line
-                    continue
-                if len(fields) != ncols:
-                    raise self._error(f"expected {ncols} fields (as in the header), found {len(fields)}", start)
-                number += 1
-                yield Row(number, start, dict(zip(cols, fields)))
-        finally:
-            if not self._file.closed:
-                text.detach()  # the binary file stays open: close() (or its owner) closes it
-
-
-class _LineFeed:
-    """The lines of a text stream, with one line that can be handed back (:meth:`back`): the
-    validated CSV reader takes lines itself and gives a line with a quote to the ``csv`` module,
-    which reads it again from here, then the lines the record needs after it."""
-
-    __slots__ = ("_lines", "_back")
-
-    def __init__(self, lines: Iterable[str]):
-        self._lines = iter(lines)
-        self._back: str | None = None
-
-    def __iter__(self) -> _LineFeed:
-        return self
-
-    def __next__(self) -> str:
-        line = self._back
-        if line is not None:
-            self._back = None
-            return line
-        return next(self._lines)
-
-    def back(self, line: str) -> None:
-        self._back = line

@@ -1,4 +1,4 @@
-"""The figures of a result's answer columns for :mod:`batchgrader.store.report`.
+"""The figures of a result's answer columns for :mod:`batchgrader.reports.report`.
 
 Each column is a *score* (numbers: a histogram; a few categories: bars) or *text* (free text:
 summarised by length with a few example answers per score level, never counted as

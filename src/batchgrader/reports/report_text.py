@@ -1,4 +1,4 @@
-"""The terminal summary of :mod:`batchgrader.store.report`: the same figures as the HTML page
+"""The terminal summary of :mod:`batchgrader.reports.report`: the same figures as the HTML page
 (counts with thousands separators, bars drawn with blocks)."""
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ AGREEMENT_LABELS = [
 def agreement_lines(a: dict[str, Any]) -> list[str]:
     """Agreement with the labels (with a reference column), then among the samples (with samples)."""
     lines = _label_lines(a) if a.get("reference_column") else []
-    lines += panel_lines(a["panel"]) if a.get("panel") else []  # a judge panel: store/report_panel.py
+    lines += panel_lines(a["panel"]) if a.get("panel") else []  # a judge panel: reports/report_panel.py
     return lines + (sample_lines(a["samples"]) if a.get("samples") else [])
 
 

@@ -1,4 +1,4 @@
-"""The report of :mod:`batchgrader.store.report` as one self-contained HTML page.
+"""The report of :mod:`batchgrader.reports.report` as one self-contained HTML page.
 
 No script, no stylesheet or font from elsewhere, no network: the charts are inline SVG (one
 ``<svg class="chart">`` per score column), the confusion matrix a table shaded as a heat map,
@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from batchgrader.store.report_text import AGREEMENT_LABELS, chart_items, num, phase_lines
+from batchgrader.reports.report_text import AGREEMENT_LABELS, chart_items, num, phase_lines
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:60em;color:#222}
@@ -88,7 +88,7 @@ def _heat(confusion: dict[str, dict[str, int]]) -> str:
 def _agreement(a: dict[str, Any]) -> list[str]:
     """Agreement with the labels (with a reference column), then among the samples (with samples)."""
     out = _label_agreement(a) if a.get("reference_column") else []
-    out += _panel(a["panel"]) if a.get("panel") else []  # a judge panel: store/report_panel.py
+    out += _panel(a["panel"]) if a.get("panel") else []  # a judge panel: reports/report_panel.py
     return out + (_samples(a["samples"]) if a.get("samples") else [])
 
 

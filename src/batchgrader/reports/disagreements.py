@@ -1,6 +1,6 @@
 """`bgctl report JOB --disagreements FILE`: the labelled rows whose answer differs from the
 human label, with ``samples: k`` the rows whose samples disagree, and for a judge panel the rows
-whose judges disagree (store/report_panel.py), written in the input's format, ready to be
+whose judges disagree (reports/report_panel.py), written in the input's format, ready to be
 labelled again and fed back.
 
 A row's samples disagree when two of them answered differently, or their vote failed
@@ -8,7 +8,7 @@ A row's samples disagree when two of them answered differently, or their vote fa
 
 A row is written when its ``reference_column`` label is not empty, it was answered, and the
 answer compared with the label (``reference_field``, or the output column) differs from it the
-way :mod:`batchgrader.store.agreement` compares (case and surrounding space ignored, numbers
+way :mod:`batchgrader.reports.agreement` compares (case and surrounding space ignored, numbers
 as numbers).  Each row keeps the input's columns as they are in the result file (the label
 column with them, to be corrected) and gains one column, :data:`ANSWER_COLUMN`, holding the
 answer (renamed ``bg_model_answer`` and so on if the input has such a column).  The file is
@@ -22,7 +22,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from batchgrader.store.report import read_events_of, result_layout
+from batchgrader.reports.report import read_events_of, result_layout
 
 ANSWER_COLUMN = "model_answer"
 
@@ -40,8 +40,8 @@ def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
     events = read_events_of(home, job_id)
     job = fold(events).jobs[events[0].job_id]
     settings = job.settings
-    if job.panel is not None:  # a judge panel: the rows its judges disagree on (store/report_panel.py)
-        from batchgrader.store.report_panel import write_panel_disagreements
+    if job.panel is not None:  # a judge panel: the rows its judges disagree on (reports/report_panel.py)
+        from batchgrader.reports.report_panel import write_panel_disagreements
 
         return write_panel_disagreements(job, dest)
     if not settings.get("reference_column") and not _has_samples(job):
@@ -89,7 +89,7 @@ def _has_samples(job: Any) -> bool:
 def _disagreeing(reader: Any, lay: Any, answer_column: str) -> tuple[list[dict[str, Any]], int, int]:
     """The rows to write, the labelled rows compared, and the rows whose samples disagree."""
     from batchgrader.pipeline.tables import text_of
-    from batchgrader.store.agreement import normal
+    from batchgrader.reports.agreement import normal
 
     out: list[dict[str, Any]] = []
     compared = split = 0
@@ -114,8 +114,8 @@ def samples_disagree(cell: Any, error: str) -> bool:
     """Whether a row's samples disagree: two different answers among them, or a vote that failed
     (``no_majority``).  A sample that failed is not a disagreement."""
     from batchgrader.pipeline.samples import NO_MAJORITY
-    from batchgrader.store.agreement import normal
-    from batchgrader.store.reliability import samples_of
+    from batchgrader.reports.agreement import normal
+    from batchgrader.reports.reliability import samples_of
 
     if error.startswith(NO_MAJORITY):
         return True

@@ -10,15 +10,15 @@ Figures (all in :func:`build_report`'s dict, which ``--json`` prints as is):
 * ``phases``: seconds of each phase of each attempt (the first run, then one per
   ``bgctl retry``), the idle time before each retry, and the total;
 * ``columns``: for each answer column, the distribution of a score or the summary of a free
-  text (:mod:`batchgrader.store.report_columns`);
+  text (:mod:`batchgrader.reports.report_columns`);
 * ``groups``: the scores broken down by the job's ``group_column``, or null;
 * ``agreement``: agreement with the human labels of the job's ``reference_column``
-  (:mod:`batchgrader.store.agreement`), or null;
+  (:mod:`batchgrader.reports.agreement`), or null;
 * ``failed_rows``: the first 50 failed rows, their errors and their partial answers.
 
-Nothing here writes; the terminal summary is :mod:`batchgrader.store.report_text`, the HTML
-page :mod:`batchgrader.store.report_html`, the disagreements file
-:mod:`batchgrader.store.disagreements`.
+Nothing here writes; the terminal summary is :mod:`batchgrader.reports.report_text`, the HTML
+page :mod:`batchgrader.reports.report_html`, the disagreements file
+:mod:`batchgrader.reports.disagreements`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.route_state import route_summary
+from batchgrader.reports.report_columns import distribution
 from batchgrader.store.eventstore import Event
-from batchgrader.store.report_columns import distribution
 
 __all__ = ["MAX_FAILED_ROWS", "ResultLayout", "build_report", "distribution", "load_report", "read_events_of", "result_layout"]
 
@@ -138,7 +138,7 @@ class ResultLayout:
 def result_layout(header: list[str], settings: dict[str, Any]) -> ResultLayout:
     """The layout of a result file with ``header``, written under ``settings`` (the job's)."""
     from batchgrader.pipeline.outbox import added_columns
-    from batchgrader.store.report_columns import field_kinds
+    from batchgrader.reports.report_columns import field_kinds
 
     rf = settings.get("response_format")
     schema = (rf or {}).get("json_schema", {}).get("schema") if rf else None
@@ -225,7 +225,7 @@ def _collect(reader: Any, lay: ResultLayout) -> _Collected:
 
 
 def _columns(got: _Collected, lay: ResultLayout) -> list[dict[str, Any]]:
-    from batchgrader.store.report_columns import guess_kind, numbers, text_summary
+    from batchgrader.reports.report_columns import guess_kind, numbers, text_summary
 
     kinds = {c: lay.kinds.get(c) or guess_kind(v) for c, v in got.values.items()}
     scores = [c for c in got.values if kinds[c] == "score"]
@@ -244,10 +244,10 @@ def _columns(got: _Collected, lay: ResultLayout) -> list[dict[str, Any]]:
 
 def _agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
     """The agreement with the labels and, with samples, among the samples of each row
-    (``krippendorff_alpha`` and ``samples``: store/reliability.py)."""
+    (``krippendorff_alpha`` and ``samples``: reports/reliability.py)."""
     figures = _label_agreement(got, lay, settings)
     if lay.samples:
-        from batchgrader.store.reliability import sample_agreement
+        from batchgrader.reports.reliability import sample_agreement
 
         among = sample_agreement(got.samples)
         if among is not None:
@@ -257,7 +257,7 @@ def _agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any]) -> 
 
 
 def _label_agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any]) -> dict[str, Any] | None:
-    from batchgrader.store.agreement import NotComparable, agreement
+    from batchgrader.reports.agreement import NotComparable, agreement
 
     if not settings.get("reference_column"):
         return None
@@ -274,7 +274,7 @@ def _label_agreement(got: _Collected, lay: ResultLayout, settings: dict[str, Any
 
 def _read_result(path: str, settings: dict[str, Any]) -> dict[str, Any]:
     from batchgrader.pipeline.tables import open_table
-    from batchgrader.store.report_columns import groups
+    from batchgrader.reports.report_columns import groups
 
     # our own output, written from a fully checked input: read by the csv module alone
     with open_table(Path(path), sheet=settings.get("sheet"), validated=True) as reader:
@@ -307,7 +307,7 @@ def read_events_of(home: Any, job_id: str) -> list[Event]:
 def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()) -> dict[str, Any]:
     """The report of one job from its events (in order) and the files they name; for a judge
     panel, ``judges``: each judge's job's events, whose tokens and cost are the panel's
-    (store/report_panel.py ``add_judges``)."""
+    (reports/report_panel.py ``add_judges``)."""
     from batchgrader.core.state import fold
 
     if not events:
@@ -347,7 +347,7 @@ def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()
     figures: dict[str, Any] = {"columns": [], "groups": None, "agreement": None, "failed_rows": []}
     panel = None
     if job.panel is not None and job.result_path and Path(job.result_path).exists():  # a judge panel's result
-        from batchgrader.store.report_panel import read_panel_result
+        from batchgrader.reports.report_panel import read_panel_result
 
         panel = read_panel_result(job.result_path, [j["profile"] for j in job.panel], job.settings)
         report["job"]["judges"] = job.panel
@@ -367,7 +367,7 @@ def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()
     for key in ("columns", "groups", "agreement", "failed_rows"):
         report[key] = figures[key]
     if job.panel is not None and judges:  # the panel's tokens and cost: its judges'
-        from batchgrader.store.report_panel import add_judges
+        from batchgrader.reports.report_panel import add_judges
 
         add_judges(report, judges)
     return report

@@ -9,7 +9,7 @@ judges' jobs' and ``judges`` lists each (:func:`add_judges`).  Under ``agreement
 ``krippendorff_alpha`` is Krippendorff's α among the judges (the rows are the units, the judges
 the raters; an empty cell is a missing rating; interval level when every answer is a number,
 else nominal); ``per_judge`` maps each judge to the figures of
-:func:`~batchgrader.store.agreement.agreement` against the ``reference_column`` labels (null
+:func:`~batchgrader.reports.agreement.agreement` against the ``reference_column`` labels (null
 without labels); and ``panel`` holds ``judges``, ``krippendorff_alpha``, ``pairwise_kappa``
 (judge -> judge -> Cohen's κ over the rows both answered), ``per_judge`` and ``rows``.  With a
 reference column the consensus's own agreement with the labels is in the same object, as for
@@ -65,11 +65,11 @@ def panel_layout(header: list[str], judges: list[str], settings: dict[str, Any])
 
 
 def read_panel_result(path: str, judges: list[str], settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The figures of a panel's result file (as ``store/report.py``'s ``_read_result``), None
+    """The figures of a panel's result file (as ``reports/report.py``'s ``_read_result``), None
     when the file is not laid out as a panel's."""
     from batchgrader.pipeline.panel import is_tie
     from batchgrader.pipeline.tables import open_table, text_of
-    from batchgrader.store.report import distribution
+    from batchgrader.reports.report import distribution
 
     with open_table(Path(path), sheet=settings.get("sheet"), validated=True) as reader:
         lay = panel_layout(list(reader.columns), judges, settings)
@@ -120,8 +120,8 @@ def panel_agreement(
     per_judge: dict[str, Sequence[Any]], labels: list[Any] | None, consensus: list[Any], settings: dict[str, Any]
 ) -> dict[str, Any]:
     """The agreement among the judges and, with labels, of the consensus and of each judge with them."""
-    from batchgrader.store.agreement import NotComparable, agreement, pairwise_kappa, panel_alpha
-    from batchgrader.store.agreement import per_judge as judges_against
+    from batchgrader.reports.agreement import NotComparable, agreement, pairwise_kappa, panel_alpha
+    from batchgrader.reports.agreement import per_judge as judges_against
 
     alpha = panel_alpha(per_judge)
     judged = judges_against(labels, per_judge) if labels is not None else None
@@ -153,7 +153,7 @@ def write_panel_disagreements(job: Any, dest: Path) -> dict[str, Any]:
     ``dest``; returns ``{"path", "rows", "compared", "format", "judges_disagree"}``."""
     from batchgrader.fsio import atomic_write_bytes
     from batchgrader.pipeline.tables import open_table
-    from batchgrader.store.disagreements import ANSWER_COLUMN, DisagreementsError, _encode
+    from batchgrader.reports.disagreements import ANSWER_COLUMN, DisagreementsError, _encode
 
     if not job.result_path or not Path(job.result_path).exists():
         raise DisagreementsError(f"job {job.job_id} has no result file to compare (state {job.state})")
@@ -184,7 +184,7 @@ def _panel_disagreeing(reader: Any, lay: PanelLayout, answer_column: str) -> tup
     """The rows to write, the labelled rows compared, the rows the judges disagree on, the rows
     read, and the compared rows whose consensus differs from the label."""
     from batchgrader.pipeline.tables import text_of
-    from batchgrader.store.agreement import normal
+    from batchgrader.reports.agreement import normal
 
     out: list[dict[str, Any]] = []
     compared = split = seen = differ = 0

@@ -304,7 +304,7 @@ def panel_alpha(judges: dict[str, Sequence[Any]], level: str | None = None) -> f
     """Krippendorff's α among the judges of a panel (``judges``: judge -> its answer per row, all
     of one length; an empty answer is a missing rating).  ``level``: ``nominal`` or
     ``interval``; None: interval when every answer is a number."""
-    from batchgrader.store.reliability import krippendorff_alpha
+    from batchgrader.reports.reliability import krippendorff_alpha
 
     columns = list(judges.values())
     if len(columns) < 2:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from batchgrader.store.agreement import normal, number
+from batchgrader.reports.agreement import normal, number
 
 
 def krippendorff_alpha(units: Sequence[Sequence[Any]], level: str | None = None) -> float | None:
