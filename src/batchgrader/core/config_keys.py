@@ -26,6 +26,7 @@ from batchgrader.core.config_values import (
     _opt_names,
     _opt_str,
     _response_format,
+    _store_url,
     _str,
 )
 from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION, PROVIDER_FACTS
@@ -274,6 +275,11 @@ KEYS: dict[str, Key] = {
         1.0, _float(0.0), "A file is taken once its size and mtime are unchanged across two looks this far apart."
     ),
     "log_level": Key("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "Daemon log level."),
+    "store_url": Key(
+        None,
+        _store_url,
+        "Where the event log is: null for the SQLite file in the home, or a postgresql:// URL shared by several daemons (docs/scaling.md).",
+    ),
     # reusing answers (pipeline/answerkey.py, store/answers.py)
     "reuse_answers": Key(
         None,
@@ -316,6 +322,7 @@ GLOBAL_ONLY = {
     "rescan_interval_seconds",
     "stable_seconds",
     "log_level",
+    "store_url",
     "pricing_file",
     "delete_provider_files",
     "completion_window",

@@ -79,6 +79,7 @@ class Settings:
     rescan_interval_seconds: float
     stable_seconds: float
     log_level: str
+    store_url: str | None
     # routes: batch, flex, online
     route: str
     deadline: str | None
