@@ -124,6 +124,10 @@ def test_store_url_chooses_the_backend(home: Home, pg_url: str, monkeypatch: pyt
     monkeypatch.setenv("BATCHGRADER_STORE_URL", "mysql://h/db")
     with pytest.raises(ConfigError, match="postgresql://"):
         load_config(home)
+    monkeypatch.setenv("BATCHGRADER_STORE_URL", "postgresql://bg:s3cret@db/batchgrader")
+    with pytest.raises(ConfigError, match="pgpass") as err:
+        load_config(home)
+    assert "s3cret" not in str(err.value)
 
 
 def test_a_daemon_with_store_url_opens_the_shared_store_and_says_it_cannot_run_on_it_yet(home: Home, pg_url: str):

@@ -32,6 +32,11 @@ def _store_url(v: Any) -> str | None:
     v = _opt_str(v)
     if v is not None and not v.startswith(("postgresql://", "postgres://")):
         raise ValueError("null (the SQLite file in the home) or a postgresql://USER@HOST:PORT/DATABASE URL")
+    if v is not None:
+        from urllib.parse import urlsplit
+
+        if urlsplit(v).password is not None:  # it would show in `bgctl config show` and the logs
+            raise ValueError("a URL without its password: put the password in ~/.pgpass or PGPASSWORD")
     return v
 
 
