@@ -67,8 +67,9 @@ class PostgresServer:
 
     SUPERUSER = "bg"
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, durable: bool = False) -> None:
         self.bindir = bindir
+        self.durable = durable  # fsync on, as in production (the benchmark); the tests run without it
         self.user = _server_user()
         # not under pytest's tmp folder: that one is 0700 root, which the server's user cannot enter
         self.root = Path(tempfile.mkdtemp(prefix="bg-pg-"))
@@ -109,10 +110,9 @@ class PostgresServer:
         last: Exception | None = None
         for _ in range(5):  # the free port may be taken between the look and the start
             self.port = _free_port()
-            options = (
-                f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.sockets} "
-                "-c fsync=off -c full_page_writes=off -c synchronous_commit=off -c max_connections=200"
-            )
+            options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.sockets} -c max_connections=200"
+            if not self.durable:
+                options += " -c fsync=off -c full_page_writes=off -c synchronous_commit=off"
             proc = self._run(
                 "pg_ctl", "start", "-w", "-t", str(START_TIMEOUT_S), "-D", str(self.data), "-l", str(self.logfile), "-o", options,
                 check=False,

@@ -213,17 +213,22 @@ class PostgresEventStore:
                 first = base + 1
                 stored: list[Event] = []
                 with conn.cursor() as cur:
-                    for i, (type_, version, payload) in enumerate(rows, start=1):
-                        try:
-                            cur.execute(
-                                "INSERT INTO events (job_id, job_seq, type, version, ts, payload) "
-                                "VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
-                                (job_id, base + i, type_, version, ts, payload),
-                            )
-                        except psycopg.errors.UniqueViolation as exc:
-                            raise ConcurrencyError(f"job {job_id}: job_seq {base + i} was appended by another writer") from exc
-                        seq = cur.fetchone()[0]  # type: ignore[index]
-                        stored.append(Event(seq, job_id, base + i, type_, version, ts, json.loads(payload)))
+                    try:  # one round trip for all the rows (pipeline mode), their positions in order
+                        cur.executemany(
+                            "INSERT INTO events (job_id, job_seq, type, version, ts, payload) "
+                            "VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
+                            [(job_id, base + i, t, v, ts, p) for i, (t, v, p) in enumerate(rows, start=1)],
+                            returning=True,
+                        )
+                        seqs = []
+                        while True:
+                            seqs.append(cur.fetchone()[0])  # type: ignore[index]
+                            if not cur.nextset():
+                                break
+                    except psycopg.errors.UniqueViolation as exc:
+                        raise ConcurrencyError(f"job {job_id}: job_seq {first}.. was appended by another writer") from exc
+                for i, ((type_, version, payload), seq) in enumerate(zip(rows, seqs), start=1):
+                    stored.append(Event(seq, job_id, base + i, type_, version, ts, json.loads(payload)))
                 for p in self.projectors:
                     p.apply(conn, stored)
                 if also is not None:
