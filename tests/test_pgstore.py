@@ -13,7 +13,7 @@ import pytest
 from batchgrader.core.config import ConfigError, load_config
 from batchgrader.core.events import NewEvent
 from batchgrader.core.home import Home
-from batchgrader.store.backend import open_store
+from batchgrader.store.backend import Follower, open_store
 from batchgrader.store.eventstore import EventStore, SchemaTooNew
 from batchgrader.store.pgstore import PostgresEventStore, redact
 
@@ -146,3 +146,19 @@ def test_a_daemon_with_store_url_opens_the_shared_store_and_says_it_cannot_run_o
     with PostgresEventStore(pg_url, readonly=True) as s:
         assert s.last_seq() == 0
     assert not home.db.exists()
+
+
+def test_a_follower_misses_nothing_across_a_killed_listener(store: PostgresEventStore, pg_url: str):
+    """Events committed while the listening connection is gone (their NOTIFY lost) are read
+    after the reconnect, from the last position seen."""
+    writer = PostgresEventStore(pg_url)
+    try:
+        follower = Follower(store)
+        writer.append("A", [ev("a")])
+        assert [e.job_id for e in follower.poll(timeout=10)] == ["A"]
+        assert follower.poll(timeout=0.1) == []  # listening now
+        terminate(pg_url, store.backend_pid())
+        writer.append("B", [ev("b")])  # its notification goes nowhere
+        assert [e.job_id for e in follower.poll(timeout=10)] == ["B"]
+    finally:
+        writer.close()

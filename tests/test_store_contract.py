@@ -17,7 +17,7 @@ import pytest
 from batchgrader.core.events import Event, NewEvent
 from batchgrader.core.home import Home
 from batchgrader.core.state import fold
-from batchgrader.store.backend import EventLog, decide_and_append, open_log
+from batchgrader.store.backend import EventLog, Follower, decide_and_append, open_log
 from batchgrader.store.eventstore import ConcurrencyError
 from batchgrader.store.readmodels import job_row, usage_row
 
@@ -270,3 +270,21 @@ def test_a_second_daemons_appends_reach_the_first_ones_read_models(backend: Open
     assert [r["version"] for r in rows] == [3]
     assert rows == two.read_model("job_status")
     assert one.read_model("projection_state")[0]["last_seq"] == one.last_seq()
+
+
+def test_a_follower_gets_every_event_another_daemon_appends_once_in_order(backend: Opener):
+    writer, reader = backend(), backend()
+    writer.append("A", [ev("before")])
+    follower = Follower(reader)
+    assert [e.payload["reason"] for e in follower.poll()] == ["before"]
+    assert follower.poll(timeout=0.1) == []
+    t = threading.Thread(target=lambda: [writer.append(f"J{i}", [ev(str(i))]) for i in range(20)])
+    t.start()
+    got: list[Event] = []
+    while len(got) < 20:
+        new = follower.poll(timeout=30)
+        assert new, "woken with nothing new while events were being appended"
+        got += new
+    t.join(timeout=30)
+    assert [e.payload["reason"] for e in got] == [str(i) for i in range(20)]
+    assert follower.last == writer.last_seq() and follower.poll() == []

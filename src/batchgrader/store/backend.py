@@ -11,11 +11,13 @@ implementations (as pyeventsourcing has a recorder per database):
 Both keep the same events (names, versions, payload bytes), fold to the same state and keep the
 same read models in the append's transaction; ``tests/test_store_contract.py`` runs one suite
 against both.  :func:`open_store` chooses by ``store_url``; :func:`decide_and_append` is the
-optimistic write loop: fold, decide, append, and on a conflict fold again and decide again.
+optimistic write loop: fold, decide, append, and on a conflict fold again and decide again;
+:class:`Follower` tails the log from the last position seen (what another daemon appended).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -95,6 +97,30 @@ def open_store(home: Home, store_url: str | None = None, *, readonly: bool = Fal
     """The event log of a home: PostgreSQL when ``store_url`` (the setting, or the environment's
     ``BATCHGRADER_STORE_URL`` through the configuration) names one, else the home's SQLite file."""
     return open_log(store_location(home, store_url), readonly=readonly, read_models=read_models)
+
+
+class Follower:
+    """A reader tailing the log: each :meth:`poll` returns the events committed since the last
+    one it returned, waiting up to ``timeout`` for one (a ``NOTIFY`` on PostgreSQL).  It tracks
+    the last position seen, never the next expected (positions may have gaps), and re-reads from
+    there after any reconnect, so no event is missed even when a notification is."""
+
+    def __init__(self, store: EventLog, after: int = 0) -> None:
+        self.store = store
+        self.last = after
+
+    def poll(self, timeout: float = 0.0) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        while True:
+            new = list(self.store.read(after=self.last))
+            if new:
+                self.last = new[-1].seq
+                return new
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            # a wake-up may be stale (a notification of an event already read) or a reconnect: read again
+            self.store.wait_for_append(self.last, left)
 
 
 def decide_and_append(
