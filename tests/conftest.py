@@ -27,3 +27,36 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Home:
     root = tmp_path / "bghome"
     monkeypatch.setenv("BATCHGRADER_HOME", str(root))
     return Home.resolve(root).ensure()
+
+
+# --- a real PostgreSQL server (tests/pg_server.py) ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL server per test process, started on first use and stopped at the end;
+    skipped (failed under CI, which installs the package) when no server binary is found."""
+    from pg_server import PostgresServer, find_bindir
+
+    bindir = find_bindir()
+    if bindir is None:
+        reason = "no PostgreSQL server binaries (initdb, pg_ctl) in /usr/lib/postgresql/*/bin or on PATH: install Debian's postgresql package"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (.ci/run installs it)")
+        pytest.skip(reason)
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
+    server = PostgresServer(bindir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """The URL of a new, empty database on the test server (dropped afterwards)."""
+    url = pg_server.create_database()
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url)

@@ -24,6 +24,7 @@ from batchgrader.cli.errors import (
     run_main,
 )
 from batchgrader.cli.quickstart import QUICKSTART_COMMANDS
+from batchgrader.cli.store_cmd import store
 
 
 @click.group(cls=ErrorMappingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -484,6 +485,7 @@ for _command in ADMIN_COMMANDS:  # bgctl's administrative commands (cli/admin.py
     cli.add_command(_command)
 for _command in QUICKSTART_COMMANDS:  # bgctl init, bgctl grade (cli/quickstart.py)
     cli.add_command(_command)
+cli.add_command(store)  # bgctl store copy (cli/store_cmd.py)
 helptext.apply(cli)  # whole one-line summaries and an example in each command's --help (cli/helptext.py)
 
 

@@ -32,6 +32,14 @@ HELP: dict[str, tuple[str, tuple[str, ...]]] = {
     "logs": ("The daemon's log: starts, stops, warnings and errors.", ("bgctl logs -f --max-seconds 60",)),
     "models": ("The model catalogue: prices, limits and rules.", ("bgctl models --provider anthropic",)),
     "rebuild": ("Recreate the status and cost tables from the event log.", ("bgctl rebuild",)),
+    "store": (
+        "The event log itself: move it into a shared PostgreSQL store.",
+        ("bgctl store copy --to postgresql://bg@db/batchgrader",),
+    ),
+    "store copy": (
+        "Copy the SQLite event log into PostgreSQL and verify both fold alike.",
+        ("bgctl store copy --to postgresql://bg@db/batchgrader --json",),
+    ),
     "report": ("How a finished job went, as text, JSON or an HTML page.", ("bgctl report 78db4dc4dc36 --html report.html",)),
     "retry": (
         "Resubmit an ended job's failed rows, or release a held job.",
@@ -55,7 +63,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Get started": ("init", "examples", "grade"),
     "Work": ("count", "submit", "daemon", "cancel", "retry", "split"),
     "Inspect": ("status", "report", "costs", "events", "logs", "models", "config", "cache"),
-    "Administer": ("doctor", "service", "rebuild", "emulator"),
+    "Administer": ("doctor", "service", "rebuild", "store", "emulator"),
 }
 
 

@@ -259,7 +259,8 @@ def _apply(
         try:
             values[key] = KEYS[key].check(v)
         except ValueError as exc:
-            shown = "a value that is not shown (it is a secret)" if key in SECRET_KEYS else repr(v)
+            # store_url: a refused URL may hold a password
+            shown = "a value that is not shown (it is a secret)" if key in (*SECRET_KEYS, "store_url") else repr(v)
             problem(f"{where}: key {key!r} must be {exc}; got {shown}")
             continue
         sources[key] = source

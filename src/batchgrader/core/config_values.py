@@ -27,6 +27,19 @@ def _opt_str(v: Any) -> str | None:
     return v or None
 
 
+def _store_url(v: Any) -> str | None:
+    """Where the event log is: null (the SQLite file in the home) or a ``postgresql://`` URL."""
+    v = _opt_str(v)
+    if v is not None and not v.startswith(("postgresql://", "postgres://")):
+        raise ValueError("null (the SQLite file in the home) or a postgresql://USER@HOST:PORT/DATABASE URL")
+    if v is not None:
+        from urllib.parse import urlsplit
+
+        if urlsplit(v).password is not None:  # it would show in `bgctl config show` and the logs
+            raise ValueError("a URL without its password: put the password in ~/.pgpass or PGPASSWORD")
+    return v
+
+
 def _opt_names(v: Any) -> list[str] | None:
     """A list of distinct non-empty names (profile names of a panel: the ``judges`` key), or null."""
     if v is None:

@@ -41,6 +41,7 @@ from batchgrader.core.config_values import (
     _opt_names,
     _opt_str,
     _response_format,
+    _store_url,
     _str,
 )
 from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION, PROVIDER_FACTS
@@ -363,6 +364,11 @@ class Settings:
         "apart.", profile=False)
     log_level = Setting("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), HOUSE,
         "Level of `<home>/logs/daemon.log`: `DEBUG`, `INFO`, `WARNING` or `ERROR`.", profile=False, restart=True)
+    store_url = Setting(None, _store_url, HOUSE,
+        "Where the event log is. `null`: the SQLite file in the home (`batchgrader.db`), which needs nothing. A "
+        "`postgresql://USER@HOST:PORT/DATABASE` URL: a PostgreSQL database that several daemons share (needs the `[postgres]` "
+        "extra; keep the password out of the URL, in `~/.pgpass` or `PGPASSWORD`). See [scaling.md](scaling.md); `bgctl store "
+        "copy` moves an existing log there. Read at start-up.", profile=False, restart=True)
     reuse_answers = Setting(None, _opt_bool, REUSE,
         "Answer a request that is identical to one already answered (an earlier row of the same file, or any earlier job within"
         " `cache_days`) with that answer instead of sending it. `null` means on, except when `temperature` is above 0; `true` "

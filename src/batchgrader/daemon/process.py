@@ -209,11 +209,6 @@ class Daemon:
         if p is not None:
             p.prefetch()
 
-    def make_projectors(self) -> list:
-        from batchgrader.store.readmodels import projectors
-
-        return projectors()
-
     def _load(self) -> tuple[Config, PriceTable]:
         from batchgrader.core.secrets import apply_env_file, env_file_path
 
@@ -363,6 +358,7 @@ class Daemon:
         from batchgrader.daemon.engine import Engine
         from batchgrader.daemon.notify import Notifier
         from batchgrader.pipeline.inbox import InboxWatcher
+        from batchgrader.store.backend import open_store
         from batchgrader.store.eventstore import EventStore, SchemaTooNew
 
         log.info(
@@ -374,11 +370,18 @@ class Daemon:
         )
         provider = self._provider(config)
         try:
-            store = EventStore(self.home.db, projectors=self.make_projectors())
-        except SchemaTooNew as exc:
+            store = open_store(self.home, config.store_url)  # store_url: PostgreSQL; else the home's SQLite file
+        except (SchemaTooNew, ConnectionError) as exc:
             raise DaemonError(str(exc)) from None
         except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
             raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
+        if not isinstance(store, EventStore):  # the engine's answers store and run times are SQLite's yet
+            where = store.where
+            store.close()
+            raise DaemonError(
+                f"store_url is set ({where}): the PostgreSQL event store is ready (bgctl store copy fills it), but a daemon "
+                "does not run on it yet (docs/scaling.md); unset store_url to run on the home's SQLite file"
+            )
         engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
         if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route each job's calls to its provider
             from batchgrader.provider.router import ObjectJobs

@@ -1,4 +1,4 @@
-"""store: the SQLite event log and its read models (reports on what they hold: ``batchgrader.reports``).
+"""store: the event log (SQLite by default, PostgreSQL when `store_url` is set) and its read models (reports on what they hold: ``batchgrader.reports``).
 
 ``eventstore`` is the append-only store (WAL, ``BEGIN IMMEDIATE``, per-job optimistic
 concurrency, projectors in the same transaction); ``readmodels`` keeps the ``job_status`` and

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from batchgrader.core.events import UnknownEventType as UnknownEventType
 from batchgrader.core.schema import EVENTS, EVENTS_DDL, SCHEMA_VERSION, check_payload, upcast
 
 BUSY_TIMEOUT_MS = 10_000
+WAIT_POLL_S = 0.05  # wait_for_append: how often the file's last position is looked at
 
 
 class ConcurrencyError(RuntimeError):
@@ -279,6 +281,31 @@ class EventStore:
     def last_seq(self) -> int:
         (n,) = self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         return n
+
+    @property
+    def where(self) -> str:
+        """Where the log is (for messages): the file's path."""
+        return str(self.path)
+
+    def wait_for_append(self, after: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for an event past ``after`` (another connection's
+        commit): True when there is one, False when the time ran out.  SQLite has no
+        notifications: the file's last position is looked at every :data:`WAIT_POLL_S`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.last_seq() > after:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(WAIT_POLL_S, left))
+
+    def read_model(self, table: str) -> list[dict[str, Any]]:
+        """Every row of a read-side table (``job_status``, ``usage``, ...), as dicts, in key order."""
+        from batchgrader.store.readtables import TABLES
+
+        spec = TABLES[table]
+        return [dict(zip(spec.columns, r)) for r in self.conn.execute(spec.select(table))]
 
     def integrity_check(self) -> str:
         (res,) = self.conn.execute("PRAGMA integrity_check").fetchone()

@@ -1,0 +1,146 @@
+"""The event store as an interface, its two recorders, and the factory that picks one.
+
+:class:`EventLog` is what the daemon, the CLI and the library ask of an event log; it has two
+implementations (as pyeventsourcing has a recorder per database):
+
+- :class:`~batchgrader.store.eventstore.EventStore`: the SQLite file in the home (the default,
+  one daemon per home);
+- :class:`~batchgrader.store.pgstore.PostgresEventStore`: a PostgreSQL database that several
+  daemons share (``store_url: postgresql://...``; the ``[postgres]`` extra).
+
+Both keep the same events (names, versions, payload bytes), fold to the same state and keep the
+same read models in the append's transaction; ``tests/test_store_contract.py`` runs one suite
+against both.  :func:`open_store` chooses by ``store_url``; :func:`decide_and_append` is the
+optimistic write loop: fold, decide, append, and on a conflict fold again and decide again;
+:class:`Follower` tails the log from the last position seen (what another daemon appended).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+from batchgrader.core.events import Event, NewEvent
+from batchgrader.core.home import Home
+from batchgrader.core.state import JobState, fold
+from batchgrader.store.eventstore import ConcurrencyError
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+#: appends tried by :func:`decide_and_append` before its ConcurrencyError is let through
+DECIDE_ATTEMPTS = 5
+
+
+class EventLog(Protocol):
+    """What every event store offers (see the module docstring)."""
+
+    readonly: bool
+
+    @property
+    def where(self) -> str: ...
+
+    def append(
+        self,
+        job_id: str,
+        events: Iterable[NewEvent],
+        expected_version: int | None = None,
+        also: Callable[[Any], None] | None = None,
+    ) -> list[Event]: ...
+
+    def read(self, after: int = 0, job_id: str | None = None, limit: int | None = None) -> Iterator[Event]: ...
+
+    def last_seq(self) -> int: ...
+
+    def wait_for_append(self, after: int, timeout: float) -> bool: ...
+
+    def read_model(self, table: str) -> list[dict[str, Any]]: ...
+
+    def write(self) -> AbstractContextManager[Any]: ...
+
+    def check_file(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def is_postgres_url(location: str | Path | None) -> bool:
+    return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
+
+
+def store_location(home: Home, store_url: str | None) -> str | Path:
+    """Where a home's event log is: ``store_url`` when set, else the SQLite file in the home."""
+    return store_url if store_url else home.db
+
+
+def open_log(location: str | Path, *, readonly: bool = False, read_models: bool = True) -> EventLog:
+    """Open the event log at ``location`` (a ``postgresql://`` URL or an SQLite file), with the
+    backend's read models kept in each append's transaction (``read_models``; never read-only)."""
+    if is_postgres_url(location):
+        from batchgrader.store.pg_readmodels import projectors as pg_projectors
+        from batchgrader.store.pgstore import PostgresEventStore
+
+        return PostgresEventStore(
+            str(location), readonly=readonly, projectors=pg_projectors() if read_models and not readonly else ()
+        )
+    from batchgrader.store.eventstore import EventStore
+    from batchgrader.store.readmodels import projectors
+
+    return EventStore(Path(location), readonly=readonly, projectors=projectors() if read_models and not readonly else ())
+
+
+def open_store(home: Home, store_url: str | None = None, *, readonly: bool = False, read_models: bool = True) -> EventLog:
+    """The event log of a home: PostgreSQL when ``store_url`` (the setting, or the environment's
+    ``BATCHGRADER_STORE_URL`` through the configuration) names one, else the home's SQLite file."""
+    return open_log(store_location(home, store_url), readonly=readonly, read_models=read_models)
+
+
+class Follower:
+    """A reader tailing the log: each :meth:`poll` returns the events committed since the last
+    one it returned, waiting up to ``timeout`` for one (a ``NOTIFY`` on PostgreSQL).  It tracks
+    the last position seen, never the next expected (positions may have gaps), and re-reads from
+    there after any reconnect, so no event is missed even when a notification is."""
+
+    def __init__(self, store: EventLog, after: int = 0) -> None:
+        self.store = store
+        self.last = after
+
+    def poll(self, timeout: float = 0.0) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        while True:
+            new = list(self.store.read(after=self.last))
+            if new:
+                self.last = new[-1].seq
+                return new
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            # a wake-up may be stale (a notification of an event already read) or a reconnect: read again
+            self.store.wait_for_append(self.last, left)
+
+
+def decide_and_append(
+    store: EventLog,
+    job_id: str,
+    decide: Callable[[JobState | None], list[NewEvent]],
+    attempts: int = DECIDE_ATTEMPTS,
+    also: Callable[[Any], None] | None = None,
+) -> list[Event]:
+    """Fold the job, ask ``decide`` what to append given its state (None: a new job), append it
+    at the version folded; when another writer appended first (:class:`ConcurrencyError`), fold
+    again and decide again.  Returns the events stored (none when ``decide`` says nothing)."""
+    for attempt in range(1, attempts + 1):
+        job = fold(store.read(job_id=job_id)).jobs.get(job_id)
+        new = decide(job)
+        if not new:
+            return []
+        try:
+            return store.append(job_id, new, expected_version=job.version if job else 0, also=also)
+        except ConcurrencyError:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover

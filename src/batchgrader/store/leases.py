@@ -1,0 +1,209 @@
+"""Leases with fencing numbers, decided in the PostgreSQL store that several daemons share.
+
+A lease is a row ``leases(name, holder, fence, expires_at)``: one per provider account
+(:func:`account_lease`: every provider call of that account is made by its holder alone) and one
+per job being worked on (:func:`job_lease`: prepare, merge, write the result).  Every decision is
+one statement in the database, against a clock the caller passes in (seconds; None: the
+database's own clock), so two daemons can never both believe they hold a lease:
+
+- :meth:`Leases.acquire`: take a free or expired lease; the fence goes up by one whenever the
+  holder changes (or a lapsed holder takes it again), never when a holder renews;
+- :meth:`Leases.renew`: push the expiry out; refused (:class:`LeaseLost`) once the lease has
+  lapsed or been taken over;
+- :meth:`Leases.release`: give it up (the next holder gets the next fence at once);
+- :meth:`Leases.append_intent`: append an intent event (upload, create, cancel, delete) only if
+  the lease is still this holder's, with this fence, and has at least ``bound`` seconds left
+  (the longest the call may take): the check (``FOR SHARE`` on the lease row, so no takeover
+  commits meanwhile) and the record of the fence (``intent_fences``) are in the append's
+  transaction.  A holder whose lease is shorter than a request's bound makes no call.
+
+The provider cannot check a fence: a new holder treats the old holder's open intents as unknown
+outcomes and reconciles them from the provider's records before sending anything (the daemon's
+``bg_key`` reconcile); :meth:`Leases.fences_of` says which holder's fence each intent was made under.
+
+Only the PostgreSQL store has leases: the SQLite file serves one daemon, under the home's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchgrader.core.events import Event, NewEvent
+from batchgrader.store.pgstore import PostgresEventStore, one
+
+DDL = (
+    """CREATE TABLE IF NOT EXISTS leases (
+        name        TEXT PRIMARY KEY,           -- account:<provider>:<account> or job:<job_id>
+        holder      TEXT,                       -- the daemon holding it; NULL: released
+        fence       BIGINT NOT NULL,            -- +1 at each change of holder
+        expires_at  DOUBLE PRECISION NOT NULL,  -- seconds (the callers' clock)
+        acquired_at DOUBLE PRECISION NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS intent_fences (
+        seq    BIGINT PRIMARY KEY REFERENCES events (seq),  -- the intent event
+        job_id TEXT   NOT NULL,
+        lease  TEXT   NOT NULL,
+        holder TEXT   NOT NULL,
+        fence  BIGINT NOT NULL
+    )""",
+)
+COLUMNS = "name, holder, fence, expires_at, acquired_at"
+
+
+class LeaseLost(RuntimeError):
+    """The lease is no longer this holder's (lapsed, taken over or released)."""
+
+
+class LeaseTooShort(LeaseLost):
+    """The lease is still held but would lapse before the call could end: no call is made."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    holder: str
+    fence: int
+    expires_at: float
+    acquired_at: float
+
+    def remaining(self, now: float) -> float:
+        return self.expires_at - now
+
+    def may_call(self, now: float, bound: float) -> bool:
+        """Whether a call that may take ``bound`` seconds ends before the lease lapses."""
+        return self.remaining(now) > bound
+
+
+def account_lease(provider: str, account: str) -> str:
+    """The lease of a provider account (organisation, project, workspace or deployment)."""
+    return f"account:{provider}:{account}"
+
+
+def job_lease(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def _lease(row: Sequence[Any] | None) -> Lease | None:
+    return None if row is None else Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]))
+
+
+class Leases:
+    """The leases of one PostgreSQL store, as one daemon (``holder``) sees them."""
+
+    def __init__(self, store: PostgresEventStore, holder: str) -> None:
+        self.store = store
+        self.holder = holder
+        with store.write() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('batchgrader leases schema'))")
+            for stmt in DDL:
+                conn.execute(stmt)
+
+    @staticmethod
+    def _now(conn: Any, now: float | None) -> float:
+        return float(now) if now is not None else float(one(conn, "SELECT extract(epoch FROM clock_timestamp())"))
+
+    def acquire(self, name: str, ttl: float, now: float | None = None) -> Lease | None:
+        """The lease, now this daemon's for ``ttl`` seconds, or None while another holds it."""
+        with self.store.write() as conn:
+            t = self._now(conn, now)
+            row = conn.execute(
+                f"""INSERT INTO leases AS l ({COLUMNS}) VALUES (%(name)s, %(me)s, 1, %(until)s, %(now)s)
+                ON CONFLICT (name) DO UPDATE SET
+                    holder = EXCLUDED.holder,
+                    fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > %(now)s THEN l.fence ELSE l.fence + 1 END,
+                    expires_at = EXCLUDED.expires_at,
+                    acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > %(now)s THEN l.acquired_at ELSE %(now)s END
+                WHERE l.holder IS NULL OR l.expires_at <= %(now)s OR l.holder = EXCLUDED.holder
+                RETURNING {COLUMNS}""",
+                {"name": name, "me": self.holder, "until": t + ttl, "now": t},
+            ).fetchone()
+        return _lease(row)
+
+    def acquire_any(self, names: Iterable[str], ttl: float, now: float | None = None) -> Lease | None:
+        """The first of ``names`` this daemon can take (a job to work on), or None."""
+        for name in names:
+            lease = self.acquire(name, ttl, now)
+            if lease is not None:
+                return lease
+        return None
+
+    def renew(self, lease: Lease, ttl: float, now: float | None = None) -> Lease:
+        """The lease pushed out to ``now + ttl``; :class:`LeaseLost` when it is no longer ours."""
+        with self.store.write() as conn:
+            t = self._now(conn, now)
+            row = conn.execute(
+                f"""UPDATE leases SET expires_at = %s WHERE name = %s AND holder = %s AND fence = %s AND expires_at > %s
+                RETURNING {COLUMNS}""",
+                (t + ttl, lease.name, self.holder, lease.fence, t),
+            ).fetchone()
+        if row is None:
+            raise LeaseLost(f"lease {lease.name} (fence {lease.fence}) is no longer held by {self.holder}")
+        return _lease(row)  # type: ignore[return-value]
+
+    def release(self, lease: Lease) -> bool:
+        """Give the lease up (True) unless it is no longer ours (False)."""
+        with self.store.write() as conn:
+            cur = conn.execute(
+                "UPDATE leases SET holder = NULL, expires_at = 0 WHERE name = %s AND holder = %s AND fence = %s",
+                (lease.name, self.holder, lease.fence),
+            )
+            return cur.rowcount == 1
+
+    def current(self, name: str) -> Lease | None:
+        """The lease row as it is (whoever holds it, lapsed or not)."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute(f"SELECT {COLUMNS} FROM leases WHERE name = %s", (name,)).fetchone()
+            conn.rollback()
+        return _lease(row)
+
+    def all(self) -> list[Lease]:
+        """Every lease row, by name (for ``bgctl status``: which daemon holds what)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute(f"SELECT {COLUMNS} FROM leases ORDER BY name").fetchall()
+            conn.rollback()
+        return [lease for r in rows if (lease := _lease(r)) is not None]
+
+    # --- intents under a lease --------------------------------------------------------------------
+    def append_intent(
+        self,
+        lease: Lease,
+        job_id: str,
+        events: Sequence[NewEvent],
+        expected_version: int,
+        bound: float,
+        now: float | None = None,
+        also: Callable[[Any], None] | None = None,
+    ) -> list[Event]:
+        """Append an intent under ``lease`` (see the module docstring): refused with
+        :class:`LeaseLost` (or :class:`LeaseTooShort`) when the call must not be made; then
+        nothing is appended.  ``also`` writes more in the same transaction, after the check
+        (as :meth:`~batchgrader.store.backend.EventLog.append`'s)."""
+
+        def check_and_record(conn: Any) -> None:
+            t = self._now(conn, now)
+            row = conn.execute("SELECT holder, fence, expires_at FROM leases WHERE name = %s FOR SHARE", (lease.name,)).fetchone()
+            if row is None or row[0] != self.holder or int(row[1]) != lease.fence or float(row[2]) <= t:
+                raise LeaseLost(f"lease {lease.name} (fence {lease.fence}) is no longer held by {self.holder}: no call is made")
+            if float(row[2]) - t <= bound:
+                raise LeaseTooShort(
+                    f"lease {lease.name} has {float(row[2]) - t:.1f}s left, less than the call's bound of {bound:.1f}s: "
+                    "no call is made until it is renewed"
+                )
+            conn.execute(
+                "INSERT INTO intent_fences (seq, job_id, lease, holder, fence) "
+                "SELECT seq, job_id, %s, %s, %s FROM events WHERE job_id = %s AND job_seq > %s",
+                (lease.name, self.holder, lease.fence, job_id, expected_version),
+            )
+            if also is not None:
+                also(conn)
+
+        return self.store.append(job_id, events, expected_version=expected_version, also=check_and_record)
+
+    def fences_of(self, job_id: str) -> dict[int, tuple[str, str, int]]:
+        """The intents of a job made under a lease: event seq -> (lease, holder, fence)."""
+        with self.store.pool.connection() as conn:
+            rows = conn.execute("SELECT seq, lease, holder, fence FROM intent_fences WHERE job_id = %s", (job_id,)).fetchall()
+            conn.rollback()
+        return {int(r[0]): (r[1], r[2], int(r[3])) for r in rows}
