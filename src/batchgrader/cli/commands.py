@@ -23,6 +23,7 @@ from batchgrader.cli.errors import (
     ErrorMappingGroup,
     run_main,
 )
+from batchgrader.cli.evals import EVALS_COMMANDS
 from batchgrader.cli.quickstart import QUICKSTART_COMMANDS
 from batchgrader.cli.store_cmd import store
 
@@ -486,6 +487,8 @@ for _command in ADMIN_COMMANDS:  # bgctl's administrative commands (cli/admin.py
 for _command in QUICKSTART_COMMANDS:  # bgctl init, bgctl grade (cli/quickstart.py)
     cli.add_command(_command)
 cli.add_command(store)  # bgctl store copy (cli/store_cmd.py)
+for _command in EVALS_COMMANDS:  # bgctl evals (cli/evals.py)
+    cli.add_command(_command)
 helptext.apply(cli)  # whole one-line summaries and an example in each command's --help (cli/helptext.py)
 
 

@@ -23,6 +23,19 @@ HELP: dict[str, tuple[str, tuple[str, ...]]] = {
     "doctor": ("Check everything the daemon needs, each problem with its fix.", ("bgctl doctor", "bgctl doctor --sandbox")),
     "emulator": ("Run the Batch API emulator as a local server (SIMULATED).", ("bgctl emulator --port 8765 --faults flaky",)),
     "events": ("The event log, in order (newest last).", ("bgctl events 78db4dc4dc36 --last 20",)),
+    "evals": ("OpenAI Evals at batch price: import, run, read run.json.", ("bgctl evals import eval.json --data items.jsonl",)),
+    "evals import": (
+        "Import an eval as OpenAI returned it; queue its model criteria.",
+        (
+            "bgctl evals import eval.json --data items.jsonl",
+            "bgctl evals import eval.json --output-items output_items.jsonl --dry-run",
+        ),
+    ),
+    "evals list": ("The evals imported into the home.", ("bgctl evals list",)),
+    "evals results": (
+        "An eval's run.json, output items and pass rates, once its jobs ended.",
+        ("bgctl evals results eval_67abd54d --wait",),
+    ),
     "examples": ("Copy the shipped example files into a folder.", ("bgctl examples ./bgctl-examples",)),
     "grade": (
         "Queue a file and wait until its job ends; print the result's path.",
@@ -61,7 +74,7 @@ HELP: dict[str, tuple[str, tuple[str, ...]]] = {
 #: the top-level commands as ``bgctl --help`` lists them, by what they are for
 SECTIONS: dict[str, tuple[str, ...]] = {
     "Get started": ("init", "examples", "grade"),
-    "Work": ("count", "submit", "daemon", "cancel", "retry", "split"),
+    "Work": ("count", "submit", "daemon", "cancel", "retry", "split", "evals"),
     "Inspect": ("status", "report", "costs", "events", "logs", "models", "config", "cache"),
     "Administer": ("doctor", "service", "rebuild", "store", "emulator"),
 }

@@ -25,16 +25,20 @@ PREFIX = "py-"
 _PROFILES_LINE = re.compile(r"^profiles:[ \t]*(#.*)?$", re.M)
 
 
-def profile_name(base: str | None, settings: Mapping[str, Any]) -> str:
-    """``py-`` and a hash of the base profile and the settings."""
+def profile_name(base: str | None, settings: Mapping[str, Any], prefix: str = PREFIX) -> str:
+    """``py-`` (or ``prefix``) and a hash of the base profile and the settings."""
     key = json.dumps({"base": base or "default", "settings": dict(settings)}, sort_keys=True, default=str)
-    return PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()[:10]
+    return prefix + hashlib.sha256(key.encode("utf-8")).hexdigest()[:10]
 
 
-def profile_with(home: Home, base: str | None, settings: Mapping[str, Any]) -> str:
+def profile_with(
+    home: Home, base: str | None, settings: Mapping[str, Any], *, prefix: str = PREFIX, written_by: str = "batchgrader.api"
+) -> str:
     """The name of a profile of ``home``'s config.yaml that is ``base`` (None: the top level) with
     ``settings`` over it, written into config.yaml unless it is there already.  An unknown base
-    profile, an unknown key or a bad value raises ``ConfigError`` (config.yaml unchanged)."""
+    profile, an unknown key or a bad value raises ``ConfigError`` (config.yaml unchanged).
+    ``prefix`` starts the generated name and ``written_by`` is named in its comment (the Python
+    API's ``py-``; `bgctl evals import` writes ``eval-`` profiles)."""
     import yaml
 
     from batchgrader.core.config import ConfigError, load_config, read_yaml_file
@@ -46,12 +50,12 @@ def profile_with(home: Home, base: str | None, settings: Mapping[str, Any]) -> s
     text = path.read_text(encoding="utf-8") if existed else ""
     data = (read_yaml_file(path) if existed else None) or {}
     profiles = data.get("profiles") or {}
-    name = profile_name(base, settings)
+    name = profile_name(base, settings, prefix)
     if name in profiles:
         return name
     own = dict(profiles.get(base) or {}) if base and base != "default" else {}
     overrides = {**own, **settings}
-    comment = f"# written by batchgrader.api: profile {base or 'default'} with {', '.join(sorted(settings))}"
+    comment = f"# written by {written_by}: profile {base or 'default'} with {', '.join(sorted(settings))}"
     block = yaml.safe_dump({name: overrides}, sort_keys=True, default_flow_style=False, allow_unicode=True)
     m = _PROFILES_LINE.search(text)
     if m is not None:

@@ -1,0 +1,179 @@
+"""The model criteria of an eval as BatchGrader jobs: one job per grader model (and kind and
+sampling settings), one request per row per criterion.
+
+A batch has one model, one system prompt and one response schema, so:
+
+* the criteria of one model and kind (``label_model`` or ``score_model``, with the same
+  temperature, reasoning effort and output bound) share a job; criteria of another model, or of
+  the other kind, get a job of their own (a schema that allowed a label or a number would let
+  the model answer a label where a score is asked: structured output could not rule it out);
+* the job's rows are ``items x criteria``: custom id ``i<item>-c<criterion>`` (``-s<k>`` is
+  added per sample by the samples feature), the criterion's messages rendered for that item in
+  the ``prompt`` column;
+* the job's system prompt is the criteria's system (and developer) messages when they are the
+  same static text for every criterion; otherwise each row's prompt starts with its criterion's
+  instructions (noted);
+* the answer is ``{"result": ...}``: an enum of the labels for ``label_model`` (of every label
+  criterion of the job: each row's own labels are stated in its prompt and checked on reading),
+  a number for ``score_model`` (the range stated in the prompt and checked on reading).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchgrader.evals import templates
+from batchgrader.evals.data import Row
+from batchgrader.evals.graders import ANSWER_FIELD
+from batchgrader.evals.spec import Criterion, EvalSpec, Message
+
+SYSTEM_ROLES = ("system", "developer")
+PROMPT_COLUMN = "prompt"
+ID_COLUMN = "id"
+
+
+@dataclass
+class JobPlan:
+    """One job: its model, the criteria it answers, the profile settings and the request rows."""
+
+    key: str
+    model: str
+    criteria: tuple[int, ...]
+    settings: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def custom_id(index: int, criterion: int) -> str:
+    return f"i{index}-c{criterion}"
+
+
+def _group_key(c: Criterion) -> tuple[Any, ...]:
+    sp = c.sampling
+    return (c.model, c.type, sp.get("temperature"), sp.get("reasoning_effort"), sp.get("max_completions_tokens"))
+
+
+def _system_text(c: Criterion) -> str:
+    return "\n\n".join(m.content for m in _leading_system(c.messages))
+
+
+def _leading_system(messages: Sequence[Message]) -> list[Message]:
+    out = []
+    for m in messages:
+        if m.role not in SYSTEM_ROLES:
+            break
+        out.append(m)
+    return out
+
+
+def answer_schema(criteria: Sequence[Criterion]) -> dict[str, Any]:
+    labels: list[str] = []
+    for c in criteria:
+        labels += [lab for lab in c.labels if lab not in labels]
+    kinds = {c.type for c in criteria}
+    if len(kinds) != 1:
+        raise ValueError("a job's criteria are of one kind")
+    if kinds == {"label_model"}:
+        value: dict[str, Any] = {"type": "string", "enum": labels}
+    else:  # bounds that hold every criterion's range (each row's own range is checked on reading)
+        value = {"type": "number", "minimum": min(c.range[0] for c in criteria), "maximum": max(c.range[1] for c in criteria)}
+    return {"type": "object", "properties": {ANSWER_FIELD: value}, "required": [ANSWER_FIELD], "additionalProperties": False}
+
+
+def answer_instruction(c: Criterion) -> str:
+    if c.type == "label_model":
+        return (
+            f'Answer in the field "{ANSWER_FIELD}" with exactly one of these labels: '
+            + ", ".join(json.dumps(x) for x in c.labels)
+            + "."
+        )
+    lo, hi = c.range
+    return f'Answer in the field "{ANSWER_FIELD}" with a number from {lo:g} to {hi:g}.'
+
+
+def render_prompt(c: Criterion, row: Row, shared_system: bool) -> str:
+    """The row's user message for criterion ``c``: its messages rendered (the leading system
+    messages left out when the job's system prompt carries them), then the answer instruction."""
+    sample = templates.sample_namespace(row.sample)
+    messages = list(c.messages)
+    if shared_system:
+        messages = messages[len(_leading_system(messages)) :]
+    rendered = [(m.role, templates.render(m.content, row.item, sample)) for m in messages]
+    if len(rendered) == 1 and rendered[0][0] == "user":
+        body = rendered[0][1]
+    else:
+        body = "\n\n".join(f"[{role}]\n{text}" for role, text in rendered)
+    return body.rstrip() + "\n\n" + answer_instruction(c)
+
+
+def _escape(text: str) -> str:
+    """A system prompt's braces as literal braces (BatchGrader's system prompt knows only {examples})."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -> list[JobPlan]:
+    groups: dict[tuple[Any, ...], list[Criterion]] = {}
+    for c in spec.model_criteria:
+        groups.setdefault(_group_key(c), []).append(c)
+    plans: list[JobPlan] = []
+    for n, (key, crits) in enumerate(groups.items(), start=1):
+        model, _kind, temperature, effort, max_tokens = key
+        systems = {_system_text(c) for c in crits}
+        system = systems.pop() if len(systems) == 1 else None
+        shared = bool(system) and not templates.variables(system or "")
+        notes: list[str] = []
+        if len(crits) > 1 and not shared and any(_system_text(c) for c in crits):
+            notes.append(
+                f"{model}: the criteria {', '.join(repr(c.name) for c in crits)} have different (or templated) system messages; "
+                "a batch job has one system prompt, so each row's message starts with its criterion's instructions"
+            )
+        if len({tuple(c.labels) for c in crits}) > 1:
+            notes.append(
+                f"{model}: the label criteria {', '.join(repr(c.name) for c in crits)} share a job, so its schema allows every "
+                "label of them; each row's prompt names its criterion's labels, and another label is invalid_output"
+            )
+        if any(len(c.messages) - len(_leading_system(c.messages)) > 1 for c in crits):
+            notes.append(
+                f"{model}: criteria with several user/assistant messages are sent as one user message, each part under its [role]"
+            )
+        settings: dict[str, Any] = {
+            "model": model,
+            "system_prompt": _escape(system) if shared and system else None,
+            "system_prompt_name": None,
+            "examples_file": None,
+            "user_prompt": "{" + PROMPT_COLUMN + "}",
+            "response_field": PROMPT_COLUMN,
+            "id_column": ID_COLUMN,
+            "output_column": "grade",
+            "response_format": answer_schema(crits),
+            "samples": samples or 1,
+            "temperature": temperature,
+            "reasoning_effort": effort,
+            "reference_column": None,
+            "reference_field": None,
+            "group_column": None,
+            "skip_empty": False,
+        }
+        if max_tokens is not None:
+            settings["max_completion_tokens"] = int(max_tokens)
+        plan = JobPlan(f"j{n}", str(model), tuple(c.index for c in crits), settings, notes=notes)
+        for row in rows:
+            for c in crits:
+                plan.rows.append(
+                    {
+                        ID_COLUMN: custom_id(row.index, c.index),
+                        "eval_item": row.index,
+                        "criterion": c.name,
+                        PROMPT_COLUMN: render_prompt(c, row, shared),
+                    }
+                )
+        plans.append(plan)
+    return plans
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
