@@ -165,7 +165,9 @@ def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(ho
         far.next_poll[(job.job_id, c.index)] = (rig.now + 86_400.0, 3600.0)  # its next poll a day away
         state, config = rig.engine.state, rig.engine.config
         assert next_due(state, far, config, wall=rig.now, mono=rig.now) == pytest.approx(cutoff)  # the cancel's time
-        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == pytest.approx(rig.now + 86_400.0)  # passed
+        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == cutoff + 1  # passed, not sent: at once
+        far.cancel_sent.add(str(c.batch_id))
+        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == pytest.approx(rig.now + 86_400.0)  # sent
         assert rig.tick(cutoff - rig.now).count("StragglerCancelRequested") == 1
     finally:
         rig.close()

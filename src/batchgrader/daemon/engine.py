@@ -110,13 +110,18 @@ class Engine:
         """Files seen in the inbox but not yet taken (waiting to be stable)."""
         return self.steps.intake.pending()
 
-    def next_due(self, mono: float, wall: float | None = None) -> float | None:
+    def next_due(self, mono: float, wall: float | None = None, inbox: bool = True) -> float | None:
         """The earliest time (monotonic, ``mono`` now; ``wall`` now on the wall clock, default
         ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.due.next_due`
-        over the jobs it takes further; the daemon's next tick is armed for it."""
-        ours = [j.job_id for j in self.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
+        over the jobs it takes further (and the inbox's waits, unless ``inbox`` is false); the
+        daemon's next tick is armed for it."""
+        ours = [j for j in self.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
         wall = mono if wall is None else wall
-        return next_due(self.state, self.ctx.schedule, self.config, wall, mono, self.steps.intake.times(), ours)
+        queues = {j.job_id: self.ctx.queue_url_for(j) for j in ours}
+        ids = [j.job_id for j in ours]
+        timers = self.ctx.timers(mono)
+        inbox_times = self.steps.intake.times() if inbox else None
+        return next_due(self.state, self.ctx.schedule, self.config, wall, mono, inbox_times, ids, timers, queues)
 
     def busy(self) -> bool:
         """True while a job can still make progress on its own (held jobs wait for the user, and
