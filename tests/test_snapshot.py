@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from batchgrader.cli.render import LiveView
+from batchgrader.core.due import TickOutcome, TickPace
 from batchgrader.core.state import State
 from batchgrader.daemon.process import Daemon
 from batchgrader.daemon.snapshot import Snapshot, take
@@ -53,5 +54,6 @@ def test_the_main_loop_never_iterates_the_state_the_tick_thread_mutates(home):
     daemon = Daemon(home, once=True, view=LiveView(sandbox=False))
     daemon.snapshot = Snapshot()
     notifier = Notifier()
-    assert daemon._main_loop(engine, notifier, ticks=None) == 0
+    tick = lambda: TickOutcome(None, 0.0)  # noqa: E731
+    assert daemon._main_loop(engine, notifier, tick, TickPace.of(60.0)) == 0
     assert notifier.lines == ["0 active jobs, 0 batches running, 0 finished"]

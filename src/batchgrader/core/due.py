@@ -1,11 +1,11 @@
 """When the daemon next has something to do on time: a pure rule over the state, the schedule,
 the config and the clocks (no I/O).
 
-The daemon's scheduler runs the engine's tick at the time :func:`next_due` returns (clamped to a
-floor and a ceiling by the daemon), not at a fixed interval: an idle daemon sleeps until a
-batch's next poll, the end of a wait, or the next inbox rescan.  Work due *now* after a tick (a
-job that stopped after an action ending its step) is the engine's ``again``; an external change
-(an inbox file, a control file, a signal, a merge worker finishing) wakes the daemon at once.
+The daemon's one loop runs the engine's tick, then waits until the time :func:`next_due`
+returns (within the floor and the ceiling of :class:`TickPace`), not at a fixed interval: an idle
+daemon sleeps until a batch's next poll, the end of a wait, or the next inbox rescan.  An
+external change (an inbox file, a control file, a signal, a merge worker finishing) wakes it at
+once.
 
 A job for which :func:`batchgrader.core.decide.decide_job` has an action now is due now (a
 batch read back as ended in its create reply, a download, a merge, a result to write, a cancel
@@ -151,3 +151,53 @@ def _inbox_wall(inbox: InboxTimes, config: Config, wall: float) -> Iterator[floa
         yield inbox.stable_at
     # never scanned: at once
     yield wall if inbox.last_scan == float("-inf") else inbox.last_scan + config.default.rescan_interval_seconds
+
+
+# --- the pace of the daemon's loop -------------------------------------------------------------------
+
+#: s, the soonest a tick follows the one before, whatever is due (no busy loop)
+TICK_FLOOR = 0.05
+#: s, the longest an idle daemon goes without a tick (the configuration and the database file are
+#: looked at then, whatever the watcher saw)
+TICK_CEILING = 60.0
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    """What one tick leaves for the next: the earliest due time (monotonic; None: nothing waits on
+    time), the monotonic time it was computed at, work due at once (``again``: a job stopped after
+    an action ending its step) and whether a step failed (it is tried again soon)."""
+
+    due: float | None
+    mono: float
+    again: bool = False
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class TickPace:
+    """How far apart ticks are: never closer than ``floor``; ``retry`` after a tick that left work
+    undone (a step failed, or a time was still due after the tick that was run for it: half of
+    ``poll_interval_seconds`` within 0.05-0.5 s); never further than ``ceiling``
+    (``poll_interval_seconds``, at most :data:`TICK_CEILING`)."""
+
+    floor: float
+    retry: float
+    ceiling: float
+
+    @classmethod
+    def of(cls, poll_interval: float) -> TickPace:
+        return cls(TICK_FLOOR, max(TICK_FLOOR, min(0.5, poll_interval / 2)), max(TICK_FLOOR, min(TICK_CEILING, poll_interval)))
+
+    def delay(self, outcome: TickOutcome, overdue_before: bool) -> tuple[float, bool]:
+        """Seconds until the next tick, and whether it is run for a time already due."""
+        if outcome.again:
+            return self.floor, False
+        if outcome.failed:
+            return self.retry, False
+        if outcome.due is None:
+            return self.ceiling, False
+        wait = outcome.due - outcome.mono
+        if wait <= 0:  # due already: at once, but a second time in a row only at the old pace
+            return (self.retry if overdue_before else self.floor), True
+        return max(self.floor, min(self.ceiling, wait)), False
