@@ -561,9 +561,41 @@ def test_missing_pricing_fails_before_anything_is_sent(home):
     (home.inbox / "a.csv").write_text("response\nx\n")
     rig.tick()
     types = rig.tick()  # the error report and the move first, the final event last (issue 10, item 6)
-    assert types == ["JobAccepted", "OutboxWriteStarted", "ResultWritten", "InputArchived", "JobFailed"]
+    assert types == ["JobAccepted", "PrepareFailed", "OutboxWriteStarted", "ResultWritten", "InputArchived", "JobFailed"]
     assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text()
     assert rig.provider.calls == [] and not rig.engine.busy()
+    rig.close()
+
+
+def test_a_job_that_cannot_be_prepared_is_ended_by_the_rules_after_a_restart(home):
+    """A job ends one way (issue 36): its failure to prepare is a fact (``PrepareFailed``); its
+    ending (the error report, the move to failed/, ``JobFailed``) is what the rules decide, so a
+    daemon that stopped in between (here: the outbox could not be written) ends it when it
+    starts again, with no step of its own for it."""
+    from batchgrader.core.actions import Archive, Finish, WriteErrorReport
+    from batchgrader.core.decide import decide_job
+    from batchgrader.core.home import Home
+    from batchgrader.daemon.engine import Engine
+
+    rig = make(home, "model: acme-unpriced-1\n")
+    (home.inbox / "a.csv").write_text("response\nx\n")
+    rig.tick()
+    home.outbox.rmdir()
+    home.outbox.symlink_to("/sys")  # nobody may write there, root included
+    # the report could not be written: the tick stops there
+    assert rig.tick() == ["JobAccepted", "PrepareFailed", "OutboxWriteStarted"]
+    job = rig.job()
+    assert not job.ended and job.start_failure is not None and job.start_failure["code"] == "missing_pricing"
+    actions = decide_job(rig.engine.state, job.job_id, rig.engine.config, rig.now)
+    assert [type(a) for a in actions] == [WriteErrorReport, Archive, Finish] and actions[-1].event == "JobFailed"
+    home.outbox.unlink()
+    home.outbox.mkdir()
+    again = Engine(Home(home.root), rig.engine.config, rig.store, rig.provider, rig.engine.prices)  # a restart
+    again.tick(rig.now + 1)
+    job = again.state.jobs[job.job_id]
+    assert job.ended == "failed" and job.error is not None and job.error["code"] == "missing_pricing"
+    assert [e.type for e in rig.store.read(job_id=job.job_id)][-3:] == ["ResultWritten", "InputArchived", "JobFailed"]
+    assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text() and rig.provider.calls == []
     rig.close()
 
 

@@ -323,6 +323,16 @@ class StoreAnswers(Action):
 
 
 @dataclass(frozen=True)
+class WriteErrorReport(Action):
+    """A job that failed before it was prepared (its input, its profile, its preflight): its error
+    report in the outbox (it has no result file)."""
+
+    error: str
+    hint: str
+    stage: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
 class Archive(Action):
     to_failed: bool
     stage: ClassVar[int] = 8

@@ -52,7 +52,7 @@ from batchgrader.core.actions import (
 )
 from batchgrader.core.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
 from batchgrader.core.config import Config, Profile
-from batchgrader.core.ending import ending, finish_actions, first_error  # noqa: F401 - part of the rules' interface
+from batchgrader.core.ending import ending, finish_actions, first_error, start_failure_actions  # noqa: F401 - part of the rules' interface
 from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.preflight_rules import preflight_due
@@ -300,6 +300,8 @@ def _decide_rest(
 ) -> list[Action]:
     """:func:`decide_job` for a job that is not ended, corrupt or held for an unexpected error."""
     job_id = job.job_id
+    if job.start_failure is not None:  # it failed before it was prepared: it ends (core/ending.py)
+        return start_failure_actions(job)
     panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
     if panel is not None:
         return panel

@@ -238,7 +238,7 @@ class Engine:
                 return
             step = step.after(action)
             self.act(action, now)
-            if action.ends_step:
+            if action.ends_step and self.state.jobs[job.job_id].start_failure is None:  # a job that failed to start ends now
                 self.again = True
                 return
 
