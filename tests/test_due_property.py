@@ -119,10 +119,10 @@ class Driver:
         timers = ctx.timers(at)
         return [
             j.job_id
-            for j in engine.state.jobs.values()
+            for j in engine.ctx.state.jobs.values()
             if not j.corrupt
             and ctx.left_alone_because(j) is None
-            and acts_now(engine.state, j.job_id, engine.config, at, timers, ctx.queue_url_for(j))
+            and acts_now(engine.ctx.state, j.job_id, engine.ctx.config, at, timers, ctx.queue_url_for(j))
         ]
 
     def check_never_sleeps_past_due_work(self) -> None:
@@ -174,7 +174,7 @@ def test_the_daemon_never_sleeps_past_work_that_is_due(config, lifetime, ops):
                     d.provider.fail_next(operation, kind, **details)
                     continue
                 elif op[0] == "cancel":
-                    jobs = [j for j in d.rig.engine.state.jobs.values() if not j.terminal and not j.rejected]
+                    jobs = [j for j in d.rig.engine.ctx.state.jobs.values() if not j.terminal and not j.rejected]
                     if jobs:
                         d.rig.engine.ctx.emit(jobs[0].job_id, NewEvent("CancelRequested", {"reason": "test"}))
                 elif op[0] == "outbox":

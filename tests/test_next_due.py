@@ -91,7 +91,7 @@ def test_an_ended_job_waits_on_nothing_even_with_its_timers_left_behind(rig):
     rig.tick()
     rig.provider.finish_all()
     rig.tick(1)
-    assert rig.engine.state.jobs[job.job_id].ended == "completed"
+    assert rig.engine.ctx.state.jobs[job.job_id].ended == "completed"
     rig.engine.ctx.schedule.next_poll[(job.job_id, 0)] = (rig.now - 100, 1.0)  # stale: never read
     rig.engine.ctx.schedule.not_before[(job.job_id, 0)] = rig.now - 100
     assert rig.engine.next_due(rig.now) == pytest.approx(rig.engine.steps.intake.times().last_scan + RESCAN)
@@ -163,7 +163,7 @@ def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(ho
         cutoff = float(rig.job().deadline_at or 0.0) - MIN_MARGIN_SECONDS
         far = Schedule()
         far.next_poll[(job.job_id, c.index)] = (rig.now + 86_400.0, 3600.0)  # its next poll a day away
-        state, config = rig.engine.state, rig.engine.config
+        state, config = rig.engine.ctx.state, rig.engine.ctx.config
         assert next_due(state, far, config, wall=rig.now, mono=rig.now) == pytest.approx(cutoff)  # the cancel's time
         assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == cutoff + 1  # passed, not sent: at once
         far.cancel_sent.add(str(c.batch_id))

@@ -36,14 +36,16 @@ def test_a_snapshot_is_a_value_the_tick_thread_can_no_longer_change(home):
     rig = Rig(home, "split_row_limit: 2\n")
     rig.drop(4)
     rig.tick()
-    snap = take(rig.engine.state)
+    snap = take(rig.engine.ctx.state)
     assert snap.status_line(sandbox=False) == "1 active jobs, 2 batches running, 0 finished"
     (row,) = snap.jobs
     assert (row.state, row.chunks_done, row.chunks_total, row.running) == ("running", 0, 2, 2)
     rig.provider.finish_all()
     rig.tick()  # the job finishes: the live state changes, the snapshot taken before does not
     assert snap.jobs == (row,) and snap.status_line(sandbox=False) == "1 active jobs, 2 batches running, 0 finished"
-    assert take(rig.engine.state).status_line(sandbox=True) == "SANDBOX (simulated) 0 active jobs, 0 batches running, 1 finished"
+    assert (
+        take(rig.engine.ctx.state).status_line(sandbox=True) == "SANDBOX (simulated) 0 active jobs, 0 batches running, 1 finished"
+    )
     rig.close()
 
 

@@ -62,13 +62,13 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
     if not isinstance(req, dict):
         return f"not a JSON object (a {type(req).__name__})"
     job_id = req.get("job_id")
-    job = engine.state.jobs.get(job_id) if isinstance(job_id, str) else None
+    job = engine.ctx.state.jobs.get(job_id) if isinstance(job_id, str) else None
     if job is None:
         return f"unknown job {job_id!r}"
     action, reason = req.get("action"), str(req.get("reason", ""))
     if action == "cancel":
         if not job.terminal and not job.corrupt:
-            engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
+            engine.ctx.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
         return None
     if action == "retry":
         if job.rejected:
@@ -80,7 +80,7 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
             payload: dict[str, object] = {"reason": reason}
             if bound is not None:
                 payload["max_completion_tokens"] = bound
-            engine.emit(job.job_id, NewEvent("RetryRequested", payload))
+            engine.ctx.emit(job.job_id, NewEvent("RetryRequested", payload))
         return None
     return f"unknown action {action!r}"
 

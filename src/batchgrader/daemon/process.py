@@ -381,22 +381,22 @@ class Daemon:
         if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route each job's calls to its provider
             from batchgrader.provider.router import ObjectJobs
 
-            provider.provider_of_job = engine.provider_name_of  # the provider recorded when the job was accepted
-            provider.job_of_object = ObjectJobs(lambda: engine.state)  # which job a file or batch id is of
+            provider.provider_of_job = engine.ctx.provider_name_of  # the provider recorded when the job was accepted
+            provider.job_of_object = ObjectJobs(lambda: engine.ctx.state)  # which job a file or batch id is of
         if self.sandbox:
-            engine.token_counter = self._sandbox_counter(config)
-        engine.should_stop = self.stop.is_set
-        engine.on_progress = self._beat
+            engine.ctx.token_counter = self._sandbox_counter(config)
+        engine.ctx.should_stop = self.stop.is_set
+        engine.ctx.on_progress = self._beat
 
-        engine.on_rows_to_send = self.prefetch
-        engine.merge_workers = MergeWorkers(wake=self.wake.set)
+        engine.ctx.on_rows_to_send = self.prefetch
+        engine.ctx.merge_workers = MergeWorkers(wake=self.wake.set)
         self.engine = engine
         engine.startup(time.time())
         self._controls(engine)
         self._publish()
         notifier = Notifier()
         notifier.ready()
-        log.info("daemon ready: %d jobs in the log", len(engine.state.jobs))
+        log.info("daemon ready: %d jobs in the log", len(engine.ctx.state.jobs))
         watcher = InboxWatcher(self.home, self.wake)
         watch_control(watcher.observer, self.home, self.wake)
         watcher.start()
@@ -427,7 +427,7 @@ class Daemon:
         try:
             self._reload_if_asked()
             self._controls(self.engine)
-            self.engine.store.check_file()
+            self.engine.ctx.store.check_file()
             self.engine.tick(time.time(), time.monotonic())  # wall for timestamps, monotonic for waits
             failed = self.engine.failed
         except DatabaseMoved as exc:
@@ -461,7 +461,7 @@ class Daemon:
         self.reload_requested.clear()
         try:
             config, prices = self._load()
-            restart = restart_only_changes(self.engine.config, config)
+            restart = restart_only_changes(self.engine.ctx.config, config)
             self.engine.reload(config, prices)
             log.info("configuration reloaded")
             if restart:
@@ -476,7 +476,7 @@ class Daemon:
     def _publish(self) -> None:
         """Take a snapshot for the screen and systemd (on the thread that owns the state)."""
         try:
-            self.snapshot = take(self.engine.state)
+            self.snapshot = take(self.engine.ctx.state)
         except Exception as exc:  # the screen must never stop the daemon
             log.exception("snapshot failed: %s", exc)
 
