@@ -87,20 +87,20 @@ def simulate(
             ends.update((bid, t) for bid, t in provider.ends.items() if bid not in ends)
             for b in provider.batches.values():
                 if b.is_terminal and b.id not in seen:
-                    chunk = engine.state.batch_index.get(b.id)
+                    chunk = engine.ctx.state.batch_index.get(b.id)
                     if chunk is not None:
-                        job = engine.state.jobs[chunk[0]]
+                        job = engine.ctx.state.jobs[chunk[0]]
                         if job.chunks[chunk[1]].status == b.status:
                             seen[b.id] = now
-            jobs = engine.state.jobs.values()
+            jobs = engine.ctx.state.jobs.values()
             if not pending and dropped and all(j.terminal for j in jobs if not j.rejected) and len(jobs) >= dropped:
                 break
             if store.last_seq() != before or engine.inbox_pending():
                 now += TICK  # work in hand: the next tick comes at once
                 continue
             flying = {(j.job_id, c.index) for j in jobs for c in j.chunks.values() if c.in_flight}
-            dues = [due for key, (due, _d) in engine.timers().next_poll.items() if key in flying]
-            dues += list(engine.timers().not_before.values())
+            dues = [due for key, (due, _d) in engine.ctx.timers().next_poll.items() if key in flying]
+            dues += list(engine.ctx.timers().not_before.values())
             if provider.next_end() is not None:
                 dues.append(provider.next_end())  # type: ignore[arg-type]
             if pending:

@@ -50,7 +50,7 @@ def run_until(engine: Engine, cond: Callable[[], Any], timeout: float = 60.0, st
 
 
 def all_ended(engine: Engine) -> bool:
-    return bool(engine.state.jobs) and all(j.ended for j in engine.state.jobs.values())
+    return bool(engine.ctx.state.jobs) and all(j.ended for j in engine.ctx.state.jobs.values())
 
 
 def write_rows(path, n: int) -> None:

@@ -285,7 +285,7 @@ class Driver:
             self.ticks += 1
             if self.ticks == 2 and self.edited is not None:  # a settings change while the job runs
                 self.rig.reconfigure(self.edited)
-            top = [j for j in self.rig.engine.state.jobs.values() if j.file == name and j.panel_of is None]
+            top = [j for j in self.rig.engine.ctx.state.jobs.values() if j.file == name and j.panel_of is None]
             if self.ticks == self.cancel_at and top and not top[-1].ended:
                 res = run("cancel", top[-1].job_id)
                 assert res.exit_code == 0, res.output
@@ -297,7 +297,7 @@ class Driver:
             self.rig.provider.finish_all()
             if top and top[-1].ended:
                 return top[-1]
-        states = [(j.job_id, j.state) for j in self.rig.engine.state.jobs.values()]
+        states = [(j.job_id, j.state) for j in self.rig.engine.ctx.state.jobs.values()]
         raise AssertionError(f"{name} did not end in {limit} ticks: {states}")
 
 
@@ -409,7 +409,7 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
             if said.get(name, 0) != n:
                 broken.setdefault("sources agree", "")
                 broken["sources agree"] += f" {job.job_id} {name}: result {said.get(name, 0)}, status {n};"
-    summary = {r.job_id: r for r in take(out.rig.engine.state).jobs}  # the daemon's summary (daemon --once)
+    summary = {r.job_id: r for r in take(out.rig.engine.ctx.state).jobs}  # the daemon's summary (daemon --once)
     for job, status in zip(out.jobs, out.status):
         if abs(summary[job.job_id].cost_usd - status["cost_usd"]) > 1e-9 or summary[job.job_id].rows != status["rows"]:
             broken.setdefault("figures agree", "")

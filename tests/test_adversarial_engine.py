@@ -25,7 +25,7 @@ def test_late_create_within_the_settle_time_is_adopted_not_sent_again(home):
         engine = make_engine(home, emu, store, "request_timeout_seconds: 1\n")
         run_until(engine, lambda: all_ended(engine) and creates.settled())
         assert emu.batches_created() == 1, "the chunk was submitted twice"
-        (job,) = engine.state.jobs.values()
+        (job,) = engine.ctx.state.jobs.values()
         assert job.ended == "completed"
         assert (home.outbox / "a_results.csv").exists()
 
@@ -46,7 +46,7 @@ def test_create_landing_after_the_settle_time_is_found_and_cancelled(home):
         assert all(n == 1 for n in paid_per_key(emu).values())
         types = [e.type for e in store.read()]
         assert "DuplicateBatchesChecked" in types
-        (job,) = engine.state.jobs.values()
+        (job,) = engine.ctx.state.jobs.values()
         assert job.ended == "completed"
 
 
@@ -65,7 +65,7 @@ def test_a_result_file_that_is_gone_fails_its_rows_with_the_reason_and_the_job_f
         engine = make_engine(home, emu, store)
         run_until(engine, lambda: all_ended(engine), timeout=30)
         types = [e.type for e in store.read()]
-    (job,) = engine.state.jobs.values()
+    (job,) = engine.ctx.state.jobs.values()
     assert job.ended == "failed"  # no row has an answer; never resubmitted (that would pay twice)
     assert types.count("OutputDownloadStarted") == 1 and types.count("OutputDownloadFailed") == 1
     rows = result_rows(home.outbox / "a_results.csv")
@@ -88,7 +88,7 @@ def test_downloads_that_keep_failing_are_bounded_then_the_rows_fail(home):
             if all_ended(engine):
                 break
         types = [e.type for e in store.read()]
-    (job,) = engine.state.jobs.values()
+    (job,) = engine.ctx.state.jobs.values()
     assert job.ended == "failed", types[-5:]
     assert types.count("OutputDownloadStarted") == 1  # one intent for the whole download, not one per tick
     assert types.count("OutputDownloadFailed") == 1
@@ -102,7 +102,7 @@ def test_a_malformed_output_file_is_downloaded_again_then_good_lines_are_kept(ho
         engine = make_engine(home, emu, store)
         run_until(engine, lambda: all_ended(engine), timeout=30)
         types = [e.type for e in store.read()]
-    (job,) = engine.state.jobs.values()
+    (job,) = engine.ctx.state.jobs.values()
     assert types.count("OutputFileMalformed") == 2  # downloaded again twice, then merged
     rows = result_rows(home.outbox / "a_results.csv")
     bad = [r for r in rows if r["error"]]
@@ -117,7 +117,7 @@ def test_a_malformed_output_file_that_comes_right_the_second_time_loses_nothing(
         emu.script_fault("GET", "/v1/files/{id}/content", Fault("garbage"), times=1)
         engine = make_engine(home, emu, store)
         run_until(engine, lambda: all_ended(engine), timeout=30)
-    (job,) = engine.state.jobs.values()
+    (job,) = engine.ctx.state.jobs.values()
     assert job.ended == "completed"
     assert all(not r["error"] for r in result_rows(home.outbox / "a_results.csv"))
 
@@ -155,7 +155,7 @@ def test_a_failed_job_whose_report_and_move_were_lost_gets_them_on_restart(home)
         engine = make_engine(home, None, store)
         engine.startup(1_000.0)
         engine.tick(1_001.0)
-        job = engine.state.jobs["j1"]
+        job = engine.ctx.state.jobs["j1"]
     reports = list(home.outbox.glob("a*error*"))
     assert len(reports) == 1 and "no such column" in reports[0].read_text()
     assert not (work / "input.csv").exists() and job.archived_path and Path(job.archived_path).parent == home.failed
@@ -212,7 +212,7 @@ def test_two_inputs_with_the_same_name_never_take_each_others_result(home):
     (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},alpha {i}\n" for i in range(3)))
     with Emulator(EmulatorConfig(api_key=TEST_KEY, validating_s=1.0)) as emu, EventStore(home.db) as store:
         engine = make_engine(home, emu, store)
-        run_until(engine, lambda: any(c.in_flight for j in engine.state.jobs.values() for c in j.chunks.values()))
+        run_until(engine, lambda: any(c.in_flight for j in engine.ctx.state.jobs.values() for c in j.chunks.values()))
         work = home.job_dir("bbbbbbbbbbbb")
         work.mkdir(parents=True)
         (work / "input.csv").write_text("id,response\n" + "".join(f"{i},beta {i}\n" for i in range(2)))
@@ -227,10 +227,10 @@ def test_two_inputs_with_the_same_name_never_take_each_others_result(home):
             "result_name": "a_results.csv",
             "sandbox": False,
         }
-        engine.emit("bbbbbbbbbbbb", NewEvent("JobAccepted", accepted))
-        engine.emit("bbbbbbbbbbbb", NewEvent("OutboxWriteStarted", {"path": str(taken), "error_path": None}))
+        engine.ctx.emit("bbbbbbbbbbbb", NewEvent("JobAccepted", accepted))
+        engine.ctx.emit("bbbbbbbbbbbb", NewEvent("OutboxWriteStarted", {"path": str(taken), "error_path": None}))
         run_until(engine, lambda: all_ended(engine), timeout=60, started=True)
-    jobs = {j.file + ("-B" if j.job_id == "bbbbbbbbbbbb" else "-A"): j for j in engine.state.jobs.values()}
+    jobs = {j.file + ("-B" if j.job_id == "bbbbbbbbbbbb" else "-A"): j for j in engine.ctx.state.jobs.values()}
     a, b = jobs["a.csv-A"], jobs["a.csv-B"]
     assert a.result_path != b.result_path
     assert [r["response"] for r in result_rows(Path(a.result_path))] == [f"alpha {i}" for i in range(3)]
@@ -249,7 +249,7 @@ def test_a_job_recovered_from_its_work_folder_adopts_its_batches_instead_of_payi
             engine = make_engine(home, emu, store, config)
             run_until(
                 engine,
-                lambda: any(j.chunks and all(c.in_flight for c in j.chunks.values()) for j in engine.state.jobs.values()),
+                lambda: any(j.chunks and all(c.in_flight for c in j.chunks.values()) for j in engine.ctx.state.jobs.values()),
             )
         assert emu.batches_created() == 2
         for p in home.root.glob(home.db.name + "*"):  # the database is lost; the work folder stays
@@ -259,7 +259,7 @@ def test_a_job_recovered_from_its_work_folder_adopts_its_batches_instead_of_payi
             run_until(engine, lambda: all_ended(engine), timeout=60)
             types = [e.type for e in store.read()]
         assert emu.batches_created() == 2, "the recovered job paid for its rows again"
-    (job,) = engine.state.jobs.values()
+    (job,) = engine.ctx.state.jobs.values()
     assert job.ended == "completed" and "RecoveredBatchesAdopted" in types
     rows = result_rows(home.outbox / "a_results.csv")
     assert [r["response"] for r in rows] == [f"review {i}" for i in range(6)] and all(r["grade"] for r in rows)
@@ -279,18 +279,20 @@ def test_daily_token_limit_counts_jobs_already_in_flight(home):
     write_rows(home.inbox / "b.csv", 4)
     with Emulator(EmulatorConfig(api_key=TEST_KEY, validating_s=5.0)) as emu, EventStore(home.db) as store:
         engine = make_engine(home, emu, store, "daily_token_limit: 1\n")
-        run_until(engine, lambda: len(engine.state.jobs) == 2 and all(j.held for j in engine.state.jobs.values()))
-        bound = max(job_tokens_bound(j, engine.profile_of(j)) for j in engine.state.jobs.values())
+        run_until(engine, lambda: len(engine.ctx.state.jobs) == 2 and all(j.held for j in engine.ctx.state.jobs.values()))
+        bound = max(job_tokens_bound(j, engine.ctx.profile_of(j)) for j in engine.ctx.state.jobs.values())
         home.config_file.write_text(
             home.config_file.read_text().replace("daily_token_limit: 1\n", f"daily_token_limit: {int(bound * 1.5)}\n")
         )
         engine.reload(load_config(home, environ={}), load_pricing())
-        run_until(engine, lambda: any(c.in_flight for j in engine.state.jobs.values() for c in j.chunks.values()), started=True)
+        run_until(
+            engine, lambda: any(c.in_flight for j in engine.ctx.state.jobs.values() for c in j.chunks.values()), started=True
+        )
         for _ in range(5):
             engine.tick(_time.time())
-        uploaded = [j for j in engine.state.jobs.values() if any(c.upload != "none" for c in j.chunks.values())]
+        uploaded = [j for j in engine.ctx.state.jobs.values() if any(c.upload != "none" for c in j.chunks.values())]
         assert len(uploaded) == 1 and emu.batches_created() == 1, "both jobs passed the daily token check"
-        (waiting,) = [j for j in engine.state.jobs.values() if j not in uploaded]
+        (waiting,) = [j for j in engine.ctx.state.jobs.values() if j not in uploaded]
         assert waiting.held and "daily_token_limit" in waiting.held["reason"]
 
 
@@ -309,15 +311,15 @@ def test_cancel_while_a_chunk_waits_on_the_queue_limit_ends_the_job_cancelled(ho
             engine,
             lambda: any(
                 (c.failure and c.failure.get("code") == "token_limit_exceeded") or c.staged
-                for j in engine.state.jobs.values()
+                for j in engine.ctx.state.jobs.values()
                 for c in j.chunks.values()
             ),
         )
-        (job,) = engine.state.jobs.values()
+        (job,) = engine.ctx.state.jobs.values()
         assert any(e.payload.get("code") == "token_limit_exceeded" for e in store.read() if e.type == "ChunkFailed")
-        engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": "test"}))
+        engine.ctx.emit(job.job_id, NewEvent("CancelRequested", {"reason": "test"}))
         run_until(engine, lambda: all_ended(engine), timeout=40, started=True)
-    (job,) = engine.state.jobs.values()
+    (job,) = engine.ctx.state.jobs.values()
     assert job.ended == "cancelled"
     rows = result_rows(home.outbox / "a_results.csv")
     assert len(rows) == 10 and any("cancel" in r["error"] for r in rows)
@@ -333,25 +335,25 @@ def test_a_long_prepare_and_a_long_listing_keep_the_heartbeat_going(home):
     beats: list[float] = []
     with Emulator(EmulatorConfig(api_key=TEST_KEY)) as emu, EventStore(home.db) as store:
         engine = make_engine(home, None, store, "stable_seconds: 0\n")
-        engine.on_progress = lambda: beats.append(_time.monotonic())
+        engine.ctx.on_progress = lambda: beats.append(_time.monotonic())
         engine.startup(_time.time())
         per_tick = []
         for _ in range(50):
             before = len(beats)
             engine.tick(_time.time())
             per_tick.append(len(beats) - before)
-            if any(j.prepared for j in engine.state.jobs.values()):
+            if any(j.prepared for j in engine.ctx.state.jobs.values()):
                 break
             _time.sleep(0.01)
-        assert any(j.prepared for j in engine.state.jobs.values())
+        assert any(j.prepared for j in engine.ctx.state.jobs.values())
         assert per_tick[-1] >= 3, f"one heartbeat per tick only, whatever the prepare's length: {per_tick}"
         provider_engine = make_engine(home, emu, store)
-        assert provider_engine.provider is not None
-        provider_engine.provider.list_page_size = 2  # type: ignore[attr-defined]
+        assert provider_engine.ctx.provider is not None
+        provider_engine.ctx.provider.list_page_size = 2  # type: ignore[attr-defined]
         for i in range(5):
             emu.store.files.create_file(f"f{i}.jsonl", b"{}", "batch", {})
         beats.clear()
-        provider_engine.on_progress = lambda: beats.append(_time.monotonic())
-        provider_engine.provider.find_files("nothing.jsonl")
-        provider_engine.provider.find_batches(metadata={"bg_key": "x"})
+        provider_engine.ctx.on_progress = lambda: beats.append(_time.monotonic())
+        provider_engine.ctx.provider.find_files("nothing.jsonl")
+        provider_engine.ctx.provider.find_batches(metadata={"bg_key": "x"})
         assert len(beats) >= 2, "a listing of many pages gave no sign of life"

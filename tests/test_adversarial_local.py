@@ -177,8 +177,8 @@ def test_engine_goes_on_with_the_other_jobs_when_one_is_corrupt(home):
         engine.startup(1_000.0)
         engine.tick(1_001.0)
         engine.tick(1_002.0)
-        assert engine.state.jobs["future"].state == "corrupt"
-        assert any(j.file == "b.csv" for j in engine.state.jobs.values())
+        assert engine.ctx.state.jobs["future"].state == "corrupt"
+        assert any(j.file == "b.csv" for j in engine.ctx.state.jobs.values())
 
 
 def test_a_database_from_a_newer_schema_is_refused_and_left_untouched(home):
@@ -234,7 +234,7 @@ def test_control_requests_that_cannot_be_applied_are_reasons_not_crashes(home):
         assert "cannot be retried" in (apply_control(engine, {"action": "retry", "job_id": "rej"}) or "")
         assert "unknown action" in (apply_control(engine, {"action": "explode", "job_id": "held"}) or "")
         assert apply_control(engine, {"action": "cancel", "job_id": "held"}) is None
-        assert engine.state.jobs["held"].cancel_requested
+        assert engine.ctx.state.jobs["held"].cancel_requested
 
 
 @pytest.mark.slow
@@ -323,7 +323,7 @@ def test_a_file_name_that_is_not_utf8_gets_a_report_and_the_scan_goes_on(home):
         engine.startup(1_000.0)
         for t in range(1, 5):
             engine.tick(1_000.0 + t)
-        files = sorted(j.file for j in engine.state.jobs.values())
+        files = sorted(j.file for j in engine.ctx.state.jobs.values())
         types = [e.type for e in store.read()]
     assert files == ["caf\ufffd.csv", "good.csv"] and types.count("FileRejected") == 1
     assert not os.path.exists(bad) and (home.failed / "caf\ufffd.csv").read_text() == "response\nx\n"
@@ -437,7 +437,7 @@ def test_control_characters_in_file_names_are_escaped_wherever_a_name_is_shown(h
         for _ in range(3):
             rig.tick(5)
         (home.inbox / "wait\nme.csv").write_text("id,response\n1,a\n")
-        (job,) = [j for j in rig.engine.state.jobs.values() if not j.rejected]
+        (job,) = [j for j in rig.engine.ctx.state.jobs.values() if not j.rejected]
         assert job.ended == "completed" and job.file == graded
         (reason,) = [e["reason"] for e in rig.events("FileRejected")]
         assert reason.startswith("bad\\u202e\\r\\n.txt: unsupported file type")

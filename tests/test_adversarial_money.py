@@ -41,7 +41,7 @@ def test_several_late_creates_in_one_tick_are_each_waited_for_from_when_they_lef
         run_until(engine, lambda: all_ended(engine) and creates.settled(), timeout=90)
         assert emu.batches_created() == 4, "a chunk was created again while its late create was landing"
         assert rows_paid_twice(emu) == 0
-        assert {j.ended for j in engine.state.jobs.values()} == {"completed"}
+        assert {j.ended for j in engine.ctx.state.jobs.values()} == {"completed"}
 
 
 @pytest.mark.slow
@@ -80,7 +80,7 @@ def test_a_create_reply_that_shows_the_batch_ended_is_read_back_before_it_is_col
         run_until(engine, lambda: all_ended(engine), timeout=60)
         assert emu.batches_created() == 3 and rows_paid_twice(emu) == 0, "rows were sent again"
         created = [e.payload for e in store.read() if e.type == "BatchCreated"]
-        (job,) = engine.state.jobs.values()
+        (job,) = engine.ctx.state.jobs.values()
         assert [c["status"] for c in created] == ["completed"] * 3  # the replies said so
         assert job.ended == "completed" and not job.failed_rows
         assert emu.request_count("GET", "/v1/batches/{id}") + emu.request_count("GET", "/v1/batches") >= 1
@@ -97,7 +97,7 @@ def test_a_5xx_answer_to_a_create_is_reconciled_after_a_short_settle(home):
         started = time.monotonic()
         run_until(engine, lambda: all_ended(engine), timeout=15)
         took = time.monotonic() - started
-        (job,) = engine.state.jobs.values()
+        (job,) = engine.ctx.state.jobs.values()
         assert job.ended == "completed" and emu.batches_created() == 1
         failed = [e.payload for e in store.read() if e.type == "BatchCreateFailed"]
         assert len(failed) == 1 and "absent" in failed[0]["error"]

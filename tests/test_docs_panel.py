@@ -40,7 +40,7 @@ def test_the_howto_panel_example_loads_and_runs(home):
     for _ in range(40):
         rig.tick()
         rig.provider.finish_all()
-        panels = [j for j in rig.engine.state.jobs.values() if j.panel is not None]
+        panels = [j for j in rig.engine.ctx.state.jobs.values() if j.panel is not None]
         if panels and panels[0].ended:
             break
     (job,) = panels

@@ -51,10 +51,10 @@ def test_the_steps_share_one_context_and_the_engine_surface_reads_it(rig):
     for name in ("intake", "reuse", "finish", "collect", "submit", "prepare", "preflight"):
         assert getattr(steps, name).ctx is ctx, name
     assert steps.finish.intake is steps.intake and steps.prepare.submit is steps.submit
-    assert rig.engine.state is ctx.state and rig.engine.config is ctx.config
-    rig.engine.merge_workers = None
+    assert rig.engine.ctx.state is ctx.state and rig.engine.ctx.config is ctx.config
+    rig.engine.ctx.merge_workers = None
     seen: list[str] = []
-    rig.engine.on_rows_to_send = seen.append
-    assert ctx.on_rows_to_send is rig.engine.on_rows_to_send
+    rig.engine.ctx.on_rows_to_send = seen.append
+    assert ctx.on_rows_to_send is rig.engine.ctx.on_rows_to_send
     rig.engine.scan_requested = False
     assert steps.intake.scan_requested is False

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from openai.types.evals.run_retrieve_response import RunRetrieveResponse
 from openai.types.evals.runs.output_item_retrieve_response import OutputItemRetrieveResponse
-from ticks import Rig
 
 from batchgrader.core.config import load_config
 from batchgrader.evals import importer, results
 from batchgrader.pipeline.pricing import load_pricing
+from ticks import Rig
 
 FIX = Path(__file__).parent / "fixtures" / "evals"
 # what the grader model answers per (item, criterion): the labels and scores OpenAI's run gave
@@ -52,7 +52,7 @@ def run_eval(home, *, output_items: bool = True, answer=None, samples=None, name
         for _ in range(60):
             rig.tick()
             rig.provider.finish_all()
-            ended = [j for j in rig.engine.state.jobs.values() if j.ended]
+            ended = [j for j in rig.engine.ctx.state.jobs.values() if j.ended]
             if len(ended) == len(written["queued"]):
                 break
         return results.finish(home, name, now=1_762_400_000)

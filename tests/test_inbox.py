@@ -60,10 +60,10 @@ def test_periodic_rescan_finds_files_without_any_file_event(home):
         engine.scan_requested = False  # no watcher event will come
         (home.inbox / "late.csv").write_text("response\nx\n")
         engine.tick(now=105.0)
-        assert not engine.state.jobs  # not due yet, and nobody woke us
+        assert not engine.ctx.state.jobs  # not due yet, and nobody woke us
         engine.tick(now=110.0)  # the periodic rescan sees it (first look)
         engine.tick(now=110.1)  # second look: stable -> taken
-        (job,) = engine.state.jobs.values()
+        (job,) = engine.ctx.state.jobs.values()
         assert job.file == "late.csv" and (home.job_dir(job.job_id) / "input.csv").exists()
 
 

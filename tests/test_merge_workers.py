@@ -54,7 +54,7 @@ class HeldWorkers(MergeWorkers):
 def _two_chunks(rig: Rig, workers: MergeWorkers) -> tuple[str, str]:
     """A 5-row file in chunks of 3 and 2 rows, both batches created; merge_worker_rows 3."""
     rig.reconfigure("split_row_limit: 3\nmerge_worker_rows: 3\n")
-    rig.engine.merge_workers = workers
+    rig.engine.ctx.merge_workers = workers
     rig.drop(5)
     rig.tick()
     first, second = sorted(rig.provider.open_batches(), key=lambda b: b.created_at or 0)
@@ -138,7 +138,7 @@ def _run(home, workers: MergeWorkers | None, rows_at_least: str) -> tuple[bytes,
     """A 5-row file run to its end; its first chunk's results file and the result file."""
     rig = Rig(home)
     rig.reconfigure(f"split_row_limit: 3\nmerge_worker_rows: {rows_at_least}\n")
-    rig.engine.merge_workers = workers
+    rig.engine.ctx.merge_workers = workers
     job = rig.drop(5)
     rig.tick()
     rig.provider.finish_all()

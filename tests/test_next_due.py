@@ -1,6 +1,6 @@
 """When the daemon ticks next: the earliest due time (core/due.py) through ``engine.tick(now)``
-with a fake clock, the pace the daemon's timer keeps around it, and a real idle daemon that no
-longer ticks at the old fixed rate."""
+with a fake clock, the pace the daemon's loop keeps around it, the loop itself, and a real idle
+daemon that no longer ticks at the old fixed rate."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import re
 import threading
 import time
 from datetime import datetime
+from types import SimpleNamespace
 
 import pytest
-from apscheduler.executors.pool import ThreadPoolExecutor
 
 from batchgrader.core.config import load_config
-from batchgrader.core.due import InboxTimes, next_due
+from batchgrader.core.due import TICK_FLOOR, InboxTimes, TickOutcome, TickPace, next_due
 from batchgrader.core.preflight_rules import preflight_delay
 from batchgrader.core.schedule import Schedule
 from batchgrader.core.state import State
-from batchgrader.daemon.tick_timer import TICK_FLOOR, TICK_JOB, TICK_LATE, TickOutcome, TickPace, TickTimer
+from batchgrader.daemon.process import Daemon
 from harness import wait_for
 from ticks import Rig
 
@@ -91,7 +91,7 @@ def test_an_ended_job_waits_on_nothing_even_with_its_timers_left_behind(rig):
     rig.tick()
     rig.provider.finish_all()
     rig.tick(1)
-    assert rig.engine.state.jobs[job.job_id].ended == "completed"
+    assert rig.engine.ctx.state.jobs[job.job_id].ended == "completed"
     rig.engine.ctx.schedule.next_poll[(job.job_id, 0)] = (rig.now - 100, 1.0)  # stale: never read
     rig.engine.ctx.schedule.not_before[(job.job_id, 0)] = rig.now - 100
     assert rig.engine.next_due(rig.now) == pytest.approx(rig.engine.steps.intake.times().last_scan + RESCAN)
@@ -148,7 +148,7 @@ def test_a_job_held_by_a_daily_limit_is_looked_at_again_at_the_next_utc_day(home
     rig.close()
 
 
-# --- the timer's pace ------------------------------------------------------------------------------
+# --- the loop's pace ------------------------------------------------------------------------------
 
 
 def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(home):
@@ -163,9 +163,11 @@ def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(ho
         cutoff = float(rig.job().deadline_at or 0.0) - MIN_MARGIN_SECONDS
         far = Schedule()
         far.next_poll[(job.job_id, c.index)] = (rig.now + 86_400.0, 3600.0)  # its next poll a day away
-        state, config = rig.engine.state, rig.engine.config
+        state, config = rig.engine.ctx.state, rig.engine.ctx.config
         assert next_due(state, far, config, wall=rig.now, mono=rig.now) == pytest.approx(cutoff)  # the cancel's time
-        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == pytest.approx(rig.now + 86_400.0)  # passed
+        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == cutoff + 1  # passed, not sent: at once
+        far.cancel_sent.add(str(c.batch_id))
+        assert next_due(state, far, config, wall=cutoff + 1, mono=cutoff + 1) == pytest.approx(rig.now + 86_400.0)  # sent
         assert rig.tick(cutoff - rig.now).count("StragglerCancelRequested") == 1
     finally:
         rig.close()
@@ -203,167 +205,67 @@ def test_a_time_still_due_after_its_tick_is_looked_at_again_only_at_the_old_pace
     assert pace.delay(TickOutcome(99.0, 100.0), overdue_before=True) == (0.2, True)
 
 
-# --- the timer on a real scheduler -----------------------------------------------------------------
+# --- the daemon's one loop --------------------------------------------------------------------------
 
 
-class _Pool(ThreadPoolExecutor):
-    """APScheduler's own thread pool, with two points a test can hold: the bookkeeping after a run
-    (the scheduler's count of the job's running instances goes down only then, after the
-    function returned) and the start of the pool's shutdown (the scheduler holds its job-store
-    lock from there until the running jobs ended)."""
+class _Notifier:
+    def watchdog_interval(self) -> None:
+        return None
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.hold_bookkeeping = False
-        self.in_bookkeeping = threading.Event()
-        self.bookkeeping_may_end = threading.Event()
-        self.shutting_down = threading.Event()
-
-    def _run_job_success(self, job_id, events):
-        if self.hold_bookkeeping:
-            self.hold_bookkeeping = False
-            self.in_bookkeeping.set()
-            assert self.bookkeeping_may_end.wait(timeout=10)
-        super()._run_job_success(job_id, events)
-
-    def shutdown(self, wait=True):
-        self.shutting_down.set()
-        super().shutdown(wait)
+    def status(self, line: str) -> None:
+        pass
 
 
-@pytest.fixture
-def timers():
-    """Make TickTimers on real BackgroundSchedulers (each with a :class:`_Pool`); all are shut down
-    at the end (with a bound: a deadlock fails the test, it does not hang it)."""
-    from apscheduler.schedulers.background import BackgroundScheduler
-
-    made: list[TickTimer] = []
-
-    def make(tick) -> tuple[TickTimer, _Pool]:
-        pool = _Pool()
-        timer = TickTimer(BackgroundScheduler(executors={"default": pool}), tick, TickPace.of(60.0))
-        made.append(timer)
-        return timer, pool
-
-    yield make
-    for timer in made:
-        if timer.scheduler.running:
-            ender = threading.Thread(target=timer.shutdown, daemon=True)
-            ender.start()
-            ender.join(timeout=10)
-
-
-def test_the_daemon_ticks_when_an_inbox_file_can_be_found_stable(home, timers):
-    """The tick after a file's first look is armed at ``stable_seconds`` after it was seen, not at
-    a fixed interval (and not a tick later)."""
-    rig = Rig(home, "stable_seconds: 0.3\n")
-    (home.inbox / "a.csv").write_text("id,response\n0,fine\n")
-    ran: list[float] = []
-    taken = threading.Event()
+def _loop(home, ticks: list, stop_after: int, outcome) -> tuple[Daemon, threading.Thread]:  # noqa: ANN001
+    """A daemon's main loop over a scripted tick (``outcome(n)``: what the n-th tick returns), in a
+    thread; each tick's monotonic time goes in ``ticks``; the loop is stopped after ``stop_after``."""
+    daemon = Daemon(home)
+    engine = SimpleNamespace(scan_requested=False, idle=False)
 
     def tick() -> TickOutcome:
-        ran.append(time.monotonic())
-        rig.engine.tick(time.time(), time.monotonic())
-        if rig.engine.state.jobs:
-            taken.set()
-        return TickOutcome(rig.engine.next_due(time.monotonic(), time.time()), time.monotonic(), again=rig.engine.again)
+        ticks.append(time.monotonic())
+        if len(ticks) >= stop_after:
+            daemon.stop.set()
+        return outcome(len(ticks), daemon, engine)
 
-    timer, _ = timers(tick)
-    timer.start()
-    assert taken.wait(timeout=10)
-    assert len(ran) == 2 and ran[1] - ran[0] >= 0.29  # the first look, then the tick that takes it
-    timer.shutdown()
-    rig.close()
+    thread = threading.Thread(target=daemon._main_loop, args=(engine, _Notifier(), tick, TickPace.of(60.0)), daemon=True)
+    thread.start()
+    return daemon, thread
 
 
-def test_a_wake_during_a_tick_is_kept_and_ticks_never_overlap(timers):
-    started, release, second = threading.Event(), threading.Event(), threading.Event()
-    running: list[int] = []
-    seen: list[int] = []
+def test_the_loop_waits_until_the_next_due_time(home):
+    ticks: list[float] = []
+    _, thread = _loop(home, ticks, 3, lambda n, d, e: TickOutcome(time.monotonic() + 0.3, time.monotonic()))
+    thread.join(timeout=20)
+    assert len(ticks) == 3 and all(b - a >= 0.29 for a, b in zip(ticks, ticks[1:]))
 
-    def tick() -> TickOutcome:
-        running.append(1)
-        seen.append(len(running))
-        started.set()
-        if len(seen) == 1:
-            assert release.wait(timeout=10)
-        else:
-            second.set()
-        running.pop()
+
+def test_a_wake_during_a_tick_is_kept_and_scans_the_inbox(home):
+    """A wake-up that comes while a tick runs (the watcher saw a file) is not lost: the loop ticks
+    again at once, with an inbox scan, though nothing is due for a minute."""
+    ticks: list[float] = []
+    seen: list[bool] = []
+
+    def outcome(n: int, daemon: Daemon, engine: SimpleNamespace) -> TickOutcome:
+        seen.append(engine.scan_requested)
+        if n == 1:
+            daemon.wake.set()
         return TickOutcome(None, time.monotonic())  # nothing due: the next at the ceiling
 
-    timer, _ = timers(tick)
-    timer.start()
-    assert started.wait(timeout=10)
-    for _ in range(3):
-        timer.wake()  # while the first tick runs
-    release.set()
-    assert second.wait(timeout=10)  # the wakes were kept: one more tick, at once
-    assert seen == [1, 1]  # never two at once
-    wait_for(lambda: timer.count == 2, timeout=10, what="the second tick to end")
-    assert timer.next_delay == 60.0 and timer.scheduler.get_job(TICK_JOB) is not None
+    _, thread = _loop(home, ticks, 2, outcome)
+    thread.join(timeout=20)
+    assert not thread.is_alive() and len(ticks) == 2 and ticks[1] - ticks[0] < 10
+    assert seen == [False, True]
 
 
-def test_a_wake_just_after_a_tick_ended_is_not_skipped_by_the_scheduler(timers):
-    """The lost tick: a tick's function has returned, but the scheduler counts it as running until
-    the pool's bookkeeping for it ends.  A wake then moves the job to now; with the scheduler's
-    ``max_instances=1`` that run was skipped ("maximum number of running instances reached") and
-    the wake lost until the next heartbeat."""
-    ran = threading.Semaphore(0)
-
-    def tick() -> TickOutcome:
-        ran.release()
-        return TickOutcome(None, time.monotonic())  # nothing due: the next at the ceiling, a minute on
-
-    timer, pool = timers(tick)
-    pool.hold_bookkeeping = True
-    timer.start()
-    assert ran.acquire(timeout=10) and pool.in_bookkeeping.wait(timeout=10)  # the first tick ended; its count not yet
-    timer.wake()
-    assert ran.acquire(timeout=10)  # the wake's tick ran
-    pool.bookkeeping_may_end.set()
-
-
-def test_shutting_the_timer_down_with_a_tick_in_flight_ends(timers):
-    """The hang of a ``daemon --once`` that ended while a tick ran: the scheduler's shutdown holds
-    its job-store lock while it waits for the running tick, and that tick, ending, re-armed the job
-    through the same lock.  After :meth:`TickTimer.shutdown` no tick calls into the scheduler."""
-    started = threading.Event()
-
-    def tick() -> TickOutcome:
-        started.set()
-        assert pool.shutting_down.wait(timeout=10)  # ends only once the shutdown holds the lock
-        return TickOutcome(None, time.monotonic())
-
-    timer, pool = timers(tick)
-    timer.start()
-    assert started.wait(timeout=10)
-    ender = threading.Thread(target=timer.shutdown, daemon=True)
-    ender.start()
-    ender.join(timeout=20)
-    assert not ender.is_alive(), "the shutdown and the ending tick wait for each other"
-    assert timer.count == 1
-
-
-def test_a_lost_job_costs_at_most_the_heartbeat_and_is_logged(timers, caplog):
-    """Whatever became of the job (here: removed), the main loop's :meth:`TickTimer.check` ticks
-    once no tick ran for ``ceiling + TICK_LATE`` seconds, and says so."""
-    ran = threading.Semaphore(0)
-
-    def tick() -> TickOutcome:
-        ran.release()
-        return TickOutcome(None, time.monotonic())
-
-    timer, _ = timers(tick)
-    timer.start()
-    assert ran.acquire(timeout=10)
-    wait_for(lambda: timer.count == 1, what="the first tick to end")
-    timer.scheduler.remove_job(TICK_JOB)
-    timer.check(time.monotonic())  # not late yet
-    assert timer.late == 0 and not ran.acquire(timeout=0)
-    timer.check(time.monotonic() + timer.pace.ceiling + TICK_LATE + 1)
-    assert ran.acquire(timeout=10) and timer.late == 1
-    assert "no tick for" in caplog.text and "added again" in caplog.text
+def test_a_stop_during_the_wait_ends_the_loop_at_once(home):
+    ticks: list[float] = []
+    daemon, thread = _loop(home, ticks, 99, lambda n, d, e: TickOutcome(None, time.monotonic()))
+    wait_for(lambda: ticks, timeout=10, what="the first tick")
+    daemon.stop.set()
+    daemon.wake.set()  # what the signal handler does
+    thread.join(timeout=10)
+    assert not thread.is_alive() and len(ticks) == 1
 
 
 # --- a real daemon ---------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def test_a_crash_between_the_call_and_the_outcome_sends_the_preflight_once_more(
     rig.provider.fail_next("complete", "unavailable")  # stands in for the intent the crash left open ...
     rig.tick()
     job = rig.job()
-    rig.engine.emit(job.job_id, NewEvent("PreflightRequested", {"rows": ["x"], "attempt": 2}))  # ... an open intent
+    rig.engine.ctx.emit(job.job_id, NewEvent("PreflightRequested", {"rows": ["x"], "attempt": 2}))  # ... an open intent
     assert rig.job().preflight == "requested"
     before = rig.calls("complete")
     rig.tick(preflight_delay(1))

@@ -29,7 +29,7 @@ def write(rig: Rig, name: str, texts: list[str]) -> None:
 
 
 def job_of(rig: Rig, name: str) -> JobState:
-    (job,) = [j for j in rig.engine.state.jobs.values() if j.file == name]
+    (job,) = [j for j in rig.engine.ctx.state.jobs.values() if j.file == name]
     return job
 
 
@@ -137,7 +137,7 @@ def test_a_crash_between_intent_and_outcome_resends_only_that_row_at_most_once(r
     rig.tick()
     row2 = _cid(rig, 2)
     job_id = rig.job().job_id
-    rig.engine.emit(job_id, NewEvent("PreflightRequested", {"rows": [row2], "attempt": 2}))  # the crash's open intent
+    rig.engine.ctx.emit(job_id, NewEvent("PreflightRequested", {"rows": [row2], "attempt": 2}))  # the crash's open intent
     rig.tick(preflight_delay(1))
     assert completes(rig) == [_cid(rig, 1), row2, row2, _cid(rig, 3)]  # row 2 once more, row 1 not again
     assert rig.job().preflight == "passed"
@@ -150,8 +150,8 @@ def test_a_row_left_open_by_two_crashes_is_not_sent_a_third_time(rig):
     rig.tick()
     row1 = _cid(rig, 1)
     job_id = rig.job().job_id
-    rig.engine.emit(job_id, NewEvent("PreflightRequested", {"rows": [row1], "attempt": 2}))  # sent, crash
-    rig.engine.emit(job_id, NewEvent("PreflightRequested", {"rows": [row1], "attempt": 3}))  # sent again, crash again
+    rig.engine.ctx.emit(job_id, NewEvent("PreflightRequested", {"rows": [row1], "attempt": 2}))  # sent, crash
+    rig.engine.ctx.emit(job_id, NewEvent("PreflightRequested", {"rows": [row1], "attempt": 3}))  # sent again, crash again
     rig.tick(preflight_delay(3))
     assert completes(rig).count(row1) == 1  # the scripted failure only: not sent by the preflight again
     assert rig.job().preflight == "passed" and row1 not in {a["custom_id"] for a in rig.job().preflight_answers}
@@ -266,7 +266,7 @@ def test_a_cancel_with_the_preflights_intent_open_sends_nothing(rig):
     rig.provider.fail_next("complete", "unavailable")
     rig.tick()
     job_id = rig.job().job_id
-    rig.engine.emit(job_id, NewEvent("PreflightRequested", {"rows": [_cid(rig, 1)], "attempt": 2}))  # then a crash
+    rig.engine.ctx.emit(job_id, NewEvent("PreflightRequested", {"rows": [_cid(rig, 1)], "attempt": 2}))  # then a crash
     rig.control("CancelRequested")
     before = rig.calls("complete")
     for _ in range(4):

@@ -159,13 +159,13 @@ class Rig:
     def prepare(self, rows: list[str]) -> int:
         """Drop the file, let the engine take and prepare it (no provider yet); its input tokens."""
         (self.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(rows)))
-        self.run(lambda: any(j.prepared or j.ended for j in self.engine.state.jobs.values()), ticks=200)
-        (job,) = self.engine.state.jobs.values()
+        self.run(lambda: any(j.prepared or j.ended for j in self.engine.ctx.state.jobs.values()), ticks=200)
+        (job,) = self.engine.ctx.state.jobs.values()
         return sum(c.input_tokens for c in job.chunks.values())
 
     def start(self, **emu: Any) -> Emulator:
         self.emu = Emulator(EmulatorConfig(clock=self.clock, **{**self.emu_kw, **emu})).start()
-        self.engine.provider = OpenAIProvider(api_key=KEY, base_url=self.emu.base_url, timeout=10)
+        self.engine.ctx.provider = OpenAIProvider(api_key=KEY, base_url=self.emu.base_url, timeout=10)
         return self.emu
 
     def run(self, until, ticks: int = 4000, step: float = 0.05) -> None:
@@ -176,8 +176,8 @@ class Rig:
         raise AssertionError("condition not reached")
 
     def finish(self) -> Any:
-        self.run(lambda: all(j.ended for j in self.engine.state.jobs.values()))
-        (job,) = self.engine.state.jobs.values()
+        self.run(lambda: all(j.ended for j in self.engine.ctx.state.jobs.values()))
+        (job,) = self.engine.ctx.state.jobs.values()
         return job
 
     def events(self, type_: str) -> list[dict[str, Any]]:
@@ -226,7 +226,7 @@ def test_a_limit_in_the_message_is_learned_and_the_chunk_replanned(rig):
     assert job.ended == "completed" and not job.row_attempts  # the refusal used up no retries
     (learned,) = r.events("QueueLimitLearned")
     assert (learned["limit"], learned["exact"], learned["source"], learned["model"]) == (limit, True, "message", MODEL)
-    assert learned["base_url"] == r.engine.queue_url and "Limit:" in learned["message"]
+    assert learned["base_url"] == r.engine.ctx.queue_url and "Limit:" in learned["message"]
     (replanned,) = r.events("ChunkReplanned")
     assert replanned["limit"] == limit and len(replanned["chunks"]) == 3  # ceil(1 / 0.45)
     assert all(c["input_tokens"] <= limit for c in replanned["chunks"])
@@ -238,7 +238,7 @@ def test_a_limit_in_the_message_is_learned_and_the_chunk_replanned(rig):
     answered_once(r, 30)
     refused = next(b for b in emu.batches() if b["status"] == "failed")
     assert emu.store.state.files[refused["input_file_id"]].deleted  # the refused batch's file is not leaked
-    assert r.engine.state.queue_limits[(r.engine.queue_url, MODEL)]["limit"] == limit
+    assert r.engine.ctx.state.queue_limits[(r.engine.ctx.queue_url, MODEL)]["limit"] == limit
 
 
 def test_without_a_figure_the_limit_is_halved_then_probed_upward(rig):
@@ -294,7 +294,8 @@ def test_a_job_waits_for_queue_room_and_status_says_so(rig):
     r.start(token_limits={MODEL: total * 45 // 100}, in_progress_s=3.0)
     r.run(
         lambda: (
-            bool(r.events("ChunkReplanned")) and any(c.in_flight for j in r.engine.state.jobs.values() for c in j.chunks.values())
+            bool(r.events("ChunkReplanned"))
+            and any(c.in_flight for j in r.engine.ctx.state.jobs.values() for c in j.chunks.values())
         )
     )
     (row,) = queries.status(r.home)

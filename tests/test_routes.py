@@ -84,7 +84,7 @@ def drop(rig: Rig, rows: int) -> None:
 def run_until_ended(rig: Rig, seconds: float = 1.0, ticks: int = 60) -> None:
     for _ in range(ticks):
         rig.tick(seconds)
-        if rig.engine.state.jobs and rig.job().ended:
+        if rig.engine.ctx.state.jobs and rig.job().ended:
             return
     raise AssertionError("the job did not end")
 
@@ -180,7 +180,7 @@ def _stopped_after_the_first_request(rig: Rig, rows: int) -> str:
 def _open_intent(rig: Rig, cid: str, attempt: int, resent: bool) -> None:
     """The intent a daemon killed while the request was out leaves without an outcome."""
     payload = {"custom_id": cid, "tier": "online", "attempt": attempt, "resent_after_crash": resent}
-    rig.engine.emit(rig.job().job_id, NewEvent("OnlineRequestSent", payload))
+    rig.engine.ctx.emit(rig.job().job_id, NewEvent("OnlineRequestSent", payload))
 
 
 def test_a_request_a_crash_left_without_outcome_is_sent_again_once_and_counted(home):
@@ -225,7 +225,7 @@ def _accepted(rig: Rig) -> str:
     (rig.home.inbox / "a.csv").write_text("id,response\n1,x\n2,y\n")
     rig.tick()
     rig.engine.intake(rig.now + 1)  # accepted, not yet prepared
-    (job,) = rig.engine.state.jobs.values()
+    (job,) = rig.engine.ctx.state.jobs.values()
     return job.job_id
 
 
@@ -237,20 +237,22 @@ def test_a_sync_or_auto_job_sends_online_before_it_is_prepared_and_waits_for_ret
     rig = Rig(home, f"route: {route}\npreflight_rows: 3\n")
     try:
         j = _accepted(rig)
-        state, cfg = rig.engine.state, rig.engine.config
+        state, cfg = rig.engine.ctx.state, rig.engine.ctx.config
         assert decide(state, cfg, rig.now) == [SendOnline(j)] and SendOnline.ends_step
         # the provider's Retry-After, on the monotonic clock: nothing until it has passed
         assert decide(state, cfg, rig.now, Timers(not_before={(j, ONLINE_TIMER): rig.now + 5})) == []
         assert decide(state, cfg, rig.now + 6, Timers(not_before={(j, ONLINE_TIMER): rig.now + 5})) == [SendOnline(j)]
         # after a restart (no timer): the wall-clock retry_at its event recorded
         fail = {"custom_id": "c", "code": "rate_limited", "error": "x", "status_code": 429, "final": False}
-        rig.engine.emit(j, NewEvent("OnlineRequestFailed", {**fail, "retry_at": rig.now + 5}))
-        assert decide(rig.engine.state, cfg, rig.now) == []
-        assert decide(rig.engine.state, cfg, rig.now + 6) == [SendOnline(j)]
+        rig.engine.ctx.emit(j, NewEvent("OnlineRequestFailed", {**fail, "retry_at": rig.now + 5}))
+        assert decide(rig.engine.ctx.state, cfg, rig.now) == []
+        assert decide(rig.engine.ctx.state, cfg, rig.now + 6) == [SendOnline(j)]
         # done: prepared, without a preflight (every row went through the synchronous API)
-        rig.engine.emit(j, NewEvent("RouteChosen", {"route": "online", "reason": "test", "rows": 2}))
-        rig.engine.emit(j, NewEvent("OnlineRowsDone", {"answered": 2, "to_batch": 0, "resent_after_crash": 0, "cost_usd": 0.0}))
-        assert decide(rig.engine.state, cfg, rig.now + 6) == [Prepare(j)]
+        rig.engine.ctx.emit(j, NewEvent("RouteChosen", {"route": "online", "reason": "test", "rows": 2}))
+        rig.engine.ctx.emit(
+            j, NewEvent("OnlineRowsDone", {"answered": 2, "to_batch": 0, "resent_after_crash": 0, "cost_usd": 0.0})
+        )
+        assert decide(rig.engine.ctx.state, cfg, rig.now + 6) == [Prepare(j)]
     finally:
         rig.close()
 
@@ -261,8 +263,8 @@ def test_auto_choosing_batch_leaves_the_job_to_the_preflight_and_prepare(home):
     rig = Rig(home, "route: auto\npreflight_rows: 3\n")
     try:
         j = _accepted(rig)
-        rig.engine.emit(j, NewEvent("RouteChosen", {"route": "batch", "reason": "test", "rows": 2}))
-        assert decide(rig.engine.state, rig.engine.config, rig.now) == [Preflight(j)]
+        rig.engine.ctx.emit(j, NewEvent("RouteChosen", {"route": "batch", "reason": "test", "rows": 2}))
+        assert decide(rig.engine.ctx.state, rig.engine.ctx.config, rig.now) == [Preflight(j)]
     finally:
         rig.close()
 
@@ -319,7 +321,7 @@ def test_online_answers_are_stored_for_reuse_and_a_second_file_sends_none_of_the
         (rig.home.inbox / "b.csv").write_text(body + "3,review 3\n")  # three rows answered before, one new
         for _ in range(30):
             rig.tick(5.0)  # the inbox is scanned again every few seconds
-            second = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+            second = [j for j in rig.engine.ctx.state.jobs.values() if j.file == "b.csv"]
             if second and second[0].ended:
                 break
         assert second[0].ended == "completed"
@@ -369,7 +371,7 @@ def test_the_job_list_shows_the_rows_each_route_answered(home):
 
 
 def _retry(rig: Rig, job_id: str) -> None:
-    rig.engine.emit(job_id, NewEvent("RetryRequested", {"reason": "test"}))  # `bgctl retry`: send anyway
+    rig.engine.ctx.emit(job_id, NewEvent("RetryRequested", {"reason": "test"}))  # `bgctl retry`: send anyway
 
 
 def test_a_sync_route_job_over_max_cost_per_job_is_held_before_any_request_leaves(home):
@@ -417,7 +419,7 @@ def test_two_sync_jobs_together_over_the_daily_limit_do_not_both_send(home):
         (rig.home.inbox / "b.csv").write_text("id,response\n7,other text\n8,more text\n")
         for _ in range(12):
             rig.tick(5.0)
-        (second,) = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+        (second,) = [j for j in rig.engine.ctx.state.jobs.values() if j.file == "b.csv"]
         assert second.held and second.held["code"] == "daily_cost_limit_usd"
         assert {cid for cid, _ in rig.provider.complete_times} <= set(first.online.attempts)  # none of the second's rows sent
     finally:
@@ -438,13 +440,13 @@ def test_a_sync_route_job_waits_while_todays_spend_is_over_the_daily_limit(home)
         (rig.home.inbox / "b.csv").write_text("id,response\n7,other text\n")
         for _ in range(12):
             rig.tick(5.0)
-        (second,) = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+        (second,) = [j for j in rig.engine.ctx.state.jobs.values() if j.file == "b.csv"]
         assert second.held and second.held["code"] == "daily_cost_limit_usd"
         assert len(rig.provider.complete_times) == 2  # nothing sent while held
         _retry(rig, second.job_id)
         for _ in range(5):
             rig.tick()
-        assert len(rig.provider.complete_times) == 3 and rig.engine.state.jobs[second.job_id].ended == "completed"
+        assert len(rig.provider.complete_times) == 3 and rig.engine.ctx.state.jobs[second.job_id].ended == "completed"
     finally:
         rig.close()
 

@@ -193,7 +193,7 @@ def test_truncated_rows_fail_are_not_stored_and_retry_raises_the_bound(rig):
     path = request_control(rig.home, "retry", job.job_id, "raise the bound", max_completion_tokens=800)  # bgctl retry
     assert apply_control(rig.engine, json.loads(path.read_text())) is None
     assert rig.events("RetryRequested")[-1]["max_completion_tokens"] == 800  # a restarted daemon reads it here
-    assert rig.engine.state.jobs[job.job_id].retry_bound == 800
+    assert rig.engine.ctx.state.jobs[job.job_id].retry_bound == 800
     for _ in range(3):
         rig.tick()
     rig.provider.finish_all()

@@ -51,7 +51,7 @@ def test_eta_is_the_latest_start_plus_the_median_run_time():
 def test_status_shows_progress_and_an_eta_once_a_batch_of_the_model_has_completed(home, monkeypatch):
     rig = Rig(home)
     rig.store.close()
-    rig.store = rig.engine.store = EventStore(home.db, projectors=projectors())
+    rig.store = rig.engine.ctx.store = EventStore(home.db, projectors=projectors())
     try:
         rig.drop(3, name="first.csv")
         rig.tick()
@@ -64,7 +64,7 @@ def test_status_shows_progress_and_an_eta_once_a_batch_of_the_model_has_complete
         assert "0/3 rows answered; no finish estimate yet: no gpt-5.4-mini batch has completed here" in out
         rig.provider.finish_all()
         rig.tick()
-        assert rig.engine.state.jobs[first["job_id"]].ended == "completed"
+        assert rig.engine.ctx.state.jobs[first["job_id"]].ended == "completed"
         rig.engine.scan_requested = True  # as the inbox watcher does
         (home.inbox / "second.csv").write_text("id,response\n0,another answer\n1,and one more\n")  # nothing reused
         rig.tick()

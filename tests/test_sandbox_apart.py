@@ -35,7 +35,7 @@ class Daemon:
         self.now = now
         self.engine = Engine(home, load_config(home, environ={}), self.store, self.provider, load_pricing(), sandbox=sandbox)
         if isinstance(self.provider, ProviderRouter):
-            self.provider.provider_of_job = self.engine.provider_name_of
+            self.provider.provider_of_job = self.engine.ctx.provider_name_of
 
     def tick(self, seconds: float = 1.0) -> list[str]:
         before = self.store.last_seq()
@@ -51,7 +51,7 @@ class Daemon:
         return [self.provider] if isinstance(self.provider, MemoryProvider) else []
 
     def job(self, file: str = "a.csv") -> JobState:
-        (job,) = [j for j in self.engine.state.jobs.values() if j.file == file]
+        (job,) = [j for j in self.engine.ctx.state.jobs.values() if j.file == file]
         return job
 
     def events(self, type_: str) -> list[dict]:
@@ -69,7 +69,7 @@ def _drop(home: Home, name: str = "a.csv", rows: int = 3) -> None:
 def _running(d: Daemon, name: str = "a.csv") -> JobState:
     for _ in range(6):
         d.tick()
-        job = d.job(name) if any(j.file == name for j in d.engine.state.jobs.values()) else None
+        job = d.job(name) if any(j.file == name for j in d.engine.ctx.state.jobs.values()) else None
         if job is not None and job.state == "running":
             return job
     raise AssertionError("the job did not reach running")
@@ -171,7 +171,7 @@ def test_an_edit_of_the_profile_provider_does_not_reroute_a_job_in_flight(home: 
     d.engine.reload(load_config(home, environ={}), load_pricing())
     assert _finish_after_sending(d).ended == "completed"
     assert azure.calls == [] and any(op == "upload" for op, _ in openai.calls)
-    assert d.engine.provider_key_for(d.job()) == "https://api.openai.com/v1"
+    assert d.engine.ctx.provider_key_for(d.job()) == "https://api.openai.com/v1"
     d.close()
 
 
@@ -199,7 +199,7 @@ def test_a_claim_recovered_by_a_daemon_of_the_other_mode_keeps_its_own(home: Hom
     d = Daemon(home, sandbox=False, now=1_000_000.0)
     d.engine.startup(d.now)
     d.tick()
-    job = d.engine.state.jobs["abc123"]
+    job = d.engine.ctx.state.jobs["abc123"]
     assert job.sandbox and job.provider_id == "sandbox" and job.left_alone
     assert d.provider.calls == [] and json.loads((job_dir / inbox_mod.CLAIM_FILE).read_text())["sandbox"] is True
     d.close()

@@ -43,14 +43,14 @@ def test_a_job_after_a_negative_lesson_is_prepared(home) -> None:
         for _ in range(6):
             rig.tick()
             rig.provider.finish_all()
-        (first,) = rig.engine.state.jobs.values()
+        (first,) = rig.engine.ctx.state.jobs.values()
         assert first.ended == "completed" and rig.events("SchemaOverheadLearned")[0]["per_request"] < 0
         rig.engine.scan_requested = True  # as the inbox watcher does
         (rig.home.inbox / "b.csv").write_text("id,response\n" + "".join(f"{i},short {i}\n" for i in range(3)))
         for _ in range(6):
             rig.tick()
             rig.provider.finish_all()
-        (second,) = [j for j in rig.engine.state.jobs.values() if j.file == "b.csv"]
+        (second,) = [j for j in rig.engine.ctx.state.jobs.values() if j.file == "b.csv"]
         assert second.ended == "completed" and not second.held
     finally:
         rig.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from batchgrader.cli.render import LiveView
+from batchgrader.core.due import TickOutcome, TickPace
 from batchgrader.core.state import State
 from batchgrader.daemon.process import Daemon
 from batchgrader.daemon.snapshot import Snapshot, take
@@ -35,14 +36,16 @@ def test_a_snapshot_is_a_value_the_tick_thread_can_no_longer_change(home):
     rig = Rig(home, "split_row_limit: 2\n")
     rig.drop(4)
     rig.tick()
-    snap = take(rig.engine.state)
+    snap = take(rig.engine.ctx.state)
     assert snap.status_line(sandbox=False) == "1 active jobs, 2 batches running, 0 finished"
     (row,) = snap.jobs
     assert (row.state, row.chunks_done, row.chunks_total, row.running) == ("running", 0, 2, 2)
     rig.provider.finish_all()
     rig.tick()  # the job finishes: the live state changes, the snapshot taken before does not
     assert snap.jobs == (row,) and snap.status_line(sandbox=False) == "1 active jobs, 2 batches running, 0 finished"
-    assert take(rig.engine.state).status_line(sandbox=True) == "SANDBOX (simulated) 0 active jobs, 0 batches running, 1 finished"
+    assert (
+        take(rig.engine.ctx.state).status_line(sandbox=True) == "SANDBOX (simulated) 0 active jobs, 0 batches running, 1 finished"
+    )
     rig.close()
 
 
@@ -53,5 +56,6 @@ def test_the_main_loop_never_iterates_the_state_the_tick_thread_mutates(home):
     daemon = Daemon(home, once=True, view=LiveView(sandbox=False))
     daemon.snapshot = Snapshot()
     notifier = Notifier()
-    assert daemon._main_loop(engine, notifier, ticks=None) == 0
+    tick = lambda: TickOutcome(None, 0.0)  # noqa: E731
+    assert daemon._main_loop(engine, notifier, tick, TickPace.of(60.0)) == 0
     assert notifier.lines == ["0 active jobs, 0 batches running, 0 finished"]

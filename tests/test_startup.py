@@ -125,7 +125,7 @@ def test_a_deferred_providers_sdk_is_imported_ahead_while_a_job_is_prepared(home
 
     rig = Rig(home)
     to_send: list[str] = []
-    rig.engine.on_rows_to_send = to_send.append
+    rig.engine.ctx.on_rows_to_send = to_send.append
     rig.drop(3)
     assert to_send == ["openai"]  # once, at the first row to send
     rig.close()

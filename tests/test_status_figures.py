@@ -23,7 +23,7 @@ def run_until_ended(rig: Rig, file: str = "a.csv", ticks: int = 60) -> None:
     for _ in range(ticks):
         rig.tick(2.0)
         rig.provider.finish_all()
-        if any(j.file == file and j.ended for j in rig.engine.state.jobs.values()):
+        if any(j.file == file and j.ended for j in rig.engine.ctx.state.jobs.values()):
             return
     raise AssertionError("the job did not end")
 

@@ -61,7 +61,7 @@ def test_a_running_batch_is_cancelled_only_once_the_deadline_is_within_the_margi
     try:
         batch, due = running(rig, 6)
         j = rig.job().job_id
-        state, cfg = rig.engine.state, rig.engine.config
+        state, cfg = rig.engine.ctx.state, rig.engine.ctx.config
         before = decide(state, cfg, due - MIN_MARGIN_SECONDS - 1.0)
         assert not [a for a in before if isinstance(a, CancelBatch)]
         (cancel,) = [a for a in decide(state, cfg, due - MIN_MARGIN_SECONDS) if isinstance(a, CancelBatch)]
@@ -80,7 +80,9 @@ def test_a_job_without_a_deadline_keeps_its_batch(home):
         rig.drop(3)
         rig.tick()
         assert rig.job().deadline_at is None
-        assert not [a for a in decide(rig.engine.state, rig.engine.config, rig.now + 30 * 86400) if isinstance(a, CancelBatch)]
+        assert not [
+            a for a in decide(rig.engine.ctx.state, rig.engine.ctx.config, rig.now + 30 * 86400) if isinstance(a, CancelBatch)
+        ]
     finally:
         rig.close()
 
@@ -170,7 +172,7 @@ def _restart(rig: Rig, home) -> Rig:
     provider, now = rig.provider, rig.now
     rig.close()
     again = Rig(home, deadline_config())
-    again.provider = again.engine.provider = provider
+    again.provider = again.engine.ctx.provider = provider
     again.now = now
     return again
 
@@ -181,7 +183,7 @@ def test_a_crash_between_the_cancel_and_the_synchronous_sends_sends_each_row_onc
         batch, due = running(rig, 4)
         tick_to(rig, due - MIN_MARGIN_SECONDS)
         rig.provider.finish(batch, "cancelled", answered=1)
-        state, cfg = rig.engine.state, rig.engine.config
+        state, cfg = rig.engine.ctx.state, rig.engine.ctx.config
         for _ in range(10):  # collected and planned; stop before the first synchronous send
             if any(isinstance(a, SendStragglers) for a in decide(state, cfg, rig.now + 1.0)):
                 break
@@ -193,7 +195,7 @@ def test_a_crash_between_the_cancel_and_the_synchronous_sends_sends_each_row_onc
         uncertain = planned["custom_ids"][0]
         # the daemon was killed with this request out: its intent has no outcome
         payload = {"custom_id": uncertain, "tier": "online", "attempt": 1, "resent_after_crash": False}
-        rig.engine.emit(rig.job().job_id, NewEvent("OnlineRequestSent", payload))
+        rig.engine.ctx.emit(rig.job().job_id, NewEvent("OnlineRequestSent", payload))
         rig = _restart(rig, home)
         run_until_ended(rig)
         sent = [cid for cid, _ in rig.provider.complete_times]
@@ -269,7 +271,7 @@ def test_a_crash_after_the_cancels_reason_was_recorded_sends_the_cancel_on_resta
     try:
         batch, due = running(rig, 3)
         reason = {"chunk": 0, "batch_id": batch, "deadline_at": due, "margin_seconds": 300.0, "reason": "test"}
-        rig.engine.emit(rig.job().job_id, NewEvent("StragglerCancelRequested", reason))  # killed before the cancel left
+        rig.engine.ctx.emit(rig.job().job_id, NewEvent("StragglerCancelRequested", reason))  # killed before the cancel left
         rig.now = due - MIN_MARGIN_SECONDS
         rig = _restart(rig, home)
         rig.tick()

@@ -46,7 +46,7 @@ def test_happy_path_event_order_and_result(rig):
     rows = rig.result_rows()
     assert [r["id"] for r in rows] == ["0", "1", "2"]
     assert all(r["error"] == "" and "SIMULATED" in r["grade"] for r in rows)
-    assert rig.engine.state.jobs[job.job_id].ended == "completed"
+    assert rig.engine.ctx.state.jobs[job.job_id].ended == "completed"
     assert not rig.provider.files  # uploaded input and the output deleted at the provider
     assert rig.engine.idle
 
@@ -166,14 +166,14 @@ def test_status_calls_stay_under_30_per_batch_hour_with_many_batches_in_flight(h
         rig.provider.advance(rig.now)
         types = rig.tick(0.0)
         ends.update({k: v for k, v in rig.provider.ends.items() if k not in ends})
-        for bid, (job_id, index) in rig.engine.state.batch_index.items():
-            if bid not in seen and rig.engine.state.jobs[job_id].chunks[index].status == "completed":
+        for bid, (job_id, index) in rig.engine.ctx.state.batch_index.items():
+            if bid not in seen and rig.engine.ctx.state.jobs[job_id].chunks[index].status == "completed":
                 seen[bid] = rig.now
-        jobs = [j for j in rig.engine.state.jobs.values() if not j.rejected]
+        jobs = [j for j in rig.engine.ctx.state.jobs.values() if not j.rejected]
         if not second_at and len(jobs) == 2 and all(j.terminal for j in jobs):
             break
         flying = {(j.job_id, c.index) for j in jobs for c in j.chunks.values() if c.in_flight}
-        dues = [due for key, (due, _d) in rig.engine.timers().next_poll.items() if key in flying]
+        dues = [due for key, (due, _d) in rig.engine.ctx.timers().next_poll.items() if key in flying]
         dues += [t for t in (rig.provider.next_end(), second_at) if t]
         step = (
             0.5
@@ -508,7 +508,7 @@ def test_a_restarted_engine_reconciles_an_open_upload(home):
     rig.close()
     again = make(home, "")  # a new process: state folded from the log, timers fresh
     again.provider = provider
-    again.engine.provider = provider
+    again.engine.ctx.provider = provider
     assert again.tick()[:2] == ["FileUploaded", "BatchCreateRequested"]
     assert provider.calls.count(("upload", provider.calls[0][1])) == 1
     again.close()
@@ -538,7 +538,7 @@ def test_bad_input_fails_clearly_keeps_the_original_and_others_go_on(rig, name, 
     report = (rig.home.outbox / f"{name.rsplit('.', 1)[0]}_error.txt").read_text()
     assert needle in report and name in report and "What to do" in report
     assert (rig.home.failed / name).read_bytes() == content  # the original is kept, byte for byte
-    jobs = {j.file: j for j in rig.engine.state.jobs.values()}
+    jobs = {j.file: j for j in rig.engine.ctx.state.jobs.values()}
     assert jobs["good.csv"].ended == "completed" and (rig.home.outbox / "good_results.csv").exists()
     bad = jobs[name]
     assert (bad.ended == "failed" and needle in bad.error["error"]) or (bad.rejected and name == "notes.txt")
@@ -561,9 +561,41 @@ def test_missing_pricing_fails_before_anything_is_sent(home):
     (home.inbox / "a.csv").write_text("response\nx\n")
     rig.tick()
     types = rig.tick()  # the error report and the move first, the final event last (issue 10, item 6)
-    assert types == ["JobAccepted", "OutboxWriteStarted", "ResultWritten", "InputArchived", "JobFailed"]
+    assert types == ["JobAccepted", "PrepareFailed", "OutboxWriteStarted", "ResultWritten", "InputArchived", "JobFailed"]
     assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text()
     assert rig.provider.calls == [] and not rig.engine.busy()
+    rig.close()
+
+
+def test_a_job_that_cannot_be_prepared_is_ended_by_the_rules_after_a_restart(home):
+    """A job ends one way (issue 36): its failure to prepare is a fact (``PrepareFailed``); its
+    ending (the error report, the move to failed/, ``JobFailed``) is what the rules decide, so a
+    daemon that stopped in between (here: the outbox could not be written) ends it when it
+    starts again, with no step of its own for it."""
+    from batchgrader.core.actions import Archive, Finish, WriteErrorReport
+    from batchgrader.core.decide import decide_job
+    from batchgrader.core.home import Home
+    from batchgrader.daemon.engine import Engine
+
+    rig = make(home, "model: acme-unpriced-1\n")
+    (home.inbox / "a.csv").write_text("response\nx\n")
+    rig.tick()
+    home.outbox.rmdir()
+    home.outbox.symlink_to("/sys")  # nobody may write there, root included
+    # the report could not be written: the tick stops there
+    assert rig.tick() == ["JobAccepted", "PrepareFailed", "OutboxWriteStarted"]
+    job = rig.job()
+    assert not job.ended and job.start_failure is not None and job.start_failure["code"] == "missing_pricing"
+    actions = decide_job(rig.engine.ctx.state, job.job_id, rig.engine.ctx.config, rig.now)
+    assert [type(a) for a in actions] == [WriteErrorReport, Archive, Finish] and actions[-1].event == "JobFailed"
+    home.outbox.unlink()
+    home.outbox.mkdir()
+    again = Engine(Home(home.root), rig.engine.ctx.config, rig.store, rig.provider, rig.engine.ctx.prices)  # a restart
+    again.tick(rig.now + 1)
+    job = again.ctx.state.jobs[job.job_id]
+    assert job.ended == "failed" and job.error is not None and job.error["code"] == "missing_pricing"
+    assert [e.type for e in rig.store.read(job_id=job.job_id)][-3:] == ["ResultWritten", "InputArchived", "JobFailed"]
+    assert "acme-unpriced-1" in (home.outbox / "a_error.txt").read_text() and rig.provider.calls == []
     rig.close()
 
 
@@ -596,7 +628,7 @@ profiles:
         rig.tick()
         rig.provider.finish_all()
         rig.tick()
-    jobs = {j.file: j for j in rig.engine.state.jobs.values()}
+    jobs = {j.file: j for j in rig.engine.ctx.state.jobs.values()}
     assert {f: j.ended for f, j in jobs.items()} == {f: "completed" for f in ("reviews.csv", "answers.jsonl", "list.json")}
     assert jobs["reviews.csv"].chunks_total == 3 and jobs["answers.jsonl"].profile == "scored"
     assert len(rig.provider.batches) == 6  # exactly one batch per chunk

@@ -139,7 +139,7 @@ def _restart(rig: Rig) -> Rig:
     provider, now, extra = rig.provider, rig.now, _extra(rig)
     rig.close()
     again = Rig(rig.home, extra)
-    again.provider = again.engine.provider = provider
+    again.provider = again.engine.ctx.provider = provider
     again.now = now
     return again
 

@@ -29,7 +29,7 @@ def test_identical_rows_are_sent_once_and_the_copies_say_duplicate_with_no_token
         for _ in range(30):
             rig.tick()
             rig.provider.finish_all()
-            if rig.engine.state.jobs and rig.job().ended:
+            if rig.engine.ctx.state.jobs and rig.job().ended:
                 break
         assert rig.job().ended == "completed"
         assert len(rig.provider.billed) == 3  # alpha, beta, gamma

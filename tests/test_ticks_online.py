@@ -31,7 +31,7 @@ def run_until_ended(rig: Rig, seconds: float = 1.0, ticks: int = 80) -> None:
         controls(rig)
         rig.tick(seconds)
         rig.provider.finish_all()
-        if rig.engine.state.jobs and rig.job().ended:
+        if rig.engine.ctx.state.jobs and rig.job().ended:
             return
     raise AssertionError("the job did not end")
 
@@ -151,7 +151,7 @@ def test_a_transient_failure_is_tried_again_up_to_max_attempts(home, kind, detai
             rig.provider.fail_next("complete", kind, match="-1", **details)
         for _ in range(60):
             rig.tick(5.0)
-            if rig.engine.state.jobs and rig.job().online.done:
+            if rig.engine.ctx.state.jobs and rig.job().online.done:
                 break
         tries = [cid for cid, _ in rig.provider.complete_times if cid.endswith("-1")]
         assert len(tries) == MAX_ATTEMPTS

@@ -53,7 +53,7 @@ def test_an_unwritable_outbox_is_the_jobs_last_error_and_is_tried_again_later(ho
         assert rig.events("OutboxWriteFailed") == [{"path": str(home.outbox), "error": expected, "code": "permission_denied"}]
         warnings = [r.getMessage() for r in caplog.records if "cannot write the outbox" in r.getMessage()]
         assert len(warnings) == 1
-        assert rig.engine.state.jobs[job.job_id].last_error == expected
+        assert rig.engine.ctx.state.jobs[job.job_id].last_error == expected
         rig.store.close()
         (row,) = queries.status(home)
         assert row["last_error"] == expected and row["state"] == "downloading"
@@ -68,7 +68,7 @@ def test_an_unwritable_outbox_is_the_jobs_last_error_and_is_tried_again_later(ho
         assert "ResultWritten" not in rig.tick(2.0)  # the back-off (5 s) has not passed yet
         done = rig.tick(5.0)
         assert "ResultWritten" in done and done[-1] == "JobCompleted"
-        assert rig.engine.state.jobs[job.job_id].last_error is None  # the outbox error is over
+        assert rig.engine.ctx.state.jobs[job.job_id].last_error is None  # the outbox error is over
         assert [r["id"] for r in rig.result_rows()] == ["0", "1", "2"]
     finally:
         if home.outbox.is_symlink():

@@ -56,7 +56,7 @@ def _drop(rig: Rig, rows: int = 5, labels: list[int] | None = None) -> None:
 
 
 def _panel(rig: Rig) -> JobState:
-    (job,) = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+    (job,) = [j for j in rig.engine.ctx.state.jobs.values() if j.profile == "panel"]
     return job
 
 
@@ -66,7 +66,7 @@ def _run(rig: Rig, before_finish=None) -> JobState:
         if before_finish is not None:
             before_finish(rig)
         rig.provider.finish_all()
-        jobs = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+        jobs = [j for j in rig.engine.ctx.state.jobs.values() if j.profile == "panel"]
         if jobs and jobs[0].ended:
             return jobs[0]
     raise AssertionError("the panel did not end")
@@ -90,14 +90,14 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
         {"profile": "mini", "job_id": judge_job_id(panel.job_id, 1)},
         {"profile": "big", "job_id": judge_job_id(panel.job_id, 2)},
     ]
-    judges = [rig.engine.state.jobs[j["job_id"]] for j in started["judges"]]
+    judges = [rig.engine.ctx.state.jobs[j["job_id"]] for j in started["judges"]]
     assert [(j.profile, j.panel_of, j.input_path) for j in judges] == [
         ("mini", panel.job_id, panel.input_path),
         ("big", panel.job_id, panel.input_path),
     ]
     assert panel.state == "running"
     job = _run(rig)
-    judges = [rig.engine.state.jobs[j["job_id"]] for j in started["judges"]]
+    judges = [rig.engine.ctx.state.jobs[j["job_id"]] for j in started["judges"]]
     assert [j.ended for j in judges] == ["completed", "completed_with_errors"]  # big's last answer is no JSON
     assert {b.metadata["bg_job"] for b in rig.provider.batches.values()} == {j.job_id for j in judges}  # side by side
     assert all(j.result_path and f"/work/{panel.job_id}/judges/" in j.result_path for j in judges)  # not the outbox
@@ -115,7 +115,9 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
     assert [r["score_big"] for r in out] == ["4", "3", "5", "1", ""] and out[4]["error_big"] != ""
     judges_rows = {
         j: list(
-            csv.DictReader(io.StringIO(Path(rig.engine.state.jobs[judge_job_id(panel.job_id, i)].result_path or "").read_text()))
+            csv.DictReader(
+                io.StringIO(Path(rig.engine.ctx.state.jobs[judge_job_id(panel.job_id, i)].result_path or "").read_text())
+            )
         )
         for i, j in ((1, "mini"), (2, "big"))
     }
@@ -146,7 +148,7 @@ def test_a_failed_judge_is_shown_and_the_other_judge_still_answers(home):
                 rig.provider.finish(b.id, "failed")
 
     job = _run(rig, fail_big)
-    big = rig.engine.state.jobs[judge_job_id(job.job_id, 2)]
+    big = rig.engine.ctx.state.jobs[judge_job_id(job.job_id, 2)]
     assert big.ended == "failed" and big.error and big.error["code"] == "all_rows_failed"
     assert big.error_path and f"/work/{job.job_id}/judges/" in big.error_path  # its report stays with the panel
     out = _result(rig)
@@ -164,7 +166,7 @@ def test_every_judge_failed_fails_the_panel(home):
     for _ in range(40):
         rig.tick()
         rig.provider.finish_all("failed")
-        panel = _panel(rig) if any(j.profile == "panel" for j in rig.engine.state.jobs.values()) else None
+        panel = _panel(rig) if any(j.profile == "panel" for j in rig.engine.ctx.state.jobs.values()) else None
         if panel is not None and panel.ended:
             break
     panel = _panel(rig)
@@ -182,13 +184,13 @@ def test_a_crash_between_the_panel_and_its_judges_accepts_each_judge_once(home, 
     rig.tick()  # the first look
     rig.now += 1
     rig.engine.steps.intake.intake(rig.now)  # the panel job accepted; the daemon dies before its next step ...
-    (panel_id,) = rig.engine.state.jobs
+    (panel_id,) = rig.engine.ctx.state.jobs
     judges = [{"profile": "mini", "job_id": judge_job_id(panel_id, 1)}, {"profile": "big", "job_id": judge_job_id(panel_id, 2)}]
     if recorded >= 1:  # ... or after recording the panel (the events as the step writes them)
         settings = {"output_column": "grade", "csv_formula_guard": True, "encoding": "utf-8"}
-        rig.engine.emit(panel_id, NewEvent("PanelStarted", {"judges": judges, "settings": settings}))
+        rig.engine.ctx.emit(panel_id, NewEvent("PanelStarted", {"judges": judges, "settings": settings}))
     if recorded >= 2:  # ... or after accepting its first judge's job too
-        panel = rig.engine.state.jobs[panel_id]
+        panel = rig.engine.ctx.state.jobs[panel_id]
         rig.home.job_dir(judge_job_id(panel_id, 1)).mkdir()
         accepted = {
             "file": panel.file,
@@ -201,7 +203,7 @@ def test_a_crash_between_the_panel_and_its_judges_accepts_each_judge_once(home, 
             "sandbox": False,
             "panel_of": panel_id,
         }
-        rig.engine.emit(judge_job_id(panel_id, 1), NewEvent("JobAccepted", accepted))
+        rig.engine.ctx.emit(judge_job_id(panel_id, 1), NewEvent("JobAccepted", accepted))
     # a new engine over the same event store: it carries on, accepting the missing judges only
     rig.engine = Engine(rig.home, load_config(rig.home, environ={}), rig.store, rig.provider, load_pricing())
     job = _run(rig)
@@ -219,10 +221,10 @@ def test_a_cancelled_panel_cancels_its_judges(home):
     for _ in range(3):
         rig.tick()
     panel = _panel(rig)
-    rig.engine.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "test"}))
+    rig.engine.ctx.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "test"}))
     job = _run(rig)
     assert job.ended == "cancelled"
-    assert all(rig.engine.state.jobs[j["job_id"]].cancel_requested for j in job.panel or ())
+    assert all(rig.engine.ctx.state.jobs[j["job_id"]].cancel_requested for j in job.panel or ())
     rig.close()
 
 
@@ -319,14 +321,14 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
     _drop(rig)
     job = _run(rig)
     mini, big = judge_job_id(job.job_id, 1), judge_job_id(job.job_id, 2)
-    first = rig.engine.state.jobs[big].result_path
+    first = rig.engine.ctx.state.jobs[big].result_path
     _answers(rig, {**SCORES, "gpt-4o": [4, 3, 5, 1, 3]})  # big answers its last row as JSON now
-    rig.engine.emit(job.job_id, NewEvent("RetryRequested", {"reason": "test"}))
+    rig.engine.ctx.emit(job.job_id, NewEvent("RetryRequested", {"reason": "test"}))
     job = _run(rig)
-    judge = rig.engine.state.jobs[big]
+    judge = rig.engine.ctx.state.jobs[big]
     assert judge.ended == "completed" and judge.result_path != first and not judge.archived_path
     assert [e.job_id for e in rig.store.read() if e.type == "RetryRequested"] == [job.job_id, big]  # mini completed
-    assert rig.engine.state.jobs[mini].retry_seq is None
+    assert rig.engine.ctx.state.jobs[mini].retry_seq is None
     assert job.ended == "completed_with_errors" and job.archived_path and job.result_counts == (4, 1)  # row 1 still ties
     rows = list(csv.DictReader(io.StringIO(Path(job.result_path or "").read_text(encoding="utf-8"))))
     assert [(r["grade_big"], r["grade"], r["grade_agreement"]) for r in rows][4] == ("3", "3", "1")
@@ -364,7 +366,7 @@ def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_s
     _answers(rig, SCORES)
     _drop(rig)
     job = _run(rig)
-    mini, big = (rig.engine.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2))
+    mini, big = (rig.engine.ctx.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2))
     assert (mini.requests, mini.settings.get("samples")) == (15, 3)  # the panel's samples
     assert (big.requests, big.settings.get("samples")) == (10, 2)  # its own profile's
     batches = rig.provider.batches.values()
@@ -416,12 +418,12 @@ def _ticks_until(rig: Rig, ready, limit: int = 40) -> None:
 
 
 def _judges_of(rig: Rig) -> list[JobState]:
-    return [j for j in rig.engine.state.jobs.values() if j.panel_of is not None]
+    return [j for j in rig.engine.ctx.state.jobs.values() if j.panel_of is not None]
 
 
 _MOMENTS = {
     # the panel accepted, its judges not started yet
-    "accepted": lambda rig: any(j.profile == "panel" for j in rig.engine.state.jobs.values()),
+    "accepted": lambda rig: any(j.profile == "panel" for j in rig.engine.ctx.state.jobs.values()),
     # its judges accepted, not prepared (each has a preflight to send)
     "judges-accepted": lambda rig: len(_judges_of(rig)) == 2,
     # every judge's batch sent
@@ -454,7 +456,7 @@ def test_cancel_of_a_panel_takes_effect_on_the_panel_and_every_judge_and_nothing
         _ticks_until(rig, _MOMENTS[moment])
     panel = _panel(rig)
     assert not panel.ended
-    rig.engine.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "bgctl cancel"}))
+    rig.engine.ctx.emit(panel.job_id, NewEvent("CancelRequested", {"reason": "bgctl cancel"}))
     before = len(rig.provider.calls)
     for _ in range(40):
         rig.tick()
@@ -495,7 +497,7 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     _drop(rig, labels=[4, 2, 5, 2, 3])
     job = _run(rig)
     rig.close()
-    judges = [rig.engine.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2)]
+    judges = [rig.engine.ctx.state.jobs[judge_job_id(job.job_id, i)] for i in (1, 2)]
     cost = sum(j.cost_usd for j in judges)
     prompt, completion = sum(j.prompt_tokens for j in judges), sum(j.completion_tokens for j in judges)
     assert cost > 0 and prompt > 0
@@ -585,7 +587,7 @@ def test_a_panel_whose_judges_cannot_read_the_input_fails_with_its_report_and_en
     (folder / "a.csv").write_text("id,response\n1,ok\n2,bad,extra\n")
     for _ in range(6):
         rig.tick()
-    (panel,) = [j for j in rig.engine.state.jobs.values() if j.profile == "panel"]
+    (panel,) = [j for j in rig.engine.ctx.state.jobs.values() if j.profile == "panel"]
     assert panel.ended == "failed" and panel.error and panel.error["code"] == "all_judges_failed"
     assert "expected 2 fields" in panel.error["error"]
     assert panel.error_path and "expected 2 fields" in Path(panel.error_path).read_text(encoding="utf-8")

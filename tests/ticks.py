@@ -63,17 +63,17 @@ class Rig:
         for _ in range(40):
             self.tick()
             self.provider.finish_all()
-            jobs = [j for j in self.engine.state.jobs.values() if j.file == name]
+            jobs = [j for j in self.engine.ctx.state.jobs.values() if j.file == name]
             if jobs and jobs[-1].ended:
                 return jobs[-1]
         raise AssertionError(f"{name} did not end")
 
     def job(self) -> JobState:
-        (job,) = [j for j in self.engine.state.jobs.values() if not j.rejected]
+        (job,) = [j for j in self.engine.ctx.state.jobs.values() if not j.rejected]
         return job
 
     def control(self, type_: str, **payload: Any) -> None:
-        self.engine.emit(self.job().job_id, NewEvent(type_, {"reason": "test", **payload}))
+        self.engine.ctx.emit(self.job().job_id, NewEvent(type_, {"reason": "test", **payload}))
 
     def events(self, type_: str) -> list[dict[str, Any]]:
         return [e.payload for e in self.store.read() if e.type == type_]

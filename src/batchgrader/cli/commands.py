@@ -209,8 +209,8 @@ def daemon(obj: Ctx, once: bool, sandbox: bool) -> None:
     except DaemonError as exc:
         raise BgctlError(str(exc), exc.exit_code) from None
     if once:
-        render_summary(d.engine.state, sandbox, since=started)
-        failed = sorted(j.job_id for j in d.engine.state.jobs.values() if j.ended == "failed" and j.updated_ts >= started)
+        render_summary(d.engine.ctx.state, sandbox, since=started)
+        failed = sorted(j.job_id for j in d.engine.ctx.state.jobs.values() if j.ended == "failed" and j.updated_ts >= started)
         if code == 0 and failed:
             click.echo(f"bgctl: {len(failed)} job(s) failed: {', '.join(failed)} (exit {EXIT_JOBS_FAILED})", err=True)
             code = EXIT_JOBS_FAILED

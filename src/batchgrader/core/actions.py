@@ -28,7 +28,12 @@ class Timers:
     which a refused chunk is not sent again (``not_before[(job, OUTBOX_TIMER)]``: before which a
     result that could not be written is not tried again); ``cancel_sent`` holds batch ids already
     cancelled; ``dup_next[(job, chunk)]`` when a chunk created again is next listed for a late
-    duplicate.
+    duplicate; ``next_listing[(job, chunk)]`` when a create whose outcome is unknown is listed
+    again; ``download_after[(job, chunk, kind)]`` before when a result file whose download failed
+    is not tried again; ``merging[(job, chunk)]`` until when a chunk merged in a worker process is
+    waited for (the worker's end wakes the daemon; after that time it is stopped).  A rule acts
+    only once its time has come, so "an action is due" and "the daemon must tick" are one thing
+    (:func:`batchgrader.core.due.next_due`).
 
     Every time here is on the monotonic clock, ``mono`` now (a wall-clock step moves no wait);
     ``mono=None``: the timers are on the clock of the ``now`` given to the rules (one clock)."""
@@ -38,6 +43,9 @@ class Timers:
     cancel_sent: AbstractSet[str] = frozenset()
     mono: float | None = None
     dup_next: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    next_listing: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    download_after: Mapping[tuple[str, int, str], float] = field(default_factory=dict)
+    merging: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
     def clock(self, now: float) -> float:
         """The time the timers are compared with: ``mono``, else the rules' ``now``."""
@@ -311,6 +319,16 @@ class StoreAnswers(Action):
     transaction).  After the job's other work: collecting, sending, and its result file."""
 
     chunk: int
+    stage: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
+class WriteErrorReport(Action):
+    """A job that failed before it was prepared (its input, its profile, its preflight): its error
+    report in the outbox (it has no result file)."""
+
+    error: str
+    hint: str
     stage: ClassVar[int] = 8
 
 

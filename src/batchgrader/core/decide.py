@@ -52,7 +52,7 @@ from batchgrader.core.actions import (
 )
 from batchgrader.core.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
 from batchgrader.core.config import Config, Profile
-from batchgrader.core.ending import ending, finish_actions, first_error  # noqa: F401 - part of the rules' interface
+from batchgrader.core.ending import ending, finish_actions, first_error, start_failure_actions  # noqa: F401 - part of the rules' interface
 from batchgrader.core.panel import decide_panel
 from batchgrader.core.polling import MIN_DELAY
 from batchgrader.core.preflight_rules import preflight_due
@@ -300,6 +300,8 @@ def _decide_rest(
 ) -> list[Action]:
     """:func:`decide_job` for a job that is not ended, corrupt or held for an unexpected error."""
     job_id = job.job_id
+    if job.start_failure is not None:  # it failed before it was prepared: it ends (core/ending.py)
+        return start_failure_actions(job)
     panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
     if panel is not None:
         return panel
@@ -316,7 +318,7 @@ def _decide_rest(
     out += _staged_creates(state, job, chunks, config, now, timers, step, queue_url)
     for c in chunks:
         if collectable(c):
-            out += _collect(state, job, c, config.default.poll_interval_seconds, queue_url)
+            out += _collect(state, job, c, config.default.poll_interval_seconds, queue_url, timers.clock(now), timers)
     if job.cancel_requested:
         out += [
             FailUnstarted(
@@ -387,8 +389,13 @@ def _open_and_running(job: JobState, chunks: list[ChunkState], now: float, timer
     """Every open intent reconciled, every running batch whose poll is due polled, every chunk
     whose duplicate listing is due listed."""
     job_id = job.job_id
-    out: list[Action] = [Reconcile(job_id, c.index, c.open_intent) for c in chunks if c.open_intent]
     t = timers.clock(now)
+    # a create whose outcome is unknown is listed at its settle times (core/settle.py), an upload at once
+    out: list[Action] = [
+        Reconcile(job_id, c.index, c.open_intent)
+        for c in chunks
+        if c.open_intent and (c.open_intent != "create" or timers.next_listing.get((job_id, c.index), t) <= t)
+    ]
     for c in chunks:
         if c.in_flight and c.batch_id and timers.next_poll.get((job_id, c.index), (t, 0.0))[0] <= t:
             out.append(Poll(job_id, c.index, c.batch_id))
@@ -446,14 +453,21 @@ def _refusal_to_learn(state: State, model: str | None, sandbox: bool | None = No
     return any(collectable(c) and c.status == "failed" for _, c in queue.model_chunks(state, model, sandbox))
 
 
-def _collect(state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str) -> list[Action]:
+def _collect(
+    state: State, job: JobState, c: ChunkState, poll_interval: float, queue_url: str, t: float, timers: Timers
+) -> list[Action]:
+    """A batch seen ended: its failure, its result files downloaded (each once its back-off after
+    a failed download has passed), then its merge (not while a worker process merges it)."""
     if c.status == "failed":
         return [batch_failure(state, job, c, poll_interval, queue_url)]
     out: list[Action] = []
+    waiting = False
     for kind, file_id in (("output", c.output_file_id), ("error", c.error_file_id)):
         if file_id and c.downloads.get(kind, {}).get("state") not in ("done", "failed"):
-            out.append(Download(job.job_id, c.index, c.batch_id, kind, file_id))
-    if not out:  # every file downloaded (or given up): merge
+            waiting = True
+            if timers.download_after.get((job.job_id, c.index, kind), t) <= t:
+                out.append(Download(job.job_id, c.index, c.batch_id, kind, file_id))
+    if not waiting and timers.merging.get((job.job_id, c.index), t) <= t:  # every file downloaded (or given up): merge
         out.append(Merge(job.job_id, c.index))
     return out
 

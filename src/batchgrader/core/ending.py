@@ -1,12 +1,25 @@
 """How a job ends, as pure rules: its final event (completed, completed with errors, failed,
-cancelled) and the actions that take it there once its chunks are done."""
+cancelled) and the actions that take it there, once its chunks are done
+(:func:`finish_actions`) or when it failed before it was prepared (:func:`start_failure_actions`:
+a ``PrepareFailed`` or ``PreflightFailed`` recorded).  Every job ends here (a panel's in
+:func:`batchgrader.core.panel.decide_panel`, a file refused at intake by its ``JobFailed``
+rejection); the steps only carry the actions out."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from batchgrader.core.actions import OUTBOX_TIMER, Action, Archive, DeleteProviderFiles, Finish, Timers, WriteResult
+from batchgrader.core.actions import (
+    OUTBOX_TIMER,
+    Action,
+    Archive,
+    DeleteProviderFiles,
+    Finish,
+    Timers,
+    WriteErrorReport,
+    WriteResult,
+)
 from batchgrader.core.config import Config
 from batchgrader.core.state import JobState
 
@@ -71,4 +84,20 @@ def finish_actions(job: JobState, config: Config, store: Sequence[Action], now: 
             ids += [x for x in (c.file_id, c.output_file_id, c.error_file_id) if x]
         out.append(DeleteProviderFiles(job.job_id, tuple(ids)))
     out.append(Finish(job.job_id, final, payload))
+    return out
+
+
+def start_failure_actions(job: JobState) -> list[Action]:
+    """A job that failed before it was prepared (``job.start_failure``): its error report first,
+    its input moved to failed/, the ``JobFailed`` last (a crash in between leaves a job that is
+    not ended, and these are carried out again: the report is on disk and recorded before the
+    end, so ``on_job_end`` always finds ``BG_ERROR_PATH``)."""
+    failure = job.start_failure or {}
+    out: list[Action] = []
+    if not (job.outbox == "done" and job.error_path):
+        out.append(WriteErrorReport(job.job_id, str(failure.get("error") or ""), str(failure.get("hint") or "")))
+    if not job.archived_path and job.panel_of is None:  # a judge's job leaves the panel's input alone
+        out.append(Archive(job.job_id, True))
+    payload = {k: failure.get(k) for k in ("code", "error", "stage", "hint")}
+    out.append(Finish(job.job_id, "JobFailed", payload))
     return out

@@ -159,6 +159,9 @@ class JobState:
     corrupt: str | None = None  # why this job's log cannot be read (the job is set aside; others run)
     recovered_since: float | None = None  # re-accepted from its work folder: search the provider first
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
+    # a failure before the job was prepared (PrepareFailed, PreflightFailed): {code, error, stage,
+    # hint} of the JobFailed the rules end it with (core/ending.py); cleared by `bgctl retry`
+    start_failure: dict[str, Any] | None = None
     last_error: str | None = None
     outbox_error: str | None = None  # OutboxWriteFailed.error until the result is written
     rejected: bool = False

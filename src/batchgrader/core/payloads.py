@@ -228,6 +228,21 @@ class JobFailed(TypedDict):
 
 @event(
     1,
+    "prepare",
+    {
+        "code": "why the job cannot be prepared (nothing was sent; the rules end it, core/ending.py): unknown_profile, missing_pricing, bad_input, bad_config, empty_input",
+        "error": "specific message",
+        "hint": "what to do",
+    },
+)
+class PrepareFailed(TypedDict):
+    code: str
+    error: str
+    hint: str
+
+
+@event(
+    1,
     "job end",
     {
         "end_seq": "job_seq of the job's last event when it ended (one run per end)",

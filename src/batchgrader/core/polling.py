@@ -11,10 +11,10 @@ will end.  The wait before the next poll of a batch is:
   while it is in progress and its count of finished requests moves (the rate since the first
   poll that saw some finished, :func:`progress_left`), else the run time of the last batches of
   the same model (:class:`Durations`, kept in memory only).  The batch is polled just after
-  that time (and, until then, at most every :data:`KNOWN_FRACTION` of its age); once it has
-  passed, soon and then less and less often (:data:`OVERDUE_FRACTION` of the time since), but
-  never less often than the age rule.  Batches that take about as long as the ones before them
-  are so collected within about a second of their end.
+  that time; once it has passed, soon and then less and less often (:data:`OVERDUE_FRACTION`
+  of the time since).  An expectation only ever brings a poll forward: a batch that ends
+  sooner than expected is still seen ended within the age rule.  Batches that take about as
+  long as the ones before them are so collected within about a second of their end.
 
 With several batches in flight a poll round is one paged ``batches.list`` for all of them
 (``core/decide.list_round_due``), so these rules set how often a round is due.
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 MIN_DELAY = 0.5  # s, the shortest wait between two polls of a batch (and the first, after its create)
 AGE_FRACTION = 0.15  # the wait is at most this share of the batch's age
-KNOWN_FRACTION = 0.3  # ... while batches like it are known to take longer than it has run yet
 OVERDUE_FRACTION = 0.5  # past the expected end: this share of the time since it
 EXPECTED_SLACK = 0.25  # s, polled this long after the expected end
 KEPT_DURATIONS = 5  # the expected run time is the median of a model's last few batches
@@ -41,7 +40,7 @@ def next_poll_delay(age: float, poll_interval: float, expected_left: float | Non
     passed), or None when nothing is known yet."""
     delay = max(AGE_FRACTION * age, MIN_DELAY)
     if expected_left is not None and expected_left > 0:
-        delay = min(max(KNOWN_FRACTION * age, MIN_DELAY), max(expected_left + EXPECTED_SLACK, MIN_DELAY))
+        delay = min(delay, max(expected_left + EXPECTED_SLACK, MIN_DELAY))
     elif expected_left is not None:
         delay = min(delay, max(MIN_DELAY, OVERDUE_FRACTION * -expected_left))
     return min(delay, poll_interval)

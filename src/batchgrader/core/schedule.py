@@ -11,6 +11,7 @@ date; the pure rules (:mod:`batchgrader.core.decide` through :meth:`Schedule.tim
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from batchgrader.core.actions import OUTBOX_TIMER, Timers
@@ -62,9 +63,20 @@ class Schedule:
     finalizing: dict[ChunkKey, float] = field(default_factory=dict)
     durations: Durations = field(default_factory=Durations)
 
-    def timers(self, mono: float | None) -> Timers:
-        """What :mod:`batchgrader.core.decide` reads of the schedule (live views, not copies)."""
-        return Timers(self.next_poll, self.not_before, self.cancel_sent, mono=mono, dup_next=self.dup_next)
+    def timers(self, mono: float | None, merging: Mapping[ChunkKey, float] | None = None) -> Timers:
+        """What :mod:`batchgrader.core.decide` reads of the schedule (live views, but for the
+        downloads' back-offs); ``merging``: the chunks merged in a worker process and until when
+        each is waited for."""
+        return Timers(
+            self.next_poll,
+            self.not_before,
+            self.cancel_sent,
+            mono=mono,
+            dup_next=self.dup_next,
+            next_listing=self.next_listing,
+            download_after={k: at for k, (_, at) in self.download_failures.items()},
+            merging=merging or {},
+        )
 
     def listing_due(self, key: ChunkKey, mono: float) -> bool:
         """Whether a create whose outcome is unknown may be listed now."""

@@ -439,6 +439,22 @@ def _preflight_failed(s: State, job: JobState, p: P.PreflightFailed, e: Event) -
     job.preflight, job.preflight_retry_at = "failed", None
     job.preflight_error = f"{p['row_code']}: {p['error']}"
     job.preflight_open.clear()
+    error = (
+        "the preflight (a few rows through the provider's synchronous API, before any batch) failed on "
+        f"row {p['custom_id']}: {p['row_code']}: {p['error']}"
+    )
+    job.start_failure = {
+        "code": "preflight_failed",
+        "error": error,
+        "stage": "preflight",
+        "hint": p["hint"] + " No batch was created.",
+    }
+
+
+@folds(P.PrepareFailed)
+def _prepare_failed(s: State, job: JobState, p: P.PrepareFailed, e: Event) -> None:
+    job.start_failure = {"code": p["code"], "error": p["error"], "stage": "prepare", "hint": p["hint"]}
+    job.last_error = p["error"]
 
 
 @folds(P.PreflightUnreachable)
@@ -464,6 +480,7 @@ def _retry_requested(s: State, job: JobState, p: P.RetryRequested, e: Event) -> 
     job.retry_seq = e.seq
     if job.preflight == "failed":  # after a config change the preflight runs again
         job.preflight, job.preflight_attempts, job.preflight_error = None, 0, None
+    job.start_failure = None  # prepared (and preflighted) again
     if job.ended:
         job.reopened_from = job.ended
     job.ended = None

@@ -151,8 +151,10 @@ class Context:
     def settings(self) -> Profile:
         return self.config.default
 
-    def timers(self) -> Timers:
-        return self.schedule.timers(self.mono)
+    def timers(self, mono: float | None = None) -> Timers:
+        """What the rules read of the schedule, at ``mono`` (default: the tick's monotonic time)."""
+        merging = self.merge_workers.awaited() if self.merge_workers is not None else None
+        return self.schedule.timers(self.mono if mono is None else mono, merging)
 
     # --- clocks -------------------------------------------------------------------------------
     def set_clocks(self, wall: float, mono: float | None) -> None:

@@ -1,16 +1,19 @@
 """The control-file protocol: ``bgctl cancel`` and ``bgctl retry`` leave a request as a JSON file
 in the home's ``control/`` folder (:func:`request_control`); the daemon reads them in order
 (:func:`pending_controls`), applies each (:func:`apply_control`), and sets aside what it cannot
-apply in ``control/rejected/`` (:func:`set_control_aside`).
+apply in ``control/rejected/`` (:func:`set_control_aside`); a request wakes the daemon at once
+(:func:`watch_control`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from batchgrader.core.events import NewEvent
 from batchgrader.core.home import Home
@@ -59,13 +62,13 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
     if not isinstance(req, dict):
         return f"not a JSON object (a {type(req).__name__})"
     job_id = req.get("job_id")
-    job = engine.state.jobs.get(job_id) if isinstance(job_id, str) else None
+    job = engine.ctx.state.jobs.get(job_id) if isinstance(job_id, str) else None
     if job is None:
         return f"unknown job {job_id!r}"
     action, reason = req.get("action"), str(req.get("reason", ""))
     if action == "cancel":
         if not job.terminal and not job.corrupt:
-            engine.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
+            engine.ctx.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
         return None
     if action == "retry":
         if job.rejected:
@@ -77,7 +80,7 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
             payload: dict[str, object] = {"reason": reason}
             if bound is not None:
                 payload["max_completion_tokens"] = bound
-            engine.emit(job.job_id, NewEvent("RetryRequested", payload))
+            engine.ctx.emit(job.job_id, NewEvent("RetryRequested", payload))
         return None
     return f"unknown action {action!r}"
 
@@ -90,3 +93,20 @@ def set_control_aside(home: Home, path: Path, problem: str) -> None:
     except OSError as exc:
         log.warning("could not move %s aside (%s); removing it", path.name, exc)
         path.unlink(missing_ok=True)
+
+
+def watch_control(observer: Any, home: Home, wake: threading.Event) -> None:
+    """Have ``observer`` (the inbox watcher's) also wake the daemon for a request in ``control/``
+    (`bgctl cancel`, `bgctl retry`): it is applied at once, not at the next due time.  (The home's
+    own folder is not watched: every write of the database would wake the watcher's thread; an
+    edit of the config files is seen at the next tick, or at once with SIGHUP.)"""
+    from watchdog.events import FileSystemEventHandler
+
+    class _Wake(FileSystemEventHandler):
+        def on_any_event(self, event) -> None:  # noqa: ANN001
+            if event.event_type not in ("opened", "closed_no_write"):
+                wake.set()
+
+    control = home.root / CONTROL_DIR
+    control.mkdir(parents=True, exist_ok=True)
+    observer.schedule(_Wake(), str(control), recursive=False)

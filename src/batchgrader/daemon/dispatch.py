@@ -43,6 +43,7 @@ from batchgrader.core.actions import (
     SendStragglers,
     StoreAnswers,
     Upload,
+    WriteErrorReport,
     WriteResult,
 )
 from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult
@@ -86,8 +87,8 @@ class EngineSteps:
         finish = FinishSteps(ctx, intake, reuse)
         collect = CollectSteps(ctx, reuse)
         submit = SubmitSteps(ctx, collect)
-        prepare = PrepareSteps(ctx, reuse, finish, submit)
-        preflight = PreflightStep(ctx, prepare, finish)
+        prepare = PrepareSteps(ctx, reuse, submit)
+        preflight = PreflightStep(ctx, prepare)
         return cls(ctx, intake, reuse, finish, collect, submit, prepare, preflight, PanelSteps(ctx, finish))
 
 
@@ -119,6 +120,7 @@ def action_table(s: EngineSteps) -> dict[type[Action], Handler]:
         SendStragglers: lambda a, job, now: stragglers.send(s, a, job),
         RouteChunk: lambda a, job, now: stragglers.route(s, a, job),
         WriteResult: lambda a, job, now: s.finish.write_outbox(job, a, now),
+        WriteErrorReport: lambda a, job, now: s.finish.write_error_report(job, a, now),
         StoreAnswers: lambda a, job, now: s.reuse.store_answers(job, job.chunks[a.chunk], now),
         Archive: lambda a, job, now: archive(ctx, a, job, now),
         DeleteProviderFiles: lambda a, job, now: s.finish.delete_provider_files(job, a.file_ids),

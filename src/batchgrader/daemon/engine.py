@@ -10,18 +10,15 @@ them by name, input file and metadata) before anything is sent again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar, cast, overload
 
-from batchgrader.core.config import Config, Profile
-from batchgrader.core.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, Timers, next_action, resubmit_delay, utc_day
+from batchgrader.core.config import Config
+from batchgrader.core.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, next_action, resubmit_delay, utc_day
 from batchgrader.core.due import next_due
 from batchgrader.core.home import Home
-from batchgrader.core.state import JobState, State
+from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.dispatch import EngineSteps, Handler, action_table
-from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.fsio import remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
@@ -31,29 +28,6 @@ from batchgrader.store.eventstore import DatabaseMoved, EventStore
 log = logging.getLogger("batchgrader.engine")
 
 __all__ = ["Engine", "resubmit_delay", "utc_day"]
-
-
-T = TypeVar("T")
-
-
-class OnContext(Generic[T]):
-    """An attribute of :class:`Engine` that is its context's attribute of the same name (read and
-    set there): the daemon and the tests keep addressing the engine."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, engine: None, owner: type | None = None) -> OnContext[T]: ...
-    @overload
-    def __get__(self, engine: Engine, owner: type | None = None) -> T: ...
-    def __get__(self, engine: Engine | None, owner: type | None = None) -> T | OnContext[T]:
-        if engine is None:  # read on the class (introspection)
-            return self
-        return cast(T, getattr(engine.ctx, self.name))
-
-    def __set__(self, engine: Engine, value: T) -> None:
-        setattr(engine.ctx, self.name, value)
 
 
 class Engine:
@@ -70,26 +44,6 @@ class Engine:
         self.idle = False
         self.again = False  # a job stopped its tick after an action with more to do now (tick again at once)
         self.failed = False  # a step of the tick failed (logged; tried again at the next tick)
-
-    # --- what the daemon and the tests read and set: the context's, under the engine's name ----
-    home = OnContext[Home]("home")
-    config = OnContext[Config]("config")
-    store = OnContext[EventStore]("store")  # a test may reopen the log (with read models)
-    provider = OnContext[Provider | None]("provider")  # a test may swap in a scripted provider
-    prices = OnContext[PriceTable]("prices")
-    sandbox = OnContext[bool]("sandbox")
-    state = OnContext[State]("state")
-    should_stop = OnContext[Callable[[], bool]]("should_stop")  # SIGTERM finishes the current step
-    on_progress = OnContext[Callable[[], None]]("on_progress")  # heartbeat (systemd watchdog)
-    on_rows_to_send = OnContext[Callable[[str], None]]("on_rows_to_send")  # a provider's SDK can be readied
-    token_counter = OnContext[Callable[[Profile], Any] | None]("token_counter")  # counting hook per profile
-    merge_workers = OnContext[MergeWorkers | None]("merge_workers")  # None: every chunk merged in the tick
-    emit = OnContext[Callable[..., None]]("emit")
-    timers = OnContext[Callable[[], Timers]]("timers")
-    profile_of = OnContext[Callable[[JobState], Profile]]("profile_of")
-    provider_name_of = OnContext[Callable[[str], str]]("provider_name_of")  # the router's provider_of_job
-    provider_key_for = OnContext[Callable[[JobState], str]]("provider_key_for")
-    queue_url = OnContext[str]("queue_url")
 
     @property
     def scan_requested(self) -> bool:
@@ -110,27 +64,32 @@ class Engine:
         """Files seen in the inbox but not yet taken (waiting to be stable)."""
         return self.steps.intake.pending()
 
-    def next_due(self, mono: float, wall: float | None = None) -> float | None:
+    def next_due(self, mono: float, wall: float | None = None, inbox: bool = True) -> float | None:
         """The earliest time (monotonic, ``mono`` now; ``wall`` now on the wall clock, default
         ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.due.next_due`
-        over the jobs it takes further; the daemon's next tick is armed for it."""
-        ours = [j.job_id for j in self.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
+        over the jobs it takes further (and the inbox's waits, unless ``inbox`` is false); the
+        daemon's next tick is armed for it."""
+        ours = [j for j in self.ctx.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
         wall = mono if wall is None else wall
-        return next_due(self.state, self.ctx.schedule, self.config, wall, mono, self.steps.intake.times(), ours)
+        queues = {j.job_id: self.ctx.queue_url_for(j) for j in ours}
+        ids = [j.job_id for j in ours]
+        timers = self.ctx.timers(mono)
+        inbox_times = self.steps.intake.times() if inbox else None
+        return next_due(self.ctx.state, self.ctx.schedule, self.ctx.config, wall, mono, inbox_times, ids, timers, queues)
 
     def busy(self) -> bool:
         """True while a job can still make progress on its own (held jobs wait for the user, and
         jobs this daemon leaves alone for a daemon of the other mode or endpoint)."""
-        return any(not j.held and self.ctx.left_alone_because(j) is None for j in self.state.active_jobs())
+        return any(not j.held and self.ctx.left_alone_because(j) is None for j in self.ctx.state.active_jobs())
 
     # --- the tick -------------------------------------------------------------------------------
     def startup(self, now: float) -> None:
         """Recover after a crash: our temp files, claimed-but-unrecorded inputs."""
         self.ctx.wall = now  # the clocks of a tick are set by tick(); what start-up stamps is on the wall clock
-        remove_stale_temp_files(self.home.outbox)
-        for job_dir in sorted(self.home.work.glob("*")) if self.home.work.is_dir() else []:
+        remove_stale_temp_files(self.ctx.home.outbox)
+        for job_dir in sorted(self.ctx.home.work.glob("*")) if self.ctx.home.work.is_dir() else []:
             remove_stale_temp_files(job_dir, recursive=True)
-            if job_dir.name in self.state.jobs or not job_dir.is_dir():
+            if job_dir.name in self.ctx.state.jobs or not job_dir.is_dir():
                 continue
             record = inbox_mod.read_claim(job_dir)
             if record is None:
@@ -166,7 +125,7 @@ class Engine:
             self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
         except ProviderError as exc:
             log.warning("listing batches: %s (polling them one by one)", exc)
-        for job in sorted(self.state.jobs.values(), key=lambda j: j.created_ts):
+        for job in sorted(self.ctx.state.jobs.values(), key=lambda j: j.created_ts):
             if self.ctx.should_stop():
                 return
             if job.corrupt:
@@ -193,7 +152,7 @@ class Engine:
         with the error (``bgctl retry`` tries again, ``bgctl cancel`` ends it), never a loop."""
         n = self.ctx.schedule.step_failures.get(job.job_id, 0) + 1
         self.ctx.schedule.step_failures[job.job_id] = n
-        if n < STEP_FAILURES_MAX or self.state.jobs[job.job_id].held:
+        if n < STEP_FAILURES_MAX or self.ctx.state.jobs[job.job_id].held:
             log.exception("job %s: unexpected error (try %d of %d): %s", job.job_id, n, STEP_FAILURES_MAX, exc)
             return
         log.exception("job %s: unexpected error, %d times in a row: held", job.job_id, n)
@@ -228,12 +187,14 @@ class Engine:
         ask again with what was done."""
         step = Step()
         while True:
-            action = next_action(self.state, job.job_id, self.config, now, self.timers(), step, self.ctx.queue_url_for(job))
+            action = next_action(
+                self.ctx.state, job.job_id, self.ctx.config, now, self.ctx.timers(), step, self.ctx.queue_url_for(job)
+            )
             if action is None:
                 return
             step = step.after(action)
             self.act(action, now)
-            if action.ends_step:
+            if action.ends_step and self.ctx.state.jobs[job.job_id].start_failure is None:  # a job that failed to start ends now
                 self.again = True
                 return
 
@@ -242,6 +203,6 @@ class Engine:
         for kind in type(a).__mro__:  # an action that specialises another (CreateStaged) is carried out as it
             handler = self.handlers.get(kind)
             if handler is not None:
-                handler(a, self.state.jobs[a.job_id], now)
+                handler(a, self.ctx.state.jobs[a.job_id], now)
                 return
         raise TypeError(f"unknown action {a!r}")

@@ -1,5 +1,6 @@
 """Engine steps that end a job: write the result (and error report) into the outbox, delete
-provider files, archive the input, fail a job, and redo final effects after a crash.
+provider files, and redo final effects after a crash.  When a job ends is decided by the rules
+(core/ending.py), never here.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import OUTBOX_TIMER, WriteResult
+from batchgrader.core.actions import OUTBOX_TIMER, WriteErrorReport, WriteResult
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
 from batchgrader.core.outcomes import outbox_retry_at
 from batchgrader.core.panel import judge_result_path
@@ -258,22 +259,11 @@ class FinishSteps:
             self.ctx.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
         self._redo_final_effects(self.ctx.state.jobs[job.job_id], now)
 
-    def fail(self, job: JobState, code: str, error: str, hint: str, stage: str, now: float) -> None:
-        """The error report and the move to failed/ first, the final event last (a crash between
-        them leaves a job that is not ended, and is failed again on restart).  The report is on
-        disk and recorded before ``JobFailed``, so ``on_job_end`` always finds ``BG_ERROR_PATH``."""
-        self._error_report_before_end(job.job_id, error, hint, now)
-        src = Path(job.input_path)
-        if src.exists() and not self.ctx.state.jobs[job.job_id].archived_path and job.panel_of is None:
-            dest = move_no_clobber(src, self.ctx.home.failed, job.file, stamp(now))
-            self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))
-        self.ctx.emit(job.job_id, _e("JobFailed", code=code, error=error, stage=stage, hint=hint))
-        self.after_job_end(job.job_id, now)
-
-    def _error_report_before_end(self, job_id: str, error: str, hint: str, now: float) -> None:
-        """Write and record the error report of a job about to fail, unless it has one on disk.
-        A report named by ``OutboxWriteStarted`` but never written (a crash in between) is
-        written under that name; otherwise a new one is named, written and recorded."""
+    def write_error_report(self, job: JobState, a: WriteErrorReport, now: float) -> None:
+        """Write and record the error report of a job that failed before it was prepared, unless
+        it has one on disk.  A report named by ``OutboxWriteStarted`` but never written (a crash
+        in between) is written under that name; otherwise a new one is named, written and recorded."""
+        job_id, error, hint = job.job_id, a.error, a.hint
         job = self.ctx.state.jobs[job_id]
         if job.outbox == "done" and job.error_path and Path(job.error_path).is_file():
             return

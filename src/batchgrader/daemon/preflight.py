@@ -50,7 +50,6 @@ from batchgrader.core.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_d
 from batchgrader.core.state import JobState
 from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.input_checks import open_checked
@@ -95,13 +94,12 @@ def transient(exc: ProviderRejected) -> bool:
 
 class PreflightStep:
     """The preflight step, on the shared :class:`~batchgrader.daemon.context.Context`; a job
-    with nothing to send goes on to :class:`~batchgrader.daemon.prepare.PrepareSteps`, a failed
-    preflight fails the job through :class:`~batchgrader.daemon.finish.FinishSteps`."""
+    with nothing to send goes on to :class:`~batchgrader.daemon.prepare.PrepareSteps`; a failed
+    preflight is recorded (``PreflightFailed``), and the rules end the job (core/ending.py)."""
 
-    def __init__(self, ctx: Context, prepare: PrepareSteps, finish: FinishSteps) -> None:
+    def __init__(self, ctx: Context, prepare: PrepareSteps) -> None:
         self.ctx = ctx
         self.prepare = prepare
-        self.finish = finish
 
     def run(self, job: JobState, now: float) -> None:
         """Send the rows of ``job``'s preflight not answered yet, and record each outcome (see
@@ -239,8 +237,7 @@ class PreflightStep:
         hint = fix_for(code, job.job_id)
         self.ctx.emit(job.job_id, *paid, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
         log.warning("job %s: preflight failed on row %s: %s: %s", job.job_id, custom_id, code, message)
-        error = f"the preflight (a few rows through the provider's synchronous API, before any batch) failed on row {custom_id}: {code}: {message}"
-        self.finish.fail(job, "preflight_failed", error, hint + " No batch was created.", "preflight", now)
+        # the rules end the job (core/ending.py: its PreflightFailed is its start failure)
 
     def _unreachable(
         self, job: JobState, custom_id: str, code: str, error: str, retry_after: float | None, attempt: int, now: float

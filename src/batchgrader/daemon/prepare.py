@@ -23,7 +23,6 @@ from batchgrader.daemon.base import (
     result_settings,
 )
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.finish import FinishSteps
 from batchgrader.daemon.online import answered_online_first
 from batchgrader.daemon.reuse import ReuseSteps
 from batchgrader.daemon.submit import SubmitSteps
@@ -94,11 +93,14 @@ def _kept_lines(path: Path, keep: Iterable[int]) -> Iterable[bytes]:
 class PrepareSteps:
     """The steps that plan a job's chunks, on the shared :class:`~batchgrader.daemon.context.Context`."""
 
-    def __init__(self, ctx: Context, reuse: ReuseSteps, finish: FinishSteps, submit: SubmitSteps) -> None:
+    def __init__(self, ctx: Context, reuse: ReuseSteps, submit: SubmitSteps) -> None:
         self.ctx = ctx
         self.reuse = reuse
-        self.finish = finish
         self.submit = submit
+
+    def _cannot_prepare(self, job: JobState, code: str, error: str, hint: str) -> None:
+        """Record why the job cannot be prepared; the rules end it (core/ending.py)."""
+        self.ctx.emit(job.job_id, _e("PrepareFailed", code=code, error=error, hint=hint))
 
     def prepare(self, job: JobState, now: float) -> None:
         """Prepare ``job`` (its chunks written and planned, or it fails for its input), then give
@@ -113,24 +115,17 @@ class PrepareSteps:
         try:
             profile = self.ctx.profile_of(job)
         except ConfigError as exc:
-            return self.finish.fail(
-                job,
-                "unknown_profile",
-                str(exc),
-                "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`.",
-                "prepare",
-                now,
+            return self._cannot_prepare(
+                job, "unknown_profile", str(exc), "Define the profile in config.yaml, then `bgctl retry " + job.job_id + "`."
             )
         try:
             self.ctx.prices.get(profile.model)  # fail fast: nothing is spent on an unpriced model
         except PricingError as exc:
-            return self.finish.fail(
+            return self._cannot_prepare(
                 job,
                 "missing_pricing",
                 str(exc),
                 "Add the model to pricing.csv in the home (or fix `model`), then `bgctl retry " + job.job_id + "`.",
-                "prepare",
-                now,
             )
         requests_path = job_dir / "requests.jsonl"
         probe = self.reuse.reuse_probe(job, profile, self.ctx.trusted_wall())  # retention: not by a clock stepped forward
@@ -154,26 +149,16 @@ class PrepareSteps:
                 f.flush()
                 os.fsync(f.fileno())
         except InputError as exc:
-            return self.finish.fail(
-                job,
-                "bad_input",
-                input_error_for_user(exc, job.file),
-                "Fix the file and drop it in the inbox again.",
-                "prepare",
-                now,
+            return self._cannot_prepare(
+                job, "bad_input", input_error_for_user(exc, job.file), "Fix the file and drop it in the inbox again."
             )
         except ConfigError as exc:
-            return self.finish.fail(
-                job,
-                "bad_config",
-                str(exc),
-                "Fix the configuration (bgctl config show), then `bgctl retry " + job.job_id + "`.",
-                "prepare",
-                now,
+            return self._cannot_prepare(
+                job, "bad_config", str(exc), "Fix the configuration (bgctl config show), then `bgctl retry " + job.job_id + "`."
             )
         except UnicodeError as exc:
-            return self.finish.fail(
-                job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again.", "prepare", now
+            return self._cannot_prepare(
+                job, "bad_input", f"{job.file}: {exc}", "Save the file as UTF-8 and drop it in the inbox again."
             )
         counted = self.reuse.count_exact(profile, requests_path, prep)  # the provider's exact counts, if it has them
         sizes_path = job_dir / "tokens.bin"
@@ -200,8 +185,8 @@ class PrepareSteps:
             for c, p in zip(prep.chunks, paths)
         ]
         if not chunks and not prep.problems and not (reuse and reuse.cached):
-            return self.finish.fail(
-                job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again.", "prepare", now
+            return self._cannot_prepare(
+                job, "empty_input", f"{job.file}: no rows to grade", "Add data rows and drop the file in again."
             )
         self.ctx.emit(
             job.job_id,

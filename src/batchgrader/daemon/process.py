@@ -1,15 +1,15 @@
 """`bgctl daemon`: the long-running process around :class:`batchgrader.daemon.engine.Engine`.
 
 Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.lock`),
-signal handlers that only set flags, one APScheduler job that runs the engine's tick at the
-earliest time anything is due (:func:`batchgrader.core.due.next_due`, re-armed after every tick:
-:class:`~batchgrader.daemon.tick_timer.TickTimer`), a watchdog observer that only wakes it (the
-inbox, control files), control requests from `bgctl cancel` / `bgctl retry` (files in
-``control/``, :mod:`batchgrader.daemon.control`, so the daemon stays the only writer of the event
-log), sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when it
-runs in a terminal.  Only the tick thread touches the engine's state; the main loop's
-status line and live table read the immutable :class:`~batchgrader.daemon.snapshot.Snapshot` it
-publishes after each tick.
+signal handlers that only set flags, one loop that runs the engine's tick and then waits on one
+event (``wake``) until the earliest time anything is due (:func:`batchgrader.core.due.next_due`,
+paced by :class:`~batchgrader.core.due.TickPace`) or a wake-up: a watchdog observer that only sets
+it (the inbox, control files, :func:`~batchgrader.daemon.control.watch_control`), a signal, a
+merge worker ending.  Control requests from `bgctl cancel` / `bgctl retry` are files in
+``control/`` (:mod:`batchgrader.daemon.control`), so the daemon stays the only writer of the
+event log; sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when
+it runs in a terminal, given the immutable :class:`~batchgrader.daemon.snapshot.Snapshot` taken
+after each tick.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batchgrader.core.config import Config, ConfigError, load_config
+from batchgrader.core.due import TickOutcome, TickPace
 from batchgrader.core.home import Home
 from batchgrader.core.lock import AlreadyRunning as AlreadyRunning  # re-exported
 from batchgrader.core.lock import DaemonError as DaemonError  # re-exported
 from batchgrader.core.lock import InstanceLock
 from batchgrader.core.secrets import EnvFileError, MaskSecrets
 from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
-from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside
+from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside, watch_control
 from batchgrader.daemon.snapshot import Snapshot, take
-from batchgrader.daemon.tick_timer import TICK_FLOOR, TickOutcome, TickPace, TickTimer, watch_control
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
 
@@ -72,7 +72,6 @@ def setup_logging(home: Home, level: str, secrets: list[str], to_stderr: bool) -
         err.addFilter(mask)
         err.setFormatter(logging.Formatter("bgctl: %(levelname)s %(message)s"))
         root.addHandler(err)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a run skipped or missed: never expected (tick_timer.py)
     for noisy in ("openai", "httpx", "httpx2", "watchdog", "google_genai"):
         logging.getLogger(noisy).addFilter(mask)
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -194,13 +193,14 @@ class Daemon:
     wake: threading.Event = field(default_factory=threading.Event)
     reload_requested: threading.Event = field(default_factory=threading.Event)
     heartbeat: float = field(default_factory=time.monotonic)
-    snapshot: Snapshot = field(default_factory=Snapshot)  # replaced by the tick thread, read by the main loop
+    snapshot: Snapshot = field(default_factory=Snapshot)  # taken after each tick, for the screen and systemd
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
     emulator: Any = None  # the sandbox's emulator process, started at the first provider call (see _sandbox_url)
     deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
     config_watch: ConfigWatch | None = None  # config.yaml and pricing.csv as last loaded: an edit reloads them
-    ticks: TickTimer | None = None  # the scheduler's tick job: when the next tick runs (set by _serve)
+    ticks: int = 0  # ticks run so far
+    next_delay: float = 0.0  # s, the wait after the last tick (until the next due time, or a wake-up)
 
     def prefetch(self, name: str) -> None:
         """Ready provider ``name``'s SDK in the background (a job has rows to send to it), when it
@@ -353,8 +353,6 @@ class Daemon:
             lock.release()
 
     def _serve(self, config: Config, prices: PriceTable) -> int:
-        from apscheduler.schedulers.background import BackgroundScheduler
-
         from batchgrader.daemon.engine import Engine
         from batchgrader.daemon.notify import Notifier
         from batchgrader.pipeline.inbox import InboxWatcher
@@ -386,44 +384,44 @@ class Daemon:
         if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route each job's calls to its provider
             from batchgrader.provider.router import ObjectJobs
 
-            provider.provider_of_job = engine.provider_name_of  # the provider recorded when the job was accepted
-            provider.job_of_object = ObjectJobs(lambda: engine.state)  # which job a file or batch id is of
+            provider.provider_of_job = engine.ctx.provider_name_of  # the provider recorded when the job was accepted
+            provider.job_of_object = ObjectJobs(lambda: engine.ctx.state)  # which job a file or batch id is of
         if self.sandbox:
-            engine.token_counter = self._sandbox_counter(config)
-        engine.should_stop = self.stop.is_set
-        engine.on_progress = self._beat
+            engine.ctx.token_counter = self._sandbox_counter(config)
+        engine.ctx.should_stop = self.stop.is_set
+        engine.ctx.on_progress = self._beat
 
-        engine.on_rows_to_send = self.prefetch
-        engine.merge_workers = MergeWorkers(wake=self.wake.set)
+        engine.ctx.on_rows_to_send = self.prefetch
+        engine.ctx.merge_workers = MergeWorkers(wake=self.wake.set)
         self.engine = engine
         engine.startup(time.time())
         self._controls(engine)
         self._publish()
         notifier = Notifier()
         notifier.ready()
-        log.info("daemon ready: %d jobs in the log", len(engine.state.jobs))
+        log.info("daemon ready: %d jobs in the log", len(engine.ctx.state.jobs))
         watcher = InboxWatcher(self.home, self.wake)
         watch_control(watcher.observer, self.home, self.wake)
         watcher.start()
-        self.ticks = TickTimer(BackgroundScheduler(), self._tick, TickPace.of(config.poll_interval_seconds))
-        self.ticks.start()  # the first tick at once
+        feeder = WatchdogFeeder(notifier, lambda: self.heartbeat)
+        feeder.start()
         try:
-            code = self._main_loop(engine, notifier, self.ticks)
+            code = self._main_loop(engine, notifier, self._tick, TickPace.of(config.poll_interval_seconds))
             if self.fatal is not None:
                 raise DatabaseLost(str(self.fatal))
             return code
         finally:
+            feeder.stop()
             notifier.stopping()
             watcher.stop()
-            self.ticks.shutdown()  # lets a running tick finish its step (and not re-arm the job)
             store.close()
 
     def _beat(self) -> None:
         self.heartbeat = time.monotonic()
 
     def _tick(self) -> TickOutcome:
-        """One tick on the scheduler's thread: a pending reload, control requests, the engine's
-        tick; then when the next is due (:meth:`Engine.next_due`)."""
+        """One tick: a pending reload, control requests, the engine's tick; then when the next
+        is due (:meth:`Engine.next_due`)."""
         from batchgrader.store.eventstore import DatabaseMoved
 
         if self.stop.is_set():
@@ -432,7 +430,7 @@ class Daemon:
         try:
             self._reload_if_asked()
             self._controls(self.engine)
-            self.engine.store.check_file()
+            self.engine.ctx.store.check_file()
             self.engine.tick(time.time(), time.monotonic())  # wall for timestamps, monotonic for waits
             failed = self.engine.failed
         except DatabaseMoved as exc:
@@ -466,7 +464,7 @@ class Daemon:
         self.reload_requested.clear()
         try:
             config, prices = self._load()
-            restart = restart_only_changes(self.engine.config, config)
+            restart = restart_only_changes(self.engine.ctx.config, config)
             self.engine.reload(config, prices)
             log.info("configuration reloaded")
             if restart:
@@ -481,7 +479,7 @@ class Daemon:
     def _publish(self) -> None:
         """Take a snapshot for the screen and systemd (on the thread that owns the state)."""
         try:
-            self.snapshot = take(self.engine.state)
+            self.snapshot = take(self.engine.ctx.state)
         except Exception as exc:  # the screen must never stop the daemon
             log.exception("snapshot failed: %s", exc)
 
@@ -499,30 +497,24 @@ class Daemon:
     def _done_once(self, engine) -> bool:  # noqa: ANN001
         return engine.idle and not pending_controls(self.home)
 
-    def _main_loop(self, engine, notifier, ticks: TickTimer | None) -> int:  # noqa: ANN001
-        """Wait for wake-ups (each re-arms the tick to now), feed systemd's watchdog, show the
-        status; with ``--once``, stop when every job has ended."""
+    def _main_loop(self, engine, notifier, tick: Callable[[], TickOutcome], pace: TickPace) -> int:  # noqa: ANN001
+        """The daemon's one loop: a tick, the screen and systemd's status given its snapshot, then
+        one wait on ``wake`` until the next tick is due (:meth:`TickPace.delay` of the tick's
+        outcome) or a wake-up (the inbox watcher, a request in ``control/``, a signal, a merge
+        worker ending: the inbox is then scanned at once); with ``--once``, stop when every job
+        has ended."""
         view = self.view
-        wd = notifier.watchdog_interval()
-        last_wd = 0.0
         last_status = ""
-        pause = ticks.pace.retry if ticks is not None else TICK_FLOOR
+        overdue = False
         try:
             if view:
                 view.start()
             while not self.stop.is_set():
-                if self.wake.wait(timeout=pause):
-                    self.wake.clear()
-                    engine.scan_requested = True
-                    if ticks is not None:
-                        ticks.wake()
-                now = time.monotonic()
-                if ticks is not None:
-                    ticks.check(now)  # the heartbeat: a tick at the latest ceiling + TICK_LATE after the last
-                if wd and now - last_wd >= wd and now - self.heartbeat < 600:
-                    notifier.watchdog()
-                    last_wd = now
-                snapshot = self.snapshot  # one read: an immutable value the tick thread replaces
+                outcome = tick()
+                self.ticks += 1
+                self.next_delay, overdue = pace.delay(outcome, overdue)
+                log.debug("tick %d done: next in %.3f s", self.ticks, self.next_delay)
+                snapshot = self.snapshot
                 line = snapshot.status_line(self.sandbox)
                 if line != last_status:  # systemd needs it only when it changes
                     notifier.status(line)
@@ -532,7 +524,43 @@ class Daemon:
                 if self.once and self._done_once(engine):
                     self.stop_reason = "--once: every job has ended"
                     break
+                if not self.stop.is_set() and self.wake.wait(timeout=self.next_delay):
+                    self.wake.clear()
+                    engine.scan_requested = True
         finally:
             if view:
                 view.stop()
         return 0
+
+
+class WatchdogFeeder:
+    """Feeds systemd's watchdog (when it asks for one) every half ``WatchdogSec`` from a thread of
+    its own, as long as the daemon's heartbeat (a tick, or progress within a long step) is less
+    than :data:`STALE_HEARTBEAT` seconds old: a long step is not taken for a hang, a hang is."""
+
+    def __init__(self, notifier: Any, heartbeat: Callable[[], float]) -> None:
+        self.notifier = notifier
+        self.heartbeat = heartbeat
+        self.interval = notifier.watchdog_interval()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.interval:
+            self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        assert self.interval
+        while not self._stop.wait(self.interval):
+            if time.monotonic() - self.heartbeat() < STALE_HEARTBEAT:
+                self.notifier.watchdog()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+#: s, how old the heartbeat may be for systemd's watchdog to be fed
+STALE_HEARTBEAT = 600.0

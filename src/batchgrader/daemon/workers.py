@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from batchgrader.fsio import TMP_PREFIX, atomic_write_bytes
 from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
@@ -72,6 +73,17 @@ class MergeWorkers:
 
     def running(self, key: Hashable) -> bool:
         return key in self._runs
+
+    def awaited(self) -> dict[Any, float]:
+        """The merges not ended yet, each with the monotonic time until which it is waited for
+        (its start plus ``timeout``; infinite while it waits for a free worker): nothing is due
+        for them before then, as the end of each wakes the daemon."""
+        with self._lock:
+            return {
+                key: (run.started + self.timeout if run.proc is not None else float("inf"))
+                for key, run in self._runs.items()
+                if not run.ended.is_set()
+            }
 
     def start(self, key: Hashable, inputs: MergeInputs, folder: Path) -> None:
         """Start merging in a worker; its inputs and outcome are files in ``folder`` (temporary

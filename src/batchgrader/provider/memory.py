@@ -139,7 +139,7 @@ class MemoryProvider:
     # every answer the provider billed, batch lines and synchronous calls alike: (job id, custom_id, body)
     billed: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     # timed batches: seconds from create to completed for a new batch (None: batches move only
-    # when told); :meth:`advance` then moves them as the clock passes
+    # when told; 0: completed in the create reply); :meth:`advance` then moves them as the clock passes
     lifetime: Callable[[BatchInfo], float] | None = None
     ends: dict[str, float] = field(default_factory=dict)  # batch id -> when it completes (timed batches)
     _faults: FaultScript = field(default_factory=FaultScript)
@@ -273,7 +273,11 @@ class MemoryProvider:
             metadata=FrozenMap(metadata or {}),
         )
         if self.lifetime is not None:
-            self.ends[bid] = self.now + self.lifetime(self.batches[bid])
+            life = self.lifetime(self.batches[bid])
+            if life <= 0:  # ended before the reply (a fast server, a small batch on a quiet day)
+                self.finish(bid)
+            else:
+                self.ends[bid] = self.now + life
         if fault is not None:
             raise fault.error("batches.create")
         return self.batches[bid]
