@@ -122,7 +122,7 @@ def test_usage_and_cost_parsed_exactly(tmp_path: Path) -> None:
     assert sum(int(r["input_tokens"]) for r in rows) == reported_in
     assert sum(int(r["output_tokens"]) for r in rows) == reported_out
     (job,) = state_of(home).jobs.values()
-    expected = (reported_in * 0.075 + reported_out * 0.30) / 1e6  # gpt-5.4-mini batch prices, via azure_model
+    expected = (reported_in * 0.375 + reported_out * 2.25) / 1e6  # gpt-5.4-mini batch prices, via azure_model
     assert job.cost_usd == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 

@@ -251,7 +251,7 @@ def test_the_daemon_learns_the_schema_overhead_and_count_shows_it_calibrated(hom
         assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
     (second,) = [j for j in json.loads(bgctl(home.root, "status", "--json").stdout) if j["file"] == "second.csv"]
     detail = json.loads(bgctl(home.root, "status", second["job_id"], "--json").stdout)
-    assert detail["estimate"]["input"] == pytest.approx((s["input_tokens"] + 6 * 37) * 0.075 / 1e6)
+    assert detail["estimate"]["input"] == pytest.approx((s["input_tokens"] + 6 * 37) * 0.375 / 1e6)
 
 
 # --- 6. exit codes a script can trust ---------------------------------------------------------------
