@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from batchgrader.evals.schedule import CronSchedule, check, decide
+from batchgrader.core.cron import CronSchedule, check, decide
 
 NIGHTLY = CronSchedule("nightly-eval", "0 2 * * *")
 
