@@ -1,8 +1,20 @@
-"""The daemon's eval step: what an imported eval needs from the daemon once its jobs move.
+"""The daemon's eval and schedule steps: what imported evals and scheduled profiles need from the
+daemon, on the engine's shared :class:`~batchgrader.daemon.context.Context`.
 
-NOT REGISTERED YET: the engine does not call it (the daemon's steps are being restructured).
-Wired, it runs once per tick after every job has been taken a step further (so a job that
-ended in this tick is seen), over the evals imported into the home (``<home>/evals/*``):
+NOT REGISTERED YET: the engine does not call them (the daemon's steps are being restructured).
+
+:class:`ScheduleStep` runs once per tick before the jobs are taken further: each profile's
+``schedule`` (:func:`batchgrader.core.cron.due_runs`) starts its ``schedule_source`` files as
+jobs, each claimed into its work folder as the inbox claims a file (copied:
+:mod:`batchgrader.pipeline.scheduled`), then ``JobAccepted`` and ``ScheduledRunStarted`` appended
+together to a job whose id is derived from (profile, time, file), expecting a new job: a second
+daemon's append fails (it removes its claim and runs nothing), a restart finds the time
+recorded.  A claim whose append never happened is accepted by the start-up recovery; the step
+then finds the job and appends its ``ScheduledRunStarted``.  A source with no file is logged
+once per time and tried again (the time is run once the file is there).
+
+:class:`EvalStep` runs once per tick after every job has been taken a step further (so a job
+that ended in this tick is seen), over the evals imported into the home (``<home>/evals/*``):
 
 * the decision is :func:`batchgrader.core.evalchain.decide_eval` over what the eval's folder
   records and the engine's folded state (pure; each candidate job's first event ``seq`` is read
@@ -27,11 +39,20 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
+from batchgrader.core import cron
 from batchgrader.core import evalchain as ec
+from batchgrader.core.config import ConfigError
+from batchgrader.core.events import NewEvent
+from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
+from batchgrader.pipeline import scheduled
 from batchgrader.pipeline.evals import chain
 from batchgrader.pipeline.evals import folder as evfolder
+from batchgrader.pipeline.outbox import result_name
+from batchgrader.pipeline.prepare import file_sha256
+from batchgrader.store.eventstore import ConcurrencyError
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -95,3 +116,93 @@ class EvalStep:
             rep["paths"]["run"],
         )
         return False
+
+
+class ScheduleStep:
+    """The schedule step (see the module docstring), on the engine's shared :class:`Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.since: dict[str, float] = {}  # profile -> when this daemon first saw its schedule (wall)
+        self._warned: set[tuple[str, float]] = set()
+
+    def next_due(self, now: float) -> float | None:
+        """The next fire time of any schedule (wall clock), for the daemon's due time."""
+        return cron.next_fire(self.ctx.config, now)
+
+    def run(self, now: float) -> int:
+        """Start what is due; the jobs started."""
+        for sch in cron.profile_schedules(self.ctx.config):
+            self.since.setdefault(sch.profile, now)
+        started = 0
+        for due in cron.due_runs(self.ctx.config, self.ctx.state, self.since, now):
+            try:
+                started += self._start(due)
+            except (OSError, ConfigError) as exc:
+                log.warning("schedule of profile %s: %s (tried again at the next tick)", due.profile, exc)
+        return started
+
+    def _start(self, due: cron.StartRun | cron.ResumeRun) -> int:
+        if isinstance(due, cron.ResumeRun):
+            files = list(due.files)
+            missed: tuple[float, ...] = ()
+        else:
+            files = scheduled.source_files(self.ctx.home, due.source)
+            missed = due.missed
+            if not files:
+                if (due.profile, due.scheduled_for) not in self._warned:
+                    self._warned.add((due.profile, due.scheduled_for))
+                    log.warning(
+                        "schedule of profile %s: %s has no file to run at %s; it runs once there is one",
+                        due.profile,
+                        scheduled.source_path(self.ctx.home, due.source),
+                        cron.as_utc(due.scheduled_for),
+                    )
+                return 0
+        started = 0
+        for f in files:
+            job_id = cron.scheduled_job_id(due.profile, due.scheduled_for, f)
+            record = _e(
+                "ScheduledRunStarted",
+                schedule=due.profile,
+                cron=due.cron,
+                scheduled_for=due.scheduled_for,
+                source=f,
+                files=list(files)
+                if isinstance(due, cron.StartRun)
+                else list(self.ctx.state.scheduled_runs[due.profile]["files"]),
+                missed=list(missed),
+            )
+            job = self.ctx.state.jobs.get(job_id)
+            if job is not None:  # claimed before a crash, accepted by the start-up recovery: recorded now
+                if self.ctx.state.scheduled_runs.get(due.profile, {}).get("scheduled_for") != due.scheduled_for:
+                    self.ctx.emit(job_id, record)
+                continue
+            started += self._accept(job_id, due.profile, Path(f), record)
+        if started:
+            log.info(
+                "schedule of profile %s: run of %s started (%d job(s))", due.profile, cron.as_utc(due.scheduled_for), started
+            )
+        return started
+
+    def _accept(self, job_id: str, profile: str, src: Path, record: NewEvent) -> int:
+        claim = {"file": src.name, "source": str(src), "profile": profile, "sandbox": self.ctx.sandbox}
+        input_path = scheduled.claim_copy(self.ctx.home, job_id, src, claim)
+        accepted = _e(
+            "JobAccepted",
+            file=src.name,
+            source=str(src),
+            profile=profile,
+            sha256=file_sha256(input_path),
+            bytes=input_path.stat().st_size,
+            input_path=str(input_path),
+            result_name=result_name(src.name),
+            **self.ctx.accepted_as(self.ctx.config.profile(profile), self.ctx.sandbox),
+        )
+        try:
+            self.ctx.emit(job_id, accepted, record)
+        except ConcurrencyError:  # another daemon started this time first
+            scheduled.unclaim(self.ctx.home, job_id)
+            log.info("schedule of profile %s: %s was started by another daemon", profile, job_id)
+            return 0
+        return 1
