@@ -32,7 +32,17 @@ that ended in this tick is seen), over the evals imported into the home (``<home
 
 :meth:`EvalStep.run` returns whether it copied a file into the inbox (the engine then scans the
 inbox and ticks again at once).  An eval whose folder cannot be read, or whose effect fails, is
-logged and tried again at the next tick; it never stops the jobs.
+logged and tried again at the next tick (``failed`` is set); it never stops the jobs.
+
+Wiring (in :class:`~batchgrader.daemon.engine.Engine`, or its successor's step list): build both
+on the context (``self.schedules = ScheduleStep(ctx)``, ``self.evals = EvalStep(ctx)``); in
+``tick``, after ``self.intake(now)``: ``self.schedules.run(now)`` (the jobs it starts are
+prepared in the same pass); after ``self._advance_all(now)``: ``if self.evals.run(now):
+self.steps.intake.scan_requested = True; self.intake(now)`` (the grading's files are seen, so a
+``--once`` daemon is not idle); then ``self.failed |= self.schedules.failed or self.evals.failed``.
+Due time: ``self.schedules.next_due(wall)`` is a wall-clock time, ``mono + (fire - wall)`` on the
+monotonic clock, to add to :func:`batchgrader.core.due.next_due`'s answer (an eval's work is done
+in the tick its job ends, so it adds none).
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ class EvalStep:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.first_seq: dict[str, int] = {}  # job id -> the seq of its first event (never changes)
+        self.failed = False  # the last run's effect failed for an eval (logged; tried again at the next tick)
 
     def _first_seqs(self, record: ec.EvalRecord) -> dict[str, int]:
         for job_id in ec.candidates(record, self.ctx.state):
@@ -81,13 +92,14 @@ class EvalStep:
 
     def run(self, now: float) -> bool:
         """Do what is due for every imported eval; whether a file was copied into the inbox."""
-        queued = False
+        queued = self.failed = False
         for name in evfolder.names(self.ctx.home):
             try:
                 due = self.decide(name)
                 if due is not None:
                     queued |= self.act(due, now)
-            except (OSError, ValueError, KeyError) as exc:  # one eval's problem never stops the others, nor the jobs
+            except (OSError, ValueError, LookupError) as exc:  # one eval's problem never stops the others, nor the jobs
+                self.failed = True
                 log.warning("eval %s: %s (tried again at the next tick)", name, exc)
         return queued
 
@@ -125,6 +137,7 @@ class ScheduleStep:
         self.ctx = ctx
         self.since: dict[str, float] = {}  # profile -> when this daemon first saw its schedule (wall)
         self._warned: set[tuple[str, float]] = set()
+        self.failed = False  # the last run could not start a due run (logged; tried again at the next tick)
 
     def next_due(self, now: float) -> float | None:
         """The next fire time of any schedule (wall clock), for the daemon's due time."""
@@ -134,11 +147,12 @@ class ScheduleStep:
         """Start what is due; the jobs started."""
         for sch in cron.profile_schedules(self.ctx.config):
             self.since.setdefault(sch.profile, now)
-        started = 0
+        started, self.failed = 0, False
         for due in cron.due_runs(self.ctx.config, self.ctx.state, self.since, now):
             try:
                 started += self._start(due)
             except (OSError, ConfigError) as exc:
+                self.failed = True
                 log.warning("schedule of profile %s: %s (tried again at the next tick)", due.profile, exc)
         return started
 
