@@ -47,7 +47,7 @@ def pairs(n: int, seed: int = 7) -> list[tuple[str, str]]:
 
 
 def throughput(rows: int, max_seconds: float) -> list[dict]:
-    from batchgrader.evals import graders
+    from batchgrader.pipeline.evals import graders
 
     data = pairs(rows)
     metrics = ["string_check", "fuzzy_match", "bleu", "gleu", "meteor", "rouge_1", "rouge_2", "rouge_l"]

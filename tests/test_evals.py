@@ -12,9 +12,10 @@ import pytest
 
 from batchgrader.core.config import load_config
 from batchgrader.core.home import Home
-from batchgrader.evals import graders, importer
-from batchgrader.evals.results import wilson
-from batchgrader.evals.spec import EvalInputError, parse_eval
+from batchgrader.evals import importer
+from batchgrader.pipeline.evals import graders
+from batchgrader.pipeline.evals.results import wilson
+from batchgrader.pipeline.evals.spec import EvalInputError, parse_eval
 
 FIX = Path(__file__).parent / "fixtures" / "evals"
 EVAL = json.loads((FIX / "ticket_eval.json").read_text())
@@ -229,7 +230,7 @@ def test_similarity_scores_of_the_reference_pair():
 
 
 def test_meteor_works_offline_with_wordnet():
-    from batchgrader.evals.wordnet import WordNetMissing
+    from batchgrader.pipeline.evals.wordnet import WordNetMissing
 
     try:
         fn = graders.scorer("meteor")
@@ -292,8 +293,8 @@ def grade(sample, item):
 
 
 def test_python_grader_runs_sandboxed_with_opt_in(tmp_path):
-    from batchgrader.evals.data import Row
-    from batchgrader.evals.pygrader import grade_rows, unavailable
+    from batchgrader.pipeline.evals.data import Row
+    from batchgrader.pipeline.evals.pygrader import grade_rows, unavailable
 
     if unavailable():
         pytest.skip(unavailable() or "")

@@ -1,6 +1,6 @@
 """`bgctl evals`: import an OpenAI eval, and read its results as OpenAI gave them.  Thin:
-:mod:`batchgrader.evals.importer` checks and writes, :mod:`batchgrader.evals.results` computes
-and writes the run, and :mod:`batchgrader.ops.grade` waits for a job."""
+:mod:`batchgrader.evals.importer` checks and writes, :mod:`batchgrader.evals.results` follows
+the run's jobs and has its results written (:mod:`batchgrader.pipeline.evals.results`)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def import_(
     rows are queued as one job per grader model; string_check and text_similarity are computed
     locally when the results are read (`bgctl evals results NAME`)."""
     from batchgrader.evals import importer
-    from batchgrader.evals.spec import EvalInputError
+    from batchgrader.pipeline.evals.spec import EvalInputError
 
     try:
         prepared = importer.prepare_import(
@@ -86,13 +86,18 @@ def import_(
         where = f"job {c['job']} ({c['model']})" if c.get("job") else c["computed"]
         variant = f"; variant {c['variant']}: {c['variant_description']}" if c.get("variant") else ""
         click.echo(f"  {c['index']}. {c['name']} [{c['type']}] {where}: {c['pass_rule']}{variant}")
-    for j in res["jobs"]:
+    if res.get("generation"):
+        j = res["generation"]
         queued = f" -> {j['queued']}" if j.get("queued") else ""
-        click.echo(f"  job {j['key']}: {j['model']}, {j['requests']} requests (profile {j.get('profile', '-')}){queued}")
+        click.echo(f"  generation {j['key']}: {j['model']}, {j['requests']} requests (profile {j.get('profile', '-')}){queued}")
+    for j in res["jobs"]:
+        queued = f" -> {j['queued']}" if isinstance(j.get("queued"), str) and not res.get("generation") else ""
+        after = ", queued when the generation's result is written" if res.get("generation") else ""
+        click.echo(f"  job {j['key']}: {j['model']}, {j['requests']} requests (profile {j.get('profile', '-')}){queued}{after}")
     for n in res["notes"]:
         click.echo(f"  note: {n}")
     if not dry_run:
-        click.echo(f"next: bgctl evals results {res['name']}" + (" --wait" if res["jobs"] else ""))
+        click.echo(f"next: bgctl evals results {res['name']}" + (" --wait" if res["jobs"] or res.get("generation") else ""))
 
 
 @evals.command("results")
@@ -108,16 +113,14 @@ def results(obj: Ctx, name: str, wait: bool, sandbox: bool, timeout: float | Non
     Exit 0, 1 when a job has not ended (without --wait), 2 for an unknown eval."""
     from batchgrader.evals import results as r
 
-    if wait:
-        from batchgrader.ops import grade as g
+    try:
+        if wait:
+            from batchgrader.ops import grade as g
 
-        for job in r.load(obj.home, name).queued["jobs"]:
-            queued = g.Queued(Path(job["path"]), int(r.load(obj.home, name).queued.get("after_seq", 0)))
             try:
-                g.follow(obj.home, queued, sandbox=sandbox, timeout=timeout, install_signals=True)
+                r.wait_for(obj.home, name, sandbox=sandbox, timeout=timeout)
             except g.GradeError as exc:
                 raise BgctlError(str(exc), EXIT_FAILURE) from None
-    try:
         rep = r.finish(obj.home, name)
     except r.UnknownEval as exc:
         raise BgctlError(str(exc), EXIT_USAGE) from None
@@ -166,10 +169,10 @@ def render_report(rep: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def list_(obj: Ctx, as_json: bool) -> None:
-    """The evals imported into the home."""
-    from batchgrader.evals.results import list_evals
+    """The evals imported into the home, each as one run (generation and grading): its state and jobs."""
+    from batchgrader.evals.results import list_runs
 
-    rows = list_evals(obj.home)
+    rows = list_runs(obj.home)
     if as_json:
         emit_json(rows)
         return
@@ -177,7 +180,10 @@ def list_(obj: Ctx, as_json: bool) -> None:
         click.echo("no eval imported: bgctl evals import EVAL.json --data ITEMS.jsonl")
         sys.exit(0)
     for e in rows:
-        click.echo(f"{e['name']}: {e['eval_name']} ({e['eval_id']}), {e['rows']} rows, {e['jobs']} job(s)")
+        jobs = ", ".join(f"{j['stage']} {j['key']} {j['job_id'] or '-'} {j['state']}" for j in e["run_jobs"])
+        click.echo(
+            f"{e['name']}: {e['eval_name']} ({e['eval_id']}), {e['rows']} rows, {e['state']}" + (f"; {jobs}" if jobs else "")
+        )
 
 
 EVALS_COMMANDS = (evals,)

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from batchgrader.core.cron import schedule_problems
 from batchgrader.core.home import Home
 from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.routes import deadline_problem
@@ -317,6 +318,7 @@ def load_config(
     for prof in (default, *profiles.values()):
         errors += _check_profile(prof, home.config_file, time.time() if now is None else now)
     errors += _check_judges(default, profiles, home.config_file)
+    errors += schedule_problems(default, profiles, str(home.config_file))
     _raise_all(errors)
     return Config(home=home, default=default, profiles=MappingProxyType(profiles))
 

@@ -604,5 +604,29 @@ class OutboxWriteFailed(TypedDict):
     code: str
 
 
+# --- scheduled runs (schedule / schedule_source) -------------------------------------------------------
+
+
+@event(
+    1,
+    "schedule",
+    {
+        "schedule": "the profile whose `schedule` started the run",
+        "cron": "its cron expression then (UTC)",
+        "scheduled_for": "the fire time run (epoch seconds, UTC): each time is run once, by one daemon (the job id is derived from it)",
+        "source": "this job's input: a file of `schedule_source` (copied; the source stays for the next time)",
+        "files": "every file of the run at this time (a folder's files are one job each): after a restart, those with no job yet are started",
+        "missed": "earlier fire times that passed while no daemon ran, coalesced into this run (epoch seconds)",
+    },
+)
+class ScheduledRunStarted(TypedDict):
+    schedule: str
+    cron: str
+    scheduled_for: float
+    source: str
+    files: list[str]
+    missed: list[float]
+
+
 #: event type -> its payload's TypedDict (every type of the catalogue)
 PAYLOADS: dict[str, type] = {name: d.payload for name, d in DECLARATIONS.items()}

@@ -44,6 +44,7 @@ from batchgrader.core.config_values import (
     _store_url,
     _str,
 )
+from batchgrader.core.cron import check_schedule
 from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION, PROVIDER_FACTS
 from batchgrader.core.routes import ROUTES, parse_deadline
 
@@ -305,6 +306,16 @@ class Settings:
     judges = Setting(None, _opt_names, JUDGING,
         "A judge panel: a list of at least two profiles that answer the same rows in one job; the result has a column per judge"
         " and their consensus (see [A judge panel](#a-judge-panel)). Set in a profile only.")
+    schedule = Setting(None, check_schedule, RUN,
+        "Run this profile at the times of a cron expression (five fields, UTC: `0 2 * * *` is 02:00 every day; checked with "
+        "APScheduler's `CronTrigger`): each file of `schedule_source` becomes a job of the profile, as if dropped in its inbox"
+        " folder. Each time runs once, whatever the restarts and however many daemons share the event log; times missed while"
+        " no daemon ran are run once, as the latest of them; a schedule's times before a daemon first saw it are not run. Set "
+        "in a profile (the top level's schedules the default profile only). Checked when the configuration loads, but not run"
+        " by the daemon yet: see [Scheduled runs](#scheduled-runs).")
+    schedule_source = Setting(None, _opt_str, RUN,
+        "The file, or the folder of files (each a job), that `schedule` runs; copied at each time, never moved. A relative "
+        "path is taken under the home. Required with `schedule`.")
     on_job_end = Setting(None, _opt_str, RUN,
         "Shell command run once when a job ends (see [Running a command when a job ends](#running-a-command-when-a-job-ends)).", profile=False)
     on_job_end_timeout_seconds = Setting(60.0, _float(0.1), RUN,

@@ -39,6 +39,8 @@ class State:
     last_seq: int = 0
     # (provider, model, schema sha) -> tokens/request: learned apart per sandbox and provider (overhead_provider)
     schema_overhead: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    # profile -> its latest ScheduledRunStarted: {scheduled_for, files} (core/cron.py)
+    scheduled_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def apply(self, e: Event) -> None:
         """Apply one event in place (the daemon's private state). Deterministic, no I/O."""
@@ -131,6 +133,13 @@ def _file_rejected(s: State, job: JobState, p: P.FileRejected, e: Event) -> None
     job.ended = "failed"
     if p["fingerprint"]:
         s.rejected[p["fingerprint"]] = job.job_id
+
+
+@folds(P.ScheduledRunStarted)
+def _scheduled_run_started(s: State, job: JobState, p: P.ScheduledRunStarted, e: Event) -> None:
+    last = s.scheduled_runs.get(p["schedule"])
+    if last is None or p["scheduled_for"] >= last["scheduled_for"]:
+        s.scheduled_runs[p["schedule"]] = {"scheduled_for": float(p["scheduled_for"]), "files": list(p["files"])}
 
 
 @folds(P.JobAccepted)

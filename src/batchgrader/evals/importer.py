@@ -3,7 +3,7 @@
 Everything is read and checked first (:func:`prepare_import`: the eval against openai-python's
 types and the API's rules, the rows against ``item_schema`` and every template variable, each
 metric available here, each model in the catalogue with its settings); any problem raises
-:class:`~batchgrader.evals.spec.EvalInputError` with all of them, and nothing is written.
+:class:`~batchgrader.pipeline.evals.spec.EvalInputError` with all of them, and nothing is written.
 
 Then (:func:`install`) the eval's folder ``<home>/evals/<name>/`` is written under a temporary
 name (``eval.json`` as given, ``plan.json`` with every criterion's pass rule and similarity
@@ -25,18 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.home import Home
-from batchgrader.evals import data as evdata
-from batchgrader.evals import graders
-from batchgrader.evals.plan import JobPlan, plan_jobs
-from batchgrader.evals.spec import EvalInputError, EvalSpec, Problem, RunSpec, parse_eval, parse_run, slug
-
-EVALS_DIR = "evals"
-PLAN_FILE = "plan.json"
-QUEUED_FILE = "queued.json"
-
-
-def evals_root(home: Home) -> Path:
-    return home.root / EVALS_DIR
+from batchgrader.pipeline.evals import chain, graders
+from batchgrader.pipeline.evals import data as evdata
+from batchgrader.pipeline.evals.folder import PLAN_FILE, QUEUED_FILE, evals_root
+from batchgrader.pipeline.evals.plan import JobPlan, plan_jobs
+from batchgrader.pipeline.evals.spec import EvalInputError, EvalSpec, Problem, RunSpec, parse_eval, parse_run, slug
 
 
 @dataclass
@@ -52,6 +45,15 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     allow_python: bool = False
     samples: int = 1
+    generation: JobPlan | None = None  # generate-then-grade: the generation job (the grading jobs follow it)
+
+    @property
+    def queued_now(self) -> list[JobPlan]:
+        """The jobs the import queues: the generation, or the grading jobs."""
+        return [self.generation] if self.generation else self.jobs
+
+    def all_jobs(self) -> list[JobPlan]:
+        return ([self.generation] if self.generation else []) + self.jobs
 
     def plan_record(self) -> dict[str, Any]:
         criteria = []
@@ -87,20 +89,42 @@ class Prepared:
                     "key": j.key,
                     "model": j.model,
                     "criteria": list(j.criteria),
-                    "requests": len(j.rows) * self.samples,
-                    "rows": len(j.rows),
+                    "requests": self._rows(j) * self.samples,
+                    "rows": self._rows(j),
                     "file": self.job_file(j),
                     "response_format": j.settings["response_format"],
                     "system_prompt": j.settings["system_prompt"],
+                    **({"queued": "when the generation's result is written"} if self.generation else {}),
                 }
                 for j in self.jobs
             ],
+            "generation": self._generation_record(),
             "run": {"id": self.run.id, "name": self.run.name} if self.run else None,
             "notes": self.notes,
         }
 
     def job_file(self, job: JobPlan) -> str:
         return f"{self.name}-{job.key}.jsonl"
+
+    def _rows(self, job: JobPlan) -> int:
+        """A job's request rows (a grading after a generation: one per item and criterion, at most)."""
+        return len(job.rows) if not self.generation else len(self.rows) * len(job.criteria)
+
+    def _generation_record(self) -> dict[str, Any] | None:
+        if self.generation is None or self.run is None or self.run.generation is None:
+            return None
+        g = self.generation
+        return {
+            "key": g.key,
+            "kind": self.run.generation.kind,
+            "model": g.model,
+            "requests": len(g.rows),
+            "rows": len(g.rows),
+            "file": self.job_file(g),
+            "response_format": g.settings.get("response_format"),
+            "system_prompt": g.settings["system_prompt"],
+            "data_source": dict(self.run.generation.data_source),
+        }
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -158,11 +182,18 @@ def prepare_import(
                 )
             ]
         )
-    if output_items is not None and data_path is not None:
+    gen = run.generation if run else None
+    if gen is not None:
+        if any(r.sample is not None for r in rows):
+            notes.append("the items' own samples are not graded: the run samples its model first (generate-then-grade)")
+            rows = [evdata.Row(r.index, r.item, None, r.where) for r in rows]
+    elif output_items is not None and data_path is not None:
         rows, filled = evdata.with_samples_from(rows, output_items)
         if filled:
             notes.append(f"{filled} item(s) without a sample take the sample of their output item (same datasource_item_id)")
-    problems = evdata.check_rows(spec, rows)
+    problems = evdata.check_rows(spec, rows, samples_later=gen is not None)
+    if gen is not None:
+        problems += chain.check_generation(gen, rows)
     for c in spec.criteria:
         if c.type == "text_similarity":
             why = graders.metric_unavailable(c.raw["evaluation_metric"])
@@ -175,7 +206,7 @@ def prepare_import(
                     )
                 )
         if c.type == "python":
-            from batchgrader.evals.pygrader import unavailable
+            from batchgrader.pipeline.evals.pygrader import unavailable
 
             why = unavailable()
             if why:
@@ -193,10 +224,11 @@ def prepare_import(
         )
     if problems:
         raise EvalInputError(problems)
-    jobs = plan_jobs(spec, rows, samples)
-    for j in jobs:
+    jobs = plan_jobs(spec, [] if gen else rows, samples)
+    generation = chain.plan_generation(gen, rows) if gen else None
+    for j in ([generation] if generation else []) + jobs:
         notes += j.notes
-    return Prepared(name, spec, run, rows, output_items, jobs, notes, allow_python, samples or 1)
+    return Prepared(name, spec, run, rows, output_items, jobs, notes, allow_python, samples or 1, generation)
 
 
 def install(home: Home, prepared: Prepared, load_config: Callable[[], Any]) -> dict[str, Any]:
@@ -222,8 +254,9 @@ def install(home: Home, prepared: Prepared, load_config: Callable[[], Any]) -> d
         config = load_config()
         try:
             config, _table = load_checked(config)  # a model the catalogue lacks, a setting it refuses: nothing queued
-            for job, profile in zip(prepared.jobs, profiles):
-                check_input(tmp / "requests" / prepared.job_file(job), config.profile(profile), home)
+            for job, profile in zip(prepared.all_jobs(), profiles):
+                if job in prepared.queued_now:
+                    check_input(tmp / "requests" / prepared.job_file(job), config.profile(profile), home)
         except (ConfigError, InputError) as exc:
             raise EvalInputError(
                 [Problem("profiles", str(exc), "change the criteria's models or settings, or add the model to pricing.csv")]
@@ -231,12 +264,16 @@ def install(home: Home, prepared: Prepared, load_config: Callable[[], Any]) -> d
         after = _log_position(home)
         os.rename(tmp, final)
         renamed = True
-        for job, profile in zip(prepared.jobs, profiles):
-            queued.append(submit_file(home, final / "requests" / prepared.job_file(job), profile))
-        record = {
+        by_key = dict(zip((j.key for j in prepared.all_jobs()), profiles))
+        for job in prepared.queued_now:
+            queued.append(submit_file(home, final / "requests" / prepared.job_file(job), by_key[job.key]))
+        record: dict[str, Any] = {
             "after_seq": after,
-            "jobs": [{"key": j.key, "profile": p, "path": str(q)} for j, p, q in zip(prepared.jobs, profiles, queued)],
+            "stage": "generation" if prepared.generation else "grading",
+            "jobs": [{"key": j.key, "profile": by_key[j.key], "path": str(q)} for j, q in zip(prepared.queued_now, queued)],
         }
+        if prepared.generation:  # the grading's profiles, for the jobs queued when the generation's result is written
+            record["next"] = [{"key": j.key, "profile": by_key[j.key]} for j in prepared.jobs]
         (final / QUEUED_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     except BaseException:
         for q in queued:
@@ -269,7 +306,7 @@ def _write_profiles(home: Home, prepared: Prepared) -> list[str]:
     from batchgrader.ops.profiles import profile_with
 
     out = []
-    for job in prepared.jobs:
+    for job in prepared.all_jobs():
         try:
             out.append(profile_with(home, None, job.settings, prefix="eval-", written_by=f"bgctl evals import {prepared.name}"))
         except ConfigError as exc:
@@ -304,7 +341,7 @@ def _write_folder(folder: Path, prepared: Prepared) -> None:
             (folder / "reference" / "run.json").write_text(json.dumps(prepared.run.raw, indent=1) + "\n", encoding="utf-8")
         if prepared.output_items is not None:
             _dump_jsonl(folder / "reference" / "output_items.jsonl", prepared.output_items)
-    for job in prepared.jobs:
+    for job in prepared.queued_now:
         _dump_jsonl(folder / "requests" / prepared.job_file(job), job.rows)
 
 
@@ -320,9 +357,13 @@ def summary(prepared: Prepared, written: dict[str, Any] | None) -> dict[str, Any
         "jobs": plan["jobs"],
         "notes": prepared.notes,
     }
+    if plan["generation"]:
+        out["generation"] = plan["generation"]
     if written:
         out.update(written)
-        for job, profile, path in zip(out["jobs"], written["profiles"], written["queued"]):
+        listed = ([out["generation"]] if prepared.generation else []) + out["jobs"]
+        for job, profile in zip(listed, written["profiles"]):
             job["profile"] = profile
+        for job, path in zip(listed, written["queued"]):
             job["queued"] = path
     return out

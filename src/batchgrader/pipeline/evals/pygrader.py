@@ -27,10 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from batchgrader.evals import templates
-from batchgrader.evals.data import Row
-from batchgrader.evals.graders import Verdict
-from batchgrader.evals.spec import Criterion
+from batchgrader.pipeline.evals import templates
+from batchgrader.pipeline.evals.data import Row
+from batchgrader.pipeline.evals.graders import Verdict
+from batchgrader.pipeline.evals.spec import Criterion
 
 TIME_LIMIT_SECONDS = 120.0
 MEMORY_LIMIT_BYTES = 2 * 1024**3

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.evals import templates
-from batchgrader.evals.spec import EvalInputError, EvalSpec, Problem
+from batchgrader.pipeline.evals import templates
+from batchgrader.pipeline.evals.spec import EvalInputError, EvalSpec, Problem
 
 MAX_PROBLEMS_PER_CHECK = 5  # rows named per problem kind; the count says how many more
 
@@ -141,9 +141,10 @@ def with_samples_from(rows: list[Row], items: Sequence[Mapping[str, Any]]) -> tu
     return out, filled
 
 
-def check_rows(spec: EvalSpec, rows: Sequence[Row]) -> list[Problem]:
+def check_rows(spec: EvalSpec, rows: Sequence[Row], *, samples_later: bool = False) -> list[Problem]:
     """What would make a row ungradable: an item outside ``item_schema``, a template variable a
-    row lacks (a missing sample included).  Each kind names its first rows and the count."""
+    row lacks (a missing sample included, unless ``samples_later``: a generate-then-grade run
+    samples them first).  Each kind names its first rows and the count."""
     problems: list[Problem] = []
     if not rows:
         return [Problem("items", "there are none", "give the items with --data ITEMS.jsonl (or a run with file_content)")]
@@ -152,6 +153,8 @@ def check_rows(spec: EvalSpec, rows: Sequence[Row]) -> list[Problem]:
     for c in spec.criteria:
         for fld, tmpl in c.template_fields().items():
             for var in templates.variables(tmpl):
+                if samples_later and var.startswith("sample"):
+                    continue
                 missing = []
                 for r in rows:
                     try:

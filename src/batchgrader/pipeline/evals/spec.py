@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.evals import templates
+from batchgrader.pipeline.evals import templates
 
 CRITERION_TYPES = ("string_check", "text_similarity", "label_model", "score_model", "python")
 MODEL_TYPES = ("label_model", "score_model")
@@ -440,8 +440,8 @@ def _messages(at: str, raw: Sequence[Any], problems: list[Problem]) -> tuple[Mes
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What an exported run adds: its id and name, the model it sampled (if any), and the rows
-    of an inline ``jsonl`` source."""
+    """What an exported run adds: its id and name, the rows of an inline ``file_content``
+    source, and for a ``completions`` or ``responses`` run the sampling that comes first."""
 
     id: str
     name: str
@@ -449,6 +449,7 @@ class RunSpec:
     rows: list[dict[str, Any]] | None
     raw: Mapping[str, Any]
     notes: tuple[str, ...] = ()
+    generation: Generation | None = None  # a completions / responses run: sample, then grade
 
 
 def parse_run(data: Any) -> RunSpec:
@@ -465,6 +466,7 @@ def parse_run(data: Any) -> RunSpec:
     src = _obj(ds.get("source"))
     notes: list[str] = []
     rows: list[dict[str, Any]] | None = None
+    generation: Generation | None = None
     if kind in ("completions", "responses"):
         if src.get("type") in ("stored_completions", "responses"):
             raise EvalInputError(
@@ -476,17 +478,8 @@ def parse_run(data: Any) -> RunSpec:
                     )
                 ]
             )
-        raise EvalInputError(
-            [
-                Problem(
-                    "run.data_source.type",
-                    f"is {kind!r}: the run sampled {ds.get('model')!r} before grading (generate-then-grade), which "
-                    "`bgctl evals import` does not chain yet",
-                    "import the run's output items (--output-items): their samples are graded as they are",
-                )
-            ]
-        )
-    if kind != "jsonl":
+        generation = _generation(ds, notes)
+    elif kind != "jsonl":
         raise EvalInputError(
             [Problem("run.data_source.type", f"is {kind!r}", "a run's data source is jsonl, completions or responses")]
         )
@@ -509,4 +502,104 @@ def parse_run(data: Any) -> RunSpec:
         rows=rows,
         raw=data,
         notes=tuple(notes),
+        generation=generation,
     )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A ``completions`` or ``responses`` run's sampling (generate-then-grade): the model, the
+    input messages (a template over ``item``, or ``item_reference``: a list of messages in each
+    item), the profile settings its sampling parameters become, and the data source as given
+    (without its items) for run.json."""
+
+    kind: str
+    model: str
+    messages: tuple[Message, ...]
+    item_reference: str | None
+    settings: Mapping[str, Any]
+    data_source: Mapping[str, Any]
+
+    def template_fields(self) -> dict[str, str]:
+        return {f"run.data_source.input_messages.template[{i}].content": m.content for i, m in enumerate(self.messages)}
+
+
+_SAMPLING_SENT = {"temperature", "max_completion_tokens", "reasoning_effort", "response_format", "text"}
+
+
+def _generation(ds: Mapping[str, Any], notes: list[str]) -> Generation:
+    """The sampling of a ``completions`` / ``responses`` data source, or every problem with it."""
+    problems: list[Problem] = []
+    at = "run.data_source"
+    kind = str(ds.get("type"))
+    model = ds.get("model")
+    if not isinstance(model, str) or not model:
+        problems.append(Problem(f"{at}.model", "is missing", "name the model that samples the answers (e.g. gpt-5.4-mini)"))
+    im = _obj(ds.get("input_messages"))
+    messages: tuple[Message, ...] = ()
+    reference: str | None = None
+    if im.get("type") == "template":
+        messages = _messages(f"{at}.input_messages.template", im.get("template") or [], problems)
+        for i, m in enumerate(messages):
+            for var in templates.variables(m.content):
+                if not var.startswith("item"):
+                    problems.append(
+                        Problem(
+                            f"{at}.input_messages.template[{i}].content",
+                            f"uses {{{{{var}}}}}: the messages that sample the answer can read only the item",
+                            "write {{item.FIELD}}",
+                        )
+                    )
+    elif im.get("type") == "item_reference" and isinstance(im.get("item_reference"), str):
+        reference = im["item_reference"]
+        if not reference.startswith("item."):
+            problems.append(
+                Problem(f"{at}.input_messages.item_reference", f"is {reference!r}", "name a field of the item: item.FIELD")
+            )
+    else:
+        problems.append(
+            Problem(
+                f"{at}.input_messages",
+                "is missing, or neither a template nor an item_reference",
+                'give {"type": "template", "template": [messages]} as the run had it',
+            )
+        )
+    sp = _obj(ds.get("sampling_params"))
+    settings: dict[str, Any] = {"model": model}
+    for key in ("temperature", "reasoning_effort"):
+        if sp.get(key) is not None:
+            settings[key] = sp[key]
+    if sp.get("max_completion_tokens") is not None:
+        settings["max_completion_tokens"] = int(sp["max_completion_tokens"])
+    fmt: Any = sp.get("response_format")
+    if kind == "responses" and isinstance(_obj(sp.get("text")).get("format"), Mapping):
+        f = dict(sp["text"]["format"])  # Responses' text.format -> a chat completion's response_format
+        fmt = (
+            {"type": "json_schema", "json_schema": {k: v for k, v in f.items() if k != "type"}}
+            if f.get("type") == "json_schema"
+            else f
+        )
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+        settings["response_format"] = dict(fmt)
+    elif isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
+        notes.append(
+            f"{at}.sampling_params: response_format json_object is not sent (a schema is needed for structured output); "
+            "sample.output_json is read whenever the answer is JSON"
+        )
+    if sp.get("tools"):
+        problems.append(
+            Problem(
+                f"{at}.sampling_params.tools",
+                "the run let the model call tools: BatchGrader sends no tools and cannot return tool calls (sample.output_tools)",
+                "remove the tools from the run, or grade this run's exported output items (--output-items)",
+            )
+        )
+    for key in ("top_p", "seed"):
+        if sp.get(key) is not None:
+            notes.append(f"{at}.sampling_params.{key} = {sp[key]!r} is not sent: BatchGrader has no per-request {key} setting")
+    for key in sorted(set(sp) - _SAMPLING_SENT - {"top_p", "seed", "tools"}):
+        notes.append(f"{at}.sampling_params.{key} is not used")
+    if problems:
+        raise EvalInputError(problems)
+    raw = {k: v for k, v in ds.items() if k != "source"}
+    return Generation(kind, str(model), messages, reference, settings, raw)

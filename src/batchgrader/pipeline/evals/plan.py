@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.evals import templates
-from batchgrader.evals.data import Row
-from batchgrader.evals.graders import ANSWER_FIELD
-from batchgrader.evals.spec import Criterion, EvalSpec, Message
+from batchgrader.pipeline.evals import templates
+from batchgrader.pipeline.evals.data import Row
+from batchgrader.pipeline.evals.graders import ANSWER_FIELD
+from batchgrader.pipeline.evals.spec import Criterion, EvalSpec, Message
 
 SYSTEM_ROLES = ("system", "developer")
 PROMPT_COLUMN = "prompt"
@@ -58,10 +58,10 @@ def _group_key(c: Criterion) -> tuple[Any, ...]:
 
 
 def _system_text(c: Criterion) -> str:
-    return "\n\n".join(m.content for m in _leading_system(c.messages))
+    return "\n\n".join(m.content for m in leading_system(c.messages))
 
 
-def _leading_system(messages: Sequence[Message]) -> list[Message]:
+def leading_system(messages: Sequence[Message]) -> list[Message]:
     out = []
     for m in messages:
         if m.role not in SYSTEM_ROLES:
@@ -101,7 +101,7 @@ def render_prompt(c: Criterion, row: Row, shared_system: bool) -> str:
     sample = templates.sample_namespace(row.sample)
     messages = list(c.messages)
     if shared_system:
-        messages = messages[len(_leading_system(messages)) :]
+        messages = messages[len(leading_system(messages)) :]
     rendered = [(m.role, templates.render(m.content, row.item, sample)) for m in messages]
     if len(rendered) == 1 and rendered[0][0] == "user":
         body = rendered[0][1]
@@ -110,7 +110,7 @@ def render_prompt(c: Criterion, row: Row, shared_system: bool) -> str:
     return body.rstrip() + "\n\n" + answer_instruction(c)
 
 
-def _escape(text: str) -> str:
+def escape_system(text: str) -> str:
     """A system prompt's braces as literal braces (BatchGrader's system prompt knows only {examples})."""
     return text.replace("{", "{{").replace("}", "}}")
 
@@ -136,13 +136,13 @@ def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -
                 f"{model}: the label criteria {', '.join(repr(c.name) for c in crits)} share a job, so its schema allows every "
                 "label of them; each row's prompt names its criterion's labels, and another label is invalid_output"
             )
-        if any(len(c.messages) - len(_leading_system(c.messages)) > 1 for c in crits):
+        if any(len(c.messages) - len(leading_system(c.messages)) > 1 for c in crits):
             notes.append(
                 f"{model}: criteria with several user/assistant messages are sent as one user message, each part under its [role]"
             )
         settings: dict[str, Any] = {
             "model": model,
-            "system_prompt": _escape(system) if shared and system else None,
+            "system_prompt": escape_system(system) if shared and system else None,
             "system_prompt_name": None,
             "examples_file": None,
             "user_prompt": "{" + PROMPT_COLUMN + "}",

@@ -13,9 +13,9 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from batchgrader.evals import graders, templates
-from batchgrader.evals.data import Row
-from batchgrader.evals.spec import Criterion
+from batchgrader.pipeline.evals import graders, templates
+from batchgrader.pipeline.evals.data import Row
+from batchgrader.pipeline.evals.spec import Criterion
 
 EPSILON = 0.02  # a score this close to the threshold may flip between implementations
 

@@ -3,7 +3,7 @@
 ``string_check`` and ``text_similarity`` are computed here, with no model call.  OpenAI never
 published its similarity implementations, so each metric has named *variants* (library,
 tokenisation, smoothing, which of precision/recall/F); the variant used is recorded in every
-result, and :mod:`batchgrader.evals.compare` picks the one that best reproduces exported scores.
+result, and :mod:`batchgrader.pipeline.evals.compare` picks the one that best reproduces exported scores.
 The libraries (rapidfuzz, nltk, sacrebleu, rouge-score: the ``[evals]`` extra) are imported
 when a metric is first used.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.evals.spec import Criterion
+from batchgrader.pipeline.evals.spec import Criterion
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 ANSWER_FIELD = "result"  # the structured answer's field that model criteria read
@@ -102,7 +102,7 @@ def _gleu() -> Callable[[str, str], float]:
 def _meteor() -> Callable[[str, str], float]:
     from nltk.translate.meteor_score import meteor_score
 
-    from batchgrader.evals.wordnet import wordnet
+    from batchgrader.pipeline.evals.wordnet import wordnet
 
     wn = wordnet()
 

@@ -1,0 +1,222 @@
+"""The daemon's eval and schedule steps: what imported evals and scheduled profiles need from the
+daemon, on the engine's shared :class:`~batchgrader.daemon.context.Context`.
+
+NOT REGISTERED YET: the engine does not call them (the daemon's steps are being restructured).
+
+:class:`ScheduleStep` runs once per tick before the jobs are taken further: each profile's
+``schedule`` (:func:`batchgrader.core.cron.due_runs`) starts its ``schedule_source`` files as
+jobs, each claimed into its work folder as the inbox claims a file (copied:
+:mod:`batchgrader.pipeline.scheduled`), then ``JobAccepted`` and ``ScheduledRunStarted`` appended
+together to a job whose id is derived from (profile, time, file), expecting a new job: a second
+daemon's append fails (it removes its claim and runs nothing), a restart finds the time
+recorded.  A claim whose append never happened is accepted by the start-up recovery; the step
+then finds the job and appends its ``ScheduledRunStarted``.  A source with no file is logged
+once per time and tried again (the time is run once the file is there).
+
+:class:`EvalStep` runs once per tick after every job has been taken a step further (so a job
+that ended in this tick is seen), over the evals imported into the home (``<home>/evals/*``):
+
+* the decision is :func:`batchgrader.core.evalchain.decide_eval` over what the eval's folder
+  records and the engine's folded state (pure; each candidate job's first event ``seq`` is read
+  once from the store and kept);
+* :class:`~batchgrader.core.evalchain.QueueGrading`: the generation of a generate-then-grade run
+  ended with its result written, so its grading is queued
+  (:func:`batchgrader.pipeline.evals.chain.queue_grading`: recorded in the eval's folder before
+  any file is copied into the inbox, so a daemon killed between the two jobs queues it once);
+* :class:`~batchgrader.core.evalchain.Requeue`: a recorded grading file that a crash kept from
+  the inbox is copied there again;
+* :class:`~batchgrader.core.evalchain.WriteResults`: every job of the eval ended, so run.json,
+  output_items.jsonl and the report are written into the outbox
+  (:func:`batchgrader.pipeline.evals.results.finish`), with no `bgctl evals results`; written
+  once per set of job results, again after a crash that came before the record.
+
+:meth:`EvalStep.run` returns whether it copied a file into the inbox (the engine then scans the
+inbox and ticks again at once).  An eval whose folder cannot be read, or whose effect fails, is
+logged and tried again at the next tick (``failed`` is set); it never stops the jobs.
+
+Wiring (in :class:`~batchgrader.daemon.engine.Engine`, or its successor's step list): build both
+on the context (``self.schedules = ScheduleStep(ctx)``, ``self.evals = EvalStep(ctx)``); in
+``tick``, after ``self.intake(now)``: ``self.schedules.run(now)`` (the jobs it starts are
+prepared in the same pass); after ``self._advance_all(now)``: ``if self.evals.run(now):
+self.steps.intake.scan_requested = True; self.intake(now)`` (the grading's files are seen, so a
+``--once`` daemon is not idle); then ``self.failed |= self.schedules.failed or self.evals.failed``.
+Due time: ``self.schedules.next_due(wall)`` is a wall-clock time, ``mono + (fire - wall)`` on the
+monotonic clock, to add to :func:`batchgrader.core.due.next_due`'s answer (an eval's work is done
+in the tick its job ends, so it adds none).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from batchgrader.core import cron
+from batchgrader.core import evalchain as ec
+from batchgrader.core.config import ConfigError
+from batchgrader.core.events import NewEvent
+from batchgrader.daemon.base import _e
+from batchgrader.daemon.context import Context
+from batchgrader.pipeline import scheduled
+from batchgrader.pipeline.evals import chain
+from batchgrader.pipeline.evals import folder as evfolder
+from batchgrader.pipeline.outbox import result_name
+from batchgrader.pipeline.prepare import file_sha256
+from batchgrader.store.eventstore import ConcurrencyError
+
+log = logging.getLogger("batchgrader.engine")
+
+
+class EvalStep:
+    """The eval step (see the module docstring), on the engine's shared :class:`Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.first_seq: dict[str, int] = {}  # job id -> the seq of its first event (never changes)
+        self.failed = False  # the last run's effect failed for an eval (logged; tried again at the next tick)
+
+    def _first_seqs(self, record: ec.EvalRecord) -> dict[str, int]:
+        for job_id in ec.candidates(record, self.ctx.state):
+            if job_id not in self.first_seq:
+                first = next(iter(self.ctx.store.read(job_id=job_id, limit=1)), None)
+                if first is not None:
+                    self.first_seq[job_id] = first.seq
+        return self.first_seq
+
+    def decide(self, name: str) -> ec.EvalAction | None:
+        """What is due for the eval ``name`` now."""
+        record = evfolder.record(self.ctx.home, name)
+        stages = [s for s in (record.generation, record.grading) if s is not None]
+        waiting = frozenset(f.path for s in stages for f in s.files if os.path.exists(f.path))
+        return ec.decide_eval(record, self.ctx.state, self._first_seqs(record), waiting)
+
+    def run(self, now: float) -> bool:
+        """Do what is due for every imported eval; whether a file was copied into the inbox."""
+        queued = self.failed = False
+        for name in evfolder.names(self.ctx.home):
+            try:
+                due = self.decide(name)
+                if due is not None:
+                    queued |= self.act(due, now)
+            except (OSError, ValueError, LookupError) as exc:  # one eval's problem never stops the others, nor the jobs
+                self.failed = True
+                log.warning("eval %s: %s (tried again at the next tick)", name, exc)
+        return queued
+
+    def act(self, due: ec.EvalAction, now: float) -> bool:
+        """Carry out one decision; whether a file was copied into the inbox."""
+        home, state = self.ctx.home, self.ctx.state
+        if isinstance(due, ec.QueueGrading):
+            paths = chain.queue_grading(home, due.name, state.jobs[due.generation_job], state.last_seq)
+            log.info("eval %s: generation %s ended, grading queued: %s", due.name, due.generation_job, ", ".join(map(str, paths)))
+            return bool(paths)
+        if isinstance(due, ec.Requeue):
+            path = chain.requeue(home, due.name, due.key)
+            log.warning("eval %s: grading file %s was not in the inbox after a restart: copied again", due.name, path)
+            return True
+        from batchgrader.pipeline.evals.results import finish
+
+        rep = finish(home, due.name, [(k, state.jobs[j]) for k, j in due.jobs], fingerprint=due.fingerprint, now=now)
+        rc = rep["result_counts"]
+        log.info(
+            "eval %s: results written (%d passed, %d failed, %d errored of %d): %s",
+            due.name,
+            rc["passed"],
+            rc["failed"],
+            rc["errored"],
+            rc["total"],
+            rep["paths"]["run"],
+        )
+        return False
+
+
+class ScheduleStep:
+    """The schedule step (see the module docstring), on the engine's shared :class:`Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.since: dict[str, float] = {}  # profile -> when this daemon first saw its schedule (wall)
+        self._warned: set[tuple[str, float]] = set()
+        self.failed = False  # the last run could not start a due run (logged; tried again at the next tick)
+
+    def next_due(self, now: float) -> float | None:
+        """The next fire time of any schedule (wall clock), for the daemon's due time."""
+        return cron.next_fire(self.ctx.config, now)
+
+    def run(self, now: float) -> int:
+        """Start what is due; the jobs started."""
+        for sch in cron.profile_schedules(self.ctx.config):
+            self.since.setdefault(sch.profile, now)
+        started, self.failed = 0, False
+        for due in cron.due_runs(self.ctx.config, self.ctx.state, self.since, now):
+            try:
+                started += self._start(due)
+            except (OSError, ConfigError) as exc:
+                self.failed = True
+                log.warning("schedule of profile %s: %s (tried again at the next tick)", due.profile, exc)
+        return started
+
+    def _start(self, due: cron.StartRun | cron.ResumeRun) -> int:
+        if isinstance(due, cron.ResumeRun):
+            files = list(due.files)
+            missed: tuple[float, ...] = ()
+        else:
+            files = scheduled.source_files(self.ctx.home, due.source)
+            missed = due.missed
+            if not files:
+                if (due.profile, due.scheduled_for) not in self._warned:
+                    self._warned.add((due.profile, due.scheduled_for))
+                    log.warning(
+                        "schedule of profile %s: %s has no file to run at %s; it runs once there is one",
+                        due.profile,
+                        scheduled.source_path(self.ctx.home, due.source),
+                        cron.as_utc(due.scheduled_for),
+                    )
+                return 0
+        started = 0
+        for f in files:
+            job_id = cron.scheduled_job_id(due.profile, due.scheduled_for, f)
+            record = _e(
+                "ScheduledRunStarted",
+                schedule=due.profile,
+                cron=due.cron,
+                scheduled_for=due.scheduled_for,
+                source=f,
+                files=list(files)
+                if isinstance(due, cron.StartRun)
+                else list(self.ctx.state.scheduled_runs[due.profile]["files"]),
+                missed=list(missed),
+            )
+            job = self.ctx.state.jobs.get(job_id)
+            if job is not None:  # claimed before a crash, accepted by the start-up recovery: recorded now
+                if self.ctx.state.scheduled_runs.get(due.profile, {}).get("scheduled_for") != due.scheduled_for:
+                    self.ctx.emit(job_id, record)
+                continue
+            started += self._accept(job_id, due.profile, Path(f), record)
+        if started:
+            log.info(
+                "schedule of profile %s: run of %s started (%d job(s))", due.profile, cron.as_utc(due.scheduled_for), started
+            )
+        return started
+
+    def _accept(self, job_id: str, profile: str, src: Path, record: NewEvent) -> int:
+        claim = {"file": src.name, "source": str(src), "profile": profile, "sandbox": self.ctx.sandbox}
+        input_path = scheduled.claim_copy(self.ctx.home, job_id, src, claim)
+        accepted = _e(
+            "JobAccepted",
+            file=src.name,
+            source=str(src),
+            profile=profile,
+            sha256=file_sha256(input_path),
+            bytes=input_path.stat().st_size,
+            input_path=str(input_path),
+            result_name=result_name(src.name),
+            **self.ctx.accepted_as(self.ctx.config.profile(profile), self.ctx.sandbox),
+        )
+        try:
+            self.ctx.emit(job_id, accepted, record)
+        except ConcurrencyError:  # another daemon started this time first
+            scheduled.unclaim(self.ctx.home, job_id)
+            log.info("schedule of profile %s: %s was started by another daemon", profile, job_id)
+            return 0
+        return 1
