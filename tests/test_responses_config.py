@@ -139,3 +139,26 @@ def test_with_output_bound_raises_max_output_tokens_on_a_responses_line():
     assert body["max_output_tokens"] == 900 and "max_completion_tokens" not in body
     chat = b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[],"max_tokens":50}}\n'
     assert json.loads(with_output_bound(chat, 900))["body"] == {"model": "m", "messages": [], "max_tokens": 900}
+
+
+def test_models_shows_the_endpoint_column(home: Home):
+    from cli_fixtures import run
+
+    rows = {r["model"]: r for r in json.loads(run("models", "--json").output)["models"]}
+    assert rows["gpt-5.5-pro"]["endpoint"] == "responses" and rows["gpt-5.4-mini"]["endpoint"] == "both"
+
+
+def test_a_responses_request_has_its_own_answer_key_computed_fast_as_slow(home: Home):
+    from batchgrader.pipeline.answerkey import _Template, line_key, line_keys
+    from batchgrader.pipeline.requests import dumps_line
+
+    keys = {}
+    for endpoint in ("responses", "chat_completions"):
+        home.config_file.write_text(f"model: gpt-5.4-mini\nopenai_endpoint: {endpoint}\n", encoding="utf-8")
+        builder = RequestBuilder(load_config(home, environ={}).default, home, "0" * 64)
+        lines = [dumps_line(builder.request(f"c{i}", builder.spec.chat(f"row {i}"))) for i in range(3)]
+        assert _Template.build("p", lines[0]) is not None  # the fast path serves a Responses body too
+        fast = list(line_keys("p", lines))
+        assert fast == [line_key("p", x) for x in lines]  # the template's keys are the canonical ones
+        keys[endpoint] = fast
+    assert not {k for _, k in keys["responses"]} & {k for _, k in keys["chat_completions"]}

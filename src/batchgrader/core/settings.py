@@ -331,7 +331,8 @@ class Settings:
         "The OpenAI API a profile's requests go through, in batches, the preflight and the `flex`/`online` routes: `auto` (the "
         "model's catalogue row decides: the Responses API (`/v1/responses`) for a Responses-only model such as `o3-pro` or "
         "`gpt-5.5-pro`, chat completions for every other), `chat_completions` or `responses` (any model whose row says it is "
-        "served there). `chat_completions` on a Responses-only model, `responses` on a model not known to be served there, "
+        "served there). Through the Responses API the messages are sent as `input`, the bound as `max_output_tokens` (whatever "
+        "`token_param` says), `reasoning_effort` as `reasoning.effort` and a schema as `text.format`. `chat_completions` on a Responses-only model, `responses` on a model not known to be served there, "
         "`responses` with `provider: azure` (see [providers.md](providers.md#the-responses-api-in-batchgraders-requests)), or "
         "a value other than `auto` with `provider: anthropic` or `gemini` is refused when the configuration is loaded.")
     anthropic_api_key = Setting(None, _opt_str, PROVIDER,

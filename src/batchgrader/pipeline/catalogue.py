@@ -445,6 +445,7 @@ def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) 
                 "output_param": spec.output_param,
                 "structured_output": spec.structured_output,
                 "min_cache_prefix": spec.min_cache_prefix,
+                "endpoint": spec.endpoint,
                 "taken_on": p.taken_on,
                 "source": p.source,
                 "notes": spec.notes,
