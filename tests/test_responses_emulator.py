@@ -30,7 +30,7 @@ KEY = "sk-responses-test-0123456789abcdef"
 MODEL = "gpt-5.5-pro"  # Responses only; no shutdown date in the catalogue
 CONFIG = (
     "poll_interval_seconds: 0.05\nstable_seconds: 0.05\nrescan_interval_seconds: 0.2\npreflight_rows: 0\n"
-    f"delete_provider_files: false\nmodel: {MODEL}\n"  # the bound: its reasoning_bound
+    "delete_provider_files: false\n"  # max_completion_tokens unset: the model's reasoning_bound
 )
 SCHEMA = (
     "response_format:\n  type: object\n  properties:\n    score: {type: integer}\n    reason: {type: string}\n"
@@ -44,7 +44,7 @@ class EmuRig:
 
     def __init__(self, home: Any, config: str) -> None:
         self.home = home
-        home.config_file.write_text(CONFIG + config)
+        home.config_file.write_text(CONFIG + ("" if "model:" in config else f"model: {MODEL}\n") + config)
         self.clock = ManualClock()
         self.emu = Emulator(
             EmulatorConfig(api_key=KEY, clock=self.clock, validating_s=0.2, in_progress_s=1.0, finalizing_s=0.2)
@@ -172,6 +172,16 @@ def test_the_online_route_sends_every_row_through_the_responses_api(rig):
     assert r.emu.request_count("POST", "/v1/responses") == 3 and r.emu.batches_created() == 0
     assert [row["answered_by"] for row in r.result_rows()] == ["online"] * 3
     assert job.cost_usd > 0 and job.reasoning_tokens > 0
+
+
+def test_the_flex_route_sends_a_model_served_by_both_through_the_responses_api_at_the_flex_tier(rig):
+    r = rig("model: gpt-5.4-mini\nopenai_endpoint: responses\nroute: flex\n")
+    job = r.run(texts(2))
+    assert job.ended == "completed", job.last_error
+    assert r.emu.request_count("POST", "/v1/responses") == 2 and r.emu.request_count("POST", "/v1/chat/completions") == 0
+    assert [row["answered_by"] for row in r.result_rows()] == ["flex", "flex"]
+    sent = {e["tier"] for e in r.events("OnlineRequestSent")}
+    assert sent == {"flex"} and job.model == "gpt-5.4-mini"
 
 
 def test_a_structured_output_job_on_the_responses_api(rig):
