@@ -18,7 +18,7 @@ from batchgrader.core.queue import parse_queue_limit
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.pricing import PricingError, load_pricing, with_deployments
 from batchgrader.pipeline.results import iter_outcomes
-from batchgrader.provider.azure_api import AzureOpenAIProvider, raw_id
+from batchgrader.provider.azure_api import AZURE_ENDPOINT, AzureOpenAIProvider, raw_id
 from batchgrader.provider.openai_api import (
     ProviderConfigError,
     ProviderRejected,
@@ -265,8 +265,8 @@ def test_prepared_azure_lines_and_the_create_use_chat_completions(
 def test_the_emulator_refuses_a_line_url_that_is_not_the_endpoint_as_azure_does(
     provider: AzureOpenAIProvider, tmp_path, clock
 ) -> None:  # noqa: ANN001
-    path = _input(tmp_path, 2)  # lines with /v1/chat/completions
-    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "job1:0:0"})
+    path = _input(tmp_path, 2)  # lines with /v1/chat/completions, the batch named for Azure's /chat/completions
+    b = provider.create_batch(provider.upload(path, path.name).id, AZURE_ENDPOINT, metadata={"bg_key": "job1:0:0"})
     clock.advance(10)
     done = provider.retrieve(b.id)
     assert done.status == "failed"
@@ -283,7 +283,7 @@ def test_a_failed_batch_with_null_counts_reads_as_zero(
     provider: AzureOpenAIProvider, client: openai.AzureOpenAI, tmp_path, clock
 ) -> None:  # noqa: ANN001
     path = _input(tmp_path, 2)  # a url mismatch: the batch fails validation
-    b = provider.create_batch(provider.upload(path, path.name).id, metadata={"bg_key": "job1:0:0"})
+    b = provider.create_batch(provider.upload(path, path.name).id, AZURE_ENDPOINT, metadata={"bg_key": "job1:0:0"})
     clock.advance(10)
     raw = client.batches.retrieve(raw_id(b.id))
     assert raw.status == "failed" and raw.request_counts is not None

@@ -42,6 +42,10 @@ class ProviderFacts:
     key_checked_by_profile: bool = True  # False: the daemon's own start-up check names the key
     deployment_model_setting: str | None = None  # the config key naming the model a deployment runs
     request_url: str = "/v1/chat/completions"  # the ``url`` of each request line it is sent
+    #: its requests are OpenAI's own, so ``openai_endpoint`` applies (False: its adapter translates a chat request)
+    openai_shaped: bool = False
+    #: why its jobs are never sent through the Responses API, though OpenAI-shaped (None: they may be)
+    responses_refused: str | None = None
     other_env: Mapping[str, str] = field(default_factory=dict)  # other SDK environment variables -> config key
     required_settings: Mapping[str, str] = field(default_factory=dict)  # config key -> what to set when it is missing
     api_version_setting: str | None = None  # the config key naming the API version its requests carry (a header)
@@ -110,6 +114,7 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             cache_key="always",
             key_checked_by_profile=False,
             genai_prices_id="openai",
+            openai_shaped=True,
         ),
         ProviderFacts(
             name="anthropic",
@@ -157,6 +162,12 @@ PROVIDER_FACTS: dict[str, ProviderFacts] = {
             genai_prices_id="openai",  # a deployment runs an OpenAI model at OpenAI's prices
             # its api-version surface (learn.microsoft.com batch how-to; provider/azure_api.py AZURE_ENDPOINT)
             request_url="/chat/completions",
+            openai_shaped=True,
+            # docs/providers.md, "The Responses API in BatchGrader's requests"
+            responses_refused=(
+                "Azure documents Responses lines in a Global Batch only on its v1 surface (`/openai/v1/`), and this "
+                "program talks to its api-version surface, whose batch lines Azure documents as `/chat/completions` only"
+            ),
             other_env={"OPENAI_API_VERSION": "azure_api_version"},
             required_settings={
                 "azure_endpoint": "set AZURE_OPENAI_ENDPOINT (or azure_endpoint in config.yaml) "

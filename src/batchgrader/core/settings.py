@@ -338,6 +338,14 @@ class Settings:
         "through the `openai` SDK's `AzureOpenAI` client; needs `AZURE_OPENAI_API_KEY` and `azure_endpoint`; `model` is a "
         "deployment name, priced through `azure_model`). Any other name, a model the provider does not offer, or a missing key "
         "stops the daemon at start-up with a message naming the profile and the key to fix.")
+    openai_endpoint = Setting("auto", _choice("auto", "chat_completions", "responses"), PROVIDER,
+        "The OpenAI API a profile's requests go through, in batches, the preflight and the `flex`/`online` routes: `auto` (the "
+        "model's catalogue row decides: the Responses API (`/v1/responses`) for a Responses-only model such as `o3-pro` or "
+        "`gpt-5.5-pro`, chat completions for every other), `chat_completions` or `responses` (any model whose row says it is "
+        "served there). Through the Responses API the messages are sent as `input`, the bound as `max_output_tokens` (whatever "
+        "`token_param` says), `reasoning_effort` as `reasoning.effort` and a schema as `text.format`. `chat_completions` on a Responses-only model, `responses` on a model not known to be served there, "
+        "`responses` with `provider: azure` (see [providers.md](providers.md#the-responses-api-in-batchgraders-requests)), or "
+        "a value other than `auto` with `provider: anthropic` or `gemini` is refused when the configuration is loaded.")
     anthropic_api_key = Setting(None, _opt_str, PROVIDER,
         "Anthropic API key (in the environment or `secrets.env`). Masked like `api_key`, and never written to logs, the "
         "database or outputs.", profile=False, restart=True, secret=True)

@@ -128,14 +128,15 @@ class _Template:
     def build(cls, provider: str, line: bytes | str) -> _Template | None:
         try:
             request = json.loads(line)
-            messages = request["body"]["messages"]
+            field = "messages" if "messages" in request["body"] else "input"  # a chat body, or a response's
+            messages = request["body"][field]
             if not isinstance(messages[-1].get("content"), str) or not isinstance(request.get("custom_id"), str):
                 return None
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return None
         probe = json.loads(line)
         probe["custom_id"] = _CID
-        probe["body"]["messages"][-1]["content"] = _USER
+        probe["body"][field][-1]["content"] = _USER
         text = json.dumps(probe, ensure_ascii=False, separators=(",", ":")) + "\n"
         canon = canonical_request(provider, probe).decode("utf-8")
         c, u = _encode_str(_CID), _encode_str(_USER)

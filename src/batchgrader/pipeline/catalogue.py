@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from batchgrader.core.config import Config, ConfigError, Profile
+from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.pipeline.modelspec import ModelSpec
 from batchgrader.pipeline.pricing import Price, PriceTable, PricingError, load_pricing, shipped_prices, with_deployments
 
@@ -45,6 +46,13 @@ ANTHROPIC_THINKING_BUDGET = {"minimal": 1024, "low": 1024, "medium": 4096, "high
 GEMINI_THINKING_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576, "xhigh": 24576, "max": 24576}
 #: output tokens kept for the visible answer above a thinking budget
 ANSWER_ROOM = 1024
+#: the request-line ``url`` (and the batch ``endpoint``) of OpenAI's Responses API
+RESPONSES_URL = "/v1/responses"
+#: the providers whose requests the ``openai_endpoint`` setting routes (the others translate a chat request)
+OPENAI_SHAPED = tuple(name for name, f in PROVIDER_FACTS.items() if f.openai_shaped)
+#: the Responses API's lowest ``max_output_tokens`` (``minimum: 16`` on ``CreateResponse`` in the
+#: OpenAI OpenAPI spec; the emulator refuses less with the API's 400)
+RESPONSES_MIN_OUTPUT = 16
 #: days before a model's shutdown date (its catalogue row's ``shutdown``) from which doctor,
 #: count and status warn about a profile on it; from that date on the profile is refused
 SHUTDOWN_WARN_DAYS = 30
@@ -119,6 +127,62 @@ def output_bound(profile: Profile, spec: ModelSpec) -> int:
     return value
 
 
+def uses_responses(provider: str, setting: str | None, spec: ModelSpec) -> bool:
+    """Whether a profile's requests go through OpenAI's Responses API: ``openai_endpoint:
+    responses``, or ``auto`` (the default) on a model whose catalogue row serves it there only.
+    Only the OpenAI-shaped providers' requests do; Anthropic's and Gemini's adapters translate a
+    chat request."""
+    if provider not in OPENAI_SHAPED:
+        return False
+    if setting in (None, "auto"):
+        return spec.endpoint == "responses"
+    return setting == "responses"
+
+
+def _endpoint_problems(profile: Profile, spec: ModelSpec, bound: int, where: str, model: str) -> list[str]:
+    """``openai_endpoint`` against the model's row: chat completions for a Responses-only model,
+    the Responses API for a model not known to be served there, on Azure, or on a provider that
+    has neither; an output bound below the Responses API's minimum."""
+    provider = profile.values["provider"]
+    setting = profile.values.get("openai_endpoint") or "auto"
+    if provider not in OPENAI_SHAPED:
+        if setting == "auto":
+            return []
+        return [
+            f"{where}: key 'openai_endpoint' is {setting!r}, but provider {provider!r} has no OpenAI endpoints (its "
+            "adapter translates each request); remove 'openai_endpoint' or set it to 'auto'"
+        ]
+    if setting == "chat_completions" and spec.endpoint == "responses":
+        return [
+            f"{where}: key 'openai_endpoint' is 'chat_completions', but model {model!r} is served only by the Responses "
+            "API (OpenAI answers 404 'This model is only supported in v1/responses and not in v1/chat/completions.'); "
+            "set 'openai_endpoint' to 'auto' or 'responses'"
+        ]
+    if not uses_responses(provider, setting, spec):
+        return []
+    refused = PROVIDER_FACTS[provider].responses_refused
+    if refused:
+        return [
+            f"{where}: model {model!r} would go through the Responses API (key 'openai_endpoint' is {setting!r}), "
+            f"which this program does not send to provider {provider!r}: {refused}; use a model served on chat "
+            "completions with 'openai_endpoint: auto', or 'provider: openai' for this model"
+        ]
+    out = []
+    if not spec.serves_responses:
+        out.append(
+            f"{where}: key 'openai_endpoint' is 'responses', but the catalogue does not say that model {model!r} is "
+            "served by the Responses API (its row's endpoint column is empty); set 'openai_endpoint' to 'auto', or give "
+            "the model's row in your pricing.csv the endpoint 'both' if OpenAI serves it there"
+        )
+    if bound < RESPONSES_MIN_OUTPUT:
+        out.append(
+            f"{where}: key 'max_completion_tokens' is {bound}, below {RESPONSES_MIN_OUTPUT}, the least "
+            f"'max_output_tokens' the Responses API takes (model {model!r} goes through it); set "
+            f"'max_completion_tokens' to at least {RESPONSES_MIN_OUTPUT}"
+        )
+    return out
+
+
 def profile_problems(profile: Profile, price: Price, today: datetime.date | None = None) -> list[str]:
     """Each setting of ``profile`` that ``price``'s model refuses, as a message naming the fix; a
     model past its shutdown date (on ``today``, UTC today by default) is refused too."""
@@ -154,6 +218,7 @@ def profile_problems(profile: Profile, price: Price, today: datetime.date | None
             "(no structured outputs); remove 'response_format' or choose a model that has them (`bgctl models`)"
         )
     out += _route_problems(profile, spec, where, model)
+    out += _endpoint_problems(profile, spec, bound, where, model)
     if profile.values.get("token_param") == "max_tokens" and spec.reasoning is not None and spec.provider == "openai":
         out.append(
             f"{where}: key 'token_param' is 'max_tokens', which reasoning model {model!r} refuses "
@@ -227,19 +292,27 @@ def _effort_problems(spec: ModelSpec, setting: str | None, where: str, model: st
 
 def with_output_bounds(config: Config, table: PriceTable) -> Config:
     """``config`` with every profile's unset ``max_completion_tokens`` replaced by its model's bound
-    (:func:`output_bound`); its source then says so."""
+    (:func:`output_bound`) and its ``openai_endpoint: auto`` by the API its model's row chooses
+    (:func:`uses_responses`; ``chat_completions`` or ``responses``, on the OpenAI-shaped
+    providers); their sources then say so."""
 
     def resolved(profile: Profile) -> Profile:
         price = table.find(profile.values["model"])
-        if price is None or profile.sources.get("max_completion_tokens") != "default":
-            return profile
-        bound = output_bound(profile, price.spec)
-        if bound == profile.values["max_completion_tokens"]:
+        if price is None:
             return profile
         values: dict[str, Any] = dict(profile.values)
         sources = dict(profile.sources)
-        values["max_completion_tokens"] = bound
-        sources["max_completion_tokens"] = f"catalogue: reasoning_bound of {price.model}"
+        if profile.sources.get("max_completion_tokens") == "default":
+            bound = output_bound(profile, price.spec)
+            if bound != profile.values["max_completion_tokens"]:
+                values["max_completion_tokens"] = bound
+                sources["max_completion_tokens"] = f"catalogue: reasoning_bound of {price.model}"
+        if values.get("openai_endpoint", "auto") == "auto" and values["provider"] in OPENAI_SHAPED:
+            responses = uses_responses(values["provider"], "auto", price.spec)
+            values["openai_endpoint"] = "responses" if responses else "chat_completions"
+            sources["openai_endpoint"] = f"catalogue: endpoint of {price.model}"
+        if values == profile.values:
+            return profile
         return Profile(profile.name, MappingProxyType(values), MappingProxyType(sources))
 
     profiles = {name: resolved(p) for name, p in config.profiles.items()}
@@ -372,6 +445,7 @@ def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) 
                 "output_param": spec.output_param,
                 "structured_output": spec.structured_output,
                 "min_cache_prefix": spec.min_cache_prefix,
+                "endpoint": spec.endpoint,
                 "taken_on": p.taken_on,
                 "source": p.source,
                 "notes": spec.notes,

@@ -1,4 +1,4 @@
-"""Request preparation: one chat request per row, exact token counts, the chunk plan.
+"""Request preparation: one request per row (a chat completion or a response), exact token counts, the chunk plan.
 
 The file is streamed once: rows are read in blocks, each block's requests are built,
 counted with tiktoken's batch encoder on all cores, serialised to their JSONL line, and only
@@ -24,7 +24,14 @@ from batchgrader.pipeline.input_checks import missing_column_advice, open_checke
 from batchgrader.pipeline.labels import label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
-from batchgrader.pipeline.requests import LineTemplate, RequestBuilder, default_custom_id, dumps_line, schema_info
+from batchgrader.pipeline.requests import (
+    LineTemplate,
+    RequestBuilder,
+    default_custom_id,
+    dumps_line,
+    request_messages,
+    schema_info,
+)
 from batchgrader.pipeline.samples import id_problem, sample_id, sample_ids
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
@@ -240,7 +247,7 @@ def oversized_lines(lines: Sequence[bytes], profile: Profile, limits: Limits) ->
 
 def _line_tokens(lines: Sequence[bytes], profile: Profile) -> list[int]:
     counter = ChatTokenCounter(profile.get("azure_model") or profile.model, profile.default_encoding)
-    return counter.count_many([json.loads(line)["body"]["messages"] for line in lines])
+    return counter.count_many([request_messages(json.loads(line)["body"]) for line in lines])
 
 
 def prepare(

@@ -1,6 +1,7 @@
-"""The request a row becomes: the chat request body (:class:`RequestBuilder`), the byte template
-that writes every row's JSONL line without re-serialising the shared part (:class:`LineTemplate`),
-the output-bound parameter a model takes, and the response schema's share of a request's tokens.
+"""The request a row becomes: its body (:class:`RequestBuilder`), a chat completion or, for OpenAI
+models served through the Responses API, a response (:func:`request_url`); the byte template that
+writes every row's JSONL line without re-serialising the shared part (:class:`LineTemplate`); the
+output-bound parameter a model takes; and the response schema's share of a request's tokens.
 :mod:`batchgrader.pipeline.prepare` builds one per row of a file with these."""
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from batchgrader.core.config import Profile
 from batchgrader.core.home import Home
 from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.pipeline.caching import caching_fields
-from batchgrader.pipeline.catalogue import shipped_spec
+from batchgrader.pipeline.catalogue import RESPONSES_URL, shipped_spec, uses_responses
+from batchgrader.pipeline.modelspec import ModelSpec
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
 from batchgrader.pipeline.tables import text_of
 
-#: the request-line ``url`` of OpenAI's batches (each provider's is its ``request_url`` in core/providers.py)
-ENDPOINT = PROVIDER_FACTS["openai"].request_url
+#: the ``endpoint`` the engine names when it creates a batch: None, which every provider reads as
+#: the ``url`` its chunk's lines carry (one url per job, :func:`request_url`; an OpenAI batch must
+#: name the url of its lines, so the lines are the one record of it)
+ENDPOINT: str | None = None
 
 
 def default_custom_id(file_hash: str, row_number: int) -> str:
@@ -38,12 +42,47 @@ def token_param_for(model: str, setting: str = "auto") -> str:
     return "max_completion_tokens"
 
 
+def request_url(profile: Profile, spec: ModelSpec | None = None) -> str:
+    """The ``url`` of every request line of ``profile``'s jobs: :data:`RESPONSES_URL` when they
+    go through the Responses API (:func:`uses_responses`; ``spec`` is the model's catalogue row,
+    the shipped one unless given), else the provider's ``request_url``."""
+    provider = str(profile.get("provider") or "openai")
+    if spec is None:
+        spec = shipped_spec(str(profile.get("azure_model") or profile.model))
+    if uses_responses(provider, profile.get("openai_endpoint"), spec):
+        return RESPONSES_URL
+    return PROVIDER_FACTS[provider].request_url
+
+
+def responses_format(response_format: dict[str, Any]) -> dict[str, Any]:
+    """A chat ``response_format`` as the Responses API's ``text.format``: a JSON schema's
+    ``name``, ``schema`` and ``strict`` sit beside its ``type`` instead of under ``json_schema``."""
+    if response_format.get("type") == "json_schema":
+        return {"type": "json_schema", **(response_format.get("json_schema") or {})}
+    return dict(response_format)
+
+
+def request_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages of a request body as written here: a chat body's ``messages``, a Responses
+    body's ``input`` (the same list of ``{role, content}`` messages)."""
+    messages = body.get("messages")
+    if messages is None:
+        messages = body.get("input")
+    return messages if isinstance(messages, list) else []
+
+
 def with_output_bound(line: bytes, bound: int) -> bytes:
-    """A request line with its output bound set to ``bound`` (the token parameter it carries,
-    ``max_completion_tokens`` when it carries none), for rows sent again with a raised bound."""
+    """A request line with its output bound set to ``bound`` (the token parameter it carries:
+    ``max_output_tokens`` on the Responses API, else ``max_completion_tokens`` when it carries
+    none), for rows sent again with a raised bound."""
     obj = json.loads(line)
     body = obj["body"]
-    key = "max_tokens" if "max_tokens" in body and "max_completion_tokens" not in body else "max_completion_tokens"
+    if obj.get("url") == RESPONSES_URL or "max_output_tokens" in body:
+        key = "max_output_tokens"
+    elif "max_tokens" in body and "max_completion_tokens" not in body:
+        key = "max_tokens"
+    else:
+        key = "max_completion_tokens"
     body[key] = int(bound)
     return dumps_line(obj)
 
@@ -87,15 +126,18 @@ def schema_info(response_format: dict[str, Any] | None, encoding: str, learned: 
 
 
 class RequestBuilder:
-    """Builds the batch line for each row of one file under one profile."""
+    """Builds the batch line for each row of one file under one profile: a chat completion, or a
+    response when the profile's requests go through the Responses API (:func:`request_url`)."""
 
     def __init__(self, profile: Profile, home: Home, file_hash: str, spec: PromptSpec | None = None):
         self.profile = profile
         self.spec = spec or resolve_prompts(profile, home)
         self.file_hash = file_hash
-        self.token_param = token_param_for(profile.model, profile.token_param)
         self.id_column = profile.id_column
-        self.url = PROVIDER_FACTS[str(profile.get("provider") or "openai")].request_url
+        self.url = request_url(profile)
+        self.responses = self.url == RESPONSES_URL
+        # the Responses API has one output bound, whatever token_param says (it names a chat field)
+        self.token_param = "max_output_tokens" if self.responses else token_param_for(profile.model, profile.token_param)
         self.caching = caching_fields(profile, self.spec.system, file_hash, shipped_spec(profile.model).min_cache_prefix)
 
     def required_columns(self) -> list[str]:
@@ -110,18 +152,21 @@ class RequestBuilder:
         return default_custom_id(self.file_hash, row.number)
 
     def request(self, cid: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-        """The batch-input object of one request."""
+        """The batch-input object of one request: a chat completion's body (``messages``,
+        ``reasoning_effort``, ``response_format``), or a response's (the same messages as
+        ``input``, ``max_output_tokens``, ``reasoning: {effort}``, ``text: {format}``)."""
+        effort, rf = self.profile.get("reasoning_effort"), self.profile.response_format
         body: dict[str, Any] = {
             "model": self.profile.model,
-            "messages": messages,
+            "input" if self.responses else "messages": messages,
             self.token_param: self.profile.max_completion_tokens,
         }
         if self.profile.temperature is not None:
             body["temperature"] = self.profile.temperature
-        if self.profile.get("reasoning_effort") is not None:
-            body["reasoning_effort"] = self.profile.reasoning_effort
-        if self.profile.response_format is not None:
-            body["response_format"] = self.profile.response_format
+        if effort is not None:
+            body.update({"reasoning": {"effort": effort}} if self.responses else {"reasoning_effort": effort})
+        if rf is not None:
+            body.update({"text": {"format": responses_format(rf)}} if self.responses else {"response_format": rf})
         body.update(self.caching)  # per job: the shared part stays byte-identical across rows
         return {"custom_id": cid, "method": "POST", "url": self.url, "body": body}
 

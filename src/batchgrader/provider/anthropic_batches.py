@@ -153,7 +153,7 @@ class AnthropicBatchProvider:
     def create_batch(
         self,
         input_file_id: str,
-        endpoint: str = "/v1/chat/completions",
+        endpoint: str | None = None,
         completion_window: str = "24h",
         metadata: Any = None,
     ) -> BatchInfo:

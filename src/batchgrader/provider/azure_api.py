@@ -20,6 +20,12 @@ reads, listing to reconcile) with two differences:
   ``/v1/chat/completions`` lines with ``endpoint=/chat/completions``); a line whose ``url`` is not
   the endpoint fails validation with ``url_mismatch``.  The pipeline writes Azure lines with
   :data:`AZURE_ENDPOINT` (Azure's ``request_url`` in :mod:`batchgrader.core.providers`) and :meth:`AzureOpenAIProvider.create_batch` sends it.
+* **no Responses API**: Azure documents Global Batch lines for ``/v1/responses`` only on its v1
+  surface (``OpenAI(base_url=".../openai/v1/")``, ``includes/batch/batch-python.md`` @1813309,
+  where the create's ``endpoint`` is ignored: "the system will read your input file to determine
+  if the chat completions or responses API is needed"); nothing documents them on this
+  api-version surface, so a profile whose requests would go through the Responses API is refused
+  when the configuration loads (``pipeline/catalogue.py``, docs/providers.md).
 * **uploads expire**: every upload carries ``expires_after`` (:data:`FILE_EXPIRY_S`): without it
   Azure caps a resource at 500 batch files, with it at 10,000.
 
@@ -151,10 +157,12 @@ class AzureOpenAIProvider(OpenAIProvider):
     def create_batch(
         self,
         input_file_id: str,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str | None = None,
         completion_window: str = "24h",
         metadata: Mapping[str, str] | None = None,
     ) -> BatchInfo:
+        """``endpoint`` None: the ``url`` of the file's lines (:data:`AZURE_ENDPOINT`, as the
+        pipeline writes them); OpenAI's chat endpoint is named as the api-version surface's."""
         endpoint = AZURE_ENDPOINT if endpoint == DEFAULT_ENDPOINT else endpoint
         return _batch(super().create_batch(raw_id(input_file_id), endpoint, completion_window, metadata))
 

@@ -16,7 +16,8 @@ sets (``provider.now``).  Faults are scripted per operation and consumed one per
 Rows answer with :attr:`MemoryProvider.answer` (a function of the custom id and the request
 body), ending with :attr:`MemoryProvider.finish_reason` (the same arguments; ``stop`` unless
 told, e.g. ``length`` under a small bound) unless listed in :attr:`MemoryProvider.row_errors`,
-in a batch and through :meth:`MemoryProvider.complete` (the synchronous API) alike.  Results are SIMULATED.  Every call
+in a batch and through :meth:`MemoryProvider.complete` (the synchronous API) alike: a chat
+completion, or a ``response`` for a line whose ``url`` is the Responses API's.  Results are SIMULATED.  Every call
 is recorded in :attr:`MemoryProvider.calls`.
 """
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.fsio import atomic_write_bytes
+from batchgrader.pipeline.catalogue import RESPONSES_URL
 from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
     BatchErrorInfo,
@@ -180,7 +182,7 @@ class MemoryProvider:
                 code, message = self.row_errors[cid]
                 err.append(_line(self._error_line(cid, code, message)))
             else:
-                out.append(_line(self._output_line(cid, req.get("body") or {})))
+                out.append(_line(self._output_line(cid, req.get("body") or {}, req.get("url"))))
                 self.billed.append((b.metadata.get("bg_job", ""), cid, req.get("body") or {}))
         stamp = int(self.now)
         b = dataclasses.replace(
@@ -251,7 +253,7 @@ class MemoryProvider:
     def create_batch(
         self,
         input_file_id: str,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str | None = None,
         completion_window: str = "24h",
         metadata: Mapping[str, str] | None = None,
     ) -> BatchInfo:
@@ -261,7 +263,10 @@ class MemoryProvider:
         if input_file_id not in self.files:
             raise ProviderRejected("batches.create", 400, f"no such file: {input_file_id}", code="invalid_request_error")
         bid = self._new_id("batch")
-        total = len(self._requests(input_file_id))
+        requests = self._requests(input_file_id)
+        if endpoint is None:  # the url of the file's lines, as an OpenAI batch names it
+            endpoint = str(requests[0].get("url") or DEFAULT_ENDPOINT) if requests else DEFAULT_ENDPOINT
+        total = len(requests)
         self.batches[bid] = BatchInfo(
             id=bid,
             status="validating",
@@ -334,16 +339,17 @@ class MemoryProvider:
         it; a row listed in ``row_errors`` is a definite 400."""
         cid = str(line.get("custom_id") or "")
         self.complete_times.append((cid, self.now))
+        op = "responses.create" if line.get("url") == RESPONSES_URL else "chat.completions.create"
         fault = self._fault("complete", cid)
         if fault is not None and fault.kind != "lost":
-            raise fault.error("chat.completions.create")
+            raise fault.error(op)
         if cid in self.row_errors:
             code, message = self.row_errors[cid]
-            raise ProviderRejected("chat.completions.create", 400, message, code=code)
-        out = self._output_line(cid, line.get("body") or {})
+            raise ProviderRejected(op, 400, message, code=code)
+        out = self._output_line(cid, line.get("body") or {}, line.get("url"))
         self.billed.append((job_id or "", cid, dict(line.get("body") or {})))
         if fault is not None:
-            raise fault.error("chat.completions.create")
+            raise fault.error(op)
         return out
 
     # --- internals --------------------------------------------------------------------------------
@@ -375,7 +381,9 @@ class MemoryProvider:
         f = self.files.get(file_id)
         return [json.loads(line) for line in f.data.splitlines() if line.strip()] if f else []
 
-    def _output_line(self, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _output_line(self, cid: str, body: Mapping[str, Any], url: Any = None) -> dict[str, Any]:
+        if url == RESPONSES_URL:
+            return self._response_line(cid, body)
         return {
             "id": self._new_id("batch_req"),
             "custom_id": cid,
@@ -395,6 +403,38 @@ class MemoryProvider:
                     "usage": {
                         "prompt_tokens": self.prompt_tokens,
                         "completion_tokens": self.completion_tokens,
+                        "total_tokens": self.prompt_tokens + self.completion_tokens,
+                    },
+                },
+            },
+            "error": None,
+        }
+
+    def _response_line(self, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The output line of a Responses API request: a ``response`` whose message holds the
+        answer; a finish reason ``length`` is ``status: incomplete`` for ``max_output_tokens``
+        (another finish reason is the incomplete reason itself)."""
+        finish = self.finish_reason(cid, body)
+        done = finish == "stop"
+        reason = "max_output_tokens" if finish == "length" else finish
+        text = {"type": "output_text", "text": self.answer(cid, body), "annotations": []}
+        return {
+            "id": self._new_id("batch_req"),
+            "custom_id": cid,
+            "response": {
+                "status_code": 200,
+                "request_id": self._new_id("req"),
+                "body": {
+                    "object": "response",
+                    "model": body.get("model"),
+                    "status": "completed" if done else "incomplete",
+                    "incomplete_details": None if done else {"reason": reason},
+                    "output": [{"type": "message", "role": "assistant", "status": "completed", "content": [text]}],
+                    "usage": {
+                        "input_tokens": self.prompt_tokens,
+                        "input_tokens_details": {"cached_tokens": 0},
+                        "output_tokens": self.completion_tokens,
+                        "output_tokens_details": {"reasoning_tokens": 0},
                         "total_tokens": self.prompt_tokens + self.completion_tokens,
                     },
                 },

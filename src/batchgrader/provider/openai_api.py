@@ -20,6 +20,7 @@ Rules this module enforces (see ``reliability-notes.md`` §2 and ``openai-batch-
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -32,6 +33,7 @@ import openai
 
 from batchgrader.core.secrets import mask_secret
 from batchgrader.fsio import TMP_PREFIX, fsync_dir
+from batchgrader.pipeline.catalogue import RESPONSES_URL
 from batchgrader.provider.protocol import (
     DEFAULT_ENDPOINT,
     READ_RETRIES,
@@ -145,6 +147,7 @@ class OpenAIProvider:
         key = self._client.api_key
         self._secret = key if isinstance(key, str) and key else None
         self.base_url = str(self._client.base_url)
+        self._line_urls: dict[str, str] = {}  # file id -> the ``url`` of its request lines (read at upload)
 
     def _make_client(self, **kwargs: Any) -> openai.OpenAI:
         """The SDK client for writes, which never retries (a subclass may build another flavour,
@@ -255,13 +258,18 @@ class OpenAIProvider:
         """Upload a batch input file (purpose ``batch``), once. Raises ProviderRejected or
         OutcomeUnknown (then reconcile with :meth:`find_files`)."""
         with open(path, "rb") as fh:  # streamed by the HTTP client, not read into memory here
+            url = _line_url(fh.readline())
+            fh.seek(0)
             obj = self._once(
                 "files.create",
                 lambda: self._client.files.create(
                     file=(filename, fh, "application/jsonl"), purpose="batch", **self._upload_options()
                 ),
             )
-        return _file_info(obj)
+        info = _file_info(obj)
+        if url is not None:
+            self._line_urls[info.id] = url
+        return info
 
     def _upload_options(self) -> dict[str, Any]:
         """Extra ``files.create`` arguments (none for OpenAI: batch files expire after 30 days)."""
@@ -350,29 +358,65 @@ class OpenAIProvider:
     def create_batch(
         self,
         input_file_id: str,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str | None = None,
         completion_window: str = "24h",
         metadata: Mapping[str, str] | None = None,
     ) -> BatchInfo:
         """Create a batch, once. Raises ProviderRejected or OutcomeUnknown (then reconcile with
-        :meth:`find_batches`; never re-send blindly)."""
+        :meth:`find_batches`; never re-send blindly).  ``endpoint`` None: the ``url`` of the
+        file's request lines (:meth:`endpoint_of_file`), which the batch must name."""
+        if endpoint is None:
+            endpoint = self.endpoint_of_file(input_file_id)
         kwargs: dict[str, Any] = {"input_file_id": input_file_id, "endpoint": endpoint, "completion_window": completion_window}
         if metadata is not None:
             kwargs["metadata"] = dict(metadata)
         return _batch_info(self._once("batches.create", lambda: self._client.batches.create(**kwargs)))
 
+    def endpoint_of_file(self, file_id: str) -> str:
+        """The ``url`` of an uploaded file's request lines: remembered from :meth:`upload`, else
+        (a file uploaded by an earlier process) read from the head of the file's content at the
+        provider; :data:`DEFAULT_ENDPOINT` when the file cannot be read (a provider that refuses to
+        send batch input back: its batches of chat lines, the only kind before the Responses API,
+        are created as before)."""
+        url = self._line_urls.get(file_id)
+        if url is not None:
+            return url
+
+        def head() -> bytes:
+            with self._reads.files.with_streaming_response.content(file_id) as resp:
+                first = b""
+                for chunk in resp.iter_bytes(1 << 16):
+                    first += chunk
+                    if b"\n" in first:
+                        break
+                return first.split(b"\n", 1)[0]
+
+        try:
+            url = _line_url(self._read("files.content", head))
+        except ProviderRejected as exc:
+            log.warning("could not read the request lines of %s (%s); creating its batch for %s", file_id, exc, DEFAULT_ENDPOINT)
+            return DEFAULT_ENDPOINT
+        url = url or DEFAULT_ENDPOINT
+        self._line_urls[file_id] = url
+        return url
+
     def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
-        """One request line through the synchronous API (``client.chat.completions.create``) with
-        exactly the body a batch would carry, sent once (a 5xx or a lost reply is
+        """One request line through the synchronous API with exactly the body a batch would carry
+        (``client.responses.create`` for a line whose ``url`` is the Responses API's, else
+        ``client.chat.completions.create``), sent once (a 5xx or a lost reply is
         :class:`OutcomeUnknown`, a 4xx :class:`ProviderRejected`): the answer as a batch output
         line, for :func:`~batchgrader.pipeline.results.parse_line`."""
         import inspect
 
-        create = self._client.chat.completions.create
+        create: Callable[..., Any]
+        if line.get("url") == RESPONSES_URL:
+            op, create = "responses.create", self._client.responses.create
+        else:
+            op, create = "chat.completions.create", self._client.chat.completions.create
         known = set(inspect.signature(create).parameters)
         kwargs = {k: v for k, v in line["body"].items() if k in known}
         extra = {k: v for k, v in line["body"].items() if k not in known}  # sent as they are, in the same body
-        resp = self._once("chat.completions.create", lambda: create(**kwargs, extra_body=extra or None))
+        resp = self._once(op, lambda: create(**kwargs, extra_body=extra or None))
         out = resp.model_dump(mode="json", exclude_unset=True)
         return {"custom_id": line["custom_id"], "response": {"status_code": 200, "body": out}, "error": None}
 
@@ -426,6 +470,16 @@ class OpenAIProvider:
         out = [b for b in self.iter_batches(created_after) if batch_matches(b, input_file_id, metadata)]
         out.sort(key=lambda b: (b.created_at, b.id))
         return out
+
+
+def _line_url(raw: bytes) -> str | None:
+    """The ``url`` of a JSONL request line (None: not a request line)."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    url = obj.get("url") if isinstance(obj, dict) else None
+    return url if isinstance(url, str) and url else None
 
 
 def _attempts(request: httpx2.Request | None) -> int:

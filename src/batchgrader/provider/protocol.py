@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+#: the endpoint of a batch of chat completions (an OpenAI batch's endpoint is the ``url`` of its lines)
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 
 
@@ -330,10 +331,14 @@ class Provider(Protocol):
     def create_batch(
         self,
         input_file_id: str,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str | None = None,
         completion_window: str = "24h",
         metadata: Mapping[str, str] | None = None,
-    ) -> BatchInfo: ...
+    ) -> BatchInfo:
+        """Create a batch of the uploaded file, once.  ``endpoint`` None: the ``url`` the file's
+        request lines carry (``/v1/chat/completions``, or ``/v1/responses`` for a job sent through
+        the Responses API), which an OpenAI batch must name."""
+        ...
 
     def find_batches(
         self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from batchgrader.provider.protocol import DEFAULT_ENDPOINT, BatchInfo, FileInfo, OutcomeUnknown, Provider, ProviderUnavailable
+from batchgrader.provider.protocol import BatchInfo, FileInfo, OutcomeUnknown, Provider, ProviderUnavailable
 
 log = logging.getLogger("batchgrader.provider.openai_api")
 
@@ -111,7 +111,7 @@ def reconcile_batch(
 def create_batch_reconciled(
     provider: Provider,
     input_file_id: str,
-    endpoint: str = DEFAULT_ENDPOINT,
+    endpoint: str | None = None,
     completion_window: str = "24h",
     metadata: Mapping[str, str] | None = None,
     *,

@@ -138,7 +138,7 @@ class ProviderRouter:
     def create_batch(
         self,
         input_file_id: str,
-        endpoint: str = "/v1/chat/completions",
+        endpoint: str | None = None,
         completion_window: str = "24h",
         metadata: Mapping[str, str] | None = None,
     ) -> BatchInfo:
