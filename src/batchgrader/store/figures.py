@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.core.route_state import requests_by_source
+from batchgrader.core.route_state import refused_rows, requests_by_source
 
 if TYPE_CHECKING:
     from batchgrader.core.jobstate import JobState
@@ -181,24 +181,26 @@ def billed_of(job: JobState) -> Billed:
 
 def requests_done(job: JobState) -> tuple[int, int]:
     """(requests answered, requests failed) of a job that is no panel: its batches' answers and
-    those taken at prepare, and its failed and unsendable requests."""
-    return job.succeeded_rows, len(job.failed_rows) + len(job.row_errors)
+    those taken at prepare (less the rows its synchronous route sent and the provider refused:
+    taken at prepare too, but failed), and its failed and unsendable requests."""
+    refused = len(refused_rows(job))
+    return job.succeeded_rows - refused, len(job.failed_rows) + len(job.row_errors)
 
 
 def result_rows(job: JobState) -> tuple[int, int]:
     """(rows answered, rows failed) of the job's result.
 
     Once the result is written: the counts its ``ResultWritten`` recorded (a panel's count its
-    judges' ties and unanswered rows as failed).  A job with samples whose ``ResultWritten``
-    counted requests rather than rows (they do not add up to its rows), and any job before its
-    result is written: from the fold, a row being failed when every request it made failed (a
+    judges' ties and unanswered rows as failed), when they add up to its rows.  Else (a job
+    whose ``ResultWritten`` counted requests rather than rows: one with samples; before its
+    result is written) from the fold: a row is failed when every request it made failed (a
     failed vote among answered samples is known only from the written result)."""
     if job.panel is not None:
         return job.result_counts or (0, 0)
     k = samples_of(job)
     if job.outbox == "done" and job.result_counts is not None:
         ok, bad = job.result_counts
-        if k == 1 or ok + bad == job.rows:
+        if ok + bad == job.rows:  # counted by row (else by request: a samples job, or a refused row counted twice)
             return ok, bad
     answered, failed = requests_done(job)
     if k == 1:
