@@ -221,8 +221,10 @@ def _row_id(custom_id: str) -> str:
     return custom_id if j == 1 else custom_id[: -len(f"{SAMPLE_SUFFIX}{j}")]
 
 
-def own_figures(job: JobState) -> JobFigures:
-    """A job's figures from its own fold alone (a panel's: its result's rows, nothing billed)."""
+def own_figures(job: JobState, *, sources: bool = True) -> JobFigures:
+    """A job's figures from its own fold alone (a panel's: its result's rows, nothing billed);
+    ``sources=False``: without the requests by source (the ``job_status`` row keeps them in
+    its route summary)."""
     answered, failed = result_rows(job)
     req_ok, req_bad = requests_done(job) if job.panel is None else (0, 0)
     return JobFigures(
@@ -234,7 +236,7 @@ def own_figures(job: JobState) -> JobFigures:
         requests_answered=req_ok,
         requests_failed=req_bad,
         billed=billed_of(job),
-        sources=requests_by_source(job) if job.panel is None else None,
+        sources=requests_by_source(job) if job.panel is None and sources else None,
     )
 
 

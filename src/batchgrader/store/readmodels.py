@@ -110,7 +110,7 @@ def job_row(job: JobState) -> dict[str, Any]:
     a panel's row is given its judges' figures when read (``store/queries.py``)."""
     err = job.error or {}
     held = job.held or {}
-    figures = row_values(own_figures(job))
+    figures = row_values(own_figures(job, sources=False))
     return {
         "job_id": job.job_id,
         "file": job.file,
