@@ -119,37 +119,6 @@ class JobFigures:
     def cost_usd(self) -> float:
         return self.billed.cost_usd
 
-    def as_dict(self) -> dict[str, Any]:
-        """The figures as JSON (``bgctl report --json``'s ``figures``)."""
-        b = self.billed
-        return {
-            "job_id": self.job_id,
-            "rows": self.rows,
-            "answered": self.answered,
-            "failed": self.failed,
-            "requests": {
-                "total": self.requests,
-                "sent": b.sent,
-                "answered": self.requests_answered,
-                "failed": self.requests_failed,
-                "by_source": self.sources,
-            },
-            "tokens": {
-                "prompt": b.prompt_tokens,
-                "cached": b.cached_tokens,
-                "completion": b.completion_tokens,
-                "reasoning": b.reasoning_tokens,
-                "cache_write": b.cache_write_tokens,
-                "estimated_input": b.estimated_input,
-            },
-            "cost_usd": b.cost_usd,
-            "cache_saved_usd": b.cache_saved_usd,
-            "saved_usd": b.saved_usd,
-            "estimate": b.estimate,
-            "models": list(b.models),
-            "judges": [j.job_id for j in self.judges],
-        }
-
 
 # --- from a job's folded state -------------------------------------------------------------------
 
