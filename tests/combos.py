@@ -30,6 +30,8 @@ from batchgrader.core.home import Home
 from batchgrader.core.state import JobState
 from batchgrader.daemon.control import apply_control, pending_controls
 from batchgrader.daemon.snapshot import take
+from batchgrader.store.figures import figures_of
+from batchgrader.store.readmodels import rebuild
 from cli_fixtures import run
 from ticks import Rig
 
@@ -43,6 +45,10 @@ FEATURES: dict[str, list[Any]] = {
     "schema": [False, True],
     "provider": ["openai", "anthropic", "gemini"],
     "edit": [False, True],  # the system prompt edited in config.yaml while the first job runs
+    "fault": [
+        False,
+        True,
+    ],  # the provider refuses one row's (first sample's) request: a failed row, or a sample left out of the vote
 }
 
 # openai: a reasoning model with flex and no announced shutdown (gpt-5-mini shuts down on 2026-12-11)
@@ -67,6 +73,7 @@ class Combo:
     schema: bool
     provider: str
     edit: bool = False
+    fault: bool = False
 
     def __str__(self) -> str:
         return "-".join(
@@ -80,6 +87,7 @@ class Combo:
                 "schema" if self.schema else "text",
                 self.provider,
                 *(["edited"] if self.edit else []),
+                *(["fault"] if self.fault else []),
             )
         )
 
@@ -180,6 +188,16 @@ REPORTED = [
         "schema": False,
         "provider": "anthropic",
     },
+    {  # a panel whose judges tie on some rows and one of whose rows a judge fails: every reader counts the same failures
+        "route": "batch",
+        "samples": 1,
+        "judges": True,
+        "preflight": 0,
+        "reuse": "fresh",
+        "schema": False,
+        "provider": "openai",
+        "fault": True,
+    },
 ]
 
 
@@ -230,6 +248,24 @@ def texts_of(c: Combo) -> tuple[list[str], list[str] | None]:
     return first, None
 
 
+#: the row whose first sample's request the provider refuses (the 4th: after a preflight's 3, not a duplicate)
+FAULTY_ROW = 4
+
+
+class RowFault(dict):
+    """The memory provider's ``row_errors`` of a combination with a fault: the request of the
+    4th row of any file (its custom id ends ``-4``; a row's other samples end ``-4-s<j>``) fails
+    with a server error in a batch, and as a definite refusal on a synchronous route."""
+
+    def __contains__(self, cid: object) -> bool:
+        return isinstance(cid, str) and cid.endswith(f"-{FAULTY_ROW}")
+
+    def __getitem__(self, cid: str) -> tuple[str, str]:
+        if cid not in self:
+            raise KeyError(cid)
+        return ("invalid_request", "the provider refused this row")
+
+
 def answer(schema: bool):
     def _answer(cid: str, body: Any) -> str:
         score = int(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest(), 16) % 5 + 1
@@ -244,7 +280,8 @@ class Outcome:
     rig: Rig
     driver: Driver
     jobs: list[JobState] = field(default_factory=list)  # the top jobs (a panel, not its judges), in order
-    status: list[dict[str, Any]] = field(default_factory=list)
+    status: list[dict[str, Any]] = field(default_factory=list)  # `status JOB --json` (the job's fold)
+    listed: list[dict[str, Any]] = field(default_factory=list)  # its row in `status --json` (the read model)
     report: list[dict[str, Any]] = field(default_factory=list)
     costs: dict[str, Any] = field(default_factory=dict)
     count: dict[str, Any] = field(default_factory=dict)
@@ -305,6 +342,8 @@ def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
     """Run combination ``c`` to its end and gather what every reader says of it."""
     rig = Rig(home, combo_config(c))
     rig.provider.answer = answer(c.schema)
+    if c.fault:
+        rig.provider.row_errors = RowFault()
     edited = combo_config(c) + "system_prompt: Grade the answer strictly.\n" if c.edit else None
     out = Outcome(c, rig, Driver(rig, cancel_at, edited))
     first, second = texts_of(c)
@@ -313,8 +352,11 @@ def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
     if second is not None:
         write_file(home, "b.csv", second)
         out.jobs.append(out.driver.run_until_ended("b.csv"))
+    rebuild(home.db)  # the read model, as the daemon's projector keeps it: `status` reads it
+    listed = {r["job_id"]: r for r in json.loads(run("status", "--json").output)}
     for job in out.jobs:
         out.status.append(json.loads(run("status", job.job_id, "--json").output))
+        out.listed.append(listed[job.job_id])
         out.report.append(json.loads(run("report", job.job_id, "--json").output))
         path = home.outbox / f"{job.file[:-4]}_results.csv"
         out.results.append(list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8")))) if path.exists() else [])
@@ -334,7 +376,7 @@ def count_of(home: Home, c: Combo, texts: list[str]) -> dict[str, Any]:
 INVARIANTS = {
     "paid once": "every distinct request answered and paid at most once, across all jobs, and each row's request once per job (a settings edit included)",
     "result tokens = bill": "the token columns of the results sum to the usage the provider billed",
-    "figures agree": "status, report --json, costs, the result file and the daemon's summary agree on rows, failures, tokens and cost",
+    "figures agree": "status (the read model's row and the job's fold), report --json, costs, the result file, the daemon's summary and store/figures.py agree on rows answered and failed, tokens, cost and models",
     "count names the models": "count names every model that ran",
     "count bounds the bill": "count's estimate is an upper bound of the bill",
     "sources agree": "the result's answered_by and status count the same requests reused, duplicate, preflight, online and flex",
@@ -379,21 +421,42 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
     summed = (sum(g[0] for g in got), sum(g[1] for g in got))
     if summed != billed:
         broken["result tokens = bill"] = f"result token columns {summed}, billed {billed}"
-    for job, status, report, rows in zip(out.jobs, out.status, out.report, out.results):
+    state = out.rig.engine.state
+    for job, status, listed, report, rows in zip(out.jobs, out.status, out.listed, out.report, out.results):
         tin, tout = result_tokens(rows)
         failed = sum(1 for r in rows if r.get("error"))
         c = costs_of(out.costs, job.job_id)
+        f = figures_of(state, state.jobs[job.job_id])  # store/figures.py: what every reader shows
         seen = {
-            "rows": (status["rows"], report["rows"]["total"], len(rows)),
-            "failed": (status["failed"], report["rows"]["failed"], failed),
-            "tokens in": (status["prompt_tokens"], report["tokens"]["prompt"], c["prompt_tokens"], tin),
-            "tokens out": (status["output_tokens"], report["tokens"]["completion"], c["completion_tokens"], tout),
-            "cost": (round(status["cost_usd"], 6), round(report["cost_usd"]["billed"], 6), round(c["cost_usd"], 6)),
+            "rows": (listed["rows"], status["rows"], report["rows"]["total"], len(rows), f.rows),
+            "failed": (listed["failed"], status["failed"], report["rows"]["failed"], failed, f.failed),
+            "answered": (listed["succeeded"], status["succeeded"], report["rows"]["answered"], len(rows) - failed, f.answered),
+            "tokens in": (
+                listed["prompt_tokens"],
+                status["prompt_tokens"],
+                report["tokens"]["prompt"],
+                c["prompt_tokens"],
+                tin,
+                f.billed.prompt_tokens,
+            ),
+            "tokens out": (
+                listed["output_tokens"],
+                status["output_tokens"],
+                report["tokens"]["completion"],
+                c["completion_tokens"],
+                tout,
+                f.billed.completion_tokens,
+            ),
+            "cost": tuple(
+                round(x, 9)
+                for x in (listed["cost_usd"], status["cost_usd"], report["cost_usd"]["billed"], c["cost_usd"], f.cost_usd)
+            ),
+            "models": (listed["model"], status["model"], report["job"]["model"], ", ".join(f.models)),
         }
         for what, values in seen.items():
             if len(set(values)) > 1:
                 broken.setdefault("figures agree", "")
-                broken["figures agree"] += f" {job.job_id} {what} (status, report, costs[, result]) = {values};"
+                broken["figures agree"] += f" {job.job_id} {what} (status, status JOB, report, costs/result, figures) = {values};"
     for job, status, rows in zip(out.jobs, out.status, out.results):
         if job.panel is not None:
             continue  # a panel's rows are answered by its judges' jobs (answered_by_<judge>)

@@ -39,11 +39,11 @@ def test_each_row_is_sent_k_times_under_ids_derived_from_its_own(home):
     row0 = ids[0]
     assert ids[:3] == [row0, f"{row0}-s2", f"{row0}-s3"] and len(ids) == 6
     assert lines[0]["body"] == lines[1]["body"] == lines[2]["body"]  # k identical requests: independent answers
-    assert rows_cell(job_row(rig.job())) == "0 ok/6 req"  # bgctl status counts the requests, rows x k
+    assert rows_cell(job_row(rig.job())) == "0 ok/2\n6 req"  # bgctl status: rows answered of rows, and the requests (rows x k)
     rig.provider.finish_all()
     for _ in range(5):
         rig.tick()
-    assert rows_cell(job_row(rig.job())) == "6 ok/6 req"
+    assert rows_cell(job_row(rig.job())) == "2 ok/2\n6 req"
     rig.close()
 
 

@@ -130,13 +130,14 @@ def answers_wanted(r: dict[str, Any]) -> int:
 
 
 def rows_cell(r: dict[str, Any]) -> str:
-    """Rows answered of rows (with samples: answers of rows x k), then failed and reused rows,
-    one short line each."""
+    """Rows answered of rows and rows failed (the result's: store/figures.py), with samples the
+    requests they make, then how many were answered by each source, one short line each."""
     wanted = answers_wanted(r)
-    rows = count(r.get("rows")) if wanted == int(r.get("rows") or 0) else f"{count(wanted)} req"
-    lines = [f"{count(r.get('succeeded'))} ok/{rows}"]
+    lines = [f"{count(r.get('succeeded'))} ok/{count(r.get('rows'))}"]
     if r.get("failed"):
         lines.append(f"{count(r.get('failed'))} failed")
+    if wanted != int(r.get("rows") or 0):
+        lines.append(f"{count(wanted)} req")
     route = r.get("route_summary") or {}
     for name in ("online", "flex"):
         if (route.get("rows") or {}).get(name):
@@ -483,10 +484,10 @@ def empty_rows_text(n: int | None, skipped: bool) -> str | None:
 
 def _rows_text(d: dict[str, Any]) -> str:
     rows, wanted = int(d.get("rows") or 0), answers_wanted(d)
-    done = f"({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"
+    done = f"{count(d.get('rows'))} ({count(d.get('succeeded'))} answered, {count(d.get('failed'))} failed)"
     if wanted == rows:
-        return f"{count(d.get('rows'))} {done}"
-    return f"{count(d.get('rows'))} x {wanted // max(1, rows)} samples: {count(wanted)} requests {done}"
+        return done
+    return f"{done}, {wanted // max(1, rows)} samples each: {count(wanted)} requests"
 
 
 def _cache_text(d: dict[str, Any]) -> str | None:

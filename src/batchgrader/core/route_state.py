@@ -27,6 +27,7 @@ class RouteState:
     reason: str | None = None
     rows: int = 0
     attempts: dict[str, int] = field(default_factory=dict)  # custom_id -> requests sent
+    tiers: dict[str, str] = field(default_factory=dict)  # custom_id -> the tier it was last sent at (flex, online)
     open: set[str] = field(default_factory=set)  # sent, no outcome yet (after a crash: uncertain)
     resent: set[str] = field(default_factory=set)  # rows sent again after a crash (once each)
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # custom_id -> the answer (as PreflightPassed's)
@@ -69,6 +70,7 @@ def _online_sent(s: Any, job: Any, p: P.OnlineRequestSent, e: Any) -> None:
     r: RouteState = job.online
     cid = p["custom_id"]
     r.attempts[cid] = int(p["attempt"])
+    r.tiers[cid] = p["tier"]
     r.open.add(cid)
     if p.get("resent_after_crash"):
         r.resent.add(cid)
@@ -107,11 +109,8 @@ def route_summary(job: Any) -> dict[str, Any]:
     through the synchronous route instead)."""
     r: RouteState = job.online
     straggled = sum(c.requests for c in job.chunks.values() if c.route)  # planned in a batch, sent synchronously
-    rows = {
-        "batch": max(0, int(job.requests) - straggled),
-        "flex": r.rows_by_tier.get("flex", 0),
-        "online": r.rows_by_tier.get("online", 0),
-    }
+    sync = sent_by_tier(job)
+    rows = {"batch": max(0, int(job.requests) - straggled), "flex": sync["flex"], "online": sync["online"]}
     sync_cost = sum(r.cost_by_tier.values())
     cost = {
         "batch": round(max(0.0, job.cost_usd - sync_cost), 6),
@@ -139,21 +138,35 @@ def requests_by_source(job: Any) -> dict[str, int]:
     in order): ``reused`` (a stored answer of an earlier job), ``duplicate`` (an identical request
     of the file: a leader's outcome copied at merge, or an answer the job paid for copied at
     prepare), ``preflight``, ``batch`` (sent in a batch: answered or failed there), ``online`` and
-    ``flex`` (sent synchronously: the route's rows and a straggler's).  `bgctl status`, `report`
+    ``flex`` (sent synchronously: the route's rows and a straggler's, answered or refused for
+    good there: :func:`sent_by_tier`).  `bgctl status`, `report`
     and the result's ``answered_by`` use these words."""
     from batchgrader.core.answer_sources import SOURCES
 
-    r: RouteState = job.online
     straggled = sum(c.requests for c in job.chunks.values() if c.route)
+    sync = sent_by_tier(job)
     counts = {
         "reused": max(0, int(job.cached_rows) - answered_in_job(job) - int(job.copied_rows)),
         "duplicate": int(job.duplicates_answered) + int(job.copied_rows),
         "preflight": len(job.preflight_answers),
         "batch": max(0, int(job.requests) - straggled),
-        "online": r.rows_by_tier.get("online", 0),
-        "flex": r.rows_by_tier.get("flex", 0),
+        "online": sync["online"],
+        "flex": sync["flex"],
     }
     return {s.name: counts[s.name] for s in SOURCES}
+
+
+def sent_by_tier(job: Any) -> dict[str, int]:
+    """The requests a job sent synchronously, by tier (``flex``, ``online``): those answered and
+    those the provider refused for good (failed there, as a batch's failed requests count
+    among the batch's)."""
+    r: RouteState = job.online
+    out = {"flex": r.rows_by_tier.get("flex", 0), "online": r.rows_by_tier.get("online", 0)}
+    for cid in refused_rows(job):
+        tier = r.tiers.get(cid) or (r.route if r.route in out else None)
+        if tier in out:
+            out[tier] += 1
+    return out
 
 
 def shown_route(job: Any) -> bool:

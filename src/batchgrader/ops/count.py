@@ -15,6 +15,7 @@ from typing import Any
 
 from batchgrader.core.config import Config, Profile
 from batchgrader.core.panel import judge_profile
+from batchgrader.store.figures import add_estimates
 
 
 def count_file(home: Any, file: Path, prof: Profile, prices: Any, *, sandbox: bool) -> dict[str, Any]:
@@ -71,10 +72,7 @@ def count_panel(home: Any, file: Path, config: Config, panel: Profile, prices: A
         summary = count_file(home, file, prof, prices, sandbox=sandbox)
         summary.update(judge=prof.name, samples=int(prof.values.get("samples") or 1))
         judges.append(summary)
-    costs = [j.get("estimated_cost_usd") for j in judges]
-    total = None
-    if costs and all(costs):
-        total = {k: sum(float(c[k]) for c in costs if c) for k in ("input", "max_output", "max_total")}
+    total = add_estimates([j.get("estimated_cost_usd") for j in judges])  # as a panel job's estimate is summed
     problems = [f"judge {j['judge']} ({j['model']}): {j['pricing_error']}" for j in judges if j.get("pricing_error")]
     return {
         "file": str(file),

@@ -306,14 +306,18 @@ def read_events_of(home: Any, job_id: str) -> list[Event]:
 
 def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()) -> dict[str, Any]:
     """The report of one job from its events (in order) and the files they name; for a judge
-    panel, ``judges``: each judge's job's events, whose tokens and cost are the panel's
-    (reports/report_panel.py ``add_judges``)."""
+    panel, ``judges``: each judge's job's events.  Its rows answered and failed, tokens, cost and
+    models are the job's :class:`~batchgrader.store.figures.JobFigures` (a panel's: its judges'
+    billed figures summed), as `bgctl status` shows them; the result file gives the rest."""
     from batchgrader.core.state import fold
+    from batchgrader.store.figures import job_figures
 
     if not events:
         raise ValueError("no events")
     job = fold(events).jobs[events[0].job_id]
-    prepared = next((e.payload for e in events if e.type == "JobPrepared"), {})
+    judge_jobs = [fold(ev).jobs[ev[0].job_id] for ev in judges if ev] if job.panel is not None else []
+    f = job_figures(job, judge_jobs)
+    b = f.billed
     chunk_results = {c.index: c.results_path for c in job.chunks.values() if c.results_path}
     report: dict[str, Any] = {
         "job": {
@@ -321,29 +325,34 @@ def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()
             "file": job.file,
             "state": job.state,
             "profile": job.profile,
-            "model": job.model,
+            "model": ", ".join(f.models) or None,
             "sandbox": job.sandbox,
             "result_path": job.result_path,
             "error_path": job.error_path,
             "error": (job.error or {}).get("error"),
         },
         "tokens": {
-            "estimated_input": prepared.get("input_tokens"),
-            "prompt": job.prompt_tokens,
-            "cached": job.cached_tokens,
-            "completion": job.completion_tokens,
-            "reasoning": job.reasoning_tokens,
+            "estimated_input": b.estimated_input,
+            "prompt": b.prompt_tokens,
+            "cached": b.cached_tokens,
+            "completion": b.completion_tokens,
+            "reasoning": b.reasoning_tokens,
         },
         "cost_usd": {
-            "billed": round(job.cost_usd, 6),
-            "estimate": job.estimate,
-            "cache_saved": round(job.cache_saved_usd, 6),
-            "cache_write_tokens": job.cache_write_tokens,
+            "billed": b.cost_usd,
+            "estimate": b.estimate,
+            "cache_saved": b.cache_saved_usd,
+            "cache_write_tokens": b.cache_write_tokens,
         },
         "phases": _phases(events),
         "route": route_summary(job),
     }
-    rows: dict[str, Any] = {"total": job.rows, "answered_on_retry": _answered_on_retry(events, chunk_results)}
+    rows: dict[str, Any] = {
+        "total": f.rows,
+        "answered": f.answered,
+        "failed": f.failed,
+        "answered_on_retry": _answered_on_retry(events, chunk_results),
+    }
     figures: dict[str, Any] = {"columns": [], "groups": None, "agreement": None, "failed_rows": []}
     panel = None
     if job.panel is not None and job.result_path and Path(job.result_path).exists():  # a judge panel's result
@@ -353,23 +362,21 @@ def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()
         report["job"]["judges"] = job.panel
     if panel is not None:
         figures = panel
-        rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
-        rows.update(in_result=figures["rows"], consensus=figures["consensus"], no_consensus=figures["no_consensus"])
+        rows.update(failed_by_code=figures["failed_by_code"], in_result=figures["rows"])
+        rows.update(consensus=figures["consensus"], no_consensus=figures["no_consensus"])
     elif job.result_path and Path(job.result_path).exists():
         figures = _read_result(job.result_path, job.settings)
-        rows.update(answered=figures["answered"], failed=figures["failed"], failed_by_code=figures["failed_by_code"])
-        rows["in_result"] = figures["rows"]
+        rows.update(failed_by_code=figures["failed_by_code"], in_result=figures["rows"])
     else:
-        rows.update(answered=job.succeeded_rows, failed=len(job.failed_rows) + len(job.row_errors))
         codes: Counter[str] = Counter(str(i.get("code")) for i in [*job.failed_rows.values(), *job.row_errors.values()])
         rows["failed_by_code"] = dict(codes.most_common())
     report["rows"] = rows
     for key in ("columns", "groups", "agreement", "failed_rows"):
         report[key] = figures[key]
-    if job.panel is not None and judges:  # the panel's tokens and cost: its judges'
-        from batchgrader.reports.report_panel import add_judges
+    if job.panel is not None and judge_jobs:  # each judge's job, and its own figures
+        from batchgrader.reports.report_panel import judge_lines
 
-        add_judges(report, judges)
+        report["judges"] = judge_lines(judge_jobs, f.judges)
     return report
 
 

@@ -5,7 +5,7 @@ A panel's result (pipeline/panel.py) is the input's columns, a column per judge,
 the share that agrees and the error, then each judge's own columns.  ``rows``: ``answered`` (the
 rows with a consensus), ``failed`` (the rows without an answer: no judge answered, ``no_answer``,
 or the judges tie, ``no_majority``), ``consensus`` (= ``answered``) and ``no_consensus`` (the ties).  ``tokens`` and ``cost_usd`` are the sums of the
-judges' jobs' and ``judges`` lists each (:func:`add_judges`).  Under ``agreement`` (``bgctl report --json``):
+judges' jobs' (store/figures.py ``panel_figures``) and ``judges`` lists each (:func:`judge_lines`).  Under ``agreement`` (``bgctl report --json``):
 ``krippendorff_alpha`` is Krippendorff's α among the judges (the rows are the units, the judges
 the raters; an empty cell is a missing rating; interval level when every answer is a number,
 else nominal); ``per_judge`` maps each judge to the figures of
@@ -208,42 +208,23 @@ def _panel_disagreeing(reader: Any, lay: PanelLayout, answer_column: str) -> tup
     return out, compared, split, seen, differ
 
 
-def add_judges(report: dict[str, Any], judges: Sequence[Sequence[Any]]) -> None:
-    """A panel's report gets its judges' figures: the panel runs no model, so its tokens and cost
-    are the sums of its judges' (``tokens``, ``cost_usd``), ``job.model`` names the judges' models,
-    and ``judges`` lists each judge's job (id, profile, model, state, rows answered and failed,
-    requests answered and failed, tokens and cost), so each figure can be traced to the job that was billed."""
-    from batchgrader.core.state import fold
-
-    jobs = [fold(ev).jobs[ev[0].job_id] for ev in judges if ev]
-    prepared: list[dict[str, Any]] = [next((e.payload for e in ev if e.type == "JobPrepared"), {}) for ev in judges if ev]
-    t, c = report["tokens"], report["cost_usd"]
-    estimated = [p.get("input_tokens") for p in prepared]
-    t["estimated_input"] = sum(int(x) for x in estimated if x is not None) if any(x is not None for x in estimated) else None
-    t["prompt"] = sum(j.prompt_tokens for j in jobs)
-    t["cached"] = sum(j.cached_tokens for j in jobs)
-    t["completion"] = sum(j.completion_tokens for j in jobs)
-    t["reasoning"] = sum(j.reasoning_tokens for j in jobs)
-    c["billed"] = round(sum(j.cost_usd for j in jobs), 6)
-    c["cache_saved"] = round(sum(j.cache_saved_usd for j in jobs), 6)
-    c["cache_write_tokens"] = sum(j.cache_write_tokens for j in jobs)
-    estimates = [j.estimate for j in jobs]
-    if estimates and all(estimates):
-        c["estimate"] = {k: sum(float((e or {}).get(k) or 0) for e in estimates) for k in ("input", "max_output", "max_total")}
-    models = list(dict.fromkeys(str(j.model) for j in jobs if j.model))
-    report["job"]["model"] = ", ".join(models) or None
-    report["judges"] = [
+def judge_lines(jobs: Sequence[Any], figures: Sequence[Any]) -> list[dict[str, Any]]:
+    """A panel report's ``judges``: each judge's job (id, profile, model, state) and its own
+    figures (:func:`~batchgrader.store.figures.own_figures`, as the panel's are summed from):
+    requests, requests answered and failed, tokens and cost, so each figure can be traced to
+    the job that was billed."""
+    return [
         {
             "job_id": j.job_id,
             "profile": j.profile,
             "model": j.model,
             "state": j.state,
-            "requests": j.requests,  # rows x its samples
-            "answered": j.succeeded_rows,  # of its requests
-            "failed": len(j.failed_rows) + len(j.row_errors),
-            "prompt_tokens": j.prompt_tokens,
-            "completion_tokens": j.completion_tokens,
-            "cost_usd": round(j.cost_usd, 6),
+            "requests": f.requests,
+            "answered": f.requests_answered,  # of its requests (rows x its samples)
+            "failed": f.requests_failed,
+            "prompt_tokens": f.billed.prompt_tokens,
+            "completion_tokens": f.billed.completion_tokens,
+            "cost_usd": f.billed.cost_usd,
         }
-        for j in jobs
+        for j, f in zip(jobs, figures, strict=True)
     ]

@@ -322,15 +322,14 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
         return panel_sums(attach_progress(found, conn, now))
 
 
-#: what a panel's row shows as the sum of its judges' jobs' (it runs no model of its own)
-PANEL_SUMS = ("input_tokens", "prompt_tokens", "cached_tokens", "output_tokens", "reasoning_tokens", "cost_usd", "estimate_usd")
-
-
 def panel_sums(rows: list[dict[str, Any]], more: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each judge panel's row (a job whose judges' jobs, ``<id>-j1``, ``-j2``, ..., are among
-    ``rows`` or ``more``) with its judges' tokens and cost summed in, and their models as its
-    ``model``; the judges' rows stay as they are (totals count each cost once: from the judges' jobs)."""
+    ``rows`` or ``more``) given its judges' figures by :func:`~batchgrader.store.figures.panel_row`
+    (the same :func:`~batchgrader.store.figures.panel_figures` that ``status JOB`` and ``report``
+    use): their tokens, cost, estimate and models, and ``judges``; the judges' rows stay as they
+    are (totals count each cost once: from the judges' jobs)."""
     from batchgrader.core.panel import judge_job_id
+    from batchgrader.store.figures import panel_row
 
     by_id = {r["job_id"]: r for r in [*(more or ()), *rows]}
     for r in rows:
@@ -338,7 +337,7 @@ def panel_sums(rows: list[dict[str, Any]], more: list[dict[str, Any]] | None = N
         while (judge := by_id.get(judge_job_id(r["job_id"], len(judges) + 1))) is not None:
             judges.append(judge)
         if judges:
-            _sum_judges(r, judges)
+            panel_row(r, judges)
     return rows
 
 
@@ -351,15 +350,6 @@ def _judge_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float
     for r in rows:
         found += [x for x in conn.execute(sql, (r["job_id"] + "-j", r["job_id"] + "-k")).fetchall() if x[0] not in shown]
     return _present(found, now, SOURCE_READ_MODEL, None) if found else []
-
-
-def _sum_judges(row: dict[str, Any], judges: list[dict[str, Any]]) -> None:
-    for key in PANEL_SUMS:
-        if key in row:
-            values = [j.get(key) for j in judges]
-            row[key] = sum(v for v in values if v is not None) if any(v is not None for v in values) else row[key]
-    row["model"] = ", ".join(dict.fromkeys(str(j["model"]) for j in judges if j.get("model"))) or row.get("model")
-    row["judges"] = [j["job_id"] for j in judges]
 
 
 FINISHED_STATES = ("completed", "completed_with_errors", "failed", "cancelled")
@@ -426,6 +416,7 @@ def job_detail(
     the list's rows have it for jobs on a flex or online route, else None).
     """
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
+    from batchgrader.store.figures import job_figures, row_values
 
     now = time.time() if now is None else now
     with reading(home) as conn:
@@ -442,7 +433,8 @@ def job_detail(
         attach_progress([out], conn, now)
         if job.panel is not None:  # a judge panel: its judges' tokens and cost are its own
             judges = [rm.fold_connection(conn, job_id=j["job_id"]).jobs.get(j["job_id"]) for j in job.panel]
-            _sum_judges(out, [rm.job_row(j) for j in judges if j is not None])
+            figures = job_figures(job, judges)
+            out.update(row_values(figures), judges=[j.job_id for j in figures.judges])
     out.update(
         {
             "chunks": [rm.chunk_detail(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],

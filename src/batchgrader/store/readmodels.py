@@ -29,6 +29,7 @@ from typing import Any
 from batchgrader.core.route_state import answered_in_job, route_summary, shown_route
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.store.eventstore import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
+from batchgrader.store.figures import own_figures, row_values
 from batchgrader.store.readmodel_schema import (  # noqa: F401 - re-exported: the tables' columns live there
     JOB_STATUS_COLUMNS,
     QUEUE_LIMIT_COLUMNS,
@@ -104,30 +105,32 @@ def chunk_detail(c: ChunkState) -> dict[str, Any]:
 
 
 def job_row(job: JobState) -> dict[str, Any]:
-    """The ``job_status`` row of a job: a pure function of its folded state."""
+    """The ``job_status`` row of a job: a pure function of its folded state.  Its figures (rows,
+    answered and failed, tokens, cost, model) are :func:`~batchgrader.store.figures.own_figures`';
+    a panel's row is given its judges' figures when read (``store/queries.py``)."""
     err = job.error or {}
     held = job.held or {}
+    figures = row_values(own_figures(job, sources=False))
     return {
         "job_id": job.job_id,
         "file": job.file,
         "profile": job.profile,
-        "model": job.model,
+        "model": figures["model"],
         "state": job.state,
         "sandbox": int(job.sandbox),
-        "rows": job.rows,
-        "requests": job.requests,
+        "rows": figures["rows"],
+        "requests": figures["requests"],
         "chunks_total": job.chunks_total,
         "chunks_done": job.chunks_done,
-        # JobPrepared.input_tokens is the sum over the planned chunks (retry chunks come later)
-        "input_tokens": sum(c.input_tokens for c in job.chunks.values() if c.custom_ids is None),
-        "prompt_tokens": job.prompt_tokens,
-        "cached_tokens": job.cached_tokens,
-        "output_tokens": job.completion_tokens,
-        "reasoning_tokens": job.reasoning_tokens,
-        "cost_usd": job.cost_usd,
-        "estimate_usd": (job.estimate or {}).get("max_total"),
-        "succeeded": job.succeeded_rows,
-        "failed": (job.result_counts or (0, 0))[1] if job.panel is not None else len(job.failed_rows) + len(job.row_errors),
+        "input_tokens": figures["input_tokens"],
+        "prompt_tokens": figures["prompt_tokens"],
+        "cached_tokens": figures["cached_tokens"],
+        "output_tokens": figures["output_tokens"],
+        "reasoning_tokens": figures["reasoning_tokens"],
+        "cost_usd": figures["cost_usd"],
+        "estimate_usd": figures["estimate_usd"],
+        "succeeded": figures["succeeded"],
+        "failed": figures["failed"],
         "error_code": err.get("code"),
         "error": err.get("error"),
         "error_stage": err.get("stage"),
@@ -144,10 +147,10 @@ def job_row(job: JobState) -> dict[str, Any]:
         "version": job.version,
         "cached_rows": job.cached_rows + job.duplicates_answered,
         "duplicate_rows": job.duplicates_answered + job.copied_rows,  # the file's repeats (core/route_state.requests_by_source)
-        "saved_usd": job.saved_usd,
+        "saved_usd": figures["saved_usd"],
         "input_tokens_exact": int(job.input_tokens_exact),
-        "cache_write_tokens": job.cache_write_tokens,
-        "cache_saved_usd": job.cache_saved_usd,
+        "cache_write_tokens": figures["cache_write_tokens"],
+        "cache_saved_usd": figures["cache_saved_usd"],
         "route": json.dumps(route_summary(job), sort_keys=True) if shown_route(job) else None,
         "chunks": json.dumps(
             [chunk_row(c) for c in sorted(job.chunks.values(), key=lambda c: c.index)],
