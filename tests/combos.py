@@ -421,7 +421,7 @@ def violations(out: Outcome, estimate: dict[str, Any]) -> dict[str, str]:
     summed = (sum(g[0] for g in got), sum(g[1] for g in got))
     if summed != billed:
         broken["result tokens = bill"] = f"result token columns {summed}, billed {billed}"
-    state = out.rig.engine.state
+    state = out.rig.engine.ctx.state
     for job, status, listed, report, rows in zip(out.jobs, out.status, out.listed, out.report, out.results):
         tin, tout = result_tokens(rows)
         failed = sum(1 for r in rows if r.get("error"))

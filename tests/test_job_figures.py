@@ -64,7 +64,7 @@ def _run_panel(rig: Rig) -> JobState:
     folder = rig.home.inbox / "panel"
     folder.mkdir(exist_ok=True)
     (folder / "a.csv").write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(5)))
-    state = rig.engine.state
+    state = rig.engine.ctx.state
     for _ in range(40):
         rig.tick()
         for b in rig.provider.open_batches():
@@ -117,7 +117,7 @@ def _figures_by_reader(seen: dict[str, Any], f: JobFigures) -> dict[str, tuple[A
 def test_a_panel_with_a_tie_and_failed_judge_rows_shows_the_same_figures_in_every_reader(home: Home) -> None:
     rig = Rig(home, PANEL)
     panel = _run_panel(rig)
-    state = rig.engine.state
+    state = rig.engine.ctx.state
     f = figures_of(state, panel)
     seen = _readers(home, panel)
     errors = [r["error"] for r in seen["result"]]
@@ -158,7 +158,7 @@ def _run_solo(rig: Rig, texts: list[str], refused: set[int]) -> JobState:
     for _ in range(40):
         rig.tick()
         rig.provider.finish_all()
-        jobs = list(rig.engine.state.jobs.values())
+        jobs = list(rig.engine.ctx.state.jobs.values())
         if jobs and jobs[0].ended:
             return jobs[0]
     raise AssertionError("the job did not end")
@@ -168,7 +168,7 @@ def test_a_refused_sample_leaves_its_row_answered_by_the_others_in_every_reader(
     rig = Rig(home, "samples: 3\nmax_row_retries: 0\n")
     rig.provider.answer = lambda cid, body: "yes"
     job = _run_solo(rig, ["essay a", "essay b", "essay c"], refused={2})  # row 2's first sample
-    f = figures_of(rig.engine.state, job)
+    f = figures_of(rig.engine.ctx.state, job)
     seen = _readers(home, job)
     figures = _figures_by_reader(seen, f)
     assert {k: len(set(v)) for k, v in figures.items()} == {k: 1 for k in figures}, figures
@@ -188,7 +188,7 @@ def test_samples_that_tie_fail_their_row_in_status_as_in_the_result(home: Home) 
     job = _run_solo(rig, ["essay a", "essay b"], refused=set())
     seen = _readers(home, job)
     assert sum(1 for r in seen["result"] if r["error"].startswith("no_majority")) == 2
-    assert (seen["status"]["failed"], seen["report"]["rows"]["failed"], figures_of(rig.engine.state, job).failed) == (2, 2, 2)
+    assert (seen["status"]["failed"], seen["report"]["rows"]["failed"], figures_of(rig.engine.ctx.state, job).failed) == (2, 2, 2)
     rig.close()
 
 

@@ -58,7 +58,7 @@ class EmuRig:
         (self.home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(rows)))
         for _ in range(ticks):
             self.engine.tick(self.clock.advance(0.05))
-            jobs = list(self.engine.state.jobs.values())
+            jobs = list(self.engine.ctx.state.jobs.values())
             if jobs and all(j.ended for j in jobs):
                 (job,) = jobs
                 return job

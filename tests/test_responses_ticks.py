@@ -36,7 +36,7 @@ def run(rig: Rig, ticks: int = 12) -> None:
     for _ in range(ticks):
         rig.tick()
         rig.provider.finish_all()
-        if rig.engine.state.jobs and rig.job().ended:
+        if rig.engine.ctx.state.jobs and rig.job().ended:
             return
     raise AssertionError("the job did not end")
 
