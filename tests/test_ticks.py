@@ -9,6 +9,7 @@ import json
 import pytest
 
 from batchgrader.core.decide import resubmit_delay
+from batchgrader.provider.pool import Providers
 from ticks import Rig, refusal
 
 
@@ -508,7 +509,7 @@ def test_a_restarted_engine_reconciles_an_open_upload(home):
     rig.close()
     again = make(home, "")  # a new process: state folded from the log, timers fresh
     again.provider = provider
-    again.engine.ctx.provider = provider
+    again.engine.ctx.providers = Providers.of(provider)
     assert again.tick()[:2] == ["FileUploaded", "BatchCreateRequested"]
     assert provider.calls.count(("upload", provider.calls[0][1])) == 1
     again.close()
