@@ -110,7 +110,7 @@ def merged(
     missing: tuple[str, str] | None = None,
     followers: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], StreamedMerge]:
-    """A chunk's outcomes merged as ``daemon/collect.py`` does (spooled, then written in the
+    """A chunk's outcomes merged as ``daemon/steps/collect.py`` does (spooled, then written in the
     chunk's order): the records written, one a line, and the figures returned."""
     buf = io.BytesIO()
     with ChunkSpool(expected) as spool:

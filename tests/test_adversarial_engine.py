@@ -348,12 +348,12 @@ def test_a_long_prepare_and_a_long_listing_keep_the_heartbeat_going(home):
         assert any(j.prepared for j in engine.ctx.state.jobs.values())
         assert per_tick[-1] >= 3, f"one heartbeat per tick only, whatever the prepare's length: {per_tick}"
         provider_engine = make_engine(home, emu, store)
-        assert provider_engine.ctx.provider is not None
-        provider_engine.ctx.provider.list_page_size = 2  # type: ignore[attr-defined]
+        provider = provider_engine.ctx.providers.get("openai")
+        provider.list_page_size = 2  # type: ignore[attr-defined]
         for i in range(5):
             emu.store.files.create_file(f"f{i}.jsonl", b"{}", "batch", {})
         beats.clear()
         provider_engine.ctx.on_progress = lambda: beats.append(_time.monotonic())
-        provider_engine.ctx.provider.find_files("nothing.jsonl")
-        provider_engine.ctx.provider.find_batches(metadata={"bg_key": "x"})
+        provider.find_files("nothing.jsonl")
+        provider.find_batches(metadata={"bg_key": "x"})
         assert len(beats) >= 2, "a listing of many pages gave no sign of life"

@@ -395,54 +395,27 @@ def test_count_marks_claude_token_counts_as_an_estimate(tmp_path, home) -> None:
     assert "input tokens (exact)" in runner.invoke(cli, ["count", str(f)]).output
 
 
-# --- the router's listing (one poll round over every provider) --------------------------------
+# --- the listing of a poll round ---------------------------------------------------------------------
 
 
-def _router_with_batches(tmp_path, emu: Emulator) -> tuple[Any, Any, set[str], set[str]]:  # noqa: ANN001
+def test_a_list_round_pages_through_anthropic_batches(tmp_path, emu: Emulator) -> None:  # noqa: ANN001
     from batchgrader.provider.anthropic_batches import AnthropicBatchProvider
-    from batchgrader.provider.memory import MemoryProvider
-    from batchgrader.provider.router import ProviderRouter
+    from batchgrader.provider.openai_api import list_statuses
     from emulator_fixtures import jsonl
 
-    memory = MemoryProvider()
     claude = AnthropicBatchProvider(KEY, emu.root_url, timeout=10, max_retries=0)
-    router = ProviderRouter({"openai": memory, "anthropic": claude}, provider_of_job=lambda job: job.split("_")[0])
-    openai_ids, anthropic_ids = set(), set()
+    ids = set()
     for i in range(3):
-        for prov, ids in (("openai", openai_ids), ("anthropic", anthropic_ids)):
-            name = f"bg-{prov}_{i}-c0-a0.jsonl"
-            path = tmp_path / name
-            path.write_bytes(jsonl(chat_line(f"r-{i}-{j}", "x", model=MODEL) for j in range(2)))
-            f = router.upload(path, name)
-            ids.add(router.create_batch(f.id).id)
-    return router, memory, openai_ids, anthropic_ids
-
-
-def test_router_lists_every_providers_batches_in_one_round(tmp_path, emu: Emulator) -> None:  # noqa: ANN001
-    from batchgrader.provider.openai_api import list_statuses
-
-    router, _memory, openai_ids, anthropic_ids = _router_with_batches(tmp_path, emu)
-    assert all(i.startswith("msgbatch_") for i in anthropic_ids) and not any(i.startswith("msgbatch_") for i in openai_ids)
-    found = list_statuses(router, openai_ids | anthropic_ids)
-    assert set(found) == openai_ids | anthropic_ids
-    # pages of 2 per provider: the merged cursor pages each provider on independently
-    page = router.list_batches(limit=2)
-    assert page.has_more and len(page.items) == 4 and set(json.loads(page.last_id or "{}")) == {"anthropic", "openai"}
+        name = f"bg-anthropic_{i}-c0-a0.jsonl"
+        path = tmp_path / name
+        path.write_bytes(jsonl(chat_line(f"r-{i}-{j}", "x", model=MODEL) for j in range(2)))
+        ids.add(claude.create_batch(claude.upload(path, name).id).id)
+    assert all(i.startswith("msgbatch_") for i in ids)
+    assert set(list_statuses(claude, ids)) == ids
+    page = claude.list_batches(limit=2)
     seen = {b.id for b in page.items}
+    assert page.has_more and len(page.items) == 2
     while page.has_more:
-        page = router.list_batches(limit=2, after=page.last_id)
+        page = claude.list_batches(limit=2, after=page.last_id)
         seen |= {b.id for b in page.items}
-    assert seen == openai_ids | anthropic_ids
-
-
-def test_router_listing_leaves_out_a_failing_provider_and_raises_when_all_fail(tmp_path, emu: Emulator) -> None:  # noqa: ANN001
-    from batchgrader.provider.openai_api import ProviderUnavailable, list_statuses
-
-    router, memory, openai_ids, anthropic_ids = _router_with_batches(tmp_path, emu)
-    memory.fail_next("list_batches", "unavailable")
-    found = list_statuses(router, openai_ids | anthropic_ids, max_pages=1)
-    assert set(found) == anthropic_ids  # the engine retrieves the rest one by one
-    only_memory = type(router)({"openai": memory})
-    memory.fail_next("list_batches", "unavailable")
-    with pytest.raises(ProviderUnavailable):
-        only_memory.list_batches(limit=100)
+    assert seen == ids

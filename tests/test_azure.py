@@ -18,14 +18,13 @@ from batchgrader.core.queue import parse_queue_limit
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.pricing import PricingError, load_pricing, with_deployments
 from batchgrader.pipeline.results import iter_outcomes
-from batchgrader.provider.azure_api import AZURE_ENDPOINT, AzureOpenAIProvider, raw_id
+from batchgrader.provider.azure_api import AZURE_ENDPOINT, ID_PREFIX, AzureOpenAIProvider, raw_id
 from batchgrader.provider.openai_api import (
     ProviderConfigError,
     ProviderRejected,
     create_batch_reconciled,
     upload_reconciled,
 )
-from batchgrader.provider.router import ProviderRouter, provider_of_id
 from emulator_fixtures import chat_line, jsonl
 
 KEY = "azure-key-never-written-0123456789abcdef"
@@ -102,15 +101,15 @@ def test_azure_error_shapes(emu: Emulator) -> None:
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-def test_adapter_ids_say_azure_and_usage_is_exact(provider: AzureOpenAIProvider, emu: Emulator, tmp_path, clock) -> None:  # noqa: ANN001
+def test_adapter_ids_are_azures_own_and_usage_is_exact(provider: AzureOpenAIProvider, emu: Emulator, tmp_path, clock) -> None:  # noqa: ANN001
     path = _input(tmp_path, 4, url="/chat/completions")  # the api-version surface's line url
     f = provider.upload(path, path.name)
-    assert f.id.startswith("azure:file-") and provider_of_id(f.id) == "azure"
+    assert f.id.startswith("file-")  # no mark: the job records its provider
     b = provider.create_batch(f.id, metadata={"bg_key": "job1:0:0"})
-    assert b.id.startswith("azure:batch_") and b.input_file_id == f.id
+    assert b.id.startswith("batch_") and b.input_file_id == f.id
     clock.advance(10)
     done = provider.retrieve(b.id)
-    assert done.status == "completed" and done.output_file_id and done.output_file_id.startswith("azure:")
+    assert done.status == "completed" and done.output_file_id
     out = tmp_path / "out.jsonl"
     provider.download(done.output_file_id, out)
     outcomes = list(iter_outcomes(out))
@@ -126,7 +125,7 @@ def test_unknown_outcomes_are_reconciled_by_listing(provider: AzureOpenAIProvide
     path = _input(tmp_path)
     emu.script_fault("POST", "/openai/files", "drop_after")
     up = upload_reconciled(provider, path, path.name)
-    assert up.outcome == "adopted" and up.file is not None and up.file.id.startswith("azure:")
+    assert up.outcome == "adopted" and up.file is not None and up.file.id.startswith("file-")
     emu.script_fault("POST", "/openai/batches", "drop_after")
     sub = create_batch_reconciled(provider, up.file.id, metadata={"bg_key": "job1:0:0"})
     assert sub.outcome == "adopted" and sub.batch is not None and sub.batch.metadata["bg_key"] == "job1:0:0"
@@ -151,14 +150,25 @@ def test_reads_survive_the_flaky_profile(clock: ManualClock, tmp_path) -> None: 
         assert emu.batches_created() == 1
 
 
-def test_router_sends_azure_ids_to_azure(provider: AzureOpenAIProvider, tmp_path) -> None:  # noqa: ANN001
-    from batchgrader.provider.memory import MemoryProvider
-
-    router = ProviderRouter({"openai": MemoryProvider(), "azure": provider}, provider_of_job=lambda job: "azure")
-    path = _input(tmp_path)
-    f = router.upload(path, path.name)
-    b = router.create_batch(f.id, metadata={"bg_key": "job1:0:0"})
-    assert router.retrieve(b.id).id == b.id and router.find_files(path.name)[0].id == f.id
+def test_ids_an_earlier_version_recorded_with_azure_prefix_are_still_read(
+    provider: AzureOpenAIProvider, emu: Emulator, tmp_path, clock
+) -> None:  # noqa: ANN001
+    """A job in flight across the upgrade holds ``azure:<id>`` ids in its log: each call takes them,
+    and what it returns names its ids the same way, so the job compares like with like (its own
+    batch is never taken for a duplicate of itself)."""
+    path = _input(tmp_path, 2, url="/chat/completions")
+    f = provider.upload(path, path.name)
+    old_file = ID_PREFIX + f.id  # as an earlier version recorded it
+    b = provider.create_batch(old_file, metadata={"bg_key": "job1:0:0"})
+    assert b.id.startswith("azure:batch_") and b.input_file_id == old_file
+    assert [x.id for x in provider.find_batches(old_file, {"bg_key": "job1:0:0"})] == [b.id]
+    assert provider.find_batches(f.id, {"bg_key": "job1:0:0"})[0].id == raw_id(b.id)  # a new caller: Azure's own
+    clock.advance(10)
+    done = provider.retrieve(b.id)
+    assert done.status == "completed" and done.output_file_id and done.output_file_id.startswith("azure:")
+    assert provider.download(done.output_file_id, tmp_path / "out.jsonl") > 0
+    assert provider.delete_file(old_file) is True
+    assert raw_id(b.id) in {x.id for x in provider.list_batches(limit=10).items}
 
 
 def test_a_missing_endpoint_names_the_variable(emu: Emulator) -> None:
@@ -290,7 +300,7 @@ def test_a_failed_batch_with_null_counts_reads_as_zero(
     assert (raw.request_counts.completed, raw.request_counts.failed) == (None, None)  # as Azure's own example
     counts = provider.retrieve(b.id).request_counts
     assert (counts.completed, counts.failed) == (0, 0)
-    assert counts.completed + counts.failed == 0  # what daemon/collect.py adds
+    assert counts.completed + counts.failed == 0  # what daemon/steps/collect.py adds
 
 
 def test_a_resource_holds_a_capped_number_of_files_without_expiry(clock, tmp_path) -> None:  # noqa: ANN001
@@ -304,4 +314,4 @@ def test_a_resource_holds_a_capped_number_of_files_without_expiry(clock, tmp_pat
             sdk.files.create(file=path.open("rb"), purpose="batch")
         assert "without an expiration" in str(exc.value.message)
         adapter = AzureOpenAIProvider(KEY, emu.root_url, VERSION, timeout=10)
-        assert adapter.upload(path, path.name).id.startswith("azure:file-")  # it sets expires_after
+        assert adapter.upload(path, path.name).id.startswith("file-")  # it sets expires_after

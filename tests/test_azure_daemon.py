@@ -102,7 +102,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
         st = state_of(home)
         jobs = {j.file: j for j in st.jobs.values()}
         assert jobs["a.csv"].chunks_total == 3 and all(j.ended == "completed" for j in jobs.values())
-        assert all(c.batch_id.startswith("azure:batch_") for j in jobs.values() for c in j.chunks.values())
+        assert all(c.batch_id.startswith("batch_") for j in jobs.values() for c in j.chunks.values())
     blob = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
     assert AZURE_KEY.encode() not in blob  # the key is written nowhere
 

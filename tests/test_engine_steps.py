@@ -1,17 +1,21 @@
 """The engine's shape: every action :mod:`batchgrader.core.decide` can return has a handler in
-the dispatch table, and the step objects share one context (no step reaches another through a
-shared ``self``)."""
+the dispatch table, and the steps are classes over the one context, none of which imports or
+calls another (issue 36)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+from pathlib import Path
 
 import pytest
 
 from batchgrader.core import actions
 from batchgrader.core.actions import Action
-from batchgrader.daemon.dispatch import EngineSteps
+from batchgrader.daemon.dispatch import Steps
 from ticks import Rig
+
+STEPS = Path(__file__).resolve().parents[1] / "src" / "batchgrader" / "daemon" / "steps"
 
 
 def _action_types() -> list[type[Action]]:
@@ -44,17 +48,35 @@ def test_an_unknown_action_is_refused_not_ignored(rig):
         rig.engine.act(Unknown(job.job_id), rig.now)
 
 
-def test_the_steps_share_one_context_and_the_engine_surface_reads_it(rig):
+def test_every_step_is_built_over_the_context_alone(rig):
     steps = rig.engine.steps
-    assert isinstance(steps, EngineSteps)
+    assert isinstance(steps, Steps)
     ctx = rig.engine.ctx
-    for name in ("intake", "reuse", "finish", "collect", "submit", "prepare", "preflight"):
-        assert getattr(steps, name).ctx is ctx, name
-    assert steps.finish.intake is steps.intake and steps.prepare.submit is steps.submit
-    assert rig.engine.ctx.state is ctx.state and rig.engine.ctx.config is ctx.config
-    rig.engine.ctx.merge_workers = None
-    seen: list[str] = []
-    rig.engine.ctx.on_rows_to_send = seen.append
-    assert ctx.on_rows_to_send is rig.engine.ctx.on_rows_to_send
+    for name in ("intake", "preflight", "online", "prepare", "submit", "collect", "stragglers", "reuse", "finish", "panel"):
+        step = getattr(steps, name)
+        assert step.ctx is ctx, name
+        assert list(inspect.signature(type(step).__init__).parameters) == ["self", "ctx"], name
+        others = [k for k, v in vars(step).items() if k != "ctx" and type(v).__module__.startswith("batchgrader.daemon")]
+        assert not others, f"{name} holds {others}"
     rig.engine.scan_requested = False
     assert steps.intake.scan_requested is False
+
+
+def test_no_step_imports_another_or_reaches_into_one():
+    """A step module imports no other step (nor the dispatch table), and no step calls a private
+    method of anything but itself."""
+    for path in sorted(STEPS.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(("batchgrader.daemon.steps", "batchgrader.daemon.dispatch")), path.name
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = ast.unparse(node.value)
+                assert owner in ("self", "cls"), f"{path.name}: {owner}.{node.attr}"
+
+
+def test_each_action_method_takes_the_action_the_job_and_the_clock(rig):
+    """The one convention: a step method named in the table takes ``(action, job, now)``."""
+    for kind, handler in rig.engine.handlers.items():
+        if inspect.ismethod(handler):
+            assert list(inspect.signature(handler).parameters)[:3] in (["a", "job", "now"], ["a", "panel", "now"]), kind

@@ -360,29 +360,19 @@ def test_emulator_keeps_gemini_files_and_batches_across_a_restart(tmp_path: Path
         assert len(c.files.download(file=again.dest.file_name).splitlines()) == 2  # type: ignore[union-attr]
 
 
-def test_router_routes_gemini_ids(tmp_path: Path, emu: Emulator, clock: ManualClock) -> None:
-    from batchgrader.provider.memory import MemoryProvider
+def test_a_list_round_and_a_recovered_jobs_search_find_gemini_batches(tmp_path: Path, emu: Emulator, clock: ManualClock) -> None:
     from batchgrader.provider.openai_api import list_statuses
-    from batchgrader.provider.router import ProviderRouter, provider_of_id
 
-    assert [provider_of_id(i) for i in ("files/x", "batches/y", "gemini-inline:batches/y", "file-x", "msgbatch_1")] == [
-        "gemini",
-        "gemini",
-        "gemini",
-        "openai",
-        "anthropic",
-    ]
     gem = GeminiBatchProvider(KEY, emu.root_url, timeout=10)
-    router = ProviderRouter({"openai": MemoryProvider(), "gemini": gem}, provider_of_job=lambda job: job.split("_")[0])
     ids = set()
     for i in range(3):
         name = f"bg-gemini_{i}-c0000-a1.jsonl"
         path = tmp_path / name
         path.write_bytes(jsonl(chat_line(f"r-{i}", "x", model=MODEL) for _ in range(1)))
-        ids.add(router.create_batch(router.upload(path, name).id, metadata={"bg_key": f"gemini_{i}:0:1"}).id)
+        ids.add(gem.create_batch(gem.upload(path, name).id, metadata={"bg_key": f"gemini_{i}:0:1"}).id)
     assert all(i.startswith("batches/") for i in ids)
-    assert set(list_statuses(router, ids)) == ids
-    assert [b.metadata["bg_job"] for b in router.find_batches(metadata={"bg_job": "gemini_1"})] == ["gemini_1"]
+    assert set(list_statuses(gem, ids)) == ids
+    assert [b.metadata["bg_job"] for b in gem.find_batches(metadata={"bg_job": "gemini_1"})] == ["gemini_1"]
 
 
 def test_a_read_told_to_wait_is_transient_not_a_refusal(

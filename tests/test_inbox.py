@@ -55,7 +55,7 @@ def test_periodic_rescan_finds_files_without_any_file_event(home):
     home.config_file.write_text("stable_seconds: 0\nrescan_interval_seconds: 10\n")
     cfg = load_config(home, environ={})
     with EventStore(home.db) as store:
-        engine = Engine(home, cfg, store, provider=None, prices=load_pricing())
+        engine = Engine(home, cfg, store, providers=None, prices=load_pricing())
         engine.tick(now=100.0)  # start-up scan: nothing there
         engine.scan_requested = False  # no watcher event will come
         (home.inbox / "late.csv").write_text("response\nx\n")

@@ -7,12 +7,11 @@ from pathlib import Path
 
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.provider.protocol import Provider
-from batchgrader.provider.router import ProviderRouter
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "batchgrader"
 # the engine and the reconciliation it runs before anything is sent again
-CALLERS = sorted((SRC / "daemon").glob("*.py")) + [SRC / "provider" / "reconcile.py"]
-OPTIONAL = {"base_url", "on_page", "provider_of_job", "job_of_object"}  # documented in Provider's docstring
+CALLERS = sorted((SRC / "daemon").rglob("*.py")) + [SRC / "provider" / "reconcile.py", SRC / "provider" / "pool.py"]
+OPTIONAL = {"base_url", "on_page"}  # documented in Provider's docstring
 
 
 def _protocol_methods() -> set[str]:
@@ -20,15 +19,20 @@ def _protocol_methods() -> set[str]:
 
 
 def _provider_uses() -> tuple[set[str], set[str]]:
-    """Attributes read from a provider (``provider.x`` / ``self.provider.x``), and the ones only
-    probed with hasattr/getattr."""
+    """Attributes read from a provider (``provider.x`` / ``self.provider.x`` /
+    ``ctx.provider_for(job).x``), and the ones only probed with hasattr/getattr."""
     used: set[str] = set()
     probed: set[str] = set()
     for path in CALLERS:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute):
                 v = node.value
-                if (isinstance(v, ast.Name) and v.id == "provider") or (isinstance(v, ast.Attribute) and v.attr == "provider"):
+                by_job = isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "provider_for"
+                if (
+                    (isinstance(v, ast.Name) and v.id == "provider")
+                    or (isinstance(v, ast.Attribute) and v.attr == "provider")
+                    or by_job
+                ):
                     used.add(node.attr)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr"):
                 target, name = node.args[0], node.args[1]
@@ -59,7 +63,6 @@ def test_the_engine_calls_exactly_the_protocol():
 def test_every_provider_implements_the_protocol():
     memory = MemoryProvider()
     assert isinstance(memory, Provider)
-    assert isinstance(ProviderRouter({"openai": memory}), Provider)
     for impl in (
         "batchgrader.provider.openai_api.OpenAIProvider",
         "batchgrader.provider.anthropic_batches.AnthropicBatchProvider",

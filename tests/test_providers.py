@@ -11,14 +11,18 @@ from pathlib import Path
 import pytest
 
 from batchgrader.core import config as config_mod
+from batchgrader.core.config import load_config
+from batchgrader.core.home import Home
 from batchgrader.core.providers import PROVIDER_FACTS, facts_of
-from batchgrader.core.state import ChunkState, JobState, State
+from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline import answerkey, caching, modelspec
+from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider import counting
 from batchgrader.provider.memory import MemoryProvider
-from batchgrader.provider.protocol import ProviderError
+from batchgrader.provider.pool import Providers
+from batchgrader.provider.protocol import ProviderConfigError
 from batchgrader.provider.registry import PROVIDERS, spec_of
-from batchgrader.provider.router import ObjectJobs, ProviderRouter, provider_of_id
+from batchgrader.store.eventstore import EventStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,19 +66,6 @@ def test_each_providers_settings_are_config_keys_read_from_its_sdks_variables():
         assert f.offline_exact or (f.counting_endpoint and PROVIDERS[f.name].counter is not None), f.name
 
 
-def test_every_provider_but_the_default_has_ids_of_its_own_shape():
-    prefixes = {name: spec.id_prefixes for name, spec in PROVIDERS.items()}
-    assert prefixes.pop("openai") == ()  # the fallback's default: every other id is OpenAI's
-    for name, own in prefixes.items():
-        assert own, f"{name}: no id_prefixes, so the fallback would send its ids to OpenAI"
-        for prefix in own:
-            assert provider_of_id(prefix + "x") == name
-    assert provider_of_id("batch_abc") == provider_of_id("file-abc") == "openai"
-    from batchgrader.provider import azure_api
-
-    assert PROVIDERS["azure"].id_prefixes == (azure_api.ID_PREFIX,)  # the adapter names every Azure id so
-
-
 def test_an_unknown_provider_is_refused_with_the_known_ones():
     with pytest.raises(KeyError, match="unknown provider 'mistral'; known: openai, anthropic, gemini, azure"):
         facts_of("mistral")
@@ -90,74 +81,103 @@ def test_the_key_messages_come_from_the_facts():
     assert env.index("GOOGLE_API_KEY") > env.index("GEMINI_API_KEY")
 
 
-# --- routing by the job's recorded provider ----------------------------------------------------------------
+# --- each call goes to the provider recorded for its job ---------------------------------------------------
+
+TWO = (
+    "stable_seconds: 0\npoll_interval_seconds: 2\nmax_completion_tokens: 50\npreflight_rows: 0\nsplit_row_limit: 1\n"
+    "azure_endpoint: https://res.openai.azure.com\nprofiles:\n  az:\n    provider: azure\n"
+)
 
 
-def _state_with_job(job_id: str, provider: str) -> State:
-    state = State()
-    job = state.jobs[job_id] = JobState(job_id=job_id, created_ts="2026-01-01T00:00:00Z")
-    job.provider = provider
-    job.chunks[0] = ChunkState(index=0, requests=1, input_tokens=1, bytes=1, path="c0.jsonl")
-    state.last_seq = 1
-    return state
+def _two_providers(home: Home) -> tuple[Engine, EventStore, MemoryProvider, MemoryProvider]:
+    home.config_file.write_text(TWO)
+    (home.inbox / "az").mkdir(parents=True, exist_ok=True)
+    openai, azure = MemoryProvider(), MemoryProvider()  # the same id shapes: only the job tells them apart
+    store = EventStore(home.db)
+    providers = Providers({"openai": lambda: openai, "azure": lambda: azure})
+    engine = Engine(home, load_config(home, environ={}), store, providers, load_pricing())
+    (home.inbox / "o.csv").write_text("id,response\n1,a\n2,b\n")
+    (home.inbox / "az" / "z.csv").write_text("id,response\n1,c\n2,d\n")
+    return engine, store, openai, azure
 
 
-def _chunk_file(tmp_path: Path) -> Path:
-    path = tmp_path / "bg-j1-c0-a1.jsonl"
-    path.write_text('{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}\n')
-    return path
+def _ids(p: MemoryProvider) -> set[str]:
+    return {arg for op, arg in p.calls}
 
 
-def test_calls_that_carry_only_an_id_go_to_the_provider_recorded_for_its_job(tmp_path: Path):
-    """Both providers make ids of the same shape (OpenAI's): the shape would send the job's batch
-    to the wrong one; the job's recorded provider sends it to the right one."""
-    openai, other = MemoryProvider(), MemoryProvider()
-    state = _state_with_job("j1", "anthropic")
-    router = ProviderRouter(
-        {"openai": openai, "anthropic": other},
-        provider_of_job=lambda job_id: state.jobs[job_id].provider or "openai",
-        job_of_object=ObjectJobs(lambda: state),
-    )
-    path = _chunk_file(tmp_path)
-    f = router.upload(path, path.name)  # by the job named in the upload name
-    assert provider_of_id(f.id) == "openai"  # its shape says OpenAI
-    state.jobs["j1"].chunks[0].file_id, state.jobs["j1"].version, state.last_seq = f.id, 2, 2  # FileUploaded folded
-    b = router.create_batch(f.id, metadata={"bg_key": "j1:0:1"})
-    state.jobs["j1"].chunks[0].batch_id, state.jobs["j1"].version, state.last_seq = b.id, 3, 3  # BatchCreated folded
-    assert router.retrieve(b.id).id == b.id
-    assert [x.id for x in other.open_batches()] == [b.id] and openai.open_batches() == []
+def _sent(engine: Engine, now: float) -> float:
+    for _ in range(4):
+        now += 1
+        engine.tick(now)
+    return now
 
 
-def test_an_id_no_job_holds_is_routed_by_its_shape(tmp_path: Path):
-    openai, other = MemoryProvider(), MemoryProvider()
-    state = _state_with_job("j1", "anthropic")
-    router = ProviderRouter(
-        {"openai": openai, "anthropic": other},
-        provider_of_job=lambda job_id: state.jobs[job_id].provider or "openai",
-        job_of_object=ObjectJobs(lambda: state),
-    )
-    path = _chunk_file(tmp_path)
-    f = router.upload(path, path.name)  # went to the job's provider, but the log never recorded the file
-    with pytest.raises(ProviderError):
-        router.create_batch(f.id)  # unknown to every job: by its shape, to OpenAI's, which does not have it
-    assert openai.open_batches() == [] and other.open_batches() == []
+def test_each_call_goes_to_the_provider_recorded_for_its_job(home: Home) -> None:
+    """Both providers make ids of the same shape: each job's uploads, creates, polls, downloads and
+    deletes reach its own provider (``Context.provider_for``), never the other."""
+    engine, store, openai, azure = _two_providers(home)
+    now = _sent(engine, 1_000_000.0)
+    jobs = {j.file: j for j in engine.ctx.state.jobs.values()}
+    assert jobs["o.csv"].provider == "openai" and jobs["z.csv"].provider == "azure"
+    assert len(openai.open_batches()) == len(azure.open_batches()) == 2  # one row a chunk
+    assert {c.batch_id for c in jobs["o.csv"].chunks.values()} == {b.id for b in openai.open_batches()}
+    assert {c.batch_id for c in jobs["z.csv"].chunks.values()} == {b.id for b in azure.open_batches()}
+    for p in (openai, azure):
+        p.finish_all()
+    for _ in range(10):
+        now += 5
+        engine.tick(now)
+        if all(j.ended for j in engine.ctx.state.jobs.values()):
+            break
+    jobs = {j.file: j for j in engine.ctx.state.jobs.values()}
+    assert {j.ended for j in jobs.values()} == {"completed"}
+    o_job, z_job = jobs["o.csv"].job_id, jobs["z.csv"].job_id
+    assert not any(z_job in arg for arg in _ids(openai)) and not any(o_job in arg for arg in _ids(azure))
+    for p in (openai, azure):  # each provider got its own job's whole run, ids alike in both
+        ops = [op for op, _ in p.calls]
+        assert ops.count("upload") == ops.count("create_batch") == 2 and ops.count("download") >= 2, ops
+        own = o_job if p is openai else z_job
+        assert {arg for op, arg in p.calls if op == "upload"} == {f"bg-{own}-c000{i}-a1.jsonl" for i in (0, 1)}
+    store.close()
 
 
-def test_the_object_index_reads_again_only_the_jobs_with_new_events():
-    state = _state_with_job("j1", "anthropic")
-    jobs = ObjectJobs(lambda: state)
-    assert jobs("file-1") is None
-    state.jobs["j1"].chunks[0].file_id = "file-1"
-    state.jobs["j1"].version = 2
-    assert jobs("file-1") is None  # same last_seq: the index is not brought up to date for every unknown id
-    state.last_seq = 2
-    assert jobs("file-1") == "j1"
-    state.jobs["j1"].chunks[0].batch_id = "batch-1"  # changed without a new event of the job
-    state.last_seq = 3
-    assert jobs("batch-1") is None  # j1's version did not move: its chunks are not read again
-    state.jobs["j1"].version = 3
-    state.last_seq = 4
-    assert jobs("batch-1") == "j1" and jobs("file-1") == "j1"
+def test_a_list_round_lists_each_provider_and_a_failing_one_is_polled_by_retrieve(home: Home) -> None:
+    engine, store, openai, azure = _two_providers(home)
+    now = _sent(engine, 1_000_000.0)
+    openai.calls.clear()
+    azure.calls.clear()
+    azure.fail_next("list_batches", "unavailable")
+    engine.tick(now + 60)  # every batch due: one list round
+    assert [op for op, _ in openai.calls] == ["list_batches"]  # both of its batches seen in one page
+    ops = [op for op, _ in azure.calls]
+    assert ops.count("list_batches") == 1 and ops.count("retrieve") == 2  # its listing failed: one by one
+    store.close()
+
+
+def test_providers_are_built_once_at_their_first_use_and_a_name_never_configured_is_refused() -> None:
+    built: list[str] = []
+
+    class Paged(MemoryProvider):
+        on_page = staticmethod(lambda: None)  # a provider that pages (the protocol's optional heartbeat)
+
+    def build() -> MemoryProvider:
+        built.append("openai")
+        return Paged()
+
+    providers = Providers({"openai": build})
+    beats: list[int] = []
+    providers.set_on_page(lambda: beats.append(1))
+    assert built == [] and providers.built() == {}
+    p = providers.get("openai")
+    assert providers.get("openai") is p and built == ["openai"]
+    p.on_page()  # type: ignore[attr-defined]
+    assert beats == [1]  # the heartbeat reaches a provider built after it was set
+    with pytest.raises(ProviderConfigError, match="'gemini' is not configured"):
+        providers.get("gemini")
+    with pytest.raises(TypeError):
+        import pickle
+
+        pickle.dumps(providers)
 
 
 # --- no provider known by name outside its own modules and the registry -------------------------------------

@@ -22,6 +22,7 @@ from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock, token_li
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.splitting import Limits, plan_chunks
 from batchgrader.provider.openai_api import OpenAIProvider
+from batchgrader.provider.pool import Providers
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.readmodels import projectors
 
@@ -165,7 +166,7 @@ class Rig:
 
     def start(self, **emu: Any) -> Emulator:
         self.emu = Emulator(EmulatorConfig(clock=self.clock, **{**self.emu_kw, **emu})).start()
-        self.engine.ctx.provider = OpenAIProvider(api_key=KEY, base_url=self.emu.base_url, timeout=10)
+        self.engine.ctx.providers = Providers.of(OpenAIProvider(api_key=KEY, base_url=self.emu.base_url, timeout=10))
         return self.emu
 
     def run(self, until, ticks: int = 4000, step: float = 0.05) -> None:

@@ -433,7 +433,7 @@ def test_merge_holds_no_parsed_records(tmp_path):
     out_file.write_text("\n".join(lines) + "\n")
     with open(tmp_path / "merged.jsonl", "wb") as f:
         tracemalloc.start()
-        with ChunkSpool(ids) as spool:  # as daemon/collect.py merges a chunk
+        with ChunkSpool(ids) as spool:  # as daemon/steps/collect.py merges a chunk
             spool.read(iter_outcomes(out_file))
             m = spool.write(f.write, "completed")
         _, streamed = tracemalloc.get_traced_memory()

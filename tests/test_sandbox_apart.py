@@ -17,7 +17,7 @@ from batchgrader.core.state import JobState
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.memory import MemoryProvider
-from batchgrader.provider.router import ProviderRouter
+from batchgrader.provider.pool import Providers
 from batchgrader.store import queries
 from batchgrader.store.eventstore import EventStore
 
@@ -34,8 +34,6 @@ class Daemon:
         self.provider = provider if provider is not None else MemoryProvider()
         self.now = now
         self.engine = Engine(home, load_config(home, environ={}), self.store, self.provider, load_pricing(), sandbox=sandbox)
-        if isinstance(self.provider, ProviderRouter):
-            self.provider.provider_of_job = self.engine.ctx.provider_name_of
 
     def tick(self, seconds: float = 1.0) -> list[str]:
         before = self.store.last_seq()
@@ -46,8 +44,8 @@ class Daemon:
         return [e.type for e in self.store.read(after=before)]
 
     def _memories(self) -> list[MemoryProvider]:
-        if isinstance(self.provider, ProviderRouter):
-            return [p for p in self.provider.providers.values() if isinstance(p, MemoryProvider)]
+        if isinstance(self.provider, Providers):
+            return [p for p in self.provider.built().values() if isinstance(p, MemoryProvider)]
         return [self.provider] if isinstance(self.provider, MemoryProvider) else []
 
     def job(self, file: str = "a.csv") -> JobState:
@@ -161,8 +159,8 @@ def test_a_job_keeps_its_endpoint_and_is_left_alone_when_the_daemon_has_another(
 def test_an_edit_of_the_profile_provider_does_not_reroute_a_job_in_flight(home: Home) -> None:
     home.config_file.write_text(CONFIG)
     openai, azure = MemoryProvider(), MemoryProvider()
-    router = ProviderRouter({"openai": openai, "azure": azure})
-    d = Daemon(home, sandbox=False, now=1_000_000.0, provider=router)
+    providers = Providers({"openai": lambda: openai, "azure": lambda: azure})
+    d = Daemon(home, sandbox=False, now=1_000_000.0, provider=providers)
     _drop(home)
     d.tick()
     d.tick()  # accepted and prepared with provider openai; nothing sent yet

@@ -4,16 +4,19 @@ store runs without either."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from batchgrader.core.state import fold
-from batchgrader.daemon.process import DeferredProvider
+from batchgrader.provider.memory import MemoryProvider
+from batchgrader.provider.pool import Providers
 from batchgrader.store.eventstore import EventStore
 from emulator_fixtures import API_KEY, clock, emu, emu_factory  # noqa: F401 - fixtures
 from harness import FAST_CONFIG, daemon_env
@@ -74,7 +77,7 @@ def test_a_job_answered_from_the_store_runs_without_the_provider_sdk_or_the_emul
     assert all(r["input_tokens"] == r["output_tokens"] == "0" for r in b)
 
 
-def test_a_deferred_provider_is_built_once_at_its_first_use_and_not_for_its_repr():
+def test_a_provider_is_built_once_at_its_first_use_and_not_for_its_repr():
     built: list[int] = []
 
     class Real:
@@ -88,64 +91,80 @@ def test_a_deferred_provider_is_built_once_at_its_first_use_and_not_for_its_repr
         built.append(1)
         return Real()
 
-    p = DeferredProvider("openai", build)
-    assert "built=False" in repr(p) and not p.built and built == []
+    providers = Providers({"openai": build})  # type: ignore[dict-item]
+    assert "built=[]" in repr(providers) and built == []
     with pytest.raises(TypeError):
         import pickle
 
-        pickle.dumps(p)
+        pickle.dumps(providers)
+    providers.set_on_page(print)  # kept for the provider built later
     assert built == []
-    assert p.retrieve("b1") == "batch b1" and p.base_url == "http://x"
-    p.on_page = print  # passed on to the provider built
-    assert built == [1] and p.built and p._real.on_page is print
+    p = providers.get("openai")
+    assert p.retrieve("b1") == "batch b1" and providers.get("openai") is p  # type: ignore[attr-defined]
+    assert built == [1] and p.on_page is print  # type: ignore[attr-defined]
 
 
-def test_a_deferred_providers_sdk_is_imported_ahead_while_a_job_is_prepared(home, tmp_path, monkeypatch):
-    """While a job with rows to send is prepared (seconds to minutes of counting), the SDK of its
-    provider is imported in the background (``prefetch``: once, building nothing), so the first
-    upload after it does not wait about a second for the import.  The engine says which provider
-    has rows to send (``on_rows_to_send``), the daemon finds it behind the router; a job answered
-    from the store says nothing (see the test below: no SDK is imported then)."""
-    from batchgrader.core.home import Home
-    from batchgrader.daemon.process import Daemon
+def test_a_providers_sdk_is_imported_and_its_client_built_ahead_while_a_job_is_prepared(home, tmp_path, monkeypatch):
+    """While a job with rows to send is prepared (seconds to minutes of counting), its provider is
+    built in the background (``prefetch``: once; the SDK imported, the client made), so the first
+    upload after it does not wait for them.  The prepare step asks at the first row to send; a job
+    answered from the store asks nothing (see the test above: no SDK is imported then)."""
     from ticks import Rig
 
     (tmp_path / "bg_fake_sdk_for_prefetch.py").write_text("LOADED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    built: list[int] = []
-    deferred = DeferredProvider("openai", lambda: built.append(1), "bg_fake_sdk_for_prefetch")
-    daemon = Daemon(Home(tmp_path / "daemon-home"), deferred={"openai": deferred})
-    daemon.prefetch("anthropic")  # not configured here: nothing to ready
-    daemon.prefetch("openai")
-    assert deferred._prefetching is not None
-    deferred._prefetching.join(timeout=30)
-    assert "bg_fake_sdk_for_prefetch" in sys.modules and built == [] and not deferred.built
-    assert deferred.prefetch() is None  # once
-    assert DeferredProvider("openai", lambda: None, "no_such_sdk_module_anywhere").prefetch().join(timeout=30) is None
+    built: list[str] = []
+
+    def build():  # noqa: ANN202
+        importlib.import_module("bg_fake_sdk_for_prefetch")  # the costly part: the SDK's import
+        built.append("openai")
+        return MemoryProvider()
+
+    providers = Providers({"openai": build})
+    assert providers.prefetch("anthropic") is None  # not configured here: nothing to ready
+    thread = providers.prefetch("openai")
+    assert thread is not None
+    thread.join(timeout=30)
+    assert "bg_fake_sdk_for_prefetch" in sys.modules and built == ["openai"]
+    assert providers.prefetch("openai") is None  # once
+
+    def broken():  # noqa: ANN202
+        raise RuntimeError("no such SDK")
+
+    failing = Providers({"openai": broken})
+    failing.prefetch("openai").join(timeout=30)  # reported by the call that needs it, not here
+    with pytest.raises(RuntimeError, match="no such SDK"):
+        failing.get("openai")
 
     rig = Rig(home)
-    to_send: list[str] = []
-    rig.engine.ctx.on_rows_to_send = to_send.append
-    rig.drop(3)
-    assert to_send == ["openai"]  # once, at the first row to send
+    memory = rig.provider
+    asked = threading.Event()
+
+    def build_rig():  # noqa: ANN202
+        asked.set()
+        return memory
+
+    rig.engine.ctx.providers = Providers({"openai": build_rig})
+    rig.drop(3)  # accepted and prepared: nothing sent yet
+    assert asked.wait(timeout=30)  # built from the first row to send on, in the background
+    assert memory.calls == []
     rig.close()
 
 
-def test_the_listing_heartbeat_reaches_a_deferred_provider_behind_the_router(emu):
-    """The engine sets ``on_page`` on whatever provider it has (a router of deferred providers in
-    the daemon): setting it builds nothing, and once built, every page listed feeds the heartbeat
-    (the systemd watchdog during a long listing)."""
+def test_the_listing_heartbeat_reaches_a_provider_built_later(emu):
+    """The engine sets the listing heartbeat on its providers: setting it builds nothing, and once a
+    provider is built, every page listed feeds the heartbeat (the systemd watchdog during a long
+    listing)."""
     from batchgrader.provider.openai_api import OpenAIProvider
-    from batchgrader.provider.router import ProviderRouter
 
-    deferred = DeferredProvider("openai", lambda: OpenAIProvider(api_key=API_KEY, base_url=emu.base_url, timeout=10))
-    router = ProviderRouter({"openai": deferred})
+    providers = Providers({"openai": lambda: OpenAIProvider(api_key=API_KEY, base_url=emu.base_url, timeout=10)})
     beats: list[int] = []
-    router.on_page = lambda: beats.append(1)
-    assert not deferred.built and beats == []
-    router.list_batches()
-    assert deferred.built and len(beats) == 1
-    deferred.find_files("nothing.jsonl")
+    providers.set_on_page(lambda: beats.append(1))
+    assert providers.built() == {} and beats == []
+    p = providers.get("openai")
+    p.list_batches()
+    assert len(beats) == 1
+    p.find_files("nothing.jsonl")
     assert len(beats) == 2
 
 

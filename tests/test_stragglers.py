@@ -12,6 +12,7 @@ from batchgrader.core.decide import decide
 from batchgrader.core.route_state import route_summary
 from batchgrader.core.stragglers import MAX_MARGIN_SECONDS, MIN_MARGIN_SECONDS, REQUEST_SECONDS, margin, past_cutoff
 from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
+from batchgrader.provider.pool import Providers
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig
 
@@ -172,7 +173,8 @@ def _restart(rig: Rig, home) -> Rig:
     provider, now = rig.provider, rig.now
     rig.close()
     again = Rig(home, deadline_config())
-    again.provider = again.engine.ctx.provider = provider
+    again.provider = provider
+    again.engine.ctx.providers = Providers.of(provider)
     again.now = now
     return again
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from batchgrader.core.decide import resubmit_delay
+from batchgrader.provider.pool import Providers
 from ticks import Rig, refusal
 
 
@@ -267,7 +268,7 @@ def test_failed_rows_are_retried_up_to_the_limit(home):
     rig = make(home, "max_row_retries: 1\n")
     rig.drop(4)
     rig.tick()
-    ids = rig.provider._requests(next(iter(rig.provider.files)))
+    ids = rig.provider.requests_in(next(iter(rig.provider.files)))
     rig.provider.row_errors = {ids[1]["custom_id"]: ("server_error", "try again")}
     rig.provider.finish_all()
     types = rig.tick()
@@ -508,7 +509,7 @@ def test_a_restarted_engine_reconciles_an_open_upload(home):
     rig.close()
     again = make(home, "")  # a new process: state folded from the log, timers fresh
     again.provider = provider
-    again.engine.ctx.provider = provider
+    again.engine.ctx.providers = Providers.of(provider)
     assert again.tick()[:2] == ["FileUploaded", "BatchCreateRequested"]
     assert provider.calls.count(("upload", provider.calls[0][1])) == 1
     again.close()
@@ -646,7 +647,7 @@ def test_bgctl_retry_reopens_a_finished_job_and_writes_a_new_result(home):
     rig = make(home, "max_row_retries: 0\n")
     rig.drop(4)
     rig.tick()
-    first = rig.provider._requests(next(iter(rig.provider.files)))[0]["custom_id"]
+    first = rig.provider.requests_in(next(iter(rig.provider.files)))[0]["custom_id"]
     rig.provider.row_errors = {first: ("server_error", "try again")}
     rig.provider.finish_all()
     assert rig.tick()[-1] == "JobCompleted" and rig.job().ended == "completed_with_errors"
@@ -673,7 +674,7 @@ def test_a_halt_also_fails_the_retry_chunks_waiting_to_be_sent(home):
     rig = make(home, "split_row_limit: 2\nmax_simultaneous_batches: 1\nhalt_on_chunk_failure: true\nmax_row_retries: 1\n")
     rig.drop(4)
     rig.tick()
-    ids = rig.provider._requests(next(iter(rig.provider.files)))
+    ids = rig.provider.requests_in(next(iter(rig.provider.files)))
     rig.provider.row_errors = {ids[1]["custom_id"]: ("server_error", "try again")}
     rig.provider.finish_all()
     rig.tick()  # chunk 0 merged (a row to retry), chunk 1 sent

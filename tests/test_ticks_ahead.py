@@ -5,6 +5,7 @@ Tick by tick with the in-memory provider (no sleeps)."""
 from __future__ import annotations
 
 from batchgrader.core.decide import upload_name
+from batchgrader.provider.pool import Providers
 from batchgrader.store.readmodels import chunk_label
 from ticks import BASE_CONFIG, Rig, refusal
 
@@ -139,7 +140,8 @@ def _restart(rig: Rig) -> Rig:
     provider, now, extra = rig.provider, rig.now, _extra(rig)
     rig.close()
     again = Rig(rig.home, extra)
-    again.provider = again.engine.ctx.provider = provider
+    again.provider = provider
+    again.engine.ctx.providers = Providers.of(provider)
     again.now = now
     return again
 

@@ -83,7 +83,7 @@ def test_cancelling_a_retry_leaves_a_completed_with_errors_job_as_it_was(home):
     try:
         rig.drop(3)
         rig.tick()
-        ids = rig.provider._requests(next(iter(rig.provider.files)))
+        ids = rig.provider.requests_in(next(iter(rig.provider.files)))
         rig.provider.row_errors = {ids[1]["custom_id"]: ("server_error", "try again")}
         rig.provider.finish_all()
         rig.tick()
@@ -115,7 +115,7 @@ def test_a_row_refused_with_400_is_not_retried_automatically_but_bgctl_retry_res
     try:
         rig.drop(3)
         rig.tick()
-        ids = [r["custom_id"] for r in rig.provider._requests(next(iter(rig.provider.files)))]
+        ids = [r["custom_id"] for r in rig.provider.requests_in(next(iter(rig.provider.files)))]
         rig.provider.row_errors = {ids[0]: ("invalid_value", "bad parameter"), ids[1]: ("server_error", "try again")}
         rig.provider.finish_all()
         types = rig.tick()

@@ -12,7 +12,7 @@ from ticks import Rig
 def _batch_inputs(rig: Rig) -> list[list[dict]]:
     """The request lines of every batch input file uploaded so far, in upload order."""
     files = [f for f in rig.provider.files.values() if f.info.purpose == "batch"]
-    return [rig.provider._requests(f.info.id) for f in files]
+    return [rig.provider.requests_in(f.info.id) for f in files]
 
 
 def test_a_failed_leader_is_retried_once_and_its_duplicates_copy_its_answer(home):

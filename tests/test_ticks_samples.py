@@ -22,7 +22,7 @@ SCORE_SCHEMA = (
 
 def _batch_inputs(rig: Rig) -> list[list[dict]]:
     files = [f for f in rig.provider.files.values() if f.info.purpose == "batch"]
-    return [rig.provider._requests(f.info.id) for f in files]
+    return [rig.provider.requests_in(f.info.id) for f in files]
 
 
 def sent(rig: Rig) -> int:

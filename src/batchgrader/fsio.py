@@ -14,6 +14,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,6 +168,11 @@ def remove_stale_temp_files(folder: Path, recursive: bool = False) -> list[Path]
                 p.unlink()
                 removed.append(p)
     return removed
+
+
+def stamp(ts: float) -> str:
+    """A time as it is put in a file name: ``20261125T101500Z`` (UTC)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def free_path(folder: Path, name: str, stamp: str, companion: Callable[[str], str] | None = None) -> Path:

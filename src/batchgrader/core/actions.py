@@ -107,7 +107,7 @@ class SendOnline(Action):
     """Send the job's rows through the provider's synchronous API (``route: flex`` or
     ``online``; ``auto`` first chooses, ``RouteChosen``): per request the intent
     ``OnlineRequestSent``, then ``OnlineRequestAnswered`` or ``OnlineRequestFailed``; once every
-    row is answered or failed for good, ``OnlineRowsDone`` (daemon/online.py)."""
+    row is answered or failed for good, ``OnlineRowsDone`` (daemon/steps/online.py)."""
 
     stage: ClassVar[int] = 2
     ends_step: ClassVar[bool] = True

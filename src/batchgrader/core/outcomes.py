@@ -9,12 +9,15 @@ what to do next; this module says what the answer to it means.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from batchgrader.core import queue
 from batchgrader.core.decide import capacity_refusal, resubmit_delay
+from batchgrader.core.events import NewEvent, new_event
 from batchgrader.core.settle import CreateSent, absent_after, duplicate_check_in, next_listing_in
+from batchgrader.core.state import ChunkState
 
 #: failed downloads of one file (each with the client's own retries) before its rows fail
 MAX_DOWNLOAD_ATTEMPTS = 4
@@ -171,3 +174,28 @@ def duplicate_watch_next(now: float, ends: float, batch_ended: bool, pending: in
     if (batch_ended or now >= ends) and not pending:
         return None
     return duplicate_check_in(now, ends)
+
+
+def batch_status_event(c: ChunkState, b: Any) -> NewEvent | None:
+    """The ``BatchStatusChanged`` of what the provider says of ``c``'s batch (``b``, a
+    :class:`~batchgrader.provider.protocol.BatchInfo`), or None if nothing changed (always one for
+    a batch not read back since its create reply: that it was read is recorded)."""
+    counts = dataclasses.asdict(b.request_counts)
+    same = (b.status, counts, b.output_file_id, b.error_file_id) == (
+        c.status,
+        c.request_counts,
+        c.output_file_id,
+        c.error_file_id,
+    )
+    if same and c.read_back:
+        return None
+    return new_event(
+        "BatchStatusChanged",
+        chunk=c.index,
+        batch_id=b.id,
+        status=b.status,
+        request_counts=counts,
+        output_file_id=b.output_file_id,
+        error_file_id=b.error_file_id,
+        errors=[dataclasses.asdict(x) for x in b.errors],
+    )

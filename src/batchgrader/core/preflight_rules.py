@@ -1,5 +1,5 @@
 """The preflight's rules, pure: whether a job's preflight is still due, how long after a
-transient failure it is sent again, and how many tries it gets (:mod:`batchgrader.daemon.preflight`
+transient failure it is sent again, and how many tries it gets (:mod:`batchgrader.daemon.steps.preflight`
 sends it; :mod:`batchgrader.core.decide` asks :func:`preflight_due`)."""
 
 from __future__ import annotations

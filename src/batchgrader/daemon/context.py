@@ -1,41 +1,63 @@
-"""The engine's one explicit context: what every step object shares.
+"""The engine's one explicit context: all that the steps (``daemon/steps/``) share.
 
 :class:`Context` holds the home, the config and prices, the event store and the folded state,
-the provider (or router), the clocks of the tick under way, the :class:`~batchgrader.core.schedule.Schedule`
-(all timing state), and the hooks the daemon sets (stop, heartbeat, prefetch, counting, merge
-workers); its methods are the plumbing every step uses: ``emit`` (append events, fold them in),
-a job's profile and provider, whose queue a limit belongs to, the split limits, the cost of usage.
-Steps (``daemon/intake.py``, ``prepare.py``, ``submit.py``, ``collect.py``, ``finish.py``,
-``reuse.py``, ``preflight.py``) each receive it, and the other steps they call, explicitly.
+the providers by name (:class:`~batchgrader.provider.pool.Providers`), the clocks of the tick
+under way, the :class:`~batchgrader.core.schedule.Schedule` (all timing state), what this process
+read of each job's reuse file, and the hooks the daemon sets (stop, heartbeat, counting, merge
+workers).  Its methods are the effects more than one step has: ``emit`` (append events, fold
+them in), a job's profile and its provider (:meth:`Context.provider_for`), a chunk's rows failed,
+a refused chunk's file deleted, the stored answers a job may take, whose queue a limit belongs
+to, the split limits, the cost of usage; and :class:`Outbox` (``ctx.outbox``): the outbox paths
+reserved, error reports, a chunk's results file.  Each step is built over the context alone and
+never reaches another step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from batchgrader.core import queue
 from batchgrader.core.config import Config, ConfigError, Profile
 from batchgrader.core.decide import Timers, queue_limit
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.home import Home
-from batchgrader.core.panel import judge_profile
+from batchgrader.core.panel import judge_profile, judge_result_path
 from batchgrader.core.providers import PROVIDER_FACTS
 from batchgrader.core.schedule import Schedule
-from batchgrader.core.state import JobState, State, fold
-from batchgrader.daemon.base import _e, _short
+from batchgrader.core.state import ChunkState, JobState, State, fold
 from batchgrader.daemon.workers import MergeWorkers
+from batchgrader.fsio import atomic_write_bytes, fit_name, free_path, stamp
 from batchgrader.pipeline.answerkey import provider_id_of
+from batchgrader.pipeline.chunkplan import chunk_custom_ids, with_followers
+from batchgrader.pipeline.job_reuse import ReuseFiles
+from batchgrader.pipeline.outbox import error_name, error_report, report_name
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost
+from batchgrader.pipeline.reuse import Lookup
 from batchgrader.pipeline.splitting import Limits
-from batchgrader.provider.protocol import Provider
+from batchgrader.provider.pool import Providers
+from batchgrader.provider.protocol import Provider, ProviderError
 from batchgrader.store import answers
 from batchgrader.store.eventstore import EventStore, NewEvent
 
 log = logging.getLogger("batchgrader.engine")
+
+CLOCK_SKEW_SLACK = 600  # s, between our clock and the provider's, for created_after
+
+
+def _short(payload: dict[str, Any]) -> str:
+    s = json.dumps(
+        {k: v for k, v in payload.items() if k not in ("rows", "custom_ids", "chunks", "row_errors")},
+        ensure_ascii=False,
+        default=str,
+    )
+    return s if len(s) < 300 else s[:297] + "..."
 
 
 @dataclass
@@ -45,7 +67,7 @@ class Context:
     home: Home
     config: Config
     store: EventStore
-    provider: Provider | None
+    providers: Providers  # by name; a job's calls go to provider_for(job)
     prices: PriceTable
     sandbox: bool = False
     state: State = field(default_factory=State)
@@ -58,21 +80,20 @@ class Context:
     anchor: tuple[float, float] | None = None  # (wall, mono) of the first tick
     should_stop: Callable[[], bool] = lambda: False  # set by the daemon: SIGTERM finishes the current step
     on_progress: Callable[[], None] = lambda: None  # heartbeat for long steps (systemd watchdog)
-    # set by the daemon: a job being prepared has rows to send to this provider (its SDK can be
-    # readied meanwhile)
-    on_rows_to_send: Callable[[str], None] = lambda provider: None
     # the counting hook per profile (provider/counting.py); set by the daemon (the sandbox points it
     # at the emulator); None: built from the profile's settings (counter_for)
     token_counter: Callable[[Profile], Any] | None = None
     # set by the daemon: where chunks of at least ``merge_worker_rows`` rows are merged (worker
     # processes); None: every chunk is merged in this process, within its tick
     merge_workers: MergeWorkers | None = None
+    reuse: ReuseFiles = field(default_factory=ReuseFiles)  # what this process read of each job's reuse file
+    outbox: Outbox = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = fold(self.store.read())
-        if self.provider is not None and hasattr(self.provider, "on_page"):
-            # a long listing (many pages) keeps the watchdog fed from this, the working thread
-            self.provider.on_page = lambda: self.on_progress()
+        self.outbox = Outbox(self)
+        # a long listing (many pages) keeps the watchdog fed from this, the working thread
+        self.providers.set_on_page(lambda: self.on_progress())
         if not self.store.readonly:
             with self.store.write() as conn:
                 answers.ensure(conn)
@@ -100,11 +121,43 @@ class Context:
             profile = judge_profile(profile, int((panel.settings if panel else {}).get("samples") or 1))
         return profile
 
-    def provider_name_of(self, job_id: str) -> str:
-        """The provider a job's calls go to (``ProviderRouter.provider_of_job``): the one recorded
-        when it was accepted, else its profile's."""
-        job = self.state.jobs[job_id]
-        return job.provider or self.profile_of(job).provider
+    def provider_for(self, job: JobState) -> Provider:
+        """The provider a job's calls go to: the one recorded when it was accepted
+        (``JobAccepted.provider``), else (an older log) its profile's; built at its first call."""
+        return self.providers.get(job.provider or self.profile_of(job).provider)
+
+    def rows_failed(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
+        """Every row of chunk ``c`` fails with ``code`` (its duplicates with it): ``RowsFailed``."""
+        cids = with_followers(chunk_custom_ids(c), self.reuse.followers_of(job))
+        rows = [{"custom_id": cid, "code": code, "message": message} for cid in cids]
+        if rows:
+            self.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
+
+    def delete_refused_file(self, job: JobState, c: ChunkState, refused: bool = False) -> None:
+        """Delete the input file of a batch refused for the queue limit (``refused``: it is, whatever
+        the chunk's state says), or of a chunk uploaded ahead of queue room and never created,
+        before its rows are sent again (a new upload, or new chunks) or given up, so it is never
+        left at the provider.  Idempotent: after a crash it is simply done again."""
+        refused = refused or bool(c.failure is not None and c.failure.get("retryable"))
+        refused_create = c.upload == "done" and c.create == "failed"  # refused at once: no batch uses the file
+        staged = c.staged and c.upload == "done"  # uploaded ahead of queue room, never created
+        if not c.file_id or not (refused or refused_create or staged):
+            return
+        try:
+            self.provider_for(job).delete_file(c.file_id)
+        except ProviderError as exc:
+            log.info("could not delete refused batch file %s: %s", c.file_id, exc)
+
+    def stored_answers(self, profile: Profile, now: float) -> Lookup:
+        """The answers store's lookup for a job of ``profile`` at ``now`` (its retention)."""
+        conn = self.store.conn
+
+        def lookup(keys: Any) -> dict[str, Any]:
+            return answers.lookup(
+                conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
+            )
+
+        return lookup
 
     def accepted_as(self, profile: Profile, sandbox: bool) -> dict[str, Any]:
         """What ``JobAccepted`` records of who answers a job of ``profile`` (fixed from then on)."""
@@ -180,9 +233,6 @@ class Context:
         wall0, mono0 = self.anchor
         return min(self.wall, wall0 + (self.mono - mono0))
 
-    def provider_key(self) -> str:
-        return provider_id_of(self.settings, self.sandbox)
-
     def provider_key_for(self, job: JobState) -> str:
         """Who answers a job's rows (whose stored answers they may reuse, and under whom their
         answers are stored): the ``provider_id`` recorded when it was accepted; in an older log,
@@ -223,6 +273,16 @@ class Context:
         return float(billed_cost(price, usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]))
 
     # --- the provider's queue limit -----------------------------------------------------------
+    def split_limits(self, profile: Profile) -> Limits:
+        """The limits a job of ``profile`` is split by: :meth:`limits` when the queue limit is
+        tighter, else the profile's (with the model's context window)."""
+        found = self.limits(profile)
+        if found is not None:
+            return found
+        price = self.prices.find(profile.model)
+        window = profile.context_window if profile.context_window is not None else (price.context_window if price else None)
+        return Limits.from_settings(profile, window)
+
     def limits(self, profile: Profile) -> Limits | None:
         """The split limits, tightened to the model's queue limit (configured or learned)."""
         cap = queue_limit(self.state, self.config, profile.model, self.queue_url_for(profile))[0]
@@ -237,7 +297,7 @@ class Context:
         """Whose queue a learned limit belongs to: the provider's base URL ('sandbox' in sandbox mode)."""
         if self.sandbox:
             return "sandbox"
-        return str(getattr(self.provider, "base_url", "") or self.settings.base_url or "").rstrip("/")
+        return str(self.providers.base_url or self.settings.base_url or "").rstrip("/")
 
     def learned_event(
         self, model: str, learned: queue.Learned | None, chunk: int, message: str | None, job: JobState | None = None
@@ -265,3 +325,59 @@ class Context:
                 message=message,
             )
         ]
+
+
+class Outbox:
+    """The outbox as the steps share it (``ctx.outbox``): free paths no other job recorded, error
+    reports, a chunk's results file."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def owner(self, path: str, job_id: str) -> str | None:
+        """Another job that recorded ``path`` as its result or error file, if any."""
+        for j in self.ctx.state.jobs.values():
+            if j.job_id != job_id and path in (j.result_path, j.error_path):
+                return j.job_id
+        return None
+
+    def reserve(self, name: str, job_id: str, now: float, companion: Callable[[str], str] | None = None) -> Path:
+        """A free outbox path that no other job has recorded either (a job that recorded a path
+        and crashed before writing it still owns it: two inputs with the same name never swap).
+        With ``companion`` (the result's report name), its companion's name is free too.  A
+        judge of a panel writes in the panel's folder, not the outbox."""
+        home = self.ctx.home
+        job = self.ctx.state.jobs.get(job_id)
+        if job is not None and job.panel_of is not None:
+            mine = judge_result_path(home, job, name)
+            return free_path(mine.parent, mine.name, stamp(now))  # a retried judge writes a new one
+        path = free_path(home.outbox, name, stamp(now), companion)
+        if self.owner(str(path), job_id) is None:
+            return path
+        own = fit_name(Path(name).stem, f"_{job_id[:12]}{Path(name).suffix}")  # a name only this job uses
+        return free_path(home.outbox, own, stamp(now), companion)
+
+    def report_of(self, job: JobState) -> Callable[[str], str] | None:
+        """The report's name for a result's (``write_report``), so the two share their stem."""
+        try:
+            return report_name if self.ctx.profile_of(job).get("write_report") else None
+        except ConfigError:
+            return None
+
+    def error_path(self, job: JobState, now: float) -> Path:
+        """A free path for a job's error report (a judge of a panel: in the panel's folder)."""
+        if job.panel_of is not None:
+            mine = judge_result_path(self.ctx.home, job, error_name(job.file))
+            return free_path(mine.parent, mine.name, stamp(now))
+        return free_path(self.ctx.home.outbox, error_name(job.file), stamp(now))
+
+    def write_error_report(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
+        """Name the error report in an intent (``OutboxWriteStarted``), write it, record it."""
+        self.ctx.emit(job_id, _e("OutboxWriteStarted", path=None, error_path=str(path)))
+        if not path.exists():
+            atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
+        self.ctx.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
+
+    def results_path(self, job: JobState, c: ChunkState) -> str:
+        """Where chunk ``c``'s results are written when it is merged (or answered synchronously)."""
+        return str(self.ctx.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl")

@@ -14,14 +14,15 @@ import logging
 from batchgrader.core.config import Config
 from batchgrader.core.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, next_action, resubmit_delay, utc_day
 from batchgrader.core.due import next_due
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.home import Home
 from batchgrader.core.state import JobState
-from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.dispatch import EngineSteps, Handler, action_table
+from batchgrader.daemon.dispatch import Handler, Steps, action_table
 from batchgrader.fsio import remove_stale_temp_files
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
+from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
 from batchgrader.store.eventstore import DatabaseMoved, EventStore
 
@@ -36,10 +37,18 @@ class Engine:
     gives its type; the steps share one :class:`~batchgrader.daemon.context.Context`."""
 
     def __init__(
-        self, home: Home, config: Config, store: EventStore, provider: Provider | None, prices: PriceTable, sandbox: bool = False
+        self,
+        home: Home,
+        config: Config,
+        store: EventStore,
+        providers: Providers | Provider | None,
+        prices: PriceTable,
+        sandbox: bool = False,
     ) -> None:
-        self.ctx = Context(home, config, store, provider, prices, sandbox=sandbox)
-        self.steps = EngineSteps.build(self.ctx)
+        """``providers``: the daemon's providers by name, or one provider for every job (tick tests, tools)."""
+        pool = providers if isinstance(providers, Providers) else Providers.of(providers)
+        self.ctx = Context(home, config, store, pool, prices, sandbox=sandbox)
+        self.steps = Steps.build(self.ctx)
         self.handlers: dict[type[Action], Handler] = action_table(self.steps)
         self.idle = False
         self.again = False  # a job stopped its tick after an action with more to do now (tick again at once)
@@ -121,10 +130,7 @@ class Engine:
         self.idle = not self.busy() and not self.inbox_pending()
 
     def _advance_all(self, now: float) -> None:
-        try:
-            self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
-        except ProviderError as exc:
-            log.warning("listing batches: %s (polling them one by one)", exc)
+        self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
         for job in sorted(self.ctx.state.jobs.values(), key=lambda j: j.created_ts):
             if self.ctx.should_stop():
                 return

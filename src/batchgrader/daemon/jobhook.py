@@ -1,4 +1,5 @@
-"""Effects of a job's end that never change the job: the ``on_job_end`` command and the HTML report.
+"""Effects of a job's end that never change the job: the ``on_job_end`` command (the HTML report's
+name is :func:`~batchgrader.pipeline.outbox.report_name`, re-exported here).
 
 The command runs in a thread of its own (the engine does not wait for it), through the shell,
 with the job's figures in ``BG_*`` environment variables and without any API key: every variable
@@ -18,10 +19,10 @@ import signal
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from batchgrader.core.config import secret_env_names
+from batchgrader.pipeline.outbox import report_name as report_name  # re-exported
 
 log = logging.getLogger("batchgrader.jobhook")
 
@@ -93,12 +94,3 @@ def start_hook(command: str, variables: Mapping[str, str], timeout: float, secre
     )
     t.start()
     return t
-
-
-def report_name(result_path: str) -> str:
-    """The HTML report's name, following the result's: ``answers_results.csv`` gives
-    ``answers_report.html``, a result renamed with a timestamp (``answers_results_20261125T101500Z.csv``)
-    gives the report the same suffix (``answers_report_20261125T101500Z.html``)."""
-    stem = Path(result_path).stem
-    head, found, tail = stem.rpartition("_results")
-    return f"{head}_report{tail}.html" if found else f"{stem}_report.html"

@@ -14,7 +14,6 @@ after each tick.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import logging.handlers
@@ -26,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batchgrader.core.config import Config, ConfigError, load_config
 from batchgrader.core.due import TickOutcome, TickPace
@@ -40,6 +39,9 @@ from batchgrader.daemon.control import apply_control, pending_controls, set_cont
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
+
+if TYPE_CHECKING:
+    from batchgrader.provider.pool import Providers
 
 SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 log = logging.getLogger("batchgrader")
@@ -90,86 +92,6 @@ def sandbox_emulator(
     return SandboxEmulator(data_dir, SANDBOX_KEY, label, models, models_file).start()
 
 
-class DeferredProvider:
-    """A provider built at its first use: attribute access builds it (once) with ``build`` and
-    forwards to it.  Until then no SDK is imported and no emulator is started, so a daemon whose
-    jobs send nothing (every row answered from the answers store) does not pay for them.  Only
-    the tick thread calls providers; the lock keeps a second caller from building twice."""
-
-    def __init__(self, name: str, build: Callable[[], Any], sdk: str | None = None):
-        self._name = name
-        self._build = build
-        self._sdk = sdk  # the module ``build`` imports (the costly part), for :meth:`prefetch`
-        self._prefetching: threading.Thread | None = None
-        self._real: Any = None
-        self._lock = threading.Lock()
-        self._on_page: Callable[[], None] | None = None
-
-    @property
-    def on_page(self) -> Callable[[], None]:
-        """The listing heartbeat: kept until the provider is built (setting it builds nothing)."""
-        if self._real is not None and hasattr(self._real, "on_page"):
-            return self._real.on_page  # type: ignore[no-any-return]
-        return self._on_page or (lambda: None)
-
-    @on_page.setter
-    def on_page(self, fn: Callable[[], None]) -> None:
-        self._on_page = fn
-        if self._real is not None and hasattr(self._real, "on_page"):
-            self._real.on_page = fn
-
-    @property
-    def built(self) -> bool:
-        return self._real is not None
-
-    def prefetch(self) -> threading.Thread | None:
-        """Import the SDK module in a background thread (once, and not once built), so that the
-        first call, an upload after the job is prepared, does not wait about a second for it.
-        Nothing is built and nothing is sent; an import that fails fails again at the build,
-        which reports it.  Returns the thread started (None: nothing to do)."""
-        if self._sdk is None or self._real is not None or self._prefetching is not None:
-            return None
-        sdk = self._sdk
-
-        def load() -> None:
-            try:
-                importlib.import_module(sdk)
-            except Exception as exc:  # reported by the build, where it matters
-                log.debug("prefetching %s: %s", sdk, exc)
-
-        self._prefetching = threading.Thread(target=load, name=f"prefetch-{self._name}", daemon=True)
-        self._prefetching.start()
-        return self._prefetching
-
-    def _get(self) -> Any:
-        if self._real is None:
-            with self._lock:
-                if self._real is None:
-                    real = self._build()
-                    if self._on_page is not None and hasattr(real, "on_page"):
-                        real.on_page = self._on_page
-                    self._real = real
-                    log.info("provider %s ready", self._name)
-        return self._real
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):  # copy, pickle and friends look for dunders: never build for them
-            raise AttributeError(name)
-        return getattr(self._get(), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_") or name == "on_page":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._get(), name, value)
-
-    def __repr__(self) -> str:
-        return f"DeferredProvider({self._name!r}, built={self.built})"
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a provider holds an API key and cannot be pickled")
-
-
 # --- the daemon --------------------------------------------------------------------------------------
 
 
@@ -197,17 +119,10 @@ class Daemon:
     fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
     emulator: Any = None  # the sandbox's emulator process, started at the first provider call (see _sandbox_url)
-    deferred: dict[str, DeferredProvider] = field(default_factory=dict)  # the providers built at their first call
+    emulator_lock: threading.Lock = field(default_factory=threading.Lock)
     config_watch: ConfigWatch | None = None  # config.yaml and pricing.csv as last loaded: an edit reloads them
     ticks: int = 0  # ticks run so far
     next_delay: float = 0.0  # s, the wait after the last tick (until the next due time, or a wake-up)
-
-    def prefetch(self, name: str) -> None:
-        """Ready provider ``name``'s SDK in the background (a job has rows to send to it), when it
-        is built at its first call and not yet."""
-        p = self.deferred.get(name)
-        if p is not None:
-            p.prefetch()
 
     def _load(self) -> tuple[Config, PriceTable]:
         from batchgrader.core.secrets import apply_env_file, env_file_path
@@ -218,51 +133,53 @@ class Daemon:
 
         return load_checked(load_config(self.home, environ=self.environ))
 
-    def _provider(self, config: Config):
-        used = {p.values["provider"] for p in (config.default, *config.profiles.values())}
-        openai = self._openai_provider(config, required="openai" in used)
-        return self._provider_router(config, openai, used)
+    def _providers(self, config: Config) -> Providers:
+        """The providers a profile uses, by name (:class:`~batchgrader.provider.pool.Providers`):
+        a job's calls go to the one recorded for the job.  A provider first used after a reload
+        needs a restart.
 
-    def _sandbox_url(self, root: bool = True, config: Config | None = None) -> str:
-        """The emulator's URL (its root, or its OpenAI ``/v1`` base), started at the first call
-        (serving ``config``'s models and its pricing file's besides the shipped catalogue's)."""
-        if self.emulator is None:
-            models = (
-                tuple(sorted({str(p.values["model"]) for p in (config.default, *config.profiles.values())})) if config else ()
-            )
-            self.emulator = sandbox_emulator(
-                self.home.root / "sandbox",
-                f"sandbox emulator of {self.home.root}",
-                models,
-                config.pricing_path() if config is not None else None,
-            )
-        return str(self.emulator.root_url if root else self.emulator.base_url)
-
-    def _provider_router(self, config: Config, openai, used: set[str]):  # noqa: ANN001
-        """Every provider behind one: each job goes to the provider recorded when it was accepted
-        (:mod:`batchgrader.provider.router`).  A provider first used after a reload needs a restart.
-
-        Each provider of the registry (:mod:`batchgrader.provider.registry`) that a profile uses is
-        built (its SDK imported, the sandbox's emulator started) at its first call
-        (:class:`DeferredProvider`): a daemon whose jobs are answered from the answers store never
-        pays for them.  What can be refused (a missing key or endpoint) is checked here, at
-        start-up; outside the sandbox a provider whose spec says so is built now, so that its
-        constructor refuses a missing key."""
+        Each is built (its SDK imported, its client made, the sandbox's emulator started) at its
+        first call, or ahead of it while a job with rows for it is prepared: a daemon whose jobs
+        are answered from the answers store never pays for them.  What can be refused (a missing
+        key or endpoint) is checked here, at start-up; outside the sandbox a provider whose spec
+        says so is built now, so that its constructor refuses a missing key."""
         from batchgrader.core.config import provider_key_problem
+        from batchgrader.provider.pool import Providers
         from batchgrader.provider.registry import PROVIDERS
-        from batchgrader.provider.router import ProviderRouter
 
+        used = {p.values["provider"] for p in (config.default, *config.profiles.values())}
+        if not self.sandbox and not config.api_key and "openai" in used:
+            raise DaemonError(
+                "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
+            )
         problem = provider_key_problem(config, sandbox=self.sandbox)
         if problem:
             raise DaemonError(problem)
-        providers = {"openai": openai} if openai is not None else {}
-        for name, spec in PROVIDERS.items():
-            if name in used and name not in providers and name != "openai":
-                build = self._adapter_factory(spec, config)
-                eager = spec.built_at_start and not self.sandbox
-                providers[name] = build() if eager else DeferredProvider(name, build, spec.adapter_module)
-        self.deferred = {name: p for name, p in providers.items() if isinstance(p, DeferredProvider)}
-        return ProviderRouter(providers)
+        builders = {name: self._adapter_factory(spec, config) for name, spec in PROVIDERS.items() if name in used}
+        if "openai" not in used and (self.sandbox or config.api_key):  # a job of an older log may still be OpenAI's
+            builders["openai"] = self._adapter_factory(PROVIDERS["openai"], config)
+        providers = Providers(builders)
+        for name in builders:
+            if PROVIDERS[name].built_at_start and not self.sandbox:
+                providers.get(name)
+        return providers
+
+    def _sandbox_url(self, root: bool = True, config: Config | None = None) -> str:
+        """The emulator's URL (its root, or its OpenAI ``/v1`` base), started at the first call
+        (serving ``config``'s models and its pricing file's besides the shipped catalogue's); two
+        providers built at once (one ahead, in the background) start one."""
+        with self.emulator_lock:
+            if self.emulator is None:
+                models = (
+                    tuple(sorted({str(p.values["model"]) for p in (config.default, *config.profiles.values())})) if config else ()
+                )
+                self.emulator = sandbox_emulator(
+                    self.home.root / "sandbox",
+                    f"sandbox emulator of {self.home.root}",
+                    models,
+                    config.pricing_path() if config is not None else None,
+                )
+        return str(self.emulator.root_url if root else self.emulator.base_url)
 
     def _adapter_factory(self, spec, config: Config) -> Callable[[], Any]:  # noqa: ANN001
         """Build ``spec``'s batch adapter: with the profile settings' key and API base, or in the
@@ -292,20 +209,6 @@ class Daemon:
             return spec.sandbox_counter(SANDBOX_KEY, self._sandbox_url(True, config), timeout)
 
         return counter
-
-    def _openai_provider(self, config: Config, required: bool = True):  # noqa: ANN202
-        """The OpenAI provider, built at its first call (the SDK costs about a second to import);
-        a missing key is refused now."""
-        from batchgrader.provider.registry import PROVIDERS
-
-        spec = PROVIDERS["openai"]
-        if not self.sandbox and not config.api_key:
-            if not required:
-                return None
-            raise DaemonError(
-                "no API key: set OPENAI_API_KEY (or run `bgctl daemon --sandbox` to try it with the local emulator)"
-            )
-        return DeferredProvider("openai", self._adapter_factory(spec, config), spec.adapter_module)
 
     def install_signal_handlers(self) -> None:
         def on_stop(signum, frame):  # noqa: ANN001
@@ -366,7 +269,7 @@ class Daemon:
             ", SANDBOX: simulated results" if self.sandbox else "",
             ", --once" if self.once else "",
         )
-        provider = self._provider(config)
+        providers = self._providers(config)
         try:
             store = open_store(self.home, config.store_url)  # store_url: PostgreSQL; else the home's SQLite file
         except (SchemaTooNew, ConnectionError) as exc:
@@ -380,18 +283,11 @@ class Daemon:
                 f"store_url is set ({where}): the PostgreSQL event store is ready (bgctl store copy fills it), but a daemon "
                 "does not run on it yet (docs/scaling.md); unset store_url to run on the home's SQLite file"
             )
-        engine = Engine(self.home, config, store, provider, prices, sandbox=self.sandbox)
-        if hasattr(provider, "provider_of_job"):  # a ProviderRouter: route each job's calls to its provider
-            from batchgrader.provider.router import ObjectJobs
-
-            provider.provider_of_job = engine.ctx.provider_name_of  # the provider recorded when the job was accepted
-            provider.job_of_object = ObjectJobs(lambda: engine.ctx.state)  # which job a file or batch id is of
+        engine = Engine(self.home, config, store, providers, prices, sandbox=self.sandbox)
         if self.sandbox:
             engine.ctx.token_counter = self._sandbox_counter(config)
         engine.ctx.should_stop = self.stop.is_set
         engine.ctx.on_progress = self._beat
-
-        engine.ctx.on_rows_to_send = self.prefetch
         engine.ctx.merge_workers = MergeWorkers(wake=self.wake.set)
         self.engine = engine
         engine.startup(time.time())

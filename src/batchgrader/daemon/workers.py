@@ -27,14 +27,11 @@ from typing import Any
 
 from batchgrader.fsio import TMP_PREFIX, atomic_write_bytes
 from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, merge_chunk
+from batchgrader.pipeline.merge import MergeWorkerFailed as MergeWorkerFailed  # re-exported
 
 #: A merge running longer than this is stopped and done in the daemon instead (a 50,000-row
 #: chunk takes about 2 s here): a worker stuck on a stalled disk never holds its job forever.
 MERGE_WORKER_TIMEOUT_SECONDS = 600.0
-
-
-class MergeWorkerFailed(RuntimeError):
-    """The worker ended without an outcome (it could not start, failed, was killed or took too long)."""
 
 
 @dataclass

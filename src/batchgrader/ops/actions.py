@@ -99,12 +99,19 @@ def check_submittable(file: Path) -> None:
         )
 
 
+#: the rows `bgctl submit` reads to check a file (its header, its encoding, its first rows); a
+#: large file is not read through twice (here, then by the daemon)
+SUBMIT_CHECKED_ROWS = 1000
+
+
 def submit_action(
     home: Home, file: Path, profile: str | None, load_config: Callable[[], Any], *, fresh: bool = False
 ) -> dict[str, Any]:
-    """`bgctl submit`: check the type, the profile and the file's contents (as `bgctl count` reads
-    them: an empty, undecodable or malformed file, or one without a column the prompts need, is
-    refused with count's message), then copy into the inbox atomically."""
+    """`bgctl submit`: check the type, the profile and the start of the file's contents (as `bgctl
+    count` reads them: an empty, undecodable or malformed start, or a file without a column the
+    prompts need, is refused with count's message; the rows after the first
+    :data:`SUBMIT_CHECKED_ROWS` are the daemon's to check, before anything is paid), then copy
+    into the inbox atomically."""
     from batchgrader.pipeline.catalogue import load_checked
     from batchgrader.pipeline.inbox import submit_file
     from batchgrader.pipeline.input_checks import check_input
@@ -113,7 +120,7 @@ def submit_action(
     config = load_config()
     config.profile(profile)  # an unknown profile is named before anything else
     config, _table = load_checked(config)  # what the daemon refuses to start with: a model the catalogue lacks, a refused setting
-    check_input(file, config.profile(profile), home)
+    check_input(file, config.profile(profile), home, rows=SUBMIT_CHECKED_ROWS)
     dest = submit_file(home.ensure(), file, profile, fresh=fresh)
     daemon = daemon_info(home)
     when = (

@@ -87,15 +87,19 @@ def open_checked(path: Path, profile: Profile, builder: RequestBuilder) -> Itera
         raise missing_column_advice(exc, profile, builder.spec) from None
 
 
-def check_input(path: Path, profile: Profile, home: Home) -> int:
+def check_input(path: Path, profile: Profile, home: Home, rows: int | None = None) -> int:
     """Read ``path`` through as :func:`~batchgrader.pipeline.prepare.prepare` would (its format, encoding, sheet, the columns
     the profile's prompts need and every other check of its header, :func:`open_checked`),
     without counting tokens: the number of rows, or the :class:`InputError` :func:`~batchgrader.pipeline.prepare.prepare` (and
     ``bgctl count``) would raise for an empty, undecodable or malformed file, or one without a
-    required column (a misspelt ``reference_column`` too).  For ``bgctl submit``."""
+    required column (a misspelt ``reference_column`` too).  ``rows``: read no further than that
+    many rows (``bgctl submit``: the header and the first rows; what lies beyond is the daemon's
+    to report, before anything is paid)."""
     builder = RequestBuilder(profile, home, "0" * 64)
-    rows = 0
+    n = 0
     with open_checked(Path(path), profile, builder) as reader:
         for _row in reader:
-            rows += 1
-    return rows
+            n += 1
+            if rows is not None and n >= rows:
+                break
+    return n

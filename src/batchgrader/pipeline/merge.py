@@ -309,6 +309,11 @@ class MergeInputs:
         )
 
 
+class MergeWorkerFailed(RuntimeError):
+    """A merge worker (``daemon/workers.py``) ended without an outcome (it could not start, failed,
+    was killed or took too long): the chunk is merged in the daemon."""
+
+
 @dataclass(frozen=True)
 class MergeOutcome:
     """What :func:`merge_chunk` did: ``merged`` (the results file is written), or None when a

@@ -8,6 +8,7 @@ is ever deleted except our own temporary files.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
+from batchgrader.core.config import Profile
 from batchgrader.fsio import DERIVED_NAME_MAX, fit_name, shown_name
 from batchgrader.pipeline.formats.registry import result_suffix
 
@@ -28,6 +30,48 @@ def result_name(input_name: str) -> str:
 def error_name(input_name: str) -> str:
     """``a.csv`` -> ``a_error.txt``; a stem too long for the file system is cut (:func:`fit_name`)."""
     return fit_name(Path(input_name).stem, "_error.txt", DERIVED_NAME_MAX)
+
+
+def report_name(result_path: str) -> str:
+    """The HTML report's name, following the result's: ``answers_results.csv`` gives
+    ``answers_report.html``, a result renamed with a timestamp (``answers_results_20261125T101500Z.csv``)
+    gives the report the same suffix (``answers_report_20261125T101500Z.html``)."""
+    stem = Path(result_path).stem
+    head, found, tail = stem.rpartition("_results")
+    return f"{head}_report{tail}.html" if found else f"{stem}_report.html"
+
+
+def result_settings(profile: Profile) -> dict[str, Any]:
+    """The settings that shape the result file, fixed when the job is prepared."""
+    return {
+        "output_column": profile.output_column,
+        "response_format": profile.response_format,
+        "id_column": profile.id_column,
+        "csv_formula_guard": profile.csv_formula_guard,
+        "sheet": profile.get("sheet"),
+        "encoding": profile.get("encoding", "utf-8"),
+        **({"skip_empty": True} if profile.get("skip_empty") else {}),  # empty rows were left out (empty_input)
+        # read by `bgctl report` only; kept when set, so the settings of other jobs stay as they were
+        **{k: profile.get(k) for k in ("reference_column", "reference_field", "group_column") if profile.get(k) is not None},
+        **({"samples": profile.samples} if profile.get("samples", 1) != 1 else {}),  # requests per row: the vote
+    }
+
+
+_OUTBOX_CAUSES = {
+    errno.EACCES: ("permission_denied", "permission denied"),
+    errno.EPERM: ("permission_denied", "permission denied"),
+    errno.ENOSPC: ("no_space", "no space left on the device"),
+    errno.EDQUOT: ("no_space", "disk quota exceeded"),
+    errno.EROFS: ("read_only", "read-only file system"),
+    errno.ENOENT: ("not_found", "no such folder"),
+}
+
+
+def outbox_error(exc: OSError, path: str) -> tuple[str, str]:
+    """(code, message) for a result that could not be written, e.g. ``("permission_denied",
+    "cannot write the outbox: permission denied: /home/u/outbox/a_results.csv")``."""
+    code, cause = _OUTBOX_CAUSES.get(exc.errno or 0, ("os_error", exc.strerror or str(exc)))
+    return code, f"cannot write the outbox: {cause}: {path}"
 
 
 # --- result rows --------------------------------------------------------------------------------

@@ -716,3 +716,11 @@ def with_deployments(prices: PriceTable, profiles: Iterable[Any]) -> PriceTable:
         return merged
 
     return PriceTable(on, user_file=prices.user_file, day=prices.day)
+
+
+def has_flex(profile: Any, prices: PriceTable) -> bool:
+    """Whether the profile's model is served at the flex tier (OpenAI, catalogue row ``flex: yes``)."""
+    try:
+        return profile.provider == "openai" and prices.get(profile.model).spec.flex is True
+    except PricingError:
+        return False

@@ -55,6 +55,28 @@ def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, 
     return True
 
 
+@dataclass(frozen=True)
+class StoredAnswer:
+    """An answer a row may take instead of a request: one from the answers store
+    (``store/answers.py``), or one the job paid for itself (its preflight's, its synchronous
+    route's: ``ts`` names how, :mod:`batchgrader.core.answer_sources`)."""
+
+    key: str
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    job_id: str
+    custom_id: str
+    ts: str
+    # a billed answer of this job that is not usable (truncated, refused on a synchronous route):
+    # the row fails with it; never in the store
+    error_code: str | None = None
+    error_message: str | None = None
+
+
 @dataclass
 class ReusePlan:
     keep: MutableSequence[int] = field(default_factory=list)  # positions still to send, in order (an array('q') from ReuseProbe)

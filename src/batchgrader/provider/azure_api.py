@@ -7,9 +7,11 @@ create/upload/reconcile-by-listing contract are OpenAI's, so :class:`AzureOpenAI
 an :class:`~batchgrader.provider.openai_api.OpenAIProvider` (the same sent-once writes, retried
 reads, listing to reconcile) with two differences:
 
-* **ids say Azure**: every file and batch id it hands out is ``azure:<Azure's id>`` (and every id
-  it is given has that prefix removed), so the router sends each later call to Azure and never
-  to OpenAI, whose ids look the same.  One Azure resource (endpoint) per daemon.
+* **ids are Azure's own**: a job's calls reach Azure because the job records its provider, so an
+  id needs no mark.  Earlier versions handed out ``azure:<Azure's id>``; such an id, recorded in
+  an event log before the upgrade, is still read: the prefix is removed before the call, and what
+  a call given one returns names its ids the same way (:func:`old_form`), so a job in flight
+  compares like with like.  One Azure resource (endpoint) per daemon.
 * **model names are deployment names**: the request lines' ``model`` carries the deployment,
   and the queue quota (enqueued tokens) is per deployment, so a learned queue limit is kept per
   endpoint and deployment (see :attr:`base_url`).  Prices come from the profile's
@@ -54,7 +56,6 @@ from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
     BatchInfo,
     BatchPage,
-    FileInfo,
     OpenAIProvider,
     ProviderConfigError,
 )
@@ -70,27 +71,31 @@ MAX_REQUESTS = 50_000
 MAX_BATCH_BYTES = 200 * 1024 * 1024
 
 
-def azure_id(raw: str | None) -> str | None:
-    """Azure's own id, as the rest of the program names it (``azure:<id>``)."""
-    return None if raw is None else ID_PREFIX + raw
-
-
 def raw_id(object_id: str) -> str:
-    """The id Azure knows (the ``azure:`` prefix removed)."""
+    """The id Azure knows: an id recorded by an earlier version (``azure:<id>``) without its prefix."""
     return object_id[len(ID_PREFIX) :] if object_id.startswith(ID_PREFIX) else object_id
 
 
-def _file(f: FileInfo) -> FileInfo:
-    return dataclasses.replace(f, id=ID_PREFIX + f.id)
+def old_form(given: str | None) -> bool:
+    """Whether an id the caller gave is in the earlier versions' form (``azure:<id>``): what the
+    call returns is then named that way too."""
+    return bool(given) and str(given).startswith(ID_PREFIX)
 
 
-def _batch(b: BatchInfo) -> BatchInfo:
+def _prefixed(raw: str | None) -> str | None:
+    return None if raw is None else ID_PREFIX + raw
+
+
+def _batch(b: BatchInfo, old: bool) -> BatchInfo:
+    """A batch as the caller names its ids: Azure's own, or the earlier versions' form."""
+    if not old:
+        return b
     return dataclasses.replace(
         b,
         id=ID_PREFIX + b.id,
         input_file_id=ID_PREFIX + b.input_file_id,
-        output_file_id=azure_id(b.output_file_id),
-        error_file_id=azure_id(b.error_file_id),
+        output_file_id=_prefixed(b.output_file_id),
+        error_file_id=_prefixed(b.error_file_id),
     )
 
 
@@ -137,14 +142,8 @@ class AzureOpenAIProvider(OpenAIProvider):
 
     # --- files ---------------------------------------------------------------------------------
 
-    def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo:
-        return _file(super().upload(path, filename))
-
     def _upload_options(self) -> dict[str, Any]:
         return {"expires_after": {"anchor": "created_at", "seconds": FILE_EXPIRY_S}}
-
-    def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
-        return [_file(f) for f in super().find_files(filename, size, created_after)]
 
     def delete_file(self, file_id: str) -> bool:
         return super().delete_file(raw_id(file_id))
@@ -152,7 +151,7 @@ class AzureOpenAIProvider(OpenAIProvider):
     def download(self, file_id: str, dest_path: str | os.PathLike[str]) -> int:
         return super().download(raw_id(file_id), dest_path)
 
-    # --- batches (find_batches and iter_batches page through list_batches below) ----------------
+    # --- batches (find_batches and iter_batches page through list_batches) -----------------------
 
     def create_batch(
         self,
@@ -164,15 +163,20 @@ class AzureOpenAIProvider(OpenAIProvider):
         """``endpoint`` None: the ``url`` of the file's lines (:data:`AZURE_ENDPOINT`, as the
         pipeline writes them); OpenAI's chat endpoint is named as the api-version surface's."""
         endpoint = AZURE_ENDPOINT if endpoint == DEFAULT_ENDPOINT else endpoint
-        return _batch(super().create_batch(raw_id(input_file_id), endpoint, completion_window, metadata))
+        b = super().create_batch(raw_id(input_file_id), endpoint, completion_window, metadata)
+        return _batch(b, old_form(input_file_id))
 
     def retrieve(self, batch_id: str) -> BatchInfo:
-        return _batch(super().retrieve(raw_id(batch_id)))
+        return _batch(super().retrieve(raw_id(batch_id)), old_form(batch_id))
 
     def cancel(self, batch_id: str) -> BatchInfo:
-        return _batch(super().cancel(raw_id(batch_id)))
+        return _batch(super().cancel(raw_id(batch_id)), old_form(batch_id))
+
+    def find_batches(
+        self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None
+    ) -> list[BatchInfo]:
+        found = super().find_batches(raw_id(input_file_id) if input_file_id else None, metadata, created_after)
+        return [_batch(b, old_form(input_file_id)) for b in found]
 
     def list_batches(self, limit: int = 20, after: str | None = None) -> BatchPage:
-        page = super().list_batches(limit, raw_id(after) if after else None)
-        items = tuple(_batch(b) for b in page.items)
-        return BatchPage(items, page.has_more, azure_id(page.last_id))
+        return super().list_batches(limit, raw_id(after) if after else None)

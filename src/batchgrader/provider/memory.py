@@ -169,7 +169,7 @@ class MemoryProvider:
         b = self.batches[batch_id]
         if status not in ("completed", "failed", "expired", "cancelled"):
             raise ValueError(f"not a terminal status: {status}")
-        requests = self._requests(b.input_file_id)
+        requests = self.requests_in(b.input_file_id)
         if status == "failed":
             answered = 0
         elif answered is None:
@@ -180,9 +180,9 @@ class MemoryProvider:
             cid = req["custom_id"]
             if cid in self.row_errors:
                 code, message = self.row_errors[cid]
-                err.append(_line(self._error_line(cid, code, message)))
+                err.append(_line(_error_line(self, cid, code, message)))
             else:
-                out.append(_line(self._output_line(cid, req.get("body") or {}, req.get("url"))))
+                out.append(_line(_output_line(self, cid, req.get("body") or {}, req.get("url"))))
                 self.billed.append((b.metadata.get("bg_job", ""), cid, req.get("body") or {}))
         stamp = int(self.now)
         b = dataclasses.replace(
@@ -225,6 +225,11 @@ class MemoryProvider:
         """When the next timed batch completes (None: none is running)."""
         return min(self.ends.values(), default=None)
 
+    def requests_in(self, file_id: str) -> list[dict[str, Any]]:
+        """The request lines of an uploaded file (none: no such file)."""
+        f = self.files.get(file_id)
+        return [json.loads(line) for line in f.data.splitlines() if line.strip()] if f else []
+
     def finish_all(self, status: str = "completed", **kw: Any) -> list[BatchInfo]:
         return [self.finish(b.id, "cancelled" if b.status == "cancelling" else status, **kw) for b in self.open_batches()]
 
@@ -263,7 +268,7 @@ class MemoryProvider:
         if input_file_id not in self.files:
             raise ProviderRejected("batches.create", 400, f"no such file: {input_file_id}", code="invalid_request_error")
         bid = self._new_id("batch")
-        requests = self._requests(input_file_id)
+        requests = self.requests_in(input_file_id)
         if endpoint is None:  # the url of the file's lines, as an OpenAI batch names it
             endpoint = str(requests[0].get("url") or DEFAULT_ENDPOINT) if requests else DEFAULT_ENDPOINT
         total = len(requests)
@@ -307,11 +312,11 @@ class MemoryProvider:
 
     def retrieve(self, batch_id: str) -> BatchInfo:
         self._raise_if_faulted("retrieve", batch_id, "batches.retrieve")
-        return self._batch(batch_id, "batches.retrieve")
+        return _batch(self, batch_id, "batches.retrieve")
 
     def cancel(self, batch_id: str) -> BatchInfo:
         self._raise_if_faulted("cancel", batch_id, "batches.cancel")
-        b = self._batch(batch_id, "batches.cancel")
+        b = _batch(self, batch_id, "batches.cancel")
         if b.is_terminal:
             raise ProviderRejected("batches.cancel", 409, f"batch {batch_id} is already {b.status}", code="conflict")
         b = dataclasses.replace(b, status="cancelling", cancelling_at=int(self.now))
@@ -346,7 +351,7 @@ class MemoryProvider:
         if cid in self.row_errors:
             code, message = self.row_errors[cid]
             raise ProviderRejected(op, 400, message, code=code)
-        out = self._output_line(cid, line.get("body") or {}, line.get("url"))
+        out = _output_line(self, cid, line.get("body") or {}, line.get("url"))
         self.billed.append((job_id or "", cid, dict(line.get("body") or {})))
         if fault is not None:
             raise fault.error(op)
@@ -371,88 +376,94 @@ class MemoryProvider:
         if fault is not None:
             raise fault.error(op_name)
 
-    def _batch(self, batch_id: str, op: str) -> BatchInfo:
-        b = self.batches.get(batch_id)
-        if b is None:
-            raise ProviderRejected(op, 404, f"no such batch: {batch_id}", code="not_found")
-        return b
 
-    def _requests(self, file_id: str) -> list[dict[str, Any]]:
-        f = self.files.get(file_id)
-        return [json.loads(line) for line in f.data.splitlines() if line.strip()] if f else []
+# --- what a row answers, and lookups (apart from the calls and the told clock) --------------------------
 
-    def _output_line(self, cid: str, body: Mapping[str, Any], url: Any = None) -> dict[str, Any]:
-        if url == RESPONSES_URL:
-            return self._response_line(cid, body)
-        return {
-            "id": self._new_id("batch_req"),
-            "custom_id": cid,
-            "response": {
-                "status_code": 200,
-                "request_id": self._new_id("req"),
-                "body": {
-                    "object": "chat.completion",
-                    "model": body.get("model"),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": self.answer(cid, body)},
-                            "finish_reason": self.finish_reason(cid, body),
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": self.prompt_tokens,
-                        "completion_tokens": self.completion_tokens,
-                        "total_tokens": self.prompt_tokens + self.completion_tokens,
-                    },
+
+def _batch(p: MemoryProvider, batch_id: str, op: str) -> BatchInfo:
+    b = p.batches.get(batch_id)
+    if b is None:
+        raise ProviderRejected(op, 404, f"no such batch: {batch_id}", code="not_found")
+    return b
+
+
+def _output_line(p: MemoryProvider, cid: str, body: Mapping[str, Any], url: Any = None) -> dict[str, Any]:
+    """A row's answer as a batch output line: :attr:`MemoryProvider.answer`, its finish reason and usage
+    (a ``response`` for a Responses API line)."""
+    if url == RESPONSES_URL:
+        return _response_line(p, cid, body)
+    return {
+        "id": p._new_id("batch_req"),
+        "custom_id": cid,
+        "response": {
+            "status_code": 200,
+            "request_id": p._new_id("req"),
+            "body": {
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": p.answer(cid, body)},
+                        "finish_reason": p.finish_reason(cid, body),
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": p.prompt_tokens,
+                    "completion_tokens": p.completion_tokens,
+                    "total_tokens": p.prompt_tokens + p.completion_tokens,
                 },
             },
-            "error": None,
-        }
+        },
+        "error": None,
+    }
 
-    def _response_line(self, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The output line of a Responses API request: a ``response`` whose message holds the
-        answer; a finish reason ``length`` is ``status: incomplete`` for ``max_output_tokens``
-        (another finish reason is the incomplete reason itself)."""
-        finish = self.finish_reason(cid, body)
-        done = finish == "stop"
-        reason = "max_output_tokens" if finish == "length" else finish
-        text = {"type": "output_text", "text": self.answer(cid, body), "annotations": []}
-        return {
-            "id": self._new_id("batch_req"),
-            "custom_id": cid,
-            "response": {
-                "status_code": 200,
-                "request_id": self._new_id("req"),
-                "body": {
-                    "object": "response",
-                    "model": body.get("model"),
-                    "status": "completed" if done else "incomplete",
-                    "incomplete_details": None if done else {"reason": reason},
-                    "output": [{"type": "message", "role": "assistant", "status": "completed", "content": [text]}],
-                    "usage": {
-                        "input_tokens": self.prompt_tokens,
-                        "input_tokens_details": {"cached_tokens": 0},
-                        "output_tokens": self.completion_tokens,
-                        "output_tokens_details": {"reasoning_tokens": 0},
-                        "total_tokens": self.prompt_tokens + self.completion_tokens,
-                    },
+
+def _response_line(p: MemoryProvider, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The output line of a Responses API request: a ``response`` whose message holds the
+    answer; a finish reason ``length`` is ``status: incomplete`` for ``max_output_tokens``
+    (another finish reason is the incomplete reason itself)."""
+    finish = p.finish_reason(cid, body)
+    done = finish == "stop"
+    reason = "max_output_tokens" if finish == "length" else finish
+    text = {"type": "output_text", "text": p.answer(cid, body), "annotations": []}
+    return {
+        "id": p._new_id("batch_req"),
+        "custom_id": cid,
+        "response": {
+            "status_code": 200,
+            "request_id": p._new_id("req"),
+            "body": {
+                "object": "response",
+                "model": body.get("model"),
+                "status": "completed" if done else "incomplete",
+                "incomplete_details": None if done else {"reason": reason},
+                "output": [{"type": "message", "role": "assistant", "status": "completed", "content": [text]}],
+                "usage": {
+                    "input_tokens": p.prompt_tokens,
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": p.completion_tokens,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": p.prompt_tokens + p.completion_tokens,
                 },
             },
-            "error": None,
-        }
+        },
+        "error": None,
+    }
 
-    def _error_line(self, cid: str, code: str, message: str) -> dict[str, Any]:
-        return {
-            "id": self._new_id("batch_req"),
-            "custom_id": cid,
-            "response": {
-                "status_code": ROW_ERROR_STATUS.get(code, 400),
-                "request_id": self._new_id("req"),
-                "body": {"error": {"code": code, "message": message}},
-            },
-            "error": None,
-        }
+
+def _error_line(p: MemoryProvider, cid: str, code: str, message: str) -> dict[str, Any]:
+    """A row listed in :attr:`MemoryProvider.row_errors`, as a batch error line."""
+    return {
+        "id": p._new_id("batch_req"),
+        "custom_id": cid,
+        "response": {
+            "status_code": ROW_ERROR_STATUS.get(code, 400),
+            "request_id": p._new_id("req"),
+            "body": {"error": {"code": code, "message": message}},
+        },
+        "error": None,
+    }
 
 
 def _line(obj: dict[str, Any]) -> bytes:

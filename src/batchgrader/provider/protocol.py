@@ -319,9 +319,8 @@ class Provider(Protocol):
 
     Optional attributes, used only when present: ``base_url`` (whose queue a learned limit
     belongs to), ``on_page`` (set by the engine, called after each listing page to keep the
-    watchdog fed) and, on :class:`~batchgrader.provider.router.ProviderRouter`,
-    ``provider_of_job`` and ``job_of_object`` (set by the daemon to route each job's calls to the
-    provider recorded for the job).
+    watchdog fed).  The daemon holds one per provider name (:class:`~batchgrader.provider.pool.Providers`)
+    and calls the one recorded for the job (``Context.provider_for``).
     ``tests/test_protocol.py`` checks that this protocol is exactly what the engine calls."""
 
     def upload(self, path: str | os.PathLike[str], filename: str) -> FileInfo: ...
@@ -358,7 +357,7 @@ class Provider(Protocol):
         """One request line through the provider's synchronous API (the preflight), sent once, with
         exactly the body its batch would carry: the answer as an OpenAI batch output line.  A 4xx
         raises :class:`ProviderRejected`; a 5xx, a timeout or a lost reply :class:`OutcomeUnknown`
-        or :class:`ProviderUnavailable`.  ``job_id`` routes it (a router: to the job's provider)."""
+        or :class:`ProviderUnavailable`.  ``job_id``: the job it is sent for."""
         ...
 
 

@@ -37,8 +37,6 @@ class ProviderSpec:
     counter: Callable[[Any], TokenCounter | None] | None = None
     #: (key, emulator root URL, timeout) -> its counting hook against the sandbox emulator
     sandbox_counter: Callable[[str, str, float], TokenCounter] | None = None
-    #: how its file and batch ids begin, for the router's fallback by id shape (none: the default, OpenAI)
-    id_prefixes: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -113,7 +111,6 @@ PROVIDERS: dict[str, ProviderSpec] = {
             built_at_start=False,
             counter=_anthropic_counter,
             sandbox_counter=_anthropic_sandbox_counter,
-            id_prefixes=("anthropic-", "msgbatch_"),  # staged files and result sets; batches
         ),
         ProviderSpec(
             PROVIDER_FACTS["gemini"],
@@ -122,16 +119,8 @@ PROVIDERS: dict[str, ProviderSpec] = {
             "root",
             built_at_start=True,
             counter=_gemini_counter,
-            id_prefixes=("files/", "batches/", "gemini-inline:"),  # resource names; inline results
         ),
-        ProviderSpec(
-            PROVIDER_FACTS["azure"],
-            "batchgrader.provider.azure_api",
-            _azure,
-            "root",
-            built_at_start=True,
-            id_prefixes=("azure:",),  # provider/azure_api.py names every Azure id so
-        ),
+        ProviderSpec(PROVIDER_FACTS["azure"], "batchgrader.provider.azure_api", _azure, "root", built_at_start=True),
     )
 }
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from batchgrader.pipeline.results import answer_problem
+from batchgrader.pipeline.reuse import StoredAnswer
 
 TABLE = "answers"
 
@@ -69,24 +69,6 @@ COLUMNS = (
 )
 _INSERT = f"INSERT OR IGNORE INTO answers ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 LOOKUP_BATCH = 500  # keys per SELECT ... IN (...)
-
-
-@dataclass(frozen=True)
-class StoredAnswer:
-    key: str
-    content: str
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    job_id: str
-    custom_id: str
-    ts: str
-    # a billed answer of this job that is not usable (truncated, refused on a synchronous route):
-    # the row fails with it; never in the store
-    error_code: str | None = None
-    error_message: str | None = None
 
 
 def iso(ts: float) -> str:

@@ -1,5 +1,5 @@
-"""The engine steps that send work: upload a chunk, create its batch, reconcile an intent
-without an outcome, watch for duplicate batches, cancel; and delete the file of a refused chunk.
+"""The submit step: upload a chunk, create its batch, reconcile an intent without an outcome,
+watch for duplicate batches, cancel a batch (a straggler's cancel recorded before it leaves).
 """
 
 from __future__ import annotations
@@ -9,63 +9,40 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core import queue
-from batchgrader.core.decide import (
-    FIRST_POLL_DELAY,
-    CancelBatch,
-    Upload,
-    epoch,
-    refusal_lesson,
+from batchgrader.core.actions import CancelBatch, CheckDuplicates, Create, Reconcile, Upload
+from batchgrader.core.decide import FIRST_POLL_DELAY, epoch, refusal_lesson
+from batchgrader.core.events import new_event as _e
+from batchgrader.core.outcomes import (
+    ListAgain,
+    batch_status_event,
+    create_not_listed,
+    create_refused,
+    duplicate_watch_next,
+    queue_full_error,
 )
-from batchgrader.core.outcomes import ListAgain, create_not_listed, create_refused, duplicate_watch_next, queue_full_error
 from batchgrader.core.settle import (
     CreateSent,
     create_settle_seconds,
     duplicate_watch_ends,
 )
 from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
-from batchgrader.daemon.base import (
-    CLOCK_SKEW_SLACK,
-    _e,
-    _status_event,
-)
-from batchgrader.daemon.collect import CollectSteps
-from batchgrader.daemon.context import Context
+from batchgrader.daemon.context import CLOCK_SKEW_SLACK, Context
 from batchgrader.pipeline.requests import ENDPOINT
-from batchgrader.provider.protocol import OutcomeUnknown, ProviderError, ProviderRejected
+from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import reconcile_batch, reconcile_upload
 
 log = logging.getLogger("batchgrader.engine")
 
 
-class SubmitSteps:
-    """The steps that send work, on the shared :class:`~batchgrader.daemon.context.Context`."""
+class SubmitStep:
+    """Send work, over the :class:`~batchgrader.daemon.context.Context`."""
 
-    def __init__(self, ctx: Context, collect: CollectSteps) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.collect = collect
 
-    def delete_refused_file(self, c: ChunkState) -> None:
-        """The input file of a batch refused for the queue limit, or of a chunk uploaded ahead of
-        queue room and never created, is deleted before its rows are sent again (a new upload, or
-        new chunks) or given up, so it is never left at the provider.  Deleting is idempotent:
-        after a crash it is simply done again."""
-        refused_batch = c.failure is not None and c.failure.get("retryable")
-        refused_create = c.upload == "done" and c.create == "failed"  # refused at once: no batch uses the file
-        staged = c.staged and c.upload == "done"  # uploaded ahead of queue room, never created
-        if refused_batch or refused_create or staged:
-            self.delete_refused_file_of(c)
-
-    def delete_refused_file_of(self, c: ChunkState) -> None:
-        if self.ctx.provider is None or not c.file_id:
-            return
-        try:
-            self.ctx.provider.delete_file(c.file_id)
-        except ProviderError as exc:
-            log.info("could not delete refused batch file %s: %s", c.file_id, exc)
-
-    def upload(self, job: JobState, c: ChunkState, a: Upload) -> None:
-        assert self.ctx.provider is not None
-        self.delete_refused_file(c)
+    def upload(self, a: Upload, job: JobState, now: float) -> None:
+        c = job.chunks[a.chunk]
+        self.ctx.delete_refused_file(job, c)
         started = _e("UploadStarted", chunk=c.index, attempt=a.attempt, filename=a.filename, bytes=c.bytes)
         if a.ahead:  # one append: the upload is ahead of queue room from its intent on
             ahead = _e("UploadAheadPlanned", chunk=c.index, attempt=a.attempt, limit=a.limit, enqueued=a.enqueued)
@@ -75,27 +52,36 @@ class SubmitSteps:
             self.ctx.emit(job.job_id, started)
         self._do_upload(job, job.chunks[c.index])
 
+    def reconcile(self, a: Reconcile, job: JobState, now: float) -> None:
+        """An intent without its outcome (a crash, an ambiguous answer): what the provider's own
+        records say is recorded before anything is sent again."""
+        c = job.chunks[a.chunk]
+        if a.intent == "upload":
+            self._reconcile_upload(job, c)
+        else:
+            self._reconcile_create(job, c)
+
     def _do_upload(self, job: JobState, c: ChunkState) -> None:
-        assert self.ctx.provider is not None and c.filename
+        assert c.filename
         try:
-            info = self.ctx.provider.upload(Path(c.path), c.filename)
+            info = self.ctx.provider_for(job).upload(Path(c.path), c.filename)
         except ProviderRejected as exc:
             self.ctx.emit(job.job_id, _e("UploadFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
             self.ctx.emit(
                 job.job_id,
                 _e("ChunkFailed", chunk=c.index, batch_id=None, code="upload_rejected", error=str(exc), retryable=False),
             )
-            self.collect.rows_failed_for_chunk(job, job.chunks[c.index], "upload_rejected", str(exc))
+            self.ctx.rows_failed(job, job.chunks[c.index], "upload_rejected", str(exc))
             return
         except OutcomeUnknown as exc:
             log.warning("job %s chunk %s: upload outcome unknown (%s); reconciling", job.job_id, c.index, exc)
-            self.reconcile_upload(job, c)
+            self._reconcile_upload(job, c)
             return
         self.ctx.emit(job.job_id, _e("FileUploaded", chunk=c.index, attempt=c.attempt, file_id=info.id, reconciled=False))
 
-    def reconcile_upload(self, job: JobState, c: ChunkState) -> None:
-        assert self.ctx.provider is not None and c.filename
-        found = reconcile_upload(self.ctx.provider, c.filename, c.bytes)
+    def _reconcile_upload(self, job: JobState, c: ChunkState) -> None:
+        assert c.filename
+        found = reconcile_upload(self.ctx.provider_for(job), c.filename, c.bytes)
         if found.file is not None:
             if found.duplicates:
                 log.warning(
@@ -119,8 +105,11 @@ class SubmitSteps:
             "bg_key": f"{job.job_id}:{c.index}:{c.attempt}",
         }
 
-    def create(self, job: JobState, c: ChunkState) -> None:
-        assert self.ctx.provider is not None and c.file_id
+    def create(self, a: Create, job: JobState, now: float) -> None:
+        """Create the chunk's batch (a batch the reply names ended is read back by the collect
+        step, which the dispatch table runs next)."""
+        c = job.chunks[a.chunk]
+        assert c.file_id
         self.ctx.emit(
             job.job_id,
             _e(
@@ -130,12 +119,13 @@ class SubmitSteps:
         self._do_create(job, job.chunks[c.index])
 
     def _do_create(self, job: JobState, c: ChunkState) -> None:
-        assert self.ctx.provider is not None and c.file_id
+        assert c.file_id
+        provider = self.ctx.provider_for(job)
         key = (job.job_id, c.index)
         sent = self.ctx.mono_now()  # when this request leaves (not when the tick began)
         self.ctx.schedule.requested_at[key] = sent
         try:
-            b = self.ctx.provider.create_batch(c.file_id, ENDPOINT, self.ctx.settings.completion_window, dict(c.metadata))
+            b = provider.create_batch(c.file_id, ENDPOINT, self.ctx.settings.completion_window, dict(c.metadata))
         except ProviderRejected as exc:
             self.ctx.emit(job.job_id, _e("BatchCreateFailed", chunk=c.index, attempt=c.attempt, error=str(exc), definite=True))
             self._create_refused(job, c, exc)
@@ -145,9 +135,9 @@ class SubmitSteps:
             # reply (timeout, connection lost): it may still carry the request out a while later
             self.ctx.schedule.create_sent[key] = CreateSent(sent, self.ctx.mono_now(), answered=exc.status_code is not None)
             log.warning("job %s chunk %s: batch create outcome unknown (%s); reconciling", job.job_id, c.index, exc)
-            self.reconcile_create(job, c)
+            self._reconcile_create(job, c)
             return
-        self.batch_created(job, c, b, reconciled=False)
+        self._batch_created(job, c, b, reconciled=False)
 
     def _create_refused(self, job: JobState, c: ChunkState, exc: ProviderRejected) -> None:
         """Carry out what a create refused at once means (:func:`~batchgrader.core.outcomes.create_refused`):
@@ -174,22 +164,22 @@ class SubmitSteps:
         elif outcome.kind == "queue_full":
             self.ctx.schedule.create_refusals.pop(key, None)
             why = queue_full_error(outcome.rounds, error)
-            self.delete_refused_file_of(c)
+            self.ctx.delete_refused_file(job, c, refused=True)
             self.ctx.emit(
                 job.job_id, _e("ChunkFailed", chunk=c.index, batch_id=None, code="queue_full", error=why, retryable=False)
             )
-            self.collect.rows_failed_for_chunk(job, job.chunks[c.index], "queue_full", why)
+            self.ctx.rows_failed(job, job.chunks[c.index], "queue_full", why)
         else:
             self.ctx.emit(
                 job.job_id,
                 _e("ChunkFailed", chunk=c.index, batch_id=None, code="create_rejected", error=error, retryable=False),
             )
-            self.collect.rows_failed_for_chunk(job, job.chunks[c.index], "create_rejected", error)
+            self.ctx.rows_failed(job, job.chunks[c.index], "create_rejected", error)
 
-    def batch_created(self, job: JobState, c: ChunkState, b: Any, reconciled: bool) -> None:
+    def _batch_created(self, job: JobState, c: ChunkState, b: Any, reconciled: bool) -> None:
         """Record a batch created (or adopted) for ``c``.  A batch the reply names ended (a
-        provider that validates and runs it before replying, or a fast small batch) is read back
-        at once for its result files: it is never collected from a create reply alone."""
+        provider that validates and runs it before replying, or a fast small batch) is due for a
+        poll at once: it is never collected from a create reply alone."""
         first_poll = self.ctx.mono if reconciled or b.is_terminal else self.ctx.mono + FIRST_POLL_DELAY
         self.ctx.schedule.batch_created((job.job_id, c.index), self.ctx.mono_now(), (first_poll, FIRST_POLL_DELAY))
         status = b.status if not reconciled else "validating"
@@ -198,14 +188,9 @@ class SubmitSteps:
         )
         c = self.ctx.state.jobs[job.job_id].chunks[c.index]
         if reconciled:  # the adopted batch may have moved on (even finished): record where it is
-            ev = _status_event(c, b)
+            ev = batch_status_event(c, b)
             if ev is not None:
                 self.ctx.emit(job.job_id, ev)
-        elif b.is_terminal:
-            try:
-                self.collect.poll(job, c, self.ctx.mono)
-            except ProviderError as exc:  # read back at the next tick (it is due now)
-                log.warning("job %s chunk %s: reading back batch %s: %s", job.job_id, c.index, b.id, exc)
 
     def _create_request(self, job: JobState, c: ChunkState) -> tuple[CreateSent, bool]:
         """The open create of ``c`` as sent (monotonic, this process) or, after a restart, as the
@@ -222,8 +207,8 @@ class SubmitSteps:
         requested = min(epoch(c.requested_ts, self.ctx.wall), self.ctx.wall)
         return int(requested - create_settle_seconds(self.ctx.config) - CLOCK_SKEW_SLACK)
 
-    def reconcile_create(self, job: JobState, c: ChunkState) -> None:
-        assert self.ctx.provider is not None and c.file_id
+    def _reconcile_create(self, job: JobState, c: ChunkState) -> None:
+        assert c.file_id
         key = (job.job_id, c.index)
         if not self.ctx.schedule.listing_due(key, self.ctx.mono):
             return
@@ -231,7 +216,7 @@ class SubmitSteps:
         now = self.ctx.mono_now() if monotonic else self.ctx.wall
         timeout = self.ctx.settings.request_timeout_seconds
         found = reconcile_batch(
-            self.ctx.provider,
+            self.ctx.provider_for(job),
             c.file_id,
             {"bg_key": c.metadata.get("bg_key", "")},
             created_after=self._listing_floor(c),
@@ -243,7 +228,7 @@ class SubmitSteps:
             return  # a late create may still land: the outcome stays unknown, look again later
         if keep is not None:
             self._cancel_duplicates(job, c, list(found.duplicates))  # should never happen; never pay twice
-            self.batch_created(job, c, keep, reconciled=True)
+            self._batch_created(job, c, keep, reconciled=True)
         else:
             self.ctx.schedule.create_settled(key)
             self.ctx.emit(
@@ -261,7 +246,7 @@ class SubmitSteps:
     def _cancel_duplicates(self, job: JobState, c: ChunkState, extras: list[Any]) -> list[str]:
         """Ask once each (no retries inside the tick: the next duplicate listing asks again) for
         the cancel of every extra batch of the chunk not ended; the ids cancelled."""
-        assert self.ctx.provider is not None
+        provider = self.ctx.provider_for(job)
         key = (job.job_id, c.index)
         done = self.ctx.schedule.dup_cancelled.setdefault(key, set())
         for b in extras:
@@ -269,7 +254,7 @@ class SubmitSteps:
                 continue
             log.error("job %s chunk %s: duplicate batch %s (late create); cancelling it", job.job_id, c.index, b.id)
             try:
-                self.ctx.provider.cancel(b.id)
+                provider.cancel(b.id)
                 done.add(b.id)
             except ProviderRejected as exc:  # ended meanwhile: nothing to cancel
                 log.error("could not cancel duplicate batch %s: %s", b.id, exc)
@@ -277,12 +262,13 @@ class SubmitSteps:
                 log.error("could not cancel duplicate batch %s (asked again at the next listing): %s", b.id, exc)
         return sorted(done)
 
-    def check_duplicates(self, job: JobState, c: ChunkState) -> None:
+    def check_duplicates(self, a: CheckDuplicates, job: JobState, now: float) -> None:
         """After a create that followed a failed or absent one of the same attempt, list by
         ``bg_key`` at once and every few seconds while the earlier request could still be carried
         out, cancelling any extra batch at once (never pay twice); the last listing (the watch's
         end, or forced before a terminal batch is collected) is recorded."""
-        assert self.ctx.provider is not None and c.file_id and c.batch_id and c.dup_check_due
+        c = job.chunks[a.chunk]
+        assert c.file_id and c.batch_id and c.dup_check_due
         key = (job.job_id, c.index)
         timeout = self.ctx.settings.request_timeout_seconds
         created = self.ctx.schedule.created_at.get(key)
@@ -290,7 +276,7 @@ class SubmitSteps:
             now, ends = self.ctx.mono_now(), duplicate_watch_ends(created, timeout)
         else:  # created before a restart: the log's time, on the wall clock
             now, ends = self.ctx.wall, duplicate_watch_ends(epoch(c.dup_check_due, self.ctx.wall), timeout)
-        found = self.ctx.provider.find_batches(
+        found = self.ctx.provider_for(job).find_batches(
             input_file_id=c.file_id,
             metadata={"bg_key": c.metadata.get("bg_key", "")},
             created_after=self._listing_floor(c),
@@ -317,14 +303,30 @@ class SubmitSteps:
             ),
         )
 
-    def cancel_batch(self, a: CancelBatch, now: float) -> None:
-        assert self.ctx.provider is not None
+    def cancel_batch(self, a: CancelBatch, job: JobState, now: float) -> None:
+        """Cancel a running batch (asked once per tick: the next tick asks again); a straggler's
+        cancel (``a.reason``: its deadline nears) is recorded before the cancel leaves."""
+        c = job.chunks[a.chunk]
+        if a.reason and not c.straggler:
+            self.ctx.emit(
+                job.job_id,
+                _e(
+                    "StragglerCancelRequested",
+                    chunk=a.chunk,
+                    batch_id=a.batch_id,
+                    deadline_at=float(a.deadline_at or 0.0),
+                    margin_seconds=float(a.margin),
+                    reason=a.reason,
+                ),
+            )
+            log.warning("job %s chunk %d: batch %s cancelled: %s", job.job_id, a.chunk, a.batch_id, a.reason)
+        provider: Provider = self.ctx.provider_for(job)
         try:
-            self.ctx.provider.cancel(a.batch_id)
+            provider.cancel(a.batch_id)
         except ProviderRejected as exc:
             log.info("cancel %s: %s", a.batch_id, exc)  # already terminal: collected as usual
         except ProviderError as exc:  # asked once per tick: the next tick asks again
             log.warning("cancel %s: %s (asked again at the next tick)", a.batch_id, exc)
             return
         self.ctx.schedule.cancel_sent.add(a.batch_id)
-        self.ctx.schedule.next_poll[(a.job_id, a.chunk)] = (now, FIRST_POLL_DELAY)
+        self.ctx.schedule.next_poll[(a.job_id, a.chunk)] = (self.ctx.mono, FIRST_POLL_DELAY)

@@ -1,5 +1,5 @@
-"""Engine steps for intake: take stable inbox files, accept or reject them, adopt inputs and
-batches recovered after a crash, and set corrupt jobs aside.
+"""The intake step: take stable inbox files, accept or reject them, adopt inputs and batches
+recovered after a crash, and set corrupt jobs aside.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.actions import SearchRecovered
 from batchgrader.core.config import ConfigError
 from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
 from batchgrader.core.due import InboxTimes
+from batchgrader.core.events import new_event as _e
+from batchgrader.core.outcomes import batch_status_event
 from batchgrader.core.state import ChunkState, JobState
-from batchgrader.daemon.base import CLOCK_SKEW_SLACK, _e, _status_event, stamp
-from batchgrader.daemon.context import Context
-from batchgrader.fsio import atomic_write_bytes, free_path, move_no_clobber, shown_name
+from batchgrader.daemon.context import CLOCK_SKEW_SLACK, Context
+from batchgrader.fsio import free_path, move_no_clobber, shown_name, stamp
 from batchgrader.pipeline import inbox as inbox_mod
-from batchgrader.pipeline.outbox import error_name, error_report, result_name
+from batchgrader.pipeline.outbox import error_name, result_name
 from batchgrader.pipeline.prepare import file_sha256
 
 log = logging.getLogger("batchgrader.engine")
@@ -39,8 +41,8 @@ def _shown(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-class IntakeSteps:
-    """The inbox and recovery steps, on the shared :class:`~batchgrader.daemon.context.Context`."""
+class IntakeStep:
+    """The inbox and recovery step, over the :class:`~batchgrader.daemon.context.Context`."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -192,7 +194,7 @@ class IntakeSteps:
             ),
         )
         hint = REJECTION_HINTS.get(r.code, "Define the profile in config.yaml, or move the file to a profile folder that exists.")
-        self.write_error(job_id, name, err_path, _shown(r.reason), hint)
+        self.ctx.outbox.write_error_report(job_id, name, err_path, _shown(r.reason), hint)
         if r.movable and r.path.exists():
             try:
                 dest = move_no_clobber(r.path, self.ctx.home.failed, name, stamp(now))
@@ -201,12 +203,6 @@ class IntakeSteps:
                 return
             self.ctx.emit(job_id, _e("InputArchived", path=str(dest)))
 
-    def write_error(self, job_id: str, file: str, path: Path, reason: str, hint: str) -> None:
-        self.ctx.emit(job_id, _e("OutboxWriteStarted", path=None, error_path=str(path)))
-        if not path.exists():
-            atomic_write_bytes(path, error_report(file, job_id, reason, hint).encode("utf-8"), overwrite=False)
-        self.ctx.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(path)))
-
     def mark_recovered(self, job_dir: Path) -> None:
         """A work folder claimed but unknown to the log (a crash before JobAccepted, or a lost or
         restored database): batches of this job may exist at the provider already; search for
@@ -214,12 +210,14 @@ class IntakeSteps:
         since = job_dir.stat().st_mtime - CLOCK_SKEW_SLACK
         self.ctx.emit(job_dir.name, _e("JobRecovered", since=since, reason="work folder with a claim but no JobAccepted"))
 
-    def adopt_recovered(self, job: JobState, now: float) -> None:
+    def adopt_recovered(self, a: SearchRecovered, job: JobState, now: float) -> None:
         """Before the first create of a recovered job: list the provider's batches since the
-        claim, and adopt for each chunk the one created under its bg_key (same input size)."""
-        assert self.ctx.provider is not None and job.recovered_since is not None
+        claim, and adopt for each chunk the one created under its bg_key (same input size); the
+        adopted batches are polled then."""
+        assert job.recovered_since is not None
+        now = self.ctx.mono
         mine: dict[int, list[Any]] = {}
-        for b in self.ctx.provider.find_batches(metadata={"bg_job": job.job_id}, created_after=int(job.recovered_since)):
+        for b in self.ctx.provider_for(job).find_batches(metadata={"bg_job": job.job_id}, created_after=int(job.recovered_since)):
             if str(b.metadata.get("bg_chunk", "")).isdigit():
                 mine.setdefault(int(b.metadata["bg_chunk"]), []).append(b)
         adopted: dict[str, str] = {}
@@ -240,12 +238,12 @@ class IntakeSteps:
 
     def _matching_batch(self, job: JobState, c: ChunkState, batches: list[Any]) -> Any:
         """The newest batch whose uploaded input is this chunk's (same upload name and size)."""
-        assert self.ctx.provider is not None
+        provider = self.ctx.provider_for(job)
         for b in sorted(batches, key=lambda b: b.created_at, reverse=True):
             attempt = str(b.metadata.get("bg_attempt", ""))
             if not attempt.isdigit():
                 continue
-            files = self.ctx.provider.find_files(upload_name(job.job_id, c.index, int(attempt)), c.bytes)
+            files = provider.find_files(upload_name(job.job_id, c.index, int(attempt)), c.bytes)
             if any(f.id == b.input_file_id for f in files):
                 return b
         return None
@@ -263,7 +261,7 @@ class IntakeSteps:
         self.ctx.emit(
             jid, _e("BatchCreated", chunk=c.index, attempt=attempt, batch_id=b.id, status="validating", reconciled=True)
         )
-        ev = _status_event(self.ctx.state.jobs[jid].chunks[c.index], b)
+        ev = batch_status_event(self.ctx.state.jobs[jid].chunks[c.index], b)
         if ev is not None:
             self.ctx.emit(jid, ev)
         self.ctx.schedule.next_poll[(jid, c.index)] = (now, FIRST_POLL_DELAY)

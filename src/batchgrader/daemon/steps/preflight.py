@@ -1,4 +1,4 @@
-"""The engine step that runs a job's preflight: a few of its requests through the provider's
+"""The preflight step: a few of its requests through the provider's
 synchronous API, with exactly the bodies its batches would carry, before it is prepared into
 batches.
 
@@ -16,8 +16,8 @@ its request leaves), the ``complete`` call, then:
 * ``PreflightRowAnswered`` (with a ``TokensUsed`` of chunk -1 at the standard price, and the
   answer put in the answers store, in the same transaction): the row is answered and paid for,
   and never sent again; once every row of the preflight is, ``PreflightPassed``.  When the job is
-  prepared these answers are taken like answers from the answers store (``daemon/reuse.py``), so
-  those rows are not sent in a batch;
+  prepared these answers are taken like answers from the answers store
+  (:func:`~batchgrader.pipeline.job_reuse.paid_in_job`), so those rows are not sent in a batch;
 * ``PreflightFailed``, then the job fails with ``preflight_failed`` (error report, input moved to
   failed/, ``JobFailed``): a definite refusal (4xx other than 429), an answer that is
   ``truncated``, ``refused``, ``invalid_output`` or ``unexpected_finish`` (billed: its
@@ -33,7 +33,11 @@ A synchronous request has no record at the provider to reconcile with, so a daem
 between a row's ``PreflightRequested`` and its outcome sends that row again on restart, once: a
 row left so a second time is not sent again by the preflight (it goes in a batch).
 An unknown profile, a missing price or input prepare refuses are left to prepare, which fails the
-job for them with their own codes.
+job for them with their own codes.  A job with no row to send in a preflight has none: the
+dispatch table then prepares it at once.
+
+The job's provider is built (its SDK imported, its client made) in the background from the
+first row to send on, while the rest of the preflight's rows are read.
 """
 
 from __future__ import annotations
@@ -44,18 +48,19 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from batchgrader.core.actions import Action
 from batchgrader.core.config import ConfigError, Profile
 from batchgrader.core.decide import utc_day
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
 from batchgrader.core.state import JobState
-from batchgrader.daemon.base import _e
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.prepare import PrepareSteps
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.input_checks import open_checked
+from batchgrader.pipeline.job_reuse import send_probe
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
-from batchgrader.pipeline.prepare import limits_for, oversized_lines, request_lines
+from batchgrader.pipeline.prepare import oversized_lines, request_lines
 from batchgrader.pipeline.pricing import PricingError, billed_cost, standard_price
 from batchgrader.pipeline.requests import RequestBuilder
 from batchgrader.pipeline.results import parse_line
@@ -93,17 +98,15 @@ def transient(exc: ProviderRejected) -> bool:
 
 
 class PreflightStep:
-    """The preflight step, on the shared :class:`~batchgrader.daemon.context.Context`; a job
-    with nothing to send goes on to :class:`~batchgrader.daemon.prepare.PrepareSteps`; a failed
+    """The preflight step, over the :class:`~batchgrader.daemon.context.Context`; a failed
     preflight is recorded (``PreflightFailed``), and the rules end the job (core/ending.py)."""
 
-    def __init__(self, ctx: Context, prepare: PrepareSteps) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.prepare = prepare
 
-    def run(self, job: JobState, now: float) -> None:
+    def run(self, a: Action, job: JobState, now: float) -> bool:
         """Send the rows of ``job``'s preflight not answered yet, and record each outcome (see
-        the module docstring)."""
+        the module docstring); False when the job has no preflight (no row to send)."""
         try:
             profile = self.ctx.profile_of(job)
             self.ctx.prices.get(profile.model)
@@ -112,21 +115,25 @@ class PreflightStep:
             lines = []  # prepare fails the job for it, with its own code, before anything is paid
         job = self.ctx.state.jobs[job.job_id]
         if not lines and not job.preflight_answers:  # nothing to send: no preflight
-            self.prepare.prepare(job, now)
-            return
+            return False
+        self._send(job, profile, lines, now)
+        return True
+
+    def _send(self, job: JobState, profile: Profile, lines: list[bytes], now: float) -> None:
         keys = dict(line_keys(self.ctx.provider_key_for(job), lines))
         answered = {(a["custom_id"], a["key"]) for a in job.preflight_answers}  # the same request answered: never paid again
         given_up = job.preflight_open & job.preflight_resent  # left without an outcome twice by a crash
         todo = [raw for raw, row in zip(lines, keys.items()) if row not in answered and row[0] not in given_up]
         attempt = job.preflight_attempts + 1
-        assert self.ctx.provider is not None
+        provider = self.ctx.provider_for(job) if todo else None
         schema = schema_of(profile.response_format)
         for raw in todo:
             line = json.loads(raw)
             cid = str(line["custom_id"])
             self.ctx.emit(job.job_id, _e("PreflightRequested", rows=[cid], attempt=attempt))  # before it leaves
             try:
-                got = self.ctx.provider.complete(line, job.job_id)
+                assert provider is not None
+                got = provider.complete(line, job.job_id)
             except ProviderRejected as exc:
                 if transient(exc):
                     code = "rate_limited" if exc.status_code == 429 else "unreachable"
@@ -170,8 +177,15 @@ class PreflightStep:
             return []
         path = Path(job.input_path)
         builder = RequestBuilder(profile, self.ctx.home, job.sha256)
-        probe = self.prepare.reuse.send_probe(job, profile, self.ctx.trusted_wall())
-        limits = self.ctx.limits(profile) or limits_for(profile, self._context_window(profile))
+
+        def on_send() -> None:  # the job's provider is built in the background from its first row to send on
+            self.ctx.providers.prefetch(profile.provider)
+
+        lookup = self.ctx.stored_answers(profile, self.ctx.trusted_wall())
+        probe = send_probe(job, profile, self.ctx.provider_key_for(job), lookup, on_send)
+        if probe is None:
+            on_send()
+        limits = self.ctx.split_limits(profile)
         out: list[bytes] = []
         size = FIRST_BLOCK
         try:
@@ -190,12 +204,6 @@ class PreflightStep:
             if probe is not None:
                 probe.finish(())  # its temporary table of keys closed
         return out
-
-    def _context_window(self, profile: Profile) -> int | None:
-        if profile.context_window is not None:
-            return profile.context_window
-        price = self.ctx.prices.find(profile.model)
-        return price.context_window if price else None
 
     def _cost(self, model: str, usage: dict[str, int]) -> float:
         try:

@@ -1,77 +1,99 @@
-"""Engine steps that bring results back: the list round and polls, downloads, reading
-outcomes, merging a chunk's results into its rows, and planning row retries.
+"""The collect step: the list round and polls (a batch its create reply names ended is read back
+at once), downloads, merging a chunk's results into its rows, a failed batch's or an unstartable
+chunk's rows failed, and row retries planned.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from array import array
-from pathlib import Path
 from typing import Any
 
+from batchgrader.core.actions import Create, Download, FailBatch, FailUnstarted, Merge, PlanRetries, Poll
+from batchgrader.core.config import ConfigError
 from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.outcomes import (
     DownloadRetry,
+    batch_status_event,
     download_failed,
     download_may_start,
     malformed_download_again,
     merge_in_worker,
 )
 from batchgrader.core.polling import next_poll_delay, progress_left
-from batchgrader.core.state import ChunkState, JobState
-from batchgrader.daemon.base import _e, _lines, _load_token_sizes, _status_event, chunk_custom_ids
+from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.reuse import ReuseSteps
-from batchgrader.daemon.workers import MergeWorkerFailed
 from batchgrader.pipeline.calibration import overhead_payload
-from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, cache_figures, merge_chunk
+from batchgrader.pipeline.chunkplan import retry_chunks
+from batchgrader.pipeline.merge import MergeInputs, MergeOutcome, MergeWorkerFailed, cache_figures, merge_chunk
 from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.pricing import PricingError
-from batchgrader.pipeline.requests import with_output_bound
-from batchgrader.pipeline.splitting import Limits, plan_chunks, request_custom_id, write_chunk_files
-from batchgrader.provider.protocol import ProviderError, ProviderRejected
+from batchgrader.provider.protocol import Provider, ProviderError, ProviderRejected
 from batchgrader.provider.reconcile import list_statuses
 
 log = logging.getLogger("batchgrader.engine")
 
 
-class CollectSteps:
-    """The steps that bring results back, on the shared :class:`~batchgrader.daemon.context.Context`."""
+class CollectStep:
+    """Bring results back, over the :class:`~batchgrader.daemon.context.Context`."""
 
-    def __init__(self, ctx: Context, reuse: ReuseSteps) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.reuse = reuse
         self._merge_here: set[tuple[str, int]] = set()  # chunks whose merge worker failed
 
     def list_round(self, now: float) -> None:
-        """With several batches in flight, one paged ``batches.list`` per poll round replaces a
-        ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is refreshed."""
-        if self.ctx.provider is None or not list_round_due(self.ctx.state, self.ctx.timers(), now):
+        """With several batches in flight, one paged ``batches.list`` per provider and poll round
+        replaces a ``retrieve`` per batch (when :func:`list_round_due`); every batch in flight is
+        refreshed (``now``: the monotonic clock)."""
+        if not list_round_due(self.ctx.state, self.ctx.timers(), now):
             return
-        flying = [
-            (j, c)
-            for j in self.ctx.state.active_jobs()
-            if self.ctx.left_alone_because(j) is None  # another mode's or endpoint's batches are not asked for here
-            for c in j.chunks.values()
-            if c.in_flight and c.batch_id
-        ]
-        listed = list_statuses(self.ctx.provider, {c.batch_id for _, c in flying if c.batch_id})
-        for j, c in flying:
-            b = listed.get(c.batch_id or "")
-            if b is not None:
-                self.poll(j, c, now, b)
+        by_provider: dict[int, tuple[Provider, list[tuple[JobState, ChunkState]]]] = {}
+        for j in self.ctx.state.active_jobs():
+            if self.ctx.left_alone_because(j) is not None:  # another mode's or endpoint's batches are not asked for here
+                continue
+            flying = [c for c in j.chunks.values() if c.in_flight and c.batch_id]
+            if flying:
+                try:
+                    provider = self.ctx.provider_for(j)
+                except (ConfigError, ProviderError):  # polled one by one, where the job's error is reported
+                    continue
+                by_provider.setdefault(id(provider), (provider, []))[1].extend((j, c) for c in flying)
+        for provider, chunks in by_provider.values():
+            try:
+                listed = list_statuses(provider, {c.batch_id for _, c in chunks if c.batch_id})
+            except ProviderError as exc:
+                log.warning("listing batches: %s (polling them one by one)", exc)
+                continue
+            for j, c in chunks:
+                b = listed.get(c.batch_id or "")
+                if b is not None:
+                    self._poll(j, c, now, b)
 
-    def poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
+    def poll(self, a: Poll, job: JobState, now: float) -> None:
+        self._poll(job, job.chunks[a.chunk], self.ctx.mono)
+
+    def read_back(self, a: Create, job: JobState, now: float) -> None:
+        """A batch its create reply names ended (a provider that validates and runs it before
+        replying, or a fast small batch) is read back at once for its result files: it is never
+        collected from a create reply alone."""
+        c = self.ctx.state.jobs[job.job_id].chunks[a.chunk]
+        if not c.batch_id or c.read_back or c.status not in TERMINAL_BATCH:
+            return
+        try:
+            self._poll(job, c, self.ctx.mono)
+        except ProviderError as exc:  # read back at the next tick (it is due now)
+            log.warning("job %s chunk %s: reading back batch %s: %s", job.job_id, c.index, c.batch_id, exc)
+
+    def _poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
         """Refresh one batch (``b``: as a list round saw it; else one ``retrieve``) and set when it
         is polled next (:mod:`batchgrader.core.polling`: a fraction of its age, and just after the
         time batches of its model have been taking)."""
-        assert self.ctx.provider is not None and c.batch_id
+        assert c.batch_id
         key = (job.job_id, c.index)
         due, delay = self.ctx.schedule.next_poll.get(key, (now, 0.0))
         if b is None:
-            b = self.ctx.provider.retrieve(c.batch_id)
-        ev = _status_event(c, b)
+            b = self.ctx.provider_for(job).retrieve(c.batch_id)
+        ev = batch_status_event(c, b)
         was = c.status  # read before emit folds the new status into c
         if ev is not None:
             self.ctx.emit(job.job_id, ev)
@@ -122,12 +144,12 @@ class CollectSteps:
             return None
         return progress_left(first, (now, done), counts.total)
 
-    def download(self, job: JobState, c: ChunkState, kind: str, file_id: str, now: float) -> bool:
+    def download(self, a: Download, job: JobState, now: float) -> bool:
         """Download one result file: one intent per download (not per tick), a pause between
         failures, and after ``MAX_DOWNLOAD_ATTEMPTS`` failures or a definite refusal (404: the file
         expired or was deleted) an ``OutputDownloadFailed``: its rows then fail with the reason and
         the job can finish.  True when the file is settled (downloaded or given up)."""
-        assert self.ctx.provider is not None
+        c, kind, file_id, now = job.chunks[a.chunk], a.kind, a.file_id, self.ctx.mono
         key = (job.job_id, c.index, kind)
         failures = self.ctx.schedule.download_failures.get(key)
         if not download_may_start(failures, now):
@@ -138,7 +160,7 @@ class CollectSteps:
             self.ctx.emit(job.job_id, _e("OutputDownloadStarted", chunk=c.index, batch_id=c.batch_id, file_id=file_id, kind=kind))
         dest = self.ctx.home.job_dir(job.job_id) / "downloads" / f"{c.batch_id}-{kind}.jsonl"
         try:
-            n = self.ctx.provider.download(file_id, dest)
+            n = self.ctx.provider_for(job).download(file_id, dest)
         except (ProviderError, OSError) as exc:
             definite = isinstance(exc, ProviderRejected)  # definite (404: expired or deleted; 403 ...): never comes back
             outcome = download_failed(tries, definite, now)
@@ -175,9 +197,6 @@ class CollectSteps:
             ),
         )
 
-    def _results_path(self, job: JobState, c: ChunkState) -> str:
-        return str(self.ctx.home.job_dir(job.job_id) / "results" / f"chunk-{c.index:04d}.jsonl")
-
     def _merge_inputs(self, job: JobState, c: ChunkState) -> MergeInputs:
         done = [(k, d) for k in ("output", "error") if (d := c.downloads.get(k)) and d.get("path") and d.get("state") == "done"]
         return MergeInputs(
@@ -185,21 +204,22 @@ class CollectSteps:
             custom_ids=None if c.custom_ids is None else tuple(c.custom_ids),
             requests_path=c.path,
             status=c.status,
-            results_path=self._results_path(job, c),
+            results_path=self.ctx.outbox.results_path(job, c),
             unavailable=tuple(str(d.get("error")) for d in c.downloads.values() if d.get("state") == "failed"),
             malformed_downloads=c.malformed_downloads,
             download_malformed_again=malformed_download_again(c.malformed_downloads),
-            followers=self.reuse.followers_of(job),
+            followers=self.ctx.reuse.followers_of(job),
             schema=schema_of(job.settings.get("response_format")),  # as prepared
         )
 
-    def merge(self, job: JobState, c: ChunkState, now: float) -> None:
+    def merge(self, a: Merge, job: JobState, now: float) -> None:
         """Merge a finished batch's rows (:func:`~batchgrader.pipeline.merge.merge_chunk`); its
         events (and the answers they record) go in one transaction.  A chunk of at least
         ``merge_worker_rows`` rows is merged in a worker process (:mod:`batchgrader.daemon.workers`)
         while the daemon goes on: this step starts it, and records its outcome on the first tick
         after it ended (if the worker fails, the chunk is merged here, and so are its later tries).  A malformed file is
         downloaded again (at most MAX_MALFORMED_DOWNLOADS times); then its good lines are kept."""
+        c = job.chunks[a.chunk]
         key = (job.job_id, c.index)
         workers, at_least = self.ctx.merge_workers, self.ctx.settings.merge_worker_rows
         if workers is not None and workers.running(key):
@@ -282,7 +302,7 @@ class CollectSteps:
                 status=c.status,
                 succeeded=merged.succeeded + merged.duplicates - len(dup_failed),
                 failed=len(merged.failed_rows) + len(dup_failed),
-                results_path=self._results_path(job, c),
+                results_path=self.ctx.outbox.results_path(job, c),
             )
         )
         if c.status == "completed":
@@ -292,70 +312,36 @@ class CollectSteps:
             events.append(_e("AnswersToStore", chunk=c.index, rows=merged.rows, answers=merged.succeeded))
         self.ctx.emit(job.job_id, *events)
 
-    def rows_failed_for_chunk(self, job: JobState, c: ChunkState, code: str, message: str) -> None:
-        cids = chunk_custom_ids(c)
-        followers = self.reuse.followers_of(job)
-        if followers:  # the duplicates of these rows fail with them
-            here = set(cids)
-            cids += [f for cid in list(cids) for f in followers.get(cid, ()) if f not in here]
-        rows = [{"custom_id": cid, "code": code, "message": message} for cid in cids]
-        if rows:
-            self.ctx.emit(job.job_id, _e("RowsFailed", chunk=c.index, batch_id=c.batch_id, rows=rows))
+    def fail_batch(self, a: FailBatch, job: JobState, now: float) -> None:
+        """A batch that failed: record why (and what it taught of the queue limit); a retryable one
+        waits ``retry_delay``, the rows of one that is not fail."""
+        ctx = self.ctx
+        if a.code in ("request_too_large", "queue_full"):  # refused for the queue limit: its file is not sent again
+            ctx.delete_refused_file(job, job.chunks[a.chunk], refused=True)
+        ctx.emit(
+            job.job_id,
+            *ctx.learned_event(job.model or "", a.learned, a.chunk, a.message, job),
+            _e("ChunkFailed", chunk=a.chunk, batch_id=a.batch_id, code=a.code, error=a.error, retryable=a.retryable),
+        )
+        if a.retryable:
+            if a.retry_delay:
+                ctx.schedule.not_before[(job.job_id, a.chunk)] = ctx.mono + a.retry_delay
+        else:
+            ctx.rows_failed(job, job.chunks[a.chunk], a.code, a.error)
+
+    def fail_unstarted(self, a: FailUnstarted, job: JobState, now: float) -> None:
+        """A chunk that can never be started: its file (uploaded ahead of queue room) is not left
+        behind, its rows fail."""
+        self.ctx.delete_refused_file(job, job.chunks[a.chunk])
+        self.ctx.emit(job.job_id, _e("ChunkFailed", chunk=a.chunk, batch_id=None, code=a.code, error=a.error, retryable=False))
+        self.ctx.rows_failed(job, job.chunks[a.chunk], a.code, a.row_message)
 
     # --- retrying -------------------------------------------------------------------------------
-    def plan_retries(self, job: JobState, ids: list[str], route: str | None = None) -> None:
-        """Write the retry chunks of the rows ``ids`` and record them (``route``: flex or online,
-        a straggler's rows sent through the synchronous route, core/stragglers.py)."""
+    def plan_retries(self, a: PlanRetries, job: JobState, now: float) -> None:
+        """Write the retry chunks of the failed rows and record them (``RetryPlanned``)."""
         profile = self.ctx.profile_of(job)
-        riders = self.reuse.riders(job, ids)  # a failed leader is sent once; its failed duplicates ride with it
-        wanted = set(self.reuse.sent_ids(job, ids))
-        lines: list[bytes] = []
-        tokens = array("Q")
-        sizes = array("Q")
-        tok_all, size_all = _load_token_sizes(self.ctx.home.job_dir(job.job_id) / "tokens.bin")
-        bound = job.retry_bound if job.retry_requested else None
-        for pos, line in enumerate(_lines(Path(job.requests_path or ""))):
-            cid = request_custom_id(line)
-            if cid in wanted:
-                if bound is not None:
-                    line = with_output_bound(line, bound)
-                lines.append(line)
-                tokens.append(tok_all[pos])
-                # a row taken at prepare (a synchronous route's failed answer) was never planned: size 0
-                sizes.append(len(line) if bound is not None or not size_all[pos] else size_all[pos])
-        chunks, _over = plan_chunks(
-            tokens,
-            sizes,
-            Limits(
-                token_limit=token_cap(
-                    self.ctx.state, self.ctx.config, profile, job.model or profile.model, self.ctx.queue_url_for(job)
-                ),
-                row_limit=profile.split_row_limit,
-                max_requests=profile.max_requests_per_batch,
-                max_bytes=profile.max_batch_bytes,
-            ),
+        cap = token_cap(self.ctx.state, self.ctx.config, profile, job.model or profile.model, self.ctx.queue_url_for(job))
+        planned = retry_chunks(
+            job, list(a.custom_ids), profile, cap, self.ctx.reuse.followers_of(job), self.ctx.home.job_dir(job.job_id)
         )
-        base = max(job.chunks, default=-1) + 1
-        out_dir = self.ctx.home.job_dir(job.job_id) / "chunks"
-        paths = write_chunk_files(iter(lines), chunks, set(), out_dir, f"{job.job_id}-retry{base:04d}")
-        events = []
-        for i, (ch, p) in enumerate(zip(chunks, paths)):
-            cids = [json.loads(lines[k])["custom_id"] for k in range(ch.start, ch.end)]
-            cids += [f for x in cids for f in riders.get(x, ())]
-            events.append(
-                _e(
-                    "RetryPlanned",
-                    chunk=base + i,
-                    source_chunks=sorted(
-                        {job.failed_rows[x]["chunk"] for x in cids if job.failed_rows[x].get("chunk") is not None}
-                    ),
-                    custom_ids=cids,
-                    requests=ch.requests,
-                    input_tokens=ch.input_tokens,
-                    bytes=ch.bytes,
-                    path=str(p),
-                    manual=job.retry_requested,
-                    **({"route": route} if route else {}),
-                )
-            )
-        self.ctx.emit(job.job_id, *events)
+        self.ctx.emit(job.job_id, *[_e("RetryPlanned", **p) for p in planned])

@@ -1,29 +1,44 @@
-"""Engine steps that end a job: write the result (and error report) into the outbox, delete
-provider files, and redo final effects after a crash.  When a job ends is decided by the rules
+"""The finish step: write the result (and error report) into the outbox, archive the input (or
+bring it back for ``bgctl retry``), delete provider files, record the job's end and run what
+follows it, and redo final effects after a crash.  When a job ends is decided by the rules
 (core/ending.py), never here.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-from collections.abc import Callable
+import os
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import OUTBOX_TIMER, WriteErrorReport, WriteResult
+from batchgrader.core.actions import (
+    OUTBOX_TIMER,
+    Archive,
+    DeleteProviderFiles,
+    Finish,
+    RecoverEnded,
+    RestoreInput,
+    WriteErrorReport,
+    WriteResult,
+)
 from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.outcomes import outbox_retry_at
-from batchgrader.core.panel import judge_result_path
 from batchgrader.core.state import JobState
 from batchgrader.daemon import jobhook
-from batchgrader.daemon.base import _e, result_settings, stamp
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.intake import IntakeSteps
-from batchgrader.daemon.reuse import ReuseSteps
-from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, fit_name, free_path, move_no_clobber
+from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, move_no_clobber, stamp
 from batchgrader.pipeline.formats.registry import format_spec
-from batchgrader.pipeline.outbox import added_column_types, added_columns, error_name, error_report, result_values
+from batchgrader.pipeline.outbox import (
+    added_column_types,
+    added_columns,
+    error_name,
+    error_report,
+    outbox_error,
+    report_name,
+    result_settings,
+    result_values,
+)
 from batchgrader.pipeline.requests import default_custom_id
 from batchgrader.pipeline.results import ResultsJoin
 from batchgrader.pipeline.reuse import read_reuse_file
@@ -38,33 +53,14 @@ log = logging.getLogger("batchgrader.engine")
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
 
 
-_OUTBOX_CAUSES = {
-    errno.EACCES: ("permission_denied", "permission denied"),
-    errno.EPERM: ("permission_denied", "permission denied"),
-    errno.ENOSPC: ("no_space", "no space left on the device"),
-    errno.EDQUOT: ("no_space", "disk quota exceeded"),
-    errno.EROFS: ("read_only", "read-only file system"),
-    errno.ENOENT: ("not_found", "no such folder"),
-}
+class FinishStep:
+    """End a job, over the :class:`~batchgrader.daemon.context.Context`."""
 
-
-def outbox_error(exc: OSError, path: str) -> tuple[str, str]:
-    """(code, message) for a result that could not be written, e.g. ``("permission_denied",
-    "cannot write the outbox: permission denied: /home/u/outbox/a_results.csv")``."""
-    code, cause = _OUTBOX_CAUSES.get(exc.errno or 0, ("os_error", exc.strerror or str(exc)))
-    return code, f"cannot write the outbox: {cause}: {path}"
-
-
-class FinishSteps:
-    """The steps that end a job, on the shared :class:`~batchgrader.daemon.context.Context`."""
-
-    def __init__(self, ctx: Context, intake: IntakeSteps, reuse: ReuseSteps) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.intake = intake
-        self.reuse = reuse
         self._effects_checked: set[str] = set()
 
-    def write_outbox(self, job: JobState, a: WriteResult, now: float) -> None:
+    def write_result(self, a: WriteResult, job: JobState, now: float) -> None:
         """Write the result; one that cannot be written (a folder without write permission, a
         full disk) is the job's last error (``OutboxWriteFailed``, recorded and logged once per
         change of cause) and is tried again after a back-off of 5 s doubling up to 5 minutes."""
@@ -87,12 +83,13 @@ class FinishSteps:
 
     def _write_outbox_once(self, job: JobState, a: WriteResult, now: float) -> None:
         """Name the result (and error report) in an intent event, write them, record them."""
-        taken = job.outbox == "started" and bool(job.result_path) and self._outbox_owner(job.result_path or "", job.job_id)
+        outbox = self.ctx.outbox
+        taken = job.outbox == "started" and bool(job.result_path) and outbox.owner(job.result_path or "", job.job_id)
         if taken:  # never accept another job's file as ours: record a new name
             log.error("job %s: %s belongs to another job; choosing another name", job.job_id, job.result_path)
         if job.outbox == "none" or taken:
-            path = self._reserve_outbox_path(job.result_name, job.job_id, now, self._report_of(job))
-            err = self._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
+            path = outbox.reserve(job.result_name, job.job_id, now, outbox.report_of(job))
+            err = outbox.reserve(error_name(job.file), job.job_id, now) if a.failed else None
             self.ctx.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
         job = self.ctx.state.jobs[job.job_id]
         if job.outbox != "started":
@@ -123,41 +120,11 @@ class FinishSteps:
             ),
         )
 
-    def _outbox_owner(self, path: str, job_id: str) -> str | None:
-        """Another job that recorded ``path`` as its result or error file, if any."""
-        for j in self.ctx.state.jobs.values():
-            if j.job_id != job_id and path in (j.result_path, j.error_path):
-                return j.job_id
-        return None
-
-    def _reserve_outbox_path(self, name: str, job_id: str, now: float, companion: Callable[[str], str] | None = None) -> Path:
-        """A free outbox path that no other job has recorded either (a job that recorded a path
-        and crashed before writing it still owns it: two inputs with the same name never swap).
-        With ``companion`` (the result's report name), its companion's name is free too."""
-        job = self.ctx.state.jobs.get(job_id)
-        if job is not None and job.panel_of is not None:  # a judge of a panel: its folder, not the outbox
-            mine = judge_result_path(self.ctx.home, job, name)
-            return free_path(mine.parent, mine.name, stamp(now))  # a retried judge writes a new one
-        path = free_path(self.ctx.home.outbox, name, stamp(now), companion)
-        if self._outbox_owner(str(path), job_id) is None:
-            return path
-        own = fit_name(Path(name).stem, f"_{job_id[:12]}{Path(name).suffix}")  # a name only this job uses
-        return free_path(self.ctx.home.outbox, own, stamp(now), companion)
-
-    def _report_of(self, job: JobState) -> Callable[[str], str] | None:
-        """The report's name for a result's (``write_report``), so the two share their stem."""
-        try:
-            return jobhook.report_name if self.ctx.profile_of(job).get("write_report") else None
-        except ConfigError:
-            return None
-
-    def delete_provider_files(self, job: JobState, ids: tuple[str, ...]) -> None:
-        if self.ctx.provider is None:
-            return
+    def delete_provider_files(self, a: DeleteProviderFiles, job: JobState, now: float) -> None:
         deleted = []
-        for fid in ids:
+        for fid in a.file_ids:
             try:
-                self.ctx.provider.delete_file(fid)
+                self.ctx.provider_for(job).delete_file(fid)
                 deleted.append(fid)
             except ProviderError as exc:
                 log.info("could not delete provider file %s: %s", fid, exc)
@@ -173,12 +140,12 @@ class FinishSteps:
             if c.results_path and Path(c.results_path).exists()
         ]
         cached: dict[str, dict[str, Any]] = {}
-        answered = self.reuse.answered.pop(job.job_id, None)  # prepared in this process: no need to read the file
+        answered = self.ctx.reuse.take_answered(job.job_id)  # prepared in this process: no need to read the file
         if answered is not None:
             cached = {r["custom_id"]: r for r in answered.cached_records()}
         elif job.cached_rows and job.reuse_path:
             cached = read_reuse_file(Path(job.reuse_path))[0]
-        leader_of = {d: leader for leader, ds in self.reuse.followers_of(job).items() for d in ds}
+        leader_of = {d: leader for leader, ds in self.ctx.reuse.followers_of(job).items() for d in ds}
         leads = set(leader_of.values())
         led: dict[str, dict[str, Any]] = {}
         row_errors = job.row_errors
@@ -247,7 +214,7 @@ class FinishSteps:
         atomic_write(path, write, overwrite=False)
         return count
 
-    def finish_effects(self, job: JobState, now: float) -> None:
+    def recover_ended(self, a: RecoverEnded, job: JobState, now: float) -> None:
         """Effects of an ended job that a crash may have interrupted."""
         if job.outbox == "started" and job.error_path:
             p = Path(job.error_path)
@@ -259,7 +226,7 @@ class FinishSteps:
             self.ctx.emit(job.job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
         self._redo_final_effects(self.ctx.state.jobs[job.job_id], now)
 
-    def write_error_report(self, job: JobState, a: WriteErrorReport, now: float) -> None:
+    def write_error_report(self, a: WriteErrorReport, job: JobState, now: float) -> None:
         """Write and record the error report of a job that failed before it was prepared, unless
         it has one on disk.  A report named by ``OutboxWriteStarted`` but never written (a crash
         in between) is written under that name; otherwise a new one is named, written and recorded."""
@@ -273,16 +240,27 @@ class FinishSteps:
                 atomic_write_bytes(p, error_report(job.file, job_id, error, hint).encode("utf-8"), overwrite=False)
             self.ctx.emit(job_id, _e("ResultWritten", path=None, rows=0, succeeded=0, failed=0, error_path=str(p)))
             return
-        self.intake.write_error(job_id, job.file, self._error_path(job, now), error, hint)
+        self.ctx.outbox.write_error_report(job_id, job.file, self.ctx.outbox.error_path(job, now), error, hint)
 
-    def _error_path(self, job: JobState, now: float) -> Path:
-        """A free path for a job's error report: in the outbox (a judge of a panel: in its folder)."""
-        if job.panel_of is not None:
-            mine = judge_result_path(self.ctx.home, job, error_name(job.file))
-            return free_path(mine.parent, mine.name, stamp(now))
-        return free_path(self.ctx.home.outbox, error_name(job.file), stamp(now))
+    def restore_input(self, a: RestoreInput, job: JobState, now: float) -> None:
+        """A job reopened by ``bgctl retry``: bring its input back into the work area."""
+        if not Path(job.input_path).exists() and job.archived_path and Path(job.archived_path).exists():
+            os.rename(job.archived_path, job.input_path)
+            self.ctx.emit(job.job_id, _e("InputRestored", path=job.input_path))
 
-    def after_job_end(self, job_id: str, now: float) -> None:
+    def archive(self, a: Archive, job: JobState, now: float) -> None:
+        src = Path(job.input_path)
+        if src.exists():
+            home = self.ctx.home
+            dest = move_no_clobber(src, home.failed if a.to_failed else home.archive, job.file, stamp(now))
+            self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))
+
+    def finish(self, a: Finish, job: JobState, now: float) -> None:
+        """The job's end, as the rules decided it (core/ending.py), and what follows it."""
+        self.ctx.emit(job.job_id, _e(a.event, **a.payload))
+        self._after_job_end(job.job_id, now)
+
+    def _after_job_end(self, job_id: str, now: float) -> None:
         """Effects of a job's end that never change the job: the HTML report (``write_report``)
         and the ``on_job_end`` command (recorded first, so it runs at most once per end)."""
         job = self.ctx.state.jobs[job_id]
@@ -295,9 +273,9 @@ class FinishSteps:
                 from batchgrader.reports.report import build_report
                 from batchgrader.reports.report_html import render_html
 
-                # the result's name was chosen with its report's free (_reserve_outbox_path): the
+                # the result's name was chosen with its report's free (ctx.outbox.reserve): the
                 # two share their stem; a report already there is this result's, written before
-                dest = self.ctx.home.outbox / jobhook.report_name(job.result_path)
+                dest = self.ctx.home.outbox / report_name(job.result_path)
                 if not dest.exists():
                     page = render_html(build_report(list(self.ctx.store.read(job_id=job_id))))
                     atomic_write_bytes(dest, page.encode("utf-8"), overwrite=False)
@@ -324,8 +302,10 @@ class FinishSteps:
         self._effects_checked.add(job.job_id)
         if job.ended == "failed" and job.outbox == "none":
             err = job.error or {}
-            path = self._error_path(job, now)
-            self.intake.write_error(job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or "")
+            path = self.ctx.outbox.error_path(job, now)
+            self.ctx.outbox.write_error_report(
+                job.job_id, job.file, path, err.get("error") or job.last_error or "", err.get("hint") or ""
+            )
         job = self.ctx.state.jobs[job.job_id]
         if job.archived_path or job.panel_of is not None:  # a judge's job leaves the panel's input alone
             return

@@ -1,4 +1,4 @@
-"""Engine steps of a judge panel (rules in :mod:`batchgrader.core.panel`): start the panel and
+"""The panel step (rules in :mod:`batchgrader.core.panel`): start the panel and
 accept its judges' jobs, pass a cancel on to them, and write the panel's combined result.
 """
 
@@ -10,27 +10,25 @@ from typing import Any
 
 from batchgrader.core.actions import OUTBOX_TIMER
 from batchgrader.core.config import ConfigError
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.outcomes import outbox_retry_at
-from batchgrader.core.panel import CancelJudges, RetryJudges, WritePanelResult, judge_job_id, judge_jobs
+from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult, judge_job_id, judge_jobs
 from batchgrader.core.state import JobState
-from batchgrader.daemon.base import _e, result_settings
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.finish import FinishSteps, outbox_error
 from batchgrader.fsio import atomic_write, atomic_write_bytes
-from batchgrader.pipeline.outbox import error_name, error_report
+from batchgrader.pipeline.outbox import error_name, error_report, outbox_error, result_settings
 from batchgrader.pipeline.panel import Judge, count_panel_result, write_panel_result
 
 log = logging.getLogger("batchgrader.engine")
 
 
-class PanelSteps:
-    """The panel's steps, on the shared :class:`~batchgrader.daemon.context.Context`."""
+class PanelStep:
+    """A judge panel's own actions, over the :class:`~batchgrader.daemon.context.Context`."""
 
-    def __init__(self, ctx: Context, finish: FinishSteps) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.finish = finish
 
-    def start(self, job: JobState) -> None:
+    def start(self, a: StartPanel, job: JobState, now: float) -> None:
         """``PanelStarted`` once, then ``JobAccepted`` for each judge's job not accepted yet (a
         crash in between: the next tick accepts the missing ones, under the recorded ids)."""
         if job.panel is None:
@@ -65,16 +63,16 @@ class PanelSteps:
             ),
         )
 
-    def cancel_judges(self, a: CancelJudges) -> None:
+    def cancel_judges(self, a: CancelJudges, job: JobState, now: float) -> None:
         for job_id in a.judge_ids:
             self.ctx.emit(job_id, _e("CancelRequested", reason=f"the panel {a.job_id} was cancelled"))
 
-    def retry_judges(self, panel: JobState, a: RetryJudges) -> None:
+    def retry_judges(self, a: RetryJudges, panel: JobState, now: float) -> None:
         bound = {"max_completion_tokens": panel.retry_bound} if panel.retry_bound else {}
         for job_id in a.judge_ids:
             self.ctx.emit(job_id, _e("RetryRequested", reason=f"bgctl retry of the panel {a.job_id}", **bound))
 
-    def write_result(self, job: JobState, a: WritePanelResult, now: float) -> None:
+    def write_result(self, a: WritePanelResult, job: JobState, now: float) -> None:
         """The panel's result (and error report when it failed), named in an intent event first;
         a result that cannot be written is tried again after a back-off, as any job's."""
         try:
@@ -94,8 +92,8 @@ class PanelSteps:
         if a.failed and not self._judged(job):
             return self._error_report_alone(job, a, now)
         if job.outbox == "none":
-            path = self.finish._reserve_outbox_path(job.result_name, job.job_id, now)
-            err = self.finish._reserve_outbox_path(error_name(job.file), job.job_id, now) if a.failed else None
+            path = self.ctx.outbox.reserve(job.result_name, job.job_id, now)
+            err = self.ctx.outbox.reserve(error_name(job.file), job.job_id, now) if a.failed else None
             self.ctx.emit(job.job_id, _e("OutboxWriteStarted", path=str(path), error_path=str(err) if err else None))
         job = self.ctx.state.jobs[job.job_id]
         path = Path(job.result_path or "")
@@ -136,7 +134,7 @@ class PanelSteps:
         """A failed panel none of whose judges wrote a result: its error report, and no result (the
         input need not be readable: a panel whose judges failed reading it must not read it again)."""
         if job.outbox == "none":
-            err = self.finish._reserve_outbox_path(error_name(job.file), job.job_id, now)
+            err = self.ctx.outbox.reserve(error_name(job.file), job.job_id, now)
             self.ctx.emit(job.job_id, _e("OutboxWriteStarted", path=None, error_path=str(err)))
         job = self.ctx.state.jobs[job.job_id]
         path = Path(job.error_path or "")

@@ -1,8 +1,10 @@
-"""The engine step of the synchronous routes (``route: flex``, ``online``, or ``auto`` choosing
-one of them): a job's rows through the provider's synchronous API, before it is prepared.
+"""The online step: rows through the provider's synchronous API.  A job's rows on the
+synchronous routes (``route: flex``, ``online``, or ``auto`` choosing one of them) before it is
+prepared (``SendOnline``), and a straggler's unanswered rows (``SendStragglers``: the chunk's
+results file written and its outcome recorded once every row has one).
 
-One :class:`OnlineStep` carries out one ``SendOnline`` action, with what it needs given
-explicitly (home, profile, prices, provider, the event sink and the clocks):
+One :class:`SyncSender` carries out one such action, with what it needs given explicitly
+(home, profile, prices, provider, the event sink and the clocks):
 
 * a route not chosen yet is chosen first (``RouteChosen``): the profile's, or for ``auto`` what
   :func:`~batchgrader.core.routes.choose_route` makes of the row count and the deadline; ``batch``
@@ -28,38 +30,42 @@ explicitly (home, profile, prices, provider, the event sink and the clocks):
   to reconcile with): it is sent again once, marked ``resent_after_crash``; one left so twice is
   failed ``final`` (``outcome_unknown``) and goes in the batch;
 * once every row is answered or failed for good, ``OnlineRowsDone``; the job is then prepared
-  and its answers are taken like stored answers (``daemon/reuse.py``), so only the failed rows
-  are sent in a batch.
+  and its answers are taken like stored answers (:mod:`batchgrader.pipeline.job_reuse`), so only
+  the failed rows are sent in a batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import ONLINE_TIMER
+from batchgrader.core.actions import ONLINE_TIMER, SendOnline, SendStragglers
 from batchgrader.core.budget import budget_problem
 from batchgrader.core.config import ConfigError, Profile
-from batchgrader.core.decide import NEVER_RETRIED, utc_day
+from batchgrader.core.decide import NEVER_RETRIED, epoch, reuse_enabled, utc_day
+from batchgrader.core.events import new_event as _e
 from batchgrader.core.home import Home
 from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff, refused_rows
 from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
-from batchgrader.core.state import JobState
-from batchgrader.daemon.base import _e
+from batchgrader.core.state import ChunkState, JobState
+from batchgrader.daemon.context import Context
+from batchgrader.daemon.control import cancel_pending
+from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
+from batchgrader.pipeline.chunkplan import chunk_custom_ids, lines
 from batchgrader.pipeline.input_checks import check_input
 from batchgrader.pipeline.merge import outcome_record
 from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import first_requests, input_tokens_of
-from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, standard_price
+from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, has_flex, standard_price
 from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.results import parse_line
-from batchgrader.pipeline.reuse import ReuseProbe
 from batchgrader.pipeline.samples import sample_ids
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
@@ -74,14 +80,68 @@ USAGE = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_token
 ALL_ROWS = 1 << 40
 
 
-@dataclass
 class OnlineStep:
-    """One ``SendOnline`` carried out (see the module docstring)."""
+    """Rows through the synchronous API, over the :class:`~batchgrader.daemon.context.Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def send_online(self, a: SendOnline, job: JobState, now: float) -> None:
+        """The job's route chosen, then its rows sent (see the module docstring)."""
+        SyncSender.of(self.ctx, job).run()
+
+    def send_stragglers(self, a: SendStragglers, job: JobState, now: float) -> None:
+        """Send the straggler chunk's rows not settled yet (at its route's tier); complete the
+        chunk once every row has its outcome."""
+        c = job.chunks[a.chunk]
+        sender = dataclasses.replace(SyncSender.of(self.ctx, job), tier=c.route, lookup=None)
+        raw = list(lines(Path(c.path)))
+        keys = dict(line_keys(sender.provider_key, raw))
+        if not sender.send(raw, keys, set()):
+            return  # the provider asked to wait: the rest is sent later
+        job = self.ctx.state.jobs[job.job_id]
+        self._complete(job, job.chunks[a.chunk], [json.loads(x)["custom_id"] for x in raw])
+
+    def _complete(self, job: JobState, c: ChunkState, sent: list[str]) -> None:
+        """Write the chunk's results file and record its outcome, once every row sent has one."""
+        r: RouteState = job.online
+        if any(cid in r.open or not r.settled(cid) for cid in sent):
+            return
+        records = {cid: _record(job.job_id, r, cid) for cid in sent}
+        here = set(sent)
+        leader_of = {d: lead for lead, ds in self.ctx.reuse.followers_of(job).items() for d in ds if lead in here}
+        riders = [cid for cid in chunk_custom_ids(c) if cid not in here and cid in leader_of]
+        out = [records[cid] for cid in sent]
+        out += [{**records[leader_of[cid]], "custom_id": cid, "reused": "duplicate", "leader": leader_of[cid]} for cid in riders]
+        path = Path(self.ctx.outbox.results_path(job, c))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, b"".join(json.dumps(x, ensure_ascii=False).encode() + b"\n" for x in out))
+        failed = [_failed_row(x) for x in out if not x["ok"]]
+        events: list[NewEvent] = []
+        if failed:
+            events.append(_e("RowsFailed", chunk=c.index, batch_id=None, rows=failed))
+        events.append(
+            _e(
+                "ChunkCompleted",
+                chunk=c.index,
+                batch_id=None,
+                status=None,
+                succeeded=len(out) - len(failed),
+                failed=len(failed),
+                results_path=str(path),
+            )
+        )
+        self.ctx.emit(job.job_id, *events)
+
+
+@dataclass
+class SyncSender:
+    """One ``SendOnline`` or ``SendStragglers`` carried out (see the module docstring)."""
 
     home: Home
     profile: Profile
     prices: PriceTable
-    provider: Provider
+    provider: Callable[[], Provider]  # built at its first request
     emit: Callable[..., None]  # emit(job_id, *events): appended and folded
     job: Callable[[], JobState]  # the job's state as folded now
     provider_key: str
@@ -101,26 +161,27 @@ class OnlineStep:
     cancelled: Callable[[], bool] = lambda: False
 
     @classmethod
-    def of(cls, engine: Any, job: JobState) -> OnlineStep:
-        """The step with what the engine's context holds (the one place that reads it)."""
+    def of(cls, ctx: Context, job: JobState) -> SyncSender:
+        """The sender with what the context holds for ``job`` (the one place that reads it)."""
+        profile = ctx.profile_of(job)
         return cls(
-            home=engine.home,
-            profile=engine.profile_of(job),
-            prices=engine.prices,
-            provider=engine.provider,
-            emit=engine.emit,
-            job=lambda: engine.state.jobs[job.job_id],
-            provider_key=engine.provider_key_for(job),
-            not_before=engine.schedule.not_before,
-            wall=lambda: engine.wall + (engine.mono_now() - engine.mono),
-            mono=engine.mono_now,
-            batch_seconds=batch_seconds(engine, engine.profile_of(job), job.sandbox),
-            on_progress=engine.on_progress,
-            keep_days=float(engine.settings.cache_days),
-            stored_at=engine.trusted_wall,
-            lookup=_lookup(engine, job),
-            over_budget=lambda: _over_budget(engine, job.job_id),
-            cancelled=lambda: _cancelled(engine, job.job_id),
+            home=ctx.home,
+            profile=profile,
+            prices=ctx.prices,
+            provider=lambda: ctx.provider_for(job),
+            emit=ctx.emit,
+            job=lambda: ctx.state.jobs[job.job_id],
+            provider_key=ctx.provider_key_for(job),
+            not_before=ctx.schedule.not_before,
+            wall=lambda: ctx.wall + (ctx.mono_now() - ctx.mono),
+            mono=ctx.mono_now,
+            batch_seconds=batch_seconds(ctx, profile, job.sandbox),
+            on_progress=ctx.on_progress,
+            keep_days=float(ctx.settings.cache_days),
+            stored_at=ctx.trusted_wall,
+            lookup=_lookup(ctx, job, profile),
+            over_budget=lambda: _over_budget(ctx, job.job_id),
+            cancelled=lambda: _cancelled(ctx, job.job_id),
         )
 
     # --- the step -----------------------------------------------------------------------------
@@ -167,7 +228,7 @@ class OnlineStep:
             return route, f"the profile's route is {route!r}"
         flex = has_flex(self.profile, self.prices)
         now = self.wall()
-        arrival = min(_epoch(job.created_ts, now), now)  # the job's arrival, never after now
+        arrival = min(epoch(job.created_ts, now), now)  # the job's arrival, never after now
         return choose_route(
             rows,
             int(self.profile.get("online_max_rows") or 0),
@@ -250,7 +311,7 @@ class OnlineStep:
         ]
         self.emit(job.job_id, *intents)  # stamped before the requests leave
         futures: list[Future[dict[str, Any]]] = [
-            pool.submit(self.provider.complete, _with_tier(line, tier), job.job_id) for line in wave
+            pool.submit(self.provider().complete, _with_tier(line, tier), job.job_id) for line in wave
         ]
         go_on = True
         for line, fut in zip(wave, futures, strict=True):
@@ -396,63 +457,6 @@ class OnlineStep:
         )
 
 
-class _AnsweredOnlineFirst(ReuseProbe):
-    """A :class:`ReuseProbe` that keys a row the job's preflight or synchronous route answered
-    with the key it was answered under: a settings edit (prompt, model, output bound) after it was answered
-    changes the request prepare builds for it, but the row is answered and paid for, so it is
-    taken, never sent again in a batch.  A row the provider refused for good is taken the same
-    way, as a failed answer with the refusal's code and message (``refused``)."""
-
-    def __init__(
-        self,
-        provider: str,
-        lookup: Callable[[Sequence[str]], dict[str, Any]] | None,
-        dedupe: bool,
-        on_send: Callable[[], None] | None,
-        pinned: dict[str, str],
-        refused: dict[str, Any],
-    ) -> None:
-        def with_refused(keys: Sequence[str]) -> dict[str, Any]:
-            found = lookup(keys) if lookup is not None else {}
-            found.update({k: refused[k] for k in keys if k in refused})
-            return found
-
-        super().__init__(provider, with_refused, dedupe, on_send)
-        self.pinned = pinned
-
-    def _keys(
-        self, lines: Sequence[bytes], cids: Sequence[str] | None = None, contents: Sequence[str] | None = None
-    ) -> list[tuple[str, str]]:
-        pinned = self.pinned
-        return [(cid, pinned.get(cid, key)) for cid, key in super()._keys(lines, cids, contents)]
-
-
-def answered_online_first(
-    probe: ReuseProbe | None, job: JobState, provider: str, on_send: Callable[[], None]
-) -> ReuseProbe | None:
-    """The prepare step's reuse probe for ``job``: the rows its preflight or its synchronous route
-    answered are found by their custom id (their answer's key), not by the request the settings
-    build now (a config edit after they were paid for never sends them again),
-    and so are the rows the provider refused for good (they fail with the refusal).
-    ``provider``/``on_send``: the probe's, for a job whose rows would all be sent otherwise."""
-    from batchgrader.store.answers import StoredAnswer
-
-    # the rows the job paid for itself before prepare (its preflight's, its route's): by custom id
-    pinned = {str(a["custom_id"]): str(a["key"]) for a in job.preflight_answers}
-    pinned.update({cid: str(a["key"]) for cid, a in job.online.answers.items()})
-    refused: dict[str, Any] = {}
-    tier = job.online.route or "online"
-    for cid in refused_rows(job):
-        f = job.failed_rows[cid]
-        key = pinned[cid] = f"refused\x00{cid}"  # never a request's key (those are hex digests)
-        refused[key] = StoredAnswer(key, "", None, 0, 0, 0, 0, job.job_id, cid, tier, str(f["code"]), str(f["message"]))
-    if not pinned:
-        return probe
-    if probe is None:
-        return _AnsweredOnlineFirst(provider, None, False, on_send, pinned, refused)
-    return _AnsweredOnlineFirst(probe.provider, probe.lookup, probe.dedupe, probe.on_send, pinned, refused)
-
-
 def with_samples(lines: list[bytes], k: int) -> list[bytes]:
     """The request lines of every sample of each row (``samples: k``), as prepare writes them:
     sample ``j`` of a row is its request with the custom id ``sample_id(cid, j)``."""
@@ -466,23 +470,13 @@ def with_samples(lines: list[bytes], k: int) -> list[bytes]:
     return out
 
 
-def _cancelled(engine: Any, job_id: str) -> bool:
-    from batchgrader.daemon.control import cancel_pending
-
-    return bool(engine.state.jobs[job_id].cancel_requested) or cancel_pending(engine.home, job_id)
+def _cancelled(ctx: Context, job_id: str) -> bool:
+    return bool(ctx.state.jobs[job_id].cancel_requested) or cancel_pending(ctx.home, job_id)
 
 
-def _over_budget(engine: Any, job_id: str) -> bool:
-    job = engine.state.jobs[job_id]
-    return not job.override_budget and budget_problem(engine.state, job, engine.config, engine.wall) is not None
-
-
-def has_flex(profile: Profile, prices: PriceTable) -> bool:
-    """Whether the profile's model is served at the flex tier (OpenAI, catalogue row ``flex: yes``)."""
-    try:
-        return profile.provider == "openai" and prices.get(profile.model).spec.flex is True
-    except PricingError:
-        return False
+def _over_budget(ctx: Context, job_id: str) -> bool:
+    job = ctx.state.jobs[job_id]
+    return not job.override_budget and budget_problem(ctx.state, job, ctx.config, ctx.wall) is not None
 
 
 def _failed(cid: str, code: str, error: str, status: int | None, retry_at: float | None, final: bool) -> NewEvent:
@@ -496,36 +490,57 @@ def _with_tier(line: dict[str, Any], tier: str) -> dict[str, Any]:
     return {**line, "body": {**line["body"], "service_tier": "flex"}}
 
 
-def _lookup(engine: Any, job: JobState) -> Callable[[list[str]], set[str]] | None:
+def _lookup(ctx: Context, job: JobState, profile: Profile) -> Callable[[list[str]], set[str]] | None:
     """The answers store's lookup for the job, or None when it reuses no answers."""
-    from batchgrader.core.decide import reuse_enabled
-
-    profile = engine.profile_of(job)
     if not reuse_enabled(job, profile):
         return None
 
     def lookup(keys: list[str]) -> set[str]:
-        from batchgrader.store import answers
-
-        found = answers.lookup(
-            engine.store.conn,
-            keys,
-            now=engine.trusted_wall(),
-            keep_days=profile.cache_days,
-            allow_truncated=profile.reuse_truncated_answers,
-        )
-        return set(found)
+        return set(ctx.stored_answers(profile, ctx.trusted_wall())(keys))
 
     return lookup
 
 
-def _epoch(iso_ts: str, default: float) -> float:
-    from batchgrader.core.decide import epoch
+def _record(job_id: str, r: RouteState, cid: str) -> dict[str, Any]:
+    """A row's result record (the shape of a merged chunk's results file) from its outcome on
+    the synchronous route."""
+    a = r.answers.get(cid)
+    if a is not None:
+        return {
+            "custom_id": cid,
+            "ok": True,
+            "content": a["content"],
+            "status_code": 200,
+            "error_code": None,
+            "error_message": None,
+            "prompt_tokens": a["prompt_tokens"],
+            "cached_tokens": a["cached_tokens"],
+            "completion_tokens": a["completion_tokens"],
+            "reasoning_tokens": a["reasoning_tokens"],
+            "finish_reason": a["finish_reason"],
+            "reused": a["tier"],  # answered_by: flex or online, billed in this job
+            "key": a["key"],
+            "answered_in": job_id,
+        }
+    f = r.failed.get(cid) or {}
+    return {
+        "custom_id": cid,
+        "ok": False,
+        "content": None,
+        "status_code": f.get("status"),
+        "error_code": f.get("code") or "outcome_unknown",
+        "error_message": f.get("error") or "no outcome on the synchronous route",
+    }
 
-    return epoch(iso_ts, default)
+
+def _failed_row(x: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {"custom_id": x["custom_id"], "code": x["error_code"], "message": x["error_message"]}
+    if x.get("status_code") is not None:
+        row["status"] = int(x["status_code"])
+    return row
 
 
-def batch_seconds(engine: Any, profile: Profile, sandbox: bool) -> float:
+def batch_seconds(ctx: Context, profile: Profile, sandbox: bool) -> float:
     """What a batch of the profile's model is expected to take: the median of its observed run
     times (``store/runtimes.py``), else the completion window (24 h)."""
     import statistics
@@ -533,7 +548,7 @@ def batch_seconds(engine: Any, profile: Profile, sandbox: bool) -> float:
     try:
         from batchgrader.store.runtimes import learned_run_times
 
-        runs = learned_run_times(engine.store.conn, [(profile.model, sandbox)]).get((profile.model, sandbox)) or []
+        runs = learned_run_times(ctx.store.conn, [(profile.model, sandbox)]).get((profile.model, sandbox)) or []
     except Exception:  # noqa: BLE001 - no read model yet: the default
         return DEFAULT_BATCH_SECONDS
     return float(statistics.median(runs)) if runs else DEFAULT_BATCH_SECONDS
