@@ -91,7 +91,7 @@ from batchgrader.core.config import ConfigError, load_config  # noqa: E402
 from batchgrader.core.cron import next_fire, scheduled_job_id  # noqa: E402
 from batchgrader.core.home import Home  # noqa: E402
 from batchgrader.daemon.engine import Engine  # noqa: E402
-from batchgrader.daemon.evals_step import ScheduleStep  # noqa: E402
+from batchgrader.daemon.steps.evals import ScheduleStep  # noqa: E402
 from batchgrader.pipeline.pricing import load_pricing  # noqa: E402
 from batchgrader.provider.memory import MemoryProvider  # noqa: E402
 from batchgrader.store.eventstore import EventStore  # noqa: E402
@@ -106,15 +106,14 @@ def scheduled_rig(home: Home) -> tuple[Rig, ScheduleStep]:
     (home.root / "data" / "reviews.csv").write_text("id,response\n1,good\n2,bad\n")
     rig = Rig(home, SCHEDULED)
     rig.now = rig.provider.now = T0
-    return rig, ScheduleStep(rig.engine.ctx)
+    return rig, rig.engine.steps.schedules
 
 
 def at(rig: Rig, step: ScheduleStep, when: float) -> int:
-    """The clock at ``when``: the schedule step, then a tick (as the engine will run them)."""
+    """A tick at ``when`` (the engine runs the schedule step first); the jobs the step started."""
     rig.now = rig.provider.now = when
-    started = step.run(when)
     rig.engine.tick(when)
-    return started
+    return step.started
 
 
 def second_daemon(home: Home, other: Home) -> tuple[Engine, ScheduleStep, EventStore]:
@@ -125,7 +124,7 @@ def second_daemon(home: Home, other: Home) -> tuple[Engine, ScheduleStep, EventS
     (other.root / "data" / "reviews.csv").write_text((home.root / "data" / "reviews.csv").read_text())
     store = EventStore(home.db)
     engine = Engine(other, load_config(other, environ={}), store, MemoryProvider(), load_pricing())
-    return engine, ScheduleStep(engine.ctx), store
+    return engine, engine.steps.schedules, store
 
 
 def test_a_profile_runs_at_its_times_as_a_normal_job_once_each(home):
@@ -218,3 +217,16 @@ def test_a_schedule_is_checked_when_the_configuration_loads(home):
     text = str(err.value)
     assert "profiles.a: key 'schedule' needs 'schedule_source'" in text
     assert "profiles.b: key 'schedule' must be a five-field cron expression" in text and "higher than the maximum" in text
+
+
+def test_the_daemon_wakes_for_the_next_scheduled_time(home):
+    """The engine's next due time includes the schedule's next fire time (the loop waits on it),
+    on the monotonic clock: a daemon idle at noon wakes at 02:00 with nothing else due."""
+    rig, step = scheduled_rig(home)
+    try:
+        at(rig, step, T0)
+        mono = 500.0  # any monotonic origin: the wait is the wall-clock distance to the fire time
+        due = rig.engine.next_due(mono, T0, inbox=False)
+        assert due == pytest.approx(mono + (ts("2026-11-29T02:00:00") - T0))
+    finally:
+        rig.close()

@@ -177,11 +177,6 @@ def test_a_refused_sample_leaves_its_row_answered_by_the_others_in_every_reader(
     rig.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a failed vote among answered samples is known only where the result is written: "
-    "daemon/finish.py records requests, not rows, in a samples job's ResultWritten (see store/figures.py result_rows)",
-)
 def test_samples_that_tie_fail_their_row_in_status_as_in_the_result(home: Home) -> None:
     rig = Rig(home, "samples: 2\nmax_row_retries: 0\n")
     rig.provider.answer = lambda cid, body: "yes" if cid.endswith("-s2") else "no"  # every row: 1 against 1

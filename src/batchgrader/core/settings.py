@@ -311,8 +311,8 @@ class Settings:
         "APScheduler's `CronTrigger`): each file of `schedule_source` becomes a job of the profile, as if dropped in its inbox"
         " folder. Each time runs once, whatever the restarts and however many daemons share the event log; times missed while"
         " no daemon ran are run once, as the latest of them; a schedule's times before a daemon first saw it are not run. Set "
-        "in a profile (the top level's schedules the default profile only). Checked when the configuration loads, but not run"
-        " by the daemon yet: see [Scheduled runs](#scheduled-runs).")
+        "in a profile (the top level's schedules the default profile only). See [Scheduled runs](#scheduled-runs)."
+        )
     schedule_source = Setting(None, _opt_str, RUN,
         "The file, or the folder of files (each a job), that `schedule` runs; copied at each time, never moved. A relative "
         "path is taken under the home. Required with `schedule`.")

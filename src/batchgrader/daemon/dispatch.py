@@ -52,6 +52,7 @@ from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WriteP
 from batchgrader.core.state import JobState
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.steps.collect import CollectStep
+from batchgrader.daemon.steps.evals import EvalStep, ScheduleStep
 from batchgrader.daemon.steps.finish import FinishStep
 from batchgrader.daemon.steps.intake import IntakeStep
 from batchgrader.daemon.steps.online import OnlineStep
@@ -81,6 +82,8 @@ class Steps:
     reuse: ReuseStep
     finish: FinishStep
     panel: PanelStep
+    schedules: ScheduleStep  # around the jobs' pass, not actions: Engine.tick runs them
+    evals: EvalStep
 
     @classmethod
     def build(cls, ctx: Context) -> Steps:
@@ -96,6 +99,8 @@ class Steps:
             ReuseStep(ctx),
             FinishStep(ctx),
             PanelStep(ctx),
+            ScheduleStep(ctx),
+            EvalStep(ctx),
         )
 
 

@@ -84,7 +84,12 @@ class Engine:
         ids = [j.job_id for j in ours]
         timers = self.ctx.timers(mono)
         inbox_times = self.steps.intake.times() if inbox else None
-        return next_due(self.ctx.state, self.ctx.schedule, self.ctx.config, wall, mono, inbox_times, ids, timers, queues)
+        due = next_due(self.ctx.state, self.ctx.schedule, self.ctx.config, wall, mono, inbox_times, ids, timers, queues)
+        fire = self.steps.schedules.next_due(wall)  # a scheduled run's time, on the wall clock
+        if fire is None:
+            return due
+        at = mono + max(0.0, fire - wall)
+        return at if due is None else min(due, at)
 
     def busy(self) -> bool:
         """True while a job can still make progress on its own (held jobs wait for the user, and
@@ -126,7 +131,12 @@ class Engine:
         self.again = False
         self.failed = False
         self.intake(now)
+        self.steps.schedules.run(now)  # a scheduled profile's due runs start as jobs of this pass
         self._advance_all(now)
+        if self.steps.evals.run(now):  # an eval's grading was queued: taken in this tick
+            self.scan_requested = True
+            self.intake(now)
+        self.failed |= self.steps.schedules.failed or self.steps.evals.failed
         self.idle = not self.busy() and not self.inbox_pending()
 
     def _advance_all(self, now: float) -> None:

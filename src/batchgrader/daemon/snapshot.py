@@ -42,7 +42,7 @@ class Snapshot:
 def take(state: State, since: str | None = None) -> Snapshot:
     """A snapshot of ``state``; call it on the thread that owns the state.  ``since`` (an ISO
     time): only the jobs with an event recorded since then (``daemon --once``: this run's jobs)."""
-    from batchgrader.core.panel import judge_jobs
+    from batchgrader.store.figures import figures_of  # the figures every reader shows
     from batchgrader.store.readmodels import chunk_label  # the same step names as `bgctl status`
 
     rows = []
@@ -58,7 +58,7 @@ def take(state: State, since: str | None = None) -> Snapshot:
                 rows=j.rows,
                 chunks_done=j.chunks_done,
                 chunks_total=j.chunks_total,
-                cost_usd=j.cost_usd + sum(x.cost_usd for x in judge_jobs(state, j) if x is not None),  # a panel's: its judges
+                cost_usd=figures_of(state, j).cost_usd,  # a panel's: its judges'
                 batches=" ".join(f"{c.index}:{chunk_label(c)}" for c in chunks),
                 error=(j.error or {}).get("error") or (j.held or {}).get("reason") or "",
                 terminal=j.terminal,

@@ -95,7 +95,8 @@ class FinishStep:
         if job.outbox != "started":
             return
         path = Path(job.result_path or "")
-        written = self._write_result(job, self.ctx.profile_of(job), path) if not path.exists() else job.rows
+        # rows of the result and those failed (their error column set); None: written before a crash
+        written, failed = self._write_result(job, self.ctx.profile_of(job), path) if not path.exists() else (job.rows, None)
         if job.error_path and not Path(job.error_path).exists():
             atomic_write_bytes(
                 Path(job.error_path),
@@ -114,8 +115,8 @@ class FinishStep:
                 "ResultWritten",
                 path=str(path),
                 rows=written,
-                succeeded=job.succeeded_rows,
-                failed=len(job.failed_rows) + len(job.row_errors),
+                succeeded=job.succeeded_rows if failed is None else written - failed,
+                failed=len(job.failed_rows) + len(job.row_errors) if failed is None else failed,
                 error_path=job.error_path,
             ),
         )
@@ -130,7 +131,7 @@ class FinishStep:
                 log.info("could not delete provider file %s: %s", fid, exc)
         self.ctx.emit(job.job_id, _e("ProviderFilesDeleted", file_ids=deleted))
 
-    def _write_result(self, job: JobState, profile: Profile, path: Path) -> int:
+    def _write_result(self, job: JobState, profile: Profile, path: Path) -> tuple[int, int]:
         """Stream the input and join each row to its result (ResultsJoin: O(chunks) memory).  A row
         answered from the store takes its stored answer; a duplicate that no chunk answered
         takes its leader's outcome (leaders come first in the input)."""
@@ -152,10 +153,10 @@ class FinishStep:
         failed_info = job.failed_rows
         fixed = {**result_settings(profile), **job.settings}  # as prepared, even if the config changed since
         id_column = fixed["id_column"]
-        count = 0
+        count = failed = 0
 
         def write(f) -> None:
-            nonlocal count
+            nonlocal count, failed
             with (
                 open_table(
                     Path(job.input_path), sheet=fixed.get("sheet"), encoding=fixed.get("encoding", "utf-8"), validated=True
@@ -204,6 +205,7 @@ class FinishStep:
                             for k, v in added.items():
                                 if type(v) is str and v and v[0] in _FORMULA_START:
                                     added[k] = defuse_formula(v)
+                        failed += bool(added.get(cols.error))  # a row failed: its request, or its samples' vote
                         vals.update(added)
                         if row.text is None:
                             write_row(vals)
@@ -212,7 +214,7 @@ class FinishStep:
                         count += 1
 
         atomic_write(path, write, overwrite=False)
-        return count
+        return count, failed
 
     def recover_ended(self, a: RecoverEnded, job: JobState, now: float) -> None:
         """Effects of an ended job that a crash may have interrupted."""

@@ -1,7 +1,8 @@
 """The daemon's eval and schedule steps: what imported evals and scheduled profiles need from the
 daemon, on the engine's shared :class:`~batchgrader.daemon.context.Context`.
 
-NOT REGISTERED YET: the engine does not call them (the daemon's steps are being restructured).
+Both are steps of :class:`~batchgrader.daemon.dispatch.Steps`, run by :meth:`Engine.tick
+<batchgrader.daemon.engine.Engine.tick>` around the jobs' pass.
 
 :class:`ScheduleStep` runs once per tick before the jobs are taken further: each profile's
 ``schedule`` (:func:`batchgrader.core.cron.due_runs`) starts its ``schedule_source`` files as
@@ -34,15 +35,11 @@ that ended in this tick is seen), over the evals imported into the home (``<home
 inbox and ticks again at once).  An eval whose folder cannot be read, or whose effect fails, is
 logged and tried again at the next tick (``failed`` is set); it never stops the jobs.
 
-Wiring (in :class:`~batchgrader.daemon.engine.Engine`, or its successor's step list): build both
-on the context (``self.schedules = ScheduleStep(ctx)``, ``self.evals = EvalStep(ctx)``); in
-``tick``, after ``self.intake(now)``: ``self.schedules.run(now)`` (the jobs it starts are
-prepared in the same pass); after ``self._advance_all(now)``: ``if self.evals.run(now):
-self.steps.intake.scan_requested = True; self.intake(now)`` (the grading's files are seen, so a
-``--once`` daemon is not idle); then ``self.failed |= self.schedules.failed or self.evals.failed``.
-Due time: ``self.schedules.next_due(wall)`` is a wall-clock time, ``mono + (fire - wall)`` on the
-monotonic clock, to add to :func:`batchgrader.core.due.next_due`'s answer (an eval's work is done
-in the tick its job ends, so it adds none).
+How the engine runs them: :meth:`ScheduleStep.run` after the inbox's intake (the jobs it
+starts are prepared in the same pass); :meth:`EvalStep.run` after every job was taken a step
+further (a grading file it copied into the inbox is taken in the same tick, so a ``--once``
+daemon is not idle); :meth:`ScheduleStep.next_due` (a wall-clock time) joins the engine's next
+due time.
 """
 
 from __future__ import annotations
@@ -54,8 +51,7 @@ from pathlib import Path
 from batchgrader.core import cron
 from batchgrader.core import evalchain as ec
 from batchgrader.core.config import ConfigError
-from batchgrader.core.events import NewEvent
-from batchgrader.daemon.base import _e
+from batchgrader.core.events import NewEvent, new_event
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline import scheduled
 from batchgrader.pipeline.evals import chain
@@ -138,6 +134,7 @@ class ScheduleStep:
         self.since: dict[str, float] = {}  # profile -> when this daemon first saw its schedule (wall)
         self._warned: set[tuple[str, float]] = set()
         self.failed = False  # the last run could not start a due run (logged; tried again at the next tick)
+        self.started = 0  # the jobs the last run started
 
     def next_due(self, now: float) -> float | None:
         """The next fire time of any schedule (wall clock), for the daemon's due time."""
@@ -154,6 +151,7 @@ class ScheduleStep:
             except (OSError, ConfigError) as exc:
                 self.failed = True
                 log.warning("schedule of profile %s: %s (tried again at the next tick)", due.profile, exc)
+        self.started = started
         return started
 
     def _start(self, due: cron.StartRun | cron.ResumeRun) -> int:
@@ -176,7 +174,7 @@ class ScheduleStep:
         started = 0
         for f in files:
             job_id = cron.scheduled_job_id(due.profile, due.scheduled_for, f)
-            record = _e(
+            record = new_event(
                 "ScheduledRunStarted",
                 schedule=due.profile,
                 cron=due.cron,
@@ -202,7 +200,7 @@ class ScheduleStep:
     def _accept(self, job_id: str, profile: str, src: Path, record: NewEvent) -> int:
         claim = {"file": src.name, "source": str(src), "profile": profile, "sandbox": self.ctx.sandbox}
         input_path = scheduled.claim_copy(self.ctx.home, job_id, src, claim)
-        accepted = _e(
+        accepted = new_event(
             "JobAccepted",
             file=src.name,
             source=str(src),
