@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 import pytest
-from test_store_contract import Opener, backend, feed  # noqa: F401 - the parametrised fixture
 
 from batchgrader.core.events import NewEvent
 from batchgrader.store.answers import StoredAnswer
+from test_store_contract import Opener, backend, feed  # noqa: F401 - the parametrised fixture
 
 NOW = time.time()
 DAY = 86400.0
