@@ -272,7 +272,14 @@ def _answer(res: dict, as_json: bool) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
-    from batchgrader.cli.render_status import render_job, render_overview, render_status, render_waiting, unfinished_jobs
+    from batchgrader.cli.render_status import (
+        render_job,
+        render_leases,
+        render_overview,
+        render_status,
+        render_waiting,
+        unfinished_jobs,
+    )
     from batchgrader.fsio import shown_names
     from batchgrader.ops.actions import daemon_info, inbox_files, note_unknown_profiles
     from batchgrader.store import queries as queries
@@ -287,9 +294,11 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
         inbox = inbox_files(obj.home)
         if any(f["profile"] != "default" for f in inbox):
             note_unknown_profiles(obj.home, inbox, _profile_names(obj))
-        if as_json:  # the jobs, then the files still waiting in the inbox (state "inbox", no job id yet)
+        leases = queries.leases(obj.home, now=fixed_now())  # None: the SQLite file (no leases)
+        if as_json:  # the jobs, the files still waiting in the inbox (state "inbox", no job id yet), the leases
             jobs = queries.status(obj.home, now=fixed_now()) if has_db else []
-            emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox])
+            held = [{"job_id": None, "state": "lease", **x} for x in leases or ()]
+            emit_json(jobs + [{"job_id": None, "state": "inbox", **f} for f in inbox] + held)
             return
         shown: dict = {"jobs": []}
         if not has_db:
@@ -301,6 +310,7 @@ def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: b
             shown = shown_names(queries.status_overview(obj.home, active_limit=20, finished_limit=10, now=fixed_now()))
             render_overview(shown)
         render_waiting(shown_names(inbox), daemon_info(obj.home), unfinished=unfinished_jobs(shown))
+        render_leases(leases)
 
     if not job_id and not as_json:
         _warn_shutdowns(obj)

@@ -231,6 +231,28 @@ def render_overview(overview: dict[str, Any], console: Console | None = None) ->
         )
 
 
+def render_leases(leases: Sequence[dict[str, Any]] | None, console: Console | None = None) -> None:
+    """The leases of a shared PostgreSQL store (:func:`queries.leases`): which daemon holds each
+    provider account and job, with which fence, until when.  Nothing on the SQLite file (None)."""
+    if leases is None:
+        return
+    console = _console(console)
+    if not leases:
+        console.print(Text("Leases: none taken yet (no daemon has run on this store)", style="dim"))
+        return
+    t = Table(title="Leases", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("lease", "left"), ("holder", "left"), ("fence", "right"), ("until (UTC)", "left"), ("left", "right")):
+        t.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for x in leases:
+        if x["held"]:
+            holder, until, left = x["holder"], short_ts(x["expires_at"]), duration(x["seconds_left"])
+        else:
+            holder = f"{x['holder']} (lapsed)" if x["holder"] else "free"
+            until, left = "-", "-"
+        t.add_row(*_cells(x["name"], holder, x["fence"], until, left))
+    console.print(t)
+
+
 def render_status(rows: Sequence[dict[str, Any]], console: Console | None = None, max_finished: int | None = 30) -> None:
     """The job list of ``bgctl status``: every unfinished job and the ``max_finished`` most recent
     finished ones (None: all; a terminal table of thousands of rows helps nobody), then a line

@@ -12,7 +12,12 @@ Both keep the same events (names, versions, payload bytes), fold to the same sta
 same read models in the append's transaction; ``tests/test_store_contract.py`` runs one suite
 against both.  :func:`open_store` chooses by ``store_url``; :func:`decide_and_append` is the
 optimistic write loop: fold, decide, append, and on a conflict fold again and decide again;
-:class:`Follower` tails the log from the last position seen (what another daemon appended).
+:class:`Follower` tails the log from the last position seen (what another daemon appended);
+:func:`catch_up` folds that into a daemon's state and :func:`emit_decided` is a daemon's append
+on a shared log (catch up, decide, append; on a conflict catch up and decide again).
+
+Beside the log each store keeps the answers store (``store.answers``) and answers the learned
+batch run times (``store.learned_run_times``), so a daemon asks its store, never a connection.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Protocol
 
 from batchgrader.core.events import Event, NewEvent
 from batchgrader.core.home import Home
-from batchgrader.core.state import JobState, fold
+from batchgrader.core.state import JobState, State, fold
 from batchgrader.store.eventstore import ConcurrencyError
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -61,6 +66,11 @@ class EventLog(Protocol):
 
     def check_file(self) -> None: ...
 
+    @property
+    def answers(self) -> Any: ...
+
+    def learned_run_times(self, models: Iterable[tuple[str, bool]]) -> dict[tuple[str, bool], list[float]]: ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Any: ...
@@ -75,6 +85,26 @@ def is_postgres_url(location: str | Path | None) -> bool:
 def store_location(home: Home, store_url: str | None) -> str | Path:
     """Where a home's event log is: ``store_url`` when set, else the SQLite file in the home."""
     return store_url if store_url else home.db
+
+
+def configured_store_url(home: Home) -> str | None:
+    """The ``store_url`` a home's daemon runs with (``BATCHGRADER_STORE_URL``, else
+    ``config.yaml``), for the commands that read its log.  When the configuration cannot be read,
+    the environment's value alone (checked as the setting checks it), else None."""
+    from batchgrader.core.config import load_config
+
+    try:
+        return load_config(home).default.store_url
+    except Exception:  # noqa: BLE001 - `bgctl config show` names the problem; status still answers
+        import os
+
+        from batchgrader.core.config_values import _store_url
+        from batchgrader.core.settings import env_name
+
+        try:
+            return _store_url(os.environ.get(env_name("store_url")))
+        except ValueError:
+            return None
 
 
 def open_log(location: str | Path, *, readonly: bool = False, read_models: bool = True) -> EventLog:
@@ -129,12 +159,14 @@ def decide_and_append(
     decide: Callable[[JobState | None], list[NewEvent]],
     attempts: int = DECIDE_ATTEMPTS,
     also: Callable[[Any], None] | None = None,
+    current: Callable[[], JobState | None] | None = None,
 ) -> list[Event]:
     """Fold the job, ask ``decide`` what to append given its state (None: a new job), append it
     at the version folded; when another writer appended first (:class:`ConcurrencyError`), fold
-    again and decide again.  Returns the events stored (none when ``decide`` says nothing)."""
+    again and decide again.  Returns the events stored (none when ``decide`` says nothing).
+    ``current``: the job's state brought up to date (default: folded from the store's log)."""
     for attempt in range(1, attempts + 1):
-        job = fold(store.read(job_id=job_id)).jobs.get(job_id)
+        job = current() if current is not None else fold(store.read(job_id=job_id)).jobs.get(job_id)
         new = decide(job)
         if not new:
             return []
@@ -144,3 +176,41 @@ def decide_and_append(
             if attempt == attempts:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def catch_up(state: State, follower: Follower, timeout: float = 0.0) -> list[Event]:
+    """Fold into ``state`` every event committed since ``follower`` last read (what other daemons
+    appended, and this one's own appends), in log order; returns them.
+
+    A daemon on a shared log calls it before it decides, and after its own append instead of
+    applying what the append returned: :meth:`State.apply` skips an event at or below the last
+    position folded, so applying an own event first would drop another daemon's event committed
+    just before it.  ``follower`` starts where ``state`` was folded to (``Follower(store, state.last_seq)``)."""
+    new = follower.poll(timeout)
+    for e in new:
+        state.apply(e)
+    return new
+
+
+def emit_decided(
+    store: EventLog,
+    state: State,
+    follower: Follower,
+    job_id: str,
+    decide: Callable[[JobState | None], list[NewEvent]],
+    also: Callable[[Any], None] | None = None,
+    attempts: int = DECIDE_ATTEMPTS,
+) -> list[Event]:
+    """A daemon's append on a log other daemons append to: catch up, ask ``decide`` (the job's
+    state, None for a new job) what to append, append it at the job's version; when another
+    daemon appended to the job first (:class:`ConcurrencyError`), catch up and decide again
+    (:func:`decide_and_append`).  The events stored are folded into ``state`` by a last
+    :func:`catch_up`, in log order with anything else committed meanwhile; returns them."""
+
+    def current() -> JobState | None:
+        catch_up(state, follower)
+        return state.jobs.get(job_id)
+
+    stored = decide_and_append(store, job_id, decide, attempts=attempts, also=also, current=current)
+    catch_up(state, follower)
+    return stored

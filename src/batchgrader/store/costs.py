@@ -7,7 +7,6 @@ import sqlite3
 from datetime import date, datetime
 from typing import Any
 
-from batchgrader.store import readside
 from batchgrader.store.queries import (
     SOURCE_LOG,
     SOURCE_READ_MODEL,
@@ -15,6 +14,7 @@ from batchgrader.store.queries import (
     QueryError,
     fallback_note,
     gc_paused,
+    read_model_problem,
     reading,
 )
 
@@ -104,7 +104,7 @@ def costs(home: HomeLike, since: str | date | None = None, until: str | date | N
     if lo and hi and lo > hi:
         raise QueryError(f"--since {lo} is after --until {hi}")
     with reading(home) as conn, gc_paused():
-        problem = readside.read_model_problem(conn)
+        problem = read_model_problem(conn)
         if problem is None:
             usage, saved, files = _from_read_model(conn, lo, hi, by == "job")
             source, note = SOURCE_READ_MODEL, None

@@ -307,6 +307,20 @@ class EventStore:
         spec = TABLES[table]
         return [dict(zip(spec.columns, r)) for r in self.conn.execute(spec.select(table))]
 
+    # --- what else the daemon keeps beside the log ---------------------------------------------
+    @property
+    def answers(self) -> Any:
+        """The answers store in this file (:class:`batchgrader.store.answers.SqliteAnswers`)."""
+        from batchgrader.store.answers import SqliteAnswers
+
+        return SqliteAnswers(self)
+
+    def learned_run_times(self, models: Iterable[tuple[str, bool]]) -> dict[tuple[str, bool], list[float]]:
+        """The learned batch run times per ``(model, sandbox)`` (:func:`batchgrader.store.runtimes.learned_run_times`)."""
+        from batchgrader.store.runtimes import learned_run_times
+
+        return learned_run_times(self.conn, models)
+
     def integrity_check(self) -> str:
         (res,) = self.conn.execute("PRAGMA integrity_check").fetchone()
         return res

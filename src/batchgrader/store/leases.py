@@ -35,17 +35,24 @@ from batchgrader.store.pgstore import PostgresEventStore, one
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS leases (
-        name        TEXT PRIMARY KEY,           -- account:<provider>:<account> or job:<job_id>
-        holder      TEXT,                       -- the daemon holding it; NULL: released
+        name        TEXT COLLATE "C" PRIMARY KEY,  -- account:<provider>:<account> or job:<job_id>
+        holder      TEXT COLLATE "C",           -- the daemon holding it; NULL: released
         fence       BIGINT NOT NULL,            -- +1 at each change of holder
         expires_at  DOUBLE PRECISION NOT NULL,  -- seconds (the callers' clock)
         acquired_at DOUBLE PRECISION NOT NULL
     )""",
+    # an inbox input claimed for a job: the first daemon to insert its key wins (claim_input)
+    """CREATE TABLE IF NOT EXISTS input_claims (
+        key        TEXT COLLATE "C" PRIMARY KEY,         -- the input's identity (claim_input's caller)
+        job_id     TEXT COLLATE "C" NOT NULL UNIQUE,     -- the job it becomes
+        holder     TEXT COLLATE "C" NOT NULL,            -- the daemon that claimed it first
+        claimed_at DOUBLE PRECISION NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS intent_fences (
         seq    BIGINT PRIMARY KEY REFERENCES events (seq),  -- the intent event
-        job_id TEXT   NOT NULL,
-        lease  TEXT   NOT NULL,
-        holder TEXT   NOT NULL,
+        job_id TEXT COLLATE "C" NOT NULL,
+        lease  TEXT COLLATE "C" NOT NULL,
+        holder TEXT COLLATE "C" NOT NULL,
         fence  BIGINT NOT NULL
     )""",
 )
@@ -107,18 +114,21 @@ class Leases:
     def acquire(self, name: str, ttl: float, now: float | None = None) -> Lease | None:
         """The lease, now this daemon's for ``ttl`` seconds, or None while another holds it."""
         with self.store.write() as conn:
-            t = self._now(conn, now)
-            row = conn.execute(
-                f"""INSERT INTO leases AS l ({COLUMNS}) VALUES (%(name)s, %(me)s, 1, %(until)s, %(now)s)
-                ON CONFLICT (name) DO UPDATE SET
-                    holder = EXCLUDED.holder,
-                    fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > %(now)s THEN l.fence ELSE l.fence + 1 END,
-                    expires_at = EXCLUDED.expires_at,
-                    acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > %(now)s THEN l.acquired_at ELSE %(now)s END
-                WHERE l.holder IS NULL OR l.expires_at <= %(now)s OR l.holder = EXCLUDED.holder
-                RETURNING {COLUMNS}""",
-                {"name": name, "me": self.holder, "until": t + ttl, "now": t},
-            ).fetchone()
+            return self._acquire(conn, name, ttl, now)
+
+    def _acquire(self, conn: Any, name: str, ttl: float, now: float | None) -> Lease | None:
+        t = self._now(conn, now)
+        row = conn.execute(
+            f"""INSERT INTO leases AS l ({COLUMNS}) VALUES (%(name)s, %(me)s, 1, %(until)s, %(now)s)
+            ON CONFLICT (name) DO UPDATE SET
+                holder = EXCLUDED.holder,
+                fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > %(now)s THEN l.fence ELSE l.fence + 1 END,
+                expires_at = EXCLUDED.expires_at,
+                acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > %(now)s THEN l.acquired_at ELSE %(now)s END
+            WHERE l.holder IS NULL OR l.expires_at <= %(now)s OR l.holder = EXCLUDED.holder
+            RETURNING {COLUMNS}""",
+            {"name": name, "me": self.holder, "until": t + ttl, "now": t},
+        ).fetchone()
         return _lease(row)
 
     def acquire_any(self, names: Iterable[str], ttl: float, now: float | None = None) -> Lease | None:
@@ -182,15 +192,7 @@ class Leases:
         (as :meth:`~batchgrader.store.backend.EventLog.append`'s)."""
 
         def check_and_record(conn: Any) -> None:
-            t = self._now(conn, now)
-            row = conn.execute("SELECT holder, fence, expires_at FROM leases WHERE name = %s FOR SHARE", (lease.name,)).fetchone()
-            if row is None or row[0] != self.holder or int(row[1]) != lease.fence or float(row[2]) <= t:
-                raise LeaseLost(f"lease {lease.name} (fence {lease.fence}) is no longer held by {self.holder}: no call is made")
-            if float(row[2]) - t <= bound:
-                raise LeaseTooShort(
-                    f"lease {lease.name} has {float(row[2]) - t:.1f}s left, less than the call's bound of {bound:.1f}s: "
-                    "no call is made until it is renewed"
-                )
+            self._check(conn, lease, bound, now)
             conn.execute(
                 "INSERT INTO intent_fences (seq, job_id, lease, holder, fence) "
                 "SELECT seq, job_id, %s, %s, %s FROM events WHERE job_id = %s AND job_seq > %s",
@@ -200,6 +202,37 @@ class Leases:
                 also(conn)
 
         return self.store.append(job_id, events, expected_version=expected_version, also=check_and_record)
+
+    def append_held(
+        self,
+        lease: Lease,
+        job_id: str,
+        events: Sequence[NewEvent],
+        expected_version: int,
+        now: float | None = None,
+        also: Callable[[Any], None] | None = None,
+    ) -> list[Event]:
+        """Append what local work under ``lease`` (a job lease: prepare, merge, write) recorded,
+        only while the lease is still this holder's (checked ``FOR SHARE`` in the append's
+        transaction, as :meth:`append_intent` checks; no fence recorded: these are not calls)."""
+
+        def check(conn: Any) -> None:
+            self._check(conn, lease, 0.0, now)
+            if also is not None:
+                also(conn)
+
+        return self.store.append(job_id, events, expected_version=expected_version, also=check)
+
+    def _check(self, conn: Any, lease: Lease, bound: float, now: float | None) -> None:
+        t = self._now(conn, now)
+        row = conn.execute("SELECT holder, fence, expires_at FROM leases WHERE name = %s FOR SHARE", (lease.name,)).fetchone()
+        if row is None or row[0] != self.holder or int(row[1]) != lease.fence or float(row[2]) <= t:
+            raise LeaseLost(f"lease {lease.name} (fence {lease.fence}) is no longer held by {self.holder}: no call is made")
+        if bound > 0 and float(row[2]) - t <= bound:
+            raise LeaseTooShort(
+                f"lease {lease.name} has {float(row[2]) - t:.1f}s left, less than the call's bound of {bound:.1f}s: "
+                "no call is made until it is renewed"
+            )
 
     def fences_of(self, job_id: str) -> dict[int, tuple[str, str, int]]:
         """The intents of a job made under a lease: event seq -> (lease, holder, fence)."""

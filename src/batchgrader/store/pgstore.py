@@ -42,11 +42,11 @@ EVENT_COLUMNS = "seq, job_id, job_seq, type, version, ts, payload"
 DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS events (
         seq      BIGSERIAL PRIMARY KEY,   -- global order (commit order; may have gaps)
-        job_id   TEXT    NOT NULL,
+        job_id   TEXT COLLATE "C" NOT NULL,
         job_seq  INTEGER NOT NULL,        -- per-job order, 1, 2, 3...
-        type     TEXT    NOT NULL,
+        type     TEXT COLLATE "C" NOT NULL,
         version  INTEGER NOT NULL,
-        ts       TEXT    NOT NULL,        -- UTC ISO-8601 when recorded (as in the SQLite log)
+        ts       TEXT COLLATE "C" NOT NULL,  -- UTC ISO-8601 when recorded (as in the SQLite log)
         payload  TEXT    NOT NULL,        -- JSON text, byte for byte what the SQLite log keeps
         UNIQUE (job_id, job_seq)
     )""",
@@ -63,12 +63,41 @@ DDL: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS bg_meta (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
 )
 
+#: the PostgreSQL schema's own version (``bg_meta.pg_schema``), apart from the events' (``schema_version``):
+#: 1: events and read models; 2: text compared byte by byte as SQLite does (``COLLATE "C"``: job id
+#: prefixes, ISO times), the answers store, input claims and leases
+PG_SCHEMA = 2
+
 
 def one(conn: Any, sql: str, args: Sequence[Any] = ()) -> Any:
     """The single value of a query that returns one row."""
     row = conn.execute(sql, args).fetchone()
     assert row is not None, sql
     return row[0]
+
+
+def answers_ddl() -> tuple[str, ...]:
+    from batchgrader.store.answers import PG_ANSWERS_DDL
+
+    return PG_ANSWERS_DDL
+
+
+def leases_ddl() -> tuple[str, ...]:
+    from batchgrader.store.leases import DDL as LEASES_DDL
+
+    return LEASES_DDL
+
+
+def bytewise_text(conn: Any) -> None:
+    """Every text column compared byte by byte, as SQLite compares it (``COLLATE "C"``), whatever
+    the database's locale: a job id prefix, ``job_id >= 'x-j'`` and an ISO time order the same
+    way in both logs.  Tables of schema 1 are altered once (a no-op after)."""
+    rows = conn.execute(
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND data_type = 'text' AND collation_name IS DISTINCT FROM 'C' AND table_name <> 'bg_meta'"
+    ).fetchall()
+    for table, column in rows:
+        conn.execute(f'ALTER TABLE {table} ALTER COLUMN {column} TYPE TEXT COLLATE "C"')
 
 
 def _psycopg() -> Any:
@@ -90,6 +119,43 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+class QmarkConnection:
+    """A psycopg connection asked in the text the SQLite queries use (``?`` placeholders), so
+    that ``bgctl status``, ``events`` and ``costs`` (:mod:`batchgrader.store.queries`) and the run
+    times ask both backends the same SQL.  Only ``execute`` (a psycopg cursor back); a literal
+    ``%`` is kept as it is, and no query passed here has a literal ``?``."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(sql.replace("%", "%%").replace("?", "%s"), tuple(args))
+
+
+@contextmanager
+def reading(url: str, snapshot: bool = True) -> Iterator[QmarkConnection]:
+    """A read-only connection of its own (not pooled: one command, one connection): with
+    ``snapshot``, every query in one ``REPEATABLE READ`` transaction (one consistent snapshot, as
+    the SQLite file's read transaction); else each query sees the latest commits."""
+    psycopg = _psycopg()
+    try:
+        conn = psycopg.connect(url, autocommit=not snapshot, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise ConnectionError(f"cannot reach the event store {redact(url)}: {str(exc).strip()}") from None
+    try:
+        if snapshot:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+        yield QmarkConnection(conn)
+    finally:
+        conn.close()
+
+
+def has_log(conn: QmarkConnection) -> bool:
+    """Whether the database holds an event log (its ``events`` table)."""
+    return bool(conn.execute("SELECT to_regclass('events') IS NOT NULL").fetchone()[0])
 
 
 class PostgresEventStore:
@@ -132,10 +198,12 @@ class PostgresEventStore:
         with self.pool.connection() as conn:
             exists = one(conn, "SELECT to_regclass('bg_meta') IS NOT NULL")
             found = conn.execute("SELECT value FROM bg_meta WHERE name = 'schema_version'").fetchone() if exists else None
-            if found is not None and found[0] > SCHEMA_VERSION:
+            pg = conn.execute("SELECT value FROM bg_meta WHERE name = 'pg_schema'").fetchone() if exists else None
+            if (found is not None and found[0] > SCHEMA_VERSION) or (pg is not None and pg[0] > PG_SCHEMA):
                 raise SchemaTooNew(
-                    f"{redact(self.url)} was written by a newer BatchGrader (database schema {found[0]}; this version "
-                    f"knows schema {SCHEMA_VERSION}). Upgrade BatchGrader; the database is left untouched."
+                    f"{redact(self.url)} was written by a newer BatchGrader (database schema {found[0] if found else '?'}/"
+                    f"{pg[0] if pg else 1}; this version knows schema {SCHEMA_VERSION}/{PG_SCHEMA}). Upgrade BatchGrader; "
+                    "the database is left untouched."
                 )
             if self.readonly:
                 if not exists:
@@ -143,15 +211,17 @@ class PostgresEventStore:
                 return
         with self.write() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('batchgrader schema'))")  # two daemons starting at once
-            for stmt in DDL:
+            for stmt in (*DDL, *answers_ddl(), *leases_ddl()):
                 conn.execute(stmt)
-            conn.execute(
-                "INSERT INTO bg_meta (name, value) VALUES ('schema_version', %s) "
-                "ON CONFLICT (name) DO UPDATE SET value = GREATEST(bg_meta.value, EXCLUDED.value)",
-                (SCHEMA_VERSION,),
-            )
             for p in self.projectors:
                 p.setup(conn)
+            bytewise_text(conn)
+            for name, value in (("schema_version", SCHEMA_VERSION), ("pg_schema", PG_SCHEMA)):
+                conn.execute(
+                    "INSERT INTO bg_meta (name, value) VALUES (%s, %s) "
+                    "ON CONFLICT (name) DO UPDATE SET value = GREATEST(bg_meta.value, EXCLUDED.value)",
+                    (name, value),
+                )
 
     # --- the store interface (batchgrader.store.backend.EventLog) ------------------------------
     def close(self) -> None:
@@ -301,6 +371,24 @@ class PostgresEventStore:
         with self.pool.connection() as conn:
             cur = conn.execute(spec.select(table))
             out = [dict(zip(spec.columns, r)) for r in cur.fetchall()]
+            conn.rollback()
+        return out
+
+    # --- what else the daemon keeps beside the log ---------------------------------------------
+    @property
+    def answers(self) -> Any:
+        """The answers store in this database (:class:`batchgrader.store.answers.PgAnswers`)."""
+        from batchgrader.store.answers import PgAnswers
+
+        return PgAnswers(self)
+
+    def learned_run_times(self, models: Iterable[tuple[str, bool]]) -> dict[tuple[str, bool], list[float]]:
+        """The learned batch run times per ``(model, sandbox)``: the same query as the SQLite file's
+        (:func:`batchgrader.store.runtimes.learned_run_times`) on the ``batch_runs`` read model."""
+        from batchgrader.store.runtimes import learned_run_times
+
+        with self.pool.connection() as conn:
+            out = learned_run_times(QmarkConnection(conn), models)
             conn.rollback()
         return out
 

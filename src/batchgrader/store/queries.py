@@ -2,7 +2,10 @@
 
 Every function opens the database read-only (``mode=ro``, see :func:`batchgrader.store.connect`)
 and reads in one short read transaction, so it sees one consistent snapshot and never takes the
-write lock: the daemon is never blocked.  Status and costs come from the read models
+write lock: the daemon is never blocked.  When the home's ``store_url`` names a PostgreSQL store,
+the same queries read its tables (the same read models) in one ``REPEATABLE READ`` read-only
+transaction (:func:`batchgrader.store.pgstore.reading`), and :func:`leases` says which daemon
+holds which lease.  Status and costs come from the read models
 (:mod:`batchgrader.readmodels`); when those tables are missing or behind the log, the answer is
 folded from the log instead and says so (``source == "log"`` and a ``note``).
 
@@ -19,7 +22,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +69,38 @@ def db_path(home: HomeLike) -> Path:
     return p if p.suffix == ".db" or p.is_file() else Home.resolve(p).db
 
 
+def store_url(home: HomeLike) -> str | None:
+    """The PostgreSQL store a home's commands read (its ``store_url``), or None: the SQLite file.
+    A path given instead of a :class:`Home` is always an SQLite file."""
+    if not isinstance(home, Home):
+        return None
+    from batchgrader.store.backend import configured_store_url
+
+    return configured_store_url(home)
+
+
+@contextmanager
+def _pg(url: str, snapshot: bool = True) -> Iterator[Any]:
+    from batchgrader.store.pgstore import reading as pg_reading
+
+    try:
+        with pg_reading(url, snapshot=snapshot) as conn:
+            yield conn
+    except ConnectionError as exc:
+        raise QueryError(str(exc)) from None
+
+
 def log_exists(home: HomeLike) -> bool:
     """Whether the home has an event log to read: the database file with its ``events`` table.
     False before the daemon first ran, and while it is creating the database (the file is there,
-    its tables not yet): both mean "no jobs yet"."""
+    its tables not yet): both mean "no jobs yet".  With ``store_url``: whether the PostgreSQL
+    database has its ``events`` table (:class:`QueryError` when it cannot be reached)."""
+    url = store_url(home)
+    if url:
+        from batchgrader.store.pgstore import has_log
+
+        with _pg(url) as conn:
+            return has_log(conn)
     path = db_path(home)
     if not path.exists():
         return False
@@ -87,7 +118,13 @@ def log_exists(home: HomeLike) -> bool:
 
 @contextmanager
 def reading(home: HomeLike) -> Iterator[sqlite3.Connection]:
-    """A read-only connection inside one read transaction (a consistent snapshot)."""
+    """A read-only connection inside one read transaction (a consistent snapshot); on a
+    PostgreSQL store (``store_url``), one that takes the same queries (``?`` placeholders)."""
+    url = store_url(home)
+    if url:
+        with _pg(url) as pg:
+            yield pg
+        return
     conn = connect(db_path(home), readonly=True)
     try:
         conn.execute("BEGIN")
@@ -282,6 +319,15 @@ def _attach_batch_slots(jobs: list[dict[str, Any]], cap: int | None) -> list[dic
     return jobs
 
 
+def read_model_problem(conn: Any) -> str | None:
+    """Why the read-side tables cannot answer for the log (None: they can), in either backend."""
+    from batchgrader.store.pgstore import QmarkConnection
+
+    if isinstance(conn, QmarkConnection):
+        return readside.pg_read_model_problem(conn)
+    return readside.read_model_problem(conn)
+
+
 def fallback_note(problem: str) -> str:
     return f"{problem}; this answer was folded from the event log (`bgctl rebuild` restores the read model)"
 
@@ -301,7 +347,7 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
     now = time.time() if now is None else now
     with reading(home) as conn, gc_paused():
         jid = resolve_job(conn, job_id) if job_id is not None else None
-        problem = readside.read_model_problem(conn)
+        problem = read_model_problem(conn)
         if problem is None:
             sql = f"SELECT {', '.join(STATUS_COLUMNS)} FROM job_status"
             if jid is None:
@@ -363,7 +409,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
     Returns ``{jobs, counts, total, hidden_active, hidden_finished, source, note}``."""
     now = time.time() if now is None else now
     with reading(home) as conn, gc_paused():
-        problem = readside.read_model_problem(conn)
+        problem = read_model_problem(conn)
         if problem is None:
             counts = dict(conn.execute("SELECT state, COUNT(*) FROM job_status GROUP BY state").fetchall())
             marks = ", ".join("?" * len(FINISHED_STATES))
@@ -425,7 +471,7 @@ def job_detail(
         (n_events,) = conn.execute("SELECT COUNT(*) FROM events WHERE job_id = ?", (jid,)).fetchone()
         recent = _event_rows(
             conn,
-            f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+            f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?) AS recent ORDER BY seq",
             (jid, recent_events),
         )
         job: JobState = state.jobs[jid]
@@ -469,6 +515,41 @@ def job_ids(home: HomeLike, prefix: str = "", limit: int = 200) -> list[tuple[st
     return [(r[0], r[1], r[2]) for r in rows]
 
 
+# --- leases ----------------------------------------------------------------------------------------
+
+
+def leases(home: HomeLike, now: float | None = None) -> list[dict[str, Any]] | None:
+    """Which daemon holds which lease (:mod:`batchgrader.store.leases`), by name: ``{name, kind
+    (account or job), holder (None: released), fence, held, expires_at (UTC ISO), seconds_left}``;
+    ``held`` is whether it is unexpired at ``now`` (default: the database server's clock, the
+    clock leases are decided by).  None on the SQLite file, which has no leases (one daemon per
+    home, under the home's lock)."""
+    url = store_url(home)
+    if not url:
+        return None
+    with _pg(url) as conn:
+        if not conn.execute("SELECT to_regclass('leases') IS NOT NULL").fetchone()[0]:
+            return []
+        if now is None:
+            now = float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
+        rows = conn.execute("SELECT name, holder, fence, expires_at FROM leases ORDER BY name").fetchall()
+    out = []
+    for name, holder, fence, expires_at in rows:
+        held = holder is not None and expires_at > now
+        out.append(
+            {
+                "name": name,
+                "kind": name.split(":", 1)[0],
+                "holder": holder,
+                "fence": int(fence),
+                "held": held,
+                "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat(timespec="seconds") if holder else None,
+                "seconds_left": round(expires_at - now, 1) if held else None,
+            }
+        )
+    return out
+
+
 # --- events ----------------------------------------------------------------------------------------
 
 
@@ -492,7 +573,10 @@ def _events_sql(job_id: str | None, after: int, limit: int | None, last: int | N
     args: tuple = (after,) + ((job_id,) if job_id is not None else ())
     cols = EVENT_COLUMNS
     if last is not None:
-        return f"SELECT * FROM (SELECT {cols} FROM events WHERE {where} ORDER BY seq DESC LIMIT ?) ORDER BY seq", args + (last,)
+        return (
+            f"SELECT * FROM (SELECT {cols} FROM events WHERE {where} ORDER BY seq DESC LIMIT ?) AS recent ORDER BY seq",
+            args + (last,),
+        )
     if limit is not None:
         return f"SELECT {cols} FROM events WHERE {where} ORDER BY seq LIMIT ?", args + (limit,)
     return f"SELECT {cols} FROM events WHERE {where} ORDER BY seq", args
@@ -517,25 +601,35 @@ def follow_events(
     then new ones, checking every ``poll`` seconds, until ``stop()`` is true (or forever).
 
     Each check is one short read on a read-only connection: no long-lived read transaction that
-    would keep the daemon's WAL from being checkpointed.
+    would keep the daemon's WAL from being checkpointed (on PostgreSQL, each check is a query of
+    its own on one connection).
     """
+    url = store_url(home)
+    if url:
+        with _pg(url, snapshot=False) as pg:
+            yield from _follow(pg, job_id, poll, after, stop)
+        return
     conn = connect(db_path(home), readonly=True)
     try:
-        jid = resolve_job(conn, job_id) if job_id is not None else None
-        last = after
-        while True:
-            sql, args = _events_sql(jid, last, 1000, None)
-            batch = _event_rows(conn, sql, args)
-            for e in batch:
-                last = e["seq"]
-                yield e
-            if len(batch) == 1000:
-                continue
-            if stop is not None and stop():
-                return
-            time.sleep(poll)
+        yield from _follow(conn, job_id, poll, after, stop)
     finally:
         conn.close()
+
+
+def _follow(conn: Any, job_id: str | None, poll: float, after: int, stop: Callable[[], bool] | None) -> Iterator[dict[str, Any]]:
+    jid = resolve_job(conn, job_id) if job_id is not None else None
+    last = after
+    while True:
+        sql, args = _events_sql(jid, last, 1000, None)
+        batch = _event_rows(conn, sql, args)
+        for e in batch:
+            last = e["seq"]
+            yield e
+        if len(batch) == 1000:
+            continue
+        if stop is not None and stop():
+            return
+        time.sleep(poll)
 
 
 # --- schema overhead ---------------------------------------------------------------------------

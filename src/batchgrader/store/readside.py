@@ -7,6 +7,7 @@ the fold and the projector (start-up time counts for a command a person types).
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 PROJECTION = "status"
 MIGRATION_SET = "batchgrader.readmodels"
@@ -57,4 +58,22 @@ def read_model_problem(conn: sqlite3.Connection, log_last: int | None = None) ->
         return f"the read model is {log_last - last} event(s) behind the log"
     if last > log_last:
         return f"the read model (seq {last}) is ahead of the log (seq {log_last})"
+    return None
+
+
+def pg_read_model_problem(conn: Any) -> str | None:
+    """:func:`read_model_problem` of a PostgreSQL store (``conn``: a
+    :class:`~batchgrader.store.pgstore.QmarkConnection`): its tables are made with the store, so
+    only how far the projection is from the log counts."""
+    (present,) = conn.execute("SELECT to_regclass('projection_state') IS NOT NULL").fetchone()
+    if not present:
+        return "the read-model tables are missing (a daemon or `bgctl store copy` creates them)"
+    row = conn.execute("SELECT last_seq FROM projection_state WHERE name = ?", (PROJECTION,)).fetchone()
+    log_last = log_last_seq(conn)
+    if row is None:
+        return None if log_last == 0 else "the read model has not been built"
+    if row[0] < log_last:
+        return f"the read model is {log_last - row[0]} event(s) behind the log"
+    if row[0] > log_last:
+        return f"the read model (seq {row[0]}) is ahead of the log (seq {log_last})"
     return None

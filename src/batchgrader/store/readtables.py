@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from batchgrader.store.readmodel_schema import JOB_STATUS_COLUMNS, QUEUE_LIMIT_COLUMNS, SAVINGS_COLUMNS, USAGE_COLUMNS
 from batchgrader.store.runtimes import BATCH_RUN_COLUMNS
 
-_SQL_TYPE = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION"}
+_SQL_TYPE = {str: 'TEXT COLLATE "C"', int: "BIGINT", float: "DOUBLE PRECISION"}
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,10 @@ def batch_run_row(e: Event, job: JobState) -> dict[str, Any] | None:
     }
 
 
-def learned_run_times(conn: sqlite3.Connection, models: Iterable[tuple[str, bool]]) -> dict[tuple[str, bool], list[float]]:
-    """The last :data:`LEARNED` run times (seconds) of each ``(model, sandbox)``, newest first."""
+def learned_run_times(conn: Any, models: Iterable[tuple[str, bool]]) -> dict[tuple[str, bool], list[float]]:
+    """The last :data:`LEARNED` run times (seconds) of each ``(model, sandbox)``, newest first
+    (``conn``: the SQLite file's, or a PostgreSQL store's :class:`~batchgrader.store.pgstore.QmarkConnection`;
+    a daemon asks its store: ``store.learned_run_times``)."""
     out: dict[tuple[str, bool], list[float]] = {}
     for model, sandbox in set(models):
         try:
@@ -115,7 +117,7 @@ def eta(job: Mapping[str, Any], learned: Mapping[tuple[str, bool], list[float]],
     return seconds, basis
 
 
-def attach_progress(jobs: list[dict[str, Any]], conn: sqlite3.Connection | None, now: float) -> list[dict[str, Any]]:
+def attach_progress(jobs: list[dict[str, Any]], conn: Any, now: float) -> list[dict[str, Any]]:
     """Each unfinished job's ``progress`` ({answered, sent}), ``eta_seconds`` and ``eta_basis``."""
     active = [d for d in jobs if d["state"] not in ("completed", "completed_with_errors", "failed", "cancelled")]
     learned = learned_run_times(conn, ((d.get("model") or "", bool(d.get("sandbox"))) for d in active)) if conn else {}
