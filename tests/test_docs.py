@@ -24,7 +24,7 @@ MAIN_JOB_COMMAND = (
     "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl daemon --sandbox --once && "
     "BATCHGRADER_HOME=./demo-home .venv/bin/bgctl status"
 )
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -n 4 -q"
+TEST_COMMAND = "bash .ci/system-packages && python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -n 4 -q"
 
 
 def all_docs_text() -> str:
