@@ -43,8 +43,8 @@ from batchgrader.pipeline.reuse import Lookup
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store import answers
-from batchgrader.store.eventstore import EventStore, NewEvent
+from batchgrader.store.backend import EventLog
+from batchgrader.store.eventstore import NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -66,7 +66,7 @@ class Context:
 
     home: Home
     config: Config
-    store: EventStore
+    store: EventLog
     providers: Providers  # by name; a job's calls go to provider_for(job)
     prices: PriceTable
     sandbox: bool = False
@@ -95,9 +95,7 @@ class Context:
         # a long listing (many pages) keeps the watchdog fed from this, the working thread
         self.providers.set_on_page(lambda: self.on_progress())
         if not self.store.readonly:
-            with self.store.write() as conn:
-                answers.ensure(conn)
-                removed = answers.forget_simulated(conn, (j.job_id for j in self.state.jobs.values() if j.sandbox))
+            removed = self.store.answers.forget_simulated([j.job_id for j in self.state.jobs.values() if j.sandbox])
             if removed:
                 log.warning("removed %d simulated answers stored under a real provider's key by an older version", removed)
 
@@ -150,11 +148,11 @@ class Context:
 
     def stored_answers(self, profile: Profile, now: float) -> Lookup:
         """The answers store's lookup for a job of ``profile`` at ``now`` (its retention)."""
-        conn = self.store.conn
+        store = self.store.answers
 
         def lookup(keys: Any) -> dict[str, Any]:
-            return answers.lookup(
-                conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
+            return dict(
+                store.lookup(keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers)
             )
 
         return lookup

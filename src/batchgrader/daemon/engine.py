@@ -24,7 +24,8 @@ from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store.eventstore import DatabaseMoved, EventStore
+from batchgrader.store.backend import EventLog
+from batchgrader.store.eventstore import DatabaseMoved
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -40,7 +41,7 @@ class Engine:
         self,
         home: Home,
         config: Config,
-        store: EventStore,
+        store: EventLog,
         providers: Providers | Provider | None,
         prices: PriceTable,
         sandbox: bool = False,
