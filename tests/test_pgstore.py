@@ -130,24 +130,6 @@ def test_store_url_chooses_the_backend(home: Home, pg_url: str, monkeypatch: pyt
     assert "s3cret" not in str(err.value)
 
 
-def test_a_daemon_with_store_url_opens_the_shared_store_and_says_it_cannot_run_on_it_yet(home: Home, pg_url: str):
-    """The daemon opens its log through the factory: with store_url it reaches the PostgreSQL
-    store (its tables are made) and stops with a clear message, since its answers store and run
-    times are still SQLite's (the multi-daemon wiring, docs/scaling.md)."""
-    from click.testing import CliRunner
-
-    from batchgrader.cli.commands import cli
-
-    res = CliRunner().invoke(
-        cli, ["daemon", "--once", "--sandbox"], env={"BATCHGRADER_STORE_URL": pg_url, "BATCHGRADER_HOME": str(home.root)}
-    )
-    assert res.exit_code != 0
-    assert "store_url is set" in res.output and "unset store_url" in res.output
-    with PostgresEventStore(pg_url, readonly=True) as s:
-        assert s.last_seq() == 0
-    assert not home.db.exists()
-
-
 def test_a_follower_misses_nothing_across_a_killed_listener(store: PostgresEventStore, pg_url: str):
     """Events committed while the listening connection is gone (their NOTIFY lost) are read
     after the reconnect, from the last position seen."""

@@ -43,8 +43,8 @@ from batchgrader.pipeline.reuse import Lookup
 from batchgrader.pipeline.splitting import Limits
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store import answers
-from batchgrader.store.eventstore import EventStore, NewEvent
+from batchgrader.store.backend import EventLog, Follower, catch_up, emit_decided
+from batchgrader.store.eventstore import ConcurrencyError, NewEvent
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -66,7 +66,7 @@ class Context:
 
     home: Home
     config: Config
-    store: EventStore
+    store: EventLog
     providers: Providers  # by name; a job's calls go to provider_for(job)
     prices: PriceTable
     sandbox: bool = False
@@ -87,6 +87,9 @@ class Context:
     # processes); None: every chunk is merged in this process, within its tick
     merge_workers: MergeWorkers | None = None
     reuse: ReuseFiles = field(default_factory=ReuseFiles)  # what this process read of each job's reuse file
+    # on a log other daemons append to (PostgreSQL): the reader of what they appended, folded in
+    # before each decision (:meth:`follow`); None: this daemon is the log's only writer (SQLite)
+    follower: Follower | None = None
     outbox: Outbox = field(init=False)
 
     def __post_init__(self) -> None:
@@ -95,18 +98,41 @@ class Context:
         # a long listing (many pages) keeps the watchdog fed from this, the working thread
         self.providers.set_on_page(lambda: self.on_progress())
         if not self.store.readonly:
-            with self.store.write() as conn:
-                answers.ensure(conn)
-                removed = answers.forget_simulated(conn, (j.job_id for j in self.state.jobs.values() if j.sandbox))
+            removed = self.store.answers.forget_simulated([j.job_id for j in self.state.jobs.values() if j.sandbox])
             if removed:
                 log.warning("removed %d simulated answers stored under a real provider's key by an older version", removed)
 
     # --- plumbing -----------------------------------------------------------------------------
+    def follow(self) -> None:
+        """Run on a shared log: fold what other daemons append (:meth:`catch_up`, :meth:`emit`)."""
+        self.follower = Follower(self.store, self.state.last_seq)
+
+    def catch_up(self) -> None:
+        """Fold the events other daemons appended since the last read (nothing on SQLite)."""
+        if self.follower is not None:
+            catch_up(self.state, self.follower)
+
     def emit(self, job_id: str, *events: NewEvent, also: Callable[[Any], None] | None = None) -> None:
+        """Append ``events`` to the job and fold them in.  On a shared log
+        (:attr:`follower`) the other daemons' events are folded first, and the append is made
+        only while the job is as the caller decided on (:func:`~batchgrader.store.backend.emit_decided`):
+        when another daemon appended to the job meanwhile, its events are folded and
+        :class:`ConcurrencyError` tells the engine to decide again."""
         job = self.state.jobs.get(job_id)
-        stored = self.store.append(job_id, events, expected_version=job.version if job else 0, also=also)
+        decided_on = job.version if job else 0
+        if self.follower is None:
+            stored = self.store.append(job_id, events, expected_version=decided_on, also=also)
+            for ev in stored:
+                self.state.apply(ev)
+        else:
+
+            def decide(now: JobState | None) -> list[NewEvent]:
+                if (now.version if now else 0) != decided_on:
+                    raise ConcurrencyError(f"job {job_id}: another daemon appended to it; deciding again")
+                return list(events)
+
+            stored = emit_decided(self.store, self.state, self.follower, job_id, decide, also=also)
         for ev in stored:
-            self.state.apply(ev)
             log.info("event %s %s %s", job_id, ev.type, _short(ev.payload))
 
     def profile_of(self, job: JobState) -> Profile:
@@ -150,11 +176,11 @@ class Context:
 
     def stored_answers(self, profile: Profile, now: float) -> Lookup:
         """The answers store's lookup for a job of ``profile`` at ``now`` (its retention)."""
-        conn = self.store.conn
+        store = self.store.answers
 
         def lookup(keys: Any) -> dict[str, Any]:
-            return answers.lookup(
-                conn, keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers
+            return dict(
+                store.lookup(keys, now=now, keep_days=profile.cache_days, allow_truncated=profile.reuse_truncated_answers)
             )
 
         return lookup

@@ -24,7 +24,8 @@ from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store.eventstore import DatabaseMoved, EventStore
+from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog
+from batchgrader.store.eventstore import ConcurrencyError, DatabaseMoved
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -40,7 +41,7 @@ class Engine:
         self,
         home: Home,
         config: Config,
-        store: EventStore,
+        store: EventLog,
         providers: Providers | Provider | None,
         prices: PriceTable,
         sandbox: bool = False,
@@ -127,6 +128,7 @@ class Engine:
         wait runs on (polls, resubmits, settle waits), so a wall-clock step moves none of them;
         None: ``now`` serves as both (a test's one fake clock)."""
         self.ctx.set_clocks(now, mono)
+        self.ctx.catch_up()  # what other daemons on a shared log appended
         self.idle = False
         self.again = False
         self.failed = False
@@ -202,6 +204,7 @@ class Engine:
         """Take one job as far as it goes in this tick: ask :func:`next_action`, carry it out,
         ask again with what was done."""
         step = Step()
+        conflicts = 0
         while True:
             action = next_action(
                 self.ctx.state, job.job_id, self.ctx.config, now, self.ctx.timers(), step, self.ctx.queue_url_for(job)
@@ -209,7 +212,14 @@ class Engine:
             if action is None:
                 return
             step = step.after(action)
-            self.act(action, now)
+            try:
+                self.act(action, now)
+            except ConcurrencyError as exc:  # another daemon appended to the job: folded; decide again
+                conflicts += 1
+                if self.ctx.follower is None or conflicts >= DECIDE_ATTEMPTS:
+                    raise
+                log.info("job %s: %s", job.job_id, exc)
+                continue
             if action.ends_step and self.ctx.state.jobs[job.job_id].start_failure is None:  # a job that failed to start ends now
                 self.again = True
                 return

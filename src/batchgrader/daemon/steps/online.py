@@ -152,6 +152,7 @@ class SyncSender:
     on_progress: Callable[[], None] = lambda: None
     keep_days: float = 0.0  # the answers store's retention (cache_days): 0 stores nothing
     stored_at: Callable[[], float] | None = None  # the answers store's clock (default: wall)
+    answer_store: Any = None  # the store's answers (``ctx.store.answers``): None stores nothing
     # with answer reuse on: request keys -> those with a usable stored answer (None: reuse off)
     lookup: Callable[[list[str]], set[str]] | None = None
     tier: str | None = None  # flex | online: the tier sent at (None: the job's route)
@@ -179,6 +180,7 @@ class SyncSender:
             on_progress=ctx.on_progress,
             keep_days=float(ctx.settings.cache_days),
             stored_at=ctx.trusted_wall,
+            answer_store=ctx.store.answers,
             lookup=_lookup(ctx, job, profile),
             over_budget=lambda: _over_budget(ctx, job.job_id),
             cancelled=lambda: _cancelled(ctx, job.job_id),
@@ -398,14 +400,13 @@ class SyncSender:
     def _store(self, row: dict[str, Any]) -> Callable[[Any], None] | None:
         """Put one answer in the answers store, in the transaction of its event (nothing when
         ``cache_days`` is 0)."""
-        if self.keep_days <= 0:
+        store = self.answer_store
+        if self.keep_days <= 0 or store is None:
             return None
         when = (self.stored_at or self.wall)()
 
         def put(conn: Any) -> None:
-            from batchgrader.store import answers
-
-            answers.put(conn, [row], now=when, keep_days=self.keep_days)
+            store.put(conn, [row], now=when, keep_days=self.keep_days)
 
         return put
 
@@ -546,9 +547,7 @@ def batch_seconds(ctx: Context, profile: Profile, sandbox: bool) -> float:
     import statistics
 
     try:
-        from batchgrader.store.runtimes import learned_run_times
-
-        runs = learned_run_times(ctx.store.conn, [(profile.model, sandbox)]).get((profile.model, sandbox)) or []
+        runs = ctx.store.learned_run_times([(profile.model, sandbox)]).get((profile.model, sandbox)) or []
     except Exception:  # noqa: BLE001 - no read model yet: the default
         return DEFAULT_BATCH_SECONDS
     return float(statistics.median(runs)) if runs else DEFAULT_BATCH_SECONDS

@@ -227,10 +227,10 @@ class PreflightStep:
         }
         when = self.ctx.trusted_wall()  # retention: not by a clock stepped forward
 
-        def put(conn: Any) -> None:
-            from batchgrader.store import answers
+        store = self.ctx.store.answers
 
-            answers.put(conn, [row], now=when, keep_days=keep_days)
+        def put(conn: Any) -> None:
+            store.put(conn, [row], now=when, keep_days=keep_days)
 
         return put
 

@@ -14,7 +14,6 @@ from batchgrader.core.events import new_event as _e
 from batchgrader.core.state import JobState
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline.job_reuse import answers_to_store
-from batchgrader.store import answers
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -35,12 +34,13 @@ class ReuseStep:
         rows, path = c.answers_due or 0, Path(c.results_path or "")
         keep_days = self.ctx.settings.cache_days
         provider = self.ctx.provider_key_for(job)
+        store = self.ctx.store.answers
 
         def put(conn: Any) -> None:
             if keep_days > 0:
                 # the retention's clock never runs ahead of the monotonic one (a forward step purges nothing)
                 found = answers_to_store(job, c, provider, path, rows)
-                answers.put(conn, found, now=self.ctx.trusted_wall(), keep_days=keep_days)
+                store.put(conn, found, now=self.ctx.trusted_wall(), keep_days=keep_days)
 
         try:
             self.ctx.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=None), also=put)
