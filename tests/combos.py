@@ -49,6 +49,7 @@ FEATURES: dict[str, list[Any]] = {
         False,
         True,
     ],  # the provider refuses one row's (first sample's) request: a failed row, or a sample left out of the vote
+    "endpoint": ["chat", "responses"],  # an OpenAI profile's requests: chat completions, or the Responses API
 }
 
 # openai: a reasoning model with flex and no announced shutdown (gpt-5-mini shuts down on 2026-12-11)
@@ -74,6 +75,7 @@ class Combo:
     provider: str
     edit: bool = False
     fault: bool = False
+    endpoint: str = "chat"
 
     def __str__(self) -> str:
         return "-".join(
@@ -88,6 +90,7 @@ class Combo:
                 self.provider,
                 *(["edited"] if self.edit else []),
                 *(["fault"] if self.fault else []),
+                *(["responses"] if self.endpoint == "responses" else []),
             )
         )
 
@@ -99,11 +102,13 @@ class Combo:
 def valid(values: list[Any]) -> bool:
     """Whether a (partial, in :data:`FEATURES` order) combination can be configured: flex is
     OpenAI's alone, so neither another provider nor a panel (whose other judge is elsewhere)
-    can take it."""
+    can take it; the Responses API needs an OpenAI profile."""
     names = list(FEATURES)[: len(values)]
     c = dict(zip(names, values))
     if c.get("route") == "flex" and (c.get("provider", "openai") != "openai" or c.get("judges")):
         return False
+    if c.get("endpoint") == "responses":  # only an OpenAI profile has an endpoint to choose
+        return c["provider"] == "openai" or (bool(c["judges"]) and OTHER[c["provider"]] == "openai")
     return True
 
 
@@ -227,10 +232,16 @@ def combo_config(c: Combo) -> str:
     if c.judges:
         lines += ["  p:", "    judges: [j1, j2]", f"    samples: {c.samples}"]
         for i, prov in enumerate(c.providers, 1):
-            lines += [f"  j{i}:", f"    provider: {prov}", f"    model: {MODELS[prov]}", f"    samples: {c.samples}", *common]
+            lines += [f"  j{i}:", *_profile(c, prov), *common]
     else:
-        lines += ["  p:", f"    provider: {c.provider}", f"    model: {MODELS[c.provider]}", f"    samples: {c.samples}", *common]
+        lines += ["  p:", *_profile(c, c.provider), *common]
     return "\n".join(lines) + "\n"
+
+
+def _profile(c: Combo, provider: str) -> list[str]:
+    """A profile's provider, model, samples and (an OpenAI one's) endpoint."""
+    endpoint = [f"    openai_endpoint: {c.endpoint}"] if provider == "openai" and c.endpoint == "responses" else []
+    return [f"    provider: {provider}", f"    model: {MODELS[provider]}", f"    samples: {c.samples}", *endpoint]
 
 
 def texts_of(c: Combo) -> tuple[list[str], list[str] | None]:
