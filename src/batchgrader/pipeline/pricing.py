@@ -507,27 +507,20 @@ def _dated_row(
             f"{where}, column {stray[0]!r}: a dated row (price_from) carries prices only; put {stray[0]!r} on the "
             f"row of {model!r} without 'price_from' (line {model_line})"
         )
-    price = _price_row(cells, model, where, "", base)
-    spec = price.spec
-    return date.fromisoformat(start).isoformat(), PricePeriod(
-        start=date.fromisoformat(start).isoformat(),
-        input_per_1m=price.input_per_1m,
-        cached_input_per_1m=price.cached_input_per_1m,
-        output_per_1m=price.output_per_1m,
-        cache_write_per_1m=spec.cache_write_per_1m,
-        standard_input_per_1m=spec.standard_input_per_1m,
-        standard_cached_input_per_1m=spec.standard_cached_input_per_1m,
-        standard_output_per_1m=spec.standard_output_per_1m,
-        taken_on=price.taken_on,
-        source=price.source,
-    )
+    day = date.fromisoformat(start).isoformat()
+    return day, _period(_price_row(cells, model, where, "", base), day)
 
 
 def _with_periods(price: Price, later: list[PricePeriod]) -> Price:
     """``price`` (its undated row) with its dated periods; its own figures stay those before the first."""
+    return dataclasses.replace(price, periods=(_period(price, None), *later))
+
+
+def _period(price: Price, start: str | None) -> PricePeriod:
+    """The figures of ``price``'s row as the period from ``start`` (None: before any dated row)."""
     spec = price.spec
-    first = PricePeriod(
-        start=None,
+    return PricePeriod(
+        start=start,
         input_per_1m=price.input_per_1m,
         cached_input_per_1m=price.cached_input_per_1m,
         output_per_1m=price.output_per_1m,
@@ -538,7 +531,6 @@ def _with_periods(price: Price, later: list[PricePeriod]) -> Price:
         taken_on=price.taken_on,
         source=price.source,
     )
-    return dataclasses.replace(price, periods=(first, *later))
 
 
 def _sources(price: Price, header: Sequence[str], origin: str, base: Price | None) -> tuple[tuple[str, str], ...]:
