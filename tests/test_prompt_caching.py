@@ -17,8 +17,8 @@ import pytest
 from google import genai
 from google.genai import types as gtypes
 
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.emulator.prompt_cache import OPENAI_INCREMENT, system_tokens
 from batchgrader.pipeline.answerkey import line_key, line_keys
@@ -107,8 +107,8 @@ def test_azure_requests_carry_no_cache_key(tmp_path: Path, home: Home) -> None:
 def test_anthropic_marks_the_shared_part_only_when_it_reaches_the_models_minimum(
     tmp_path: Path, home: Home, system: str, marked: bool
 ) -> None:
-    config = f"provider: anthropic\nmodel: claude-sonnet-4-5\nsystem_prompt: {json.dumps(system)}\n"
-    assert (shared_prefix_tokens(system, "claude-sonnet-4-5", "o200k_base") >= 1024) is marked
+    config = f"provider: anthropic\nmodel: claude-sonnet-4-6\nsystem_prompt: {json.dumps(system)}\n"
+    assert (shared_prefix_tokens(system, "claude-sonnet-4-6", "o200k_base") >= 1024) is marked
     lines = _lines(tmp_path, home, config)
     params = [to_anthropic_request(line)["params"] for line in lines]
     if marked:
@@ -314,7 +314,7 @@ def test_gemini_emulator_does_not_cache_under_the_pro_minimum(emu: Emulator, clo
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_sandbox_anthropic_job_records_and_shows_what_caching_saved(tmp_path: Path) -> None:
-    from batchgrader.core.state import fold
+    from batchgrader.core.log.state import fold
     from batchgrader.store.eventstore import EventStore
     from harness import FAST_CONFIG
     from test_anthropic_daemon import ANTHROPIC_KEY, run
