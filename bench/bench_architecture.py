@@ -52,7 +52,7 @@ def depth(m, seen=()):
     return d
 levels = max((depth(m) for m in daemon), default=0)
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.daemon.process import Daemon
 import openai.resources.files as files
 

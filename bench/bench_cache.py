@@ -42,8 +42,8 @@ from benchdocs import load_average, machine, write_section  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "src"))
 
-from batchgrader.core.config import load_config  # noqa: E402
-from batchgrader.core.home import Home  # noqa: E402
+from batchgrader.core.configuration.config import load_config  # noqa: E402
+from batchgrader.core.host.home import Home  # noqa: E402
 from batchgrader.pipeline.caching import shared_prefix_tokens  # noqa: E402
 from batchgrader.pipeline.prepare import prepare  # noqa: E402
 from batchgrader.pipeline.pricing import billed_cost, load_pricing  # noqa: E402

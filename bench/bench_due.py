@@ -40,7 +40,7 @@ import benchdocs  # noqa: E402
 from bench_schedule import CONFIG, KEY, Emulator, EmulatorConfig, count, env, make_csv  # noqa: E402
 
 SECTION = "## Never idle while work is due (`bench/bench_due.py`)"
-AGE_FRACTION, MIN_DELAY = 0.15, 0.5  # core/polling.py's documented bound (kept here: both trees are measured)
+AGE_FRACTION, MIN_DELAY = 0.15, 0.5  # core/rules/polling.py's documented bound (kept here: both trees are measured)
 
 
 def run_once(tree: Path, work: Path, csv: Path, batch_s: float, tag: str) -> dict:

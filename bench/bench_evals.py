@@ -85,8 +85,8 @@ def _variant(rec: dict, i: int) -> dict:
 
 
 def cost(items: int) -> dict:
-    from batchgrader.core.config import load_config
-    from batchgrader.core.home import Home
+    from batchgrader.core.configuration.config import load_config
+    from batchgrader.core.host.home import Home
     from batchgrader.evals import importer
     from batchgrader.ops.count import count_file
     from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price

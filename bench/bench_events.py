@@ -132,7 +132,7 @@ _FOLD = r"""
 import sys, time, gc
 sys.path.insert(0, sys.argv[2])
 from batchgrader.store.eventstore import EventStore
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 with EventStore(sys.argv[1], readonly=True) as r:
     t0, c0 = time.perf_counter(), time.process_time()
     s = fold(r.read())

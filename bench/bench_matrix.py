@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
-from batchgrader.core.home import Home  # noqa: E402
+from batchgrader.core.host.home import Home  # noqa: E402
 from benchdocs import machine, publish  # noqa: E402
 from combos import FEATURES, INVARIANTS, count_of, matrix, run_combo, texts_of, violations  # noqa: E402
 

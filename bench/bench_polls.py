@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchdocs  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "src"))
-from batchgrader.core.config import load_config  # noqa: E402
-from batchgrader.core.home import Home  # noqa: E402
+from batchgrader.core.configuration.config import load_config  # noqa: E402
+from batchgrader.core.host.home import Home  # noqa: E402
 from batchgrader.daemon.engine import Engine  # noqa: E402
 from batchgrader.pipeline.pricing import load_pricing  # noqa: E402
 from batchgrader.provider.memory import MemoryProvider  # noqa: E402

@@ -68,7 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         env = {**os.environ, "BATCHGRADER_HOME": str(home)}
-        from batchgrader.core.home import Home
+        from batchgrader.core.host.home import Home
 
         h = Home.resolve(home).ensure()
         h.config_file.write_text(CONFIG)

@@ -43,8 +43,8 @@ from benchdocs import machine, write_section  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "src"))
 
-from batchgrader.core.config import load_config  # noqa: E402
-from batchgrader.core.home import Home  # noqa: E402
+from batchgrader.core.configuration.config import load_config  # noqa: E402
+from batchgrader.core.host.home import Home  # noqa: E402
 from batchgrader.pipeline.answerkey import line_key, provider_id  # noqa: E402
 from batchgrader.pipeline.prepare import prepare  # noqa: E402
 from batchgrader.store import answers  # noqa: E402

@@ -56,7 +56,7 @@ WORDS = (
     "recommend never again friendly staff store online website checkout shipping tracking return exchange"
 ).split()
 # Local settings for the runs (the inbox is looked at quickly); polling is the default one, which
-# adapts to a batch's age (core/polling.py), so poll_interval_seconds keeps its default of 60 s.
+# adapts to a batch's age (core/rules/polling.py), so poll_interval_seconds keeps its default of 60 s.
 CONFIG = "stable_seconds: 0.2\nrescan_interval_seconds: 1\nmax_completion_tokens: 50\n"
 PREFLIGHT_ROWS: list[int | None] = [None]  # --preflight-rows: None keeps the default (3)
 

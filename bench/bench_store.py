@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import benchdocs  # noqa: E402
-from batchgrader.core.events import NewEvent  # noqa: E402
-from batchgrader.core.state import fold  # noqa: E402
+from batchgrader.core.log.events import NewEvent  # noqa: E402
+from batchgrader.core.log.state import fold  # noqa: E402
 from batchgrader.store.backend import EventLog, open_log  # noqa: E402
 from batchgrader.store.copy import copy_log  # noqa: E402
 from bench_events import bulk_load, job_logs  # noqa: E402

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchdocs  # noqa: E402
-from batchgrader.core.config import load_config  # noqa: E402
-from batchgrader.core.home import Home  # noqa: E402
+from batchgrader.core.configuration.config import load_config  # noqa: E402
+from batchgrader.core.host.home import Home  # noqa: E402
 from batchgrader.ops.actions import SUBMIT_CHECKED_ROWS  # noqa: E402
 from batchgrader.pipeline.input_checks import check_input  # noqa: E402
 

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
 from batchgrader.daemon.engine import Engine
 from batchgrader.emulator import Emulator
 from batchgrader.pipeline.pricing import load_pricing

@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.readmodels import rebuild
 

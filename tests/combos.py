@@ -26,8 +26,8 @@ from typing import Any
 from allpairspy import AllPairs
 
 from batchgrader.cli.render_status import duplicate_rows, reused_rows
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.state import JobState
 from batchgrader.daemon.control import apply_control, pending_controls
 from batchgrader.daemon.snapshot import take
 from batchgrader.store.figures import figures_of

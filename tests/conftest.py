@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 # The suite starts hundreds of Python processes (daemons, `bgctl`, merge workers, the sandbox's
 # emulator, pytest's own workers): they share the compiled modules instead of each compiling the

@@ -271,8 +271,8 @@ def test_a_job_recovered_from_its_work_folder_adopts_its_batches_instead_of_payi
 def test_daily_token_limit_counts_jobs_already_in_flight(home):
     import time as _time
 
-    from batchgrader.core.budget import job_tokens_bound
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
+    from batchgrader.core.rules.budget import job_tokens_bound
     from batchgrader.pipeline.pricing import load_pricing
 
     write_rows(home.inbox / "a.csv", 4)

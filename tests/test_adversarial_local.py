@@ -59,14 +59,14 @@ def test_rename_noreplace_refuses_an_existing_name(tmp_path):
 
 
 def test_key_with_surrounding_whitespace_or_crlf_is_stripped(home):
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
 
     for raw in ("  sk-proj-abcdefgh12345678\r\n", "\tsk-proj-abcdefgh12345678\n", "sk-proj-abcdefgh12345678\r"):
         assert load_config(home, environ={"OPENAI_API_KEY": raw}).api_key == "sk-proj-abcdefgh12345678"
 
 
 def test_key_with_other_control_characters_is_refused_without_quoting_it(home):
-    from batchgrader.core.config import ConfigError, load_config
+    from batchgrader.core.configuration.config import ConfigError, load_config
 
     secret = "proj-abc\x00defgh12345678"
     with pytest.raises(ConfigError) as info:
@@ -78,7 +78,7 @@ def test_key_with_other_control_characters_is_refused_without_quoting_it(home):
 def test_every_key_form_is_masked_in_log_lines_and_exceptions():
     import logging
 
-    from batchgrader.core.secrets import MaskSecrets
+    from batchgrader.core.host.secrets import MaskSecrets
 
     key = "AbCdEf/gh+ij=KLmn0987"  # not sk- shaped, with characters that get escaped
     mask = MaskSecrets([key])
@@ -142,7 +142,7 @@ def _raw_insert(db: Path, job_id: str, type_: str, payload: str) -> None:
 
 
 def test_unknown_event_or_bad_payload_sets_only_that_job_aside_with_the_reason(home):
-    from batchgrader.core.state import fold
+    from batchgrader.core.log.state import fold
     from batchgrader.store import queries
     from batchgrader.store.eventstore import EventStore
     from batchgrader.store.readmodels import projectors

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.core.decide import reuse_allowed
+from batchgrader.core.rules.decide import reuse_allowed
 from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER, line_key, provider_id, provider_id_of, request_key
 from batchgrader.pipeline.reuse import plan_reuse
 from batchgrader.store.answers import StoredAnswer
@@ -143,8 +143,8 @@ def test_provider_id_normalises_the_base_url():
 
 
 def _profiles(tmp_path, environ: dict[str, str]) -> dict[str, Any]:
-    from batchgrader.core.config import load_config
-    from batchgrader.core.home import Home
+    from batchgrader.core.configuration.config import load_config
+    from batchgrader.core.host.home import Home
 
     (tmp_path / "config.yaml").write_text(
         "profiles:\n"

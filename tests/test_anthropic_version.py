@@ -15,9 +15,9 @@ from typing import Any
 import anthropic
 import pytest
 
-from batchgrader.core.config import KEYS, ConfigError, load_config
-from batchgrader.core.home import Home
-from batchgrader.core.providers import ANTHROPIC_DEFAULT_API_VERSION
+from batchgrader.core.configuration.config import KEYS, ConfigError, load_config
+from batchgrader.core.configuration.providers import ANTHROPIC_DEFAULT_API_VERSION
+from batchgrader.core.host.home import Home
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.catalogue import load_checked
 from batchgrader.provider.anthropic_api import AnthropicProvider

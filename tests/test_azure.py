@@ -12,9 +12,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config, provider_key_problem
-from batchgrader.core.home import Home
-from batchgrader.core.queue import parse_queue_limit
+from batchgrader.core.configuration.config import ConfigError, load_config, provider_key_problem
+from batchgrader.core.host.home import Home
+from batchgrader.core.rules.queue import parse_queue_limit
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.pricing import PricingError, load_pricing, with_deployments
 from batchgrader.pipeline.results import iter_outcomes

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store.eventstore import EventStore
 from harness import BGCTL, FAST_CONFIG, daemon_env, outbox_files

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.catalogue import catalogue_problems, load_checked
 from batchgrader.pipeline.pricing import COLUMNS, PricingError, load_pricing
 

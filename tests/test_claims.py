@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from batchgrader.core.events import NewEvent
-from batchgrader.core.state import fold
+from batchgrader.core.log.events import NewEvent
+from batchgrader.core.log.state import fold
 from batchgrader.store.backend import Follower, catch_up, emit_decided
 from batchgrader.store.claims import claim_input, claimed, working
 from batchgrader.store.leases import LeaseLost, Leases, job_lease

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from cli_fixtures import busy_home, check_snapshot, golden_home, run
 
 ESSAYS = "id,response\n" + "".join(f"{i},essay number {i} about the sea and the sky\n" for i in range(7))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from cli_fixtures import run
 
 

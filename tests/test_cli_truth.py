@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from cli_fixtures import golden_home, run
 from harness import BGCTL, TEST_KEY, bgctl, daemon_env
 

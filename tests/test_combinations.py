@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from combos import FEATURES, Combo, count_of, matrix, pairs_of, run_combo, texts_of, valid, violations, wanted_pairs
 
 PAIRS = matrix()

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.config import KEYS, ConfigError, load_config
+from batchgrader.core.configuration.config import KEYS, ConfigError, load_config
 
 
 def write(home, text):
@@ -190,7 +190,7 @@ def test_a_few_aliases_are_still_fine(home):
 
 
 def test_config_file_over_the_size_limit_is_refused(home):
-    from batchgrader.core.config import MAX_CONFIG_FILE_BYTES
+    from batchgrader.core.configuration.config import MAX_CONFIG_FILE_BYTES
 
     write(home, "model: gpt-4o\n" + "# padding\n" * (MAX_CONFIG_FILE_BYTES // 10))
     with pytest.raises(ConfigError) as err:

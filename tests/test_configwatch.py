@@ -50,8 +50,8 @@ def test_an_edited_config_is_reloaded_without_sighup(home):
 
 
 def test_a_reload_names_the_changes_only_a_restart_applies(tmp_path):
-    from batchgrader.core.config import load_config
-    from batchgrader.core.home import Home
+    from batchgrader.core.configuration.config import load_config
+    from batchgrader.core.host.home import Home
     from batchgrader.daemon.configwatch import restart_only_changes
 
     home = Home(tmp_path)

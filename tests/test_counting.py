@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.anthropic_api import AnthropicProvider, AnthropicTokenCounter
 from batchgrader.provider.counting import CountCache, exact_counts
@@ -135,7 +135,7 @@ def test_the_hook_sends_only_uncounted_requests_in_slices(tmp_path: Path, emu: E
 def test_daemon_planning_uses_exact_counts_and_replans(home: Home, emu: Emulator, tmp_path: Path) -> None:
     """plan_with_exact_counts: the planned chunks carry the endpoint's counts; a split limit is
     applied to those counts; without a counter the tiktoken plan stays, labelled an estimate."""
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
     from batchgrader.pipeline.prepare import limits_for, prepare
     from batchgrader.pipeline.pricing import load_pricing
     from batchgrader.provider.counting import plan_with_exact_counts

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig, Fault
 from batchgrader.store.eventstore import EventStore
 from harness import FAST_CONFIG, TEST_KEY, bgctl, event_types, integrity, start_daemon, temp_leftovers, wait_for

@@ -7,7 +7,9 @@ import dataclasses
 
 import pytest
 
-from batchgrader.core.actions import (
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.log.state import fold
+from batchgrader.core.rules.actions import (
     CancelBatch,
     Create,
     FailUnstarted,
@@ -20,8 +22,7 @@ from batchgrader.core.actions import (
     Timers,
     Upload,
 )
-from batchgrader.core.config import load_config
-from batchgrader.core.decide import (
+from batchgrader.core.rules.decide import (
     budget_problem,
     decide,
     decide_job,
@@ -29,7 +30,6 @@ from batchgrader.core.decide import (
     next_action,
     upload_name,
 )
-from batchgrader.core.state import fold
 from ticks import Rig, config_text
 
 

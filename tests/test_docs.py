@@ -10,7 +10,7 @@ import click
 import pytest
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.config import KEYS, env_name
+from batchgrader.core.configuration.config import KEYS, env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -64,11 +64,11 @@ def test_every_cli_command_is_documented(path):
 
 
 def test_the_key_tables_are_generated_from_the_declarations():
-    from batchgrader.core.config_docs import regenerate
+    from batchgrader.core.configuration.config_docs import regenerate
 
     text = CONFIG_DOC.read_text(encoding="utf-8")
     assert regenerate(text) == text, (
-        "docs/configuration.md is stale: run python -m batchgrader.core.config_docs docs/configuration.md"
+        "docs/configuration.md is stale: run python -m batchgrader.core.configuration.config_docs docs/configuration.md"
     )
 
 
@@ -78,7 +78,7 @@ def test_every_config_key_has_one_row_and_no_row_is_unknown():
 
 
 def test_a_stale_key_table_or_a_missing_section_is_found():
-    from batchgrader.core.config_docs import StaleSection, regenerate
+    from batchgrader.core.configuration.config_docs import StaleSection, regenerate
 
     text = CONFIG_DOC.read_text(encoding="utf-8")
     row = next(line for line in text.splitlines() if line.startswith("| `log_level` |"))
@@ -90,7 +90,7 @@ def test_a_stale_key_table_or_a_missing_section_is_found():
 
 
 def test_a_row_shows_what_the_declaration_says():
-    from batchgrader.core.config_docs import row
+    from batchgrader.core.configuration.config_docs import row
 
     cells = [c.strip() for c in row(KEYS["gemini_api_key"]).strip("|").split("|")]
     assert cells[:3] == ["`gemini_api_key`", "`null`", "`BATCHGRADER_GEMINI_API_KEY`, `GEMINI_API_KEY`, `GOOGLE_API_KEY`"]
@@ -103,14 +103,14 @@ def test_a_row_shows_what_the_declaration_says():
 
 
 def test_the_event_tables_are_generated_from_the_declarations():
-    from batchgrader.core.eventdocs import regenerate
+    from batchgrader.core.log.eventdocs import regenerate
 
     text = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
-    assert regenerate(text) == text, "docs/events.md is stale: run python -m batchgrader.core.eventdocs docs/events.md"
+    assert regenerate(text) == text, "docs/events.md is stale: run python -m batchgrader.core.log.eventdocs docs/events.md"
 
 
 def test_a_stale_event_table_or_a_missing_section_is_found():
-    from batchgrader.core.eventdocs import StaleSection, regenerate
+    from batchgrader.core.log.eventdocs import StaleSection, regenerate
 
     text = (ROOT / "docs" / "events.md").read_text(encoding="utf-8")
     stale = text.replace("| `reason` | human-readable reason and what to do |", "| `reason` | why |", 1)
@@ -125,7 +125,7 @@ def test_a_stale_event_table_or_a_missing_section_is_found():
 
 
 def test_the_answer_sources_table_is_generated_from_their_declarations():
-    from batchgrader.core.answer_sources import doc_table
+    from batchgrader.core.log.answer_sources import doc_table
 
     assert doc_table() in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
+from batchgrader.core.configuration.config import ConfigError, load_config
 from batchgrader.reports.report import build_report
 from test_docs import fenced_blocks
 from ticks import Rig, config_text

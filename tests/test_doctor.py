@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from batchgrader.core.home import Home
-from batchgrader.core.lock import InstanceLock
-from batchgrader.core.secrets import env_file_path
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.lock import InstanceLock
+from batchgrader.core.host.secrets import env_file_path
 from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.ops.doctor import (
     FAIL,
@@ -588,7 +588,7 @@ def test_render_and_json_for_mixed_results() -> None:
 
 
 def test_doctor_lists_configured_and_learned_queue_limits(home):
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
     from batchgrader.ops.doctor import check_queue_limits
     from batchgrader.store.eventstore import EventStore, NewEvent
 

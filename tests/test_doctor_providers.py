@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from rich.console import Console
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.ops.checks import WARN
 from batchgrader.ops.doctor import FAIL, OK, Check, checks_as_json, render_checks, run_checks

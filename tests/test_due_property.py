@@ -7,7 +7,7 @@ synchronous route; a failed download; an unwritable outbox), cancels, deadlines 
 straggler thresholds), a preflight the provider cannot answer.  After every tick the time the
 daemon would sleep until (:meth:`Engine.next_due`, without the inbox's rescan: work already
 known never waits for it) is checked against the rules themselves: at no time before it does
-:func:`~batchgrader.core.decide.decide_job` have an action for any job, and work due now is
+:func:`~batchgrader.core.rules.decide.decide_job` have an action for any job, and work due now is
 done by ticking, never looped on.  Then the polling pace: a running batch is seen ended
 within the documented bound (15 % of its age, at least 0.5 s) plus one tick, whatever
 ``poll_interval_seconds`` says, and its download is asked for in the same tick.
@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchgrader.core.due import acts_now
-from batchgrader.core.home import Home
-from batchgrader.core.polling import AGE_FRACTION, MIN_DELAY
+from batchgrader.core.host.home import Home
+from batchgrader.core.rules.due import acts_now
+from batchgrader.core.rules.polling import AGE_FRACTION, MIN_DELAY
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig

@@ -1,4 +1,4 @@
-"""The engine's shape: every action :mod:`batchgrader.core.decide` can return has a handler in
+"""The engine's shape: every action :mod:`batchgrader.core.rules.decide` can return has a handler in
 the dispatch table, and the steps are classes over the one context, none of which imports or
 calls another (issue 36)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core import actions
-from batchgrader.core.actions import Action
+from batchgrader.core.rules import actions
+from batchgrader.core.rules.actions import Action
 from batchgrader.daemon.dispatch import Steps
 from ticks import Rig
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
 from batchgrader.evals import importer
 from batchgrader.pipeline.evals import graders
 from batchgrader.pipeline.evals.results import wilson

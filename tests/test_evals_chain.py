@@ -12,10 +12,10 @@ import pytest
 from openai.types.evals.run_retrieve_response import RunRetrieveResponse
 from openai.types.evals.runs.output_item_retrieve_response import OutputItemRetrieveResponse
 
-from batchgrader.core import evalchain as ec
-from batchgrader.core.config import load_config
-from batchgrader.core.jobstate import JobState
-from batchgrader.core.state import State
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.log.jobstate import JobState
+from batchgrader.core.log.state import State
+from batchgrader.core.rules import evalchain as ec
 from batchgrader.daemon.steps.evals import EvalStep
 from batchgrader.evals import importer
 from batchgrader.evals import results as cli_results

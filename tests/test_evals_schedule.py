@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from batchgrader.core.cron import CronSchedule, check, decide
+from batchgrader.core.rules.cron import CronSchedule, check, decide
 
 NIGHTLY = CronSchedule("nightly-eval", "0 2 * * *")
 
@@ -87,9 +87,9 @@ def test_time_zone_and_bad_expressions():
 
 import pytest  # noqa: E402
 
-from batchgrader.core.config import ConfigError, load_config  # noqa: E402
-from batchgrader.core.cron import next_fire, scheduled_job_id  # noqa: E402
-from batchgrader.core.home import Home  # noqa: E402
+from batchgrader.core.configuration.config import ConfigError, load_config  # noqa: E402
+from batchgrader.core.host.home import Home  # noqa: E402
+from batchgrader.core.rules.cron import next_fire, scheduled_job_id  # noqa: E402
 from batchgrader.daemon.engine import Engine  # noqa: E402
 from batchgrader.daemon.steps.evals import ScheduleStep  # noqa: E402
 from batchgrader.pipeline.pricing import load_pricing  # noqa: E402

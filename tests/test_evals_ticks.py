@@ -12,7 +12,7 @@ import pytest
 from openai.types.evals.run_retrieve_response import RunRetrieveResponse
 from openai.types.evals.runs.output_item_retrieve_response import OutputItemRetrieveResponse
 
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
 from batchgrader.evals import importer, results
 from batchgrader.pipeline.pricing import load_pricing
 from ticks import Rig

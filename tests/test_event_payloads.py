@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.events import new_event
-from batchgrader.core.schema import EVENTS, EventPayloadError, check_payload
+from batchgrader.core.log.events import new_event
+from batchgrader.core.log.schema import EVENTS, EventPayloadError, check_payload
 from batchgrader.store.eventstore import EventStore, NewEvent, UnknownEventType
 
 GOLDEN = Path(__file__).parent / "golden"

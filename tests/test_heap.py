@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from batchgrader.core.heap import _malloc_trim, trim_heap
+from batchgrader.core.host.heap import _malloc_trim, trim_heap
 
 
 def _rss_kib() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.inbox import InboxScanner, submit_file
 from batchgrader.pipeline.pricing import load_pricing

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.state import JobState
 from batchgrader.store.figures import Billed, JobFigures, add_estimates, figures_of, job_figures, total
 from batchgrader.store.readmodels import rebuild
 from cli_fixtures import run

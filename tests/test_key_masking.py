@@ -1,5 +1,5 @@
 """The daemon's log masks every registered provider's key, whichever of the variables the provider
-registry names for it holds it (core/providers.py ``key_vars``, and ``BATCHGRADER_<KEY>``): the
+registry names for it holds it (core/configuration/providers.py ``key_vars``, and ``BATCHGRADER_<KEY>``): the
 list comes from the registry and the settings declared secret, so a new provider's key is masked
 without anyone listing it."""
 
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from batchgrader.core.config import SECRET_KEYS, env_name, load_config
+from batchgrader.core.configuration.config import SECRET_KEYS, env_name, load_config
 from batchgrader.daemon.process import setup_logging
 from batchgrader.provider.registry import PROVIDERS
 

@@ -1,6 +1,7 @@
 """The layer order holds: each subpackage imports only from the layers below it
 (fsio, core, pipeline, store, provider | emulator | reports, daemon, ops, cli; ``a | b`` are independent
-siblings, neither importing the other), checked by import-linter with the contract in pyproject.toml."""
+siblings, neither importing the other), checked by import-linter with the contract in pyproject.toml; inside ``core``, the rules over the
+log and the configuration (independent), all over the host."""
 
 from __future__ import annotations
 
@@ -9,22 +10,25 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import batchgrader
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def layers_contract() -> dict:
+def layers_contract(container: str) -> dict:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["containers"] == [container]]
     return contract
 
 
-def test_every_part_of_the_package_has_a_layer():
-    package = Path(batchgrader.__file__).parent
+@pytest.mark.parametrize("container", ["batchgrader", "batchgrader.core"])
+def test_every_part_of_the_package_has_a_layer(container):
+    package = Path(batchgrader.__file__).parent.joinpath(*container.split(".")[1:])
     parts = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
     parts |= {p.parent.name for p in package.glob("*/__init__.py")}
-    named = {name.strip() for layer in layers_contract()["layers"] for name in layer.split("|")}
+    named = {name.strip() for layer in layers_contract(container)["layers"] for name in layer.split("|")}
     assert parts == named
 
 

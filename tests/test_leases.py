@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from batchgrader.core.events import NewEvent
+from batchgrader.core.log.events import NewEvent
 from batchgrader.store.leases import Lease, LeaseLost, Leases, LeaseTooShort, account_lease, job_lease
 from batchgrader.store.pgstore import PostgresEventStore
 

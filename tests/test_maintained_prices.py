@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline import maintained, pricing
 from batchgrader.pipeline.maintained import (
     DELIBERATE_DIFFERENCES,

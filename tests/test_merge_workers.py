@@ -157,7 +157,7 @@ def _run(home, workers: MergeWorkers | None, rows_at_least: str) -> tuple[bytes,
 
 
 def test_a_worker_process_merges_as_the_daemon_does(tmp_path):
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
 
     homes = [Home.resolve(tmp_path / name).ensure() for name in ("worker", "daemon")]
     workers = MergeWorkers()

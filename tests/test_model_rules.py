@@ -16,8 +16,8 @@ import pytest
 from google import genai
 from google.genai import types
 
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.catalogue import load_checked
 from batchgrader.pipeline.requests import RequestBuilder

@@ -1,4 +1,4 @@
-"""When the daemon ticks next: the earliest due time (core/due.py) through ``engine.tick(now)``
+"""When the daemon ticks next: the earliest due time (core/rules/due.py) through ``engine.tick(now)``
 with a fake clock, the pace the daemon's loop keeps around it, the loop itself, and a real idle
 daemon that no longer ticks at the old fixed rate."""
 
@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from batchgrader.core.config import load_config
-from batchgrader.core.due import TICK_FLOOR, InboxTimes, TickOutcome, TickPace, next_due
-from batchgrader.core.preflight_rules import preflight_delay
-from batchgrader.core.schedule import Schedule
-from batchgrader.core.state import State
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.log.state import State
+from batchgrader.core.rules.due import TICK_FLOOR, InboxTimes, TickOutcome, TickPace, next_due
+from batchgrader.core.rules.preflight_rules import preflight_delay
+from batchgrader.core.rules.schedule import Schedule
 from batchgrader.daemon.process import Daemon
 from harness import wait_for
 from ticks import Rig
@@ -152,7 +152,7 @@ def test_a_job_held_by_a_daily_limit_is_looked_at_again_at_the_next_utc_day(home
 
 
 def test_a_batch_of_a_job_with_a_deadline_is_due_when_its_straggler_cancel_is(home):
-    from batchgrader.core.stragglers import MIN_MARGIN_SECONDS
+    from batchgrader.core.rules.stragglers import MIN_MARGIN_SECONDS
 
     rig = Rig(home, "deadline: 1h\nmodel: gpt-5.4-mini\nrescan_interval_seconds: 86400\n")
     try:

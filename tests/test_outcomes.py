@@ -1,14 +1,14 @@
-"""The outcome rules (core/outcomes.py) and the schedule (core/schedule.py) by themselves: pure
+"""The outcome rules (core/rules/outcomes.py) and the schedule (core/rules/schedule.py) by themselves: pure
 functions of (outcome, schedule counts, settings, now) — no engine, no provider, no clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from batchgrader.core import queue
-from batchgrader.core.actions import OUTBOX_TIMER
-from batchgrader.core.decide import resubmit_delay
-from batchgrader.core.outcomes import (
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.actions import OUTBOX_TIMER
+from batchgrader.core.rules.decide import resubmit_delay
+from batchgrader.core.rules.outcomes import (
     MAX_DOWNLOAD_ATTEMPTS,
     MAX_MALFORMED_DOWNLOADS,
     OUTBOX_RETRY_FIRST,
@@ -27,8 +27,8 @@ from batchgrader.core.outcomes import (
     outbox_retry_at,
     queue_full_error,
 )
-from batchgrader.core.schedule import Schedule
-from batchgrader.core.settle import ANSWERED_SETTLE, DUPLICATE_CHECK_EVERY, LOST_REPLY_SLACK, CreateSent
+from batchgrader.core.rules.schedule import Schedule
+from batchgrader.core.rules.settle import ANSWERED_SETTLE, DUPLICATE_CHECK_EVERY, LOST_REPLY_SLACK, CreateSent
 
 TOKEN_LIMIT = "Enqueued token limit reached for gpt-5.4-mini in organization org-x. Limit: 90,000 enqueued tokens."
 

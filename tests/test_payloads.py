@@ -1,4 +1,4 @@
-"""The typed payloads (core/payloads.py) and the event catalogue (core/schema.py) agree, and the
+"""The typed payloads (core/log/payloads.py) and the event catalogue (core/log/schema.py) agree, and the
 fold reads typed payloads: a required field missing from a stored event sets its job aside."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import get_type_hints
 
 import pytest
 
-from batchgrader.core import payloads
-from batchgrader.core.schema import EVENTS
-from batchgrader.core.state import fold
+from batchgrader.core.log import payloads
+from batchgrader.core.log.schema import EVENTS
+from batchgrader.core.log.state import fold
 from batchgrader.store.eventstore import Event
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from harness import FAST_CONFIG, daemon_env
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def test_a_daemon_on_a_shared_log_folds_the_others_events_and_decides_again_on_a
     folds the other's event and raises ConcurrencyError, which the engine answers by deciding
     again (docs/scaling.md)."""
     from adversarial_engine import make_engine
-    from batchgrader.core.events import NewEvent
+    from batchgrader.core.log.events import NewEvent
     from batchgrader.store.eventstore import ConcurrencyError
     from batchgrader.store.pgstore import PostgresEventStore
 

@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.events import NewEvent
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import NewEvent
 from batchgrader.store.backend import Follower, open_store
 from batchgrader.store.eventstore import EventStore, SchemaTooNew
 from batchgrader.store.pgstore import PostgresEventStore, redact

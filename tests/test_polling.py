@@ -1,11 +1,11 @@
-"""The polling rules (core/polling.py): pure functions of a batch's age and what batches like it took."""
+"""The polling rules (core/rules/polling.py): pure functions of a batch's age and what batches like it took."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgrader.core.polling import AGE_FRACTION, MIN_DELAY, Durations, next_poll_delay
+from batchgrader.core.rules.polling import AGE_FRACTION, MIN_DELAY, Durations, next_poll_delay
 
 
 @given(
@@ -49,7 +49,7 @@ def test_durations_are_the_median_of_the_last_five_per_model():
 
 
 def test_progress_left_is_the_rest_at_the_rate_seen():
-    from batchgrader.core.polling import progress_left
+    from batchgrader.core.rules.polling import progress_left
 
     assert progress_left((10.0, 2), (30.0, 6), 10) == 20.0  # 4 requests in 20 s: 4 more in 20 s
     assert progress_left((10.0, 2), (30.0, 2), 10) is None  # not moved: nothing known

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from batchgrader.core.preflight_rules import preflight_delay
+from batchgrader.core.rules.preflight_rules import preflight_delay
 from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig

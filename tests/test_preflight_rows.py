@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchgrader.core.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
-from batchgrader.core.state import JobState
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig
 

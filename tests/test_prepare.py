@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline import prepare as prepare_mod
 from batchgrader.pipeline.prepare import prepare, split_file
 from batchgrader.pipeline.pricing import load_pricing

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.emulator import FAULT_PROFILES, Fault
 from batchgrader.provider.openai_api import (
     BatchInfo,

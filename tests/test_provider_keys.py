@@ -156,8 +156,8 @@ def test_answers_are_keyed_by_who_answers_and_count_predicts_the_daemons_reuse(t
 def test_bad_provider_settings_name_the_profile_and_the_key(tmp_path: Path, profile: str, environ: dict, needles: list) -> None:
     """Checked when the configuration loads (or, for keys, before the daemon makes a provider):
     nothing can be sent, and the message names the profile and what to set."""
-    from batchgrader.core.config import ConfigError, load_config, provider_key_problem
-    from batchgrader.core.home import Home
+    from batchgrader.core.configuration.config import ConfigError, load_config, provider_key_problem
+    from batchgrader.core.host.home import Home
 
     (tmp_path / "config.yaml").write_text(f"profiles:\n  p:\n    {profile}\n")
     try:

@@ -1,4 +1,4 @@
-"""The provider registry: every provider is known by name in one place (core/providers.py for the
+"""The provider registry: every provider is known by name in one place (core/configuration/providers.py for the
 facts, provider/registry.py for the adapters), every place that needs a provider by name reads
 it, and a job's calls go to the provider recorded for the job, not the one its ids look like."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core import config as config_mod
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
-from batchgrader.core.providers import PROVIDER_FACTS, facts_of
+from batchgrader.core.configuration import config as config_mod
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.configuration.providers import PROVIDER_FACTS, facts_of
+from batchgrader.core.host.home import Home
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline import answerkey, caching, modelspec
 from batchgrader.pipeline.pricing import load_pricing
@@ -185,7 +185,7 @@ def test_providers_are_built_once_at_their_first_use_and_a_name_never_configured
 SRC = ROOT / "src" / "batchgrader"
 #: where a provider's name may be written: the registry's two halves, the doctor's table of checks, and
 #: each provider's own modules (adapters, doctor checks, the emulator's routes)
-OWN = ("core/providers.py", "provider/registry.py", "ops/doctor.py", "emulator/")
+OWN = ("core/configuration/providers.py", "provider/registry.py", "ops/doctor.py", "emulator/")
 #: provider-specific rules still keyed by name outside the registry (each a rule of its own, not a table):
 #: the queue a learned limit belongs to, the thinking budgets of reasoning_effort, Azure deployments' prices
 KNOWN_ELSEWHERE = {
@@ -209,4 +209,6 @@ def test_no_module_keys_a_rule_by_a_providers_name_outside_the_registry():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value in names and not _own(rel, node.value):
                 found.setdefault(rel, set()).add(node.value)
-    assert found == KNOWN_ELSEWHERE, "a provider's name outside the registry: read core/providers.py or provider/registry.py"
+    assert found == KNOWN_ELSEWHERE, (
+        "a provider's name outside the registry: read core/configuration/providers.py or provider/registry.py"
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
+from batchgrader.core.configuration.config import ConfigError, load_config
 from batchgrader.ops.profiles import profile_with
 from harness import FAST_CONFIG, bgctl, daemon_env
 
@@ -118,8 +118,8 @@ def test_the_documented_example_runs_against_the_sandbox(home, tmp_path):
 def test_a_running_daemon_grades_with_the_settings_given(home, tmp_path):
     """The settings reach a daemon that was already running (it reloads the edited config.yaml):
     an output bound of 1 token cuts every answer off, so the job fails (with the top level's 50 it completes)."""
-    from batchgrader.core.home import Home
-    from batchgrader.core.lock import daemon_pid
+    from batchgrader.core.host.home import Home
+    from batchgrader.core.host.lock import daemon_pid
     from harness import start_daemon, wait_for
 
     home.config_file.write_text(FAST_CONFIG)

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.store import answers, costs, queries
 from batchgrader.store.copy import copy_log
 from batchgrader.store.leases import Leases, account_lease, job_lease

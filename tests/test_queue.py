@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgrader.cli.commands import cli
-from batchgrader.core import queue
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.rules import queue
 from batchgrader.daemon.engine import Engine
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock, token_limit_message
 from batchgrader.pipeline.pricing import load_pricing
@@ -73,7 +73,7 @@ def test_what_a_refusal_teaches():
 def test_chunks_cover_every_row_once_and_in_flight_stays_under_the_known_limit(
     tokens, real_limit, figure, row_limit, finish_order
 ):
-    """The engine's rules (core/queue.py + plan_chunks), modelled step by step against a provider
+    """The engine's rules (core/rules/queue.py + plan_chunks), modelled step by step against a provider
     that refuses whatever would push its queue over ``real_limit``."""
     sizes = [t * 4 + 1 for t in tokens]
     caps = Limits(token_limit=None, row_limit=row_limit, max_requests=50, max_bytes=10_000)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from batchgrader.cli.render_status import render_status
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.store import queries
 from test_sandbox_apart import CONFIG, Daemon, _drop, _running
 

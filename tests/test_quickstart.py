@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
-from batchgrader.core.lock import daemon_pid
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.lock import daemon_pid
 from harness import FAST_CONFIG, bgctl, event_types, start_daemon, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "reviews.csv"

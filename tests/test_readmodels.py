@@ -18,9 +18,9 @@ from rich.console import Console
 from batchgrader.cli.render_costs import bar, render_costs
 from batchgrader.cli.render_events import render_events
 from batchgrader.cli.render_status import render_job, render_status
-from batchgrader.core.home import Home
-from batchgrader.core.schema import EVENTS, EVENTS_DDL
-from batchgrader.core.state import fold
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.schema import EVENTS, EVENTS_DDL
+from batchgrader.core.log.state import fold
 from batchgrader.store import costs as costs_mod
 from batchgrader.store import queries, readmodels
 from batchgrader.store.eventstore import Event, EventStore, NewEvent

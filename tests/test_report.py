@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.reports.report_columns import distribution
 from batchgrader.store.eventstore import EventStore
@@ -127,7 +127,7 @@ def test_on_job_end_environment_holds_no_key_of_any_provider(home):
     it (set in the environment or read from secrets.env), nor a copy of a key under another name."""
     import subprocess
 
-    from batchgrader.core.secrets import write_env_file
+    from batchgrader.core.host.secrets import write_env_file
     from harness import BGCTL, daemon_env
 
     out = home.root / "hook-env.txt"

@@ -162,7 +162,7 @@ response_format:
 def test_reference_keys_are_checked_when_the_config_is_loaded(home):
     import pytest
 
-    from batchgrader.core.config import ConfigError, load_config
+    from batchgrader.core.configuration.config import ConfigError, load_config
 
     home.config_file.write_text(SCORED + "profiles:\n  p1:\n    reference_column: human\n    reference_field: scor\n")
     with pytest.raises(ConfigError) as e:

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.catalogue import catalogue_problems, load_checked
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.requests import RequestBuilder, request_url, with_output_bound

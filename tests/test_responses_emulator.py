@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
 from batchgrader.daemon.engine import Engine
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.pipeline.catalogue import load_checked

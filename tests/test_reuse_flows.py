@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.store import answers
 from batchgrader.store.eventstore import EventStore

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
 from batchgrader.pipeline.answerkey import line_key
 from batchgrader.pipeline.prepare import oversized_positions, prepare
 from batchgrader.pipeline.reuse import ReuseProbe, plan_reuse

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgrader.core.state import JobState
+from batchgrader.core.log.state import JobState
 from ticks import Rig
 
 TEXTS = [f"essay number {i}" for i in range(12)]

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.routes import choose_route, deadline_at, deadline_problem, parse_deadline
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.configuration.routes import choose_route, deadline_at, deadline_problem, parse_deadline
 from batchgrader.pipeline.catalogue import load_checked
 from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
 from batchgrader.store.eventstore import NewEvent
@@ -231,8 +231,8 @@ def _accepted(rig: Rig) -> str:
 
 @pytest.mark.parametrize("route", ["online", "auto"])
 def test_a_sync_or_auto_job_sends_online_before_it_is_prepared_and_waits_for_retry_after(home, route):
-    from batchgrader.core.actions import ONLINE_TIMER
-    from batchgrader.core.decide import Prepare, SendOnline, Timers, decide
+    from batchgrader.core.rules.actions import ONLINE_TIMER
+    from batchgrader.core.rules.decide import Prepare, SendOnline, Timers, decide
 
     rig = Rig(home, f"route: {route}\npreflight_rows: 3\n")
     try:
@@ -258,7 +258,7 @@ def test_a_sync_or_auto_job_sends_online_before_it_is_prepared_and_waits_for_ret
 
 
 def test_auto_choosing_batch_leaves_the_job_to_the_preflight_and_prepare(home):
-    from batchgrader.core.decide import Preflight, decide
+    from batchgrader.core.rules.decide import Preflight, decide
 
     rig = Rig(home, "route: auto\npreflight_rows: 3\n")
     try:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from batchgrader.core.config import load_config
-from batchgrader.core.decide import retry_ids
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.decide import retry_ids
 from batchgrader.pipeline.merge import MergeInputs, merge_chunk
 from batchgrader.pipeline.outbox import AddedColumns, result_values
 from batchgrader.pipeline.results import parse_line

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
 from batchgrader.pipeline.answerkey import line_key, line_keys
 from batchgrader.pipeline.outbox import added_columns
 from batchgrader.pipeline.prepare import prepare

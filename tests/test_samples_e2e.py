@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.emulator import Emulator, EmulatorConfig
 from batchgrader.reports.reliability import krippendorff_alpha
 from batchgrader.store.eventstore import EventStore

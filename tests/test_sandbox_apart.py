@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.state import JobState
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.memory import MemoryProvider
@@ -248,7 +248,7 @@ def test_a_sandbox_job_bills_the_schema_and_its_lesson_never_calibrates_a_real_e
 def test_learned_figures_of_an_older_log_stay_with_their_mode(home: Home) -> None:
     """A SchemaOverheadLearned written before it named its provider counts for the sandbox when its
     job was a sandbox job, and for real providers when it was not."""
-    from batchgrader.core.state import fold
+    from batchgrader.core.log.state import fold
     from batchgrader.pipeline.calibration import learned_overhead
     from batchgrader.store.eventstore import NewEvent
 

@@ -14,8 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.home import Home
-from batchgrader.core.secrets import EnvFileError, apply_env_file, env_file_path, load_env_file, parse_env_text, write_env_file
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.secrets import (
+    EnvFileError,
+    apply_env_file,
+    env_file_path,
+    load_env_file,
+    parse_env_text,
+    write_env_file,
+)
 from batchgrader.ops import service
 from batchgrader.ops.service import (
     CommandResult,

@@ -1,4 +1,4 @@
-"""The settings' declarations (core/settings.py): each setting once, and the lists the loader,
+"""The settings' declarations (core/configuration/settings.py): each setting once, and the lists the loader,
 the daemon and the docs use derived from them."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from batchgrader.core import settings
-from batchgrader.core.config import KEYS, Config, ConfigError, Profile, load_config
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration import settings
+from batchgrader.core.configuration.config import KEYS, Config, ConfigError, Profile, load_config
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 
 
 @pytest.mark.parametrize("key", list(KEYS))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.catalogue import load_checked, shutdown_warnings
 from batchgrader.pipeline.pricing import PricingError, load_pricing
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from batchgrader.cli.render import LiveView
-from batchgrader.core.due import TickOutcome, TickPace
-from batchgrader.core.state import State
+from batchgrader.core.log.state import State
+from batchgrader.core.rules.due import TickOutcome, TickPace
 from batchgrader.daemon.process import Daemon
 from batchgrader.daemon.snapshot import Snapshot, take
 from ticks import Rig

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchgrader.core.config import load_config
+from batchgrader.core.configuration.config import load_config
 from batchgrader.pipeline.splitting import (
     PROVIDER_MAX_BYTES,
     PROVIDER_MAX_REQUESTS,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.provider.pool import Providers
 from batchgrader.store.eventstore import EventStore

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgrader.core import payloads as P
-from batchgrader.core import state as state_mod
-from batchgrader.core.schema import EVENTS
-from batchgrader.core.state import JOB_STATES, JobState, State, fold
+from batchgrader.core.log import payloads as P
+from batchgrader.core.log import state as state_mod
+from batchgrader.core.log.schema import EVENTS
+from batchgrader.core.log.state import JOB_STATES, JobState, State, fold
 from batchgrader.store.eventstore import Event
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -216,7 +216,7 @@ def test_every_catalogued_event_type_has_a_handler():
 def test_each_handler_reads_the_payload_type_it_is_declared_for():
     from typing import get_type_hints
 
-    from batchgrader.core.payloads import DECLARATIONS
+    from batchgrader.core.log.payloads import DECLARATIONS
 
     for name, handler in state_mod._HANDLERS.items():
         assert get_type_hints(handler, vars(state_mod))["p"] is DECLARATIONS[name].payload, name

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.core import schema
-from batchgrader.core.home import Home
-from batchgrader.core.state import fold
+from batchgrader.core.host.home import Home
+from batchgrader.core.log import schema
+from batchgrader.core.log.state import fold
 from batchgrader.store import eventstore as store_mod
 from batchgrader.store.eventstore import ConcurrencyError, Event, EventStore, NewEvent, UnknownEventType
 
@@ -114,7 +114,7 @@ def test_payloads_must_be_json(store: EventStore):
 
 _WRITER = r"""
 import json, sys
-from batchgrader.core.state import fold
+from batchgrader.core.log.state import fold
 from batchgrader.store.eventstore import ConcurrencyError, EventStore, NewEvent
 db, job, wid, n, mode = sys.argv[1:]
 s = EventStore(db)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from batchgrader.core.events import NewEvent
+from batchgrader.core.log.events import NewEvent
 from batchgrader.store.answers import StoredAnswer
 from test_store_contract import Opener, backend, feed  # noqa: F401 - the parametrised fixture
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from batchgrader.core.events import Event, NewEvent
-from batchgrader.core.home import Home
-from batchgrader.core.state import fold
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import Event, NewEvent
+from batchgrader.core.log.state import fold
 from batchgrader.store.backend import EventLog, Follower, decide_and_append, open_log
 from batchgrader.store.eventstore import ConcurrencyError
 from batchgrader.store.readmodels import job_row, usage_row

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
-from batchgrader.core.events import NewEvent
-from batchgrader.core.home import Home
-from batchgrader.core.state import fold
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import NewEvent
+from batchgrader.core.log.state import fold
 from batchgrader.store.copy import CopyRefused, copy_log
 from batchgrader.store.eventstore import EventStore
 from batchgrader.store.pgstore import PostgresEventStore

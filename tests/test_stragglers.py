@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from batchgrader.cli.render_status import route_line
-from batchgrader.core.actions import CancelBatch, PlanStragglers, SendStragglers, Timers
-from batchgrader.core.decide import decide
-from batchgrader.core.route_state import route_summary
-from batchgrader.core.stragglers import MAX_MARGIN_SECONDS, MIN_MARGIN_SECONDS, REQUEST_SECONDS, margin, past_cutoff
+from batchgrader.core.log.route_state import route_summary
+from batchgrader.core.rules.actions import CancelBatch, PlanStragglers, SendStragglers, Timers
+from batchgrader.core.rules.decide import decide
+from batchgrader.core.rules.stragglers import MAX_MARGIN_SECONDS, MIN_MARGIN_SECONDS, REQUEST_SECONDS, margin, past_cutoff
 from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
 from batchgrader.provider.pool import Providers
 from batchgrader.store.eventstore import NewEvent
@@ -243,7 +243,7 @@ def test_against_the_emulator_a_straggler_is_cancelled_and_its_rest_answered_onl
     import csv
     import io
 
-    from batchgrader.core.state import fold
+    from batchgrader.core.log.state import fold
     from batchgrader.emulator import Emulator, EmulatorConfig
     from batchgrader.store.eventstore import EventStore
     from harness import FAST_CONFIG, TEST_KEY, bgctl

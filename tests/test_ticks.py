@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from batchgrader.core.decide import resubmit_delay
+from batchgrader.core.rules.decide import resubmit_delay
 from batchgrader.provider.pool import Providers
 from ticks import Rig, refusal
 
@@ -573,9 +573,9 @@ def test_a_job_that_cannot_be_prepared_is_ended_by_the_rules_after_a_restart(hom
     ending (the error report, the move to failed/, ``JobFailed``) is what the rules decide, so a
     daemon that stopped in between (here: the outbox could not be written) ends it when it
     starts again, with no step of its own for it."""
-    from batchgrader.core.actions import Archive, Finish, WriteErrorReport
-    from batchgrader.core.decide import decide_job
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
+    from batchgrader.core.rules.actions import Archive, Finish, WriteErrorReport
+    from batchgrader.core.rules.decide import decide_job
     from batchgrader.daemon.engine import Engine
 
     rig = make(home, "model: acme-unpriced-1\n")

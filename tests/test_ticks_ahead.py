@@ -4,7 +4,7 @@ Tick by tick with the in-memory provider (no sleeps)."""
 
 from __future__ import annotations
 
-from batchgrader.core.decide import upload_name
+from batchgrader.core.rules.decide import upload_name
 from batchgrader.provider.pool import Providers
 from batchgrader.store.readmodels import chunk_label
 from ticks import BASE_CONFIG, Rig, refusal

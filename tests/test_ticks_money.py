@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchgrader.core import queue
-from batchgrader.core.settle import ANSWERED_SETTLE, LOST_REPLY_SLACK, CreateSent, absent_after, duplicate_watch_ends
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.settle import ANSWERED_SETTLE, LOST_REPLY_SLACK, CreateSent, absent_after, duplicate_watch_ends
 from ticks import Rig, refusal
 
 

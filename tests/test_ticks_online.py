@@ -143,7 +143,7 @@ def test_a_definite_refusal_fails_its_row_at_the_first_request_with_its_message(
     [("unavailable", {}), ("refused", {"status_code": 429, "retry_after": 2.0}), ("refused", {"status_code": 408})],
 )
 def test_a_transient_failure_is_tried_again_up_to_max_attempts(home, kind, details):
-    from batchgrader.core.route_state import MAX_ATTEMPTS
+    from batchgrader.core.log.route_state import MAX_ATTEMPTS
 
     rig = Rig(home, ONLINE)
     try:

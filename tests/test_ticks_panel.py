@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from batchgrader.cli.render_status import rows_cell
-from batchgrader.core.config import ConfigError, load_config
-from batchgrader.core.panel import judge_job_id
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import ConfigError, load_config
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.panel import judge_job_id
 from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.store.eventstore import NewEvent
@@ -377,7 +377,7 @@ def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_s
 
 def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_sums_them(home):
     """Issue 32: `count --profile PANEL` priced the default gpt-5.4-mini, which the panel never runs."""
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
     from batchgrader.ops.count import count_file, count_panel
     from batchgrader.pipeline.pricing import load_pricing
     from cli_fixtures import run
@@ -396,7 +396,7 @@ def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_
     ]
     assert got["judges"][1]["estimated_cost_usd"]["output_bound"] == 200
     # each judge priced as a job of that profile with 3 samples would be
-    from batchgrader.core.panel import judge_profile
+    from batchgrader.core.rules.panel import judge_profile
 
     alone = count_file(home, f, judge_profile(cfg.profile("big"), 3), prices, sandbox=False)
     assert got["judges"][1]["estimated_cost_usd"] == alone["estimated_cost_usd"]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from batchgrader.cli.render_status import rows_cell
-from batchgrader.core.state import JobState
+from batchgrader.core.log.state import JobState
 from batchgrader.store.readmodels import job_row
 from ticks import Rig
 

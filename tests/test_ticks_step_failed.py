@@ -6,7 +6,7 @@ ends it.  Before, it was tried at every tick without end."""
 
 from __future__ import annotations
 
-from batchgrader.core.decide import STEP_FAILED, STEP_FAILURES_MAX
+from batchgrader.core.rules.decide import STEP_FAILED, STEP_FAILURES_MAX
 from batchgrader.daemon.control import apply_control
 from ticks import Rig
 

@@ -8,9 +8,9 @@ import io
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import load_config
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.state import JobState
 from batchgrader.daemon.engine import Engine
 from batchgrader.emulator.config import token_limit_message
 from batchgrader.pipeline.pricing import load_pricing

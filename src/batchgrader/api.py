@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
     from batchgrader.ops.grade import Queued
 
 __all__ = ["Job", "grade", "job"]
@@ -47,7 +47,7 @@ def grade(
     written to config.yaml as a generated profile."""
     from pathlib import Path
 
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
     from batchgrader.ops import grade as g
     from batchgrader.ops.actions import submit_action
 
@@ -165,7 +165,7 @@ def read_result(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def _home(home: str | os.PathLike[str] | None) -> Home:
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
 
     return Home.resolve(home)
 

@@ -9,7 +9,7 @@ import sys
 import click
 
 from batchgrader.cli.context import Ctx, emit_json, no_db_guard
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 
 
 @click.group()
@@ -160,7 +160,7 @@ def service_install(obj: Ctx, mode: str, print_only: bool, store_key: bool, acti
     """Write the service definition; the API key goes only to a 0600 env file, never into the unit."""
     import os
 
-    from batchgrader.core.secrets import EnvFileError
+    from batchgrader.core.host.secrets import EnvFileError
     from batchgrader.ops.service import ServiceError, install
 
     key = os.environ.get("OPENAI_API_KEY") if store_key else None

@@ -98,7 +98,7 @@ def _shutdown_notes(cfg, table) -> list[str]:  # noqa: ANN001
 def _warn_shutdowns(obj: Ctx) -> None:
     """``status``: a warning for each profile whose model shuts down soon (nothing when the
     configuration or the catalogue does not load: other commands name that)."""
-    from batchgrader.core.config import ConfigError
+    from batchgrader.core.configuration.config import ConfigError
     from batchgrader.pipeline.catalogue import shutdown_warnings, today_of
     from batchgrader.pipeline.pricing import PricingError, load_pricing
 
@@ -484,7 +484,7 @@ def rebuild(obj: Ctx) -> None:
 def _profile_names(obj: Ctx) -> list[str] | None:
     """The config's profile names, or None when the config cannot be read (its error is shown by
     the commands that need it)."""
-    from batchgrader.core.config import ConfigError
+    from batchgrader.core.configuration.config import ConfigError
 
     try:
         return list(obj.config().profiles)

@@ -13,7 +13,7 @@ from click.shell_completion import CompletionItem
 def _home(ctx: click.Context) -> Any:
     """The home the command line names (``--home`` or ``$BATCHGRADER_HOME``): during completion
     the group's callback does not run, so ``ctx.obj`` is not set."""
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
 
     return Home.resolve(ctx.find_root().params.get("home"))
 
@@ -31,7 +31,7 @@ def complete_job_id(ctx: click.Context, param: click.Parameter, incomplete: str)
 
 def complete_profile(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The profile names of config.yaml starting with ``incomplete``."""
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
 
     try:
         names = sorted(load_config(_home(ctx)).profiles)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import click
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 
 class Ctx:
@@ -17,7 +17,7 @@ class Ctx:
         self.home = Home.resolve(home)
 
     def config(self, **flags):
-        from batchgrader.core.config import load_config
+        from batchgrader.core.configuration.config import load_config
 
         return load_config(self.home, flags=flags)
 

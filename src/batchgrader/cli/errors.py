@@ -37,8 +37,8 @@ class BgctlError(click.ClickException):
 def map_exception(exc: BaseException) -> BgctlError | None:
     """The message and exit code for an exception a user can act on; None for a real bug."""
     # imported only now: naming these up front would cost every command ~50 ms of start-up
-    from batchgrader.core.config import ConfigError
-    from batchgrader.core.secrets import EnvFileError
+    from batchgrader.core.configuration.config import ConfigError
+    from batchgrader.core.host.secrets import EnvFileError
     from batchgrader.pipeline.pricing import PricingError
     from batchgrader.pipeline.tables import InputError
     from batchgrader.store.queries import QueryError

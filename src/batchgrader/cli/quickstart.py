@@ -23,7 +23,7 @@ def init(obj: Ctx, directory: Path | None, as_json: bool) -> None:
     """Write a commented starter config.yaml and an example data file into the home (DIR: that folder as the home).
 
     Asks nothing and overwrites nothing: a file already there is kept, and listed."""
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
     from batchgrader.ops.starter import init_home
 
     home = Home.resolve(directory) if directory is not None else obj.home
@@ -63,7 +63,7 @@ def grade(obj: Ctx, file: Path, profile: str | None, sandbox: bool, timeout: flo
 
     A running daemon grades it; else the daemon runs in the foreground until the inbox is done,
     as `daemon --once` does. Exit 0, or 4 if the job ended failed."""
-    from batchgrader.core.lock import DaemonError
+    from batchgrader.core.host.lock import DaemonError
     from batchgrader.ops import grade as g
     from batchgrader.ops.actions import submit_action
 

@@ -1,6 +1,7 @@
-"""core: what every other layer stands on, with no I/O beyond reading settings.
+"""core: what every other layer stands on, with no I/O beyond reading settings and the home.
 
-The event catalogue and its upcasters (``schema``), job state as a pure fold of the log
-(``state``), the configuration catalogue and its layered loading (``config``) and the home
-folder's well-known paths (``home``).
+Four groups, in a layer contract of their own (pyproject.toml): ``core.log`` (the event records,
+their declarations and the pure fold into job state), ``core.configuration`` (each setting
+declared once, profiles, the providers' facts), ``core.rules`` (the pure rules over both: what to
+do next, when, how a job ends) and ``core.host`` (the home folder, its lock, the keys file).
 """

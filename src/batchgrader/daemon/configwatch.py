@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.settings import RESTART_ONLY_KEYS
+from batchgrader.core.configuration.settings import RESTART_ONLY_KEYS
 
 Fingerprint = tuple[int, int, int] | None
 
@@ -49,7 +49,7 @@ class ConfigWatch:
 
 
 # Settings read only when the daemon starts (the provider clients, the log, the tick period) are
-# declared with ``restart=True`` in core/settings.py: a reload keeps the old value, so a change of
+# declared with ``restart=True`` in core/configuration/settings.py: a reload keeps the old value, so a change of
 # one of them is reported with the fix (a restart).
 
 
@@ -58,7 +58,7 @@ def _providers(config: Any) -> set[str]:
 
 
 def restart_only_changes(old: Any, new: Any) -> list[str]:
-    """What a reload from ``old`` to ``new`` (two :class:`~batchgrader.core.config.Config`) changed
+    """What a reload from ``old`` to ``new`` (two :class:`~batchgrader.core.configuration.config.Config`) changed
     that only a restart applies: the names of the changed start-up keys (a key's value is never
     returned), and ``provider <name>`` for a provider no profile used before."""
     changed = [k for k in RESTART_ONLY_KEYS if old.default.get(k) != new.default.get(k)]

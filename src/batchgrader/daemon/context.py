@@ -2,7 +2,7 @@
 
 :class:`Context` holds the home, the config and prices, the event store and the folded state,
 the providers by name (:class:`~batchgrader.provider.pool.Providers`), the clocks of the tick
-under way, the :class:`~batchgrader.core.schedule.Schedule` (all timing state), what this process
+under way, the :class:`~batchgrader.core.rules.schedule.Schedule` (all timing state), what this process
 read of each job's reuse file, and the hooks the daemon sets (stop, heartbeat, counting, merge
 workers).  Its methods are the effects more than one step has: ``emit`` (append events, fold
 them in), a job's profile and its provider (:meth:`Context.provider_for`), a chunk's rows failed,
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core import queue
-from batchgrader.core.config import Config, ConfigError, Profile
-from batchgrader.core.decide import Timers, queue_limit
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.home import Home
-from batchgrader.core.panel import judge_profile, judge_result_path
-from batchgrader.core.providers import PROVIDER_FACTS
-from batchgrader.core.schedule import Schedule
-from batchgrader.core.state import ChunkState, JobState, State, fold
+from batchgrader.core.configuration.config import Config, ConfigError, Profile
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import ChunkState, JobState, State, fold
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.decide import Timers, queue_limit
+from batchgrader.core.rules.panel import judge_profile, judge_result_path
+from batchgrader.core.rules.schedule import Schedule
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.fsio import atomic_write_bytes, fit_name, free_path, stamp
 from batchgrader.pipeline.answerkey import provider_id_of
@@ -71,7 +71,7 @@ class Context:
     prices: PriceTable
     sandbox: bool = False
     state: State = field(default_factory=State)
-    schedule: Schedule = field(default_factory=Schedule)  # all timing state (core/schedule.py)
+    schedule: Schedule = field(default_factory=Schedule)  # all timing state (core/rules/schedule.py)
     # the clocks of the tick under way: the wall clock (timestamps, UTC days, retention) and the
     # monotonic clock (every wait); mono_started: time.monotonic() when the tick began
     wall: float = 0.0
@@ -138,7 +138,7 @@ class Context:
     def profile_of(self, job: JobState) -> Profile:
         """The job's profile, with the provider recorded when it was accepted: an edit of the
         profile's ``provider`` never re-routes a job in flight; a panel's judge runs with the
-        panel's ``samples`` (:func:`~batchgrader.core.panel.judge_profile`)."""
+        panel's ``samples`` (:func:`~batchgrader.core.rules.panel.judge_profile`)."""
         profile = self.config.profile(job.profile)
         if job.provider and profile.provider != job.provider:
             profile = Profile(profile.name, {**profile.values, "provider": job.provider}, profile.sources)

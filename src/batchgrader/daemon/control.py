@@ -15,8 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.events import NewEvent
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import NewEvent
 from batchgrader.fsio import atomic_write_bytes, move_no_clobber
 
 CONTROL_DIR = "control"

@@ -1,5 +1,5 @@
 """The engine's steps, built once over one :class:`~batchgrader.daemon.context.Context`, and the
-table from each action type of :mod:`batchgrader.core.actions` to the step method that carries
+table from each action type of :mod:`batchgrader.core.rules.actions` to the step method that carries
 it out.
 
 Adding an action is one entry in :func:`action_table` and its step method.  A handler takes
@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from batchgrader.core.actions import (
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import (
     Action,
     Archive,
     CancelBatch,
@@ -47,9 +49,7 @@ from batchgrader.core.actions import (
     WriteErrorReport,
     WriteResult,
 )
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult
-from batchgrader.core.state import JobState
+from batchgrader.core.rules.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.steps.collect import CollectStep
 from batchgrader.daemon.steps.evals import EvalStep, ScheduleStep
@@ -105,7 +105,7 @@ class Steps:
 
 
 def action_table(s: Steps) -> dict[type[Action], Handler]:
-    """Each action type of :mod:`batchgrader.core.actions` and its handler."""
+    """Each action type of :mod:`batchgrader.core.rules.actions` and its handler."""
     return {
         RecoverEnded: s.finish.recover_ended,
         RestoreInput: s.finish.restore_input,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from batchgrader.core.config import Config
-from batchgrader.core.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, next_action, resubmit_delay, utc_day
-from batchgrader.core.due import next_due
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, next_action, resubmit_delay, utc_day
+from batchgrader.core.rules.due import next_due
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.dispatch import Handler, Steps, action_table
 from batchgrader.fsio import remove_stale_temp_files
@@ -33,7 +33,7 @@ __all__ = ["Engine", "resubmit_delay", "utc_day"]
 
 
 class Engine:
-    """The reconciler: each tick asks :mod:`batchgrader.core.decide` for every job's next action
+    """The reconciler: each tick asks :mod:`batchgrader.core.rules.decide` for every job's next action
     and carries it out through the handler :func:`~batchgrader.daemon.dispatch.action_table`
     gives its type; the steps share one :class:`~batchgrader.daemon.context.Context`."""
 
@@ -76,7 +76,7 @@ class Engine:
 
     def next_due(self, mono: float, wall: float | None = None, inbox: bool = True) -> float | None:
         """The earliest time (monotonic, ``mono`` now; ``wall`` now on the wall clock, default
-        ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.due.next_due`
+        ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.rules.due.next_due`
         over the jobs it takes further (and the inbox's waits, unless ``inbox`` is false); the
         daemon's next tick is armed for it."""
         ours = [j for j in self.ctx.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
@@ -166,7 +166,7 @@ class Engine:
 
     def _step_failed(self, job: JobState, exc: Exception) -> None:
         """A step of ``job`` raised what no rule foresaw: logged with its traceback and tried again
-        at the next tick; :data:`~batchgrader.core.decide.STEP_FAILURES_MAX` in a row hold the job
+        at the next tick; :data:`~batchgrader.core.rules.decide.STEP_FAILURES_MAX` in a row hold the job
         with the error (``bgctl retry`` tries again, ``bgctl cancel`` ends it), never a loop."""
         n = self.ctx.schedule.step_failures.get(job.job_id, 0) + 1
         self.ctx.schedule.step_failures[job.job_id] = n

@@ -3,7 +3,7 @@ name is :func:`~batchgrader.pipeline.outbox.report_name`, re-exported here).
 
 The command runs in a thread of its own (the engine does not wait for it), through the shell,
 with the job's figures in ``BG_*`` environment variables and without any API key: every variable
-the config reads a key from (:func:`~batchgrader.core.config.secret_env_names`, also when
+the config reads a key from (:func:`~batchgrader.core.configuration.config.secret_env_names`, also when
 ``secrets.env`` set it) and every variable holding a key's value is left out.  Its output
 and exit status go to the daemon log; after ``timeout`` seconds its whole process group is
 killed.  Nothing it does is reported back to the engine: a failing command never affects the
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from batchgrader.core.config import secret_env_names
+from batchgrader.core.configuration.config import secret_env_names
 from batchgrader.pipeline.outbox import report_name as report_name  # re-exported
 
 log = logging.getLogger("batchgrader.jobhook")

@@ -1,9 +1,9 @@
 """`bgctl daemon`: the long-running process around :class:`batchgrader.daemon.engine.Engine`.
 
-Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.lock`),
+Small roles, each with one job: the lock (one daemon per home, :mod:`batchgrader.core.host.lock`),
 signal handlers that only set flags, one loop that runs the engine's tick and then waits on one
-event (``wake``) until the earliest time anything is due (:func:`batchgrader.core.due.next_due`,
-paced by :class:`~batchgrader.core.due.TickPace`) or a wake-up: a watchdog observer that only sets
+event (``wake``) until the earliest time anything is due (:func:`batchgrader.core.rules.due.next_due`,
+paced by :class:`~batchgrader.core.rules.due.TickPace`) or a wake-up: a watchdog observer that only sets
 it (the inbox, control files, :func:`~batchgrader.daemon.control.watch_control`), a signal, a
 merge worker ending.  Control requests from `bgctl cancel` / `bgctl retry` are files in
 ``control/`` (:mod:`batchgrader.daemon.control`), so the daemon stays the only writer of the
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from batchgrader.core.config import Config, ConfigError, load_config
-from batchgrader.core.due import TickOutcome, TickPace
-from batchgrader.core.home import Home
-from batchgrader.core.lock import AlreadyRunning as AlreadyRunning  # re-exported
-from batchgrader.core.lock import DaemonError as DaemonError  # re-exported
-from batchgrader.core.lock import InstanceLock
-from batchgrader.core.secrets import EnvFileError, MaskSecrets
+from batchgrader.core.configuration.config import Config, ConfigError, load_config
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.lock import AlreadyRunning as AlreadyRunning  # re-exported
+from batchgrader.core.host.lock import DaemonError as DaemonError  # re-exported
+from batchgrader.core.host.lock import InstanceLock
+from batchgrader.core.host.secrets import EnvFileError, MaskSecrets
+from batchgrader.core.rules.due import TickOutcome, TickPace
 from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
 from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside, watch_control
 from batchgrader.daemon.snapshot import Snapshot, take
@@ -196,7 +196,7 @@ class Daemon:
     store_lease: StoreLease | None = None  # on a shared store (store_url): the lease this daemon runs under
 
     def _load(self) -> tuple[Config, PriceTable]:
-        from batchgrader.core.secrets import apply_env_file, env_file_path
+        from batchgrader.core.host.secrets import apply_env_file, env_file_path
 
         env = os.environ if self.environ is None else self.environ
         apply_env_file(env_file_path(self.home), env)  # launchd cannot load it for us; refuses unsafe modes
@@ -214,7 +214,7 @@ class Daemon:
         are answered from the answers store never pays for them.  What can be refused (a missing
         key or endpoint) is checked here, at start-up; outside the sandbox a provider whose spec
         says so is built now, so that its constructor refuses a missing key."""
-        from batchgrader.core.config import provider_key_problem
+        from batchgrader.core.configuration.config import provider_key_problem
         from batchgrader.provider.pool import Providers
         from batchgrader.provider.registry import PROVIDERS
 

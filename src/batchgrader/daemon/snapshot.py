@@ -1,6 +1,6 @@
 """What the daemon's screen and systemd see: an immutable snapshot of the state.
 
-The tick thread is the only one that touches :class:`~batchgrader.core.state.State` (it folds
+The tick thread is the only one that touches :class:`~batchgrader.core.log.state.State` (it folds
 every event it appends into it).  At the end of each tick it takes a :class:`Snapshot` (plain
 tuples of frozen rows) and publishes it by replacing one attribute; the main thread's status line
 and live view read only that value, so they never iterate a dict the tick thread is changing.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchgrader.core.state import State
+from batchgrader.core.log.state import State
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.providers import ANTHROPIC_DEFAULT_API_VERSION
+from batchgrader.core.configuration.providers import ANTHROPIC_DEFAULT_API_VERSION
 from batchgrader.emulator.answers import _countable_messages, _counter_for
 from batchgrader.emulator.common import ApiError, _hex, int_param
 from batchgrader.emulator.config import FAIL_400_TRIGGER, FAIL_500_TRIGGER, EmulatorConfig

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from batchgrader.core.heap import trim_heap
+from batchgrader.core.host.heap import trim_heap
 from batchgrader.emulator.answers import _counter_for
 
 #: Entries kept in the token cache before its oldest half is dropped.

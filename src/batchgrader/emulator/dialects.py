@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from email.message import Message
 from typing import Any
 
-from batchgrader.core.providers import ANTHROPIC_API_VERSIONS
+from batchgrader.core.configuration.providers import ANTHROPIC_API_VERSIONS
 from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_type
 from batchgrader.emulator.common import ApiError, _error_body, _mask_presented_key, _server_error_body
 from batchgrader.emulator.config import EmulatorConfig

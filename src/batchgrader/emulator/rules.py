@@ -34,7 +34,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from batchgrader.core.providers import anthropic_refused_sampling
+from batchgrader.core.configuration.providers import anthropic_refused_sampling
 from batchgrader.emulator.config import EmulatorConfig
 from batchgrader.emulator.openapi import chat_request_error, responses_request_error
 from batchgrader.pipeline.catalogue import shipped_spec

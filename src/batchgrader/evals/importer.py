@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.evals import chain, graders
 from batchgrader.pipeline.evals import data as evdata
 from batchgrader.pipeline.evals.folder import PLAN_FILE, QUEUED_FILE, evals_root
@@ -234,7 +234,7 @@ def prepare_import(
 def install(home: Home, prepared: Prepared, load_config: Callable[[], Any]) -> dict[str, Any]:
     """Write the eval's folder, its profiles and its queued rows (see the module's docstring):
     what was written, for the summary."""
-    from batchgrader.core.config import ConfigError
+    from batchgrader.core.configuration.config import ConfigError
     from batchgrader.pipeline.catalogue import load_checked
     from batchgrader.pipeline.inbox import submit_file
     from batchgrader.pipeline.input_checks import check_input
@@ -302,7 +302,7 @@ def _log_position(home: Home) -> int:
 
 
 def _write_profiles(home: Home, prepared: Prepared) -> list[str]:
-    from batchgrader.core.config import ConfigError
+    from batchgrader.core.configuration.config import ConfigError
     from batchgrader.ops.profiles import profile_with
 
     out = []

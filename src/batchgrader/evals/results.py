@@ -1,7 +1,7 @@
 """`bgctl evals results` and `list`: an imported eval's run read from the event log, and its
 results written when its jobs have ended.
 
-The decision is the daemon's own (:func:`batchgrader.core.evalchain.decide_eval`), over the
+The decision is the daemon's own (:func:`batchgrader.core.rules.evalchain.decide_eval`), over the
 jobs of the eval's queued files folded from the log (only those jobs' events are read).  What it
 asks is done by the same library calls the daemon's eval step makes
 (:mod:`batchgrader.pipeline.evals.results`, :mod:`batchgrader.pipeline.evals.chain`); the
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core import evalchain as ec
-from batchgrader.core.home import Home
-from batchgrader.core.state import State, fold
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.state import State, fold
+from batchgrader.core.rules import evalchain as ec
 from batchgrader.pipeline.evals import folder as evfolder
 from batchgrader.pipeline.evals.folder import UnknownEval as UnknownEval
 
@@ -65,7 +65,7 @@ def _pending(record: ec.EvalRecord, state: State, first_seq: dict[str, int]) -> 
 def step(home: Home, name: str, now: float | None = None) -> ec.EvalAction | None:
     """Do what is due for the eval (results written; the grading queued, under the daemon's lock
     only); what was due (None: nothing, or a job still runs)."""
-    from batchgrader.core.lock import AlreadyRunning, InstanceLock
+    from batchgrader.core.host.lock import AlreadyRunning, InstanceLock
     from batchgrader.ops.grade import log_position
     from batchgrader.pipeline.evals import chain
     from batchgrader.pipeline.evals import results as pr

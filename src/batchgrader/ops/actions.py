@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 FINISHED = ("completed", "completed_with_errors", "failed", "cancelled")
 START_COMMANDS = ("bgctl daemon", "bgctl daemon --sandbox    # try it without an API key: simulated results")
@@ -19,7 +19,7 @@ START_COMMANDS = ("bgctl daemon", "bgctl daemon --sandbox    # try it without an
 
 def daemon_info(home: Home) -> dict[str, Any]:
     """``{running, pid, start}``: is a daemon holding this home's lock, and how to start one."""
-    from batchgrader.core.lock import daemon_pid
+    from batchgrader.core.host.lock import daemon_pid
 
     pid = daemon_pid(home) if home.root.exists() else None
     return {"running": pid is not None, "pid": pid, "start": START_COMMANDS}
@@ -164,7 +164,7 @@ def control_action(
     The daemon cancels a job that has not ended, and retries a job that has ended or is held
     (:meth:`batchgrader.daemon.process.Daemon._controls`); anything else is refused here with the
     reason, and nothing is recorded."""
-    from batchgrader.core.lock import daemon_pid
+    from batchgrader.core.host.lock import daemon_pid
     from batchgrader.daemon.control import request_control
     from batchgrader.store import queries
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from batchgrader.core.secrets import mask_secret, secret_forms
+from batchgrader.core.host.secrets import mask_secret, secret_forms
 
 Status = Literal["ok", "warn", "fail"]
 OK: Status = "ok"

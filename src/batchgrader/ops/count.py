@@ -3,7 +3,7 @@ API call, for one profile or for a judge panel.
 
 A panel (``judges``) runs no model of its own: each judge's job runs on the panel's input with the
 judge's model, prompts, output bound and samples (the panel's ``samples`` unless the judge's own
-profile sets them: :func:`~batchgrader.core.panel.judge_profile`).  So ``count --profile PANEL``
+profile sets them: :func:`~batchgrader.core.rules.panel.judge_profile`).  So ``count --profile PANEL``
 counts the file once per judge, as that judge's job will be prepared, and the panel's estimate is
 the sum of its judges' (:func:`count_panel`).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import Config, Profile
-from batchgrader.core.panel import judge_profile
+from batchgrader.core.configuration.config import Config, Profile
+from batchgrader.core.rules.panel import judge_profile
 from batchgrader.store.figures import add_estimates
 
 

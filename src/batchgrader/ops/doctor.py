@@ -20,10 +20,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
-from batchgrader.core.config import Config, ConfigError, env_name, load_config
-from batchgrader.core.home import Home
-from batchgrader.core.providers import PROVIDER_FACTS
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.configuration.config import Config, ConfigError, env_name, load_config
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check, _mode, _q, _scrubber
 from batchgrader.ops.checks import checks_as_json as checks_as_json  # re-exported
 from batchgrader.ops.checks import exit_code as exit_code
@@ -119,7 +119,7 @@ def _config_file_secrets(home: Home) -> list[str]:
 def check_secrets_file(home: Home, env: dict[str, str]) -> tuple[Check, dict[str, str], list[str]]:
     """The secrets file's safety. Returns the check, the environment the daemon would see (the
     file's variables filled in where unset, only when the file is safe), and the secrets seen."""
-    from batchgrader.core.secrets import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
+    from batchgrader.core.host.secrets import API_KEY_VAR, EnvFileError, env_file_path, load_env_file, parse_env_text
 
     path = env_file_path(home)
     seen: list[str] = []
@@ -162,7 +162,7 @@ def check_api_key(
     """``from_file``: the variables the secrets file filled in (to name it as the key's source).
     ``require_key`` (``bgctl doctor`` without ``--sandbox``): no key is a failure, because the
     daemon refuses to start without one; otherwise it is a warning."""
-    from batchgrader.core.secrets import API_KEY_VAR, env_file_path
+    from batchgrader.core.host.secrets import API_KEY_VAR, env_file_path
 
     secrets = env_file_path(home)
     from_file = from_file or {}
@@ -447,7 +447,7 @@ ProviderChecks = Callable[[Config | None, float, Callable[[str], str]], list[Che
 def provider_checks() -> dict[str, ProviderChecks]:
     """Provider name -> its doctor checks (``ops/doctor_<name>.py``: key present, endpoint
     reachable, what else it needs; none when no profile uses it), for every provider of
-    core/providers.py but OpenAI, whose key and base URL are checked for every daemon
+    core/configuration/providers.py but OpenAI, whose key and base URL are checked for every daemon
     (:func:`check_api_key`, :func:`check_base_url`)."""
     from batchgrader.ops.doctor_anthropic import check_anthropic
     from batchgrader.ops.doctor_gemini import check_gemini

@@ -4,9 +4,9 @@ and scrubbed again by :func:`batchgrader.ops.doctor.run_checks`)."""
 
 from __future__ import annotations
 
-from batchgrader.core.config import Config
-from batchgrader.core.providers import anthropic_refused_sampling
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.configuration.providers import anthropic_refused_sampling
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check, _scrubber
 
 

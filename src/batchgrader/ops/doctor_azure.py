@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchgrader.core.config import Config
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.host.secrets import mask_secret
 
 
 def check_azure(config: Config | None, timeout: float) -> list[Any]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from batchgrader.core.config import Config
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.ops.checks import FAIL, OK, WARN, Check
 
 KEY_VARS = "GEMINI_API_KEY (or GOOGLE_API_KEY)"

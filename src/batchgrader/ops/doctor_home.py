@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import Config
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.host.home import Home
 from batchgrader.ops.checks import FAIL, OK, WARN, Check, _mode, _q, _timeout_runner
 
 ServiceStatus = Callable[[Home], "Mapping[str, Any] | None"]
@@ -43,7 +43,7 @@ def check_permissions(home: Home) -> Check:
 
 def _home_files(home: Home) -> list[Path]:
     """The home's files whose mode matters (secrets.env has its own check: a fail, not a warning)."""
-    from batchgrader.core.secrets import ENV_FILE_NAME
+    from batchgrader.core.host.secrets import ENV_FILE_NAME
 
     files = [home.config_file, home.prompts_file, home.db, Path(f"{home.db}-wal"), Path(f"{home.db}-shm"), home.lock_file]
     if home.logs.is_dir():
@@ -140,7 +140,7 @@ def check_queue_limits(home: Home, config: Config | None) -> Check:
 
 
 def check_daemon(home: Home, service_status: ServiceStatus | None) -> Check:
-    from batchgrader.core.lock import daemon_pid
+    from batchgrader.core.host.lock import daemon_pid
 
     try:
         pid = daemon_pid(home)

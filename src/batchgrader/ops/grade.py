@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 FINISHED = ("completed", "completed_with_errors", "failed", "cancelled")
 EXIT_OK = 0
@@ -55,7 +55,7 @@ class Queued:
 def running_daemon_mode(home: Home) -> tuple[int, bool | None] | None:
     """``(pid, sandbox)`` of the daemon running for ``home`` (``sandbox`` read from the line its
     start wrote to the daemon log; None when that line is not found), or None when none runs."""
-    from batchgrader.core.lock import daemon_pid
+    from batchgrader.core.host.lock import daemon_pid
     from batchgrader.ops.logs import log_files
 
     pid = daemon_pid(home) if home.root.exists() else None
@@ -165,7 +165,7 @@ def follow(
     ``sandbox``: the foreground daemon's mode (None: the job's own, else a real daemon).
     ``foreground=False`` never starts a daemon (waits for one).  ``install_signals``: the
     foreground daemon stops on SIGINT/SIGTERM as `bgctl daemon` does (main thread only)."""
-    from batchgrader.core.lock import AlreadyRunning, daemon_pid
+    from batchgrader.core.host.lock import AlreadyRunning, daemon_pid
 
     if queued is None and job_id is None:
         raise ValueError("follow: a queued file or a job id")

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 PREFIX = "py-"
 _PROFILES_LINE = re.compile(r"^profiles:[ \t]*(#.*)?$", re.M)
@@ -41,7 +41,7 @@ def profile_with(
     API's ``py-``; `bgctl evals import` writes ``eval-`` profiles)."""
     import yaml
 
-    from batchgrader.core.config import ConfigError, load_config, read_yaml_file
+    from batchgrader.core.configuration.config import ConfigError, load_config, read_yaml_file
     from batchgrader.fsio import atomic_write_bytes
 
     load_config(home).profile(base)  # an unknown base profile is named before anything is written

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.home import Home
-from batchgrader.core.secrets import API_KEY_VAR, env_file_path, write_env_file
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.secrets import API_KEY_VAR, env_file_path, write_env_file
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.ops.unitfiles import (
     LAUNCHD_LABEL,

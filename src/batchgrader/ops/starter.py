@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 EXAMPLE_NAME = "reviews.csv"  # the example shipped in batchgrader/data/examples
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from batchgrader import __version__
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 UNIT_NAME = "batchgrader.service"
 LAUNCHD_LABEL = "com.batchgrader.daemon"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from batchgrader.core.providers import OPENAI_DEFAULT_BASE, PROVIDER_FACTS
+from batchgrader.core.configuration.providers import OPENAI_DEFAULT_BASE, PROVIDER_FACTS
 from batchgrader.pipeline.samples import sample_key
 
 DEFAULT_BASE_URL = OPENAI_DEFAULT_BASE
@@ -28,7 +28,7 @@ SANDBOX_PROVIDER = "sandbox"  # the emulator's simulated answers are never reuse
 KEY_VERSION = 1  # part of the hashed text: a future change of the canonical form starts afresh
 
 
-#: each provider's API base when its setting is not set (what its official SDK uses; core/providers.py)
+#: each provider's API base when its setting is not set (what its official SDK uses; core/configuration/providers.py)
 DEFAULT_API_BASE = {name: f.default_base for name, f in PROVIDER_FACTS.items() if f.default_base}
 #: the profile setting that holds each provider's API base (Azure: the resource endpoint)
 API_BASE_SETTING = {name: f.base_setting for name, f in PROVIDER_FACTS.items()}
@@ -48,7 +48,7 @@ def provider_id_of(profile: Any, sandbox: bool = False) -> str:
     """Who answers a profile's requests: the one rule the daemon (storing and reusing answers)
     and ``bgctl count`` (predicting the reuse) both follow.
 
-    Each provider's ``identity`` (:mod:`batchgrader.core.providers`) says which rule it follows:
+    Each provider's ``identity`` (:mod:`batchgrader.core.configuration.providers`) says which rule it follows:
 
     * ``base`` (``openai``): the normalised ``base_url`` (OpenAI's by default);
     * ``endpoint`` (``azure``): the normalised resource endpoint (``azure_endpoint``);

@@ -25,12 +25,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 from batchgrader.pipeline.tokens import REPLY_PRIMING_TOKENS, ChatTokenCounter
 
 #: the body field that carries the job's cache key (OpenAI's own parameter name)
 CACHE_KEY_FIELD = "prompt_cache_key"
-#: providers whose requests may be sent with the key (core/providers.py ``cache_key``; the others' never are)
+#: providers whose requests may be sent with the key (core/configuration/providers.py ``cache_key``; the others' never are)
 KEYED_PROVIDERS = frozenset(name for name, f in PROVIDER_FACTS.items() if f.cache_key)
 
 

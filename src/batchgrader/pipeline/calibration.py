@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchgrader.core.state import ChunkState, JobState, State
+from batchgrader.core.log.state import ChunkState, JobState, State
 from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER
 from batchgrader.pipeline.requests import schema_sha256
 

@@ -6,7 +6,7 @@ The catalogue is the shipped ``data/pricing.csv`` (prices plus what each model a
 ``bgctl count`` and ``doctor`` call once the configuration has loaded: every setting a model
 refuses (a temperature it does not take, a reasoning effort it lacks, an output bound above its
 maximum, a JSON schema it cannot follow) and every model missing from the catalogue is one
-:class:`~batchgrader.core.config.ConfigError` naming the profile, the key, the model and the fix.
+:class:`~batchgrader.core.configuration.config.ConfigError` naming the profile, the key, the model and the fix.
 A profile that leaves ``max_completion_tokens`` unset gets the model's reasoning bound when the
 model reasons (:func:`output_bound`).
 """
@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
-from batchgrader.core.config import Config, ConfigError, Profile
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.config import Config, ConfigError, Profile
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 from batchgrader.pipeline.modelspec import ModelSpec
 from batchgrader.pipeline.pricing import Price, PriceTable, PricingError, load_pricing, shipped_prices, with_deployments
 
@@ -407,7 +407,7 @@ def catalogue_rows(table: PriceTable, anthropic_api_version: str | None = None) 
     ``temperature`` is what the model takes as requests are sent: under an Anthropic API version
     that refuses sampling parameters (core/providers.ANTHROPIC_API_VERSIONS), a Claude row's own
     rule does not apply and the row says ``none (API)`` (``temperature_api_version`` names the version)."""
-    from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION
+    from batchgrader.core.configuration.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION
 
     version = anthropic_api_version or ANTHROPIC_DEFAULT_API_VERSION
     refused = "temperature" in ANTHROPIC_API_VERSIONS.get(version, ())

@@ -17,8 +17,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import Profile
-from batchgrader.core.state import ChunkState, JobState
+from batchgrader.core.configuration.config import Profile
+from batchgrader.core.log.state import ChunkState, JobState
 from batchgrader.pipeline.merge import riders, sent_ids
 from batchgrader.pipeline.requests import with_output_bound
 from batchgrader.pipeline.splitting import Chunk, Limits, custom_ids_in, plan_chunks, request_custom_id, write_chunk_files

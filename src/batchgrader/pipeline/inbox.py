@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.fsio import atomic_write_bytes, fit_name, fsync_dir, shown_name
 from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTED_SUFFIXES  # read by ops/actions too
 

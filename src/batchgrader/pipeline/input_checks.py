@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import Profile
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import Profile
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.labels import check_columns
 from batchgrader.pipeline.prompts import PromptSpec
 from batchgrader.pipeline.requests import RequestBuilder

@@ -15,11 +15,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.answer_sources import ANSWERED_IN_JOB, DUPLICATE, PREFLIGHT
-from batchgrader.core.config import Profile
-from batchgrader.core.decide import reuse_enabled
-from batchgrader.core.route_state import refused_rows
-from batchgrader.core.state import ChunkState, JobState
+from batchgrader.core.configuration.config import Profile
+from batchgrader.core.log.answer_sources import ANSWERED_IN_JOB, DUPLICATE, PREFLIGHT
+from batchgrader.core.log.route_state import refused_rows
+from batchgrader.core.log.state import ChunkState, JobState
+from batchgrader.core.rules.decide import reuse_enabled
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.chunkplan import lines
 from batchgrader.pipeline.prepare import unsent_positions

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import Profile
+from batchgrader.core.configuration.config import Profile
 from batchgrader.pipeline.formats.common import InputError
 
 

@@ -16,7 +16,7 @@ Batch prices are the model's ``processing: batch`` price variant.  A model witho
 the documented rule of our rows: Batch input, output and cache write are 50% of the standard
 prices (:data:`~batchgrader.pipeline.pricing.STANDARD_OVER_BATCH`); a Batch cache hit pays 50%
 of the standard cache-read rate, except where the provider's facts say it pays the standard rate
-(Gemini, whose Batch guide bills it at "the standard context-caching rate"; core/providers.py).
+(Gemini, whose Batch guide bills it at "the standard context-caching rate"; core/configuration/providers.py).
 A row's provider maps to genai-prices' provider id by ``ProviderFacts.genai_prices_id``.  Tiered (long-context) prices are read at their base tier, as our rows
 price prompts below the tier; a dated price (e.g. a price cut) is the one valid on the day asked; the shipped rows carry their own dated prices
 (``price_from``), and :func:`change_days` lists the days after today on which either side changes,
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 
 __all__ = [
     "PRICE_FIELDS",

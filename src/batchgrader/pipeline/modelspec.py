@@ -54,8 +54,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from batchgrader.core.config import REASONING_EFFORTS
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.config import REASONING_EFFORTS
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 
 __all__ = [
     "EFFORTS",
@@ -90,7 +90,7 @@ SPEC_COLUMNS = (
 
 #: every reasoning effort a profile may name, least to most
 EFFORTS = REASONING_EFFORTS
-PROVIDERS = tuple(name for name, f in PROVIDER_FACTS.items() if f.in_catalogue)  # core/providers.py
+PROVIDERS = tuple(name for name, f in PROVIDER_FACTS.items() if f.in_catalogue)  # core/configuration/providers.py
 CONTROLS = ("effort", "budget", "level")
 TEMPERATURE_RULES = ("any", "default", "effort-none", "deprecated")
 ENDPOINTS = ("responses", "both")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
-from batchgrader.core.config import Profile
+from batchgrader.core.configuration.config import Profile
+from batchgrader.core.log.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
 from batchgrader.fsio import DERIVED_NAME_MAX, fit_name, shown_name
 from batchgrader.pipeline.formats.registry import result_suffix
 

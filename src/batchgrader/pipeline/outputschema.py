@@ -2,7 +2,7 @@
 
 :func:`output_problem` checks an answer's text against a ``response_format`` of type
 ``json_schema``: it must be JSON, and the value must satisfy the schema's keywords that the
-strict-mode subset allows (``core/strict_schema.py``): ``type``, ``enum``, ``const``,
+strict-mode subset allows (``core/configuration/strict_schema.py``): ``type``, ``enum``, ``const``,
 ``properties`` / ``required`` / ``additionalProperties``, ``items``, ``minItems`` /
 ``maxItems``, ``anyOf``, ``$ref`` into ``$defs`` / ``definitions``, and the numeric bounds.
 Other keywords are not checked.  A failed check makes the row ``invalid_output``.

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from batchgrader.core.config import Profile
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import Profile
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.input_checks import missing_column_advice, open_checked
 from batchgrader.pipeline.labels import label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
@@ -555,7 +555,7 @@ def split_file(
     turns reuse off), as ``bgctl count`` counts them.  Stored answers of earlier jobs are not
     consulted (a split is for the file alone); ``prep.duplicate_rows`` counts the rows left out.
     Files are numbered as the tables number chunks: ``NAME-chunk-0000.jsonl`` is chunk 0."""
-    from batchgrader.core.decide import reuse_allowed
+    from batchgrader.core.rules.decide import reuse_allowed
     from batchgrader.pipeline.reuse import plan_reuse, replan
 
     out_dir = Path(out_dir)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.config import ConfigError, Profile, read_yaml_file
-from batchgrader.core.home import Home
+from batchgrader.core.configuration.config import ConfigError, Profile, read_yaml_file
+from batchgrader.core.host.home import Home
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 EXAMPLES_PLACEHOLDER = "examples"

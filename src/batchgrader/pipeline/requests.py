@@ -10,9 +10,9 @@ import hashlib
 import json
 from typing import Any
 
-from batchgrader.core.config import Profile
-from batchgrader.core.home import Home
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.config import Profile
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
+from batchgrader.core.host.home import Home
 from batchgrader.pipeline.caching import caching_fields
 from batchgrader.pipeline.catalogue import RESPONSES_URL, shipped_spec, uses_responses
 from batchgrader.pipeline.modelspec import ModelSpec

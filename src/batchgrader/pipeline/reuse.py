@@ -26,8 +26,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.answer_sources import ANSWERED_IN_JOB, DUPLICATE
-from batchgrader.core.decide import reuse_allowed
+from batchgrader.core.log.answer_sources import ANSWERED_IN_JOB, DUPLICATE
+from batchgrader.core.rules.decide import reuse_allowed
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.samples import sample_key
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks
@@ -59,7 +59,7 @@ def counts_apply(prep: Any, positions: Sequence[int], counts: list[int] | None, 
 class StoredAnswer:
     """An answer a row may take instead of a request: one from the answers store
     (``store/answers.py``), or one the job paid for itself (its preflight's, its synchronous
-    route's: ``ts`` names how, :mod:`batchgrader.core.answer_sources`)."""
+    route's: ``ts`` names how, :mod:`batchgrader.core.log.answer_sources`)."""
 
     key: str
     content: str

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchgrader.core.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
-from batchgrader.core.config import MAX_SAMPLES
+from batchgrader.core.configuration.config import MAX_SAMPLES
+from batchgrader.core.log.answer_sources import ANSWERED_BY, BILLED_ELSEWHERE
 
 NO_MAJORITY = "no_majority"
 SAMPLE_SUFFIX = "-s"

@@ -1,6 +1,6 @@
 """The files a scheduled run takes (``schedule_source``), and how one is taken: claimed into its
 job's work folder as the inbox claims a file (a claim record, then the input), but copied, since
-the source stays for the next time.  The pure decision is :mod:`batchgrader.core.cron`."""
+the source stays for the next time.  The pure decision is :mod:`batchgrader.core.rules.cron`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.fsio import fsync_dir
 from batchgrader.pipeline.inbox import SUPPORTED_SUFFIXES, is_ignored, write_claim
 

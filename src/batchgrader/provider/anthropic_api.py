@@ -35,8 +35,8 @@ from typing import Any
 
 import anthropic
 
-from batchgrader.core.providers import ANTHROPIC_DEFAULT_API_VERSION
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.configuration.providers import ANTHROPIC_DEFAULT_API_VERSION
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.pipeline.caching import CACHE_KEY_FIELD
 from batchgrader.pipeline.catalogue import anthropic_thinking
 from batchgrader.provider.openai_api import (

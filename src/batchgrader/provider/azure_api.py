@@ -21,7 +21,7 @@ reads, listing to reconcile) with two differences:
   request lines' ``url`` and the create ``endpoint`` as ``/chat/completions`` (its v1 surface uses
   ``/v1/chat/completions`` lines with ``endpoint=/chat/completions``); a line whose ``url`` is not
   the endpoint fails validation with ``url_mismatch``.  The pipeline writes Azure lines with
-  :data:`AZURE_ENDPOINT` (Azure's ``request_url`` in :mod:`batchgrader.core.providers`) and :meth:`AzureOpenAIProvider.create_batch` sends it.
+  :data:`AZURE_ENDPOINT` (Azure's ``request_url`` in :mod:`batchgrader.core.configuration.providers`) and :meth:`AzureOpenAIProvider.create_batch` sends it.
 * **no Responses API**: Azure documents Global Batch lines for ``/v1/responses`` only on its v1
   surface (``OpenAI(base_url=".../openai/v1/")``, ``includes/batch/batch-python.md`` @1813309,
   where the create's ``endpoint`` is ignored: "the system will read your input file to determine
@@ -49,9 +49,9 @@ from typing import Any
 
 import openai
 
-from batchgrader.core.config import AZURE_DEFAULT_API_VERSION
-from batchgrader.core.providers import PROVIDER_FACTS
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.configuration.config import AZURE_DEFAULT_API_VERSION
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
     BatchInfo,
@@ -61,7 +61,7 @@ from batchgrader.provider.openai_api import (
 )
 
 ID_PREFIX = "azure:"
-#: the request lines' ``url`` (the pipeline writes its ``request_url``, core/providers.py) and the
+#: the request lines' ``url`` (the pipeline writes its ``request_url``, core/configuration/providers.py) and the
 #: create ``endpoint`` on the api-version surface
 AZURE_ENDPOINT = PROVIDER_FACTS["azure"].request_url
 #: ``expires_after.seconds`` of every upload: 14 days, the shortest Azure takes (results are

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from batchgrader.core.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
 from batchgrader.pipeline.answerkey import request_key
 from batchgrader.provider.protocol import ProviderError
 
@@ -48,7 +48,7 @@ MAX_UNCACHED = 20_000
 DAEMON_MAX_UNCACHED = 2_000
 #: the cache file in the home
 CACHE_FILE = "token_counts.sqlite"
-#: providers whose local (tiktoken) count is their exact count: no counting endpoint needed (core/providers.py)
+#: providers whose local (tiktoken) count is their exact count: no counting endpoint needed (core/configuration/providers.py)
 OFFLINE_EXACT = frozenset(name for name, f in PROVIDER_FACTS.items() if f.offline_exact)
 
 

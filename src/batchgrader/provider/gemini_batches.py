@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from batchgrader.core.decide import upload_name
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.host.secrets import mask_secret
+from batchgrader.core.rules.decide import upload_name
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.provider.gemini_api import (
     FILE_KEPT_S,

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import httpx2
 import openai
 
-from batchgrader.core.secrets import mask_secret
+from batchgrader.core.host.secrets import mask_secret
 from batchgrader.fsio import TMP_PREFIX, fsync_dir
 from batchgrader.pipeline.catalogue import RESPONSES_URL
 from batchgrader.provider.protocol import (

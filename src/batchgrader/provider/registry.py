@@ -4,7 +4,7 @@
 A spec is the runtime half of a provider: how its batch adapter is built (from a key, an API base
 and a timeout, or the sandbox emulator's), whether it is built at start-up, and its counting
 hook.  The pure facts the lower layers need (settings, environment variables, default endpoint,
-answer-key identity, counting, caching) are its :class:`~batchgrader.core.providers.ProviderFacts`
+answer-key identity, counting, caching) are its :class:`~batchgrader.core.configuration.providers.ProviderFacts`
 of the same name.  The daemon (:mod:`batchgrader.daemon.process`) and counting
 (:func:`batchgrader.provider.counting.counter_for`) read this table; every SDK is imported only
 when its provider is built.
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from batchgrader.core.providers import PROVIDER_FACTS, ProviderFacts
+from batchgrader.core.configuration.providers import PROVIDER_FACTS, ProviderFacts
 
 if TYPE_CHECKING:
     from batchgrader.provider.counting import TokenCounter

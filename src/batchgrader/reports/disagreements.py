@@ -34,7 +34,7 @@ class DisagreementsError(ValueError):
 def write_disagreements(home: Any, job_id: str, dest: Path) -> dict[str, Any]:
     """Write the disagreements of the job ``job_id`` to ``dest``; returns ``{"path", "rows",
     "compared", "format"}``."""
-    from batchgrader.core.state import fold
+    from batchgrader.core.log.state import fold
     from batchgrader.pipeline.tables import open_table
 
     events = read_events_of(home, job_id)

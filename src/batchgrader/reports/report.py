@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.route_state import route_summary
+from batchgrader.core.log.route_state import route_summary
 from batchgrader.reports.report_columns import distribution
 from batchgrader.store.eventstore import Event
 
@@ -309,7 +309,7 @@ def build_report(events: Sequence[Event], judges: Sequence[Sequence[Event]] = ()
     panel, ``judges``: each judge's job's events.  Its rows answered and failed, tokens, cost and
     models are the job's :class:`~batchgrader.store.figures.JobFigures` (a panel's: its judges'
     billed figures summed), as `bgctl status` shows them; the result file gives the rest."""
-    from batchgrader.core.state import fold
+    from batchgrader.core.log.state import fold
     from batchgrader.store.figures import job_figures
 
     if not events:

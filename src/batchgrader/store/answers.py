@@ -407,7 +407,7 @@ def home_stats(home: Any) -> dict[str, Any]:
 
 
 def _store_url(home: Any) -> str | None:
-    from batchgrader.core.home import Home
+    from batchgrader.core.host.home import Home
     from batchgrader.store.backend import configured_store_url
 
     return configured_store_url(home) if isinstance(home, Home) else None

@@ -28,9 +28,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from batchgrader.core.events import Event, NewEvent
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState, State, fold
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import Event, NewEvent
+from batchgrader.core.log.state import JobState, State, fold
 from batchgrader.store.eventstore import ConcurrencyError
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -91,15 +91,15 @@ def configured_store_url(home: Home) -> str | None:
     """The ``store_url`` a home's daemon runs with (``BATCHGRADER_STORE_URL``, else
     ``config.yaml``), for the commands that read its log.  When the configuration cannot be read,
     the environment's value alone (checked as the setting checks it), else None."""
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
 
     try:
         return load_config(home).default.store_url
     except Exception:  # noqa: BLE001 - `bgctl config show` names the problem; status still answers
         import os
 
-        from batchgrader.core.config_values import _store_url
-        from batchgrader.core.settings import env_name
+        from batchgrader.core.configuration.config_values import _store_url
+        from batchgrader.core.configuration.settings import env_name
 
         try:
             return _store_url(os.environ.get(env_name("store_url")))

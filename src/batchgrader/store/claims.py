@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from batchgrader.core.events import Event, NewEvent
+from batchgrader.core.log.events import Event, NewEvent
 from batchgrader.store.leases import Lease, Leases, job_lease
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.state import State, fold
+from batchgrader.core.log.state import State, fold
 from batchgrader.store.eventstore import EVENT_COLUMNS, READ_BATCH, EventStore
 from batchgrader.store.pgstore import CHANNEL, PostgresEventStore, one, redact
 from batchgrader.store.readmodels import job_row

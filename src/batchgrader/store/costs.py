@@ -156,7 +156,7 @@ def _from_read_model(
 
 def _from_log(conn: sqlite3.Connection, lo: str | None, hi: str | None) -> tuple[Rows, Rows, dict[str, str]]:
     """The same rows folded from the log, when the read model cannot be trusted."""
-    from batchgrader.core.state import State
+    from batchgrader.core.log.state import State
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
 
     state = State()

@@ -21,14 +21,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-# The event records live in core/events.py.  They are re-exported here (`X as X`) so that
+# The event records live in core/log/events.py.  They are re-exported here (`X as X`) so that
 # `from batchgrader.store.eventstore import NewEvent, Event, ...` keeps working while other
-# branches still import them from here; new code imports them from batchgrader.core.events.
-from batchgrader.core.events import CORRUPT_KEY as CORRUPT_KEY
-from batchgrader.core.events import Event as Event
-from batchgrader.core.events import NewEvent as NewEvent
-from batchgrader.core.events import UnknownEventType as UnknownEventType
-from batchgrader.core.schema import EVENTS, EVENTS_DDL, SCHEMA_VERSION, check_payload, upcast
+# branches still import them from here; new code imports them from batchgrader.core.log.events.
+from batchgrader.core.log.events import CORRUPT_KEY as CORRUPT_KEY
+from batchgrader.core.log.events import Event as Event
+from batchgrader.core.log.events import NewEvent as NewEvent
+from batchgrader.core.log.events import UnknownEventType as UnknownEventType
+from batchgrader.core.log.schema import EVENTS, EVENTS_DDL, SCHEMA_VERSION, check_payload, upcast
 
 BUSY_TIMEOUT_MS = 10_000
 WAIT_POLL_S = 0.05  # wait_for_append: how often the file's last position is looked at

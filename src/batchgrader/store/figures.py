@@ -15,7 +15,7 @@ The scopes:
   written these are the counts its ``ResultWritten`` recorded; before, the fold's counts so far.
 * ``requests``, ``requests_answered``, ``requests_failed``: the job's requests (rows × samples;
   a panel's: its judges'), each answered or failed; ``sources``: the requests by answer source
-  (:func:`~batchgrader.core.route_state.requests_by_source`).
+  (:func:`~batchgrader.core.log.route_state.requests_by_source`).
 * :class:`Billed`: tokens in, out and cached, and the cost, of the same requests: every
   ``TokensUsed`` of the job (its preflight, its synchronous route and its batches); a panel runs
   no model, so its billed figures are the sum of its judges' (:func:`panel_figures`), and so
@@ -33,11 +33,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.core.route_state import refused_rows, requests_by_source
+from batchgrader.core.log.route_state import refused_rows, requests_by_source
 
 if TYPE_CHECKING:
-    from batchgrader.core.jobstate import JobState
-    from batchgrader.core.state import State
+    from batchgrader.core.log.jobstate import JobState
+    from batchgrader.core.log.state import State
 
 ESTIMATE_KEYS = ("input", "max_output", "max_total")
 
@@ -237,7 +237,7 @@ def job_figures(job: JobState, judges: Sequence[JobState | None] = ()) -> JobFig
 def figures_of(state: State, job: JobState) -> JobFigures:
     """The figures of ``job`` in the whole fold ``state`` (its judges' jobs found there): what the
     daemon's summary shows."""
-    from batchgrader.core.panel import judge_jobs
+    from batchgrader.core.rules.panel import judge_jobs
 
     return job_figures(job, judge_jobs(state, job))
 

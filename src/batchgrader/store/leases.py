@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchgrader.core.events import Event, NewEvent
+from batchgrader.core.log.events import Event, NewEvent
 from batchgrader.store.pgstore import PostgresEventStore, one
 
 DDL = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from batchgrader.core.state import State, fold
+from batchgrader.core.log.state import State, fold
 from batchgrader.store.eventstore import Event, events_from_rows
 from batchgrader.store.readmodels import SAVING_EVENTS, job_row, saving_row, usage_row
 from batchgrader.store.readside import PROJECTION

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.core.events import Event, NewEvent
-from batchgrader.core.schema import EVENTS, SCHEMA_VERSION, check_payload
+from batchgrader.core.log.events import Event, NewEvent
+from batchgrader.core.log.schema import EVENTS, SCHEMA_VERSION, check_payload
 from batchgrader.store.eventstore import READ_BATCH, ConcurrencyError, SchemaTooNew, events_from_rows, utcnow_iso
 
 if TYPE_CHECKING:

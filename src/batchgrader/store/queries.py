@@ -26,12 +26,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.core.home import Home
-from batchgrader.core.route_state import route_summary
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.route_state import route_summary
 from batchgrader.store import readside
 
 if TYPE_CHECKING:
-    from batchgrader.core.state import JobState
+    from batchgrader.core.log.state import JobState
 from batchgrader.store.eventstore import EVENT_COLUMNS, connect, events_from_rows, json_loads_many
 from batchgrader.store.runtimes import attach_progress
 
@@ -292,7 +292,7 @@ def _batch_cap(home: HomeLike) -> int | None:
     cannot be read here: ``bgctl config show`` says why)."""
     if not isinstance(home, Home):
         return None
-    from batchgrader.core.config import load_config
+    from batchgrader.core.configuration.config import load_config
 
     try:
         return load_config(home).default.max_simultaneous_batches
@@ -374,7 +374,7 @@ def panel_sums(rows: list[dict[str, Any]], more: list[dict[str, Any]] | None = N
     (the same :func:`~batchgrader.store.figures.panel_figures` that ``status JOB`` and ``report``
     use): their tokens, cost, estimate and models, and ``judges``; the judges' rows stay as they
     are (totals count each cost once: from the judges' jobs)."""
-    from batchgrader.core.panel import judge_job_id
+    from batchgrader.core.rules.panel import judge_job_id
     from batchgrader.store.figures import panel_row
 
     by_id = {r["job_id"]: r for r in [*(more or ()), *rows]}
@@ -458,7 +458,7 @@ def job_detail(
     ``max_rows`` of ``{custom_id, code, message, chunk}``), ``failed_rows_total``,
     ``row_errors`` / ``row_errors_total`` (rows that could never be sent), ``input_path``,
     ``requests_path``, ``events_total``, ``recent_events`` (the last few, as :func:`events`) and
-    ``route_summary`` (its route, and rows and cost by route: :func:`~batchgrader.core.route_state.route_summary`;
+    ``route_summary`` (its route, and rows and cost by route: :func:`~batchgrader.core.log.route_state.route_summary`;
     the list's rows have it for jobs on a flex or online route, else None).
     """
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.route_state import answered_in_job, route_summary, shown_route
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
+from batchgrader.core.log.route_state import answered_in_job, route_summary, shown_route
+from batchgrader.core.log.state import TERMINAL_BATCH, ChunkState, JobState, State, fold
 from batchgrader.store.eventstore import EVENT_COLUMNS, Event, EventStore, Projector, events_from_rows, read_events
 from batchgrader.store.figures import own_figures, row_values
 from batchgrader.store.readmodel_schema import (  # noqa: F401 - re-exported: the tables' columns live there

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from batchgrader.core.state import JobState
+    from batchgrader.core.log.state import JobState
     from batchgrader.store.eventstore import Event
 
 LEARNED = 20  # run times kept per model for the median

@@ -19,12 +19,9 @@ from typing import Any
 
 import yaml
 
-from batchgrader.core.cron import schedule_problems
-from batchgrader.core.home import Home
-from batchgrader.core.providers import PROVIDER_FACTS
-from batchgrader.core.routes import deadline_problem
-from batchgrader.core.secrets import mask_secret
-from batchgrader.core.settings import (  # noqa: F401 - the settings' declarations are part of the configuration's interface
+from batchgrader.core.configuration.providers import PROVIDER_FACTS
+from batchgrader.core.configuration.routes import deadline_problem
+from batchgrader.core.configuration.settings import (  # noqa: F401 - the settings' declarations are part of the configuration's interface
     AZURE_DEFAULT_API_VERSION,
     ENV_PREFIX,
     GLOBAL_ONLY,
@@ -38,13 +35,16 @@ from batchgrader.core.settings import (  # noqa: F401 - the settings' declaratio
     Settings,
     env_name,
 )
+from batchgrader.core.host.home import Home
+from batchgrader.core.host.secrets import mask_secret
+from batchgrader.core.rules.cron import schedule_problems
 
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type, or out of range."""
 
 
-#: every provider SDK's environment variable -> the config key it sets (core/providers.py), in the
+#: every provider SDK's environment variable -> the config key it sets (core/configuration/providers.py), in the
 #: order read: a later variable for the same key wins (GOOGLE_API_KEY over GEMINI_API_KEY, as in google-genai)
 SDK_ENV = {var: key for f in PROVIDER_FACTS.values() for var, key in f.sdk_env.items()}
 #: what a profile's model must look like for each provider (a model the provider does not offer is
@@ -61,7 +61,7 @@ def secret_env_names() -> frozenset[str]:
 @dataclass(frozen=True)
 class Profile(Settings):
     """The effective settings of one profile (immutable): each setting is a typed attribute
-    (:class:`~batchgrader.core.settings.Settings`) read from ``values``."""
+    (:class:`~batchgrader.core.configuration.settings.Settings`) read from ``values``."""
 
     name: str
     values: Mapping[str, Any]

@@ -1,6 +1,6 @@
 """The key tables of docs/configuration.md, generated from the settings' declarations
-(:mod:`batchgrader.core.settings`): under each section's heading, one row per setting declared in
-it, in declaration order.  ``python -m batchgrader.core.config_docs docs/configuration.md``
+(:mod:`batchgrader.core.configuration.settings`): under each section's heading, one row per setting declared in
+it, in declaration order.  ``python -m batchgrader.core.configuration.config_docs docs/configuration.md``
 rewrites the tables in place; ``tests/test_docs.py`` fails while one is stale."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.settings import KEYS, SECTIONS, Setting, sdk_env_names
+from batchgrader.core.configuration.settings import KEYS, SECTIONS, Setting, sdk_env_names
 
 HEADER = "| key | default | environment variable | what it does | profile | reload |\n|---|---|---|---|---|---|\n"
 

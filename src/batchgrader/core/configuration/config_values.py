@@ -1,7 +1,7 @@
-"""Value checks for the configuration's key catalogue (:data:`batchgrader.core.config.KEYS`).
+"""Value checks for the configuration's key catalogue (:data:`batchgrader.core.configuration.config.KEYS`).
 
 Each returns the normalised value or raises ``ValueError`` with the expected form; the loader
-turns that into a :class:`~batchgrader.core.config.ConfigError` naming the source and the key.
+turns that into a :class:`~batchgrader.core.configuration.config.ConfigError` naming the source and the key.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from batchgrader.core.secrets import clean_api_key
+from batchgrader.core.host.secrets import clean_api_key
 
 
 def _str(v: Any) -> str:
@@ -216,7 +216,7 @@ def _response_format(v: Any) -> dict | None:
 
 def _check_strict(schema: Any) -> None:
     """Refuse now a schema the provider's strict mode would reject (with every batch it is in)."""
-    from batchgrader.core.strict_schema import DOCS, strict_problems
+    from batchgrader.core.configuration.strict_schema import DOCS, strict_problems
 
     problems = strict_problems(schema)
     if problems:

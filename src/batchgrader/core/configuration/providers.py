@@ -2,7 +2,7 @@
 in :data:`PROVIDER_FACTS`.
 
 These are pure facts (setting names, environment variables, default endpoints, how answers are
-keyed, how tokens are counted) that the configuration (:mod:`batchgrader.core.config`), the
+keyed, how tokens are counted) that the configuration (:mod:`batchgrader.core.configuration.config`), the
 answer keys (:mod:`batchgrader.pipeline.answerkey`), prompt caching, counting and ``doctor`` read
 instead of keeping their own tables keyed by provider name.  The runtime half of each provider
 (its adapter, synchronous client and counting hook) is its entry in

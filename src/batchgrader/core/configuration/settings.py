@@ -7,12 +7,12 @@ set it (``profile=False``: it configures the daemon, so only the top level of co
 environment sets it), whether only a restart applies a change (``restart=True``: the daemon reads it
 at start-up), and whether it is a secret (``secret=True``: masked wherever a value is shown, kept out
 of logs and of a hook's environment).  Its environment variables follow: ``BATCHGRADER_<KEY>``, and
-the provider SDK's own variables that :mod:`batchgrader.core.providers` declares for it.
+the provider SDK's own variables that :mod:`batchgrader.core.configuration.providers` declares for it.
 
 Everything else is derived from the declarations: :data:`KEYS` (what the loader validates, in the
 order ``bgctl config show`` prints), :data:`GLOBAL_ONLY`, :data:`RESTART_ONLY_KEYS`,
-:data:`SECRET_KEYS` and the key tables of docs/configuration.md (:mod:`batchgrader.core.config_docs`).
-:class:`~batchgrader.core.config.Profile` and :class:`~batchgrader.core.config.Config` inherit the
+:data:`SECRET_KEYS` and the key tables of docs/configuration.md (:mod:`batchgrader.core.configuration.config_docs`).
+:class:`~batchgrader.core.configuration.config.Profile` and :class:`~batchgrader.core.configuration.config.Config` inherit the
 declarations as typed attributes: ``profile.max_row_retries`` is an ``int``, ``profile.context_window``
 an ``int | None``, and a misspelt name is a type error.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from batchgrader.core.config_values import (
+from batchgrader.core.configuration.config_values import (
     _api_key,
     _bool,
     _choice,
@@ -44,14 +44,14 @@ from batchgrader.core.config_values import (
     _store_url,
     _str,
 )
-from batchgrader.core.cron import check_schedule
-from batchgrader.core.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION, PROVIDER_FACTS
-from batchgrader.core.routes import ROUTES, parse_deadline
+from batchgrader.core.configuration.providers import ANTHROPIC_API_VERSIONS, ANTHROPIC_DEFAULT_API_VERSION, PROVIDER_FACTS
+from batchgrader.core.configuration.routes import ROUTES, parse_deadline
+from batchgrader.core.rules.cron import check_schedule
 
 ENV_PREFIX = "BATCHGRADER_"
 #: the most samples a row may ask for (the ``samples`` key): k requests per row multiply the bill by k
 MAX_SAMPLES = 20
-#: selectable providers (core/providers.py), in the order ``provider`` lists its choices
+#: selectable providers (core/configuration/providers.py), in the order ``provider`` lists its choices
 PROVIDERS = tuple(PROVIDER_FACTS)
 #: Azure OpenAI data-plane (authoring: files and batches) api-version used unless configured:
 #: the latest dated release listed on learn.microsoft.com/azure/ai-services/openai/authoring-reference-preview
@@ -122,8 +122,8 @@ SECTIONS = (ASK, SPLIT, RUN, PROVIDER, HOUSE, REUSE, CACHING, JUDGING)
 
 class Settings:
     """Every setting, in the order ``bgctl config show`` lists them.  The values live in the
-    holder's ``values`` mapping (a :class:`~batchgrader.core.config.Profile`'s, or a
-    :class:`~batchgrader.core.config.Config`'s default profile's)."""
+    holder's ``values`` mapping (a :class:`~batchgrader.core.configuration.config.Profile`'s, or a
+    :class:`~batchgrader.core.configuration.config.Config`'s default profile's)."""
 
     # one declaration per setting: default, check, section, then its doc line and flags
     # fmt: off
@@ -412,10 +412,10 @@ GLOBAL_ONLY = frozenset(k for k, s in KEYS.items() if not s.profile)
 #: the old value, so a change of one of them is reported with the fix (a restart)
 RESTART_ONLY_KEYS = tuple(k for k, s in KEYS.items() if s.restart)
 #: keys holding a secret: masked wherever a value is shown; a registered provider's key
-#: (core/providers.py ``key_setting``) is one whether or not its declaration says so
+#: (core/configuration/providers.py ``key_setting``) is one whether or not its declaration says so
 SECRET_KEYS = tuple(k for k, s in KEYS.items() if s.secret or k in {f.key_setting for f in PROVIDER_FACTS.values()})
 
 
 def sdk_env_names(key: str) -> tuple[str, ...]:
-    """The provider SDKs' environment variables that set ``key`` (core/providers.py), in the order read."""
+    """The provider SDKs' environment variables that set ``key`` (core/configuration/providers.py), in the order read."""
     return tuple(var for f in PROVIDER_FACTS.values() for var, k in f.sdk_env.items() if k == key)

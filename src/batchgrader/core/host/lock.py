@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 
 
 class DaemonError(RuntimeError):

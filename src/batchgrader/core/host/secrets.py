@@ -17,7 +17,7 @@ import stat
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
 from batchgrader.fsio import atomic_write_bytes
 
 ENV_FILE_NAME = "secrets.env"

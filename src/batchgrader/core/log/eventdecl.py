@@ -1,7 +1,7 @@
 """How an event type is declared: :func:`event` on its payload ``TypedDict`` records an
 :class:`EventDeclaration` (name, version, emitting step, payload type, what each field means) in
-:data:`DECLARATIONS`.  The declarations themselves are in :mod:`batchgrader.core.payloads` (and
-:mod:`batchgrader.core.payloads_chunks`, which it imports)."""
+:data:`DECLARATIONS`.  The declarations themselves are in :mod:`batchgrader.core.log.payloads` (and
+:mod:`batchgrader.core.log.payloads_chunks`, which it imports)."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass

@@ -1,10 +1,10 @@
 """The generated parts of ``docs/events.md``: each event section's version line and field table,
-written from the declarations in :mod:`batchgrader.core.payloads`.
+written from the declarations in :mod:`batchgrader.core.log.payloads`.
 
 The prose of a section (what the event means, what the fold does) is written by hand and kept;
 :func:`regenerate` rewrites only the ``version N · emitted by: STEP.`` opening of the version
 line and the ``| field | meaning |`` table.  ``tests/test_docs.py`` fails when the file differs
-from what :func:`regenerate` makes of it; ``python -m batchgrader.core.eventdocs docs/events.md``
+from what :func:`regenerate` makes of it; ``python -m batchgrader.core.log.eventdocs docs/events.md``
 rewrites it.
 """
 
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from batchgrader.core.payloads import DECLARATIONS, EventDeclaration
+from batchgrader.core.log.payloads import DECLARATIONS, EventDeclaration
 
 _HEADING = re.compile(r"^### `(\w+)`\n", flags=re.M)
 _VERSION_LINE = re.compile(r"^version \d+ · emitted by: .*?\.(?= |$)", flags=re.M)

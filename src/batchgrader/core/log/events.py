@@ -1,9 +1,9 @@
 """The event records: :class:`NewEvent` (an event to append, its payload checked against the
-catalogue in :mod:`batchgrader.core.schema` where it is made; :func:`new_event` builds one from
+catalogue in :mod:`batchgrader.core.log.schema` where it is made; :func:`new_event` builds one from
 keywords) and :class:`Event` (an event read from the log), plus :data:`CORRUPT_KEY`, the payload
 marker of an event this code cannot read.
 
-They live in ``core`` so that the fold (:mod:`batchgrader.core.state`) needs nothing from the
+They live in ``core`` so that the fold (:mod:`batchgrader.core.log.state`) needs nothing from the
 store; :mod:`batchgrader.store.eventstore` writes and reads them.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.core.schema import EVENTS, EventPayloadError, check_payload, unknown_type_message
+from batchgrader.core.log.schema import EVENTS, EventPayloadError, check_payload, unknown_type_message
 
 CORRUPT_KEY = "__bg_corrupt__"  # payload of an event this code cannot read (the fold sets the job aside)
 

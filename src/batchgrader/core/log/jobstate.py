@@ -1,12 +1,12 @@
 """The records of the folded state: a job (:class:`JobState`) and its chunks (:class:`ChunkState`),
-and the states they can be in.  :mod:`batchgrader.core.state` builds them from the events."""
+and the states they can be in.  :mod:`batchgrader.core.log.state` builds them from the events."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.core.route_state import RouteState
+from batchgrader.core.log.route_state import RouteState
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")
@@ -146,8 +146,8 @@ class JobState:
     preflight_answers: list[dict[str, Any]] = field(default_factory=list)
     preflight_open: set[str] = field(default_factory=set)  # rows whose request left with no outcome yet (a crash: uncertain)
     preflight_resent: set[str] = field(default_factory=set)  # rows sent again after a crash left them open (once each)
-    online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/route_state.py)
-    deadline_at: float | None = None  # when the job is due (JobPrepared.deadline_at; core/stragglers.py)
+    online: RouteState = field(default_factory=RouteState)  # the synchronous routes (core/log/route_state.py)
+    deadline_at: float | None = None  # when the job is due (JobPrepared.deadline_at; core/rules/stragglers.py)
     reopened_from: str | None = None  # how the job had ended before `bgctl retry` reopened it
     retry_seq: int | None = None  # the log position of its last RetryRequested (a panel passes a retry on once)
     outbox: str = "none"  # none | started | done
@@ -160,7 +160,7 @@ class JobState:
     recovered_since: float | None = None  # re-accepted from its work folder: search the provider first
     error: dict[str, Any] | None = None  # {code, error, stage, hint}
     # a failure before the job was prepared (PrepareFailed, PreflightFailed): {code, error, stage,
-    # hint} of the JobFailed the rules end it with (core/ending.py); cleared by `bgctl retry`
+    # hint} of the JobFailed the rules end it with (core/rules/ending.py); cleared by `bgctl retry`
     start_failure: dict[str, Any] | None = None
     last_error: str | None = None
     outbox_error: str | None = None  # OutboxWriteFailed.error until the result is written

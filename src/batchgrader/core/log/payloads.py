@@ -3,54 +3,54 @@ decorated with :func:`event` (its version, the step that emits it, what each fie
 for an intent, the outcomes that close it).  The name is the class's name; a field the payload
 may leave out is ``NotRequired``.
 
-The chunks' events are declared in :mod:`batchgrader.core.payloads_chunks` and imported here, so
-``payloads.X`` names every payload type; :mod:`batchgrader.core.eventdecl` records each declaration.
-Everything else is derived from these declarations: :data:`batchgrader.core.schema.EVENTS`
+The chunks' events are declared in :mod:`batchgrader.core.log.payloads_chunks` and imported here, so
+``payloads.X`` names every payload type; :mod:`batchgrader.core.log.eventdecl` records each declaration.
+Everything else is derived from these declarations: :data:`batchgrader.core.log.schema.EVENTS`
 (name -> version and fields, what appending checks), :data:`PAYLOADS` (name -> payload type),
-the fold's handlers (:func:`batchgrader.core.state.folds` ties each to its payload type) and the
-field tables of ``docs/events.md`` (:mod:`batchgrader.core.eventdocs`).  Nothing is converted at
+the fold's handlers (:func:`batchgrader.core.log.state.folds` ties each to its payload type) and the
+field tables of ``docs/events.md`` (:mod:`batchgrader.core.log.eventdocs`).  Nothing is converted at
 run time: a stored payload is the JSON object it was written as (upcast by
-:func:`batchgrader.core.schema.upcast` when its version is older), and appending checks it
-against the catalogue (:func:`batchgrader.core.schema.check_payload`), so a required field is
+:func:`batchgrader.core.log.schema.upcast` when its version is older), and appending checks it
+against the catalogue (:func:`batchgrader.core.log.schema.check_payload`), so a required field is
 always there and the fold reads ``p["field"]`` with a type the checker knows.
 """
 
 # no `from __future__ import annotations` here: TypedDict must see NotRequired itself (Python 3.11)
 from typing import Any, NotRequired, TypedDict
 
-from batchgrader.core.eventdecl import DECLARATIONS as DECLARATIONS
-from batchgrader.core.eventdecl import EventDeclaration as EventDeclaration
-from batchgrader.core.eventdecl import declaration_of as declaration_of
-from batchgrader.core.eventdecl import event as event
-from batchgrader.core.payloads_chunks import BatchCreated as BatchCreated
-from batchgrader.core.payloads_chunks import BatchCreateFailed as BatchCreateFailed
-from batchgrader.core.payloads_chunks import BatchCreateRequested as BatchCreateRequested
-from batchgrader.core.payloads_chunks import BatchStatusChanged as BatchStatusChanged
-from batchgrader.core.payloads_chunks import ChunkCompleted as ChunkCompleted
-from batchgrader.core.payloads_chunks import ChunkFailed as ChunkFailed
-from batchgrader.core.payloads_chunks import ChunkReplanned as ChunkReplanned
-from batchgrader.core.payloads_chunks import ChunkRouted as ChunkRouted
-from batchgrader.core.payloads_chunks import DuplicateBatchesChecked as DuplicateBatchesChecked
-from batchgrader.core.payloads_chunks import FailedRow as FailedRow
-from batchgrader.core.payloads_chunks import FileUploaded as FileUploaded
-from batchgrader.core.payloads_chunks import JobRecovered as JobRecovered
-from batchgrader.core.payloads_chunks import OutputDownloaded as OutputDownloaded
-from batchgrader.core.payloads_chunks import OutputDownloadFailed as OutputDownloadFailed
-from batchgrader.core.payloads_chunks import OutputDownloadStarted as OutputDownloadStarted
-from batchgrader.core.payloads_chunks import OutputFileMalformed as OutputFileMalformed
-from batchgrader.core.payloads_chunks import PlannedChunk as PlannedChunk
-from batchgrader.core.payloads_chunks import QueueLimitLearned as QueueLimitLearned
-from batchgrader.core.payloads_chunks import RecoveredBatchesAdopted as RecoveredBatchesAdopted
-from batchgrader.core.payloads_chunks import RetryPlanned as RetryPlanned
-from batchgrader.core.payloads_chunks import RowError as RowError
-from batchgrader.core.payloads_chunks import RowsChunk as RowsChunk
-from batchgrader.core.payloads_chunks import RowsFailed as RowsFailed
-from batchgrader.core.payloads_chunks import SchemaOverheadLearned as SchemaOverheadLearned
-from batchgrader.core.payloads_chunks import StragglerCancelRequested as StragglerCancelRequested
-from batchgrader.core.payloads_chunks import TokensUsed as TokensUsed
-from batchgrader.core.payloads_chunks import UploadAheadPlanned as UploadAheadPlanned
-from batchgrader.core.payloads_chunks import UploadFailed as UploadFailed
-from batchgrader.core.payloads_chunks import UploadStarted as UploadStarted
+from batchgrader.core.log.eventdecl import DECLARATIONS as DECLARATIONS
+from batchgrader.core.log.eventdecl import EventDeclaration as EventDeclaration
+from batchgrader.core.log.eventdecl import declaration_of as declaration_of
+from batchgrader.core.log.eventdecl import event as event
+from batchgrader.core.log.payloads_chunks import BatchCreated as BatchCreated
+from batchgrader.core.log.payloads_chunks import BatchCreateFailed as BatchCreateFailed
+from batchgrader.core.log.payloads_chunks import BatchCreateRequested as BatchCreateRequested
+from batchgrader.core.log.payloads_chunks import BatchStatusChanged as BatchStatusChanged
+from batchgrader.core.log.payloads_chunks import ChunkCompleted as ChunkCompleted
+from batchgrader.core.log.payloads_chunks import ChunkFailed as ChunkFailed
+from batchgrader.core.log.payloads_chunks import ChunkReplanned as ChunkReplanned
+from batchgrader.core.log.payloads_chunks import ChunkRouted as ChunkRouted
+from batchgrader.core.log.payloads_chunks import DuplicateBatchesChecked as DuplicateBatchesChecked
+from batchgrader.core.log.payloads_chunks import FailedRow as FailedRow
+from batchgrader.core.log.payloads_chunks import FileUploaded as FileUploaded
+from batchgrader.core.log.payloads_chunks import JobRecovered as JobRecovered
+from batchgrader.core.log.payloads_chunks import OutputDownloaded as OutputDownloaded
+from batchgrader.core.log.payloads_chunks import OutputDownloadFailed as OutputDownloadFailed
+from batchgrader.core.log.payloads_chunks import OutputDownloadStarted as OutputDownloadStarted
+from batchgrader.core.log.payloads_chunks import OutputFileMalformed as OutputFileMalformed
+from batchgrader.core.log.payloads_chunks import PlannedChunk as PlannedChunk
+from batchgrader.core.log.payloads_chunks import QueueLimitLearned as QueueLimitLearned
+from batchgrader.core.log.payloads_chunks import RecoveredBatchesAdopted as RecoveredBatchesAdopted
+from batchgrader.core.log.payloads_chunks import RetryPlanned as RetryPlanned
+from batchgrader.core.log.payloads_chunks import RowError as RowError
+from batchgrader.core.log.payloads_chunks import RowsChunk as RowsChunk
+from batchgrader.core.log.payloads_chunks import RowsFailed as RowsFailed
+from batchgrader.core.log.payloads_chunks import SchemaOverheadLearned as SchemaOverheadLearned
+from batchgrader.core.log.payloads_chunks import StragglerCancelRequested as StragglerCancelRequested
+from batchgrader.core.log.payloads_chunks import TokensUsed as TokensUsed
+from batchgrader.core.log.payloads_chunks import UploadAheadPlanned as UploadAheadPlanned
+from batchgrader.core.log.payloads_chunks import UploadFailed as UploadFailed
+from batchgrader.core.log.payloads_chunks import UploadStarted as UploadStarted
 
 # --- intake ----------------------------------------------------------------------------------------
 
@@ -230,7 +230,7 @@ class JobFailed(TypedDict):
     1,
     "prepare",
     {
-        "code": "why the job cannot be prepared (nothing was sent; the rules end it, core/ending.py): unknown_profile, missing_pricing, bad_input, bad_config, empty_input",
+        "code": "why the job cannot be prepared (nothing was sent; the rules end it, core/rules/ending.py): unknown_profile, missing_pricing, bad_input, bad_config, empty_input",
         "error": "specific message",
         "hint": "what to do",
     },

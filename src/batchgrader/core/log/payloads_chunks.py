@@ -1,11 +1,11 @@
 """The event declarations of a job's chunks (upload, create, poll, collect, merge, retry, queue
-limits) and the payload parts events share; :mod:`batchgrader.core.payloads` imports them, so
+limits) and the payload parts events share; :mod:`batchgrader.core.log.payloads` imports them, so
 ``payloads.X`` names every event's payload type."""
 
 # no `from __future__ import annotations` here: TypedDict must see NotRequired itself (Python 3.11)
 from typing import Any, NotRequired, TypedDict
 
-from batchgrader.core.eventdecl import event
+from batchgrader.core.log.eventdecl import event
 
 # --- parts -----------------------------------------------------------------------------------------
 

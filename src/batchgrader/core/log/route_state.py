@@ -1,7 +1,7 @@
 """The synchronous routes' part of a job's folded state (:class:`RouteState`, ``JobState.online``)
 and its fold handlers (``RouteChosen``, ``OnlineRequestSent``, ``OnlineRequestAnswered``,
 ``OnlineRequestFailed``, ``OnlineRowsDone``), :data:`ROUTE_FOLDS`, which
-:mod:`batchgrader.core.state` registers with the others.
+:mod:`batchgrader.core.log.state` registers with the others.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.core import payloads as P
+from batchgrader.core.log import payloads as P
 
 #: a row's request is tried at most this many times on a synchronous route; then it goes in the batch
 MAX_ATTEMPTS = 4
@@ -134,14 +134,14 @@ def route_summary(job: Any) -> dict[str, Any]:
 
 
 def requests_by_source(job: Any) -> dict[str, int]:
-    """The job's requests by where their answer came from (:data:`~batchgrader.core.answer_sources.SOURCES`,
+    """The job's requests by where their answer came from (:data:`~batchgrader.core.log.answer_sources.SOURCES`,
     in order): ``reused`` (a stored answer of an earlier job), ``duplicate`` (an identical request
     of the file: a leader's outcome copied at merge, or an answer the job paid for copied at
     prepare), ``preflight``, ``batch`` (sent in a batch: answered or failed there), ``online`` and
     ``flex`` (sent synchronously: the route's rows and a straggler's, answered or refused for
     good there: :func:`sent_by_tier`).  `bgctl status`, `report`
     and the result's ``answered_by`` use these words."""
-    from batchgrader.core.answer_sources import SOURCES
+    from batchgrader.core.log.answer_sources import SOURCES
 
     straggled = sum(c.requests for c in job.chunks.values() if c.route)
     sync = sent_by_tier(job)

@@ -1,11 +1,11 @@
 """The event catalogue as the store reads it, and the SQL schema of the event log.
 
 Events are immutable, past-tense facts.  Each type is declared once, in
-:mod:`batchgrader.core.payloads`; :data:`EVENTS` is the view of those declarations that appending
+:mod:`batchgrader.core.log.payloads`; :data:`EVENTS` is the view of those declarations that appending
 (:func:`check_payload`) and reading (:func:`upcast`) use.  Each type has a version; a payload
 written by an older version is upcast when read, the stored row is never rewritten.
 The field tables of ``docs/events.md`` are generated from the declarations
-(:mod:`batchgrader.core.eventdocs`); ``tests/test_docs.py`` fails when they are stale.
+(:mod:`batchgrader.core.log.eventdocs`); ``tests/test_docs.py`` fails when they are stale.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchgrader.core.payloads import DECLARATIONS, EventDeclaration
+from batchgrader.core.log.payloads import DECLARATIONS, EventDeclaration
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def _event_type(d: EventDeclaration) -> EventType:
     return EventType(d.name, d.version, d.step, d.meanings, d.intent_for, d.optional)
 
 
-#: event name -> its type, derived from the declarations in :mod:`batchgrader.core.payloads`
+#: event name -> its type, derived from the declarations in :mod:`batchgrader.core.log.payloads`
 EVENTS: dict[str, EventType] = {name: _event_type(d) for name, d in DECLARATIONS.items()}
 
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from batchgrader.core import payloads as P
-from batchgrader.core.events import CORRUPT_KEY, Event
-from batchgrader.core.jobstate import (  # noqa: F401 - the job records are part of the fold's interface
+from batchgrader.core.log import payloads as P
+from batchgrader.core.log.events import CORRUPT_KEY, Event
+from batchgrader.core.log.jobstate import (  # noqa: F401 - the job records are part of the fold's interface
     IN_FLIGHT,
     JOB_STATES,
     TERMINAL_BATCH,
@@ -23,7 +23,7 @@ from batchgrader.core.jobstate import (  # noqa: F401 - the job records are part
     ChunkState,
     JobState,
 )
-from batchgrader.core.route_state import ROUTE_FOLDS
+from batchgrader.core.log.route_state import ROUTE_FOLDS
 
 
 @dataclass
@@ -39,7 +39,7 @@ class State:
     last_seq: int = 0
     # (provider, model, schema sha) -> tokens/request: learned apart per sandbox and provider (overhead_provider)
     schema_overhead: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    # profile -> its latest ScheduledRunStarted: {scheduled_for, files} (core/cron.py)
+    # profile -> its latest ScheduledRunStarted: {scheduled_for, files} (core/rules/cron.py)
     scheduled_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def apply(self, e: Event) -> None:

@@ -1,4 +1,4 @@
-"""The actions :mod:`batchgrader.core.decide` returns (upload, create, poll, download, merge, retry,
+"""The actions :mod:`batchgrader.core.rules.decide` returns (upload, create, poll, download, merge, retry,
 hold, write result, archive, ...), and its inputs besides the state: the engine's ``Timers`` and the
 ``Step`` already taken in this tick.  Plain frozen values; the engine carries them out.
 """
@@ -10,8 +10,15 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from batchgrader.core import queue
-from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.queue import (  # noqa: F401 - part of the rules' interface
+    enqueued_tokens,
+    known_limit,
+    probe_after_completion,
+    queue_limit,
+    refusal_lesson,
+    token_cap,
+)
 
 # --- inputs ---------------------------------------------------------------------------------------
 
@@ -33,7 +40,7 @@ class Timers:
     is not tried again; ``merging[(job, chunk)]`` until when a chunk merged in a worker process is
     waited for (the worker's end wakes the daemon; after that time it is stopped).  A rule acts
     only once its time has come, so "an action is due" and "the daemon must tick" are one thing
-    (:func:`batchgrader.core.due.next_due`).
+    (:func:`batchgrader.core.rules.due.next_due`).
 
     Every time here is on the monotonic clock, ``mono`` now (a wall-clock step moves no wait);
     ``mono=None``: the timers are on the clock of the ``now`` given to the rules (one clock)."""
@@ -122,7 +129,7 @@ class Prepare(Action):
 @dataclass(frozen=True)
 class CancelBatch(Action):
     """Cancel a running batch: the job was cancelled, or (``reason`` set) its deadline nears
-    (core/stragglers.py; ``StragglerCancelRequested`` is recorded before the cancel leaves)."""
+    (core/rules/stragglers.py; ``StragglerCancelRequested`` is recorded before the cancel leaves)."""
 
     chunk: int
     batch_id: str

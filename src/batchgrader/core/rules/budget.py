@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from batchgrader.core.config import Config, Profile
-from batchgrader.core.routes import SYNC_ROUTES
-from batchgrader.core.state import JobState, State
+from batchgrader.core.configuration.config import Config, Profile
+from batchgrader.core.configuration.routes import SYNC_ROUTES
+from batchgrader.core.log.state import JobState, State
 
 
 def utc_day(ts: float) -> str:

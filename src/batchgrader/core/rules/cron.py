@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 if TYPE_CHECKING:
-    from batchgrader.core.config import Config, Profile
-    from batchgrader.core.state import State
+    from batchgrader.core.configuration.config import Config, Profile
+    from batchgrader.core.log.state import State
 
 
 @dataclass(frozen=True)

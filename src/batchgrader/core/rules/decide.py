@@ -22,8 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from batchgrader.core import queue
-from batchgrader.core.actions import (
+from batchgrader.core.configuration.config import Config, Profile
+from batchgrader.core.configuration.routes import SYNC_ROUTES
+from batchgrader.core.log.route_state import refused_rows
+from batchgrader.core.log.state import TERMINAL_BATCH, ChunkState, JobState, State
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.actions import (
     Action,
     CancelBatch,
     CheckDuplicates,
@@ -50,20 +54,23 @@ from batchgrader.core.actions import (
     Timers,
     Upload,
 )
-from batchgrader.core.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
-from batchgrader.core.config import Config, Profile
-from batchgrader.core.ending import ending, finish_actions, first_error, start_failure_actions  # noqa: F401 - part of the rules' interface
-from batchgrader.core.panel import decide_panel
-from batchgrader.core.polling import MIN_DELAY
-from batchgrader.core.preflight_rules import preflight_due
-from batchgrader.core.queue import enqueued_tokens, known_limit, probe_after_completion, queue_limit, refusal_lesson, token_cap  # noqa: F401 - part of the rules' interface
-from batchgrader.core.route_rules import online_waits, sync_route
-from batchgrader.core.route_state import refused_rows
-from batchgrader.core.routes import SYNC_ROUTES
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState, State
-from batchgrader.core.stragglers import past_cutoff, pending, straggler_actions, straggler_cancels, unsent_routes
+from batchgrader.core.rules.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
+from batchgrader.core.rules.ending import ending, finish_actions, first_error, start_failure_actions  # noqa: F401 - part of the rules' interface
+from batchgrader.core.rules.panel import decide_panel
+from batchgrader.core.rules.polling import MIN_DELAY
+from batchgrader.core.rules.preflight_rules import preflight_due
+from batchgrader.core.rules.queue import (  # noqa: F401 - part of the rules' interface
+    enqueued_tokens,
+    known_limit,
+    probe_after_completion,
+    queue_limit,
+    refusal_lesson,
+    token_cap,
+)
+from batchgrader.core.rules.route_rules import online_waits, sync_route
+from batchgrader.core.rules.stragglers import past_cutoff, pending, straggler_actions, straggler_cancels, unsent_routes
 
-FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/polling.py sets the later ones)
+FIRST_POLL_DELAY = MIN_DELAY  # the first poll after a create (core/rules/polling.py sets the later ones)
 #: Row codes never resubmitted automatically; `bgctl retry` still sends them.  Sending them again
 #: at once would fail the same way (a row over the limit; an answer cut off by the same output
 #: bound or refused by the same model; a chunk the provider's queue refused through every round),
@@ -300,7 +307,7 @@ def _decide_rest(
 ) -> list[Action]:
     """:func:`decide_job` for a job that is not ended, corrupt or held for an unexpected error."""
     job_id = job.job_id
-    if job.start_failure is not None:  # it failed before it was prepared: it ends (core/ending.py)
+    if job.start_failure is not None:  # it failed before it was prepared: it ends (core/rules/ending.py)
         return start_failure_actions(job)
     panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
     if panel is not None:
@@ -390,7 +397,7 @@ def _open_and_running(job: JobState, chunks: list[ChunkState], now: float, timer
     whose duplicate listing is due listed."""
     job_id = job.job_id
     t = timers.clock(now)
-    # a create whose outcome is unknown is listed at its settle times (core/settle.py), an upload at once
+    # a create whose outcome is unknown is listed at its settle times (core/rules/settle.py), an upload at once
     out: list[Action] = [
         Reconcile(job_id, c.index, c.open_intent)
         for c in chunks

@@ -7,11 +7,11 @@ daemon sleeps until a batch's next poll, the end of a wait, or the next inbox re
 external change (an inbox file, a control file, a signal, a merge worker finishing) wakes it at
 once.
 
-A job for which :func:`batchgrader.core.decide.decide_job` has an action now is due now (a
+A job for which :func:`batchgrader.core.rules.decide.decide_job` has an action now is due now (a
 batch read back as ended in its create reply, a download, a merge, a result to write, a cancel
 asked for: whatever a tick left for the next one, say an action behind the stage it reached),
 so the daemon never sleeps past work it knows of.  The rules act only once their times have
-come (:class:`~batchgrader.core.actions.Timers`), so the times below are when they next will;
+come (:class:`~batchgrader.core.rules.actions.Timers`), so the times below are when they next will;
 the inbox rescan is for files the watcher missed, never for work already known.
 
 The times it reads, each only while the state still waits on it:
@@ -21,14 +21,14 @@ The times it reads, each only while the state still waits on it:
   ``schedule.next_listing`` (its settle deadline);
 * ``schedule.dup_next``: the duplicate watch of a chunk created again;
 * ``schedule.not_before``: a refused chunk's resend; ``(job, OUTBOX_TIMER)``: a result file not
-  written, tried again (on the wall clock, as :mod:`batchgrader.core.decide` compares it);
+  written, tried again (on the wall clock, as :mod:`batchgrader.core.rules.decide` compares it);
 * ``schedule.download_failures``: a result file's download tried again;
 * ``timers.merging``: a merge in a worker process that has run too long (it is stopped then);
 * ``JobState.preflight_retry_at``: the preflight's backoff when the provider was unreachable (wall);
 * a held job: the next UTC day, when daily budgets start again (wall);
 * a synchronous route's Retry-After (``schedule.not_before[(job, ONLINE_TIMER)]``; after a restart
   the wall-clock ``retry_at`` its event recorded);
-* a job with a ``deadline``: each threshold of :mod:`batchgrader.core.stragglers` still ahead (a
+* a job with a ``deadline``: each threshold of :mod:`batchgrader.core.rules.stragglers` still ahead (a
   running batch cancelled, an unsent chunk routed, the cutoff) (wall);
 * the inbox (:class:`InboxTimes`, wall): a file found stable, the periodic rescan.
 
@@ -41,12 +41,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from batchgrader.core.actions import ONLINE_TIMER, OUTBOX_TIMER, Step, Timers
-from batchgrader.core.config import Config
-from batchgrader.core.decide import decide_job
-from batchgrader.core.schedule import Schedule
-from batchgrader.core.state import JobState, State
-from batchgrader.core.stragglers import deadline_thresholds
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.log.state import JobState, State
+from batchgrader.core.rules.actions import ONLINE_TIMER, OUTBOX_TIMER, Step, Timers
+from batchgrader.core.rules.decide import decide_job
+from batchgrader.core.rules.schedule import Schedule
+from batchgrader.core.rules.stragglers import deadline_thresholds
 
 DAY = 86_400.0
 
@@ -79,7 +79,7 @@ def next_due(
     (default: every job in ``state``); jobs that ended, were rejected, are corrupt or left alone
     wait on nothing but the final effects a crash left undone.  ``timers``: what the rules read
     of ``schedule`` (default: its own, at ``mono``); ``queue_urls``: each job's queue (see
-    :func:`~batchgrader.core.decide.decide_job`)."""
+    :func:`~batchgrader.core.rules.decide.decide_job`)."""
     ids = state.jobs.keys() if jobs is None else jobs
     timers = schedule.timers(mono) if timers is None else timers
     times: list[float] = []
@@ -102,7 +102,7 @@ def next_due(
 
 
 def acts_now(state: State, job_id: str, config: Config, wall: float, timers: Timers, queue_url: str = "") -> bool:
-    """Whether :func:`~batchgrader.core.decide.decide_job` has an action for the job now (``wall``
+    """Whether :func:`~batchgrader.core.rules.decide.decide_job` has an action for the job now (``wall``
     its ``now``; ``timers`` on the monotonic clock): the daemon then ticks at once."""
     return bool(decide_job(state, job_id, config, wall, timers, Step(), queue_url))
 

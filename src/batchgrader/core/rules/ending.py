@@ -2,7 +2,7 @@
 cancelled) and the actions that take it there, once its chunks are done
 (:func:`finish_actions`) or when it failed before it was prepared (:func:`start_failure_actions`:
 a ``PrepareFailed`` or ``PreflightFailed`` recorded).  Every job ends here (a panel's in
-:func:`batchgrader.core.panel.decide_panel`, a file refused at intake by its ``JobFailed``
+:func:`batchgrader.core.rules.panel.decide_panel`, a file refused at intake by its ``JobFailed``
 rejection); the steps only carry the actions out."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from batchgrader.core.actions import (
+from batchgrader.core.configuration.config import Config
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import (
     OUTBOX_TIMER,
     Action,
     Archive,
@@ -20,8 +22,6 @@ from batchgrader.core.actions import (
     WriteErrorReport,
     WriteResult,
 )
-from batchgrader.core.config import Config
-from batchgrader.core.state import JobState
 
 
 def first_error(job: JobState) -> str:

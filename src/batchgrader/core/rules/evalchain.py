@@ -37,8 +37,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from batchgrader.core.jobstate import JobState
-from batchgrader.core.state import State
+from batchgrader.core.log.jobstate import JobState
+from batchgrader.core.log.state import State
 
 #: how a generation job may end for its answers to be graded
 GRADABLE = ("completed", "completed_with_errors")

@@ -1,9 +1,9 @@
 """What an outcome means, as pure rules: a failed download, a refused create, a result that could
 not be written, a merge worker that failed, and a listing that did or did not find a create.
 
-Each rule is a function of the outcome, the :class:`~batchgrader.core.schedule.Schedule` (or the
+Each rule is a function of the outcome, the :class:`~batchgrader.core.rules.schedule.Schedule` (or the
 counts it holds), the settings and the time, returning a decision value; the engine's steps
-carry the decision out (events, schedule updates, calls).  :mod:`batchgrader.core.decide` says
+carry the decision out (events, schedule updates, calls).  :mod:`batchgrader.core.rules.decide` says
 what to do next; this module says what the answer to it means.
 """
 
@@ -13,11 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batchgrader.core import queue
-from batchgrader.core.decide import capacity_refusal, resubmit_delay
-from batchgrader.core.events import NewEvent, new_event
-from batchgrader.core.settle import CreateSent, absent_after, duplicate_check_in, next_listing_in
-from batchgrader.core.state import ChunkState
+from batchgrader.core.log.events import NewEvent, new_event
+from batchgrader.core.log.state import ChunkState
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.decide import capacity_refusal, resubmit_delay
+from batchgrader.core.rules.settle import CreateSent, absent_after, duplicate_check_in, next_listing_in
 
 #: failed downloads of one file (each with the client's own retries) before its rows fail
 MAX_DOWNLOAD_ATTEMPTS = 4
@@ -80,10 +80,10 @@ class CreateRefused:
 
     * ``rejected``: never (a bad request): the chunk fails as ``create_rejected``;
     * ``learn``: the refusal teaches the queue limit (``learned``): record it (the chunk is
-      re-planned or waits for room by the rules of :mod:`batchgrader.core.decide`);
+      re-planned or waits for room by the rules of :mod:`batchgrader.core.rules.decide`);
     * ``wait``: not now (a rate limit, or a queue refusal teaching nothing): sent again not
       before ``not_before``; ``rounds``: queue refusals in a row so far (0: not counted);
-    * ``queue_full``: refused for the queue limit :data:`~batchgrader.core.queue.QUEUE_FULL_ROUNDS`
+    * ``queue_full``: refused for the queue limit :data:`~batchgrader.core.rules.queue.QUEUE_FULL_ROUNDS`
       times: its rows fail as ``queue_full``, its uploaded file is deleted.
     """
 
@@ -103,7 +103,7 @@ def create_refused(
     now: float,
 ) -> CreateRefused:
     """The meaning of a create refused with ``status_code``/``code``/``message``, given what the
-    refusal teaches of the queue limit (``learned``, :func:`~batchgrader.core.queue.refusal_lesson`,
+    refusal teaches of the queue limit (``learned``, :func:`~batchgrader.core.rules.queue.refusal_lesson`,
     asked only of a queue refusal) and the chunk's queue refusals in a row before it (``rounds``)."""
     if not capacity_refusal(status_code, message):
         return CreateRefused("rejected")
@@ -160,8 +160,8 @@ class Absent:
 
 def create_not_listed(request: CreateSent, request_timeout: float, now: float) -> ListAgain | Absent:
     """A listing did not show a create whose outcome is unknown (``request`` and ``now`` on the
-    same clock): absent from :func:`~batchgrader.core.settle.absent_after` on, else listed again
-    (:func:`~batchgrader.core.settle.next_listing_in`)."""
+    same clock): absent from :func:`~batchgrader.core.rules.settle.absent_after` on, else listed again
+    (:func:`~batchgrader.core.rules.settle.next_listing_in`)."""
     if now >= absent_after(request, request_timeout):
         return Absent()
     return ListAgain(next_listing_in(request, request_timeout, now))

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batchgrader.core.actions import OUTBOX_TIMER, Action, Archive, Finish, RestoreInput, Timers
-from batchgrader.core.config import Config, ConfigError, Profile
-from batchgrader.core.home import Home
-from batchgrader.core.state import JobState, State
+from batchgrader.core.configuration.config import Config, ConfigError, Profile
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.state import JobState, State
+from batchgrader.core.rules.actions import OUTBOX_TIMER, Action, Archive, Finish, RestoreInput, Timers
 
 ALL_JUDGES_FAILED = "all_judges_failed"
 JUDGES_FOLDER = "judges"

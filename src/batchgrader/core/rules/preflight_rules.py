@@ -1,11 +1,11 @@
 """The preflight's rules, pure: whether a job's preflight is still due, how long after a
 transient failure it is sent again, and how many tries it gets (:mod:`batchgrader.daemon.steps.preflight`
-sends it; :mod:`batchgrader.core.decide` asks :func:`preflight_due`)."""
+sends it; :mod:`batchgrader.core.rules.decide` asks :func:`preflight_due`)."""
 
 from __future__ import annotations
 
-from batchgrader.core.config import Config, ConfigError
-from batchgrader.core.jobstate import JobState
+from batchgrader.core.configuration.config import Config, ConfigError
+from batchgrader.core.log.jobstate import JobState
 
 PREFLIGHT_FIRST_DELAY = 5.0  # seconds before the first preflight sent again after the provider could not be reached
 PREFLIGHT_MAX_DELAY = 300.0

@@ -20,8 +20,8 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from batchgrader.core.config import Config, Profile
-from batchgrader.core.state import ChunkState, JobState, State
+from batchgrader.core.configuration.config import Config, Profile
+from batchgrader.core.log.state import ChunkState, JobState, State
 
 #: ``Limit: 2,000,000 enqueued tokens`` (digits with optional thousands separators).
 _FIGURE = re.compile(r"Limit:\s*([0-9][0-9,_ .]*[0-9]|[0-9])\s*enqueued tokens", re.IGNORECASE)

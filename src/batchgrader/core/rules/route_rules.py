@@ -1,14 +1,14 @@
-"""The rules of the synchronous routes (``route: flex | online | auto``), as :mod:`batchgrader.core.decide`
+"""The rules of the synchronous routes (``route: flex | online | auto``), as :mod:`batchgrader.core.rules.decide`
 asks them: whether a job still sends rows through the synchronous API before it is prepared, and
 whether it must wait for the provider's Retry-After first.  Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-from batchgrader.core.actions import ONLINE_TIMER, Timers
-from batchgrader.core.config import Config, ConfigError
-from batchgrader.core.routes import SYNC_ROUTES
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import Config, ConfigError
+from batchgrader.core.configuration.routes import SYNC_ROUTES
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import ONLINE_TIMER, Timers
 
 
 def sync_route(job: JobState, config: Config) -> str | None:

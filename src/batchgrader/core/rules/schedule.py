@@ -5,8 +5,8 @@ the duplicate watch, download failures, progress seen, and the run times of rece
 None of it is in the event log: a daemon starts with an empty schedule and learns it again
 (every rule that reads it treats "unknown" as "at once" or "from the log's time").  Every time
 here is on the monotonic clock of the process that set it.  The engine's steps keep it up to
-date; the pure rules (:mod:`batchgrader.core.decide` through :meth:`Schedule.timers`, and
-:mod:`batchgrader.core.outcomes`) read it.
+date; the pure rules (:mod:`batchgrader.core.rules.decide` through :meth:`Schedule.timers`, and
+:mod:`batchgrader.core.rules.outcomes`) read it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from batchgrader.core.actions import OUTBOX_TIMER, Timers
-from batchgrader.core.polling import Durations
-from batchgrader.core.settle import CreateSent
+from batchgrader.core.rules.actions import OUTBOX_TIMER, Timers
+from batchgrader.core.rules.polling import Durations
+from batchgrader.core.rules.settle import CreateSent
 
 #: a chunk of a job: (job_id, chunk index)
 ChunkKey = tuple[str, int]
@@ -40,7 +40,7 @@ class Schedule:
     * ``create_refusals[chunk]``: creates refused at once for the queue limit, in a row;
     * ``download_failures[file] = (tries, not_before)``; ``outbox_failures[job]``: results not
       written in a row; ``step_failures[job]``: steps of the job that raised an unexpected error,
-      in a row (at :data:`~batchgrader.core.decide.STEP_FAILURES_MAX` the job is held);
+      in a row (at :data:`~batchgrader.core.rules.decide.STEP_FAILURES_MAX` the job is held);
     * ``progress[chunk] = (when, done)``: the first poll that saw requests done;
       ``finalizing[chunk]``: when the batch was first seen finishing;
     * ``durations``: how long the last batches of each model took.
@@ -64,7 +64,7 @@ class Schedule:
     durations: Durations = field(default_factory=Durations)
 
     def timers(self, mono: float | None, merging: Mapping[ChunkKey, float] | None = None) -> Timers:
-        """What :mod:`batchgrader.core.decide` reads of the schedule (live views, but for the
+        """What :mod:`batchgrader.core.rules.decide` reads of the schedule (live views, but for the
         downloads' back-offs); ``merging``: the chunks merged in a worker process and until when
         each is waited for."""
         return Timers(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchgrader.core.config import Config
+from batchgrader.core.configuration.config import Config
 
 #: s a provider may still carry out a create after the client gave up waiting for its reply
 #: (the request may have reached it just before); counted from the give-up, not from the send

@@ -1,7 +1,7 @@
 """Stragglers: with a ``deadline``, a batch still running when the deadline nears is cancelled,
 and the rows it did not answer are finished through the synchronous API (issue 26, item 4).
 
-The rules, as :mod:`batchgrader.core.decide` asks them (pure: no clock, no I/O):
+The rules, as :mod:`batchgrader.core.rules.decide` asks them (pure: no clock, no I/O):
 
 * :func:`straggler_cancels`: a batch of a job with a deadline, still in flight at
   ``deadline - margin`` (:func:`margin`: the time the synchronous route needs for the batch's rows
@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
-from batchgrader.core.actions import CancelBatch, PlanStragglers, RouteChunk, SendStragglers, Timers
-from batchgrader.core.config import Config, ConfigError, Profile
-from batchgrader.core.route_rules import online_waits
-from batchgrader.core.routes import deadline_at
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
+from batchgrader.core.configuration.config import Config, ConfigError, Profile
+from batchgrader.core.configuration.routes import deadline_at
+from batchgrader.core.log.state import TERMINAL_BATCH, ChunkState, JobState
+from batchgrader.core.rules.actions import CancelBatch, PlanStragglers, RouteChunk, SendStragglers, Timers
+from batchgrader.core.rules.route_rules import online_waits
 
 #: the least time before the deadline at which a running batch is cancelled: the cancel itself,
 #: the download of the partial output and its merge take minutes

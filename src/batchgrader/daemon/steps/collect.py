@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from batchgrader.core.actions import Create, Download, FailBatch, FailUnstarted, Merge, PlanRetries, Poll
-from batchgrader.core.config import ConfigError
-from batchgrader.core.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.outcomes import (
+from batchgrader.core.configuration.config import ConfigError
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import TERMINAL_BATCH, ChunkState, JobState
+from batchgrader.core.rules.actions import Create, Download, FailBatch, FailUnstarted, Merge, PlanRetries, Poll
+from batchgrader.core.rules.decide import epoch, list_round_due, probe_after_completion, token_cap, utc_day
+from batchgrader.core.rules.outcomes import (
     DownloadRetry,
     batch_status_event,
     download_failed,
@@ -20,8 +21,7 @@ from batchgrader.core.outcomes import (
     malformed_download_again,
     merge_in_worker,
 )
-from batchgrader.core.polling import next_poll_delay, progress_left
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
+from batchgrader.core.rules.polling import next_poll_delay, progress_left
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline.calibration import overhead_payload
 from batchgrader.pipeline.chunkplan import retry_chunks
@@ -86,7 +86,7 @@ class CollectStep:
 
     def _poll(self, job: JobState, c: ChunkState, now: float, b: Any = None) -> None:
         """Refresh one batch (``b``: as a list round saw it; else one ``retrieve``) and set when it
-        is polled next (:mod:`batchgrader.core.polling`: a fraction of its age, and just after the
+        is polled next (:mod:`batchgrader.core.rules.polling`: a fraction of its age, and just after the
         time batches of its model have been taking)."""
         assert c.batch_id
         key = (job.job_id, c.index)

@@ -5,7 +5,7 @@ Both are steps of :class:`~batchgrader.daemon.dispatch.Steps`, run by :meth:`Eng
 <batchgrader.daemon.engine.Engine.tick>` around the jobs' pass.
 
 :class:`ScheduleStep` runs once per tick before the jobs are taken further: each profile's
-``schedule`` (:func:`batchgrader.core.cron.due_runs`) starts its ``schedule_source`` files as
+``schedule`` (:func:`batchgrader.core.rules.cron.due_runs`) starts its ``schedule_source`` files as
 jobs, each claimed into its work folder as the inbox claims a file (copied:
 :mod:`batchgrader.pipeline.scheduled`), then ``JobAccepted`` and ``ScheduledRunStarted`` appended
 together to a job whose id is derived from (profile, time, file), expecting a new job: a second
@@ -17,16 +17,16 @@ once per time and tried again (the time is run once the file is there).
 :class:`EvalStep` runs once per tick after every job has been taken a step further (so a job
 that ended in this tick is seen), over the evals imported into the home (``<home>/evals/*``):
 
-* the decision is :func:`batchgrader.core.evalchain.decide_eval` over what the eval's folder
+* the decision is :func:`batchgrader.core.rules.evalchain.decide_eval` over what the eval's folder
   records and the engine's folded state (pure; each candidate job's first event ``seq`` is read
   once from the store and kept);
-* :class:`~batchgrader.core.evalchain.QueueGrading`: the generation of a generate-then-grade run
+* :class:`~batchgrader.core.rules.evalchain.QueueGrading`: the generation of a generate-then-grade run
   ended with its result written, so its grading is queued
   (:func:`batchgrader.pipeline.evals.chain.queue_grading`: recorded in the eval's folder before
   any file is copied into the inbox, so a daemon killed between the two jobs queues it once);
-* :class:`~batchgrader.core.evalchain.Requeue`: a recorded grading file that a crash kept from
+* :class:`~batchgrader.core.rules.evalchain.Requeue`: a recorded grading file that a crash kept from
   the inbox is copied there again;
-* :class:`~batchgrader.core.evalchain.WriteResults`: every job of the eval ended, so run.json,
+* :class:`~batchgrader.core.rules.evalchain.WriteResults`: every job of the eval ended, so run.json,
   output_items.jsonl and the report are written into the outbox
   (:func:`batchgrader.pipeline.evals.results.finish`), with no `bgctl evals results`; written
   once per set of job results, again after a crash that came before the record.
@@ -48,10 +48,10 @@ import logging
 import os
 from pathlib import Path
 
-from batchgrader.core import cron
-from batchgrader.core import evalchain as ec
-from batchgrader.core.config import ConfigError
-from batchgrader.core.events import NewEvent, new_event
+from batchgrader.core.configuration.config import ConfigError
+from batchgrader.core.log.events import NewEvent, new_event
+from batchgrader.core.rules import cron
+from batchgrader.core.rules import evalchain as ec
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline import scheduled
 from batchgrader.pipeline.evals import chain

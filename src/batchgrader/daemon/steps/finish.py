@@ -1,7 +1,7 @@
 """The finish step: write the result (and error report) into the outbox, archive the input (or
 bring it back for ``bgctl retry``), delete provider files, record the job's end and run what
 follows it, and redo final effects after a crash.  When a job ends is decided by the rules
-(core/ending.py), never here.
+(core/rules/ending.py), never here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import (
+from batchgrader.core.configuration.config import SECRET_KEYS, ConfigError, Profile
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import (
     OUTBOX_TIMER,
     Archive,
     DeleteProviderFiles,
@@ -21,10 +24,7 @@ from batchgrader.core.actions import (
     WriteErrorReport,
     WriteResult,
 )
-from batchgrader.core.config import SECRET_KEYS, ConfigError, Profile
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.outcomes import outbox_retry_at
-from batchgrader.core.state import JobState
+from batchgrader.core.rules.outcomes import outbox_retry_at
 from batchgrader.daemon import jobhook
 from batchgrader.daemon.context import Context
 from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, move_no_clobber, stamp
@@ -258,7 +258,7 @@ class FinishStep:
             self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))
 
     def finish(self, a: Finish, job: JobState, now: float) -> None:
-        """The job's end, as the rules decided it (core/ending.py), and what follows it."""
+        """The job's end, as the rules decided it (core/rules/ending.py), and what follows it."""
         self.ctx.emit(job.job_id, _e(a.event, **a.payload))
         self._after_job_end(job.job_id, now)
 

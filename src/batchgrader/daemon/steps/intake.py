@@ -12,13 +12,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import SearchRecovered
-from batchgrader.core.config import ConfigError
-from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
-from batchgrader.core.due import InboxTimes
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.outcomes import batch_status_event
-from batchgrader.core.state import ChunkState, JobState
+from batchgrader.core.configuration.config import ConfigError
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import ChunkState, JobState
+from batchgrader.core.rules.actions import SearchRecovered
+from batchgrader.core.rules.decide import FIRST_POLL_DELAY, upload_name
+from batchgrader.core.rules.due import InboxTimes
+from batchgrader.core.rules.outcomes import batch_status_event
 from batchgrader.daemon.context import CLOCK_SKEW_SLACK, Context
 from batchgrader.fsio import free_path, move_no_clobber, shown_name, stamp
 from batchgrader.pipeline import inbox as inbox_mod
@@ -67,7 +67,7 @@ class IntakeStep:
         return self.scanner.due() if self.scanner is not None else None
 
     def times(self) -> InboxTimes:
-        """The inbox's waits (wall clock), for :func:`batchgrader.core.due.next_due`."""
+        """The inbox's waits (wall clock), for :func:`batchgrader.core.rules.due.next_due`."""
         return InboxTimes(self.scan_requested, self.due(), self._last_scan)
 
     def intake(self, now: float) -> None:

@@ -7,10 +7,10 @@ One :class:`SyncSender` carries out one such action, with what it needs given ex
 (home, profile, prices, provider, the event sink and the clocks):
 
 * a route not chosen yet is chosen first (``RouteChosen``): the profile's, or for ``auto`` what
-  :func:`~batchgrader.core.routes.choose_route` makes of the row count and the deadline; ``batch``
+  :func:`~batchgrader.core.configuration.routes.choose_route` makes of the row count and the deadline; ``batch``
   ends the step (the job is prepared into batches as usual); ``flex`` and ``online`` carry the
   rows' estimate at the route's price, and the step ends there if the budget's rules
-  (:mod:`~batchgrader.core.budget`) would not let it spend: the next tick holds the job;
+  (:mod:`~batchgrader.core.rules.budget`) would not let it spend: the next tick holds the job;
 * every row not answered yet is sent, ``concurrency`` at a time (a small thread pool; events are
   written by the calling thread only): the intent ``OnlineRequestSent`` when the request leaves,
   then ``OnlineRequestAnswered`` (with a ``TokensUsed`` of chunk -1 in the same transaction:
@@ -19,7 +19,7 @@ One :class:`SyncSender` carries out one such action, with what it needs given ex
 * a 429 (or a 408, a 5xx, a timeout, a lost reply) stops the step: no request leaves before the
   provider's ``Retry-After`` (else a backoff doubling from 1 s) has passed, on the monotonic clock
   (``not_before``) and, after a restart, the wall clock its event recorded; a row is tried at most
-  :data:`~batchgrader.core.route_state.MAX_ATTEMPTS` times, and a definite refusal (another 4xx) or an
+  :data:`~batchgrader.core.log.route_state.MAX_ATTEMPTS` times, and a definite refusal (another 4xx) or an
   answer that is not valid (``invalid_output``, ``unexpected_finish``) fails it at once: such a row is
   failed ``final`` and goes in the job's batch, where it is answered or fails with its code in the
   result like any batch row; an answer cut off or refused (``truncated``, ``refused``) is billed and
@@ -45,15 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import ONLINE_TIMER, SendOnline, SendStragglers
-from batchgrader.core.budget import budget_problem
-from batchgrader.core.config import ConfigError, Profile
-from batchgrader.core.decide import NEVER_RETRIED, epoch, reuse_enabled, utc_day
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.home import Home
-from batchgrader.core.route_state import MAX_ATTEMPTS, RouteState, backoff, refused_rows
-from batchgrader.core.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
-from batchgrader.core.state import ChunkState, JobState
+from batchgrader.core.configuration.config import ConfigError, Profile
+from batchgrader.core.configuration.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.route_state import MAX_ATTEMPTS, RouteState, backoff, refused_rows
+from batchgrader.core.log.state import ChunkState, JobState
+from batchgrader.core.rules.actions import ONLINE_TIMER, SendOnline, SendStragglers
+from batchgrader.core.rules.budget import budget_problem
+from batchgrader.core.rules.decide import NEVER_RETRIED, epoch, reuse_enabled, utc_day
 from batchgrader.daemon.context import Context
 from batchgrader.daemon.control import cancel_pending
 from batchgrader.fsio import atomic_write_bytes
@@ -156,7 +156,7 @@ class SyncSender:
     # with answer reuse on: request keys -> those with a usable stored answer (None: reuse off)
     lookup: Callable[[list[str]], set[str]] | None = None
     tier: str | None = None  # flex | online: the tier sent at (None: the job's route)
-    # the budget's rule (core/budget.py) on the job as folded now: True while it may not spend
+    # the budget's rule (core/rules/budget.py) on the job as folded now: True while it may not spend
     over_budget: Callable[[], bool] = lambda: False
     # whether the job is cancelled (or a cancel of it is queued): no request leaves after that
     cancelled: Callable[[], bool] = lambda: False

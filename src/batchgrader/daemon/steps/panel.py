@@ -1,4 +1,4 @@
-"""The panel step (rules in :mod:`batchgrader.core.panel`): start the panel and
+"""The panel step (rules in :mod:`batchgrader.core.rules.panel`): start the panel and
 accept its judges' jobs, pass a cancel on to them, and write the panel's combined result.
 """
 
@@ -8,12 +8,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import OUTBOX_TIMER
-from batchgrader.core.config import ConfigError
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.outcomes import outbox_retry_at
-from batchgrader.core.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult, judge_job_id, judge_jobs
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import ConfigError
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import OUTBOX_TIMER
+from batchgrader.core.rules.outcomes import outbox_retry_at
+from batchgrader.core.rules.panel import CancelJudges, RetryJudges, StartPanel, WritePanelResult, judge_job_id, judge_jobs
 from batchgrader.daemon.context import Context
 from batchgrader.fsio import atomic_write, atomic_write_bytes
 from batchgrader.pipeline.outbox import error_name, error_report, outbox_error, result_settings

@@ -22,11 +22,11 @@ its request leaves), the ``complete`` call, then:
   failed/, ``JobFailed``): a definite refusal (4xx other than 429), an answer that is
   ``truncated``, ``refused``, ``invalid_output`` or ``unexpected_finish`` (billed: its
   ``TokensUsed`` is recorded beside), a request the client would not send (``request_not_sent``:
-  a parameter the SDK refuses, a missing key), or :data:`~batchgrader.core.decide.PREFLIGHT_MAX_ATTEMPTS`
+  a parameter the SDK refuses, a missing key), or :data:`~batchgrader.core.rules.decide.PREFLIGHT_MAX_ATTEMPTS`
   tries that met only transient errors;
 * ``PreflightUnreachable``: a transient error (connection, timeout, lost reply, 5xx, 429); the
   rows not answered yet are sent again no earlier than the provider's Retry-After, else after
-  the backoff (:func:`~batchgrader.core.preflight_rules.preflight_delay`); the reason is the job's last
+  the backoff (:func:`~batchgrader.core.rules.preflight_rules.preflight_delay`); the reason is the job's last
   error meanwhile (``bgctl status``).
 
 A synchronous request has no record at the provider to reconcile with, so a daemon killed
@@ -48,12 +48,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import Action
-from batchgrader.core.config import ConfigError, Profile
-from batchgrader.core.decide import utc_day
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
-from batchgrader.core.state import JobState
+from batchgrader.core.configuration.config import ConfigError, Profile
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import Action
+from batchgrader.core.rules.decide import utc_day
+from batchgrader.core.rules.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.input_checks import open_checked
@@ -99,7 +99,7 @@ def transient(exc: ProviderRejected) -> bool:
 
 class PreflightStep:
     """The preflight step, over the :class:`~batchgrader.daemon.context.Context`; a failed
-    preflight is recorded (``PreflightFailed``), and the rules end the job (core/ending.py)."""
+    preflight is recorded (``PreflightFailed``), and the rules end the job (core/rules/ending.py)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -245,7 +245,7 @@ class PreflightStep:
         hint = fix_for(code, job.job_id)
         self.ctx.emit(job.job_id, *paid, _e("PreflightFailed", custom_id=custom_id, row_code=code, error=message, hint=hint))
         log.warning("job %s: preflight failed on row %s: %s: %s", job.job_id, custom_id, code, message)
-        # the rules end the job (core/ending.py: its PreflightFailed is its start failure)
+        # the rules end the job (core/rules/ending.py: its PreflightFailed is its start failure)
 
     def _unreachable(
         self, job: JobState, custom_id: str, code: str, error: str, retry_after: float | None, attempt: int, now: float

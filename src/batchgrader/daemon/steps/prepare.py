@@ -1,6 +1,6 @@
 """The prepare step: prepare a job (read the input, count, apply reuse, split into chunk files,
 ``JobPrepared``), and re-plan a chunk refused for the queue limit (``ChunkReplanned``).  What a
-job cannot be prepared for is recorded (``PrepareFailed``); the rules end it (core/ending.py).
+job cannot be prepared for is recorded (``PrepareFailed``); the rules end it (core/rules/ending.py).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
-from batchgrader.core.actions import Action, Replan
-from batchgrader.core.answer_sources import ANSWERED_IN_JOB, DUPLICATE
-from batchgrader.core.config import ConfigError, Profile
-from batchgrader.core.decide import epoch
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.heap import trim_heap
-from batchgrader.core.state import JobState
-from batchgrader.core.stragglers import deadline_of
+from batchgrader.core.configuration.config import ConfigError, Profile
+from batchgrader.core.host.heap import trim_heap
+from batchgrader.core.log.answer_sources import ANSWERED_IN_JOB, DUPLICATE
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import Action, Replan
+from batchgrader.core.rules.decide import epoch
+from batchgrader.core.rules.stragglers import deadline_of
 from batchgrader.daemon.context import Context
 from batchgrader.fsio import atomic_write, atomic_write_bytes
 from batchgrader.pipeline.calibration import learned_overhead
@@ -62,12 +62,12 @@ class PrepareStep:
         self.ctx = ctx
 
     def _cannot_prepare(self, job: JobState, code: str, error: str, hint: str) -> None:
-        """Record why the job cannot be prepared; the rules end it (core/ending.py)."""
+        """Record why the job cannot be prepared; the rules end it (core/rules/ending.py)."""
         self.ctx.emit(job.job_id, _e("PrepareFailed", code=code, error=error, hint=hint))
 
     def prepare(self, a: Action, job: JobState, now: float) -> None:
         """Prepare ``job`` (its chunks written and planned, or it fails for its input), then give
-        the memory the counting threads freed back to the system (:mod:`batchgrader.core.heap`)."""
+        the memory the counting threads freed back to the system (:mod:`batchgrader.core.host.heap`)."""
         try:
             self._prepare(job, now)
         finally:

@@ -9,9 +9,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.actions import StoreAnswers
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.state import JobState
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import StoreAnswers
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline.job_reuse import answers_to_store
 

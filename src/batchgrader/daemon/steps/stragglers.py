@@ -1,4 +1,4 @@
-"""The stragglers step (the rules: :mod:`batchgrader.core.stragglers`): the rows of a batch
+"""The stragglers step (the rules: :mod:`batchgrader.core.rules.stragglers`): the rows of a batch
 cancelled as its job's deadline nears, and a chunk its deadline leaves no time to batch, finished
 through the synchronous route.
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import logging
 
-from batchgrader.core.actions import PlanStragglers, RouteChunk
-from batchgrader.core.decide import token_cap
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.state import JobState
-from batchgrader.core.stragglers import straggler_rows
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import PlanStragglers, RouteChunk
+from batchgrader.core.rules.decide import token_cap
+from batchgrader.core.rules.stragglers import straggler_rows
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline.chunkplan import retry_chunks
 from batchgrader.pipeline.pricing import has_flex

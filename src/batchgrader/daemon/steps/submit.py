@@ -8,11 +8,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core import queue
-from batchgrader.core.actions import CancelBatch, CheckDuplicates, Create, Reconcile, Upload
-from batchgrader.core.decide import FIRST_POLL_DELAY, epoch, refusal_lesson
-from batchgrader.core.events import new_event as _e
-from batchgrader.core.outcomes import (
+from batchgrader.core.log.events import new_event as _e
+from batchgrader.core.log.state import TERMINAL_BATCH, ChunkState, JobState
+from batchgrader.core.rules import queue
+from batchgrader.core.rules.actions import CancelBatch, CheckDuplicates, Create, Reconcile, Upload
+from batchgrader.core.rules.decide import FIRST_POLL_DELAY, epoch, refusal_lesson
+from batchgrader.core.rules.outcomes import (
     ListAgain,
     batch_status_event,
     create_not_listed,
@@ -20,12 +21,11 @@ from batchgrader.core.outcomes import (
     duplicate_watch_next,
     queue_full_error,
 )
-from batchgrader.core.settle import (
+from batchgrader.core.rules.settle import (
     CreateSent,
     create_settle_seconds,
     duplicate_watch_ends,
 )
-from batchgrader.core.state import TERMINAL_BATCH, ChunkState, JobState
 from batchgrader.daemon.context import CLOCK_SKEW_SLACK, Context
 from batchgrader.pipeline.requests import ENDPOINT
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected
@@ -140,7 +140,7 @@ class SubmitStep:
         self._batch_created(job, c, b, reconciled=False)
 
     def _create_refused(self, job: JobState, c: ChunkState, exc: ProviderRejected) -> None:
-        """Carry out what a create refused at once means (:func:`~batchgrader.core.outcomes.create_refused`):
+        """Carry out what a create refused at once means (:func:`~batchgrader.core.rules.outcomes.create_refused`):
         a bad request fails the chunk; a queue refusal that teaches the limit records it; a rate
         limit, or a queue refusal that teaches nothing, waits (doubling per round, counted by this
         process); after ``QUEUE_FULL_ROUNDS`` rounds its rows fail as ``queue_full`` (``bgctl

@@ -9,7 +9,7 @@ answer column, ``output_text``, becomes the item's ``sample.output_text`` (and, 
 
 The **grading** is the import's usual plan over the items with those samples.  When the
 generation's result is written the daemon's eval step (on the decision of
-:func:`batchgrader.core.evalchain.decide_eval`) calls :func:`queue_grading`, which
+:func:`batchgrader.core.rules.evalchain.decide_eval`) calls :func:`queue_grading`, which
 
 1. reads the generation's result into ``samples.jsonl`` (an item the generation failed keeps
    its error, and is not graded: its verdicts are ``sample_error``);
@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.home import Home
-from batchgrader.core.jobstate import JobState
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.jobstate import JobState
 from batchgrader.pipeline.evals import templates
 from batchgrader.pipeline.evals.data import Row
 from batchgrader.pipeline.evals.folder import (

@@ -15,7 +15,7 @@ Written later, by the daemon's eval step or `bgctl evals results`:
 * ``results.json``: which job results the outbox's run.json, output items and report were
   computed from, written after them (:mod:`batchgrader.pipeline.evals.results`).
 
-:func:`record` reads what the pure decision (:mod:`batchgrader.core.evalchain`) needs.
+:func:`record` reads what the pure decision (:mod:`batchgrader.core.rules.evalchain`) needs.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.evalchain import EvalRecord, QueuedFile, Stage
-from batchgrader.core.home import Home
+from batchgrader.core.host.home import Home
+from batchgrader.core.rules.evalchain import EvalRecord, QueuedFile, Stage
 from batchgrader.pipeline.evals.data import Row, read_output_items
 from batchgrader.pipeline.evals.spec import EvalSpec, parse_eval
 

@@ -23,8 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from batchgrader.core.home import Home
-from batchgrader.core.jobstate import JobState
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.jobstate import JobState
 from batchgrader.pipeline.evals import compare as cmp
 from batchgrader.pipeline.evals import graders, templates
 from batchgrader.pipeline.evals.data import Row
@@ -324,7 +324,7 @@ def finish(
     now: float | None = None,
 ) -> dict[str, Any]:
     """Compute the eval's results from its ended ``jobs`` (``(key, job)`` of every stage: see
-    :class:`~batchgrader.core.evalchain.WriteResults`), write run.json, output_items.jsonl and the
+    :class:`~batchgrader.core.rules.evalchain.WriteResults`), write run.json, output_items.jsonl and the
     report into the outbox (each atomically), then ``results.json`` with ``fingerprint``; the
     report, with the paths written.  Writing them again gives the same files (but ``created_at``)."""
     from batchgrader.fsio import atomic_write_bytes
