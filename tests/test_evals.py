@@ -119,10 +119,6 @@ BAD = {
         ),
         "testing_criteria[4] ('py').type",
     ),
-    "cosine": (
-        lambda ev, it: ev["testing_criteria"][1].update(evaluation_metric="cosine"),
-        "testing_criteria[1] ('Reply close to reference').evaluation_metric",
-    ),
     "missing required field": (
         lambda ev, it: ev["testing_criteria"][0].pop("operation"),
         "testing_criteria[0] ('Category correct').operation",

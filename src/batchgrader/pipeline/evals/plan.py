@@ -46,10 +46,68 @@ class JobPlan:
     settings: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    kind: str = "model"  # "model": the model criteria's answers; "embeddings": the cosine criteria's vectors
+
+    @property
+    def requests_per_item(self) -> int:
+        """Requests per item and criterion (an embedding job embeds the input and the reference)."""
+        return len(EMBEDDED_SIDES) if self.kind == "embeddings" else 1
 
 
 def custom_id(index: int, criterion: int) -> str:
     return f"i{index}-c{criterion}"
+
+
+#: the two texts a ``cosine`` criterion embeds per item: its rendered input and reference
+EMBEDDED_SIDES = ("input", "reference")
+EMBEDDING_COLUMN = "embedding"
+
+
+def embedding_id(index: int, criterion: int, side: str) -> str:
+    return f"{custom_id(index, criterion)}-{side[:3]}"
+
+
+def plan_embeddings(spec: EvalSpec, rows: Sequence[Row], model: str, key: str) -> JobPlan | None:
+    """The embedding job of the eval's ``cosine`` criteria (None without one): one
+    ``/v1/embeddings`` request per item, criterion and side (custom id ``i<item>-c<criterion>-inp``
+    / ``-ref``), the rendered text in the ``prompt`` column, sent to OpenAI's Batch API."""
+    crits = spec.embedded_criteria
+    if not crits:
+        return None
+    settings: dict[str, Any] = {
+        "model": model,
+        "provider": "openai",
+        "system_prompt": None,
+        "system_prompt_name": None,
+        "examples_file": None,
+        "user_prompt": "{" + PROMPT_COLUMN + "}",
+        "response_field": PROMPT_COLUMN,
+        "id_column": ID_COLUMN,
+        "output_column": EMBEDDING_COLUMN,
+        "response_format": None,
+        "samples": 1,
+        "temperature": None,
+        "reasoning_effort": None,
+        "reference_column": None,
+        "reference_field": None,
+        "group_column": None,
+        "skip_empty": False,
+    }
+    plan = JobPlan(key, model, tuple(c.index for c in crits), settings, kind="embeddings")
+    for row in rows:
+        sample = templates.sample_namespace(row.sample)
+        for c in crits:
+            for side in EMBEDDED_SIDES:
+                text = templates.render(str(c.raw[side]), row.item, sample)
+                plan.rows.append(
+                    {
+                        ID_COLUMN: embedding_id(row.index, c.index, side),
+                        "eval_item": row.index,
+                        "criterion": c.name,
+                        PROMPT_COLUMN: text,
+                    }
+                )
+    return plan
 
 
 def _group_key(c: Criterion) -> tuple[Any, ...]:
@@ -115,7 +173,11 @@ def escape_system(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -> list[JobPlan]:
+def plan_jobs(
+    spec: EvalSpec, rows: Sequence[Row], samples: int | None = None, embedding_model: str | None = None
+) -> list[JobPlan]:
+    """The eval's grading jobs: the model criteria's (see the module's docstring), then, with
+    ``cosine`` criteria, the embedding job (:func:`plan_embeddings`, on ``embedding_model``)."""
     groups: dict[tuple[Any, ...], list[Criterion]] = {}
     for c in spec.model_criteria:
         groups.setdefault(_group_key(c), []).append(c)
@@ -172,6 +234,13 @@ def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -
                     }
                 )
         plans.append(plan)
+    if spec.embedded_criteria:
+        from batchgrader.pipeline.evals.graders import DEFAULT_EMBEDDING_VARIANT, EMBEDDING_VARIANTS
+
+        model = embedding_model or EMBEDDING_VARIANTS[DEFAULT_EMBEDDING_VARIANT]
+        emb = plan_embeddings(spec, rows, model, f"j{len(plans) + 1}")
+        assert emb is not None
+        plans.append(emb)
     return plans
 
 
