@@ -45,6 +45,8 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     default=None,
     help="The OpenAI embedding model of cosine criteria (default text-embedding-3-large, as OpenAI's Evals used).",
 )
+@click.option("--schedule", default=None, help="Run the whole eval again at these times: a cron expression, UTC ('0 2 * * *').")
+@click.option("--schedule-source", default=None, help="The items each scheduled run grades: a JSONL file, or a folder of them.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only: nothing is written or queued.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -58,6 +60,8 @@ def import_(
     samples: int | None,
     allow_python: bool,
     embedding_model: str | None,
+    schedule: str | None,
+    schedule_source: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -81,6 +85,8 @@ def import_(
             samples=samples,
             allow_python=allow_python,
             embedding_model=embedding_model,
+            schedule=schedule,
+            schedule_source=schedule_source,
         )
         written = None if dry_run else importer.install(obj.home, prepared, obj.config)
     except EvalInputError as exc:
@@ -189,8 +195,12 @@ def list_(obj: Ctx, as_json: bool) -> None:
         sys.exit(0)
     for e in rows:
         jobs = ", ".join(f"{j['stage']} {j['key']} {j['job_id'] or '-'} {j['state']}" for j in e["run_jobs"])
+        sch = e.get("schedule")
+        when = f"; scheduled {sch['cron']} (UTC) over {sch['source']}" if sch else ""
         click.echo(
-            f"{e['name']}: {e['eval_name']} ({e['eval_id']}), {e['rows']} rows, {e['state']}" + (f"; {jobs}" if jobs else "")
+            f"{e['name']}: {e['eval_name']} ({e['eval_id']}), {e['rows']} rows, {e['state']}"
+            + (f"; {jobs}" if jobs else "")
+            + when
         )
 
 

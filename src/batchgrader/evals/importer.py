@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.home import Home
-from batchgrader.pipeline.evals import chain, graders
+from batchgrader.pipeline.evals import chain, graders, runs
 from batchgrader.pipeline.evals import data as evdata
 from batchgrader.pipeline.evals.folder import PLAN_FILE, QUEUED_FILE, evals_root
 from batchgrader.pipeline.evals.plan import JobPlan, plan_jobs
@@ -45,10 +45,9 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     allow_python: bool = False
     samples: int = 1
-    generation: JobPlan | None = None
-    embedding_model: str | None = (
-        None  # the cosine criteria's embedding model (None: no cosine criterion)  # generate-then-grade: the generation job (the grading jobs follow it)
-    )
+    generation: JobPlan | None = None  # generate-then-grade: the generation job (the grading jobs follow it)
+    embedding_model: str | None = None  # the cosine criteria's embedding model (None: no cosine criterion)
+    schedule: dict[str, Any] | None = None  # {cron, source}: a new run of the eval at each time (pipeline/evals/runs.py)
 
     @property
     def queued_now(self) -> list[JobPlan]:
@@ -92,6 +91,7 @@ class Prepared:
             "samples": self.samples,
             "allow_python": self.allow_python,
             "embedding_model": self.embedding_model,
+            "schedule": self.schedule,
             "item_rule": "an item passes when every criterion passes; it is errored when a criterion has no verdict and none failed",
             "criteria": criteria,
             "jobs": [
@@ -164,6 +164,8 @@ def prepare_import(
     samples: int | None = None,
     allow_python: bool = False,
     embedding_model: str | None = None,
+    schedule: str | None = None,
+    schedule_source: str | None = None,
 ) -> Prepared:
     """Read and check everything; raise :class:`EvalInputError` with every problem.
     ``embedding_model``: the OpenAI embedding model of the ``cosine`` criteria (default
@@ -228,6 +230,10 @@ def prepare_import(
                     Problem(f"testing_criteria[{c.index - 1}] ({c.name!r})", why, "run it where the sandbox works, or drop it")
                 )
     embedding = _embedding_model(spec, embedding_model, problems)
+    has_jobs = bool(spec.model_criteria or spec.embedded_criteria or gen)
+    bad_schedule = runs.schedule_problem(schedule, schedule_source, has_jobs)
+    if bad_schedule is not None:
+        problems.append(bad_schedule)
     name = slug(name or spec.id)
     if (evals_root(home) / name).exists():
         problems.append(
@@ -248,7 +254,15 @@ def prepare_import(
             f"cosine criteria: their inputs and references are embedded with {embedding} through OpenAI's Batch API "
             "(/v1/embeddings, at batch price; an OpenAI key is needed whatever provider the other criteria use)"
         )
-    return Prepared(name, spec, run, rows, output_items, jobs, notes, allow_python, samples or 1, generation, embedding)
+    scheduled = runs.scheduled_record(schedule, schedule_source) if schedule and schedule_source else None
+    if scheduled:
+        notes.append(
+            f"scheduled: at each time of {scheduled['cron']!r} (UTC) the daemon runs the whole eval again over the items in "
+            f"{schedule_source} (each run its own results, named {name}-<YYYYMMDDTHHMM>Z)"
+        )
+    return Prepared(
+        name, spec, run, rows, output_items, jobs, notes, allow_python, samples or 1, generation, embedding, scheduled
+    )
 
 
 def _embedding_model(spec: EvalSpec, model: str | None, problems: list[Problem]) -> str | None:
