@@ -1,5 +1,6 @@
 """`bgctl evals` figures: the local graders' throughput, and what an eval with two model criteria
-costs at batch price next to the same eval sent synchronously.
+(and a cosine criterion, embedded through OpenAI's Batch API) costs at batch price next to the
+same eval sent synchronously.
 
 1. Throughput: each metric's default variant (and string_check) over ``--rows`` generated
    (answer, reference) pairs of 8 to 30 words, rows per second.  A metric still running after
@@ -9,6 +10,10 @@ costs at batch price next to the same eval sent synchronously.
    each job's queued file counted as `bgctl count` counts it (tiktoken, exact, plus the schema's
    stated allowance), priced with the shipped catalogue at the Batch price and at the standard
    (synchronous) price, with the answers' output tokens taken as the length of the JSON answer.
+   The two criteria are one job (an eval's model criteria on one model share a batch job).
+3. Cosine: the same eval with its ``text_similarity`` criterion's metric set to ``cosine``: its
+   embedding job (the input and the reference of every item, text-embedding-3-large) counted the
+   same way, priced at the Batch and the standard price (embeddings bill input tokens only).
 
     .venv/bin/python bench/bench_evals.py [--rows 100000] [--max-seconds 120] [--items 10000] [--write-docs]
 """
@@ -84,7 +89,12 @@ def _variant(rec: dict, i: int) -> dict:
     return out
 
 
-def cost(items: int) -> dict:
+def _items_file(path: Path, items: int) -> None:
+    base = [json.loads(line) for line in (FIX / "ticket_items.jsonl").read_text().splitlines()]
+    path.write_text("".join(json.dumps(_variant(base[i % len(base)], i)) + "\n" for i in range(items)))
+
+
+def cost(items: int, cosine: bool = False) -> dict:
     from batchgrader.core.configuration.config import load_config
     from batchgrader.core.host.home import Home
     from batchgrader.evals import importer
@@ -92,12 +102,20 @@ def cost(items: int) -> dict:
     from batchgrader.pipeline.pricing import billed_cost, load_pricing, standard_price
     from batchgrader.pipeline.tokens import get_encoding, tokenizer_for_model
 
-    base = [json.loads(line) for line in (FIX / "ticket_items.jsonl").read_text().splitlines()]
     with tempfile.TemporaryDirectory(prefix="bench-evals-") as tmp:
         home = Home.resolve(Path(tmp) / "home").ensure()
         data = Path(tmp) / "items.jsonl"
-        data.write_text("".join(json.dumps(_variant(base[i % len(base)], i)) + "\n" for i in range(items)))
-        prepared = importer.prepare_import(home, FIX / "ticket_eval.json", data_path=data, name="bench")
+        _items_file(data, items)
+        ev_path = FIX / "ticket_eval.json"
+        if cosine:
+            ev = json.loads(ev_path.read_text())
+            for c in ev["testing_criteria"]:
+                if c["type"] == "text_similarity":
+                    c["evaluation_metric"] = "cosine"
+            ev_path = Path(tmp) / "cosine_eval.json"
+            ev_path.write_text(json.dumps(ev))
+        prepared = importer.prepare_import(home, ev_path, data_path=data, name="bench")
+        kinds = {c.name: c.type for c in prepared.spec.criteria}
         written = importer.install(home, prepared, lambda: load_config(home, environ={}))
         config = load_config(home, environ={})
         prices = load_pricing()
@@ -107,12 +125,17 @@ def cost(items: int) -> dict:
             summary = count_file(home, Path(path), prof, prices, sandbox=False)
             prompt = int(summary.get("estimated_input_tokens") or summary["input_tokens"])
             enc = get_encoding(tokenizer_for_model(prof.model, prof.default_encoding).encoding)
-            answer = '{"result":"polite"}' if "enum" in json.dumps(prof.response_format) else '{"result":6}'
-            completion = len(job.rows) * len(enc.encode(answer))
+            label, score = len(enc.encode('{"result":"polite"}')), len(enc.encode('{"result":6}'))
+            completion = (
+                0
+                if job.kind == "embeddings"
+                else sum(label if kinds[r["criterion"]] == "label_model" else score for r in job.rows)
+            )
             price = prices.get(prof.model)
             out["jobs"].append(
                 {
                     "model": prof.model,
+                    "kind": job.kind,
                     "criteria": [c.name for c in prepared.spec.criteria if c.index in job.criteria],
                     "requests": len(job.rows),
                     "prompt_tokens": prompt,
@@ -143,6 +166,8 @@ def main() -> None:
     )
     rates = throughput(args.rows, args.max_seconds)
     c = cost(args.items)
+    cc = cost(args.items, cosine=True)
+    emb = next(j for j in cc["jobs"] if j["kind"] == "embeddings")
     lines = [
         HEADING,
         "",
@@ -178,6 +203,12 @@ def main() -> None:
         f"| **total** | | | | | **${c['batch_usd']:.4f}** | **${c['sync_usd']:.4f}** |",
         "",
         f"The same eval sent synchronously (as OpenAI's hosted graders, promptfoo or Langfuse run it) costs {ratio:.2f}x the batch price.",
+        "",
+        f"**A cosine criterion**: the same eval with its `text_similarity` criterion's metric set to `cosine` adds an "
+        f"embedding job: {emb['requests']:,} `/v1/embeddings` requests (each item's input and reference) on {emb['model']}, "
+        f"{emb['prompt_tokens']:,} input tokens counted as `bgctl count` counts them (no output tokens): "
+        f"**${emb['batch_usd']:.4f}** at the Batch price, ${emb['sync_usd']:.4f} synchronously; with it the eval costs "
+        f"${cc['batch_usd']:.4f} at batch price.",
     ]
     publish(HEADING, lines, args.write_docs)
 

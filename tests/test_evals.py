@@ -45,9 +45,9 @@ def snapshot(home: Home) -> dict[str, bytes]:
 
 def test_import_writes_profile_plan_and_queues_one_request_per_row_and_criterion(home, tmp_path):
     prepared, written = do_import(home, tmp_path)
-    assert [load_config(home).profile(p).model for p in written["profiles"]] == ["gpt-5.4-mini", "gpt-5.4-mini"]
-    # the label and the score criterion of one model are two jobs, each with its own exact schema
-    assert [j.criteria for j in prepared.jobs] == [(3,), (4,)]
+    assert [load_config(home).profile(p).model for p in written["profiles"]] == ["gpt-5.4-mini"]
+    # the label and the score criterion of one model are one job (issue 34: an eval's model criteria, one batch job)
+    assert [j.criteria for j in prepared.jobs] == [(3, 4)]
     plan = json.loads((home.root / "evals" / prepared.name / "plan.json").read_text())
     by_name = {c["name"]: c for c in plan["criteria"]}
     assert by_name["Category correct"]["computed"] == "locally, no model call"
@@ -62,26 +62,43 @@ def test_import_writes_profile_plan_and_queues_one_request_per_row_and_criterion
     assert '"polite", "neutral", "rude"' in polite["prompt"]
 
 
-def test_label_and_score_criteria_get_their_schemas(home, tmp_path):
+def test_label_and_score_criteria_of_one_job_get_a_schema_allowing_either(home, tmp_path):
     prepared, written = do_import(home, tmp_path)
     schemas = {j.criteria: j.settings["response_format"]["properties"]["result"] for j in prepared.jobs}
-    assert schemas == {
-        (3,): {"type": "string", "enum": ["polite", "neutral", "rude"]},
-        (4,): {"type": "number", "minimum": 1.0, "maximum": 7.0},
-    }
-    assert len(written["queued"]) == 2
+    label = {"type": "string", "enum": ["polite", "neutral", "rude"]}
+    score = {"type": "number", "minimum": 1.0, "maximum": 7.0}
+    assert schemas == {(3, 4): {"anyOf": [label, score]}}
+    assert len(written["queued"]) == 1
+    assert any("label and score criteria share one job" in n for n in prepared.notes)
+    # each alone: its exact schema
+    ev = copy.deepcopy(EVAL)
+    ev["testing_criteria"][3]["model"] = "gpt-5.4-nano"  # another model: another batch (one model per batch file)
+    prepared, _written = do_import(home, tmp_path, ev, name="other")
+    schemas = {j.criteria: j.settings["response_format"]["properties"]["result"] for j in prepared.jobs}
+    assert schemas == {(3,): label, (4,): score}
 
 
-def test_two_criteria_of_one_model_and_kind_share_one_job(home, tmp_path):
+def test_a_label_where_a_score_is_asked_is_invalid_output():
+    from batchgrader.pipeline.evals.graders import model_verdict
+
+    polite = _criterion("label_model", labels=["polite", "rude"], passing_labels=["polite"])
+    helpful = _criterion("score_model")
+    assert model_verdict(helpful, {"result": "polite"}, None).error == "invalid_output"
+    assert model_verdict(polite, {"result": 5}, None).error == "invalid_output"
+
+
+def test_every_model_criterion_of_one_model_shares_one_job(home, tmp_path):
     ev = copy.deepcopy(EVAL)
     second = copy.deepcopy(ev["testing_criteria"][3])
     second.update(name="Accurate", id="Accurate-1", pass_threshold=4)
     ev["testing_criteria"].append(second)
     prepared, written = do_import(home, tmp_path, ev)
-    assert sorted(j.criteria for j in prepared.jobs) == [(3,), (4, 5)]
-    score_job = next(j for j in prepared.jobs if j.criteria == (4, 5))
-    assert len(score_job.rows) == 8  # 4 items x 2 criteria, one request each
-    assert score_job.settings["system_prompt"] is not None  # same static system message: the job's system prompt
+    (job,) = prepared.jobs
+    assert job.criteria == (3, 4, 5) and len(written["queued"]) == 1
+    assert len(job.rows) == 12  # 4 items x 3 criteria, one request each
+    assert sorted(r["id"] for r in job.rows) == sorted(f"i{i}-c{c}" for i in range(4) for c in (3, 4, 5))
+    # the criteria's system messages differ: each row's message starts with its criterion's instructions
+    assert job.settings["system_prompt"] is None and any("different (or templated) system messages" in n for n in prepared.notes)
 
 
 BAD = {
@@ -118,10 +135,6 @@ BAD = {
             {"type": "python", "name": "py", "source": "def grade(s, i):\n    return 1.0\n"}
         ),
         "testing_criteria[4] ('py').type",
-    ),
-    "cosine": (
-        lambda ev, it: ev["testing_criteria"][1].update(evaluation_metric="cosine"),
-        "testing_criteria[1] ('Reply close to reference').evaluation_metric",
     ),
     "missing required field": (
         lambda ev, it: ev["testing_criteria"][0].pop("operation"),

@@ -40,6 +40,13 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option(
     "--allow-python", is_flag=True, help="Run python graders' code (in a subprocess without network, time- and memory-limited)."
 )
+@click.option(
+    "--embedding-model",
+    default=None,
+    help="The OpenAI embedding model of cosine criteria (default text-embedding-3-large, as OpenAI's Evals used).",
+)
+@click.option("--schedule", default=None, help="Run the whole eval again at these times: a cron expression, UTC ('0 2 * * *').")
+@click.option("--schedule-source", default=None, help="The items each scheduled run grades: a JSONL file, or a folder of them.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only: nothing is written or queued.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
@@ -52,13 +59,17 @@ def import_(
     name: str | None,
     samples: int | None,
     allow_python: bool,
+    embedding_model: str | None,
+    schedule: str | None,
+    schedule_source: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
     """Import EVAL.json (an eval as the API returned it): profiles, pass rules and the rows to grade, queued in the inbox.
 
     Every problem is reported (field and fix) before anything is written; the model criteria's
-    rows are queued as one job per grader model; string_check and text_similarity are computed
+    rows are queued as one job per grader model; cosine criteria's texts as one embedding job
+    (OpenAI's Batch API); string_check and the other text_similarity metrics are computed
     locally when the results are read (`bgctl evals results NAME`)."""
     from batchgrader.evals import importer
     from batchgrader.pipeline.evals.spec import EvalInputError
@@ -73,6 +84,9 @@ def import_(
             name=name,
             samples=samples,
             allow_python=allow_python,
+            embedding_model=embedding_model,
+            schedule=schedule,
+            schedule_source=schedule_source,
         )
         written = None if dry_run else importer.install(obj.home, prepared, obj.config)
     except EvalInputError as exc:
@@ -181,8 +195,12 @@ def list_(obj: Ctx, as_json: bool) -> None:
         sys.exit(0)
     for e in rows:
         jobs = ", ".join(f"{j['stage']} {j['key']} {j['job_id'] or '-'} {j['state']}" for j in e["run_jobs"])
+        sch = e.get("schedule")
+        when = f"; scheduled {sch['cron']} (UTC) over {sch['source']}" if sch else ""
         click.echo(
-            f"{e['name']}: {e['eval_name']} ({e['eval_id']}), {e['rows']} rows, {e['state']}" + (f"; {jobs}" if jobs else "")
+            f"{e['name']}: {e['eval_name']} ({e['eval_id']}), {e['rows']} rows, {e['state']}"
+            + (f"; {jobs}" if jobs else "")
+            + when
         )
 
 

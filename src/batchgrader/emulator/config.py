@@ -25,6 +25,8 @@ VALID_ENDPOINTS = (
 CHAT_ENDPOINT = "/v1/chat/completions"
 #: OpenAI's Responses API: ``POST /v1/responses``, and a batch whose lines target it
 RESPONSES_ENDPOINT = "/v1/responses"
+#: OpenAI's embeddings: a batch whose lines target it (answered by :mod:`batchgrader.emulator.embeddings`)
+EMBEDDINGS_ENDPOINT = "/v1/embeddings"
 #: Azure OpenAI's chat endpoint on its date-versioned (api-version) surface: the batch's
 #: ``endpoint`` and every line's ``url`` (learn.microsoft.com batch how-to, Python tab)
 AZURE_CHAT_ENDPOINT = "/chat/completions"

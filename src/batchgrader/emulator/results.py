@@ -9,9 +9,10 @@ import random
 from array import array
 from pathlib import Path
 
+from batchgrader.emulator import embeddings
 from batchgrader.emulator.answers import chat_answer, responses_answer
 from batchgrader.emulator.common import _hex, _now_int
-from batchgrader.emulator.config import BATCH_EXPIRED_MESSAGE, RESPONSES_ENDPOINT, THIRTY_DAYS
+from batchgrader.emulator.config import BATCH_EXPIRED_MESSAGE, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT, THIRTY_DAYS
 from batchgrader.emulator.files import Files
 from batchgrader.emulator.state import State, _Batch, _empty_usage, _Lines, _Out, _Req
 from batchgrader.emulator.validation import Validation, request_of
@@ -30,6 +31,8 @@ def _encode_draft(d: _Draft | None) -> bytes:
     if d is None:
         return b"\n"
     head, tail, tokens = d
+    if tail is None and tokens is not None:  # an undated answer (an embedding has no date)
+        return f"{head}\t\t{tokens[0]},{tokens[1]},{tokens[2]},{tokens[3]}\n".encode()
     if tail is None:
         return head.encode() + b"\n"
     assert tokens is not None
@@ -45,7 +48,7 @@ def _decode_draft(raw: bytes) -> _Draft | None:
         return text, None, None
     head, tail, tok = parts
     p, c, o, r = (int(x) for x in tok.split(","))
-    return head, tail, (p, c, o, r)
+    return head, (tail or None), (p, c, o, r)
 
 
 class _Drafts:
@@ -108,6 +111,17 @@ class Results:
                 }
             )
             return line, None, None
+        if endpoint == EMBEDDINGS_ENDPOINT:
+            body = embeddings.answer(req, model)
+            line = json.dumps(
+                {
+                    "id": line_id,
+                    "custom_id": req.custom_id,
+                    "response": {"status_code": 200, "request_id": request_id, "body": body},
+                    "error": None,
+                }
+            )
+            return line, None, (req.prompt_tokens, 0, 0, 0)  # undated: an embedding has no created
         responses = endpoint == RESPONSES_ENDPOINT
         body = (responses_answer if responses else chat_answer)(self.state.cfg, req, model, _CREATED_SLOT)
         u = body["usage"]

@@ -99,6 +99,10 @@ def _response(c: Call) -> Answer:
     return 200, c.store.sync.response(_openai_json(c.body))
 
 
+def _embeddings(c: Call) -> Answer:
+    return 200, c.store.sync.embeddings(_openai_json(c.body))
+
+
 def _create_batch(c: Call) -> Answer:
     return 200, c.store.batches.create_batch(_openai_json(c.body), azure=c.azure)
 
@@ -112,6 +116,7 @@ _OPENAI: list[tuple[str, str, str, Callable[[Call], Answer]]] = [
     ("POST", "/v1/batches", "create_batch", _create_batch),
     ("POST", "/v1/chat/completions", "chat_completion", _chat_completion),
     ("POST", "/v1/responses", "response", _response),
+    ("POST", "/v1/embeddings", "embeddings", _embeddings),
     ("POST", "/v1/deployments/{id}/chat/completions", "chat_completion", _chat_completion),
     ("GET", "/v1/batches", "list_batches", lambda c: (200, c.store.batches.list_batches(c.query))),
     ("GET", "/v1/batches/{id}", "retrieve_batch", lambda c: (200, c.store.batches.retrieve_batch(c.id))),

@@ -144,9 +144,18 @@ def _openai_error(message: str, param: str, code: str) -> dict[str, Any]:
 RESPONSES_ONLY_MESSAGE = "This model is only supported in v1/responses and not in v1/chat/completions."
 
 
+#: OpenAI's 404 for a model that is not a chat model (an embedding model) on chat completions, as
+#: widely quoted (openai-python and LangChain issues, 2023-2025); not re-checked live since
+NOT_CHAT_MESSAGE = (
+    "This is not a chat model and thus not supported in the v1/chat/completions endpoint. Did you mean to use v1/completions?"
+)
+
+
 def openai_request_error(body: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The HTTP status and error body OpenAI answers for this chat-completions body, or None."""
     spec = shipped_spec(str(body.get("model") or ""))
+    if spec.provider == "openai" and spec.embeddings:
+        return 404, {"error": {"message": NOT_CHAT_MESSAGE, "type": "invalid_request_error", "param": "model", "code": None}}
     if spec.provider == "openai" and not spec.serves_chat:
         return 404, {
             "error": {"message": RESPONSES_ONLY_MESSAGE, "type": "invalid_request_error", "param": "model", "code": None}

@@ -4,6 +4,7 @@
   ``/openai/deployments/{deployment}/chat/completions?api-version=...``, the deployment's name as
   the model) -> a ``chat.completion``;
 * OpenAI ``POST /v1/responses`` (the Responses API) -> a ``response``;
+* OpenAI ``POST /v1/embeddings`` -> a ``CreateEmbeddingResponse`` (:mod:`batchgrader.emulator.embeddings`);
 * Anthropic ``POST /v1/messages`` -> a ``Message``;
 * Gemini ``POST /v1beta/models/{model}:generateContent`` -> a ``GenerateContentResponse``.
 
@@ -39,10 +40,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from batchgrader.emulator import embeddings
 from batchgrader.emulator.answers import chat_answer, responses_answer
 from batchgrader.emulator.anthropic import AnthropicApiError, anthropic_error_type, anthropic_result
 from batchgrader.emulator.common import ApiError
-from batchgrader.emulator.config import CHAT_ENDPOINT, RESPONSES_ENDPOINT
+from batchgrader.emulator.config import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT
 from batchgrader.emulator.gemini import GeminiApiError, gemini_result
 from batchgrader.emulator.rules import known_model, shut_down
 from batchgrader.emulator.state import State
@@ -203,6 +205,10 @@ class Sync:
             )
         return self._openai(body, RESPONSES_ENDPOINT, None)
 
+    def embeddings(self, body: Any) -> dict[str, Any]:
+        """``POST /v1/embeddings``, with the checks and answers of a batch line targeting it."""
+        return self._openai(body, EMBEDDINGS_ENDPOINT, None)
+
     def _openai(self, body: Any, endpoint: str, deployment: str | None) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "We could not parse the JSON body of your request.")
@@ -223,7 +229,8 @@ class Sync:
         if body.get("stream") is True:
             raise ApiError(400, "The emulator does not stream; send stream=false.", param="stream", code="unsupported_value")
         cid = "sync-" + _request_id("chat" if endpoint == CHAT_ENDPOINT else "responses", body)
-        line = json.dumps({"custom_id": cid, "method": "POST", "url": endpoint, "body": {**body, "stream": False}})
+        sent = body if endpoint == EMBEDDINGS_ENDPOINT else {**body, "stream": False}
+        line = json.dumps({"custom_id": cid, "method": "POST", "url": endpoint, "body": sent})
         raw = line.encode("utf-8")
         checked = check_input(io.BytesIO(raw), endpoint, self.state.cfg, self.state.token_cache)
         if checked.errors:
@@ -248,6 +255,8 @@ class Sync:
                 f"(RPM/TPM): Limit {refusal.limit}, Used {refusal.used}. Please try again in {refusal.wait:.3f}s.",
                 openai_limit_headers(refusal),
             )
+        if endpoint == EMBEDDINGS_ENDPOINT:
+            return embeddings.answer(req, checked.model)
         answer = chat_answer if endpoint == CHAT_ENDPOINT else responses_answer
         with self.state.lock:
             out = answer(self.state.cfg, req, checked.model, int(self.state.clock()))

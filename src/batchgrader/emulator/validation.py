@@ -16,17 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from batchgrader.emulator import embeddings
 from batchgrader.emulator.answers import _countable_messages, _counter_for, _is_reasoning_model, chat_format, responses_messages
 from batchgrader.emulator.common import _error_body, _server_error_body, _unit
 from batchgrader.emulator.config import (
     AZURE_CHAT_ENDPOINT,
     CHAT_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
     ENQUEUED_STATUSES,
     FAIL_400_TRIGGER,
     FAIL_500_TRIGGER,
     RESPONSES_ENDPOINT,
     token_limit_message,
 )
+from batchgrader.emulator.embeddings import is_embedding_model
 from batchgrader.emulator.prompt_cache import BatchCache, openai_cached_tokens
 from batchgrader.emulator.rules import known_model, openai_request_error, responses_request_error_of, shut_down
 from batchgrader.emulator.state import (
@@ -159,7 +162,8 @@ class _LineChecker:
     def __init__(self, endpoint: str, cfg: EmulatorConfig, cache: TokenCache, azure: bool) -> None:
         self.endpoint, self.cfg, self.cache, self.azure = endpoint, cfg, cache, azure
         self.chat = endpoint == CHAT_ENDPOINT or (azure and endpoint == AZURE_CHAT_ENDPOINT)
-        self.answered = self.chat or endpoint == RESPONSES_ENDPOINT  # the endpoints the emulator answers
+        self.embeddings = endpoint == EMBEDDINGS_ENDPOINT and not azure
+        self.answered = self.chat or endpoint == RESPONSES_ENDPOINT or self.embeddings  # the endpoints the emulator answers
         self.errors: list[dict[str, Any]] = []
         self.model: str | None = None
         self.seen: set[str] = set()
@@ -172,6 +176,8 @@ class _LineChecker:
             body, m = _body_of(item, self.endpoint, self.chat, self.azure)
             self._same_model(m)
             if self.answered and not known_model(m, self.cfg):
+                raise _LineError("model_not_found", f"The provided model '{m}' is not supported by the Batch API.", "body.model")
+            if self.embeddings and not is_embedding_model(m):  # the unknown model's wording; this case not seen live
                 raise _LineError("model_not_found", f"The provided model '{m}' is not supported by the Batch API.", "body.model")
             if self.answered and not self.azure and (gone := shut_down(m, self.cfg)) is not None:
                 raise _LineError("model_not_found", gone, "body.model")  # the batch's wording is not verified live
@@ -249,6 +255,8 @@ def content_failure(endpoint: str, body: dict[str, Any], model: str) -> tuple[in
     chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT)  # the Azure one only exists on Azure batches
     msgs = messages_of(endpoint, body)
     user_text = " ".join(m.get("content", "") for m in msgs)
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        user_text = json.dumps(body.get("input"), ensure_ascii=False)
     if FAIL_400_TRIGGER in user_text:
         return (
             400,
@@ -263,6 +271,8 @@ def content_failure(endpoint: str, body: dict[str, Any], model: str) -> tuple[in
         return 500, _server_error_body()
     if endpoint == RESPONSES_ENDPOINT:
         return responses_request_error_of(body)
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        return embeddings.request_error(body, model)
     if not chat:
         return (
             400,
@@ -296,6 +306,7 @@ class _Planner:
         self.endpoint, self.model, self.cfg, self.cache = endpoint, model, cfg, cache
         self.chat = endpoint in (CHAT_ENDPOINT, AZURE_CHAT_ENDPOINT, RESPONSES_ENDPOINT)  # counted and answered
         self.responses = endpoint == RESPONSES_ENDPOINT
+        self.embeddings = endpoint == EMBEDDINGS_ENDPOINT
         self.plan = _Plan(model, endpoint, array("q"), array("q"), bytearray())
         self.seen: BatchCache = set()  # prompt-cache prefixes written so far in this batch
         self.prefix_tokens: dict[str, int] = {}
@@ -303,6 +314,13 @@ class _Planner:
 
     def add(self, parsed: list[tuple[str, dict[str, Any]]]) -> None:
         model, cache, plan = self.model, self.cache, self.plan
+        if self.embeddings:
+            for _, body in parsed:
+                failed = content_failure(self.endpoint, body, model) is not None
+                plan.prompt.append(0 if failed else embeddings.input_tokens(model, body))
+                plan.cached.append(0)
+                plan.fail.append(FAIL_CONTENT if failed else FAIL_NONE)
+            return
         messages = [messages_of(self.endpoint, body) for _, body in parsed]
         prompt = cache.count_many(model, messages) if self.chat else [0] * len(parsed)
         for (_, body), msgs, pt in zip(parsed, messages, prompt):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.host.home import Home
-from batchgrader.pipeline.evals import chain, graders
+from batchgrader.pipeline.evals import chain, graders, runs
 from batchgrader.pipeline.evals import data as evdata
 from batchgrader.pipeline.evals.folder import PLAN_FILE, QUEUED_FILE, evals_root
 from batchgrader.pipeline.evals.plan import JobPlan, plan_jobs
@@ -46,6 +46,8 @@ class Prepared:
     allow_python: bool = False
     samples: int = 1
     generation: JobPlan | None = None  # generate-then-grade: the generation job (the grading jobs follow it)
+    embedding_model: str | None = None  # the cosine criteria's embedding model (None: no cosine criterion)
+    schedule: dict[str, Any] | None = None  # {cron, source}: a new run of the eval at each time (pipeline/evals/runs.py)
 
     @property
     def queued_now(self) -> list[JobPlan]:
@@ -67,7 +69,13 @@ class Prepared:
                 "threshold": c.threshold,
                 "computed": "locally, no model call" if c.type in ("string_check", "text_similarity", "python") else "by a model",
             }
-            if c.type == "text_similarity":
+            if c.embedded and self.embedding_model:
+                rec["computed"] = "from OpenAI embeddings, at batch price"
+                rec["variant"] = graders.embedding_variant(self.embedding_model)
+                rec["variant_description"] = graders.describe("cosine", rec["variant"])
+                rec["model"] = self.embedding_model
+                rec["job"] = next(j.key for j in self.jobs if j.kind == "embeddings")
+            elif c.type == "text_similarity":
                 metric = c.raw["evaluation_metric"]
                 rec["variant"] = graders.DEFAULT_VARIANT[metric]
                 rec["variant_description"] = graders.describe(metric)
@@ -82,14 +90,17 @@ class Prepared:
             "rows": len(self.rows),
             "samples": self.samples,
             "allow_python": self.allow_python,
+            "embedding_model": self.embedding_model,
+            "schedule": self.schedule,
             "item_rule": "an item passes when every criterion passes; it is errored when a criterion has no verdict and none failed",
             "criteria": criteria,
             "jobs": [
                 {
                     "key": j.key,
                     "model": j.model,
+                    "kind": j.kind,
                     "criteria": list(j.criteria),
-                    "requests": self._rows(j) * self.samples,
+                    "requests": self._rows(j) * (self.samples if j.kind == "model" else 1),
                     "rows": self._rows(j),
                     "file": self.job_file(j),
                     "response_format": j.settings["response_format"],
@@ -108,7 +119,7 @@ class Prepared:
 
     def _rows(self, job: JobPlan) -> int:
         """A job's request rows (a grading after a generation: one per item and criterion, at most)."""
-        return len(job.rows) if not self.generation else len(self.rows) * len(job.criteria)
+        return len(job.rows) if not self.generation else len(self.rows) * len(job.criteria) * job.requests_per_item
 
     def _generation_record(self) -> dict[str, Any] | None:
         if self.generation is None or self.run is None or self.run.generation is None:
@@ -152,8 +163,13 @@ def prepare_import(
     name: str | None = None,
     samples: int | None = None,
     allow_python: bool = False,
+    embedding_model: str | None = None,
+    schedule: str | None = None,
+    schedule_source: str | None = None,
 ) -> Prepared:
-    """Read and check everything; raise :class:`EvalInputError` with every problem."""
+    """Read and check everything; raise :class:`EvalInputError` with every problem.
+    ``embedding_model``: the OpenAI embedding model of the ``cosine`` criteria (default
+    text-embedding-3-large, the one OpenAI's Evals used)."""
     spec = parse_eval(_read_json(eval_path, "eval object"), allow_python=allow_python)
     notes = list(spec.notes)
     run = parse_run(_read_json(run_path, "run")) if run_path else None
@@ -213,6 +229,11 @@ def prepare_import(
                 problems.append(
                     Problem(f"testing_criteria[{c.index - 1}] ({c.name!r})", why, "run it where the sandbox works, or drop it")
                 )
+    embedding = _embedding_model(spec, embedding_model, problems)
+    has_jobs = bool(spec.model_criteria or spec.embedded_criteria or gen)
+    bad_schedule = runs.schedule_problem(schedule, schedule_source, has_jobs)
+    if bad_schedule is not None:
+        problems.append(bad_schedule)
     name = slug(name or spec.id)
     if (evals_root(home) / name).exists():
         problems.append(
@@ -224,11 +245,54 @@ def prepare_import(
         )
     if problems:
         raise EvalInputError(problems)
-    jobs = plan_jobs(spec, [] if gen else rows, samples)
+    jobs = plan_jobs(spec, [] if gen else rows, samples, embedding)
     generation = chain.plan_generation(gen, rows) if gen else None
     for j in ([generation] if generation else []) + jobs:
         notes += j.notes
-    return Prepared(name, spec, run, rows, output_items, jobs, notes, allow_python, samples or 1, generation)
+    if embedding:
+        notes.append(
+            f"cosine criteria: their inputs and references are embedded with {embedding} through OpenAI's Batch API "
+            "(/v1/embeddings, at batch price; an OpenAI key is needed whatever provider the other criteria use)"
+        )
+    scheduled = runs.scheduled_record(schedule, schedule_source) if schedule and schedule_source else None
+    if scheduled:
+        notes.append(
+            f"scheduled: at each time of {scheduled['cron']!r} (UTC) the daemon runs the whole eval again over the items in "
+            f"{schedule_source} (each run its own results, named {name}-<YYYYMMDDTHHMM>Z)"
+        )
+    return Prepared(
+        name, spec, run, rows, output_items, jobs, notes, allow_python, samples or 1, generation, embedding, scheduled
+    )
+
+
+def _embedding_model(spec: EvalSpec, model: str | None, problems: list[Problem]) -> str | None:
+    """The embedding model of the cosine criteria (None without one); a model that is not one of
+    OpenAI's embedding models in the catalogue is a problem (this program embeds through OpenAI's
+    Batch API only)."""
+    from batchgrader.pipeline.catalogue import shipped_spec
+
+    if not spec.embedded_criteria:
+        if model:
+            problems.append(Problem("--embedding-model", "the eval has no cosine criterion", "leave --embedding-model out"))
+        return None
+    chosen = model or graders.EMBEDDING_VARIANTS[graders.DEFAULT_EMBEDDING_VARIANT]
+    row = shipped_spec(chosen)
+    if not row.embeddings or row.provider != "openai":
+        known = ", ".join(graders.EMBEDDING_VARIANTS.values())
+        what = (
+            f"{chosen!r} is a {row.provider} model, not an embedding model"
+            if row.provider and not row.embeddings
+            else f"{chosen!r} is not one of OpenAI's embedding models in the catalogue"
+        )
+        problems.append(
+            Problem(
+                "--embedding-model",
+                f"{what}: cosine criteria are embedded through OpenAI's Batch API (/v1/embeddings) only; other providers' "
+                "batch embeddings are not supported here",
+                f"pass --embedding-model with one of {known} (and set OPENAI_API_KEY), or drop the cosine criteria",
+            )
+        )
+    return chosen
 
 
 def install(home: Home, prepared: Prepared, load_config: Callable[[], Any]) -> dict[str, Any]:

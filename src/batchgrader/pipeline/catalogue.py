@@ -48,6 +48,10 @@ GEMINI_THINKING_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192
 ANSWER_ROOM = 1024
 #: the request-line ``url`` (and the batch ``endpoint``) of OpenAI's Responses API
 RESPONSES_URL = "/v1/responses"
+#: OpenAI's embeddings endpoint: the ``url`` of the lines of a job on an embedding model (its
+#: catalogue row's endpoint ``embeddings``); the Batch API serves it at the batch price
+#: (``/v1/embeddings`` is among openai-python's ``batch_create_params.endpoint`` literals)
+EMBEDDINGS_URL = "/v1/embeddings"
 #: the providers whose requests the ``openai_endpoint`` setting routes (the others translate a chat request)
 OPENAI_SHAPED = tuple(name for name, f in PROVIDER_FACTS.items() if f.openai_shaped)
 #: the Responses API's lowest ``max_output_tokens`` (``minimum: 16`` on ``CreateResponse`` in the
@@ -145,6 +149,8 @@ def _endpoint_problems(profile: Profile, spec: ModelSpec, bound: int, where: str
     has neither; an output bound below the Responses API's minimum."""
     provider = profile.values["provider"]
     setting = profile.values.get("openai_endpoint") or "auto"
+    if spec.embeddings:
+        return _embedding_problems(profile, setting, where, model)
     if provider not in OPENAI_SHAPED:
         if setting == "auto":
             return []
@@ -180,6 +186,34 @@ def _endpoint_problems(profile: Profile, spec: ModelSpec, bound: int, where: str
             f"'max_output_tokens' the Responses API takes (model {model!r} goes through it); set "
             f"'max_completion_tokens' to at least {RESPONSES_MIN_OUTPUT}"
         )
+    return out
+
+
+def _embedding_problems(profile: Profile, setting: str, where: str, model: str) -> list[str]:
+    """What a job on an embedding model cannot carry: each row's text becomes one ``/v1/embeddings``
+    request (its answer a vector), sent to OpenAI only (Azure's Batch does not serve embeddings)."""
+    provider = profile.values["provider"]
+    if provider != "openai":
+        return [
+            f"{where}: model {model!r} is an embedding model, which this program sends only to OpenAI's Batch API "
+            f"(provider {provider!r} has no batch embeddings here); set 'provider: openai' for this profile"
+        ]
+    out = []
+    if setting not in ("auto", "chat_completions"):
+        out.append(
+            f"{where}: key 'openai_endpoint' is {setting!r}, but model {model!r} is served on /v1/embeddings only; remove it"
+        )
+    given = {
+        "response_format": "an embedding is a vector, not a structured answer",
+        "reasoning_effort": "an embedding model does not reason",
+        "temperature": "an embedding has no sampling",
+        "system_prompt": "only the row's text is embedded",
+    }
+    for key, why in given.items():
+        if profile.values.get(key) is not None and profile.sources.get(key) != "default":
+            out.append(f"{where}: key {key!r} is set, but model {model!r} is an embedding model ({why}); remove {key!r}")
+    if int(profile.values.get("samples") or 1) > 1:
+        out.append(f"{where}: key 'samples' is above 1, but an embedding is the same every time; set 'samples: 1'")
     return out
 
 

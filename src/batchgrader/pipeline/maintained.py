@@ -199,8 +199,10 @@ def maintained_prices(provider: str, model: str, day: datetime.date) -> dict[str
         _base(std.output_mtok),
         _base(std.cache_write_mtok),
     )
-    if s_in is None or s_out is None:
+    if s_in is None:
         return None  # not priced per token (an image or audio model)
+    if s_out is None:
+        s_out = Decimal(0)  # input tokens only: an embedding model
     if _has_batch_variant(info, when):
         batch = info.get_prices(when, {"processing": "batch"})
         b_in, b_cached, b_out, b_write = (

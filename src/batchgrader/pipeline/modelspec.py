@@ -93,7 +93,7 @@ EFFORTS = REASONING_EFFORTS
 PROVIDERS = tuple(name for name, f in PROVIDER_FACTS.items() if f.in_catalogue)  # core/configuration/providers.py
 CONTROLS = ("effort", "budget", "level")
 TEMPERATURE_RULES = ("any", "default", "effort-none", "deprecated")
-ENDPOINTS = ("responses", "both")
+ENDPOINTS = ("responses", "both", "embeddings")
 OUTPUT_PARAMS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
@@ -122,7 +122,8 @@ class ModelSpec:
     min_cache_prefix: int | None = None
     flex: bool | None = None
     #: OpenAI's endpoints serving the model: "responses" (the Responses API only), "both" (chat
-    #: completions and Responses), None (chat completions; Responses not known)
+    #: completions and Responses), "embeddings" (an embedding model: ``/v1/embeddings`` only),
+    #: None (chat completions; Responses not known)
     endpoint: str | None = None
     shutdown: str | None = None  # YYYY-MM-DD
     successor: str | None = None
@@ -131,7 +132,12 @@ class ModelSpec:
     @property
     def serves_chat(self) -> bool:
         """Whether OpenAI serves the model on ``/v1/chat/completions`` (not a Responses-only model)."""
-        return self.endpoint != "responses"
+        return self.endpoint not in ("responses", "embeddings")
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether the model is an embedding model (served on ``/v1/embeddings`` only)."""
+        return self.endpoint == "embeddings"
 
     @property
     def serves_responses(self) -> bool:

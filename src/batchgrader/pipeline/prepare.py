@@ -20,6 +20,7 @@ from typing import IO, Any, Protocol
 
 from batchgrader.core.configuration.config import Profile
 from batchgrader.core.host.home import Home
+from batchgrader.pipeline.catalogue import shipped_spec
 from batchgrader.pipeline.input_checks import missing_column_advice, open_checked
 from batchgrader.pipeline.labels import label_checker, label_error
 from batchgrader.pipeline.pricing import PriceTable, PricingError, estimate
@@ -208,7 +209,9 @@ class _Counting:
             counter = ChatTokenCounter(self.model, self.profile.default_encoding)
             for s in ("system", "user") + ((self.spec.system,) if self.spec.system else ()):
                 counter.remember(s)
-            self.const = counter.count(self.spec.chat(""))
+            # an embedding request is billed its text's tokens alone (no message overhead)
+            embeddings = shipped_spec(str(self.model)).embeddings
+            self.const = 0 if embeddings else counter.count(self.spec.chat(""))
             self._pool = counter.parallel()
         return self._pool
 

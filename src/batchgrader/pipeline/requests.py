@@ -14,7 +14,7 @@ from batchgrader.core.configuration.config import Profile
 from batchgrader.core.configuration.providers import PROVIDER_FACTS
 from batchgrader.core.host.home import Home
 from batchgrader.pipeline.caching import caching_fields
-from batchgrader.pipeline.catalogue import RESPONSES_URL, shipped_spec, uses_responses
+from batchgrader.pipeline.catalogue import EMBEDDINGS_URL, RESPONSES_URL, shipped_spec, uses_responses
 from batchgrader.pipeline.modelspec import ModelSpec
 from batchgrader.pipeline.prompts import PromptSpec, resolve_prompts
 from batchgrader.pipeline.tables import text_of
@@ -45,10 +45,13 @@ def token_param_for(model: str, setting: str = "auto") -> str:
 def request_url(profile: Profile, spec: ModelSpec | None = None) -> str:
     """The ``url`` of every request line of ``profile``'s jobs: :data:`RESPONSES_URL` when they
     go through the Responses API (:func:`uses_responses`; ``spec`` is the model's catalogue row,
-    the shipped one unless given), else the provider's ``request_url``."""
+    the shipped one unless given), :data:`EMBEDDINGS_URL` on an embedding model, else the
+    provider's ``request_url``."""
     provider = str(profile.get("provider") or "openai")
     if spec is None:
         spec = shipped_spec(str(profile.get("azure_model") or profile.model))
+    if spec.embeddings:
+        return EMBEDDINGS_URL
     if uses_responses(provider, profile.get("openai_endpoint"), spec):
         return RESPONSES_URL
     return PROVIDER_FACTS[provider].request_url
@@ -136,6 +139,7 @@ class RequestBuilder:
         self.id_column = profile.id_column
         self.url = request_url(profile)
         self.responses = self.url == RESPONSES_URL
+        self.embeddings = self.url == EMBEDDINGS_URL
         # the Responses API has one output bound, whatever token_param says (it names a chat field)
         self.token_param = "max_output_tokens" if self.responses else token_param_for(profile.model, profile.token_param)
         self.caching = caching_fields(profile, self.spec.system, file_hash, shipped_spec(profile.model).min_cache_prefix)
@@ -154,7 +158,12 @@ class RequestBuilder:
     def request(self, cid: str, messages: list[dict[str, str]]) -> dict[str, Any]:
         """The batch-input object of one request: a chat completion's body (``messages``,
         ``reasoning_effort``, ``response_format``), or a response's (the same messages as
-        ``input``, ``max_output_tokens``, ``reasoning: {effort}``, ``text: {format}``)."""
+        ``input``, ``max_output_tokens``, ``reasoning: {effort}``, ``text: {format}``), or on an
+        embedding model an embedding's (the user message's text as ``input``, floats)."""
+        if self.embeddings:
+            text = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+            body_e = {"model": self.profile.model, "input": text, "encoding_format": "float"}
+            return {"custom_id": cid, "method": "POST", "url": self.url, "body": body_e}
         effort, rf = self.profile.get("reasoning_effort"), self.profile.response_format
         body: dict[str, Any] = {
             "model": self.profile.model,

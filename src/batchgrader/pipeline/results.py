@@ -84,7 +84,10 @@ def _cache_writes(body: dict[str, Any]) -> int:
 
 
 def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
-    """(content, finish_reason, refusal) from a chat.completion or a /v1/responses body."""
+    """(content, finish_reason, refusal) from a chat.completion or a /v1/responses body; from a
+    /v1/embeddings body (``data[0].embedding``) the vector as compact JSON text."""
+    if body.get("object") == "list" and isinstance(body.get("data"), list):
+        return _embedding_content(body["data"]), None, None
     choices = body.get("choices")
     if isinstance(choices, list) and choices:
         return _chat_content(choices)
@@ -92,6 +95,21 @@ def _content(body: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     if isinstance(output, list):
         return _responses_content(body, output)
     return None, None, None
+
+
+def _embedding_content(data: list[Any]) -> str | None:
+    first = data[0] if data and isinstance(data[0], dict) else {}
+    vector = first.get("embedding")
+    if isinstance(vector, str):  # encoding_format base64: little-endian float32
+        import base64
+        from array import array
+
+        floats = array("f")
+        floats.frombytes(base64.b64decode(vector))
+        vector = list(floats)
+    if not isinstance(vector, list):
+        return None
+    return json.dumps(vector, separators=(",", ":"))
 
 
 def _chat_content(choices: list[Any]) -> tuple[str | None, str | None, str | None]:

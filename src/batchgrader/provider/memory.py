@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.fsio import atomic_write_bytes
-from batchgrader.pipeline.catalogue import RESPONSES_URL
+from batchgrader.pipeline.catalogue import EMBEDDINGS_URL, RESPONSES_URL
 from batchgrader.provider.openai_api import (
     DEFAULT_ENDPOINT,
     BatchErrorInfo,
@@ -392,6 +392,8 @@ def _output_line(p: MemoryProvider, cid: str, body: Mapping[str, Any], url: Any 
     (a ``response`` for a Responses API line)."""
     if url == RESPONSES_URL:
         return _response_line(p, cid, body)
+    if url == EMBEDDINGS_URL:
+        return _embedding_line(p, cid, body)
     return {
         "id": p._new_id("batch_req"),
         "custom_id": cid,
@@ -413,6 +415,37 @@ def _output_line(p: MemoryProvider, cid: str, body: Mapping[str, Any], url: Any 
                     "completion_tokens": p.completion_tokens,
                     "total_tokens": p.prompt_tokens + p.completion_tokens,
                 },
+            },
+        },
+        "error": None,
+    }
+
+
+def _embedding_line(p: MemoryProvider, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The output line of an embeddings request: :attr:`MemoryProvider.answer` as the vector when it
+    is a JSON list of numbers, else the input's words hashed into 64 dimensions."""
+    import hashlib
+    import re
+
+    try:
+        vector = json.loads(p.answer(cid, body))
+    except ValueError:
+        vector = None
+    if not isinstance(vector, list):
+        vector = [0.0] * 64
+        for w in re.findall(r"\w+", str(body.get("input", "")).lower()):
+            vector[hashlib.sha256(w.encode()).digest()[0] % 64] += 1.0
+    return {
+        "id": p._new_id("batch_req"),
+        "custom_id": cid,
+        "response": {
+            "status_code": 200,
+            "request_id": p._new_id("req"),
+            "body": {
+                "object": "list",
+                "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+                "model": body.get("model"),
+                "usage": {"prompt_tokens": p.prompt_tokens, "total_tokens": p.prompt_tokens},
             },
         },
         "error": None,

@@ -33,7 +33,7 @@ import openai
 
 from batchgrader.core.host.secrets import mask_secret
 from batchgrader.fsio import TMP_PREFIX, fsync_dir
-from batchgrader.pipeline.catalogue import RESPONSES_URL
+from batchgrader.pipeline.catalogue import EMBEDDINGS_URL, RESPONSES_URL
 from batchgrader.provider.protocol import (
     DEFAULT_ENDPOINT,
     READ_RETRIES,
@@ -402,7 +402,8 @@ class OpenAIProvider:
 
     def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
         """One request line through the synchronous API with exactly the body a batch would carry
-        (``client.responses.create`` for a line whose ``url`` is the Responses API's, else
+        (``client.responses.create`` for a line whose ``url`` is the Responses API's,
+        ``client.embeddings.create`` for an embeddings line, else
         ``client.chat.completions.create``), sent once (a 5xx or a lost reply is
         :class:`OutcomeUnknown`, a 4xx :class:`ProviderRejected`): the answer as a batch output
         line, for :func:`~batchgrader.pipeline.results.parse_line`."""
@@ -411,6 +412,8 @@ class OpenAIProvider:
         create: Callable[..., Any]
         if line.get("url") == RESPONSES_URL:
             op, create = "responses.create", self._client.responses.create
+        elif line.get("url") == EMBEDDINGS_URL:
+            op, create = "embeddings.create", self._client.embeddings.create
         else:
             op, create = "chat.completions.create", self._client.chat.completions.create
         known = set(inspect.signature(create).parameters)

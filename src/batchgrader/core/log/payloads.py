@@ -611,10 +611,10 @@ class OutboxWriteFailed(TypedDict):
     1,
     "schedule",
     {
-        "schedule": "the profile whose `schedule` started the run",
+        "schedule": "the profile whose `schedule` started the run, or `eval:<name>`: an imported eval's (`bgctl evals import --schedule`)",
         "cron": "its cron expression then (UTC)",
         "scheduled_for": "the fire time run (epoch seconds, UTC): each time is run once, by one daemon (the job id is derived from it)",
-        "source": "this job's input: a file of `schedule_source` (copied; the source stays for the next time)",
+        "source": "this job's input: a file of `schedule_source` (copied; the source stays for the next time); for an eval, a request file of its run's folder",
         "files": "every file of the run at this time (a folder's files are one job each): after a restart, those with no job yet are started",
         "missed": "earlier fire times that passed while no daemon ran, coalesced into this run (epoch seconds)",
     },

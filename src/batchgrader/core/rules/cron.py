@@ -130,9 +130,10 @@ def as_utc(ts: float) -> str:
 
 @dataclass(frozen=True)
 class ProfileSchedule:
-    profile: str
+    profile: str  # the schedule's name: a profile's, or an imported eval's ``eval:<name>``
     cron: str
     source: str | None
+    own_profile: bool = True  # its jobs run under the profile of its name (an eval's run under its jobs' profiles)
 
 
 def _own(prof: Profile, default: Profile) -> bool:
@@ -192,8 +193,16 @@ class ResumeRun:
 def due_runs(config: Config, state: State, since: Mapping[str, float], now: float) -> list[StartRun | ResumeRun]:
     """What each scheduled profile starts now.  ``since``: when this daemon first saw each
     profile's schedule (a schedule never run before does not run its earlier times)."""
+    return due_runs_of(profile_schedules(config), state, since, now)
+
+
+def due_runs_of(
+    schedules: list[ProfileSchedule], state: State, since: Mapping[str, float], now: float
+) -> list[StartRun | ResumeRun]:
+    """What each schedule starts now (a profile's, or an imported eval's ``eval:<name>``: the
+    schedule's name is ``ScheduledRunStarted.schedule``; see :func:`due_runs`)."""
     out: list[StartRun | ResumeRun] = []
-    for sch in profile_schedules(config):
+    for sch in schedules:
         if not sch.source:
             continue  # refused when the configuration is loaded
         last = state.scheduled_runs.get(sch.profile)
@@ -222,7 +231,11 @@ RECOVERY_WINDOW = 7 * 86_400.0
 def _claimed_unrecorded(sch: ProfileSchedule, state: State, since: float, now: float) -> float | None:
     """The fire time of a job of the profile whose id is a scheduled run's, with no run recorded
     (the start-up recovery accepted its claimed input): the latest such time within the window."""
-    ids = {j.job_id: j.source for j in state.jobs.values() if j.profile == sch.profile and j.job_id.startswith("s") and j.source}
+    ids = {
+        j.job_id: j.source
+        for j in state.jobs.values()
+        if (j.profile == sch.profile or not sch.own_profile) and j.job_id.startswith("s") and j.source
+    }
     if not ids:
         return None
     for t in reversed(fire_times(sch.cron, since - RECOVERY_WINDOW, now)):
@@ -231,11 +244,11 @@ def _claimed_unrecorded(sch: ProfileSchedule, state: State, since: float, now: f
     return None
 
 
-def next_fire(config: Config, now: float) -> float | None:
-    """The earliest fire time after ``now`` of every scheduled profile (wall clock), for the
-    daemon's due time; None: no schedule."""
+def next_fire(config: Config, now: float, more: list[ProfileSchedule] | None = None) -> float | None:
+    """The earliest fire time after ``now`` of every scheduled profile (and of ``more``
+    schedules: the imported evals'), wall clock, for the daemon's due time; None: no schedule."""
     times = []
-    for sch in profile_schedules(config):
+    for sch in profile_schedules(config) + list(more or ()):
         if sch.source:
             d = decide(CronSchedule(sch.profile, sch.cron), None, now, now)
             if d.next_due is not None:

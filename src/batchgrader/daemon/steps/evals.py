@@ -54,8 +54,9 @@ from batchgrader.core.rules import cron
 from batchgrader.core.rules import evalchain as ec
 from batchgrader.daemon.context import Context
 from batchgrader.pipeline import scheduled
-from batchgrader.pipeline.evals import chain
+from batchgrader.pipeline.evals import chain, runs
 from batchgrader.pipeline.evals import folder as evfolder
+from batchgrader.pipeline.evals.spec import EvalInputError
 from batchgrader.pipeline.outbox import result_name
 from batchgrader.pipeline.prepare import file_sha256
 from batchgrader.store.eventstore import ConcurrencyError
@@ -136,23 +137,94 @@ class ScheduleStep:
         self.failed = False  # the last run could not start a due run (logged; tried again at the next tick)
         self.started = 0  # the jobs the last run started
 
+    def _eval_schedules(self) -> list[cron.ProfileSchedule]:
+        try:
+            return runs.eval_schedules(self.ctx.home)
+        except (OSError, ValueError) as exc:
+            log.warning("imported evals' schedules cannot be read: %s (tried again at the next tick)", exc)
+            return []
+
     def next_due(self, now: float) -> float | None:
-        """The next fire time of any schedule (wall clock), for the daemon's due time."""
-        return cron.next_fire(self.ctx.config, now)
+        """The next fire time of any schedule, a profile's or an imported eval's (wall clock),
+        for the daemon's due time."""
+        return cron.next_fire(self.ctx.config, now, self._eval_schedules())
 
     def run(self, now: float) -> int:
         """Start what is due; the jobs started."""
-        for sch in cron.profile_schedules(self.ctx.config):
+        evals = self._eval_schedules()
+        for sch in cron.profile_schedules(self.ctx.config) + evals:
             self.since.setdefault(sch.profile, now)
         started, self.failed = 0, False
-        for due in cron.due_runs(self.ctx.config, self.ctx.state, self.since, now):
+        dues = cron.due_runs(self.ctx.config, self.ctx.state, self.since, now)
+        dues += cron.due_runs_of(evals, self.ctx.state, self.since, now)
+        for due in dues:
             try:
-                started += self._start(due)
-            except (OSError, ConfigError) as exc:
+                started += self._start_eval(due) if due.profile.startswith(runs.PREFIX) else self._start(due)
+            except (OSError, ConfigError, ValueError, LookupError) as exc:
                 self.failed = True
-                log.warning("schedule of profile %s: %s (tried again at the next tick)", due.profile, exc)
+                log.warning("schedule %s: %s (tried again at the next tick)", due.profile, exc)
         self.started = started
         return started
+
+    def _warn_once(self, due: cron.StartRun | cron.ResumeRun, message: str, *args: object) -> None:
+        if (due.profile, due.scheduled_for) not in self._warned:
+            self._warned.add((due.profile, due.scheduled_for))
+            log.warning(message, *args)
+
+    def _start_eval(self, due: cron.StartRun | cron.ResumeRun) -> int:
+        """A scheduled time of an imported eval: its run's folder staged (once), then each of its
+        first stage's request files started as a job (see :mod:`batchgrader.pipeline.evals.runs`)."""
+        name = due.profile.removeprefix(runs.PREFIX)
+        try:
+            staged = runs.stage_run(self.ctx.home, name, due.scheduled_for, self.ctx.state.last_seq)
+        except EvalInputError as exc:
+            self._report_problems(due, name, exc)
+            return 0
+        if staged is None:
+            self._warn_once(
+                due,
+                "schedule of eval %s: %s has no items to run at %s; it runs once there are some",
+                name,
+                due.source,
+                cron.as_utc(due.scheduled_for),
+            )
+            return 0
+        files = [f.path for f in staged.files]
+        todo = set(due.files) if isinstance(due, cron.ResumeRun) else set(files)
+        missed = list(due.missed) if isinstance(due, cron.StartRun) else []
+        started = 0
+        for f in staged.files:
+            if f.path not in todo:
+                continue
+            job_id = cron.scheduled_job_id(due.profile, due.scheduled_for, f.path)
+            record = new_event(
+                "ScheduledRunStarted",
+                schedule=due.profile,
+                cron=due.cron,
+                scheduled_for=due.scheduled_for,
+                source=f.path,
+                files=files,
+                missed=missed,
+            )
+            if self.ctx.state.jobs.get(job_id) is not None:  # claimed before a crash, accepted by the start-up recovery
+                if self.ctx.state.scheduled_runs.get(due.profile, {}).get("scheduled_for") != due.scheduled_for:
+                    self.ctx.emit(job_id, record)
+                continue
+            started += self._accept(job_id, f.profile, Path(f.path), record)
+        if started:
+            log.info("schedule of eval %s: run %s started (%d job(s))", name, staged.name, started)
+        return started
+
+    def _report_problems(self, due: cron.StartRun | cron.ResumeRun, name: str, exc: EvalInputError) -> None:
+        """Items the eval cannot grade: logged, and written into the outbox (once per time); the
+        time runs once they are corrected."""
+        if (due.profile, due.scheduled_for) in self._warned:
+            return
+        self._warn_once(due, "schedule of eval %s: the items cannot be graded, nothing was sent: %s", name, exc)
+        outbox = self.ctx.home.outbox
+        outbox.mkdir(parents=True, exist_ok=True)
+        path = outbox / f"{runs.run_name(name, due.scheduled_for)}_problems.json"
+        evfolder.write_json(path, {"eval": name, "scheduled_for": cron.as_utc(due.scheduled_for), "problems": exc.as_dicts()})
 
     def _start(self, due: cron.StartRun | cron.ResumeRun) -> int:
         if isinstance(due, cron.ResumeRun):

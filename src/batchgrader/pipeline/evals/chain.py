@@ -230,7 +230,11 @@ def queue_grading(home: Home, name: str, generation: JobState, after_seq: int) -
     loaded = load(home, name)
     sampled = [r for r in loaded.rows if r.sample is not None]
     profiles = {j["key"]: j["profile"] for j in read_json(folder / QUEUED_FILE).get("next") or ()}
-    plans = [p for p in plan_jobs(loaded.spec, sampled, int(loaded.plan.get("samples") or 1)) if p.rows]
+    plans = [
+        p
+        for p in plan_jobs(loaded.spec, sampled, int(loaded.plan.get("samples") or 1), loaded.plan.get("embedding_model"))
+        if p.rows
+    ]
     jobs: list[dict[str, str]] = []
     taken: set[Path] = set()
     for p in plans:

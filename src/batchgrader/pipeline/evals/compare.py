@@ -39,7 +39,7 @@ def choose_variants(
     """For each text_similarity criterion with reference scores: every variant's closeness and the chosen one."""
     out: dict[int, dict[str, Any]] = {}
     for c in criteria:
-        if c.type != "text_similarity":
+        if c.type != "text_similarity" or c.embedded:  # cosine: its vectors are paid for, one model only
             continue
         pairs: list[tuple[str, str, float]] = []
         for r in rows:

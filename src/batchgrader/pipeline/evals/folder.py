@@ -190,6 +190,8 @@ def list_evals(home: Home) -> list[dict[str, Any]]:
                 "rows": plan["rows"],
                 "jobs": len(plan["jobs"]) + (1 if plan.get("generation") else 0),
                 "generate_then_grade": bool(plan.get("generation")),
+                "schedule": plan.get("schedule"),  # {cron, source}: run again at those times
+                "scheduled": plan.get("scheduled"),  # {eval, for}: a scheduled run of that eval
             }
         )
     return out

@@ -170,6 +170,48 @@ DEFAULT_VARIANT = {
 }
 
 
+#: ``cosine``: the embedding models its texts may be embedded with, by variant (the model's
+#: batch price is the catalogue's); OpenAI's graders guide says its Evals used text-embedding-3-large
+EMBEDDING_VARIANTS = {
+    "openai-text-embedding-3-large": "text-embedding-3-large",
+    "openai-text-embedding-3-small": "text-embedding-3-small",
+}
+DEFAULT_EMBEDDING_VARIANT = "openai-text-embedding-3-large"
+
+
+def embedding_variant(model: str) -> str:
+    return f"openai-{model}"
+
+
+def describe_embedding(variant: str) -> str:
+    model = EMBEDDING_VARIANTS.get(variant, variant.removeprefix("openai-"))
+    return f"cosine of the {model} embeddings (OpenAI Batch API, /v1/embeddings, float) of the input and the reference" + (
+        " (the model OpenAI's Evals used)" if model == "text-embedding-3-large" else ""
+    )
+
+
+def cosine(a: Any, b: Any) -> float:
+    """The cosine similarity of two vectors (lists of numbers of one length); ``ValueError`` otherwise."""
+    if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b) or not a:
+        raise ValueError("the two embeddings are not vectors of one length")
+    dot = sum(float(x) * float(y) for x, y in zip(a, b))
+    na = math.sqrt(sum(float(x) * float(x) for x in a))
+    nb = math.sqrt(sum(float(y) * float(y) for y in b))
+    if na == 0 or nb == 0:
+        raise ValueError("an embedding is the zero vector")
+    return dot / (na * nb)
+
+
+def embedding_verdict(c: Criterion, a: Any, b: Any, variant: str) -> Verdict:
+    """A ``cosine`` criterion's verdict from the embeddings of its rendered input and reference."""
+    try:
+        s = cosine(a, b)
+    except ValueError as exc:
+        return Verdict(None, False, "invalid_output", {"message": str(exc), "variant": variant})
+    assert c.threshold is not None
+    return Verdict(s, s >= c.threshold, detail={"variant": variant})
+
+
 @functools.lru_cache(maxsize=64)
 def scorer(metric: str, variant: str | None = None) -> Callable[[str, str], float]:
     """The scoring function ``(input, reference) -> score in [0, 1]`` of a metric's variant."""
@@ -178,11 +220,19 @@ def scorer(metric: str, variant: str | None = None) -> Callable[[str, str], floa
 
 
 def describe(metric: str, variant: str | None = None) -> str:
+    if metric == "cosine":
+        return describe_embedding(variant or DEFAULT_EMBEDDING_VARIANT)
     return VARIANTS[metric][variant or DEFAULT_VARIANT[metric]][0]
+
+
+def default_variant(metric: str) -> str:
+    return DEFAULT_EMBEDDING_VARIANT if metric == "cosine" else DEFAULT_VARIANT[metric]
 
 
 def metric_unavailable(metric: str) -> str | None:
     """Why a metric cannot be computed on this machine (a missing library or WordNet), or None."""
+    if metric == "cosine":
+        return None  # computed from the embedding job's vectors
     try:
         scorer(metric)
     except ImportError as exc:

@@ -1,21 +1,25 @@
-"""The model criteria of an eval as BatchGrader jobs: one job per grader model (and kind and
-sampling settings), one request per row per criterion.
+"""The model criteria of an eval as BatchGrader jobs: one job per grader model (and sampling
+settings), one request per row per criterion; the ``cosine`` criteria's texts as one embedding job.
 
-A batch has one model, one system prompt and one response schema, so:
+A batch has one model (OpenAI: "each input file can only include requests to a single model"),
+one system prompt and one response schema, so:
 
-* the criteria of one model and kind (``label_model`` or ``score_model``, with the same
-  temperature, reasoning effort and output bound) share a job; criteria of another model, or of
-  the other kind, get a job of their own (a schema that allowed a label or a number would let
-  the model answer a label where a score is asked: structured output could not rule it out);
+* the model criteria of one model, ``label_model`` and ``score_model`` alike, share a job when
+  their temperature, reasoning effort and output bound agree (the eval's criteria usually share
+  a model, so an eval's model criteria are usually one job); criteria of another model, or with
+  other sampling settings, get a job of their own;
 * the job's rows are ``items x criteria``: custom id ``i<item>-c<criterion>`` (``-s<k>`` is
   added per sample by the samples feature), the criterion's messages rendered for that item in
   the ``prompt`` column;
 * the job's system prompt is the criteria's system (and developer) messages when they are the
   same static text for every criterion; otherwise each row's prompt starts with its criterion's
   instructions (noted);
-* the answer is ``{"result": ...}``: an enum of the labels for ``label_model`` (of every label
-  criterion of the job: each row's own labels are stated in its prompt and checked on reading),
-  a number for ``score_model`` (the range stated in the prompt and checked on reading).
+* the answer is ``{"result": ...}``: an enum of the labels for a job of ``label_model`` criteria
+  (of every label criterion of the job: each row's own labels are stated in its prompt and
+  checked on reading), a number for ``score_model`` (the range stated in the prompt and checked
+  on reading), and, for a job holding both, ``anyOf`` the two: each row's prompt asks for its
+  criterion's kind, and a label where a score is asked (or a number where a label is) is
+  ``invalid_output`` on reading.
 """
 
 from __future__ import annotations
@@ -46,15 +50,73 @@ class JobPlan:
     settings: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    kind: str = "model"  # "model": the model criteria's answers; "embeddings": the cosine criteria's vectors
+
+    @property
+    def requests_per_item(self) -> int:
+        """Requests per item and criterion (an embedding job embeds the input and the reference)."""
+        return len(EMBEDDED_SIDES) if self.kind == "embeddings" else 1
 
 
 def custom_id(index: int, criterion: int) -> str:
     return f"i{index}-c{criterion}"
 
 
+#: the two texts a ``cosine`` criterion embeds per item: its rendered input and reference
+EMBEDDED_SIDES = ("input", "reference")
+EMBEDDING_COLUMN = "embedding"
+
+
+def embedding_id(index: int, criterion: int, side: str) -> str:
+    return f"{custom_id(index, criterion)}-{side[:3]}"
+
+
+def plan_embeddings(spec: EvalSpec, rows: Sequence[Row], model: str, key: str) -> JobPlan | None:
+    """The embedding job of the eval's ``cosine`` criteria (None without one): one
+    ``/v1/embeddings`` request per item, criterion and side (custom id ``i<item>-c<criterion>-inp``
+    / ``-ref``), the rendered text in the ``prompt`` column, sent to OpenAI's Batch API."""
+    crits = spec.embedded_criteria
+    if not crits:
+        return None
+    settings: dict[str, Any] = {
+        "model": model,
+        "provider": "openai",
+        "system_prompt": None,
+        "system_prompt_name": None,
+        "examples_file": None,
+        "user_prompt": "{" + PROMPT_COLUMN + "}",
+        "response_field": PROMPT_COLUMN,
+        "id_column": ID_COLUMN,
+        "output_column": EMBEDDING_COLUMN,
+        "response_format": None,
+        "samples": 1,
+        "temperature": None,
+        "reasoning_effort": None,
+        "reference_column": None,
+        "reference_field": None,
+        "group_column": None,
+        "skip_empty": False,
+    }
+    plan = JobPlan(key, model, tuple(c.index for c in crits), settings, kind="embeddings")
+    for row in rows:
+        sample = templates.sample_namespace(row.sample)
+        for c in crits:
+            for side in EMBEDDED_SIDES:
+                text = templates.render(str(c.raw[side]), row.item, sample)
+                plan.rows.append(
+                    {
+                        ID_COLUMN: embedding_id(row.index, c.index, side),
+                        "eval_item": row.index,
+                        "criterion": c.name,
+                        PROMPT_COLUMN: text,
+                    }
+                )
+    return plan
+
+
 def _group_key(c: Criterion) -> tuple[Any, ...]:
     sp = c.sampling
-    return (c.model, c.type, sp.get("temperature"), sp.get("reasoning_effort"), sp.get("max_completions_tokens"))
+    return (c.model, sp.get("temperature"), sp.get("reasoning_effort"), sp.get("max_completions_tokens"))
 
 
 def _system_text(c: Criterion) -> str:
@@ -74,13 +136,15 @@ def answer_schema(criteria: Sequence[Criterion]) -> dict[str, Any]:
     labels: list[str] = []
     for c in criteria:
         labels += [lab for lab in c.labels if lab not in labels]
-    kinds = {c.type for c in criteria}
-    if len(kinds) != 1:
-        raise ValueError("a job's criteria are of one kind")
-    if kinds == {"label_model"}:
-        value: dict[str, Any] = {"type": "string", "enum": labels}
-    else:  # bounds that hold every criterion's range (each row's own range is checked on reading)
-        value = {"type": "number", "minimum": min(c.range[0] for c in criteria), "maximum": max(c.range[1] for c in criteria)}
+    scored = [c for c in criteria if c.type == "score_model"]
+    label: dict[str, Any] = {"type": "string", "enum": labels}
+    # bounds that hold every criterion's range (each row's own range is checked on reading)
+    number: dict[str, Any] = (
+        {"type": "number", "minimum": min(c.range[0] for c in scored), "maximum": max(c.range[1] for c in scored)}
+        if scored
+        else {}
+    )
+    value: dict[str, Any] = label if not scored else number if not labels else {"anyOf": [label, number]}
     return {"type": "object", "properties": {ANSWER_FIELD: value}, "required": [ANSWER_FIELD], "additionalProperties": False}
 
 
@@ -115,13 +179,17 @@ def escape_system(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -> list[JobPlan]:
+def plan_jobs(
+    spec: EvalSpec, rows: Sequence[Row], samples: int | None = None, embedding_model: str | None = None
+) -> list[JobPlan]:
+    """The eval's grading jobs: the model criteria's (see the module's docstring), then, with
+    ``cosine`` criteria, the embedding job (:func:`plan_embeddings`, on ``embedding_model``)."""
     groups: dict[tuple[Any, ...], list[Criterion]] = {}
     for c in spec.model_criteria:
         groups.setdefault(_group_key(c), []).append(c)
     plans: list[JobPlan] = []
     for n, (key, crits) in enumerate(groups.items(), start=1):
-        model, _kind, temperature, effort, max_tokens = key
+        model, temperature, effort, max_tokens = key
         systems = {_system_text(c) for c in crits}
         system = systems.pop() if len(systems) == 1 else None
         shared = bool(system) and not templates.variables(system or "")
@@ -131,10 +199,16 @@ def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -
                 f"{model}: the criteria {', '.join(repr(c.name) for c in crits)} have different (or templated) system messages; "
                 "a batch job has one system prompt, so each row's message starts with its criterion's instructions"
             )
-        if len({tuple(c.labels) for c in crits}) > 1:
+        labelled = [c for c in crits if c.type == "label_model"]
+        if len({tuple(c.labels) for c in labelled}) > 1:
             notes.append(
-                f"{model}: the label criteria {', '.join(repr(c.name) for c in crits)} share a job, so its schema allows every "
+                f"{model}: the label criteria {', '.join(repr(c.name) for c in labelled)} share a job, so its schema allows every "
                 "label of them; each row's prompt names its criterion's labels, and another label is invalid_output"
+            )
+        if labelled and len(labelled) < len(crits):
+            notes.append(
+                f"{model}: its label and score criteria share one job, so its schema allows a label or a number; each row's "
+                "prompt asks for its criterion's kind, and the other kind is invalid_output"
             )
         if any(len(c.messages) - len(leading_system(c.messages)) > 1 for c in crits):
             notes.append(
@@ -172,6 +246,13 @@ def plan_jobs(spec: EvalSpec, rows: Sequence[Row], samples: int | None = None) -
                     }
                 )
         plans.append(plan)
+    if spec.embedded_criteria:
+        from batchgrader.pipeline.evals.graders import DEFAULT_EMBEDDING_VARIANT, EMBEDDING_VARIANTS
+
+        model = embedding_model or EMBEDDING_VARIANTS[DEFAULT_EMBEDDING_VARIANT]
+        emb = plan_embeddings(spec, rows, model, f"j{len(plans) + 1}")
+        assert emb is not None
+        plans.append(emb)
     return plans
 
 

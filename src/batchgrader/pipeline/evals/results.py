@@ -29,7 +29,7 @@ from batchgrader.pipeline.evals import compare as cmp
 from batchgrader.pipeline.evals import graders, templates
 from batchgrader.pipeline.evals.data import Row
 from batchgrader.pipeline.evals.folder import RESULTS_FILE, Loaded, load, write_json
-from batchgrader.pipeline.evals.plan import custom_id
+from batchgrader.pipeline.evals.plan import EMBEDDING_COLUMN, custom_id, embedding_id
 from batchgrader.pipeline.evals.spec import Criterion
 
 Z95 = 1.959963984540054
@@ -70,6 +70,40 @@ def _verdict_model(c: Criterion, row: Row, answers: Mapping[str, Mapping[str, An
     return graders.model_verdict(c, {graders.ANSWER_FIELD: rec.get(graders.ANSWER_FIELD)}, None)
 
 
+def _vector(rec: Mapping[str, Any]) -> Any:
+    value = rec.get(EMBEDDING_COLUMN)
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _verdict_cosine(c: Criterion, row: Row, answers: Mapping[str, Mapping[str, Any]], variant: str) -> graders.Verdict:
+    """A ``cosine`` criterion's verdict from the embedding job's vectors of the row's input and reference."""
+    vectors = []
+    for side in ("input", "reference"):
+        rec = answers.get(embedding_id(row.index, c.index, side))
+        if rec is None:
+            return graders.Verdict(
+                None, False, "no_answer", {"message": f"the embedding job's result has no row for this item's {side}"}
+            )
+        if rec.get("error"):
+            code, _sep, message = str(rec["error"]).partition(": ")
+            return graders.Verdict(None, False, code, {"message": f"{side}: {message}" if message else side})
+        vectors.append(_vector(rec))
+    return graders.embedding_verdict(c, vectors[0], vectors[1], variant)
+
+
+def cosine_variant(loaded: Loaded, c: Criterion) -> str:
+    """The embedding variant the import chose for a ``cosine`` criterion (plan.json)."""
+    for rec in loaded.plan.get("criteria") or ():
+        if rec.get("index") == c.index and rec.get("variant"):
+            return str(rec["variant"])
+    return graders.DEFAULT_EMBEDDING_VARIANT
+
+
 def grade(
     loaded: Loaded, answers: Mapping[str, Mapping[str, Any]], variants: Mapping[int, str] | None = None
 ) -> dict[int, dict[int, graders.Verdict]]:
@@ -90,7 +124,9 @@ def grade(
                 out[r.index][c.index] = v
             continue
         for r in sampled:
-            if c.type in ("string_check", "text_similarity"):
+            if c.embedded:
+                out[r.index][c.index] = _verdict_cosine(c, r, answers, cosine_variant(loaded, c))
+            elif c.type in ("string_check", "text_similarity"):
                 out[r.index][c.index] = _verdict_local(c, r, variants.get(c.index))
             else:
                 out[r.index][c.index] = _verdict_model(c, r, answers)
@@ -288,14 +324,21 @@ def report(
             rec["model"] = c.model
         if c.type == "text_similarity":
             metric = c.raw["evaluation_metric"]
-            chosen = variants.get(c.index, {}).get("chosen") or graders.DEFAULT_VARIANT[metric]
+            if c.embedded:
+                chosen = cosine_variant(loaded, c)
+                basis = "the embedding model chosen at import (its vectors are paid for, so no other is tried)"
+            else:
+                chosen = variants.get(c.index, {}).get("chosen") or graders.DEFAULT_VARIANT[metric]
+                basis = (
+                    "closest to the imported OpenAI scores"
+                    if c.index in variants
+                    else "default (no OpenAI scores to compare: approximate)"
+                )
             rec["variant"] = chosen
             rec["variant_description"] = graders.describe(metric, chosen)
-            rec["variant_basis"] = (
-                "closest to the imported OpenAI scores"
-                if c.index in variants
-                else "default (no OpenAI scores to compare: approximate)"
-            )
+            rec["variant_basis"] = basis
+            if c.embedded:
+                rec["model"] = chosen.removeprefix("openai-")
         criteria.append(rec)
     out: dict[str, Any] = {
         "eval": loaded.name,
@@ -303,10 +346,10 @@ def report(
         "item_rule": loaded.plan.get("item_rule"),
         "criteria": criteria,
         "cost_by_model": [
-            {"model": u["model_name"], "cost_usd": round(float(u["cost_usd"]), 6), "requests": u["invocation_count"]}
+            {"model": u["model_name"], "cost_usd": round(float(u["cost_usd"]), 9), "requests": u["invocation_count"]}
             for u in usage
         ],
-        "cost_usd": round(sum(float(u["cost_usd"]) for u in usage), 6),
+        "cost_usd": round(sum(float(u["cost_usd"]) for u in usage), 9),
     }
     if loaded.reference is not None:
         ref = cmp.reference_results(loaded.reference)
@@ -345,7 +388,8 @@ def finish(
     variants = cmp.choose_variants(loaded.spec.criteria, loaded.rows, ref) if ref else {}
     verdicts = grade(loaded, answers, {i: v["chosen"] for i, v in variants.items()})
     samples = int(loaded.plan.get("samples") or 1)
-    usage = per_model([(j, 1 if k == "gen" else samples) for k, j in jobs], answers_by_job)
+    single = {"gen"} | {str(j["key"]) for j in loaded.plan.get("jobs") or () if j.get("kind") == "embeddings"}
+    usage = per_model([(j, 1 if k in single else samples) for k, j in jobs], answers_by_job)
     created = int(now if now is not None else time.time())
     run_id = f"evalrun_bg_{loaded.name}"
     states = {"failed" if j.rejected else str(j.ended) for _k, j in jobs}

@@ -22,12 +22,10 @@ MODEL_TYPES = ("label_model", "score_model")
 LOCAL_TYPES = ("string_check", "text_similarity")
 STRING_OPERATIONS = ("eq", "ne", "like", "ilike")
 METRICS = ("fuzzy_match", "bleu", "gleu", "meteor", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l", "cosine")
-REFUSED_METRICS = {
-    "cosine": (
-        "cosine needs text-embedding-3-large embeddings of every input and reference, which BatchGrader does not "
-        "request (its batches carry chat completions only)"
-    ),
-}
+#: metrics refused at import (none now: ``cosine`` is computed from OpenAI embeddings requested in a batch job)
+REFUSED_METRICS: dict[str, str] = {}
+#: the metric computed from embeddings of the input and the reference (an embedding job, at batch price)
+EMBEDDING_METRIC = "cosine"
 ROLES = ("system", "developer", "user", "assistant")
 # keys the API returns beside a criterion's schema fields
 _CRITERION_EXTRA = {"id"}
@@ -81,6 +79,11 @@ class Criterion:
         return self.raw.get("model") if self.type in MODEL_TYPES else None
 
     @property
+    def embedded(self) -> bool:
+        """A ``text_similarity`` ``cosine`` criterion: its texts are embedded by a batch job."""
+        return self.type == "text_similarity" and self.raw.get("evaluation_metric") == EMBEDDING_METRIC
+
+    @property
     def labels(self) -> list[str]:
         return list(self.raw.get("labels") or [])
 
@@ -120,6 +123,10 @@ class EvalSpec:
     @property
     def model_criteria(self) -> list[Criterion]:
         return [c for c in self.criteria if c.type in MODEL_TYPES]
+
+    @property
+    def embedded_criteria(self) -> list[Criterion]:
+        return [c for c in self.criteria if c.embedded]
 
 
 def _obj(value: Any) -> Mapping[str, Any]:
