@@ -25,7 +25,7 @@ from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog
+from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog, store_unavailable
 from batchgrader.store.eventstore import ConcurrencyError, DatabaseMoved
 
 if TYPE_CHECKING:
@@ -176,7 +176,8 @@ class Engine:
         self.idle = not self.busy() and not self.inbox_pending()
 
     def _advance_all(self, now: float) -> None:
-        self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
+        if self.shared is None:  # one listing for every job's batches; on a shared store each job is polled by its holder
+            self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
         for job in sorted(self.ctx.state.jobs.values(), key=lambda j: j.created_ts):
             if self.ctx.should_stop():
                 return
@@ -194,9 +195,15 @@ class Engine:
             except (ProviderError, OSError) as exc:
                 self.failed = True
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
+            except ConcurrencyError as exc:  # another daemon kept appending to it: decided again at the next tick
+                self.failed = True
+                log.info("job %s: %s", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
                 self.failed = True
-                self._step_failed(job, exc)
+                if store_unavailable(exc):  # the database's connection was lost: tried again, not counted
+                    log.warning("job %s: the store is unavailable: %s (will retry)", job.job_id, exc)
+                else:
+                    self._step_failed(job, exc)
 
     def _step_failed(self, job: JobState, exc: Exception) -> None:
         """A step of ``job`` raised what no rule foresaw: logged with its traceback and tried again

@@ -121,17 +121,20 @@ class SharedWork:
         now = self.clock()
         return now if now is not None else time.monotonic()
 
-    def _due(self, lease: Lease) -> bool:
+    def _due(self, lease: Lease, need: float = 0.0) -> bool:
+        """Whether to renew ``lease``: a third of its lifetime has passed, or it has no more
+        than ``need`` seconds (and a second) left."""
         now = self.clock()
         if now is not None:
-            return lease.expires_at - now <= self.ttl * 2 / 3
-        return time.monotonic() - self._renewed.get(lease.name, float("-inf")) >= self.ttl / 3
+            return lease.expires_at - now <= max(self.ttl * 2 / 3, need + 1.0)
+        elapsed = time.monotonic() - self._renewed.get(lease.name, float("-inf"))
+        return elapsed >= min(self.ttl / 3, self.ttl - need - 1.0)
 
-    def _take(self, held: dict[str, Lease], key: str, name: str) -> Lease | None:
-        """The lease ``name``, taken (free or lapsed) or renewed when a third of its lifetime has
-        passed; None (and forgotten) while another daemon holds it."""
+    def _take(self, held: dict[str, Lease], key: str, name: str, need: float = 0.0) -> Lease | None:
+        """The lease ``name``, taken (free or lapsed) or renewed when due (:meth:`_due`); None
+        (and forgotten) while another daemon holds it."""
         lease = held.get(key)
-        if lease is not None and not self._due(lease):
+        if lease is not None and not self._due(lease, need):
             return lease
         if lease is None and self.elsewhere(name):
             return None
@@ -181,18 +184,7 @@ class SharedWork:
     def account(self, name: str) -> Lease | None:
         """The account lease ``name`` (``account:<provider>:<account>``), ours for longer than a
         call may take, or None: no call is made now."""
-        lease = self._take(self.accounts, name, name)
-        if lease is None:
-            return None
-        now = self.clock()
-        if now is not None and not lease.may_call(now, self.bound):
-            lease = self.leases.acquire(name, self.ttl, now)  # renewed now; None: lost meanwhile
-            if lease is None:
-                self.accounts.pop(name, None)
-                return None
-            self.accounts[name] = lease
-            self._renewed[name] = time.monotonic()
-        return lease
+        return self._take(self.accounts, name, name, need=self.bound)  # renewed when it would not outlast a call
 
     @contextmanager
     def acting(self, job_id: str, action: Action, account: str) -> Iterator[bool]:

@@ -22,6 +22,7 @@ batch run times (``store.learned_run_times``), so a daemon asks its store, never
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -76,6 +77,13 @@ class EventLog(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost or refused database connection (PostgreSQL: the server cut it,
+    restarted, or cannot be reached): what was being done is tried again at the next tick."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
 def is_postgres_url(location: str | Path | None) -> bool:
