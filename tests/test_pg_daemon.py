@@ -1,6 +1,7 @@
 """A daemon on the PostgreSQL event store (``store_url``): a real `bgctl daemon` subprocess, the
 sandbox emulator, a real PostgreSQL server (tests/pg_server.py).  The daemon runs under the
-store's lease instead of the home's file lock, and its result equals the SQLite daemon's."""
+job's and the provider account's leases instead of the home's file lock, and its result equals
+the SQLite daemon's."""
 
 from __future__ import annotations
 
@@ -49,31 +50,18 @@ def test_a_sandbox_daemon_on_postgresql_grades_a_file_as_the_sqlite_daemon_does(
     jobs = [x for x in status if x["state"] != "lease"]
     assert [(j["file"], j["state"]) for j in jobs] == [("reviews.csv", "completed")]
     assert [j["state"] for j in json.loads(_run(lite.root, None, "status", "--json").stdout)] == ["completed"]
-    # the daemon ran under the store's lease (no file lock) and released it when it stopped
+    # the daemon worked under the job's and the account's leases (no file lock) and released them
     leases = [x for x in status if x["state"] == "lease"]
-    assert [(x["name"], x["holder"], x["fence"]) for x in leases] == [("daemon", None, 1)]
+    assert [(x["name"], x["holder"], x["fence"]) for x in leases] == [
+        ("account:openai:sandbox", None, 1),
+        (f"job:{jobs[0]['job_id']}", None, 1),
+    ]
     assert not (pg.root / "daemon.lock").exists()
 
     pg_out = sorted((pg.outbox).iterdir())
     lite_out = sorted((lite.outbox).iterdir())
     assert [p.name for p in pg_out] == [p.name for p in lite_out] == ["reviews_results.csv"]
     assert pg_out[0].read_bytes() == lite_out[0].read_bytes()
-
-
-def test_a_second_daemon_on_the_same_store_waits_for_the_lease(tmp_path: Path, pg_url: str):
-    """While a daemon holds the store's lease, another refuses to start (exit 75, naming the
-    holder), as a second daemon on one home's file lock does."""
-    from batchgrader.store.leases import Leases
-    from batchgrader.store.pgstore import PostgresEventStore
-
-    home = _home(tmp_path, "h")
-    with PostgresEventStore(pg_url) as store:
-        leases = Leases(store, "otherhost:4242:feedface")
-        assert leases.acquire("daemon", 300) is not None
-        res = _run(home.root, pg_url, "daemon", "--sandbox", "--once", timeout=60)
-        assert res.returncode == 75, res.stderr
-        assert "otherhost:4242:feedface" in res.stderr and "Traceback" not in res.stderr
-        assert store.last_seq() == 0  # it wrote nothing
 
 
 def test_a_daemon_on_a_shared_log_folds_the_others_events_and_decides_again_on_a_conflict(home: Home, pg_url: str):

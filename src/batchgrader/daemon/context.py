@@ -90,6 +90,9 @@ class Context:
     # on a log other daemons append to (PostgreSQL): the reader of what they appended, folded in
     # before each decision (:meth:`follow`); None: this daemon is the log's only writer (SQLite)
     follower: Follower | None = None
+    # on a store several daemons share: the leases this daemon appends under (daemon/shared.py
+    # SharedWork; its ``append`` and ``claim``); None: the log's only writer
+    shared: Any = None
     outbox: Outbox = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,7 +134,8 @@ class Context:
                     raise ConcurrencyError(f"job {job_id}: another daemon appended to it; deciding again")
                 return list(events)
 
-            stored = emit_decided(self.store, self.state, self.follower, job_id, decide, also=also)
+            append = self.shared.append if self.shared is not None else None
+            stored = emit_decided(self.store, self.state, self.follower, job_id, decide, also=also, append=append)
         for ev in stored:
             log.info("event %s %s %s", job_id, ev.type, _short(ev.payload))
 

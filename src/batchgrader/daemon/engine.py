@@ -10,6 +10,7 @@ them by name, input file and metadata) before anything is sent again.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from batchgrader.core.configuration.config import Config
 from batchgrader.core.host.home import Home
@@ -24,8 +25,11 @@ from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog
+from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog, store_unavailable
 from batchgrader.store.eventstore import ConcurrencyError, DatabaseMoved
+
+if TYPE_CHECKING:
+    from batchgrader.daemon.shared import SharedWork
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -54,6 +58,15 @@ class Engine:
         self.idle = False
         self.again = False  # a job stopped its tick after an action with more to do now (tick again at once)
         self.failed = False  # a step of the tick failed (logged; tried again at the next tick)
+        self.shared: SharedWork | None = None  # on a store several daemons share: the leases (share())
+        self._recovered_at = float("-inf")
+
+    def share(self, shared: SharedWork) -> None:
+        """Run beside other daemons on a shared store: fold what they append, and advance a job,
+        call a provider, take an input only under its lease (:mod:`batchgrader.daemon.shared`)."""
+        self.shared = shared
+        self.ctx.shared = shared
+        self.ctx.follow()
 
     @property
     def scan_requested(self) -> bool:
@@ -79,7 +92,13 @@ class Engine:
         ``mono``: one clock) anything of this engine waits on: :func:`batchgrader.core.rules.due.next_due`
         over the jobs it takes further (and the inbox's waits, unless ``inbox`` is false); the
         daemon's next tick is armed for it."""
-        ours = [j for j in self.ctx.state.jobs.values() if not j.corrupt and self.ctx.left_alone_because(j) is None]
+        ours = [
+            j
+            for j in self.ctx.state.jobs.values()
+            if not j.corrupt
+            and self.ctx.left_alone_because(j) is None
+            and not (self.shared is not None and self.shared.held_elsewhere(j.job_id))
+        ]
         wall = mono if wall is None else wall
         queues = {j.job_id: self.ctx.queue_url_for(j) for j in ours}
         ids = [j.job_id for j in ours]
@@ -101,9 +120,18 @@ class Engine:
     def startup(self, now: float) -> None:
         """Recover after a crash: our temp files, claimed-but-unrecorded inputs."""
         self.ctx.wall = now  # the clocks of a tick are set by tick(); what start-up stamps is on the wall clock
-        remove_stale_temp_files(self.ctx.home.outbox)
+        if self.shared is None:  # on a shared home another daemon's temp files are being written
+            remove_stale_temp_files(self.ctx.home.outbox)
+        self.recover_claims(clean=self.shared is None)
+        self.intake(now)
+
+    def recover_claims(self, clean: bool = False) -> None:
+        """Accept the inputs claimed (moved into a work folder) but not recorded as jobs: a
+        daemon that stopped in between.  On a shared store only under the job's lease, so a
+        daemon between its claim and its ``JobAccepted`` keeps its input."""
         for job_dir in sorted(self.ctx.home.work.glob("*")) if self.ctx.home.work.is_dir() else []:
-            remove_stale_temp_files(job_dir, recursive=True)
+            if clean:
+                remove_stale_temp_files(job_dir, recursive=True)
             if job_dir.name in self.ctx.state.jobs or not job_dir.is_dir():
                 continue
             record = inbox_mod.read_claim(job_dir)
@@ -112,9 +140,10 @@ class Engine:
             input_path = inbox_mod.claimed_input(job_dir)
             if input_path is None:
                 continue  # the rename never happened: the file is still in the inbox
+            if self.shared is not None and not self.shared.take_job(job_dir.name):
+                continue  # its claimant is alive (or another daemon recovers it)
             self.steps.intake.accept(job_dir.name, record, input_path)
             self.steps.intake.mark_recovered(job_dir)
-        self.intake(now)
 
     def tick(self, now: float, mono: float | None = None) -> None:
         """One pass over every job. Sets ``idle`` when, at the end of the pass, no job is active
@@ -129,9 +158,14 @@ class Engine:
         None: ``now`` serves as both (a test's one fake clock)."""
         self.ctx.set_clocks(now, mono)
         self.ctx.catch_up()  # what other daemons on a shared log appended
+        if self.shared is not None:
+            self.shared.keep()  # the leases held, renewed when due
         self.idle = False
         self.again = False
         self.failed = False
+        if self.shared is not None and now - self._recovered_at >= self.ctx.settings.rescan_interval_seconds:
+            self._recovered_at = now
+            self.recover_claims()  # a daemon that died between its claim and JobAccepted
         self.intake(now)
         self.steps.schedules.run(now)  # a scheduled profile's due runs start as jobs of this pass
         self._advance_all(now)
@@ -142,7 +176,8 @@ class Engine:
         self.idle = not self.busy() and not self.inbox_pending()
 
     def _advance_all(self, now: float) -> None:
-        self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
+        if self.shared is None:  # one listing for every job's batches; on a shared store each job is polled by its holder
+            self.steps.collect.list_round(self.ctx.mono)  # polls run on the monotonic clock
         for job in sorted(self.ctx.state.jobs.values(), key=lambda j: j.created_ts):
             if self.ctx.should_stop():
                 return
@@ -160,9 +195,15 @@ class Engine:
             except (ProviderError, OSError) as exc:
                 self.failed = True
                 log.warning("job %s: %s (will retry)", job.job_id, exc)
+            except ConcurrencyError as exc:  # another daemon kept appending to it: decided again at the next tick
+                self.failed = True
+                log.info("job %s: %s", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
                 self.failed = True
-                self._step_failed(job, exc)
+                if store_unavailable(exc):  # the database's connection was lost: tried again, not counted
+                    log.warning("job %s: the store is unavailable: %s (will retry)", job.job_id, exc)
+                else:
+                    self._step_failed(job, exc)
 
     def _step_failed(self, job: JobState, exc: Exception) -> None:
         """A step of ``job`` raised what no rule foresaw: logged with its traceback and tried again
@@ -202,27 +243,71 @@ class Engine:
 
     def advance(self, job: JobState, now: float) -> None:
         """Take one job as far as it goes in this tick: ask :func:`next_action`, carry it out,
-        ask again with what was done."""
+        ask again with what was done.  On a shared store, only under the job's lease, and an
+        action that calls the provider only under its account's lease (:meth:`_may_act`)."""
         step = Step()
         conflicts = 0
-        while True:
-            action = next_action(
-                self.ctx.state, job.job_id, self.ctx.config, now, self.ctx.timers(), step, self.ctx.queue_url_for(job)
-            )
-            if action is None:
-                return
-            step = step.after(action)
-            try:
+        try:
+            while True:
+                action = next_action(
+                    self.ctx.state, job.job_id, self.ctx.config, now, self.ctx.timers(), step, self.ctx.queue_url_for(job)
+                )
+                if action is None:
+                    return
+                step = step.after(action)
+                try:
+                    if not self._act_shared(action, job, now):
+                        return
+                except ConcurrencyError as exc:  # another daemon appended to the job: folded; decide again
+                    conflicts += 1
+                    if self.ctx.follower is None or conflicts >= DECIDE_ATTEMPTS:
+                        raise
+                    log.info("job %s: %s", job.job_id, exc)
+                    continue
+                if (
+                    action.ends_step and self.ctx.state.jobs[job.job_id].start_failure is None
+                ):  # a job that failed to start ends now
+                    self.again = True
+                    return
+        finally:
+            if self.shared is not None and job.job_id in self.shared.jobs and self.ctx.state.jobs[job.job_id].ended:
+                self.shared.let_go(job.job_id, "the job has ended")
+
+    def _act_shared(self, action: Action, job: JobState, now: float) -> bool:
+        """Carry out ``action`` (:meth:`act`); on a shared store only while this daemon holds the
+        job's lease and, for a provider call, the account's (False: not done, the job is left to
+        the lease's holder; a job needing an account another daemon holds is handed to it)."""
+        shared = self.shared
+        if shared is None:
+            self.act(action, now)
+            return True
+        from batchgrader.store.leases import LeaseLost
+
+        if not shared.take_job(job.job_id):
+            return False
+        account = self.account_of(job)
+        try:
+            with shared.acting(job.job_id, action, account) as allowed:
+                if not allowed:
+                    shared.let_go(job.job_id, f"its next call needs {account}, held by another daemon")
+                    return False
                 self.act(action, now)
-            except ConcurrencyError as exc:  # another daemon appended to the job: folded; decide again
-                conflicts += 1
-                if self.ctx.follower is None or conflicts >= DECIDE_ATTEMPTS:
-                    raise
-                log.info("job %s: %s", job.job_id, exc)
-                continue
-            if action.ends_step and self.ctx.state.jobs[job.job_id].start_failure is None:  # a job that failed to start ends now
-                self.again = True
-                return
+        except LeaseLost as exc:  # lapsed (a pause) or taken over: nothing more is written, no call made
+            log.warning("job %s: %s", job.job_id, exc)
+            shared.lost(job.job_id)
+            return False
+        return True
+
+    def account_of(self, job: JobState) -> str:
+        """The lease of the provider account a job's calls go to (its queue: the organisation,
+        project, workspace or deployment)."""
+        from batchgrader.store.leases import account_lease
+
+        try:
+            provider = job.provider or self.ctx.profile_of(job).provider
+        except Exception:  # noqa: BLE001 - a profile gone: the job fails where the profile is needed
+            provider = "unknown"
+        return account_lease(provider, self.ctx.queue_url_for(job) or "default")
 
     def act(self, a: Action, now: float) -> None:
         """Carry out one action through its handler: intent event, call, outcome event."""

@@ -47,14 +47,6 @@ SANDBOX_KEY = "sk-sandbox-not-a-real-key"
 log = logging.getLogger("batchgrader")
 
 
-class LeaseLost(DaemonError):
-    """The store's lease lapsed or was taken over while this daemon ran (a pause longer than its
-    lifetime): it stops before it writes anything more (exit 1: a service manager may start it
-    again, and it then waits its turn)."""
-
-    exit_code = 1
-
-
 class DatabaseLost(DaemonError):
     """The database file was replaced or deleted under the running daemon (exit 1: a service
     manager may start it again, on the file that is there now)."""
@@ -100,14 +92,7 @@ def sandbox_emulator(
     return SandboxEmulator(data_dir, SANDBOX_KEY, label, models, models_file).start()
 
 
-# --- the store's lease (store_url) -------------------------------------------------------------------
-
-#: s, the lifetime of the store's lease: another daemon takes the store over this long after the
-#: holder died; renewed every third of it (each tick, and from a long step's heartbeat)
-STORE_LEASE_SECONDS = 120.0
-#: the lease one daemon at a time runs a shared store under, until the steps take job and
-#: account leases of their own (docs/scaling.md)
-STORE_LEASE = "daemon"
+# --- several daemons on a shared store (store_url) ----------------------------------------------------
 
 
 def daemon_holder() -> str:
@@ -118,48 +103,21 @@ def daemon_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-@dataclass
-class StoreLease:
-    """The lease (:mod:`batchgrader.store.leases`) a daemon runs a shared store under, in place
-    of the home's file lock: taken at start (another live holder: :class:`AlreadyRunning`),
-    renewed every third of :data:`STORE_LEASE_SECONDS` (:meth:`keep`), released at the end; a
-    renewal refused (the lease lapsed or was taken over) stops the daemon (:class:`LeaseLost`)."""
+def shared_work(store: Any, config: Config, holder: str | None = None) -> Any:
+    """The leases a daemon works under on a shared store (:class:`~batchgrader.daemon.shared.SharedWork`):
+    ``lease_seconds`` long; a call is made only while the account's lease outlasts the request
+    timeout.  A lifetime too short for a request is refused here (:class:`DaemonError`)."""
+    from batchgrader.daemon.shared import CALL_MARGIN, SharedWork
+    from batchgrader.store.leases import Leases
 
-    leases: Any  # batchgrader.store.leases.Leases
-    lease: Any  # batchgrader.store.leases.Lease
-    ttl: float = STORE_LEASE_SECONDS
-    renewed: float = field(default_factory=time.monotonic)
-
-    @classmethod
-    def take(cls, store: Any, holder: str | None = None, ttl: float = STORE_LEASE_SECONDS) -> StoreLease:
-        from batchgrader.store.leases import Leases
-
-        leases = Leases(store, holder or daemon_holder())
-        lease = leases.acquire(STORE_LEASE, ttl)
-        if lease is None:
-            held = leases.current(STORE_LEASE)
-            by = f" by {held.holder}" if held is not None else ""
-            raise AlreadyRunning(
-                f"another daemon runs on this store ({store.where}): its lease {STORE_LEASE!r} is held{by}; "
-                f"it lapses {ttl:.0f} s after that daemon stops renewing it (`bgctl status` shows it)"
-            )
-        log.info("store lease %r taken by %s (fence %d)", STORE_LEASE, leases.holder, lease.fence)
-        return cls(leases, lease, ttl)
-
-    def keep(self) -> None:
-        """Renew the lease when a third of its lifetime has passed since the last renewal."""
-        from batchgrader.store.leases import LeaseLost as Lost
-
-        if time.monotonic() - self.renewed < self.ttl / 3:
-            return
-        try:
-            self.lease = self.leases.renew(self.lease, self.ttl)
-        except Lost as exc:
-            raise LeaseLost(f"{exc}: another daemon may run on the store now; stopping") from None
-        self.renewed = time.monotonic()
-
-    def release(self) -> None:
-        self.leases.release(self.lease)
+    try:
+        return SharedWork(
+            Leases(store, holder or daemon_holder()),
+            config.lease_seconds,
+            config.request_timeout_seconds + CALL_MARGIN,
+        )
+    except ValueError as exc:
+        raise DaemonError(str(exc)) from None
 
 
 # --- the daemon --------------------------------------------------------------------------------------
@@ -186,14 +144,14 @@ class Daemon:
     reload_requested: threading.Event = field(default_factory=threading.Event)
     heartbeat: float = field(default_factory=time.monotonic)
     snapshot: Snapshot = field(default_factory=Snapshot)  # taken after each tick, for the screen and systemd
-    fatal: BaseException | None = None  # the database file was replaced or deleted, or the store's lease lost: stop
+    fatal: BaseException | None = None  # the database file was replaced or deleted: stop
     stop_reason: str = "stopped"
     emulator: Any = None  # the sandbox's emulator process, started at the first provider call (see _sandbox_url)
     emulator_lock: threading.Lock = field(default_factory=threading.Lock)
     config_watch: ConfigWatch | None = None  # config.yaml and pricing.csv as last loaded: an edit reloads them
     ticks: int = 0  # ticks run so far
     next_delay: float = 0.0  # s, the wait after the last tick (until the next due time, or a wake-up)
-    store_lease: StoreLease | None = None  # on a shared store (store_url): the lease this daemon runs under
+    shared: Any = None  # on a shared store (store_url): the leases this daemon works under (daemon/shared.py)
 
     def _load(self) -> tuple[Config, PriceTable]:
         from batchgrader.core.host.secrets import apply_env_file, env_file_path
@@ -306,7 +264,7 @@ class Daemon:
         except (ConfigError, PricingError, EnvFileError) as exc:
             raise DaemonError(str(exc)) from None
         # the home's SQLite file: one daemon per home, by the file lock; a shared store
-        # (store_url): by the store's lease, taken when it is opened (:class:`StoreLease`)
+        # (store_url): any number, each job and provider account under a lease (daemon/shared.py)
         lock = None if config.store_url else InstanceLock(self.home.lock_file)
         if lock is not None:
             lock.acquire()
@@ -351,14 +309,14 @@ class Daemon:
             raise DaemonError(str(exc)) from None
         except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
             raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
-        self.store_lease = None if isinstance(store, EventStore) else StoreLease.take(store)
         try:
+            self.shared = None if isinstance(store, EventStore) else shared_work(store, config)
             engine = Engine(self.home, config, store, providers, prices, sandbox=self.sandbox)
         except BaseException:
             self._let_go(store)
             raise
-        if self.store_lease is not None:
-            engine.ctx.follow()  # a shared log: fold what other daemons append before each decision
+        if self.shared is not None:
+            engine.share(self.shared)  # fold what other daemons append; work under leases
         if self.sandbox:
             engine.ctx.token_counter = self._sandbox_counter(config)
         engine.ctx.should_stop = self.stop.is_set
@@ -378,8 +336,6 @@ class Daemon:
         feeder.start()
         try:
             code = self._main_loop(engine, notifier, self._tick, TickPace.of(config.poll_interval_seconds))
-            if isinstance(self.fatal, LeaseLost):
-                raise self.fatal
             if self.fatal is not None:
                 raise DatabaseLost(str(self.fatal))
             return code
@@ -390,23 +346,20 @@ class Daemon:
             self._let_go(store)
 
     def _let_go(self, store: Any) -> None:
-        """Release the store's lease (a shared store) and close the store."""
+        """Release this daemon's leases (a shared store) and close the store."""
         try:
-            if self.store_lease is not None:
-                self.store_lease.release()
+            if self.shared is not None:
+                self.shared.release_all()
         finally:
             store.close()
 
     def _beat(self) -> None:
         self.heartbeat = time.monotonic()
-        if self.store_lease is not None and self.fatal is None:
+        if self.shared is not None and self.fatal is None:
             try:
-                self.store_lease.keep()  # a long step renews it as it feeds the watchdog
-            except LeaseLost as exc:  # the step under way sees should_stop and ends
-                log.error("%s", exc)
-                self.fatal = exc
-                self.stop.set()
-                self.wake.set()
+                self.shared.keep()  # a long step renews its leases as it feeds the watchdog
+            except Exception as exc:  # noqa: BLE001 - the database unreachable: the leases lapse, appends fail
+                log.warning("could not renew the leases: %s", exc)
 
     def _tick(self) -> TickOutcome:
         """One tick: a pending reload, control requests, the engine's tick; then when the next
@@ -420,11 +373,9 @@ class Daemon:
             self._reload_if_asked()
             self._controls(self.engine)
             self.engine.ctx.store.check_file()
-            if self.store_lease is not None:
-                self.store_lease.keep()
             self.engine.tick(time.time(), time.monotonic())  # wall for timestamps, monotonic for waits
             failed = self.engine.failed
-        except (DatabaseMoved, LeaseLost) as exc:
+        except DatabaseMoved as exc:
             log.error("%s", exc)
             self.fatal = exc
             self.stop.set()

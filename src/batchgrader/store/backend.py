@@ -22,6 +22,7 @@ batch run times (``store.learned_run_times``), so a daemon asks its store, never
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -76,6 +77,13 @@ class EventLog(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost or refused database connection (PostgreSQL: the server cut it,
+    restarted, or cannot be reached): what was being done is tried again at the next tick."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
 def is_postgres_url(location: str | Path | None) -> bool:
@@ -160,18 +168,20 @@ def decide_and_append(
     attempts: int = DECIDE_ATTEMPTS,
     also: Callable[[Any], None] | None = None,
     current: Callable[[], JobState | None] | None = None,
+    append: Callable[..., list[Event]] | None = None,
 ) -> list[Event]:
     """Fold the job, ask ``decide`` what to append given its state (None: a new job), append it
     at the version folded; when another writer appended first (:class:`ConcurrencyError`), fold
     again and decide again.  Returns the events stored (none when ``decide`` says nothing).
-    ``current``: the job's state brought up to date (default: folded from the store's log)."""
+    ``current``: the job's state brought up to date (default: folded from the store's log);
+    ``append``: how it is appended (default ``store.append``; a daemon's under its leases)."""
     for attempt in range(1, attempts + 1):
         job = current() if current is not None else fold(store.read(job_id=job_id)).jobs.get(job_id)
         new = decide(job)
         if not new:
             return []
         try:
-            return store.append(job_id, new, expected_version=job.version if job else 0, also=also)
+            return (append or store.append)(job_id, new, expected_version=job.version if job else 0, also=also)
         except ConcurrencyError:
             if attempt == attempts:
                 raise
@@ -200,6 +210,7 @@ def emit_decided(
     decide: Callable[[JobState | None], list[NewEvent]],
     also: Callable[[Any], None] | None = None,
     attempts: int = DECIDE_ATTEMPTS,
+    append: Callable[..., list[Event]] | None = None,
 ) -> list[Event]:
     """A daemon's append on a log other daemons append to: catch up, ask ``decide`` (the job's
     state, None for a new job) what to append, append it at the job's version; when another
@@ -211,6 +222,6 @@ def emit_decided(
         catch_up(state, follower)
         return state.jobs.get(job_id)
 
-    stored = decide_and_append(store, job_id, decide, attempts=attempts, also=also, current=current)
+    stored = decide_and_append(store, job_id, decide, attempts=attempts, also=also, current=current, append=append)
     catch_up(state, follower)
     return stored

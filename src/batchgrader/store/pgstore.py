@@ -211,6 +211,10 @@ class PostgresEventStore:
                 return
         with self.write() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('batchgrader schema'))")  # two daemons starting at once
+            if one(conn, "SELECT to_regclass('events') IS NOT NULL"):
+                # the lock every append takes first, before the read models' (their indexes' DDL below
+                # locks them): taken in the other order, a daemon starting beside a working one deadlocks
+                conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
             for stmt in (*DDL, *answers_ddl(), *leases_ddl()):
                 conn.execute(stmt)
             for p in self.projectors:

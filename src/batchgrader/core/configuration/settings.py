@@ -388,6 +388,11 @@ class Settings:
         "`postgresql://USER@HOST:PORT/DATABASE` URL: a PostgreSQL database that several daemons share (needs the `[postgres]` "
         "extra; keep the password out of the URL, in `~/.pgpass` or `PGPASSWORD`). See [scaling.md](scaling.md); `bgctl store "
         "copy` moves an existing log there. Read at start-up.", profile=False, restart=True)
+    lease_seconds = Setting(300.0, _float(1.0), HOUSE,
+        "With `store_url`: the lifetime of a daemon's leases on jobs and provider accounts, renewed every third of it. "
+        "Another daemon takes a job (or an account's calls) over this long after its daemon died. It must be longer than "
+        "`request_timeout_seconds` (a call is made only while the account's lease outlasts it); make it several times "
+        "longer. See [scaling.md](scaling.md).", profile=False, restart=True)
     reuse_answers = Setting(None, _opt_bool, REUSE,
         "Answer a request that is identical to one already answered (an earlier row of the same file, or any earlier job within"
         " `cache_days`) with that answer instead of sending it. `null` means on, except when `temperature` is above 0; `true` "

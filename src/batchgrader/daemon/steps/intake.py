@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,9 @@ class IntakeStep:
             try:
                 cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
                 sha = file_sha256(cand.path)
-                job_id = self._new_job_id(sha)
+                job_id = self._claim(fp, sha)
+                if job_id is None:
+                    continue  # another daemon on the shared store took it
                 record: dict[str, Any] = {
                     "file": cand.path.name,
                     "source": str(cand.path),
@@ -142,13 +145,22 @@ class IntakeStep:
         log.error("inbox file %s cannot be taken: %s", name, why)
         self._reject(inbox_mod.Rejection(cand.path, cand.profile, code, f"{name}: {why}", _shown(fp), movable=movable), now)
 
-    def _new_job_id(self, sha: str) -> str:
+    def _job_ids(self, sha: str) -> Iterator[str]:
+        """The ids a new job of this content may take, first free first: ``abc``, ``abc-2``, ..."""
         base = sha[:12]
         n, job_id = 1, base
-        while job_id in self.ctx.state.jobs or self.ctx.home.job_dir(job_id).exists():
+        while True:
+            if job_id not in self.ctx.state.jobs and not self.ctx.home.job_dir(job_id).exists():
+                yield job_id
             n += 1
             job_id = f"{base}-{n}"
-        return job_id
+
+    def _claim(self, fp: str, sha: str) -> str | None:
+        """The new job's id; on a shared store claimed in the database (None: another daemon
+        took the input, :meth:`~batchgrader.daemon.shared.SharedWork.claim`)."""
+        if self.ctx.shared is not None:
+            return self.ctx.shared.claim(_shown(fp), self._job_ids(sha))  # type: ignore[no-any-return]
+        return next(self._job_ids(sha))
 
     def accept(self, job_id: str, record: dict, input_path: Path, sha: str | None = None) -> None:
         sha = sha or file_sha256(input_path)
@@ -180,6 +192,8 @@ class IntakeStep:
         job_id = "x-" + hashlib.sha256(_shown(r.fingerprint).encode()).hexdigest()[:12]
         if job_id in self.ctx.state.jobs:
             return
+        if self.ctx.shared is not None and self.ctx.shared.claim(_shown(r.fingerprint), [job_id]) is None:
+            return  # another daemon on the shared store reports it
         name = _shown(r.path.name)
         err_path = free_path(self.ctx.home.outbox, error_name(name), stamp(now))
         self.ctx.emit(

@@ -1,0 +1,267 @@
+"""Several daemons on one shared store: the leases each daemon works under (docs/scaling.md).
+
+On a PostgreSQL store (``store_url``) any number of daemons run at once.  :class:`SharedWork` is
+the one place the engine asks what this daemon may do; the steps know nothing of it:
+
+- **a job** is advanced only by the holder of its lease (:meth:`SharedWork.take_job`): taken when
+  free or lapsed, renewed every third of its lifetime while held, released when the job has
+  ended, when its next action needs a provider account this daemon does not hold (the holder of
+  that account takes the job then), and when the daemon stops.  A job whose daemon died is taken
+  over once its lease lapses;
+- **a provider call that writes** (upload, create, cancel, delete, and a synchronous request) is
+  made only by the holder of the provider account's lease (:meth:`SharedWork.acting`): taken or
+  renewed at the start of the action, refused while another daemon holds it.  The action's intent
+  events are appended through :meth:`~batchgrader.store.leases.Leases.append_intent`, which
+  re-checks the lease in the append's transaction (holder, fence, and more time left than the
+  request may take: :attr:`SharedWork.bound`) and records the fence; an intent refused there
+  stops the action before its call.  Every other event of a job is appended only while this
+  daemon holds the job's lease (:meth:`~batchgrader.store.leases.Leases.append_held`);
+- **an inbox input** becomes a job through :func:`~batchgrader.store.claims.claim_input`: the
+  database decides which daemon takes it (:meth:`SharedWork.claim`), never a file lock.
+
+A new holder of an account lease (the next fence) finds the old holder's open intents in the
+log: the rules reconcile each from the provider's records (the ``bg_key`` listing) before
+anything of that chunk is sent again, as after a crash.
+
+On the SQLite file none of this exists: one daemon serves a home, under the home's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from batchgrader.core.log.events import Event, NewEvent
+from batchgrader.core.rules.actions import (
+    Action,
+    CancelBatch,
+    CheckDuplicates,
+    Create,
+    DeleteProviderFiles,
+    FailBatch,
+    FailUnstarted,
+    Preflight,
+    Reconcile,
+    Replan,
+    SearchRecovered,
+    SendOnline,
+    SendStragglers,
+    Upload,
+)
+from batchgrader.store.claims import claim_input
+from batchgrader.store.leases import Lease, LeaseLost, Leases, job_lease
+
+log = logging.getLogger("batchgrader.engine")
+
+#: actions that may write at the provider (upload, create, cancel, delete, a synchronous
+#: request), or re-send after a reconcile: carried out only under the provider account's lease
+CALLING_ACTIONS: tuple[type[Action], ...] = (
+    Upload,
+    Create,
+    Reconcile,
+    CheckDuplicates,
+    CancelBatch,
+    DeleteProviderFiles,
+    FailBatch,
+    FailUnstarted,
+    Replan,
+    SearchRecovered,
+    Preflight,
+    SendOnline,
+    SendStragglers,
+)
+#: the events recorded before a call that writes leaves: appended through the fence check
+CALL_INTENTS = frozenset(
+    {"UploadStarted", "BatchCreateRequested", "StragglerCancelRequested", "PreflightRequested", "OnlineRequestSent"}
+)
+#: s, the longest a daemon waits before it asks again for a lease another daemon held
+ASK_AGAIN = 5.0
+#: s, added to the request timeout: a call is made only while the lease has more than this left
+CALL_MARGIN = 1.0
+
+
+def needs_account(action: Action) -> bool:
+    return isinstance(action, CALLING_ACTIONS)
+
+
+class SharedWork:
+    """The job and account leases of one daemon on a shared store (see the module docstring).
+
+    ``ttl``: the leases' lifetime (``lease_seconds``); ``bound``: the longest a call may take
+    (the request timeout plus :data:`CALL_MARGIN`), less than ``ttl``.  ``clock``: the time lease
+    decisions are made at (seconds); None, the default, is the database server's clock, so the
+    hosts' clocks need not agree (tick tests pass their fake clock)."""
+
+    def __init__(self, leases: Leases, ttl: float, bound: float, clock: Callable[[], float | None] = lambda: None) -> None:
+        if bound >= ttl:
+            raise ValueError(
+                f"lease_seconds ({ttl:g}) must be longer than a provider request may take "
+                f"(request_timeout_seconds + {CALL_MARGIN:g} = {bound:g}); make it several times longer"
+            )
+        self.leases = leases
+        self.ttl = ttl
+        self.bound = bound
+        self.clock = clock
+        self.jobs: dict[str, Lease] = {}  # the job leases this daemon holds
+        self.accounts: dict[str, Lease] = {}  # the account leases this daemon holds
+        self._renewed: dict[str, float] = {}  # lease name -> time.monotonic() of the last take or renewal
+        self._calling: Lease | None = None  # the account lease of the action under way
+        self._refused: dict[str, float] = {}  # lease name -> time.monotonic() before which it is not asked for again
+
+    @property
+    def holder(self) -> str:
+        return self.leases.holder
+
+    # --- taking and keeping -----------------------------------------------------------------------
+    def _time(self) -> float:
+        """Now on the lease clock when one is given, else on the monotonic clock (local waits only)."""
+        now = self.clock()
+        return now if now is not None else time.monotonic()
+
+    def _due(self, lease: Lease, need: float = 0.0) -> bool:
+        """Whether to renew ``lease``: a third of its lifetime has passed, or it has no more
+        than ``need`` seconds (and a second) left."""
+        now = self.clock()
+        if now is not None:
+            return lease.expires_at - now <= max(self.ttl * 2 / 3, need + 1.0)
+        elapsed = time.monotonic() - self._renewed.get(lease.name, float("-inf"))
+        return elapsed >= min(self.ttl / 3, self.ttl - need - 1.0)
+
+    def _take(self, held: dict[str, Lease], key: str, name: str, need: float = 0.0) -> Lease | None:
+        """The lease ``name``, taken (free or lapsed) or renewed when due (:meth:`_due`); None
+        (and forgotten) while another daemon holds it."""
+        lease = held.get(key)
+        if lease is not None and not self._due(lease, need):
+            return lease
+        if lease is None and self.elsewhere(name):
+            return None
+        got = self.leases.acquire(name, self.ttl, self.clock())
+        if got is None:
+            if lease is not None:
+                log.warning("lease %s (fence %d) was taken over by another daemon", name, lease.fence)
+            held.pop(key, None)
+            self._renewed.pop(name, None)
+            self._refused[name] = self._time() + min(self.ttl / 4, ASK_AGAIN)
+            return None
+        self._refused.pop(name, None)
+        if lease is None or got.fence != lease.fence:
+            log.info("lease %s taken (fence %d)", name, got.fence)
+        held[key] = got
+        self._renewed[name] = time.monotonic()
+        return got
+
+    def elsewhere(self, name: str) -> bool:
+        """Whether another daemon held the lease ``name`` when last asked (not asked again for
+        a while: :data:`ASK_AGAIN`)."""
+        until = self._refused.get(name)
+        return until is not None and self._time() < until
+
+    def held_elsewhere(self, job_id: str) -> bool:
+        """Whether another daemon works on ``job_id`` (as last asked): it is not this daemon's to wait for."""
+        return job_id not in self.jobs and self.elsewhere(job_lease(job_id))
+
+    def take_job(self, job_id: str) -> bool:
+        """Whether this daemon advances ``job_id`` now: its lease taken or kept."""
+        return self._take(self.jobs, job_id, job_lease(job_id)) is not None
+
+    def let_go(self, job_id: str, why: str) -> None:
+        """Release the job's lease (the job ended, or another daemon is to carry it on)."""
+        lease = self.jobs.pop(job_id, None)
+        if lease is not None:
+            self._renewed.pop(lease.name, None)
+            self.leases.release(lease)
+            log.debug("lease %s released: %s", lease.name, why)
+
+    def lost(self, job_id: str) -> None:
+        """The job's lease or the account's was found lost in an append: forget what we thought we held."""
+        lease = self.jobs.pop(job_id, None)
+        if lease is not None:
+            self._renewed.pop(lease.name, None)
+
+    def account(self, name: str) -> Lease | None:
+        """The account lease ``name`` (``account:<provider>:<account>``), ours for longer than a
+        call may take, or None: no call is made now."""
+        return self._take(self.accounts, name, name, need=self.bound)  # renewed when it would not outlast a call
+
+    @contextmanager
+    def acting(self, job_id: str, action: Action, account: str) -> Iterator[bool]:
+        """Around one action of a job: False when it needs the account lease ``account`` and this
+        daemon may not call now (nothing is done); the intents appended meanwhile go through the
+        fence check."""
+        if not needs_account(action):
+            yield True
+            return
+        lease = self.account(account)
+        if lease is None:
+            yield False
+            return
+        self._calling = lease
+        try:
+            yield True
+        finally:
+            self._calling = None
+
+    def keep(self) -> None:
+        """Renew every lease held whose renewal is due (from a long step's heartbeat); a lease
+        lost meanwhile is forgotten (its job's next append is refused)."""
+        for held in (self.jobs, self.accounts):
+            for key, lease in list(held.items()):
+                if self._due(lease):
+                    try:
+                        held[key] = self.leases.renew(lease, self.ttl, self.clock())
+                        self._renewed[lease.name] = time.monotonic()
+                    except LeaseLost:
+                        log.warning("lease %s (fence %d) lapsed or was taken over", lease.name, lease.fence)
+                        held.pop(key, None)
+                        if self._calling is not None and self._calling.name == lease.name:
+                            self._calling = None  # the action's next intent is refused
+
+    def release_all(self) -> None:
+        """Give every lease up (the daemon stops): another daemon takes them at once."""
+        for held in (self.jobs, self.accounts):
+            for lease in list(held.values()):
+                try:
+                    self.leases.release(lease)
+                except Exception as exc:  # noqa: BLE001 - they lapse on their own
+                    log.warning("could not release lease %s: %s", lease.name, exc)
+            held.clear()
+        self._renewed.clear()
+
+    # --- claims and appends -----------------------------------------------------------------------
+    def claim(self, key: str, job_ids: Iterable[str]) -> str | None:
+        """The job id the inbox input ``key`` becomes, now this daemon's (its job lease held), or
+        None when another daemon claimed it first (:func:`~batchgrader.store.claims.claim_input`)."""
+        c = claim_input(self.leases, key, job_ids, self.ttl, self.clock())
+        if c is None:
+            return None
+        self.jobs[c.job_id] = c.lease
+        self._renewed[c.lease.name] = time.monotonic()
+        if c.resumed:
+            log.warning("input %s: carrying on job %s, claimed by a daemon that stopped before accepting it", key, c.job_id)
+        return c.job_id
+
+    def append(
+        self,
+        job_id: str,
+        events: Iterable[NewEvent],
+        expected_version: int | None = None,
+        also: Callable[[Any], None] | None = None,
+    ) -> list[Event]:
+        """Append a job's events under this daemon's leases: an intent under the account lease of
+        the action under way (fence checked and recorded), else under the job's lease when held
+        (checked); a job this daemon holds no lease of (a control request, an eval's record) by
+        the log's own version check alone.  :class:`~batchgrader.store.leases.LeaseLost`: nothing
+        appended, and no call follows."""
+        new: Sequence[NewEvent] = list(events)
+        version = int(expected_version or 0)
+        if any(e.type in CALL_INTENTS for e in new):
+            if self._calling is None:
+                raise LeaseLost(f"job {job_id}: an intent without the provider account's lease: no call is made")
+            return self.leases.append_intent(self._calling, job_id, new, version, self.bound, self.clock(), also)
+        held = self.jobs.get(job_id)
+        if held is not None:
+            return self.leases.append_held(held, job_id, new, version, self.clock(), also)
+        return self.leases.store.append(job_id, new, expected_version=expected_version, also=also)

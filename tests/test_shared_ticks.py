@@ -1,0 +1,199 @@
+"""Several daemons on one PostgreSQL store, tick by tick (daemon/shared.py): two real Engines,
+each on its own connection to a real PostgreSQL server, one home, the in-memory provider (one
+provider account) and one fake clock that the leases are decided at.  No subprocess, no sleeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from batchgrader.core.configuration.config import load_config
+from batchgrader.core.host.home import Home
+from batchgrader.core.log.events import NewEvent
+from batchgrader.daemon.engine import Engine
+from batchgrader.daemon.shared import SharedWork
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.provider.memory import MemoryProvider
+from batchgrader.store.leases import LeaseLost, Leases, job_lease
+from ticks import config_text
+
+TTL = 30.0  # lease_seconds
+BOUND = 6.0  # request_timeout_seconds (5) + the margin
+WRITES = ("upload", "create_batch", "cancel", "delete_file")
+
+
+class Pair:
+    """Two daemons, ``a`` and ``b``, on one shared store and home."""
+
+    def __init__(self, home: Home, pg_url: str) -> None:
+        from batchgrader.store.pgstore import PostgresEventStore
+
+        self.home = home
+        home.config_file.write_text(config_text(f"request_timeout_seconds: 5\nlease_seconds: {TTL}\n"))
+        self.provider = MemoryProvider()
+        self.now = 1_000_000.0
+        self.provider.now = self.now
+        self.stores = [PostgresEventStore(pg_url), PostgresEventStore(pg_url)]
+        config = load_config(home, environ={})
+        self.engines: dict[str, Engine] = {}
+        for name, store in zip("ab", self.stores, strict=True):
+            engine = Engine(home, config, store, self.provider, load_pricing())
+            engine.share(SharedWork(Leases(store, name), TTL, BOUND, clock=lambda: self.now))
+            self.engines[name] = engine
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.close()
+
+    def tick(self, name: str, seconds: float = 1.0) -> list[tuple[str, str]]:
+        """Move the clock, run one tick of daemon ``name``: the (job, event type) it appended."""
+        before = self.stores[0].last_seq()
+        self.now += seconds
+        self.provider.now = self.now
+        self.engines[name].tick(self.now)
+        return [(e.job_id, e.type) for e in self.stores[0].read(after=before)]
+
+    def writes(self) -> int:
+        return sum(1 for op, _ in self.provider.calls if op in WRITES)
+
+    def holder(self, lease: str) -> Any:
+        current = self.engines["a"].shared.leases.current(lease)  # type: ignore[union-attr]
+        return None if current is None else (current.holder if current.expires_at > self.now else None)
+
+    def drop(self, name: str = "a.csv", rows: int = 3) -> None:
+        (self.home.inbox / name).write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(rows)))
+
+    def job_id(self, file: str = "a.csv") -> str:
+        (job,) = [j for j in self.engines["a"].ctx.state.jobs.values() if j.file == file]
+        return job.job_id
+
+
+@pytest.fixture
+def pair(home: Home, pg_url: str):
+    p = Pair(home, pg_url)
+    yield p
+    p.close()
+
+
+def _until_created(pair: Pair, name: str) -> str:
+    """Tick daemon ``name`` until a.csv's batch is created; its job id."""
+    pair.drop()
+    for _ in range(6):
+        if ("BatchCreated" in {t for _, t in pair.tick(name)}) and pair.provider.batches:
+            return pair.job_id()
+    raise AssertionError("no batch created")
+
+
+def test_two_daemons_never_both_act_on_one_job(pair: Pair):
+    """While ``a`` holds a job's lease, ``b`` appends nothing to it and makes no provider call,
+    however many of its ticks find the job due; ``a`` then carries it to its end alone, and the
+    job's lease is released when it ends."""
+    job_id = _until_created(pair, "a")
+    assert pair.holder(job_lease(job_id)) == "a"
+    pair.tick("b")  # b folds the job (its first look at the log)
+    pair.provider.finish_all()
+    writes = pair.writes()
+    retrieves = sum(1 for op, _ in pair.provider.calls if op == "retrieve")
+    for _ in range(5):
+        assert pair.tick("b", 2.0) == []  # the batch has ended, and b's own timers say poll: b leaves it
+    assert pair.writes() == writes
+    assert sum(1 for op, _ in pair.provider.calls if op == "retrieve") == retrieves
+    appended = pair.tick("a")
+    assert (job_id, "JobCompleted") in appended
+    assert pair.engines["a"].ctx.state.jobs[job_id].ended == "completed"
+    assert pair.holder(job_lease(job_id)) is None  # released at the end
+    assert len(pair.provider.batches) == 1
+    assert [r.split(",")[0] for r in (pair.home.outbox / "a_results.csv").read_text().splitlines()[1:]] == ["0", "1", "2"]
+
+
+def test_an_input_is_claimed_by_one_daemon_and_the_job_of_a_dead_daemon_is_taken_over(pair: Pair):
+    """Both daemons see the same inbox file: the database gives it to one.  That daemon dies
+    after its batch was created; once its leases have lapsed the other takes the job (the next
+    fence) and finishes it: one batch, every row answered once."""
+    pair.drop()
+    pair.tick("a")  # first look: not yet stable
+    pair.tick("b")
+    assert [t for _, t in pair.tick("a")][:2] == ["JobAccepted", "JobPrepared"]
+    assert [t for _, t in pair.tick("b")] == []  # b found the same file: claimed already, in the database
+    job_id = pair.job_id()
+    created = pair.tick("a")
+    assert (job_id, "BatchCreated") in created
+    # a dies here: no more ticks of a.  b leaves the job alone while a's lease is live ...
+    pair.provider.finish_all()
+    for _ in range(int(TTL // 5)):
+        assert pair.tick("b", 4.0) == []
+    # ... and takes it over once it has lapsed
+    for _ in range(3):
+        pair.tick("b", 5.0)
+    job = pair.engines["b"].ctx.state.jobs[job_id]
+    assert job.ended == "completed"
+    lease = pair.engines["b"].shared.leases.current(job_lease(job_id))  # type: ignore[union-attr]
+    assert lease is not None and lease.fence >= 2  # taken over (released at the end: no holder)
+    assert len(pair.provider.batches) == 1
+    rows = (pair.home.outbox / "a_results.csv").read_text().splitlines()[1:]
+    assert sorted(r.split(",")[0] for r in rows) == ["0", "1", "2"]
+
+
+def test_a_new_account_holder_reconciles_the_old_holders_open_create_before_sending(pair: Pair):
+    """``a`` sends a create that the provider carries out, but the reply is lost and its listing
+    fails: a dies with the intent open.  ``b``, the account's next holder, treats it as an unknown
+    outcome: it lists the provider's batches by ``bg_key`` and adopts the batch; none is created
+    twice."""
+    pair.drop()
+    pair.tick("a")
+    pair.tick("a")  # accepted, prepared
+    job_id = pair.job_id()
+    pair.provider.fail_next("create_batch", "lost")  # carried out, the reply lost
+    pair.provider.fail_next("find_batches", "unavailable")  # and a's listing fails: a stops here
+    appended = [t for _, t in pair.tick("a")]
+    assert appended[-1] == "BatchCreateRequested" and len(pair.provider.batches) == 1
+    # a dies; b takes the job and the account once a's leases lapse
+    for _ in range(8):
+        pair.tick("b", 5.0)
+    job = pair.engines["b"].ctx.state.jobs[job_id]
+    assert job.chunks[0].batch_id == next(iter(pair.provider.batches))  # adopted, not created again
+    assert sum(1 for op, _ in pair.provider.calls if op == "create_batch") == 1
+    created = [e.payload for e in pair.stores[0].read(job_id=job_id) if e.type == "BatchCreated"]
+    assert [c["reconciled"] for c in created] == [True]
+
+
+def test_intents_record_the_account_lease_fence(pair: Pair):
+    job_id = _until_created(pair, "a")
+    leases = pair.engines["a"].shared.leases  # type: ignore[union-attr]
+    fences = leases.fences_of(job_id)
+    intents = {e.seq: e.type for e in pair.stores[0].read(job_id=job_id) if e.type in ("UploadStarted", "BatchCreateRequested")}
+    assert set(intents) <= set(fences)
+    account = pair.engines["a"].account_of(pair.engines["a"].ctx.state.jobs[job_id])
+    assert {fences[s] for s in intents} == {(account, "a", 1)}
+
+
+def test_a_paused_holder_that_wakes_makes_no_provider_call(pair: Pair):
+    """``a`` holds the account's lease and is about to upload a chunk: it is paused past the
+    lease's lifetime, ``b`` takes the account over, ``a`` wakes: its intent is refused in the
+    append's transaction, nothing is appended and no call leaves (the engine leaves the job)."""
+    from batchgrader.core.rules.actions import Upload
+
+    pair.drop()
+    pair.tick("a")
+    pair.tick("a")  # accepted, prepared: the next action is the upload
+    job_id = pair.job_id()
+    a = pair.engines["a"]
+    job = a.ctx.state.jobs[job_id]
+    account = a.account_of(job)
+    upload = Upload(job_id, 0, 1, "x.jsonl")
+    with a.shared.acting(job_id, upload, account) as allowed:  # type: ignore[union-attr]
+        assert allowed  # a holds the account's lease, fresh
+        pair.now += TTL + 1  # a is paused (SIGSTOP) past the lease's lifetime
+        assert pair.engines["b"].shared.account(account) is not None  # type: ignore[union-attr]
+        version = a.ctx.state.jobs[job_id].version
+        with pytest.raises(LeaseLost):
+            a.ctx.emit(job_id, NewEvent("UploadStarted", {"chunk": 0, "attempt": 1, "filename": "x.jsonl", "bytes": 1}))
+        assert a.ctx.state.jobs[job_id].version == version  # nothing appended
+    writes = pair.writes()
+    appended = pair.tick("a", 0.0)  # a's next tick: the account is b's, the job handed over
+    assert not [t for _, t in appended if t == "UploadStarted"]
+    assert pair.writes() == writes == 0
+    assert pair.holder(job_lease(job_id)) is None  # a let the job go: the account's holder takes it
+    assert "UploadStarted" in {t for _, t in pair.tick("b")}
+    assert sum(1 for op, _ in pair.provider.calls if op == "upload") == 1  # b's, under the account's next fence
