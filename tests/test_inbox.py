@@ -121,3 +121,34 @@ def test_a_hard_link_to_a_file_outside_the_home_is_refused_and_left_alone(home, 
         assert all("hard" not in e["path"] for e in rig.events("InputArchived"))
     finally:
         rig.close()
+
+
+def test_a_file_queued_in_a_profile_written_during_a_scan_is_taken_with_it_never_rejected(home):
+    """The Python API writes a profile into config.yaml, then queues the file in its folder; a
+    daemon ticking meanwhile may have checked config.yaml for edits just before the write and
+    scan the inbox just after the file arrived.  That scan must not reject the file (the
+    profile is unknown to it only for now): the next tick reloads the edited config.yaml before
+    its scan, and the file is taken with its profile.  A folder no profile names is still
+    rejected, at the second look, once, and then waits for nothing."""
+    home.config_file.write_text("stable_seconds: 0\nrescan_interval_seconds: 10\n")
+    with EventStore(home.db) as store:
+        engine = Engine(home, load_config(home, environ={}), store, providers=None, prices=load_pricing())
+        engine.tick(now=100.0)
+        # the tick's edit check came before this; its scan comes after
+        home.config_file.write_text("stable_seconds: 0\nrescan_interval_seconds: 10\nprofiles:\n  py-1:\n    temperature: 0\n")
+        (home.inbox / "py-1").mkdir()
+        (home.inbox / "py-1" / "frame.csv").write_text("response\nx\n")
+        (home.inbox / "nowhere").mkdir()
+        (home.inbox / "nowhere" / "lost.csv").write_text("response\nx\n")
+        engine.scan_requested = True
+        engine.tick(now=100.1)
+        assert not engine.ctx.state.jobs  # neither is rejected at its first look
+        engine.reload(load_config(home, environ={}), load_pricing())  # the next tick: config.yaml changed
+        engine.tick(now=100.2)
+        jobs = sorted(engine.ctx.state.jobs.values(), key=lambda j: j.file)
+        assert [(j.file, j.profile, j.rejected) for j in jobs] == [("frame.csv", "py-1", False), ("lost.csv", "default", True)]
+        for now in (100.3, 100.4, 111.0):
+            engine.scan_requested = True
+            engine.tick(now=now)
+        assert [e.type for e in store.read() if e.type == "FileRejected"] == ["FileRejected"]  # once
+        assert not engine.steps.intake.pending()  # a rejected file is not looked at again and again

@@ -89,6 +89,59 @@ def test_projectors_create_the_read_tables_by_migration_and_leave_events_alone(d
     assert tables(db)["projection_state"] == [("status", 0)]
 
 
+def _schema(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")]
+
+
+def test_the_read_side_is_the_schema_sqlite_utils_made(tmp_path: Path):
+    """A new home's read side is, to the text, what sqlite-utils' Migrations made (a home from an
+    earlier version and a new one are alike); an old home (at 0006, before the later columns) gets
+    them added, each migration recorded once; a migration that fails leaves neither its changes
+    nor its record."""
+    golden_sql = (GOLDEN / "readmodel_schema.sql").read_text(encoding="utf-8").split("\n\n", 1)[1]
+    new = sqlite3.connect(tmp_path / "new.db", isolation_level=None)
+    new.execute("BEGIN")
+    readmodels.migrate(new)
+    new.execute("COMMIT")
+    assert ";\n\n".join(_schema(new)) + ";\n" == golden_sql
+
+    sql_type = {str: "TEXT", int: "INTEGER", float: "REAL"}
+    late = ["cache_write_tokens", "cache_saved_usd", "route"]  # added by 0007 and 0008
+    old = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    old.execute("BEGIN")
+    for table, columns in (("job_status", JOB_STATUS_COLUMNS), ("usage", USAGE_COLUMNS)):
+        old.execute(f"CREATE TABLE {table} ({', '.join(f'{c} {sql_type[t]}' for c, t in columns.items() if c not in late)})")
+    for sql in _schema(new):  # the other tables, and every index
+        if not sql.startswith(('CREATE TABLE "job_status"', 'CREATE TABLE "usage"')):
+            old.execute(sql)
+    for name in readmodels.MIGRATION_NAMES[:6]:
+        old.execute(
+            "INSERT INTO _sqlite_migrations (migration_set, name, applied_at) VALUES (?, ?, 'then')",
+            (readmodels.MIGRATION_SET, name),
+        )
+    readmodels.migrate(old)
+    old.execute("COMMIT")
+    for table, columns in (("job_status", JOB_STATUS_COLUMNS), ("usage", USAGE_COLUMNS)):
+        have = [r[1] for r in old.execute(f"PRAGMA table_info({table})")]
+        assert sorted(have) == sorted(columns) and have[-3:] == late
+    assert (
+        old.execute("SELECT sql FROM sqlite_master WHERE name = 'usage'")
+        .fetchone()[0]
+        .endswith(
+            ', "cache_write_tokens" INTEGER, "cache_saved_usd" REAL, "route" TEXT)'  # as sqlite-utils' add_column writes them
+        )
+    )
+    assert [r[0] for r in old.execute("SELECT name FROM _sqlite_migrations ORDER BY id")] == list(readmodels.MIGRATION_NAMES)
+
+    failing = sqlite3.connect(tmp_path / "failing.db", isolation_level=None)
+    failing.execute("BEGIN")
+    failing.execute("CREATE TABLE job_status (job_id TEXT)")  # in the way of migration 0001
+    with pytest.raises(sqlite3.OperationalError, match="already exists"):
+        readmodels.migrate(failing)
+    assert failing.execute("SELECT COUNT(*) FROM _sqlite_migrations").fetchone() == (0,)
+    assert failing.execute("SELECT name FROM sqlite_master WHERE name = 'usage'").fetchone() is None
+
+
 def test_job_row_follows_the_column_order():
     job = fold(json_events("v1_failed_rows_retry")).jobs["32c86eafae56"]
     assert list(job_row(job)) == list(JOB_STATUS_COLUMNS)

@@ -192,6 +192,34 @@ def test_skip_empty_takes_no_stored_answer_for_an_empty_row(home: Home) -> None:
 
 
 @pytest.mark.parametrize("setting", ["preflight_rows: 4\n", "route: online\n"], ids=["preflight", "online route"])
+def test_skip_empty_holds_on_the_synchronous_paths_tick_by_tick(home: Home, setting: str) -> None:
+    """The rule of the test below, through ``tick(now)``: the empty rows are never sent on the
+    preflight or the online route, and fail ``empty_input`` in the result."""
+    import csv
+
+    from ticks import Rig
+
+    rig = Rig(home, setting + "skip_empty: true\n")
+    try:
+        (home.inbox / "answers.csv").write_text(EMPTY_ROWS)
+        for _ in range(40):
+            rig.tick()
+            rig.provider.finish_all()
+            if any(j.ended for j in rig.engine.ctx.state.jobs.values()):
+                break
+        (job,) = rig.engine.ctx.state.jobs.values()
+        assert job.ended == "completed_with_errors"
+        sent = [e for e in rig.store.read() if e.type in ("PreflightRequested", "OnlineRequestSent")]
+    finally:
+        rig.close()
+    rows = list(csv.DictReader(next(home.outbox.glob("answers_results*.csv")).open(encoding="utf-8-sig")))
+    assert [r["error"].split(":")[0] for r in rows] == ["", "empty_input", "empty_input", ""]
+    assert rows[0]["answered_by"] in ("preflight", "online") and not rows[1]["answered_by"]
+    assert sent and len(sent) <= 2  # the two answers only: the empty rows are never paid for
+
+
+@pytest.mark.slow  # a sandbox daemon run in a subprocess; the rule is tested tick by tick above
+@pytest.mark.parametrize("setting", ["preflight_rows: 4\n", "route: online\n"], ids=["preflight", "online route"])
 def test_skip_empty_holds_on_the_synchronous_paths(home: Home, setting: str) -> None:
     import csv
 

@@ -2,7 +2,9 @@
 
 File-system events only *wake* the daemon (watchdog drops inotify overflows silently); the truth
 is a full scan, done at start-up, on every wake and periodically.  A file is taken only when its
-size and mtime are unchanged across two looks ``stable_seconds`` apart.  Claiming writes a claim
+size and mtime are unchanged across two looks ``stable_seconds`` apart, and a file in a folder
+that names no profile is rejected only then too (the daemon reloads an edited config.yaml
+before each scan: a profile written just before its file was queued is known by then).  Claiming writes a claim
 record in the job's work folder, then renames the file into it (same filesystem, atomic), so a
 crash between the two is recovered at start-up from the work folder.
 """
@@ -74,12 +76,13 @@ class InboxScanner:
         self.profiles = set(profiles)
         self.stable_seconds = stable_seconds
         self._looks: dict[Path, tuple[int, int, float]] = {}
+        self._unknown: dict[Path, tuple[int, int]] = {}  # stable files of folders that name no profile (size, mtime)
 
     def scan(self, now: float) -> tuple[list[Candidate], list[Rejection]]:
         ready: list[Candidate] = []
         rejected: list[Rejection] = []
         seen: set[Path] = set()
-        for profile, folder in self._folders(rejected):
+        for profile, folder in self._folders():
             try:
                 entries = sorted(os.scandir(folder), key=lambda e: e.name)
             except FileNotFoundError:
@@ -93,7 +96,15 @@ class InboxScanner:
                 except FileNotFoundError:
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    continue  # profile folders handled by _folders; others reported there
+                    continue  # profile folders handled by _folders
+                if profile not in self.profiles and folder != self.home.inbox:
+                    if stat.S_ISREG(st.st_mode):
+                        seen.add(path)
+                        if self._unknown.get(path) == (st.st_size, st.st_mtime_ns) or self._stable(path, st, now):
+                            self._looks.pop(path, None)  # reported: it waits for nothing (the daemon does not wake for it)
+                            self._unknown[path] = (st.st_size, st.st_mtime_ns)
+                            rejected.append(self._unknown_profile(path, profile, entry.name, st))
+                    continue
                 kind = _link_or_special(st)
                 if kind is not None:
                     rejected.append(
@@ -120,16 +131,22 @@ class InboxScanner:
                     )
                     continue
                 seen.add(path)
-                look = (st.st_size, st.st_mtime_ns)
-                prev = self._looks.get(path)
-                if prev is None or (prev[0], prev[1]) != look:
-                    self._looks[path] = (*look, now)
-                    continue
-                if now - prev[2] >= self.stable_seconds:
+                if self._stable(path, st, now):
                     ready.append(Candidate(path, profile, st.st_size, st.st_mtime_ns))
         for gone in set(self._looks) - seen:
             del self._looks[gone]
+        for gone in set(self._unknown) - seen:
+            del self._unknown[gone]
         return ready, rejected
+
+    def _stable(self, path: Path, st: os.stat_result, now: float) -> bool:
+        """Whether ``path`` had this size and mtime at a look ``stable_seconds`` ago (this look is noted)."""
+        look = (st.st_size, st.st_mtime_ns)
+        prev = self._looks.get(path)
+        if prev is None or (prev[0], prev[1]) != look:
+            self._looks[path] = (*look, now)
+            return False
+        return now - prev[2] >= self.stable_seconds
 
     def pending(self) -> bool:
         return bool(self._looks)
@@ -142,7 +159,9 @@ class InboxScanner:
     def forget(self, path: Path) -> None:
         self._looks.pop(path, None)
 
-    def _folders(self, rejected: list[Rejection]):
+    def _folders(self):
+        """``("default", inbox/)``, then each folder of the inbox with its name: a profile's, or one
+        config.yaml does not define (whose files :meth:`scan` rejects once they are stable)."""
         inbox = self.home.inbox
         yield "default", inbox
         try:
@@ -152,25 +171,23 @@ class InboxScanner:
         for entry in entries:
             if is_ignored(entry.name) or not entry.is_dir(follow_symlinks=False):
                 continue
-            if entry.name in self.profiles:
-                yield entry.name, Path(entry.path)
-            else:
-                for sub in os.scandir(entry.path):
-                    if is_ignored(sub.name) or not sub.is_file(follow_symlinks=False):
-                        continue
-                    p = Path(sub.path)
-                    known = ", ".join(sorted(self.profiles)) or "none defined"
-                    rejected.append(
-                        Rejection(
-                            p,
-                            entry.name,
-                            "unknown_profile",
-                            f"{shown_name(entry.name)}/{shown_name(sub.name)}: folder {entry.name!r} is not a profile in config.yaml (profiles: {known}); "
-                            "the file was left where it is",
-                            fingerprint(p, os.lstat(p)),
-                            movable=False,
-                        )
-                    )
+            yield entry.name, Path(entry.path)
+
+    def _unknown_profile(self, path: Path, folder: str, name: str, st: os.stat_result) -> Rejection:
+        """A file in a folder that names no profile.  It is rejected only once stable, as a file
+        is taken only once stable: a daemon reloads an edited config.yaml before each scan, so a
+        file queued in a profile's folder just after the profile was written into config.yaml
+        (`bgctl submit`, the Python API's settings) is seen with its profile, never rejected."""
+        known = ", ".join(sorted(self.profiles)) or "none defined"
+        return Rejection(
+            path,
+            folder,
+            "unknown_profile",
+            f"{shown_name(folder)}/{shown_name(name)}: folder {folder!r} is not a profile in config.yaml (profiles: {known}); "
+            "the file was left where it is",
+            fingerprint(path, st),
+            movable=False,
+        )
 
 
 def write_claim(job_dir: Path, record: dict) -> None:

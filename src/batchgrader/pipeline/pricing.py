@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import math
 import re
@@ -599,7 +600,14 @@ def _price_row(cells: dict[str, str], model: str, where: str, origin: str, shipp
 
 
 def shipped_prices() -> dict[str, Price]:
-    """The table shipped with the package."""
+    """The table shipped with the package (a copy the caller may change; its rows are frozen)."""
+    return dict(_shipped_prices())
+
+
+@functools.cache
+def _shipped_prices() -> dict[str, Price]:
+    """The shipped table, parsed once per process: it is package data, and every load of the
+    pricing (each start, each reload, each command) starts from it."""
     text = resources.files("batchgrader").joinpath("data/pricing.csv").read_text(encoding="utf-8-sig")
     return _parse(text, "shipped pricing.csv", SHIPPED)
 

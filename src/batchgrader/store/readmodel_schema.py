@@ -1,9 +1,10 @@
 """The schema of the read-side tables: their columns and the migrations that create and change them.
 
 The columns are :mod:`batchgrader.store.readmodels`' rows (each dict's order is the INSERT order)
-and the migrations create exactly these.  The migrations are sqlite-utils ``Migrations``,
-recorded in ``_sqlite_migrations`` under the set ``batchgrader.readmodels``; they never touch the
-``events`` table.
+and the migrations create exactly these.  The migrations are SQL statements recorded in
+``_sqlite_migrations`` under the set ``batchgrader.readmodels``, as sqlite-utils ``Migrations``
+records them (the read side was made with it before; see below); they never touch the ``events``
+table.
 """
 
 from __future__ import annotations
@@ -99,69 +100,127 @@ SAVINGS_COLUMNS: dict[str, type] = {
 
 
 # --- migrations (read side only) ----------------------------------------------------------------
+#
+# Each migration is a list of SQL statements run by :func:`_apply`, recorded in ``_sqlite_migrations``
+# as sqlite-utils ``Migrations`` records them (the table and its rows are the same: a home migrated
+# by an earlier version is current here, and the other way round).  sqlite-utils itself is not used:
+# it imports pandas and numpy when it is imported (about 80 MiB resident), which a daemon on a new
+# home would then carry to its end.  The statements are written as sqlite-utils writes them, so the
+# schema (``sqlite_master``) is the same text.
+
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL"}
 
 
-def _migrations():  # noqa: ANN202 - sqlite_utils is imported lazily: only when a migration is pending
-    from sqlite_utils.migrations import Migrations
-
-    m = Migrations(MIGRATION_SET)
-
-    @m(name="0001_job_status_usage")
-    def _m0001(db) -> None:  # noqa: ANN001
-        db["job_status"].create(dict(JOB_STATUS_COLUMNS), pk="job_id")
-        db["job_status"].create_index(["created_ts"])
-        db["usage"].create(dict(USAGE_COLUMNS), pk="seq")
-        db["usage"].create_index(["day"])
-        db["usage"].create_index(["job_id"])
-        db["projection_state"].create({"name": str, "last_seq": int}, pk="name")
-
-    @m(name="0002_job_status_state_index")
-    def _m0002(db) -> None:  # noqa: ANN001 - for the status overview: newest jobs per state
-        db["job_status"].create_index(["state", "created_ts"])
-
-    @m(name="0003_queue_limits")
-    def _m0003(db) -> None:  # noqa: ANN001 - the provider queue limits learned (QueueLimitLearned)
-        db["queue_limits"].create(dict(QUEUE_LIMIT_COLUMNS), pk=("base_url", "model"))
-
-    @m(name="0004_reuse")
-    def _m0004(db) -> None:  # noqa: ANN001 - answers reused instead of sent (issue 14)
-        for col in ("cached_rows", "duplicate_rows", "saved_usd"):
-            if col not in db["job_status"].columns_dict:
-                db["job_status"].add_column(col, JOB_STATUS_COLUMNS[col])
-        db["savings"].create(dict(SAVINGS_COLUMNS), pk="seq", if_not_exists=True)
-        db["savings"].create_index(["day"], if_not_exists=True)
-
-    @m(name="0005_input_tokens_exact")
-    def _m0005(db) -> None:  # noqa: ANN001 - exact or estimated input tokens (InputTokensCounted)
-        if "input_tokens_exact" not in db["job_status"].columns_dict:
-            db["job_status"].add_column("input_tokens_exact", int)
-
-    @m(name="0006_batch_runs")
-    def _m0006(db) -> None:  # noqa: ANN001 - batch run times, for the ETA of running jobs (issue 27)
-        db["batch_runs"].create(dict(BATCH_RUN_COLUMNS), pk="batch_id", if_not_exists=True)
-        db["batch_runs"].create_index(["model", "ts"], if_not_exists=True)
-
-    @m(name="0007_prompt_cache")
-    def _m0007(db) -> None:  # noqa: ANN001 - prompt-cache writes and what caching saved (issue 26)
-        for table, columns in (("job_status", JOB_STATUS_COLUMNS), ("usage", USAGE_COLUMNS)):
-            for col in ("cache_write_tokens", "cache_saved_usd"):
-                if col not in db[table].columns_dict:
-                    db[table].add_column(col, columns[col])
-
-    @m(name="0008_routes")
-    def _m0008(db) -> None:  # noqa: ANN001 - the route a usage row paid for (issue 26: flex and online)
-        for table in ("usage", "job_status"):
-            if "route" not in db[table].columns_dict:
-                db[table].add_column("route", str)
-
-    return m
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
-def _database(conn: sqlite3.Connection):  # noqa: ANN202
-    from sqlite_utils import Database
+def _create_table(table: str, columns: dict[str, type], pk: str | tuple[str, ...], if_not_exists: bool = False) -> str:
+    lines = [f"   {_q(c)} {_SQL_TYPES[t]}" + (" PRIMARY KEY" if c == pk else "") for c, t in columns.items()]
+    if isinstance(pk, tuple):
+        lines.append(f"   PRIMARY KEY ({', '.join(map(_q, pk))})")
+    body = ",\n".join(lines)
+    return f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{_q(table)} (\n{body}\n);"
 
-    # The store owns the connection and its settings: no plugins, no PRAGMA changes.
-    return Database(conn, recursive_triggers=False, execute_plugins=False)
+
+def _create_index(table: str, columns: list[str], unique: bool = False, if_not_exists: bool = False) -> str:
+    name = "_".join(["idx", table, *columns])
+    kind = "UNIQUE INDEX" if unique else "INDEX"
+    exists = "IF NOT EXISTS " if if_not_exists else ""
+    return f"CREATE {kind} {exists}{_q(name)}\n    ON {_q(table)} ({', '.join(map(_q, columns))});"
+
+
+def _add_columns(conn: sqlite3.Connection, table: str, columns: dict[str, type], names: tuple[str, ...]) -> list[str]:
+    """``ALTER TABLE ... ADD COLUMN`` for each of ``names`` the table lacks (a table created after
+    the column was declared has it already)."""
+    have = {r[1] for r in conn.execute(f"PRAGMA table_info({_q(table)})")}
+    return [f"ALTER TABLE {_q(table)} ADD COLUMN {_q(c)} {_SQL_TYPES[columns[c]]};" for c in names if c not in have]
+
+
+def _m0001(conn: sqlite3.Connection) -> list[str]:
+    return [
+        _create_table("job_status", JOB_STATUS_COLUMNS, "job_id"),
+        _create_index("job_status", ["created_ts"]),
+        _create_table("usage", USAGE_COLUMNS, "seq"),
+        _create_index("usage", ["day"]),
+        _create_index("usage", ["job_id"]),
+        _create_table("projection_state", {"name": str, "last_seq": int}, "name"),
+    ]
+
+
+def _m0002(conn: sqlite3.Connection) -> list[str]:  # for the status overview: newest jobs per state
+    return [_create_index("job_status", ["state", "created_ts"])]
+
+
+def _m0003(conn: sqlite3.Connection) -> list[str]:  # the provider queue limits learned (QueueLimitLearned)
+    return [_create_table("queue_limits", QUEUE_LIMIT_COLUMNS, ("base_url", "model"))]
+
+
+def _m0004(conn: sqlite3.Connection) -> list[str]:  # answers reused instead of sent (issue 14)
+    return [
+        *_add_columns(conn, "job_status", JOB_STATUS_COLUMNS, ("cached_rows", "duplicate_rows", "saved_usd")),
+        _create_table("savings", SAVINGS_COLUMNS, "seq", if_not_exists=True),
+        _create_index("savings", ["day"], if_not_exists=True),
+    ]
+
+
+def _m0005(conn: sqlite3.Connection) -> list[str]:  # exact or estimated input tokens (InputTokensCounted)
+    return _add_columns(conn, "job_status", JOB_STATUS_COLUMNS, ("input_tokens_exact",))
+
+
+def _m0006(conn: sqlite3.Connection) -> list[str]:  # batch run times, for the ETA of running jobs (issue 27)
+    return [
+        _create_table("batch_runs", BATCH_RUN_COLUMNS, "batch_id", if_not_exists=True),
+        _create_index("batch_runs", ["model", "ts"], if_not_exists=True),
+    ]
+
+
+def _m0007(conn: sqlite3.Connection) -> list[str]:  # prompt-cache writes and what caching saved (issue 26)
+    names = ("cache_write_tokens", "cache_saved_usd")
+    return [*_add_columns(conn, "job_status", JOB_STATUS_COLUMNS, names), *_add_columns(conn, "usage", USAGE_COLUMNS, names)]
+
+
+def _m0008(conn: sqlite3.Connection) -> list[str]:  # the route a usage row paid for (issue 26: flex and online)
+    return [
+        *_add_columns(conn, "usage", USAGE_COLUMNS, ("route",)),
+        *_add_columns(conn, "job_status", JOB_STATUS_COLUMNS, ("route",)),
+    ]
+
+
+MIGRATIONS = (_m0001, _m0002, _m0003, _m0004, _m0005, _m0006, _m0007, _m0008)  # in the order of MIGRATION_NAMES
+
+_MIGRATIONS_TABLE_SQL = (
+    _create_table(MIGRATIONS_TABLE, {"id": int, "migration_set": str, "name": str, "applied_at": str}, "id"),
+    _create_index(MIGRATIONS_TABLE, ["migration_set", "name"], unique=True),
+)
+
+
+def _apply(conn: sqlite3.Connection) -> None:
+    """Run the pending migrations in order, each with its record in one savepoint (a failure
+    leaves neither)."""
+    import datetime
+
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MIGRATIONS_TABLE,)).fetchone() is None:
+        for sql in _MIGRATIONS_TABLE_SQL:
+            conn.execute(sql)
+    sql = f"SELECT name FROM {_q(MIGRATIONS_TABLE)} WHERE migration_set = ?"
+    applied = {r[0] for r in conn.execute(sql, (MIGRATION_SET,))}
+    for name, migration in zip(MIGRATION_NAMES, MIGRATIONS, strict=True):
+        if name in applied:
+            continue
+        conn.execute("SAVEPOINT readmodel_migration")
+        try:
+            for statement in migration(conn):
+                conn.execute(statement)
+            conn.execute(
+                f"INSERT INTO {_q(MIGRATIONS_TABLE)} (applied_at, migration_set, name) VALUES (?, ?, ?)",
+                (str(datetime.datetime.now(datetime.UTC)), MIGRATION_SET, name),
+            )
+        except BaseException:
+            conn.execute("ROLLBACK TO readmodel_migration")
+            conn.execute("RELEASE readmodel_migration")
+            raise
+        conn.execute("RELEASE readmodel_migration")
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -178,5 +237,5 @@ def migrate(conn: sqlite3.Connection) -> None:
     elif MIGRATIONS_TABLE in names:
         sql = f"SELECT name FROM {MIGRATIONS_TABLE} WHERE migration_set = ?"
         if {r[0] for r in conn.execute(sql, (MIGRATION_SET,))}.issuperset(MIGRATION_NAMES):
-            return  # nothing pending: sqlite_utils is not loaded
-    _migrations().apply(_database(conn))
+            return  # nothing pending
+    _apply(conn)

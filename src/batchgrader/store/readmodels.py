@@ -13,8 +13,8 @@ the job's row from :class:`~batchgrader.state.JobState` with :func:`job_row` - s
 (billed figures, never re-estimated).
 
 The read-side tables are created and changed only by the migrations of
-:mod:`batchgrader.store.readmodel_schema` (sqlite-utils ``Migrations``, recorded in
-``_sqlite_migrations`` under the set ``batchgrader.readmodels``), which also holds their columns; the
+:mod:`batchgrader.store.readmodel_schema` (SQL statements, recorded in ``_sqlite_migrations`` under
+the set ``batchgrader.readmodels`` as sqlite-utils ``Migrations`` records them), which also holds their columns; the
 ``events`` table is never touched.  :func:`rebuild` drops them and recreates them from the log.
 """
 
