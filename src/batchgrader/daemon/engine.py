@@ -244,7 +244,7 @@ class Engine:
     def advance(self, job: JobState, now: float) -> None:
         """Take one job as far as it goes in this tick: ask :func:`next_action`, carry it out,
         ask again with what was done.  On a shared store, only under the job's lease, and an
-        action that calls the provider only under its account's lease (:meth:`_may_act`)."""
+        action that calls the provider only under its account's lease (:meth:`_act_leased`)."""
         step = Step()
         conflicts = 0
         try:
@@ -256,7 +256,9 @@ class Engine:
                     return
                 step = step.after(action)
                 try:
-                    if not self._act_shared(action, job, now):
+                    if self.shared is None:
+                        self.act(action, now)
+                    elif not self._act_leased(self.shared, action, job, now):
                         return
                 except ConcurrencyError as exc:  # another daemon appended to the job: folded; decide again
                     conflicts += 1
@@ -273,14 +275,10 @@ class Engine:
             if self.shared is not None and job.job_id in self.shared.jobs and self.ctx.state.jobs[job.job_id].ended:
                 self.shared.let_go(job.job_id, "the job has ended")
 
-    def _act_shared(self, action: Action, job: JobState, now: float) -> bool:
-        """Carry out ``action`` (:meth:`act`); on a shared store only while this daemon holds the
+    def _act_leased(self, shared: SharedWork, action: Action, job: JobState, now: float) -> bool:
+        """Carry out ``action`` (:meth:`act`) on a shared store: only while this daemon holds the
         job's lease and, for a provider call, the account's (False: not done, the job is left to
         the lease's holder; a job needing an account another daemon holds is handed to it)."""
-        shared = self.shared
-        if shared is None:
-            self.act(action, now)
-            return True
         from batchgrader.store.leases import LeaseLost
 
         if not shared.take_job(job.job_id):
