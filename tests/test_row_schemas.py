@@ -220,3 +220,31 @@ def test_count_adds_each_request_schema_tokens_with_samples(home, tmp_path):
     assert rows == {yes_no: 3, number: 6} and summary["requests"] == 9
     assert summary["input_tokens_estimate"] == summary["input_tokens"] + 3 * yes_no + 6 * number
     assert summary["schema"]["source"] == "allowance"
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "gemini"])
+def test_each_line_keeps_its_own_schema_on_the_providers_that_take_one(home, tmp_path, provider):
+    """Anthropic's and Gemini's batch lines are independent requests: each converted line
+    carries the schema of its own row (``output_config.format``, ``responseJsonSchema``)."""
+    from batchgrader.pipeline.prepare import prepare
+    from batchgrader.provider.anthropic_api import to_anthropic_request
+    from batchgrader.provider.gemini_api import to_gemini_line
+
+    model = {"anthropic": "claude-haiku-4-5", "gemini": "gemini-2.5-flash"}[provider]
+    home.config_file.write_text(f"provider: {provider}\nmodel: {model}\n" + ROW_SCHEMA_CONFIG)
+    profile = load_config(home, environ={}).default
+    data = tmp_path / "a.csv"
+    with open(data, "w", newline="") as f:
+        csv.writer(f).writerows([("id", "response", "schema"), ("a", "x", YES_NO), ("b", "y", NUMBER)])
+    out = tmp_path / "requests.jsonl"
+    with open(out, "wb") as f:
+        prepare(data, profile, home, requests_out=f)
+    lines = [json.loads(x) for x in out.read_bytes().splitlines()]
+    if provider == "anthropic":
+        got = [to_anthropic_request(x)["params"]["output_config"]["format"]["schema"] for x in lines]
+    else:
+        got = [to_gemini_line(x)["request"]["generationConfig"]["responseJsonSchema"] for x in lines]
+    assert [g["properties"]["result"] for g in got] == [
+        json.loads(YES_NO)["properties"]["result"],
+        json.loads(NUMBER)["properties"]["result"],
+    ]
