@@ -7,8 +7,8 @@ same eval sent synchronously.
    ``--max-seconds`` stops there and its rate is over the rows it did (the table says how many).
 2. Cost: the worked example's eval (tests/fixtures/evals/ticket_eval.json: a ``label_model`` and
    a ``score_model`` criterion on gpt-5.4-mini) imported over ``--items`` items made from its four,
-   each job's queued file counted as `bgctl count` counts it (tiktoken, exact, plus the schema's
-   stated allowance), priced with the shipped catalogue at the Batch price and at the standard
+   each job's queued file counted as `bgctl count` counts it (tiktoken, exact, plus each request's
+   own schema's stated allowance), priced with the shipped catalogue at the Batch price and at the standard
    (synchronous) price, with the answers' output tokens taken as the length of the JSON answer.
    The two criteria are one job (an eval's model criteria on one model share a batch job).
 3. Cosine: the same eval with its ``text_similarity`` criterion's metric set to ``cosine``: its
@@ -123,7 +123,7 @@ def cost(items: int, cosine: bool = False) -> dict:
         for job, profile, path in zip(prepared.jobs, written["profiles"], written["queued"]):
             prof = config.profile(profile)
             summary = count_file(home, Path(path), prof, prices, sandbox=False)
-            prompt = int(summary.get("estimated_input_tokens") or summary["input_tokens"])
+            prompt = int(summary.get("input_tokens_estimate") or summary["input_tokens"])
             enc = get_encoding(tokenizer_for_model(prof.model, prof.default_encoding).encoding)
             label, score = len(enc.encode('{"result":"polite"}')), len(enc.encode('{"result":6}'))
             completion = (
@@ -188,7 +188,8 @@ def main() -> None:
         "",
         f"**Two model criteria at batch price**: the worked example's eval (docs/howto-openai-evals.md: `label_model` Polite "
         f"and `score_model` Helpful, gpt-5.4-mini) over {c['items']:,} items (the fixture's four, each numbered), each job's queued file counted as `bgctl count` "
-        "counts it (exact prompt tokens, plus the stated schema allowance) and priced with the shipped catalogue; output "
+        "counts it (exact prompt tokens, plus the stated allowance of each request's own schema: its criterion's) and priced "
+        "with the shipped catalogue; output "
         'tokens are the JSON answer\'s (`{"result":"polite"}`, `{"result":6}`).',
         "",
         "| job | criteria | requests | prompt tokens | output tokens | batch | synchronous |",

@@ -62,15 +62,22 @@ def test_import_writes_profile_plan_and_queues_one_request_per_row_and_criterion
     assert '"polite", "neutral", "rude"' in polite["prompt"]
 
 
-def test_label_and_score_criteria_of_one_job_get_a_schema_allowing_either(home, tmp_path):
+def test_each_request_carries_its_criterion_schema_and_the_job_the_union(home, tmp_path):
     prepared, written = do_import(home, tmp_path)
-    schemas = {j.criteria: j.settings["response_format"]["properties"]["result"] for j in prepared.jobs}
+    (job,) = prepared.jobs
     label = {"type": "string", "enum": ["polite", "neutral", "rude"]}
     score = {"type": "number", "minimum": 1.0, "maximum": 7.0}
-    assert schemas == {(3, 4): {"anyOf": [label, score]}}
-    assert len(written["queued"]) == 1
-    assert any("label and score criteria share one job" in n for n in prepared.notes)
-    # each alone: its exact schema
+    # the job's response_format names the result's column: every answer of the job fits it
+    assert job.settings["response_format"]["properties"]["result"] == {"anyOf": [label, score]}
+    assert job.settings["schema_column"] == "schema" and len(written["queued"]) == 1
+    # each row's request carries its own criterion's schema: structured output rules out the other kind
+    own = {r["id"]: json.loads(r["schema"])["properties"]["result"] for r in job.rows}
+    assert own == {f"i{i}-c{c}": label if c == 3 else score for i in range(4) for c in (3, 4)}
+    assert not any("share" in n and "schema" in n for n in prepared.notes)
+    # the profile written for the job says so
+    (name,) = written["profiles"]
+    assert load_config(home).profile(name).get("schema_column") == "schema"
+    # each alone: the job's schema is its criterion's
     ev = copy.deepcopy(EVAL)
     ev["testing_criteria"][3]["model"] = "gpt-5.4-nano"  # another model: another batch (one model per batch file)
     prepared, _written = do_import(home, tmp_path, ev, name="other")

@@ -325,6 +325,7 @@ class _Planner:
         prompt = cache.count_many(model, messages) if self.chat else [0] * len(parsed)
         for (_, body), msgs, pt in zip(parsed, messages, prompt):
             cached = 0
+            rf = chat_format(body) if self.responses else body.get("response_format")
             if msgs:
                 first = json.dumps(msgs[0], sort_keys=True)
 
@@ -333,8 +334,10 @@ class _Planner:
                         self.prefix_tokens[first] = cache.count_many(model, [[msg]])[0] - 3
                     return self.prefix_tokens[first]
 
-                cached = openai_cached_tokens(self.seen, model, pt, first, count_first, body.get("prompt_cache_key"))
-            rf = chat_format(body) if self.responses else body.get("response_format")
+                # the schema is a prefix to the system message ("Structured Outputs: the output schema serves
+                # as a prefix to the system message and can be cached"): only requests with the same schema share a cache
+                prefix = first if not isinstance(rf, dict) else json.dumps(rf, sort_keys=True) + first
+                cached = openai_cached_tokens(self.seen, model, pt, prefix, count_first, body.get("prompt_cache_key"))
             pt += schema_tokens(model, rf, self.cfg, self.schema_cache)
             plan.prompt.append(pt)
             plan.cached.append(cached)

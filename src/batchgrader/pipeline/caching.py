@@ -16,7 +16,10 @@ the row's text last.  On that layout each provider caches the shared part:
   ``min_cache_prefix``; a model without one is marked, since a too-short mark costs nothing).
 * **Gemini** caches implicitly (2.5 and later models); its adapter drops the key.
 
-With ``prompt_caching: false`` no request carries a key, so nothing is marked.  The key is left
+With ``schema_column`` (``pipeline/rowschema.py``) the rows' requests carry their own schemas:
+OpenAI puts "the output schema [as] a prefix to the system message", so only requests with the
+same schema share a cached prefix (the key stays one per job: the provider routes by the key and
+the prefix together).  With ``prompt_caching: false`` no request carries a key, so nothing is marked.  The key is left
 out of the request key (``answerkey``): it routes the request, it does not shape the answer.
 """
 

@@ -50,11 +50,13 @@ def overhead_payload(
     """The ``SchemaOverheadLearned`` payload to record when ``chunk`` is merged (``rows`` rows,
     ``all_ok`` when every one was answered, ``billed`` prompt tokens over them), or None.
 
-    Only for the job's first chunk to come back, with a JSON schema, and when every row of the
-    chunk was answered (then the chunk's counted tokens are exactly those of the billed rows)."""
+    Only for the job's first chunk to come back, with a JSON schema (the profile's for every row:
+    not with ``schema_column``), and when every row of the chunk was answered (then the chunk's counted tokens are exactly those of the billed rows)."""
     sha = schema_sha256(response_format)
     if sha is None or not job.model or not rows:
         return None
+    if job.settings.get("schema_column"):
+        return None  # the rows' requests carry schemas of their own: the overhead is no one schema's
     if any(c.done for c in job.chunks.values() if c.index != chunk.index):
         return None  # not the first batch of this job
     if rows != chunk.requests or not all_ok:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from batchgrader.fsio import atomic_write
-from batchgrader.pipeline.outputschema import output_problem
+from batchgrader.pipeline.outputschema import line_schemas, output_problem
 from batchgrader.pipeline.pricing import Price, billed_cost, cache_saving
 from batchgrader.pipeline.results import iter_outcomes
 from batchgrader.pipeline.splitting import custom_ids_in
@@ -30,10 +30,11 @@ _dumps = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_a
 FIGURES = 2 + len(USAGE_KEYS)  # numbers a ChunkSpool keeps per record: ok, the USAGE_KEYS tokens, cache-write tokens
 
 
-def outcome_record(o: Any, schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def outcome_record(o: Any, schema: Mapping[str, Any] | None = None, whose: str = "the profile's") -> dict[str, Any]:
     """One row's outcome as stored in the chunk's results file (``cache_write_tokens`` only when
-    the provider reported prompt-cache writes).  With ``schema`` (the profile's JSON schema) an
-    answer that does not parse under it fails as ``invalid_output`` (its text kept)."""
+    the provider reported prompt-cache writes).  With ``schema`` (the profile's JSON schema, or
+    ``whose`` else: the row's own request's) an answer that does not parse under it fails as
+    ``invalid_output`` (its text kept)."""
     rec = {
         "custom_id": o.custom_id,
         "ok": bool(o.ok),
@@ -55,7 +56,7 @@ def outcome_record(o: Any, schema: Mapping[str, Any] | None = None) -> dict[str,
             rec.update(
                 ok=False,
                 error_code="invalid_output",
-                error_message=f"the answer does not parse under the profile's JSON schema: {problem}",
+                error_message=f"the answer does not parse under {whose} JSON schema: {problem}",
             )
     return rec
 
@@ -111,9 +112,15 @@ class ChunkSpool:
     the parsed outcomes or the chunk's records, which are not parsed again).  :meth:`write`
     then takes them back in the chunk's order."""
 
-    def __init__(self, expected: Sequence[str], schema: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        expected: Sequence[str],
+        schema: Mapping[str, Any] | None = None,
+        row_schemas: Mapping[str, Mapping[str, Any] | None] | None = None,
+    ):
         self.expected = expected
         self.schema = schema
+        self.row_schemas = row_schemas  # custom_id -> the schema its request carried (``schema_column``)
         self.wanted = set(expected)
         self.found: dict[str, int] = {}  # custom_id -> slot of its record (later outcomes of a row win)
         self.at = array("q")  # per slot: the record's offset in the spool ...
@@ -125,9 +132,13 @@ class ChunkSpool:
     def read(self, outcomes: Iterable[Any]) -> None:
         dumps, wanted, found, spool = _dumps, self.wanted, self.found, self.spool
         at = spool.tell()
+        own = self.row_schemas
         for o in outcomes:
             if o.custom_id in wanted:
-                rec = outcome_record(o, self.schema)
+                if own is not None and o.custom_id in own:
+                    rec = outcome_record(o, own[o.custom_id], "its request's")
+                else:
+                    rec = outcome_record(o, self.schema)
                 line = dumps(rec).encode("utf-8") + b"\n"
                 slot = found[o.custom_id] = len(self.at)
                 self.at.append(at)
@@ -268,6 +279,16 @@ class MergeInputs:
     download_malformed_again: bool = False
     followers: Mapping[str, Sequence[str]] = field(default_factory=dict)
     schema: Mapping[str, Any] | None = None  # the profile's JSON schema: an answer outside it is invalid_output
+    # ``schema_column``: each answer is checked against the schema its own request line carried
+    line_schemas: bool = False
+
+    def row_schemas(self) -> dict[str, dict[str, Any] | None] | None:
+        """custom_id -> the schema its request line carried (with ``line_schemas`` and the
+        chunk's request file at hand; else None: the profile's schema for every row)."""
+        if not self.line_schemas or not self.requests_path or not Path(self.requests_path).exists():
+            return None
+        with open(self.requests_path, "rb") as f:
+            return line_schemas(f)
 
     def expected(self) -> list[str]:
         """The custom_ids of the rows the batch was sent, in the chunk's order: a duplicate that
@@ -290,6 +311,7 @@ class MergeInputs:
             "download_malformed_again": self.download_malformed_again,
             "followers": {k: list(v) for k, v in self.followers.items()},
             "schema": None if self.schema is None else dict(self.schema),
+            "line_schemas": self.line_schemas,
         }
 
     @classmethod
@@ -306,6 +328,7 @@ class MergeInputs:
             download_malformed_again=bool(d["download_malformed_again"]),
             followers=dict(d["followers"]),
             schema=d.get("schema"),
+            line_schemas=bool(d.get("line_schemas")),
         )
 
 
@@ -346,7 +369,7 @@ def merge_chunk(inputs: MergeInputs) -> MergeOutcome:
     written and the outcome asks for the files again."""
     malformed: list[Any] = []
     bad_kinds: list[str] = []
-    with ChunkSpool(inputs.expected(), inputs.schema) as spool:
+    with ChunkSpool(inputs.expected(), inputs.schema, inputs.row_schemas()) as spool:
         spool.read(_outcomes(inputs.files, malformed, bad_kinds))
         problem = str(malformed[0]) if malformed else None
         if malformed and inputs.download_malformed_again:

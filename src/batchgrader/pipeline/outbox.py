@@ -54,6 +54,7 @@ def result_settings(profile: Profile) -> dict[str, Any]:
         # read by `bgctl report` only; kept when set, so the settings of other jobs stay as they were
         **{k: profile.get(k) for k in ("reference_column", "reference_field", "group_column") if profile.get(k) is not None},
         **({"samples": profile.samples} if profile.get("samples", 1) != 1 else {}),  # requests per row: the vote
+        **({"schema_column": profile.schema_column} if profile.get("schema_column") else {}),  # each row's own schema
     }
 
 

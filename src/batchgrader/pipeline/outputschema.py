@@ -136,3 +136,29 @@ def _array_problem(value: list[Any], schema: Mapping[str, Any], root: Mapping[st
             if problem:
                 return problem
     return None
+
+
+def body_schema(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a request body carries: a chat body's ``response_format``, or a Responses
+    body's ``text.format`` (None without one)."""
+    text = body.get("text")
+    if "response_format" not in body and isinstance(text, Mapping) and isinstance(text.get("format"), Mapping):
+        fmt = text["format"]
+        schema = fmt.get("schema") if fmt.get("type") == "json_schema" else None
+        return schema if isinstance(schema, dict) else None
+    return schema_of(body.get("response_format"))
+
+
+def line_schemas(lines: Any) -> dict[str, dict[str, Any] | None]:
+    """custom_id -> the JSON schema its request line carried (:func:`body_schema`), for request
+    lines (bytes, JSONL); equal schemas are one object."""
+    out: dict[str, dict[str, Any] | None] = {}
+    seen: dict[str, dict[str, Any] | None] = {}
+    for raw in lines:
+        if not raw.strip():
+            continue
+        obj = json.loads(raw)
+        schema = body_schema(obj.get("body") or {})
+        canon = json.dumps(schema, sort_keys=True)
+        out[str(obj.get("custom_id"))] = seen.setdefault(canon, schema)
+    return out

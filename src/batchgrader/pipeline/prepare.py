@@ -32,7 +32,9 @@ from batchgrader.pipeline.requests import (
     dumps_line,
     request_messages,
     schema_info,
+    schema_sha256,
 )
+from batchgrader.pipeline.rowschema import row_formats, schema_info_of
 from batchgrader.pipeline.samples import id_problem, sample_id, sample_ids
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
 from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
@@ -56,6 +58,7 @@ def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: 
     """The request lines of the first ``n`` rows of ``path``, exactly as :func:`prepare` writes
     them (the preflight's requests).  Raises what :func:`prepare` raises for the same input."""
     builder = RequestBuilder(profile, home, file_hash)
+    formats = row_formats(profile)
     out: list[bytes] = []
     with open_table(
         path, required_columns=builder.required_columns(), sheet=profile.get("sheet"), encoding=profile.get("encoding", "utf-8")
@@ -66,7 +69,8 @@ def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: 
                 break
             if skip_empty and is_empty(row, profile.response_field):
                 continue  # never sent (prepare fails it with empty_input)
-            out.append(dumps_line(builder.line(row)[2]))
+            rf = formats.of(row, path) if formats is not None else None
+            out.append(dumps_line(builder.line(row, rf)[2]))
     return out
 
 
@@ -120,6 +124,9 @@ class Preparation:
     empty_rows: int = 0  # rows whose response_field is empty (or only spaces)
     response_field: str = ""  # the graded column those rows are empty in
     skipped: set[int] = field(default_factory=set)  # request positions never sent: empty rows under skip_empty
+    # with ``schema_column``: each schema the rows' requests carry (sha256 -> response_format), and its requests
+    row_formats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format_requests: dict[str, int] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -137,10 +144,20 @@ class Preparation:
         """The plan and the estimate.  With a JSON schema, ``input_tokens`` stays the exact local
         count and ``input_tokens_estimate`` adds the schema's overhead per request: the learned
         ``schema_overhead`` (calibrated, from a ``SchemaOverheadLearned`` event) or else the
-        stated allowance (:func:`schema_allowance`); the cost estimate uses that figure."""
+        stated allowance (:func:`schema_allowance`); the cost estimate uses that figure.  With
+        ``schema_column`` each request's own schema counts (:func:`schema_info_of`)."""
         requests, tokens = self.requests, self.input_tokens
-        schema = schema_info(self.response_format, self.tokenizer.encoding, schema_overhead)
-        billed_tokens = tokens + round(schema["per_request"] * requests) if schema else tokens
+        if self.row_formats:
+            schema = schema_info_of(self.row_formats, self.format_requests, self.tokenizer.encoding)
+        else:
+            schema = schema_info(self.response_format, self.tokenizer.encoding, schema_overhead)
+        if schema and "row_schemas" in schema:  # each request's own schema's tokens, over the requests sent
+            built = sum(r["requests"] for r in schema["row_schemas"])
+            billed_tokens = tokens + round(
+                sum(r["allowance_tokens"] * r["requests"] for r in schema["row_schemas"]) * requests / built
+            )
+        else:
+            billed_tokens = tokens + round(schema["per_request"] * requests) if schema else tokens
         out: dict[str, Any] = {
             "file": str(self.path),
             "format": self.fmt,
@@ -227,14 +244,31 @@ def request_lines(path: Path, profile: Profile, builder: RequestBuilder, reader:
     samples = int(profile.get("samples") or 1)
     of = _row_reader(Path(path), profile, builder, file_hash, samples)
     chat = builder.spec.chat
-    template = builder.line_template()  # the same bytes as dumps_line, without building each request
+    templates = _Templates(builder)  # the same bytes as dumps_line, without building each request
+    formats = row_formats(profile)
     skip_empty = bool(profile.get("skip_empty"))
     for row in reader:
         user, cids = of(row)
+        rf = formats.of(row, path) if formats is not None else None
         if skip_empty and is_empty(row, profile.response_field):
             continue  # never sent (prepare fails it with empty_input)
+        _sha, template = templates.of(rf)
         for scid in cids:
-            yield template.line(scid, user) if template is not None else dumps_line(builder.request(scid, chat(user)))
+            yield template.line(scid, user) if template is not None else dumps_line(builder.request(scid, chat(user), rf))
+
+
+class _Templates:
+    """The line template of each response_format a job's rows carry (one without ``schema_column``)."""
+
+    def __init__(self, builder: RequestBuilder):
+        self.builder = builder
+        self.made: dict[int, tuple[str, LineTemplate | None]] = {}  # id of the response_format -> (its sha256, template)
+
+    def of(self, rf: dict[str, Any] | None) -> tuple[str, LineTemplate | None]:
+        found = self.made.get(id(rf))
+        if found is None:
+            found = self.made[id(rf)] = (schema_sha256(rf) or "", self.builder.line_template(rf))
+        return found
 
 
 def oversized_lines(lines: Sequence[bytes], profile: Profile, limits: Limits) -> set[int]:
@@ -412,9 +446,14 @@ def _read_rows(
 ) -> int:
     """Every row's requests (k with samples) built, sized, and handed to ``blocks``; the rows read."""
     spec = builder.spec
-    # Every request of the job is the same but for its user message, so its tokens are a
-    # constant (``counting.const``) plus the user text's.
+    # Every request of the job is the same but for its user message (and, with schema_column,
+    # its schema, whose tokens the summary adds per request), so its tokens are a constant
+    # (``counting.const``) plus the user text's.
     of = _row_reader(prep.path, builder.profile, builder, file_hash, prep.samples)
+    formats, templates = row_formats(builder.profile), _Templates(builder)
+    if template is not None:
+        templates.made[id(None)] = ("", template)
+    rf: dict[str, Any] | None = None
     texts, lines, cids, keep_cids = blocks.texts, blocks.lines, blocks.cids, blocks.reuse is not None
     sizes_append = prep.sizes.append
     rows = 0
@@ -422,6 +461,12 @@ def _read_rows(
     prep.response_field = empty_field
     for row in reader:
         user, row_cids = of(row)
+        if formats is not None:  # the row's own schema (pipeline/rowschema.py)
+            rf = formats.of(row, prep.path)
+            sha, template = templates.of(rf)
+            if rf is not None:
+                prep.row_formats.setdefault(sha, rf)
+                prep.format_requests[sha] = prep.format_requests.get(sha, 0) + len(row_cids)
         if is_empty(row, empty_field):
             prep.empty_rows += 1
             if skip_empty:  # never sent: each of its requests fails with empty_input
@@ -431,7 +476,7 @@ def _read_rows(
                 prep.empty_problems += [RowProblem(rows + 1, row.line, scid, "empty_input", why) for scid in row_cids]
         for scid in row_cids:  # k requests per row with samples (pipeline/samples.py)
             if template is None:
-                data = dumps_line(builder.request(scid, spec.chat(user)))
+                data = dumps_line(builder.request(scid, spec.chat(user), rf))
                 sizes_append(len(data))
                 if requests_out is not None:
                     lines.append(data)
@@ -505,7 +550,10 @@ def _prepare(
             )
         prep.samples = int(profile.get("samples") or 1)
         template = builder.line_template()
-        blocks = _Blocks(prep, counting, reuse, requests_out, with_cids=template is not None)
+        # reuse keys each line from its custom_id and user message when the rest is the job's
+        # template; with a schema per row, from the whole line
+        with_cids = template is not None and row_formats(profile) is None
+        blocks = _Blocks(prep, counting, reuse, requests_out, with_cids=with_cids)
         prep.rows = _read_rows(reader, prep, builder, template, blocks, requests_out, file_hash)
         blocks.finish()
 

@@ -143,11 +143,14 @@ class RequestBuilder:
         # the Responses API has one output bound, whatever token_param says (it names a chat field)
         self.token_param = "max_output_tokens" if self.responses else token_param_for(profile.model, profile.token_param)
         self.caching = caching_fields(profile, self.spec.system, file_hash, shipped_spec(profile.model).min_cache_prefix)
+        self.schema_column = profile.get("schema_column") or None  # each row's own schema (pipeline/rowschema.py)
 
     def required_columns(self) -> list[str]:
         cols = [self.profile.response_field, *self.spec.user_fields]
         if self.id_column:
             cols.append(self.id_column)
+        if self.schema_column:
+            cols.append(self.schema_column)
         return list(dict.fromkeys(cols))
 
     def custom_id(self, row) -> str:
@@ -155,16 +158,17 @@ class RequestBuilder:
             return text_of(row.values[self.id_column])
         return default_custom_id(self.file_hash, row.number)
 
-    def request(self, cid: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    def request(self, cid: str, messages: list[dict[str, str]], response_format: dict[str, Any] | None = None) -> dict[str, Any]:
         """The batch-input object of one request: a chat completion's body (``messages``,
         ``reasoning_effort``, ``response_format``), or a response's (the same messages as
         ``input``, ``max_output_tokens``, ``reasoning: {effort}``, ``text: {format}``), or on an
-        embedding model an embedding's (the user message's text as ``input``, floats)."""
+        embedding model an embedding's (the user message's text as ``input``, floats).
+        ``response_format``: the row's own schema (``schema_column``), else the profile's."""
         if self.embeddings:
             text = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
             body_e = {"model": self.profile.model, "input": text, "encoding_format": "float"}
             return {"custom_id": cid, "method": "POST", "url": self.url, "body": body_e}
-        effort, rf = self.profile.get("reasoning_effort"), self.profile.response_format
+        effort, rf = self.profile.get("reasoning_effort"), response_format or self.profile.response_format
         body: dict[str, Any] = {
             "model": self.profile.model,
             "input" if self.responses else "messages": messages,
@@ -179,14 +183,15 @@ class RequestBuilder:
         body.update(self.caching)  # per job: the shared part stays byte-identical across rows
         return {"custom_id": cid, "method": "POST", "url": self.url, "body": body}
 
-    def line(self, row) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
+    def line(self, row, response_format: dict[str, Any] | None = None) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
         messages = self.spec.messages(row.values, text_of)
         cid = self.custom_id(row)
-        return cid, messages, self.request(cid, messages)
+        return cid, messages, self.request(cid, messages, response_format)
 
-    def line_template(self) -> LineTemplate | None:
-        """The constant JSONL text around each row's two varying strings (None if it cannot be cut out)."""
-        return LineTemplate.build(self)
+    def line_template(self, response_format: dict[str, Any] | None = None) -> LineTemplate | None:
+        """The constant JSONL text around each row's two varying strings (None if it cannot be cut
+        out), for requests carrying ``response_format`` (default: the profile's)."""
+        return LineTemplate.build(self, response_format)
 
 
 _encode_str = json.encoder.encode_basestring  # what json.dumps(..., ensure_ascii=False) uses for every str
@@ -196,7 +201,8 @@ class LineTemplate:
     """A request's JSONL line as constant text around the only two strings that vary per row.
 
     Within one job every request is the same object except for ``custom_id`` and the user
-    message's ``content`` (model, system prompt, limits, response format are per job), so
+    message's ``content`` (model, system prompt, limits, response format are per job; with
+    ``schema_column`` the response format is per row, and there is one template per schema), so
     ``dumps_line(builder.request(cid, builder.spec.chat(user)))`` is exactly
     ``head + enc(cid) + mid + enc(user) + tail`` where ``enc`` is the JSON string encoder
     ``json.dumps`` itself uses.  It is built by serialising one request with two sentinel
@@ -212,8 +218,8 @@ class LineTemplate:
         self.fixed_bytes = len((head + mid + tail).encode("utf-8"))
 
     @classmethod
-    def build(cls, builder: RequestBuilder) -> LineTemplate | None:
-        text = dumps_line(builder.request(cls._CID, builder.spec.chat(cls._USER))).decode("utf-8")
+    def build(cls, builder: RequestBuilder, response_format: dict[str, Any] | None = None) -> LineTemplate | None:
+        text = dumps_line(builder.request(cls._CID, builder.spec.chat(cls._USER), response_format)).decode("utf-8")
         c, u = _encode_str(cls._CID), _encode_str(cls._USER)
         if text.count(c) != 1 or text.count(u) != 1 or text.index(c) > text.index(u):
             return None

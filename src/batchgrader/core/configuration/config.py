@@ -367,8 +367,22 @@ def _check_profile(prof: Profile, config_file: Path, now: float) -> list[str]:
         _check_reference(prof, config_file) if not prof.values.get("judges") else None,  # a panel's: _check_judges
         _check_deadline(prof, config_file, now),
         _check_sampling(prof, config_file),
+        _check_schema_column(prof, config_file),
     )
     return [p for p in problems if p]
+
+
+def _check_schema_column(profile: Profile, config_file: Path) -> str | None:
+    """A ``schema_column`` needs a JSON-schema ``response_format``: it names the result's columns,
+    which every row's own schema must share."""
+    rf = profile.values.get("response_format") or {}
+    if profile.values.get("schema_column") is None or rf.get("type") == "json_schema":
+        return None
+    where = "the default profile" if profile.name == "default" else f"profiles.{profile.name}"
+    return (
+        f"{config_file}: {where}: key 'schema_column' needs a 'response_format' JSON schema (it names the result's columns, "
+        "which each row's schema must have); set one"
+    )
 
 
 def _check_judges(default: Profile, profiles: Mapping[str, Profile], config_file: Path) -> list[str]:

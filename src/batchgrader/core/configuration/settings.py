@@ -174,6 +174,13 @@ class Settings:
         " any `temperature` is refused for every Claude model.")
     response_format = Setting(None, _response_format, ASK,
         "A JSON schema (an object) for structured answers. Each top-level property becomes its own result column (see below).")
+    schema_column = Setting(None, _opt_str, ASK,
+        "Input column holding, per row, the JSON schema of that row's request (an object as `response_format` takes it, checked"
+        " by the same strict-mode rules); an empty cell sends the profile's `response_format`. It needs a `response_format`, "
+        "which names the result's columns: each row's schema must have the same top-level properties. The answer is checked "
+        "against its own request's schema (else `invalid_output`), and each schema's tokens are counted per request. One job "
+        "then holds requests of different kinds (an imported eval's label and score criteria); a schema is part of the "
+        "prompt's cached prefix, so only requests with the same schema share a cache.")
     default_encoding = Setting("o200k_base", _choice("o200k_base", "cl100k_base"), ASK,
         "tiktoken encoding (`o200k_base` or `cl100k_base`) for models tiktoken does not know. A warning says the counts may "
         "differ from the bill.")

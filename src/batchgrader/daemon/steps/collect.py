@@ -210,6 +210,7 @@ class CollectStep:
             download_malformed_again=malformed_download_again(c.malformed_downloads),
             followers=self.ctx.reuse.followers_of(job),
             schema=schema_of(job.settings.get("response_format")),  # as prepared
+            line_schemas=bool(job.settings.get("schema_column")),  # each row's own schema, as its request carried it
         )
 
     def merge(self, a: Merge, job: JobState, now: float) -> None:

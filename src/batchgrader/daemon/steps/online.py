@@ -61,11 +61,11 @@ from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.chunkplan import chunk_custom_ids, lines
 from batchgrader.pipeline.input_checks import check_input
 from batchgrader.pipeline.merge import outcome_record
-from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, has_flex, standard_price
 from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.results import parse_line
+from batchgrader.pipeline.rowschema import request_schema
 from batchgrader.pipeline.samples import sample_ids
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
@@ -348,7 +348,7 @@ class SyncSender:
         except ProviderError as exc:
             self.emit(job.job_id, _failed(cid, "provider_error", str(exc), None, None, True))
             return True
-        rec = outcome_record(parse_line(got), schema_of(self.profile.response_format))
+        rec = outcome_record(parse_line(got), request_schema(self.profile, line["body"]))
         unusable = not rec["ok"] and rec.get("status_code") == 200 and rec.get("error_code") in NEVER_RETRIED
         if not rec["ok"] and not unusable:  # sent in the batch: it may be answered there
             self.emit(

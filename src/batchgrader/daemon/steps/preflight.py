@@ -59,11 +59,11 @@ from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.input_checks import open_checked
 from batchgrader.pipeline.job_reuse import send_probe
 from batchgrader.pipeline.merge import outcome_record
-from batchgrader.pipeline.outputschema import schema_of
 from batchgrader.pipeline.prepare import oversized_lines, request_lines
 from batchgrader.pipeline.pricing import PricingError, billed_cost, standard_price
 from batchgrader.pipeline.requests import RequestBuilder
 from batchgrader.pipeline.results import parse_line
+from batchgrader.pipeline.rowschema import request_schema
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import RETRYABLE_STATUSES, OutcomeUnknown, ProviderRejected, ProviderUnavailable
 from batchgrader.store.eventstore import NewEvent
@@ -126,7 +126,6 @@ class PreflightStep:
         todo = [raw for raw, row in zip(lines, keys.items()) if row not in answered and row[0] not in given_up]
         attempt = job.preflight_attempts + 1
         provider = self.ctx.provider_for(job) if todo else None
-        schema = schema_of(profile.response_format)
         for raw in todo:
             line = json.loads(raw)
             cid = str(line["custom_id"])
@@ -144,7 +143,7 @@ class PreflightStep:
             except Exception as exc:  # noqa: BLE001 - the client would not send it (TypeError, ValueError, the SDK's own)
                 return self._failed(job, cid, "request_not_sent", f"{type(exc).__name__}: {exc}", now)
             try:
-                rec = outcome_record(parse_line(got), schema)
+                rec = outcome_record(parse_line(got), request_schema(profile, line["body"]))
             except Exception as exc:  # noqa: BLE001 - an answer that cannot be read is not retried (it was paid)
                 return self._failed(job, cid, "malformed_result", f"the answer could not be read: {exc}", now)
             usage = {k: int(rec.get(k) or 0) for k in USAGE}

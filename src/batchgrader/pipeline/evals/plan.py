@@ -1,8 +1,9 @@
 """The model criteria of an eval as BatchGrader jobs: one job per grader model (and sampling
 settings), one request per row per criterion; the ``cosine`` criteria's texts as one embedding job.
 
-A batch has one model (OpenAI: "each input file can only include requests to a single model"),
-one system prompt and one response schema, so:
+A batch has one model (OpenAI: "each input file can only include requests to a single model")
+and one system prompt, while each of its requests may carry its own response schema (the
+``schema_column`` setting, ``pipeline/rowschema.py``), so:
 
 * the model criteria of one model, ``label_model`` and ``score_model`` alike, share a job when
   their temperature, reasoning effort and output bound agree (the eval's criteria usually share
@@ -14,12 +15,12 @@ one system prompt and one response schema, so:
 * the job's system prompt is the criteria's system (and developer) messages when they are the
   same static text for every criterion; otherwise each row's prompt starts with its criterion's
   instructions (noted);
-* the answer is ``{"result": ...}``: an enum of the labels for a job of ``label_model`` criteria
-  (of every label criterion of the job: each row's own labels are stated in its prompt and
-  checked on reading), a number for ``score_model`` (the range stated in the prompt and checked
-  on reading), and, for a job holding both, ``anyOf`` the two: each row's prompt asks for its
-  criterion's kind, and a label where a score is asked (or a number where a label is) is
-  ``invalid_output`` on reading.
+* the answer is ``{"result": ...}``, and each row's request carries its criterion's schema in
+  the ``schema`` column (:func:`criterion_schema`): an enum of its labels for ``label_model``, a
+  number within its ``range`` for ``score_model``; structured output rules out another label or
+  the other kind, and the answer is checked against that schema on reading (``invalid_output``
+  else).  The job's ``response_format`` (:func:`answer_schema`) is what every row's answer fits,
+  ``anyOf`` the kinds when the job holds both: it names the result's column.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from batchgrader.pipeline.evals.spec import Criterion, EvalSpec, Message
 SYSTEM_ROLES = ("system", "developer")
 PROMPT_COLUMN = "prompt"
 ID_COLUMN = "id"
+SCHEMA_COLUMN = "schema"  # each row's own response schema: its criterion's (the profile's schema_column)
 
 
 @dataclass
@@ -132,7 +134,23 @@ def leading_system(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+def _answer_object(value: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {ANSWER_FIELD: value}, "required": [ANSWER_FIELD], "additionalProperties": False}
+
+
+def criterion_schema(c: Criterion) -> dict[str, Any]:
+    """The schema of criterion ``c``'s requests: ``{"result": one of its labels}`` for
+    ``label_model``, ``{"result": a number within its range}`` for ``score_model``."""
+    if c.type == "label_model":
+        return _answer_object({"type": "string", "enum": list(c.labels)})
+    return _answer_object({"type": "number", "minimum": c.range[0], "maximum": c.range[1]})
+
+
 def answer_schema(criteria: Sequence[Criterion]) -> dict[str, Any]:
+    """What every answer of a job of ``criteria`` fits (the job's ``response_format``, which names
+    the result's column): the labels of its label criteria, a number within the bounds of its
+    score criteria's ranges, ``anyOf`` the two when it holds both.  Each request is sent with its
+    own criterion's narrower schema (:func:`criterion_schema`)."""
     labels: list[str] = []
     for c in criteria:
         labels += [lab for lab in c.labels if lab not in labels]
@@ -145,7 +163,7 @@ def answer_schema(criteria: Sequence[Criterion]) -> dict[str, Any]:
         else {}
     )
     value: dict[str, Any] = label if not scored else number if not labels else {"anyOf": [label, number]}
-    return {"type": "object", "properties": {ANSWER_FIELD: value}, "required": [ANSWER_FIELD], "additionalProperties": False}
+    return _answer_object(value)
 
 
 def answer_instruction(c: Criterion) -> str:
@@ -199,17 +217,6 @@ def plan_jobs(
                 f"{model}: the criteria {', '.join(repr(c.name) for c in crits)} have different (or templated) system messages; "
                 "a batch job has one system prompt, so each row's message starts with its criterion's instructions"
             )
-        labelled = [c for c in crits if c.type == "label_model"]
-        if len({tuple(c.labels) for c in labelled}) > 1:
-            notes.append(
-                f"{model}: the label criteria {', '.join(repr(c.name) for c in labelled)} share a job, so its schema allows every "
-                "label of them; each row's prompt names its criterion's labels, and another label is invalid_output"
-            )
-        if labelled and len(labelled) < len(crits):
-            notes.append(
-                f"{model}: its label and score criteria share one job, so its schema allows a label or a number; each row's "
-                "prompt asks for its criterion's kind, and the other kind is invalid_output"
-            )
         if any(len(c.messages) - len(leading_system(c.messages)) > 1 for c in crits):
             notes.append(
                 f"{model}: criteria with several user/assistant messages are sent as one user message, each part under its [role]"
@@ -224,6 +231,7 @@ def plan_jobs(
             "id_column": ID_COLUMN,
             "output_column": "grade",
             "response_format": answer_schema(crits),
+            "schema_column": SCHEMA_COLUMN,
             "samples": samples or 1,
             "temperature": temperature,
             "reasoning_effort": effort,
@@ -235,6 +243,7 @@ def plan_jobs(
         if max_tokens is not None:
             settings["max_completion_tokens"] = int(max_tokens)
         plan = JobPlan(f"j{n}", str(model), tuple(c.index for c in crits), settings, notes=notes)
+        own = {c.index: json.dumps(criterion_schema(c), separators=(",", ":")) for c in crits}
         for row in rows:
             for c in crits:
                 plan.rows.append(
@@ -243,6 +252,7 @@ def plan_jobs(
                         "eval_item": row.index,
                         "criterion": c.name,
                         PROMPT_COLUMN: render_prompt(c, row, shared),
+                        SCHEMA_COLUMN: own[c.index],
                     }
                 )
         plans.append(plan)
