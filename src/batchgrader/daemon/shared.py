@@ -75,7 +75,15 @@ CALLING_ACTIONS: tuple[type[Action], ...] = (
 )
 #: the events recorded before a call that writes leaves: appended through the fence check
 CALL_INTENTS = frozenset(
-    {"UploadStarted", "BatchCreateRequested", "StragglerCancelRequested", "PreflightRequested", "OnlineRequestSent"}
+    {
+        "UploadStarted",
+        "BatchCreateRequested",
+        "BatchCancelRequested",
+        "ProviderFileDeleteRequested",
+        "StragglerCancelRequested",
+        "PreflightRequested",
+        "OnlineRequestSent",
+    }
 )
 #: s, the longest a daemon waits before it asks again for a lease another daemon held
 ASK_AGAIN = 5.0
