@@ -309,3 +309,29 @@ def test_deletes_are_fenced_a_holder_that_lost_the_account_deletes_nothing_more(
     assert not pair.provider.files  # every file of the job deleted
     types = [e.type for e in pair.stores[0].read(job_id=job_id)]
     assert types.count("JobCompleted") == 1 and types.count("ResultWritten") == 1
+
+
+def test_a_control_request_is_applied_once_whichever_daemons_see_it(pair: Pair):
+    """``bgctl cancel`` leaves one file in the shared home's control/ that both daemons list.
+    ``b`` (not the job's holder) applies it: ``CancelRequested`` with its claim, in one
+    transaction.  ``a`` had listed the same file before ``b`` removed it: its append is refused by
+    the claim, nothing is appended twice, and ``a``, the job's holder, cancels the batch once."""
+    from batchgrader.daemon.control import apply_controls, pending_controls, request_control
+    from batchgrader.store.claims import control_claimed
+
+    job_id = _until_created(pair, "a")
+    path = request_control(pair.home, "cancel", job_id, "not needed")
+    seen_by_a = path.read_bytes()  # a lists control/ and reads the request ...
+    apply_controls(pair.engines["b"], pair.home)  # ... while b applies it and removes the file
+    assert pending_controls(pair.home) == []
+    path.write_bytes(seen_by_a)  # what a read before the removal
+    apply_controls(pair.engines["a"], pair.home)
+    assert pending_controls(pair.home) == [] and not (pair.home.root / "control" / "rejected").exists()
+    types = [e.type for e in pair.stores[0].read(job_id=job_id)]
+    assert types.count("CancelRequested") == 1
+    assert control_claimed(pair.engines["a"].shared.leases, path.name) == "b"  # type: ignore[union-attr]
+    for _ in range(3):
+        pair.tick("a")
+        pair.tick("b")
+    assert sum(1 for op, _ in pair.provider.calls if op == "cancel") == 1
+    assert [e.type for e in pair.stores[0].read(job_id=job_id)].count("BatchCancelRequested") == 1
