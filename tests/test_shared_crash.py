@@ -32,6 +32,7 @@ LEASE = 5.0  # lease_seconds: a dead daemon's jobs are taken over this long afte
 CONFIG = FAST_CONFIG.replace("request_timeout_seconds: 5", "request_timeout_seconds: 2") + (
     f"split_row_limit: 3\nlease_seconds: {LEASE}\n"
 )
+OURS = "bg-crash-test"  # the test's own connections (never cut: only the daemons' are)
 INPUTS = {"a.csv": 7, "b.csv": 5, "c.csv": 2}  # 3 + 2 + 1 chunks
 CHUNKS = 6
 
@@ -44,9 +45,11 @@ def _inputs(home: Home) -> None:
 def _terminate_backends(pg_url: str) -> int:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND application_name <> %s",
+            (OURS,),
         ).fetchall()
     return len(rows)
 
@@ -54,7 +57,7 @@ def _terminate_backends(pg_url: str) -> int:
 def _account_holder_pid(pg_url: str) -> int | None:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         row = conn.execute(
             "SELECT holder FROM leases WHERE name LIKE 'account:%%' AND holder IS NOT NULL "
             "AND expires_at > extract(epoch FROM clock_timestamp())"
@@ -65,7 +68,7 @@ def _account_holder_pid(pg_url: str) -> int | None:
 def _events(pg_url: str) -> list[tuple[str, str, dict[str, Any]]]:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         rows = conn.execute("SELECT job_id, type, payload FROM events ORDER BY seq").fetchall()
     return [(j, t, p if isinstance(p, dict) else json.loads(p)) for j, t, p in rows]
 
@@ -242,7 +245,7 @@ def _aim_cuts(pg_url: str) -> None:
     import psycopg
 
     types = sorted({t for t, _ in CUTS})
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         for t in types:
             conn.execute(f"CREATE SEQUENCE cut_{t.lower()}")
         plan = ", ".join(f"('{t}', {max(n for u, n in CUTS if u == t)})" for t in types)
@@ -267,7 +270,7 @@ def _held_appends(pg_url: str) -> list[tuple[int, str, int, str]]:
     """(backend pid, event type, n, job id) of each append the trigger holds open now."""
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         rows = conn.execute("SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE 'cut:%%'").fetchall()
     out = []
     for pid, name in rows:
@@ -279,7 +282,7 @@ def _held_appends(pg_url: str) -> list[tuple[int, str, int, str]]:
 def _job_holder_pid(pg_url: str, job_id: str) -> int | None:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         row = conn.execute("SELECT holder FROM leases WHERE name = %s AND holder IS NOT NULL", (f"job:{job_id}",)).fetchone()
     return int(row[0].split(":")[1]) if row else None
 
@@ -361,5 +364,5 @@ def test_three_daemons_with_cuts_aimed_at_merges_and_result_writing(tmp_path: Pa
 def _terminate_backend(pg_url: str, backend: int) -> None:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
