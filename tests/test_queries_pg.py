@@ -147,6 +147,42 @@ def test_status_shows_which_daemon_holds_which_lease(both, home: Home, pg_url: s
     assert "job:old daemon-a@host1 (lapsed)" in out and "job:done free" in out
 
 
+def test_status_shows_which_daemon_holds_each_job(both, home: Home, pg_url: str, monkeypatch: pytest.MonkeyPatch):
+    """On a shared store each job's row names the daemon holding its lease (None: no daemon holds
+    it, or the lease has lapsed), in the list, the overview, one job's detail, `--json` and the
+    tables; on the SQLite file no job has one."""
+    jobs, _ = both(lambda h: queries.status(h, now=NOW))
+    held, lapsed = jobs[0]["job_id"], jobs[1]["job_id"]
+    store = PostgresEventStore(pg_url)
+    try:
+        Leases(store, "host1:101:aaaa").acquire(job_lease(held), 600.0, now=NOW - 100)
+        Leases(store, "host2:202:bbbb").acquire(job_lease(lapsed), 60.0, now=NOW - 100)  # lapsed at NOW - 40
+    finally:
+        store.close()
+    expected = {r["job_id"]: ("host1:101:aaaa" if r["job_id"] == held else None) for r in jobs}
+    on_file, on_pg = both(lambda h: queries.status(h, now=NOW))
+    assert {r["job_id"]: r["daemon"] for r in on_pg} == expected
+    assert {r["daemon"] for r in on_file} == {None}
+    _, overview = both(lambda h: queries.status_overview(h, now=NOW))
+    assert {r["job_id"]: r["daemon"] for r in overview["jobs"]} == {r["job_id"]: expected[r["job_id"]] for r in overview["jobs"]}
+    on_file, on_pg = both(lambda h: queries.job_detail(h, held, now=NOW))
+    assert (on_file["daemon"], on_pg["daemon"]) == (None, "host1:101:aaaa")
+    monkeypatch.setenv("BATCHGRADER_STORE_URL", pg_url)
+    monkeypatch.setenv("BGCTL_NOW", "2026-11-18T11:06:40")  # NOW
+    rows = json.loads(bgctl(home, "status", "--json").output)
+    assert {r["job_id"]: r["daemon"] for r in rows if r["job_id"]} == expected
+    monkeypatch.setenv("COLUMNS", "200")
+    out = bgctl(home, "status", "--all").output
+    header = next(line for line in out.splitlines() if "job / file" in line)
+    assert header.split()[-1] == "daemon"
+    (line,) = [line for line in out.splitlines() if line.split()[:1] == [held]]
+    assert line.split()[-1] == "host1:101:aaaa"
+    assert "host2:202:bbbb (lapsed)" in " ".join(out.split())  # in the leases' table, not as a job's daemon
+    detail = " ".join(bgctl(home, "status", held).output.split())
+    assert "daemon host1:101:aaaa" in detail
+    assert "host2:202:bbbb" not in bgctl(home, "status", lapsed).output
+
+
 def test_status_on_the_sqlite_file_has_no_leases(home: Home):
     golden_home(home)
     assert queries.leases(home) is None

@@ -32,6 +32,7 @@ LEASE = 5.0  # lease_seconds: a dead daemon's jobs are taken over this long afte
 CONFIG = FAST_CONFIG.replace("request_timeout_seconds: 5", "request_timeout_seconds: 2") + (
     f"split_row_limit: 3\nlease_seconds: {LEASE}\n"
 )
+OURS = "bg-crash-test"  # the test's own connections (never cut: only the daemons' are)
 INPUTS = {"a.csv": 7, "b.csv": 5, "c.csv": 2}  # 3 + 2 + 1 chunks
 CHUNKS = 6
 
@@ -44,9 +45,11 @@ def _inputs(home: Home) -> None:
 def _terminate_backends(pg_url: str) -> int:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND application_name <> %s",
+            (OURS,),
         ).fetchall()
     return len(rows)
 
@@ -54,7 +57,7 @@ def _terminate_backends(pg_url: str) -> int:
 def _account_holder_pid(pg_url: str) -> int | None:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         row = conn.execute(
             "SELECT holder FROM leases WHERE name LIKE 'account:%%' AND holder IS NOT NULL "
             "AND expires_at > extract(epoch FROM clock_timestamp())"
@@ -65,7 +68,7 @@ def _account_holder_pid(pg_url: str) -> int | None:
 def _events(pg_url: str) -> list[tuple[str, str, dict[str, Any]]]:
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
         rows = conn.execute("SELECT job_id, type, payload FROM events ORDER BY seq").fetchall()
     return [(j, t, p if isinstance(p, dict) else json.loads(p)) for j, t, p in rows]
 
@@ -219,3 +222,147 @@ def test_three_daemons_under_kills_pauses_and_cut_connections(tmp_path: Path, pg
             rows = list(csv.DictReader(f))
         assert sorted(r["id"] for r in rows) == sorted(f"{name[0]}{i}" for i in range(n))
         assert all(r["error"] == "" for r in rows), rows
+
+
+#: the appends a test trigger holds open (pg_sleep) the first times they are made, and what is done
+#: to them there: the connection cut (pg_terminate_backend) or the appending daemon killed (-9).
+#: ChunkCompleted: a merge's append (its TokensUsed in the same transaction); OutboxWriteStarted:
+#: the result's intent; ResultWritten: the result file is in the outbox, its record not yet.
+CUTS = {
+    ("ChunkCompleted", 1): "cut",
+    ("ChunkCompleted", 2): "kill",
+    ("OutboxWriteStarted", 1): "kill",
+    ("ResultWritten", 1): "cut",
+    ("ResultWritten", 2): "kill",
+}
+HOLD = 2.0  # s an aimed append is held open: the watcher acts meanwhile
+
+
+def _aim_cuts(pg_url: str) -> None:
+    """A trigger on ``events``: the first inserts of each type in :data:`CUTS` are held open,
+    named in the inserting backend's ``application_name`` (``cut:<type>:<n>:<job_id>``) so the
+    test finds them.  Its counters are sequences (not rolled back with a cut transaction)."""
+    import psycopg
+
+    types = sorted({t for t, _ in CUTS})
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
+        for t in types:
+            conn.execute(f"CREATE SEQUENCE cut_{t.lower()}")
+        plan = ", ".join(f"('{t}', {max(n for u, n in CUTS if u == t)})" for t in types)
+        conn.execute(
+            f"""CREATE FUNCTION cut_point() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE planned int; k bigint;
+            BEGIN
+                SELECT n INTO planned FROM (VALUES {plan}) AS p(t, n) WHERE t = NEW.type;
+                IF planned IS NULL THEN RETURN NEW; END IF;
+                k := nextval('cut_' || lower(NEW.type));
+                IF k <= planned THEN
+                    PERFORM set_config('application_name', 'cut:' || NEW.type || ':' || k || ':' || NEW.job_id, true);
+                    PERFORM pg_sleep({HOLD});
+                END IF;
+                RETURN NEW;
+            END $$"""
+        )
+        conn.execute("CREATE TRIGGER cut_point BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION cut_point()")
+
+
+def _held_appends(pg_url: str) -> list[tuple[int, str, int, str]]:
+    """(backend pid, event type, n, job id) of each append the trigger holds open now."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
+        rows = conn.execute("SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE 'cut:%%'").fetchall()
+    out = []
+    for pid, name in rows:
+        _, type_, n, job_id = name.split(":", 3)
+        out.append((int(pid), type_, int(n), job_id))
+    return out
+
+
+def _job_holder_pid(pg_url: str, job_id: str) -> int | None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
+        row = conn.execute("SELECT holder FROM leases WHERE name = %s AND holder IS NOT NULL", (f"job:{job_id}",)).fetchone()
+    return int(row[0].split(":")[1]) if row else None
+
+
+def test_three_daemons_with_cuts_aimed_at_merges_and_result_writing(tmp_path: Path, pg_url: str):
+    """The connection cut and the daemon killed exactly while a merge's append, a result's intent
+    and a written result's record are in flight (held open by a trigger): no usage counted twice
+    or missed, every row answered once, each input's result written once and never overwritten."""
+    from batchgrader.store.leases import Leases
+    from batchgrader.store.pgstore import PostgresEventStore
+
+    home = Home.resolve(tmp_path / "home").ensure()
+    home.config_file.write_text(CONFIG)
+    with PostgresEventStore(pg_url) as store:  # the tables, before the trigger is put on them
+        Leases(store, "test")
+    _aim_cuts(pg_url)
+    emu = Emulator(EmulatorConfig(api_key=TEST_KEY, seed=38, in_progress_s=1.0)).start()
+    done: dict[tuple[str, int], str] = {}
+    try:
+        daemons = Daemons(home, emu, pg_url, 3)
+        _inputs(home)
+
+        def watch() -> bool:
+            """Act on each held append as planned; True once every job has ended."""
+            daemons.revive()
+            for backend, type_, n, job_id in _held_appends(pg_url):
+                what = CUTS.get((type_, n))
+                if what is None or (type_, n) in done:
+                    continue
+                if what == "cut":
+                    _terminate_backend(pg_url, backend)
+                else:
+                    pid = _job_holder_pid(pg_url, job_id)  # the job's holder is the one appending
+                    assert pid is not None and pid in daemons.pids(), (type_, n, job_id)
+                    daemons.kill(pid)
+                done[(type_, n)] = what
+            ends = [j for j, t, _ in _events(pg_url) if t in ("JobCompleted", "JobFailed", "JobCancelled")]
+            return len(set(ends)) >= len(INPUTS) and len(done) == len(CUTS)
+
+        try:
+            wait_for(watch, timeout=90, interval=0.05, what="every job to end and every cut made")
+        finally:
+            errors = daemons.stop_all()
+        events = _events(pg_url)
+        batches = _batches(emu)
+    finally:
+        emu.stop()
+
+    assert done == CUTS
+    unexpected = ("ConcurrencyError", "LeaseLost", "deadlock", "AssertionError", "unexpected error", "held")
+    assert not [e for e in errors if any(u in e for u in unexpected)], errors
+    ends = Counter(t for _, t, _ in events if t in ("JobCompleted", "JobFailed", "JobCancelled"))
+    assert ends == {"JobCompleted": len(INPUTS)}, ends
+    # each merge recorded once per chunk, its usage equal to what the emulator billed
+    completed = Counter((j, p["chunk"]) for j, t, p in events if t == "ChunkCompleted")
+    assert len(completed) == CHUNKS and set(completed.values()) == {1}, completed
+    used = [p for _, t, p in events if t == "TokensUsed"]
+    billed = [b["usage"] for b in batches if b.get("usage")]
+    assert (sum(u["prompt_tokens"] for u in used), sum(u["completion_tokens"] for u in used)) == (
+        sum(u["input_tokens"] for u in billed),
+        sum(u["output_tokens"] for u in billed),
+    )
+    per_key = Counter(b["metadata"].get("bg_key") for b in batches if b["status"] not in ("failed", "cancelled"))
+    assert len(per_key) == CHUNKS and set(per_key.values()) == {1}, per_key
+    # each result recorded once, at the name its intent gave it, and the outbox holds those alone
+    written = {j: p["path"] for j, t, p in events if t == "ResultWritten"}
+    assert len([1 for _, t, _ in events if t == "ResultWritten"]) == len(INPUTS)
+    started = {j: p["path"] for j, t, p in events if t == "OutboxWriteStarted"}
+    assert written == started
+    out = sorted(p.name for p in home.outbox.iterdir() if p.is_file())
+    assert out == ["a_results.csv", "b_results.csv", "c_results.csv"], out
+    for name, n in INPUTS.items():
+        with (home.outbox / name.replace(".csv", "_results.csv")).open(encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        assert sorted(r["id"] for r in rows) == sorted(f"{name[0]}{i}" for i in range(n))
+        assert all(r["error"] == "" for r in rows), rows
+
+
+def _terminate_backend(pg_url: str, backend: int) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True, application_name=OURS) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (backend,))

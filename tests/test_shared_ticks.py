@@ -4,6 +4,7 @@ provider account) and one fake clock that the leases are decided at.  No subproc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from batchgrader.daemon.engine import Engine
 from batchgrader.daemon.shared import SharedWork
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.memory import MemoryProvider
+from batchgrader.provider.protocol import BatchInfo
 from batchgrader.store.leases import LeaseLost, Leases, job_lease
 from ticks import config_text
 
@@ -23,15 +25,41 @@ BOUND = 6.0  # request_timeout_seconds (5) + the margin
 WRITES = ("upload", "create_batch", "cancel", "delete_file")
 
 
+class PausingProvider(MemoryProvider):
+    """The in-memory provider, whose next call of an operation can be made to last past the
+    leases' lifetime (:meth:`pause_next`: the daemon making it is paused mid-action, while
+    ``meanwhile``, another daemon's work, happens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused: dict[str, Callable[[], None]] = {}
+
+    def pause_next(self, operation: str, meanwhile: Callable[[], None]) -> None:
+        self.paused[operation] = meanwhile
+
+    def _pause(self, operation: str) -> None:
+        meanwhile = self.paused.pop(operation, None)
+        if meanwhile is not None:
+            meanwhile()
+
+    def cancel(self, batch_id: str) -> BatchInfo:
+        self._pause("cancel")
+        return super().cancel(batch_id)
+
+    def delete_file(self, file_id: str) -> bool:
+        self._pause("delete_file")
+        return super().delete_file(file_id)
+
+
 class Pair:
     """Two daemons, ``a`` and ``b``, on one shared store and home."""
 
-    def __init__(self, home: Home, pg_url: str) -> None:
+    def __init__(self, home: Home, pg_url: str, config: str = "") -> None:
         from batchgrader.store.pgstore import PostgresEventStore
 
         self.home = home
-        home.config_file.write_text(config_text(f"request_timeout_seconds: 5\nlease_seconds: {TTL}\n"))
-        self.provider = MemoryProvider()
+        home.config_file.write_text(config_text(f"request_timeout_seconds: 5\nlease_seconds: {TTL}\n{config}"))
+        self.provider = PausingProvider()
         self.now = 1_000_000.0
         self.provider.now = self.now
         self.stores = [PostgresEventStore(pg_url), PostgresEventStore(pg_url)]
@@ -197,3 +225,113 @@ def test_a_paused_holder_that_wakes_makes_no_provider_call(pair: Pair):
     assert pair.holder(job_lease(job_id)) is None  # a let the job go: the account's holder takes it
     assert "UploadStarted" in {t for _, t in pair.tick("b")}
     assert sum(1 for op, _ in pair.provider.calls if op == "upload") == 1  # b's, under the account's next fence
+
+
+def _account_taken_by_b(pair: Pair, account: str) -> Callable[[], None]:
+    """What happens while ``a`` is paused in a call: the leases' lifetime passes, ``b`` takes the account."""
+
+    def meanwhile() -> None:
+        pair.now += TTL + 1
+        pair.provider.now = pair.now
+        assert pair.engines["b"].shared.account(account) is not None  # type: ignore[union-attr]
+
+    return meanwhile
+
+
+def _intents(pair: Pair, job_id: str, kind: str) -> list[tuple[Any, tuple[str, str, int] | None]]:
+    """(payload, (lease, holder, fence) it was appended under) of each ``kind`` intent of the job."""
+    fences = pair.engines["a"].shared.leases.fences_of(job_id)  # type: ignore[union-attr]
+    return [(e.payload, fences.get(e.seq)) for e in pair.stores[0].read(job_id=job_id) if e.type == kind]
+
+
+def test_cancels_are_fenced_a_holder_that_lost_the_account_cancels_nothing_more(home: Home, pg_url: str):
+    """A cancelled job with two running batches: ``a``'s first cancel lasts past the leases'
+    lifetime and ``b`` takes the account meanwhile.  The second cancel's intent is refused in its
+    append's transaction: nothing appended, no second call from ``a``.  ``b`` then takes the job
+    and cancels under the account's next fence."""
+    from batchgrader.daemon.control import apply_control
+
+    pair = Pair(home, pg_url, "split_row_limit: 2\n")
+    try:
+        pair.drop(rows=4)
+        for _ in range(8):
+            pair.tick("a")
+            if len(pair.provider.batches) == 2 and all(b.status != "validating" for b in pair.provider.batches.values()):
+                break
+        assert len(pair.provider.batches) == 2
+        job_id = pair.job_id()
+        a = pair.engines["a"]
+        account = a.account_of(a.ctx.state.jobs[job_id])
+        assert apply_control(a, {"action": "cancel", "job_id": job_id, "reason": "test"}) is None
+        pair.provider.pause_next("cancel", _account_taken_by_b(pair, account))
+        appended = pair.tick("a", 0.0)
+        assert [t for _, t in appended if t == "BatchCancelRequested"] == ["BatchCancelRequested"]
+        assert [op for op, _ in pair.provider.calls if op == "cancel"] == ["cancel"]  # the second one never left
+        (first,) = _intents(pair, job_id, "BatchCancelRequested")
+        assert first[0]["reason"] == "cancelled" and first[1] == (account, "a", 1)
+        cancels = sum(1 for op, _ in pair.provider.calls if op == "cancel")
+        for _ in range(3):
+            pair.tick("a")
+        assert sum(1 for op, _ in pair.provider.calls if op == "cancel") == cancels  # a makes no call any more
+        for _ in range(3):
+            pair.tick("b")
+        later = _intents(pair, job_id, "BatchCancelRequested")[1:]
+        assert later and {f for _, f in later} == {(account, "b", 2)}  # b's, under the next fence
+        assert sum(1 for op, _ in pair.provider.calls if op == "cancel") == cancels + len(later)  # one call per intent
+        assert {b.status for b in pair.provider.batches.values()} == {"cancelling"}
+    finally:
+        pair.close()
+
+
+def test_deletes_are_fenced_a_holder_that_lost_the_account_deletes_nothing_more(pair: Pair):
+    """At a job's end ``a`` deletes its files at the provider, each delete's intent appended
+    through the fence check: the first delete lasts past the leases' lifetime and ``b`` takes
+    the account meanwhile; the second intent is refused, no second delete leaves ``a``.  ``b``
+    finishes the job: its deletes under the account's next fence, one ``JobCompleted``."""
+    job_id = _until_created(pair, "a")
+    account = pair.engines["a"].account_of(pair.engines["a"].ctx.state.jobs[job_id])
+    pair.provider.finish_all()
+    pair.provider.pause_next("delete_file", _account_taken_by_b(pair, account))
+    appended = [t for _, t in pair.tick("a")]
+    assert "ResultWritten" in appended and "JobCompleted" not in appended
+    assert appended.count("ProviderFileDeleteRequested") == 1
+    assert [op for op, _ in pair.provider.calls if op == "delete_file"] == ["delete_file"]
+    for _ in range(3):
+        pair.tick("a")
+    assert [op for op, _ in pair.provider.calls if op == "delete_file"] == ["delete_file"]  # none more from a
+    for _ in range(3):
+        pair.tick("b")
+    assert pair.engines["b"].ctx.state.jobs[job_id].ended == "completed"
+    intents = _intents(pair, job_id, "ProviderFileDeleteRequested")
+    assert intents[0][1] == (account, "a", 1)
+    assert len(intents) == 3 and {f for _, f in intents[1:]} == {(account, "b", 2)}  # b asks both again
+    assert sum(1 for op, _ in pair.provider.calls if op == "delete_file") == len(intents)
+    assert not pair.provider.files  # every file of the job deleted
+    types = [e.type for e in pair.stores[0].read(job_id=job_id)]
+    assert types.count("JobCompleted") == 1 and types.count("ResultWritten") == 1
+
+
+def test_a_control_request_is_applied_once_whichever_daemons_see_it(pair: Pair):
+    """``bgctl cancel`` leaves one file in the shared home's control/ that both daemons list.
+    ``b`` (not the job's holder) applies it: ``CancelRequested`` with its claim, in one
+    transaction.  ``a`` had listed the same file before ``b`` removed it: its append is refused by
+    the claim, nothing is appended twice, and ``a``, the job's holder, cancels the batch once."""
+    from batchgrader.daemon.control import apply_controls, pending_controls, request_control
+    from batchgrader.store.claims import control_claimed
+
+    job_id = _until_created(pair, "a")
+    path = request_control(pair.home, "cancel", job_id, "not needed")
+    seen_by_a = path.read_bytes()  # a lists control/ and reads the request ...
+    apply_controls(pair.engines["b"], pair.home)  # ... while b applies it and removes the file
+    assert pending_controls(pair.home) == []
+    path.write_bytes(seen_by_a)  # what a read before the removal
+    apply_controls(pair.engines["a"], pair.home)
+    assert pending_controls(pair.home) == [] and not (pair.home.root / "control" / "rejected").exists()
+    types = [e.type for e in pair.stores[0].read(job_id=job_id)]
+    assert types.count("CancelRequested") == 1
+    assert control_claimed(pair.engines["a"].shared.leases, path.name) == "b"  # type: ignore[union-attr]
+    for _ in range(3):
+        pair.tick("a")
+        pair.tick("b")
+    assert sum(1 for op, _ in pair.provider.calls if op == "cancel") == 1
+    assert [e.type for e in pair.stores[0].read(job_id=job_id)].count("BatchCancelRequested") == 1

@@ -41,6 +41,8 @@ def test_happy_path_event_order_and_result(rig):
         "ResultWritten",
         "AnswersStored",  # kept for reuse after the result is written: storing never delays it
         "InputArchived",
+        "ProviderFileDeleteRequested",  # each delete's intent before it leaves: the input file ...
+        "ProviderFileDeleteRequested",  # ... and the output file
         "ProviderFilesDeleted",
         "JobCompleted",
     ]

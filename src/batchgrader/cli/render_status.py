@@ -178,6 +178,7 @@ def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[C
     tokens = Col("tokens", justify="right", give_way=2, droppable=True)
     cost = Col("cost", justify="right")
     age = Col("age", justify="right", give_way=5, droppable=True)
+    daemon = Col("daemon", min_width=12, give_way=0, droppable=True)  # on a shared store: the daemon holding the job
     for r in rows:
         sandbox = bool(r.get("sandbox"))
         cell = Text(r["job_id"], style="bold")
@@ -192,8 +193,10 @@ def status_columns(rows: Sequence[dict[str, Any]], show_profile: bool) -> list[C
         money_text = money(r.get("cost_usd")) + (f"\nsaved {money(r.get('saved_usd'))}" if r.get("saved_usd") else "")
         cost.cells.append(Text(money_text, style="yellow" if sandbox else ""))
         age.cells.append(duration(r.get("age_seconds")))
+        daemon.cells.append(r.get("daemon") or "-")
     cols = [job, profile] if show_profile else [job]
-    return [*cols, state, chunks, batches, rows_col, tokens, cost, age]
+    shared = [daemon] if any(r.get("daemon") for r in rows) else []
+    return [*cols, state, chunks, batches, rows_col, tokens, cost, age, *shared]
 
 
 def progress_line(r: dict[str, Any]) -> str | None:
@@ -487,6 +490,7 @@ def _job_pairs(d: dict[str, Any]) -> list[tuple[str, Any]]:
             "created / updated",
             f"{short_ts(d.get('created_ts'))} / {short_ts(d.get('updated_ts'))} (age {duration(d.get('age_seconds'))})",
         ),
+        ("daemon", d.get("daemon")),  # on a shared store: the daemon holding the job's lease
         ("held", d.get("held_reason")),
         ("error", (f"[{d.get('error_code')}] {d.get('error')}" if d.get("error") else None)),
         ("hint", d.get("error_hint")),

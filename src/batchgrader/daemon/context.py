@@ -174,9 +174,16 @@ class Context:
         if not c.file_id or not (refused or refused_create or staged):
             return
         try:
-            self.provider_for(job).delete_file(c.file_id)
+            self.delete_provider_file(job, c.file_id, "refused")
         except ProviderError as exc:
             log.info("could not delete refused batch file %s: %s", c.file_id, exc)
+
+    def delete_provider_file(self, job: JobState, file_id: str, reason: str) -> None:
+        """Delete a file at the provider, its intent (``ProviderFileDeleteRequested``) recorded
+        before the call leaves: on a shared store through the account lease's fence check, so a
+        daemon that lost the lease makes no call.  :class:`ProviderError` as the call raises it."""
+        self.emit(job.job_id, _e("ProviderFileDeleteRequested", file_id=file_id, reason=reason))
+        self.provider_for(job).delete_file(file_id)
 
     def stored_answers(self, profile: Profile, now: float) -> Lookup:
         """The answers store's lookup for a job of ``profile`` at ``now`` (its retention)."""

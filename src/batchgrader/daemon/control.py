@@ -1,8 +1,12 @@
 """The control-file protocol: ``bgctl cancel`` and ``bgctl retry`` leave a request as a JSON file
 in the home's ``control/`` folder (:func:`request_control`); the daemon reads them in order
-(:func:`pending_controls`), applies each (:func:`apply_control`), and sets aside what it cannot
-apply in ``control/rejected/`` (:func:`set_control_aside`); a request wakes the daemon at once
-(:func:`watch_control`).
+(:func:`pending_controls`) and applies each (:func:`apply_controls`, :func:`apply_control`), and
+sets aside what it cannot apply in ``control/rejected/`` (:func:`set_control_aside`); a request
+wakes the daemon at once (:func:`watch_control`).
+
+On a shared store every daemon sees the shared home's ``control/``: a request is applied exactly
+once, by the daemon whose claim of its name (:func:`~batchgrader.store.claims.claim_control`)
+commits with the event it appends; the others find it claimed and only remove the file.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +62,50 @@ def cancel_pending(home: Home, job_id: str) -> bool:
 CONTROL_REJECTED_DIR = "rejected"  # control/rejected/: requests that could not be applied, kept for a look
 
 
-def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
-    """Apply one control request; the reason it cannot be applied, or None when it was."""
+def apply_controls(engine, home: Home) -> None:  # noqa: ANN001
+    """Apply every pending control request in order: an applied one is removed, one that cannot
+    be applied set aside (:func:`set_control_aside`).  On a shared store each is applied by one
+    daemon (:func:`_apply_once`); one that met another daemon's append to its job stays for the
+    next tick."""
+    from batchgrader.store.eventstore import ConcurrencyError
+    from batchgrader.store.leases import LeaseLost
+
+    for path in pending_controls(home):
+        try:
+            problem = _apply_once(engine, path.name, json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue  # applied and removed by another daemon meanwhile
+        except (ConcurrencyError, LeaseLost) as exc:
+            log.info("control request %s: %s (applied at the next tick)", path.name, exc)
+            continue
+        except (OSError, ValueError) as exc:
+            problem = f"unreadable: {exc}"
+        if problem is None:
+            path.unlink(missing_ok=True)
+        else:
+            set_control_aside(home, path, problem)
+
+
+def _apply_once(engine, name: str, req: object) -> str | None:  # noqa: ANN001
+    """:func:`apply_control`; on a shared store after folding what other daemons appended, its
+    event appended with the request's claim (None, nothing appended, when another daemon applied
+    it first)."""
+    from batchgrader.store.claims import ControlApplied
+
+    shared = engine.shared
+    if shared is None:
+        return apply_control(engine, req)
+    engine.ctx.catch_up()  # a job another daemon accepted a moment ago is known
+    try:
+        return apply_control(engine, req, also=shared.control_claim(name))
+    except ControlApplied as exc:
+        log.info("%s", exc)
+        return None
+
+
+def apply_control(engine, req: object, also: Callable[[Any], None] | None = None) -> str | None:  # noqa: ANN001
+    """Apply one control request; the reason it cannot be applied, or None when it was.
+    ``also``: written in the transaction of the event it appends (a shared store's claim)."""
     if not isinstance(req, dict):
         return f"not a JSON object (a {type(req).__name__})"
     job_id = req.get("job_id")
@@ -68,7 +115,7 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
     action, reason = req.get("action"), str(req.get("reason", ""))
     if action == "cancel":
         if not job.terminal and not job.corrupt:
-            engine.ctx.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}))
+            engine.ctx.emit(job.job_id, NewEvent("CancelRequested", {"reason": reason}), also=also)
         return None
     if action == "retry":
         if job.rejected:
@@ -80,7 +127,7 @@ def apply_control(engine, req: object) -> str | None:  # noqa: ANN001
             payload: dict[str, object] = {"reason": reason}
             if bound is not None:
                 payload["max_completion_tokens"] = bound
-            engine.ctx.emit(job.job_id, NewEvent("RetryRequested", payload))
+            engine.ctx.emit(job.job_id, NewEvent("RetryRequested", payload), also=also)
         return None
     return f"unknown action {action!r}"
 

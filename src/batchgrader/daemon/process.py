@@ -14,7 +14,6 @@ after each tick.
 
 from __future__ import annotations
 
-import json
 import logging
 import logging.handlers
 import os
@@ -35,7 +34,7 @@ from batchgrader.core.host.lock import InstanceLock
 from batchgrader.core.host.secrets import EnvFileError, MaskSecrets
 from batchgrader.core.rules.due import TickOutcome, TickPace
 from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
-from batchgrader.daemon.control import apply_control, pending_controls, set_control_aside, watch_control
+from batchgrader.daemon.control import apply_controls, pending_controls, watch_control
 from batchgrader.daemon.snapshot import Snapshot, take
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
@@ -426,15 +425,7 @@ class Daemon:
             log.exception("snapshot failed: %s", exc)
 
     def _controls(self, engine) -> None:  # noqa: ANN001
-        for path in pending_controls(self.home):
-            try:
-                problem = apply_control(engine, json.loads(path.read_text()))
-            except (OSError, ValueError) as exc:
-                problem = f"unreadable: {exc}"
-            if problem is None:
-                path.unlink(missing_ok=True)
-            else:
-                set_control_aside(self.home, path, problem)
+        apply_controls(engine, self.home)
 
     def _done_once(self, engine) -> bool:  # noqa: ANN001
         return engine.idle and not pending_controls(self.home)

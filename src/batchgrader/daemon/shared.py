@@ -17,7 +17,9 @@ the one place the engine asks what this daemon may do; the steps know nothing of
   stops the action before its call.  Every other event of a job is appended only while this
   daemon holds the job's lease (:meth:`~batchgrader.store.leases.Leases.append_held`);
 - **an inbox input** becomes a job through :func:`~batchgrader.store.claims.claim_input`: the
-  database decides which daemon takes it (:meth:`SharedWork.claim`), never a file lock.
+  database decides which daemon takes it (:meth:`SharedWork.claim`), never a file lock;
+- **a control request** (``bgctl cancel`` / ``retry``, a file every daemon sees) is applied by
+  the one daemon whose claim of it commits with its event (:meth:`SharedWork.control_claim`).
 
 A new holder of an account lease (the next fence) finds the old holder's open intents in the
 log: the rules reconcile each from the provider's records (the ``bg_key`` listing) before
@@ -51,7 +53,7 @@ from batchgrader.core.rules.actions import (
     SendStragglers,
     Upload,
 )
-from batchgrader.store.claims import claim_input
+from batchgrader.store.claims import claim_control, claim_input
 from batchgrader.store.leases import Lease, LeaseLost, Leases, job_lease
 
 log = logging.getLogger("batchgrader.engine")
@@ -75,7 +77,15 @@ CALLING_ACTIONS: tuple[type[Action], ...] = (
 )
 #: the events recorded before a call that writes leaves: appended through the fence check
 CALL_INTENTS = frozenset(
-    {"UploadStarted", "BatchCreateRequested", "StragglerCancelRequested", "PreflightRequested", "OnlineRequestSent"}
+    {
+        "UploadStarted",
+        "BatchCreateRequested",
+        "BatchCancelRequested",
+        "ProviderFileDeleteRequested",
+        "StragglerCancelRequested",
+        "PreflightRequested",
+        "OnlineRequestSent",
+    }
 )
 #: s, the longest a daemon waits before it asks again for a lease another daemon held
 ASK_AGAIN = 5.0
@@ -242,6 +252,11 @@ class SharedWork:
         if c.resumed:
             log.warning("input %s: carrying on job %s, claimed by a daemon that stopped before accepting it", key, c.job_id)
         return c.job_id
+
+    def control_claim(self, name: str) -> Callable[[Any], None]:
+        """What the append applying the control request ``name`` also writes: its claim, so one
+        daemon applies it (:func:`~batchgrader.store.claims.claim_control`)."""
+        return claim_control(name, self.holder)
 
     def append(
         self,

@@ -7,6 +7,11 @@
   the input and appends ``JobAccepted``.  A claimant that dies before ``JobAccepted`` leaves a
   claim whose job lease lapses: the next daemon to claim the key resumes it (same job id, next
   fence) instead of starting a second job.
+- :func:`claim_control`: a control request (``bgctl cancel`` / ``retry``: a file in the shared
+  home's ``control/`` that every daemon sees) is applied exactly once: the event it appends
+  carries, in its append's transaction, the insert of the request's name into
+  ``control_claims``; a daemon whose insert finds the name taken gets :class:`ControlApplied`
+  and its event is not appended.
 - :func:`working`: a job lease held around a step's local work (prepare, merge, write the
   result): taken at the start (or None while another daemon works on the job), renewed by
   :meth:`Working.keep` from the step's heartbeat, its events appended only while it is held
@@ -18,7 +23,7 @@ On the SQLite file neither is needed: one daemon serves a home, under the home's
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +78,35 @@ def claim_input(leases: Leases, key: str, job_ids: Iterable[str], ttl: float, no
             return None
         lease = leases._acquire(conn, job_lease(job_id), ttl, now)
         return None if lease is None else Claim(key, job_id, lease, resumed=True)
+
+
+class ControlApplied(RuntimeError):
+    """Another daemon applied this control request: nothing was appended."""
+
+
+def claim_control(name: str, holder: str) -> Callable[[Any], None]:
+    """What an append that applies the control request ``name`` also writes (its ``also``): the
+    request claimed for ``holder``, or :class:`ControlApplied` (the append is rolled back) when
+    another daemon claimed it first."""
+
+    def insert(conn: Any) -> None:
+        row = conn.execute(
+            "INSERT INTO control_claims (name, holder, claimed_at) "
+            "VALUES (%s, %s, extract(epoch FROM clock_timestamp())) ON CONFLICT DO NOTHING RETURNING name",
+            (name, holder),
+        ).fetchone()
+        if row is None:
+            raise ControlApplied(f"control request {name} was applied by another daemon")
+
+    return insert
+
+
+def control_claimed(leases: Leases, name: str) -> str | None:
+    """The daemon that applied the control request ``name``, or None."""
+    with leases.store.pool.connection() as conn:
+        row = conn.execute("SELECT holder FROM control_claims WHERE name = %s", (name,)).fetchone()
+        conn.rollback()
+    return None if row is None else str(row[0])
 
 
 def claimed(leases: Leases, key: str) -> tuple[str, str] | None:

@@ -48,6 +48,13 @@ DDL = (
         holder     TEXT COLLATE "C" NOT NULL,            -- the daemon that claimed it first
         claimed_at DOUBLE PRECISION NOT NULL
     )""",
+    # a control request (bgctl cancel / retry, a file in the shared home's control/) applied: the
+    # first daemon to insert its name, in the transaction of the event it appends, applies it (claim_control)
+    """CREATE TABLE IF NOT EXISTS control_claims (
+        name       TEXT COLLATE "C" PRIMARY KEY,  -- the request's file name (time, action, random suffix)
+        holder     TEXT COLLATE "C" NOT NULL,     -- the daemon that applied it
+        claimed_at DOUBLE PRECISION NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS intent_fences (
         seq    BIGINT PRIMARY KEY REFERENCES events (seq),  -- the intent event
         job_id TEXT COLLATE "C" NOT NULL,

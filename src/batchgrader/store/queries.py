@@ -342,9 +342,10 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
     booleans; ``chunks`` becomes ``batches``; :func:`job_detail` has every column) plus ``age_seconds``,
     ``idle_seconds``, ``batches`` (a list of ``{chunk, batch_id, status, request_counts}``, one per
     chunk; ``status`` is the chunk's step: pending, uploading, validating, in_progress, ..., done,
-    failed), ``source`` (``"read_model"`` or ``"log"``) and ``note`` (why the log was folded, else None).
+    failed), ``source`` (``"read_model"`` or ``"log"``), ``note`` (why the log was folded, else None)
+    and ``daemon`` (on a shared PostgreSQL store, the daemon holding the job's lease, else None).
     """
-    now = time.time() if now is None else now
+    lease_now, now = now, time.time() if now is None else now
     with reading(home) as conn, gc_paused():
         jid = resolve_job(conn, job_id) if job_id is not None else None
         problem = read_model_problem(conn)
@@ -358,14 +359,14 @@ def status(home: HomeLike, job_id: str | None = None, now: float | None = None) 
                 rows = conn.execute(sql + " WHERE job_id = ?", (jid,)).fetchall()
             found = _attach_queue(_present(rows, now, SOURCE_READ_MODEL, None), queue_limits(conn))
             found = attach_progress(_attach_batch_slots(found, _batch_cap(home)), conn, now)
-            return panel_sums(found, _judge_rows(conn, found, now))
+            return panel_sums(_attach_daemons(found, conn, home, lease_now), _judge_rows(conn, found, now))
         from batchgrader.store import readmodels as rm  # the fold: only when the read model cannot answer
 
         state = rm.fold_connection(conn, job_id=jid)
         jobs = sorted(state.jobs.values(), key=lambda j: (j.created_ts, j.job_id))
         found = _present([_pick(rm.job_row(j)) for j in jobs], now, SOURCE_LOG, fallback_note(problem))
         found = _attach_batch_slots(_attach_queue(found, _limits_of_state(state)), _batch_cap(home))
-        return panel_sums(attach_progress(found, conn, now))
+        return panel_sums(_attach_daemons(attach_progress(found, conn, now), conn, home, lease_now))
 
 
 def panel_sums(rows: list[dict[str, Any]], more: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -407,7 +408,7 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
     Selected in SQL, so it costs the same with ten or ten thousand jobs in the log.
 
     Returns ``{jobs, counts, total, hidden_active, hidden_finished, source, note}``."""
-    now = time.time() if now is None else now
+    lease_now, now = now, time.time() if now is None else now
     with reading(home) as conn, gc_paused():
         problem = read_model_problem(conn)
         if problem is None:
@@ -419,9 +420,9 @@ def status_overview(home: HomeLike, active_limit: int = 50, finished_limit: int 
             rows = sorted(active + finished, key=_ORDER_KEY)
             jobs, source, note = _present(rows, now, SOURCE_READ_MODEL, None), SOURCE_READ_MODEL, None
             attach_progress(_attach_batch_slots(_attach_queue(jobs, queue_limits(conn)), _batch_cap(home)), conn, now)
-            panel_sums(jobs, _judge_rows(conn, jobs, now))
+            panel_sums(_attach_daemons(jobs, conn, home, lease_now), _judge_rows(conn, jobs, now))
         else:
-            everything = status(home, now=now)
+            everything = status(home, now=lease_now)
             counts = {}
             for r in everything:
                 counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -464,7 +465,7 @@ def job_detail(
     from batchgrader.store import readmodels as rm  # the fold and projector: only off the fast path
     from batchgrader.store.figures import job_figures, row_values
 
-    now = time.time() if now is None else now
+    lease_now, now = now, time.time() if now is None else now
     with reading(home) as conn:
         jid = resolve_job(conn, job_id)
         state = rm.fold_connection(conn, job_id=jid)
@@ -476,7 +477,7 @@ def job_detail(
         )
         job: JobState = state.jobs[jid]
         (out,) = _present([tuple(rm.job_row(job).values())], now, SOURCE_LOG, None, tuple(rm.JOB_STATUS_COLUMNS))
-        attach_progress([out], conn, now)
+        _attach_daemons(attach_progress([out], conn, now), conn, home, lease_now)
         if job.panel is not None:  # a judge panel: its judges' tokens and cost are its own
             judges = [rm.fold_connection(conn, job_id=j["job_id"]).jobs.get(j["job_id"]) for j in job.panel]
             figures = job_figures(job, judges)
@@ -516,6 +517,25 @@ def job_ids(home: HomeLike, prefix: str = "", limit: int = 200) -> list[tuple[st
 
 
 # --- leases ----------------------------------------------------------------------------------------
+
+
+def _attach_daemons(jobs: list[dict[str, Any]], conn: Any, home: HomeLike, now: float | None) -> list[dict[str, Any]]:
+    """Each job's ``daemon``: on a shared PostgreSQL store the daemon holding its lease
+    (``host:pid:id``; :mod:`batchgrader.store.leases`) at ``now`` (default: the database server's
+    clock, the clock leases are decided by), None when no daemon holds it; None on the SQLite file
+    (one daemon serves a home)."""
+    holders: dict[str, str] = {}
+    if jobs and store_url(home) and conn.execute("SELECT to_regclass('leases') IS NOT NULL").fetchone()[0]:
+        clock = "extract(epoch FROM clock_timestamp())" if now is None else "?"
+        rows = conn.execute(
+            f"SELECT substr(name, 5), holder FROM leases WHERE substr(name, 1, 4) = 'job:' AND holder IS NOT NULL "
+            f"AND expires_at > {clock}",
+            () if now is None else (now,),
+        ).fetchall()
+        holders = {job_id: holder for job_id, holder in rows}
+    for j in jobs:
+        j["daemon"] = holders.get(j["job_id"])
+    return jobs
 
 
 def leases(home: HomeLike, now: float | None = None) -> list[dict[str, Any]] | None:

@@ -59,6 +59,7 @@ class ChunkState:
     ahead: bool = False  # this attempt's file is uploaded ahead of queue room (UploadAheadPlanned), no create asked yet
     answers_due: int | None = None  # merged, its answers not stored yet (AnswersToStore): result records to read
     straggler: bool = False  # cancelled as its job's deadline neared (StragglerCancelRequested)
+    cancels_asked: int = 0  # cancels asked of the provider for this chunk's batches (BatchCancelRequested)
     route: str | None = None  # flex | online: a straggler's rows, sent through the synchronous route
 
     @property
@@ -155,6 +156,7 @@ class JobState:
     error_path: str | None = None
     archived_path: str | None = None
     provider_files_deleted: bool = False
+    deletes_asked: int = 0  # provider file deletes asked (ProviderFileDeleteRequested), every reason
     ended: str | None = None  # completed | completed_with_errors | failed | cancelled
     corrupt: str | None = None  # why this job's log cannot be read (the job is set aside; others run)
     recovered_since: float | None = None  # re-accepted from its work folder: search the provider first

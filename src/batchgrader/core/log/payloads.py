@@ -22,6 +22,7 @@ from batchgrader.core.log.eventdecl import DECLARATIONS as DECLARATIONS
 from batchgrader.core.log.eventdecl import EventDeclaration as EventDeclaration
 from batchgrader.core.log.eventdecl import declaration_of as declaration_of
 from batchgrader.core.log.eventdecl import event as event
+from batchgrader.core.log.payloads_chunks import BatchCancelRequested as BatchCancelRequested
 from batchgrader.core.log.payloads_chunks import BatchCreated as BatchCreated
 from batchgrader.core.log.payloads_chunks import BatchCreateFailed as BatchCreateFailed
 from batchgrader.core.log.payloads_chunks import BatchCreateRequested as BatchCreateRequested
@@ -204,6 +205,19 @@ class ResultWritten(TypedDict):
 @event(1, "outbox", {"path": "where the original input now lives (archive/ or failed/)"})
 class InputArchived(TypedDict):
     path: str | None
+
+
+@event(
+    1,
+    "delete (intent)",
+    {
+        "file_id": "the provider file whose delete is asked",
+        "reason": "finished (the job's files at its end) or refused (a chunk's file no batch uses, before its rows are sent again or given up)",
+    },
+)
+class ProviderFileDeleteRequested(TypedDict):
+    file_id: str
+    reason: str
 
 
 @event(1, "cleanup", {"file_ids": "provider files deleted"})

@@ -435,6 +435,21 @@ class RetryPlanned(TypedDict):
 
 @event(
     1,
+    "cancel (intent)",
+    {
+        "chunk": "chunk index",
+        "batch_id": "the batch whose cancel is asked (the chunk's own, or an extra batch of it: a late create)",
+        "reason": "cancelled (bgctl cancel), straggler (its deadline nears) or duplicate (an extra batch of the chunk)",
+    },
+)
+class BatchCancelRequested(TypedDict):
+    chunk: int
+    batch_id: str
+    reason: str
+
+
+@event(
+    1,
     "stragglers",
     {
         "chunk": "chunk index",

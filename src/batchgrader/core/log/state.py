@@ -274,6 +274,11 @@ def _batch_create_failed(s: State, job: JobState, p: P.BatchCreateFailed, e: Eve
     job.last_error = p["error"]
 
 
+@folds(P.BatchCancelRequested)
+def _cancel_requested_of_batch(s: State, job: JobState, p: P.BatchCancelRequested, e: Event) -> None:
+    _chunk(job, p["chunk"]).cancels_asked += 1  # the outcome is the batch's status, read by its poll
+
+
 @folds(P.BatchStatusChanged)
 def _batch_status_changed(s: State, job: JobState, p: P.BatchStatusChanged, e: Event) -> None:
     c = _chunk(job, p["chunk"])
@@ -384,6 +389,11 @@ def _result_written(s: State, job: JobState, p: P.ResultWritten, e: Event) -> No
 @folds(P.InputArchived)
 def _input_archived(s: State, job: JobState, p: P.InputArchived, e: Event) -> None:
     job.archived_path = p["path"]
+
+
+@folds(P.ProviderFileDeleteRequested)
+def _file_delete_requested(s: State, job: JobState, p: P.ProviderFileDeleteRequested, e: Event) -> None:
+    job.deletes_asked += 1  # a delete is idempotent: asked again after a crash, never reconciled
 
 
 @folds(P.ProviderFilesDeleted)

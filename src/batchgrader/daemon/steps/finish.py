@@ -122,10 +122,11 @@ class FinishStep:
         )
 
     def delete_provider_files(self, a: DeleteProviderFiles, job: JobState, now: float) -> None:
+        """Delete the job's files at the provider, each delete's intent recorded before it leaves."""
         deleted = []
         for fid in a.file_ids:
             try:
-                self.ctx.provider_for(job).delete_file(fid)
+                self.ctx.delete_provider_file(job, fid, "finished")
                 deleted.append(fid)
             except ProviderError as exc:
                 log.info("could not delete provider file %s: %s", fid, exc)

@@ -253,6 +253,7 @@ class SubmitStep:
             if b.is_terminal or b.status in ("cancelling", "cancelled") or b.id in done:
                 continue
             log.error("job %s chunk %s: duplicate batch %s (late create); cancelling it", job.job_id, c.index, b.id)
+            self.ctx.emit(job.job_id, _e("BatchCancelRequested", chunk=c.index, batch_id=b.id, reason="duplicate"))
             try:
                 provider.cancel(b.id)
                 done.add(b.id)
@@ -304,22 +305,24 @@ class SubmitStep:
         )
 
     def cancel_batch(self, a: CancelBatch, job: JobState, now: float) -> None:
-        """Cancel a running batch (asked once per tick: the next tick asks again); a straggler's
-        cancel (``a.reason``: its deadline nears) is recorded before the cancel leaves."""
+        """Cancel a running batch (asked once per tick: the next tick asks again), its intent
+        (``BatchCancelRequested``) recorded before the cancel leaves; a straggler's first cancel
+        (``a.reason``: its deadline nears) with ``StragglerCancelRequested`` in the same append."""
         c = job.chunks[a.chunk]
+        intent = _e("BatchCancelRequested", chunk=a.chunk, batch_id=a.batch_id, reason="straggler" if a.reason else "cancelled")
         if a.reason and not c.straggler:
-            self.ctx.emit(
-                job.job_id,
-                _e(
-                    "StragglerCancelRequested",
-                    chunk=a.chunk,
-                    batch_id=a.batch_id,
-                    deadline_at=float(a.deadline_at or 0.0),
-                    margin_seconds=float(a.margin),
-                    reason=a.reason,
-                ),
+            straggler = _e(
+                "StragglerCancelRequested",
+                chunk=a.chunk,
+                batch_id=a.batch_id,
+                deadline_at=float(a.deadline_at or 0.0),
+                margin_seconds=float(a.margin),
+                reason=a.reason,
             )
+            self.ctx.emit(job.job_id, straggler, intent)
             log.warning("job %s chunk %d: batch %s cancelled: %s", job.job_id, a.chunk, a.batch_id, a.reason)
+        else:
+            self.ctx.emit(job.job_id, intent)
         provider: Provider = self.ctx.provider_for(job)
         try:
             provider.cancel(a.batch_id)
