@@ -60,6 +60,7 @@ from batchgrader.provider.protocol import (
     RequestCounts,
     parse_retry_after,
 )
+from batchgrader.provider.tls import genai_client_args
 
 T = TypeVar("T")
 INLINE_PREFIX = "gemini-inline:"
@@ -143,7 +144,12 @@ class GeminiBatchProvider:
         # writes are sent once; each read asks for the SDK's retries of 408/429/5xx and connection
         # errors in its own config (``_read``), as often as the other SDKs and with their backoff
         # (0.5 s doubling to 8 s; docs/providers.md)
-        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=self.base_url, timeout=ms))
+        # its TLS contexts: the SDK's own, built once per process (provider/tls.py)
+        client_args, async_client_args = genai_client_args()
+        options = types.HttpOptions(
+            base_url=self.base_url, timeout=ms, client_args=client_args, async_client_args=async_client_args
+        )
+        self._client = genai.Client(api_key=api_key, http_options=options)
         retry = types.HttpRetryOptions(attempts=max_retries + 1, initial_delay=0.5, max_delay=8.0, jitter=0.25)
         self._retried = types.HttpOptions(retry_options=retry)
         self._inputs: dict[str, str] = {}  # batch name -> input file (this process only)
