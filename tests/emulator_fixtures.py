@@ -17,6 +17,7 @@ import pytest
 
 from batchgrader.emulator import Emulator, EmulatorConfig, ManualClock
 from batchgrader.provider.openai_api import OpenAIProvider
+from batchgrader.provider.tls import httpx_context
 
 API_KEY = "sk-emulator-test-key-0123456789abcdef"
 MODEL = "gpt-5.4-mini"
@@ -110,6 +111,9 @@ def emu(emu_factory) -> Emulator:
 
 
 def sdk_client(e: Emulator, **kw: Any) -> openai.OpenAI:
+    """The official client on ``e``; its HTTP client is the SDK's default one, on the process's one
+    TLS context of the SDK's own making (provider/tls.py: the CA store is not loaded per test)."""
+    kw.setdefault("http_client", openai.DefaultHttpxClient(verify=httpx_context()))
     kw.setdefault("max_retries", 0)
     kw.setdefault("timeout", 10.0)
     kw.setdefault("api_key", API_KEY)

@@ -23,6 +23,7 @@ from batchgrader.provider.gemini_api import (
 )
 from batchgrader.provider.gemini_batches import GeminiBatchProvider
 from batchgrader.provider.openai_api import OutcomeUnknown, ProviderConfigError, ProviderRejected, reconcile_batch
+from batchgrader.provider.tls import genai_client_args
 from emulator_fixtures import chat_line, jsonl
 
 KEY = "AIza-gemini-emulator-test-0123456789abcdef"
@@ -41,7 +42,10 @@ def emu(clock: ManualClock) -> Iterator[Emulator]:
 
 
 def sdk(emu: Emulator, key: str = KEY) -> genai.Client:
-    return genai.Client(api_key=key, http_options=types.HttpOptions(base_url=emu.root_url))
+    """The official client on ``emu``, on the SDK's own TLS contexts built once (provider/tls.py)."""
+    client_args, async_client_args = genai_client_args()
+    options = types.HttpOptions(base_url=emu.root_url, client_args=client_args, async_client_args=async_client_args)
+    return genai.Client(api_key=key, http_options=options)
 
 
 @pytest.fixture

@@ -180,8 +180,8 @@ def test_ambiguous_create_raises_outcome_unknown_and_is_sent_once(provider, emu,
 
 
 def test_create_timeout_is_outcome_unknown(emu, input_path):
+    f = uploaded(make_provider(emu), input_path)  # the upload with the usual timeout: 0.3 s is for the create alone
     p = make_provider(emu, timeout=0.3)
-    f = uploaded(p, input_path)
     emu.script_fault("POST", "/v1/batches", Fault("hang_after", seconds=5))
     with pytest.raises(OutcomeUnknown, match="Timeout"):
         p.create_batch(f.id)
@@ -220,8 +220,8 @@ def test_create_then_connection_dropped_is_adopted_exactly_once(provider, emu, i
 
 
 def test_timeout_after_create_is_adopted(emu, input_path):
+    f = uploaded(make_provider(emu), input_path)  # the upload with the usual timeout: 0.3 s is for the create alone
     p = make_provider(emu, timeout=0.3)
-    f = uploaded(p, input_path)
     emu.script_fault("POST", "/v1/batches", Fault("hang_after", seconds=5))
     sub = create_batch_reconciled(p, f.id, metadata={"bg_key": "t"})
     assert sub.outcome == "adopted" and emu.batches_created() == 1

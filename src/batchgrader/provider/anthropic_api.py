@@ -46,6 +46,7 @@ from batchgrader.provider.openai_api import (
     ProviderUnavailable,
 )
 from batchgrader.provider.protocol import MAX_SDK_WAIT_S, READ_RETRIES, content_text, parse_retry_after
+from batchgrader.provider.tls import httpx_context
 
 CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_REQUESTS = 100_000
@@ -264,7 +265,8 @@ class AnthropicProvider:
         #: the ``anthropic-version`` every call carries: the configured one, sent explicitly (the
         #: SDK's own default moves with its releases; the rules checked at load are this version's)
         self.api_version = api_version or ANTHROPIC_DEFAULT_API_VERSION
-        http = anthropic.DefaultHttpxClient(event_hooks={"response": [_no_long_waits]})
+        # the SDK's HTTP client on the process's one TLS context of the SDK's own making (provider/tls.py)
+        http = anthropic.DefaultHttpxClient(event_hooks={"response": [_no_long_waits]}, verify=httpx_context())
         self._client = anthropic.Anthropic(
             api_key=api_key,
             base_url=base_url,

@@ -129,6 +129,7 @@ class AzureOpenAIProvider(OpenAIProvider):
             azure_endpoint=self.endpoint,
             api_version=self.api_version,
             timeout=kwargs["timeout"],
+            http_client=kwargs["http_client"],
             max_retries=0,  # writes are sent once; reads use a copy with max_retries
         )
 

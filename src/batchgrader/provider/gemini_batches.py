@@ -60,6 +60,7 @@ from batchgrader.provider.protocol import (
     RequestCounts,
     parse_retry_after,
 )
+from batchgrader.provider.tls import genai_client_args
 
 T = TypeVar("T")
 INLINE_PREFIX = "gemini-inline:"
@@ -139,13 +140,18 @@ class GeminiBatchProvider:
         self._key = api_key
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         ms = int(timeout * 1000)
-        # writes: no retries (sent once); reads: the SDK retries 408/429/5xx and connection errors,
-        # as often as the other SDKs and with their backoff (0.5 s doubling to 8 s; docs/providers.md)
-        self._client = genai.Client(api_key=api_key, http_options=types.HttpOptions(base_url=self.base_url, timeout=ms))
-        retry = types.HttpRetryOptions(attempts=max_retries + 1, initial_delay=0.5, max_delay=8.0, jitter=0.25)
-        self._reads = genai.Client(
-            api_key=api_key, http_options=types.HttpOptions(base_url=self.base_url, timeout=ms, retry_options=retry)
+        # one SDK client (its HTTP clients and their TLS contexts built once), which never retries:
+        # writes are sent once; each read asks for the SDK's retries of 408/429/5xx and connection
+        # errors in its own config (``_read``), as often as the other SDKs and with their backoff
+        # (0.5 s doubling to 8 s; docs/providers.md)
+        # its TLS contexts: the SDK's own, built once per process (provider/tls.py)
+        client_args, async_client_args = genai_client_args()
+        options = types.HttpOptions(
+            base_url=self.base_url, timeout=ms, client_args=client_args, async_client_args=async_client_args
         )
+        self._client = genai.Client(api_key=api_key, http_options=options)
+        retry = types.HttpRetryOptions(attempts=max_retries + 1, initial_delay=0.5, max_delay=8.0, jitter=0.25)
+        self._retried = types.HttpOptions(retry_options=retry)
         self._inputs: dict[str, str] = {}  # batch name -> input file (this process only)
         self._models: dict[str, str] = {}  # input file -> model (this process only)
 
@@ -157,6 +163,11 @@ class GeminiBatchProvider:
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._key, mask_secret(self._key) or "***") if self._key else text
+
+    def _read(self, **config: Any) -> Any:  # each call's own *Config dict
+        """A read's request config: ``config`` with the SDK's retries (the client's own options
+        otherwise: base URL, timeout, key)."""
+        return {**config, "http_options": self._retried}
 
     def _call(self, op: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
         try:
@@ -206,12 +217,12 @@ class GeminiBatchProvider:
         return _file_info(f)
 
     def _files(self) -> Iterator[Any]:
-        pager = self._call("files.list", lambda: self._reads.files.list(config={"page_size": 100}))
+        pager = self._call("files.list", lambda: self._client.files.list(config=self._read(page_size=100)))
         while True:
             yield from pager.page
             if not pager.config.get("page_token"):
                 return
-            pager = self._call("files.list", lambda: self._reads.files.list(config=dict(pager.config)))  # type: ignore[arg-type]  # noqa: B023
+            pager = self._call("files.list", lambda: self._client.files.list(config=dict(pager.config)))  # type: ignore[arg-type]  # noqa: B023
 
     def find_files(self, filename: str, size: int | None = None, created_after: int | None = None) -> list[FileInfo]:
         out = [
@@ -227,7 +238,7 @@ class GeminiBatchProvider:
         if file_id.startswith(INLINE_PREFIX):
             return True  # inline responses live in the batch: nothing to delete
         try:
-            self._call("files.delete", lambda: self._reads.files.delete(name=file_id))
+            self._call("files.delete", lambda: self._client.files.delete(name=file_id, config=self._read()))
         except ProviderRejected as exc:
             if exc.status_code in (403, 404):  # Google answers 403 for a file that does not exist (any more)
                 return False
@@ -237,7 +248,7 @@ class GeminiBatchProvider:
     def _model_of_file(self, file_id: str) -> str:
         model = self._models.get(file_id)
         if model is None:
-            f = self._call("files.get", lambda: self._reads.files.get(name=file_id))
+            f = self._call("files.get", lambda: self._client.files.get(name=file_id, config=self._read()))
             shown = f.display_name or ""
             if _SEP not in shown:
                 raise ProviderRejected("create batch", 400, f"{file_id} was not uploaded by bgctl (no model in its name)")
@@ -265,13 +276,13 @@ class GeminiBatchProvider:
         return _info(b, input_file_id)
 
     def _batches(self, page_size: int = 100) -> Iterator[GeminiBatch]:
-        pager = self._call("batches.list", lambda: self._reads.batches.list(config={"page_size": page_size}))
+        pager = self._call("batches.list", lambda: self._client.batches.list(config=self._read(page_size=page_size)))
         while True:
             for obj in pager.page:
                 yield batch_of(obj)
             if not pager.config.get("page_token"):
                 return
-            pager = self._call("batches.list", lambda: self._reads.batches.list(config=dict(pager.config)))  # type: ignore[arg-type]  # noqa: B023
+            pager = self._call("batches.list", lambda: self._client.batches.list(config=dict(pager.config)))  # type: ignore[arg-type]  # noqa: B023
 
     def find_batches(
         self, input_file_id: str | None = None, metadata: Mapping[str, str] | None = None, created_after: int | None = None
@@ -326,7 +337,7 @@ class GeminiBatchProvider:
         return to_openai_result_line({"key": line["custom_id"], "response": data})
 
     def retrieve(self, batch_id: str) -> BatchInfo:
-        b = batch_of(self._call("batches.get", lambda: self._reads.batches.get(name=batch_id)))
+        b = batch_of(self._call("batches.get", lambda: self._client.batches.get(name=batch_id, config=self._read())))
         return _info(b, self._inputs.get(batch_id, ""))
 
     def cancel(self, batch_id: str) -> BatchInfo:
@@ -340,7 +351,7 @@ class GeminiBatchProvider:
         config: dict[str, Any] = {"page_size": max(1, min(limit, 100))}
         if after:
             config["page_token"] = after
-        pager = self._call("batches.list", lambda: self._reads.batches.list(config=config))  # type: ignore[arg-type]
+        pager = self._call("batches.list", lambda: self._client.batches.list(config=self._read(**config)))
         items = tuple(_info(b, self._inputs.get(b.name, "")) for b in (batch_of(o) for o in pager.page))
         token = pager.config.get("page_token")
         return BatchPage(items, bool(token), token or None)
@@ -350,7 +361,9 @@ class GeminiBatchProvider:
     def result_lines(self, file_id: str) -> Iterator[dict[str, Any]]:
         """An ended batch's results as OpenAI-shaped lines."""
         if file_id.startswith(INLINE_PREFIX):
-            obj = self._call("batches.get", lambda: self._reads.batches.get(name=file_id[len(INLINE_PREFIX) :]))
+            obj = self._call(
+                "batches.get", lambda: self._client.batches.get(name=file_id[len(INLINE_PREFIX) :], config=self._read())
+            )
             for i, r in enumerate((obj.dest.inlined_responses if obj.dest else None) or []):
                 raw = r.model_dump(mode="json", by_alias=True, exclude_none=True)
                 key = (r.metadata or {}).get("key") or str(i)
@@ -361,7 +374,7 @@ class GeminiBatchProvider:
                 )
                 yield to_openai_result_line(item)
             return
-        data: bytes = self._call("files.download", lambda: self._reads.files.download(file=file_id))
+        data: bytes = self._call("files.download", lambda: self._client.files.download(file=file_id, config=self._read()))
         for text in data.splitlines():
             if text.strip():
                 yield to_openai_result_line(json.loads(text))
@@ -387,10 +400,12 @@ class GeminiBatchProvider:
 
         request = to_gemini_line({"custom_id": "count", "body": line["body"]})["request"]
         full = {"model": f"models/{model.removeprefix('models/')}", **request}
-        config = types.CountTokensConfig(http_options=types.HttpOptions(extra_body={"generateContentRequest": full}))
+        config = types.CountTokensConfig(
+            http_options=types.HttpOptions(extra_body={"generateContentRequest": full}, retry_options=self._retried.retry_options)
+        )
         res = self._call(
             "models.count_tokens",
-            lambda: self._reads.models.count_tokens(model=model, contents=request["contents"], config=config),
+            lambda: self._client.models.count_tokens(model=model, contents=request["contents"], config=config),
         )
         return int(res.total_tokens or 0)
 
@@ -399,7 +414,8 @@ class GeminiBatchProvider:
         endpoint would answer if it ignored ``generateContentRequest``."""
         request = to_gemini_line({"custom_id": "count", "body": line["body"]})["request"]
         res = self._call(
-            "models.count_tokens", lambda: self._reads.models.count_tokens(model=model, contents=request["contents"])
+            "models.count_tokens",
+            lambda: self._client.models.count_tokens(model=model, contents=request["contents"], config=self._read()),
         )
         return int(res.total_tokens or 0)
 

@@ -67,6 +67,7 @@ from batchgrader.provider.reconcile import (
     reconcile_upload,
     upload_reconciled,
 )
+from batchgrader.provider.tls import httpx_context
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,22 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
+class _HttpClient(openai.DefaultHttpxClient):
+    """The HTTP client the SDK would make (``openai.DefaultHttpxClient``: its limits, redirects;
+    closed when it is collected, as the SDK's own is), given the process's one TLS context of the
+    SDK's own making (:func:`batchgrader.provider.tls.httpx_context`)."""
+
+    def __init__(self) -> None:
+        super().__init__(verify=httpx_context())
+
+    def __del__(self) -> None:
+        if not self.is_closed:
+            try:
+                self.close()
+            except Exception:  # noqa: S110 - at collection, as the SDK's own wrapper
+                pass
+
+
 class OpenAIProvider:
     """:class:`Provider` on the official ``openai`` SDK; any OpenAI-compatible Batch API works
     through ``base_url``.  ``api_key``/``base_url`` default to ``OPENAI_API_KEY`` /
@@ -138,6 +155,7 @@ class OpenAIProvider:
                 organization=organization,
                 project=project,
                 timeout=httpx2.Timeout(timeout, connect=connect_timeout),
+                http_client=_HttpClient(),
             )
         except openai.OpenAIError as exc:
             # The SDK's message names the missing setting, never a key value; scrub anyway.
@@ -150,7 +168,7 @@ class OpenAIProvider:
         self._line_urls: dict[str, str] = {}  # file id -> the ``url`` of its request lines (read at upload)
 
     def _make_client(self, **kwargs: Any) -> openai.OpenAI:
-        """The SDK client for writes, which never retries (a subclass may build another flavour,
+        """The SDK client (on ``kwargs["http_client"]``) for writes, which never retries (a subclass may build another flavour,
         e.g. ``AzureOpenAI``); reads use a copy with ``max_retries``."""
         return openai.OpenAI(**kwargs, max_retries=0)  # writes are sent once and reconciled
 
