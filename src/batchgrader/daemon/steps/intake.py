@@ -81,6 +81,7 @@ class IntakeStep:
         self.scan_requested = False
         self._last_scan = now
         ready, rejected = self.scanner.scan(now)
+        self._build_ahead({*self.scanner.waiting_profiles(), *(c.profile for c in ready)})
         for r in rejected:
             if r.fingerprint in self.ctx.state.rejected:
                 continue
@@ -115,6 +116,27 @@ class IntakeStep:
                 self._cannot_take(cand, fp, exc, now)
                 continue
             self.accept(job_id, record, input_path, sha)
+
+    def _build_ahead(self, profiles: set[str]) -> None:
+        """Build the providers of files seen in the inbox in the background (their SDKs imported,
+        their clients made) while the files become stable and are hashed, claimed, read for the
+        preflight and prepared, so a job's first call does not wait for them.  Only when no row
+        can be answered from the answers store (it is empty, or the profile keeps none): a job
+        the store may answer whole builds its provider at its first row to send, or never."""
+        todo: dict[str, bool] = {}  # provider -> whether a profile of it reads the answers store
+        for name in sorted(profiles):
+            try:
+                profile = self.ctx.config.profile(name)
+            except ConfigError:
+                continue  # the file is rejected for its profile
+            if not self.ctx.providers.is_built(profile.provider):
+                todo[profile.provider] = todo.get(profile.provider, False) or profile.cache_days > 0
+        if not todo:
+            return
+        stored = any(todo.values()) and not self.ctx.store.answers.empty()
+        for provider, reads_store in todo.items():
+            if not (reads_store and stored):
+                self.ctx.providers.prefetch(provider)
 
     def _drop_empty_claim(self, job_id: str | None) -> None:
         """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
