@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgrader.core.actions import SearchRecovered
-from batchgrader.core.config import ConfigError
+from batchgrader.core.config import ConfigError, Profile
 from batchgrader.core.decide import FIRST_POLL_DELAY, upload_name
 from batchgrader.core.due import InboxTimes
 from batchgrader.core.events import new_event as _e
@@ -24,6 +24,7 @@ from batchgrader.fsio import free_path, move_no_clobber, shown_name, stamp
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.outbox import error_name, result_name
 from batchgrader.pipeline.prepare import file_sha256
+from batchgrader.pipeline.tokens import build_ahead, tokenizer_for_model
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -118,25 +119,29 @@ class IntakeStep:
             self.accept(job_id, record, input_path, sha)
 
     def _build_ahead(self, profiles: set[str]) -> None:
-        """Build the providers of files seen in the inbox in the background (their SDKs imported,
-        their clients made) while the files become stable and are hashed, claimed, read for the
-        preflight and prepared, so a job's first call does not wait for them.  Only when no row
-        can be answered from the answers store (it is empty, or the profile keeps none): a job
-        the store may answer whole builds its provider at its first row to send, or never."""
-        todo: dict[str, bool] = {}  # provider -> whether a profile of it reads the answers store
+        """Ready what the jobs of files seen in the inbox will first need, in the background, while
+        the files become stable and are hashed and claimed: their providers (SDKs imported,
+        clients made; the preflight's first row calls it at once) and their tokenizers (the
+        rank file read; prepare counts with it).  Only while no row can be answered from the
+        answers store (it is empty, or the profile keeps none): a job the store may answer whole
+        builds its provider at its first row to send, or never."""
+        todo: dict[str, Profile] = {}
         for name in sorted(profiles):
             try:
                 profile = self.ctx.config.profile(name)
             except ConfigError:
                 continue  # the file is rejected for its profile
             if not self.ctx.providers.is_built(profile.provider):
-                todo[profile.provider] = todo.get(profile.provider, False) or profile.cache_days > 0
+                todo[name] = profile
         if not todo:
             return
-        stored = any(todo.values()) and not self.ctx.store.answers.empty()
-        for provider, reads_store in todo.items():
-            if not (reads_store and stored):
-                self.ctx.providers.prefetch(provider)
+        stored = any(p.cache_days > 0 for p in todo.values()) and not self.ctx.store.answers.empty()
+        for profile in todo.values():
+            if profile.cache_days > 0 and stored:
+                continue
+            self.ctx.providers.prefetch(profile.provider)
+            if model := profile.get("azure_model") or profile.model:
+                build_ahead(tokenizer_for_model(model, profile.default_encoding).encoding)
 
     def _drop_empty_claim(self, job_id: str | None) -> None:
         """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
