@@ -31,11 +31,12 @@ batch (:meth:`~batchgrader.emulator.Emulator.stats`, ``times``; the same machine
 * **write**: the last ``ChunkCompleted`` to ``ResultWritten``.
 
 Time to results: the drop to ``ResultWritten``.  Ideal (issue 38): ``bgctl count``'s work on the
-file (reading and counting, what prepare must do; timed in a process whose imports are done and
-whose tokenizer is loaded) + the chunks' uploads one after the other + the
+file (reading and counting, what prepare must do; timed just before the run, in a process whose
+imports are done and whose tokenizer is loaded) + the chunks' uploads one after the other + the
 batch's phases + its download + its merge, for the chunk that makes it longest (as measured in the
 run: the emulator's and the daemon's own durations, so slowness of either is in the ideal, and
-only waits and work off that path are excess).  Gaps are compared with the documented bound:
+only waits and work off that path are excess), and **write** (the merge's last part: the
+answers merged into the rows are written as the result file).  Gaps are compared with the documented bound:
 created in an ended state, 1 s; else 15 % of the batch's age at its end, at least 0.5 s.
 """
 
@@ -121,34 +122,32 @@ class EmulatorProcess:
         self.proc.wait(timeout=60)
 
 
-#: ``bgctl count``'s work in a process whose imports are done: the file read and counted twice
-#: (the first with the tokenizer's load, as a daemon's first job pays it); prints both, in seconds
+#: ``bgctl count``'s work in a process whose imports are done and whose tokenizer is loaded: the
+#: file read and counted once; prints the seconds
 COUNT = """
-import json, sys, time
+import sys, time
 from pathlib import Path
 from batchgrader.cli.context import Ctx
 from batchgrader.ops.count import count_file
 from batchgrader.pipeline.catalogue import load_checked
+from batchgrader.pipeline.tokens import ChatTokenCounter
 ctx = Ctx(sys.argv[1])
 cfg, table = load_checked(ctx.config(), missing=False)
 prof = cfg.profile(None)
-took = []
-for _ in range(2):
-    t = time.perf_counter()
-    count_file(ctx.home, Path(sys.argv[2]), prof, table, sandbox=False)
-    took.append(time.perf_counter() - t)
-print(json.dumps(took))
+ChatTokenCounter(prof.model, prof.default_encoding)
+t = time.perf_counter()
+count_file(ctx.home, Path(sys.argv[2]), prof, table, sandbox=False)
+print(time.perf_counter() - t)
 """
 
 
-def count_work(home: Path, csv: Path) -> tuple[float, float]:
-    """The counting of ``csv`` without the interpreter's start: (first, second) call, seconds."""
+def count_work(home: Path, csv: Path) -> float:
+    """The counting of ``csv`` (seconds), without the interpreter's start or the tokenizer's load."""
     home.mkdir(parents=True, exist_ok=True)
     e = env(home)
     e["PYTHONPATH"] = str(HERE)
     out = subprocess.run([sys.executable, "-c", COUNT, str(home), str(csv)], env=e, capture_output=True, text=True, check=True)
-    first, second = json.loads(out.stdout)
-    return first, second
+    return float(out.stdout)
 
 
 def _wait(what: str, cond, timeout: float = 600.0, every: float = 0.02) -> None:  # noqa: ANN001
@@ -237,6 +236,7 @@ def analyse(ev: list[tuple[float, str, dict]], stats: dict, dropped: float, batc
         work_s = tm.get("finalize_work", 0.0) + tm.get("complete_work", 0.0)
         chunks[c]["emu_created"] = tm["created"]
         chunks[c]["emu_end"] = end_t + work_s
+        chunks[c]["emu"] = {k: v - tm["created"] if not k.endswith("_work") else v for k, v in tm.items() if k != "created"}
     uploads = 0.0
     ideal_tail = 0.0
     out_chunks = []
@@ -265,17 +265,19 @@ def analyse(ev: list[tuple[float, str, dict]], stats: dict, dropped: float, batc
                 "at_create": at_create,
                 "download": dl,
                 "merge": merge,
+                "emu": at["emu"],
             }
         )
     last_chunk = max(at["ChunkCompleted"] for at in chunks.values() if "ChunkCompleted" in at)
+    write = first["ResultWritten"] - last_chunk
     return {
         "seconds": first["ResultWritten"] - dropped,
         "load": load,
-        "ideal_tail": ideal_tail,
+        "ideal_tail": ideal_tail + write,
         "intake": accepted - dropped,
         "preflight": passed - accepted,
         "prepare": prepared - passed,
-        "write": first["ResultWritten"] - last_chunk,
+        "write": write,
         "chunks": out_chunks,
     }
 
@@ -306,16 +308,17 @@ def main() -> None:
             csv = work / f"reviews_{rows}.csv"
             if not csv.exists():
                 make_csv(csv, rows)
-            count_cold, count_s = count_work(work / f"count-{rows}-{len(rows_out)}", csv)
-            print(f"count of {rows:,} rows: {count_s:.2f} s ({count_cold:.2f} s with the tokenizer's load)", flush=True)
             got: dict[str, list[dict]] = {n: [] for n in names}
             for rep in range(args.reps):
                 for name in names:
-                    r = run_once(trees[name], work, csv, batch, ended, f"{name}-{rep}-{len(rows_out)}")
+                    tag = f"{name}-{rep}-{len(rows_out)}"
+                    count_s = count_work(work / f"count-{tag}", csv)  # beside its run: the same load
+                    r = run_once(trees[name], work, csv, batch, ended, tag)
+                    r["count"] = count_s
                     r["ideal"] = count_s + r["ideal_tail"]
                     got[name].append(r)
-                    print(_line(rows, batch, ended, name, r, count_s), flush=True)
-            rows_out.append((rows, batch, ended, count_s, got))
+                    print(_line(rows, batch, ended, name, r), flush=True)
+            rows_out.append((rows, batch, ended, got))
     lines = [
         SECTION,
         "",
@@ -324,13 +327,13 @@ def main() -> None:
         "`<before>` is a `git worktree` of the previous release (`40da963`); each size runs this checkout and it one after the "
         "other, each a running, idle daemon into whose inbox the file is dropped. Time to results: the drop to `ResultWritten`; "
         "ideal (issue 38): `bgctl count`'s work on the file (timed after its imports and its tokenizer's load) + its chunks' uploads + the batch's phases (the emulator's record: created "
-        "to seen ended, its own work of ending it included) + the download + the merge, each as measured in that run, for the "
-        "chunk that makes it longest. Median of the repetitions; the load is the 1-minute load average at the drops.",
+        "to seen ended, its own work of ending it included) + the download + the merge (its chunk's, then the result file's writing), each as measured in that "
+        "run, for the chunk that makes it longest. Median of the repetitions; the load is the 1-minute load average at the drops.",
         "",
         "| rows | batch | this checkout | ideal | × ideal | previous release | ideal | × ideal | load |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for rows, batch, ended, _count_s, got in rows_out:
+    for rows, batch, ended, got in rows_out:
         cells = []
         for k in ("this", "before"):
             if k not in got:
@@ -344,21 +347,21 @@ def main() -> None:
         )
     lines += [
         "",
-        "Where the time goes (this checkout, the median run; seconds): the ideal's parts (count, upload, batch, download, "
-        "merge) and what lies outside it (intake: the drop to `JobAccepted`, the 0.2 s stable wait included; preflight; "
-        "prepare beyond the count; the create; the gap; writing the result), for the chunk that ends last:",
+        "Where the time goes (the median run of each tree; seconds): the ideal's parts (count, upload, batch, download, "
+        "merge, write) and what lies outside it (intake: the drop to `JobAccepted`, the 0.2 s stable wait included; the "
+        "preflight; the prepare, which does the count's work and more; the create; the gap), for the chunk that ends last:",
         "",
         "| rows | batch | count | intake | preflight | prepare | upload | create | batch | gap (bound) | download | merge | write |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for rows, batch, ended, count_s, got in rows_out:
+    for rows, batch, ended, got in rows_out:
         for k in ("this", "before"):
             if k not in got:
                 continue
             med = _median_run(got[k])
             ch = max(med["chunks"], key=lambda c: c["chunk"])
             lines.append(
-                f"| {rows:,}{' (ended at create)' if ended else ''}{'' if k == 'this' else ', before'} | {batch:g} s | {count_s:.2f} "
+                f"| {rows:,}{' (ended at create)' if ended else ''}{'' if k == 'this' else ', before'} | {batch:g} s | {med['count']:.2f} "
                 f"| {med['intake']:.2f} | {med['preflight']:.2f} | {med['prepare']:.2f} | {ch['upload']:.2f} | {ch['create']:.2f} "
                 f"| {ch['batch']:.2f} | {ch['gap']:.2f} ({ch['bound']:.2f}) | {ch['download']:.2f} | {ch['merge']:.2f} | {med['write']:.2f} |"
             )
@@ -371,7 +374,7 @@ def main() -> None:
         "| rows | batch | this checkout | previous release | bound |",
         "|---|---|---|---|---|",
     ]
-    for rows, batch, ended, _count_s, got in rows_out:
+    for rows, batch, ended, got in rows_out:
         worst = {}
         for k in got:
             gaps = [(c["gap"], c["bound"]) for r in got[k] for c in r["chunks"]]
@@ -392,17 +395,18 @@ def _gap(g: tuple[float, float] | None) -> str:
     return "-" if g is None else f"{g[0]:.2f} s"
 
 
-def _line(rows: int, batch: float, ended: bool, name: str, r: dict, count_s: float) -> str:
+def _line(rows: int, batch: float, ended: bool, name: str, r: dict) -> str:
     parts = [
         f"{rows:>7,} rows, {batch:g} s batches{' (ended at create)' if ended else ''}, {name:>6}: {r['seconds']:6.1f} s, "
         f"ideal {r['ideal']:.1f} s, {r['seconds'] / r['ideal']:.2f}x; load {r['load']:.1f}",
-        f"    count {count_s:.2f}, intake {r['intake']:.2f}, preflight {r['preflight']:.2f}, prepare {r['prepare']:.2f}, write {r['write']:.2f}",
+        f"    count {r['count']:.2f}, intake {r['intake']:.2f}, preflight {r['preflight']:.2f}, prepare {r['prepare']:.2f}, write {r['write']:.2f}",
     ]
     for c in r["chunks"]:
         parts.append(
             f"    chunk {c['chunk']}: upload {c['upload']:.2f}, create {c['create']:.2f}, batch {c['batch']:.2f}, "
             f"gap {c['gap']:.2f} (bound {c['bound']:.2f}{', ended at create' if c['at_create'] else ''}), "
-            f"download {c['download']:.2f}, merge {c['merge']:.2f}"
+            f"download {c['download']:.2f}, merge {c['merge']:.2f}; emulator: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in c["emu"].items())
         )
     return "\n".join(parts)
 
