@@ -242,3 +242,21 @@ def test_an_encoding_asked_for_by_several_threads_at_once_is_built_once():
     enc = tokens.get_encoding("o200k_base")  # waits for the build under way
     ahead.join(timeout=60)
     assert enc is tokens.get_encoding("o200k_base") and tokens._build_encoding.cache_info().misses == 2
+
+
+def test_an_encoding_built_ahead_after_another_build_waits_for_it():
+    """The daemon builds a file's provider first (the preflight needs it first), its tokenizer after."""
+    import threading
+
+    tokens._build_encoding.cache_clear()
+    tokens._AHEAD.discard("cl100k_base")
+    gate = threading.Event()
+    provider = threading.Thread(target=gate.wait, args=(60,))
+    provider.start()
+    ahead = tokens.build_ahead("cl100k_base", after=provider)
+    assert ahead is not None
+    ahead.join(timeout=0.3)
+    assert ahead.is_alive() and tokens._build_encoding.cache_info().misses == 0  # not started while the other runs
+    gate.set()
+    ahead.join(timeout=60)
+    assert not ahead.is_alive() and tokens._build_encoding.cache_info().misses == 1

@@ -142,17 +142,20 @@ def get_encoding(name: str) -> tiktoken.Encoding:
         return _build_encoding(name)
 
 
-def build_ahead(name: str) -> threading.Thread | None:
-    """Build encoding ``name`` in a thread of its own (once per process): reading its rank file
-    overlaps what the caller does meanwhile, and a caller that needs it first waits for that build
-    (:func:`get_encoding`).  A failure is left to the caller that needs it.  Returns the thread
-    started (None: one was started before)."""
+def build_ahead(name: str, after: threading.Thread | None = None) -> threading.Thread | None:
+    """Build encoding ``name`` in a thread of its own (once per process), once ``after`` (another
+    build under way, needed sooner) has ended: reading its rank file overlaps what the caller does
+    meanwhile, and a caller that needs it first waits for that build (:func:`get_encoding`).  A
+    failure is left to the caller that needs it.  Returns the thread started (None: one was
+    started before)."""
     with _BUILDING:
         if name in _AHEAD:
             return None
         _AHEAD.add(name)
 
     def build() -> None:
+        if after is not None:
+            after.join()
         try:
             get_encoding(name)
         except Exception:  # noqa: BLE001, S110 - reported by the call that needs it

@@ -121,8 +121,8 @@ class IntakeStep:
     def _build_ahead(self, profiles: set[str]) -> None:
         """Ready what the jobs of files seen in the inbox will first need, in the background, while
         the files become stable and are hashed and claimed: their providers (SDKs imported,
-        clients made; the preflight's first row calls it at once) and their tokenizers (the
-        rank file read; prepare counts with it).  Only while no row can be answered from the
+        clients made; the preflight's first row calls it at once), then their tokenizers (the
+        rank file read, while the preflight's rows are sent; prepare counts with it).  Only while no row can be answered from the
         answers store (it is empty, or the profile keeps none): a job the store may answer whole
         builds its provider at its first row to send, or never."""
         todo: dict[str, Profile] = {}
@@ -139,9 +139,9 @@ class IntakeStep:
         for profile in todo.values():
             if profile.cache_days > 0 and stored:
                 continue
-            self.ctx.providers.prefetch(profile.provider)
-            if model := profile.get("azure_model") or profile.model:
-                build_ahead(tokenizer_for_model(model, profile.default_encoding).encoding)
+            provider = self.ctx.providers.prefetch(profile.provider)
+            if model := profile.get("azure_model") or profile.model:  # after the provider, which the preflight needs first
+                build_ahead(tokenizer_for_model(model, profile.default_encoding).encoding, after=provider)
 
     def _drop_empty_claim(self, job_id: str | None) -> None:
         """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
