@@ -394,8 +394,7 @@ def main() -> None:
         "and slows the intake's own work beside it. A batch whose create reply names it ended is counted in the create "
         "column too (the reply waited for it); the verdict counts that time once. The emulator's own work (reading and "
         "counting a batch's input before it runs, making its answers when it ends) is in the batch's phases, as a "
-        "provider's would be; the figures this section showed before (3.03× and 3.11×) counted it, and the emulator's "
-        "competing for the daemon's process, against the daemon.",
+        "provider's would be, and it runs in a process of its own, so it does not compete with the daemon's interpreter.",
     ]
     benchdocs.publish(SECTION, lines, args.write_docs)
 
