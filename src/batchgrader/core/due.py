@@ -155,8 +155,7 @@ def _inbox_wall(inbox: InboxTimes, config: Config, wall: float) -> Iterator[floa
 
 # --- the pace of the daemon's loop -------------------------------------------------------------------
 
-#: s, the soonest a tick follows the one before, whatever is due (no busy loop), but for work a tick
-#: stopped short of (at once, once in a row: :meth:`TickPace.delay`)
+#: s, the soonest a tick follows the one before, whatever is due (no busy loop)
 TICK_FLOOR = 0.05
 #: s, the longest an idle daemon goes without a tick (the configuration and the database file are
 #: looked at then, whatever the watcher saw)
@@ -177,10 +176,9 @@ class TickOutcome:
 
 @dataclass(frozen=True)
 class TickPace:
-    """How far apart ticks are: never closer than ``floor`` but after a tick that stopped a job
-    short of work due now (``again``: at once, the first time in a row); ``retry`` after a tick
-    that left work undone (a step failed, or a time was still due after the tick that was run for
-    it: half of ``poll_interval_seconds`` within 0.05-0.5 s); never further than ``ceiling``
+    """How far apart ticks are: never closer than ``floor``; ``retry`` after a tick that left work
+    undone (a step failed, or a time was still due after the tick that was run for it: half of
+    ``poll_interval_seconds`` within 0.05-0.5 s); never further than ``ceiling``
     (``poll_interval_seconds``, at most :data:`TICK_CEILING`)."""
 
     floor: float
@@ -192,13 +190,9 @@ class TickPace:
         return cls(TICK_FLOOR, max(TICK_FLOOR, min(0.5, poll_interval / 2)), max(TICK_FLOOR, min(TICK_CEILING, poll_interval)))
 
     def delay(self, outcome: TickOutcome, overdue_before: bool) -> tuple[float, bool]:
-        """Seconds until the next tick, and whether it is run at once for work already due
-        (``overdue_before``: the tick just run was).  Work a tick stopped short of (``again``: a
-        job's step ended with more to do now, say its preparation after its preflight) is taken
-        at once; a tick run at once that leaves work due now again is followed at the floor's
-        pace (stopped short) or the retry pace (a time still due): never a busy loop."""
+        """Seconds until the next tick, and whether it is run for a time already due."""
         if outcome.again:
-            return (self.floor if overdue_before else 0.0), True
+            return self.floor, False
         if outcome.failed:
             return self.retry, False
         if outcome.due is None:
