@@ -771,6 +771,20 @@ def test_stats_in_process_and_over_http(emu, client):
     assert over_http["batches"][0]["metadata"] == {"job": "7"} and over_http["batches"][0]["input_file_id"] == f.id
 
 
+def test_stats_give_each_batchs_transition_times_and_the_work_of_each(emu_factory, clock):
+    """What bench/bench_due.py reads: when each batch moved, on the emulator's clock, and how long
+    each transition's own work took (none on a manual clock, which moves only when told)."""
+    e = emu_factory(validating_s=1.0, in_progress_s=2.0, finalizing_s=0.5)
+    c = sdk_client(e)
+    t0 = clock()
+    b = c.batches.create(input_file_id=upload(c, simple_input(2)).id, endpoint=CHAT, completion_window="24h")
+    assert run_to_terminal(c, clock, b.id).status == "completed"
+    (times,) = [x["times"] for x in e.stats()["batches"]]
+    assert times["created"] == t0
+    assert (times["validate"], times["finalize"], times["complete"]) == (t0 + 1.0, t0 + 3.0, t0 + 3.5)
+    assert times["validate_work"] == times["finalize_work"] == times["complete_work"] == 0.0
+
+
 def test_faults_can_be_scripted_over_http(emu, client):
     status, _, _ = http_json(
         "POST",

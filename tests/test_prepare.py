@@ -359,3 +359,33 @@ def test_compiled_render_equals_regex_substitution(template):
     new = render(template, lambda n: calls_new.append(n) or f"<{n}>")
     assert new == old and calls_new == calls_old
     assert "".join(f"<{t}>" if ph else t for t, ph in compile_template(template)) == old
+
+
+def test_requests_too_large_are_found_without_the_tokenizer_when_their_bytes_fit(home):
+    """Issue 38: the preflight leaves out a row prepare would fail as too large without loading
+    the tokenizer when every line's bytes fit the limits: a request's tokens never exceed its
+    line's bytes.  Whatever the texts and limits, the rows left out are those the exact count finds."""
+    from array import array
+
+    from batchgrader.pipeline.splitting import Limits, plan_chunks
+
+    profile = load_config(home, environ={}).default
+    builder = RequestBuilder(profile, home, "0" * 64)
+    counter = ChatTokenCounter(profile.model, num_threads=1)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        texts=st.lists(st.text(max_size=120), min_size=1, max_size=5),
+        limit=st.integers(1, 400),
+        window=st.one_of(st.none(), st.integers(1, 400)),
+    )
+    def check(texts: list[str], limit: int, window: int | None) -> None:
+        lines = [dumps_line(builder.request(f"r{i}", builder.spec.chat(t))) for i, t in enumerate(texts)]
+        tokens = counter.count_many([json.loads(line)["body"]["messages"] for line in lines])
+        assert all(n <= len(line) for n, line in zip(tokens, lines))  # the bound the shortcut rests on
+        limits = Limits(token_limit=limit, context_window=window, max_output_tokens=20)
+        sizes = array("Q", (len(line) for line in lines))
+        exact = {o.position for o in plan_chunks(array("Q", tokens), sizes, limits)[1]}
+        assert prepare_mod.oversized_lines(lines, profile, limits) == exact
+
+    check()

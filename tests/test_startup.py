@@ -151,6 +151,41 @@ def test_a_providers_sdk_is_imported_and_its_client_built_ahead_while_a_job_is_p
     rig.close()
 
 
+def test_a_file_seen_in_the_inbox_builds_its_provider_ahead_unless_the_store_may_answer_it(home, tmp_path):
+    """Issue 38: the SDK's import and the client's construction are off the critical path: a file
+    seen in the inbox, not yet stable, has its profile's provider built in the background while it
+    becomes stable and its job starts (the preflight's first row needs it at once).  Not while the
+    answers store holds answers the profile reads: a job they answer whole never builds it."""
+    from ticks import Rig
+
+    rig = Rig(home)
+    built = threading.Event()
+
+    def build():  # noqa: ANN202
+        built.set()
+        return rig.provider
+
+    rig.engine.ctx.providers = Providers({"openai": build})
+    (home.inbox / "a.csv").write_text("id,response\n0,first\n1,second\n")
+    assert rig.tick() == []  # seen, not yet stable: no job yet
+    assert built.wait(timeout=30)  # built meanwhile, in the background
+    job = rig.run_file("a.csv", ["first", "second"])
+    assert job.ended == "completed" and rig.calls("upload") == 1  # its answers are in the store now
+
+    again = threading.Event()
+
+    def build_again():  # noqa: ANN202
+        again.set()
+        return rig.provider
+
+    rig.engine.ctx.providers = Providers({"openai": build_again})  # a daemon started again
+    job = rig.run_file("b.csv", ["first", "second"])  # answered whole from the store
+    assert job.ended == "completed" and job.cached_rows == 2
+    assert not any(t.name == "prefetch-openai" for t in threading.enumerate())  # no build under way ...
+    assert not again.is_set()  # ... nor done: never built
+    rig.close()
+
+
 def test_the_listing_heartbeat_reaches_a_provider_built_later(emu):
     """The engine sets the listing heartbeat on its providers: setting it builds nothing, and once a
     provider is built, every page listed feeds the heartbeat (the systemd watchdog during a long

@@ -102,6 +102,18 @@ def test_clear_and_forget_simulated(backend: Opener):
     assert s.answers.stats()["answers"] == 0 and s.last_seq() == n_events  # the log is never touched
 
 
+def test_a_store_says_whether_it_holds_any_answer(backend: Opener):
+    """What the intake reads to build a provider ahead: only while no row can be answered from the store."""
+    s = backend()
+    assert s.answers.empty()  # the SQLite file before its table exists too
+    s.answers.forget_simulated([])
+    assert s.answers.empty()
+    s.append("j1", [ev("x")], also=lambda c: s.answers.put(c, [row("k1")], now=NOW))
+    assert not s.answers.empty() and not backend().answers.empty()
+    s.answers.clear(now=NOW)
+    assert s.answers.empty()
+
+
 def test_concurrent_daemons_storing_the_same_answer_keep_one(backend: Opener):
     stores = [backend() for _ in range(3)]
     stores[0].answers.forget_simulated([])

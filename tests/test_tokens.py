@@ -225,3 +225,38 @@ def test_an_encoding_keeps_no_python_copy_of_its_ranks_and_still_encodes_and_pic
     assert enc.decode(enc.encode_ordinary(text)) == text
     assert pickle.loads(pickle.dumps(enc)) is enc
     assert tokens._part_separator(enc) is not None  # the parallel counter's joins still work
+
+
+def test_an_encoding_asked_for_by_several_threads_at_once_is_built_once():
+    """The daemon readies its tokenizer in the background (:func:`tokens.build_ahead`) while a
+    file becomes stable; a thread that needs it meanwhile waits for that build, never makes a second."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokens._build_encoding.cache_clear()
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(tokens.get_encoding, ["cl100k_base"] * 4))
+    assert all(e is got[0] for e in got) and tokens._build_encoding.cache_info().misses == 1
+    tokens._AHEAD.discard("o200k_base")  # another test's daemon may have readied it in this process
+    ahead = tokens.build_ahead("o200k_base")
+    assert ahead is not None and tokens.build_ahead("o200k_base") is None  # once per process
+    enc = tokens.get_encoding("o200k_base")  # waits for the build under way
+    ahead.join(timeout=60)
+    assert enc is tokens.get_encoding("o200k_base") and tokens._build_encoding.cache_info().misses == 2
+
+
+def test_an_encoding_built_ahead_after_another_build_waits_for_it():
+    """The daemon builds a file's provider first (the preflight needs it first), its tokenizer after."""
+    import threading
+
+    tokens._build_encoding.cache_clear()
+    tokens._AHEAD.discard("cl100k_base")
+    gate = threading.Event()
+    provider = threading.Thread(target=gate.wait, args=(60,))
+    provider.start()
+    ahead = tokens.build_ahead("cl100k_base", after=provider)
+    assert ahead is not None
+    ahead.join(timeout=0.3)
+    assert ahead.is_alive() and tokens._build_encoding.cache_info().misses == 0  # not started while the other runs
+    gate.set()
+    ahead.join(timeout=60)
+    assert not ahead.is_alive() and tokens._build_encoding.cache_info().misses == 1

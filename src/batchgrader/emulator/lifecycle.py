@@ -259,6 +259,12 @@ class Batches:
             self.apply(best[4], best[3], best[0])
 
     def apply(self, b: _Batch, event: str, t: float) -> None:
+        started = self.state.clock()
+        self._apply(b, event, t)
+        b.times[event] = t
+        b.times[f"{event}_work"] = max(0.0, self.state.clock() - started)
+
+    def _apply(self, b: _Batch, event: str, t: float) -> None:
         ts = _now_int(t)
         obj = b.obj
         if event == "validate":

@@ -11,7 +11,7 @@ import weakref
 from array import array
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +149,12 @@ class _Batch:
     drafts: _Drafts | None = None
     inputs: _Lines | None = None  # its input file read forward, as requests are answered in place
     out: _Out | None = None  # the answers generated so far, spooled to disk
+    # When it moved, on the emulator's clock (not persisted; ``stats()`` shows them): each
+    # transition's time (``validate``: from when its validation could apply, after its
+    # parse-and-count) and ``<transition>_work``: the seconds its own work took in the request
+    # that applied it (a finished batch's answers made and written: a real provider's servers
+    # do that before they show it ended)
+    times: dict[str, float] = field(default_factory=dict)
 
     @property
     def status(self) -> str:

@@ -100,6 +100,8 @@ class Store:
                         "created_at": b.obj["created_at"],
                         "model": b.obj["model"],
                         "request_counts": self.batches.view(b)["request_counts"],
+                        # on the emulator's clock: created, each transition, and the seconds of its work
+                        "times": {"created": b.t_created, **b.times},
                     }
                     for b in batches
                 ],

@@ -151,6 +151,10 @@ class InboxScanner:
     def pending(self) -> bool:
         return bool(self._looks)
 
+    def waiting_profiles(self) -> set[str]:
+        """The profiles of the files waiting to be stable (``default``: the inbox's own files)."""
+        return {"default" if path.parent == self.home.inbox else path.parent.name for path in self._looks}
+
     def due(self) -> float | None:
         """When a file waiting to be stable can next be found so (its last change seen plus
         ``stable_seconds``); None when none waits."""

@@ -277,8 +277,13 @@ def oversized_lines(lines: Sequence[bytes], profile: Profile, limits: Limits) ->
     prepare counts them, their size in bytes)."""
     if not lines:
         return set()
-    tokens = array("Q", (max(0, n) for n in _line_tokens(lines, profile)))
     sizes = array("Q", (len(line) for line in lines))
+    if not plan_chunks(sizes, sizes, limits)[1]:
+        # a request's tokens never exceed its line's bytes (each token is at least one byte of a
+        # string the line carries, and each message's and the reply's overhead fewer than its
+        # JSON punctuation): none is too large, and the tokenizer need not be loaded for it
+        return set()
+    tokens = array("Q", (max(0, n) for n in _line_tokens(lines, profile)))
     return {o.position for o in plan_chunks(tokens, sizes, limits)[1]}
 
 

@@ -17,6 +17,7 @@ import functools
 import gzip
 import hashlib
 import os
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -131,9 +132,45 @@ class _LeanEncoding(tiktoken.Encoding):
         return get_encoding, (self.name,)
 
 
-@functools.cache
+_BUILDING = threading.Lock()  # one build of an encoding at a time: a second caller waits for it
+
+
 def get_encoding(name: str) -> tiktoken.Encoding:
-    """A verified tiktoken Encoding, built from the shipped rank file. Cached per process."""
+    """A verified tiktoken Encoding, built from the shipped rank file. Cached per process; built
+    once when several threads ask at the same time (one readying it ahead, in the background)."""
+    with _BUILDING:
+        return _build_encoding(name)
+
+
+def build_ahead(name: str, after: threading.Thread | None = None) -> threading.Thread | None:
+    """Build encoding ``name`` in a thread of its own (once per process), once ``after`` (another
+    build under way, needed sooner) has ended: reading its rank file overlaps what the caller does
+    meanwhile, and a caller that needs it first waits for that build (:func:`get_encoding`).  A
+    failure is left to the caller that needs it.  Returns the thread started (None: one was
+    started before)."""
+    with _BUILDING:
+        if name in _AHEAD:
+            return None
+        _AHEAD.add(name)
+
+    def build() -> None:
+        if after is not None:
+            after.join()
+        try:
+            get_encoding(name)
+        except Exception:  # noqa: BLE001, S110 - reported by the call that needs it
+            pass
+
+    thread = threading.Thread(target=build, name=f"encoding-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+_AHEAD: set[str] = set()  # the encodings a thread was started for
+
+
+@functools.cache
+def _build_encoding(name: str) -> tiktoken.Encoding:
     base = _ALIASES.get(name, name)
     if base not in _SPECS:
         raise EncodingUnavailable(f"encoding {name!r} is not available offline (available: {', '.join(available_encodings())})")

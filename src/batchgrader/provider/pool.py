@@ -4,7 +4,8 @@ job's call reaches the provider recorded for the job (``Context.provider_for``) 
 A provider is built by the function the daemon registers for its name (its SDK imported, its
 client constructed, the sandbox's emulator started), at the first :meth:`Providers.get`, or ahead
 of it by :meth:`Providers.prefetch` in a thread of its own while the job that needs it is still
-read and counted: a daemon whose jobs are answered from the answers store never builds one.
+read and counted, or while its file becomes stable in the inbox when the answers store holds
+nothing it could answer: a daemon whose jobs are answered from the answers store never builds one.
 :meth:`Providers.of` puts one provider behind every name (tick tests, tools).
 """
 

@@ -263,6 +263,10 @@ class SqliteAnswers:
     def stats(self) -> dict[str, Any]:
         return stats(self.store.conn)
 
+    def empty(self) -> bool:
+        """Whether no answer is stored (then no row of a new file can be answered from the store)."""
+        return not exists(self.store.conn) or self.store.conn.execute(f"SELECT 1 FROM {TABLE} LIMIT 1").fetchone() is None
+
     def clear(self, *, now: float, older_than_days: float | None = None) -> int:
         return clear(self.store.conn, now=now, older_than_days=older_than_days)
 
@@ -310,6 +314,13 @@ class PgAnswers:
                 _usable(conn.execute(_SELECT + " WHERE key = ANY(%s) AND ts >= %s", (part, cutoff(now, keep_days))), out)
             conn.rollback()
         return out
+
+    def empty(self) -> bool:
+        """Whether no answer is stored (then no row of a new file can be answered from the store)."""
+        with self.store.pool.connection() as conn:
+            row = conn.execute("SELECT 1 FROM answers LIMIT 1").fetchone()
+            conn.rollback()
+        return row is None
 
     def stats(self) -> dict[str, Any]:
         with self.store.pool.connection() as conn:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.configuration.config import ConfigError
+from batchgrader.core.configuration.config import ConfigError, Profile
 from batchgrader.core.log.events import new_event as _e
 from batchgrader.core.log.state import ChunkState, JobState
 from batchgrader.core.rules.actions import SearchRecovered
@@ -25,6 +25,7 @@ from batchgrader.fsio import free_path, move_no_clobber, shown_name, stamp
 from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.outbox import error_name, result_name
 from batchgrader.pipeline.prepare import file_sha256
+from batchgrader.pipeline.tokens import build_ahead, tokenizer_for_model
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -82,6 +83,7 @@ class IntakeStep:
         self.scan_requested = False
         self._last_scan = now
         ready, rejected = self.scanner.scan(now)
+        self._build_ahead({*self.scanner.waiting_profiles(), *(c.profile for c in ready)})
         for r in rejected:
             if r.fingerprint in self.ctx.state.rejected:
                 continue
@@ -118,6 +120,31 @@ class IntakeStep:
                 self._cannot_take(cand, fp, exc, now)
                 continue
             self.accept(job_id, record, input_path, sha)
+
+    def _build_ahead(self, profiles: set[str]) -> None:
+        """Ready what the jobs of files seen in the inbox will first need, in the background, while
+        the files become stable and are hashed and claimed: their providers (SDKs imported,
+        clients made; the preflight's first row calls it at once), then their tokenizers (the
+        rank file read, while the preflight's rows are sent; prepare counts with it).  Only while no row can be answered from the
+        answers store (it is empty, or the profile keeps none): a job the store may answer whole
+        builds its provider at its first row to send, or never."""
+        todo: dict[str, Profile] = {}
+        for name in sorted(profiles):
+            try:
+                profile = self.ctx.config.profile(name)
+            except ConfigError:
+                continue  # the file is rejected for its profile
+            if not self.ctx.providers.is_built(profile.provider):
+                todo[name] = profile
+        if not todo:
+            return
+        stored = any(p.cache_days > 0 for p in todo.values()) and not self.ctx.store.answers.empty()
+        for profile in todo.values():
+            if profile.cache_days > 0 and stored:
+                continue
+            provider = self.ctx.providers.prefetch(profile.provider)
+            if model := profile.get("azure_model") or profile.model:  # after the provider, which the preflight needs first
+                build_ahead(tokenizer_for_model(model, profile.default_encoding).encoding, after=provider)
 
     def _drop_empty_claim(self, job_id: str | None) -> None:
         """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
