@@ -46,7 +46,15 @@ from batchgrader.pipeline.evals.folder import (
     read_json,
     write_json,
 )
-from batchgrader.pipeline.evals.plan import ID_COLUMN, PROMPT_COLUMN, JobPlan, escape_system, leading_system, plan_jobs
+from batchgrader.pipeline.evals.plan import (
+    ID_COLUMN,
+    PROMPT_COLUMN,
+    JobPlan,
+    escape_system,
+    job_settings,
+    leading_system,
+    plan_jobs,
+)
 from batchgrader.pipeline.evals.spec import Generation, Message, Problem
 
 OUTPUT_COLUMN = "output_text"
@@ -116,25 +124,11 @@ def plan_generation(gen: Generation, rows: Sequence[Row]) -> JobPlan:
             )
     else:
         notes.append(f"the messages at {gen.item_reference} are sent as one user message, each part under its [role]")
-    settings: dict[str, Any] = {
-        "model": gen.model,
-        "system_prompt": escape_system(system) if system else None,
-        "system_prompt_name": None,
-        "examples_file": None,
-        "user_prompt": "{" + PROMPT_COLUMN + "}",
-        "response_field": PROMPT_COLUMN,
-        "id_column": ID_COLUMN,
-        "output_column": OUTPUT_COLUMN,
-        "response_format": None,
-        "samples": 1,
-        "temperature": None,
-        "reasoning_effort": None,
-        "reference_column": None,
-        "reference_field": None,
-        "group_column": None,
-        "skip_empty": False,
-        **{k: v for k, v in gen.settings.items() if k != "model"},
-    }
+    settings = job_settings(
+        gen.model,
+        OUTPUT_COLUMN,
+        **{"system_prompt": escape_system(system) if system else None} | {k: v for k, v in gen.settings.items() if k != "model"},
+    )
     plan = JobPlan(GENERATION_KEY, gen.model, (), settings, notes=notes)
     for r in rows:
         msgs = _messages_of(gen, r)[shared:]

@@ -73,23 +73,19 @@ def embedding_id(index: int, criterion: int, side: str) -> str:
     return f"{custom_id(index, criterion)}-{side[:3]}"
 
 
-def plan_embeddings(spec: EvalSpec, rows: Sequence[Row], model: str, key: str) -> JobPlan | None:
-    """The embedding job of the eval's ``cosine`` criteria (None without one): one
-    ``/v1/embeddings`` request per item, criterion and side (custom id ``i<item>-c<criterion>-inp``
-    / ``-ref``), the rendered text in the ``prompt`` column, sent to OpenAI's Batch API."""
-    crits = spec.embedded_criteria
-    if not crits:
-        return None
-    settings: dict[str, Any] = {
+def job_settings(model: str, output_column: str, **overrides: Any) -> dict[str, Any]:
+    """A planned job's profile settings: its rows' ``prompt`` cell sent as the user message
+    (templated already), answers in ``output_column``, none of a profile's extras (system
+    prompt, examples, schema, reference, groups) unless ``overrides`` sets them."""
+    return {
         "model": model,
-        "provider": "openai",
         "system_prompt": None,
         "system_prompt_name": None,
         "examples_file": None,
         "user_prompt": "{" + PROMPT_COLUMN + "}",
         "response_field": PROMPT_COLUMN,
         "id_column": ID_COLUMN,
-        "output_column": EMBEDDING_COLUMN,
+        "output_column": output_column,
         "response_format": None,
         "samples": 1,
         "temperature": None,
@@ -98,7 +94,18 @@ def plan_embeddings(spec: EvalSpec, rows: Sequence[Row], model: str, key: str) -
         "reference_field": None,
         "group_column": None,
         "skip_empty": False,
+        **overrides,
     }
+
+
+def plan_embeddings(spec: EvalSpec, rows: Sequence[Row], model: str, key: str) -> JobPlan | None:
+    """The embedding job of the eval's ``cosine`` criteria (None without one): one
+    ``/v1/embeddings`` request per item, criterion and side (custom id ``i<item>-c<criterion>-inp``
+    / ``-ref``), the rendered text in the ``prompt`` column, sent to OpenAI's Batch API."""
+    crits = spec.embedded_criteria
+    if not crits:
+        return None
+    settings = job_settings(model, EMBEDDING_COLUMN, provider="openai")
     plan = JobPlan(key, model, tuple(c.index for c in crits), settings, kind="embeddings")
     for row in rows:
         sample = templates.sample_namespace(row.sample)
@@ -221,25 +228,16 @@ def plan_jobs(
             notes.append(
                 f"{model}: criteria with several user/assistant messages are sent as one user message, each part under its [role]"
             )
-        settings: dict[str, Any] = {
-            "model": model,
-            "system_prompt": escape_system(system) if shared and system else None,
-            "system_prompt_name": None,
-            "examples_file": None,
-            "user_prompt": "{" + PROMPT_COLUMN + "}",
-            "response_field": PROMPT_COLUMN,
-            "id_column": ID_COLUMN,
-            "output_column": "grade",
-            "response_format": answer_schema(crits),
-            "schema_column": SCHEMA_COLUMN,
-            "samples": samples or 1,
-            "temperature": temperature,
-            "reasoning_effort": effort,
-            "reference_column": None,
-            "reference_field": None,
-            "group_column": None,
-            "skip_empty": False,
-        }
+        settings = job_settings(
+            model,
+            "grade",
+            system_prompt=escape_system(system) if shared and system else None,
+            response_format=answer_schema(crits),
+            schema_column=SCHEMA_COLUMN,
+            samples=samples or 1,
+            temperature=temperature,
+            reasoning_effort=effort,
+        )
         if max_tokens is not None:
             settings["max_completion_tokens"] = int(max_tokens)
         plan = JobPlan(f"j{n}", str(model), tuple(c.index for c in crits), settings, notes=notes)
