@@ -288,3 +288,24 @@ def test_a_follower_gets_every_event_another_daemon_appends_once_in_order(backen
     t.join(timeout=30)
     assert [e.payload["reason"] for e in got] == [str(i) for i in range(20)]
     assert follower.last == writer.last_seq() and follower.poll() == []
+
+
+def test_only_a_lost_database_connection_counts_as_unavailable(backend: Opener, request: pytest.FixtureRequest):
+    """The daemon tries again at the next tick what a lost connection interrupted, and counts
+    every other error against the job (``Engine``): each store tells the two apart; a cut
+    connection is replaced by the next append."""
+    s = backend()
+    s.append("A", [ev()])
+    assert not s.unavailable(ValueError("a bug")) and not s.unavailable(ConcurrencyError("A", 0, 1))
+    if backend.kind == "sqlite":  # type: ignore[attr-defined]
+        return  # a file on this machine: no connection to lose
+    import psycopg
+
+    with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert s.append("A", [ev("after the cut")], expected_version=1)  # the pool connects again
+    assert s.unavailable(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert not s.unavailable(psycopg.errors.UniqueViolation("not a lost connection"))

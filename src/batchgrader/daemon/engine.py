@@ -25,7 +25,7 @@ from batchgrader.pipeline import inbox as inbox_mod
 from batchgrader.pipeline.pricing import PriceTable
 from batchgrader.provider.pool import Providers
 from batchgrader.provider.protocol import Provider, ProviderError
-from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog, store_unavailable
+from batchgrader.store.backend import DECIDE_ATTEMPTS, EventLog
 from batchgrader.store.eventstore import ConcurrencyError, DatabaseMoved
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class Engine:
                 log.info("job %s: %s", job.job_id, exc)
             except Exception as exc:  # one job's problem must not stop the others
                 self.failed = True
-                if store_unavailable(exc):  # the database's connection was lost: tried again, not counted
+                if self.ctx.store.unavailable(exc):  # the database's connection was lost: tried again, not counted
                     log.warning("job %s: the store is unavailable: %s (will retry)", job.job_id, exc)
                 else:
                     self._step_failed(job, exc)

@@ -22,7 +22,6 @@ batch run times (``store.learned_run_times``), so a daemon asks its store, never
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -72,18 +71,16 @@ class EventLog(Protocol):
 
     def learned_run_times(self, models: Iterable[tuple[str, bool]]) -> dict[tuple[str, bool], list[float]]: ...
 
+    def unavailable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a lost or refused connection to this store (the server cut it,
+        restarted, or cannot be reached): what was being done is tried again at the next tick."""
+        ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> None: ...
-
-
-def store_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` is a lost or refused database connection (PostgreSQL: the server cut it,
-    restarted, or cannot be reached): what was being done is tried again at the next tick."""
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
 def is_postgres_url(location: str | Path | None) -> bool:

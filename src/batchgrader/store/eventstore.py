@@ -200,6 +200,10 @@ class EventStore:
                 for p in self.projectors:
                     p.setup(c)
 
+    def unavailable(self, exc: BaseException) -> bool:
+        """Never: the file is this machine's (a refused write is an error of its own)."""
+        return False
+
     def close(self) -> None:
         self.conn.close()
 

@@ -228,6 +228,9 @@ class PostgresEventStore:
                 )
 
     # --- the store interface (batchgrader.store.backend.EventLog) ------------------------------
+    def unavailable(self, exc: BaseException) -> bool:
+        return isinstance(exc, _psycopg().OperationalError)
+
     def close(self) -> None:
         if self._listen is not None:
             self._listen.close()
