@@ -388,8 +388,8 @@ def main() -> None:
     lines += [
         "",
         "What lies outside the ideal, and why: the intake holds `stable_seconds` (0.2 s here, 1 s by default: a file is "
-        "taken once unchanged that long) and hashes the file; the preflight sends its rows one by one through the "
-        "provider's SDK. The SDK's import and its client (about half a second of CPU here) and the tokenizer's rank file "
+        "taken once unchanged that long) and hashes the file; the preflight sends its rows through the provider's SDK "
+        "together (one answer's time, not one per row). The SDK's import and its client (about half a second of CPU here) and the tokenizer's rank file "
         "are readied in the background from the moment the file is seen (unless the answers store could answer it), but "
         "both hold Python's interpreter lock, so what the stable wait does not cover stays on the path of a small file, "
         "and slows the intake's own work beside it. A batch whose create reply names it ended is counted in the create "

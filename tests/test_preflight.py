@@ -2,7 +2,8 @@
 rows go through the synchronous API before any batch; a failure fails the job in seconds with
 no batch; a pass answers those rows (not sent again) at the standard price; an unreachable
 provider is tried again with backoff; a crash between the call and the outcome sends it again
-once; `bgctl retry` after a fix runs it again."""
+once; `bgctl retry` after a fix runs it again.  The preflight's rows go out together: every
+intent first, then the calls at once, then the outcomes in row order."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def sent_rows(rig: Rig) -> list[str]:
 
 
 def test_a_passed_preflight_answers_its_rows_and_the_batch_carries_the_rest(rig):
-    row = ["PreflightRequested", "PreflightRowAnswered", "TokensUsed"]  # each row's intent, then its answer and cost
-    assert drop(rig, 5) == ["JobAccepted", *row, *row, "PreflightPassed"]
+    row = ["PreflightRowAnswered", "TokensUsed"]  # every row's intent, then each row's answer and cost, in row order
+    assert drop(rig, 5) == ["JobAccepted", "PreflightRequested", "PreflightRequested", *row, *row, "PreflightPassed"]
     assert rig.calls("complete") == 2 and rig.calls("upload") == 0
     answered = [a["custom_id"] for a in rig.events("PreflightPassed")[0]["answers"]]
     assert answered == [cid for e in rig.events("PreflightRequested") for cid in e["rows"]]
@@ -83,9 +84,11 @@ def test_the_standard_price_is_the_catalogues_own_or_twice_the_batch_price():
 
 def test_a_refused_setting_fails_the_job_in_one_tick_with_no_batch(rig):
     message = "Unsupported value: 'temperature' does not support 0 with this model. Only the default (1) value is supported."
-    rig.provider.fail_next("complete", "refused", status_code=400, message=message, code="unsupported_value")
+    for _ in range(2):  # a setting: every row is refused
+        rig.provider.fail_next("complete", "refused", status_code=400, message=message, code="unsupported_value")
     types = drop(rig, 5)
-    assert types[:3] == ["JobAccepted", "PreflightRequested", "PreflightFailed"] and types[-1] == "JobFailed"
+    assert types[:4] == ["JobAccepted", "PreflightRequested", "PreflightRequested", "PreflightFailed"]
+    assert types[-1] == "JobFailed" and rig.calls("complete") == 2
     failed = rig.events("JobFailed")[0]
     assert failed["code"] == "preflight_failed" and failed["stage"] == "preflight"
     assert message in failed["error"] and "unsupported_value" in failed["error"] and "bgctl retry" in failed["hint"]
@@ -129,14 +132,15 @@ def test_structured_output_outside_the_schema_fails_the_preflight(home):
 
 
 def test_an_unreachable_provider_is_tried_again_with_backoff_never_skipped(rig):
-    rig.provider.fail_next("complete", "unavailable")
+    for _ in range(2):  # neither row's request reached it
+        rig.provider.fail_next("complete", "unavailable")
     assert drop(rig, 4)[-1] == "PreflightUnreachable"
     assert "could not be reached" in (rig.job().last_error or "")
     wait = preflight_delay(1)
     assert rig.tick(wait / 2) == []  # waiting: not skipped, not prepared
     assert not rig.events("JobPrepared") and rig.job().preflight == "unreachable"
-    row = ["PreflightRequested", "PreflightRowAnswered", "TokensUsed"]
-    assert rig.tick(wait) == [*row, *row, "PreflightPassed"]
+    row = ["PreflightRowAnswered", "TokensUsed"]
+    assert rig.tick(wait) == ["PreflightRequested", "PreflightRequested", *row, *row, "PreflightPassed"]
     assert rig.events("PreflightRequested")[-1]["attempt"] == 2 and rig.job().last_error is None
     assert preflight_delay(2) == 2 * preflight_delay(1) and preflight_delay(30) == 300.0
 
@@ -144,7 +148,8 @@ def test_an_unreachable_provider_is_tried_again_with_backoff_never_skipped(rig):
 def test_a_crash_between_the_call_and_the_outcome_sends_the_preflight_once_more(rig):
     (rig.home.inbox / "a.csv").write_text("id,response\n0,a\n1,b\n2,c\n")
     rig.tick()
-    rig.provider.fail_next("complete", "unavailable")  # stands in for the intent the crash left open ...
+    for _ in range(2):  # stands in for the intent the crash left open ...
+        rig.provider.fail_next("complete", "unavailable")
     rig.tick()
     job = rig.job()
     rig.engine.ctx.emit(job.job_id, NewEvent("PreflightRequested", {"rows": ["x"], "attempt": 2}))  # ... an open intent

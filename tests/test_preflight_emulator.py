@@ -6,7 +6,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -122,3 +125,43 @@ def test_the_preflight_runs_in_the_sandbox(home):
     job = only_job(home)
     assert job.sandbox and job.preflight == "passed" and job.ended == "completed"
     assert len(events(home, "PreflightRowAnswered")) == 3 and sum(c.requests for c in job.chunks.values()) == 2
+
+
+def test_a_daemon_killed_while_the_preflights_requests_are_in_flight_sends_them_again_once(home):
+    """kill -9 as the emulator receives the preflight's first request: every row's intent is in
+    the log already (stamped before any request left), and the restarted daemon sends each row
+    once more, then the batch carries the rest."""
+    home.config_file.write_text(BASE)  # preflight_rows: 3, the default
+    (home.inbox / "a.csv").write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(5)))
+    target: dict[str, int] = {}
+    killed, reaped = threading.Event(), threading.Event()
+
+    def hook(method: str, route: str, phase: str) -> None:
+        if (method, route, phase) == ("POST", "/v1/chat/completions", "received") and not killed.is_set() and "pid" in target:
+            os.kill(target["pid"], signal.SIGKILL)
+            killed.set()
+            reaped.wait(timeout=30)  # no answer reaches a daemon not yet gone
+
+    with Emulator(EmulatorConfig(api_key=TEST_KEY, on_request=hook)) as emu:
+        proc = subprocess.Popen(
+            [BGCTL, "daemon", "--once"],
+            env=daemon_env(home.root, emu.base_url),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        target["pid"] = proc.pid
+        try:
+            proc.wait(timeout=120)
+        finally:
+            reaped.set()
+        assert killed.is_set() and proc.returncode == -signal.SIGKILL
+        requested = events(home, "PreflightRequested")
+        assert len(requested) == 3 and {e["attempt"] for e in requested} == {1} and not events(home, "PreflightRowAnswered")
+        assert bgctl(home.root, "daemon", "--once", base_url=emu.base_url).returncode == 0
+        assert emu.batches_created() == 1
+    attempts = [(e["rows"][0], e["attempt"]) for e in events(home, "PreflightRequested")]
+    assert sorted(a for _row, a in attempts) == [1, 1, 1, 2, 2, 2]  # each row sent once more, not more
+    job = only_job(home)
+    assert job.preflight == "passed" and job.ended == "completed" and len(job.preflight_answers) == 3
+    assert job.preflight_resent == {row for row, _a in attempts}
+    assert sum(c.requests for c in job.chunks.values()) == 2

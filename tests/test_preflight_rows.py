@@ -3,14 +3,21 @@ clock: it sends only requests that will actually be sent (stored answers, in-fil
 rows too large for prepare taken out) and stores its answers; what each call paid is recorded when
 it returns and never paid again; only transient errors are retried (after the provider's
 Retry-After, a bounded number of times); input and header problems fail the job before anything
-is paid; a cancel stops it."""
+is paid; a cancel stops it.  Its rows go out together: every intent, then the calls at once, then the
+outcomes in row order."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from batchgrader.core.configuration.config import load_config
 from batchgrader.core.log.state import JobState
 from batchgrader.core.rules.preflight_rules import PREFLIGHT_MAX_ATTEMPTS, preflight_delay
+from batchgrader.daemon.engine import Engine
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.provider.memory import default_answer
 from batchgrader.store.eventstore import NewEvent
 from ticks import Rig
 
@@ -34,8 +41,9 @@ def job_of(rig: Rig, name: str) -> JobState:
 
 
 def completes(rig: Rig) -> list[str]:
-    """The custom_ids sent through the synchronous API, in order."""
-    return [cid for op, cid in rig.provider.calls if op == "complete"]
+    """The custom_ids sent through the synchronous API, sorted (a preflight sends its rows
+    together, in no set order)."""
+    return sorted(cid for op, cid in rig.provider.calls if op == "complete")
 
 
 def batch_rows(rig: Rig) -> int:
@@ -91,25 +99,21 @@ def test_identical_rows_are_sent_once_by_the_preflight(rig):
 # --- 2. what a preflight call paid is kept --------------------------------------------------------------
 
 
-def test_a_429_on_the_second_row_keeps_the_first_and_waits_for_retry_after(rig):
+def test_a_429_on_the_second_row_keeps_the_others_and_waits_for_retry_after(rig):
     write(rig, "a.csv", TEXTS[:6])
     rig.tick()
     rig.provider.fail_next("complete", "refused", status_code=429, message="slow down", retry_after=40.0, match="-2")
     types = rig.tick()
-    assert types[-5:] == [
-        "PreflightRequested",
-        "PreflightRowAnswered",
-        "TokensUsed",
-        "PreflightRequested",
-        "PreflightUnreachable",
-    ]
+    answered = ["PreflightRowAnswered", "TokensUsed"]
+    assert types[-8:] == [*["PreflightRequested"] * 3, *answered, *answered, "PreflightUnreachable"]
     job = rig.job()
     assert job.preflight_retry_at == pytest.approx(rig.now + 40.0)  # the provider's Retry-After, not the 5 s backoff
-    assert job.cost_usd > 0 and len(job.preflight_answers) == 1  # the answered row counts in the job's totals
+    assert [a["custom_id"] for a in job.preflight_answers] == [_cid(rig, 1), _cid(rig, 3)]  # in row order
+    assert job.cost_usd > 0  # the answered rows count in the job's totals
     assert "slow down" in (job.last_error or "")
     assert rig.tick(20) == []  # before the Retry-After: nothing leaves
-    rig.tick(21)
-    assert completes(rig) == [_cid(rig, 1), _cid(rig, 2), _cid(rig, 2), _cid(rig, 3)]  # row 1 never paid again
+    assert rig.tick(21)[:2] == ["PreflightRequested", "PreflightRowAnswered"]  # row 2 alone
+    assert completes(rig) == [_cid(rig, 1), _cid(rig, 2), _cid(rig, 2), _cid(rig, 3)]  # rows 1 and 3 never paid again
     assert rig.job().preflight == "passed"
     used = [u for u in rig.events("TokensUsed") if u["chunk"] == -1]
     assert len(used) == 3 and rig.job().cost_usd == pytest.approx(sum(u["cost_usd"] for u in used))
@@ -187,17 +191,18 @@ def test_a_request_the_client_refuses_to_send_fails_the_job_at_once(rig):
     job = rig.job()
     assert job.ended == "failed" and job.error is not None and job.error["code"] == "preflight_failed"
     assert "unexpected keyword argument" in job.error["error"] and "config.yaml" in job.error["hint"]
-    assert rig.calls("complete") == 1
+    assert rig.calls("complete") == 3  # the rows' requests went out together, each tried once
+    assert rig.events("PreflightFailed")[0]["custom_id"] == _cid(rig, 1)  # the first in row order is named
     for _ in range(3):
         rig.tick(60)
-    assert rig.calls("complete") == 1
+    assert rig.calls("complete") == 3
 
 
 def test_transient_errors_are_retried_a_bounded_number_of_times_with_the_reason_shown(rig):
     from batchgrader.store import queries
 
     for _ in range(PREFLIGHT_MAX_ATTEMPTS + 2):
-        rig.provider.fail_next("complete", "refused", status_code=503, message="overloaded")
+        rig.provider.fail_next("complete", "refused", status_code=503, message="overloaded", match="-1")
     write(rig, "a.csv", TEXTS[:5])
     rig.tick()
     rig.tick()
@@ -207,11 +212,11 @@ def test_transient_errors_are_retried_a_bounded_number_of_times_with_the_reason_
     for attempt in range(1, PREFLIGHT_MAX_ATTEMPTS + 1):
         rig.tick(preflight_delay(attempt))
     job = rig.job()
-    assert rig.calls("complete") == PREFLIGHT_MAX_ATTEMPTS
+    assert completes(rig).count(_cid(rig, 1)) == PREFLIGHT_MAX_ATTEMPTS and rig.calls("complete") == PREFLIGHT_MAX_ATTEMPTS + 2
     assert job.ended == "failed" and job.error is not None and job.error["code"] == "preflight_failed"
     assert "overloaded" in job.error["error"] and str(PREFLIGHT_MAX_ATTEMPTS) in job.error["error"]
     rig.tick(600)
-    assert rig.calls("complete") == PREFLIGHT_MAX_ATTEMPTS
+    assert rig.calls("complete") == PREFLIGHT_MAX_ATTEMPTS + 2
 
 
 # --- 4. checks before paying ----------------------------------------------------------------------------
@@ -255,9 +260,9 @@ def test_a_cancel_while_the_preflight_waits_sends_nothing_more(rig):
     for _ in range(4):
         rig.tick(preflight_delay(5))
     job = rig.job()
-    assert job.ended == "cancelled" and completes(rig) == [_cid(rig, 1), _cid(rig, 2)]
+    assert job.ended == "cancelled" and completes(rig) == [_cid(rig, 1), _cid(rig, 2), _cid(rig, 3)]
     assert rig.calls("create_batch") == 0 and rig.calls("upload") == 0
-    assert job.succeeded_rows == 1  # the answer paid for before the cancel is kept
+    assert job.succeeded_rows == 2  # the answers paid for before the cancel are kept
 
 
 def test_a_cancel_with_the_preflights_intent_open_sends_nothing(rig):
@@ -291,7 +296,7 @@ def test_a_row_identical_to_a_preflight_row_is_a_duplicate_not_billed_twice(rig)
     assert job.saved_usd > 0
 
 
-def test_a_truncated_answer_on_the_second_row_fails_the_job_with_both_rows_paid_recorded(rig):
+def test_a_truncated_answer_on_the_second_row_fails_the_job_with_every_row_paid_recorded(rig):
     rig.provider.finish_reason = lambda cid, body: "length" if cid.endswith("-2") else "stop"
     write(rig, "a.csv", TEXTS[:5])
     rig.tick()
@@ -299,8 +304,8 @@ def test_a_truncated_answer_on_the_second_row_fails_the_job_with_both_rows_paid_
     job = rig.job()
     assert job.ended == "failed" and rig.events("PreflightFailed")[0]["row_code"] == "truncated"
     used = [u for u in rig.events("TokensUsed") if u["chunk"] == -1]
-    assert len(used) == 2 and job.cost_usd == pytest.approx(sum(u["cost_usd"] for u in used)) and job.cost_usd > 0
-    assert [a["custom_id"] for a in job.preflight_answers] == [_cid(rig, 1)]  # the truncated answer is not kept
+    assert len(used) == 3 and job.cost_usd == pytest.approx(sum(u["cost_usd"] for u in used)) and job.cost_usd > 0
+    assert [a["custom_id"] for a in job.preflight_answers] == [_cid(rig, 1), _cid(rig, 3)]  # the truncated one is not kept
 
 
 def test_a_config_edit_after_the_preflight_never_sends_its_rows_again(rig):
@@ -320,3 +325,106 @@ def test_a_config_edit_after_the_preflight_never_sends_its_rows_again(rig):
     paid = [cid for _job, cid, _body in rig.provider.billed]
     assert rig.job().ended == "completed" and len(paid) == len(set(paid)) == 5
     assert [r["answered_by"] for r in rig.result_rows()] == ["preflight"] * 3 + ["batch"] * 2
+
+
+# --- 6. the rows go out together ------------------------------------------------------------------------
+
+
+class Killed(BaseException):
+    """Stands in for kill -9 while the preflight's requests are in flight: no ``Exception``, so
+    nothing in the daemon records an outcome for it."""
+
+
+def killed(cid: str, body: object) -> str:
+    raise Killed(cid)
+
+
+def restart(rig: Rig) -> None:
+    """A new engine over the same event log, as a daemon started again."""
+    rig.engine = Engine(rig.home, load_config(rig.home, environ={}), rig.store, rig.provider, load_pricing())
+    rig.engine.startup(rig.now)
+
+
+def test_the_rows_requests_are_in_flight_together_and_their_outcomes_come_in_row_order(rig):
+    gate = rig.provider.complete_gate = threading.Barrier(3)  # each call held until all three are in flight
+    write(rig, "a.csv", TEXTS[:6])
+    rig.tick()
+    types = rig.tick()
+    assert not gate.broken and rig.provider.most_in_flight == 3
+    answered = ["PreflightRowAnswered", "TokensUsed"]
+    assert types == ["JobAccepted", *["PreflightRequested"] * 3, *answered * 3, "PreflightPassed"]
+    rows = [_cid(rig, n) for n in (1, 2, 3)]
+    assert [e["rows"] for e in rig.events("PreflightRequested")] == [[r] for r in rows]
+    assert [e["custom_id"] for e in rig.events("PreflightRowAnswered")] == rows
+    assert {e["attempt"] for e in rig.events("PreflightRequested")} == {1}
+
+
+@pytest.mark.parametrize("transient_row,refused_row", [(1, 2), (2, 1)])
+def test_a_definite_refusal_wins_over_a_transient_error_on_another_row(rig, transient_row, refused_row):
+    """Sent one at a time, the transient row was sent again after the backoff and the refused row
+    then refused: the same end, one backoff sooner."""
+    write(rig, "a.csv", TEXTS[:6])
+    rig.tick()
+    rig.provider.fail_next("complete", "unavailable", match=f"-{transient_row}")
+    rig.provider.fail_next(
+        "complete", "refused", status_code=400, message="bad value", code="invalid_value", match=f"-{refused_row}"
+    )
+    types = rig.tick()
+    job = rig.job()
+    (failed,) = rig.events("PreflightFailed")
+    assert failed["custom_id"] == _cid(rig, refused_row) and failed["row_code"] == "invalid_value"
+    assert "PreflightUnreachable" not in types and job.ended == "failed" and job.error is not None
+    assert [a["custom_id"] for a in job.preflight_answers] == [_cid(rig, 3)]  # row 3 was answered and paid: kept
+    assert types.index("PreflightRowAnswered") < types.index("PreflightFailed")
+
+
+@pytest.mark.parametrize("retry_after,wait", [(40.0, 40.0), (2.0, preflight_delay(1))])
+def test_two_transient_rows_wait_for_the_longer_of_their_waits(rig, retry_after, wait):
+    write(rig, "a.csv", TEXTS[:6])
+    rig.tick()
+    rig.provider.fail_next("complete", "refused", status_code=429, message="slow down", retry_after=retry_after, match="-1")
+    rig.provider.fail_next("complete", "unavailable", match="-3")  # no Retry-After: the backoff
+    assert rig.tick()[-1] == "PreflightUnreachable"
+    job = rig.job()
+    assert job.preflight_retry_at == pytest.approx(rig.now + wait) and "slow down" in (job.last_error or "")
+    assert [a["custom_id"] for a in job.preflight_answers] == [_cid(rig, 2)]
+    assert rig.tick(wait - 1) == []
+    rig.tick(1)
+    assert rig.job().preflight == "passed" and completes(rig).count(_cid(rig, 2)) == 1
+
+
+def test_a_daemon_killed_after_the_intents_sends_those_rows_again_once(rig):
+    write(rig, "a.csv", TEXTS[:6])
+    rig.tick()
+    rig.provider.answer = killed
+    with pytest.raises(Killed):
+        rig.tick()
+    rows = [_cid(rig, n) for n in (1, 2, 3)]
+    assert [e["rows"] for e in rig.events("PreflightRequested")] == [[r] for r in rows]  # every intent, no outcome
+    assert rig.job().preflight_open == set(rows) and not rig.events("PreflightRowAnswered")
+    rig.provider.answer = default_answer
+    restart(rig)
+    answered = ["PreflightRowAnswered", "TokensUsed"]
+    assert rig.tick() == [*["PreflightRequested"] * 3, *answered * 3, "PreflightPassed"]
+    assert completes(rig) == sorted(rows * 2)  # each row sent once more
+    assert rig.job().preflight_resent == set(rows)
+    assert len([u for u in rig.events("TokensUsed") if u["chunk"] == -1]) == 3
+
+
+def test_rows_left_open_by_two_kills_go_in_the_batch(rig):
+    write(rig, "a.csv", TEXTS[:6])
+    rig.tick()
+    rig.provider.answer = killed
+    for _ in range(2):
+        with pytest.raises(Killed):
+            rig.tick()
+        restart(rig)
+    rig.provider.answer = default_answer
+    assert rig.tick() == ["PreflightPassed"]  # nothing sent a third time
+    assert rig.calls("complete") == 6 and rig.job().preflight_answers == []
+    for _ in range(4):
+        rig.tick()
+        rig.provider.finish_all()
+    job = rig.job()
+    assert job.ended == "completed" and batch_rows(rig) == 6 and rig.calls("complete") == 6
+    assert {r["answered_by"] for r in rig.result_rows()} == {"batch"}

@@ -19,6 +19,13 @@ told, e.g. ``length`` under a small bound) unless listed in :attr:`MemoryProvide
 in a batch and through :meth:`MemoryProvider.complete` (the synchronous API) alike: a chat
 completion, or a ``response`` for a line whose ``url`` is the Responses API's.  Results are SIMULATED.  Every call
 is recorded in :attr:`MemoryProvider.calls`.
+
+:meth:`MemoryProvider.complete` may be called from several threads at once (the preflight sends
+its rows together): its bookkeeping is under a lock, :attr:`MemoryProvider.most_in_flight` is the
+most calls ever in flight at once, and a :attr:`MemoryProvider.complete_gate` (a
+:class:`threading.Barrier` the caller sets) holds each call until that many are in flight
+together, or :data:`GATE_TIMEOUT` seconds pass (the barrier is then broken): a test sees the
+calls overlap without a sleep.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -61,6 +69,7 @@ OPERATIONS = (
     "complete",
 )
 FAULT_KINDS = ("lost", "dropped", "refused", "unavailable", "broken")
+GATE_TIMEOUT = 10.0  # seconds a synchronous call waits at the complete_gate for the others
 
 
 # The HTTP status of a row error, as the real API answers it (a code not listed: 400, a bad request).
@@ -144,8 +153,13 @@ class MemoryProvider:
     # when told; 0: completed in the create reply); :meth:`advance` then moves them as the clock passes
     lifetime: Callable[[BatchInfo], float] | None = None
     ends: dict[str, float] = field(default_factory=dict)  # batch id -> when it completes (timed batches)
+    # synchronous calls: a barrier each waits on before it is answered (None: none), and the most in flight at once
+    complete_gate: threading.Barrier | None = None
+    most_in_flight: int = 0
     _faults: FaultScript = field(default_factory=FaultScript)
     _ids: int = 0
+    _in_flight: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # --- scripting ------------------------------------------------------------------------------
     def fail_next(self, operation: str, kind: str, **details: Any) -> None:
@@ -341,7 +355,24 @@ class MemoryProvider:
 
     def complete(self, line: Mapping[str, Any], job_id: str | None = None) -> dict[str, Any]:
         """One request line through the synchronous API: the batch output line a batch would give
-        it; a row listed in ``row_errors`` is a definite 400."""
+        it; a row listed in ``row_errors`` is a definite 400.  Safe to call from several threads
+        at once (see the module docstring: :attr:`complete_gate`, :attr:`most_in_flight`)."""
+        with self._lock:
+            self._in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self._in_flight)
+        try:
+            if self.complete_gate is not None:
+                try:
+                    self.complete_gate.wait(GATE_TIMEOUT)
+                except threading.BrokenBarrierError:
+                    pass  # not that many in flight together: the broken gate says so
+            with self._lock:
+                return self._complete(line, job_id)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _complete(self, line: Mapping[str, Any], job_id: str | None) -> dict[str, Any]:
         cid = str(line.get("custom_id") or "")
         self.complete_times.append((cid, self.now))
         op = "responses.create" if line.get("url") == RESPONSES_URL else "chat.completions.create"
