@@ -30,7 +30,7 @@ schemas = st.none() | st.fixed_dictionaries(
 @st.composite
 def requests(draw) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": draw(st.sampled_from(["gpt-5.4-mini", "gpt-4.1-mini", "o3-mini"])),
+        "model": draw(st.sampled_from(["gpt-5.4-mini", "gpt-4.1-nano", "o3-mini"])),
         "messages": draw(messages),
         draw(st.sampled_from(["max_completion_tokens", "max_tokens"])): draw(st.integers(1, 5000)),
     }
@@ -121,7 +121,7 @@ def test_a_key_per_field(field):
     changed = copy.deepcopy(base)
     b = changed["body"]
     if field == "model":
-        b["model"] = "gpt-4.1-mini"
+        b["model"] = "gpt-4.1-nano"
     elif field == "system prompt":
         b["messages"][0]["content"] = "Grade it strictly."
     elif field == "user message":

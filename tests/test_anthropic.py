@@ -24,7 +24,7 @@ from emulator_fixtures import chat_line
 from harness import merged
 
 KEY = "sk-ant-emulator-test-0123456789abcdef"
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-haiku-4-5"
 
 
 @pytest.fixture

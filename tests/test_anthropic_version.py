@@ -40,7 +40,7 @@ def load(home: Home, text: str, environ: dict[str, str] | None = None) -> Any:
     return load_checked(load_config(home, environ=environ or {}))
 
 
-@pytest.mark.parametrize("model", ["claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-5"])
+@pytest.mark.parametrize("model", ["claude-haiku-4-5", "claude-sonnet-4-6", "claude-opus-5"])
 def test_a_temperature_on_anthropic_does_not_load_under_2026_10_21(home: Home, model: str) -> None:
     with pytest.raises(ConfigError) as exc:
         load(home, f"provider: anthropic\nmodel: {model}\ntemperature: 0\n")

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 AZURE_KEY = "azure-test-key-never-written-0123456789"
 DEPLOYMENT = "grader-mini-batch"
-SERVED = (DEPLOYMENT, "scorer-4o")  # the deployments the emulator serves (any other name: 404)
+SERVED = (DEPLOYMENT, "scorer-nano")  # the deployments the emulator serves (any other name: 404)
 CONFIG = FAST_CONFIG + SPLIT + (f"provider: azure\nmodel: {DEPLOYMENT}\nazure_model: gpt-5.4-mini\n")
 
 
@@ -63,8 +63,8 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
         + """profiles:
   scored:
     provider: azure
-    model: scorer-4o
-    azure_model: gpt-4o
+    model: scorer-nano
+    azure_model: gpt-4.1-nano
     output_column: verdict
     response_format:
       type: object
@@ -98,7 +98,7 @@ def test_end_to_end_csv_json_jsonl_multichunk_structured(tmp_path: Path) -> None
             for line in b.input_path.read_bytes().splitlines()
             if line.strip()
         ]
-        assert bodies and set(bodies) <= {DEPLOYMENT, "scorer-4o"}  # the deployment names travel in the lines
+        assert bodies and set(bodies) <= {DEPLOYMENT, "scorer-nano"}  # the deployment names travel in the lines
         st = state_of(home)
         jobs = {j.file: j for j in st.jobs.values()}
         assert jobs["a.csv"].chunks_total == 3 and all(j.ended == "completed" for j in jobs.values())

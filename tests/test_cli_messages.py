@@ -108,6 +108,6 @@ def test_shell_completion_completes_job_ids_and_profile_names(home: Home) -> Non
     assert _complete("bgctl status 194352796bbb-") == ["194352796bbb-4", "194352796bbb-3", "194352796bbb-2"]
     assert _complete("bgctl cancel x-") == ["x-52fbb30faf37"]
     assert set(_complete("bgctl report ")) >= {"32c86eafae56", "194352796bbb"}
-    home.config_file.write_text("profiles:\n  essays:\n    model: gpt-4o\n  emails:\n    model: gpt-5.4-mini\n")
+    home.config_file.write_text("profiles:\n  essays:\n    model: gpt-4.1-nano\n  emails:\n    model: gpt-5.4-mini\n")
     assert _complete("bgctl count --profile e") == ["emails", "essays"]
     assert _complete("bgctl submit -p es") == ["essays"]

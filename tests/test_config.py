@@ -21,7 +21,7 @@ def test_defaults(home):
 
 
 def test_precedence_defaults_file_env_flags(home):
-    write(home, "model: gpt-4.1-mini\nsplit_token_limit: 1000\ntemperature: 0.5\n")
+    write(home, "model: gpt-4.1-nano\nsplit_token_limit: 1000\ntemperature: 0.5\n")
     env = {
         "BATCHGRADER_SPLIT_TOKEN_LIMIT": "2000",
         "OPENAI_API_KEY": "sk-test-1234567890abcdef",
@@ -29,7 +29,7 @@ def test_precedence_defaults_file_env_flags(home):
     }
     cfg = load_config(home, environ=env, flags={"temperature": 0.1})
     p = cfg.default
-    assert (p.model, p.split_token_limit, p.temperature) == ("gpt-4.1-mini", 2000, 0.1)
+    assert (p.model, p.split_token_limit, p.temperature) == ("gpt-4.1-nano", 2000, 0.1)
     assert p.sources["model"] == "config.yaml"
     assert p.sources["split_token_limit"] == "env BATCHGRADER_SPLIT_TOKEN_LIMIT"
     assert p.sources["temperature"] == "flag --temperature"
@@ -38,12 +38,12 @@ def test_precedence_defaults_file_env_flags(home):
 
 
 def test_profiles_override_and_inherit(home):
-    write(home, "model: gpt-4o\nprofiles:\n  cheap:\n    model: gpt-5.4-mini\n    max_completion_tokens: 5\n")
+    write(home, "model: gpt-4.1-nano\nprofiles:\n  cheap:\n    model: gpt-5.4-mini\n    max_completion_tokens: 5\n")
     cfg = load_config(home, environ={})
     cheap = cfg.profile("cheap")
     assert (cheap.model, cheap.max_completion_tokens, cheap.split_token_limit) == ("gpt-5.4-mini", 5, None)
     assert cheap.sources["model"] == "config.yaml profiles.cheap"
-    assert cfg.profile(None).model == "gpt-4o"
+    assert cfg.profile(None).model == "gpt-4.1-nano"
     with pytest.raises(ConfigError, match="unknown profile 'nope'.*cheap"):
         cfg.profile("nope")
 
@@ -51,7 +51,7 @@ def test_profiles_override_and_inherit(home):
 @pytest.mark.parametrize(
     "text,needle",
     [
-        ("modle: gpt-4o\n", "unknown key 'modle' (did you mean 'model'?)"),
+        ("modle: gpt-4.1-nano\n", "unknown key 'modle' (did you mean 'model'?)"),
         ("split_token_limit: lots\n", "key 'split_token_limit' must be an integer >= 1, or null; got 'lots'"),
         ("temperature: 7\n", "key 'temperature' must be a number >= 0.0 and <= 2.0"),
         ("halt_on_chunk_failure: maybe\n", "key 'halt_on_chunk_failure' must be true or false"),
@@ -70,7 +70,7 @@ def test_bad_values_name_file_key_and_form(home, text, needle):
 
 
 def test_yaml_error_never_quotes_the_line(home):
-    write(home, "api_key: 'sk-secret-abcdefghijkl\nmodel: gpt-4o\n")
+    write(home, "api_key: 'sk-secret-abcdefghijkl\nmodel: gpt-4.1-nano\n")
     with pytest.raises(ConfigError) as err:
         load_config(home, environ={})
     assert "line" in str(err.value) and "sk-secret" not in str(err.value)
@@ -100,12 +100,12 @@ def test_response_format_schema_is_wrapped_for_the_api(home):
 
 def test_config_show_json_masks_key_and_gives_sources(home, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-live-SECRET-abcdefghijklmnop")
-    write(home, "model: gpt-4.1\n")
+    write(home, "model: gpt-4.1-nano\n")
     res = CliRunner().invoke(cli, ["config", "show", "--json"])
     assert res.exit_code == 0, res.output
     assert "SECRET" not in res.output
     rows = {r["key"]: r for r in json.loads(res.output)["settings"]}
-    assert rows["model"] == {"key": "model", "value": "gpt-4.1", "source": "config.yaml"}
+    assert rows["model"] == {"key": "model", "value": "gpt-4.1-nano", "source": "config.yaml"}
     assert rows["api_key"]["value"].startswith("sk-") and rows["api_key"]["source"] == "env OPENAI_API_KEY"
     assert set(rows) == set(KEYS)
 
@@ -113,18 +113,18 @@ def test_config_show_json_masks_key_and_gives_sources(home, monkeypatch):
 def test_home_flag_relocates_everything(tmp_path):
     other = tmp_path / "elsewhere"
     other.mkdir()
-    (other / "config.yaml").write_text("model: gpt-5-mini\n")
+    (other / "config.yaml").write_text("model: gpt-5.4-nano\n")
     res = CliRunner().invoke(cli, ["--home", str(other), "config", "show", "--json"])
     data = json.loads(res.output)
     assert data["home"] == str(other)
-    assert {r["key"]: r["value"] for r in data["settings"]}["model"] == "gpt-5-mini"
+    assert {r["key"]: r["value"] for r in data["settings"]}["model"] == "gpt-5.4-nano"
 
 
 def test_environment_beats_profile_values_too(home):
     write(home, "profiles:\n  cheap:\n    model: gpt-5.4-mini\n")
-    cfg = load_config(home, environ={"BATCHGRADER_MODEL": "gpt-4.1"})
+    cfg = load_config(home, environ={"BATCHGRADER_MODEL": "gpt-4.1-nano"})
     cheap = cfg.profile("cheap")
-    assert (cheap.model, cheap.sources["model"]) == ("gpt-4.1", "env BATCHGRADER_MODEL")
+    assert (cheap.model, cheap.sources["model"]) == ("gpt-4.1-nano", "env BATCHGRADER_MODEL")
 
 
 def test_relative_pricing_file_is_under_the_home(home):
@@ -192,7 +192,7 @@ def test_a_few_aliases_are_still_fine(home):
 def test_config_file_over_the_size_limit_is_refused(home):
     from batchgrader.core.configuration.config import MAX_CONFIG_FILE_BYTES
 
-    write(home, "model: gpt-4o\n" + "# padding\n" * (MAX_CONFIG_FILE_BYTES // 10))
+    write(home, "model: gpt-4.1-nano\n" + "# padding\n" * (MAX_CONFIG_FILE_BYTES // 10))
     with pytest.raises(ConfigError) as err:
         load_config(home, environ={})
     assert str(home.config_file) in str(err.value) and f"{MAX_CONFIG_FILE_BYTES:,} bytes" in str(err.value)

@@ -21,7 +21,7 @@ def test_each_change_is_reported_once(tmp_path):
     pricing.write_text("model,input_per_1m\n")  # created
     assert watch.changed() == [pricing]
     tmp = tmp_path / "new.yaml"
-    tmp.write_text("model: gpt-4o\n")
+    tmp.write_text("model: gpt-4.1-nano\n")
     os.replace(tmp, config)  # written to a temporary file and renamed (a new inode)
     assert watch.changed() == [config]
     config.unlink()

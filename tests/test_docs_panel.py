@@ -26,7 +26,7 @@ def panel_example() -> str:
 
 def test_the_howto_panel_example_loads_and_runs(home):
     rig = Rig(home, panel_example())
-    scores = {"gpt-4.1-mini": [4, 2, 5, 1], "claude-haiku-4-5": [4, 2, 5, 2]}
+    scores = {"gpt-4.1-nano": [4, 2, 5, 1], "claude-haiku-4-5": [4, 2, 5, 2]}
 
     def answer(cid: str, body) -> str:
         row = int(cid.rsplit("-", 1)[1]) - 1
@@ -69,7 +69,7 @@ def test_a_panel_takes_its_judges_shared_schema(home):
     assert schema
     indented = "".join("    " + line + "\n" for line in ("response_format:\n" + schema.group(1)).splitlines())
     per_judge = re.sub(r"^response_format:\n(  .*\n)+", "", example, flags=re.M)
-    per_judge = per_judge.replace("    model: gpt-4.1-mini\n", "    model: gpt-4.1-mini\n" + indented)
+    per_judge = per_judge.replace("    model: gpt-4.1-nano\n", "    model: gpt-4.1-nano\n" + indented)
     per_judge = per_judge.replace("    model: claude-haiku-4-5\n", "    model: claude-haiku-4-5\n" + indented)
     home.config_file.write_text(config_text(per_judge))
     config = load_config(home, environ={})  # was: exit 78, the panel has no response_format of its own

@@ -59,8 +59,8 @@ def env_for(emu: Emulator | None = None, key: str | None = KEY, **extra: str) ->
     return env
 
 
-#: the day the checks run on: gpt-5.4-mini (the default model) shuts down on 2027-01-14, so from
-#: 2026-12-15 a real "today" adds a "model shutdown" warning these tests do not expect
+#: the day the checks run on, fixed: with a real "today", a model within 30 days of its catalogue
+#: shutdown date adds a "model shutdown" warning these tests do not expect
 #: (tests/test_shutdown.py tests that warning)
 TODAY = datetime.date(2026, 11, 29)
 
@@ -105,7 +105,7 @@ def sh(command: str) -> None:
 
 
 def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emulator) -> None:
-    write_config(home, "model: gpt-5.4-mini\nprofiles:\n  big:\n    model: gpt-4o\n")
+    write_config(home, "model: gpt-5.4-mini\nprofiles:\n  big:\n    model: gpt-4.1-nano\n")
     EventStore(home.db).close()
     lock = InstanceLock(home.lock_file)
     lock.acquire()
@@ -120,10 +120,10 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
         "secrets file",
         "base url",
         "pricing: gpt-5.4-mini",
-        "pricing: gpt-4o",
+        "pricing: gpt-4.1-nano",
         "model settings",
         "tokenizer: gpt-5.4-mini",
-        "tokenizer: gpt-4o",
+        "tokenizer: gpt-4.1-nano",
         "home permissions",
         "database",
         "queue limits",
@@ -134,7 +134,10 @@ def test_all_ok_with_emulator_database_and_running_daemon(home: Home, emu: Emula
     assert c["config"].detail == f"{home.config_file} loads and validates; profiles: big"
     assert c["api key"].detail == "sk-…cdef (from env OPENAI_API_KEY)"
     assert c["base url"].detail == f"GET {emu.base_url}/batches?limit=1 answered 200 with the key"
-    assert c["pricing: gpt-4o"].detail.startswith("$") and "out per 1M tokens (shipped table" in c["pricing: gpt-4o"].detail
+    assert (
+        c["pricing: gpt-4.1-nano"].detail.startswith("$")
+        and "out per 1M tokens (shipped table" in c["pricing: gpt-4.1-nano"].detail
+    )
     assert c["tokenizer: gpt-5.4-mini"].detail == "o200k_base, rank file verified against tiktoken's published sha256"
     assert c["database"].detail == f"{home.db}: PRAGMA integrity_check ok; answers store: empty"
     assert c["daemon"].detail == f"running (pid {os.getpid()})"
@@ -166,7 +169,7 @@ def test_nothing_is_created_or_changed(tmp_path: Path) -> None:
 
 
 def test_config_unknown_key_names_it_and_the_fix(home: Home, emu: Emulator) -> None:
-    write_config(home, "modle: gpt-4o\n")
+    write_config(home, "modle: gpt-4.1-nano\n")
     checks = run(home, env_for(emu))
     c = by_name(checks)
     assert c["config"].status == FAIL
@@ -592,7 +595,7 @@ def test_doctor_lists_configured_and_learned_queue_limits(home):
     from batchgrader.ops.doctor import check_queue_limits
     from batchgrader.store.eventstore import EventStore, NewEvent
 
-    home.config_file.write_text("enqueued_token_limit: {gpt-4.1: 90000}\n")
+    home.config_file.write_text("enqueued_token_limit: {gpt-4.1-nano: 90000}\n")
     with EventStore(home.db) as store:
         store.append(
             "job1",
@@ -614,5 +617,5 @@ def test_doctor_lists_configured_and_learned_queue_limits(home):
         )
     c = check_queue_limits(home, load_config(home, environ={}))
     assert c.status == "ok"
-    assert "gpt-4.1: 90,000 (configured)" in c.detail
+    assert "gpt-4.1-nano: 90,000 (configured)" in c.detail
     assert "gpt-5.4-mini at https://api.example/v1: 2,000,000 (stated by the provider)" in c.detail

@@ -34,10 +34,10 @@ QUIET = "rescan_interval_seconds: 86400\n"  # the inbox's rescan never comes in 
 CONFIGS = {
     "batch": "",
     "errors": "",  # some rows answer with an error: an error file to download besides the output
-    "deadline": "deadline: 2h\nmodel: gpt-4o-mini\n",
+    "deadline": "deadline: 2h\nmodel: gpt-4.1-nano\n",
     "online": "route: online\nonline_concurrency: 1\n",
     "preflight": "preflight_rows: 2\n",
-    "limit": "enqueued_token_limit: {gpt-4o-mini: 40}\nmodel: gpt-4o-mini\nsplit_row_limit: 2\n",
+    "limit": "enqueued_token_limit: {gpt-4.1-nano: 40}\nmodel: gpt-4.1-nano\nsplit_row_limit: 2\n",
 }
 #: seconds from a batch's create to its end (None: only when the test says so; 0: in the create reply)
 LIFETIMES = (None, 0.0, 0.6, 6.0, 45.0)

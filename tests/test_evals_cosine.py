@@ -113,7 +113,7 @@ def test_the_emulator_embeds_in_a_batch_and_refuses_what_openai_refuses(emu):
     assert b.usage.input_tokens == 6 and b.usage.output_tokens == 0
     (err,) = map(json.loads, client.files.content(b.error_file_id).text.splitlines())
     assert err["response"]["status_code"] == 400 and "'$.input' is invalid" in err["response"]["body"]["error"]["message"]
-    refused = run_batch(client, clock, [emb_line("a", "x", model="gpt-4o")])
+    refused = run_batch(client, clock, [emb_line("a", "x", model="gpt-4.1-nano")])
     assert refused.status == "failed" and refused.errors.data[0].code == "model_not_found"
     sync = client.embeddings.create(model="text-embedding-3-large", input="the cat sat")
     assert len(sync.data[0].embedding) == 3072

@@ -29,10 +29,10 @@ PANEL = (
     "profiles:\n"
     "  panel:\n    judges: [mini, big]\n"
     "  mini:\n    model: gpt-5.4-mini\n"
-    "  big:\n    model: gpt-4o\n"
+    "  big:\n    model: gpt-4.1-nano\n"
 )
 # each judge's score of the 5 rows: row 2 ties (2 against 3)
-SCORES = {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, 3]}
+SCORES = {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4.1-nano": [4, 3, 5, 1, 3]}
 # the rows (1-based) the provider refuses, per judge: row 4 by both (no judge answered it), row 5
 # by big alone (mini's answer stands)
 REFUSED = {"mini": {4}, "big": {4, 5}}
@@ -127,7 +127,7 @@ def test_a_panel_with_a_tie_and_failed_judge_rows_shows_the_same_figures_in_ever
     assert {k: len(set(v)) for k, v in figures.items()} == {k: 1 for k in figures}, figures
     assert (f.rows, f.answered, f.failed) == (5, 3, 2)  # the tie and the row no judge answered are failed
     assert (f.requests, f.requests_answered, f.requests_failed) == (10, 7, 3)  # the judges' requests
-    assert f.models == ("gpt-5.4-mini", "gpt-4o") and f.cost_usd > 0
+    assert f.models == ("gpt-5.4-mini", "gpt-4.1-nano") and f.cost_usd > 0
     judges = [state.jobs[j["job_id"]] for j in panel.panel or ()]
     assert f.cost_usd == sum(j.cost_usd for j in judges) and panel.cost_usd == 0  # each cost once: in its judge
     # report --json's judges: each judge's own figures, which the panel's add up to

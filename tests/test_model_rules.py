@@ -59,8 +59,8 @@ def test_openai_refuses_temperature_on_a_model_that_takes_only_its_default(emu: 
         emu,
         clock,
         [
-            chat_line("t0", "Grade.", model="gpt-5-mini", temperature=0, max_completion_tokens=25_000),
-            chat_line("t1", "Grade.", model="gpt-5-mini", temperature=1, max_completion_tokens=25_000),
+            chat_line("t0", "Grade.", model="o4-mini", temperature=0, max_completion_tokens=25_000),
+            chat_line("t1", "Grade.", model="o4-mini", temperature=1, max_completion_tokens=25_000),
         ],
     )
     rows |= openai_batch(emu, clock, [chat_line("g4", "Grade.", model="gpt-4.1-nano", temperature=0)])
@@ -97,7 +97,7 @@ def test_openai_refuses_an_effort_the_model_lacks_and_a_bound_above_its_maximum(
             chat_line("big", "Grade.", model="gpt-4.1-nano", max_completion_tokens=40_000),
         ],
     )
-    rows |= openai_batch(emu, clock, [chat_line("xh", "Grade.", model="gpt-5", reasoning_effort="xhigh")])
+    rows |= openai_batch(emu, clock, [chat_line("xh", "Grade.", model="o4-mini", reasoning_effort="xhigh")])
     rows |= openai_batch(emu, clock, [chat_line("mt", "Grade.", model="gpt-6-sol", max_tokens=500)])
     assert rows["mt"]["response"]["body"]["error"]["code"] == "unsupported_parameter"  # gpt-6: a reasoning model too
     assert rows["xh"]["response"]["body"]["error"]["code"] == "unsupported_value"
@@ -107,8 +107,8 @@ def test_openai_refuses_an_effort_the_model_lacks_and_a_bound_above_its_maximum(
 
 
 def test_openai_reasoning_spends_hundreds_to_thousands_and_a_small_bound_truncates(emu: Emulator, clock: ManualClock) -> None:
-    lines = [chat_line(f"s{i}", f"Grade essay {i}.", model="gpt-5-mini", max_completion_tokens=300) for i in range(5)]
-    lines += [chat_line(f"b{i}", f"Grade essay {i}.", model="gpt-5-mini", max_completion_tokens=25_000) for i in range(5)]
+    lines = [chat_line(f"s{i}", f"Grade essay {i}.", model="o4-mini", max_completion_tokens=300) for i in range(5)]
+    lines += [chat_line(f"b{i}", f"Grade essay {i}.", model="o4-mini", max_completion_tokens=25_000) for i in range(5)]
     rows = openai_batch(emu, clock, lines)
     # gpt-5.1 runs at effort none by default
     rows |= openai_batch(emu, clock, [chat_line(f"n{i}", f"Grade essay {i}.", model="gpt-5.1") for i in range(3)])
@@ -165,10 +165,10 @@ def test_anthropic_thinking_spends_its_budget_and_a_small_bound_truncates(ant: a
         ant,
         clock,
         [
-            areq("small", "claude-sonnet-4-5", 1030, thinking={"type": "enabled", "budget_tokens": 1024}),
-            areq("roomy", "claude-sonnet-4-5", 9000, thinking=thinking),
-            areq("bad", "claude-sonnet-4-5", 4096, thinking=thinking),
-            areq("off", "claude-sonnet-4-5", 2000),
+            areq("small", "claude-haiku-4-5", 1030, thinking={"type": "enabled", "budget_tokens": 1024}),
+            areq("roomy", "claude-haiku-4-5", 9000, thinking=thinking),
+            areq("bad", "claude-haiku-4-5", 4096, thinking=thinking),
+            areq("off", "claude-haiku-4-5", 2000),
         ],
     )
     roomy = res["roomy"].message  # type: ignore[union-attr]
@@ -236,12 +236,12 @@ def test_gemini_thinking_eats_a_small_output_bound(gem: genai.Client, clock: Man
 
 def builder(home: Home, text: str) -> RequestBuilder:
     home.config_file.write_text(text, encoding="utf-8")
-    config, _ = load_checked(load_config(home, environ={}), today=datetime.date(2026, 11, 28))  # gpt-5-mini: before its shutdown
+    config, _ = load_checked(load_config(home, environ={}))
     return RequestBuilder(config.default, home, "0" * 64)
 
 
 def test_openai_lines_carry_reasoning_effort_and_the_models_bound(home: Home) -> None:
-    body = builder(home, "model: gpt-5-mini\nreasoning_effort: low\n").request("c1", [{"role": "user", "content": "x"}])["body"]
+    body = builder(home, "model: o4-mini\nreasoning_effort: low\n").request("c1", [{"role": "user", "content": "x"}])["body"]
     assert body["reasoning_effort"] == "low" and body["max_completion_tokens"] == 25_000
     body = builder(home, "model: gpt-4.1-nano\n").request("c1", [{"role": "user", "content": "x"}])["body"]
     assert "reasoning_effort" not in body and body["max_completion_tokens"] == 1000

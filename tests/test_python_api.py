@@ -41,7 +41,7 @@ model: gpt-5.4-mini   # the cheap one
 profiles:
     # the careful one
     careful:
-        model: gpt-4.1
+        model: gpt-4.1-nano
         temperature: 0
 """
 
@@ -51,10 +51,10 @@ def test_settings_become_a_generated_profile_and_keep_the_file(home):
     name = profile_with(home, "careful", {"max_completion_tokens": 77})
     text = home.config_file.read_text()
     assert text.startswith("# my settings\nmodel: gpt-5.4-mini   # the cheap one\nprofiles:\n")
-    assert "    # the careful one\n    careful:\n        model: gpt-4.1\n" in text  # untouched
+    assert "    # the careful one\n    careful:\n        model: gpt-4.1-nano\n" in text  # untouched
     prof = load_config(home).profile(name)
     assert name.startswith("py-")
-    assert (prof.values["model"], prof.values["temperature"], prof.values["max_completion_tokens"]) == ("gpt-4.1", 0, 77)
+    assert (prof.values["model"], prof.values["temperature"], prof.values["max_completion_tokens"]) == ("gpt-4.1-nano", 0, 77)
     assert profile_with(home, "careful", {"max_completion_tokens": 77}) == name  # the same settings: the same profile
     assert home.config_file.read_text() == text  # nothing written twice
     other = profile_with(home, None, {"max_completion_tokens": 77})

@@ -46,11 +46,11 @@ def test_init_writes_a_loadable_starter_config_and_the_example(home):
 
 
 def test_init_overwrites_nothing_and_says_what_it_kept(home):
-    home.config_file.write_text("model: gpt-4.1\n")
+    home.config_file.write_text("model: gpt-4.1-nano\n")
     res = run("init")
     assert res.exit_code == 0
     assert f"kept {home.config_file} (already there, left alone)" in res.output
-    assert home.config_file.read_text() == "model: gpt-4.1\n"
+    assert home.config_file.read_text() == "model: gpt-4.1-nano\n"
     again = run("init", "--json")
     data = json.loads(again.output)
     assert data["written"] == [] and len(data["kept"]) == 2

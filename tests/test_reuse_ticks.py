@@ -45,7 +45,7 @@ def test_one_changed_row_is_the_only_request(rig):
     assert all(r["grade"] and r["error"] == "" for r in got)
 
 
-@pytest.mark.parametrize("change", ["system_prompt: Grade strictly.\n", "model: gpt-4.1-mini\n"])
+@pytest.mark.parametrize("change", ["system_prompt: Grade strictly.\n", "model: gpt-4.1-nano\n"])
 def test_a_new_prompt_or_model_sends_every_row(rig, change):
     rig.run_file("a.csv", TEXTS)
     rig.reconfigure(change)

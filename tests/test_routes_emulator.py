@@ -34,7 +34,7 @@ def test_over_the_per_minute_limit_a_429_carries_retry_after_and_the_rate_limit_
         assert h["x-ratelimit-reset-requests"].endswith("s")
         assert err.value.code == "rate_limit_exceeded"
         # another model has its own limit
-        client.chat.completions.create(model="gpt-4.1-mini", messages=MESSAGES, max_completion_tokens=20)
+        client.chat.completions.create(model="gpt-4.1-nano", messages=MESSAGES, max_completion_tokens=20)
 
 
 @pytest.mark.slow  # importing the anthropic SDK takes seconds on a loaded machine

@@ -105,7 +105,7 @@ CASES = [
     ),
     Case(
         "anthropic",
-        "claude-sonnet-4-5",
+        "claude-haiku-4-5",
         lambda e: AnthropicBatchProvider(KEY, e.root_url, timeout=10, max_retries=0),
         lambda m: "/v1/messages",
         lambda m, t: {"model": m, "max_tokens": 400, "messages": [{"role": "user", "content": t}]},

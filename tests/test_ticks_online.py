@@ -42,7 +42,7 @@ def billed_requests(rig: Rig) -> int:
     return sum(1 for e in rig.events("OnlineRequestAnswered")) + batch_rows
 
 
-@pytest.mark.parametrize("edit", ["system_prompt: Be strict.\n", "max_completion_tokens: 60\n", "model: gpt-4o\n"])
+@pytest.mark.parametrize("edit", ["system_prompt: Be strict.\n", "max_completion_tokens: 60\n", "model: gpt-4.1-nano\n"])
 def test_a_config_edit_while_online_rows_are_sent_never_sends_an_answered_row_again(home, edit):
     rig = Rig(home, ONLINE)
     try:

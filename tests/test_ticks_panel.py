@@ -31,10 +31,10 @@ PANEL = SCHEMA + (
     "profiles:\n"
     "  panel:\n    judges: [mini, big]\n"
     "  mini:\n    model: gpt-5.4-mini\n"
-    "  big:\n    model: gpt-4o\n"
+    "  big:\n    model: gpt-4.1-nano\n"
 )
 # the scores each judge gives the 5 rows (a string: the answer as it is, not JSON)
-SCORES: dict[str, list[object]] = {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, "not json"]}
+SCORES: dict[str, list[object]] = {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4.1-nano": [4, 3, 5, 1, "not json"]}
 
 
 def _answers(rig: Rig, scores: dict[str, list[object]]) -> None:
@@ -139,7 +139,7 @@ def test_two_judges_answer_every_row_and_the_panel_writes_their_consensus(home):
 
 def test_a_failed_judge_is_shown_and_the_other_judge_still_answers(home):
     rig = Rig(home, PANEL)
-    _answers(rig, {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4o": [4, 3, 5, 1, 3]})
+    _answers(rig, {"gpt-5.4-mini": [4, 2, 5, 1, 3], "gpt-4.1-nano": [4, 3, 5, 1, 3]})
     _drop(rig)
 
     def fail_big(rig: Rig) -> None:
@@ -322,7 +322,7 @@ def test_a_retried_panel_retries_the_judges_that_did_not_complete_and_writes_its
     job = _run(rig)
     mini, big = judge_job_id(job.job_id, 1), judge_job_id(job.job_id, 2)
     first = rig.engine.ctx.state.jobs[big].result_path
-    _answers(rig, {**SCORES, "gpt-4o": [4, 3, 5, 1, 3]})  # big answers its last row as JSON now
+    _answers(rig, {**SCORES, "gpt-4.1-nano": [4, 3, 5, 1, 3]})  # big answers its last row as JSON now
     rig.engine.ctx.emit(job.job_id, NewEvent("RetryRequested", {"reason": "test"}))
     job = _run(rig)
     judge = rig.engine.ctx.state.jobs[big]
@@ -362,7 +362,7 @@ def test_a_judge_with_samples_and_an_input_with_the_added_columns_names(home):
 def test_samples_on_a_panel_apply_to_every_judge_unless_the_judges_own_profile_sets_them(home):
     """Issue 32: `samples: 3` beside `judges:` was recorded and priced, then dropped (1 request a row)."""
     config = PANEL.replace("    judges: [mini, big]\n", "    judges: [mini, big]\n    samples: 3\n")
-    rig = Rig(home, config.replace("    model: gpt-4o\n", "    model: gpt-4o\n    samples: 2\n"))
+    rig = Rig(home, config.replace("    model: gpt-4.1-nano\n", "    model: gpt-4.1-nano\n    samples: 2\n"))
     _answers(rig, SCORES)
     _drop(rig)
     job = _run(rig)
@@ -383,16 +383,16 @@ def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_
     from cli_fixtures import run
 
     config = PANEL.replace("    judges: [mini, big]\n", "    judges: [mini, big]\n    samples: 3\n")
-    config = config.replace("    model: gpt-4o\n", "    model: gpt-4o\n    max_completion_tokens: 200\n")
+    config = config.replace("    model: gpt-4.1-nano\n", "    model: gpt-4.1-nano\n    max_completion_tokens: 200\n")
     home.config_file.write_text(config_text(config))
     f = home.root / "rows.csv"
     f.write_text("id,response\n" + "".join(f"{i},essay {i}\n" for i in range(10)))
     cfg, prices = load_config(home, environ={}), load_pricing()
     got = count_panel(home, f, cfg, cfg.profile("panel"), prices, sandbox=False)
-    assert got["models"] == ["gpt-5.4-mini", "gpt-4o"]
+    assert got["models"] == ["gpt-5.4-mini", "gpt-4.1-nano"]
     assert [(j["judge"], j["model"], j["samples"], j["requests"]) for j in got["judges"]] == [
         ("mini", "gpt-5.4-mini", 3, 30),
-        ("big", "gpt-4o", 3, 30),
+        ("big", "gpt-4.1-nano", 3, 30),
     ]
     assert got["judges"][1]["estimated_cost_usd"]["output_bound"] == 200
     # each judge priced as a job of that profile with 3 samples would be
@@ -404,7 +404,7 @@ def test_count_of_a_panel_prices_each_judges_model_samples_and_output_bound_and_
     assert got["estimated_cost_usd"]["max_total"] == pytest.approx(total) and got["requests"] == 60
     res = run("count", "--profile", "panel", str(f))
     assert res.exit_code == 0, res.output
-    assert "gpt-5.4-mini" in res.output and "gpt-4o," in res.output and "panel (sum)" in res.output
+    assert "gpt-5.4-mini" in res.output and "gpt-4.1-nano," in res.output and "panel (sum)" in res.output
     as_json = json.loads(run("count", "--profile", "panel", "--json", str(f)).output)
     assert as_json["estimated_cost_usd"]["max_total"] == pytest.approx(total)
 
@@ -493,7 +493,7 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     )
     rig = Rig(home, config)
     # row 1: a tie (2 against 3); row 4: no judge answers (neither answer is JSON)
-    _answers(rig, {"gpt-5.4-mini": [4, 2, 5, 1, "nope"], "gpt-4o": [4, 3, 5, 1, "not json"]})
+    _answers(rig, {"gpt-5.4-mini": [4, 2, 5, 1, "nope"], "gpt-4.1-nano": [4, 3, 5, 1, "not json"]})
     _drop(rig, labels=[4, 2, 5, 2, 3])
     job = _run(rig)
     rig.close()
@@ -516,9 +516,9 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     for shown in (listed, detail):
         assert (shown["succeeded"], shown["failed"]) == (3, 2)
         assert shown["cost_usd"] == pytest.approx(cost) and shown["prompt_tokens"] == prompt
-        assert shown["output_tokens"] == completion and shown["model"] == "gpt-5.4-mini, gpt-4o"
+        assert shown["output_tokens"] == completion and shown["model"] == "gpt-5.4-mini, gpt-4.1-nano"
     text = run("status", job.job_id).output
-    assert "5 (3 answered, 2 failed)" in text and "gpt-5.4-mini, gpt-4o" in text
+    assert "5 (3 answered, 2 failed)" in text and "gpt-5.4-mini, gpt-4.1-nano" in text
     from batchgrader.store.readmodels import rebuild
 
     rebuild(rig.home.db)  # and from the read model (`bgctl status`'s fast path), the list and the overview
@@ -536,7 +536,7 @@ def test_the_panels_status_report_costs_and_result_agree_on_rows_failures_tokens
     )
     assert (rep["rows"]["consensus"], rep["rows"]["no_consensus"]) == (3, 1)
     assert rep["cost_usd"]["billed"] == pytest.approx(cost, abs=1e-6) and rep["tokens"]["prompt"] == prompt
-    assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-5.4-mini, gpt-4o"
+    assert rep["tokens"]["completion"] == completion and rep["job"]["model"] == "gpt-5.4-mini, gpt-4.1-nano"
     assert [j["job_id"] for j in rep["judges"]] == [j.job_id for j in judges]
     assert "3 answered with a consensus, 2 failed" in run("report", job.job_id).output
     # bgctl costs: the judges' jobs, whose sum is the panel's cost
