@@ -43,18 +43,24 @@ from batchgrader.core.rules.actions import (
     CheckDuplicates,
     Create,
     DeleteProviderFiles,
+    Download,
     FailBatch,
     FailUnstarted,
+    Merge,
     Preflight,
+    Prepare,
     Reconcile,
     Replan,
     SearchRecovered,
     SendOnline,
     SendStragglers,
+    StoreAnswers,
     Upload,
+    WriteErrorReport,
+    WriteResult,
 )
 from batchgrader.store.claims import claim_control, claim_input
-from batchgrader.store.leases import Lease, LeaseLost, Leases, job_lease
+from batchgrader.store.leases import Lease, LeaseLost, Leases, daemon_lease, job_lease
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -87,6 +93,9 @@ CALL_INTENTS = frozenset(
         "OnlineRequestSent",
     }
 )
+#: a job's local work (no provider call; the CPU and disk of the daemon doing it) that a daemon
+#: holding a provider account's lease leaves to a daemon holding none (:meth:`SharedWork.leaves`)
+LOCAL_WORK: tuple[type[Action], ...] = (Prepare, Download, Merge, StoreAnswers, WriteResult, WriteErrorReport)
 #: s, the longest a daemon waits before it asks again for a lease another daemon held
 ASK_AGAIN = 5.0
 #: s, added to the request timeout: a call is made only while the lease has more than this left
@@ -95,6 +104,10 @@ CALL_MARGIN = 1.0
 
 def needs_account(action: Action) -> bool:
     return isinstance(action, CALLING_ACTIONS)
+
+
+def local_work(action: Action) -> bool:
+    return isinstance(action, LOCAL_WORK)
 
 
 class SharedWork:
@@ -120,6 +133,9 @@ class SharedWork:
         self._renewed: dict[str, float] = {}  # lease name -> time.monotonic() of the last take or renewal
         self._calling: Lease | None = None  # the account lease of the action under way
         self._refused: dict[str, float] = {}  # lease name -> time.monotonic() before which it is not asked for again
+        self.presence: dict[str, Lease] = {}  # this daemon's own lease (daemon:<holder>): it is live
+        self._helped: bool | None = None  # whether a daemon holding no account is live (asked once a tick)
+        self._leaving: dict[str, tuple[int, float]] = {}  # job id -> (its version, until when) left to such a daemon
 
     @property
     def holder(self) -> str:
@@ -170,8 +186,49 @@ class SharedWork:
         return until is not None and self._time() < until
 
     def held_elsewhere(self, job_id: str) -> bool:
-        """Whether another daemon works on ``job_id`` (as last asked): it is not this daemon's to wait for."""
-        return job_id not in self.jobs and self.elsewhere(job_lease(job_id))
+        """Whether another daemon works on ``job_id`` (as last asked), or the job's local work is
+        left to one (:meth:`leaves`): it is not this daemon's to wait for."""
+        if job_id in self.jobs:
+            return False
+        left = self._leaving.get(job_id)
+        return self.elsewhere(job_lease(job_id)) or (left is not None and self._time() < left[1])
+
+    # --- spreading the local work -----------------------------------------------------------------
+    @property
+    def leave_for(self) -> float:
+        """s, the longest a job's local work is left to another daemon before this one does it:
+        twice the wait before a refused lease is asked for again, so that daemon has asked."""
+        return 2 * min(self.ttl / 4, ASK_AGAIN)
+
+    def helped(self) -> bool:
+        """Whether this daemon holds a provider account's lease while another live daemon holds
+        none (:meth:`~batchgrader.store.leases.Leases.helpers`; asked at most once a tick)."""
+        if not self.accounts:
+            return False
+        if self._helped is None:
+            self._helped = self.leases.helpers(self.clock()) > 0
+        return self._helped
+
+    def leaves(self, job_id: str, version: int) -> bool:
+        """Whether to leave the local work of ``job_id`` (at ``version``, its last event) to a
+        daemon holding no account lease, now: while this daemon holds one and such a daemon is
+        live (:meth:`helped`), for at most :attr:`leave_for` seconds; then (nobody took it)
+        this daemon does it, and the rest of that local work, until the job's next provider
+        call (:meth:`acting`): a job is never left waiting."""
+        if not self.helped():
+            self._leaving.pop(job_id, None)
+            return False
+        now = self._time()
+        left = self._leaving.get(job_id)
+        if left is None or (left[0] != version and job_id not in self.jobs):  # another daemon may have worked on it
+            left = self._leaving[job_id] = (version, now + self.leave_for)
+        return now < left[1]
+
+    def wait_left(self) -> float | None:
+        """s until the first job left to another daemon is this daemon's again (None: none is)."""
+        now = self._time()
+        waits = [until - now for _, until in self._leaving.values() if until > now]
+        return min(waits) if waits else None
 
     def take_job(self, job_id: str) -> bool:
         """Whether this daemon advances ``job_id`` now: its lease taken or kept."""
@@ -184,6 +241,11 @@ class SharedWork:
             self._renewed.pop(lease.name, None)
             self.leases.release(lease)
             log.debug("lease %s released: %s", lease.name, why)
+
+    def ended(self, job_id: str) -> None:
+        """The job has ended: its lease released, if held, and nothing more kept of it."""
+        self._leaving.pop(job_id, None)
+        self.let_go(job_id, "the job has ended")
 
     def lost(self, job_id: str) -> None:
         """The job's lease or the account's was found lost in an append: forget what we thought we held."""
@@ -204,6 +266,7 @@ class SharedWork:
         if not needs_account(action):
             yield True
             return
+        self._leaving.pop(job_id, None)  # the local work after this call is left to another daemon again
         lease = self.account(account)
         if lease is None:
             yield False
@@ -215,9 +278,13 @@ class SharedWork:
             self._calling = None
 
     def keep(self) -> None:
-        """Renew every lease held whose renewal is due (from a long step's heartbeat); a lease
-        lost meanwhile is forgotten (its job's next append is refused)."""
-        for held in (self.jobs, self.accounts):
+        """Renew every lease held whose renewal is due (each tick, and from a long step's
+        heartbeat); a lease lost meanwhile is forgotten (its job's next append is refused).  The
+        daemon's own lease (:func:`~batchgrader.store.leases.daemon_lease`) is taken here."""
+        self._helped = None
+        if not self.presence:
+            self._take(self.presence, "daemon", daemon_lease(self.holder))
+        for held in (self.jobs, self.accounts, self.presence):
             for key, lease in list(held.items()):
                 if self._due(lease):
                     try:
@@ -231,7 +298,7 @@ class SharedWork:
 
     def release_all(self) -> None:
         """Give every lease up (the daemon stops): another daemon takes them at once."""
-        for held in (self.jobs, self.accounts):
+        for held in (self.jobs, self.accounts, self.presence):
             for lease in list(held.values()):
                 try:
                     self.leases.release(lease)
