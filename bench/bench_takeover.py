@@ -288,8 +288,9 @@ def main() -> None:
         "|---:|---:|---:|",
         *[f"| {n} | {s:.1f} s | {s / runs[1]:.2f}× |" for n, s in runs.items()],
         "",
-        "Every provider call is the account lease holder's, so the batches go out as from one daemon; the other "
-        "daemons claim inputs and prepare them. One large job with its peak memory per daemon: the next section.",
+        "Every provider call is the account lease holder's, so the batches go out as from one daemon; the holder "
+        "leaves each job's local work (preparing, downloading, merging, writing the result) to the daemons that hold "
+        "no account. One large job with its peak memory per daemon: the next section.",
     ]
     benchdocs.publish(SECTION, lines, args.write_docs)
 

@@ -8,6 +8,12 @@ the one place the engine asks what this daemon may do; the steps know nothing of
   ended, when its next action needs a provider account this daemon does not hold (the holder of
   that account takes the job then), and when the daemon stops.  A job whose daemon died is taken
   over once its lease lapses;
+- **a job's local work** (:data:`LOCAL_WORK`: preparing, downloading, merging, writing the
+  result) is left by a daemon holding an account's lease to a live daemon holding none
+  (:meth:`SharedWork.leaves`; each daemon is live under its own lease, ``daemon:<holder>``):
+  it lets the job go and does not take it for :attr:`SharedWork.leave_for` seconds, then (nobody
+  took it) does that stretch of work itself.  So the account's holder sends and polls, and the
+  others merge and write;
 - **a provider call that writes** (upload, create, cancel, delete, and a synchronous request) is
   made only by the holder of the provider account's lease (:meth:`SharedWork.acting`): taken or
   renewed at the start of the action, refused while another daemon holds it.  The action's intent
