@@ -117,9 +117,9 @@ def _until_created(pair: Pair, name: str) -> str:
 
 def test_two_daemons_never_both_act_on_one_job(pair: Pair):
     """While ``a`` holds a job's lease, ``b`` appends nothing to it and makes no provider call,
-    however many of its ticks find the job due.  ``a``, the account's holder, polls; the local
-    work (download, merge, the result) it leaves to ``b``, which holds no account; ``b`` leaves
-    the deletes to ``a``, which ends the job and releases its lease."""
+    however many of its ticks find the job due.  ``a``, the account's holder, leaves the polls
+    and the local work (download, merge, the result) to ``b``, which holds no account; ``b``
+    leaves the deletes to ``a``, which ends the job and releases its lease."""
     job_id = _until_created(pair, "a")
     assert pair.holder(job_lease(job_id)) == "a"
     pair.tick("b")  # b folds the job (its first look at the log)
@@ -130,7 +130,7 @@ def test_two_daemons_never_both_act_on_one_job(pair: Pair):
         assert pair.tick("b", 2.0) == []  # the batch has ended, and b's own timers say poll: b leaves it
     assert pair.writes() == writes
     assert sum(1 for op, _ in pair.provider.calls if op == "retrieve") == retrieves
-    assert pair.tick("a") == [(job_id, "BatchStatusChanged")]  # a polled; the download is local work
+    assert pair.tick("a") == []  # a leaves the poll, and the local work after it, to b
     assert pair.holder(job_lease(job_id)) is None
     # b asks again for the lease it was refused within ASK_AGAIN s (a leaves the job to it for twice that)
     by_b = [t for _, t in pair.tick("b", ASK_AGAIN)]
@@ -146,8 +146,8 @@ def test_two_daemons_never_both_act_on_one_job(pair: Pair):
 
 def test_an_input_is_claimed_by_one_daemon_and_the_job_of_a_dead_daemon_is_taken_over(pair: Pair):
     """Both daemons see the same inbox file: the database gives it to one.  That daemon dies
-    after its batch was created; once its leases have lapsed the other takes the job (the next
-    fence) and finishes it: one batch, every row answered once."""
+    after its batch was created; the other carries the job on, and once the dead one's account
+    lease has lapsed takes it (the next fence) for the deletes: one batch, every row answered once."""
     pair.drop()
     pair.tick("a")  # first look: not yet stable
     pair.tick("b")
@@ -156,17 +156,25 @@ def test_an_input_is_claimed_by_one_daemon_and_the_job_of_a_dead_daemon_is_taken
     job_id = pair.job_id()
     created = pair.tick("a")
     assert (job_id, "BatchCreated") in created
-    # a dies here: no more ticks of a.  b leaves the job alone while a's lease is live ...
+    # a let the job go when it began to wait (b is live and holds no account), and dies here: no
+    # more ticks of a.  b polls, merges and writes the result, but calls nothing while a's
+    # account lease lives ...
     pair.provider.finish_all()
+    writes = pair.writes()
     for _ in range(int(TTL // 5)):
-        assert pair.tick("b", 4.0) == []
-    # ... and takes it over once it has lapsed
+        assert not {t for _, t in pair.tick("b", 4.0)} & CALL_INTENTS
+    assert pair.writes() == writes
+    assert (pair.home.outbox / "a_results.csv").exists()
+    # ... and deletes the files, and ends the job, once it has lapsed (the account's next fence)
     for _ in range(3):
         pair.tick("b", 5.0)
     job = pair.engines["b"].ctx.state.jobs[job_id]
     assert job.ended == "completed"
-    lease = pair.engines["b"].shared.leases.current(job_lease(job_id))  # type: ignore[union-attr]
-    assert lease is not None and lease.fence >= 2  # taken over (released at the end: no holder)
+    account = pair.engines["b"].account_of(job)
+    lease = pair.engines["b"].shared.leases.current(account)  # type: ignore[union-attr]
+    assert lease is not None and lease.holder == "b" and lease.fence == 2
+    fences = pair.engines["b"].shared.leases.fences_of(job_id)  # type: ignore[union-attr]
+    assert {f for _, f, _ in fences.values()} == {"a", "b"}
     assert len(pair.provider.batches) == 1
     rows = (pair.home.outbox / "a_results.csv").read_text().splitlines()[1:]
     assert sorted(r.split(",")[0] for r in rows) == ["0", "1", "2"]
@@ -391,7 +399,7 @@ def test_the_account_holder_leaves_merging_and_the_result_to_a_daemon_without_an
 def test_a_lone_daemon_does_all_the_work_and_a_silent_one_delays_it_a_bounded_time(pair: Pair):
     """A job is never left waiting for a daemon that does not come: ``a`` alone (``b`` never ran)
     merges at once; with ``b`` live but not asking, ``a`` leaves each stretch of local work (the
-    preparing; the download, merge and result after the batch) to it for ``leave_for`` seconds,
+    preparing; the polls, download, merge and result after the batch) to it for ``leave_for`` seconds,
     then does it itself; once ``b``'s lease has lapsed (``b`` died), ``a`` does not wait at all."""
     job_id = _until_created(pair, "a")
     pair.provider.finish_all()
@@ -411,9 +419,9 @@ def test_a_lone_daemon_does_all_the_work_and_a_silent_one_delays_it_a_bounded_ti
             break
     assert "JobCompleted" in at, "a left the job to a daemon that never took it"
     assert shared.leave_for <= at["JobPrepared"] - at["JobAccepted"] <= shared.leave_for + 1.0  # left to b a while
-    # the download too (from the poll that found the batch ended); then a does the rest at once
-    assert shared.leave_for <= at["OutputDownloaded"] - at["BatchStatusChanged"] <= shared.leave_for + 1.0
-    assert at["ChunkCompleted"] == at["ResultWritten"] == at["OutputDownloaded"]
+    # the polls too (from the first one due); then a does the rest at once
+    assert shared.leave_for <= at["OutputDownloaded"] - at["BatchCreated"] <= shared.leave_for + 2.0
+    assert at["BatchStatusChanged"] == at["ChunkCompleted"] == at["ResultWritten"] == at["OutputDownloaded"]
     assert at["JobCompleted"] - at["JobAccepted"] <= 3 * shared.leave_for
 
     pair.now += TTL  # b's lease lapses (b died): a is alone again and leaves nothing

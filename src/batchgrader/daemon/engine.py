@@ -98,7 +98,7 @@ class Engine:
             for j in self.ctx.state.jobs.values()
             if not j.corrupt
             and self.ctx.left_alone_because(j) is None
-            and not (self.shared is not None and self.shared.held_elsewhere(j.job_id))
+            and not (self.shared is not None and self.shared.held_elsewhere(j.job_id, j.version))
         ]
         wall = mono if wall is None else wall
         queues = {j.job_id: self.ctx.queue_url_for(j) for j in ours}
@@ -257,6 +257,8 @@ class Engine:
                     self.ctx.state, job.job_id, self.ctx.config, now, self.ctx.timers(), step, self.ctx.queue_url_for(job)
                 )
                 if action is None:
+                    if self.shared is not None and job.job_id in self.shared.jobs and self._leaves_waiting(self.shared, job):
+                        self.shared.let_go(job.job_id, "it waits: its polls are left to a daemon that holds no account")
                     return
                 step = step.after(action)
                 try:
@@ -289,7 +291,7 @@ class Engine:
         if self._leaves(shared, action):
             shared.let_go(job.job_id, "its local work is left to a daemon that holds no account")
             return False
-        if not shared.take_job(job.job_id):
+        if not shared.take_job(job.job_id, self.ctx.state.jobs[job.job_id].version):
             return False
         account = self.account_of(job)
         try:
@@ -317,6 +319,11 @@ class Engine:
         if isinstance(action, Merge) and workers is not None and workers.running((action.job_id, action.chunk)):
             return False
         return shared.leaves(action.job_id, self.ctx.state.jobs[action.job_id].version)
+
+    def _leaves_waiting(self, shared: SharedWork, job: JobState) -> bool:
+        """Whether a job this daemon holds, with nothing to do now, is let go for a daemon that
+        holds no account to poll (:meth:`SharedWork.helped`); never while a merge of it runs here."""
+        return shared.helped() and not any(job_id == job.job_id for job_id, _ in self.ctx.timers().merging)
 
     def account_of(self, job: JobState) -> str:
         """The lease of the provider account a job's calls go to (its queue: the organisation,

@@ -8,12 +8,14 @@ the one place the engine asks what this daemon may do; the steps know nothing of
   ended, when its next action needs a provider account this daemon does not hold (the holder of
   that account takes the job then), and when the daemon stops.  A job whose daemon died is taken
   over once its lease lapses;
-- **a job's local work** (:data:`LOCAL_WORK`: preparing, downloading, merging, writing the
-  result) is left by a daemon holding an account's lease to a live daemon holding none
+- **a job's local work** (:data:`LOCAL_WORK`: preparing, polling, downloading, merging, writing
+  the result) is left by a daemon holding an account's lease to a live daemon holding none
   (:meth:`SharedWork.leaves`; each daemon is live under its own lease, ``daemon:<holder>``):
-  it lets the job go and does not take it for :attr:`SharedWork.leave_for` seconds, then (nobody
-  took it) does that stretch of work itself.  So the account's holder sends and polls, and the
-  others merge and write;
+  it lets the job go (also when the job begins to wait) and does not take it for
+  :attr:`SharedWork.leave_for` seconds, then (nobody took it) does that stretch of work itself.
+  So the account's holder sends, and the others poll, merge and write.  A job lease refused is
+  asked for again once the job has a new event (its holder may have let it go), else after a
+  while (:data:`ASK_AGAIN`);
 - **a provider call that writes** (upload, create, cancel, delete, and a synchronous request) is
   made only by the holder of the provider account's lease (:meth:`SharedWork.acting`): taken or
   renewed at the start of the action, refused while another daemon holds it.  The action's intent
@@ -53,6 +55,7 @@ from batchgrader.core.rules.actions import (
     FailBatch,
     FailUnstarted,
     Merge,
+    Poll,
     Preflight,
     Prepare,
     Reconcile,
@@ -101,7 +104,7 @@ CALL_INTENTS = frozenset(
 )
 #: a job's local work (no provider call; the CPU and disk of the daemon doing it) that a daemon
 #: holding a provider account's lease leaves to a daemon holding none (:meth:`SharedWork.leaves`)
-LOCAL_WORK: tuple[type[Action], ...] = (Prepare, Download, Merge, StoreAnswers, WriteResult, WriteErrorReport)
+LOCAL_WORK: tuple[type[Action], ...] = (Prepare, Poll, Download, Merge, StoreAnswers, WriteResult, WriteErrorReport)
 #: s, the longest a daemon waits before it asks again for a lease another daemon held
 ASK_AGAIN = 5.0
 #: s, added to the request timeout: a call is made only while the lease has more than this left
@@ -139,6 +142,7 @@ class SharedWork:
         self._renewed: dict[str, float] = {}  # lease name -> time.monotonic() of the last take or renewal
         self._calling: Lease | None = None  # the account lease of the action under way
         self._refused: dict[str, float] = {}  # lease name -> time.monotonic() before which it is not asked for again
+        self._refused_at: dict[str, int] = {}  # job lease name -> the job's version when it was refused
         self.presence: dict[str, Lease] = {}  # this daemon's own lease (daemon:<holder>): it is live
         self._helped: bool | None = None  # whether a daemon holding no account is live (asked once a tick)
         self._leaving: dict[str, tuple[int, float]] = {}  # job id -> (its version, until when) left to such a daemon
@@ -191,11 +195,21 @@ class SharedWork:
         until = self._refused.get(name)
         return until is not None and self._time() < until
 
-    def held_elsewhere(self, job_id: str) -> bool:
-        """Whether another daemon works on ``job_id`` (as last asked), or the job's local work is
-        left to one (:meth:`leaves`): it is not this daemon's to wait for."""
+    def _job_moved(self, job_id: str, version: int | None) -> None:
+        """A job refused at an earlier version (its holder has appended since, and may have let
+        it go: a hand-over) is asked for again at once."""
+        name = job_lease(job_id)
+        if version is not None and self._refused_at.get(name, version) != version:
+            self._refused.pop(name, None)
+            self._refused_at.pop(name, None)
+
+    def held_elsewhere(self, job_id: str, version: int | None = None) -> bool:
+        """Whether another daemon works on ``job_id`` (as last asked, at ``version``, the job's
+        last event), or the job's local work is left to one (:meth:`leaves`): it is not this
+        daemon's to wait for."""
         if job_id in self.jobs:
             return False
+        self._job_moved(job_id, version)
         left = self._leaving.get(job_id)
         return self.elsewhere(job_lease(job_id)) or (left is not None and self._time() < left[1])
 
@@ -236,9 +250,15 @@ class SharedWork:
         waits = [until - now for _, until in self._leaving.values() if until > now]
         return min(waits) if waits else None
 
-    def take_job(self, job_id: str) -> bool:
-        """Whether this daemon advances ``job_id`` now: its lease taken or kept."""
-        return self._take(self.jobs, job_id, job_lease(job_id)) is not None
+    def take_job(self, job_id: str, version: int | None = None) -> bool:
+        """Whether this daemon advances ``job_id`` now: its lease taken or kept.  Refused, it is
+        not asked for again for a while (:data:`ASK_AGAIN`), or until the job has moved on from
+        ``version`` (its last event, when given)."""
+        self._job_moved(job_id, version)
+        taken = self._take(self.jobs, job_id, job_lease(job_id)) is not None
+        if not taken and version is not None:
+            self._refused_at[job_lease(job_id)] = version
+        return taken
 
     def let_go(self, job_id: str, why: str) -> None:
         """Release the job's lease (the job ended, or another daemon is to carry it on)."""
