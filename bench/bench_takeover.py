@@ -7,8 +7,9 @@ several files with three daemons against one.
 
 Real ``bgctl daemon`` processes, one home, the emulator in this process (its batches run
 ``--batch-seconds``), a throw-away PostgreSQL server (tests/pg_server.py).  Takeover: daemons A
-and B run; once A holds the job's and the account's leases and a batch is in flight, A is killed
-(``kill -9``); measured until B holds the job's lease (the next fence), then until the job has
+and B run; once A holds the account's lease and a batch is in flight (B polls it: A let the job go
+when it began to wait), A is killed (``kill -9``); measured until B holds the account's lease (the
+next fence, taken for the job's deletes), then until the job has
 completed (its batch, still running when A was killed, ends ``lease_seconds`` + 5 s after it was created).  Throughput: ``--files`` files of ``--rows`` rows dropped at once, timed from the
 drop to the last ``JobCompleted``, with one daemon and with three.
 """
@@ -79,7 +80,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def takeover(server: PostgresServer, tmp: Path, lease: float, batch_seconds: float) -> tuple[float, float]:
-    """(s from kill -9 to the other daemon holding the job, s from kill -9 to the job's end)."""
+    """(s from kill -9 to the other daemon holding the account, s from kill -9 to the job's end)."""
     url = server.create_database()
     home = _home(tmp, f"takeover-{lease}", lease)
     emu = Emulator(EmulatorConfig(api_key=TEST_KEY, seed=1, in_progress_s=batch_seconds)).start()
@@ -94,12 +95,12 @@ def takeover(server: PostgresServer, tmp: Path, lease: float, batch_seconds: flo
         )
         b = start_daemon(home.root, emu.base_url, extra_env=env)
         time.sleep(1.5)  # B up, following the log
-        holder = _query(url, "SELECT holder, fence FROM leases WHERE name LIKE 'job:%'")[0]
+        holder = _query(url, "SELECT holder, fence FROM leases WHERE name LIKE 'account:%'")[0]
         assert holder[0].split(":")[1] == str(a.pid), holder
         os.kill(a.pid, signal.SIGKILL)
         t0 = time.monotonic()
         a.wait(timeout=30)
-        _wait(lambda: _query(url, f"SELECT 1 FROM leases WHERE name LIKE 'job:%' AND fence > {holder[1]}"), 120, "takeover")
+        _wait(lambda: _query(url, f"SELECT 1 FROM leases WHERE name LIKE 'account:%' AND fence > {holder[1]}"), 120, "takeover")
         took = time.monotonic() - t0
         _wait(lambda: _ended(url) >= 1, 120, "the job's end")
         done = time.monotonic() - t0
@@ -243,7 +244,7 @@ def main() -> None:
                 took, done = takeover(server, tmp, lease, lease + 5.0)  # the batch still runs when A is killed
                 takeovers.append((lease, took, done))
                 print(
-                    f"  lease {lease:g} s: job taken over {took:.1f} s after kill -9, job ended {done:.1f} s after",
+                    f"  lease {lease:g} s: account taken over {took:.1f} s after kill -9, job ended {done:.1f} s after",
                     flush=True,
                 )
             for k in range(args.repeat) if not args.skip_small else ():
@@ -275,16 +276,17 @@ def main() -> None:
         f"and {benchdocs.load_average():.1f} at the end. Real `bgctl daemon` processes on one home and one PostgreSQL "
         f"store, the emulator's batches running {args.batch_seconds:g} s, `request_timeout_seconds: 2`.",
         "",
-        "**Takeover** (daemons A and B; A holds the job and the provider account with a batch in flight; `kill -9` of A):",
+        "**Takeover** (daemons A and B; A holds the provider account with a batch in flight, which B polls; `kill -9` of A):",
         "",
-        "| `lease_seconds` | B holds the job after | / `lease_seconds` | the job has ended after |",
+        "| `lease_seconds` | B holds the account after | / `lease_seconds` | the job has ended after |",
         "|---:|---:|---:|---:|",
         *[f"| {lease:g} | {took:.1f} s | {took / lease:.2f}× | {done:.1f} s |" for lease, took, done in takeovers],
         "",
-        "A dead daemon's leases lapse `lease_seconds` after their last renewal (renewed every third of it), and "
-        "another daemon asks again for a lease it was refused within a quarter of `lease_seconds` (at most 5 s): the "
-        "takeover comes between two thirds of `lease_seconds` and `lease_seconds` plus that wait. The job then ends "
-        "when its batch does (it ran `lease_seconds` + 5 s here); B takes the account's lease at its first call.",
+        "A let the job go when it began to wait (B is live and holds no account), so B polls it and merges its result "
+        "without a takeover; it takes the account's lease for the job's deletes, its first call, which comes when the "
+        "batch has ended (it ran `lease_seconds` + 5 s here) and no sooner than A's lease lapses (`lease_seconds` "
+        "after its last renewal, renewed every third of it), plus the wait before a refused lease is asked for again "
+        "(a quarter of `lease_seconds`, at most 5 s).",
         "",
         f"**Three daemons against one** ({args.files} files of {args.rows:,} rows dropped at once, one provider account, "
         "time to the last result):",
