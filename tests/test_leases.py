@@ -213,3 +213,27 @@ def wait_until(cond: Any, timeout: float = 30.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_helpers_are_the_other_live_daemons_holding_no_account(daemons, clock: Clock, pg_url: str):
+    """``Leases.helpers``: the daemons other than this one whose ``daemon:`` lease is unexpired
+    and that hold no account's lease (a lapsed account lease does not count)."""
+    from batchgrader.store.leases import daemon_lease
+
+    a, b = daemons
+    store = PostgresEventStore(pg_url)
+    try:
+        c = Leases(store, "daemon-c@host3")
+        for d in (a, b, c):
+            assert d.acquire(daemon_lease(d.holder), TTL, clock()) is not None
+        assert a.acquire(ACCOUNT, TTL, clock()) is not None
+        assert (a.helpers(clock()), b.helpers(clock()), c.helpers(clock())) == (2, 1, 1)  # b and c; c; b
+        other = c.acquire(account_lease("openai", "org-2:proj-2"), TTL / 2, clock())
+        assert other is not None
+        assert a.helpers(clock()) == 1  # c holds an account now
+        clock.advance(TTL / 2)  # c's account lease lapses; the daemon leases have TTL / 2 left
+        assert a.helpers(clock()) == 2
+        clock.advance(TTL)  # every daemon lease lapsed: nobody is live
+        assert a.helpers(clock()) == 0
+    finally:
+        store.close()

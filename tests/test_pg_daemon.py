@@ -50,12 +50,16 @@ def test_a_sandbox_daemon_on_postgresql_grades_a_file_as_the_sqlite_daemon_does(
     jobs = [x for x in status if x["state"] != "lease"]
     assert [(j["file"], j["state"]) for j in jobs] == [("reviews.csv", "completed")]
     assert [j["state"] for j in json.loads(_run(lite.root, None, "status", "--json").stdout)] == ["completed"]
-    # the daemon worked under the job's and the account's leases (no file lock) and released them
+    # the daemon worked under the job's and the account's leases (no file lock), was live under
+    # its own (daemon:<host:pid:id>), and released them all
     leases = [x for x in status if x["state"] == "lease"]
-    assert [(x["name"], x["holder"], x["fence"]) for x in leases] == [
-        ("account:openai:sandbox", None, 1),
-        (f"job:{jobs[0]['job_id']}", None, 1),
+    assert [(x["name"].split(":")[0], x["holder"], x["fence"]) for x in leases] == [
+        ("account", None, 1),
+        ("daemon", None, 1),
+        ("job", None, 1),
     ]
+    assert [x["name"] for x in leases][::2] == ["account:openai:sandbox", f"job:{jobs[0]['job_id']}"]
+    assert leases[1]["kind"] == "daemon" and leases[1]["name"].count(":") == 3
     assert not (pg.root / "daemon.lock").exists()
 
     pg_out = sorted((pg.outbox).iterdir())

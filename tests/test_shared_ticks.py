@@ -13,7 +13,7 @@ from batchgrader.core.configuration.config import load_config
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.events import NewEvent
 from batchgrader.daemon.engine import Engine
-from batchgrader.daemon.shared import SharedWork
+from batchgrader.daemon.shared import ASK_AGAIN, CALL_INTENTS, SharedWork
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.provider.protocol import BatchInfo
@@ -52,9 +52,9 @@ class PausingProvider(MemoryProvider):
 
 
 class Pair:
-    """Two daemons, ``a`` and ``b``, on one shared store and home."""
+    """Two daemons, ``a`` and ``b`` (or one per letter of ``names``), on one shared store and home."""
 
-    def __init__(self, home: Home, pg_url: str, config: str = "") -> None:
+    def __init__(self, home: Home, pg_url: str, config: str = "", names: str = "ab") -> None:
         from batchgrader.store.pgstore import PostgresEventStore
 
         self.home = home
@@ -62,10 +62,10 @@ class Pair:
         self.provider = PausingProvider()
         self.now = 1_000_000.0
         self.provider.now = self.now
-        self.stores = [PostgresEventStore(pg_url), PostgresEventStore(pg_url)]
+        self.stores = [PostgresEventStore(pg_url) for _ in names]
         config = load_config(home, environ={})
         self.engines: dict[str, Engine] = {}
-        for name, store in zip("ab", self.stores, strict=True):
+        for name, store in zip(names, self.stores, strict=True):
             engine = Engine(home, config, store, self.provider, load_pricing())
             engine.share(SharedWork(Leases(store, name), TTL, BOUND, clock=lambda: self.now))
             self.engines[name] = engine
@@ -89,8 +89,10 @@ class Pair:
         current = self.engines["a"].shared.leases.current(lease)  # type: ignore[union-attr]
         return None if current is None else (current.holder if current.expires_at > self.now else None)
 
-    def drop(self, name: str = "a.csv", rows: int = 3) -> None:
-        (self.home.inbox / name).write_text("id,response\n" + "".join(f"{i},review {i}\n" for i in range(rows)))
+    def drop(self, name: str = "a.csv", rows: int = 3, word: str = "review") -> None:
+        (self.home.inbox / name).write_text("id,response\n" + "".join(f"{i},{word} {i}\n" for i in range(rows)))
+        for engine in self.engines.values():
+            engine.scan_requested = True  # as each daemon's inbox watcher would
 
     def job_id(self, file: str = "a.csv") -> str:
         (job,) = [j for j in self.engines["a"].ctx.state.jobs.values() if j.file == file]
@@ -115,8 +117,9 @@ def _until_created(pair: Pair, name: str) -> str:
 
 def test_two_daemons_never_both_act_on_one_job(pair: Pair):
     """While ``a`` holds a job's lease, ``b`` appends nothing to it and makes no provider call,
-    however many of its ticks find the job due; ``a`` then carries it to its end alone, and the
-    job's lease is released when it ends."""
+    however many of its ticks find the job due.  ``a``, the account's holder, leaves the polls
+    and the local work (download, merge, the result) to ``b``, which holds no account; ``b``
+    leaves the deletes to ``a``, which ends the job and releases its lease."""
     job_id = _until_created(pair, "a")
     assert pair.holder(job_lease(job_id)) == "a"
     pair.tick("b")  # b folds the job (its first look at the log)
@@ -127,8 +130,14 @@ def test_two_daemons_never_both_act_on_one_job(pair: Pair):
         assert pair.tick("b", 2.0) == []  # the batch has ended, and b's own timers say poll: b leaves it
     assert pair.writes() == writes
     assert sum(1 for op, _ in pair.provider.calls if op == "retrieve") == retrieves
+    assert pair.tick("a") == []  # a leaves the poll, and the local work after it, to b
+    assert pair.holder(job_lease(job_id)) is None
+    # b asks again for the lease it was refused within ASK_AGAIN s (a leaves the job to it for twice that)
+    by_b = [t for _, t in pair.tick("b", ASK_AGAIN)]
+    assert {"OutputDownloaded", "ChunkCompleted", "ResultWritten"} <= set(by_b)
+    assert "ProviderFileDeleteRequested" not in by_b and pair.writes() == writes  # the deletes are a's
     appended = pair.tick("a")
-    assert (job_id, "JobCompleted") in appended
+    assert (job_id, "JobCompleted") in appended and (job_id, "ChunkCompleted") not in appended
     assert pair.engines["a"].ctx.state.jobs[job_id].ended == "completed"
     assert pair.holder(job_lease(job_id)) is None  # released at the end
     assert len(pair.provider.batches) == 1
@@ -137,8 +146,8 @@ def test_two_daemons_never_both_act_on_one_job(pair: Pair):
 
 def test_an_input_is_claimed_by_one_daemon_and_the_job_of_a_dead_daemon_is_taken_over(pair: Pair):
     """Both daemons see the same inbox file: the database gives it to one.  That daemon dies
-    after its batch was created; once its leases have lapsed the other takes the job (the next
-    fence) and finishes it: one batch, every row answered once."""
+    after its batch was created; the other carries the job on, and once the dead one's account
+    lease has lapsed takes it (the next fence) for the deletes: one batch, every row answered once."""
     pair.drop()
     pair.tick("a")  # first look: not yet stable
     pair.tick("b")
@@ -147,17 +156,25 @@ def test_an_input_is_claimed_by_one_daemon_and_the_job_of_a_dead_daemon_is_taken
     job_id = pair.job_id()
     created = pair.tick("a")
     assert (job_id, "BatchCreated") in created
-    # a dies here: no more ticks of a.  b leaves the job alone while a's lease is live ...
+    # a let the job go when it began to wait (b is live and holds no account), and dies here: no
+    # more ticks of a.  b polls, merges and writes the result, but calls nothing while a's
+    # account lease lives ...
     pair.provider.finish_all()
+    writes = pair.writes()
     for _ in range(int(TTL // 5)):
-        assert pair.tick("b", 4.0) == []
-    # ... and takes it over once it has lapsed
+        assert not {t for _, t in pair.tick("b", 4.0)} & CALL_INTENTS
+    assert pair.writes() == writes
+    assert (pair.home.outbox / "a_results.csv").exists()
+    # ... and deletes the files, and ends the job, once it has lapsed (the account's next fence)
     for _ in range(3):
         pair.tick("b", 5.0)
     job = pair.engines["b"].ctx.state.jobs[job_id]
     assert job.ended == "completed"
-    lease = pair.engines["b"].shared.leases.current(job_lease(job_id))  # type: ignore[union-attr]
-    assert lease is not None and lease.fence >= 2  # taken over (released at the end: no holder)
+    account = pair.engines["b"].account_of(job)
+    lease = pair.engines["b"].shared.leases.current(account)  # type: ignore[union-attr]
+    assert lease is not None and lease.holder == "b" and lease.fence == 2
+    fences = pair.engines["b"].shared.leases.fences_of(job_id)  # type: ignore[union-attr]
+    assert {f for _, f, _ in fences.values()} == {"a", "b"}
     assert len(pair.provider.batches) == 1
     rows = (pair.home.outbox / "a_results.csv").read_text().splitlines()[1:]
     assert sorted(r.split(",")[0] for r in rows) == ["0", "1", "2"]
@@ -335,3 +352,122 @@ def test_a_control_request_is_applied_once_whichever_daemons_see_it(pair: Pair):
         pair.tick("b")
     assert sum(1 for op, _ in pair.provider.calls if op == "cancel") == 1
     assert [e.type for e in pair.stores[0].read(job_id=job_id)].count("BatchCancelRequested") == 1
+
+
+def _by_engine(appended: dict[str, list[tuple[str, str]]], job_id: str, kind: str) -> list[str]:
+    """The daemons that appended each ``kind`` event of the job, in order."""
+    return [name for name, events in appended.items() for j, t in events if j == job_id and t == kind]
+
+
+@pytest.fixture
+def trio(home: Home, pg_url: str):
+    t = Pair(home, pg_url, "split_row_limit: 2\n", names="abc")
+    yield t
+    t.close()
+
+
+def test_the_account_holder_leaves_merging_and_the_result_to_a_daemon_without_an_account(trio: Pair):
+    """Three daemons, one account: ``a`` claims, prepares and sends (it takes the account at its
+    first upload), polls, and leaves the downloads, merges and the result to a daemon that holds
+    no account (``b`` here, the first to ask); that daemon leaves the deletes to ``a``.  Every
+    intent is ``a``'s, under the account's one fence; each chunk is merged once."""
+    for name in "abc":
+        trio.tick(name)  # each daemon live (its daemon: lease)
+    job_id = _until_created(trio, "a")
+    account = trio.engines["a"].account_of(trio.engines["a"].ctx.state.jobs[job_id])
+    trio.provider.finish_all()
+    log: dict[str, list[tuple[str, str]]] = {name: [] for name in "abc"}
+    log["a"] += trio.tick("a")  # polls: both batches have ended, the downloads are local work
+    assert trio.holder(job_lease(job_id)) is None
+    log["b"] += trio.tick("b", ASK_AGAIN)
+    assert {"ChunkCompleted", "ResultWritten"} <= {t for _, t in log["b"]}
+    assert trio.holder(job_lease(job_id)) is None  # b let it go at the deletes
+    writes = trio.writes()
+    log["c"] += trio.tick("c")  # the deletes need the account: c leaves them too
+    assert not {t for _, t in log["c"]} & CALL_INTENTS and trio.writes() == writes
+    log["a"] += trio.tick("a")
+    job = trio.engines["a"].ctx.state.jobs[job_id]
+    assert job.ended == "completed" and len(job.chunks) == 2
+    assert _by_engine(log, job_id, "ChunkCompleted") == ["b", "b"]
+    assert _by_engine(log, job_id, "ResultWritten") == ["b"]
+    assert _by_engine(log, job_id, "JobCompleted") == ["a"]
+    fences = trio.engines["a"].shared.leases.fences_of(job_id)  # type: ignore[union-attr]
+    assert fences and set(fences.values()) == {(account, "a", 1)}
+    assert sum(1 for op, _ in trio.provider.calls if op in WRITES) == len(fences)  # one call per fenced intent
+
+
+def test_a_lone_daemon_does_all_the_work_and_a_silent_one_delays_it_a_bounded_time(pair: Pair):
+    """A job is never left waiting for a daemon that does not come: ``a`` alone (``b`` never ran)
+    merges at once; with ``b`` live but not asking, ``a`` leaves each stretch of local work (the
+    preparing; the polls, download, merge and result after the batch) to it for ``leave_for`` seconds,
+    then does it itself; once ``b``'s lease has lapsed (``b`` died), ``a`` does not wait at all."""
+    job_id = _until_created(pair, "a")
+    pair.provider.finish_all()
+    assert (job_id, "ChunkCompleted") in pair.tick("a")  # nobody else is live
+    assert pair.engines["a"].ctx.state.jobs[job_id].ended == "completed"
+
+    pair.tick("b")  # b live, then silent
+    pair.drop("b.csv", word="second")  # not a's answers again: sent and merged
+    shared = pair.engines["a"].shared
+    assert shared is not None
+    at: dict[str, float] = {}
+    for _ in range(60):
+        for _, t in pair.tick("a"):
+            at.setdefault(t, pair.now)
+        pair.provider.finish_all()
+        if "JobCompleted" in at:
+            break
+    assert "JobCompleted" in at, "a left the job to a daemon that never took it"
+    assert shared.leave_for <= at["JobPrepared"] - at["JobAccepted"] <= shared.leave_for + 1.0  # left to b a while
+    # the polls too (from the first one due); then a does the rest at once
+    assert shared.leave_for <= at["OutputDownloaded"] - at["BatchCreated"] <= shared.leave_for + 2.0
+    assert at["BatchStatusChanged"] == at["ChunkCompleted"] == at["ResultWritten"] == at["OutputDownloaded"]
+    assert at["JobCompleted"] - at["JobAccepted"] <= 3 * shared.leave_for
+
+    pair.now += TTL  # b's lease lapses (b died): a is alone again and leaves nothing
+    pair.drop("c.csv", word="third")
+    appended: list[str] = []
+    for _ in range(6):
+        appended += [t for _, t in pair.tick("a")]
+        pair.provider.finish_all()
+    assert appended.count("JobCompleted") == 1
+
+
+def test_three_daemons_in_any_order_spread_the_local_work_and_one_makes_every_call(trio: Pair):
+    """Four inputs, three daemons ticking in a random (seeded) order, batches ending now and
+    then: every job completes; each chunk is merged once and each result written once; every
+    intent was made by the one daemon holding the account, under its one fence, and that daemon
+    merged nothing and wrote no result: those were the others'."""
+    import random
+
+    rnd = random.Random(37)
+    for name in "abc":
+        trio.tick(name)
+    for k in range(4):
+        trio.drop(f"f{k}.csv", rows=4, word=f"file{k}")
+    log: dict[str, list[tuple[str, str]]] = {name: [] for name in "abc"}
+    for _ in range(300):
+        name = rnd.choice("abc")
+        log[name] += trio.tick(name, rnd.choice((0.5, 1.0, 2.0)))
+        if rnd.random() < 0.2:
+            trio.provider.finish_all()
+        states = trio.engines["a"].ctx.state.jobs.values()
+        if len(states) == 4 and all(j.ended for j in states):
+            break
+    jobs = list(trio.engines["a"].ctx.state.jobs.values())
+    assert len(jobs) == 4 and {j.ended for j in jobs} == {"completed"}
+    holders = set()
+    for job in jobs:
+        events = [e.type for e in trio.stores[0].read(job_id=job.job_id)]
+        assert events.count("ChunkCompleted") == len(job.chunks) == 2
+        assert events.count("ResultWritten") == 1
+        holders |= {h for _, h, _ in trio.engines["a"].shared.leases.fences_of(job.job_id).values()}  # type: ignore[union-attr]
+        rows = (trio.home.outbox / f"{job.file.removesuffix('.csv')}_results.csv").read_text().splitlines()[1:]
+        assert sorted(r.split(",")[0] for r in rows) == ["0", "1", "2", "3"]
+    (caller,) = holders
+    merged = {name for name, events in log.items() for _, t in events if t in ("ChunkCompleted", "ResultWritten")}
+    assert merged and caller not in merged
+    assert sum(1 for op, _ in trio.provider.calls if op in WRITES) == sum(
+        len(trio.engines["a"].shared.leases.fences_of(j.job_id))  # type: ignore[union-attr]
+        for j in jobs
+    )

@@ -16,6 +16,7 @@ from batchgrader.core.configuration.config import Config
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.events import new_event as _e
 from batchgrader.core.log.state import JobState
+from batchgrader.core.rules.actions import Merge
 from batchgrader.core.rules.decide import STEP_FAILED, STEP_FAILURES_MAX, Action, Step, next_action, resubmit_delay, utc_day
 from batchgrader.core.rules.due import next_due
 from batchgrader.daemon.context import Context
@@ -97,7 +98,7 @@ class Engine:
             for j in self.ctx.state.jobs.values()
             if not j.corrupt
             and self.ctx.left_alone_because(j) is None
-            and not (self.shared is not None and self.shared.held_elsewhere(j.job_id))
+            and not (self.shared is not None and self.shared.held_elsewhere(j.job_id, j.version))
         ]
         wall = mono if wall is None else wall
         queues = {j.job_id: self.ctx.queue_url_for(j) for j in ours}
@@ -105,6 +106,9 @@ class Engine:
         timers = self.ctx.timers(mono)
         inbox_times = self.steps.intake.times() if inbox else None
         due = next_due(self.ctx.state, self.ctx.schedule, self.ctx.config, wall, mono, inbox_times, ids, timers, queues)
+        left = self.shared.wait_left() if self.shared is not None else None
+        if left is not None:  # a job's local work left to another daemon is this one's again then
+            due = mono + left if due is None else min(due, mono + left)
         fire = self.steps.schedules.next_due(wall)  # a scheduled run's time, on the wall clock
         if fire is None:
             return due
@@ -253,6 +257,8 @@ class Engine:
                     self.ctx.state, job.job_id, self.ctx.config, now, self.ctx.timers(), step, self.ctx.queue_url_for(job)
                 )
                 if action is None:
+                    if self.shared is not None and job.job_id in self.shared.jobs and self._leaves_waiting(self.shared, job):
+                        self.shared.let_go(job.job_id, "it waits: its polls are left to a daemon that holds no account")
                     return
                 step = step.after(action)
                 try:
@@ -272,16 +278,20 @@ class Engine:
                     self.again = True
                     return
         finally:
-            if self.shared is not None and job.job_id in self.shared.jobs and self.ctx.state.jobs[job.job_id].ended:
-                self.shared.let_go(job.job_id, "the job has ended")
+            if self.shared is not None and self.ctx.state.jobs[job.job_id].ended:
+                self.shared.ended(job.job_id)
 
     def _act_leased(self, shared: SharedWork, action: Action, job: JobState, now: float) -> bool:
         """Carry out ``action`` (:meth:`act`) on a shared store: only while this daemon holds the
         job's lease and, for a provider call, the account's (False: not done, the job is left to
-        the lease's holder; a job needing an account another daemon holds is handed to it)."""
+        the lease's holder; a job needing an account another daemon holds is handed to it; a
+        job's local work is left a while to a daemon that holds no account: :meth:`_leaves`)."""
         from batchgrader.store.leases import LeaseLost
 
-        if not shared.take_job(job.job_id):
+        if self._leaves(shared, action):
+            shared.let_go(job.job_id, "its local work is left to a daemon that holds no account")
+            return False
+        if not shared.take_job(job.job_id, self.ctx.state.jobs[job.job_id].version):
             return False
         account = self.account_of(job)
         try:
@@ -295,6 +305,25 @@ class Engine:
             shared.lost(job.job_id)
             return False
         return True
+
+    def _leaves(self, shared: SharedWork, action: Action) -> bool:
+        """Whether ``action``, a job's local work, is left to a daemon that holds no account
+        (:meth:`SharedWork.leaves`); never while a merge of the job runs in a worker here."""
+        from batchgrader.daemon.shared import local_work
+
+        if not local_work(action):
+            return False
+        if any(job_id == action.job_id for job_id, _ in self.ctx.timers().merging):
+            return False
+        workers = self.ctx.merge_workers
+        if isinstance(action, Merge) and workers is not None and workers.running((action.job_id, action.chunk)):
+            return False
+        return shared.leaves(action.job_id, self.ctx.state.jobs[action.job_id].version)
+
+    def _leaves_waiting(self, shared: SharedWork, job: JobState) -> bool:
+        """Whether a job this daemon holds, with nothing to do now, is let go for a daemon that
+        holds no account to poll (:meth:`SharedWork.helped`); never while a merge of it runs here."""
+        return shared.helped() and not any(job_id == job.job_id for job_id, _ in self.ctx.timers().merging)
 
     def account_of(self, job: JobState) -> str:
         """The lease of the provider account a job's calls go to (its queue: the organisation,

@@ -8,6 +8,14 @@ the one place the engine asks what this daemon may do; the steps know nothing of
   ended, when its next action needs a provider account this daemon does not hold (the holder of
   that account takes the job then), and when the daemon stops.  A job whose daemon died is taken
   over once its lease lapses;
+- **a job's local work** (:data:`LOCAL_WORK`: preparing, polling, downloading, merging, writing
+  the result) is left by a daemon holding an account's lease to a live daemon holding none
+  (:meth:`SharedWork.leaves`; each daemon is live under its own lease, ``daemon:<holder>``):
+  it lets the job go (also when the job begins to wait) and does not take it for
+  :attr:`SharedWork.leave_for` seconds, then (nobody took it) does that stretch of work itself.
+  So the account's holder sends, and the others poll, merge and write.  A job lease refused is
+  asked for again once the job has a new event (its holder may have let it go), else after a
+  while (:data:`ASK_AGAIN`);
 - **a provider call that writes** (upload, create, cancel, delete, and a synchronous request) is
   made only by the holder of the provider account's lease (:meth:`SharedWork.acting`): taken or
   renewed at the start of the action, refused while another daemon holds it.  The action's intent
@@ -43,18 +51,25 @@ from batchgrader.core.rules.actions import (
     CheckDuplicates,
     Create,
     DeleteProviderFiles,
+    Download,
     FailBatch,
     FailUnstarted,
+    Merge,
+    Poll,
     Preflight,
+    Prepare,
     Reconcile,
     Replan,
     SearchRecovered,
     SendOnline,
     SendStragglers,
+    StoreAnswers,
     Upload,
+    WriteErrorReport,
+    WriteResult,
 )
 from batchgrader.store.claims import claim_control, claim_input
-from batchgrader.store.leases import Lease, LeaseLost, Leases, job_lease
+from batchgrader.store.leases import Lease, LeaseLost, Leases, daemon_lease, job_lease
 
 log = logging.getLogger("batchgrader.engine")
 
@@ -87,6 +102,9 @@ CALL_INTENTS = frozenset(
         "OnlineRequestSent",
     }
 )
+#: a job's local work (no provider call; the CPU and disk of the daemon doing it) that a daemon
+#: holding a provider account's lease leaves to a daemon holding none (:meth:`SharedWork.leaves`)
+LOCAL_WORK: tuple[type[Action], ...] = (Prepare, Poll, Download, Merge, StoreAnswers, WriteResult, WriteErrorReport)
 #: s, the longest a daemon waits before it asks again for a lease another daemon held
 ASK_AGAIN = 5.0
 #: s, added to the request timeout: a call is made only while the lease has more than this left
@@ -95,6 +113,10 @@ CALL_MARGIN = 1.0
 
 def needs_account(action: Action) -> bool:
     return isinstance(action, CALLING_ACTIONS)
+
+
+def local_work(action: Action) -> bool:
+    return isinstance(action, LOCAL_WORK)
 
 
 class SharedWork:
@@ -120,6 +142,10 @@ class SharedWork:
         self._renewed: dict[str, float] = {}  # lease name -> time.monotonic() of the last take or renewal
         self._calling: Lease | None = None  # the account lease of the action under way
         self._refused: dict[str, float] = {}  # lease name -> time.monotonic() before which it is not asked for again
+        self._refused_at: dict[str, int] = {}  # job lease name -> the job's version when it was refused
+        self.presence: dict[str, Lease] = {}  # this daemon's own lease (daemon:<holder>): it is live
+        self._helped: bool | None = None  # whether a daemon holding no account is live (asked once a tick)
+        self._leaving: dict[str, tuple[int, float]] = {}  # job id -> (its version, until when) left to such a daemon
 
     @property
     def holder(self) -> str:
@@ -169,13 +195,70 @@ class SharedWork:
         until = self._refused.get(name)
         return until is not None and self._time() < until
 
-    def held_elsewhere(self, job_id: str) -> bool:
-        """Whether another daemon works on ``job_id`` (as last asked): it is not this daemon's to wait for."""
-        return job_id not in self.jobs and self.elsewhere(job_lease(job_id))
+    def _job_moved(self, job_id: str, version: int | None) -> None:
+        """A job refused at an earlier version (its holder has appended since, and may have let
+        it go: a hand-over) is asked for again at once."""
+        name = job_lease(job_id)
+        if version is not None and self._refused_at.get(name, version) != version:
+            self._refused.pop(name, None)
+            self._refused_at.pop(name, None)
 
-    def take_job(self, job_id: str) -> bool:
-        """Whether this daemon advances ``job_id`` now: its lease taken or kept."""
-        return self._take(self.jobs, job_id, job_lease(job_id)) is not None
+    def held_elsewhere(self, job_id: str, version: int | None = None) -> bool:
+        """Whether another daemon works on ``job_id`` (as last asked, at ``version``, the job's
+        last event), or the job's local work is left to one (:meth:`leaves`): it is not this
+        daemon's to wait for."""
+        if job_id in self.jobs:
+            return False
+        self._job_moved(job_id, version)
+        left = self._leaving.get(job_id)
+        return self.elsewhere(job_lease(job_id)) or (left is not None and self._time() < left[1])
+
+    # --- spreading the local work -----------------------------------------------------------------
+    @property
+    def leave_for(self) -> float:
+        """s, the longest a job's local work is left to another daemon before this one does it:
+        twice the wait before a refused lease is asked for again, so that daemon has asked."""
+        return 2 * min(self.ttl / 4, ASK_AGAIN)
+
+    def helped(self) -> bool:
+        """Whether this daemon holds a provider account's lease while another live daemon holds
+        none (:meth:`~batchgrader.store.leases.Leases.helpers`; asked at most once a tick)."""
+        if not self.accounts:
+            return False
+        if self._helped is None:
+            self._helped = self.leases.helpers(self.clock()) > 0
+        return self._helped
+
+    def leaves(self, job_id: str, version: int) -> bool:
+        """Whether to leave the local work of ``job_id`` (at ``version``, its last event) to a
+        daemon holding no account lease, now: while this daemon holds one and such a daemon is
+        live (:meth:`helped`), for at most :attr:`leave_for` seconds; then (nobody took it)
+        this daemon does it, and the rest of that local work, until the job's next provider
+        call (:meth:`acting`): a job is never left waiting."""
+        if not self.helped():
+            self._leaving.pop(job_id, None)
+            return False
+        now = self._time()
+        left = self._leaving.get(job_id)
+        if left is None or (left[0] != version and job_id not in self.jobs):  # another daemon may have worked on it
+            left = self._leaving[job_id] = (version, now + self.leave_for)
+        return now < left[1]
+
+    def wait_left(self) -> float | None:
+        """s until the first job left to another daemon is this daemon's again (None: none is)."""
+        now = self._time()
+        waits = [until - now for _, until in self._leaving.values() if until > now]
+        return min(waits) if waits else None
+
+    def take_job(self, job_id: str, version: int | None = None) -> bool:
+        """Whether this daemon advances ``job_id`` now: its lease taken or kept.  Refused, it is
+        not asked for again for a while (:data:`ASK_AGAIN`), or until the job has moved on from
+        ``version`` (its last event, when given)."""
+        self._job_moved(job_id, version)
+        taken = self._take(self.jobs, job_id, job_lease(job_id)) is not None
+        if not taken and version is not None:
+            self._refused_at[job_lease(job_id)] = version
+        return taken
 
     def let_go(self, job_id: str, why: str) -> None:
         """Release the job's lease (the job ended, or another daemon is to carry it on)."""
@@ -184,6 +267,11 @@ class SharedWork:
             self._renewed.pop(lease.name, None)
             self.leases.release(lease)
             log.debug("lease %s released: %s", lease.name, why)
+
+    def ended(self, job_id: str) -> None:
+        """The job has ended: its lease released, if held, and nothing more kept of it."""
+        self._leaving.pop(job_id, None)
+        self.let_go(job_id, "the job has ended")
 
     def lost(self, job_id: str) -> None:
         """The job's lease or the account's was found lost in an append: forget what we thought we held."""
@@ -204,6 +292,7 @@ class SharedWork:
         if not needs_account(action):
             yield True
             return
+        self._leaving.pop(job_id, None)  # the local work after this call is left to another daemon again
         lease = self.account(account)
         if lease is None:
             yield False
@@ -215,9 +304,13 @@ class SharedWork:
             self._calling = None
 
     def keep(self) -> None:
-        """Renew every lease held whose renewal is due (from a long step's heartbeat); a lease
-        lost meanwhile is forgotten (its job's next append is refused)."""
-        for held in (self.jobs, self.accounts):
+        """Renew every lease held whose renewal is due (each tick, and from a long step's
+        heartbeat); a lease lost meanwhile is forgotten (its job's next append is refused).  The
+        daemon's own lease (:func:`~batchgrader.store.leases.daemon_lease`) is taken here."""
+        self._helped = None
+        if not self.presence:
+            self._take(self.presence, "daemon", daemon_lease(self.holder))
+        for held in (self.jobs, self.accounts, self.presence):
             for key, lease in list(held.items()):
                 if self._due(lease):
                     try:
@@ -231,7 +324,7 @@ class SharedWork:
 
     def release_all(self) -> None:
         """Give every lease up (the daemon stops): another daemon takes them at once."""
-        for held in (self.jobs, self.accounts):
+        for held in (self.jobs, self.accounts, self.presence):
             for lease in list(held.values()):
                 try:
                     self.leases.release(lease)

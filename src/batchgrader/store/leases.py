@@ -2,9 +2,10 @@
 
 A lease is a row ``leases(name, holder, fence, expires_at)``: one per provider account
 (:func:`account_lease`: every provider call of that account is made by its holder alone) and one
-per job being worked on (:func:`job_lease`: prepare, merge, write the result).  Every decision is
-one statement in the database, against a clock the caller passes in (seconds; None: the
-database's own clock), so two daemons can never both believe they hold a lease:
+per job being worked on (:func:`job_lease`: prepare, merge, write the result), and one per
+running daemon (:func:`daemon_lease`: which daemons are live, :meth:`Leases.helpers`).  Every
+decision is one statement in the database, against a clock the caller passes in (seconds; None:
+the database's own clock), so two daemons can never both believe they hold a lease:
 
 - :meth:`Leases.acquire`: take a free or expired lease; the fence goes up by one whenever the
   holder changes (or a lapsed holder takes it again), never when a holder renews;
@@ -99,6 +100,11 @@ def job_lease(job_id: str) -> str:
     return f"job:{job_id}"
 
 
+def daemon_lease(holder: str) -> str:
+    """The lease a daemon holds while it runs (renewed with its others): which daemons are live."""
+    return f"daemon:{holder}"
+
+
 def _lease(row: Sequence[Any] | None) -> Lease | None:
     return None if row is None else Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]))
 
@@ -181,6 +187,21 @@ class Leases:
             rows = conn.execute(f"SELECT {COLUMNS} FROM leases ORDER BY name").fetchall()
             conn.rollback()
         return [lease for r in rows if (lease := _lease(r)) is not None]
+
+    def helpers(self, now: float | None = None) -> int:
+        """How many other daemons are live (their :func:`daemon_lease` unexpired) and hold no
+        provider account's lease: the daemons free for a job's local work."""
+        with self.store.pool.connection() as conn:
+            t = self._now(conn, now)
+            n = one(
+                conn,
+                """SELECT count(*) FROM leases d WHERE d.name LIKE 'daemon:%%' AND d.holder <> %s AND d.expires_at > %s
+                AND NOT EXISTS (SELECT 1 FROM leases a WHERE a.name LIKE 'account:%%' AND a.holder = d.holder
+                                AND a.expires_at > %s)""",
+                (self.holder, t, t),
+            )
+            conn.rollback()
+        return int(n)
 
     # --- intents under a lease --------------------------------------------------------------------
     def append_intent(
