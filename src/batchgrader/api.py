@@ -43,7 +43,7 @@ def grade(
     ``BATCHGRADER_HOME`` or the platform's default); ``sandbox``: when no daemon runs, run it with
     the emulator (SIMULATED answers, no API key); ``timeout``: stop waiting after this many seconds
     (``GradeTimeout``, the job goes on); ``progress``: print a progress line with an ETA;
-    ``settings``: configuration keys over the profile (``model="gpt-4.1"``, ``temperature=0``),
+    ``settings``: configuration keys over the profile (``model="gpt-5.4"``, ``temperature=0``),
     written to config.yaml as a generated profile."""
     from pathlib import Path
 

@@ -48,7 +48,7 @@ user_prompt: "Review: {response}\\nGrade the review from 1 (useless) to 5 (very 
 # Profiles: named overrides of the settings above, e.g. `bgctl grade FILE --profile careful`.
 # profiles:
 #   careful:
-#     model: gpt-4.1
+#     model: gpt-5.4
 """
 
 

@@ -696,7 +696,7 @@ def with_deployments(prices: PriceTable, profiles: Iterable[Any]) -> PriceTable:
         if not underlying:
             raise PricingError(
                 f"{where} uses Azure OpenAI deployment {deployment!r}, which has no price: set 'azure_model' in "
-                f"{where} to the model the deployment runs (e.g. gpt-4.1-mini), or add a row named {deployment!r} to pricing.csv"
+                f"{where} to the model the deployment runs (e.g. gpt-5.4-mini), or add a row named {deployment!r} to pricing.csv"
             )
         base = prices.find(underlying)
         if base is None:

@@ -381,7 +381,7 @@ class Settings:
         "The `api-version` sent with every Azure Files and Batches call. The default is the latest data-plane authoring release"
         " listed by Microsoft (checked 2026-11-23); the GA release `2024-10-21` does not support newer models.", profile=False, restart=True)
     azure_model = Setting(None, _opt_str, PROVIDER,
-        "With `provider: azure`, `model` names your *deployment*; `azure_model` names the model it runs (e.g. `gpt-4.1-mini`), "
+        "With `provider: azure`, `model` names your *deployment*; `azure_model` names the model it runs (e.g. `gpt-5.4-mini`), "
         "whose price, tokenizer and context window are used. Unset, the deployment name itself must have a row in the price "
         "table; otherwise the daemon (and `bgctl count`) refuses, naming the profile and this key, before anything is uploaded.")
     rescan_interval_seconds = Setting(30.0, _float(0.05), HOUSE,
