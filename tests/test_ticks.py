@@ -736,3 +736,20 @@ def test_a_refused_chunk_of_a_job_with_reused_rows_is_replanned_with_every_row_i
         assert sorted(r["answered_by"] for r in rows) == ["batch"] * 4 + ["preflight"] * 2
     finally:
         rig.close()
+
+
+def test_a_job_stopped_between_its_archive_and_its_end_ends_without_bringing_its_input_back(home):
+    """An archived input comes back only for a job reopened by `bgctl retry`: a job whose end was
+    interrupted after the archive (a step that raised, a crash, on a shared store the account's
+    lease held elsewhere) carries on with its end, its input left in the archive."""
+    rig = make(home, "")
+    rig.drop(2)
+    rig.tick()
+    rig.provider.finish_all()
+    rig.provider.fail_next("delete_file", "broken")  # the delete step raises what no rule foresaw
+    types = rig.tick()
+    assert "InputArchived" in types and "JobCompleted" not in types and (home.archive / "a.csv").exists()
+    types = rig.tick()
+    assert "InputRestored" not in types and types.count("InputArchived") == 0 and types[-1] == "JobCompleted"
+    assert (home.archive / "a.csv").exists() and rig.job().ended == "completed"
+    rig.close()

@@ -55,7 +55,7 @@ from batchgrader.core.rules.actions import (
     Upload,
 )
 from batchgrader.core.rules.budget import budget_problem, job_tokens_bound, utc_day  # noqa: F401 - part of the rules' interface
-from batchgrader.core.rules.ending import ending, finish_actions, first_error, start_failure_actions  # noqa: F401 - part of the rules' interface
+from batchgrader.core.rules.ending import ending, finish_actions, first_error, reopened_archive, start_failure_actions  # noqa: F401 - part of the rules' interface
 from batchgrader.core.rules.panel import decide_panel
 from batchgrader.core.rules.polling import MIN_DELAY
 from batchgrader.core.rules.preflight_rules import preflight_due
@@ -312,7 +312,7 @@ def _decide_rest(
     panel = decide_panel(state, job, config, now, timers)  # a panel job acts through its judges' jobs
     if panel is not None:
         return panel
-    out: list[Action] = [RestoreInput(job_id)] if job.archived_path else []
+    out: list[Action] = [RestoreInput(job_id)] if reopened_archive(job) else []
     if not job.prepared:
         return out + _before_prepare(state, job, config, now, timers)
     held = _cancel_or_release(state, job, config, now, timers)

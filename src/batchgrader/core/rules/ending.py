@@ -65,6 +65,13 @@ def ending(job: JobState) -> tuple[str, dict[str, Any]]:
     }
 
 
+def reopened_archive(job: JobState) -> bool:
+    """Whether the job's archived input is to come back: the job was reopened (`bgctl retry`
+    resets its result), not stopped between its archive and its end (its result written; a step
+    that raised, a crash, or the account's lease held by another daemon), which ends as it was."""
+    return bool(job.archived_path) and job.outbox != "done"
+
+
 def finish_actions(job: JobState, config: Config, store: Sequence[Action], now: float, timers: Timers) -> list[Action]:
     """The job's end once its chunks are done: the result file, the stored answers, the archived
     input, the provider files deleted, the final event (not before an unwritten result's back-off)."""

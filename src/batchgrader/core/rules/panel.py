@@ -23,6 +23,7 @@ from batchgrader.core.configuration.config import Config, ConfigError, Profile
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.state import JobState, State
 from batchgrader.core.rules.actions import OUTBOX_TIMER, Action, Archive, Finish, RestoreInput, Timers
+from batchgrader.core.rules.ending import reopened_archive
 
 ALL_JUDGES_FAILED = "all_judges_failed"
 JUDGES_FOLDER = "judges"
@@ -113,7 +114,7 @@ def decide_panel(state: State, job: JobState, config: Config, now: float, timers
     judges = judge_jobs(state, job)
     if job.panel is None or any(j is None for j in judges):
         return [StartPanel(job.job_id)]
-    restore: list[Action] = [RestoreInput(job.job_id)] if job.archived_path else []  # reopened by `bgctl retry`
+    restore: list[Action] = [RestoreInput(job.job_id)] if reopened_archive(job) else []
     retried = _judges_to_retry(job, judges)
     if retried:
         return [*restore, RetryJudges(job.job_id, retried)]
