@@ -418,6 +418,16 @@ def _batch(p: MemoryProvider, batch_id: str, op: str) -> BatchInfo:
     return b
 
 
+def _batch_line(p: MemoryProvider, cid: str, body: dict[str, Any], status_code: int = 200) -> dict[str, Any]:
+    """A batch output line: the row's ``custom_id`` and the response the provider gave it."""
+    return {
+        "id": p._new_id("batch_req"),
+        "custom_id": cid,
+        "response": {"status_code": status_code, "request_id": p._new_id("req"), "body": body},
+        "error": None,
+    }
+
+
 def _output_line(p: MemoryProvider, cid: str, body: Mapping[str, Any], url: Any = None) -> dict[str, Any]:
     """A row's answer as a batch output line: :attr:`MemoryProvider.answer`, its finish reason and usage
     (a ``response`` for a Responses API line)."""
@@ -425,31 +435,26 @@ def _output_line(p: MemoryProvider, cid: str, body: Mapping[str, Any], url: Any 
         return _response_line(p, cid, body)
     if url == EMBEDDINGS_URL:
         return _embedding_line(p, cid, body)
-    return {
-        "id": p._new_id("batch_req"),
-        "custom_id": cid,
-        "response": {
-            "status_code": 200,
-            "request_id": p._new_id("req"),
-            "body": {
-                "object": "chat.completion",
-                "model": body.get("model"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": p.answer(cid, body)},
-                        "finish_reason": p.finish_reason(cid, body),
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": p.prompt_tokens,
-                    "completion_tokens": p.completion_tokens,
-                    "total_tokens": p.prompt_tokens + p.completion_tokens,
-                },
+    return _batch_line(
+        p,
+        cid,
+        {
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": p.answer(cid, body)},
+                    "finish_reason": p.finish_reason(cid, body),
+                }
+            ],
+            "usage": {
+                "prompt_tokens": p.prompt_tokens,
+                "completion_tokens": p.completion_tokens,
+                "total_tokens": p.prompt_tokens + p.completion_tokens,
             },
         },
-        "error": None,
-    }
+    )
 
 
 def _embedding_line(p: MemoryProvider, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -466,21 +471,16 @@ def _embedding_line(p: MemoryProvider, cid: str, body: Mapping[str, Any]) -> dic
         vector = [0.0] * 64
         for w in re.findall(r"\w+", str(body.get("input", "")).lower()):
             vector[hashlib.sha256(w.encode()).digest()[0] % 64] += 1.0
-    return {
-        "id": p._new_id("batch_req"),
-        "custom_id": cid,
-        "response": {
-            "status_code": 200,
-            "request_id": p._new_id("req"),
-            "body": {
-                "object": "list",
-                "data": [{"object": "embedding", "index": 0, "embedding": vector}],
-                "model": body.get("model"),
-                "usage": {"prompt_tokens": p.prompt_tokens, "total_tokens": p.prompt_tokens},
-            },
+    return _batch_line(
+        p,
+        cid,
+        {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": p.prompt_tokens, "total_tokens": p.prompt_tokens},
         },
-        "error": None,
-    }
+    )
 
 
 def _response_line(p: MemoryProvider, cid: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -491,43 +491,29 @@ def _response_line(p: MemoryProvider, cid: str, body: Mapping[str, Any]) -> dict
     done = finish == "stop"
     reason = "max_output_tokens" if finish == "length" else finish
     text = {"type": "output_text", "text": p.answer(cid, body), "annotations": []}
-    return {
-        "id": p._new_id("batch_req"),
-        "custom_id": cid,
-        "response": {
-            "status_code": 200,
-            "request_id": p._new_id("req"),
-            "body": {
-                "object": "response",
-                "model": body.get("model"),
-                "status": "completed" if done else "incomplete",
-                "incomplete_details": None if done else {"reason": reason},
-                "output": [{"type": "message", "role": "assistant", "status": "completed", "content": [text]}],
-                "usage": {
-                    "input_tokens": p.prompt_tokens,
-                    "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens": p.completion_tokens,
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": p.prompt_tokens + p.completion_tokens,
-                },
+    return _batch_line(
+        p,
+        cid,
+        {
+            "object": "response",
+            "model": body.get("model"),
+            "status": "completed" if done else "incomplete",
+            "incomplete_details": None if done else {"reason": reason},
+            "output": [{"type": "message", "role": "assistant", "status": "completed", "content": [text]}],
+            "usage": {
+                "input_tokens": p.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": p.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": p.prompt_tokens + p.completion_tokens,
             },
         },
-        "error": None,
-    }
+    )
 
 
 def _error_line(p: MemoryProvider, cid: str, code: str, message: str) -> dict[str, Any]:
     """A row listed in :attr:`MemoryProvider.row_errors`, as a batch error line."""
-    return {
-        "id": p._new_id("batch_req"),
-        "custom_id": cid,
-        "response": {
-            "status_code": ROW_ERROR_STATUS.get(code, 400),
-            "request_id": p._new_id("req"),
-            "body": {"error": {"code": code, "message": message}},
-        },
-        "error": None,
-    }
+    return _batch_line(p, cid, {"error": {"code": code, "message": message}}, ROW_ERROR_STATUS.get(code, 400))
 
 
 def _line(obj: dict[str, Any]) -> bytes:
