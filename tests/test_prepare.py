@@ -19,6 +19,7 @@ from batchgrader.pipeline.prepare import prepare, split_file
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.pipeline.prompts import compile_template, render
 from batchgrader.pipeline.requests import LineTemplate, RequestBuilder, default_custom_id, dumps_line, token_param_for
+from batchgrader.pipeline.sync_lines import oversized_lines
 from batchgrader.pipeline.tables import InputError, open_table
 from batchgrader.pipeline.tokens import ChatTokenCounter
 
@@ -386,6 +387,6 @@ def test_requests_too_large_are_found_without_the_tokenizer_when_their_bytes_fit
         limits = Limits(token_limit=limit, context_window=window, max_output_tokens=20)
         sizes = array("Q", (len(line) for line in lines))
         exact = {o.position for o in plan_chunks(array("Q", tokens), sizes, limits)[1]}
-        assert prepare_mod.oversized_lines(lines, profile, limits) == exact
+        assert oversized_lines(lines, profile, limits) == exact
 
     check()

@@ -108,8 +108,8 @@ def test_count_exits_78_on_chat_completions_for_a_responses_only_model(home: Hom
 
 def test_the_responses_body_counts_the_tokens_of_the_same_messages(home: Home):
     """The Responses body carries the chat messages as ``input``: the offline count is the same."""
-    from batchgrader.pipeline.prepare import input_tokens_of
     from batchgrader.pipeline.requests import dumps_line
+    from batchgrader.pipeline.sync_lines import input_tokens_of
 
     home.config_file.write_text("model: gpt-5.4-mini\nopenai_endpoint: responses\n", encoding="utf-8")
     resp = load_config(home, environ={}).default

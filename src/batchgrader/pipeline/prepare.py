@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -30,14 +29,13 @@ from batchgrader.pipeline.requests import (
     RequestBuilder,
     default_custom_id,
     dumps_line,
-    request_messages,
     schema_info,
     schema_sha256,
 )
 from batchgrader.pipeline.rowschema import row_formats, schema_info_of
 from batchgrader.pipeline.samples import id_problem, sample_id, sample_ids
 from batchgrader.pipeline.splitting import Chunk, Limits, plan_chunks, write_chunk_files
-from batchgrader.pipeline.tables import InputError, MissingColumn, open_table, text_of
+from batchgrader.pipeline.tables import InputError, MissingColumn, text_of
 from batchgrader.pipeline.tokens import ChatTokenCounter, ModelTokenizer, ParallelTextCounter, tokenizer_for_model
 
 BLOCK_ROWS = 4096
@@ -51,33 +49,6 @@ class ReuseProbeLike(Protocol):
     ) -> list[bool]: ...
 
     def leader_position(self, pos: int) -> int | None: ...
-
-
-# Models that take `max_tokens` instead of `max_completion_tokens` (token_param: auto).
-def first_requests(path: Path, profile: Profile, home: Home, file_hash: str, n: int) -> list[bytes]:
-    """The request lines of the first ``n`` rows of ``path``, exactly as :func:`prepare` writes
-    them (the preflight's requests).  Raises what :func:`prepare` raises for the same input."""
-    builder = RequestBuilder(profile, home, file_hash)
-    formats = row_formats(profile)
-    out: list[bytes] = []
-    with open_table(
-        path, required_columns=builder.required_columns(), sheet=profile.get("sheet"), encoding=profile.get("encoding", "utf-8")
-    ) as reader:
-        skip_empty = bool(profile.get("skip_empty"))
-        for row in reader:
-            if len(out) >= n:
-                break
-            if skip_empty and is_empty(row, profile.response_field):
-                continue  # never sent (prepare fails it with empty_input)
-            rf = formats.of(row, path) if formats is not None else None
-            out.append(dumps_line(builder.line(row, rf)[2]))
-    return out
-
-
-def input_tokens_of(lines: Sequence[bytes], profile: Profile) -> int:
-    """The input tokens of request lines (as :func:`prepare` writes them), counted offline with
-    the model's tokenizer as :func:`prepare` counts them."""
-    return sum(_line_tokens(lines, profile))
 
 
 def file_sha256(path: Path) -> str:
@@ -269,27 +240,6 @@ class _Templates:
         if found is None:
             found = self.made[id(rf)] = (schema_sha256(rf) or "", self.builder.line_template(rf))
         return found
-
-
-def oversized_lines(lines: Sequence[bytes], profile: Profile, limits: Limits) -> set[int]:
-    """The positions among ``lines`` (request lines as :func:`prepare` writes them) of those that
-    prepare would fail alone as ``request_too_large`` under ``limits`` (their tokens counted as
-    prepare counts them, their size in bytes)."""
-    if not lines:
-        return set()
-    sizes = array("Q", (len(line) for line in lines))
-    if not plan_chunks(sizes, sizes, limits)[1]:
-        # a request's tokens never exceed its line's bytes (each token is at least one byte of a
-        # string the line carries, and each message's and the reply's overhead fewer than its
-        # JSON punctuation): none is too large, and the tokenizer need not be loaded for it
-        return set()
-    tokens = array("Q", (max(0, n) for n in _line_tokens(lines, profile)))
-    return {o.position for o in plan_chunks(tokens, sizes, limits)[1]}
-
-
-def _line_tokens(lines: Sequence[bytes], profile: Profile) -> list[int]:
-    counter = ChatTokenCounter(profile.get("azure_model") or profile.model, profile.default_encoding)
-    return counter.count_many([request_messages(json.loads(line)["body"]) for line in lines])
 
 
 def prepare(

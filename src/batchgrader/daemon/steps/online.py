@@ -61,12 +61,12 @@ from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.chunkplan import chunk_custom_ids, lines
 from batchgrader.pipeline.input_checks import check_input
 from batchgrader.pipeline.merge import outcome_record
-from batchgrader.pipeline.prepare import first_requests, input_tokens_of
 from batchgrader.pipeline.pricing import PriceTable, PricingError, billed_cost, estimate, has_flex, standard_price
 from batchgrader.pipeline.requests import dumps_line
 from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.rowschema import request_schema
 from batchgrader.pipeline.samples import sample_ids
+from batchgrader.pipeline.sync_lines import first_requests, input_tokens_of
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import OutcomeUnknown, Provider, ProviderError, ProviderRejected, ProviderUnavailable
 from batchgrader.store.eventstore import NewEvent

@@ -76,11 +76,12 @@ from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.input_checks import open_checked
 from batchgrader.pipeline.job_reuse import send_probe
 from batchgrader.pipeline.merge import outcome_record
-from batchgrader.pipeline.prepare import oversized_lines, request_lines
+from batchgrader.pipeline.prepare import request_lines
 from batchgrader.pipeline.pricing import PricingError, billed_cost, standard_price
 from batchgrader.pipeline.requests import RequestBuilder
 from batchgrader.pipeline.results import parse_line
 from batchgrader.pipeline.rowschema import request_schema
+from batchgrader.pipeline.sync_lines import oversized_lines
 from batchgrader.pipeline.tables import InputError
 from batchgrader.provider.protocol import (
     RETRYABLE_STATUSES,
