@@ -26,12 +26,13 @@ from typing import Any
 from allpairspy import AllPairs
 
 from batchgrader.cli.render_status import duplicate_rows, reused_rows
+from batchgrader.core.host.control_files import pending_controls
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.state import JobState
-from batchgrader.daemon.control import apply_control, pending_controls
-from batchgrader.daemon.snapshot import take
+from batchgrader.daemon.control import apply_control
 from batchgrader.store.figures import figures_of
 from batchgrader.store.readmodels import rebuild
+from batchgrader.store.snapshot import take
 from cli_fixtures import run
 from ticks import Rig
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from batchgrader.daemon.configwatch import ConfigWatch
+from batchgrader.core.configuration.watch import ConfigWatch
 
 
 def test_each_change_is_reported_once(tmp_path):
@@ -51,8 +51,8 @@ def test_an_edited_config_is_reloaded_without_sighup(home):
 
 def test_a_reload_names_the_changes_only_a_restart_applies(tmp_path):
     from batchgrader.core.configuration.config import load_config
+    from batchgrader.core.configuration.watch import restart_only_changes
     from batchgrader.core.host.home import Home
-    from batchgrader.daemon.configwatch import restart_only_changes
 
     home = Home(tmp_path)
     home.ensure()

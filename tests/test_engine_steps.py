@@ -1,5 +1,5 @@
 """The engine's shape: every action :mod:`batchgrader.core.rules.decide` can return has a handler in
-the dispatch table, and the steps are classes over the one context, none of which imports or
+the engine's action table, and the steps are classes over the one context, none of which imports or
 calls another (issue 36)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from batchgrader.core.rules import actions
 from batchgrader.core.rules.actions import Action
-from batchgrader.daemon.dispatch import Steps
+from batchgrader.daemon.engine import Steps
 from ticks import Rig
 
 STEPS = Path(__file__).resolve().parents[1] / "src" / "batchgrader" / "daemon" / "steps"
@@ -36,7 +36,7 @@ def rig(home):
 def test_every_action_type_has_a_handler(rig):
     table = rig.engine.handlers
     missing = [t.__name__ for t in _action_types() if not any(k in table for k in t.__mro__)]
-    assert not missing, f"actions without a handler in daemon/dispatch.py: {missing}"
+    assert not missing, f"actions without a handler in daemon/engine.py action_table: {missing}"
 
 
 def test_an_unknown_action_is_refused_not_ignored(rig):
@@ -63,13 +63,17 @@ def test_every_step_is_built_over_the_context_alone(rig):
 
 
 def test_no_step_imports_another_or_reaches_into_one():
-    """A step module imports no other step (nor the dispatch table), and no step calls a private
-    method of anything but itself."""
+    """A step module imports no other step (nor the engine's table), a step class never names
+    another step class of its module, and no step calls a private method of anything but itself."""
     for path in sorted(STEPS.glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Step")]
+        for cls in classes:
+            named = {n.id for n in ast.walk(cls) if isinstance(n, ast.Name)}
+            assert not named & ({c.name for c in classes} - {cls.name}), f"{path.name}: {cls.name}"
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith(("batchgrader.daemon.steps", "batchgrader.daemon.dispatch")), path.name
+                assert not node.module.startswith(("batchgrader.daemon.steps", "batchgrader.daemon.engine")), path.name
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 owner = ast.unparse(node.value)
                 assert owner in ("self", "cls"), f"{path.name}: {owner}.{node.attr}"

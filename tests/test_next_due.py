@@ -307,7 +307,7 @@ def test_an_idle_daemon_ticks_at_its_due_times_not_at_the_old_fixed_rate(home):
 def test_a_control_request_wakes_an_idle_daemon_at_once(home):
     """Nothing is due for a minute (poll_interval_seconds and the rescan far off): a request in
     ``control/`` is applied at once, because it wakes the daemon."""
-    from batchgrader.daemon.control import request_control
+    from batchgrader.core.host.control_files import request_control
     from harness import start_daemon
 
     log = home.logs / "daemon.log"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgrader.daemon.notify import STATUS_MAX, Notifier, clean_status
+from batchgrader.core.host.sdnotify import STATUS_MAX, Notifier, clean_status
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="needs AF_UNIX sockets")
 
@@ -95,7 +95,7 @@ def test_unset_is_a_silent_noop():
 
 def test_send_errors_are_swallowed_counted_and_logged_once(tmp_path, caplog):
     n = Notifier({"NOTIFY_SOCKET": str(tmp_path / "nobody-listens.sock")})
-    with caplog.at_level(logging.DEBUG, logger="batchgrader.daemon.notify"):
+    with caplog.at_level(logging.DEBUG, logger="batchgrader.core.host.sdnotify"):
         assert n.ready() is False
         assert n.watchdog() is False
     assert n.errors == 2 and n.sent == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from batchgrader.daemon.jobhook import report_name
+from batchgrader.pipeline.outbox import report_name
 from batchgrader.reports.report import _phases
 from batchgrader.reports.report_columns import field_kinds, groups, guess_kind, text_summary
 from batchgrader.reports.report_text import num, phase_lines

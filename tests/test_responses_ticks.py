@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from batchgrader.daemon.control import apply_control, request_control
+from batchgrader.core.host.control_files import request_control
+from batchgrader.daemon.control import apply_control
 from batchgrader.pipeline.pricing import load_pricing, standard_price
 from ticks import Rig
 

@@ -475,7 +475,8 @@ def test_a_truncated_sync_answer_is_billed_and_fails_its_row_without_being_sent_
         assert not rig.events("AnswersStored") or all(
             "-2" not in str(e) for e in rig.events("AnswersStored")
         )  # never kept for reuse
-        from batchgrader.daemon.control import apply_control, request_control
+        from batchgrader.core.host.control_files import request_control
+        from batchgrader.daemon.control import apply_control
 
         path = request_control(rig.home, "retry", job.job_id, "raise the bound", max_completion_tokens=800)  # bgctl retry
         assert apply_control(rig.engine, json.loads(path.read_text())) is None

@@ -186,7 +186,8 @@ def test_truncated_rows_fail_are_not_stored_and_retry_raises_the_bound(rig):
     assert not rig.events("AnswersToStore")  # nothing stored for reuse
     rows = rig.result_rows()
     assert all(r["error"].startswith("truncated:") and "SIMULATED" in r["grade"] for r in rows)
-    from batchgrader.daemon.control import apply_control, request_control
+    from batchgrader.core.host.control_files import request_control
+    from batchgrader.daemon.control import apply_control
 
     bad = {"action": "retry", "job_id": job.job_id, "reason": "r", "max_completion_tokens": 0}
     assert "not a positive integer" in (apply_control(rig.engine, bad) or "")

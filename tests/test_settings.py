@@ -33,7 +33,7 @@ def test_the_lists_are_derived_from_the_declarations():
 
 
 def test_the_daemon_warns_about_exactly_the_restart_only_settings():
-    from batchgrader.daemon.configwatch import RESTART_ONLY_KEYS
+    from batchgrader.core.configuration.watch import RESTART_ONLY_KEYS
 
     assert set(RESTART_ONLY_KEYS) == set(settings.RESTART_ONLY_KEYS)
 

@@ -333,7 +333,8 @@ def test_a_control_request_is_applied_once_whichever_daemons_see_it(pair: Pair):
     ``b`` (not the job's holder) applies it: ``CancelRequested`` with its claim, in one
     transaction.  ``a`` had listed the same file before ``b`` removed it: its append is refused by
     the claim, nothing is appended twice, and ``a``, the job's holder, cancels the batch once."""
-    from batchgrader.daemon.control import apply_controls, pending_controls, request_control
+    from batchgrader.core.host.control_files import pending_controls, request_control
+    from batchgrader.daemon.control import apply_controls
     from batchgrader.store.claims import control_claimed
 
     job_id = _until_created(pair, "a")

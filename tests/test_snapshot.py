@@ -8,7 +8,7 @@ from batchgrader.cli.render import LiveView
 from batchgrader.core.log.state import State
 from batchgrader.core.rules.due import TickOutcome, TickPace
 from batchgrader.daemon.process import Daemon
-from batchgrader.daemon.snapshot import Snapshot, take
+from batchgrader.store.snapshot import Snapshot, take
 from ticks import Rig
 
 

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from batchgrader.daemon.control import apply_control, pending_controls, request_control
+from batchgrader.core.host.control_files import pending_controls, request_control
+from batchgrader.daemon.control import apply_control
 from batchgrader.pipeline.pricing import load_pricing, standard_price
 from ticks import Rig
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from batchgrader.fsio import shown_name
 
 if TYPE_CHECKING:
-    from batchgrader.daemon.snapshot import Snapshot
+    from batchgrader.store.snapshot import Snapshot
 
 console = Console()  # the daemon's live view; one-shot output uses make_console()
 
@@ -314,7 +314,7 @@ def jobs_table(snapshot: Snapshot, sandbox: bool, title: str = "Jobs") -> Table:
 
 def render_summary(state, sandbox: bool, since: str | None = None) -> None:  # noqa: ANN001
     """The jobs of a ``daemon --once`` run: those with an event since ``since``."""
-    from batchgrader.daemon.snapshot import take
+    from batchgrader.store.snapshot import take
 
     snapshot = take(state, since)
     if not snapshot.jobs:

@@ -1,7 +1,7 @@
-"""The control-file protocol: ``bgctl cancel`` and ``bgctl retry`` leave a request as a JSON file
-in the home's ``control/`` folder (:func:`request_control`); the daemon reads them in order
-(:func:`pending_controls`) and applies each (:func:`apply_controls`, :func:`apply_control`), and
-sets aside what it cannot apply in ``control/rejected/`` (:func:`set_control_aside`); a request
+"""The daemon's side of the control files (their protocol: :mod:`batchgrader.core.host.control_files`):
+``bgctl cancel`` and ``bgctl retry`` leave a request as a JSON file in the home's ``control/``
+folder; the daemon reads them in order and applies each (:func:`apply_controls`,
+:func:`apply_control`), and sets aside what it cannot apply in ``control/rejected/``; a request
 wakes the daemon at once (:func:`watch_control`).
 
 On a shared store every daemon sees the shared home's ``control/``: a request is applied exactly
@@ -14,52 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from batchgrader.core.host.control_files import CONTROL_DIR, pending_controls, set_control_aside
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.events import NewEvent
-from batchgrader.fsio import atomic_write_bytes, move_no_clobber
 
-CONTROL_DIR = "control"
 log = logging.getLogger("batchgrader")
-
-
-def request_control(home: Home, action: str, job_id: str, reason: str = "", *, max_completion_tokens: int | None = None) -> Path:
-    """Queue a request for the daemon (atomic file in ``control/``); a retry may carry the output
-    bound of the rows it sends again."""
-    folder = home.root / CONTROL_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{time.time_ns()}-{action}-{uuid.uuid4().hex[:8]}.json"
-    req: dict[str, object] = {"action": action, "job_id": job_id, "reason": reason}
-    if max_completion_tokens is not None:
-        req["max_completion_tokens"] = int(max_completion_tokens)
-    atomic_write_bytes(path, json.dumps(req).encode())
-    return path
-
-
-def pending_controls(home: Home) -> list[Path]:
-    folder = home.root / CONTROL_DIR
-    return sorted(p for p in folder.glob("*.json") if not p.name.startswith(".")) if folder.is_dir() else []
-
-
-def cancel_pending(home: Home, job_id: str) -> bool:
-    """Whether a ``bgctl cancel`` of ``job_id`` is queued and not applied yet: a long step (the
-    synchronous route's sending) looks between its requests, so a cancel takes effect at once."""
-    for path in pending_controls(home):
-        try:
-            req = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # gone (applied meanwhile) or not readable: the daemon sets it aside
-        if isinstance(req, dict) and req.get("action") == "cancel" and req.get("job_id") == job_id:
-            return True
-    return False
-
-
-CONTROL_REJECTED_DIR = "rejected"  # control/rejected/: requests that could not be applied, kept for a look
 
 
 def apply_controls(engine, home: Home) -> None:  # noqa: ANN001
@@ -130,16 +92,6 @@ def apply_control(engine, req: object, also: Callable[[Any], None] | None = None
             engine.ctx.emit(job.job_id, NewEvent("RetryRequested", payload), also=also)
         return None
     return f"unknown action {action!r}"
-
-
-def set_control_aside(home: Home, path: Path, problem: str) -> None:
-    """Move a control request that cannot be applied to ``control/rejected/`` with a log line."""
-    log.warning("control request %s set aside (%s)", path.name, problem)
-    try:
-        move_no_clobber(path, path.parent / CONTROL_REJECTED_DIR, path.name, str(time.time_ns()))
-    except OSError as exc:
-        log.warning("could not move %s aside (%s); removing it", path.name, exc)
-        path.unlink(missing_ok=True)
 
 
 def watch_control(observer: Any, home: Home, wake: threading.Event) -> None:

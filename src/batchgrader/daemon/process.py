@@ -8,7 +8,7 @@ it (the inbox, control files, :func:`~batchgrader.daemon.control.watch_control`)
 merge worker ending.  Control requests from `bgctl cancel` / `bgctl retry` are files in
 ``control/`` (:mod:`batchgrader.daemon.control`), so the daemon stays the only writer of the
 event log; sd_notify for systemd, masked rotating logs, and the live table the CLI hands in when
-it runs in a terminal, given the immutable :class:`~batchgrader.daemon.snapshot.Snapshot` taken
+it runs in a terminal, given the immutable :class:`~batchgrader.store.snapshot.Snapshot` taken
 after each tick.
 """
 
@@ -27,17 +27,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchgrader.core.configuration.config import Config, ConfigError, load_config
+from batchgrader.core.configuration.watch import ConfigWatch, restart_only_changes
+from batchgrader.core.host.control_files import pending_controls
 from batchgrader.core.host.home import Home
 from batchgrader.core.host.lock import AlreadyRunning as AlreadyRunning  # re-exported
 from batchgrader.core.host.lock import DaemonError as DaemonError  # re-exported
 from batchgrader.core.host.lock import InstanceLock
 from batchgrader.core.host.secrets import EnvFileError, MaskSecrets
 from batchgrader.core.rules.due import TickOutcome, TickPace
-from batchgrader.daemon.configwatch import ConfigWatch, restart_only_changes
-from batchgrader.daemon.control import apply_controls, pending_controls, watch_control
-from batchgrader.daemon.snapshot import Snapshot, take
+from batchgrader.daemon.control import apply_controls, watch_control
 from batchgrader.daemon.workers import MergeWorkers
 from batchgrader.pipeline.pricing import PriceTable, PricingError
+from batchgrader.store.snapshot import Snapshot, take
 
 if TYPE_CHECKING:
     from batchgrader.provider.pool import Providers
@@ -89,34 +90,6 @@ def sandbox_emulator(
     from batchgrader.daemon.sandbox import SandboxEmulator
 
     return SandboxEmulator(data_dir, SANDBOX_KEY, label, models, models_file).start()
-
-
-# --- several daemons on a shared store (store_url) ----------------------------------------------------
-
-
-def daemon_holder() -> str:
-    """This daemon's name in the store's leases: ``host:pid:uuid`` (a pid can come back)."""
-    import socket
-    import uuid
-
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-
-
-def shared_work(store: Any, config: Config, holder: str | None = None) -> Any:
-    """The leases a daemon works under on a shared store (:class:`~batchgrader.daemon.shared.SharedWork`):
-    ``lease_seconds`` long; a call is made only while the account's lease outlasts the request
-    timeout.  A lifetime too short for a request is refused here (:class:`DaemonError`)."""
-    from batchgrader.daemon.shared import CALL_MARGIN, SharedWork
-    from batchgrader.store.leases import Leases
-
-    try:
-        return SharedWork(
-            Leases(store, holder or daemon_holder()),
-            config.lease_seconds,
-            config.request_timeout_seconds + CALL_MARGIN,
-        )
-    except ValueError as exc:
-        raise DaemonError(str(exc)) from None
 
 
 # --- the daemon --------------------------------------------------------------------------------------
@@ -288,8 +261,8 @@ class Daemon:
                 lock.release()
 
     def _serve(self, config: Config, prices: PriceTable) -> int:
+        from batchgrader.core.host.sdnotify import Notifier
         from batchgrader.daemon.engine import Engine
-        from batchgrader.daemon.notify import Notifier
         from batchgrader.pipeline.inbox import InboxWatcher
         from batchgrader.store.backend import open_store
         from batchgrader.store.eventstore import EventStore, SchemaTooNew
@@ -309,13 +282,12 @@ class Daemon:
         except sqlite3.DatabaseError as exc:  # e.g. the file was removed while it was being opened
             raise DaemonError(f"cannot open the event log {self.home.db}: {exc}") from None
         try:
-            self.shared = None if isinstance(store, EventStore) else shared_work(store, config)
             engine = Engine(self.home, config, store, providers, prices, sandbox=self.sandbox)
+            if not isinstance(store, EventStore):  # fold what other daemons append; work under leases
+                self.shared = engine.share_store()
         except BaseException:
             self._let_go(store)
             raise
-        if self.shared is not None:
-            engine.share(self.shared)  # fold what other daemons append; work under leases
         if self.sandbox:
             engine.ctx.token_counter = self._sandbox_counter(config)
         engine.ctx.should_stop = self.stop.is_set

@@ -39,11 +39,15 @@ On the SQLite file none of this exists: one daemon serves a home, under the home
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from batchgrader.core.host.lock import DaemonError
 from batchgrader.core.log.events import Event, NewEvent
 from batchgrader.core.rules.actions import (
     Action,
@@ -111,6 +115,11 @@ ASK_AGAIN = 5.0
 CALL_MARGIN = 1.0
 
 
+def daemon_holder() -> str:
+    """This daemon's name in the store's leases: ``host:pid:uuid`` (a pid can come back)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
 def needs_account(action: Action) -> bool:
     return isinstance(action, CALLING_ACTIONS)
 
@@ -146,6 +155,16 @@ class SharedWork:
         self.presence: dict[str, Lease] = {}  # this daemon's own lease (daemon:<holder>): it is live
         self._helped: bool | None = None  # whether a daemon holding no account is live (asked once a tick)
         self._leaving: dict[str, tuple[int, float]] = {}  # job id -> (its version, until when) left to such a daemon
+
+    @classmethod
+    def for_daemon(cls, store: Any, lease_seconds: float, request_timeout: float, holder: str | None = None) -> SharedWork:
+        """The leases a daemon works under on a shared store: ``lease_seconds`` long, a call made
+        only while the account's lease outlasts the request timeout (plus :data:`CALL_MARGIN`).
+        A lifetime too short for a request is refused (:class:`~batchgrader.core.host.lock.DaemonError`)."""
+        try:
+            return cls(Leases(store, holder or daemon_holder()), lease_seconds, request_timeout + CALL_MARGIN)
+        except ValueError as exc:
+            raise DaemonError(str(exc)) from None
 
     @property
     def holder(self) -> str:

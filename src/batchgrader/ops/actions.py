@@ -164,8 +164,8 @@ def control_action(
     The daemon cancels a job that has not ended, and retries a job that has ended or is held
     (:meth:`batchgrader.daemon.process.Daemon._controls`); anything else is refused here with the
     reason, and nothing is recorded."""
+    from batchgrader.core.host.control_files import request_control
     from batchgrader.core.host.lock import daemon_pid
-    from batchgrader.daemon.control import request_control
     from batchgrader.store import queries
 
     (job,) = queries.status(home, job_id)

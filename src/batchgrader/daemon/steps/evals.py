@@ -1,7 +1,7 @@
 """The daemon's eval and schedule steps: what imported evals and scheduled profiles need from the
 daemon, on the engine's shared :class:`~batchgrader.daemon.context.Context`.
 
-Both are steps of :class:`~batchgrader.daemon.dispatch.Steps`, run by :meth:`Engine.tick
+Both are steps of :class:`~batchgrader.daemon.engine.Steps`, run by :meth:`Engine.tick
 <batchgrader.daemon.engine.Engine.tick>` around the jobs' pass.
 
 :class:`ScheduleStep` runs once per tick before the jobs are taken further: each profile's

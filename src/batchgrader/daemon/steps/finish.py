@@ -1,17 +1,37 @@
-"""The finish step: write the result (and error report) into the outbox, archive the input (or
+"""The steps that finish a job.
+
+:class:`FinishStep`: write the result (and error report) into the outbox, archive the input (or
 bring it back for ``bgctl retry``), delete provider files, record the job's end and run what
 follows it, and redo final effects after a crash.  When a job ends is decided by the rules
 (core/rules/ending.py), never here.
+
+:class:`ReuseStep`: the answers a merged chunk adds to the answers store (``StoreAnswers``),
+after the job's result is written.  Which rows reuse answers is decided when the job is prepared
+(:mod:`batchgrader.pipeline.job_reuse`, read by the prepare step).
+
+What follows a job's end and never changes the job: the ``on_job_end`` command
+(:func:`start_hook`).  It runs in a thread of its own (the engine does not wait for it), through
+the shell, with the job's figures in ``BG_*`` environment variables and without any API key: every
+variable the config reads a key from (:func:`~batchgrader.core.configuration.config.secret_env_names`,
+also when ``secrets.env`` set it) and every variable holding a key's value is left out.  Its
+output and exit status go to the daemon log; after ``timeout`` seconds its whole process group is
+killed.  Nothing it does is reported back to the engine: a failing command never affects the job.
+The engine records ``JobEndHookStarted`` before starting it, so it runs at most once per end of a
+job, also across crashes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from batchgrader.core.configuration.config import SECRET_KEYS, ConfigError, Profile
+from batchgrader.core.configuration.config import SECRET_KEYS, ConfigError, Profile, secret_env_names
 from batchgrader.core.log.events import new_event as _e
 from batchgrader.core.log.state import JobState
 from batchgrader.core.rules.actions import (
@@ -21,14 +41,15 @@ from batchgrader.core.rules.actions import (
     Finish,
     RecoverEnded,
     RestoreInput,
+    StoreAnswers,
     WriteErrorReport,
     WriteResult,
 )
 from batchgrader.core.rules.outcomes import outbox_retry_at
-from batchgrader.daemon import jobhook
 from batchgrader.daemon.context import Context
 from batchgrader.fsio import TMP_PREFIX, atomic_write, atomic_write_bytes, move_no_clobber, stamp
 from batchgrader.pipeline.formats.registry import format_spec
+from batchgrader.pipeline.job_reuse import answers_to_store
 from batchgrader.pipeline.outbox import (
     added_column_types,
     added_columns,
@@ -49,6 +70,7 @@ from batchgrader.provider.protocol import ProviderError
 _FORMULA_START = frozenset("=+-@\t\r")  # what defuse_formula may prefix (it checks again)
 
 log = logging.getLogger("batchgrader.engine")
+hook_log = logging.getLogger("batchgrader.jobhook")
 
 UNMOVABLE_REJECTIONS = frozenset({"not_regular_file", "unknown_profile"})  # left where they are
 
@@ -288,7 +310,7 @@ class FinishStep:
         if command and job.end_hook_seq != job.version:
             timeout = float(self.ctx.settings.get("on_job_end_timeout_seconds") or 60.0)
             self.ctx.emit(job_id, _e("JobEndHookStarted", end_seq=job.version, timeout_seconds=timeout))
-            jobhook.start_hook(command, jobhook.hook_env(self.ctx.state.jobs[job_id]), timeout, self._secrets())
+            start_hook(command, hook_env(self.ctx.state.jobs[job_id]), timeout, self._secrets())
 
     def _secrets(self) -> list[str]:
         """Every API key the config holds (the default settings and each profile's)."""
@@ -321,3 +343,107 @@ class FinishStep:
             folder = self.ctx.home.failed if job.ended == "failed" else self.ctx.home.archive
             dest = move_no_clobber(src, folder, job.file or src.name, stamp(now))
             self.ctx.emit(job.job_id, _e("InputArchived", path=str(dest)))
+
+
+class ReuseStep:
+    """Store a merged chunk's answers, over the :class:`~batchgrader.daemon.context.Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def store_answers(self, a: StoreAnswers, job: JobState, now: float) -> None:
+        """Store a merged chunk's successful answers (``AnswersToStore``), recorded by
+        ``AnswersStored`` in the same transaction.  Done after the job's result file is written,
+        so storing never delays the results; after a crash in between it is simply done again
+        (a stored answer is never duplicated).  A results file that cannot be read stores
+        nothing, says why, and lets the job end."""
+        c = job.chunks[a.chunk]
+        rows, path = c.answers_due or 0, Path(c.results_path or "")
+        keep_days = self.ctx.settings.cache_days
+        provider = self.ctx.provider_key_for(job)
+        store = self.ctx.store.answers
+
+        def put(conn: Any) -> None:
+            if keep_days > 0:
+                # the retention's clock never runs ahead of the monotonic one (a forward step purges nothing)
+                found = answers_to_store(job, c, provider, path, rows)
+                store.put(conn, found, now=self.ctx.trusted_wall(), keep_days=keep_days)
+
+        try:
+            self.ctx.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=None), also=put)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # the transaction was rolled back
+            error = f"the chunk's results could not be read: {exc}"
+            log.warning("job %s chunk %s: answers not stored: %s", job.job_id, c.index, error)
+            self.ctx.emit(job.job_id, _e("AnswersStored", chunk=c.index, error=error))
+
+
+# --- the on_job_end command ------------------------------------------------------------------------
+
+
+def hook_env(job: Any) -> dict[str, str]:
+    """The ``BG_*`` variables for a folded ended job."""
+    return {
+        "BG_JOB_ID": job.job_id,
+        "BG_JOB_STATE": job.state,
+        "BG_RESULT_PATH": job.result_path or "",
+        "BG_ERROR_PATH": job.error_path or "",
+        "BG_COST_USD": f"{job.cost_usd:.6f}",
+        "BG_INPUT_FILE": job.file,
+    }
+
+
+def _run(command: str, env: dict[str, str], timeout: float, job_id: str) -> None:
+    try:
+        proc = subprocess.Popen(
+            command,
+            shell=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        hook_log.warning("on_job_end for job %s could not start: %s", job_id, exc)
+        return
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        out, _ = proc.communicate()
+        timed_out = True
+    for line in (out or b"").decode("utf-8", errors="replace").splitlines():
+        hook_log.info("on_job_end %s: %s", job_id, line)
+    if timed_out:
+        hook_log.warning("on_job_end for job %s was killed after %.1f s", job_id, timeout)
+    elif proc.returncode:
+        hook_log.warning("on_job_end for job %s exited with status %s (the job is not affected)", job_id, proc.returncode)
+    else:
+        hook_log.info("on_job_end for job %s finished", job_id)
+
+
+def hook_environment(
+    variables: Mapping[str, str], secrets: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The command's environment: the daemon's, less every key variable the config knows and
+    every variable whose value is one of ``secrets`` (the keys in use), plus ``variables``."""
+    names = secret_env_names()
+    values = {s for s in secrets if s}
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if k not in names and v not in values}
+    env.update(variables)
+    return env
+
+
+def start_hook(command: str, variables: Mapping[str, str], timeout: float, secrets: Iterable[str] = ()) -> threading.Thread:
+    """Start ``command`` in a (non-daemon) thread: a ``daemon --once`` exit waits for it."""
+    env = hook_environment(variables, secrets)
+    t = threading.Thread(
+        target=_run, args=(command, env, timeout, variables.get("BG_JOB_ID", "")), name="on_job_end", daemon=False
+    )
+    t.start()
+    return t

@@ -47,6 +47,7 @@ from typing import Any
 
 from batchgrader.core.configuration.config import ConfigError, Profile
 from batchgrader.core.configuration.routes import DEFAULT_BATCH_SECONDS, choose_route, deadline_at
+from batchgrader.core.host.control_files import cancel_pending
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.events import new_event as _e
 from batchgrader.core.log.route_state import MAX_ATTEMPTS, RouteState, backoff, refused_rows
@@ -55,7 +56,6 @@ from batchgrader.core.rules.actions import ONLINE_TIMER, SendOnline, SendStraggl
 from batchgrader.core.rules.budget import budget_problem
 from batchgrader.core.rules.decide import NEVER_RETRIED, epoch, reuse_enabled, utc_day
 from batchgrader.daemon.context import Context
-from batchgrader.daemon.control import cancel_pending
 from batchgrader.fsio import atomic_write_bytes
 from batchgrader.pipeline.answerkey import line_keys
 from batchgrader.pipeline.chunkplan import chunk_custom_ids, lines
