@@ -129,12 +129,32 @@ def test_a_definite_refusal_fails_its_row_at_the_first_request_with_its_message(
         assert failed["final"] and failed["status_code"] == status and "the request is wrong" in failed["error"]
         assert failed["retry_at"] is None
         assert rig.job().ended == "completed_with_errors"
+        (ended,) = rig.events("JobCompleted")
+        assert (ended["succeeded"], ended["failed"]) == (2, 1)  # the refused row is failed, not answered too
         rows = rig.result_rows()
         assert [r["answered_by"] for r in rows] == ["online"] * 3
         assert "the request is wrong" in rows[1]["error"] and rows[1]["output_tokens"] in ("", "0")
         assert rig.events("OnlineRowsDone")[0]["to_batch"] == 0
         (row,) = queries.status(home)
         assert "reused" not in rows_cell(row) and row["failed"] == 1
+    finally:
+        rig.close()
+
+
+def test_a_job_whose_every_row_the_provider_refused_fails(home):
+    """Rows refused for good are failed rows, never answered ones: a job with nothing else ends
+    ``failed`` (``all_rows_failed``), not ``completed_with_errors``."""
+    rig = Rig(home, ONLINE)
+    try:
+        drop(rig, 2)
+        for cid in ("-1", "-2"):
+            rig.provider.fail_next("complete", "refused", status_code=400, message="the request is wrong", match=cid)
+        run_until_ended(rig)
+        job = rig.job()
+        assert job.ended == "failed" and job.succeeded_rows == 0
+        (failed,) = rig.events("JobFailed")
+        assert failed["code"] == "all_rows_failed" and "the request is wrong" in failed["error"]
+        assert rig.calls("upload") == 0 and rig.calls("create_batch") == 0
     finally:
         rig.close()
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from batchgrader.core.log.route_state import refused_rows, requests_by_source
+from batchgrader.core.log.route_state import requests_by_source
 
 if TYPE_CHECKING:
     from batchgrader.core.log.jobstate import JobState
@@ -150,10 +150,9 @@ def billed_of(job: JobState) -> Billed:
 
 def requests_done(job: JobState) -> tuple[int, int]:
     """(requests answered, requests failed) of a job that is no panel: its batches' answers and
-    those taken at prepare (less the rows its synchronous route sent and the provider refused:
-    taken at prepare too, but failed), and its failed and unsendable requests."""
-    refused = len(refused_rows(job))
-    return job.succeeded_rows - refused, len(job.failed_rows) + len(job.row_errors)
+    those taken at prepare (:attr:`JobState.succeeded_rows`), and its failed and unsendable
+    requests."""
+    return job.succeeded_rows, len(job.failed_rows) + len(job.row_errors)
 
 
 def result_rows(job: JobState) -> tuple[int, int]:

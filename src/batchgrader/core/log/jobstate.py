@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgrader.core.log.route_state import RouteState
+from batchgrader.core.log.route_state import RouteState, refused_rows
 
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_BATCH = ("completed", "failed", "expired", "cancelled")
@@ -194,7 +194,9 @@ class JobState:
         # a retry chunk holds only rows that had failed, so successes are never counted twice
         if self.panel is not None:  # a judge panel: its rows with a consensus (its judges count their own)
             return (self.result_counts or (0, 0))[0]
-        return sum(c.succeeded for c in self.chunks.values()) + self.cached_rows
+        # the rows taken at prepare (cached_rows) include those the synchronous route sent and
+        # the provider refused for good: those failed, and are counted as failed rows
+        return sum(c.succeeded for c in self.chunks.values()) + self.cached_rows - len(refused_rows(self))
 
     @property
     def state(self) -> str:
