@@ -1,5 +1,5 @@
 """The combination matrix (issue 32) as a table: every all-pairs combination of the features
-(``tests/combos.py``: route, samples, judges, preflight, reuse, structured output, provider) run
+(``tests/combos.py``: route, samples, judges, preflight, reuse, structured output (none, the profile's, each row's own), provider, a settings edit, a refused row, the OpenAI endpoint) run
 tick by tick with the in-memory provider, and which of the invariants each holds.
 
     .venv/bin/python bench/bench_matrix.py            # the table into docs/benchmarks.md

@@ -43,7 +43,11 @@ FEATURES: dict[str, list[Any]] = {
     "judges": [False, True],
     "preflight": [0, 3],
     "reuse": ["fresh", "resubmit", "changed", "duplicates"],
-    "schema": [False, True],
+    "schema": [
+        "none",
+        "profile",
+        "column",
+    ],  # structured output: none, the profile's response_format, or each row's own (schema_column)
     "provider": ["openai", "anthropic", "gemini"],
     "edit": [False, True],  # the system prompt edited in config.yaml while the first job runs
     "fault": [
@@ -63,6 +67,16 @@ SCHEMA = (
     "  type: object\n  properties:\n    reason: {type: string}\n    score: {type: integer}\n"
     "  required: [reason, score]\n  additionalProperties: false\n"
 )
+#: a row's own schema in a ``column`` combination: the same properties, the score a label
+LABEL = "LABEL-SCHEMA"
+LABEL_SCHEMA = {
+    "type": "object",
+    "description": LABEL,
+    "properties": {"reason": {"type": "string"}, "score": {"type": "string", "enum": ["low", "high"]}},
+    "required": ["reason", "score"],
+    "additionalProperties": False,
+}
+SCHEMA_COLUMN = "schema"
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ class Combo:
     judges: bool
     preflight: int
     reuse: str
-    schema: bool
+    schema: str
     provider: str
     edit: bool = False
     fault: bool = False
@@ -87,7 +101,7 @@ class Combo:
                 "panel" if self.judges else "solo",
                 f"pf{self.preflight}",
                 self.reuse,
-                "schema" if self.schema else "text",
+                {"none": "text", "profile": "schema", "column": "rowschema"}[self.schema],
                 self.provider,
                 *(["edited"] if self.edit else []),
                 *(["fault"] if self.fault else []),
@@ -131,7 +145,7 @@ REPORTED = [
         "judges": False,
         "preflight": 3,
         "reuse": "fresh",
-        "schema": False,
+        "schema": "none",
         "provider": "openai",
         "edit": True,
     },
@@ -141,7 +155,7 @@ REPORTED = [
         "judges": False,
         "preflight": 0,
         "reuse": "fresh",
-        "schema": False,
+        "schema": "none",
         "provider": "openai",
         "edit": True,
     },
@@ -151,7 +165,7 @@ REPORTED = [
         "judges": False,
         "preflight": 3,
         "reuse": "resubmit",
-        "schema": False,
+        "schema": "none",
         "provider": "openai",
         "edit": False,
     },
@@ -161,7 +175,7 @@ REPORTED = [
         "judges": False,
         "preflight": 3,
         "reuse": "changed",
-        "schema": True,
+        "schema": "profile",
         "provider": "openai",
         "edit": False,
     },
@@ -171,7 +185,7 @@ REPORTED = [
         "judges": True,
         "preflight": 0,
         "reuse": "fresh",
-        "schema": True,
+        "schema": "profile",
         "provider": "openai",
         "edit": False,
     },
@@ -181,7 +195,7 @@ REPORTED = [
         "judges": False,
         "preflight": 0,
         "reuse": "fresh",
-        "schema": False,
+        "schema": "none",
         "provider": "openai",
         "edit": False,
     },
@@ -191,7 +205,7 @@ REPORTED = [
         "judges": False,
         "preflight": 3,
         "reuse": "duplicates",
-        "schema": False,
+        "schema": "none",
         "provider": "anthropic",
     },
     {  # a panel whose judges tie on some rows and one of whose rows a judge fails: every reader counts the same failures
@@ -200,7 +214,7 @@ REPORTED = [
         "judges": True,
         "preflight": 0,
         "reuse": "fresh",
-        "schema": False,
+        "schema": "none",
         "provider": "openai",
         "fault": True,
     },
@@ -227,8 +241,10 @@ def combo_config(c: Combo) -> str:
     if c.route == "auto":
         common.append("    deadline: 30m")  # sooner than a batch is expected to take: the route goes online
     lines = [f"preflight_rows: {c.preflight}", "max_row_retries: 0"]
-    if c.schema:
+    if c.schema != "none":
         lines.append("response_format:\n" + SCHEMA.rstrip("\n"))
+    if c.schema == "column":
+        lines.append(f"schema_column: {SCHEMA_COLUMN}")
     lines.append("profiles:")
     if c.judges:
         lines += ["  p:", "    judges: [j1, j2]", f"    samples: {c.samples}"]
@@ -278,10 +294,18 @@ class RowFault(dict):
         return ("invalid_request", "the provider refused this row")
 
 
-def answer(schema: bool):
+def answer(schema: str):
+    """The memory provider's answer to a request: text, or JSON that fits the schema the request
+    carried (a row of a ``column`` combination may carry :data:`LABEL_SCHEMA`)."""
+
     def _answer(cid: str, body: Any) -> str:
-        score = int(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest(), 16) % 5 + 1
-        return json.dumps({"reason": f"because {score}", "score": score}) if schema else f"grade {score}"
+        text = json.dumps(body, sort_keys=True)
+        score = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 5 + 1
+        if schema == "none":
+            return f"grade {score}"
+        if LABEL in text:  # the row's own schema: a label
+            return json.dumps({"reason": f"because {score}", "score": "high" if score > 2 else "low"})
+        return json.dumps({"reason": f"because {score}", "score": score})
 
     return _answer
 
@@ -306,10 +330,22 @@ def request_key(cid: str, body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps([body, m.group(1) if m else "1"], sort_keys=True).encode()).hexdigest()
 
 
-def write_file(home: Home, name: str, texts: list[str]) -> None:
+def file_text(c: Combo, texts: list[str]) -> str:
+    """A CSV of ``texts``; a ``column`` combination's has each row's schema (every odd row a label's,
+    the others empty: the profile's ``response_format``)."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    column = c.schema == "column"
+    w.writerow(["id", "response", *([SCHEMA_COLUMN] if column else [])])
+    for i, t in enumerate(texts):
+        w.writerow([i, t, *([json.dumps(LABEL_SCHEMA) if i % 2 else ""] if column else [])])
+    return out.getvalue()
+
+
+def write_file(home: Home, c: Combo, name: str, texts: list[str]) -> None:
     folder = home.inbox / "p"
     folder.mkdir(exist_ok=True)
-    (folder / name).write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    (folder / name).write_text(file_text(c, texts))
 
 
 class Driver:
@@ -359,10 +395,10 @@ def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
     edited = combo_config(c) + "system_prompt: Grade the answer strictly.\n" if c.edit else None
     out = Outcome(c, rig, Driver(rig, cancel_at, edited))
     first, second = texts_of(c)
-    write_file(home, "a.csv", first)
+    write_file(home, c, "a.csv", first)
     out.jobs.append(out.driver.run_until_ended("a.csv"))
     if second is not None:
-        write_file(home, "b.csv", second)
+        write_file(home, c, "b.csv", second)
         out.jobs.append(out.driver.run_until_ended("b.csv"))
     rebuild(home.db)  # the read model, as the daemon's projector keeps it: `status` reads it
     listed = {r["job_id"]: r for r in json.loads(run("status", "--json").output)}
@@ -379,7 +415,7 @@ def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
 def count_of(home: Home, c: Combo, texts: list[str]) -> dict[str, Any]:
     """`bgctl count FILE --profile p --json` of a file of ``texts``, before it is sent."""
     path = home.root / "count.csv"
-    path.write_text("id,response\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    path.write_text(file_text(c, texts))
     res = run("count", str(path), "--profile", "p", "--json")
     return json.loads(res.output)
 
