@@ -58,8 +58,8 @@ WORDS = (
 ).split()
 #: provider -> (model, profile settings): reasoning kept low so the input's cost is what is compared
 PROVIDERS: dict[str, tuple[str, str]] = {
-    "openai": ("gpt-5-mini", "reasoning_effort: minimal\n"),
-    "anthropic": ("claude-sonnet-4-5", ""),
+    "openai": ("gpt-5.4-mini", "reasoning_effort: none\n"),
+    "anthropic": ("claude-sonnet-4-6", "reasoning_effort: none\n"),
     "gemini": ("gemini-2.5-flash", "reasoning_effort: none\n"),
 }
 SYSTEM = (
@@ -158,7 +158,8 @@ def cost_of(provider: str, lines: list[dict[str, Any]], batch_rows: int, tmp: Pa
                 outcomes += run_anthropic(emu, clock, part)
             else:
                 outcomes += run_gemini(emu, clock, part, tmp)
-    assert len(outcomes) == len(lines) and all(o.ok for o in outcomes), "every row is answered"
+    bad = next((o for o in outcomes if not o.ok), None)
+    assert len(outcomes) == len(lines) and bad is None, f"every row is answered ({provider}): {bad}"
     price = load_pricing().get(str(lines[0]["body"]["model"]))
     sums = {
         k: sum(getattr(o, k) for o in outcomes)
@@ -237,17 +238,25 @@ def section(result: dict[str, Any], command: str, where: str, load_after: float)
             f"${p['off']['usd']:,.4f} |"
         )
     a = result["providers"]["anthropic"]["ratio"]
+    gemini_model = result["providers"]["gemini"]["model"]
+    gemini_price = load_pricing()[gemini_model]
+    gemini_cached, gemini_input = gemini_price.cached_input_per_1m, gemini_price.input_per_1m
     lines += [
         "",
         f"Target on Anthropic ≤ {TARGET_ANTHROPIC:.2f}: {a:.3f}, "
         + ("meets the target." if a <= TARGET_ANTHROPIC else "**misses the target**.")
         + " Anthropic: the first request of each batch writes the prefix at the cache-write price (1.25 x input), "
-        "the others read it at the cached price (0.1 x input), everything at the Batch discount. OpenAI: `gpt-5-mini` "
-        "with `reasoning_effort: minimal` (so reasoning tokens do not drown the input), cached input at 0.1 x the "
+        "the others read it at the cached price (0.1 x input), everything at the Batch discount. OpenAI: `gpt-5.4-mini` "
+        "with `reasoning_effort: none` (so reasoning tokens do not drown the input), cached input at 0.1 x the "
         "Batch input price; models whose Batch price has no cached rate in the catalogue (`gpt-4o`, `gpt-4.1*`) save "
-        "nothing. Gemini: implicit caching is reported (cached tokens above), but the catalogue has no Batch cache "
-        "rate for Gemini 2.5, so cached tokens are priced at the Batch input price and the ratio is 1: nothing is "
-        "claimed that the price list does not say.",
+        "nothing. Gemini: implicit caching, reported as cached tokens; "
+        + (
+            f"they are priced at the catalogue's cached input rate at Batch (${gemini_cached:g} per million against "
+            f"${gemini_input:g} for input, `{gemini_model}`)."
+            if result["providers"]["gemini"]["ratio"] < 1
+            else "the catalogue has no Batch cache rate for the model, so cached tokens are priced at the Batch input "
+            "price and the ratio is 1: nothing is claimed that the price list does not say."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
