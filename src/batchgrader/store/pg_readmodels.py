@@ -106,9 +106,7 @@ class PgStatusProjector:
             return
         touched: dict[str, State] = {}
         for e in events:
-            st = touched.get(e.job_id) or self.jobs.get(e.job_id)
-            if st is None:
-                st = fold(_events(conn, "job_id = %s AND seq < %s", (e.job_id, e.seq)))
+            st = touched.get(e.job_id) or self._job(conn, e)
             st.apply(e)
             touched[e.job_id] = st
         write_rows(conn, events, {j: st.jobs[j] for j, st in touched.items()})
@@ -119,6 +117,14 @@ class PgStatusProjector:
                 self.jobs.pop(j, None)
             else:
                 self.jobs[j] = st
+
+    def _job(self, conn: Any, e: Event) -> State:
+        """The fold of ``e``'s job up to just before ``e``: the one remembered, unless another
+        daemon appended to the job since (its version is not the one before ``e``)."""
+        st = self.jobs.get(e.job_id)
+        if st is None or st.jobs[e.job_id].version != e.job_seq - 1:
+            st = fold(_events(conn, "job_id = %s AND seq < %s", (e.job_id, e.seq)))
+        return st
 
     def _catch_up(self, conn: Any) -> None:
         """Bring the tables from ``projection_state.last_seq`` up to the log."""
