@@ -472,3 +472,26 @@ def test_three_daemons_in_any_order_spread_the_local_work_and_one_makes_every_ca
         len(trio.engines["a"].shared.leases.fences_of(j.job_id))  # type: ignore[union-attr]
         for j in jobs
     )
+
+
+def test_a_row_refused_on_the_synchronous_route_fails_and_the_job_ends_on_a_shared_store(home: Home, pg_url: str):
+    """A row the provider refused for good on the synchronous route is taken at prepare as a
+    failed answer under a key of ours alone, which is never asked of the answers store: in
+    PostgreSQL (whose text refuses a NUL byte) that lookup raised at every prepare, and the job
+    never ended.  Found by the combination matrix's shared store."""
+    pair = Pair(home, pg_url, "route: online\nmodel: gpt-5.4-mini\nonline_concurrency: 1\n")
+    try:
+        pair.provider.fail_next("complete", "refused", status_code=400, message="the request is wrong", match="-2")
+        pair.drop(rows=3)
+        for _ in range(12):
+            for name in "ab":
+                pair.tick(name)
+            pair.engines["a"].ctx.catch_up()
+            job = pair.engines["a"].ctx.state.jobs.get(pair.job_id()) if pair.engines["a"].ctx.state.jobs else None
+            if job is not None and job.ended:
+                break
+        assert job is not None and job.ended == "completed_with_errors"
+        assert (job.succeeded_rows, len(job.failed_rows)) == (2, 1)
+        assert pair.writes() == 0  # every row through the synchronous route: no upload, no batch
+    finally:
+        pair.close()

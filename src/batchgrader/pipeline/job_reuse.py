@@ -136,7 +136,9 @@ class _AnsweredFirst(ReuseProbe):
         refused: dict[str, Any],
     ) -> None:
         def with_refused(keys: Sequence[str]) -> dict[str, Any]:
-            found = lookup(keys) if lookup is not None else {}
+            # a refused row's key is ours alone: never asked of the answers store (PostgreSQL's
+            # text refuses its NUL byte)
+            found = lookup([k for k in keys if k not in refused]) if lookup is not None else {}
             found.update({k: refused[k] for k in keys if k in refused})
             return found
 
