@@ -495,3 +495,44 @@ def test_a_row_refused_on_the_synchronous_route_fails_and_the_job_ends_on_a_shar
         assert pair.writes() == 0  # every row through the synchronous route: no upload, no batch
     finally:
         pair.close()
+
+
+def test_a_job_let_go_for_the_account_holder_is_taken_at_its_next_tick(pair: Pair):
+    """A job whose next call needs the account another daemon holds is let go by its holder, and
+    taken by the account's holder at its very next tick (the release is announced: ReleaseWatch
+    wakes it, and SharedWork.recheck asks again for what it was refused), not after ASK_AGAIN:
+    a cancel reaches the provider at once."""
+    job_id = _until_created(pair, "a")
+    pair.tick("b", 0.1)  # b's first look: a holds the job, b is refused
+    pair.tick("a", 0.1)  # a leaves the polls to b, which holds no account: released
+    assert pair.holder(job_lease(job_id)) is None
+    pair.tick("b", 0.1)  # refused a moment ago, asked again at once: the lease is free
+    assert pair.holder(job_lease(job_id)) == "b"  # b polls; a holds the account
+    pair.engines["a"].ctx.catch_up()  # as a daemon applying `bgctl cancel` does (daemon/control.py)
+    pair.engines["a"].ctx.emit(job_id, NewEvent("CancelRequested", {"reason": "test"}))
+    pair.tick("a", 0.1)  # b holds the job: a is refused
+    assert pair.provider.calls.count(("cancel", next(iter(pair.provider.batches)))) == 0
+    pair.tick("b", 0.1)  # the next action is a cancel, on a's account: b lets the job go
+    assert pair.holder(job_lease(job_id)) is None
+    pair.tick("a", 0.1)  # well within ASK_AGAIN
+    assert [op for op, _ in pair.provider.calls if op == "cancel"] == ["cancel"]  # by a, under the account's fence
+
+
+def test_a_released_lease_wakes_the_other_daemons(pair: Pair):
+    """ReleaseWatch: another daemon's release of a lease wakes this one (NOTIFY bg_leases)."""
+    import threading
+
+    from batchgrader.daemon.shared import ReleaseWatch
+    from batchgrader.store.leases import Leases
+
+    a, b = pair.engines["a"].shared, pair.engines["b"].shared
+    woken = threading.Event()
+    watch = ReleaseWatch(Leases(pair.stores[0], "a"), woken.set, interval=0.2).start()
+    try:
+        lease = b.leases.acquire(job_lease("x"), TTL, pair.now)
+        assert lease is not None and not woken.wait(0.5)  # taking a lease wakes nobody
+        assert b.leases.release(lease)
+        assert woken.wait(10)
+        assert a.leases.free([job_lease("x")], pair.now) == {job_lease("x")}
+    finally:
+        watch.stop()

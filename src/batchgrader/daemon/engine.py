@@ -314,6 +314,7 @@ class Engine:
         self.ctx.catch_up()  # what other daemons on a shared log appended
         if self.shared is not None:
             self.shared.keep()  # the leases held, renewed when due
+            self.shared.recheck()  # a job let go for this daemon to carry on is taken at once
         self.idle = False
         self.again = False
         self.failed = False

@@ -305,12 +305,15 @@ class Daemon:
         watcher.start()
         feeder = WatchdogFeeder(notifier, lambda: self.heartbeat)
         feeder.start()
+        releases = self.shared.watch_releases(self.wake.set) if self.shared is not None else None
         try:
             code = self._main_loop(engine, notifier, self._tick, TickPace.of(config.poll_interval_seconds))
             if self.fatal is not None:
                 raise DatabaseLost(str(self.fatal))
             return code
         finally:
+            if releases is not None:
+                releases.stop()
             feeder.stop()
             notifier.stopping()
             watcher.stop()

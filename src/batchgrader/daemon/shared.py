@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -322,6 +323,20 @@ class SharedWork:
         finally:
             self._calling = None
 
+    def recheck(self) -> None:
+        """At a tick's start: the job leases this daemon was refused that are free now (another
+        daemon let the job go, for a call on an account this daemon holds, say) are asked for
+        again at once, not after :data:`ASK_AGAIN` (one query)."""
+        now = self._time()
+        refused = [name for name, until in self._refused.items() if now < until and name.startswith("job:")]
+        for name in self.leases.free(refused, self.clock()):
+            self._refused.pop(name, None)
+            self._refused_at.pop(name, None)
+
+    def watch_releases(self, wake: Callable[[], None]) -> ReleaseWatch:
+        """Call ``wake`` whenever another daemon releases a lease (:class:`ReleaseWatch`, started)."""
+        return ReleaseWatch(Leases(self.leases.store, self.holder), wake).start()
+
     def keep(self) -> None:
         """Renew every lease held whose renewal is due (each tick, and from a long step's
         heartbeat); a lease lost meanwhile is forgotten (its job's next append is refused).  The
@@ -392,3 +407,33 @@ class SharedWork:
         if held is not None:
             return self.leases.append_held(held, job_id, new, version, self.clock(), also)
         return self.leases.store.append(job_id, new, expected_version=expected_version, also=also)
+
+
+class ReleaseWatch:
+    """Wakes a daemon (``wake``) whenever another daemon releases a lease on the shared store
+    (:meth:`~batchgrader.store.leases.Leases.wait_released`), from a thread of its own: a job
+    let go for this daemon to carry on (its next call needs an account this daemon holds) is taken
+    at its next tick (:meth:`SharedWork.recheck`), not at its next due time."""
+
+    def __init__(self, leases: Leases, wake: Callable[[], None], interval: float = 1.0) -> None:
+        self.leases, self.wake, self.interval = leases, wake, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-releases", daemon=True)
+
+    def start(self) -> ReleaseWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.leases.wait_released(self.interval):
+                    self.wake()
+            except Exception as exc:  # noqa: BLE001 - the database unreachable: the leases lapse; try again
+                log.debug("waiting for lease releases: %s", exc)
+                self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.leases.close()

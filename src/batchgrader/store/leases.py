@@ -11,7 +11,10 @@ the database's own clock), so two daemons can never both believe they hold a lea
   holder changes (or a lapsed holder takes it again), never when a holder renews;
 - :meth:`Leases.renew`: push the expiry out; refused (:class:`LeaseLost`) once the lease has
   lapsed or been taken over;
-- :meth:`Leases.release`: give it up (the next holder gets the next fence at once);
+- :meth:`Leases.release`: give it up (the next holder gets the next fence at once), with a
+  ``NOTIFY bg_leases`` in the same transaction, so a daemon waiting in :meth:`Leases.wait_released`
+  wakes and asks again for what it was refused (:meth:`Leases.free`: which of the leases it was
+  refused are free now, in one query);
 - :meth:`Leases.append_intent`: append an intent event (upload, create, cancel, delete) only if
   the lease is still this holder's, with this fence, and has at least ``bound`` seconds left
   (the longest the call may take): the check (``FOR SHARE`` on the lease row, so no takeover
@@ -32,7 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgrader.core.log.events import Event, NewEvent
-from batchgrader.store.pgstore import PostgresEventStore, one
+from batchgrader.store.pgstore import PostgresEventStore, _psycopg, one
+
+#: the channel a released lease is announced on (its name as the payload)
+RELEASED = "bg_leases"
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS leases (
@@ -115,6 +121,7 @@ class Leases:
     def __init__(self, store: PostgresEventStore, holder: str) -> None:
         self.store = store
         self.holder = holder
+        self._listen: Any = None  # the connection wait_released listens on
         with store.write() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('batchgrader leases schema'))")
             for stmt in DDL:
@@ -166,13 +173,48 @@ class Leases:
         return _lease(row)  # type: ignore[return-value]
 
     def release(self, lease: Lease) -> bool:
-        """Give the lease up (True) unless it is no longer ours (False)."""
+        """Give the lease up (True) unless it is no longer ours (False); the other daemons are
+        told (:data:`RELEASED`), in the same transaction."""
         with self.store.write() as conn:
             cur = conn.execute(
                 "UPDATE leases SET holder = NULL, expires_at = 0 WHERE name = %s AND holder = %s AND fence = %s",
                 (lease.name, self.holder, lease.fence),
             )
+            if cur.rowcount == 1:
+                conn.execute("SELECT pg_notify(%s, %s)", (RELEASED, lease.name))
             return cur.rowcount == 1
+
+    def free(self, names: Sequence[str], now: float | None = None) -> set[str]:
+        """Which of ``names`` nobody holds now (released, lapsed or never taken): one query."""
+        if not names:
+            return set()
+        with self.store.pool.connection() as conn:
+            t = self._now(conn, now)
+            rows = conn.execute(
+                "SELECT name FROM leases WHERE name = ANY(%s) AND holder IS NOT NULL AND expires_at > %s", (list(names), t)
+            ).fetchall()
+            conn.rollback()
+        return set(names) - {r[0] for r in rows}
+
+    def wait_released(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for another daemon to release a lease (True), on a
+        listening connection of this object's own (made at the first call; :meth:`close`)."""
+        psycopg = _psycopg()
+        try:
+            if self._listen is None or self._listen.closed:
+                self._listen = psycopg.connect(self.store.url, autocommit=True)
+                self._listen.execute(f"LISTEN {RELEASED}")
+            for _ in self._listen.notifies(timeout=timeout, stop_after=1):
+                return True
+        except psycopg.OperationalError:  # the connection went: listen again at the next call
+            self.close()
+        return False
+
+    def close(self) -> None:
+        """Close the listening connection of :meth:`wait_released`, if any."""
+        conn, self._listen = self._listen, None
+        if conn is not None:
+            conn.close()
 
     def current(self, name: str) -> Lease | None:
         """The lease row as it is (whoever holds it, lapsed or not)."""
