@@ -1,5 +1,5 @@
 """The combination matrix (issue 32) as a table: every all-pairs combination of the features
-(``tests/combos.py``: route, samples, judges, preflight, reuse, structured output (none, the profile's, each row's own), provider, a settings edit, a refused row, the OpenAI endpoint) run
+(``tests/combos.py``: route, samples, judges, preflight, reuse, structured output (none, the profile's, each row's own), provider, a settings edit, a refused row, the OpenAI endpoint, the store: SQLite, or two daemons on PostgreSQL) run
 tick by tick with the in-memory provider, and which of the invariants each holds.
 
     .venv/bin/python bench/bench_matrix.py            # the table into docs/benchmarks.md
@@ -26,8 +26,19 @@ sys.path.insert(0, str(ROOT / "src"))
 from batchgrader.core.host.home import Home  # noqa: E402
 from benchdocs import machine, publish  # noqa: E402
 from combos import FEATURES, INVARIANTS, count_of, matrix, run_combo, texts_of, violations  # noqa: E402
+from pg_server import PostgresServer, find_bindir  # noqa: E402
 
 SECTION = "## Combination matrix (`bench/bench_matrix.py`)"
+
+
+def start_postgres() -> PostgresServer:
+    """The test suite's PostgreSQL server (tests/pg_server.py), for the combinations on a shared store."""
+    bindir = find_bindir()
+    if bindir is None:
+        raise SystemExit(
+            "no PostgreSQL server binaries: install Debian's postgresql package (the shared-store combinations need one)"
+        )
+    return PostgresServer(bindir).start()
 
 
 def main() -> None:
@@ -38,17 +49,21 @@ def main() -> None:
     combos = matrix()
     names = list(INVARIANTS)
     rows, broken_total = [], 0
+    server = start_postgres() if any(c.store == "shared" for c in combos) else None
     t0 = time.perf_counter()
     for combo in combos:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "home"
             os.environ["BATCHGRADER_HOME"] = str(root)
             home = Home.resolve(root).ensure()
-            out = run_combo(home, combo)
+            url = server.create_database() if server is not None and combo.store == "shared" else None
+            out = run_combo(home, combo, pg_url=url)
             try:
                 broken = violations(out, count_of(home, combo, texts_of(combo)[0]))
             finally:
                 out.rig.close()
+                if url is not None and server is not None:
+                    server.drop_database(url)
         broken_total += len(broken)
         cells = ["broken" if n in broken else "holds" for n in names]
         rows.append(f"| {' | '.join(str(getattr(combo, f)) for f in FEATURES)} | {' | '.join(cells)} |")
@@ -61,7 +76,8 @@ def main() -> None:
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `.venv/bin/python bench/bench_matrix.py` on {load}. "
         f"{len(combos)} combinations: allpairspy's all-pairs set over the features, completed with the pairs its "
         "filter leaves out and the combinations the issue reported (`tests/combos.py`), each run tick by tick "
-        f"through the real engine with the in-memory provider; {seconds:.1f} s in all. "
+        "through the real engine with the in-memory provider (a `shared` store: two engines on one PostgreSQL "
+        f"database, ticking in turn under their leases); {seconds:.1f} s in all. "
         f"Invariants: {'; '.join(f'*{n}*: {d}' for n, d in INVARIANTS.items())}. "
         "`tests/test_combinations.py` runs the same and fails on any break; it also cancels each combination "
         "at every tick and checks that the job ends cancelled with nothing paid afterwards.",
@@ -73,6 +89,8 @@ def main() -> None:
         f"{len(combos)} combinations × {len(names)} invariants: "
         + ("**all hold**." if broken_total == 0 else f"**{broken_total} broken** (printed above)."),
     ]
+    if server is not None:
+        server.stop()
     publish(SECTION, lines, write=not args.no_docs)
     if broken_total:
         raise SystemExit(1)

@@ -26,15 +26,21 @@ from typing import Any
 from allpairspy import AllPairs
 
 from batchgrader.cli.render_status import duplicate_rows, reused_rows
+from batchgrader.core.configuration.config import load_config
 from batchgrader.core.host.control_files import pending_controls
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.state import JobState
 from batchgrader.daemon.control import apply_control
+from batchgrader.daemon.engine import Engine
+from batchgrader.daemon.shared import SharedWork
+from batchgrader.pipeline.pricing import load_pricing
+from batchgrader.provider.memory import MemoryProvider
 from batchgrader.store.figures import figures_of
+from batchgrader.store.leases import Leases
 from batchgrader.store.readmodels import rebuild
 from batchgrader.store.snapshot import take
 from cli_fixtures import run
-from ticks import Rig
+from ticks import Rig, config_text
 
 #: every feature of the matrix and its values
 FEATURES: dict[str, list[Any]] = {
@@ -55,6 +61,9 @@ FEATURES: dict[str, list[Any]] = {
         True,
     ],  # the provider refuses one row's (first sample's) request: a failed row, or a sample left out of the vote
     "endpoint": ["chat", "responses"],  # an OpenAI profile's requests: chat completions, or the Responses API
+    # the home's SQLite log and one daemon, or two daemons on one PostgreSQL store (store_url), each job
+    # and the provider account under a lease (daemon/shared.py)
+    "store": ["sqlite", "shared"],
 }
 
 # openai: a reasoning model with flex and no announced shutdown (gpt-5-mini shuts down on 2026-12-11)
@@ -91,6 +100,7 @@ class Combo:
     edit: bool = False
     fault: bool = False
     endpoint: str = "chat"
+    store: str = "sqlite"
 
     def __str__(self) -> str:
         return "-".join(
@@ -106,6 +116,7 @@ class Combo:
                 *(["edited"] if self.edit else []),
                 *(["fault"] if self.fault else []),
                 *(["responses"] if self.endpoint == "responses" else []),
+                *(["shared"] if self.store == "shared" else []),
             )
         )
 
@@ -373,7 +384,7 @@ class Driver:
             top = [j for j in self.rig.engine.ctx.state.jobs.values() if j.file == name and j.panel_of is None]
             if self.ticks == self.cancel_at and top and not top[-1].ended:
                 res = run("cancel", top[-1].job_id)
-                assert res.exit_code == 0, res.output
+                assert res.exit_code == 0, (res.output, res.exception)
                 for path in pending_controls(self.rig.home):  # as the daemon applies them before a tick
                     assert apply_control(self.rig.engine, json.loads(path.read_text())) is None
                     path.unlink()
@@ -386,9 +397,76 @@ class Driver:
         raise AssertionError(f"{name} did not end in {limit} ticks: {states}")
 
 
-def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
-    """Run combination ``c`` to its end and gather what every reader says of it."""
-    rig = Rig(home, combo_config(c))
+class SharedRig(Rig):
+    """The matrix's ``shared`` store: two daemons, ``a`` and ``b``, on one PostgreSQL store and one
+    home, each on its own connection and under its own leases (decided at the fake clock), with
+    one provider account.  A tick is one tick of each, in turn; :attr:`engine` is ``a``, caught up
+    with what ``b`` appended, so it shows the log's state."""
+
+    TTL, BOUND = 30.0, 6.0  # lease_seconds; request_timeout_seconds (5) + the call margin
+
+    def __init__(self, home: Home, pg_url: str, config: str = "") -> None:
+        from batchgrader.store.pg_readmodels import projectors
+        from batchgrader.store.pgstore import PostgresEventStore
+
+        self.home, self.pg_url = home, pg_url
+        home.config_file.write_text(self._config(config))
+        # as a daemon opens it (store/backend.py open_store): the read models kept in each append
+        self.stores = [PostgresEventStore(pg_url, projectors=projectors()) for _ in "ab"]
+        self.store = self.stores[0]
+        self.provider = MemoryProvider()
+        self.now = 1_000_000.0
+        self.provider.now = self.now
+        config_ = load_config(home, environ={})
+        self.engines = []
+        for name, store in zip("ab", self.stores, strict=True):
+            engine = Engine(home, config_, store, self.provider, load_pricing())
+            engine.share(SharedWork(Leases(store, name), self.TTL, self.BOUND, clock=lambda: self.now))
+            self.engines.append(engine)
+        self.engine = self.engines[0]
+
+    def _config(self, config: str) -> str:
+        return config_text(config) + f"store_url: {self.pg_url}\nlease_seconds: {self.TTL}\nrequest_timeout_seconds: 5\n"
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+    def reconfigure(self, config: str) -> None:
+        self.home.config_file.write_text(self._config(config))
+        for engine in self.engines:
+            engine.reload(load_config(self.home, environ={}), load_pricing())
+
+    def tick(self, seconds: float = 1.0) -> list[str]:
+        """One tick of each daemon; again, at the same time, while a tick released a lease (a
+        release wakes the other daemons: daemon/shared.py ``ReleaseWatch``), at most 4 rounds."""
+        before = self.store.last_seq()
+        self.now += seconds
+        self.provider.now = self.now
+        for _ in range(4):
+            held = self._held()
+            for engine in self.engines:
+                engine.scan_requested = True  # as each daemon's inbox watcher would
+                engine.tick(self.now)
+            if not held - self._held():
+                break
+        self.engine.ctx.catch_up()
+        return [e.type for e in self.store.read(after=before)]
+
+    def _held(self) -> set[tuple[str, str, int]]:
+        """The leases held now, as (name, holder, fence)."""
+        leases = self.engines[0].shared.leases  # type: ignore[union-attr]
+        return {(x.name, x.holder, x.fence) for x in leases.all() if x.holder is not None and x.expires_at > self.now}
+
+
+def run_combo(home: Home, c: Combo, cancel_at: int | None = None, pg_url: str | None = None) -> Outcome:
+    """Run combination ``c`` to its end and gather what every reader says of it (``pg_url``: an
+    empty PostgreSQL database, for a ``shared`` store)."""
+    if c.store == "shared":
+        assert pg_url is not None, "a shared store needs a PostgreSQL database"
+        rig: Rig = SharedRig(home, pg_url, combo_config(c))
+    else:
+        rig = Rig(home, combo_config(c))
     rig.provider.answer = answer(c.schema)
     if c.fault:
         rig.provider.row_errors = RowFault()
@@ -400,7 +478,10 @@ def run_combo(home: Home, c: Combo, cancel_at: int | None = None) -> Outcome:
     if second is not None:
         write_file(home, c, "b.csv", second)
         out.jobs.append(out.driver.run_until_ended("b.csv"))
-    rebuild(home.db)  # the read model, as the daemon's projector keeps it: `status` reads it
+    if c.store == "sqlite":
+        rebuild(
+            home.db
+        )  # the read model, as the daemon's projector keeps it: `status` reads it (PostgreSQL's: kept in each append)
     listed = {r["job_id"]: r for r in json.loads(run("status", "--json").output)}
     for job in out.jobs:
         out.status.append(json.loads(run("status", job.job_id, "--json").output))
