@@ -201,15 +201,18 @@ class Engine:
         self.shared: SharedWork | None = None  # on a store several daemons share: the leases (share())
         self._recovered_at = float("-inf")
 
-    def share_store(self, holder: str | None = None) -> SharedWork:
+    def share_store(self, wake: Callable[[], None], holder: str | None = None) -> SharedWork:
         """Run as one of several daemons on this engine's shared store, under leases of the
-        configured ``lease_seconds`` (:meth:`SharedWork.for_daemon`); the leases, for the process
-        to renew and release."""
-        from batchgrader.daemon.shared import SharedWork
+        configured ``lease_seconds`` (:meth:`SharedWork.for_daemon`), ``wake`` called whenever
+        another daemon releases a lease (:class:`~batchgrader.daemon.shared.ReleaseWatch`); the
+        leases, for the process to renew and release."""
+        from batchgrader.daemon.shared import ReleaseWatch, SharedWork
+        from batchgrader.store.leases import Leases
 
         config = self.ctx.config
         shared = SharedWork.for_daemon(self.ctx.store, config.lease_seconds, config.request_timeout_seconds, holder)
         self.share(shared)
+        shared.watch = ReleaseWatch(Leases(shared.leases.store, shared.holder), wake).start()
         return shared
 
     def share(self, shared: SharedWork) -> None:

@@ -284,7 +284,7 @@ class Daemon:
         try:
             engine = Engine(self.home, config, store, providers, prices, sandbox=self.sandbox)
             if not isinstance(store, EventStore):  # fold what other daemons append; work under leases
-                self.shared = engine.share_store()
+                self.shared = engine.share_store(wake=self.wake.set)
         except BaseException:
             self._let_go(store)
             raise
@@ -305,15 +305,12 @@ class Daemon:
         watcher.start()
         feeder = WatchdogFeeder(notifier, lambda: self.heartbeat)
         feeder.start()
-        releases = self.shared.watch_releases(self.wake.set) if self.shared is not None else None
         try:
             code = self._main_loop(engine, notifier, self._tick, TickPace.of(config.poll_interval_seconds))
             if self.fatal is not None:
                 raise DatabaseLost(str(self.fatal))
             return code
         finally:
-            if releases is not None:
-                releases.stop()
             feeder.stop()
             notifier.stopping()
             watcher.stop()

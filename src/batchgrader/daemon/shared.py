@@ -156,6 +156,7 @@ class SharedWork:
         self.presence: dict[str, Lease] = {}  # this daemon's own lease (daemon:<holder>): it is live
         self._helped: bool | None = None  # whether a daemon holding no account is live (asked once a tick)
         self._leaving: dict[str, tuple[int, float]] = {}  # job id -> (its version, until when) left to such a daemon
+        self.watch: ReleaseWatch | None = None  # a daemon's: what wakes it when another daemon releases a lease
 
     @classmethod
     def for_daemon(cls, store: Any, lease_seconds: float, request_timeout: float, holder: str | None = None) -> SharedWork:
@@ -333,10 +334,6 @@ class SharedWork:
             self._refused.pop(name, None)
             self._refused_at.pop(name, None)
 
-    def watch_releases(self, wake: Callable[[], None]) -> ReleaseWatch:
-        """Call ``wake`` whenever another daemon releases a lease (:class:`ReleaseWatch`, started)."""
-        return ReleaseWatch(Leases(self.leases.store, self.holder), wake).start()
-
     def keep(self) -> None:
         """Renew every lease held whose renewal is due (each tick, and from a long step's
         heartbeat); a lease lost meanwhile is forgotten (its job's next append is refused).  The
@@ -357,7 +354,11 @@ class SharedWork:
                             self._calling = None  # the action's next intent is refused
 
     def release_all(self) -> None:
-        """Give every lease up (the daemon stops): another daemon takes them at once."""
+        """Give every lease up (the daemon stops): another daemon takes them at once.  The
+        :attr:`watch` of releases, if any, is stopped first."""
+        if self.watch is not None:
+            self.watch.stop()
+            self.watch = None
         for held in (self.jobs, self.accounts, self.presence):
             for lease in list(held.values()):
                 try:
