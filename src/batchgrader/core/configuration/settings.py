@@ -215,8 +215,8 @@ class Settings:
         "After one of a job's batches fails, submit none of its remaining chunks. Their rows are marked `halted` and the job "
         "ends `failed`.")
     poll_interval_seconds = Setting(60.0, _float(0.01), RUN,
-        "Longest wait between two polls of a running batch. The first poll comes 0.5 s after the create; after that the wait is"
-        " 15 % of the batch's age (at least 0.5 s, at most this value), so a batch is seen done at most about 15 % of its run "
+        "Longest wait between two polls of a running batch. The first poll comes 0.2 s after the create; after that the wait is"
+        " 15 % of the batch's age (at least 0.2 s, at most this value), so a batch is seen done at most about 15 % of its run "
         "time late, and a long one costs one poll per this value. The wait is shorter when the batch is expected to end sooner:"
         " just after the end its own progress (finished requests) points to, or the run time of the last batches of the same "
         "model. With several batches in flight one `batches.list` serves them all. A larger value means fewer calls for long "
