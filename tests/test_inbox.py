@@ -152,3 +152,50 @@ def test_a_file_queued_in_a_profile_written_during_a_scan_is_taken_with_it_never
             engine.tick(now=now)
         assert [e.type for e in store.read() if e.type == "FileRejected"] == ["FileRejected"]  # once
         assert not engine.steps.intake.pending()  # a rejected file is not looked at again and again
+
+
+def test_a_file_is_hashed_while_it_becomes_stable_and_again_at_its_claim_if_it_changed(home):
+    """Issue 38: a file seen in the inbox is hashed in the background while it becomes stable, and
+    its claim takes that hash if the file's size and mtime are still those it was first seen
+    with; a file changed since is hashed again at its claim (its job names the content taken)."""
+    import hashlib
+    import threading
+
+    from batchgrader.pipeline.inbox import HashAhead
+    from batchgrader.pipeline.prepare import file_sha256
+    from ticks import Rig
+
+    rig = Rig(home)
+    hashed: list[str] = []
+    done = threading.Event()
+
+    def counted(path):  # noqa: ANN001, ANN202
+        sha = file_sha256(path)
+        hashed.append(path.name)
+        done.set()
+        return sha
+
+    intake = rig.engine.steps.intake
+    intake.hashes = HashAhead(counted)
+    first = "id,response\n0,first\n1,second\n"
+    (home.inbox / "a.csv").write_text(first)
+    assert rig.tick() == []  # seen, not yet stable ...
+    assert done.wait(timeout=30) and hashed == ["a.csv"]  # ... and hashed meanwhile
+    st = os.stat(home.inbox / "a.csv")
+    (home.inbox / "a.csv").write_text(first.replace("first", "FIRST"))  # the same size ...
+    os.utime(home.inbox / "a.csv", ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and mtime: unchanged, as the inbox sees files
+    assert rig.tick()[:1] == ["JobAccepted"]
+    assert rig.job().sha256 == hashlib.sha256(first.encode()).hexdigest()  # the claim took the hash made ahead
+
+    (home.inbox / "b.csv").write_text("id,response\n0,third\n")
+    intake.scan_requested = True  # as the inbox's watcher does at each change
+    assert "JobAccepted" not in rig.tick()  # hashed ahead as it was then ...
+    second = "id,response\n0,third\n1,fourth\n"
+    (home.inbox / "b.csv").write_text(second)  # ... then changed
+    intake.scan_requested = True
+    assert "JobAccepted" not in rig.tick()  # changed since the last look: not stable yet
+    assert "JobAccepted" in rig.tick()
+    assert hashed == ["a.csv", "b.csv"]  # b.csv hashed ahead once, at its first look
+    job = max(rig.engine.ctx.state.jobs.values(), key=lambda j: j.created_ts)
+    assert job.file == "b.csv" and job.sha256 == hashlib.sha256(second.encode()).hexdigest()  # the content taken
+    rig.close()

@@ -17,6 +17,8 @@ import os
 import shutil
 import stat
 import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,49 @@ from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTE
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
 CLAIM_FILE = "claim.json"
+
+
+class HashAhead:
+    """The sha256 of each file seen in the inbox, computed in a background thread while the file
+    becomes stable (file reads and hashlib release the interpreter's lock: it runs beside the
+    daemon), for its claim if its size and mtime are still those it was first seen with (a file
+    changed since is hashed again at its claim, as a file is taken only unchanged).  A file is
+    hashed ahead once, at its first look: one still being written costs one read too many."""
+
+    def __init__(self, hash_file: Callable[[Path], str]) -> None:
+        self._hash_file = hash_file
+        self._ahead: dict[Path, tuple[tuple[int, int], Future[str]]] = {}
+
+    def start(self, waiting: Mapping[Path, tuple[int, int]]) -> None:
+        """Hash the files of ``waiting`` (path -> size and mtime) not seen before, one after the
+        other in a thread of their own; forget those no longer waiting."""
+        for gone in set(self._ahead) - set(waiting):
+            del self._ahead[gone]
+        new = [(path, look, Future[str]()) for path, look in waiting.items() if path not in self._ahead]
+        if not new:
+            return
+        for path, look, fut in new:
+            self._ahead[path] = (look, fut)
+
+        def run() -> None:
+            for path, _look, fut in new:
+                try:
+                    fut.set_result(self._hash_file(path))
+                except BaseException as exc:  # noqa: BLE001 - the claim hashes it again, and reports
+                    fut.set_exception(exc)
+
+        threading.Thread(target=run, name="hash-ahead", daemon=True).start()
+
+    def take(self, path: Path, size: int, mtime_ns: int) -> str | None:
+        """The sha256 of ``path`` hashed ahead (waiting for it if under way), if it had this size
+        and mtime then; else None."""
+        got = self._ahead.pop(path, None)
+        if got is None or got[0] != (size, mtime_ns):
+            return None
+        try:
+            return got[1].result()
+        except Exception:  # noqa: BLE001 - gone or unreadable then: hashed again by the caller
+            return None
 
 
 def is_ignored(name: str) -> bool:
@@ -162,6 +207,10 @@ class InboxScanner:
 
     def forget(self, path: Path) -> None:
         self._looks.pop(path, None)
+
+    def waiting(self) -> dict[Path, tuple[int, int]]:
+        """The files waiting to be stable, each with its size and mtime (ns) at its last look."""
+        return {path: (size, mtime) for path, (size, mtime, _seen) in self._looks.items()}
 
     def _folders(self):
         """``("default", inbox/)``, then each folder of the inbox with its name: a profile's, or one

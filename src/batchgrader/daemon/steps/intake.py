@@ -49,6 +49,7 @@ class IntakeStep:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.scanner: inbox_mod.InboxScanner | None = None
+        self.hashes = inbox_mod.HashAhead(file_sha256)  # files hashed while they become stable
         self.scan_requested = True  # set by the daemon when the watcher saw a change
         self._last_scan = float("-inf")
         self._corrupt_logged: set[str] = set()
@@ -84,6 +85,7 @@ class IntakeStep:
         self.scan_requested = False
         self._last_scan = now
         ready, rejected = self.scanner.scan(now)
+        self.hashes.start({**self.scanner.waiting(), **{c.path: (c.size, c.mtime_ns) for c in ready}})
         self._build_ahead({*self.scanner.waiting_profiles(), *(c.profile for c in ready)})
         if first:
             self._ready_idle()
@@ -102,7 +104,7 @@ class IntakeStep:
             job_id = None
             try:
                 cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
-                sha = file_sha256(cand.path)
+                sha = self.hashes.take(cand.path, cand.size, cand.mtime_ns) or file_sha256(cand.path)
                 job_id = self._claim(fp, sha)
                 if job_id is None:
                     continue  # another daemon on the shared store took it
