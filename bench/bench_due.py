@@ -390,8 +390,11 @@ def main() -> None:
         )
     lines += [
         "",
-        "What lies outside the ideal, and why: the intake holds `stable_seconds` (0.2 s here, 1 s by default: a file is "
-        "taken once unchanged that long), while the file is hashed in a thread of its own; the preflight sends its rows "
+        "What lies outside the ideal, and why: the intake's wait for a stable file is gone for this checkout, as the "
+        "file is moved in settled (copied seconds before it is renamed into the inbox, its mtime older than its ctime by "
+        "more than `stable_seconds`, 0.2 s here, 1 s by default): it is taken at its first look, and hashed; a file written "
+        "or copied into the inbox itself still waits `stable_seconds` (hashed meanwhile in a thread of its own), as the "
+        "previous release's intake does for every file; the preflight sends its rows "
         "through the provider's SDK together (one answer's time, not one per row); prepare writes the request lines and "
         "the chunk files besides the count's work; a running batch is polled every 0.2 s while it is young (then 15 % of "
         "its age), so it is seen ended about 0.1 s after its end. The tokenizer's rank file and the SDK's import and client "

@@ -2,7 +2,9 @@
 
 File-system events only *wake* the daemon (watchdog drops inotify overflows silently); the truth
 is a full scan, done at start-up, on every wake and periodically.  A file is taken only when its
-size and mtime are unchanged across two looks ``stable_seconds`` apart, and a file in a folder
+size and mtime are unchanged across two looks ``stable_seconds`` apart, or at its first look when
+its mtime is at least ``stable_seconds`` older than its ctime (a file moved in whole: its content
+had settled before the move, by the file system's clock), and a file in a folder
 that names no profile is rejected only then too (the daemon reloads an edited config.yaml
 before each scan: a profile written just before its file was queued is known by then).  Claiming writes a claim
 record in the job's work folder, then renames the file into it (same filesystem, atomic), so a
@@ -176,7 +178,7 @@ class InboxScanner:
                     )
                     continue
                 seen.add(path)
-                if self._stable(path, st, now):
+                if self._stable(path, st, now) or self._moved_in_settled(st):
                     ready.append(Candidate(path, profile, st.st_size, st.st_mtime_ns))
         for gone in set(self._looks) - seen:
             del self._looks[gone]
@@ -192,6 +194,13 @@ class InboxScanner:
             self._looks[path] = (*look, now)
             return False
         return now - prev[2] >= self.stable_seconds
+
+    def _moved_in_settled(self, st: os.stat_result) -> bool:
+        """Whether the file's content had not changed for ``stable_seconds`` when its inode last
+        changed (its move into the inbox, typically): its mtime that much older than its ctime,
+        both stamped by the file system's own clock.  Such a file is taken at its first look; a
+        file written in place (each write stamps both) waits for the two looks."""
+        return self.stable_seconds > 0 and st.st_ctime_ns - st.st_mtime_ns >= self.stable_seconds * 1e9
 
     def pending(self) -> bool:
         return bool(self._looks)

@@ -389,7 +389,10 @@ class Settings:
         "whenever the watcher reports a change, and every tick while a file waits to become stable.", profile=False)
     stable_seconds = Setting(1.0, _float(0.0), HOUSE,
         "A file is taken from the inbox once its size and modification time are unchanged across two looks this many seconds "
-        "apart.", profile=False)
+        "apart, or at once when it arrives already settled: its modification time at least this much older than its last "
+        "inode change (a file moved into the inbox whose content had not changed for this long before the move, as both "
+        "times are stamped by the file system). A file written in the inbox itself, or copied in, waits for the two looks.",
+        profile=False)
     log_level = Setting("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), HOUSE,
         "Level of `<home>/logs/daemon.log`: `DEBUG`, `INFO`, `WARNING` or `ERROR`.", profile=False, restart=True)
     store_url = Setting(None, _store_url, HOUSE,
