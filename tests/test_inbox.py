@@ -15,14 +15,41 @@ def test_file_is_taken_only_when_unchanged_across_two_looks(home):
     scanner = InboxScanner(home, set(), stable_seconds=1.0)
     f = home.inbox / "a.csv"
     f.write_text("response\nx\n")
+    first = os.stat(f)
     assert scanner.scan(now=0.0) == ([], []) and scanner.pending()
     with open(f, "a") as fh:
         fh.write("y\n")  # still being written
-    os.utime(f, ns=(1, 2_000_000_000))
+    os.utime(f, ns=(first.st_atime_ns, first.st_mtime_ns + 1))  # a new mtime even within the same clock tick
     assert scanner.scan(now=5.0)[0] == []  # changed since the first look: look again
     assert scanner.scan(now=5.5)[0] == []  # unchanged, but not for stable_seconds yet
     ready, _ = scanner.scan(now=6.0)
     assert [c.path.name for c in ready] == ["a.csv"] and ready[0].profile == "default"
+
+
+def test_a_file_moved_in_settled_is_taken_at_its_first_look(home, tmp_path):
+    """Issue 38: a file whose content had not changed for ``stable_seconds`` when it was moved into
+    the inbox (its mtime that much older than its ctime, both the file system's stamps) is taken at
+    its first look; one written in place waits for the two looks, and a file of a folder that
+    names no profile is still rejected only once stable (a profile written just after it is known
+    by then)."""
+    scanner = InboxScanner(home, set(), stable_seconds=5.0)
+    outside = tmp_path / "done.csv"
+    outside.write_text("response\nx\n")
+    old = os.stat(outside).st_mtime_ns - 60 * 10**9
+    os.utime(outside, ns=(old, old))  # finished a minute ago
+    os.rename(outside, home.inbox / "done.csv")
+    (home.inbox / "writing.csv").write_text("response\ny\n")  # written in place just now
+    (home.inbox / "nosuch").mkdir()
+    (home.inbox / "nosuch" / "later.csv").write_text("response\nz\n")
+    os.utime(home.inbox / "nosuch" / "later.csv", ns=(old, old))
+    ready, rejected = scanner.scan(now=0.0)
+    assert [c.path.name for c in ready] == ["done.csv"] and rejected == []
+    assert scanner.pending()  # the other two wait for their second look
+    scanner.forget(home.inbox / "done.csv")
+    os.rename(home.inbox / "done.csv", tmp_path / "claimed.csv")  # as its claim does
+    ready, rejected = scanner.scan(now=5.0)
+    assert [c.path.name for c in ready] == ["writing.csv"] and [r.path.name for r in rejected] == ["later.csv"]
+    assert not InboxScanner(home, set(), stable_seconds=0.0).scan(now=0.0)[0]  # 0: always the two looks
 
 
 def test_ignored_names_and_rejections(home, tmp_path):
@@ -152,3 +179,73 @@ def test_a_file_queued_in_a_profile_written_during_a_scan_is_taken_with_it_never
             engine.tick(now=now)
         assert [e.type for e in store.read() if e.type == "FileRejected"] == ["FileRejected"]  # once
         assert not engine.steps.intake.pending()  # a rejected file is not looked at again and again
+
+
+def test_a_file_is_hashed_while_it_becomes_stable_and_again_at_its_claim_if_it_changed(home):
+    """Issue 38: a file seen in the inbox is hashed in the background while it becomes stable, and
+    its claim takes that hash if the file's size and mtime are still those it was first seen
+    with; a file changed since is hashed again at its claim (its job names the content taken)."""
+    import hashlib
+    import threading
+
+    from batchgrader.pipeline.inbox import HashAhead
+    from batchgrader.pipeline.prepare import file_sha256
+    from ticks import Rig
+
+    rig = Rig(home)
+    hashed: list[str] = []
+    done = threading.Event()
+
+    def counted(path):  # noqa: ANN001, ANN202
+        sha = file_sha256(path)
+        hashed.append(path.name)
+        done.set()
+        return sha
+
+    intake = rig.engine.steps.intake
+    intake.hashes = HashAhead(counted)
+    first = "id,response\n0,first\n1,second\n"
+    (home.inbox / "a.csv").write_text(first)
+    assert rig.tick() == []  # seen, not yet stable ...
+    assert done.wait(timeout=30) and hashed == ["a.csv"]  # ... and hashed meanwhile
+    st = os.stat(home.inbox / "a.csv")
+    (home.inbox / "a.csv").write_text(first.replace("first", "FIRST"))  # the same size ...
+    os.utime(home.inbox / "a.csv", ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and mtime: unchanged, as the inbox sees files
+    assert rig.tick()[:1] == ["JobAccepted"]
+    assert rig.job().sha256 == hashlib.sha256(first.encode()).hexdigest()  # the claim took the hash made ahead
+
+    (home.inbox / "b.csv").write_text("id,response\n0,third\n")
+    intake.scan_requested = True  # as the inbox's watcher does at each change
+    assert "JobAccepted" not in rig.tick()  # hashed ahead as it was then ...
+    second = "id,response\n0,third\n1,fourth\n"
+    (home.inbox / "b.csv").write_text(second)  # ... then changed
+    intake.scan_requested = True
+    assert "JobAccepted" not in rig.tick()  # changed since the last look: not stable yet
+    assert "JobAccepted" in rig.tick()
+    assert hashed == ["a.csv", "b.csv"]  # b.csv hashed ahead once, at its first look
+    job = max(rig.engine.ctx.state.jobs.values(), key=lambda j: j.created_ts)
+    assert job.file == "b.csv" and job.sha256 == hashlib.sha256(second.encode()).hexdigest()  # the content taken
+    rig.close()
+
+
+def test_a_tick_takes_a_file_moved_in_settled_at_once_and_waits_for_one_written_in_place(home, tmp_path):
+    """The rule above through the engine's tick, with ``stable_seconds: 5`` and one tick a second:
+    a file moved in settled is accepted in the tick that first sees it; one written in the inbox
+    only in a tick at least 5 s after its first look."""
+    from ticks import Rig
+
+    rig = Rig(home)
+    rig.reconfigure("stable_seconds: 5\n")
+    assert rig.engine.ctx.settings.stable_seconds == 5
+    outside = tmp_path / "moved.csv"
+    outside.write_text("id,response\n0,first\n")
+    old = os.stat(outside).st_mtime_ns - 60 * 10**9
+    os.utime(outside, ns=(old, old))
+    os.rename(outside, home.inbox / "moved.csv")
+    rig.engine.steps.intake.scan_requested = True  # as the inbox's watcher does
+    assert "JobAccepted" in rig.tick()
+    (home.inbox / "written.csv").write_text("id,response\n0,second\n")
+    rig.engine.steps.intake.scan_requested = True
+    accepted = [("JobAccepted" in rig.tick()) for _ in range(7)]
+    assert accepted.index(True) >= 4  # its first look, then 5 s
+    rig.close()

@@ -352,7 +352,8 @@ def test_the_rows_requests_are_in_flight_together_and_their_outcomes_come_in_row
     types = rig.tick()
     assert not gate.broken and rig.provider.most_in_flight == 3
     answered = ["PreflightRowAnswered", "TokensUsed"]
-    assert types == ["JobAccepted", *["PreflightRequested"] * 3, *answered * 3, "PreflightPassed"]
+    passed = ["PreflightPassed", "JobPrepared", "RequestsReused"]  # prepared in the same tick
+    assert types == ["JobAccepted", *["PreflightRequested"] * 3, *answered * 3, *passed]
     rows = [_cid(rig, n) for n in (1, 2, 3)]
     assert [e["rows"] for e in rig.events("PreflightRequested")] == [[r] for r in rows]
     assert [e["custom_id"] for e in rig.events("PreflightRowAnswered")] == rows
@@ -405,7 +406,7 @@ def test_a_daemon_killed_after_the_intents_sends_those_rows_again_once(rig):
     rig.provider.answer = default_answer
     restart(rig)
     answered = ["PreflightRowAnswered", "TokensUsed"]
-    assert rig.tick() == [*["PreflightRequested"] * 3, *answered * 3, "PreflightPassed"]
+    assert rig.tick() == [*["PreflightRequested"] * 3, *answered * 3, "PreflightPassed", "JobPrepared", "RequestsReused"]
     assert completes(rig) == sorted(rows * 2)  # each row sent once more
     assert rig.job().preflight_resent == set(rows)
     assert len([u for u in rig.events("TokensUsed") if u["chunk"] == -1]) == 3
@@ -420,7 +421,7 @@ def test_rows_left_open_by_two_kills_go_in_the_batch(rig):
             rig.tick()
         restart(rig)
     rig.provider.answer = default_answer
-    assert rig.tick() == ["PreflightPassed"]  # nothing sent a third time
+    assert rig.tick() == ["PreflightPassed", "JobPrepared"]  # nothing sent a third time; all 6 rows prepared for the batch
     assert rig.calls("complete") == 6 and rig.job().preflight_answers == []
     for _ in range(4):
         rig.tick()

@@ -1,6 +1,7 @@
 """Start-up pays only for what it uses: a daemon builds a provider (imports its SDK, starts the
-sandbox's emulator) at the provider's first call, so a job answered entirely from the answers
-store runs without either."""
+sandbox's emulator) at the provider's first call, or ahead of it in the background when a job
+will call it (a file seen, or an idle daemon's inbox, while the answers store could answer
+nothing), so a job answered entirely from the answers store runs without either."""
 
 from __future__ import annotations
 
@@ -183,6 +184,54 @@ def test_a_file_seen_in_the_inbox_builds_its_provider_ahead_unless_the_store_may
     assert job.ended == "completed" and job.cached_rows == 2
     assert not any(t.name == "prefetch-openai" for t in threading.enumerate())  # no build under way ...
     assert not again.is_set()  # ... nor done: never built
+    rig.close()
+
+
+def test_an_idle_daemon_readies_the_inbox_files_tokenizer_then_provider_at_its_first_scan(home):
+    """Issue 38: a daemon waiting for files readies, from its first scan on and in the background,
+    what a file dropped into the inbox will first need: the default profile's tokenizer, then its
+    provider (the build waits for the tokenizer's); the first file after a start waits for
+    neither.  Not while the answers store may answer that file, and not in the sandbox (whose
+    provider is an emulator started for the first file that needs it)."""
+    from batchgrader.core.configuration.config import load_config
+    from batchgrader.daemon.engine import Engine
+    from batchgrader.pipeline import tokens
+    from batchgrader.pipeline.pricing import load_pricing
+    from ticks import Rig
+
+    rig = Rig(home)
+    built = threading.Event()
+
+    def build():  # noqa: ANN202
+        built.set()
+        return rig.provider
+
+    rig.engine.ctx.providers = Providers({"openai": build})
+    assert rig.tick() == []  # an empty inbox: nothing happens ...
+    assert built.wait(timeout=30)  # ... but the provider is built meanwhile
+    assert "o200k_base" in tokens._AHEAD  # and the tokenizer's build was started (before it)
+    job = rig.run_file("a.csv", ["first", "second"])  # its answers go to the store
+    assert job.ended == "completed"
+
+    def restarted(sandbox: bool) -> threading.Event:
+        asked = threading.Event()
+
+        def build_again():  # noqa: ANN202
+            asked.set()
+            return rig.provider
+
+        rig.engine = Engine(home, load_config(home, environ={}), rig.store, rig.provider, load_pricing(), sandbox=sandbox)
+        rig.engine.ctx.providers = Providers({"openai": build_again})
+        assert rig.tick() == []
+        return asked
+
+    asked = restarted(sandbox=False)  # the store may answer the next file: its provider waits for it
+    assert not any(t.name == "prefetch-openai" for t in threading.enumerate()) and not asked.is_set()
+    assert rig.store.answers.clear(now=rig.now) == 2
+    asked = restarted(sandbox=True)  # the sandbox's emulator waits for a file that needs it
+    assert not any(t.name == "prefetch-openai" for t in threading.enumerate()) and not asked.is_set()
+    asked = restarted(sandbox=False)  # nothing the store could answer: built ahead again
+    assert asked.wait(timeout=30)
     rig.close()
 
 

@@ -2,7 +2,9 @@
 
 File-system events only *wake* the daemon (watchdog drops inotify overflows silently); the truth
 is a full scan, done at start-up, on every wake and periodically.  A file is taken only when its
-size and mtime are unchanged across two looks ``stable_seconds`` apart, and a file in a folder
+size and mtime are unchanged across two looks ``stable_seconds`` apart, or at its first look when
+its mtime is at least ``stable_seconds`` older than its ctime (a file moved in whole: its content
+had settled before the move, by the file system's clock), and a file in a folder
 that names no profile is rejected only then too (the daemon reloads an edited config.yaml
 before each scan: a profile written just before its file was queued is known by then).  Claiming writes a claim
 record in the job's work folder, then renames the file into it (same filesystem, atomic), so a
@@ -17,6 +19,8 @@ import os
 import shutil
 import stat
 import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +30,49 @@ from batchgrader.pipeline.formats.registry import SUPPORTED_SUFFIXES as SUPPORTE
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", ".swp", "~")
 CLAIM_FILE = "claim.json"
+
+
+class HashAhead:
+    """The sha256 of each file seen in the inbox, computed in a background thread while the file
+    becomes stable (file reads and hashlib release the interpreter's lock: it runs beside the
+    daemon), for its claim if its size and mtime are still those it was first seen with (a file
+    changed since is hashed again at its claim, as a file is taken only unchanged).  A file is
+    hashed ahead once, at its first look: one still being written costs one read too many."""
+
+    def __init__(self, hash_file: Callable[[Path], str]) -> None:
+        self._hash_file = hash_file
+        self._ahead: dict[Path, tuple[tuple[int, int], Future[str]]] = {}
+
+    def start(self, waiting: Mapping[Path, tuple[int, int]]) -> None:
+        """Hash the files of ``waiting`` (path -> size and mtime) not seen before, one after the
+        other in a thread of their own; forget those no longer waiting."""
+        for gone in set(self._ahead) - set(waiting):
+            del self._ahead[gone]
+        new = [(path, look, Future[str]()) for path, look in waiting.items() if path not in self._ahead]
+        if not new:
+            return
+        for path, look, fut in new:
+            self._ahead[path] = (look, fut)
+
+        def run() -> None:
+            for path, _look, fut in new:
+                try:
+                    fut.set_result(self._hash_file(path))
+                except BaseException as exc:  # noqa: BLE001 - the claim hashes it again, and reports
+                    fut.set_exception(exc)
+
+        threading.Thread(target=run, name="hash-ahead", daemon=True).start()
+
+    def take(self, path: Path, size: int, mtime_ns: int) -> str | None:
+        """The sha256 of ``path`` hashed ahead (waiting for it if under way), if it had this size
+        and mtime then; else None."""
+        got = self._ahead.pop(path, None)
+        if got is None or got[0] != (size, mtime_ns):
+            return None
+        try:
+            return got[1].result()
+        except Exception:  # noqa: BLE001 - gone or unreadable then: hashed again by the caller
+            return None
 
 
 def is_ignored(name: str) -> bool:
@@ -131,7 +178,7 @@ class InboxScanner:
                     )
                     continue
                 seen.add(path)
-                if self._stable(path, st, now):
+                if self._stable(path, st, now) or self._moved_in_settled(st):
                     ready.append(Candidate(path, profile, st.st_size, st.st_mtime_ns))
         for gone in set(self._looks) - seen:
             del self._looks[gone]
@@ -148,6 +195,13 @@ class InboxScanner:
             return False
         return now - prev[2] >= self.stable_seconds
 
+    def _moved_in_settled(self, st: os.stat_result) -> bool:
+        """Whether the file's content had not changed for ``stable_seconds`` when its inode last
+        changed (its move into the inbox, typically): its mtime that much older than its ctime,
+        both stamped by the file system's own clock.  Such a file is taken at its first look; a
+        file written in place (each write stamps both) waits for the two looks."""
+        return self.stable_seconds > 0 and st.st_ctime_ns - st.st_mtime_ns >= self.stable_seconds * 1e9
+
     def pending(self) -> bool:
         return bool(self._looks)
 
@@ -162,6 +216,10 @@ class InboxScanner:
 
     def forget(self, path: Path) -> None:
         self._looks.pop(path, None)
+
+    def waiting(self) -> dict[Path, tuple[int, int]]:
+        """The files waiting to be stable, each with its size and mtime (ns) at its last look."""
+        return {path: (size, mtime) for path, (size, mtime, _seen) in self._looks.items()}
 
     def _folders(self):
         """``("default", inbox/)``, then each folder of the inbox with its name: a profile's, or one

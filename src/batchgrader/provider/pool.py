@@ -4,8 +4,9 @@ job's call reaches the provider recorded for the job (``Context.provider_for``) 
 A provider is built by the function the daemon registers for its name (its SDK imported, its
 client constructed, the sandbox's emulator started), at the first :meth:`Providers.get`, or ahead
 of it by :meth:`Providers.prefetch` in a thread of its own while the job that needs it is still
-read and counted, or while its file becomes stable in the inbox when the answers store holds
-nothing it could answer: a daemon whose jobs are answered from the answers store never builds one.
+read and counted, or while its file becomes stable in the inbox (or, for the inbox's own files,
+from the daemon's first scan) when the answers store holds nothing it could answer: a daemon whose
+jobs are answered from the answers store never builds one.
 :meth:`Providers.of` puts one provider behind every name (tick tests, tools).
 """
 
@@ -87,15 +88,18 @@ class Providers:
                 log.info("provider %s ready", name)
         return got
 
-    def prefetch(self, name: str) -> threading.Thread | None:
-        """Build provider ``name`` in a thread of its own (once, and not once built): its SDK's
-        import and its client's construction overlap the preparation of the job that will call
-        it.  A build that fails is built again by :meth:`get`, which reports it.  Returns the
-        thread started (None: nothing to do)."""
+    def prefetch(self, name: str, after: threading.Thread | None = None) -> threading.Thread | None:
+        """Build provider ``name`` in a thread of its own (once, and not once built), once ``after``
+        (another build under way) has ended: its SDK's import and its client's construction
+        overlap the preparation of the job that will call it.  A build that fails is built again
+        by :meth:`get`, which reports it (a :meth:`get` meanwhile builds it at once, without
+        waiting for ``after``).  Returns the thread started (None: nothing to do)."""
         if self._every is not None or name in self._built or name not in self._builders or name in self._prefetching:
             return None
 
         def build() -> None:
+            if after is not None:
+                after.join()
             try:
                 self.get(name)
             except Exception as exc:  # reported by the call that needs it

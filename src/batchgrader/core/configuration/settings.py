@@ -215,8 +215,8 @@ class Settings:
         "After one of a job's batches fails, submit none of its remaining chunks. Their rows are marked `halted` and the job "
         "ends `failed`.")
     poll_interval_seconds = Setting(60.0, _float(0.01), RUN,
-        "Longest wait between two polls of a running batch. The first poll comes 0.5 s after the create; after that the wait is"
-        " 15 % of the batch's age (at least 0.5 s, at most this value), so a batch is seen done at most about 15 % of its run "
+        "Longest wait between two polls of a running batch. The first poll comes 0.2 s after the create; after that the wait is"
+        " 15 % of the batch's age (at least 0.2 s, at most this value), so a batch is seen done at most about 15 % of its run "
         "time late, and a long one costs one poll per this value. The wait is shorter when the batch is expected to end sooner:"
         " just after the end its own progress (finished requests) points to, or the run time of the last batches of the same "
         "model. With several batches in flight one `batches.list` serves them all. A larger value means fewer calls for long "
@@ -389,7 +389,10 @@ class Settings:
         "whenever the watcher reports a change, and every tick while a file waits to become stable.", profile=False)
     stable_seconds = Setting(1.0, _float(0.0), HOUSE,
         "A file is taken from the inbox once its size and modification time are unchanged across two looks this many seconds "
-        "apart.", profile=False)
+        "apart, or at once when it arrives already settled: its modification time at least this much older than its last "
+        "inode change (a file moved into the inbox whose content had not changed for this long before the move, as both "
+        "times are stamped by the file system). A file written in the inbox itself, or copied in, waits for the two looks.",
+        profile=False)
     log_level = Setting("INFO", _choice("DEBUG", "INFO", "WARNING", "ERROR"), HOUSE,
         "Level of `<home>/logs/daemon.log`: `DEBUG`, `INFO`, `WARNING` or `ERROR`.", profile=False, restart=True)
     store_url = Setting(None, _store_url, HOUSE,

@@ -103,10 +103,10 @@ class Preflight(Action):
     """Send the first requests the job will send (its preflight's rows not answered yet) through
     the provider's synchronous API before it is prepared into batches, one row at a time (intent
     ``PreflightRequested``, outcome ``PreflightRowAnswered`` / ``PreflightFailed`` /
-    ``PreflightUnreachable``; ``PreflightPassed`` once every row is answered)."""
+    ``PreflightUnreachable``; ``PreflightPassed`` once every row is answered).  A preflight that
+    passed is followed by the job's ``Prepare`` in the same tick (issue 38: no tick's wait between)."""
 
     stage: ClassVar[int] = 2
-    ends_step: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class IntakeStep:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.scanner: inbox_mod.InboxScanner | None = None
+        self.hashes = inbox_mod.HashAhead(file_sha256)  # files hashed while they become stable
         self.scan_requested = True  # set by the daemon when the watcher saw a change
         self._last_scan = float("-inf")
         self._corrupt_logged: set[str] = set()
@@ -75,6 +76,7 @@ class IntakeStep:
     def intake(self, now: float) -> None:
         """Scan the inbox when woken by the watcher, while a file waits to become stable, and
         every rescan_interval_seconds regardless (file events can be lost)."""
+        first = self.scanner is None
         if self.scanner is None:
             self.scanner = inbox_mod.InboxScanner(self.ctx.home, set(self.ctx.config.profiles), self.ctx.settings.stable_seconds)
         due = now - self._last_scan >= self.ctx.settings.rescan_interval_seconds
@@ -83,7 +85,10 @@ class IntakeStep:
         self.scan_requested = False
         self._last_scan = now
         ready, rejected = self.scanner.scan(now)
+        self.hashes.start({**self.scanner.waiting(), **{c.path: (c.size, c.mtime_ns) for c in ready}})
         self._build_ahead({*self.scanner.waiting_profiles(), *(c.profile for c in ready)})
+        if first:
+            self._ready_idle()
         for r in rejected:
             if r.fingerprint in self.ctx.state.rejected:
                 continue
@@ -99,7 +104,7 @@ class IntakeStep:
             job_id = None
             try:
                 cand.path.name.encode("utf-8")  # a name that is not UTF-8 cannot be recorded as it is
-                sha = file_sha256(cand.path)
+                sha = self.hashes.take(cand.path, cand.size, cand.mtime_ns) or file_sha256(cand.path)
                 job_id = self._claim(fp, sha)
                 if job_id is None:
                     continue  # another daemon on the shared store took it
@@ -145,6 +150,30 @@ class IntakeStep:
             provider = self.ctx.providers.prefetch(profile.provider)
             if model := profile.get("azure_model") or profile.model:  # after the provider, which the preflight needs first
                 build_ahead(tokenizer_for_model(model, profile.default_encoding).encoding, after=provider)
+
+    def _ready_idle(self) -> None:
+        """At the daemon's first scan, what a file dropped into the inbox itself (the default
+        profile) will first need is readied in the background, while the daemon waits for files:
+        the tokenizer's rank file (prepare counts with it), then the provider (its SDK imported, its
+        client made; the preflight's first row calls it), so the first file after a start waits for
+        neither (issue 38).  The provider under the rule of a file seen (:meth:`_build_ahead`: not
+        while the answers store may answer the file), and neither in the sandbox, whose provider is
+        an emulator started for the first file that needs it.  A file already waiting at the first
+        scan had its own readied first, provider first (nothing is built twice)."""
+        if self.ctx.sandbox:
+            return
+        try:
+            profile = self.ctx.config.profile(None)
+        except ConfigError:
+            return
+        tokenizer = None
+        if model := profile.get("azure_model") or profile.model:
+            tokenizer = build_ahead(tokenizer_for_model(model, profile.default_encoding).encoding)
+        if self.ctx.providers.is_built(profile.provider):
+            return
+        if profile.cache_days > 0 and not self.ctx.store.answers.empty():
+            return  # a file the store answers whole never builds it
+        self.ctx.providers.prefetch(profile.provider, after=tokenizer)
 
     def _drop_empty_claim(self, job_id: str | None) -> None:
         """A work folder whose claim never got its input (the move failed): removed, not left to pile up."""
