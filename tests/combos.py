@@ -406,6 +406,9 @@ class SharedRig(Rig):
     TTL, BOUND = 30.0, 6.0  # lease_seconds; request_timeout_seconds (5) + the call margin
 
     def __init__(self, home: Home, pg_url: str, config: str = "") -> None:
+        import psycopg
+
+        from batchgrader.store.leases import RELEASED
         from batchgrader.store.pg_readmodels import projectors
         from batchgrader.store.pgstore import PostgresEventStore
 
@@ -424,11 +427,14 @@ class SharedRig(Rig):
             engine.share(SharedWork(Leases(store, name), self.TTL, self.BOUND, clock=lambda: self.now))
             self.engines.append(engine)
         self.engine = self.engines[0]
+        self._listen = psycopg.connect(pg_url, autocommit=True)  # announced releases (_handed_over)
+        self._listen.execute(f"LISTEN {RELEASED}")
 
     def _config(self, config: str) -> str:
         return config_text(config) + f"store_url: {self.pg_url}\nlease_seconds: {self.TTL}\nrequest_timeout_seconds: 5\n"
 
     def close(self) -> None:
+        self._listen.close()
         for store in self.stores:
             store.close()
 
@@ -438,25 +444,24 @@ class SharedRig(Rig):
             engine.reload(load_config(self.home, environ={}), load_pricing())
 
     def tick(self, seconds: float = 1.0) -> list[str]:
-        """One tick of each daemon; again, at the same time, while a tick released a lease (a
-        release wakes the other daemons: daemon/shared.py ``ReleaseWatch``), at most 4 rounds."""
+        """One tick of each daemon; again, at the same time, while a tick handed a job over (an
+        announced release wakes the daemons it is for: daemon/shared.py ``ReleaseWatch``; here
+        both tick again), at most 4 rounds."""
         before = self.store.last_seq()
         self.now += seconds
         self.provider.now = self.now
         for _ in range(4):
-            held = self._held()
             for engine in self.engines:
                 engine.scan_requested = True  # as each daemon's inbox watcher would
                 engine.tick(self.now)
-            if not held - self._held():
+            if not self._handed_over():
                 break
         self.engine.ctx.catch_up()
         return [e.type for e in self.store.read(after=before)]
 
-    def _held(self) -> set[tuple[str, str, int]]:
-        """The leases held now, as (name, holder, fence)."""
-        leases = self.engines[0].shared.leases  # type: ignore[union-attr]
-        return {(x.name, x.holder, x.fence) for x in leases.all() if x.holder is not None and x.expires_at > self.now}
+    def _handed_over(self) -> bool:
+        """Whether a release was announced since the last call (``NOTIFY bg_leases``)."""
+        return bool(list(self._listen.notifies(timeout=0.05, stop_after=100)))
 
 
 def run_combo(home: Home, c: Combo, cancel_at: int | None = None, pg_url: str | None = None) -> Outcome:

@@ -518,21 +518,36 @@ def test_a_job_let_go_for_the_account_holder_is_taken_at_its_next_tick(pair: Pai
     assert [op for op, _ in pair.provider.calls if op == "cancel"] == ["cancel"]  # by a, under the account's fence
 
 
-def test_a_released_lease_wakes_the_other_daemons(pair: Pair):
-    """ReleaseWatch: another daemon's release of a lease wakes this one (NOTIFY bg_leases)."""
+def test_a_hand_over_wakes_only_the_daemons_it_is_for(pair: Pair):
+    """ReleaseWatch: a job let go for a daemon holding an account (``call``) wakes such a daemon,
+    one let go for daemons holding none (``work``) wakes those; a plain release, a daemon's own
+    release, and a hand-over to the other kind wake nobody (two daemons that cannot carry a job
+    on never pass it between them)."""
     import threading
 
     from batchgrader.daemon.shared import ReleaseWatch
-    from batchgrader.store.leases import Leases
+    from batchgrader.store.leases import Leases, account_lease
 
     a, b = pair.engines["a"].shared, pair.engines["b"].shared
+    assert a is not None and b is not None
     woken = threading.Event()
-    watch = ReleaseWatch(Leases(pair.stores[0], "a"), woken.set, interval=0.2).start()
+    watch = ReleaseWatch(Leases(pair.stores[0], "a"), woken.set, a, interval=0.2).start()
+
+    def release(by: Any, announce: str | None) -> bool:
+        lease = by.leases.acquire(job_lease("x"), TTL, pair.now)
+        assert lease is not None
+        woken.clear()
+        assert by.leases.release(lease, announce)
+        return woken.wait(1.0)
+
     try:
-        lease = b.leases.acquire(job_lease("x"), TTL, pair.now)
-        assert lease is not None and not woken.wait(0.5)  # taking a lease wakes nobody
-        assert b.leases.release(lease)
-        assert woken.wait(10)
+        assert not release(b, None)  # a release that hands nothing over
+        assert not release(b, "call")  # a holds no account: a call is not for it
+        assert release(b, "work")
+        assert a.account(account_lease("openai", "default")) is not None
+        assert release(b, "call")
+        assert not release(b, "work")  # a holds an account now
+        assert not release(a, "call")  # its own
         assert a.leases.free([job_lease("x")], pair.now) == {job_lease("x")}
     finally:
         watch.stop()

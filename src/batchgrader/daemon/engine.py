@@ -212,7 +212,7 @@ class Engine:
         config = self.ctx.config
         shared = SharedWork.for_daemon(self.ctx.store, config.lease_seconds, config.request_timeout_seconds, holder)
         self.share(shared)
-        shared.watch = ReleaseWatch(Leases(shared.leases.store, shared.holder), wake).start()
+        shared.watch = ReleaseWatch(Leases(shared.leases.store, shared.holder), wake, shared).start()
         return shared
 
     def share(self, shared: SharedWork) -> None:
@@ -412,7 +412,7 @@ class Engine:
                 )
                 if action is None:
                     if self.shared is not None and job.job_id in self.shared.jobs and self._leaves_waiting(self.shared, job):
-                        self.shared.let_go(job.job_id, "it waits: its polls are left to a daemon that holds no account")
+                        self.shared.let_go(job.job_id, "it waits: its polls are left to a daemon that holds no account", "work")
                     return
                 step = step.after(action)
                 try:
@@ -443,7 +443,7 @@ class Engine:
         from batchgrader.store.leases import LeaseLost
 
         if self._leaves(shared, action):
-            shared.let_go(job.job_id, "its local work is left to a daemon that holds no account")
+            shared.let_go(job.job_id, "its local work is left to a daemon that holds no account", "work")
             return False
         if not shared.take_job(job.job_id, self.ctx.state.jobs[job.job_id].version):
             return False
@@ -451,7 +451,7 @@ class Engine:
         try:
             with shared.acting(job.job_id, action, account) as allowed:
                 if not allowed:
-                    shared.let_go(job.job_id, f"its next call needs {account}, held by another daemon")
+                    shared.let_go(job.job_id, f"its next call needs {account}, held by another daemon", "call")
                     return False
                 self.act(action, now)
         except LeaseLost as exc:  # lapsed (a pause) or taken over: nothing more is written, no call made

@@ -281,12 +281,14 @@ class SharedWork:
             self._refused_at[job_lease(job_id)] = version
         return taken
 
-    def let_go(self, job_id: str, why: str) -> None:
-        """Release the job's lease (the job ended, or another daemon is to carry it on)."""
+    def let_go(self, job_id: str, why: str, announce: str | None = None) -> None:
+        """Release the job's lease (the job ended, or another daemon is to carry it on);
+        ``announce``: who is to carry it on, told at once (``call``: a daemon holding an account;
+        ``work``: one holding none; :class:`ReleaseWatch`)."""
         lease = self.jobs.pop(job_id, None)
         if lease is not None:
             self._renewed.pop(lease.name, None)
-            self.leases.release(lease)
+            self.leases.release(lease, announce)
             log.debug("lease %s released: %s", lease.name, why)
 
     def ended(self, job_id: str) -> None:
@@ -411,13 +413,16 @@ class SharedWork:
 
 
 class ReleaseWatch:
-    """Wakes a daemon (``wake``) whenever another daemon releases a lease on the shared store
-    (:meth:`~batchgrader.store.leases.Leases.wait_released`), from a thread of its own: a job
-    let go for this daemon to carry on (its next call needs an account this daemon holds) is taken
-    at its next tick (:meth:`SharedWork.recheck`), not at its next due time."""
+    """Wakes a daemon (``wake``; its leases: ``shared``) when another daemon hands a job over to
+    daemons like it (:meth:`~batchgrader.store.leases.Leases.wait_released`, :meth:`for_us`),
+    from a thread of its own: a job let go for this daemon to carry on
+    (its next call needs an account this daemon holds, or its local work is left to daemons
+    holding none) is taken at its next tick (:meth:`SharedWork.recheck`), not at its next due
+    time.  A daemon is never woken by its own releases, and one holding no account never by a
+    job that needs one: daemons that cannot carry a job on do not pass it between them."""
 
-    def __init__(self, leases: Leases, wake: Callable[[], None], interval: float = 1.0) -> None:
-        self.leases, self.wake, self.interval = leases, wake, interval
+    def __init__(self, leases: Leases, wake: Callable[[], None], shared: SharedWork, interval: float = 1.0) -> None:
+        self.leases, self.wake, self.shared, self.interval = leases, wake, shared, interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-releases", daemon=True)
 
@@ -428,11 +433,16 @@ class ReleaseWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.leases.wait_released(self.interval):
+                if any(self.for_us(kind, holder) for kind, holder in self.leases.wait_released(self.interval)):
                     self.wake()
             except Exception as exc:  # noqa: BLE001 - the database unreachable: the leases lapse; try again
                 log.debug("waiting for lease releases: %s", exc)
                 self._stop.wait(self.interval)
+
+    def for_us(self, kind: str, holder: str) -> bool:
+        """Whether a hand-over announced by ``holder`` is for this daemon: another daemon's, a
+        ``call`` while this one holds an account, ``work`` while it holds none."""
+        return holder != self.shared.holder and (kind == "call") == bool(self.shared.accounts)
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,10 +11,10 @@ the database's own clock), so two daemons can never both believe they hold a lea
   holder changes (or a lapsed holder takes it again), never when a holder renews;
 - :meth:`Leases.renew`: push the expiry out; refused (:class:`LeaseLost`) once the lease has
   lapsed or been taken over;
-- :meth:`Leases.release`: give it up (the next holder gets the next fence at once), with a
-  ``NOTIFY bg_leases`` in the same transaction, so a daemon waiting in :meth:`Leases.wait_released`
-  wakes and asks again for what it was refused (:meth:`Leases.free`: which of the leases it was
-  refused are free now, in one query);
+- :meth:`Leases.release`: give it up (the next holder gets the next fence at once); a hand-over
+  is announced (``NOTIFY bg_leases`` in the same transaction), so the daemon it is meant for,
+  waiting in :meth:`Leases.wait_released`, wakes and asks again for what it was refused
+  (:meth:`Leases.free`: which of the leases it was refused are free now, in one query);
 - :meth:`Leases.append_intent`: append an intent event (upload, create, cancel, delete) only if
   the lease is still this holder's, with this fence, and has at least ``bound`` seconds left
   (the longest the call may take): the check (``FOR SHARE`` on the lease row, so no takeover
@@ -172,16 +172,18 @@ class Leases:
             raise LeaseLost(f"lease {lease.name} (fence {lease.fence}) is no longer held by {self.holder}")
         return _lease(row)  # type: ignore[return-value]
 
-    def release(self, lease: Lease) -> bool:
-        """Give the lease up (True) unless it is no longer ours (False); the other daemons are
-        told (:data:`RELEASED`), in the same transaction."""
+    def release(self, lease: Lease, announce: str | None = None) -> bool:
+        """Give the lease up (True) unless it is no longer ours (False).  ``announce``: a hand-over
+        the other daemons are told of in the same transaction (:data:`RELEASED`, the payload
+        ``"<announce> <holder>"``: ``call`` for a daemon holding an account, ``work`` for one
+        holding none; see :meth:`wait_released`)."""
         with self.store.write() as conn:
             cur = conn.execute(
                 "UPDATE leases SET holder = NULL, expires_at = 0 WHERE name = %s AND holder = %s AND fence = %s",
                 (lease.name, self.holder, lease.fence),
             )
-            if cur.rowcount == 1:
-                conn.execute("SELECT pg_notify(%s, %s)", (RELEASED, lease.name))
+            if cur.rowcount == 1 and announce is not None:
+                conn.execute("SELECT pg_notify(%s, %s)", (RELEASED, f"{announce} {self.holder}"))
             return cur.rowcount == 1
 
     def free(self, names: Sequence[str], now: float | None = None) -> set[str]:
@@ -196,19 +198,21 @@ class Leases:
             conn.rollback()
         return set(names) - {r[0] for r in rows}
 
-    def wait_released(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for another daemon to release a lease (True), on a
-        listening connection of this object's own (made at the first call; :meth:`close`)."""
+    def wait_released(self, timeout: float) -> list[tuple[str, str]]:
+        """Wait up to ``timeout`` seconds for announced releases (:meth:`release`): each as
+        (``call`` or ``work``, the releasing daemon), none when the time ran out; on a listening
+        connection of this object's own (made at the first call; :meth:`close`)."""
         psycopg = _psycopg()
         try:
             if self._listen is None or self._listen.closed:
                 self._listen = psycopg.connect(self.store.url, autocommit=True)
                 self._listen.execute(f"LISTEN {RELEASED}")
-            for _ in self._listen.notifies(timeout=timeout, stop_after=1):
-                return True
+            for n in self._listen.notifies(timeout=timeout, stop_after=1):
+                kind, _, holder = n.payload.partition(" ")
+                return [(kind, holder)]
         except psycopg.OperationalError:  # the connection went: listen again at the next call
             self.close()
-        return False
+        return []
 
     def close(self) -> None:
         """Close the listening connection of :meth:`wait_released`, if any."""
