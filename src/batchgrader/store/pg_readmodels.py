@@ -18,7 +18,7 @@ from typing import Any
 
 from batchgrader.core.log.state import State, fold
 from batchgrader.store.eventstore import Event, events_from_rows
-from batchgrader.store.readmodels import SAVING_EVENTS, job_row, saving_row, usage_row
+from batchgrader.store.readmodels import SAVING_EVENTS, fold_before, job_row, saving_row, usage_row
 from batchgrader.store.readside import PROJECTION
 from batchgrader.store.readtables import TABLES
 from batchgrader.store.runtimes import batch_run_row
@@ -119,12 +119,8 @@ class PgStatusProjector:
                 self.jobs[j] = st
 
     def _job(self, conn: Any, e: Event) -> State:
-        """The fold of ``e``'s job up to just before ``e``: the one remembered, unless another
-        daemon appended to the job since (its version is not the one before ``e``)."""
-        st = self.jobs.get(e.job_id)
-        if st is None or st.jobs[e.job_id].version != e.job_seq - 1:
-            st = fold(_events(conn, "job_id = %s AND seq < %s", (e.job_id, e.seq)))
-        return st
+        """The fold of ``e``'s job up to just before ``e`` (:func:`~batchgrader.store.readmodels.fold_before`)."""
+        return fold_before(self.jobs, e, lambda: _events(conn, "job_id = %s AND seq < %s", (e.job_id, e.seq)))
 
     def _catch_up(self, conn: Any) -> None:
         """Bring the tables from ``projection_state.last_seq`` up to the log."""

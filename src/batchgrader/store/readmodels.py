@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,16 @@ def fold_connection(conn: sqlite3.Connection, job_id: str | None = None) -> Stat
 # --- the projector --------------------------------------------------------------------------------
 
 
+def fold_before(remembered: dict[str, State], e: Event, events: Callable[[], Iterable[Event]]) -> State:
+    """A projector's fold of ``e``'s job up to just before ``e``: the one it remembers, unless
+    another writer appended to the job since (its version is not the one before ``e``), else
+    folded again from the job's ``events`` before ``e``."""
+    st = remembered.get(e.job_id)
+    if st is None or st.jobs[e.job_id].version != e.job_seq - 1:
+        st = fold(events())
+    return st
+
+
 class StatusProjector:
     """Maintains ``job_status``, ``usage`` and ``projection_state`` (see the module docstring).
 
@@ -352,10 +362,7 @@ class StatusProjector:
 
     def _job(self, conn: sqlite3.Connection, e: Event) -> State:
         """The fold of ``e``'s job up to just before ``e``."""
-        st = self.jobs.get(e.job_id)
-        if st is None or st.jobs[e.job_id].version != e.job_seq - 1:
-            st = fold(iter_events(conn, job_id=e.job_id, until=e.seq - 1))
-        return st
+        return fold_before(self.jobs, e, lambda: iter_events(conn, job_id=e.job_id, until=e.seq - 1))
 
     def _catch_up(self, conn: sqlite3.Connection) -> None:
         """Bring the tables from ``projection_state.last_seq`` up to the log as ``conn`` sees it."""
