@@ -526,12 +526,12 @@ def test_a_hand_over_wakes_only_the_daemons_it_is_for(pair: Pair):
     import threading
 
     from batchgrader.daemon.shared import ReleaseWatch
-    from batchgrader.store.leases import Leases, account_lease
+    from batchgrader.store.leases import account_lease
 
     a, b = pair.engines["a"].shared, pair.engines["b"].shared
     assert a is not None and b is not None
     woken = threading.Event()
-    watch = ReleaseWatch(Leases(pair.stores[0], "a"), woken.set, a, interval=0.2).start()
+    watch = ReleaseWatch(a, woken.set, interval=0.2).start()
 
     def release(by: Any, announce: str | None) -> bool:
         lease = by.leases.acquire(job_lease("x"), TTL, pair.now)

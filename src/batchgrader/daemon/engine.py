@@ -207,12 +207,11 @@ class Engine:
         another daemon releases a lease (:class:`~batchgrader.daemon.shared.ReleaseWatch`); the
         leases, for the process to renew and release."""
         from batchgrader.daemon.shared import ReleaseWatch, SharedWork
-        from batchgrader.store.leases import Leases
 
         config = self.ctx.config
         shared = SharedWork.for_daemon(self.ctx.store, config.lease_seconds, config.request_timeout_seconds, holder)
         self.share(shared)
-        shared.watch = ReleaseWatch(Leases(shared.leases.store, shared.holder), wake, shared).start()
+        shared.watch = ReleaseWatch(shared, wake).start()
         return shared
 
     def share(self, shared: SharedWork) -> None:

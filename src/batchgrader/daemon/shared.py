@@ -421,8 +421,9 @@ class ReleaseWatch:
     time.  A daemon is never woken by its own releases, and one holding no account never by a
     job that needs one: daemons that cannot carry a job on do not pass it between them."""
 
-    def __init__(self, leases: Leases, wake: Callable[[], None], shared: SharedWork, interval: float = 1.0) -> None:
-        self.leases, self.wake, self.shared, self.interval = leases, wake, shared, interval
+    def __init__(self, shared: SharedWork, wake: Callable[[], None], interval: float = 1.0) -> None:
+        self.shared, self.wake, self.interval = shared, wake, interval
+        self.leases = shared.leases  # its listening connection is this thread's alone
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-releases", daemon=True)
 
