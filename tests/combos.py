@@ -40,7 +40,7 @@ from batchgrader.store.leases import Leases
 from batchgrader.store.readmodels import rebuild
 from batchgrader.store.snapshot import take
 from cli_fixtures import run
-from ticks import Rig, config_text
+from ticks import SHARED_CONFIG, Rig, config_text, shared_engines
 
 #: every feature of the matrix and its values
 FEATURES: dict[str, list[Any]] = {
@@ -403,35 +403,26 @@ class SharedRig(Rig):
     one provider account.  A tick is one tick of each, in turn; :attr:`engine` is ``a``, caught up
     with what ``b`` appended, so it shows the log's state."""
 
-    TTL, BOUND = 30.0, 6.0  # lease_seconds; request_timeout_seconds (5) + the call margin
-
     def __init__(self, home: Home, pg_url: str, config: str = "") -> None:
         import psycopg
 
         from batchgrader.store.leases import RELEASED
-        from batchgrader.store.pg_readmodels import projectors
-        from batchgrader.store.pgstore import PostgresEventStore
 
         self.home, self.pg_url = home, pg_url
         home.config_file.write_text(self._config(config))
-        # as a daemon opens it (store/backend.py open_store): the read models kept in each append
-        self.stores = [PostgresEventStore(pg_url, projectors=projectors()) for _ in "ab"]
-        self.store = self.stores[0]
         self.provider = MemoryProvider()
         self.now = 1_000_000.0
         self.provider.now = self.now
-        config_ = load_config(home, environ={})
-        self.engines = []
-        for name, store in zip("ab", self.stores, strict=True):
-            engine = Engine(home, config_, store, self.provider, load_pricing())
-            engine.share(SharedWork(Leases(store, name), self.TTL, self.BOUND, clock=lambda: self.now))
-            self.engines.append(engine)
+        # as a daemon opens its store (store/backend.py open_store): the read models kept in each append
+        self.stores, by_name = shared_engines(home, pg_url, self.provider, lambda: self.now, read_models=True)
+        self.store = self.stores[0]
+        self.engines = list(by_name.values())
         self.engine = self.engines[0]
         self._listen = psycopg.connect(pg_url, autocommit=True)  # announced releases (_handed_over)
         self._listen.execute(f"LISTEN {RELEASED}")
 
     def _config(self, config: str) -> str:
-        return config_text(config) + f"store_url: {self.pg_url}\nlease_seconds: {self.TTL}\nrequest_timeout_seconds: 5\n"
+        return config_text(config) + f"store_url: {self.pg_url}\n" + SHARED_CONFIG
 
     def close(self) -> None:
         self._listen.close()

@@ -18,10 +18,9 @@ from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.provider.protocol import BatchInfo
 from batchgrader.store.leases import LeaseLost, Leases, job_lease
-from ticks import config_text
+from ticks import SHARED_CONFIG, SHARED_TTL, config_text, shared_engines
 
-TTL = 30.0  # lease_seconds
-BOUND = 6.0  # request_timeout_seconds (5) + the margin
+TTL = SHARED_TTL  # lease_seconds
 WRITES = ("upload", "create_batch", "cancel", "delete_file")
 
 
@@ -55,20 +54,12 @@ class Pair:
     """Two daemons, ``a`` and ``b`` (or one per letter of ``names``), on one shared store and home."""
 
     def __init__(self, home: Home, pg_url: str, config: str = "", names: str = "ab") -> None:
-        from batchgrader.store.pgstore import PostgresEventStore
-
         self.home = home
-        home.config_file.write_text(config_text(f"request_timeout_seconds: 5\nlease_seconds: {TTL}\n{config}"))
+        home.config_file.write_text(config_text(SHARED_CONFIG + config))
         self.provider = PausingProvider()
         self.now = 1_000_000.0
         self.provider.now = self.now
-        self.stores = [PostgresEventStore(pg_url) for _ in names]
-        config = load_config(home, environ={})
-        self.engines: dict[str, Engine] = {}
-        for name, store in zip(names, self.stores, strict=True):
-            engine = Engine(home, config, store, self.provider, load_pricing())
-            engine.share(SharedWork(Leases(store, name), TTL, BOUND, clock=lambda: self.now))
-            self.engines[name] = engine
+        self.stores, self.engines = shared_engines(home, pg_url, self.provider, lambda: self.now, names)
 
     def close(self) -> None:
         for s in self.stores:

@@ -19,6 +19,32 @@ from batchgrader.store.eventstore import EventStore, NewEvent
 
 BASE_CONFIG = "stable_seconds: 0\npoll_interval_seconds: 2\nmax_completion_tokens: 50\n"
 
+#: several daemons on one store: their leases' lifetime (lease_seconds), and the longest a call may
+#: take (request_timeout_seconds 5, in SHARED_CONFIG, plus the call margin)
+SHARED_TTL, SHARED_BOUND = 30.0, 6.0
+SHARED_CONFIG = f"request_timeout_seconds: 5\nlease_seconds: {SHARED_TTL}\n"
+
+
+def shared_engines(
+    home: Home, pg_url: str, provider: Any, clock: Any, names: str = "ab", read_models: bool = False
+) -> tuple[list[Any], dict[str, Engine]]:
+    """Daemons named by the letters of ``names`` on one PostgreSQL store and ``home``: each an
+    Engine on its own connection (with the read models a daemon keeps when ``read_models``) and
+    under its own leases, decided at ``clock()``; all with ``provider``, one provider account."""
+    from batchgrader.daemon.shared import SharedWork
+    from batchgrader.store.leases import Leases
+    from batchgrader.store.pg_readmodels import projectors
+    from batchgrader.store.pgstore import PostgresEventStore
+
+    stores = [PostgresEventStore(pg_url, projectors=projectors() if read_models else ()) for _ in names]
+    config = load_config(home, environ={})
+    engines: dict[str, Engine] = {}
+    for name, store in zip(names, stores, strict=True):
+        engine = Engine(home, config, store, provider, load_pricing())
+        engine.share(SharedWork(Leases(store, name), SHARED_TTL, SHARED_BOUND, clock=clock))
+        engines[name] = engine
+    return stores, engines
+
 
 def config_text(config: str) -> str:
     """The rig's config: the preflight is off unless the test's own config sets it."""
