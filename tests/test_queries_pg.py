@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from batchgrader.cli.commands import cli
 from batchgrader.core.host.home import Home
-from batchgrader.store import answers, costs, queries
+from batchgrader.store import answers, costs, log_queries, queries
 from batchgrader.store.copy import copy_log
 from batchgrader.store.leases import Leases, account_lease, job_lease
 from batchgrader.store.pgstore import PostgresEventStore
@@ -65,12 +65,12 @@ def test_one_job_by_prefix_its_detail_and_completion_on_both_backends(both):
 
 
 def test_events_and_their_last_ones_on_both_backends(both):
-    on_file, on_pg = both(lambda h: queries.events(h))
+    on_file, on_pg = both(lambda h: log_queries.events(h))
     assert on_pg == on_file and len(on_pg) > 50
-    on_file, on_pg = both(lambda h: queries.events(h, last=5))
+    on_file, on_pg = both(lambda h: log_queries.events(h, last=5))
     assert on_pg == on_file == on_file[-5:]
     job = on_file[0]["job_id"]
-    on_file, on_pg = both(lambda h: list(queries.follow_events(h, job, poll=0.01, stop=lambda: True)))
+    on_file, on_pg = both(lambda h: list(log_queries.follow_events(h, job, poll=0.01, stop=lambda: True)))
     assert on_pg == on_file and {e["job_id"] for e in on_pg} == {job}
 
 

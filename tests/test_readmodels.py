@@ -22,7 +22,7 @@ from batchgrader.core.host.home import Home
 from batchgrader.core.log.schema import EVENTS, EVENTS_DDL
 from batchgrader.core.log.state import fold
 from batchgrader.store import costs as costs_mod
-from batchgrader.store import queries, readmodels
+from batchgrader.store import log_queries, queries, readmodels
 from batchgrader.store.eventstore import Event, EventStore, NewEvent
 from batchgrader.store.readmodels import JOB_STATUS_COLUMNS, USAGE_COLUMNS, StatusProjector, job_row, projectors, rebuild
 
@@ -428,7 +428,7 @@ def test_job_ids_may_be_given_as_a_unique_prefix(fed: Home):
     with pytest.raises(queries.UnknownJob):
         queries.status(fed, "zzz")
     with pytest.raises(queries.UnknownJob):
-        queries.events(fed, "v1_held-194352796bbbX")
+        log_queries.events(fed, "v1_held-194352796bbbX")
 
 
 def test_job_detail(fed: Home):
@@ -440,23 +440,23 @@ def test_job_detail(fed: Home):
 
 
 def test_events_query(fed: Home):
-    everything = queries.events(fed)
+    everything = log_queries.events(fed)
     assert [e["seq"] for e in everything] == list(range(1, len(everything) + 1))
-    held = queries.events(fed, "v1_held")
+    held = log_queries.events(fed, "v1_held")
     assert [e["type"] for e in held] == ["JobAccepted", "JobPrepared", "JobHeld"]
     assert [e["job_seq"] for e in held] == [1, 2, 3]
-    assert [e["seq"] for e in queries.events(fed, after=10, limit=3)] == [11, 12, 13]
-    assert [e["seq"] for e in queries.events(fed, last=2)] == [everything[-2]["seq"], everything[-1]["seq"]]
-    assert queries.events(fed, after=everything[-1]["seq"]) == []
+    assert [e["seq"] for e in log_queries.events(fed, after=10, limit=3)] == [11, 12, 13]
+    assert [e["seq"] for e in log_queries.events(fed, last=2)] == [everything[-2]["seq"], everything[-1]["seq"]]
+    assert log_queries.events(fed, after=everything[-1]["seq"]) == []
 
 
 def test_follow_events_yields_new_events_as_they_are_appended(fed: Home, db: Path):
-    start = queries.events(fed, last=1)[0]["seq"]
+    start = log_queries.events(fed, last=1)[0]["seq"]
     got: queue.Queue = queue.Queue()
     done = threading.Event()
 
     def consume() -> None:
-        for e in queries.follow_events(fed, "v1_held", poll=0.01, after=start, stop=done.is_set):
+        for e in log_queries.follow_events(fed, "v1_held", poll=0.01, after=start, stop=done.is_set):
             got.put(e)
 
     t = threading.Thread(target=consume, daemon=True)
@@ -578,7 +578,7 @@ def test_queries_do_not_wait_for_the_writer(fed: Home, db: Path):
             rows = queries.status(fed)
             assert all(r["source"] == "read_model" for r in rows)  # the committed snapshot, current
             assert costs_mod.costs(fed)["source"] == "read_model"
-            assert len(queries.events(fed, "v1_held")) == 3
+            assert len(log_queries.events(fed, "v1_held")) == 3
 
 
 def test_queries_say_when_there_is_no_database(tmp_path: Path):
@@ -681,7 +681,7 @@ def test_render_status_shows_the_fallback_note(db: Path):
 def test_render_events_one_line_each_when_it_fits(fed: Home):
     """One line per event; a payload too long for the line goes on the lines below, whole."""
     c = _console()
-    evs = queries.events(fed, "v1_happy")
+    evs = log_queries.events(fed, "v1_happy")
     render_events(evs, c)
     lines = [ln for ln in c.export_text().splitlines() if ln.strip()]
     heads = [ln for ln in lines if not ln.startswith("        ")]

@@ -18,7 +18,7 @@ from batchgrader.daemon.engine import Engine
 from batchgrader.pipeline.pricing import load_pricing
 from batchgrader.provider.memory import MemoryProvider
 from batchgrader.provider.pool import Providers
-from batchgrader.store import queries
+from batchgrader.store import log_queries, queries
 from batchgrader.store.eventstore import EventStore
 
 # preflight off: these rules are about the batch path (a 3-row job would be answered by its preflight alone)
@@ -266,8 +266,8 @@ def test_learned_figures_of_an_older_log_stay_with_their_mode(home: Home) -> Non
         state = fold(store.read())
     assert learned_overhead(state, "m", rf, "https://api.openai.com/v1") == 21.0
     assert learned_overhead(state, "m", rf, "sandbox") == 0.0
-    assert queries.learned_schema_overhead(home, "m", schema_sha256(rf), "https://api.openai.com/v1")["per_request"] == 21.0
-    assert queries.learned_schema_overhead(home, "m", schema_sha256(rf), "sandbox")["per_request"] == 0.0
+    assert log_queries.learned_schema_overhead(home, "m", schema_sha256(rf), "https://api.openai.com/v1")["per_request"] == 21.0
+    assert log_queries.learned_schema_overhead(home, "m", schema_sha256(rf), "sandbox")["per_request"] == 0.0
 
 
 def test_simulated_answers_an_older_version_stored_under_a_real_key_are_removed(home: Home) -> None:

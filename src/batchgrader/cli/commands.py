@@ -331,10 +331,10 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
     """The event log, newest last."""
     from batchgrader.cli.render_events import render_events
     from batchgrader.fsio import shown_names
-    from batchgrader.store import queries as queries
+    from batchgrader.store import log_queries
 
     no_db_guard(obj)
-    rows = queries.events(obj.home, job_id, last=last)
+    rows = log_queries.events(obj.home, job_id, last=last)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, ensure_ascii=False, default=str))
@@ -343,7 +343,7 @@ def events(obj: Ctx, job_id: str | None, follow: bool, as_json: bool, last: int 
     if follow:
         after = rows[-1]["seq"] if rows else 0
         try:
-            for ev in queries.follow_events(obj.home, job_id, poll=0.5, after=after):
+            for ev in log_queries.follow_events(obj.home, job_id, poll=0.5, after=after):
                 if as_json:
                     click.echo(json.dumps(ev, ensure_ascii=False, default=str))
                 else:

@@ -26,7 +26,7 @@ def count_file(home: Any, file: Path, prof: Profile, prices: Any, *, sandbox: bo
     from batchgrader.pipeline.requests import schema_sha256
     from batchgrader.provider.counting import OFFLINE_EXACT, CountCache, count_hook, counter_for
     from batchgrader.store.answers import count_preview
-    from batchgrader.store.queries import learned_schema_overhead
+    from batchgrader.store.log_queries import learned_schema_overhead
 
     learned = learned_schema_overhead(home, prof.model, schema_sha256(prof.response_format), provider_id_of(prof, sandbox))
     hook, cache = None, None

@@ -1,4 +1,5 @@
-"""What ``bgctl status / events / costs`` ask: plain functions returning dicts and lists.
+"""What ``bgctl status`` and ``costs`` ask: plain functions returning dicts and lists (``bgctl events``:
+:mod:`batchgrader.store.log_queries`).
 
 Every function opens the database read-only (``mode=ro``, see :func:`batchgrader.store.connect`)
 and reads in one short read transaction, so it sees one consistent snapshot and never takes the
@@ -20,7 +21,7 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,7 +81,7 @@ def store_url(home: HomeLike) -> str | None:
 
 
 @contextmanager
-def _pg(url: str, snapshot: bool = True) -> Iterator[Any]:
+def pg_reading(url: str, snapshot: bool = True) -> Iterator[Any]:
     from batchgrader.store.pgstore import reading as pg_reading
 
     try:
@@ -99,7 +100,7 @@ def log_exists(home: HomeLike) -> bool:
     if url:
         from batchgrader.store.pgstore import has_log
 
-        with _pg(url) as conn:
+        with pg_reading(url) as conn:
             return has_log(conn)
     path = db_path(home)
     if not path.exists():
@@ -122,7 +123,7 @@ def reading(home: HomeLike) -> Iterator[sqlite3.Connection]:
     PostgreSQL store (``store_url``), one that takes the same queries (``?`` placeholders)."""
     url = store_url(home)
     if url:
-        with _pg(url) as pg:
+        with pg_reading(url) as pg:
             yield pg
         return
     conn = connect(db_path(home), readonly=True)
@@ -458,7 +459,7 @@ def job_detail(
     error), ``warnings``, ``estimate``, ``failed_rows`` (the first
     ``max_rows`` of ``{custom_id, code, message, chunk}``), ``failed_rows_total``,
     ``row_errors`` / ``row_errors_total`` (rows that could never be sent), ``input_path``,
-    ``requests_path``, ``events_total``, ``recent_events`` (the last few, as :func:`events`) and
+    ``requests_path``, ``events_total``, ``recent_events`` (the last few, as :func:`~batchgrader.store.log_queries.events`) and
     ``route_summary`` (its route, and rows and cost by route: :func:`~batchgrader.core.log.route_state.route_summary`;
     the list's rows have it for jobs on a flex or online route, else None).
     """
@@ -470,7 +471,7 @@ def job_detail(
         jid = resolve_job(conn, job_id)
         state = rm.fold_connection(conn, job_id=jid)
         (n_events,) = conn.execute("SELECT COUNT(*) FROM events WHERE job_id = ?", (jid,)).fetchone()
-        recent = _event_rows(
+        recent = event_rows(
             conn,
             f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT ?) AS recent ORDER BY seq",
             (jid, recent_events),
@@ -547,7 +548,7 @@ def leases(home: HomeLike, now: float | None = None) -> list[dict[str, Any]] | N
     url = store_url(home)
     if not url:
         return None
-    with _pg(url) as conn:
+    with pg_reading(url) as conn:
         if not conn.execute("SELECT to_regclass('leases') IS NOT NULL").fetchone()[0]:
             return []
         if now is None:
@@ -570,10 +571,8 @@ def leases(home: HomeLike, now: float | None = None) -> list[dict[str, Any]] | N
     return out
 
 
-# --- events ----------------------------------------------------------------------------------------
-
-
-def _event_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[dict[str, Any]]:
+def event_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[dict[str, Any]]:
+    """The events ``sql`` selects (``EVENT_COLUMNS``), each as ``bgctl events`` shows it: a dict, its payload upcast."""
     return [
         {
             "seq": e.seq,
@@ -586,108 +585,3 @@ def _event_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[dict[st
         }
         for e in events_from_rows(conn.execute(sql, args).fetchall())
     ]
-
-
-def _events_sql(job_id: str | None, after: int, limit: int | None, last: int | None) -> tuple[str, tuple]:
-    where = "seq > ?" + (" AND job_id = ?" if job_id is not None else "")
-    args: tuple = (after,) + ((job_id,) if job_id is not None else ())
-    cols = EVENT_COLUMNS
-    if last is not None:
-        return (
-            f"SELECT * FROM (SELECT {cols} FROM events WHERE {where} ORDER BY seq DESC LIMIT ?) AS recent ORDER BY seq",
-            args + (last,),
-        )
-    if limit is not None:
-        return f"SELECT {cols} FROM events WHERE {where} ORDER BY seq LIMIT ?", args + (limit,)
-    return f"SELECT {cols} FROM events WHERE {where} ORDER BY seq", args
-
-
-def events(
-    home: HomeLike, job_id: str | None = None, after: int = 0, limit: int | None = None, last: int | None = None
-) -> list[dict[str, Any]]:
-    """Events with ``seq > after`` in order (of one job if ``job_id``; a unique prefix works):
-    the first ``limit`` of them, or the most recent ``last`` of them.  Each is
-    ``{seq, job_id, job_seq, type, version, ts, payload}`` with the payload upcast."""
-    with reading(home) as conn:
-        jid = resolve_job(conn, job_id) if job_id is not None else None
-        sql, args = _events_sql(jid, after, limit, last)
-        return _event_rows(conn, sql, args)
-
-
-def follow_events(
-    home: HomeLike, job_id: str | None = None, poll: float = 1.0, after: int = 0, stop: Callable[[], bool] | None = None
-) -> Iterator[dict[str, Any]]:
-    """Yield events as they are appended (``bgctl events --follow``): first those after ``after``,
-    then new ones, checking every ``poll`` seconds, until ``stop()`` is true (or forever).
-
-    Each check is one short read on a read-only connection: no long-lived read transaction that
-    would keep the daemon's WAL from being checkpointed (on PostgreSQL, each check is a query of
-    its own on one connection).
-    """
-    url = store_url(home)
-    if url:
-        with _pg(url, snapshot=False) as pg:
-            yield from _follow(pg, job_id, poll, after, stop)
-        return
-    conn = connect(db_path(home), readonly=True)
-    try:
-        yield from _follow(conn, job_id, poll, after, stop)
-    finally:
-        conn.close()
-
-
-def _follow(conn: Any, job_id: str | None, poll: float, after: int, stop: Callable[[], bool] | None) -> Iterator[dict[str, Any]]:
-    jid = resolve_job(conn, job_id) if job_id is not None else None
-    last = after
-    while True:
-        sql, args = _events_sql(jid, last, 1000, None)
-        batch = _event_rows(conn, sql, args)
-        for e in batch:
-            last = e["seq"]
-            yield e
-        if len(batch) == 1000:
-            continue
-        if stop is not None and stop():
-            return
-        time.sleep(poll)
-
-
-# --- schema overhead ---------------------------------------------------------------------------
-
-
-def learned_schema_overhead(home: HomeLike, model: str, schema_sha256: str | None, provider: str) -> dict[str, Any] | None:
-    """The newest ``SchemaOverheadLearned`` payload for this model and schema at ``provider`` (a
-    provider id, :func:`~batchgrader.pipeline.answerkey.provider_id_of`), plus ``job_id`` and
-    ``ts``; or None: when there is no event log yet, or nothing was learned there.  An event of
-    an older log, which does not name its provider, counts for every real provider when its job
-    was real and for the sandbox when it was a sandbox job: a sandbox lesson never calibrates a
-    real estimate."""
-    if schema_sha256 is None or not log_exists(home):
-        return None
-    import json
-
-    from batchgrader.pipeline.answerkey import SANDBOX_PROVIDER
-
-    sandbox = provider == SANDBOX_PROVIDER or provider.startswith(SANDBOX_PROVIDER + ":")
-    with reading(home) as conn:
-        rows = conn.execute(
-            "SELECT job_id, ts, payload FROM events WHERE type = 'SchemaOverheadLearned' ORDER BY seq DESC"
-        ).fetchall()
-        sandbox_jobs: set[str] | None = None
-        for job_id, ts, payload in rows:
-            p = json.loads(payload)
-            if p.get("model") != model or p.get("schema_sha256") != schema_sha256:
-                continue
-            if p.get("provider"):
-                if p["provider"] == provider:
-                    return {**p, "job_id": job_id, "ts": ts}
-                continue
-            if sandbox_jobs is None:
-                sandbox_jobs = {
-                    j
-                    for j, a in conn.execute("SELECT job_id, payload FROM events WHERE type = 'JobAccepted'")
-                    if json.loads(a).get("sandbox")
-                }
-            if (job_id in sandbox_jobs) == sandbox:
-                return {**p, "job_id": job_id, "ts": ts}
-    return None
