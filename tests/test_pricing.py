@@ -304,7 +304,7 @@ def test_bad_user_file_names_file_line_and_column(home, text, where):
 
 
 def test_user_file_dated_rows_price_a_model_by_the_day(home):
-    from batchgrader.pipeline.pricing import USER_SOURCE
+    from batchgrader.pipeline.maintained import USER_SOURCE
 
     user = write(
         home.pricing_file,
