@@ -17,7 +17,8 @@ from rich.console import Console
 
 from batchgrader.cli.render_costs import bar, render_costs
 from batchgrader.cli.render_events import render_events
-from batchgrader.cli.render_status import render_job, render_status
+from batchgrader.cli.render_job import render_job
+from batchgrader.cli.render_status import render_status
 from batchgrader.core.host.home import Home
 from batchgrader.core.log.schema import EVENTS, EVENTS_DDL
 from batchgrader.core.log.state import fold

@@ -273,7 +273,7 @@ def test_auto_choosing_batch_leaves_the_job_to_the_preflight_and_prepare(home):
 def test_status_costs_and_the_report_show_rows_and_cost_by_route(home):
     from rich.console import Console
 
-    from batchgrader.cli.render_status import render_job
+    from batchgrader.cli.render_job import render_job
     from batchgrader.reports.report import load_report
     from batchgrader.reports.report_text import render_text
     from batchgrader.store import costs as costs_mod

@@ -272,8 +272,8 @@ def _answer(res: dict, as_json: bool) -> None:
 @click.pass_obj
 def status(obj: Ctx, job_id: str | None, as_json: bool, watch: bool, show_all: bool) -> None:
     """Jobs with their state, rows, chunks, batches, tokens, cost and last error; or one JOB in detail."""
+    from batchgrader.cli.render_job import render_job
     from batchgrader.cli.render_status import (
-        render_job,
         render_leases,
         render_overview,
         render_status,
